@@ -1,0 +1,55 @@
+"""Feature maps φ applied to queries and keys (axis 'feature map' of a Recipe).
+
+identity, elu1 (elu(x) + 1), relu: elementwise, K → K.
+polynomial (degree p ≤ 3): φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i.
+taylor     (degree p ≤ 3): φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i / i!  (Taylor expansion of exp(x·y)).
+The degree-2 block keeps only the K(K+1)/2 unique monomials x_a x_b (a ≤ b), weighted √2 off
+the diagonal, so the feature dimension is C(K + 2, 2) for p = 2 (ATLAS' [x^β]_{|β|≤p}).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .recipe import FeatureMap
+
+__all__ = ["apply_feature_map"]
+
+
+def _second_order(x: torch.Tensor) -> torch.Tensor:
+    """Unique monomials of degree 2 with φ₂(x)·φ₂(y) = (x·y)²: [..., K] -> [..., K(K+1)/2]."""
+    K = x.shape[-1]
+    rows, cols = torch.triu_indices(K, K, device=x.device)
+    weight = torch.full(rows.shape, math.sqrt(2.0), dtype=x.dtype, device=x.device)
+    weight[rows == cols] = 1.0
+    return x[..., rows] * x[..., cols] * weight
+
+
+def _third_order(x: torch.Tensor) -> torch.Tensor:
+    """Full tensor power x⊗x⊗x flattened: [..., K] -> [..., K³], with φ₃(x)·φ₃(y) = (x·y)³."""
+    K = x.shape[-1]
+    outer = x[..., :, None, None] * x[..., None, :, None] * x[..., None, None, :]
+    return outer.reshape(*x.shape[:-1], K ** 3)  # [..., K³]
+
+
+def apply_feature_map(fm: FeatureMap, x: torch.Tensor) -> torch.Tensor:
+    """φ(x) along the last dimension: [..., K] -> [..., fm.out_dim(K)]."""
+    kind = fm.kind
+    if kind in ("identity", "exp"):
+        return x
+    if kind == "elu1":
+        return F.elu(x) + 1.0
+    if kind == "relu":
+        return F.relu(x)
+    blocks = [torch.ones_like(x[..., :1]), x]
+    weights = [1.0, 1.0]
+    if fm.degree >= 2:
+        blocks.append(_second_order(x))
+        weights.append(1.0 if kind == "polynomial" else 1.0 / math.sqrt(2.0))
+    if fm.degree >= 3:
+        blocks.append(_third_order(x))
+        weights.append(1.0 if kind == "polynomial" else 1.0 / math.sqrt(6.0))
+    return torch.cat([b * w for b, w in zip(blocks, weights)], dim=-1)

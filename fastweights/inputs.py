@@ -1,0 +1,281 @@
+"""The per-token inputs each recipe takes, their validation, and ready-made examples.
+
+Layout: q, k, v [B, T, H, D]; DeltaProduct (optimizer.householder_steps = n > 1) takes
+k [B, T, n, H, K], v [B, T, n, H, V] and beta [B, T, n, H]. Further inputs by name:
+
+    g      log-retention, fp32 (or float64), ≤ 0: [B, T, H] for scalar retention (Mamba2, GDN,
+           Comba, DeltaProduct, Mesa, Titans, OmegaNet, ATLAS, FoX; optional forget gate of PaTH),
+           [B, T, H, K'] for diagonal retention (GLA, KDA). Constant retention (RetNet, ALiBi)
+           takes no g: the recipe's per-head γ is used.
+    beta   step size / learning rate, [B, T, H] (default 1). In [0, 2] for the l2 objective on a
+           linear memory (eigenvalues of I − βkkᵀ stay in [−1, 1] for unit keys) and for PaTH;
+           ≥ 0 elsewhere.
+    p      Comba's probe key [B, T, H, K] (the error is read at p, written at k). Required.
+    nu     momentum decay ν_t ∈ [0, 1], [B, T, H] (momentum and muon optimizers). Required.
+    gamma  Omega in-window gates γ_i ∈ [0, 1], [B, T, H] (default 1): token i weighs γ_i in
+           every window it belongs to.
+    lamb   Mesa's regularizer λ > 0, [H, K'] (default 1).
+    w      PaTH's Householder direction [B, T, H, K] (unit vectors expected). Required.
+
+K' is the key dimension after the recipe's feature map (K for identity-like maps).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .recipe import Recipe
+from .state import KVCache, MemoryState, MesaState
+
+Tensor = torch.Tensor
+
+__all__ = ["InputError", "accepted_inputs", "validate", "example_inputs", "init_state"]
+
+
+class InputError(ValueError):
+    """Bad input to a functional form; the message names the argument and what was expected."""
+
+
+@dataclass(frozen=True)
+class Shapes:
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    n: int  # Householder micro-steps per token (1 unless DeltaProduct)
+    Kf: int  # key dimension after the feature map
+
+
+def accepted_inputs(recipe: Recipe) -> dict[str, bool]:
+    """{input name: required?} for this recipe."""
+    mem, obj, opt, ret = recipe.memory, recipe.objective, recipe.optimizer, recipe.retention
+    acc: dict[str, bool] = {}
+    if ret.kind in ("scalar", "diagonal"):
+        acc["g"] = True
+    if ret.kind == "householder":
+        acc["g"] = False
+        acc["w"] = True
+    if not (mem.kind == "kv" and obj.kind == "dot" and ret.kind != "householder"):
+        acc["beta"] = False
+    if obj.probe:
+        acc["p"] = True
+    if opt.has_momentum:
+        acc["nu"] = True
+    if obj.kind == "omega":
+        acc["gamma"] = False
+    if obj.kind == "least_squares":
+        acc["lamb"] = False
+    return acc
+
+
+def _fail(msg: str):
+    raise InputError(msg)
+
+
+def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True):
+    if not isinstance(x, Tensor):
+        _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        _fail(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        _fail(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {x.dtype}")
+    if not x.is_floating_point():
+        _fail(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.numel() == 0:
+        return
+    if finite and not bool(torch.isfinite(x).all()):
+        _fail(f"{name} contains non-finite values (nan or inf)")
+    if low is not None and bool((x < low).any()):
+        _fail(f"{name} must be ≥ {low}, got a minimum of {x.min().item():.4g}")
+    if high is not None and bool((x > high).any()):
+        _fail(f"{name} must be ≤ {high}, got a maximum of {x.max().item():.4g}")
+
+
+def validate(recipe: Recipe, q, k, v, inputs: dict) -> Shapes:
+    """Check q, k, v and the named inputs against the recipe; return the shapes."""
+    n = recipe.optimizer.householder_steps
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            _fail(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if q.dim() != 4:
+        _fail(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
+    B, T, H, K = q.shape
+    kv_rank = 5 if n > 1 else 4
+    layout = "[B, T, n_h, H, {}]" if n > 1 else "[B, T, H, {}]"
+    if k.dim() != kv_rank:
+        _fail(f"k must be {kv_rank}-D {layout.format('K')}, got shape {list(k.shape)}")
+    if v.dim() != kv_rank:
+        _fail(f"v must be {kv_rank}-D {layout.format('V')}, got shape {list(v.shape)}")
+    V = v.shape[-1]
+    kshape = (B, T, n, H, K) if n > 1 else (B, T, H, K)
+    vshape = (B, T, n, H, V) if n > 1 else (B, T, H, V)
+    if tuple(k.shape) != kshape:
+        _fail(f"k must have shape {list(kshape)} to match q {list(q.shape)}"
+              f"{f' with n_h={n}' if n > 1 else ''}, got {list(k.shape)}")
+    if tuple(v.shape) != vshape:
+        _fail(f"v must have shape {list(vshape)} (batch, length and heads of q), got {list(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            _fail(f"{name} contains non-finite values (nan or inf)")
+    if recipe.memory.residual_ln and K != V and recipe.feature_map.kind in ("identity", "elu1", "relu"):
+        _fail(f"memory.residual_ln needs K == V (x + LN(f(x))), got K={K}, V={V}")
+    Kf = recipe.feature_map.out_dim(K)
+    acc = accepted_inputs(recipe)
+    for name in inputs:
+        if name not in acc:
+            extra = f"; {recipe.name} takes {', '.join(acc) or 'no further inputs'}"
+            _fail(f"unexpected input {name!r}{extra}")
+    for name, required in acc.items():
+        if required and inputs.get(name) is None:
+            _fail(f"{recipe.name} requires the input {name!r} ({_INPUT_DOC[name]})")
+    fp = (torch.float32, torch.float64)
+    ret = recipe.retention
+    if inputs.get("g") is not None:
+        gshape = (B, T, H, Kf) if ret.kind == "diagonal" else (B, T, H)
+        _check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0)
+    if inputs.get("beta") is not None:
+        bshape = (B, T, n, H) if n > 1 else (B, T, H)
+        two = (recipe.objective.kind == "l2" and recipe.memory.is_plain_linear) or ret.kind == "householder"
+        _check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None)
+    if inputs.get("p") is not None:
+        _check_tensor("p", inputs["p"], (B, T, H, K), dtypes=(q.dtype,))
+    if inputs.get("nu") is not None:
+        _check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0)
+    if inputs.get("gamma") is not None:
+        _check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0)
+    if inputs.get("lamb") is not None:
+        _check_tensor("lamb", inputs["lamb"], (H, Kf))
+        if bool((inputs["lamb"] <= 0).any()):
+            _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
+    if inputs.get("w") is not None:
+        _check_tensor("w", inputs["w"], (B, T, H, K))
+    return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf)
+
+
+_INPUT_DOC = {
+    "g": "log-retention, fp32, ≤ 0: [B, T, H] scalar or [B, T, H, K] diagonal",
+    "beta": "step size [B, T, H]",
+    "p": "probe key [B, T, H, K]",
+    "nu": "momentum decay in [0, 1], [B, T, H]",
+    "gamma": "Omega in-window gates in [0, 1], [B, T, H]",
+    "lamb": "Mesa regularizer > 0, [H, K]",
+    "w": "Householder direction [B, T, H, K]",
+}
+
+
+def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
+    Kf = recipe.feature_map.out_dim(K)
+    if recipe.memory.kind == "linear":
+        return [(Kf, V)]
+    hidden = recipe.memory.expansion * K
+    dims = [Kf] + [hidden] * (recipe.memory.depth - 1) + [V]
+    return list(zip(dims[:-1], dims[1:]))
+
+
+def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_dim: int, *,
+               dtype=torch.float32, device=None, generator: torch.Generator | None = None, std: float = 0.02):
+    """A starting state for `model`: zeros for linear memories, N(0, std²) weights for MLP and
+    residual-LN memories (whose initial weights are the outer parameters), an empty KVCache for
+    the softmax side. Hidden width of an MLP memory = memory.expansion × head_k_dim."""
+    from .zoo import resolve
+
+    recipe = resolve(model)
+    B, H, K, V = batch_size, num_heads, head_k_dim, head_v_dim
+    kw = dict(dtype=dtype, device=device)
+    if recipe.is_softmax:
+        return KVCache(k=torch.zeros(B, 0, H, K, **kw), v=torch.zeros(B, 0, H, V, **kw),
+                       c=torch.zeros(B, 0, H, **kw) if recipe.retention.kind != "none" else None)
+    Kf = recipe.feature_map.out_dim(K)
+    if recipe.is_mesa:
+        return MesaState(H=torch.zeros(B, H, Kf, Kf, **kw), G=torch.zeros(B, H, Kf, V, **kw))
+    if recipe.uses_autodiff:
+        weights = tuple(torch.randn(B, H, a, b, generator=generator, **kw) * std
+                        for a, b in _mlp_dims(recipe, K, V))
+    else:
+        weights = (torch.zeros(B, H, Kf, V, **kw),)
+    return complete_state(recipe, MemoryState(weights=weights), B, H, Kf, V)
+
+
+def complete_state(recipe: Recipe, state: MemoryState, B, H, Kf, V) -> MemoryState:
+    """Fill the parts of a MemoryState the recipe needs and the caller left out (with zeros)."""
+    w0 = state.weights[0]
+    kw = dict(dtype=w0.dtype, device=w0.device)
+    momentum = state.momentum
+    if recipe.optimizer.has_momentum and momentum is None:
+        momentum = tuple(torch.zeros_like(w) for w in state.weights)
+    z = state.normalizer
+    if recipe.memory.normalize and z is None:
+        z = torch.zeros(B, H, Kf, **kw)
+    c = recipe.objective.window
+    wk, wv, wg = state.window_k, state.window_v, state.window_gamma
+    if c > 1 and wk is None:
+        wk = torch.zeros(B, c - 1, H, Kf, **kw)
+        wv = torch.zeros(B, c - 1, H, V, **kw)
+        wg = torch.zeros(B, c - 1, H, **kw)
+    return MemoryState(weights=state.weights, momentum=momentum, normalizer=z, anchor=state.anchor,
+                       offset=state.offset, window_k=wk, window_v=wv, window_gamma=wg)
+
+
+def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: int = 2, head_dim: int = 8,
+                   head_v_dim: int | None = None, dtype=torch.float32, device=None, seed: int | None = None,
+                   generator: torch.Generator | None = None, requires_grad: bool = False) -> dict:
+    """Random, valid inputs for `model`: {'q', 'k', 'v', plus every input it takes}.
+
+    Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1); g = log σ(·) ∈ (−∞, 0)
+    kept mild (about −0.1 on average); ν ∈ (0.5, 1). MLP memories get an `initial_state`.
+    """
+    from .zoo import resolve
+
+    recipe = resolve(model)
+    if generator is None:
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(seed if seed is not None else torch.seed() % 2**62)
+    B, T, H, K = batch_size, seq_len, num_heads, head_dim
+    V = head_v_dim or head_dim
+    n = recipe.optimizer.householder_steps
+    Kf = recipe.feature_map.out_dim(K)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    def unit(*shape):
+        x = rand(*shape)
+        return x / x.norm(dim=-1, keepdim=True)
+
+    kv = (B, T, n, H) if n > 1 else (B, T, H)
+    out = {"q": unit(B, T, H, K), "k": unit(*kv, K), "v": rand(*kv, V)}
+    gdt = torch.float64 if dtype == torch.float64 else torch.float32
+    for name, required in accepted_inputs(recipe).items():
+        if name == "g":
+            shape = (B, T, H, Kf) if recipe.retention.kind == "diagonal" else (B, T, H)
+            out["g"] = (torch.nn.functional.logsigmoid(rand(*shape) + 3.0)).to(gdt)
+        elif name == "beta":
+            out["beta"] = torch.sigmoid(rand(*((B, T, n, H) if n > 1 else (B, T, H))))
+        elif name == "p":
+            out["p"] = unit(B, T, H, K)
+        elif name == "nu":
+            out["nu"] = 0.5 + 0.5 * torch.sigmoid(rand(B, T, H))
+        elif name == "gamma":
+            out["gamma"] = torch.sigmoid(rand(B, T, H))
+        elif name == "lamb":
+            out["lamb"] = 0.25 + torch.nn.functional.softplus(rand(H, Kf))
+        elif name == "w":
+            out["w"] = unit(B, T, H, K)
+    for key, val in list(out.items()):
+        if key != "g":
+            val = val.to(dtype)
+        out[key] = val.to(device).requires_grad_(requires_grad)
+    if recipe.uses_autodiff:
+        st = init_state(recipe, B, H, K, V, dtype=torch.float64, generator=generator, std=1.0 / math.sqrt(K))
+        out["initial_state"] = MemoryState(weights=tuple(w.to(device=device, dtype=gdt) for w in st.weights))
+    return out

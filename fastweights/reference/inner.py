@@ -1,0 +1,145 @@
+"""The memory M_θ and the gradient of its inner objective, in closed form and by autodiff.
+
+A linear memory is the depth-1 case of the MLP: weights (S [B, H, K', V],) and M(x) = Sᵀx.
+An MLP of depth d has weights (W_1 [B, H, K', Hd], …, W_d [B, H, Hd, V]) and
+M(x) = W_dᵀ σ(… σ(W_1ᵀ x)). With `residual_ln` the memory is x + LN(M(x)) (LayerNorm without
+affine over the value dimension, eps 1e-6; TTT's wrapper, needs K' == V).
+
+Inner objectives over a window of N pairs (N = 1 except for the Omega rule), per (b, h), summed
+over heads (heads are independent, so ∇ of the sum is the per-head gradient):
+    dot:   ℓ = −Σ_i γ_i v_iᵀ M(k_i)
+    l2:    ℓ =  Σ_i γ_i ½‖M(k_i) − v_i‖²
+`closed_form_grad` is hand-written backpropagation through the memory (TTT's closed-form
+gradient, generalized to any depth and activation); `autodiff_grad` is torch.func.grad of the
+same loss. Both are plain differentiable torch, so outer gradients flow through either.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.func import grad as func_grad
+
+from ..recipe import Memory
+
+Tensor = torch.Tensor
+LN_EPS = 1e-6
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def activation(name: str, z: Tensor) -> Tensor:
+    if name == "gelu":
+        return F.gelu(z)
+    if name == "gelu_tanh":
+        return F.gelu(z, approximate="tanh")
+    if name == "silu":
+        return F.silu(z)
+    if name == "relu":
+        return F.relu(z)
+    return torch.tanh(z)
+
+
+def activation_grad(name: str, z: Tensor) -> Tensor:
+    """σ'(z), elementwise."""
+    if name == "gelu":
+        cdf = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0)))
+        pdf = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+        return cdf + z * pdf
+    if name == "gelu_tanh":
+        t = torch.tanh(_SQRT_2_OVER_PI * (z + 0.044715 * z ** 3))
+        return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z * z)
+    if name == "silu":
+        s = torch.sigmoid(z)
+        return s * (1.0 + z * (1.0 - s))
+    if name == "relu":
+        return (z > 0).to(z.dtype)
+    t = torch.tanh(z)
+    return 1.0 - t * t
+
+
+def layer_norm(f: Tensor) -> tuple[Tensor, Tensor]:
+    """LayerNorm without affine over the last dim; returns (normalized, 1/σ)."""
+    mu = f.mean(-1, keepdim=True)
+    var = ((f - mu) ** 2).mean(-1, keepdim=True)
+    inv = torch.rsqrt(var + LN_EPS)
+    return (f - mu) * inv, inv
+
+
+def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = False):
+    """M(x) for x [B, H, N, K'] -> [B, H, N, V]; with keep, also the cache for backprop."""
+    h = x
+    pre = []  # pre-activations z_l, l < d
+    inputs = [x]  # h_{l-1}, inputs of layer l
+    for i, w in enumerate(weights):
+        z = h @ w  # [B, H, N, out_l]
+        if i < len(weights) - 1:
+            pre.append(z)
+            h = activation(mem.activation, z)
+            inputs.append(h)
+        else:
+            h = z
+    f = h
+    if mem.residual_ln:
+        n, inv = layer_norm(f)
+        y = x + n
+    else:
+        n, inv, y = None, None, f
+    if keep:
+        return y, (inputs, pre, n, inv)
+    return y
+
+
+def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
+                     write_keys: Tensor | None = None) -> tuple[Tensor, ...]:
+    """∇_θ ℓ by hand-written backprop.
+
+    x: [B, H, N, K'] keys the memory is read at; v: [B, H, N, V]; gamma: [B, H, N] window weights.
+    write_keys (Comba's probe; plain linear memory only): the error is read at x = p but the
+    gradient is written at k, G = Σ γ k (Sᵀp − v)ᵀ.
+    """
+    y, (inputs, pre, n, inv) = forward(mem, weights, x, keep=True)
+    gamma = gamma.unsqueeze(-1)  # [B, H, N, 1]
+    dy = gamma * (y - v) if objective != "dot" else -gamma * v  # [B, H, N, V]
+    if mem.residual_ln:  # back through y = x + LN(f)
+        df = inv * (dy - dy.mean(-1, keepdim=True) - n * (dy * n).mean(-1, keepdim=True))
+    else:
+        df = dy
+    grads = [None] * len(weights)
+    dz = df
+    for i in range(len(weights) - 1, -1, -1):
+        h_in = inputs[i] if (i > 0 or write_keys is None) else write_keys
+        grads[i] = h_in.transpose(-1, -2) @ dz  # [B, H, in_l, out_l]
+        if i > 0:
+            dz = (dz @ weights[i].transpose(-1, -2)) * activation_grad(mem.activation, pre[i - 1])
+    return tuple(grads)
+
+
+def autodiff_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
+                  write_keys: Tensor | None = None) -> tuple[Tensor, ...]:
+    """∇_θ ℓ by torch.func.grad of the inner loss (same arguments as closed_form_grad)."""
+    if write_keys is not None:
+        raise ValueError("autodiff inner gradients do not support a probe key (Comba)")
+
+    def loss(ws):
+        y = forward(mem, ws, x)
+        if objective == "dot":
+            return -(gamma.unsqueeze(-1) * v * y).sum()
+        return 0.5 * (gamma.unsqueeze(-1) * (y - v) ** 2).sum()
+
+    return tuple(func_grad(loss)(tuple(weights)))
+
+
+def newton_schulz(m: Tensor, steps: int) -> Tensor:
+    """Muon's orthogonalization of a batch of matrices [..., R, C] (Keller Jordan's quintic
+    iteration, coefficients (3.4445, −4.7750, 2.0315), Frobenius normalization + 1e-7)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    transpose = m.shape[-2] > m.shape[-1]
+    x = m.transpose(-1, -2) if transpose else m
+    x = x / (torch.linalg.matrix_norm(x, keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = x @ x.transpose(-1, -2)
+        B = b * A + c * (A @ A)
+        x = a * x + B @ x
+    return x.transpose(-1, -2) if transpose else x

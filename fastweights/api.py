@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from .features import apply_feature_map
 from .inputs import InputError, Shapes, complete_state, validate
 from .recipe import Recipe
 from .reference import parallel as par
 from .reference import recurrent as rec
 from .state import KVCache, MemoryState, MesaState, state_map
 from .zoo import resolve
-from .features import apply_feature_map
 
 Tensor = torch.Tensor
 
@@ -83,8 +83,9 @@ class _Prepared:
         self.v = v
         beta = inputs.get("beta")
         if beta is None:
-            beta = torch.ones(B, T, n, H, dtype=cdt, device=q.device)
-        self.beta = beta.to(cdt) if n > 1 else beta.to(cdt).unsqueeze(2)  # [B, T, n, H]
+            self.beta = torch.ones(B, T, n, H, dtype=cdt, device=q.device)  # [B, T, n, H]
+        else:
+            self.beta = beta.to(cdt) if n > 1 else beta.to(cdt).unsqueeze(2)  # [B, T, n, H]
         g = inputs.get("g")
         if recipe.retention.kind == "constant":
             lg = torch.tensor(recipe.retention.log_gammas(H), dtype=cdt, device=q.device)

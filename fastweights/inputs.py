@@ -255,7 +255,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
     kv = (B, T, n, H) if n > 1 else (B, T, H)
     out = {"q": unit(B, T, H, K), "k": unit(*kv, K), "v": rand(*kv, V)}
     gdt = torch.float64 if dtype == torch.float64 else torch.float32
-    for name, required in accepted_inputs(recipe).items():
+    for name in accepted_inputs(recipe):
         if name == "g":
             shape = (B, T, H, Kf) if recipe.retention.kind == "diagonal" else (B, T, H)
             out["g"] = (torch.nn.functional.logsigmoid(rand(*shape) + 3.0)).to(gdt)

@@ -377,11 +377,15 @@ class Recipe:
 
     def describe(self) -> dict[str, str]:
         """The four-axis row of this recipe (plus the feature map)."""
+        optimizer = self.optimizer.describe()
+        if self.is_softmax:
+            optimizer = "append every pair (no compression)" if self.objective.kind == "dot" \
+                else "append the delta-corrected value u_t"
         return {
             "name": self.name,
             "memory": self.memory.describe(),
             "feature_map": self.feature_map.describe(),
             "objective": self.objective.describe(),
-            "optimizer": self.optimizer.describe(),
+            "optimizer": optimizer,
             "retention": self.retention.describe(),
         }

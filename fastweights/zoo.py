@@ -122,3 +122,26 @@ def resolve(model: str | Recipe) -> Recipe:
     if isinstance(model, Recipe):
         return model
     return get(model)
+
+
+def rows() -> list[dict[str, str]]:
+    """The four-axis rows of every zoo model, with citations (what `fastweights zoo --json` prints)."""
+    out = []
+    for r in ZOO.values():
+        row = r.describe()
+        row["citation"] = r.citation
+        out.append(row)
+    return out
+
+
+def table() -> str:
+    """The zoo as a plain-text table (model, memory, φ, objective, optimizer, retention)."""
+    cols = ["name", "memory", "feature_map", "objective", "optimizer", "retention"]
+    heads = ["model", "memory", "φ", "objective", "optimizer", "retention"]
+    data = [[row[c] for c in cols] for row in rows()]
+    widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(heads), line(["-" * w for w in widths])] + [line(d) for d in data])

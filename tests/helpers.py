@@ -1,0 +1,97 @@
+"""Shared test helpers: random inputs and states for any recipe, comparisons of states."""
+
+from __future__ import annotations
+
+import torch
+
+import fastweights as fw
+from fastweights.state import KVCache, MemoryState, MesaState
+
+
+def flat_state(s) -> list[torch.Tensor]:
+    """Every tensor of a state, in a fixed order."""
+    if s is None:
+        return []
+    if isinstance(s, torch.Tensor):
+        return [s]
+    out = []
+    for name in s.__dataclass_fields__:
+        val = getattr(s, name)
+        if isinstance(val, torch.Tensor):
+            out.append(val)
+        elif isinstance(val, tuple):
+            out.extend(val)
+    return out
+
+
+def max_err(a, b) -> float:
+    fa, fb = flat_state(a), flat_state(b)
+    assert len(fa) == len(fb), (len(fa), len(fb))
+    return max([(x - y).abs().max().item() for x, y in zip(fa, fb)] + [0.0])
+
+
+def random_state(model, B, H, K, V, gen, dtype=torch.float64):
+    """A random (valid) non-trivial initial state for `model`."""
+    r = fw.zoo.resolve(model)
+    Kf = r.feature_map.out_dim(K)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=dtype) * 0.3
+
+    if r.is_softmax:
+        L = 3
+        return KVCache(k=rnd(B, L, H, K), v=rnd(B, L, H, V),
+                       c=(-rnd(B, L, H).abs()).cumsum(1) if r.retention.kind != "none" else None)
+    if r.is_mesa:
+        A = rnd(B, H, Kf, Kf)
+        return MesaState(H=A @ A.transpose(-1, -2), G=rnd(B, H, Kf, V))
+    st = fw.init_state(r, B, H, K, V, dtype=dtype, generator=gen, std=K ** -0.5)
+    weights = tuple(w + rnd(*w.shape) for w in st.weights)
+    if fw.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize:
+        return weights[0]
+    return MemoryState(
+        weights=weights,
+        momentum=tuple(rnd(*m.shape) for m in st.momentum) if st.momentum is not None else None,
+        normalizer=rnd(*st.normalizer.shape).abs() + 1.0 if st.normalizer is not None else None,
+        window_k=rnd(*st.window_k.shape) if st.window_k is not None else None,
+        window_v=rnd(*st.window_v.shape) if st.window_v is not None else None,
+        window_gamma=torch.rand(*st.window_gamma.shape, generator=gen, dtype=dtype)
+        if st.window_gamma is not None else None,
+    )
+
+
+def leaves_of(inputs: dict, state) -> list[torch.Tensor]:
+    return [x for x in list(inputs.values()) + flat_state(state) if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def make_case(model, *, T, B=2, H=2, K=4, V=3, seed=None, dtype=torch.float64, with_state=True):
+    """(inputs dict incl. q, k, v; initial_state) with requires_grad leaves."""
+    gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**62)
+    r = fw.zoo.resolve(model)
+    if r.memory.residual_ln:
+        V = K
+    inputs = fw.example_inputs(r, batch_size=B, seq_len=T, num_heads=H, head_dim=K, head_v_dim=V,
+                               dtype=dtype, generator=gen)
+    state = inputs.pop("initial_state", None)
+    if with_state:
+        state = random_state(r, B, H, K, V, gen, dtype)
+    for key in inputs:
+        inputs[key].requires_grad_(True)
+    for x in flat_state(state):
+        x.requires_grad_(True)
+    return inputs, state
+
+
+def run_with_grads(form_fn, model, inputs, state, gen_seed=0, **kw):
+    """Run a form, then backprop a random projection of outputs and final state.
+
+    Returns (o, final_state, [grads of every leaf])."""
+    o, final = form_fn(model, initial_state=state, output_final_state=True, **inputs, **kw)
+    g = torch.Generator().manual_seed(gen_seed)
+    loss = (o * torch.randn(o.shape, generator=g, dtype=o.dtype)).sum()
+    for x in flat_state(final):
+        loss = loss + (x * torch.randn(x.shape, generator=g, dtype=x.dtype)).sum()
+    leaves = leaves_of(inputs, state)
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    grads = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads)]
+    return o, final, grads

@@ -1,0 +1,55 @@
+import pytest
+
+from fastweights import FeatureMap, Memory, Objective, Optimizer, Recipe, RecipeError, Retention
+
+
+def test_default_recipe_is_deltanet_like_and_describes_four_axes():
+    row = Recipe().describe()
+    assert set(row) == {"name", "memory", "feature_map", "objective", "optimizer", "retention"}
+    assert row["objective"] == "½‖M(k) − v‖²"
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: Memory(kind="tree"), ["memory.kind", "tree"]),
+    (lambda: Memory(kind="mlp", normalize=True), ["normalize", "linear"]),
+    (lambda: Objective(kind="l2", window=3), ["window", "omega"]),
+    (lambda: Objective(kind="dot", probe=True), ["probe", "l2"]),
+    (lambda: Optimizer(minibatch=0), ["minibatch", "positive"]),
+    (lambda: Retention(kind="constant"), ["constant", "schedule"]),
+    (lambda: Retention(kind="constant", gamma=1.5), ["gamma", "(0, 1]"]),
+    (lambda: Retention(kind="scalar", gamma=0.9), ["gamma", "constant"]),
+    (lambda: FeatureMap(kind="polynomial", degree=5), ["degree"]),
+    (lambda: Recipe(memory=Memory(kind="kv"), feature_map=FeatureMap(kind="identity")), ["kv", "exp"]),
+    (lambda: Recipe(feature_map=FeatureMap(kind="exp")), ["exp", "kv"]),
+    (lambda: Recipe(memory=Memory(kind="mlp"), retention=Retention(kind="diagonal")), ["diagonal", "MLP"]),
+    (lambda: Recipe(objective=Objective(kind="least_squares")), ["least_squares", "closed_form"]),
+    (lambda: Recipe(optimizer=Optimizer(kind="closed_form")), ["closed_form", "least_squares"]),
+    (lambda: Recipe(objective=Objective(kind="dot"), optimizer=Optimizer(householder_steps=2)),
+     ["householder_steps", "l2"]),
+    (lambda: Recipe(optimizer=Optimizer(minibatch=4), retention=Retention(kind="scalar")), ["decay_first"]),
+    (lambda: Recipe(memory=Memory(kind="kv"), feature_map=FeatureMap(kind="exp"),
+                    optimizer=Optimizer(kind="momentum")), ["kv", "gd"]),
+    (lambda: Recipe(retention=Retention(kind="householder")), ["householder", "kv"]),
+    (lambda: Recipe(memory="linear"), ["recipe.memory", "Memory"]),
+])
+def test_impossible_combinations_are_rejected_with_a_message(build, words):
+    with pytest.raises(RecipeError) as e:
+        build()
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_new_recipes_no_paper_has_are_valid():
+    # diagonal-decay delta rule with momentum and Muon on a polynomial feature map
+    r = Recipe(name="novel", feature_map=FeatureMap(kind="polynomial", degree=2),
+               objective=Objective(kind="omega", window=3), optimizer=Optimizer(kind="muon"),
+               retention=Retention(kind="diagonal", decay_first=False))
+    assert "Muon" in r.describe()["optimizer"]
+
+
+def test_constant_retention_schedules():
+    import math
+
+    assert Retention(kind="constant", schedule="retnet").log_gammas(2) == [math.log(1 - 2 ** -5), math.log(1 - 2 ** -6)]
+    alibi = Retention(kind="constant", schedule="alibi").log_gammas(8)
+    assert alibi[0] == -(2 ** -1) and alibi[-1] == -(2 ** -8)

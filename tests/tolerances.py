@@ -1,0 +1,6 @@
+"""Every numerical tolerance of the test suite, in one place."""
+
+EXACT_F64 = 1e-10  # two exact forms of one recurrence, float64
+CHUNK_F64 = 1e-9  # chunk vs recurrent, float64
+CHUNK_F32_REL = 1e-5  # chunk vs recurrent, fp32, relative to the output scale
+F32 = 1e-5  # fp32 against an fp32 reference of the same maths

@@ -145,6 +145,33 @@ def _sample_without_replacement(
     return out
 
 
+def _uniform_distinct(rng: np.random.Generator, rows: int, pool: int, k: int) -> np.ndarray:
+    """[rows, k] uniformly random ordered k-subsets of range(pool) (distinct within a row).
+
+    For k much smaller than the pool, draws with replacement and redraws every later duplicate until
+    none is left. The procedure commutes with any relabelling of the pool, and relabellings act
+    transitively on ordered distinct k-tuples, so the result is exactly uniform over them.
+    """
+    if 4 * k > pool:
+        return _sample_without_replacement(rng, rows, pool, k)
+    out = rng.integers(0, pool, size=(rows, k))
+    todo = np.arange(rows)
+    while todo.size:
+        sub = out[todo]
+        order = np.argsort(sub, axis=1, kind="stable")  # stable: first occurrence sorts first
+        srt = np.take_along_axis(sub, order, axis=1)
+        dup_sorted = np.zeros_like(sub, dtype=bool)
+        dup_sorted[:, 1:] = srt[:, 1:] == srt[:, :-1]
+        dup = np.zeros_like(dup_sorted)
+        np.put_along_axis(dup, order, dup_sorted, axis=1)
+        bad = dup.any(axis=1)
+        todo, dup = todo[bad], dup[bad]
+        if todo.size:
+            r, c = np.nonzero(dup)
+            out[todo[r], c] = rng.integers(0, pool, size=r.size)
+    return out
+
+
 def make_mqar(config: MQARConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Generate one MQAR segment (benchmarks.md §1.1).
 
@@ -160,8 +187,8 @@ def make_mqar(config: MQARConfig) -> tuple[torch.Tensor, torch.Tensor]:
     half = vocab // 2
     rng = np.random.default_rng(config.seed)
 
-    keys = _sample_without_replacement(rng, rows, half - 1, n) + 1  # [N, n] in [1, V/2)
-    values = _sample_without_replacement(rng, rows, vocab - half, n) + half  # [N, n] in [V/2, V)
+    keys = _uniform_distinct(rng, rows, half - 1, n) + 1  # [N, n] in [1, V/2)
+    values = _uniform_distinct(rng, rows, vocab - half, n) + half  # [N, n] in [V/2, V)
     log_p = np.log(mqar_query_probs(config))
     gaps = _sample_without_replacement(rng, rows, config.num_query_slots, n, log_weights=log_p)
 

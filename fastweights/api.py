@@ -26,7 +26,8 @@ from .zoo import resolve
 
 Tensor = torch.Tensor
 
-__all__ = ["recurrent", "parallel", "chunk", "forms", "recipe_class", "FormNotAvailable", "DISPATCH"]
+__all__ = ["recurrent", "parallel", "chunk", "forms", "recipe_class", "unavailable_reason", "FormNotAvailable",
+           "DISPATCH"]
 
 FORMS = ("recurrent", "parallel", "chunk")
 
@@ -227,8 +228,38 @@ def _accepted(recipe):
     return accepted_inputs(recipe)
 
 
-#: (recipe class, form) -> implementation. The chunk entries are filled by fastweights.chunk.
+def _minibatch_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=64, cu_seqlens=None,
+                     backend="auto"):
+    from .chunkwise.minibatch import minibatch_chunk
+
+    _no_varlen(pr.recipe, cu_seqlens)
+    st = _memory_state(pr, initial_state)
+    o, final = minibatch_chunk(pr.recipe, pr.q, pr.k[:, :, 0], pr.v[:, :, 0], scale=pr.scale, g=pr.g,
+                               beta=pr.beta[:, :, 0], nu=pr.nu, gamma=pr.gamma, state=st)
+    return o.to(pr.out_dtype), _finish_state(pr.recipe, final, output_final_state)
+
+
+def _mesa_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=64, cu_seqlens=None,
+                backend="auto", solve="cg", cg_steps=30):
+    from .chunkwise.mesa import mesa_chunk
+
+    _no_varlen(pr.recipe, cu_seqlens)
+    st = _mesa_state(pr, initial_state)
+    o, H, G, _ = mesa_chunk(pr.q, pr.k[:, :, 0], pr.v[:, :, 0], scale=pr.scale, g=pr.g, beta=pr.beta[:, :, 0],
+                            lamb=pr.lamb, H0=st.H, G0=st.G, chunk_size=chunk_size, solve=solve, cg_steps=cg_steps)
+    return o.to(pr.out_dtype), (MesaState(H=H, G=G) if output_final_state else None)
+
+
+def _no_varlen(recipe, cu_seqlens):
+    if cu_seqlens is not None:
+        raise FormNotAvailable(f"cu_seqlens (varlen packing) is not implemented for {recipe.name}'s chunk form; "
+                               "run the sequences as a padded batch or one call each")
+
+
+#: (recipe class, form) -> implementation.
 DISPATCH = {
+    ("mesa", "chunk"): _mesa_chunk,
+    ("memory", "chunk"): _minibatch_chunk,
     ("softmax", "recurrent"): _softmax("recurrent"),
     ("softmax", "parallel"): _softmax("parallel"),
     ("mesa", "recurrent"): _mesa(rec.mesa_recurrent),
@@ -241,18 +272,34 @@ DISPATCH = {
 }
 
 
+def unavailable_reason(recipe: Recipe, form: str) -> str | None:
+    """Why `form` does not exist for `recipe` (None when it does)."""
+    cls = recipe_class(recipe)
+    if (cls, form) not in DISPATCH:
+        return f"no {form} algorithm is exact for the {cls} class"
+    if form == "chunk" and cls == "memory":
+        opt = recipe.optimizer
+        if opt.minibatch == 1:
+            return ("its gradients are taken at the running state token by token, which has no exact "
+                    "chunkwise form; set optimizer.minibatch > 1 (as TTT, Titans and ATLAS train) for one")
+        if recipe.objective.probe or opt.householder_steps > 1 or recipe.memory.normalize:
+            return "the mini-batch chunk form covers plain per-token writes (no probe, Householder steps or normalizer)"
+    return None
+
+
 def forms(model) -> list[str]:
     """The forms that exist for a model (zoo name or Recipe)."""
-    cls = recipe_class(resolve(model))
-    return [f for f in FORMS if (cls, f) in DISPATCH]
+    recipe = resolve(model)
+    return [f for f in FORMS if unavailable_reason(recipe, f) is None]
 
 
 def _run(form: str, model, q, k, v, scale, initial_state, output_final_state, inputs, **extra):
     recipe = resolve(model)
-    impl = DISPATCH.get((recipe_class(recipe), form))
-    if impl is None:
-        raise FormNotAvailable(f"the {form} form does not exist for {recipe.name} "
-                               f"(class {recipe_class(recipe)}); available forms: {', '.join(forms(recipe))}")
+    reason = unavailable_reason(recipe, form)
+    if reason is not None:
+        raise FormNotAvailable(f"the {form} form does not exist for {recipe.name}: {reason}; "
+                               f"available forms: {', '.join(forms(recipe))}")
+    impl = DISPATCH[(recipe_class(recipe), form)]
     shapes = validate(recipe, q, k, v, inputs)
     pr = _Prepared(recipe, q, k, v, scale, inputs, shapes)
     return impl(pr, initial_state, output_final_state, **extra)
@@ -290,6 +337,23 @@ def parallel(model, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = No
 def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale: float | None = None,
           initial_state=None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
           backend: str = "auto", **inputs):
-    """The chunkwise-parallel training form (same results as `recurrent`); see fastweights.chunk."""
+    """The chunkwise-parallel training form: same signature and results as `recurrent`.
+
+    Args (beyond `recurrent`'s):
+        chunk_size: tokens per chunk (gated-linear, delta and Mesa classes; mini-batch memories
+            chunk by their own optimizer.minibatch).
+        cu_seqlens: int tensor [N+1] (flash-attention's varlen convention, B = 1) packing N
+            sequences; initial_state and the final state then have N rows.
+        backend: "auto" (the fastest available implementation) or "torch" (plain PyTorch).
+        mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations) or "exact".
+    """
+    if backend not in ("auto", "torch"):
+        raise InputError(f"backend must be 'auto' or 'torch', got {backend!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise InputError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    extra = {}
+    for key, name in (("mesa_solve", "solve"), ("cg_steps", "cg_steps")):
+        if key in inputs:
+            extra[name] = inputs.pop(key)
     return _run("chunk", model, q, k, v, scale, initial_state, output_final_state, inputs,
-                chunk_size=chunk_size, cu_seqlens=cu_seqlens, backend=backend)
+                chunk_size=chunk_size, cu_seqlens=cu_seqlens, backend=backend, **extra)

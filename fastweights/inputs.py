@@ -232,7 +232,8 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
     """Random, valid inputs for `model`: {'q', 'k', 'v', plus every input it takes}.
 
     Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1); g = log σ(·) ∈ (−∞, 0)
-    kept mild (about −0.1 on average); ν ∈ (0.5, 1). MLP memories get an `initial_state`.
+    kept mild (about −0.1 on average); ν ∈ (0.5, 1); trained memories (MLP, residual LN,
+    momentum) get β ∈ (0, 0.1). MLP memories get an `initial_state`.
     """
     from .zoo import resolve
 
@@ -260,7 +261,9 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
             shape = (B, T, H, Kf) if recipe.retention.kind == "diagonal" else (B, T, H)
             out["g"] = (torch.nn.functional.logsigmoid(rand(*shape) + 3.0)).to(gdt)
         elif name == "beta":
-            out["beta"] = torch.sigmoid(rand(*((B, T, n, H) if n > 1 else (B, T, H))))
+            beta = torch.sigmoid(rand(*((B, T, n, H) if n > 1 else (B, T, H))))
+            # trained memories (MLP, residual LN, momentum) take smaller inner learning rates
+            out["beta"] = 0.1 * beta if (recipe.uses_autodiff or recipe.optimizer.has_momentum) else beta
         elif name == "p":
             out["p"] = unit(B, T, H, K)
         elif name == "nu":

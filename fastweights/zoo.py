@@ -76,9 +76,9 @@ ZOO: dict[str, Recipe] = {r.name: r for r in [
        memory=_LINEAR, objective=Objective(kind="least_squares"), optimizer=Optimizer(kind="closed_form"),
        retention=Retention(kind="scalar"), scale=1.0),
     _r("omeganet", "Behrouz et al. 2025, ATLAS (arXiv:2505.23735) — OmegaNet: Omega rule (c = 4), "
-       "polynomial features (p = 2), GD",
+       "polynomial features (p = 2), GD, gradients at the mini-batch start (b = 16) as ATLAS trains",
        memory=_LINEAR, feature_map=FeatureMap(kind="polynomial", degree=2),
-       objective=Objective(kind="omega", window=4), optimizer=_GD,
+       objective=Objective(kind="omega", window=4), optimizer=Optimizer(kind="gd", minibatch=16),
        retention=Retention(kind="scalar", decay_first=False)),
     _r("atlas", "Behrouz et al. 2025, ATLAS (arXiv:2505.23735) — Omega rule (c = 4), polynomial features "
        "(p = 2), momentum + Newton–Schulz (Muon), MLP memory, b = 16",

@@ -42,7 +42,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
         A = torch.where(mask, cum[..., :, None] - cum[..., None, :], float("-inf")).exp() * bc[..., None, :]
         d = cum.exp()[..., None]  # [B, H, C, 1]
 
-        def matvec(x):  # (H_t + Λ) x_t for every t: [B, H, C, K]
+        def matvec(x, d=d, Hs=Hs, kc=kc, A=A):  # (H_t + Λ) x_t for every t: [B, H, C, K]
             return d * (x @ Hs) + ((x @ kc.transpose(-1, -2)) * A) @ kc + lam * x
 
         if solve == "exact":

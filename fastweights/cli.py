@@ -28,6 +28,14 @@ def _demo(args):
     return 0
 
 
+def _bench_speed(args):
+    from .bench.speed import run_speed
+
+    run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads, D=args.dim,
+              dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
+              chunk_size=args.chunk_size, backward=not args.forward_only)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -39,6 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=None, help="fixed seed (default: fresh inputs each run)")
     d.add_argument("--models", nargs="*", default=None, help="zoo names (default: all)")
     d.set_defaults(fn=_demo)
+    bench = sub.add_parser("bench", help="benchmarks (scripts that time; not tests)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    sp = bsub.add_parser("speed", help="forms × models × T, forward and forward+backward, with peers on CUDA")
+    sp.add_argument("--models", nargs="+", default=["gated_deltanet", "deltanet", "gla", "kda", "retnet"])
+    sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"])
+    sp.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
+    sp.add_argument("--batch", type=int, default=1)
+    sp.add_argument("--heads", type=int, default=4)
+    sp.add_argument("--dim", type=int, default=64)
+    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--chunk-size", type=int, default=64)
+    sp.add_argument("--no-peers", action="store_true", help="skip torch SDPA and fla")
+    sp.add_argument("--forward-only", action="store_true")
+    sp.add_argument("--out", default="runs/speed")
+    sp.set_defaults(fn=_bench_speed)
     return p
 
 

@@ -1,0 +1,223 @@
+"""`fastweights bench speed`: forms × models × T, forward and forward+backward, side by side.
+
+Every row is timed in the same process and run, with fresh random inputs, as the median of
+repeated calls (CUDA: device events after a warm-up; CPU: a host clock). On CUDA the peers are
+timed in the same run: torch SDPA causal attention, and flash-linear-attention (`fla`, the PyPI
+package `fla-core`) when it is importable — installed only into a benchmark environment, never a
+dependency of this library. A peer that fails (e.g. fla's gated backward on Hopper with Triton
+3.6) is recorded with its error instead of a time.
+
+Also printed per row: the floor, max(FLOPs / matmul peak, bytes / bandwidth), from the counts in
+`chunk_flops` and `io_bytes` (peaks are arguments: measure them on the machine).
+
+Writes `speed.md` and `speed.json` under --out; a run that dies keeps every row already written
+(the JSON is rewritten after each row).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .. import api, zoo
+from ..inputs import example_inputs
+
+
+@dataclass
+class Row:
+    impl: str  # "fastweights" | "sdpa" | "fla"
+    model: str
+    form: str
+    B: int
+    T: int
+    H: int
+    D: int
+    dtype: str
+    fwd_ms: float | None
+    fwdbwd_ms: float | None
+    floor_fwd_ms: float | None
+    error: str = ""
+
+
+def chunk_flops(B, T, H, K, V, C=64, delta=True) -> float:
+    """Forward FLOPs of the chunk form (2 per multiply-add).
+
+    Per chunk of C tokens: QKᵀ (C²K), intra-chunk output (C²V), state read QS (CKV), state
+    update KᵀU (CKV); the delta class adds KKᵀ (C²K), the triangular solve (≈C³/3), W and U
+    (C²K + C²V) and the state read W S (CKV)."""
+    macs = C * C * K + C * C * V + 2 * C * K * V
+    if delta:
+        macs += C * C * K + C ** 3 / 3 + C * C * (K + V) + C * K * V
+    return 2.0 * macs * (T / C) * B * H
+
+
+def io_bytes(B, T, H, K, V, elem=2, gates=1) -> float:
+    """Fewest bytes moved by one forward: read q, k, v (and fp32 gates), write o."""
+    return elem * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * gates
+
+
+def _bench(fn, device, warmup=3, reps=10) -> float:
+    """Median milliseconds of fn()."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def _fwd_bwd(run, tensors):
+    def fwd():
+        with torch.no_grad():
+            run()
+
+    def fwdbwd():
+        o = run()
+        o.float().sum().backward()
+        for t in tensors:
+            t.grad = None
+
+    return fwd, fwdbwd
+
+
+def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size):
+    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
+                         device=device, requires_grad=True)
+    state = inp.pop("initial_state", None)
+    fn = getattr(api, form)
+    kw = {"chunk_size": chunk_size} if form == "chunk" else {}
+
+    def run():
+        return fn(model, initial_state=state, **inp, **kw)[0]
+
+    return run, [x for x in inp.values() if x.requires_grad]
+
+
+def _sdpa_case(B, T, H, D, dtype, device):
+    q, k, v = (torch.randn(B, H, T, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+
+    def run():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return run, [q, k, v]
+
+
+FLA_OPS = {  # our model name -> (fla function name, gate kind)
+    "deltanet": ("chunk_delta_rule", None),
+    "gated_deltanet": ("chunk_gated_delta_rule", "scalar"),
+    "gla": ("chunk_gla", "diagonal"),
+    "kda": ("chunk_kda", "diagonal"),
+}
+
+
+def _fla_case(model, B, T, H, D, dtype, device):
+    import fla.ops as ops  # noqa: PLC0415 — the peer, only in benchmark environments
+
+    name, gate = FLA_OPS[model]
+    fn = getattr(ops, name)
+    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
+                         device=device, requires_grad=True)
+    q, k, v = inp["q"], inp["k"], inp["v"]
+    kw = {}
+    if gate is not None:
+        kw["g"] = inp["g"]
+    if "beta" in inp and model != "gla":
+        kw["beta"] = inp["beta"]
+
+    def run():
+        return fn(q, k, v, **kw)[0]
+
+    return run, [x for x in inp.values() if x.requires_grad]
+
+
+def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=True, chunk_size=64,
+              peak_tflops=None, peak_tbps=None, backward=True, log=print) -> list[Row]:
+    device = torch.device(device)
+    dt = getattr(torch, dtype)
+    os.makedirs(out_dir, exist_ok=True)
+    rows: list[Row] = []
+    peak_tflops = peak_tflops or (790.0 if device.type == "cuda" else 0.2)
+    peak_tbps = peak_tbps or (3.0 if device.type == "cuda" else 0.02)
+
+    def floor_ms(model, T):
+        delta = api.recipe_class(zoo.resolve(model)) == "delta"
+        f = chunk_flops(B, T, H, D, D, chunk_size, delta) / (peak_tflops * 1e12)
+        b = io_bytes(B, T, H, D, D, elem=torch.finfo(dt).bits // 8) / (peak_tbps * 1e12)
+        return 1e3 * max(f, b)
+
+    def record(impl, model, form, T, make):
+        try:
+            run, tensors = make()
+            fwd, fwdbwd = _fwd_bwd(run, tensors)
+            f = _bench(fwd, device)
+            fb = _bench(fwdbwd, device) if backward else None
+            row = Row(impl, model, form, B, T, H, D, dtype, f, fb, floor_ms(model, T))
+        except Exception as e:  # a failing peer or form is a result too
+            row = Row(impl, model, form, B, T, H, D, dtype, None, None, None, f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        _write(rows, out_dir)
+        log(_fmt(row))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    for T in lengths:
+        if peers and device.type == "cuda":
+            record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, H, D, dt, device))
+        for model in models:
+            for form in forms:
+                if form not in api.forms(model):
+                    continue
+                record("fastweights", model, form, T,
+                       lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
+            if peers and device.type == "cuda" and model in FLA_OPS:
+                record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device))
+    return rows
+
+
+def _fmt(r: Row) -> str:
+    def ms(x):
+        return "—" if x is None else f"{x:.3f}"
+
+    err = f"  {r.error}" if r.error else ""
+    return (f"| {r.impl} | {r.model} | {r.form} | {r.B}×{r.T}×{r.H}×{r.D} {r.dtype} | {ms(r.fwd_ms)} | "
+            f"{ms(r.fwdbwd_ms)} | {ms(r.floor_fwd_ms)} |{err}")
+
+
+HEADER = ("| impl | model | form | B×T×H×D dtype | fwd ms | fwd+bwd ms | fwd floor ms |\n"
+          "|---|---|---|---|---|---|---|")
+
+
+def _write(rows, out_dir):
+    with open(os.path.join(out_dir, "speed.json"), "w") as f:
+        json.dump([asdict(r) for r in rows], f, indent=1)
+    with open(os.path.join(out_dir, "speed.md"), "w") as f:
+        f.write(HEADER + "\n" + "\n".join(_fmt(r) for r in rows) + "\n")
+
+
+def speedups(rows: list[Row], base_form="recurrent", form="chunk") -> dict:
+    """{(model, T): base time / form time} for forward and forward+backward."""
+    out = {}
+    idx = {(r.model, r.form, r.T): r for r in rows if r.impl == "fastweights"}
+    for (m, f, T), r in idx.items():
+        b = idx.get((m, base_form, T))
+        if f == form and b is not None and r.fwd_ms and b.fwd_ms:
+            out[(m, T)] = (b.fwd_ms / r.fwd_ms,
+                           (b.fwdbwd_ms / r.fwdbwd_ms) if (b.fwdbwd_ms and r.fwdbwd_ms) else math.nan)
+    return out

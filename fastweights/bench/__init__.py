@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that time and write tables (never timed tests)."""

@@ -1,0 +1,690 @@
+"""MemoryMixer: any recipe as a token mixer (one nn.Module for every model), and the table of
+per-model layer defaults (`PRESETS`).
+
+    x [B, T, d] ─┬─ q_proj ─ [conv+SiLU] ─ [probe correction] ─ [L2/RMS norm] ─ [RoPE] ─┐
+                 ├─ k_proj ─ [conv+SiLU] ──────────────────────── [L2/RMS norm] ─ [RoPE] ─┤
+                 ├─ v_proj ─ [conv+SiLU] ─────────────────────────────────────────────────┤
+                 ├─ gates: g (log-retention), β, p, ν, γ_i, λ, w  (the inputs the recipe takes)
+                 │                                                                          ▼
+                 │        o = memory read, by fastweights.{chunk|parallel|recurrent} (fast-weight
+                 │            memories) or the layer's kv attention (softmax side), [+ D ⊙ v]
+                 └─ [g_proj] ──────────────► RMSNorm(o) [⊙ act(gate)] ─ o_proj ─► y [B, T, d]
+
+What the layer builds is derived from the recipe: `fastweights.inputs.accepted_inputs(recipe)`
+names the gates (g, beta, p, nu, gamma, lamb, w), the axes give their shapes (scalar or
+diagonal retention, n_h Householder steps, the feature dimension K'), and a `MixerPreset`
+(one row of `PRESETS` for a zoo model, derived from the axes for any other recipe) chooses the
+published parameterizations, the convolution, the q/k normalization, RoPE and the output wiring.
+
+Forms (a documented rule, fixed at construction, never switched at run time):
+  * training / prefill (`forward`): `chunk` if it exists for the recipe, else `parallel`, else
+    `recurrent` (`training_form`); the softmax side uses the layer's own attention (SDPA).
+  * decoding (`step`): `recurrent`, one token from the carried MixerState.
+`form=` overrides the rule explicitly (e.g. "recurrent" as a reference in tests).
+
+Shapes: heads H_q = num_heads (queries and keys), H = num_v_heads (values and memories,
+a multiple of H_q: grouped value heads, q and k shared by H / H_q value heads) for fast-weight
+memories; H = num_heads query heads and H_kv = num_kv_heads key/value heads (grouped KV) for the
+softmax side. Head dims K = head_dim, V = head_v_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import api
+from ..inputs import accepted_inputs, init_state
+from ..recipe import Recipe, RecipeError
+from ..state import KVCache, MemoryState
+from ..zoo import ZOO, resolve
+from .conv import ShortConv
+from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate, inverse_softplus
+from .kv import empty_cache, has_positions_bias, kv_extend
+from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
+from .rotary import apply_rope
+from .state import MixerState, state_bytes
+
+Tensor = torch.Tensor
+
+__all__ = ["MixerPreset", "PRESETS", "MixerConfig", "MemoryMixer", "SoftmaxAttention", "MixerError",
+           "preset_for", "training_form"]
+
+
+class MixerError(ValueError):
+    """A mixer configuration that cannot be built; the message names the argument."""
+
+
+def _choice(value, allowed, what):
+    if value not in allowed:
+        raise MixerError(f"{what}={value!r} is not one of {list(allowed)}")
+
+
+def _pos_int(value, what, allow_none=False):
+    if allow_none and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise MixerError(f"{what} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixerPreset:
+    """The layer wiring of one model (one row of PRESETS). Fields that a recipe has no use for
+    are ignored for it (e.g. `w_rank` outside PaTH); contradictions with the recipe are errors.
+
+    expand_k:    key width K·H_q = expand_k·d_model, when head_dim is not given.
+    expand_v:    head_v_dim = expand_v·head_dim, when head_v_dim is not given.
+    conv:        short causal depthwise conv + SiLU on "qkv", "qk" (Mesa) or "none"; conv_size W,
+                 conv_bias (Mamba2's conv has a bias).
+    qk_norm:     "l2" (x/‖x‖, the delta family, Mesa, Titans), "rms" (per-head RMSNorm) or "none".
+    rope:        rotary embedding on q and k (base `rope_theta` of the mixer); rope_period: positions
+                 modulo a period (TTT: its mini-batch).
+    decay:       log-retention g: "mamba" (−exp(A_log)·softplus(a + dt_bias), A ~ U(A_range)),
+                 "kda" (the same per key channel), "gla" (low-rank logsigmoid / 16),
+                 "logsigmoid" (Linear with bias; FoX, Mesa, Titans/ATLAS decay), "none".
+                 decay_bias_init: initial bias of the logsigmoid gate (None: PyTorch's default).
+    beta:        step size β: "sigmoid" (beta_scale·σ; 2 allows negative eigenvalues, PaTH's 2σ),
+                 "ttt" (beta_scale·σ / head_dim: TTT's base learning rate), "dt" (Mamba2: β = dt, the
+                 same softplus as the decay), "none" (β = 1); beta_bias: the projection has a bias.
+    out_norm:    RMSNorm of the read, per "head", over "all" heads at once (Mamba2, TTT) or "none".
+    out_gate:    output gate act(g_proj(x)): "swish", "sigmoid", "gelu_tanh" or "none";
+                 out_gate_low_rank: g_proj = Linear(d, V)·Linear(V, H·V, bias) (KDA);
+                 norm_before_gate: RMSNorm(o)·act(z) (fla) or RMSNorm(o·act(z)) (Mamba2).
+    d_skip:      Mamba2's skip y += D_h·v (D initialized to 1).
+    probe_correction: Comba's q ← q − D_h·p, D initialized to this (p = k·σ(d_h), d_h init 1).
+    w_rank, w_conv: PaTH's w = L2norm(SiLU(conv_{w_conv}(Linear(w_rank)(Linear(d, w_rank)(x))))).
+    memory_init: initial weights of MLP / residual-LN memories (outer parameters, one set per head):
+                 "normal" (N(0, memory_init_std²), TTT's 0.02) or "xavier" (Titans).
+    """
+
+    expand_k: float = 1.0
+    expand_v: float = 1.0
+    conv: Literal["none", "qkv", "qk"] = "qkv"
+    conv_size: int = 4
+    conv_bias: bool = False
+    qk_norm: Literal["none", "l2", "rms"] = "none"
+    rope: bool = False
+    rope_period: int | None = None
+    decay: Literal["none", "mamba", "kda", "gla", "logsigmoid"] = "none"
+    A_range: tuple[float, float] = (0.0, 16.0)
+    decay_bias_init: float | None = None
+    beta: Literal["none", "sigmoid", "ttt", "dt"] = "none"
+    beta_scale: float = 1.0
+    beta_bias: bool = False
+    out_norm: Literal["none", "head", "all"] = "head"
+    out_gate: Literal["none", "swish", "sigmoid", "gelu_tanh"] = "none"
+    out_gate_low_rank: bool = False
+    norm_before_gate: bool = True
+    d_skip: bool = False
+    probe_correction: float = 1.0
+    w_rank: int = 32
+    w_conv: int = 3
+    memory_init: Literal["normal", "xavier"] = "normal"
+    memory_init_std: float = 0.02
+
+    def __post_init__(self):
+        _choice(self.conv, ("none", "qkv", "qk"), "preset.conv")
+        _choice(self.qk_norm, ("none", "l2", "rms"), "preset.qk_norm")
+        _choice(self.decay, ("none", "mamba", "kda", "gla", "logsigmoid"), "preset.decay")
+        _choice(self.beta, ("none", "sigmoid", "ttt", "dt"), "preset.beta")
+        _choice(self.out_norm, ("none", "head", "all"), "preset.out_norm")
+        _choice(self.out_gate, ("none", "swish", "sigmoid", "gelu_tanh"), "preset.out_gate")
+        _choice(self.memory_init, ("normal", "xavier"), "preset.memory_init")
+        _pos_int(self.conv_size, "preset.conv_size")
+        _pos_int(self.rope_period, "preset.rope_period", allow_none=True)
+        _pos_int(self.w_rank, "preset.w_rank")
+        if not isinstance(self.w_conv, int) or self.w_conv < 0:
+            raise MixerError(f"preset.w_conv must be an int ≥ 0 (0: no conv), got {self.w_conv!r}")
+        for name in ("expand_k", "expand_v", "beta_scale", "memory_init_std"):
+            val = getattr(self, name)
+            if not isinstance(val, (int, float)) or isinstance(val, bool) or not val > 0:
+                raise MixerError(f"preset.{name} must be a positive number, got {val!r}")
+        lo, hi = self.A_range
+        if not (0.0 <= lo < hi):
+            raise MixerError(f"preset.A_range must be (lo, hi) with 0 ≤ lo < hi, got {self.A_range!r}")
+
+
+_P = MixerPreset
+_GDN = dict(conv="qkv", qk_norm="l2", expand_k=0.75, expand_v=2.0, decay="mamba", A_range=(0.0, 16.0),
+            beta="sigmoid", out_gate="swish")
+_TITANS = dict(conv="qkv", qk_norm="l2", decay="logsigmoid", beta="sigmoid", out_gate="sigmoid")
+_SOFTMAX = dict(conv="none", qk_norm="none", out_norm="none")
+
+#: Per-zoo-model layer defaults (research/models.md, "Layer" bullets). One table, one row each.
+PRESETS: dict[str, MixerPreset] = {
+    # softmax side (no conv, no output norm): RoPE for plain softmax and DeltaFormer; FoX/ALiBi/PaTH
+    # carry position through their retention / transitions
+    "softmax_attention": _P(**_SOFTMAX, rope=True),
+    "linear_attention": _P(conv="none", qk_norm="none"),  # fla: no conv, RMSNorm output, no gate
+    "retnet": _P(conv="none", qk_norm="none", rope=True, expand_v=2.0, out_gate="swish"),
+    "mamba2": _P(conv="qkv", conv_bias=True, qk_norm="none", expand_v=2.0, decay="mamba", A_range=(1.0, 16.0),
+                 beta="dt", out_norm="all", out_gate="swish", norm_before_gate=False, d_skip=True),
+    "gla": _P(conv="none", qk_norm="none", expand_k=0.5, expand_v=2.0, decay="gla", out_gate="swish"),
+    "deltanet": _P(conv="qkv", qk_norm="l2", beta="sigmoid"),
+    "gated_deltanet": _P(**_GDN),
+    "comba": _P(**{**_GDN, "out_gate": "sigmoid"}, probe_correction=1.0),
+    "deltaproduct": _P(**_GDN, beta_scale=2.0),  # allow_neg_eigval on by default
+    "kda": _P(conv="qkv", qk_norm="l2", decay="kda", A_range=(1.0, 16.0), beta="sigmoid", out_gate="sigmoid",
+              out_gate_low_rank=True),
+    "ttt_linear": _P(conv="none", qk_norm="none", rope=True, rope_period=16, beta="ttt", beta_scale=1.0,
+                     beta_bias=True, out_norm="all", out_gate="gelu_tanh", memory_init="normal"),
+    "ttt_mlp": _P(conv="none", qk_norm="none", rope=True, rope_period=16, beta="ttt", beta_scale=0.1,
+                  beta_bias=True, out_norm="all", out_gate="gelu_tanh", memory_init="normal"),
+    "titans": _P(**_TITANS, memory_init="xavier"),
+    "mesanet": _P(conv="qk", qk_norm="l2", decay="logsigmoid", beta="sigmoid", beta_bias=True),
+    "omeganet": _P(**_TITANS),
+    "atlas": _P(**_TITANS, memory_init="xavier"),
+    "fox": _P(**_SOFTMAX, decay="logsigmoid"),
+    "alibi": _P(**_SOFTMAX),
+    "deltaformer": _P(**_SOFTMAX, rope=True, beta="sigmoid", beta_bias=True),
+    "path_attention": _P(**_SOFTMAX, beta="sigmoid", beta_scale=2.0, beta_bias=True, w_rank=32, w_conv=3),
+}
+
+
+def derived_preset(recipe: Recipe) -> MixerPreset:
+    """The preset of a recipe outside the zoo, from its axes.
+
+    Softmax side: no conv, RoPE unless the retention carries position; a logsigmoid forget gate
+    for scalar retention; β = σ for DeltaFormer, 2σ for Householder transitions.
+    Fast-weight memories: conv on q, k, v; L2-normalized q, k unless the objective is 'dot';
+    Mamba-style g for scalar retention, KDA's per-channel gate (GLA's for the 'dot' objective)
+    for diagonal retention; β = σ unless the objective is 'dot'; swish-gated RMSNorm output.
+    """
+    ret, obj = recipe.retention, recipe.objective
+    if recipe.is_softmax:
+        return MixerPreset(**_SOFTMAX, rope=ret.kind == "none",
+                           decay="logsigmoid" if ret.kind == "scalar" else "none",
+                           beta="sigmoid" if (obj.kind == "l2" or ret.kind == "householder") else "none",
+                           beta_scale=2.0 if ret.kind == "householder" else 1.0, beta_bias=True)
+    decay = {"scalar": "mamba", "diagonal": "gla" if obj.kind == "dot" else "kda"}.get(ret.kind, "none")
+    return MixerPreset(conv="qkv", qk_norm="none" if obj.kind == "dot" else "l2", decay=decay,
+                       beta="none" if obj.kind == "dot" else "sigmoid", out_gate="swish",
+                       memory_init="normal", memory_init_std=0.02)
+
+
+def preset_for(recipe: Recipe) -> MixerPreset:
+    """PRESETS[name] for a zoo model (the recipe must equal the zoo's), else `derived_preset`."""
+    if recipe.name in PRESETS and ZOO.get(recipe.name) == recipe:
+        return PRESETS[recipe.name]
+    return derived_preset(recipe)
+
+
+def training_form(model) -> str:
+    """The form a layer trains and prefills with: chunk if it exists for the recipe, else parallel,
+    else recurrent. Softmax-side recipes: 'parallel' (the layer's own SDPA attention)."""
+    recipe = resolve(model)
+    if recipe.is_softmax:
+        return "parallel"
+    have = api.forms(recipe)
+    for form in ("chunk", "parallel", "recurrent"):
+        if form in have:
+            return form
+    raise MixerError(f"no form exists for {recipe.name}")  # pragma: no cover (recurrent always exists)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixerConfig:
+    """Everything a MemoryMixer is built from (validated; dims resolved by the properties).
+
+    d_model; model (zoo name or Recipe); num_heads (H_q, or the query heads on the softmax side);
+    head_dim K (default expand_k·d_model / num_heads); head_v_dim V (default expand_v·K);
+    num_v_heads (fast-weight memories: value heads, a multiple of num_heads); num_kv_heads
+    (softmax side: key/value heads dividing num_heads); preset (name of a PRESETS row or a
+    MixerPreset; default `preset_for(recipe)`); form (None: `training_form`); chunk_size (chunk
+    form); scale (None: the recipe's); rope_theta; norm_eps.
+    """
+
+    d_model: int
+    model: str | Recipe
+    num_heads: int
+    head_dim: int | None = None
+    head_v_dim: int | None = None
+    num_v_heads: int | None = None
+    num_kv_heads: int | None = None
+    preset: str | MixerPreset | None = None
+    form: str | None = None
+    chunk_size: int = 64
+    scale: float | None = None
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        _pos_int(self.d_model, "d_model")
+        _pos_int(self.num_heads, "num_heads")
+        _pos_int(self.head_dim, "head_dim", allow_none=True)
+        _pos_int(self.head_v_dim, "head_v_dim", allow_none=True)
+        _pos_int(self.num_v_heads, "num_v_heads", allow_none=True)
+        _pos_int(self.num_kv_heads, "num_kv_heads", allow_none=True)
+        _pos_int(self.chunk_size, "chunk_size")
+        if not isinstance(self.model, (str, Recipe)):
+            raise MixerError(f"model must be a zoo name or a Recipe, got {type(self.model).__name__}")
+        r = self.recipe  # raises UnknownModelError for a bad name
+        p = self.resolved_preset
+        if self.preset is not None and not isinstance(self.preset, (str, MixerPreset)):
+            raise MixerError(f"preset must be a PRESETS name or a MixerPreset, got {type(self.preset).__name__}")
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and self.scale > 0):
+            raise MixerError(f"scale must be a positive number or None, got {self.scale!r}")
+        K, V = self.K, self.V
+        if K < 1:
+            raise MixerError(f"head_dim resolves to {K} (expand_k·d_model / num_heads): give head_dim")
+        if V < 1:
+            raise MixerError(f"head_v_dim resolves to {V} (expand_v·head_dim): give head_v_dim")
+        if r.is_softmax:
+            if self.num_v_heads is not None:
+                raise MixerError(f"num_v_heads (grouped value heads) is for fast-weight memories; {r.name} is "
+                                 "softmax-side: use num_kv_heads")
+            if self.num_heads % self.kv_heads:
+                raise MixerError(f"num_kv_heads={self.kv_heads} must divide num_heads={self.num_heads}")
+            if p.d_skip:
+                raise MixerError("preset.d_skip (Mamba2's D·v) is for fast-weight memories")
+        else:
+            if self.num_kv_heads is not None:
+                raise MixerError(f"num_kv_heads (grouped KV) is for softmax-side recipes; {r.name} keeps a memory: "
+                                 "use num_v_heads")
+            if self.heads % self.num_heads:
+                raise MixerError(f"num_v_heads={self.heads} must be a multiple of num_heads={self.num_heads}")
+            if r.memory.residual_ln and K != V:
+                raise MixerError(f"{r.name}'s memory x + LN(f(x)) needs head_v_dim == head_dim, got K={K}, V={V} "
+                                 "(set head_v_dim or preset expand_v=1)")
+            if p.d_skip and r.optimizer.householder_steps > 1:
+                raise MixerError("preset.d_skip is not defined with Householder steps (several v per token)")
+        if p.rope and K % 2:
+            raise MixerError(f"RoPE needs an even head_dim, got {K}")
+        if self.form is not None:
+            allowed = ("parallel", "recurrent") if r.is_softmax else tuple(api.forms(r))
+            if self.form not in allowed:
+                raise MixerError(f"form={self.form!r} does not exist for {r.name}; available: {', '.join(allowed)}")
+        self._check_preset(r, p)
+
+    @staticmethod
+    def _check_preset(r: Recipe, p: MixerPreset):
+        acc = accepted_inputs(r)
+        kind = r.retention.kind
+        allowed = {"none": ("none",), "constant": ("none",), "scalar": ("mamba", "logsigmoid"),
+                   "diagonal": ("kda", "gla"), "householder": ("none", "mamba", "logsigmoid")}[kind]
+        if p.decay not in allowed:
+            raise MixerError(f"preset.decay={p.decay!r} does not fit {r.name}'s retention {kind!r}; "
+                             f"use one of {list(allowed)}")
+        if "beta" not in acc and p.beta != "none":
+            raise MixerError(f"{r.name} takes no beta (step size); preset.beta must be 'none'")
+        if r.is_softmax and "beta" in acc and p.beta == "none":
+            raise MixerError(f"{r.name} needs a beta gate; preset.beta must not be 'none'")
+        if p.beta == "dt" and p.decay != "mamba":
+            raise MixerError("preset.beta='dt' (Mamba2's β = dt) needs preset.decay='mamba'")
+        two = (r.objective.kind == "l2" and r.memory.is_plain_linear) or kind == "householder"
+        if two and p.beta in ("sigmoid", "ttt") and p.beta_scale > 2.0:
+            raise MixerError(f"preset.beta_scale={p.beta_scale}: {r.name} needs β ≤ 2 (eigenvalues of I − βkkᵀ)")
+
+    # ---------------------------------------------------------------- resolved values
+    @property
+    def recipe(self) -> Recipe:
+        return resolve(self.model)
+
+    @property
+    def resolved_preset(self) -> MixerPreset:
+        if self.preset is None:
+            return preset_for(self.recipe)
+        if isinstance(self.preset, str):
+            if self.preset not in PRESETS:
+                raise MixerError(f"preset={self.preset!r} is not a PRESETS name; known: {', '.join(PRESETS)}")
+            return PRESETS[self.preset]
+        return self.preset
+
+    @property
+    def K(self) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return int(self.d_model * self.resolved_preset.expand_k) // self.num_heads
+
+    @property
+    def V(self) -> int:
+        if self.head_v_dim is not None:
+            return self.head_v_dim
+        return int(self.K * self.resolved_preset.expand_v)
+
+    @property
+    def heads(self) -> int:
+        """H: heads of the memory read (value heads; query heads on the softmax side)."""
+        if self.recipe.is_softmax:
+            return self.num_heads
+        return self.num_v_heads or self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """H_kv (softmax side): key/value heads."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def steps(self) -> int:
+        return self.recipe.optimizer.householder_steps
+
+    @property
+    def Kf(self) -> int:
+        return self.recipe.feature_map.out_dim(self.K)
+
+    @property
+    def resolved_form(self) -> str:
+        return self.form or training_form(self.recipe)
+
+    @property
+    def resolved_scale(self) -> float:
+        if self.scale is not None:
+            return float(self.scale)
+        r = self.recipe
+        return r.scale if r.scale is not None else self.K ** -0.5
+
+
+_PRESET_FIELDS = {f.name for f in fields(MixerPreset)}
+
+
+class MemoryMixer(nn.Module):
+    """Any recipe as a token mixer: x [B, T, d_model] -> y [B, T, d_model] (see the module doc).
+
+    Args:
+        d_model: model width.
+        model: zoo name or Recipe.
+        num_heads: query/key heads (H_q); on the softmax side, query heads.
+        head_dim, head_v_dim, num_v_heads, num_kv_heads, preset, form, chunk_size, scale,
+        rope_theta, norm_eps: see MixerConfig.
+        **overrides: fields of MixerPreset replacing the preset's (e.g. conv="none", out_gate="swish").
+
+    forward(x, state=None, *, output_state=False, form=None) -> (y, MixerState | None)
+    step(x [B, 1, d], state) -> (y, MixerState): one decoding step by the recurrent form.
+    """
+
+    def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
+                 head_v_dim: int | None = None, num_v_heads: int | None = None, num_kv_heads: int | None = None,
+                 preset: str | MixerPreset | None = None, form: str | None = None, chunk_size: int = 64,
+                 scale: float | None = None, rope_theta: float = 10000.0, norm_eps: float = 1e-5, **overrides):
+        super().__init__()
+        unknown = set(overrides) - _PRESET_FIELDS
+        if unknown:
+            raise MixerError(f"unknown argument(s) {sorted(unknown)}; preset fields are {sorted(_PRESET_FIELDS)}")
+        base = MixerConfig(d_model=d_model, model=model, num_heads=num_heads, head_dim=head_dim,
+                           head_v_dim=head_v_dim, num_v_heads=num_v_heads, num_kv_heads=num_kv_heads,
+                           preset=preset, form=form, chunk_size=chunk_size, scale=scale, rope_theta=rope_theta,
+                           norm_eps=norm_eps)
+        if overrides:
+            try:
+                base = replace(base, preset=replace(base.resolved_preset, **overrides))
+            except RecipeError as e:
+                raise MixerError(str(e)) from None
+        self.config = cfg = base
+        self.recipe = r = cfg.recipe
+        self.preset = p = cfg.resolved_preset
+        self.form = cfg.resolved_form
+        self.scale = cfg.resolved_scale
+        self.is_softmax = r.is_softmax
+        self.acc = accepted_inputs(r)
+        d, Hq, H, K, V, n, Kf = d_model, cfg.num_heads, cfg.heads, cfg.K, cfg.V, cfg.steps, cfg.Kf
+        Hkv = cfg.kv_heads if r.is_softmax else Hq
+        self.d_model, self.Hq, self.H, self.Hkv, self.K, self.V, self.n, self.Kf = d, Hq, H, Hkv, K, V, n, Kf
+
+        # -- projections (bias-free)
+        self.q_proj = nn.Linear(d, Hq * K, bias=False)
+        if r.is_softmax:
+            self.k_proj = nn.Linear(d, Hkv * K, bias=False)
+            self.v_proj = nn.Linear(d, Hkv * V, bias=False)
+        else:
+            self.k_proj = nn.Linear(d, n * Hq * K, bias=False)
+            self.v_proj = nn.Linear(d, n * H * V, bias=False)
+        conv = lambda c: ShortConv(c, p.conv_size, bias=p.conv_bias)
+        self.q_conv = conv(self.q_proj.out_features) if p.conv in ("qkv", "qk") else None
+        self.k_conv = conv(self.k_proj.out_features) if p.conv in ("qkv", "qk") else None
+        self.v_conv = conv(self.v_proj.out_features) if p.conv == "qkv" else None
+        self.q_norm = RMSNorm(K, eps=1e-6) if p.qk_norm == "rms" else None
+        self.k_norm = RMSNorm(K, eps=1e-6) if p.qk_norm == "rms" else None
+
+        # -- gates: the inputs the recipe takes
+        gh = H  # heads of g (query heads on the softmax side)
+        bh = Hkv if r.is_softmax else H  # heads of beta and w
+        self.decay = None
+        if p.decay == "mamba":
+            self.decay = MambaDecay(d, gh, A_range=p.A_range)
+        elif p.decay == "kda":
+            self.decay = MambaDecay(d, gh, channels=Kf, A_range=p.A_range, rank=V)
+        elif p.decay == "gla":
+            self.decay = GLAGate(d, gh, Kf)
+        elif p.decay == "logsigmoid":
+            self.decay = LogSigmoidGate(d, gh, bias_init=p.decay_bias_init)
+        self.beta = None
+        if p.beta in ("sigmoid", "ttt"):
+            self.beta = BetaGate(d, bh, steps=n, scale=p.beta_scale, bias=p.beta_bias,
+                                 divide_by=K if p.beta == "ttt" else 1)
+        self.nu = SigmoidGate(d, H) if "nu" in self.acc else None
+        self.gamma = SigmoidGate(d, H) if "gamma" in self.acc else None
+        if "lamb" in self.acc:  # Mesa: λ = softplus(λ_raw) + 0.25, initialized to 1
+            self.lamb_raw = nn.Parameter(torch.full((H, Kf), float(inverse_softplus(torch.tensor(0.75)))))
+        else:
+            self.lamb_raw = None
+        if "p" in self.acc:  # Comba: p = k·σ(d_h), q ← q − D_h·p
+            self.probe_decay = nn.Parameter(torch.ones(Hq))
+            self.probe_correction = nn.Parameter(torch.full((Hq,), float(p.probe_correction)))
+        else:
+            self.probe_decay = self.probe_correction = None
+        if "w" in self.acc:  # PaTH
+            self.w_proj = nn.Sequential(nn.Linear(d, p.w_rank, bias=False), nn.Linear(p.w_rank, bh * K, bias=False))
+            self.w_conv = ShortConv(bh * K, p.w_conv) if p.w_conv > 0 else None
+        else:
+            self.w_proj = self.w_conv = None
+
+        # -- the memory's initial weights (MLP and residual-LN memories): one set per head
+        self.memory_init = None
+        if r.uses_autodiff:
+            hidden = r.memory.expansion * K
+            dims = [Kf, V] if r.memory.kind == "linear" else [Kf] + [hidden] * (r.memory.depth - 1) + [V]
+            params = []
+            for a, b in zip(dims[:-1], dims[1:]):
+                std = p.memory_init_std if p.memory_init == "normal" else math.sqrt(2.0 / (a + b))
+                params.append(nn.Parameter(torch.randn(H, a, b) * std))  # [H, a, b]
+            self.memory_init = nn.ParameterList(params)
+
+        # -- output
+        self.D = nn.Parameter(torch.ones(H)) if p.d_skip else None
+        self.g_proj = None
+        if p.out_gate != "none":
+            if p.out_gate_low_rank:
+                self.g_proj = nn.Sequential(nn.Linear(d, V, bias=False), nn.Linear(V, H * V, bias=True))
+            else:
+                self.g_proj = nn.Linear(d, H * V, bias=False)
+        self.o_norm = None
+        if p.out_norm != "none":
+            self.o_norm = GatedRMSNorm(V if p.out_norm == "head" else H * V, eps=norm_eps,
+                                       activation=p.out_gate if p.out_gate != "none" else "swish",
+                                       norm_before_gate=p.norm_before_gate)
+        self.o_proj = nn.Linear(H * V, d, bias=False)
+
+    # ------------------------------------------------------------------ states
+    def init_state(self, batch_size: int, *, dtype=None, device=None) -> MixerState:
+        """The state before any token: the memory a decode would carry (zeros; the MLP memory's
+        initial weights; an empty KV cache) and zero conv tails."""
+        w = self.q_proj.weight
+        dtype, device = dtype or w.dtype, device or w.device
+        B, r = batch_size, self.recipe
+        if r.is_softmax:
+            memory = empty_cache(r, B, self.H, self.Hkv, self.K, self.V, dtype=dtype, device=device,
+                                 forget_gate=self.decay is not None)
+        else:
+            sdt = torch.float64 if dtype == torch.float64 else torch.float32
+            memory = init_state(r, B, self.H, self.K, self.V, dtype=sdt, device=device)
+            if self.memory_init is not None:
+                memory = replace(memory, weights=tuple(m.to(device=device, dtype=sdt)[None].expand(B, *m.shape)
+                                                       for m in self.memory_init))
+            if isinstance(memory, MemoryState) and r.optimizer.minibatch > 1:
+                memory = replace(memory, anchor=tuple(w.clone() for w in memory.weights))
+            if api.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize:
+                memory = memory.weights[0]
+
+        def tail(c):
+            return None if c is None else c.empty_tail(B, dtype=dtype, device=device)
+
+        return MixerState(memory=memory, conv_q=tail(self.q_conv), conv_k=tail(self.k_conv),
+                          conv_v=tail(self.v_conv), conv_w=tail(self.w_conv), position=0)
+
+    def state_size(self, batch_size: int, seq_len: int = 0) -> int:
+        """Bytes of the recurrent state for `batch_size` sequences (memory in fp32, conv tails in the
+        parameters' dtype). Fast-weight memories: constant. Softmax side: the KV cache after
+        `seq_len` tokens (k, v in the parameters' dtype, c in fp32)."""
+        st = self.init_state(batch_size, device="meta")
+        size = state_bytes(st)
+        if self.is_softmax:
+            el = self.q_proj.weight.element_size()
+            per_token = self.Hkv * (self.K + self.V) * el
+            if has_positions_bias(self.recipe, self.decay is not None):
+                per_token += self.H * (8 if self.q_proj.weight.dtype == torch.float64 else 4)
+            size += batch_size * seq_len * per_token
+        return size
+
+    def _initial_memory(self, B: int, x: Tensor):
+        if self.is_softmax:
+            return empty_cache(self.recipe, B, self.H, self.Hkv, self.K, self.V, dtype=x.dtype, device=x.device,
+                               forget_gate=self.decay is not None)
+        if self.memory_init is None:
+            return None
+        return MemoryState(weights=tuple(m[None].expand(B, *m.shape) for m in self.memory_init))  # [B, H, a, b]
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
+                form: str | None = None) -> tuple[Tensor, MixerState | None]:
+        """y [B, T, d_model] and, when output_state (or a state was given), the state after x.
+
+        Uses `form` (default: the layer's training form, `self.form`); with a state, x continues
+        the sequence the state ends."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise MixerError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
+        form = form or self.form
+        if form not in (("parallel", "recurrent") if self.is_softmax else tuple(api.forms(self.recipe))):
+            raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
+        if state is not None and not isinstance(state, MixerState):
+            raise MixerError(f"state must be a MixerState, got {type(state).__name__}")
+        return self._mix(x, state, form, output_state or state is not None)
+
+    def step(self, x: Tensor, state: MixerState) -> tuple[Tensor, MixerState]:
+        """One decoding step: x [B, 1, d_model] from `state`, by the recurrent form."""
+        if x.dim() != 3 or x.shape[1] != 1:
+            raise MixerError(f"step takes one token x [B, 1, d_model], got {list(x.shape)}")
+        return self.forward(x, state, output_state=True, form="recurrent")
+
+    def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool):
+        B, T, _ = x.shape
+        r, p = self.recipe, self.preset
+        Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
+        pos = state.position if state is not None else 0
+
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        tq = tk = tv = tw = None
+        if self.q_conv is not None:
+            q, tq = self.q_conv(q, state.conv_q if state is not None else None)
+            k, tk = self.k_conv(k, state.conv_k if state is not None else None)
+        if self.v_conv is not None:
+            v, tv = self.v_conv(v, state.conv_v if state is not None else None)
+        kh = Hkv if self.is_softmax else Hq
+        q = q.view(B, T, Hq, K)  # [B, T, Hq, K]
+        k = k.view(B, T, n * kh, K)  # [B, T, n·Hk, K] (n = 1 except DeltaProduct)
+        v = v.view(B, T, n, H, V) if n > 1 else v.view(B, T, -1, V)  # [B, T, (n,) Hv, V]
+
+        pr = None
+        if self.probe_decay is not None:  # Comba: p = k·σ(d), q ← q − D·p (before the L2 norm)
+            pr = k * torch.sigmoid(self.probe_decay).to(k.dtype)[:, None]  # [B, T, Hq, K]
+            q = q - self.probe_correction.to(q.dtype)[:, None] * pr
+        if p.qk_norm == "l2":
+            q, k = l2norm(q), l2norm(k)
+            pr = l2norm(pr) if pr is not None else None
+        elif p.qk_norm == "rms":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if p.rope:
+            q = apply_rope(q, pos, base=self.config.rope_theta, period=p.rope_period)
+            k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period)
+
+        inputs = {}
+        dt = None
+        if self.decay is not None:
+            if isinstance(self.decay, MambaDecay):
+                inputs["g"], dt = self.decay(x)
+            else:
+                inputs["g"] = self.decay(x)
+        if self.beta is not None:
+            inputs["beta"] = self.beta(x)
+        elif p.beta == "dt":
+            inputs["beta"] = dt
+        if self.nu is not None:
+            inputs["nu"] = self.nu(x)
+        if self.gamma is not None:
+            inputs["gamma"] = self.gamma(x)
+        if self.lamb_raw is not None:
+            inputs["lamb"] = F.softplus(self.lamb_raw) + 0.25
+        if self.w_proj is not None:
+            w = self.w_proj(x).float() if x.dtype != torch.float64 else self.w_proj(x)
+            if self.w_conv is not None:
+                w, tw = self.w_conv(w, state.conv_w if state is not None else None)
+            inputs["w"] = l2norm(w.view(B, T, Hkv, K))  # [B, T, Hkv, K]
+
+        memory = state.memory if state is not None else self._initial_memory(B, x)
+        if self.is_softmax:
+            o, memory = self._attend(q, k, v, inputs, memory, form)
+        else:
+            G = H // Hq
+            if G > 1:  # grouped value heads: value head h reads q/k head h // G
+                q = q.repeat_interleave(G, dim=2)  # [B, T, H, K]
+                k = k.view(B, T, n, Hq, K).repeat_interleave(G, dim=3).view(B, T, n * H, K)  # [B, T, n·H, K]
+                pr = pr.repeat_interleave(G, dim=2) if pr is not None else None
+            if n > 1:
+                k = k.view(B, T, n, H, K)  # [B, T, n, H, K]
+            if pr is not None:
+                inputs["p"] = pr
+            fn = getattr(api, form)
+            kw = {"chunk_size": self.config.chunk_size} if form == "chunk" else {}
+            o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
+                           **inputs, **kw)
+            if self.D is not None:
+                o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
+        y = self._output(o, x)
+        if not output_state:
+            return y, None
+        return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T)
+
+    def _attend(self, q, k, v, inputs, cache: KVCache, form: str):
+        kw = dict(scale=self.scale, g=inputs.get("g"), beta=inputs.get("beta"), w=inputs.get("w"))
+        if form == "parallel":
+            return kv_extend(self.recipe, q, k, v, cache=cache, **kw)
+        outs = []  # recurrent: one token at a time, as decoding does
+        for t in range(q.shape[1]):
+            one = {key: (val[:, t:t + 1] if val is not None else None) for key, val in kw.items() if key != "scale"}
+            o, cache = kv_extend(self.recipe, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], scale=self.scale,
+                                 cache=cache, **one)
+            outs.append(o)
+        return torch.cat(outs, dim=1), cache  # [B, T, H, V]
+
+    def _output(self, o: Tensor, x: Tensor) -> Tensor:
+        B, T = o.shape[:2]
+        o = o.reshape(B, T, self.H * self.V)  # [B, T, H·V]
+        z = self.g_proj(x) if self.g_proj is not None else None  # [B, T, H·V]
+        if self.o_norm is not None:
+            o = self.o_norm(o, z)
+        elif z is not None:
+            o = o * gate_activation(self.preset.out_gate, z)
+        return self.o_proj(o.to(self.o_proj.weight.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"model={self.recipe.name}, form={self.form}, heads={self.Hq}/{self.H}"
+                f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}")
+
+
+class SoftmaxAttention(MemoryMixer):
+    """Softmax attention (torch SDPA) with RoPE and grouped KV heads: the MemoryMixer preset of a
+    softmax-side recipe. `model` picks the variant: "softmax_attention" (default), "fox"
+    (forget gate), "alibi", "deltaformer", "path_attention", or a custom kv Recipe. Keeps a
+    `fastweights.KVCache` as its state.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, model: str | Recipe = "softmax_attention", **kwargs):
+        if not resolve(model).is_softmax:
+            raise MixerError(f"SoftmaxAttention takes a softmax-side (kv memory) recipe; {resolve(model).name} "
+                             "keeps a fast-weight memory: use MemoryMixer")
+        super().__init__(d_model, model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, **kwargs)

@@ -1,0 +1,69 @@
+"""Typed states of the layers: what a mixer carries from one call to the next.
+
+A mixer's state is its memory (what `fastweights.recurrent` carries: a bare S [B, H, K', V], a
+MemoryState, a MesaState, or a KVCache for the softmax side) plus the tails of its short
+convolutions and the number of tokens already consumed (RoPE positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass, replace
+
+import torch
+
+from ..state import KVCache, MemoryState, MesaState
+
+Tensor = torch.Tensor
+
+__all__ = ["MixerState", "state_bytes", "map_tensors"]
+
+
+@dataclass
+class MixerState:
+    """The state of one MemoryMixer between calls.
+
+    memory:   S [B, H, K', V] (plain linear memories), MemoryState, MesaState, or KVCache
+              (softmax side: grows by one entry per token); fp32 for fast-weight memories.
+    conv_q, conv_k, conv_v: the last W − 1 inputs of each short convolution [B, W − 1, C], or None
+              where the layer has no convolution there.
+    conv_w:   PaTH's convolution tail over its Householder directions, or None.
+    position: tokens consumed so far (the next token's position, for RoPE).
+    """
+
+    memory: Tensor | MemoryState | MesaState | KVCache
+    conv_q: Tensor | None = None
+    conv_k: Tensor | None = None
+    conv_v: Tensor | None = None
+    conv_w: Tensor | None = None
+    position: int = 0
+
+
+def map_tensors(state, fn):
+    """Apply fn to every tensor inside a state (tensors, tuples, nested dataclasses); ints kept."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return fn(state)
+    if isinstance(state, tuple):
+        return tuple(map_tensors(x, fn) for x in state)
+    if is_dataclass(state):
+        return replace(state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in fields(state)})
+    return state
+
+
+def state_bytes(state) -> int:
+    """Bytes held by every tensor of a state (each tensor counted once)."""
+    seen: dict[int, int] = {}
+
+    def visit(x):
+        if isinstance(x, Tensor):
+            seen.setdefault(id(x), x.numel() * x.element_size())
+        elif isinstance(x, tuple):
+            for y in x:
+                visit(y)
+        elif is_dataclass(x) and not isinstance(x, type):
+            for f in fields(x):
+                visit(getattr(x, f.name))
+
+    visit(state)
+    return sum(seen.values())

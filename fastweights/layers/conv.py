@@ -52,8 +52,13 @@ class ShortConv(nn.Module):
         elif tuple(tail.shape) != (B, self.kernel_size - 1, C):
             raise ValueError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got {list(tail.shape)}")
         xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W − 1 + T, C]
-        y = F.conv1d(xp.transpose(1, 2), self.conv.weight, self.conv.bias, groups=C)  # [B, C, T]
-        y = y.transpose(1, 2)  # [B, T, C]
+        w = self.conv.weight[:, 0].to(x.dtype)  # [C, W]
+        # W shifted multiply-adds (F.conv1d's CPU path is slow for these tiny depthwise shapes)
+        y = xp[:, 0:T] * w[:, 0]
+        for i in range(1, self.kernel_size):
+            y = y + xp[:, i:i + T] * w[:, i]  # [B, T, C]
+        if self.conv.bias is not None:
+            y = y + self.conv.bias.to(x.dtype)
         if self.activation == "silu":
             y = F.silu(y)
         new_tail = xp[:, xp.shape[1] - (self.kernel_size - 1):]  # [B, W − 1, C]

@@ -1,0 +1,123 @@
+"""The layers' kv attention core (`fastweights.layers.kv.kv_extend`: SDPA, FoX/ALiBi bias,
+DeltaFormer's solve, PaTH's WY form) against the library's reference forms
+(`fastweights.recurrent` / `parallel`), float64, with and without a cache, grouped KV heads."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastweights as fw
+from fastweights.layers.kv import empty_cache, kv_extend
+from fastweights.state import KVCache
+from tests.tolerances import EXACT_F64
+
+KV_MODELS = [n for n in fw.zoo.names() if fw.zoo.get(n).is_softmax]
+
+
+def _case(name, B, T, H, Hkv, K, V, dtype=torch.float64):
+    r = fw.zoo.get(name)
+    q = torch.randn(B, T, H, K, dtype=dtype)
+    k = torch.randn(B, T, Hkv, K, dtype=dtype)
+    v = torch.randn(B, T, Hkv, V, dtype=dtype)
+    g = F.logsigmoid(torch.randn(B, T, H, dtype=dtype) + 2.0) if r.retention.kind == "scalar" else None
+    beta = torch.rand(B, T, Hkv, dtype=dtype) * (2.0 if r.retention.kind == "householder" else 1.0)
+    w = F.normalize(torch.randn(B, T, Hkv, K, dtype=dtype), dim=-1)
+    return r, q, k, v, g, beta, w
+
+
+def _reference(r, q, k, v, g, beta, w, scale, cache=None, form="recurrent"):
+    """fastweights.<form> with the kv heads repeated to the query heads (the reference has no GQA)."""
+    G = q.shape[2] // k.shape[2]
+    rep = lambda x: x.repeat_interleave(G, dim=2) if x is not None else None
+    inputs = {}
+    if "beta" in fw.inputs.accepted_inputs(r):
+        inputs["beta"] = rep(beta)
+    if r.retention.kind == "householder":
+        inputs["w"] = rep(w)
+    if r.retention.kind == "scalar":
+        inputs["g"] = g
+    if cache is not None:
+        cache = KVCache(k=rep(cache.k), v=rep(cache.v), c=cache.c)
+    return getattr(fw, form)(r, q, rep(k), rep(v), scale=scale, initial_state=cache, output_final_state=True,
+                             **inputs)
+
+
+@pytest.mark.parametrize("Hkv", [3, 1])
+@pytest.mark.parametrize("name", KV_MODELS)
+def test_extend_equals_reference(name, Hkv):
+    B, T, H, K, V = 2, 9, 3, 4, 5
+    r, q, k, v, g, beta, w = _case(name, B, T, H, Hkv, K, V)
+    scale = K ** -0.5
+    o, cache = kv_extend(r, q, k, v, scale=scale, cache=empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype), g=g,
+                         beta=beta, w=w)
+    for form in ("recurrent", "parallel"):
+        o_ref, c_ref = _reference(r, q, k, v, g, beta, w, scale, form=form)
+        assert (o - o_ref).abs().max().item() < EXACT_F64, form
+        G = H // Hkv
+        assert (cache.k.repeat_interleave(G, 2) - c_ref.k).abs().max().item() < EXACT_F64
+        assert (cache.v.repeat_interleave(G, 2) - c_ref.v).abs().max().item() < EXACT_F64
+        if r.retention.kind in ("scalar", "constant"):
+            assert (cache.c - c_ref.c).abs().max().item() < EXACT_F64
+
+
+@pytest.mark.parametrize("name", KV_MODELS)
+def test_extend_in_pieces_equals_one_call(name):
+    """Prefill in blocks, then token by token from the carried cache == one call (and the reference
+    continuing from a cache made by the layer)."""
+    B, T, H, Hkv, K, V = 2, 10, 2, 2, 4, 3
+    r, q, k, v, g, beta, w = _case(name, B, T, H, Hkv, K, V)
+    kw = dict(g=g, beta=beta, w=w)
+    o, full = kv_extend(r, q, k, v, scale=0.7, cache=empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype), **kw)
+    cache = empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype)
+    outs = []
+    for a, b in [(0, 4), (4, 7), (7, 8), (8, 9), (9, 10)]:
+        sl = {key: (x[:, a:b] if x is not None else None) for key, x in kw.items()}
+        oo, cache = kv_extend(r, q[:, a:b], k[:, a:b], v[:, a:b], scale=0.7, cache=cache, **sl)
+        outs.append(oo)
+    assert (torch.cat(outs, 1) - o).abs().max().item() < EXACT_F64
+    for x, y in zip((cache.k, cache.v, cache.c), (full.k, full.v, full.c)):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert (x - y).abs().max().item() < EXACT_F64
+    # the reference continues from the layer's cache of the first 6 tokens
+    _, c6 = kv_extend(r, q[:, :6], k[:, :6], v[:, :6], scale=0.7,
+                      cache=empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype),
+                      **{key: (x[:, :6] if x is not None else None) for key, x in kw.items()})
+    rest = [x[:, 6:] if x is not None else None for x in (q, k, v, g, beta, w)]
+    o_ref, _ = _reference(r, *rest, 0.7, cache=c6)
+    assert (o_ref - o[:, 6:]).abs().max().item() < EXACT_F64
+
+
+@pytest.mark.parametrize("name", ["deltaformer", "path_attention", "fox"])
+def test_gradients_equal_reference(name):
+    B, T, H, K, V = 1, 7, 2, 3, 3
+    r, q, k, v, g, beta, w = _case(name, B, T, H, H, K, V)
+    leaves = [x for x in (q, k, v, g, beta, w) if x is not None]
+    for x in leaves:
+        x.requires_grad_(True)
+    o, _ = kv_extend(r, q, k, v, scale=0.5, cache=empty_cache(r, B, H, H, K, V, dtype=q.dtype), g=g, beta=beta, w=w)
+    o_ref, _ = _reference(r, q, k, v, g, beta, w, 0.5)
+    proj = torch.randn_like(o)
+    g1 = torch.autograd.grad((o * proj).sum(), leaves, allow_unused=True)
+    g2 = torch.autograd.grad((o_ref * proj).sum(), leaves, allow_unused=True)
+    for a, b in zip(g1, g2):
+        if a is None or b is None:
+            assert a is None or a.abs().max() == 0
+            continue
+        assert (a - b).abs().max().item() < 1e-9
+
+
+def test_first_token_of_deltaformer_keeps_its_value():
+    r = fw.zoo.get("deltaformer")
+    q, k, v = torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 2)
+    _, cache = kv_extend(r, q, k, v, scale=0.5, cache=empty_cache(r, 1, 1, 1, 4, 2), beta=torch.ones(1, 1, 1))
+    assert torch.equal(cache.v, v)  # u_1 = v_1: no earlier key
+
+
+def test_deltaformer_rejects_retention_with_grouped_kv():
+    r = fw.Recipe(name="gated_deltaformer", memory=fw.Memory(kind="kv"), feature_map=fw.FeatureMap(kind="exp"),
+                  objective=fw.Objective(kind="l2"), retention=fw.Retention(kind="scalar"))
+    B, T = 1, 3
+    with pytest.raises(ValueError, match="grouped kv"):
+        kv_extend(r, torch.randn(B, T, 2, 4), torch.randn(B, T, 1, 4), torch.randn(B, T, 1, 4), scale=0.5,
+                  cache=empty_cache(r, B, 2, 1, 4, 4), g=torch.zeros(B, T, 2), beta=torch.ones(B, T, 1))

@@ -1,0 +1,260 @@
+"""MemoryMixer: every zoo model as a layer — its training form equals the recurrent form (outputs
+and parameter gradients), prefill + decoding steps equal one forward, the carried state is typed
+and has the size state_size() reports; the preset table, the form rule, grouped heads, custom
+recipes, and the errors."""
+
+import math
+
+import pytest
+import torch
+
+import fastweights as fw
+from fastweights.layers import (
+    PRESETS,
+    MemoryMixer,
+    MixerError,
+    MixerPreset,
+    MixerState,
+    SoftmaxAttention,
+    derived_preset,
+    state_bytes,
+    training_form,
+)
+from fastweights.layers.gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay
+from fastweights.state import KVCache, MemoryState, MesaState
+
+ZOO = fw.zoo.names()
+REL_F64 = 1e-9  # two forms of one layer, float64, relative to the output scale
+# parameter gradients, training form vs recurrent (float64); Mesa's chunk form solves by 30 CG
+# steps, whose gradient agrees less closely than its output
+GRAD_F64 = {"mesanet": 1e-3}
+
+
+def tiny(name, d=16, H=2, K=8, dtype=torch.float64, **kw):
+    r = fw.zoo.resolve(name)
+    if r.memory.residual_ln:
+        kw.setdefault("head_v_dim", K)
+    if r.feature_map.kind == "polynomial":
+        K = 4  # K' = C(K + 2, 2)
+        kw["head_v_dim"] = kw.get("head_v_dim") and 4
+    return MemoryMixer(d, name, H, head_dim=K, **kw).to(dtype)
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def test_preset_table_covers_the_zoo():
+    assert set(PRESETS) == set(ZOO)
+    for name in ZOO:
+        assert MemoryMixer(16, name, 2, head_dim=8, head_v_dim=8).preset == PRESETS[name]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_training_form_equals_recurrent_with_gradients(name):
+    m = tiny(name)
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    y1, _ = m(x)
+    y2, _ = m(x, form="recurrent")
+    assert rel(y1, y2) < REL_F64
+    proj = torch.randn_like(y1)
+    params = [p for p in m.parameters()]
+    g1 = torch.autograd.grad((y1 * proj).sum(), params)
+    g2 = torch.autograd.grad((y2 * proj).sum(), params)
+    for (pname, _), a, b in zip(m.named_parameters(), g1, g2):
+        assert rel(a, b) < GRAD_F64.get(name, 1e-8), pname
+        assert a.abs().max() > 0, f"{pname} gets no gradient"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_prefill_then_steps_equals_one_forward(name):
+    m = tiny(name)
+    T, P = 12, 5
+    x = torch.randn(2, T, 16, dtype=torch.float64)
+    y, _ = m(x)
+    yp, st = m(x[:, :P], output_state=True)
+    outs = [yp]
+    for t in range(P, T):
+        yt, st = m.step(x[:, t:t + 1], st)
+        outs.append(yt)
+    assert rel(torch.cat(outs, 1), y) < REL_F64
+    assert isinstance(st, MixerState) and st.position == T
+    assert state_bytes(st) == m.state_size(2, T)
+    r = m.recipe
+    expected = (KVCache if r.is_softmax else MesaState if r.is_mesa
+                else torch.Tensor if fw.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize
+                else MemoryState)
+    assert isinstance(st.memory, expected)
+    assert (st.conv_q is not None) == (m.preset.conv != "none")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_init_state_is_the_empty_prefix(name):
+    """Decoding from init_state() equals a forward from no state (the MLP memory starts at its parameters)."""
+    m = tiny(name)
+    x = torch.randn(2, 4, 16, dtype=torch.float64)
+    y, _ = m(x)
+    st = m.init_state(2)
+    outs = []
+    for t in range(4):
+        yt, st = m.step(x[:, t:t + 1], st)
+        outs.append(yt)
+    assert rel(torch.cat(outs, 1), y) < REL_F64
+
+
+def test_form_rule():
+    for name in ZOO:
+        r = fw.zoo.get(name)
+        m = MemoryMixer(16, name, 2, head_dim=8, head_v_dim=8)
+        if r.is_softmax:
+            assert m.form == "parallel"
+        else:
+            have = fw.forms(r)
+            assert m.form == next(f for f in ("chunk", "parallel", "recurrent") if f in have)
+        assert m.form == training_form(r)
+    m = MemoryMixer(16, "gated_deltanet", 2, head_dim=8, form="recurrent")
+    assert m.form == "recurrent"
+    with pytest.raises(MixerError, match="does not exist"):
+        MemoryMixer(16, "ttt_linear", 2, head_dim=8, head_v_dim=8, form="parallel")
+
+
+def test_state_is_constant_for_memories_and_grows_for_softmax():
+    lin = MemoryMixer(16, "gated_deltanet", 2, head_dim=8)
+    att = SoftmaxAttention(16, 2, head_dim=8)
+    assert lin.state_size(3, 10) == lin.state_size(3, 1000)
+    assert att.state_size(3, 1000) - att.state_size(3, 10) == 3 * 990 * 2 * (8 + 8) * 4
+    # GDN: S [B, H, K, V] fp32 + conv tails (3 inputs of q, k, v)
+    K, V = 8, 16
+    assert lin.state_size(3) == 3 * 2 * K * V * 4 + 3 * 3 * (2 * K + 2 * K + 2 * V) * 4
+
+
+def test_grouped_value_heads():
+    m = MemoryMixer(16, "gated_deltanet", 1, num_v_heads=4, head_dim=8, head_v_dim=4).double()
+    assert m.q_proj.out_features == 8 and m.v_proj.out_features == 16
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    y, st = m(x, output_state=True)
+    assert st.memory.shape == (2, 4, 8, 4)
+    y2, _ = m(x, form="recurrent")
+    assert rel(y, y2) < REL_F64
+
+
+def test_grouped_kv_heads_cache_holds_kv_heads():
+    m = SoftmaxAttention(16, 4, num_kv_heads=2, head_dim=4).double()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    y, st = m(x, output_state=True)
+    assert st.memory.k.shape == (2, 6, 2, 4)
+    assert y.shape == x.shape
+    with pytest.raises(MixerError, match="must divide"):
+        SoftmaxAttention(16, 4, num_kv_heads=3, head_dim=4)
+    with pytest.raises(MixerError, match="SoftmaxAttention takes a softmax-side"):
+        SoftmaxAttention(16, 4, model="gated_deltanet")
+
+
+def test_softmax_variants_are_presets_of_one_class():
+    for name in ("fox", "alibi", "deltaformer", "path_attention"):
+        m = SoftmaxAttention(16, 2, head_dim=8, model=name)
+        assert type(m).__mro__[1] is MemoryMixer and m.recipe.name == name
+    assert isinstance(SoftmaxAttention(16, 2, head_dim=8).decay, type(None))
+    assert isinstance(SoftmaxAttention(16, 2, head_dim=8, model="fox").decay, LogSigmoidGate)
+
+
+def test_custom_recipe_gets_a_derived_layer():
+    novel = fw.Recipe(name="novel", objective=fw.Objective(kind="l2"),
+                      retention=fw.Retention(kind="diagonal"), optimizer=fw.Optimizer(kind="gd"))
+    m = MemoryMixer(16, novel, 2, head_dim=8).double()
+    assert m.preset == derived_preset(novel)
+    assert isinstance(m.decay, MambaDecay) and m.decay.channels == 8  # KDA-style per-channel gate
+    assert isinstance(m.beta, BetaGate) and m.preset.qk_norm == "l2" and m.q_conv is not None
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    assert rel(m(x)[0], m(x, form="recurrent")[0]) < REL_F64
+    # a zoo name with changed axes is not the zoo model: derived, not the zoo row
+    gdn_diag = fw.zoo.get("gated_deltanet").with_(retention=fw.Retention(kind="diagonal"))
+    assert MemoryMixer(16, gdn_diag, 2, head_dim=8).preset == derived_preset(gdn_diag)
+    # a mixer built from a muon/omega recipe with no zoo row
+    weird = fw.Recipe(name="weird", feature_map=fw.FeatureMap(kind="elu1"),
+                      objective=fw.Objective(kind="omega", window=3), optimizer=fw.Optimizer(kind="muon"),
+                      retention=fw.Retention(kind="scalar", decay_first=False))
+    m = MemoryMixer(16, weird, 2, head_dim=4).double()
+    assert m.nu is not None and m.gamma is not None and m.form == "recurrent"
+    y, st = m(x, output_state=True)
+    assert y.shape == x.shape and st.memory.momentum is not None
+
+
+def test_overrides_and_errors():
+    m = MemoryMixer(16, "gated_deltanet", 2, head_dim=8, conv="none", out_gate="none")
+    assert m.q_conv is None and m.g_proj is None
+    with pytest.raises(MixerError, match="unknown argument"):
+        MemoryMixer(16, "gated_deltanet", 2, head_dim=8, convolution="none")
+    with pytest.raises(MixerError, match="preset.decay='gla' does not fit"):
+        MemoryMixer(16, "gated_deltanet", 2, head_dim=8, preset="gla")
+    with pytest.raises(MixerError, match="num_kv_heads"):
+        MemoryMixer(16, "gated_deltanet", 2, head_dim=8, num_kv_heads=1)
+    with pytest.raises(MixerError, match="num_v_heads"):
+        MemoryMixer(16, "softmax_attention", 2, head_dim=8, num_v_heads=4)
+    with pytest.raises(MixerError, match="multiple of num_heads"):
+        MemoryMixer(16, "gated_deltanet", 2, head_dim=8, num_v_heads=3)
+    with pytest.raises(MixerError, match="head_v_dim == head_dim"):
+        MemoryMixer(16, "ttt_linear", 2, head_dim=8, head_v_dim=4)
+    with pytest.raises(MixerError, match="even head_dim"):
+        MemoryMixer(16, "retnet", 2, head_dim=7)
+    with pytest.raises(MixerError, match="takes no beta"):
+        MemoryMixer(16, "softmax_attention", 2, head_dim=8, beta="sigmoid")
+    with pytest.raises(MixerError, match="β ≤ 2"):
+        MemoryMixer(16, "deltanet", 2, head_dim=8, beta_scale=3.0)
+    with pytest.raises(MixerError, match="preset.conv"):
+        MixerPreset(conv="qv")
+    with pytest.raises(fw.UnknownModelError):
+        MemoryMixer(16, "gated_deltanett", 2)
+    m = MemoryMixer(16, "gated_deltanet", 2, head_dim=8)
+    with pytest.raises(MixerError, match="x must be"):
+        m(torch.randn(2, 5, 8))
+    with pytest.raises(MixerError, match="one token"):
+        m.step(torch.randn(2, 3, 16), m.init_state(2))
+
+
+def test_gate_initializations():
+    gdn = MemoryMixer(16, "gated_deltanet", 4, head_dim=8)
+    for name, lo in (("gated_deltanet", 0.0), ("mamba2", 1.0), ("kda", 1.0)):
+        m = MemoryMixer(64, name, 16, head_dim=8)
+        A = m.decay.A_log.exp()
+        assert (A >= max(lo, 1e-4) - 1e-6).all() and (A <= 16 + 1e-5).all()
+        dt = torch.nn.functional.softplus(m.decay.dt_bias)
+        assert (dt >= 1e-4 * (1 - 1e-5)).all() and (dt <= 0.1 * (1 + 1e-5)).all()
+        assert getattr(m.decay.A_log, "_no_weight_decay", False)
+    x = torch.randn(2, 5, 16)
+    g, _ = gdn.decay(x)
+    assert g.dtype == torch.float32 and (g <= 0).all()
+    gla = MemoryMixer(16, "gla", 2, head_dim=8)
+    assert isinstance(gla.decay, GLAGate)
+    gk = gla.decay(x)
+    assert gk.shape == (2, 5, 2, 8) and (gk <= 0).all() and (gk >= -math.inf).all()
+    assert (gk > -1.0).all() or gk.min() > -10  # logsigmoid / 16 is mild at init
+    mesa = MemoryMixer(16, "mesanet", 2, head_dim=8)
+    lamb = torch.nn.functional.softplus(mesa.lamb_raw) + 0.25
+    assert torch.allclose(lamb, torch.ones_like(lamb))
+    dp = MemoryMixer(16, "deltaproduct", 2, head_dim=8)
+    b = dp.beta(x)
+    assert b.shape == (2, 5, 2, 2) and (b <= 2).all() and b.max() > 0  # [B, T, n_h, H], negative eigenvalues
+    path = SoftmaxAttention(16, 2, head_dim=8, model="path_attention")
+    assert path.w_proj[0].out_features == 32 and path.w_conv.kernel_size == 3
+    ttt = MemoryMixer(16, "ttt_mlp", 2, head_dim=8, head_v_dim=8)
+    assert [tuple(p.shape) for p in ttt.memory_init] == [(2, 8, 32), (2, 32, 8)]
+    assert abs(ttt.memory_init[0].std().item() - 0.02) < 0.01
+    comba = MemoryMixer(16, "comba", 2, head_dim=8)
+    assert torch.equal(comba.probe_correction.data, torch.ones(2)) and comba.o_norm.activation == "sigmoid"
+    m2 = MemoryMixer(16, "mamba2", 2, head_dim=8)
+    assert m2.D is not None and m2.q_conv.conv.bias is not None and not m2.o_norm.norm_before_gate
+
+
+def test_bfloat16_forward_keeps_the_state_in_fp32():
+    for name in ("gated_deltanet", "softmax_attention", "fox"):
+        m = MemoryMixer(16, name, 2, head_dim=8).to(torch.bfloat16)
+        x = torch.randn(2, 6, 16, dtype=torch.bfloat16)
+        y, st = m(x, output_state=True)
+        assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
+        y1, st = m.step(x[:, :1], st)
+        if name == "gated_deltanet":
+            assert st.memory.dtype == torch.float32
+        else:
+            assert st.memory.k.dtype == torch.bfloat16
+            assert st.memory.c is None or st.memory.c.dtype == torch.float32

@@ -1,0 +1,184 @@
+"""Chunkwise-parallel training form of the delta class through the WY/UT transform
+(DeltaNet, Gated DeltaNet, KDA, Comba, DeltaProduct).
+
+Recurrence, per (batch, head), state S [K, V], readout o_t = S_tᵀ(scale·q_t), D_t = Diag(exp g_t)
+(identity without g, a scalar for GDN/Comba, a vector in R^K on the key side for KDA):
+
+    decay_first=True   S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ        (DeltaNet, GDN, KDA)
+    decay_first=False  S_t = D_t S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ p_t)ᵀ           (Comba; p = k if None)
+
+Both are S_t = D_t S_{t−1} + k_t u_tᵀ with the "new value" u_t = β_t (v_t − Rᵀ_t r_t), read at
+r_t = k_t from R_t = D_t S_{t−1} (decay_first) or at r_t = p_t from R_t = S_{t−1} (Comba).
+
+Chunk algorithm. In a chunk of C rows entering with state S_n, let G_i = Σ_{s ≤ i} g_s be the
+chunk-local cumulative log-decay and Γ_i = e^{G_i}; the read state's decay is R_i = G_i
+(decay_first) or R_i = G_i − g_i (Comba: the exclusive cumsum, as the error is read before D_i).
+Unrolling,
+
+    S_i = Diag(e^{G_i}) S_n + Σ_{j ≤ i} (k_j ⊙ e^{G_i − G_j}) u_jᵀ
+    u_i = β_i (v_i − S_nᵀ(r_i ⊙ e^{R_i}) − Σ_{j < i} A_ij u_j),   A_ij = Σ_d r_id k_jd e^{R_id − G_jd}
+
+which is the unit-lower-triangular system (the UT transform)
+
+    (I + strict_tril(diag(β) A)) [U', W] = [diag(β) V, diag(β)(R ⊙ e^{R})],   U = U' − W S_n,
+
+solved once per chunk with torch.linalg.solve_triangular (fp32). Then, with
+Aqk_ij = Σ_d scale·q_id k_jd e^{G_id − G_jd} (j ≤ i) and K̃_j = k_j ⊙ e^{G_C − G_j},
+
+    O_n     = (scale·Q ⊙ e^{G} − Aqk W) S_n + Aqk U'
+    S_{n+1} = (Diag(e^{G_C}) − K̃ᵀ W) S_n + K̃ᵀ U'
+
+All of it is batched matmuls over every chunk at once except the last line, a scan of one
+[K, K]×[K, V] product per chunk. Every exponent is a difference of chunk-local cumsums that is
+≤ 0 (R_i − G_j for j < i, G_i − G_j for j ≤ i, G_i, G_C − G_j); masks are applied with
+torch.where before and after the exp; diagonal decays use the sub-chunk reference-row scheme of
+`fastweights.chunk.gated.decayed_scores`.
+
+DeltaProduct (k [B, T, n, H, K], v [B, T, n, H, V], beta [B, T, n, H]): token t is n
+micro-steps S ← S − β_{t,j} k_{t,j}(Sᵀk_{t,j} − v_{t,j})ᵀ after one decay D_t. It is run as the
+delta rule on the interleaved length T·n with g_t on micro-step 0 (0 on the others) and q_t read
+after micro-step n − 1; `chunk_size` then counts micro-steps (chunk_size / n tokens per chunk).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .gated import (
+    check_shape,
+    compute_dtype,
+    decayed_scores,
+    gate_kind,
+    initial_state_or_zeros,
+    scalar_or_diag,
+)
+from .varlen import make_layout, scan_chunks
+
+Tensor = torch.Tensor
+
+__all__ = ["chunk_delta"]
+
+
+def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tensor | None = None,
+                p: Tensor | None = None, decay_first: bool = True, scale: float | None,
+                initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
+                cu_seqlens: Tensor | None = None):
+    """Chunkwise delta rule (WY/UT transform), with optional decay, probe key and Householder micro-steps.
+
+    Args:
+        q: [B, T, H, K].
+        k: [B, T, H, K]; DeltaProduct: [B, T, n, H, K] (n micro-steps per token).
+        v: [B, T, H, V]; DeltaProduct: [B, T, n, H, V].
+        beta: [B, T, H] (DeltaProduct [B, T, n, H]) step sizes, usually in (0, 2); None means 1.
+        g: log-retention ≤ 0: None, [B, T, H] (scalar: GDN, Comba) or [B, T, H, K] (diagonal: KDA).
+        p: probe key [B, T, H, K] at which the error is read (Comba; None: read at k). Not with n > 1.
+        decay_first: True: S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ;
+            False: S_t = D_t S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ p_t)ᵀ.
+        scale: query multiplier (None: K^-0.5).
+        initial_state: S_0 [B, H, K, V] (with cu_seqlens: [N, H, K, V]).
+        output_final_state: also return S_T.
+        chunk_size: rows per chunk (tokens; micro-steps for DeltaProduct). T needs not be a multiple.
+        cu_seqlens: int [N+1] with B = 1: N packed sequences (flash-attention convention).
+    Returns:
+        o [B, T, H, V] in v's dtype; final state [B (or N), H, K, V] in fp32 (float64 for float64
+        inputs) when output_final_state, else None.
+    """
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
+    B, T, H, K = q.shape
+    if not isinstance(k, Tensor) or k.dim() not in (4, 5):
+        raise ValueError("k must be [B, T, H, K] (or [B, T, n, H, K] for Householder micro-steps)")
+    if k.dim() == 5:
+        return _delta_product(q, k, v, beta=beta, g=g, p=p, decay_first=decay_first, scale=scale,
+                              initial_state=initial_state, output_final_state=output_final_state,
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 4 else -1
+    check_shape("k", k, (B, T, H, K))
+    check_shape("v", v, (B, T, H, V))
+    check_shape("beta", beta, (B, T, H), optional=True)
+    check_shape("p", p, (B, T, H, K), optional=True)
+    kind = gate_kind(g, B, T, H, K)
+    cdt = compute_dtype(q)
+    out_dtype = v.dtype
+    scale = K ** -0.5 if scale is None else float(scale)
+    layout = make_layout(B, T, chunk_size, cu_seqlens, device=q.device)
+    S0 = initial_state_or_zeros(initial_state, layout, H, K, V, cdt, q.device)
+
+    qc = layout.to_chunks(q.to(cdt) * scale)  # [B, H, N, C, K]
+    kc = layout.to_chunks(k.to(cdt))  # [B, H, N, C, K]
+    vc = layout.to_chunks(v.to(cdt))  # [B, H, N, C, V]
+    rc = kc if p is None else layout.to_chunks(p.to(cdt))  # read keys  [B, H, N, C, K]
+    if beta is None:
+        bc = torch.ones_like(vc[..., 0])  # [B, H, N, C]
+    else:
+        bc = layout.to_chunks(beta.to(cdt))  # [B, H, N, C]
+    Bsz, _, N, C, _ = qc.shape
+    eye = torch.eye(K, dtype=cdt, device=q.device)  # [K, K]
+
+    if kind == "none":
+        Gx = G = None
+        q_dec, r_dec, k_dec = qc, rc, kc
+        diag_decay = eye
+    else:
+        gc = layout.to_chunks(g.to(cdt))  # [B, H, N, C(, K)]
+        G = gc.cumsum(dim=3)  # chunk-local cumsum  [B, H, N, C(, K)]
+        if decay_first:
+            Gx = G  # log-decay of the read state  [B, H, N, C(, K)]
+        else:  # the exclusive cumsum, as the same floats as G shifted by one row (not G − g, whose
+            # rounding would put an error of ~eps·|G| into the exponent G_{i−1} − G_{i−1} = 0)
+            Gx = torch.cat([torch.zeros_like(G.narrow(3, 0, 1)), G.narrow(3, 0, C - 1)], dim=3)
+        Gb, Gxb = scalar_or_diag(G, kind), scalar_or_diag(Gx, kind)  # [B, H, N, C, 1 or K]
+        G_last = Gb[:, :, :, -1:]  # [B, H, N, 1, 1 or K]
+        q_dec = qc * Gb.exp()  # scale·q_i ⊙ e^{G_i}            [B, H, N, C, K]
+        r_dec = rc * Gxb.exp()  # r_i ⊙ e^{R_i}                   [B, H, N, C, K]
+        k_dec = kc * (G_last - Gb).exp()  # k_j ⊙ e^{G_C − G_j}  [B, H, N, C, K]
+        a = G_last.exp()[:, :, :, 0]  # e^{G_C}  [B, H, N, 1 or K]
+        diag_decay = a.unsqueeze(-1) * eye if kind == "scalar" else torch.diag_embed(a)  # [B, H, N, K, K]
+
+    # the UT transform: (I + strict_tril(diag(β) A)) [U', W] = diag(β) [V, R ⊙ e^R]
+    L = decayed_scores(rc, kc, Gx, G, strict=True) * bc.unsqueeze(-1)  # [B, H, N, C, C]
+    rhs = torch.cat([vc, r_dec], dim=-1) * bc.unsqueeze(-1)  # [B, H, N, C, V + K]
+    X = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)  # [B, H, N, C, V + K]
+    U1, W = X[..., :V], X[..., V:]  # [B, H, N, C, V], [B, H, N, C, K]
+
+    Aqk = decayed_scores(qc, kc, G, G, strict=False)  # [B, H, N, C, C]
+    q_eff = q_dec - Aqk @ W  # [B, H, N, C, K]
+    o_intra = Aqk @ U1  # [B, H, N, C, V]
+    k_decT = k_dec.transpose(-1, -2)  # [B, H, N, K, C]
+    M = (diag_decay - k_decT @ W).unbind(2)  # S ↦ M S, per chunk  [B, H, K, K] each
+    Bm = (k_decT @ U1).unbind(2)  # [B, H, K, V] each
+    entering, final = scan_chunks(layout, S0, lambda n, S: torch.matmul(M[n], S) + Bm[n])
+    o = o_intra + q_eff @ entering  # [B, H, N, C, V]
+    o = layout.from_chunks(o).to(out_dtype)  # [B, T, H, V]
+    return o, (final if output_final_state else None)
+
+
+def _delta_product(q, k, v, *, beta, g, p, decay_first, scale, initial_state, output_final_state, chunk_size,
+                   cu_seqlens):
+    """n Householder micro-steps per token, run as the delta rule on the interleaved length T·n."""
+    B, T, H, K = q.shape
+    n = k.shape[2]
+    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 5 else -1
+    check_shape("k", k, (B, T, n, H, K))
+    check_shape("v", v, (B, T, n, H, V))
+    check_shape("beta", beta, (B, T, n, H), optional=True)
+    if p is not None:
+        raise ValueError("p (a probe key) is not defined with Householder micro-steps (k of rank 5)")
+    kind = gate_kind(g, B, T, H, K)
+    scale = K ** -0.5 if scale is None else float(scale)
+    k_il = k.reshape(B, T * n, H, K)  # micro-step (t, j) at row t·n + j  [B, T·n, H, K]
+    v_il = v.reshape(B, T * n, H, V)  # [B, T·n, H, V]
+    beta_il = beta.reshape(B, T * n, H) if beta is not None else None  # [B, T·n, H]
+    q_il = torch.cat([q.new_zeros(B, T, n - 1, H, K), q.unsqueeze(2)], dim=2)  # read after the last  [B, T, n, H, K]
+    q_il = q_il.reshape(B, T * n, H, K)  # [B, T·n, H, K]
+    g_il = None
+    if kind != "none":
+        rest = (K,) if kind == "diagonal" else ()
+        g_il = torch.cat([g.unsqueeze(2), g.new_zeros(B, T, n - 1, H, *rest)], dim=2)  # D_t on step 0 only
+        g_il = g_il.reshape(B, T * n, H, *rest)  # [B, T·n, H(, K)]
+    cu_il = cu_seqlens * n if cu_seqlens is not None else None
+    o, final = chunk_delta(q_il, k_il, v_il, beta=beta_il, g=g_il, decay_first=decay_first, scale=scale,
+                           initial_state=initial_state, output_final_state=output_final_state,
+                           chunk_size=chunk_size, cu_seqlens=cu_il)
+    o = o.reshape(B, T, n, H, V)[:, :, -1]  # [B, T, H, V]
+    return o, final

@@ -1,0 +1,303 @@
+"""fastweights.chunk.chunk_delta (delta class, WY/UT transform) against the exact per-token recurrence.
+
+The reference is `fastweights.recurrent` on the matching recipe: DeltaNet (no decay), Gated
+DeltaNet (scalar), KDA (diagonal), Comba (error read at the undecayed state, probe key p), and
+DeltaProduct (n Householder micro-steps per token), plus a few recipes no paper has (diagonal
+Comba, Comba without a probe, a probe with decay_first, DeltaProduct with n = 3 and a diagonal
+gate, without gate, or decaying after the micro-steps' error read). Inputs are fresh random each
+run; the seed is printed (pytest shows it on failure). The T = 65,536 numerics run is off by
+default: set FASTWEIGHTS_LONG_TESTS=1 to add it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastweights as fw
+from fastweights import Memory, Objective, Optimizer, Recipe, Retention
+from fastweights.chunk import chunk_delta
+
+CHUNKS = [16, 32, 64]
+F64_TOL = 1e-9  # chunk vs recurrence, float64, absolute
+F32_REL = 1e-5  # chunk (fp32) vs recurrence (float64), relative to the largest magnitude
+LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}  # low-precision inputs vs the fp32 chunk result
+LONG_T = [4096] + ([65536] if os.environ.get("FASTWEIGHTS_LONG_TESTS") == "1" else [])
+
+
+def _custom(name, gate, *, decay_first=True, probe=False, n=1) -> Recipe:
+    return Recipe(name=name, memory=Memory(kind="linear"), objective=Objective(kind="l2", probe=probe),
+                  optimizer=Optimizer(kind="gd", householder_steps=n),
+                  retention=Retention(kind=gate, decay_first=decay_first))
+
+
+@dataclass(frozen=True)
+class Case:
+    recipe: object  # zoo name or Recipe (the reference)
+    gate: str  # "none", "scalar" or "diagonal"
+    decay_first: bool = True
+    probe: bool = False
+    n: int = 1  # Householder micro-steps per token
+
+
+CASES = {
+    "deltanet": Case("deltanet", "none"),
+    "gated_deltanet": Case("gated_deltanet", "scalar"),
+    "kda": Case("kda", "diagonal"),
+    "comba": Case("comba", "scalar", decay_first=False, probe=True),
+    "comba_diagonal": Case(_custom("comba_diagonal", "diagonal", decay_first=False, probe=True), "diagonal",
+                           decay_first=False, probe=True),
+    "comba_no_probe": Case(_custom("comba_no_probe", "scalar", decay_first=False), "scalar", decay_first=False),
+    "gated_deltanet_probe": Case(_custom("gdn_probe", "scalar", probe=True), "scalar", probe=True),
+    "deltaproduct": Case("deltaproduct", "scalar", n=2),
+    "deltaproduct3_diagonal": Case(_custom("dp3_diag", "diagonal", n=3), "diagonal", n=3),
+    "deltaproduct_no_gate": Case(_custom("dp_none", "none", n=2), "none", n=2),
+    "deltaproduct_decay_after": Case(_custom("dp_after", "scalar", decay_first=False, n=2), "scalar",
+                                     decay_first=False, n=2),
+}
+MAIN = ["deltanet", "gated_deltanet", "kda", "comba", "deltaproduct"]
+
+
+@pytest.fixture
+def gen():
+    seed = torch.seed() % 2**62
+    print(f"seed={seed}")
+    return torch.Generator().manual_seed(seed)
+
+
+def _inputs(case: Case, gen, *, B=2, T=17, H=2, K=8, V=5, dtype=torch.float64, state=True):
+    """q, k, v, beta, g, p and S0 (float64, unit keys, β ∈ (0, 1.5)) cast to dtype (g stays float64)."""
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    kv = (B, T, case.n, H) if case.n > 1 else (B, T, H)
+    x = {"q": rnd(B, T, H, K), "k": F.normalize(rnd(*kv, K), dim=-1), "v": rnd(*kv, V),
+         "beta": 1.5 * torch.rand(*kv, generator=gen, dtype=torch.float64)}
+    if case.gate != "none":
+        x["g"] = F.logsigmoid(rnd(*((B, T, H, K) if case.gate == "diagonal" else (B, T, H))) + 1.0)
+    if case.probe:
+        x["p"] = F.normalize(rnd(B, T, H, K), dim=-1)
+    if state:
+        x["S0"] = 0.3 * rnd(B, H, K, V)
+    return {key: (val.to(dtype) if key != "g" else val) for key, val in x.items()}
+
+
+def _run(form, case: Case, x, *, scale=0.4, **kw):
+    """(o, S_T) of `form` ('chunk' or 'recurrent') on the inputs x."""
+    extra = {key: x[key] for key in ("g", "p") if key in x}
+    if form == "recurrent":
+        return fw.recurrent(case.recipe, x["q"], x["k"], x["v"], scale=scale, beta=x["beta"],
+                            initial_state=x.get("S0"), output_final_state=True, **extra)
+    return chunk_delta(x["q"], x["k"], x["v"], beta=x["beta"], decay_first=case.decay_first, scale=scale,
+                       initial_state=x.get("S0"), output_final_state=True, **extra, **kw)
+
+
+def _with_grads(form, case, x, seed=0, **kw):
+    """Outputs, final state, and the gradient of a random projection of both w.r.t. every input."""
+    x = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
+    o, S = _run(form, case, x, **kw)
+    g = torch.Generator().manual_seed(seed)
+    loss = (o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum()
+    loss = loss + (S.double() * torch.randn(S.shape, generator=g, dtype=torch.float64)).sum()
+    names = list(x)
+    return o.detach(), S.detach(), dict(zip(names, torch.autograd.grad(loss, [x[n] for n in names])))
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def _abs(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+# ---------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("T", [1, 17, 100])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_recurrence_float64(name, T, gen):
+    case = CASES[name]
+    x = _inputs(case, gen, T=T)
+    o1, s1, g1 = _with_grads("recurrent", case, x)
+    for C in CHUNKS:
+        o2, s2, g2 = _with_grads("chunk", case, x, chunk_size=C)
+        assert o2.dtype == torch.float64 and s2.dtype == torch.float64
+        assert _abs(o2, o1) < F64_TOL, C
+        assert _abs(s2, s1) < F64_TOL, C
+        for key in g1:
+            assert _abs(g2[key], g1[key]) < F64_TOL, (C, key)
+
+
+@pytest.mark.parametrize("name", MAIN + ["comba_diagonal"])
+def test_fp32_relative_error(name, gen):
+    case = CASES[name]
+    x = _inputs(case, gen, T=100, K=16, V=16)
+    o1, s1, g1 = _with_grads("recurrent", case, x)
+    o2, s2, g2 = _with_grads("chunk", case, {key: val.float() for key, val in x.items()})
+    assert o2.dtype == torch.float32 and s2.dtype == torch.float32
+    assert _rel(o2, o1) < F32_REL
+    assert _rel(s2, s1) < F32_REL
+    for key in g1:
+        assert _rel(g2[key], g1[key]) < F32_REL, key
+
+
+def test_defaults_beta_one_zero_state_default_scale(gen):
+    case = CASES["gated_deltanet"]
+    x = _inputs(case, gen, T=30, state=False)
+    o1, s1 = fw.recurrent("gated_deltanet", x["q"], x["k"], x["v"], g=x["g"], output_final_state=True)
+    o2, s2 = chunk_delta(x["q"], x["k"], x["v"], beta=None, g=x["g"], scale=None, output_final_state=True,
+                         chunk_size=16)
+    assert _abs(o2, o1) < F64_TOL and _abs(s2, s1) < F64_TOL
+    _, none = chunk_delta(x["q"], x["k"], x["v"], beta=None, g=x["g"], scale=None)
+    assert none is None
+
+
+# ---------------------------------------------------------------------------- varlen and chaining
+@pytest.mark.parametrize("C", [16, 64])
+@pytest.mark.parametrize("name", MAIN + ["deltaproduct3_diagonal"])
+def test_varlen_equals_each_sequence_alone(name, C, gen):
+    case = CASES[name]
+    lengths = [7, 0, 64, 33, 1]
+    T = sum(lengths)
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    x = _inputs(case, gen, B=1, T=T, state=False)
+    x["S0"] = 0.3 * torch.randn(len(lengths), 2, 8, 5, generator=gen, dtype=torch.float64)
+    o, S, grads = _with_grads("chunk", case, x, chunk_size=C, cu_seqlens=cu)
+    assert o.shape == x["q"].shape[:3] + (5,) and S.shape == x["S0"].shape
+    xs = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
+    outs, finals = [], []
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        part = {key: val[:, a:b] for key, val in xs.items() if key != "S0"}
+        part["S0"] = xs["S0"][i:i + 1]
+        oi, si = _run("chunk", case, part, chunk_size=C)
+        outs.append(oi)
+        finals.append(si)
+    o_sep, S_sep = torch.cat(outs, 1), torch.cat(finals, 0)
+    gw = torch.Generator().manual_seed(0)
+    loss = (o_sep * torch.randn(o_sep.shape, generator=gw, dtype=torch.float64)).sum()
+    loss = loss + (S_sep * torch.randn(S_sep.shape, generator=gw, dtype=torch.float64)).sum()
+    sep_grads = dict(zip(xs, torch.autograd.grad(loss, list(xs.values()))))
+    assert _abs(o, o_sep) < F64_TOL and _abs(S, S_sep) < F64_TOL
+    assert torch.equal(S[1], x["S0"][1])  # the empty sequence keeps its state
+    for key in grads:
+        assert _abs(grads[key], sep_grads[key]) < F64_TOL, key
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if b > a:
+            part = {key: val[:, a:b] for key, val in x.items() if key != "S0"}
+            part["S0"] = x["S0"][i:i + 1]
+            oi, si = _run("recurrent", case, part)
+            assert _abs(o[:, a:b], oi) < F64_TOL and _abs(S[i:i + 1], si) < F64_TOL
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_chaining_from_the_carried_state(name, gen):
+    case = CASES[name]
+    x = _inputs(case, gen, T=90)
+    o, S = _run("chunk", case, x, chunk_size=32)
+    for t in (37, 64):
+        first = {key: (val[:, :t] if key != "S0" else val) for key, val in x.items()}
+        second = {key: val[:, t:] for key, val in x.items() if key != "S0"}
+        o1, s1 = _run("chunk", case, first, chunk_size=32)
+        second["S0"] = s1
+        o2, s2 = _run("chunk", case, second, chunk_size=32)
+        assert _abs(torch.cat([o1, o2], 1), o) < F64_TOL and _abs(s2, S) < F64_TOL
+
+
+def test_chunk_size_not_dividing_into_sub_chunks(gen):
+    """Any chunk size works (here 24 and 7: sub-chunks of 12 and 7 rows for the diagonal gate)."""
+    case = CASES["kda"]
+    x = _inputs(case, gen, T=50)
+    o1, s1 = _run("recurrent", case, x)
+    for C in (24, 7):
+        o2, s2 = _run("chunk", case, x, chunk_size=C)
+        assert _abs(o2, o1) < F64_TOL and _abs(s2, s1) < F64_TOL
+
+
+# ---------------------------------------------------------------------------- dtypes and numerics
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "comba", "deltaproduct"])
+def test_low_precision_inputs(name, dtype, gen):
+    case = CASES[name]
+    x = _inputs(case, gen, T=70, K=16, V=16)
+    o_ref, s_ref = _run("chunk", case, x)
+    xl = {key: (val.to(dtype) if key in ("q", "k", "v", "beta", "p") else val) for key, val in x.items()}
+    o, S = _run("chunk", case, xl)
+    assert o.dtype == dtype and S.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    tol = LOW_REL.get(dtype, F32_REL)
+    assert _rel(o, o_ref) < tol and _rel(S, s_ref) < tol
+
+
+def _long_gates(kind, shape, gen):
+    """Log-gates (fp32) for the long-sequence numerics: g ≈ −5 per token, or long runs of g = 0."""
+    if kind == "none":
+        return None
+    g = (-5.0 + 0.5 * torch.randn(*shape, generator=gen)).clamp(max=0.0)
+    if kind == "zero_runs":  # ~1000 tokens without any decay, then ~1000 of strong decay, …
+        T = shape[1]
+        on = ((torch.arange(T) // 1000) % 2 == 0).view(1, T, *([1] * (len(shape) - 2)))
+        g = torch.where(on, 0.0, g)
+    return g
+
+
+@pytest.mark.parametrize("T", LONG_T)
+@pytest.mark.parametrize("name,kind", [("gated_deltanet", "strong"), ("kda", "strong"), ("deltanet", "none"),
+                                       ("gated_deltanet", "zero_runs"), ("kda", "zero_runs"),
+                                       ("comba", "strong"), ("deltaproduct", "strong")])
+def test_long_bf16_numerics(name, kind, T, gen):
+    case = CASES[name]
+    B, H, K, V = 1, 2, 32, 32
+    kv = (B, T, case.n, H) if case.n > 1 else (B, T, H)
+    x = {"q": torch.randn(B, T, H, K, generator=gen), "k": F.normalize(torch.randn(*kv, K, generator=gen), dim=-1),
+         "v": torch.randn(*kv, V, generator=gen), "beta": torch.rand(*kv, generator=gen)}
+    if case.probe:
+        x["p"] = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    if case.gate != "none":
+        x["g"] = _long_gates(kind, (B, T, H, K) if case.gate == "diagonal" else (B, T, H), gen)
+    with torch.no_grad():
+        o32, s32 = _run("chunk", case, x, scale=K ** -0.5)
+        low = {key: (val.bfloat16() if key != "g" else val) for key, val in x.items()}
+        o16, s16 = _run("chunk", case, low, scale=K ** -0.5)
+        assert torch.isfinite(o32).all() and torch.isfinite(s32).all()
+        assert torch.isfinite(o16).all() and torch.isfinite(s16).all()
+        assert _rel(o16, o32) < LOW_REL[torch.bfloat16] and _rel(s16, s32) < LOW_REL[torch.bfloat16]
+        # fp32 is itself accurate: against the float64 chunk form on the same inputs
+        o64, s64 = _run("chunk", case, {key: val.double() for key, val in x.items()}, scale=K ** -0.5)
+        assert _rel(o32, o64) < F32_REL and _rel(s32, s64) < F32_REL
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "comba_diagonal"])
+def test_extreme_decay_stays_finite_with_gradients(name, gen):
+    """g ≈ −50 per token (e^{−50·64} is far below fp32's range): finite, and exact where it matters."""
+    case = CASES[name]
+    x = _inputs(case, gen, T=100, K=16, V=16)
+    x["g"] = -50.0 + torch.rand(x["g"].shape, generator=gen, dtype=torch.float64)
+    o1, s1, g1 = _with_grads("recurrent", case, x)
+    o2, s2, g2 = _with_grads("chunk", case, {key: val.float() for key, val in x.items()})
+    for val in [o2, s2, *g2.values()]:
+        assert torch.isfinite(val).all()
+    assert _rel(o2, o1) < F32_REL and _rel(s2, s1) < F32_REL
+    for key in ("q", "k", "v", "beta", "S0"):
+        assert _rel(g2[key], g1[key]) < F32_REL, key
+
+
+# ---------------------------------------------------------------------------- errors
+def test_bad_shapes_are_named():
+    q = torch.randn(1, 8, 2, 4)
+    v = torch.randn(1, 8, 2, 3)
+    b = torch.rand(1, 8, 2)
+    with pytest.raises(ValueError, match="g must have shape"):
+        chunk_delta(q, q, v, beta=b, g=torch.zeros(1, 8, 2, 3), scale=1.0)
+    with pytest.raises(ValueError, match="beta must have shape"):
+        chunk_delta(q, q, v, beta=torch.ones(1, 8), scale=1.0)
+    with pytest.raises(ValueError, match="p must have shape"):
+        chunk_delta(q, q, v, beta=b, p=torch.zeros(1, 8, 2, 5), decay_first=False, scale=1.0)
+    with pytest.raises(ValueError, match="v must have shape"):
+        chunk_delta(q, q.unsqueeze(2), v, beta=b, scale=1.0)
+    with pytest.raises(ValueError, match="not defined with Householder"):
+        chunk_delta(q, q.unsqueeze(2), v.unsqueeze(2), beta=b.unsqueeze(2), p=q, scale=1.0)
+    with pytest.raises(ValueError, match="initial_state must have shape"):
+        chunk_delta(q, q, v, beta=b, scale=1.0, initial_state=torch.zeros(1, 2, 3, 4))

@@ -1,0 +1,92 @@
+"""Checkpoints of an LM: `config.json` (the LMConfig; zoo models by name, custom Recipes field by
+field) and `model.safetensors` (every weight, in its dtype). Files are written to a temporary
+name and renamed, so a crash never leaves a half-written checkpoint under the real names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, LMConfig
+
+__all__ = ["CheckpointError", "save_pretrained", "load_pretrained", "CONFIG_NAME", "WEIGHTS_NAME"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT = "fastweights.LM"
+VERSION = 1
+
+
+class CheckpointError(OSError):
+    """A checkpoint that is missing, corrupt, or does not fit its config; the message names the file."""
+
+
+def _atomic_write(path: Path, write):
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_pretrained(model, directory) -> None:
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict()}
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    _atomic_write(d / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    _atomic_write(d / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+
+
+def load_pretrained(cls, directory, *, device=None):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: no such checkpoint directory (save_pretrained writes {CONFIG_NAME} and "
+                              f"{WEIGHTS_NAME} there)")
+    cfg_path, w_path = d / CONFIG_NAME, d / WEIGHTS_NAME
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing (a checkpoint holds {CONFIG_NAME} and {WEIGHTS_NAME})")
+    try:
+        doc = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: corrupt JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "config" not in doc:
+        raise CheckpointError(f"{cfg_path}: not a fastweights LM config (expected format {FORMAT!r})")
+    if doc.get("version") != VERSION:
+        raise CheckpointError(f"{cfg_path}: checkpoint version {doc.get('version')!r}, this library reads {VERSION}")
+    try:
+        config = LMConfig.from_dict(doc["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"{cfg_path}: {e}") from None
+    try:
+        tensors = load_file(str(w_path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{w_path}: corrupt or truncated safetensors file ({e})") from None
+    model = cls(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{w_path}: does not match {cfg_path}: missing {missing[:8]}"
+                              f"{'…' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                              f"{'…' if len(unexpected) > 8 else ''}")
+    bad = [k for k in expected if tuple(expected[k].shape) != tuple(tensors[k].shape)]
+    if bad:
+        k = bad[0]
+        raise CheckpointError(f"{w_path}: {k} has shape {list(tensors[k].shape)}, the config builds "
+                              f"{list(expected[k].shape)} ({len(bad)} mismatched)")
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        model = model.to(dtypes.pop())
+    with torch.no_grad():
+        model.load_state_dict(tensors, strict=True)
+    return model.to(device) if device is not None else model

@@ -1,0 +1,236 @@
+"""LM: a decoder-only language model over any recipe (or a per-layer hybrid pattern of recipes).
+
+    h_0 = Embed(ids)                                                   [B, T, d]
+    h_l = h_{l−1} + Mixer_l(RMSNorm(h_{l−1}));  h_l += SwiGLU(RMSNorm(h_l))   (pre-norm blocks)
+    logits = RMSNorm(h_L) Eᵀ                                           [B, T, vocab] (tied head)
+
+Forms: `forward` and `prefill` run every mixer in its training form (chunk, else parallel, else
+recurrent: `fastweights.layers.training_form`); `step` decodes one token per call with the
+recurrent form from the carried `LMState` — constant memory for fast-weight layers, a growing
+KV cache for softmax-side layers. `generate` = prefill + steps; `generate(use_cache=False)`
+decodes by repeated full forwards (the reference the tests hold the cache to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.mixer import MemoryMixer
+from ..layers.norm import RMSNorm
+from ..layers.state import MixerState, state_bytes
+from .config import LMConfig
+
+Tensor = torch.Tensor
+
+__all__ = ["LM", "LMState", "SwiGLU", "Block", "GenerationError", "sample_next"]
+
+
+class GenerationError(ValueError):
+    """Bad arguments to generate/step; the message names the argument."""
+
+
+class SwiGLU(nn.Module):
+    """y = W₂(SiLU(W₁x) ⊙ W₃x): [.., d] -> [.., d] with hidden width `hidden` (bias-free)."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    """x ← x + Mixer(RMSNorm(x)); x ← x + MLP(RMSNorm(x))."""
+
+    def __init__(self, config: LMConfig, layer: int):
+        super().__init__()
+        spec = config.layer_mixers[layer]
+        self.norm1 = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mixer = MemoryMixer(config.d_model, spec, config.num_heads, **config.mixer_kwargs(layer))
+        self.norm2 = RMSNorm(config.d_model, eps=config.norm_eps) if config.mlp == "swiglu" else None
+        self.mlp = SwiGLU(config.d_model, config.hidden) if config.mlp == "swiglu" else None
+
+    def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
+                form: str | None = None, step: bool = False) -> tuple[Tensor, MixerState | None]:
+        h = self.norm1(x)
+        if step:
+            h, state = self.mixer.step(h, state)
+        else:
+            h, state = self.mixer(h, state, output_state=output_state, form=form)
+        x = x + h
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, state
+
+
+@dataclass
+class LMState:
+    """The decoding state of an LM: one MixerState per layer (memory / KV cache, conv tails, position)."""
+
+    layers: tuple[MixerState, ...]
+
+    @property
+    def position(self) -> int:
+        """Tokens consumed so far."""
+        return self.layers[0].position if self.layers else 0
+
+
+def sample_next(logits: Tensor, *, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """The next token [B] from logits [B, vocab]: argmax, or a sample from softmax(logits / temperature)
+    restricted to the top_k tokens and to the smallest set whose probability reaches top_p."""
+    if not do_sample:
+        return logits.argmax(-1)
+    x = logits.float() / temperature
+    if top_k is not None and top_k < x.shape[-1]:
+        kth = x.topk(top_k, dim=-1).values[..., -1:]  # [B, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sx, idx = x.sort(dim=-1, descending=True)  # [B, vocab]
+        probs = sx.softmax(-1)
+        before = probs.cumsum(-1) - probs  # mass strictly before each token
+        drop = before >= top_p  # the top token is always kept (before = 0 < top_p)
+        x = x.scatter(-1, idx, sx.masked_fill(drop, float("-inf")))
+    return torch.multinomial(x.softmax(-1), 1, generator=generator)[:, 0]
+
+
+class LM(nn.Module):
+    """A language model from an LMConfig (see the module doc).
+
+    forward(input_ids [B, T]) -> logits [B, T, vocab]
+    prefill(input_ids, state=None) -> (logits, LMState);  step(ids [B] or [B, 1], state) -> (logits [B, vocab], LMState)
+    generate(input_ids, max_new_tokens, ...) -> ids [B, T + max_new_tokens]
+    save_pretrained(dir) / LM.from_pretrained(dir)
+    """
+
+    def __init__(self, config: LMConfig):
+        super().__init__()
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"LM takes an LMConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.embed.weight, std=config.init_std)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
+
+    # ------------------------------------------------------------------ forward passes
+    def _check_ids(self, ids: Tensor, name: str = "input_ids"):
+        if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 2:
+            raise GenerationError(f"{name} must be an integer tensor [B, T], got "
+                                  f"{getattr(ids, 'dtype', type(ids).__name__)} {list(getattr(ids, 'shape', []))}")
+        if ids.shape[1] == 0:
+            raise GenerationError(f"{name} must hold at least one token")
+
+    def _logits(self, h: Tensor) -> Tensor:
+        return F.linear(self.norm(h), self.embed.weight)  # [B, T, vocab], tied head
+
+    def forward(self, input_ids: Tensor, *, form: str | None = None) -> Tensor:
+        """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form)."""
+        self._check_ids(input_ids)
+        h = self.embed(input_ids)  # [B, T, d]
+        for block in self.blocks:
+            h, _ = block(h, form=form)
+        return self._logits(h)
+
+    def prefill(self, input_ids: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
+        """Run input_ids (continuing `state` when given) in the training forms; (logits, state after)."""
+        self._check_ids(input_ids)
+        h = self.embed(input_ids)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            h, st = block(h, state.layers[i] if state is not None else None, output_state=True)
+            layers.append(st)
+        return self._logits(h), LMState(layers=tuple(layers))
+
+    def step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
+        """One decoding step by the recurrent form: token_ids [B] or [B, 1] -> (logits [B, vocab], state)."""
+        if isinstance(token_ids, Tensor) and token_ids.dim() == 1:
+            token_ids = token_ids[:, None]  # [B, 1]
+        self._check_ids(token_ids, "token_ids")
+        if token_ids.shape[1] != 1:
+            raise GenerationError(f"step takes one token per sequence, got token_ids {list(token_ids.shape)}")
+        if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+            raise GenerationError(f"state must be the LMState of this model ({len(self.blocks)} layers)")
+        h = self.embed(token_ids)  # [B, 1, d]
+        layers = []
+        for block, st in zip(self.blocks, state.layers):
+            h, st = block(h, st, step=True)
+            layers.append(st)
+        return self._logits(h)[:, 0], LMState(layers=tuple(layers))
+
+    # ------------------------------------------------------------------ states
+    def init_state(self, batch_size: int) -> LMState:
+        """The state before any token (zeros, MLP memories' initial weights, empty KV caches)."""
+        return LMState(layers=tuple(b.mixer.init_state(batch_size) for b in self.blocks))
+
+    def state_size(self, batch_size: int, seq_len: int = 0) -> int:
+        """Bytes of the decoding state after seq_len tokens (fast-weight layers: constant; softmax: grows)."""
+        return sum(b.mixer.state_size(batch_size, seq_len) for b in self.blocks)
+
+    @staticmethod
+    def state_bytes(state: LMState) -> int:
+        """Bytes actually held by a state."""
+        return state_bytes(state)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, *, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """input_ids [B, T] followed by max_new_tokens generated tokens: [B, T + max_new_tokens].
+
+        use_cache=True: prefill (training form) then one recurrent step per token from the carried
+        state. use_cache=False: every token by a full forward over the sequence so far.
+        Greedy unless do_sample; sampling draws from `generator` (None: torch's default generator).
+        """
+        self._check_ids(input_ids)
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise GenerationError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
+        if not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise GenerationError(f"temperature must be > 0, got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise GenerationError(f"top_k must be a positive int or None, got {top_k!r}")
+        if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+            raise GenerationError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+        pick = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        out = input_ids
+        if max_new_tokens == 0:
+            return out
+        if use_cache:
+            logits, state = self.prefill(input_ids)
+            nxt = sample_next(logits[:, -1], **pick)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            for _ in range(max_new_tokens - 1):
+                logits, state = self.step(nxt, state)
+                nxt = sample_next(logits, **pick)
+                out = torch.cat([out, nxt[:, None]], dim=1)
+            return out
+        for _ in range(max_new_tokens):
+            nxt = sample_next(self(out)[:, -1], **pick)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, directory) -> None:
+        """Write `config.json` and `model.safetensors` into `directory` (created if needed)."""
+        from .checkpoint import save_pretrained
+
+        save_pretrained(self, directory)
+
+    @classmethod
+    def from_pretrained(cls, directory, *, device=None) -> LM:
+        """Load what save_pretrained wrote (weights in their saved dtype); CheckpointError if a file
+        is missing or corrupt."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(cls, directory, device=device)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,88 @@
+"""save_pretrained / from_pretrained: exact round trip for every zoo model and a custom recipe
+(weights, config, logits, dtype), and a clear CheckpointError for missing or corrupt files."""
+
+import json
+
+import pytest
+import torch
+
+import fastweights as fw
+from fastweights.models import LM, CheckpointError, LMConfig
+from tests.models.test_lm import VOCAB, tiny_config
+
+
+def assert_same(a: LM, b: LM):
+    assert a.config == b.config
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+    ids = torch.randint(0, VOCAB, (2, 9))
+    assert torch.equal(a(ids), b(ids))
+
+
+@pytest.mark.parametrize("name", fw.zoo.names())
+def test_round_trip_every_zoo_model(name, tmp_path):
+    model = LM(tiny_config(name))
+    model.save_pretrained(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["config"]["mixer"] == name
+    assert_same(model, LM.from_pretrained(tmp_path / "ckpt"))
+
+
+def test_round_trip_custom_recipe_hybrid_and_dtype(tmp_path):
+    novel = fw.Recipe(name="novel", objective=fw.Objective(kind="l2"), retention=fw.Retention(kind="diagonal"))
+    cfg = LMConfig(vocab_size=VOCAB, d_model=16, n_layers=2, num_heads=2, head_dim=8,
+                   mixer=(novel, "path_attention"), num_kv_heads=1)
+    model = LM(cfg).to(torch.float64)
+    model.save_pretrained(str(tmp_path))
+    back = LM.from_pretrained(str(tmp_path))
+    assert back.embed.weight.dtype == torch.float64
+    assert back.config.mixer[0] == novel
+    assert_same(model, back)
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint directory"):
+        LM.from_pretrained(tmp_path / "nothing")
+    model = LM(tiny_config("gated_deltanet"))
+    model.save_pretrained(tmp_path)
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    config = (tmp_path / "config.json").read_text()
+
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors: missing"):
+        LM.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        LM.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage" * 10)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        LM.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(weights)
+
+    (tmp_path / "config.json").write_text(config[:-20])
+    with pytest.raises(CheckpointError, match="config.json: corrupt JSON"):
+        LM.from_pretrained(tmp_path)
+    doc = json.loads(config)
+    doc["config"]["d_model"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="LMConfig.d_model"):
+        LM.from_pretrained(tmp_path)
+    doc = json.loads(config)
+    doc["config"]["d_model"] = 32
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="has shape"):
+        LM.from_pretrained(tmp_path)
+    doc = json.loads(config)
+    doc["config"]["n_layers"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="missing"):
+        LM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(CheckpointError, match="not a fastweights LM config"):
+        LM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json: missing"):
+        LM.from_pretrained(tmp_path)
+    assert issubclass(CheckpointError, OSError)

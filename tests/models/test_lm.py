@@ -1,0 +1,158 @@
+"""LM over every zoo model: prefill + recurrent decoding reproduces the full forward (fp32), cached
+greedy generation equals greedy decoding by repeated full forwards, the model trains (the loss
+falls on a tiny copy task); hybrids, sampling, states and errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastweights as fw
+from fastweights.layers import MixerState
+from fastweights.models import LM, GenerationError, LMConfig, LMState, sample_next
+from fastweights.state import KVCache
+
+ZOO = fw.zoo.names()
+VOCAB = 32
+# prefill + decode vs full forward, fp32, max |Δlogit| / max |logit|. ATLAS's Newton–Schulz step
+# (normalize, then a quintic) amplifies the rounding difference between its chunk and recurrent forms.
+DECODE_REL = {"atlas": 3e-4}
+DECODE_REL_DEFAULT = 1e-4
+
+
+def tiny_config(name, **kw) -> LMConfig:
+    r = fw.zoo.resolve(name)
+    K = 4 if r.feature_map.kind == "polynomial" else 8  # keep K' = C(K + 2, 2) small
+    base = dict(vocab_size=VOCAB, d_model=16, n_layers=2, mixer=name, num_heads=2, head_dim=K,
+                head_v_dim=K if r.memory.residual_ln else None)
+    base.update(kw)
+    return LMConfig(**base)
+
+
+def decode_logits(model, ids, prefill_len):
+    logits, state = model.prefill(ids[:, :prefill_len])
+    outs = [logits]
+    for t in range(prefill_len, ids.shape[1]):
+        lt, state = model.step(ids[:, t], state)
+        outs.append(lt[:, None])
+    return torch.cat(outs, 1), state
+
+
+def assert_same_greedy(model, prompt, n, tie=1e-4):
+    """Cached == uncached greedy; a divergence is accepted only at a near-tie of the top logits."""
+    a = model.generate(prompt, n)
+    b = model.generate(prompt, n, use_cache=False)
+    if torch.equal(a, b):
+        return
+    logits = model(a[:, :-1])
+    for row in range(a.shape[0]):
+        diff = (a[row] != b[row]).nonzero()
+        if len(diff) == 0:
+            continue
+        t = diff[0].item()
+        lt = logits[row, t - 1]
+        gap = (lt.max() - lt[b[row, t]]).abs().item()
+        assert gap < tie * lt.abs().max().item(), f"row {row} diverges at {t} with a logit gap {gap}"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_prefill_and_decode_equal_full_forward(name):
+    model = LM(tiny_config(name))
+    ids = torch.randint(0, VOCAB, (2, 20))
+    full = model(ids)
+    assert full.shape == (2, 20, VOCAB) and full.dtype == torch.float32
+    dec, state = decode_logits(model, ids, prefill_len=9)
+    rel = ((dec - full).abs().max() / full.abs().max()).item()
+    assert rel < DECODE_REL.get(name, DECODE_REL_DEFAULT), rel
+    assert isinstance(state, LMState) and state.position == 20
+    assert model.state_bytes(state) == model.state_size(2, 20)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_cached_greedy_generation_equals_full_forwards(name):
+    model = LM(tiny_config(name))
+    prompt = torch.randint(0, VOCAB, (3, 5))
+    out = model.generate(prompt, 12)
+    assert out.shape == (3, 17) and torch.equal(out[:, :5], prompt)
+    assert_same_greedy(model, prompt, 12)
+
+
+def copy_batch(B, n, gen):
+    """[x, SEP, x]: n content tokens from 2..VOCAB−1, the separator 1; the loss is on the copy."""
+    x = torch.randint(2, VOCAB, (B, n), generator=gen)
+    return torch.cat([x, torch.ones(B, 1, dtype=torch.long), x], dim=1)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_trains_on_a_tiny_copy_task(name):
+    torch.manual_seed(torch.seed())
+    model = LM(tiny_config(name, d_model=32))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    n = 6
+    ids = copy_batch(16, n, torch.Generator().manual_seed(torch.seed()))
+    losses = []
+    for _ in range(30):
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits[:, n:].reshape(-1, VOCAB), ids[:, n + 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(map(lambda x: x == x, losses)), "nan loss"
+    assert sum(losses[-3:]) / 3 < 0.5 * losses[0], losses
+
+
+def test_hybrid_three_to_one():
+    cfg = LMConfig(vocab_size=VOCAB, d_model=16, n_layers=4, num_heads=2, head_dim=8,
+                   mixer=("gated_deltanet", "gated_deltanet", "gated_deltanet", "softmax_attention"))
+    model = LM(cfg)
+    kinds = [b.mixer.recipe.name for b in model.blocks]
+    assert kinds == ["gated_deltanet"] * 3 + ["softmax_attention"]
+    ids = torch.randint(0, VOCAB, (2, 14))
+    dec, state = decode_logits(model, ids, 6)
+    assert ((dec - model(ids)).abs().max() / model(ids).abs().max()).item() < DECODE_REL_DEFAULT
+    assert [type(s.memory) for s in state.layers] == [torch.Tensor] * 3 + [KVCache]
+    assert all(isinstance(s, MixerState) for s in state.layers)
+    grow = model.state_size(2, 100) - model.state_size(2, 10)
+    assert grow == 2 * 90 * 2 * (8 + 8) * 4  # only the softmax layer's KV cache grows
+    assert_same_greedy(model, ids[:, :4], 8)
+
+
+def test_sampling():
+    model = LM(tiny_config("gated_deltanet"))
+    prompt = torch.randint(0, VOCAB, (4, 3))
+    greedy = model.generate(prompt, 6)
+    assert torch.equal(model.generate(prompt, 6, do_sample=True, top_k=1), greedy)
+    assert torch.equal(model.generate(prompt, 6, do_sample=True, top_p=1e-6), greedy)
+    a = model.generate(prompt, 6, do_sample=True, temperature=2.0, generator=torch.Generator().manual_seed(3))
+    b = model.generate(prompt, 6, do_sample=True, temperature=2.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.min() >= 0 and a.max() < VOCAB
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    draws = torch.stack([sample_next(logits, do_sample=True, top_k=2) for _ in range(200)])
+    assert set(draws.flatten().tolist()) <= {2, 3}
+    draws = torch.stack([sample_next(logits, do_sample=True, top_p=0.6) for _ in range(200)])
+    assert set(draws.flatten().tolist()) == {3}  # p(3) ≈ 0.64 already reaches 0.6
+    draws = torch.stack([sample_next(logits, do_sample=True, top_p=0.7) for _ in range(200)])
+    assert set(draws.flatten().tolist()) <= {2, 3}
+    assert model.generate(prompt, 0).shape == prompt.shape
+
+
+def test_structure_and_errors():
+    model = LM(tiny_config("softmax_attention", mlp="none"))
+    assert all(b.mlp is None for b in model.blocks)
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("head" in n for n in names)  # the head is the embedding (tied)
+    with pytest.raises(GenerationError, match="input_ids must be an integer tensor"):
+        model(torch.randn(2, 3))
+    with pytest.raises(GenerationError, match="at least one token"):
+        model.generate(torch.zeros(2, 0, dtype=torch.long), 3)
+    with pytest.raises(GenerationError, match="max_new_tokens"):
+        model.generate(torch.zeros(2, 1, dtype=torch.long), -1)
+    with pytest.raises(GenerationError, match="temperature"):
+        model.generate(torch.zeros(2, 1, dtype=torch.long), 2, do_sample=True, temperature=0)
+    with pytest.raises(GenerationError, match="top_p"):
+        model.generate(torch.zeros(2, 1, dtype=torch.long), 2, do_sample=True, top_p=1.5)
+    _, st = model.prefill(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(GenerationError, match="one token"):
+        model.step(torch.zeros(2, 2, dtype=torch.long), st)
+    with pytest.raises(TypeError, match="LMConfig"):
+        LM({"vocab_size": 3})

@@ -36,6 +36,16 @@ def _bench_speed(args):
               chunk_size=args.chunk_size, backward=not args.forward_only)
 
 
+def _bench_decode(args):
+    from .bench.decode import DecodeBenchConfig, run_decode
+
+    run_decode(DecodeBenchConfig(models=tuple(args.models), contexts=tuple(args.contexts), d_model=args.d_model,
+                                 n_layers=args.n_layers, num_heads=args.num_heads, head_dim=args.head_dim,
+                                 vocab_size=args.vocab_size, batch_size=args.batch_size, new_tokens=args.new_tokens,
+                                 warmup=args.warmup, prefill_chunk=args.prefill_chunk, device=args.device,
+                                 dtype=args.dtype, seed=args.seed, out=args.out, plot=not args.no_plot))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,6 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--forward-only", action="store_true")
     sp.add_argument("--out", default="runs/speed")
     sp.set_defaults(fn=_bench_speed)
+    dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
+    dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
+    dc.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048, 8192])
+    dc.add_argument("--d-model", type=int, default=256)
+    dc.add_argument("--n-layers", type=int, default=2)
+    dc.add_argument("--num-heads", type=int, default=4)
+    dc.add_argument("--head-dim", type=int, default=64)
+    dc.add_argument("--vocab-size", type=int, default=1024)
+    dc.add_argument("--batch-size", type=int, default=1)
+    dc.add_argument("--new-tokens", type=int, default=32, help="timed decoding steps per row")
+    dc.add_argument("--warmup", type=int, default=4)
+    dc.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill call")
+    dc.add_argument("--device", default="cpu")
+    dc.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    dc.add_argument("--seed", type=int, default=0)
+    dc.add_argument("--out", default="runs/bench/decode")
+    dc.add_argument("--no-plot", action="store_true")
+    dc.set_defaults(fn=_bench_decode)
     return p
 
 

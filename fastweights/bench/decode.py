@@ -1,0 +1,245 @@
+"""`fastweights bench decode`: decoding speed and state memory against context length, for a
+fast-weight LM (gated_deltanet by default) and a softmax LM of the same width.
+
+For every model and context length L: build the LM (random weights; the same d_model, layers,
+heads and head_dim for every model, each mixer with its preset wiring), fill its state with L
+prompt tokens (prefill in pieces of `prefill_chunk` tokens from the carried state, which is exact
+and keeps the quadratic forms small), decode `warmup` tokens, then time `new_tokens` greedy
+decoding steps (`LM.step`: the recurrent form, one token per call). Reported per row:
+
+    tokens/s     batch_size · new_tokens / the decoding time (CUDA: synchronized before reading the clock)
+    ms/token     the time of one step (the whole batch)
+    state        bytes of the fixed-size part of the state (fast-weight memories, conv tails)
+    kv_cache     bytes of the KV caches (softmax layers; grows with L)
+    peak         CUDA only: torch.cuda.max_memory_allocated during decoding
+
+A fast-weight LM decodes in constant memory and time per token; softmax attention's cache and
+per-token time grow with L (the flat line against the growing one in the plot).
+
+Writes decode.md (the table and the command), decode.json and decode.png under --out.
+Defaults are small enough for 2 CPU cores; --device cuda and the size options scale it up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..layers.state import state_bytes
+from ..state import KVCache
+
+__all__ = ["DecodeBenchConfig", "run_decode", "format_table"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeBenchConfig:
+    """What `fastweights bench decode` measures (validated)."""
+
+    models: tuple[str, ...] = ("gated_deltanet", "softmax_attention")
+    contexts: tuple[int, ...] = (128, 512, 2048, 8192)
+    d_model: int = 256
+    n_layers: int = 2
+    num_heads: int = 4
+    head_dim: int = 64
+    vocab_size: int = 1024
+    batch_size: int = 1
+    new_tokens: int = 32
+    warmup: int = 4
+    prefill_chunk: int = 256
+    device: str = "cpu"
+    dtype: str = "float32"
+    seed: int = 0
+    out: str = "runs/bench/decode"
+    plot: bool = True
+
+    def __post_init__(self):
+        from .. import zoo
+
+        for m in self.models:
+            zoo.get(m)
+        for name in ("d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size", "new_tokens",
+                     "prefill_chunk"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an int ≥ 0, got {self.warmup!r}")
+        if not self.contexts or any((not isinstance(c, int)) or c < 1 for c in self.contexts):
+            raise ValueError(f"contexts must be positive ints, got {self.contexts!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+
+    def as_command(self) -> str:
+        """The `fastweights bench decode` command line that reproduces this run (every option explicit)."""
+        parts = ["fastweights", "bench", "decode", "--models", *self.models,
+                 "--contexts", *map(str, self.contexts)]
+        for name in ("d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size", "new_tokens",
+                     "warmup", "prefill_chunk", "device", "dtype", "seed", "out"):
+            parts += ["--" + name.replace("_", "-"), str(getattr(self, name))]
+        if not self.plot:
+            parts.append("--no-plot")
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _split_bytes(state) -> tuple[int, int]:
+    """(fixed-size state bytes, KV cache bytes) of an LMState."""
+    kv = fixed = 0
+    for layer in state.layers:
+        if isinstance(layer.memory, KVCache):
+            kv += state_bytes(layer.memory)
+            fixed += state_bytes(layer) - state_bytes(layer.memory)
+        else:
+            fixed += state_bytes(layer)
+    return fixed, kv
+
+
+def _build(cfg: DecodeBenchConfig, name: str, device, dtype):
+    from ..models import LM, LMConfig
+
+    torch.manual_seed(cfg.seed)
+    lm_cfg = LMConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, mixer=name,
+                      num_heads=cfg.num_heads, head_dim=cfg.head_dim)
+    return LM(lm_cfg).to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
+    """One row: fill the state with `context` tokens, then time greedy decoding steps."""
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed + context)
+    ids = torch.randint(0, cfg.vocab_size, (cfg.batch_size, context), generator=gen).to(device)
+    state = None
+    logits = None
+    for a in range(0, context, cfg.prefill_chunk):
+        logits, state = model.prefill(ids[:, a:a + cfg.prefill_chunk], state)
+    tok = logits[:, -1].argmax(-1)
+    for _ in range(cfg.warmup):
+        logits, state = model.step(tok, state)
+        tok = logits.argmax(-1)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(cfg.new_tokens):
+        logits, state = model.step(tok, state)
+        tok = logits.argmax(-1)
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    fixed, kv = _split_bytes(state)
+    row = {
+        "model": model.config.mixer if isinstance(model.config.mixer, str) else "custom",
+        "context": context,
+        "tokens_per_s": cfg.batch_size * cfg.new_tokens / elapsed,
+        "ms_per_token": 1e3 * elapsed / cfg.new_tokens,
+        "state_bytes": fixed,
+        "kv_cache_bytes": kv,
+        "total_bytes": fixed + kv,
+        "params": model.num_parameters(),
+    }
+    if device.type == "cuda":
+        row["peak_alloc_bytes"] = torch.cuda.max_memory_allocated(device)
+    return row
+
+
+def _kib(b: int) -> str:
+    return f"{b / 1024:,.1f}"
+
+
+def format_table(rows: list[dict], cfg: DecodeBenchConfig, env: dict) -> str:
+    """The markdown table (with the setup and the command)."""
+    cuda = any("peak_alloc_bytes" in r for r in rows)
+    lines = [
+        "# Decode throughput and state memory vs context length",
+        "",
+        f"Command: `{cfg.as_command()}`",
+        "",
+        f"Device: {env['device_name']} ({cfg.device}, {env['threads']} threads), dtype {cfg.dtype}, torch "
+        f"{env['torch']}. LM: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.num_heads} heads × head_dim "
+        f"{cfg.head_dim}, vocab {cfg.vocab_size}; batch {cfg.batch_size}; {cfg.new_tokens} timed greedy steps "
+        f"after {cfg.warmup} warm-up steps (`LM.step`, the recurrent form).",
+        "",
+        "| model | params | context | tokens/s | ms/token | state (KiB) | KV cache (KiB) | total (KiB) |"
+        + (" peak alloc (MiB) |" if cuda else ""),
+        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if cuda else ""),
+    ]
+    for r in rows:
+        line = (f"| {r['model']} | {r['params']:,} | {r['context']:,} | {r['tokens_per_s']:,.1f} | "
+                f"{r['ms_per_token']:.2f} | {_kib(r['state_bytes'])} | {_kib(r['kv_cache_bytes'])} | "
+                f"{_kib(r['total_bytes'])} |")
+        if cuda:
+            line += f" {r.get('peak_alloc_bytes', 0) / 2**20:,.1f} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict], path: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        rs = [r for r in rows if r["model"] == model]
+        x = [r["context"] for r in rs]
+        ax1.plot(x, [r["tokens_per_s"] for r in rs], marker="o", label=model)
+        ax2.plot(x, [r["total_bytes"] / 2**20 for r in rs], marker="o", label=model)
+    for ax, title, ylabel in ((ax1, "decode throughput", "tokens / s"),
+                              (ax2, "decoding state (memory + KV cache)", "MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax2.set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _env(device: torch.device) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    return {"device_name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+
+
+def run_decode(cfg: DecodeBenchConfig, *, log=print) -> list[dict]:
+    """Measure every (model, context); write decode.md / decode.json / decode.png under cfg.out."""
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch.cuda.is_available() is False")
+    dtype = _DTYPES[cfg.dtype]
+    env = _env(device)
+    os.makedirs(cfg.out, exist_ok=True)
+    rows = []
+    for name in cfg.models:
+        model = _build(cfg, name, device, dtype)
+        for L in cfg.contexts:
+            row = measure(cfg, model, L, device)
+            rows.append(row)
+            log(f"{name:20s} L={L:7d}  {row['tokens_per_s']:10.1f} tok/s  {row['ms_per_token']:8.2f} ms/tok  "
+                f"state {row['state_bytes'] / 1024:10.1f} KiB  kv {row['kv_cache_bytes'] / 1024:10.1f} KiB")
+            with open(os.path.join(cfg.out, "decode.json"), "w") as f:  # rewritten after each row
+                json.dump({"config": asdict(cfg), "env": env, "rows": rows}, f, indent=2)
+        del model
+    table = format_table(rows, cfg, env)
+    with open(os.path.join(cfg.out, "decode.md"), "w") as f:
+        f.write(table)
+    if cfg.plot:
+        _plot(rows, os.path.join(cfg.out, "decode.png"))
+    log(table)
+    return rows
+

@@ -42,8 +42,10 @@ def _bench_decode(args):
     run_decode(DecodeBenchConfig(models=tuple(args.models), contexts=tuple(args.contexts), d_model=args.d_model,
                                  n_layers=args.n_layers, num_heads=args.num_heads, head_dim=args.head_dim,
                                  vocab_size=args.vocab_size, batch_size=args.batch_size, new_tokens=args.new_tokens,
-                                 warmup=args.warmup, prefill_chunk=args.prefill_chunk, device=args.device,
-                                 dtype=args.dtype, seed=args.seed, out=args.out, plot=not args.no_plot))
+                                 repeats=args.repeats, threads=args.threads, warmup=args.warmup,
+                                 prefill_chunk=args.prefill_chunk,
+                                 device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
+                                 plot=not args.no_plot))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=_bench_speed)
     dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
     dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
-    dc.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048, 8192])
+    dc.add_argument("--contexts", nargs="+", type=int, default=[256, 1024, 4096, 16384, 32768])
     dc.add_argument("--d-model", type=int, default=256)
     dc.add_argument("--n-layers", type=int, default=2)
     dc.add_argument("--num-heads", type=int, default=4)
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--vocab-size", type=int, default=1024)
     dc.add_argument("--batch-size", type=int, default=1)
     dc.add_argument("--new-tokens", type=int, default=32, help="timed decoding steps per row")
+    dc.add_argument("--repeats", type=int, default=3, help="timed rounds; the least disturbed one is reported")
+    dc.add_argument("--threads", type=int, default=1, help="torch CPU threads while measuring")
     dc.add_argument("--warmup", type=int, default=4)
     dc.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill call")
     dc.add_argument("--device", default="cpu")

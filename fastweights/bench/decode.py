@@ -7,10 +7,13 @@ prompt tokens (prefill in pieces of `prefill_chunk` tokens from the carried stat
 and keeps the quadratic forms small), decode `warmup` tokens, then time `new_tokens` greedy
 decoding steps (`LM.step`: the recurrent form, one token per call). Reported per row:
 
-    tokens/s     batch_size · new_tokens / the decoding time (CUDA: synchronized before reading the clock)
-    ms/token     the time of one step (the whole batch)
-    state        bytes of the fixed-size part of the state (fast-weight memories, conv tails)
-    kv_cache     bytes of the KV caches (softmax layers; grows with L)
+    ms/token     the median time of one step (the whole batch; each step timed alone, CUDA synchronized
+                 before reading the clock), from the best of `repeats` rounds of `new_tokens` steps (the
+                 round least disturbed by other work); the mean and every round's median are in the JSON
+    tokens/s     batch_size / ms/token
+    state        bytes of the fixed-size part of the state (fast-weight memories, conv tails) after L tokens
+    kv_cache     bytes of the KV caches (softmax layers; grows with L) after L tokens (the decoding buffer
+                 grows by doubling, so up to 2× this is allocated)
     peak         CUDA only: torch.cuda.max_memory_allocated during decoding
 
 A fast-weight LM decodes in constant memory and time per token; softmax attention's cache and
@@ -18,6 +21,8 @@ per-token time grow with L (the flat line against the growing one in the plot).
 
 Writes decode.md (the table and the command), decode.json and decode.png under --out.
 Defaults are small enough for 2 CPU cores; --device cuda and the size options scale it up.
+CPU threads: one by default (`--threads`): at batch 1 a step is a few hundred tiny ops, and
+an intra-op pool that shares its cores with other work stalls at every parallel region.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -44,7 +50,7 @@ class DecodeBenchConfig:
     """What `fastweights bench decode` measures (validated)."""
 
     models: tuple[str, ...] = ("gated_deltanet", "softmax_attention")
-    contexts: tuple[int, ...] = (128, 512, 2048, 8192)
+    contexts: tuple[int, ...] = (256, 1024, 4096, 16384, 32768)
     d_model: int = 256
     n_layers: int = 2
     num_heads: int = 4
@@ -52,6 +58,8 @@ class DecodeBenchConfig:
     vocab_size: int = 1024
     batch_size: int = 1
     new_tokens: int = 32
+    repeats: int = 3
+    threads: int = 1
     warmup: int = 4
     prefill_chunk: int = 256
     device: str = "cpu"
@@ -66,7 +74,7 @@ class DecodeBenchConfig:
         for m in self.models:
             zoo.get(m)
         for name in ("d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size", "new_tokens",
-                     "prefill_chunk"):
+                     "repeats", "threads", "prefill_chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -82,7 +90,7 @@ class DecodeBenchConfig:
         parts = ["fastweights", "bench", "decode", "--models", *self.models,
                  "--contexts", *map(str, self.contexts)]
         for name in ("d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size", "new_tokens",
-                     "warmup", "prefill_chunk", "device", "dtype", "seed", "out"):
+                     "repeats", "threads", "warmup", "prefill_chunk", "device", "dtype", "seed", "out"):
             parts += ["--" + name.replace("_", "-"), str(getattr(self, name))]
         if not self.plot:
             parts.append("--no-plot")
@@ -124,25 +132,33 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
     logits = None
     for a in range(0, context, cfg.prefill_chunk):
         logits, state = model.prefill(ids[:, a:a + cfg.prefill_chunk], state)
+    fixed, kv = _split_bytes(state)  # the state holding exactly `context` tokens
     tok = logits[:, -1].argmax(-1)
     for _ in range(cfg.warmup):
         logits, state = model.step(tok, state)
         tok = logits.argmax(-1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(cfg.new_tokens):
-        logits, state = model.step(tok, state)
-        tok = logits.argmax(-1)
-    _sync(device)
-    elapsed = time.perf_counter() - t0
-    fixed, kv = _split_bytes(state)
+    rounds = []
+    for _ in range(cfg.repeats):
+        times = []
+        for _ in range(cfg.new_tokens):
+            _sync(device)
+            t0 = time.perf_counter()
+            logits, state = model.step(tok, state)
+            tok = logits.argmax(-1)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        rounds.append(times)
+    best = min(rounds, key=statistics.median)  # the round least disturbed by other work on the machine
+    step = statistics.median(best)
     row = {
         "model": model.config.mixer if isinstance(model.config.mixer, str) else "custom",
         "context": context,
-        "tokens_per_s": cfg.batch_size * cfg.new_tokens / elapsed,
-        "ms_per_token": 1e3 * elapsed / cfg.new_tokens,
+        "tokens_per_s": cfg.batch_size / step,
+        "ms_per_token": 1e3 * step,
+        "ms_per_token_mean": 1e3 * statistics.fmean(best),
+        "ms_per_token_rounds": [1e3 * statistics.median(t) for t in rounds],
         "state_bytes": fixed,
         "kv_cache_bytes": kv,
         "total_bytes": fixed + kv,
@@ -167,8 +183,9 @@ def format_table(rows: list[dict], cfg: DecodeBenchConfig, env: dict) -> str:
         "",
         f"Device: {env['device_name']} ({cfg.device}, {env['threads']} threads), dtype {cfg.dtype}, torch "
         f"{env['torch']}. LM: d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.num_heads} heads × head_dim "
-        f"{cfg.head_dim}, vocab {cfg.vocab_size}; batch {cfg.batch_size}; {cfg.new_tokens} timed greedy steps "
-        f"after {cfg.warmup} warm-up steps (`LM.step`, the recurrent form).",
+        f"{cfg.head_dim}, vocab {cfg.vocab_size}; batch {cfg.batch_size}; greedy decoding with `LM.step` (the "
+        f"recurrent form) after {cfg.warmup} warm-up steps; ms/token is the median step of the best of "
+        f"{cfg.repeats} rounds of {cfg.new_tokens} steps; context = prompt tokens before the timed steps.",
         "",
         "| model | params | context | tokens/s | ms/token | state (KiB) | KV cache (KiB) | total (KiB) |"
         + (" peak alloc (MiB) |" if cuda else ""),
@@ -222,8 +239,24 @@ def run_decode(cfg: DecodeBenchConfig, *, log=print) -> list[dict]:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda asked for, but torch.cuda.is_available() is False")
     dtype = _DTYPES[cfg.dtype]
-    env = _env(device)
     os.makedirs(cfg.out, exist_ok=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # restored below
+    try:
+        rows, env = _run_all(cfg, device, dtype, log)
+    finally:
+        torch.set_num_threads(threads)
+    table = format_table(rows, cfg, env)
+    with open(os.path.join(cfg.out, "decode.md"), "w") as f:
+        f.write(table)
+    if cfg.plot:
+        _plot(rows, os.path.join(cfg.out, "decode.png"))
+    log(table)
+    return rows
+
+
+def _run_all(cfg: DecodeBenchConfig, device, dtype, log):
+    env = _env(device)
     rows = []
     for name in cfg.models:
         model = _build(cfg, name, device, dtype)
@@ -235,11 +268,5 @@ def run_decode(cfg: DecodeBenchConfig, *, log=print) -> list[dict]:
             with open(os.path.join(cfg.out, "decode.json"), "w") as f:  # rewritten after each row
                 json.dump({"config": asdict(cfg), "env": env, "rows": rows}, f, indent=2)
         del model
-    table = format_table(rows, cfg, env)
-    with open(os.path.join(cfg.out, "decode.md"), "w") as f:
-        f.write(table)
-    if cfg.plot:
-        _plot(rows, os.path.join(cfg.out, "decode.png"))
-    log(table)
-    return rows
+    return rows, env
 

@@ -83,6 +83,51 @@ def _cumulative(recipe: Recipe, g: Tensor | None, cache: KVCache, B: int, T: int
     return c0.to(cdt) + torch.cumsum(g.to(cdt), dim=1)  # [B, T, H]
 
 
+class _Buffer:
+    """Storage shared by the successive caches of one decoding run: k [B, cap, Hkv, K],
+    v [B, cap, Hkv, V], c [B, cap, H] or None, and `frontier`, the length of the newest cache
+    written into it. A cache appends in place only when it is that newest cache (so a state that
+    is decoded twice, e.g. two branches from one prefix, never overwrites the other's entries)."""
+
+    __slots__ = ("k", "v", "c", "frontier")
+
+    def __init__(self, k, v, c, frontier):
+        self.k, self.v, self.c, self.frontier = k, v, c, frontier
+
+
+def _append(cache: KVCache, k: Tensor, v: Tensor, c: Tensor | None) -> KVCache:
+    """The cache with T entries appended: k [B, T, Hkv, K], v [B, T, Hkv, V], c [B, T, H] or None.
+
+    With autograd recording (training through a cache) it concatenates (a new tensor). Without,
+    entries are written into a buffer whose capacity doubles when full, and the returned cache
+    holds views of its first L + T positions: O(T) work per append instead of an O(L) copy. The
+    views are ordinary tensors; `fastweights.recurrent(initial_state=cache)` reads them as is."""
+    L, T = cache.length, k.shape[1]
+    tensors = [x for x in (cache.k, cache.v, cache.c, k, v, c) if x is not None]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return KVCache(k=torch.cat([cache.k, k.to(cache.k.dtype)], 1), v=torch.cat([cache.v, v.to(cache.v.dtype)], 1),
+                       c=torch.cat([cache.c, c.to(cache.c.dtype)], 1) if c is not None else None)
+    buf = getattr(cache, "_buffer", None)
+    fits = (buf is not None and buf.frontier == L and L + T <= buf.k.shape[1] and (buf.c is None) == (c is None)
+            and buf.k.dtype == cache.k.dtype)
+    if not fits:
+        cap = max(2 * (L + T), 16)
+        B = k.shape[0]
+        new = lambda x: x.new_empty(B, cap, *x.shape[2:])  # [B, cap, ...]
+        buf = _Buffer(new(cache.k), new(cache.v), new(cache.c) if c is not None else None, L)
+        buf.k[:, :L], buf.v[:, :L] = cache.k, cache.v
+        if c is not None:
+            buf.c[:, :L] = cache.c
+    buf.k[:, L:L + T] = k
+    buf.v[:, L:L + T] = v
+    if c is not None:
+        buf.c[:, L:L + T] = c
+    buf.frontier = L + T
+    out = KVCache(k=buf.k[:, :L + T], v=buf.v[:, :L + T], c=buf.c[:, :L + T] if c is not None else None)
+    out._buffer = buf
+    return out
+
+
 def _repeat_heads(x: Tensor, groups: int, dim: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
 
@@ -203,10 +248,11 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     if ret.kind == "scalar" and g is None:
         raise ValueError(f"{recipe.name} needs g (log forget gate) [B, T, H]")
     c_new = _cumulative(recipe, g, cache, B, T, H, q.device)  # [B, T, H] or None
+    if c_new is not None and cache.c is None:  # a cache made without c counts its entries as c = 0
+        cache = KVCache(k=cache.k, v=cache.v, c=c_new.new_zeros(B, cache.length, H))
     c_all = None
-    if c_new is not None:
-        c_prev = cache.c if cache.c is not None else c_new[:, :0]
-        c_all = torch.cat([c_prev, c_new], dim=1)  # [B, N, H]
+    if c_new is not None and (ret.kind == "householder" or obj.kind == "l2"):
+        c_all = torch.cat([cache.c, c_new], dim=1)  # [B, N, H]
     if ret.kind == "householder":
         if w is None or beta is None:
             raise ValueError(f"{recipe.name} needs w [B, T, Hkv, K] and beta [B, T, Hkv]")
@@ -215,11 +261,10 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     if obj.kind == "l2":
         if beta is None:
             raise ValueError(f"{recipe.name} needs beta [B, T, Hkv]")
-        if c_all is not None and groups > 1:
+        if c_new is not None and groups > 1:
             raise ValueError("DeltaFormer's stage 1 compares keys per kv head: retention with grouped kv heads "
                              "is not defined; use num_kv_heads = num_heads")
         v = _deltaformer_values(k, v, beta, cache, c_all, c_new, scale)
-    k_all = torch.cat([cache.k, k.to(cache.k.dtype)], dim=1)  # [B, N, Hkv, K]
-    v_all = torch.cat([cache.v, v.to(cache.v.dtype)], dim=1)  # [B, N, Hkv, V]
-    o = _sdpa(q, k_all.to(q.dtype), v_all.to(q.dtype), c_all, c_new, scale, groups)
-    return o.to(v.dtype), KVCache(k=k_all, v=v_all, c=c_all)
+    new = _append(cache, k, v, c_new)  # k [B, N, Hkv, K], v [B, N, Hkv, V], c [B, N, H]
+    o = _sdpa(q, new.k.to(q.dtype), new.v.to(q.dtype), new.c, c_new, scale, groups)
+    return o.to(v.dtype), new

@@ -121,3 +121,33 @@ def test_deltaformer_rejects_retention_with_grouped_kv():
     with pytest.raises(ValueError, match="grouped kv"):
         kv_extend(r, torch.randn(B, T, 2, 4), torch.randn(B, T, 1, 4), torch.randn(B, T, 1, 4), scale=0.5,
                   cache=empty_cache(r, B, 2, 1, 4, 4), g=torch.zeros(B, T, 2), beta=torch.ones(B, T, 1))
+
+
+@pytest.mark.parametrize("name", ["softmax_attention", "fox", "deltaformer"])
+def test_in_place_appends_without_grad_are_safe_to_branch(name):
+    """Without autograd the cache grows in a buffer (amortized appends); decoding one state twice
+    (two branches) must not let one branch overwrite the other's entries."""
+    B, T, H, K, V = 2, 6, 2, 4, 3
+    r, q, k, v, g, beta, w = _case(name, B, T + 2, H, H, K, V)
+    sl = lambda x, a, b: None if x is None else x[:, a:b]
+    with torch.no_grad():
+        _, base = kv_extend(r, q[:, :T], k[:, :T], v[:, :T], scale=0.5,
+                            cache=empty_cache(r, B, H, H, K, V, dtype=q.dtype), g=sl(g, 0, T), beta=sl(beta, 0, T))
+        o1, c1 = kv_extend(r, q[:, T:T + 1], k[:, T:T + 1], v[:, T:T + 1], scale=0.5, cache=base,
+                           g=sl(g, T, T + 1), beta=sl(beta, T, T + 1))
+        # branch 2 from the same prefix, with the other token's inputs
+        o2, c2 = kv_extend(r, q[:, T + 1:], k[:, T + 1:], v[:, T + 1:], scale=0.5, cache=base,
+                           g=sl(g, T + 1, T + 2), beta=sl(beta, T + 1, T + 2))
+        o1b, _ = kv_extend(r, q[:, T + 1:], k[:, T + 1:], v[:, T + 1:], scale=0.5, cache=c1,
+                           g=sl(g, T + 1, T + 2), beta=sl(beta, T + 1, T + 2))
+    assert c1._buffer is base._buffer and c2._buffer is not base._buffer  # branch 2 copied
+    assert torch.equal(c1.k[:, T], k[:, T]) and torch.equal(c2.k[:, T], k[:, T + 1])
+    full = torch.cat([q[:, :T], q[:, T:T + 1]], 1)
+    o_ref, _ = _reference(r, full, k[:, :T + 1], v[:, :T + 1], sl(g, 0, T + 1), sl(beta, 0, T + 1), None, 0.5)
+    assert (o_ref[:, T:] - o1).abs().max().item() < EXACT_F64
+    idx = list(range(T)) + [T + 1]
+    o_ref2, _ = _reference(r, q[:, idx], k[:, idx], v[:, idx], g[:, idx] if g is not None else None,
+                           beta[:, idx], None, 0.5)
+    assert (o_ref2[:, T:] - o2).abs().max().item() < EXACT_F64
+    o_ref3, _ = _reference(r, q, k, v, g, beta, None, 0.5)
+    assert (o_ref3[:, T + 1:] - o1b).abs().max().item() < EXACT_F64

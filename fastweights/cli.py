@@ -48,6 +48,12 @@ def _bench_decode(args):
                                  plot=not args.no_plot))
 
 
+def _capacity(args):
+    from .lab.capacity import cli_main
+
+    return cli_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -95,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--out", default="runs/bench/decode")
     dc.add_argument("--no-plot", action="store_true")
     dc.set_defaults(fn=_bench_decode)
+    cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
+    cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")
+    cp.add_argument("--settings", nargs="+", default=None, help="random skewed update stream (default: all)")
+    cp.add_argument("--models", nargs="+", default=None, help="memory labels (default: all; see docs/capacity.md)")
+    cp.add_argument("--seed", type=int, default=0)
+    cp.add_argument("--trials", type=int, default=4, help="independent draws averaged (the batch dimension)")
+    cp.add_argument("--form", default="recurrent", choices=["recurrent", "parallel"],
+                    help="write with fastweights.recurrent, or with the parallel form where one exists")
+    cp.add_argument("--out", default="runs/capacity", help="directory for capacity.png")
+    cp.add_argument("--json", default=None, help="also write the records as a JSON list to this path")
+    cp.set_defaults(fn=_capacity)
     return p
 
 

@@ -162,8 +162,8 @@ class Probe:
         hidden = mem.expansion * K
         dims = [Kf] + [hidden] * (mem.depth - 1) + [V]
         stds = self.mlp_std or tuple(1.0 / math.sqrt(a) for a in dims[:-1])
-        weights = tuple(torch.randn(B, 1, a, b, generator=generator, dtype=dtype) * s
-                        for (a, b), s in zip(zip(dims[:-1], dims[1:]), stds))
+        weights = tuple((torch.randn(B, 1, a, b, generator=generator, dtype=torch.float64) * s).to(dtype)
+                        for (a, b), s in zip(zip(dims[:-1], dims[1:]), stds))  # the same draw in any dtype
         return MemoryState(weights=weights)
 
 

@@ -26,9 +26,10 @@ Settings (n = number of distinct pairs; the candidates are every value ever stor
             written once; the n − 1 others are scored (candidates: all n values).
     update  n pairs written, then every key written again (in a fresh random order) with a
             new value; every key is read and scored against its new value, the candidates
-            being all 2n values (reading back the stale value is a miss).
+            being all 2n values (reading back the stale value is a miss). (The first n pairs
+            are those of the `random` stream: the state after n writes is forked.)
     stream  8·d_k pairs written once; the last d_k/4 are scored (candidates: all 8·d_k
-            values). One n only.
+            values). One n only (the end of the same stream).
 
 Memories (`probes(d_k, d_v)`; `MODELS` lists them in order):
 
@@ -83,7 +84,8 @@ from ..state import MemoryState, MesaState
 Tensor = torch.Tensor
 
 __all__ = ["SETTINGS", "MODELS", "SKEW_REPEATS", "Probe", "probes", "sizes", "run_capacity", "read_state",
-           "write", "recall", "format_table", "plot_capacity", "RECORD_FIELDS"]
+           "write", "recall", "format_table", "plot_capacity", "legend", "cli_main", "gelu_square_mean",
+           "RECORD_FIELDS"]
 
 SETTINGS = ("random", "skewed", "update", "stream")
 MODELS = ("linear", "delta", "mesa", "linear_poly2", "delta_poly2", "linear_decay", "delta_decay", "omega",

@@ -90,7 +90,7 @@ def test_trains_on_a_tiny_copy_task(name):
     n = 6
     ids = copy_batch(16, n, torch.Generator().manual_seed(torch.seed()))
     losses = []
-    for _ in range(30):
+    for _ in range(40):
         logits = model(ids[:, :-1])
         loss = F.cross_entropy(logits[:, n:].reshape(-1, VOCAB), ids[:, n + 1:].reshape(-1))
         opt.zero_grad()

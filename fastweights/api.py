@@ -112,9 +112,10 @@ def _check_state_tensor(name, x, shape):
         raise InputError(f"{name} must be floating point, got {x.dtype}")
 
 
-def _memory_state(pr: _Prepared, initial_state) -> MemoryState:
+def _memory_state(pr: _Prepared, initial_state, rows: int | None = None) -> MemoryState:
+    """The initial MemoryState in the compute dtype; `rows` is its batch (B, or N sequences with varlen)."""
     r, s = pr.recipe, pr.shapes
-    B, H, Kf, V = s.B, s.H, s.Kf, s.V
+    B, H, Kf, V = (s.B if rows is None else rows), s.H, s.Kf, s.V
     if initial_state is None:
         if r.uses_autodiff:
             raise InputError(f"initial_state is required for {r.name}: the initial weights of an MLP or "
@@ -250,6 +251,49 @@ def _mesa_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=64,
     return o.to(pr.out_dtype), (MesaState(H=H, G=G) if output_final_state else None)
 
 
+def _num_sequences(pr: _Prepared, cu_seqlens) -> int | None:
+    """N for a valid cu_seqlens (int [N+1], 0 = cu[0] ≤ … ≤ cu[N] = T, B = 1); None without varlen."""
+    if cu_seqlens is None:
+        return None
+    from .chunkwise.varlen import check_cu_seqlens
+
+    return len(check_cu_seqlens(cu_seqlens, pr.shapes.B, pr.shapes.T)) - 1
+
+
+def _linear_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=64, cu_seqlens=None,
+                  backend="auto"):
+    """Gated-linear and delta classes: chunkwise.chunk_gated / chunkwise.chunk_delta.
+
+    A normalized memory (linear attention) carries its normalizer z as the readout of an extra
+    all-ones value column, exactly as the parallel form does.
+    """
+    from .chunkwise import chunk_delta, chunk_gated
+
+    rows = _num_sequences(pr, cu_seqlens)
+    st = _memory_state(pr, initial_state, rows=rows)
+    v, S0 = pr.v, st.weights[0]  # [B, T, n, H, V], [B or N, H, K', V]
+    normalize = pr.recipe.memory.normalize
+    if normalize:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, T, n, H, V + 1]
+        S0 = torch.cat([S0, st.normalizer[..., None]], dim=-1)  # [B or N, H, K', V + 1]
+    n = pr.shapes.n
+    k = pr.k if n > 1 else pr.k[:, :, 0]  # [B, T, n, H, K'] or [B, T, H, K']
+    v = v if n > 1 else v[:, :, 0]
+    beta = pr.beta if n > 1 else pr.beta[:, :, 0]
+    common = dict(scale=pr.scale, g=pr.g, beta=beta, initial_state=S0, output_final_state=True,
+                  chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    if recipe_class(pr.recipe) == "delta":
+        o, S = chunk_delta(pr.q, k, v, p=pr.p, decay_first=pr.recipe.retention.decay_first, **common)
+    else:
+        o, S = chunk_gated(pr.q, k, v, **common)
+    if normalize:
+        o = o[..., :-1] / (o[..., -1:] + 1e-6)
+        st = MemoryState(weights=(S[..., :-1],), normalizer=S[..., -1])
+    else:
+        st = MemoryState(weights=(S,))
+    return o.to(pr.out_dtype), _finish_state(pr.recipe, st, output_final_state)
+
+
 def _no_varlen(recipe, cu_seqlens):
     if cu_seqlens is not None:
         raise FormNotAvailable(f"cu_seqlens (varlen packing) is not implemented for {recipe.name}'s chunk form; "
@@ -258,6 +302,8 @@ def _no_varlen(recipe, cu_seqlens):
 
 #: (recipe class, form) -> implementation.
 DISPATCH = {
+    ("gated_linear", "chunk"): _linear_chunk,
+    ("delta", "chunk"): _linear_chunk,
     ("mesa", "chunk"): _mesa_chunk,
     ("memory", "chunk"): _minibatch_chunk,
     ("softmax", "recurrent"): _softmax("recurrent"),

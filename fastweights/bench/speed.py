@@ -16,6 +16,7 @@ Writes `speed.md` and `speed.json` under --out; a run that dies keeps every row 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -177,6 +178,9 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    have_fla = importlib.util.find_spec("fla") is not None
+    if peers and device.type == "cuda" and not have_fla:
+        log("note: flash-linear-attention (fla-core) is not importable here; its rows are skipped")
     for T in lengths:
         if peers and device.type == "cuda":
             record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, H, D, dt, device))
@@ -186,7 +190,7 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
                     continue
                 record("fastweights", model, form, T,
                        lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
-            if peers and device.type == "cuda" and model in FLA_OPS:
+            if peers and device.type == "cuda" and have_fla and model in FLA_OPS:
                 record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device))
     return rows
 

@@ -32,7 +32,7 @@ All of it is batched matmuls over every chunk at once except the last line, a sc
 [K, K]×[K, V] product per chunk. Every exponent is a difference of chunk-local cumsums that is
 ≤ 0 (R_i − G_j for j < i, G_i − G_j for j ≤ i, G_i, G_C − G_j); masks are applied with
 torch.where before and after the exp; diagonal decays use the sub-chunk reference-row scheme of
-`fastweights.chunk.gated.decayed_scores`.
+`fastweights.chunkwise.gated.decayed_scores`.
 
 DeltaProduct (k [B, T, n, H, K], v [B, T, n, H, V], beta [B, T, n, H]): token t is n
 micro-steps S ← S − β_{t,j} k_{t,j}(Sᵀk_{t,j} − v_{t,j})ᵀ after one decay D_t. It is run as the

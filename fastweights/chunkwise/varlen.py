@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..inputs import InputError
+
 Tensor = torch.Tensor
 
-__all__ = ["ChunkLayout", "make_layout", "scan_chunks"]
+__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens"]
 
 
 @dataclass(frozen=True)
@@ -79,20 +81,21 @@ class ChunkLayout:
         return y.index_select(1, self.scatter)  # [1, T, H, *D]
 
 
-def _check_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int]:
+def check_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int]:
+    """The boundaries of a valid cu_seqlens as ints (InputError naming what is wrong otherwise)."""
     if not isinstance(cu_seqlens, Tensor):
-        raise ValueError(f"cu_seqlens must be an int tensor [N+1], got {type(cu_seqlens).__name__}")
+        raise InputError(f"cu_seqlens must be an int tensor [N+1], got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D with N+1 ≥ 2 entries, got shape {list(cu_seqlens.shape)}")
+        raise InputError(f"cu_seqlens must be 1-D with N+1 ≥ 2 entries, got shape {list(cu_seqlens.shape)}")
     if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must have an integer dtype, got {cu_seqlens.dtype}")
+        raise InputError(f"cu_seqlens must have an integer dtype, got {cu_seqlens.dtype}")
     if B != 1:
-        raise ValueError(f"with cu_seqlens the sequences are packed along T and the batch must be 1, got B={B}")
+        raise InputError(f"with cu_seqlens the sequences are packed along T and the batch must be 1, got B={B}")
     cu = [int(x) for x in cu_seqlens.tolist()]
     if cu[0] != 0 or cu[-1] != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T={T}, got {cu[0]} … {cu[-1]}")
+        raise InputError(f"cu_seqlens must start at 0 and end at T={T}, got {cu[0]} … {cu[-1]}")
     if any(b < a for a, b in zip(cu[:-1], cu[1:])):
-        raise ValueError("cu_seqlens must be non-decreasing")
+        raise InputError("cu_seqlens must be non-decreasing")
     return cu
 
 
@@ -105,7 +108,7 @@ def make_layout(B: int, T: int, chunk_size: int, cu_seqlens: Tensor | None = Non
     if cu_seqlens is None:
         N = -(-T // C)
         return ChunkLayout(batch=B, length=T, chunk_size=C, num_chunks=N, ranges=((0, N),))
-    cu = _check_cu_seqlens(cu_seqlens, B, T)
+    cu = check_cu_seqlens(cu_seqlens, B, T)
     gather, scatter, ranges = [], [], []
     n = 0
     for start, end in zip(cu[:-1], cu[1:]):

@@ -110,7 +110,7 @@ def test_every_zoo_model_has_a_chunk_form_or_a_reason(name):
 def test_bad_cu_seqlens_are_named():
     x = fw.example_inputs("gated_deltanet", batch_size=1, seq_len=10)
     for cu, msg in [(torch.tensor([0, 4, 9]), "end at T=10"), (torch.tensor([0.0, 10.0]), "integer"),
-                    (torch.tensor([0, 6, 4, 10]), "never decrease")]:
+                    (torch.tensor([0, 6, 4, 10]), "non-decreasing")]:
         with pytest.raises(fw.InputError, match=msg):
             fw.chunk("gated_deltanet", cu_seqlens=cu, **x)
     x2 = fw.example_inputs("gated_deltanet", batch_size=2, seq_len=10)

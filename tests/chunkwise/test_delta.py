@@ -1,4 +1,4 @@
-"""fastweights.chunk.chunk_delta (delta class, WY/UT transform) against the exact per-token recurrence.
+"""fastweights.chunkwise.chunk_delta (delta class, WY/UT transform) against the exact per-token recurrence.
 
 The reference is `fastweights.recurrent` on the matching recipe: DeltaNet (no decay), Gated
 DeltaNet (scalar), KDA (diagonal), Comba (error read at the undecayed state, probe key p), and
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
-from fastweights.chunk import chunk_delta
+from fastweights.chunkwise import chunk_delta
 
 CHUNKS = [16, 32, 64]
 F64_TOL = 1e-9  # chunk vs recurrence, float64, absolute

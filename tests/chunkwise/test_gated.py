@@ -1,4 +1,4 @@
-"""fastweights.chunk.chunk_gated (gated-linear class) against the exact per-token recurrence.
+"""fastweights.chunkwise.chunk_gated (gated-linear class) against the exact per-token recurrence.
 
 The reference is `fastweights.recurrent` on a plain linear memory with the dot objective
 (S_t = Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ). Inputs are fresh random each run; the seed is
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
-from fastweights.chunk import chunk_gated
+from fastweights.chunkwise import chunk_gated
 
 GATES = ["none", "scalar", "diagonal"]
 CHUNKS = [16, 32, 64]
@@ -257,11 +257,3 @@ def test_bad_shapes_are_named():
                     cu_seqlens=torch.tensor([0, 8]))
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_gated(q, q, v, scale=1.0, chunk_size=0)
-
-
-def test_package_function_chunk_survives_the_subpackage():
-    import fastweights.chunk  # noqa: F401  (binds the attribute fastweights.chunk to the subpackage)
-
-    x = fw.example_inputs("mesanet", seq_len=5)
-    o, _ = fw.chunk("mesanet", **x)
-    assert o.shape == x["v"].shape

@@ -1,0 +1,92 @@
+"""Distributed helpers for the training harness (`fastweights.lab.train`).
+
+Under `torchrun` (the environment holds RANK and WORLD_SIZE) :func:`init_distributed` starts the
+default process group: "nccl" when the processes use CUDA, "gloo" on CPU. Two ways of using the
+ranks (chosen by the caller, see `run_sweep(mode=...)`):
+
+* "ddp":    every rank runs every cell; one model is wrapped in DistributedDataParallel, each rank
+            trains on its shard of every batch (the global batch stays `TrainConfig.batch_size`),
+            the evaluation is sharded and summed. Rank 0 alone writes checkpoints and results.
+* "spread": cell i of a sweep runs on rank i % world_size, each rank training its own models
+            alone; every rank appends its own records to the shared JSONL under an exclusive
+            file lock (`fcntl.flock`), so lines never interleave.
+
+Nothing here changes what a single process computes: without RANK/WORLD_SIZE every helper is a
+no-op (rank 0 of a world of 1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistInfo", "dist_info", "init_distributed", "is_distributed", "barrier", "all_reduce_sum",
+           "destroy_distributed"]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """rank, world_size and local_rank of this process (0, 1, 0 outside torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_info() -> DistInfo:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    return DistInfo()
+
+
+def is_distributed() -> bool:
+    """True when a default process group is running."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def dist_info() -> DistInfo:
+    """The rank/world of the running process group, else of the environment (else 0/1)."""
+    if is_distributed():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), _env_info().local_rank)
+    return DistInfo()
+
+
+def init_distributed(device: str = "cpu") -> DistInfo:
+    """Start the default process group when launched by torchrun (RANK/WORLD_SIZE set) and not
+    started yet: backend "nccl" for a CUDA `device` (each rank on cuda:LOCAL_RANK), else "gloo".
+    Returns this process's DistInfo; a no-op (0/1) outside torchrun."""
+    env = _env_info()
+    if env.world_size <= 1 and not is_distributed():
+        return DistInfo()
+    if not is_distributed():
+        cuda = str(device).startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(env.local_rank)
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist_info()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], device="cpu") -> list[float]:
+    """Sum a few floats over the ranks (identity outside a process group)."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def destroy_distributed() -> None:
+    if is_distributed():
+        dist.destroy_process_group()

@@ -76,7 +76,7 @@ def _fail(msg: str):
     raise InputError(msg)
 
 
-def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True):
+def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True):
     if not isinstance(x, Tensor):
         _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if tuple(x.shape) != tuple(shape):
@@ -85,7 +85,7 @@ def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=Non
         _fail(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {x.dtype}")
     if not x.is_floating_point():
         _fail(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if x.numel() == 0:
+    if x.numel() == 0 or not values:
         return
     if finite and not bool(torch.isfinite(x).all()):
         _fail(f"{name} contains non-finite values (nan or inf)")
@@ -95,8 +95,13 @@ def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=Non
         _fail(f"{name} must be ≤ {high}, got a maximum of {x.max().item():.4g}")
 
 
-def validate(recipe: Recipe, q, k, v, inputs: dict) -> Shapes:
-    """Check q, k, v and the named inputs against the recipe; return the shapes."""
+def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True) -> Shapes:
+    """Check q, k, v and the named inputs against the recipe; return the shapes.
+
+    check_values=False (and tracing under torch.compile) skips the checks that read tensor values
+    (finite, g ≤ 0, β range, λ > 0): each one synchronizes a GPU. Shapes, dtypes and devices are
+    always checked."""
+    values = check_values and not torch.compiler.is_compiling()
     n = recipe.optimizer.householder_steps
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, Tensor):
@@ -125,7 +130,7 @@ def validate(recipe: Recipe, q, k, v, inputs: dict) -> Shapes:
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.numel() and not bool(torch.isfinite(x).all()):
+        if values and x.numel() and not bool(torch.isfinite(x).all()):
             _fail(f"{name} contains non-finite values (nan or inf)")
     if recipe.memory.residual_ln and K != V and recipe.feature_map.kind in ("identity", "elu1", "relu"):
         _fail(f"memory.residual_ln needs K == V (x + LN(f(x))), got K={K}, V={V}")
@@ -142,23 +147,23 @@ def validate(recipe: Recipe, q, k, v, inputs: dict) -> Shapes:
     ret = recipe.retention
     if inputs.get("g") is not None:
         gshape = (B, T, H, Kf) if ret.kind == "diagonal" else (B, T, H)
-        _check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0)
+        _check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0, values=values)
     if inputs.get("beta") is not None:
         bshape = (B, T, n, H) if n > 1 else (B, T, H)
         two = (recipe.objective.kind == "l2" and recipe.memory.is_plain_linear) or ret.kind == "householder"
-        _check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None)
+        _check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None, values=values)
     if inputs.get("p") is not None:
-        _check_tensor("p", inputs["p"], (B, T, H, K), dtypes=(q.dtype,))
+        _check_tensor("p", inputs["p"], (B, T, H, K), dtypes=(q.dtype,), values=values)
     if inputs.get("nu") is not None:
-        _check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0)
+        _check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0, values=values)
     if inputs.get("gamma") is not None:
-        _check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0)
+        _check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0, values=values)
     if inputs.get("lamb") is not None:
-        _check_tensor("lamb", inputs["lamb"], (H, Kf))
-        if bool((inputs["lamb"] <= 0).any()):
+        _check_tensor("lamb", inputs["lamb"], (H, Kf), values=values)
+        if values and bool((inputs["lamb"] <= 0).any()):
             _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
     if inputs.get("w") is not None:
-        _check_tensor("w", inputs["w"], (B, T, H, K))
+        _check_tensor("w", inputs["w"], (B, T, H, K), values=values)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf)
 
 

@@ -24,10 +24,12 @@ it; no mask is ever multiplied into a possibly-infinite value. A diagonal gate
 cannot use one matrix product for Σ_d q_id k_jd e^{G_id − G_jd}; it is split into sub-chunks
 of c ≤ 16 rows (`decayed_scores`): for the keys before the query block, both factors are
 rescaled to the query block's first row ρ, (q_i ⊙ e^{G_i − ρ})·(k_j ⊙ e^{ρ − G_j}), two
-exponents ≤ 0, one matmul; the c×c diagonal blocks are computed column by column,
-elementwise over K, on the causal rows only (exponent G_i − G_j ≤ 0, no mask needed). Every
-exponent is ≤ 0; an underflow to 0 can only happen where the true product is itself below
-the underflow threshold.
+exponents ≤ 0, one matmul. The c×c diagonal block joins that matmul when the decay a block
+accumulates stays ≤ 80 per channel (the key factor's exponent is then ≤ 80: finite, and the
+query factor's ≥ −80: a normal number), which one reduction over the gates checks; otherwise
+the diagonal blocks are computed column by column, elementwise over K, on the causal rows only
+(exponent G_i − G_j ≤ 0). Both paths are exact; an underflow to 0 can only happen where the
+true product is itself below the underflow threshold.
 
 Precision: every input is cast to fp32 (float64 stays float64) before any arithmetic; the
 state is carried in that precision; o is returned in v's dtype. The exponent G_i − G_j is a
@@ -101,6 +103,10 @@ def scalar_or_diag(G: Tensor, kind: str) -> Tensor:
     return G.unsqueeze(-1) if kind == "scalar" else G
 
 
+MAX_BLOCK_EXPONENT = 80.0
+"""Largest decay (in log units, per channel) a diagonal sub-chunk may accumulate for the one-matmul path."""
+
+
 def sub_chunk_size(C: int) -> int:
     """Rows per sub-chunk for diagonal decays: the largest divisor of C that is ≤ 16."""
     return max(d for d in range(1, min(C, 16) + 1) if C % d == 0)
@@ -124,33 +130,45 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
         diff = gx[..., :, None] - gy[..., None, :]  # [B, H, N, C, C]
         decay = torch.where(mask, diff, 0.0).exp()
         return torch.where(mask, (x @ y.transpose(-1, -2)) * decay, 0.0)
-    # diagonal decay: sub-chunks of c rows; only causal entries are ever computed, so no mask is needed
+    # diagonal decay: sub-chunks of c rows. Query block s = rows [lo, hi) is rescaled to its first
+    # row ρ = gx_lo: P_ij = (x_i ⊙ e^{gx_i − ρ})·(y_j ⊙ e^{ρ − gy_j}). The query factor's exponent
+    # is ≤ 0; the key factor's is ≤ 0 for j < lo and at most ρ − gy_{hi−1} (the decay accumulated
+    # across the block) inside it. When that never exceeds MAX_BLOCK_EXPONENT (e^80 ≈ 5.5e34, far
+    # from fp32's 3.4e38 and its e^−80 counterpart far above the smallest normal 1.2e−38) one
+    # matmul per block is exact; otherwise the diagonal blocks fall back to column-by-column sums
+    # whose exponents gx_i − gy_j are all ≤ 0, whatever g is.
     B, H, N, _, K = x.shape
     c = sub_chunk_size(C)
-    first = 1 if strict else 0  # first row i ≥ j + first of column j inside a diagonal block
+    S = C // c
+    gx_first = gx[..., ::c, :]  # ρ of every block  [B, H, N, S, K]
+    gy_last = gy[..., c - 1::c, :]  # [B, H, N, S, K]
+    fast = bool(((gx_first - gy_last).amax() <= MAX_BLOCK_EXPONENT).item()) if x.numel() else True
     rows = []
-    for s in range(C // c):
+    for s in range(S):
         lo, hi = s * c, (s + 1) * c
         xs, gxs = x[..., lo:hi, :], gx[..., lo:hi, :]  # query block s  [B, H, N, c, K]
+        rho = gxs[..., :1, :]  # [B, H, N, 1, K]
+        x_ref = xs * (gxs - rho).exp()  # exponent ≤ 0  [B, H, N, c, K]
+        upto = hi if fast else lo  # key rows taken by the matmul
         blocks = []
-        if s > 0:  # key rows j < lo: rescale both sides to the reference ρ = gx at the block's first row
-            rho = gxs[..., :1, :]  # [B, H, N, 1, K]
-            x_ref = xs * (gxs - rho).exp()  # exponent ≤ 0  [B, H, N, c, K]
-            y_ref = y[..., :lo, :] * (rho - gy[..., :lo, :]).exp()  # exponent ≤ 0  [B, H, N, lo, K]
-            blocks.append(x_ref @ y_ref.transpose(-1, -2))  # [B, H, N, c, lo]
-        # the diagonal c×c block, column by column, elementwise over K with exponents gx_i − gy_j ≤ 0
-        ys, gys = y[..., lo:hi, :], gy[..., lo:hi, :]  # [B, H, N, c, K]
-        cols = []
-        for j in range(c):
-            i0 = j + first
-            decay = (gxs[..., i0:, :] - gys[..., j:j + 1, :]).exp()  # [B, H, N, c − i0, K]
-            col = (xs[..., i0:, :] * decay * ys[..., j:j + 1, :]).sum(-1)  # [B, H, N, c − i0]
-            cols.append(torch.nn.functional.pad(col, (i0, 0)))  # zeros above the diagonal  [B, H, N, c]
-        blocks.append(torch.stack(cols, dim=-1))  # [B, H, N, c, c]
+        if upto > 0:
+            y_ref = y[..., :upto, :] * (rho - gy[..., :upto, :]).exp()  # [B, H, N, upto, K]
+            blocks.append(x_ref @ y_ref.transpose(-1, -2))  # [B, H, N, c, upto]
+        if not fast:  # the c×c diagonal block, column by column, exponents gx_i − gy_j ≤ 0
+            first = 1 if strict else 0  # first row i ≥ j + first of column j
+            ys, gys = y[..., lo:hi, :], gy[..., lo:hi, :]  # [B, H, N, c, K]
+            cols = []
+            for j in range(c):
+                i0 = j + first
+                decay = (gxs[..., i0:, :] - gys[..., j:j + 1, :]).exp()  # [B, H, N, c − i0, K]
+                col = (xs[..., i0:, :] * decay * ys[..., j:j + 1, :]).sum(-1)  # [B, H, N, c − i0]
+                cols.append(torch.nn.functional.pad(col, (i0, 0)))  # zeros above the diagonal  [B, H, N, c]
+            blocks.append(torch.stack(cols, dim=-1))  # [B, H, N, c, c]
         if hi < C:
             blocks.append(x.new_zeros(B, H, N, c, C - hi))  # [B, H, N, c, C − hi]
         rows.append(torch.cat(blocks, dim=-1))  # [B, H, N, c, C]
-    return torch.cat(rows, dim=-2)  # [B, H, N, C, C]
+    P = torch.cat(rows, dim=-2)  # [B, H, N, C, C]
+    return torch.where(mask, P, 0.0) if fast else P
 
 
 # ---------------------------------------------------------------------------- the gated-linear class

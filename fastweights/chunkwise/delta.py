@@ -22,7 +22,8 @@ which is the unit-lower-triangular system (the UT transform)
 
     (I + strict_tril(diag(β) A)) [U', W] = [diag(β) V, diag(β)(R ⊙ e^{R})],   U = U' − W S_n,
 
-solved once per chunk with torch.linalg.solve_triangular (fp32). Then, with
+solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ by one triangular solve against the
+identity (`unit_lower_inverse`, whose backward is two matmuls), then [U', W] = T·rhs (fp32). Then, with
 Aqk_ij = Σ_d scale·q_id k_jd e^{G_id − G_jd} (j ≤ i) and K̃_j = k_j ⊙ e^{G_C − G_j},
 
     O_n     = (scale·Q ⊙ e^{G} − Aqk W) S_n + Aqk U'
@@ -56,7 +57,31 @@ from .varlen import make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["chunk_delta"]
+__all__ = ["chunk_delta", "unit_lower_inverse"]
+
+
+class _UnitLowerInverse(torch.autograd.Function):
+    """T = (I + L)⁻¹ for L [..., C, C] strictly lower triangular (its diagonal and upper part are
+    ignored). Forward: one triangular solve against the identity (C right-hand sides, fewer than
+    the V + K of the system itself); backward: dL = strict_tril(−Tᵀ dT Tᵀ), two matmuls."""
+
+    @staticmethod
+    def forward(ctx, L):
+        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand(L.shape)  # [..., C, C]
+        T = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)  # [..., C, C]
+        ctx.save_for_backward(T)
+        return T
+
+    @staticmethod
+    def backward(ctx, dT):
+        (T,) = ctx.saved_tensors
+        Tt = T.transpose(-1, -2)
+        return -torch.tril(Tt @ dT @ Tt, diagonal=-1)
+
+
+def unit_lower_inverse(L: Tensor) -> Tensor:
+    """(I + strict_tril(L))⁻¹ [..., C, C], differentiable in L (see `_UnitLowerInverse`)."""
+    return _UnitLowerInverse.apply(L)
 
 
 def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tensor | None = None,
@@ -138,7 +163,7 @@ def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tens
     # the UT transform: (I + strict_tril(diag(β) A)) [U', W] = diag(β) [V, R ⊙ e^R]
     L = decayed_scores(rc, kc, Gx, G, strict=True) * bc.unsqueeze(-1)  # [B, H, N, C, C]
     rhs = torch.cat([vc, r_dec], dim=-1) * bc.unsqueeze(-1)  # [B, H, N, C, V + K]
-    X = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)  # [B, H, N, C, V + K]
+    X = unit_lower_inverse(L) @ rhs  # [B, H, N, C, V + K]
     U1, W = X[..., :V], X[..., V:]  # [B, H, N, C, V], [B, H, N, C, K]
 
     Aqk = decayed_scores(qc, kc, G, G, strict=False)  # [B, H, N, C, C]

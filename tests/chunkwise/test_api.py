@@ -119,3 +119,15 @@ def test_bad_cu_seqlens_are_named():
     with pytest.raises(fw.InputError, match=r"initial_state must have shape \[2, "):
         fw.chunk("gated_deltanet", cu_seqlens=torch.tensor([0, 3, 10]),
                  initial_state=torch.zeros(1, 2, 8, 8), **x)
+
+
+def test_compile_backend_matches_eager():
+    inputs, state = make_case("gated_deltanet", T=20)
+    inputs = {k: x.detach() for k, x in inputs.items()}
+    o1, s1 = fw.chunk("gated_deltanet", initial_state=state.detach(), output_final_state=True, chunk_size=8,
+                      **inputs)
+    o2, s2 = fw.chunk("gated_deltanet", initial_state=state.detach(), output_final_state=True, chunk_size=8,
+                      backend="compile", **inputs)
+    assert (o1 - o2).abs().max().item() < CHUNK_F64 and (s1 - s2).abs().max().item() < CHUNK_F64
+    with pytest.raises(fw.InputError, match="backend='compile' serves"):
+        fw.chunk("mesanet", backend="compile", **fw.example_inputs("mesanet", seq_len=4))

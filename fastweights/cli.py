@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     sp = bsub.add_parser("speed", help="forms × models × T, forward and forward+backward, with peers on CUDA")
     sp.add_argument("--models", nargs="+", default=["gated_deltanet", "deltanet", "gla", "kda", "retnet"])
-    sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"])
+    sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"],
+                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core)")
     sp.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
     sp.add_argument("--batch", type=int, default=1)
     sp.add_argument("--heads", type=int, default=4)

@@ -169,10 +169,8 @@ def main():
         run_speed(models=["gated_deltanet", "deltanet", "gla", "kda", "retnet", "mamba2", "linear_attention",
                           "comba", "deltaproduct"], forms=["chunk"], out_dir=os.path.join(args.out, "speed"),
                   peers=True, **shape)
-        for C in (32, 128):  # chunk-size variants of the two workhorses
-            run_speed(models=["gated_deltanet", "gla"], forms=["chunk"],
-                      out_dir=os.path.join(args.out, f"speed_C{C}"), peers=False,
-                      **{**shape, "chunk_size": C})
+        run_speed(models=["gated_deltanet", "gla", "kda"], forms=["chunk_compile"],
+                  out_dir=os.path.join(args.out, "speed_compile"), peers=False, **shape)
         from fastweights.bench.decode import DecodeBenchConfig, run_decode
         run_decode(DecodeBenchConfig(contexts=(1024, 4096, 16384, 65536), d_model=1024, n_layers=4, num_heads=8,
                                      head_dim=128, vocab_size=4096, new_tokens=32, repeats=3, device="cuda",

@@ -1,5 +1,8 @@
 """`fastweights bench speed`: forms × models × T, forward and forward+backward, side by side.
 
+Forms: recurrent, parallel, chunk (eager PyTorch) and chunk_compile (the chunk core through
+torch.compile; the compile happens in the warm-up calls and is not timed).
+
 Every row is timed in the same process and run, with fresh random inputs, as the median of
 repeated calls (CUDA: device events after a warm-up; CPU: a host clock). On CUDA the peers are
 timed in the same run: torch SDPA causal attention, and flash-linear-attention (`fla`, the PyPI
@@ -102,8 +105,10 @@ def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size):
     inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
                          device=device, requires_grad=True)
     state = inp.pop("initial_state", None)
-    fn = getattr(api, form)
-    kw = {"chunk_size": chunk_size} if form == "chunk" else {}
+    fn = getattr(api, "chunk" if form == "chunk_compile" else form)
+    kw = {"chunk_size": chunk_size} if form.startswith("chunk") else {}
+    if form == "chunk_compile":
+        kw["backend"] = "compile"
 
     def run():
         return fn(model, initial_state=state, **inp, **kw)[0]
@@ -186,7 +191,7 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
             record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, H, D, dt, device))
         for model in models:
             for form in forms:
-                if form not in api.forms(model):
+                if form.removesuffix("_compile") not in api.forms(model):
                     continue
                 record("fastweights", model, form, T,
                        lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))

@@ -5,6 +5,8 @@ polynomial (degree p ≤ 3): φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i.
 taylor     (degree p ≤ 3): φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i / i!  (Taylor expansion of exp(x·y)).
 The degree-2 block keeps only the K(K+1)/2 unique monomials x_a x_b (a ≤ b), weighted √2 off
 the diagonal, so the feature dimension is C(K + 2, 2) for p = 2 (ATLAS' [x^β]_{|β|≤p}).
+homogeneous=True keeps only the degree-p block: φ(x)·φ(y) = (x·y)^p (K(K+1)/2 features for
+p = 2), without the constant and lower-order terms that every key shares.
 """
 
 from __future__ import annotations
@@ -52,4 +54,6 @@ def apply_feature_map(fm: FeatureMap, x: torch.Tensor) -> torch.Tensor:
     if fm.degree >= 3:
         blocks.append(_third_order(x))
         weights.append(1.0 if kind == "polynomial" else 1.0 / math.sqrt(6.0))
+    if fm.homogeneous:  # only the top-degree block: φ(x)·φ(y) = (x·y)^p (times 1/p! for taylor)
+        blocks, weights = blocks[-1:], weights[-1:]
     return torch.cat([b * w for b, w in zip(blocks, weights)], dim=-1)

@@ -117,15 +117,21 @@ class FeatureMap:
     identity; elu1 (elu(x)+1, Katharopoulos); relu; polynomial of degree p with
     φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i; taylor of degree p with φ(x)·φ(y) = Σ_{i=0..p} (x·y)^i / i!
     (the Taylor expansion of exp(x·y)); exp: the softmax kernel (kv memory only, never expanded).
-    The polynomial maps grow the key dimension K to `out_dim(K)` = C(K + p, p) for p ≤ 2.
+    The polynomial maps grow the key dimension K to `out_dim(K)` = C(K + p, p) for p ≤ 2;
+    homogeneous=True keeps only the degree-p term, φ(x)·φ(y) = (x·y)^p (K(K+1)/2 for p = 2).
     """
 
     kind: FeatureKind = "identity"
     degree: int = 2
+    homogeneous: bool = False
 
     def __post_init__(self):
         _choice(self.kind, {"identity", "elu1", "relu", "polynomial", "taylor", "exp"}, "feature_map.kind")
         _positive_int(self.degree, "feature_map.degree")
+        if not isinstance(self.homogeneous, bool):
+            raise RecipeError(f"feature_map.homogeneous must be a bool, got {self.homogeneous!r}")
+        if self.homogeneous and self.kind not in ("polynomial", "taylor"):
+            raise RecipeError(f"feature_map.homogeneous applies to polynomial and taylor maps, not {self.kind!r}")
         if self.kind in ("polynomial", "taylor") and self.degree > 3:
             raise RecipeError(f"feature_map.degree={self.degree}: degrees above 3 are not supported "
                               "(the key dimension grows as K^p)")
@@ -134,6 +140,8 @@ class FeatureMap:
         """Feature dimension for an input of dimension k."""
         if self.kind not in ("polynomial", "taylor"):
             return k
+        if self.homogeneous:
+            return {1: k, 2: k * (k + 1) // 2, 3: k ** 3}[self.degree]
         dims = 1 + k
         if self.degree >= 2:
             dims += k * (k + 1) // 2
@@ -143,7 +151,7 @@ class FeatureMap:
 
     def describe(self) -> str:
         if self.kind in ("polynomial", "taylor"):
-            return f"{self.kind} p={self.degree}"
+            return f"{self.kind} p={self.degree}" + (" homogeneous" if self.homogeneous else "")
         return {"identity": "—", "elu1": "elu+1", "relu": "relu", "exp": "exp (softmax)"}[self.kind]
 
 

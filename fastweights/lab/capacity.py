@@ -39,6 +39,8 @@ Memories (`probes(d_k, d_v)`; `MODELS` lists them in order):
     linear_poly2, delta_poly2   as linear / delta on φ = polynomial degree 2,
                   φ(x)·φ(y) = 1 + x·y + (x·y)², K' = C(d_k + 2, 2); delta steps β = 1/‖φ(k)‖²
                   (= 1/3 for unit keys: the exact overwrite; β = 1 would diverge)
+    linear_poly2h, delta_poly2h as linear_poly2 / delta_poly2 on the homogeneous map,
+                  φ(x)·φ(y) = (x·y)², K' = d_k(d_k + 1)/2 (no constant term shared by every key)
     linear_decay, delta_decay   as linear / delta with constant retention γ = 0.97 (S ← γS first)
     omega         Omega rule, window c = 4, linear memory, one GD step per token on the window's
                   loss, β = 1/c (each pair is in c windows; c·β ≤ 2 keeps the step stable even
@@ -88,8 +90,8 @@ __all__ = ["SETTINGS", "MODELS", "SKEW_REPEATS", "Probe", "probes", "sizes", "ru
            "RECORD_FIELDS"]
 
 SETTINGS = ("random", "skewed", "update", "stream")
-MODELS = ("linear", "delta", "mesa", "linear_poly2", "delta_poly2", "linear_decay", "delta_decay", "omega",
-          "muon", "mlp")
+MODELS = ("linear", "delta", "mesa", "linear_poly2", "delta_poly2", "linear_poly2h", "delta_poly2h",
+          "linear_decay", "delta_decay", "omega", "muon", "mlp")
 RECORD_FIELDS = ("setting", "model", "d_k", "n_pairs", "accuracy")
 SKEW_REPEATS = 30
 DECAY = 0.97
@@ -171,6 +173,7 @@ class Probe:
 
 _LIN = Memory(kind="linear")
 _POLY2 = FeatureMap(kind="polynomial", degree=2)
+_POLY2H = FeatureMap(kind="polynomial", degree=2, homogeneous=True)
 _DOT = Objective(kind="dot")
 _L2 = Objective(kind="l2")
 _GD = Optimizer(kind="gd")
@@ -201,6 +204,11 @@ def probes(d_k: int = 64, d_v: int | None = None) -> dict[str, Probe]:
         Probe("delta_poly2", r("delta_poly2", memory=_LIN, feature_map=_POLY2, objective=_L2, optimizer=_GD,
                                retention=_NONE),
               beta_over_norm=True, note="delta rule on φ polynomial p = 2, β = 1/‖φ(k)‖²"),
+        Probe("linear_poly2h", r("linear_poly2h", memory=_LIN, feature_map=_POLY2H, objective=_DOT, optimizer=_GD,
+                                 retention=_NONE), note="S += φ(k) vᵀ, φ homogeneous p = 2: φ(x)·φ(y) = (x·y)²"),
+        Probe("delta_poly2h", r("delta_poly2h", memory=_LIN, feature_map=_POLY2H, objective=_L2, optimizer=_GD,
+                                retention=_NONE),
+              beta_over_norm=True, note="delta rule on φ homogeneous p = 2, β = 1/‖φ(k)‖²"),
         Probe("linear_decay", r("linear_decay", memory=_LIN, objective=_DOT, optimizer=_GD, retention=_DECAY),
               note=f"S = γS + k vᵀ, γ = {DECAY}"),
         Probe("delta_decay", r("delta_decay", memory=_LIN, objective=_L2, optimizer=_GD, retention=_DECAY),

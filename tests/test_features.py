@@ -1,0 +1,31 @@
+"""Feature maps: each kernel identity φ(x)·φ(y) the docs state, and the declared dimensions."""
+
+import math
+
+import pytest
+import torch
+
+from fastweights import FeatureMap, RecipeError
+from fastweights.features import apply_feature_map
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["polynomial", "taylor"])
+@pytest.mark.parametrize("homogeneous", [False, True])
+def test_kernel_identities_and_dimensions(kind, degree, homogeneous):
+    K = 5
+    x, y = torch.randn(2, 7, K, dtype=torch.float64)
+    fm = FeatureMap(kind=kind, degree=degree, homogeneous=homogeneous)
+    fx, fy = apply_feature_map(fm, x), apply_feature_map(fm, y)
+    assert fx.shape[-1] == fm.out_dim(K)
+    d = (x * y).sum(-1)
+    coef = (lambda i: 1.0) if kind == "polynomial" else (lambda i: 1.0 / math.factorial(i))
+    powers = [degree] if homogeneous else range(degree + 1)
+    expected = sum(coef(i) * d ** i for i in powers)
+    assert torch.allclose((fx * fy).sum(-1), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_homogeneous_only_for_polynomial_maps():
+    with pytest.raises(RecipeError, match="homogeneous"):
+        FeatureMap(kind="elu1", homogeneous=True)
+    assert FeatureMap(kind="polynomial", degree=2, homogeneous=True).out_dim(64) == 64 * 65 // 2

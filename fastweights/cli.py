@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write with fastweights.recurrent, or with the parallel form where one exists")
     cp.add_argument("--out", default="runs/capacity", help="directory for capacity.png")
     cp.add_argument("--json", default=None, help="also write the records as a JSON list to this path")
+    cp.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: the probe's ops are tiny; 0 keeps torch's default)")
     cp.set_defaults(fn=_capacity)
     return p
 

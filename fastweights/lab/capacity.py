@@ -544,6 +544,9 @@ def cli_main(args) -> int:
 
     settings = args.settings or list(SETTINGS)
     models = args.models or list(MODELS)
+    threads = getattr(args, "threads", 1)
+    if threads:  # the probe is thousands of tiny ops: one thread beats a pool that shares its cores
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
         records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,

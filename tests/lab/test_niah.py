@@ -35,7 +35,7 @@ def _oracle(task, length, n, seed=42):
 @pytest.mark.parametrize("task", ["niah_single_1", "niah_single_3"])
 def test_right_answer_scores_100_and_wrong_0(task):
     good = lab.evaluate_cell(_oracle(task, 600, 3), task, 600, 3, batch_size=2)
-    assert good["score"] == 100.0 and good["hits"] == 3 and good["n"] == 3
+    assert good["score"] == 100.0 and good["hits"] == 3 and good["n"] == 3 and good["char_acc"] == 100.0
     assert all(s["prediction"].strip() == s["answer"] for s in good["samples"])
 
     tok = ByteTokenizer()
@@ -44,7 +44,7 @@ def test_right_answer_scores_100_and_wrong_0(task):
         return torch.cat([ids, torch.tensor([tok.encode(" 0000000000" * 5)[:n_new]] * ids.shape[0])], 1)
 
     bad = lab.evaluate_cell(wrong, task, 600, 3, batch_size=3)
-    assert bad["score"] == 0.0 and bad["hits"] == 0
+    assert bad["score"] == 0.0 and bad["hits"] == 0 and bad["char_acc"] < 100.0
 
 
 def test_case_insensitive_and_partial_scores():
@@ -63,6 +63,7 @@ def test_case_insensitive_and_partial_scores():
 
     cell = lab.evaluate_cell(upper_first_only, task, 600, 2, batch_size=2)
     assert cell["score"] == 50.0  # the upper-cased uuid matches (case-insensitive), the other does not
+    assert cell["char_acc"] == pytest.approx(50.0 + 50.0 * exs[1]["answer"].count("x") / len(exs[1]["answer"]))
 
 
 def test_greedy_generate_matches_uncached_generate():

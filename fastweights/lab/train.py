@@ -40,6 +40,7 @@ plain log lines otherwise; "tqdm", "plain" or "none" force one.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import json
 import math
@@ -57,7 +58,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .distributed import all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+from .distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+
+# run_sweep(mode="spread") sets this: the cells of a spread sweep train alone on their rank, so
+# train_cell(ddp=None) must not wrap them in DDP although a process group is running
+_SPREAD = contextvars.ContextVar("fastweights_spread_sweep", default=False)
 
 __all__ = ["TrainConfig", "TrainError", "accuracy", "train_cell", "ResultStore", "run_sweep", "cell_key",
            "best_over", "Progress", "make_progress", "param_groups", "IGNORE_INDEX"]
@@ -200,7 +205,8 @@ class _Supervised(nn.Module):
 
 def param_groups(model: nn.Module, weight_decay: float, decay_filter: str = "matrices") -> list[dict]:
     """AdamW groups: with "matrices", weight decay on ≥2-D parameters that are not embeddings;
-    norms, biases, 1-D gate vectors and embeddings (the tied head included) get none. "all": one
+    norms, biases, 1-D gate vectors, embeddings (the tied head included) and parameters marked
+    `_no_weight_decay` (Mamba's A_log, dt_bias) get none. "all": one
     group, every parameter decayed (Zoology)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if decay_filter == "all":
@@ -208,7 +214,8 @@ def param_groups(model: nn.Module, weight_decay: float, decay_filter: str = "mat
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     decay, no_decay = [], []
     for p in params:
-        (decay if p.dim() >= 2 and id(p) not in emb else no_decay).append(p)
+        skip = p.dim() < 2 or id(p) in emb or getattr(p, "_no_weight_decay", False)
+        (no_decay if skip else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
@@ -244,13 +251,14 @@ def _resolve_device(cfg: TrainConfig) -> torch.device:
 
 @torch.no_grad()
 def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch_size: int = 256, *,
-             reduction: str = "positions", device=None, dtype: str = "float32") -> float:
+             reduction: str = "positions", device=None, dtype: str = "float32", distributed: bool = False) -> float:
     """Argmax accuracy over the positions whose label is not −100, as a float.
 
     reduction "positions": pooled over all supervised positions; "examples": the mean over
     examples of the per-example accuracy (Zoology; examples without a supervised position are
-    left out). Under a process group, each rank scores its shard of the examples and the sums are
-    all-reduced (every rank gets the same number)."""
+    left out). distributed=True (every rank of the process group calls it, as in DDP training):
+    each rank scores its shard of the examples and the sums are all-reduced (every rank gets the
+    same number)."""
     if reduction not in ("positions", "examples"):
         raise TrainError(f"reduction must be 'positions' or 'examples', got {reduction!r}")
     inputs, labels = _check_pair((inputs, labels), "accuracy data")
@@ -260,7 +268,7 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch
         p = next(net.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")
     device = torch.device(device)
-    info = dist_info()
+    info = dist_info() if distributed else DistInfo()
     idx = torch.arange(inputs.shape[0])[info.rank::info.world_size]
     was_training = sup.training
     sup.eval()
@@ -284,7 +292,8 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch
                 count += keep.sum().item()
     finally:
         sup.train(was_training)
-    correct, count = all_reduce_sum([correct, count], device=device if device.type == "cuda" else "cpu")
+    if info.world_size > 1:
+        correct, count = all_reduce_sum([correct, count], device=device if device.type == "cuda" else "cpu")
     return correct / count if count else float("nan")
 
 
@@ -411,7 +420,8 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     checkpoint_path: resume from / save to this file after every epoch (None: no checkpoint).
     progress:    "auto" | "tqdm" | "plain" | "none" | a Progress.
     ddp:         wrap the model in DistributedDataParallel (default: when a process group with
-                 more than one rank is running). Under DDP all ranks must call train_cell.
+                 more than one rank is running, except inside a run_sweep(mode="spread"), whose
+                 cells train alone on their rank). Under DDP all ranks must call train_cell.
     on_epoch:    called as on_epoch(epoch, history_entry) after each epoch's checkpoint is written.
 
     Returns {"accuracy": best eval accuracy, "final_accuracy", "best_epoch", "epochs_run",
@@ -425,7 +435,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     x_te, y_te = _check_pair(test_pair, "test_pair")
     prog = make_progress(progress)
     info = dist_info()
-    use_ddp = (info.world_size > 1) if ddp is None else bool(ddp)
+    use_ddp = (info.world_size > 1 and not _SPREAD.get()) if ddp is None else bool(ddp)
     if use_ddp and info.world_size > 1 and not is_distributed():
         raise TrainError("ddp=True needs a running process group (call init_distributed under torchrun)")
     world = info.world_size if use_ddp else 1
@@ -492,7 +502,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
             opt.step()
             sched.step()
             lv = loss.item()
-            if not math.isfinite(lv):
+            if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
                 prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {s + 1}; stopping the cell")
                 stopped = True
                 break
@@ -501,7 +511,10 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
             bar.update(1)
             if s % 10 == 0:
                 bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
-        acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype)
+        if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
+            loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], device=device if device.type == "cuda" else "cpu")
+        acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype,
+                       distributed=use_ddp and world > 1)
         if not math.isfinite(acc):
             acc = 0.0
         seconds = time.perf_counter() - t0
@@ -619,7 +632,8 @@ def _json_default(o):
 
 
 def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], *, mode: str = "auto",
-              progress=None, describe: Callable[[Any], str] | None = None, device: str = "cpu") -> list[dict]:
+              progress=None, describe: Callable[[Any], str] | None = None, device: str = "cpu",
+              workers: int = 1) -> list[dict]:
     """Run every cell not yet in `store` and return all of the store's records for these cells.
 
     run_fn(cell, progress=Progress, desc=str) -> dict: trains one cell (typically through
@@ -630,7 +644,10 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
     mode: "local" (one process), "ddp" (every rank runs every cell, the model data-parallel;
     rank 0 writes), "spread" (cell i on rank i % world_size; every rank writes its own records
     under the store's file lock), "auto" ("spread" under torchrun, else "local"). `device` picks the
-    process group's backend under torchrun (nccl for CUDA, else gloo).
+    process group's backend under torchrun (nccl for CUDA, else gloo). `workers` > 1 (local mode
+    only) runs that many cells at once in spawned worker processes (`run_fn` and the cells must
+    pickle; set each worker's torch threads inside run_fn); the parent writes the records as
+    cells finish, and the workers log plain lines (none when the parent draws tqdm bars).
     The sweep shows a progress bar over cells (tqdm) or one line per cell (plain)."""
     if mode not in ("auto", "local", "ddp", "spread"):
         raise TrainError(f"mode must be 'auto', 'local', 'ddp' or 'spread', got {mode!r}")
@@ -650,25 +667,46 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
              + (f" (mode {mode}, rank {info.rank}/{info.world_size})" if info.world_size > 1 else ""))
     bar = prog.bar(len(mine), "sweep", leave=True, position=0)
     t_sweep = time.perf_counter()
-    for j, i in enumerate(mine):
-        cell = cells[i]
-        desc = describe(cell)
-        t0 = time.perf_counter()
-        result = run_fn(cell, progress=prog, desc=desc)
-        rec = {"key": keys[i], **_fields(cell), **result, "rank": info.rank,
-               "wall_seconds": round(time.perf_counter() - t0, 3)}
+
+    def finish(j, i, result, seconds):
+        rec = {"key": keys[i], **_fields(cells[i]), **result, "rank": info.rank, "wall_seconds": round(seconds, 3)}
         if mode != "ddp" or info.rank == 0:
             store.append(rec)
         bar.update(1)
         acc = result.get("accuracy")
-        prog.log(f"[{j + 1}/{len(mine)}] {desc}: accuracy {acc:.4f} ({time.perf_counter() - t0:.1f}s, "
-                 f"sweep {time.perf_counter() - t_sweep:.0f}s)" if isinstance(acc, float)
-                 else f"[{j + 1}/{len(mine)}] {desc} done")
+        msg = f"[{j}/{len(mine)}] {describe(cells[i])}: "
+        msg += f"accuracy {acc:.4f}" if isinstance(acc, float) else "done"
+        prog.log(msg + f" ({seconds:.1f}s, sweep {time.perf_counter() - t_sweep:.0f}s)")
+
+    if workers > 1 and mode in ("local", "auto") and info.world_size == 1 and len(mine) > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        sub = "none" if prog.mode in ("tqdm", "none") else "plain"
+        with cf.ProcessPoolExecutor(max_workers=min(workers, len(mine)), mp_context=mp.get_context("spawn")) as ex:
+            futs = {ex.submit(_timed, run_fn, cells[i], sub, describe(cells[i])): i for i in mine}
+            for j, fut in enumerate(cf.as_completed(futs), 1):
+                result, seconds = fut.result()
+                finish(j, futs[fut], result, seconds)
+    else:
+        token = _SPREAD.set(mode == "spread")
+        try:
+            for j, i in enumerate(mine, 1):
+                result, seconds = _timed(run_fn, cells[i], prog, describe(cells[i]))
+                finish(j, i, result, seconds)
+        finally:
+            _SPREAD.reset(token)
     bar.close()
     if info.world_size > 1 and mode != "local":
         barrier()
     by_key = {r["key"]: r for r in store.records() if "key" in r}
     return [by_key[k] for k in keys if k in by_key]
+
+
+def _timed(run_fn, cell, progress, desc):
+    t0 = time.perf_counter()
+    result = run_fn(cell, progress=progress, desc=desc)
+    return result, time.perf_counter() - t0
 
 
 def _fields(cell) -> dict:

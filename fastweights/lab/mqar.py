@@ -1,0 +1,552 @@
+"""MQAR sweeps: train zoo models on multi-query associative recall and compare their recall against
+d_model and against the bytes of their decoding state.
+
+    fastweights mqar --preset quick --out runs/mqar          (or: python -m fastweights.lab.mqar ...)
+
+Data: `fastweights.tasks.mqar` (Zoology's generator, research/benchmarks.md §1.1), one train and
+one test segment per (seq_len, num_kv_pairs) setting, or a mixture of segments (the Based
+"standard" sweep, §1.4). Segments of different lengths are right-padded to the longest with
+token 0 and label −100: every model here is causal, so the padding changes nothing at the real
+positions (unlike Zoology, a batch may mix segments).
+
+Models: `LM(LMConfig(vocab_size, d_model, n_layers=2, mixer=<zoo name>, num_heads, mlp="none"))`,
+Zoology's layout (no MLP, tied head; RMSNorm instead of LayerNorm, RoPE for softmax attention
+instead of learned positions, no embedding dropout). `conv` picks the short causal conv of every
+mixer: "preset" (each zoo preset's own: on for mamba2 and the delta family, off for
+linear_attention, gla, retnet and softmax attention), "qkv" (a kernel-`conv_size` conv on q, k,
+v in every layer — the Based sweep wraps every mixer in a short conv) or "none".
+
+Training: `fastweights.lab.train.train_cell` (AdamW, cosine, evaluation every epoch, early stop
+at 0.99, Zoology's per-example accuracy). The papers report the best accuracy over the learning
+rate sweep; so does the table (`best_over`).
+
+Outputs in --out: results.jsonl (one record per cell; a re-run skips finished cells),
+checkpoints/ (per-epoch, for resumption), mqar_d_model.png (accuracy vs d_model) and
+mqar_state.png (accuracy vs state bytes), one line per model, one panel per setting.
+
+Presets (`PRESETS`): `quick` (CPU, ~10 min on 2 cores with --workers 2), `zoology-fig2` (the
+Zoology paper's Fig. 2 grid, with this library's mixers) and `based-standard` (the Based/Zoology
+"standard" mixture sweep). The GPU presets are 100k-example, 32–64-epoch sweeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..tasks.mqar import IGNORE_INDEX, MQARConfig, make_mqar_splits
+from .train import ResultStore, TrainConfig, best_over, run_sweep, train_cell
+
+__all__ = ["MQARCell", "MQARPreset", "PRESETS", "make_cells", "build_model", "lm_config", "cell_data", "run_cell",
+           "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main"]
+
+Segment = tuple[int, int, int]  # (seq_len, num_kv_pairs, num_examples)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MQARCell:
+    """One trained model: model × d_model × setting × lr (and the fixed knobs of its sweep).
+
+    setting: panel label, "L{seq_len}-kv{n}" for a single segment, else the sweep's name.
+    train_segments, test_segments: ((seq_len, num_kv_pairs, num_examples), ...).
+    """
+
+    model: str
+    d_model: int
+    setting: str
+    lr: float
+    train_segments: tuple[Segment, ...]
+    test_segments: tuple[Segment, ...]
+    vocab_size: int = 8192
+    num_heads: int = 1
+    n_layers: int = 2
+    conv: str = "preset"
+    conv_size: int = 4
+    out_gate: str = "preset"
+    random_non_queries: bool = True
+    epochs: int = 8
+    batch_size: int = 64
+    eval_batch_size: int | None = None
+    weight_decay: float = 0.1
+    decay_filter: str = "all"
+    warmup: float = 0.0
+    grad_clip: float | None = None
+    early_stop: float | None = 0.99
+    chunk_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.conv not in ("preset", "qkv", "none"):
+            raise ValueError(f"conv must be 'preset', 'qkv' or 'none', got {self.conv!r}")
+        if self.out_gate not in ("preset", "none"):
+            raise ValueError(f"out_gate must be 'preset' or 'none', got {self.out_gate!r}")
+        object.__setattr__(self, "train_segments", tuple(tuple(int(v) for v in s) for s in self.train_segments))
+        object.__setattr__(self, "test_segments", tuple(tuple(int(v) for v in s) for s in self.test_segments))
+        for name in ("train_segments", "test_segments"):
+            segs = getattr(self, name)
+            if not segs or any(len(s) != 3 for s in segs):
+                raise ValueError(f"{name} must be a non-empty tuple of (seq_len, num_kv_pairs, num_examples)")
+
+    @property
+    def seq_len(self) -> int:
+        """The longest test length (the state bytes of softmax attention are taken there)."""
+        return max(s[0] for s in self.test_segments)
+
+    @property
+    def num_kv_pairs(self) -> int:
+        return max(s[1] for s in self.test_segments)
+
+    def train_config(self, device: str = "cpu", dtype: str = "float32") -> TrainConfig:
+        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, eval_batch_size=self.eval_batch_size,
+                           lr=self.lr, weight_decay=self.weight_decay, decay_filter=self.decay_filter,
+                           warmup=self.warmup, grad_clip=self.grad_clip, early_stop=self.early_stop,
+                           accuracy="examples", seed=self.seed, device=device, dtype=dtype)
+
+    def describe(self) -> str:
+        return f"{self.model} d={self.d_model} {self.setting} lr={self.lr:.3g}"
+
+
+def lm_config(cell: MQARCell):
+    from ..models import LMConfig
+
+    return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers, mixer=cell.model,
+                    num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size)
+
+
+def mixer_overrides(cell: MQARCell) -> dict:
+    """MixerPreset fields the cell replaces in every layer ({} = the zoo presets as they are)."""
+    ov = {}
+    if cell.conv != "preset":
+        ov.update(conv=cell.conv, conv_size=cell.conv_size)
+    if cell.out_gate != "preset":
+        ov.update(out_gate=cell.out_gate)
+    return ov
+
+
+def build_model(cell: MQARCell):
+    """The LM of a cell; with `mixer_overrides` (conv, out_gate), every layer's mixer is rebuilt
+    with those preset fields (MemoryMixer's overrides; LMConfig has no field for them)."""
+    from ..layers.mixer import MemoryMixer
+    from ..models import LM
+
+    cfg = lm_config(cell)
+    model = LM(cfg)
+    ov = mixer_overrides(cell)
+    if ov:
+        for i, block in enumerate(model.blocks):
+            spec = cfg.layer_mixers[i]
+            block.mixer = MemoryMixer(cfg.d_model, spec, cfg.num_heads, **cfg.mixer_kwargs(i), **ov)
+    return model
+
+
+@lru_cache(maxsize=8)
+def _segments(segments: tuple[Segment, ...], vocab: int, rnq: bool, seed: int, test: bool):
+    xs, ys = [], []
+    T = max(s[0] for s in segments)
+    for j, (L, n, N) in enumerate(segments):
+        cfg = MQARConfig(vocab_size=vocab, seq_len=L, num_kv_pairs=n, num_examples=N, random_non_queries=rnq,
+                         seed=seed * 1000 + j)
+        train, tst = make_mqar_splits(cfg, cfg) if test else (make_mqar_splits(cfg, replace_n(cfg, 1))[0], None)
+        x, y = tst if test else train
+        if L < T:  # right-pad: causal models are unaffected at the real positions
+            x = torch.cat([x, x.new_zeros(N, T - L)], dim=1)
+            y = torch.cat([y, y.new_full((N, T - L), IGNORE_INDEX)], dim=1)
+        xs.append(x)
+        ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def replace_n(cfg: MQARConfig, n: int) -> MQARConfig:
+    return dataclasses.replace(cfg, num_examples=n)
+
+
+def cell_data(cell: MQARCell):
+    """((train_inputs, train_labels), (test_inputs, test_labels)) of a cell: segment j of the train
+    (test) mixture is `make_mqar_splits`' train (test) split with seed = cell.seed·1000 + j."""
+    train = _segments(cell.train_segments, cell.vocab_size, cell.random_non_queries, cell.seed, False)
+    test = _segments(cell.test_segments, cell.vocab_size, cell.random_non_queries, cell.seed, True)
+    return train, test
+
+
+def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: str = "cpu",
+             dtype: str = "float32", checkpoint_dir=None) -> dict:
+    """Train one cell; the result of `train_cell` plus "state_bytes" (the model's decoding state for
+    one sequence of the longest test length, fp32 memories: constant for fast-weight layers, the KV
+    cache for softmax attention) and "slices" (the final model's accuracy per test segment)."""
+    from .train import accuracy
+
+    train, test = cell_data(cell)
+    ckpt = None
+    if checkpoint_dir is not None:
+        import hashlib
+
+        from .train import cell_key
+
+        h = hashlib.sha1(cell_key(cell).encode()).hexdigest()[:16]
+        ckpt = Path(checkpoint_dir) / f"{cell.model}-d{cell.d_model}-{h}.pt"
+    box = {}
+
+    def make(_cfg):
+        m = build_model(cell)
+        box["model"] = m
+        return m
+
+    res = train_cell(lm_config(cell), train, test, cell.train_config(device, dtype), checkpoint_path=ckpt,
+                     progress=progress, model_fn=make, desc=desc or cell.describe())
+    model = box["model"]
+    res["state_bytes"] = int(model.state_size(1, cell.seq_len))
+    if len(cell.test_segments) > 1:
+        slices, start = {}, 0
+        for L, n, N in cell.test_segments:
+            x, y = test[0][start:start + N], test[1][start:start + N]
+            start += N
+            slices[f"L{L}-kv{n}"] = accuracy(model, x, y, cell.eval_batch_size or cell.batch_size,
+                                             reduction="examples")
+        res["slices"] = slices
+    if ckpt is not None and ckpt.exists():
+        pass  # kept: a finished checkpoint makes a re-run of this cell free even without the JSONL
+    return res
+
+
+# ------------------------------------------------------------------------------------------ presets
+@dataclass(frozen=True, kw_only=True)
+class MQARPreset:
+    """A sweep: models × d_models × settings × lrs, with the knobs shared by its cells.
+
+    settings: ((seq_len, num_kv_pairs), ...) — each a single train/test segment of
+              train_examples/test_examples — or, with `train_segments`, one mixture setting.
+    d_models_for: per-model d_model grids overriding d_models.
+    batch_for_len: ((max_len, batch), ...): the batch of a setting is that of the first max_len ≥ L.
+    """
+
+    name: str
+    models: tuple[str, ...]
+    d_models: tuple[int, ...]
+    settings: tuple[tuple[int, int], ...] = ()
+    lrs: tuple[float, ...] = (1e-3,)
+    epochs: int = 8
+    train_examples: int = 1000
+    test_examples: int = 200
+    batch_size: int = 64
+    batch_for_len: tuple[tuple[int, int], ...] = ()
+    eval_batch_size: int | None = None
+    vocab_size: int = 8192
+    num_heads: int = 1
+    conv: str = "preset"
+    out_gate: str = "preset"
+    random_non_queries: bool = True
+    weight_decay: float = 0.1
+    decay_filter: str = "all"
+    warmup: float = 0.0
+    grad_clip: float | None = None
+    train_segments: tuple[Segment, ...] = ()
+    test_segments: tuple[Segment, ...] = ()
+    d_models_for: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    note: str = ""
+    workers: int = 1
+    threads: int | None = None
+
+    def batch(self, L: int) -> int:
+        for max_len, b in self.batch_for_len:
+            if L <= max_len:
+                return b
+        return self.batch_size
+
+
+def _logspace(a: float, b: float, n: int) -> tuple[float, ...]:
+    return tuple(float(f"{10 ** (a + (b - a) * i / (n - 1)):.4g}") for i in range(n))
+
+
+PRESETS: dict[str, MQARPreset] = {
+    "quick": MQARPreset(
+        name="quick",
+        models=("softmax_attention", "deltanet", "gated_deltanet", "gla", "mamba2", "linear_attention"),
+        d_models=(32, 64), settings=((64, 8),), lrs=(3e-3, 1e-2), epochs=10, train_examples=2000, test_examples=256,
+        batch_size=32, vocab_size=128, num_heads=1, conv="qkv", out_gate="none", random_non_queries=True,
+        weight_decay=0.1,
+        decay_filter="matrices", warmup=0.05, grad_clip=1.0, workers=2, threads=1,
+        note="CPU: 2 worker processes × 1 thread"),
+    "zoology-fig2": MQARPreset(
+        name="zoology-fig2",
+        models=("softmax_attention", "linear_attention", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet"),
+        d_models=(64, 128, 256, 512), settings=((64, 4), (128, 8), (256, 16), (512, 64)),
+        lrs=_logspace(-4, -2, 4), epochs=64, train_examples=100_000, test_examples=3_000,
+        batch_for_len=((128, 512), (256, 256), (512, 128)), vocab_size=8192, num_heads=1, conv="preset",
+        random_non_queries=False, weight_decay=0.1, decay_filter="all", warmup=0.0, grad_clip=None,
+        note="Zoology ICLR'24 Fig. 2 grid (benchmarks.md §1.3) with this library's mixers"),
+    "based-standard": MQARPreset(
+        name="based-standard",
+        models=("softmax_attention", "mamba2", "deltanet", "gated_deltanet", "gla"),
+        d_models=(64, 128, 256), d_models_for=(("softmax_attention", (32, 64, 128)),),
+        lrs=_logspace(-3, -1.5, 4), epochs=32, batch_size=256, eval_batch_size=32, vocab_size=8192, num_heads=2,
+        conv="qkv", random_non_queries=True, weight_decay=0.1, decay_filter="all", warmup=0.0, grad_clip=None,
+        train_segments=((64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000)),
+        test_segments=((64, 4, 1000), (64, 8, 1000), (64, 16, 1000), (128, 32, 1000), (256, 64, 1000),
+                       (512, 128, 1000), (1024, 256, 1000)),
+        note="Based / Zoology 'standard' mixture sweep (benchmarks.md §1.4); a short conv on q, k, v stands for "
+             "Zoology's BaseConv(kernel 3) wrapper"),
+}
+
+
+def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_models: Sequence[int] | None = None,
+               settings: Sequence[tuple[int, int]] | None = None, lrs: Sequence[float] | None = None,
+               epochs: int | None = None, seed: int = 0, train_examples: int | None = None,
+               test_examples: int | None = None) -> list[MQARCell]:
+    """The cells of a preset (with optional overrides), ordered setting → d_model → model → lr."""
+    models = tuple(models or preset.models)
+    lrs = tuple(lrs or preset.lrs)
+    epochs = epochs or preset.epochs
+    n_tr = train_examples or preset.train_examples
+    n_te = test_examples or preset.test_examples
+    per_model = dict(preset.d_models_for)
+    common = dict(vocab_size=preset.vocab_size, num_heads=preset.num_heads, conv=preset.conv, out_gate=preset.out_gate,
+                  random_non_queries=preset.random_non_queries, epochs=epochs, weight_decay=preset.weight_decay,
+                  decay_filter=preset.decay_filter, warmup=preset.warmup, grad_clip=preset.grad_clip,
+                  eval_batch_size=preset.eval_batch_size, seed=seed)
+    groups: list[tuple[str, tuple, tuple, int]] = []
+    if preset.train_segments and settings is None:
+        L = max(s[0] for s in preset.train_segments)
+        groups.append((preset.name, preset.train_segments, preset.test_segments, preset.batch(L)))
+    else:
+        for L, n in (preset.settings if settings is None else settings):
+            groups.append((f"L{L}-kv{n}", ((L, n, n_tr),), ((L, n, n_te),), preset.batch(L)))
+    dms_all = tuple(d_models) if d_models else None
+    cells = []
+    for setting, tr, te, batch in groups:
+        ds = sorted({d for m in models for d in (dms_all or per_model.get(m, preset.d_models))})
+        for d in ds:
+            for m in models:
+                if d not in (dms_all or per_model.get(m, preset.d_models)):
+                    continue
+                for lr in lrs:
+                    cells.append(MQARCell(model=m, d_model=d, setting=setting, lr=float(lr), train_segments=tr,
+                                          test_segments=te, batch_size=batch, **common))
+    return cells
+
+
+# ------------------------------------------------------------------------------------------ running
+def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtype="float32",
+                 checkpoint_dir=None, threads=None):
+    if threads:
+        torch.set_num_threads(threads)
+    return run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir)
+
+
+def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
+             threads: int | None = None, progress=None) -> list[dict]:
+    """Run (or resume) the cells, writing out/results.jsonl and out/checkpoints/; returns the
+    records of these cells. workers > 1: that many local processes (threads each), cell by cell."""
+    import functools
+
+    out = Path(out)
+    store = ResultStore(out / "results.jsonl")
+    fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
+                           threads=threads)
+    return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
+                     device=device, workers=workers)
+
+
+def _fmt_bytes(b) -> str:
+    if b is None:
+        return "—"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(b) < 1024 or unit == "GiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return str(b)  # pragma: no cover
+
+
+def format_table(records: Sequence[dict]) -> str:
+    """Best-over-lr accuracy: one block per setting, one row per model, one column per d_model
+    (each entry: accuracy, and the state bytes and best lr in the legend rows)."""
+    best = best_over(records, over=("lr",), fields=("model", "d_model", "setting"))
+    lines = []
+    for setting in dict.fromkeys(r["setting"] for r in best):
+        rows = [r for r in best if r["setting"] == setting]
+        ds = sorted({r["d_model"] for r in rows})
+        models = list(dict.fromkeys(r["model"] for r in rows))
+        get = {(r["model"], r["d_model"]): r for r in rows}
+        w = max(18, *(len(m) for m in models))
+        lines.append(f"[{setting}] accuracy (best over lr), state bytes per sequence, best lr")
+        lines.append("model".ljust(w) + "".join(f"{'d=' + str(d):>30}" for d in ds))
+        for m in models:
+            cells = []
+            for d in ds:
+                r = get.get((m, d))
+                if r is None:
+                    cells.append(f"{'—':>30}")
+                else:
+                    s = f"{r['accuracy']:.3f}  {_fmt_bytes(r.get('state_bytes'))}  {r['lr']:.2g}"
+                    cells.append(f"{s:>30}")
+            lines.append(m.ljust(w) + "".join(cells))
+        slices = [r for r in rows if r.get("slices")]
+        if slices:
+            keys = list(slices[0]["slices"])
+            lines.append("per test segment (the best-lr model's final accuracy):")
+            lines.append("model".ljust(w) + "d".rjust(5) + "".join(f"{k:>13}" for k in keys))
+            for r in slices:
+                lines.append(r["model"].ljust(w) + f"{r['d_model']:>5}"
+                             + "".join(f"{r['slices'].get(k, float('nan')):>13.3f}" for k in keys))
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot_mqar(records: Sequence[dict], out) -> list[Path]:
+    """Two PNGs in `out`: mqar_d_model.png (accuracy vs d_model) and mqar_state.png (accuracy vs
+    state bytes, log x), best over lr, one line per model, one panel per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    best = best_over(records, over=("lr",), fields=("model", "d_model", "setting"))
+    settings = list(dict.fromkeys(r["setting"] for r in best))
+    models = list(dict.fromkeys(r["model"] for r in best))
+    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
+    paths = []
+    for xkey, fname, xlabel in (("d_model", "mqar_d_model.png", "d_model"),
+                                ("state_bytes", "mqar_state.png", "decoding state per sequence (bytes, log scale)")):
+        width = max(6.4, 4.4 * len(settings))
+        fig, axes = plt.subplots(1, len(settings), figsize=(width, 3.9), squeeze=False)
+        for ax, setting in zip(axes[0], settings):
+            rows = [r for r in best if r["setting"] == setting]
+            for m in models:
+                pts = sorted((r[xkey], r["accuracy"]) for r in rows if r["model"] == m and r.get(xkey) is not None)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=4, color=colors[m], label=m)
+            ax.set_xscale("log", base=2)
+            if xkey == "d_model":
+                ds = sorted({r["d_model"] for r in rows})
+                ax.set_xticks(ds, [str(d) for d in ds])
+                ax.minorticks_off()
+            else:
+                from matplotlib.ticker import FuncFormatter, NullFormatter
+
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt_bytes(v).replace(".0 ", " ")))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("accuracy (best over lr)")
+            ax.set_title(setting)
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        ncol = max(1, min(len(labels), int(width // 1.6)))
+        rows_ = -(-len(labels) // ncol)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 * rows_ + 0.02, 1, 1))
+        path = out / fname
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+# ------------------------------------------------------------------------------------------ command line
+def add_cli(subparsers) -> argparse.ArgumentParser:
+    """Add the `mqar` subcommand to an argparse subparsers object; dispatches to cli_main."""
+    p = subparsers.add_parser("mqar", help="MQAR sweeps: accuracy vs d_model and state size per zoo model",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(fn=cli_main)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="quick", choices=list(PRESETS), help="the sweep (default: quick)")
+    p.add_argument("--models", nargs="+", default=None, help="zoo names (default: the preset's)")
+    p.add_argument("--d-models", nargs="+", type=int, default=None)
+    p.add_argument("--seq-lens", nargs="+", type=int, default=None,
+                   help="with --kv-pairs: the settings (seq_len × kv_pairs, pairs with 4·kv > L dropped)")
+    p.add_argument("--kv-pairs", nargs="+", type=int, default=None)
+    p.add_argument("--lrs", nargs="+", type=float, default=None)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--train-examples", type=int, default=None)
+    p.add_argument("--test-examples", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/mqar", help="results.jsonl, checkpoints/, PNGs")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.add_argument("--workers", type=int, default=None, help="local worker processes (default: the preset's)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: the preset's)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ddp", action="store_true", help="under torchrun: every model data-parallel over the ranks")
+    g.add_argument("--spread", action="store_true", help="under torchrun: cell i on rank i %% world (default)")
+    p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
+    p.add_argument("--dry-run", action="store_true", help="list the cells and exit")
+
+
+def _settings(args, preset: MQARPreset):
+    if args.seq_lens is None and args.kv_pairs is None:
+        return None
+    Ls = args.seq_lens or sorted({L for L, _ in preset.settings}) or [64]
+    ns = args.kv_pairs or sorted({n for _, n in preset.settings}) or [4]
+    return [(L, n) for L in Ls for n in ns if 4 * n <= L]
+
+
+def cli_main(args) -> int:
+    """`fastweights mqar`: run (or resume) a sweep, print the best-over-lr table, write the PNGs."""
+    from .distributed import dist_info, init_distributed
+
+    preset = PRESETS[args.preset]
+    try:
+        cells = make_cells(preset, models=args.models, d_models=args.d_models, settings=_settings(args, preset),
+                           lrs=args.lrs, epochs=args.epochs, seed=args.seed, train_examples=args.train_examples,
+                           test_examples=args.test_examples)
+        if not cells:
+            raise ValueError("no cell to run (check --seq-lens/--kv-pairs: 4·kv ≤ seq_len)")
+        from .. import zoo
+
+        unknown = [c.model for c in cells if c.model not in zoo.names()]
+        if unknown:
+            raise ValueError(f"unknown model(s) {sorted(set(unknown))}; zoo names: {', '.join(zoo.names())}")
+        for c in cells:  # build every distinct LMConfig once: bad combinations fail before training
+            lm_config(c)
+    except Exception as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for c in cells:
+            print(c.describe())
+        print(f"{len(cells)} cells")
+        return 0
+    mode = "ddp" if args.ddp else "spread" if args.spread else "auto"
+    info = init_distributed(args.device) if ("WORLD_SIZE" in os.environ) else dist_info()
+    workers = args.workers if args.workers is not None else preset.workers
+    threads = args.threads if args.threads is not None else preset.threads
+    if info.world_size > 1:
+        workers = 1
+    t0 = time.perf_counter()
+    records = run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
+                       threads=threads, progress=args.progress)
+    wall = time.perf_counter() - t0
+    if info.rank != 0:
+        return 0
+    print(f"\nMQAR, preset {preset.name}: {len(cells)} cells ({preset.note})\n")
+    print(format_table(records))
+    pngs = plot_mqar(records, args.out)
+    print("plots: " + ", ".join(str(p) for p in pngs))
+    print(f"results: {Path(args.out) / 'results.jsonl'}")
+    print(f"sweep time: {wall:.1f} s (this invocation; finished cells are not re-run)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fastweights.lab.mqar", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return cli_main(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

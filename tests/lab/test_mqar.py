@@ -1,0 +1,150 @@
+"""MQAR sweeps (fastweights.lab.mqar): presets build, the GPU presets' largest models take a step,
+mixtures pad without leaking, the CLI writes results/table/plots and a re-run trains nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastweights.lab import mqar
+from fastweights.lab.mqar import PRESETS, MQARCell, build_model, cell_data, format_table, make_cells, plot_mqar
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # torch.linalg.solve_triangular (the delta-rule chunk form) is ~100x slower with 2 CPU threads than
+    # with 1 on a busy 2-core machine; the harness tests are about the harness, not BLAS threading
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+def test_preset_grids():
+    assert len(make_cells(PRESETS["zoology-fig2"])) == 7 * 4 * 4 * 4  # models × d × (L, kv) × lr
+    based = make_cells(PRESETS["based-standard"])
+    assert len(based) == 5 * 3 * 4
+    assert sorted({c.d_model for c in based if c.model == "softmax_attention"}) == [32, 64, 128]
+    assert {c.setting for c in based} == {"based-standard"}
+    fig2 = make_cells(PRESETS["zoology-fig2"])
+    assert {c.batch_size for c in fig2 if c.train_segments[0][0] == 512} == {128}
+    assert {c.lr for c in fig2} == {1e-4, 4.642e-4, 2.154e-3, 1e-2}
+    quick = make_cells(PRESETS["quick"], models=["deltanet"], d_models=[16], settings=[(32, 4)], lrs=[1e-3, 1e-2])
+    assert [(c.model, c.d_model, c.setting, c.lr) for c in quick] == [("deltanet", 16, "L32-kv4", 1e-3),
+                                                                    ("deltanet", 16, "L32-kv4", 1e-2)]
+
+
+@pytest.mark.parametrize("name", ["zoology-fig2", "based-standard"])
+def test_gpu_presets_construct_and_step(name):
+    from fastweights.lab.train import _Supervised
+
+    cells = make_cells(PRESETS[name])
+    d_max, d_min = max(c.d_model for c in cells), min(c.d_model for c in cells)
+    L_max = max(c.seq_len for c in cells)
+    for model in PRESETS[name].models:
+        mine = [c for c in cells if c.model == model]
+        big = max(mine, key=lambda c: c.d_model)
+        assert build_model(big).num_parameters() > 0  # the largest model of the grid builds
+        # one optimizer step on the longest sequence of the grid (one example; the smallest d_model,
+        # for the test's time budget) with the cell's own optimizer settings
+        c = min((c for c in mine if c.seq_len == L_max or c.setting == name), key=lambda c: (c.d_model, -c.lr))
+        small = dataclasses.replace(c, train_segments=tuple((L, n, 1) for L, n, _ in c.train_segments[-1:]),
+                                    test_segments=c.test_segments[:1])
+        (x, y), _ = cell_data(small)
+        assert x.shape == (1, max(s[0] for s in c.train_segments))
+        net = build_model(small)
+        opt = torch.optim.AdamW(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        logits, tgt, _ = _Supervised(net)(x, y)
+        loss = F.cross_entropy(logits, tgt)
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss) and tgt.numel() == c.train_segments[-1][1]
+    assert d_max > d_min
+
+
+def test_mixture_padding_and_splits():
+    cell = MQARCell(model="deltanet", d_model=16, setting="mix", lr=1e-3, vocab_size=128,
+                    train_segments=((16, 2, 5), (32, 8, 3)), test_segments=((16, 4, 4), (32, 8, 2)))
+    (xtr, ytr), (xte, yte) = cell_data(cell)
+    assert xtr.shape == (8, 32) and xte.shape == (6, 32)
+    assert (ytr[:5, 16:] == -100).all() and (xtr[:5, 16:] == 0).all()  # padding: unsupervised
+    assert ((ytr[:5] != -100).sum(1) == 2).all() and ((ytr[5:] != -100).sum(1) == 8).all()
+    assert ((yte[:4] != -100).sum(1) == 4).all()
+    assert not torch.equal(xtr[5:7], xte[4:6])  # train and test come from disjoint seed ranges
+
+
+def test_overrides_conv_gate_and_state_bytes():
+    base = MQARCell(model="gated_deltanet", d_model=32, setting="s", lr=1e-3, vocab_size=64,
+                    train_segments=((32, 4, 4),), test_segments=((32, 4, 4),))
+    m = build_model(base)
+    assert m.blocks[0].mixer.g_proj is not None and m.blocks[0].mixer.q_conv is not None
+    m = build_model(dataclasses.replace(base, out_gate="none", conv="none"))
+    assert m.blocks[1].mixer.g_proj is None and m.blocks[1].mixer.q_conv is None
+    la = build_model(dataclasses.replace(base, model="linear_attention", conv="qkv", conv_size=3))
+    assert la.blocks[0].mixer.v_conv.kernel_size == 3
+    sm = dataclasses.replace(base, model="softmax_attention")
+    r1 = build_model(sm).state_size(1, 32)
+    r2 = build_model(sm).state_size(1, 64)
+    assert r2 > r1 > 0  # the KV cache grows with the length
+    with pytest.raises(ValueError):
+        dataclasses.replace(base, conv="qk_only")
+
+
+def _records():
+    recs = []
+    for m, accs in (("softmax_attention", (0.9, 1.0)), ("linear_attention", (0.1, 0.3))):
+        for d, a in zip((16, 32), accs):
+            for lr, f in ((1e-3, 0.5), (1e-2, 1.0)):
+                recs.append({"model": m, "d_model": d, "setting": "L32-kv4", "lr": lr, "accuracy": a * f,
+                             "state_bytes": d * 100})
+    return recs
+
+
+def test_table_and_plots(tmp_path):
+    recs = _records()
+    table = format_table(recs)
+    assert "[L32-kv4]" in table and "d=16" in table and "d=32" in table
+    row = next(ln for ln in table.splitlines() if ln.startswith("linear_attention"))
+    assert "0.100" in row and "0.300" in row and "0.01" in row  # best over lr
+    pngs = plot_mqar(recs, tmp_path)
+    assert [p.name for p in pngs] == ["mqar_d_model.png", "mqar_state.png"]
+    assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_cli_runs_writes_and_skips(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--models", "deltanet", "linear_attention", "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2",
+            "--lrs", "0.01", "--epochs", "1", "--train-examples", "32", "--test-examples", "16", "--out", str(out),
+            "--workers", "1", "--progress", "plain"]
+    assert mqar.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "[L16-kv2]" in text and "deltanet" in text and "linear_attention" in text
+    recs = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 and {r["model"] for r in recs} == {"deltanet", "linear_attention"}
+    assert all(0 <= r["accuracy"] <= 1 and r["state_bytes"] > 0 and len(r["history"]) == 1 for r in recs)
+    assert (out / "mqar_d_model.png").exists() and (out / "mqar_state.png").exists()
+    assert mqar.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "2 already done, 0 to run here" in text and "epoch 1/1" not in text
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_cli_errors(capsys):
+    assert mqar.main(["--models", "nope", "--dry-run"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert mqar.main(["--seq-lens", "16", "--kv-pairs", "8", "--dry-run"]) == 2
+    assert mqar.main(["--preset", "based-standard", "--dry-run"]) == 0
+    assert "60 cells" in capsys.readouterr().out
+
+
+def test_add_cli_registers_subcommand():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command")
+    mqar.add_cli(sub)
+    args = p.parse_args(["mqar", "--preset", "quick", "--d-models", "32", "--spread"])
+    assert args.fn is mqar.cli_main and args.d_models == [32] and args.spread and not args.ddp

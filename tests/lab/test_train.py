@@ -1,0 +1,216 @@
+"""The training harness (fastweights.lab.train): learning, exact resumption, JSONL results, sweeps
+that skip finished cells, accuracy reductions, progress lines, config validation."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from fastweights.lab.train import (
+    Progress,
+    ResultStore,
+    TrainConfig,
+    TrainError,
+    _lr_lambda,
+    accuracy,
+    best_over,
+    cell_key,
+    param_groups,
+    run_sweep,
+    train_cell,
+)
+from fastweights.models import LM, LMConfig
+from fastweights.tasks.mqar import MQARConfig, make_mqar_splits
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # torch.linalg.solve_triangular (the delta-rule chunk form) is ~100x slower with 2 CPU threads than
+    # with 1 on a busy 2-core machine; the harness tests are about the harness, not BLAS threading
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+def _data(seed: int, n_train: int = 512, n_test: int = 128, L: int = 32, kv: int = 4, vocab: int = 64):
+    cfg = MQARConfig(vocab_size=vocab, seq_len=L, num_kv_pairs=kv, num_examples=n_train, seed=seed)
+    return make_mqar_splits(cfg, MQARConfig(vocab_size=vocab, seq_len=L, num_kv_pairs=kv, num_examples=n_test,
+                                            seed=seed))
+
+
+def _lm(model="deltanet", d=32, vocab=64):
+    return LMConfig(vocab_size=vocab, d_model=d, n_layers=2, mixer=model, num_heads=1, mlp="none")
+
+
+def test_tiny_mqar_run_learns():
+    # fixed seed: a threshold on a training run must not depend on luck (measured: ≈0.9 after 6 epochs)
+    train, test = _data(seed=7, n_train=1024)
+    cfg = TrainConfig(epochs=6, batch_size=32, lr=1e-2, warmup=0.05, seed=3, accuracy="examples")
+    res = train_cell(_lm("deltanet"), train, test, cfg, progress="none")
+    chance = 1 / 32  # 32 value ids
+    assert res["accuracy"] > 10 * chance, res["history"]
+    assert res["accuracy"] == max(h["accuracy"] for h in res["history"])
+    assert res["history"][-1]["loss"] < res["history"][0]["loss"]
+    assert res["params"] == LM(_lm("deltanet")).num_parameters()
+    assert res["state_bytes"] > 0 and res["epochs_run"] == len(res["history"])
+
+
+def test_resume_after_kill_loses_nothing(tmp_path):
+    seed = int(torch.randint(0, 2**30, ()).item())
+    train, test = _data(seed, n_train=128, n_test=32, L=16, kv=2)
+    cfg = TrainConfig(epochs=4, batch_size=32, lr=3e-3, early_stop=None, seed=seed % 1000)
+    lm = _lm("gated_deltanet", d=16)
+    ref = train_cell(lm, train, test, cfg, progress="none")
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_2(epoch, entry):
+        if epoch == 2:
+            raise Killed
+
+    ck = tmp_path / "cell.pt"
+    with pytest.raises(Killed):
+        train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none", on_epoch=kill_after_2)
+    assert ck.exists() and not (tmp_path / "cell.pt.tmp").exists()
+    res = train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none")
+    assert res["resumed_from"] == 2 and res["epochs_run"] == 4
+    for a, b in zip(ref["history"], res["history"]):
+        assert a["epoch"] == b["epoch"]
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-6, abs_tol=1e-7), (a, b)
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-9)
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
+    # a finished cell is returned from its checkpoint without training
+    again = train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none",
+                       on_epoch=lambda *a: pytest.fail("trained a finished cell"))
+    assert again["resumed_from"] == 4 and again["history"] == res["history"]
+
+
+def test_early_stop_and_checkpoint_contents(tmp_path):
+    train, test = _data(1, n_train=64, n_test=16, L=16, kv=2)
+    cfg = TrainConfig(epochs=5, batch_size=32, lr=1e-3, early_stop=0.0)  # any accuracy > 0 stops
+    res = train_cell(_lm(d=16), train, test, cfg, progress="none", checkpoint_path=tmp_path / "c.pt")
+    if res["history"][0]["accuracy"] > 0:
+        assert res["stopped_early"] and res["epochs_run"] == 1
+    st = torch.load(tmp_path / "c.pt", weights_only=False)
+    assert {"model", "optimizer", "scheduler", "rng", "epoch", "history", "finished"} <= set(st)
+    assert st["finished"] and st["epoch"] == res["epochs_run"]
+
+
+class _Fixed(nn.Module):
+    """model(inputs) = one-hot logits of pred[row], the row id being inputs[:, 0]."""
+
+    def __init__(self, pred):
+        super().__init__()
+        self.pred = pred
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(self.pred[x[:, 0]], 10).float() + 0 * self.w
+
+
+def test_accuracy_positions_vs_examples():
+    labels = torch.tensor([[1, -100, 2, -100], [3, 4, 5, 6], [-100, -100, -100, -100]])
+    pred = torch.tensor([[1, 0, 0, 0], [3, 0, 0, 0], [0, 0, 0, 0]])  # row 0: 1/2 right, row 1: 1/4 right
+    inputs = torch.arange(3)[:, None].expand(3, 4).contiguous()
+    m = _Fixed(pred)
+    for bs in (1, 2, 3):  # rows are never split, so the batch size changes nothing
+        assert accuracy(m, inputs, labels, batch_size=bs) == pytest.approx(2 / 6)
+        # row 2 has no supervised position: left out of the per-example mean
+        assert accuracy(m, inputs, labels, batch_size=bs, reduction="examples") == pytest.approx(0.375)
+    with pytest.raises(TrainError):
+        accuracy(m, inputs, labels, reduction="tokens")
+
+
+def test_store_appends_reads_and_ignores_torn_line(tmp_path):
+    store = ResultStore(tmp_path / "r.jsonl")
+    assert store.records() == [] and not store.done("x")
+    store.append({"key": "a", "accuracy": 0.5})
+    store.append({"key": "b", "accuracy": 0.7, "t": torch.tensor(1.0)})
+    with open(store.path, "a") as f:
+        f.write('{"key": "c", "accur')  # a kill mid-write
+    assert [r["key"] for r in store.records()] == ["a", "b"]
+    assert store.done("a") and not store.done("c")
+    assert json.loads(store.path.read_text().splitlines()[1])["t"] == 1.0
+
+
+@dataclass(frozen=True)
+class _Cell:
+    name: str
+    lr: float
+
+
+def _fake_run(cell, progress=None, desc=None):
+    return {"accuracy": {"a": 0.2, "b": 0.9}[cell.name] * cell.lr * 1000}
+
+
+def test_run_sweep_skips_finished_and_best_over(tmp_path):
+    cells = [_Cell(n, lr) for n in ("a", "b") for lr in (1e-3, 5e-4)]
+    calls = []
+
+    def run(cell, progress=None, desc=None):
+        calls.append(cell)
+        return _fake_run(cell)
+
+    store = ResultStore(tmp_path / "s.jsonl")
+    recs = run_sweep(cells[:2], store, run, progress="none")
+    assert len(recs) == 2 and len(calls) == 2
+    recs = run_sweep(cells, store, run, progress="none")  # only the two missing cells run
+    assert len(recs) == 4 and len(calls) == 4 and calls[2:] == cells[2:]
+    run_sweep(cells, store, run, progress="none")
+    assert len(calls) == 4  # a finished sweep trains nothing
+    assert [r["key"] for r in recs] == [cell_key(c) for c in cells]
+    best = best_over(recs, over=("lr",))
+    assert [(r["name"], r["best_lr"]) for r in best] == [("a", 1e-3), ("b", 1e-3)]
+    assert best[1]["accuracy"] == pytest.approx(0.9)
+
+
+def test_progress_plain_lines(capsys, tmp_path):
+    train, test = _data(2, n_train=64, n_test=16, L=16, kv=2)
+    buf = io.StringIO()  # not a TTY: "auto" means plain lines
+    prog = Progress("auto", stream=buf)
+    assert prog.mode == "plain"
+    train_cell(_lm(d=16), train, test, TrainConfig(epochs=2, batch_size=32, early_stop=None), progress=prog,
+               desc="tiny")
+    lines = buf.getvalue().splitlines()
+    assert [ln.split(" loss")[0] for ln in lines] == ["tiny: epoch 1/2", "tiny: epoch 2/2"]
+    assert all("acc" in ln for ln in lines)
+    store = ResultStore(tmp_path / "r.jsonl")
+    run_sweep([_Cell("a", 1e-3)], store, _fake_run, progress="plain")
+    out = capsys.readouterr().out
+    assert "sweep: 1 cells" in out and "[1/1]" in out and "accuracy 0.2000" in out
+
+
+def test_param_groups_and_schedule():
+    lm = LM(_lm("gated_deltanet", d=16))
+    groups = param_groups(lm, 0.1, "matrices")
+    decayed = {id(p) for p in groups[0]["params"]}
+    assert id(lm.embed.weight) not in decayed
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
+    assert len(param_groups(lm, 0.1, "all")) == 1
+    f = _lr_lambda(TrainConfig(lr=1.0, warmup=10, min_lr=0.1), 110)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(110) == pytest.approx(0.1) and f(60) == pytest.approx(0.55)
+
+
+@pytest.mark.parametrize("kw", [dict(epochs=0), dict(lr=0), dict(warmup=1.5), dict(decay_filter="x"),
+                                dict(early_stop=2.0), dict(dtype="int8"), dict(min_lr=1.0, lr=0.1),
+                                dict(batch_size=True), dict(betas=(0.9,))])
+def test_config_errors(kw):
+    with pytest.raises(TrainError):
+        TrainConfig(**kw)
+
+
+def test_data_errors():
+    cfg = TrainConfig(epochs=1)
+    x = torch.zeros(4, 8, dtype=torch.long)
+    with pytest.raises(TrainError, match="no supervised"):
+        train_cell(_lm(d=16), (x, torch.full_like(x, -100)), (x, x), cfg, progress="none")
+    with pytest.raises(TrainError, match="differ in shape"):
+        train_cell(_lm(d=16), (x, x[:, :4]), (x, x), cfg, progress="none")

@@ -484,7 +484,8 @@ def format_published(tasks: Sequence[str] | None = None, lengths: Sequence[int] 
 
 
 def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> Path:
-    """Score vs context length, one panel per task; ours solid, published (1.3B) dashed in the same colour."""
+    """Score vs context length, one panel per task; ours solid, published (1.3B) dashed in the same colour;
+    a second row with the characters of the value decoded in place (ours only), when recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -495,27 +496,35 @@ def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> 
     tasks = list(dict.fromkeys(r["task"] for r in records))
     models = list(dict.fromkeys(r["model"] for r in records))
     colors = {m: f"C{i}" for i, m in enumerate(dict.fromkeys([*models, *PUBLISHED]))}
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False, sharey=True)
-    for ax, task in zip(axes[0], tasks):
-        for m in models:
-            pts = sorted((r["context_len"], r["score"]) for r in records if r["model"] == m and r["task"] == task)
-            if pts:
-                ax.plot(*zip(*pts), "o-", color=colors[m], label=f"{m} (ours)")
-        for m, per_task in PUBLISHED.items():
-            pts = sorted(per_task.get(task, {}).items())
-            if pts:
-                ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6, label=f"{m} (published, 1.3B)")
-        ax.set_xscale("log", base=2)
-        ax.set_title(TASK_LABELS.get(task, task))
-        ax.set_xlabel("context length (tokens; ours = bytes)")
-        ax.set_ylim(-3, 103)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("string match (%)")
+    metrics = [("score", "string match (%)")]
+    if any("char_acc" in r for r in records):
+        metrics.append(("char_acc", "value chars in place (%)"))
+    fig, axes = plt.subplots(len(metrics), len(tasks), figsize=(4.2 * len(tasks), 3.2 * len(metrics) + 0.6),
+                             squeeze=False, sharey=True)
+    for row, (metric, ylabel) in enumerate(metrics):
+        for ax, task in zip(axes[row], tasks):
+            for m in models:
+                pts = sorted((r["context_len"], r[metric]) for r in records
+                             if r["model"] == m and r["task"] == task and metric in r)
+                if pts:
+                    ax.plot(*zip(*pts), "o-", color=colors[m], label=f"{m} (ours)")
+            if metric == "score":
+                for m, per_task in PUBLISHED.items():
+                    pts = sorted(per_task.get(task, {}).items())
+                    if pts:
+                        ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6, label=f"{m} (published, 1.3B)")
+            ax.set_xscale("log", base=2)
+            ax.set_title(TASK_LABELS.get(task, task) if row == 0 else "", fontsize=10)
+            if row == len(metrics) - 1:
+                ax.set_xlabel("context length (tokens; ours = bytes)")
+            ax.set_ylim(-3, 103)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel(ylabel)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.1 + 0.04 * (len(labels) > 4), 1, 1))
+    fig.tight_layout(rect=(0, 0.12 / len(metrics) + 0.04 * (len(labels) > 4) / len(metrics), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--stage", choices=["ours", "peers"], required=True)
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu"))
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny: check that the script itself runs")
+    ap.add_argument("--models", nargs="+", default=["deltanet", "gated_deltanet", "gla", "kda"],
+                    help="peers stage: the models timed beside fla (its first call of each op autotunes for minutes)")
     args = ap.parse_args()
     if args.smoke:
         global LINEAR
@@ -176,8 +178,7 @@ def main():
                                      head_dim=128, vocab_size=4096, new_tokens=32, repeats=3, device="cuda",
                                      dtype="bfloat16", prefill_chunk=4096, out=os.path.join(args.out, "decode")))
     else:
-        run_speed(models=["deltanet", "gated_deltanet", "gla", "kda"], forms=["chunk"],
-                  out_dir=os.path.join(args.out, "speed_peers"), peers=True, **shape)
+        run_speed(models=args.models, forms=["chunk"], out_dir=args.out, peers=True, **shape)
 
 
 if __name__ == "__main__":

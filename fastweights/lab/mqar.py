@@ -412,7 +412,10 @@ def plot_mqar(records: Sequence[dict], out) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     best = best_over(records, over=("lr",), fields=("model", "d_model", "setting"))
     settings = list(dict.fromkeys(r["setting"] for r in best))
-    models = list(dict.fromkeys(r["model"] for r in best))
+    from .. import zoo
+
+    order = {m: i for i, m in enumerate(zoo.names())}  # stable colours whatever order the cells finished in
+    models = sorted(dict.fromkeys(r["model"] for r in best), key=lambda m: order.get(m, len(order)))
     colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
     paths = []
     for xkey, fname, xlabel in (("d_model", "mqar_d_model.png", "d_model"),

@@ -474,8 +474,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-pairs", nargs="+", type=int, default=None)
     p.add_argument("--lrs", nargs="+", type=float, default=None)
     p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--train-examples", type=int, default=None)
-    p.add_argument("--test-examples", type=int, default=None)
+    p.add_argument("--train-examples", type=int, default=None,
+                   help="per setting (single-segment presets; a mixture keeps its own counts)")
+    p.add_argument("--test-examples", type=int, default=None, help="per setting (single-segment presets)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/mqar", help="results.jsonl, checkpoints/, PNGs")
     p.add_argument("--device", default="cpu")

@@ -22,8 +22,8 @@ which is the unit-lower-triangular system (the UT transform)
 
     (I + strict_tril(diag(β) A)) [U', W] = [diag(β) V, diag(β)(R ⊙ e^{R})],   U = U' − W S_n,
 
-solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ by one triangular solve against the
-identity (`unit_lower_inverse`, whose backward is two matmuls), then [U', W] = T·rhs (fp32). Then, with
+solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ by recursive block inversion in
+⌈log₂ C⌉ levels of batched matmuls (`unit_lower_inverse`), then [U', W] = T·rhs (fp32). Then, with
 Aqk_ij = Σ_d scale·q_id k_jd e^{G_id − G_jd} (j ≤ i) and K̃_j = k_j ⊙ e^{G_C − G_j},
 
     O_n     = (scale·Q ⊙ e^{G} − Aqk W) S_n + Aqk U'
@@ -60,28 +60,35 @@ Tensor = torch.Tensor
 __all__ = ["chunk_delta", "unit_lower_inverse"]
 
 
-class _UnitLowerInverse(torch.autograd.Function):
-    """T = (I + L)⁻¹ for L [..., C, C] strictly lower triangular (its diagonal and upper part are
-    ignored). Forward: one triangular solve against the identity (C right-hand sides, fewer than
-    the V + K of the system itself); backward: dL = strict_tril(−Tᵀ dT Tᵀ), two matmuls."""
-
-    @staticmethod
-    def forward(ctx, L):
-        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand(L.shape)  # [..., C, C]
-        T = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)  # [..., C, C]
-        ctx.save_for_backward(T)
-        return T
-
-    @staticmethod
-    def backward(ctx, dT):
-        (T,) = ctx.saved_tensors
-        Tt = T.transpose(-1, -2)
-        return -torch.tril(Tt @ dT @ Tt, diagonal=-1)
-
-
 def unit_lower_inverse(L: Tensor) -> Tensor:
-    """(I + strict_tril(L))⁻¹ [..., C, C], differentiable in L (see `_UnitLowerInverse`)."""
-    return _UnitLowerInverse.apply(L)
+    """(I + strict_tril(L))⁻¹ for L [..., C, C] (its diagonal and upper part are ignored), by
+    recursive 2×2 block inversion, all blocks of a level at once:
+
+        [[A, 0], [X, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ X A⁻¹, D⁻¹]]
+
+    from 1×1 blocks (= 1) up to C (padded to a power of two with identity rows): ⌈log₂ C⌉
+    levels of two batched matmuls each, differentiable by autograd. Matmuls only: no
+    triangular-solve kernel, whose CPU implementation stalls (seconds) on a shared thread pool.
+    """
+    C = L.shape[-1]
+    size = 1 << max(C - 1, 0).bit_length()  # the next power of two ≥ C
+    A = torch.tril(L, diagonal=-1)  # [..., C, C]
+    if size != C:
+        A = torch.nn.functional.pad(A, (0, size - C, 0, size - C))  # [..., size, size]
+    batch = A.shape[:-2]
+    blocks = A.new_ones(*batch, size, 1, 1)  # inverses of the 1×1 diagonal blocks  [..., n, b, b]
+    b = 1
+    while b < size:
+        P = size // (2 * b)  # pairs of blocks merged at this level
+        diag = torch.diagonal(A.reshape(*batch, P, 2 * b, P, 2 * b), dim1=-4, dim2=-2)  # [..., 2b, 2b, P]
+        X = diag.movedim(-1, -3)[..., b:, :b]  # lower-left block of each pair  [..., P, b, b]
+        Ainv, Dinv = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]  # [..., P, b, b]
+        lower = -(Dinv @ X @ Ainv)  # [..., P, b, b]
+        top = torch.cat([Ainv, torch.zeros_like(Ainv)], dim=-1)  # [..., P, b, 2b]
+        bottom = torch.cat([lower, Dinv], dim=-1)  # [..., P, b, 2b]
+        blocks = torch.cat([top, bottom], dim=-2)  # [..., P, 2b, 2b]
+        b *= 2
+    return blocks[..., 0, :C, :C]  # [..., C, C]
 
 
 def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tensor | None = None,

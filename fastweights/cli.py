@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the probe's ops are tiny; 0 keeps torch's default)")
     cp.set_defaults(fn=_capacity)
+    from .lab import mad, mqar, niah  # each adds its subcommand and sets fn to its cli_main
+
+    for lab_module in (mqar, niah, mad):
+        lab_module.add_cli(sub)
     return p
 
 

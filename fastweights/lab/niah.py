@@ -121,14 +121,14 @@ class NIAHConfig:
     tasks: tuple[str, ...] = ("niah_single_1", "niah_single_2", "niah_single_3")
     lengths: tuple[int, ...] = (1024, 2048, 4096, 8192)
     train_len: int = 512
-    train_examples: int = 64
+    train_examples: int = 96
     test_examples: int = 16
     eval_examples: int = 4
     d_model: int = 64
     n_layers: int = 2
     num_heads: int = 2
     mlp: str = "none"
-    epochs: int = 4
+    epochs: int = 5
     batch_size: int = 16
     lr: float = 3e-3
     weight_decay: float = 0.1
@@ -188,9 +188,9 @@ class NIAHConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # End to end in a few minutes on 2 CPU cores: tiny models, few hundred training rows, 4 examples per cell.
     "small": dict(),
-    # A GPU run (minutes on one H100): 2-layer 128-wide models, 18,000 rows, 100 examples per cell.
+    # A GPU run (minutes per model on one H100): 2-layer 128-wide models, 18,000 rows, 100 examples per cell.
     "gpu": dict(models=("deltanet", "gated_deltanet", "mamba2", "softmax_attention"), train_examples=6000,
-                test_examples=64, eval_examples=100, d_model=128, n_layers=2, num_heads=2, epochs=8,
+                test_examples=64, eval_examples=100, d_model=128, n_layers=2, num_heads=2, epochs=5,
                 batch_size=32, lr=3e-3, warmup=200, eval_batch_size=50, prefill_chunk=8192, device="cuda",
                 threads=None),
 }

@@ -22,8 +22,9 @@ which is the unit-lower-triangular system (the UT transform)
 
     (I + strict_tril(diag(β) A)) [U', W] = [diag(β) V, diag(β)(R ⊙ e^{R})],   U = U' − W S_n,
 
-solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ by recursive block inversion in
-⌈log₂ C⌉ levels of batched matmuls (`unit_lower_inverse`), then [U', W] = T·rhs (fp32). Then, with
+solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ (`unit_lower_inverse`: a triangular
+solve against I on CUDA, recursive block inversion by batched matmuls elsewhere), then
+[U', W] = T·rhs (fp32). Then, with
 Aqk_ij = Σ_d scale·q_id k_jd e^{G_id − G_jd} (j ≤ i) and K̃_j = k_j ⊙ e^{G_C − G_j},
 
     O_n     = (scale·Q ⊙ e^{G} − Aqk W) S_n + Aqk U'
@@ -57,10 +58,41 @@ from .varlen import make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["chunk_delta", "unit_lower_inverse"]
+__all__ = ["chunk_delta", "unit_lower_inverse", "block_unit_lower_inverse", "solve_unit_lower_inverse"]
+
+
+class _SolveUnitLowerInverse(torch.autograd.Function):
+    """T = (I + strict_tril(L))⁻¹ by one triangular solve against the identity; backward
+    dL = strict_tril(−Tᵀ dT Tᵀ), two matmuls."""
+
+    @staticmethod
+    def forward(ctx, L):
+        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand(L.shape)  # [..., C, C]
+        T = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)  # [..., C, C]
+        ctx.save_for_backward(T)
+        return T
+
+    @staticmethod
+    def backward(ctx, dT):
+        (T,) = ctx.saved_tensors
+        Tt = T.transpose(-1, -2)
+        return -torch.tril(Tt @ dT @ Tt, diagonal=-1)
+
+
+def solve_unit_lower_inverse(L: Tensor) -> Tensor:
+    """(I + strict_tril(L))⁻¹ [..., C, C] by a triangular solve (see `_SolveUnitLowerInverse`)."""
+    return _SolveUnitLowerInverse.apply(L)
 
 
 def unit_lower_inverse(L: Tensor) -> Tensor:
+    """(I + strict_tril(L))⁻¹ for L [..., C, C], exact either way: on CUDA one batched triangular
+    solve (measured faster there: 19.8 against 26.9 ms for a DeltaNet forward+backward at B=4,
+    T=4096, H=16, D=128); elsewhere the matmul-only block inversion, because the CPU
+    triangular solve stalled for seconds on a 2-thread pool shared with other work."""
+    return solve_unit_lower_inverse(L) if L.is_cuda else block_unit_lower_inverse(L)
+
+
+def block_unit_lower_inverse(L: Tensor) -> Tensor:
     """(I + strict_tril(L))⁻¹ for L [..., C, C] (its diagonal and upper part are ignored), by
     recursive 2×2 block inversion, all blocks of a level at once:
 

@@ -303,11 +303,13 @@ def test_bad_shapes_are_named():
         chunk_delta(q, q, v, beta=b, scale=1.0, initial_state=torch.zeros(1, 2, 3, 4))
 
 
-def test_unit_lower_inverse_and_its_gradient():
-    from fastweights.chunkwise.delta import unit_lower_inverse
+@pytest.mark.parametrize("C", [1, 5, 9, 16])
+def test_unit_lower_inverses_and_their_gradients(C):
+    from fastweights.chunkwise.delta import block_unit_lower_inverse, solve_unit_lower_inverse
 
-    L = torch.randn(3, 9, 9, dtype=torch.float64) * 0.3
-    T = unit_lower_inverse(L)
-    A = torch.eye(9, dtype=torch.float64) + torch.tril(L, -1)
-    assert (T @ A - torch.eye(9, dtype=torch.float64)).abs().max().item() < 1e-12
-    assert torch.autograd.gradcheck(unit_lower_inverse, (L.clone().requires_grad_(True),))
+    L = torch.randn(3, C, C, dtype=torch.float64) * 0.3
+    A = torch.eye(C, dtype=torch.float64) + torch.tril(L, -1)
+    for inverse in (block_unit_lower_inverse, solve_unit_lower_inverse):
+        T = inverse(L)
+        assert (T @ A - torch.eye(C, dtype=torch.float64)).abs().max().item() < 1e-12
+        assert torch.autograd.gradcheck(inverse, (L.clone().requires_grad_(True),))

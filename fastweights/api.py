@@ -162,21 +162,30 @@ def _memory_recurrent(pr: _Prepared, initial_state, output_final_state, inner_gr
     return o.to(pr.out_dtype), _finish_state(pr.recipe, final, output_final_state)
 
 
+def _normalizer_in(v: Tensor, S0: Tensor, st: MemoryState, normalize: bool):
+    """A normalized memory (linear attention) carries z as the readout of an extra all-ones value
+    column: v [.., V] → [.., V + 1], S0 [.., K', V] → [.., K', V + 1]."""
+    if not normalize:
+        return v, S0
+    return (torch.cat([v, torch.ones_like(v[..., :1])], dim=-1),
+            torch.cat([S0, st.normalizer[..., None]], dim=-1))
+
+
+def _normalizer_out(o: Tensor, S: Tensor, normalize: bool) -> tuple[Tensor, MemoryState]:
+    """Undo `_normalizer_in`: o / z and the MemoryState (weights, normalizer)."""
+    if not normalize:
+        return o, MemoryState(weights=(S,))
+    return o[..., :-1] / (o[..., -1:] + 1e-6), MemoryState(weights=(S[..., :-1],), normalizer=S[..., -1])
+
+
 def _linear_parallel(pr: _Prepared, initial_state, output_final_state):
     st = _memory_state(pr, initial_state)
-    v, S0 = pr.v, st.weights[0]
     normalize = pr.recipe.memory.normalize
-    if normalize:  # the normalizer z is the readout of an extra all-ones value column
-        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, T, n, H, V + 1]
-        S0 = torch.cat([S0, st.normalizer[..., None]], dim=-1)  # [B, H, K', V + 1]
+    v, S0 = _normalizer_in(pr.v, st.weights[0], st, normalize)  # [B, T, n, H, V(+1)], [B, H, K', V(+1)]
     o, S = par.linear_parallel(pr.q, pr.k, v, scale=pr.scale, g=pr.g, beta=pr.beta, p=pr.p,
                                delta=recipe_class(pr.recipe) == "delta",
                                decay_first=pr.recipe.retention.decay_first, S0=S0)
-    if normalize:
-        o = o[..., :-1] / (o[..., -1:] + 1e-6)
-        st = MemoryState(weights=(S[..., :-1],), normalizer=S[..., -1])
-    else:
-        st = MemoryState(weights=(S,))
+    o, st = _normalizer_out(o, S, normalize)
     return o.to(pr.out_dtype), _finish_state(pr.recipe, st, output_final_state)
 
 
@@ -283,20 +292,14 @@ def _core(fn, backend: str):
 
 def _linear_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=64, cu_seqlens=None,
                   backend="auto"):
-    """Gated-linear and delta classes: chunkwise.chunk_gated / chunkwise.chunk_delta.
-
-    A normalized memory (linear attention) carries its normalizer z as the readout of an extra
-    all-ones value column, exactly as the parallel form does.
-    """
+    """Gated-linear and delta classes: chunkwise.chunk_gated / chunkwise.chunk_delta (a
+    normalizer rides along as an extra value column, as in the parallel form)."""
     from .chunkwise import chunk_delta, chunk_gated
 
     rows = _num_sequences(pr, cu_seqlens)
     st = _memory_state(pr, initial_state, rows=rows)
-    v, S0 = pr.v, st.weights[0]  # [B, T, n, H, V], [B or N, H, K', V]
     normalize = pr.recipe.memory.normalize
-    if normalize:
-        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, T, n, H, V + 1]
-        S0 = torch.cat([S0, st.normalizer[..., None]], dim=-1)  # [B or N, H, K', V + 1]
+    v, S0 = _normalizer_in(pr.v, st.weights[0], st, normalize)  # [B, T, n, H, V(+1)], [B or N, H, K', V(+1)]
     n = pr.shapes.n
     k = pr.k if n > 1 else pr.k[:, :, 0]  # [B, T, n, H, K'] or [B, T, H, K']
     v = v if n > 1 else v[:, :, 0]
@@ -308,11 +311,7 @@ def _linear_chunk(pr: _Prepared, initial_state, output_final_state, chunk_size=6
                                            **common)
     else:
         o, S = _core(chunk_gated, backend)(pr.q, k, v, **common)
-    if normalize:
-        o = o[..., :-1] / (o[..., -1:] + 1e-6)
-        st = MemoryState(weights=(S[..., :-1],), normalizer=S[..., -1])
-    else:
-        st = MemoryState(weights=(S,))
+    o, st = _normalizer_out(o, S, normalize)
     return o.to(pr.out_dtype), _finish_state(pr.recipe, st, output_final_state)
 
 

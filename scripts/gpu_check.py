@@ -76,7 +76,7 @@ def correctness(dev) -> list[dict]:
         x.pop("initial_state", None)
         S0 = torch.randn(2, 4, 64, 64, dtype=torch.float64) * 0.1 if not zoo.get(name).memory.normalize else None
 
-        def grads(form, inputs, state, **kw):
+        def grads(form, inputs, state, name=name, **kw):
             leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
             st = state.detach().clone().requires_grad_(True) if state is not None else None
             o, s = form(name, initial_state=st, output_final_state=True, **leaves, **kw)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fastweights as fw
-from fastweights.state import state_map
 from fastweights import zoo
+from fastweights.state import state_map
 from tests.helpers import flat_state, make_case, max_err, run_with_grads
 from tests.tolerances import CHUNK_F32_REL, CHUNK_F64
 
@@ -79,7 +79,7 @@ def test_varlen_equals_each_sequence_alone(name):
         finals.append(si)
     assert (o - torch.cat(outs, 1)).abs().max().item() < CHUNK_F64
     for n, si in enumerate(finals):
-        row = s[n:n + 1] if isinstance(s, torch.Tensor) else state_map(s, lambda x: x[n:n + 1])
+        row = s[n:n + 1] if isinstance(s, torch.Tensor) else state_map(s, lambda x, n=n: x[n:n + 1])
         assert max_err(row, si) < CHUNK_F64
 
 

@@ -14,14 +14,6 @@ from fastweights.lab import mad as lab
 from fastweights.tasks.mad import mad_settings
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_macro_accuracy_hand_computed():
     # -100 dropped; class 0: 1 of 2 right, class 1: 1 of 1 -> (0.5 + 1) / 2
     assert lab.macro_accuracy(torch.tensor([0, 1, 1, 2]), torch.tensor([0, 0, 1, -100]), 4) == pytest.approx(0.75)

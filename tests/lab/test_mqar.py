@@ -14,15 +14,6 @@ from fastweights.lab import mqar
 from fastweights.lab.mqar import PRESETS, MQARCell, build_model, cell_data, format_table, make_cells, plot_mqar
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # torch.linalg.solve_triangular (the delta-rule chunk form) is ~100x slower with 2 CPU threads than
-    # with 1 on a busy 2-core machine; the harness tests are about the harness, not BLAS threading
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 def test_preset_grids():
     assert len(make_cells(PRESETS["zoology-fig2"])) == 7 * 4 * 4 * 4  # models × d × (L, kv) × lr
     based = make_cells(PRESETS["based-standard"])

@@ -13,14 +13,6 @@ from fastweights.lab import niah as lab
 from fastweights.tasks.niah import ByteTokenizer, make_niah
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _oracle(task, length, n, seed=42):
     """A generate fn that appends each example's true answer (it knows the data by its prompt)."""
     answers = {tuple(ex["input_ids"].tolist()): ex["answer_ids"] for ex in make_niah(task, length, n, seed)}

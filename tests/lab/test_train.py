@@ -29,15 +29,6 @@ from fastweights.models import LM, LMConfig
 from fastweights.tasks.mqar import MQARConfig, make_mqar_splits
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # torch.linalg.solve_triangular (the delta-rule chunk form) is ~100x slower with 2 CPU threads than
-    # with 1 on a busy 2-core machine; the harness tests are about the harness, not BLAS threading
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 def _data(seed: int, n_train: int = 512, n_test: int = 128, L: int = 32, kv: int = 4, vocab: int = 64):
     cfg = MQARConfig(vocab_size=vocab, seq_len=L, num_kv_pairs=kv, num_examples=n_train, seed=seed)
     return make_mqar_splits(cfg, MQARConfig(vocab_size=vocab, seq_len=L, num_kv_pairs=kv, num_examples=n_test,

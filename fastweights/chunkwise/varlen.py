@@ -27,6 +27,23 @@ Tensor = torch.Tensor
 __all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens"]
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity forward; the backward returns its gradient contiguous."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def contiguous_grad(x: Tensor) -> Tensor:
+    """x itself, with a contiguous gradient (a permuted or sliced one otherwise flows back)."""
+    return _ContiguousGrad.apply(x) if x.requires_grad else x
+
+
 @dataclass(frozen=True)
 class ChunkLayout:
     """Where every token sits among the chunks.
@@ -58,7 +75,10 @@ class ChunkLayout:
         return len(self.ranges) if self.varlen else self.batch
 
     def to_chunks(self, x: Tensor) -> Tensor:
-        """[B, T, H, *D] → [B, H, N, C, *D], zero-padded."""
+        """[B, T, H, *D] → [B, H, N, C, *D], zero-padded. The gradient flowing back to x is made
+        contiguous (`contiguous_grad`): callers' backward passes may view it (Linear does, and
+        AOT-compiled graphs do not re-stride it)."""
+        x = contiguous_grad(x)
         B, T, H = x.shape[:3]
         rest = tuple(x.shape[3:])
         N, C = self.num_chunks, self.chunk_size

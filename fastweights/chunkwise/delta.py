@@ -48,13 +48,12 @@ import torch
 
 from .gated import (
     check_shape,
-    compute_dtype,
+    chunk_inputs,
     decayed_scores,
     gate_kind,
-    initial_state_or_zeros,
     scalar_or_diag,
 )
-from .varlen import make_layout, scan_chunks
+from .varlen import scan_chunks
 
 Tensor = torch.Tensor
 
@@ -156,21 +155,11 @@ def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tens
         return _delta_product(q, k, v, beta=beta, g=g, p=p, decay_first=decay_first, scale=scale,
                               initial_state=initial_state, output_final_state=output_final_state,
                               chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 4 else -1
-    check_shape("k", k, (B, T, H, K))
-    check_shape("v", v, (B, T, H, V))
-    check_shape("beta", beta, (B, T, H), optional=True)
     check_shape("p", p, (B, T, H, K), optional=True)
-    kind = gate_kind(g, B, T, H, K)
-    cdt = compute_dtype(q)
+    c = chunk_inputs(q, k, v, beta=beta, g=g, scale=scale, initial_state=initial_state, chunk_size=chunk_size,
+                     cu_seqlens=cu_seqlens)
+    V, kind, cdt, layout, S0, qc, kc, vc = c.V, c.kind, c.cdt, c.layout, c.S0, c.qc, c.kc, c.vc
     out_dtype = v.dtype
-    scale = K ** -0.5 if scale is None else float(scale)
-    layout = make_layout(B, T, chunk_size, cu_seqlens, device=q.device)
-    S0 = initial_state_or_zeros(initial_state, layout, H, K, V, cdt, q.device)
-
-    qc = layout.to_chunks(q.to(cdt) * scale)  # [B, H, N, C, K]
-    kc = layout.to_chunks(k.to(cdt))  # [B, H, N, C, K]
-    vc = layout.to_chunks(v.to(cdt))  # [B, H, N, C, V]
     rc = kc if p is None else layout.to_chunks(p.to(cdt))  # read keys  [B, H, N, C, K]
     if beta is None:
         bc = torch.ones_like(vc[..., 0])  # [B, H, N, C]

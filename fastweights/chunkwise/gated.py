@@ -40,6 +40,8 @@ decay after it (then ~1e-5 relative in fp32; exact zeros g = 0 stay exact).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .varlen import ChunkLayout, make_layout, scan_chunks
@@ -171,6 +173,46 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     return torch.where(mask, P, 0.0) if fast else P
 
 
+@dataclass
+class Chunked:
+    """The inputs every chunk form starts from: shapes, gate kind, compute dtype, layout, the
+    initial state and q (scaled), k, v cut into chunks [B, H, N, C, ·] in the compute dtype."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    kind: str
+    cdt: torch.dtype
+    layout: ChunkLayout
+    S0: Tensor
+    qc: Tensor
+    kc: Tensor
+    vc: Tensor
+
+
+def chunk_inputs(q: Tensor, k: Tensor, v: Tensor, *, beta, g, scale, initial_state, chunk_size,
+                 cu_seqlens) -> Chunked:
+    """Check q, k, v [B, T, H, ·], β [B, T, H] and g; cut them into chunks (see `Chunked`)."""
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be 4-D [B, T, H, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
+    B, T, H, K = q.shape
+    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 4 else -1
+    check_shape("k", k, (B, T, H, K))
+    check_shape("v", v, (B, T, H, V))
+    check_shape("beta", beta, (B, T, H), optional=True)
+    kind = gate_kind(g, B, T, H, K)
+    cdt = compute_dtype(q)
+    scale = K ** -0.5 if scale is None else float(scale)
+    layout = make_layout(B, T, chunk_size, cu_seqlens, device=q.device)
+    S0 = initial_state_or_zeros(initial_state, layout, H, K, V, cdt, q.device)
+    return Chunked(B=B, T=T, H=H, K=K, V=V, kind=kind, cdt=cdt, layout=layout, S0=S0,
+                   qc=layout.to_chunks(q.to(cdt) * scale),  # [B, H, N, C, K]
+                   kc=layout.to_chunks(k.to(cdt)),  # [B, H, N, C, K]
+                   vc=layout.to_chunks(v.to(cdt)))  # [B, H, N, C, V]
+
+
 # ---------------------------------------------------------------------------- the gated-linear class
 def chunk_gated(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                 scale: float | None, initial_state: Tensor | None = None, output_final_state: bool = False,
@@ -191,23 +233,10 @@ def chunk_gated(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, bet
         o [B, T, H, V] in v's dtype; final state [B (or N), H, K, V] in fp32 (float64 for float64
         inputs) when output_final_state, else None.
     """
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
-    B, T, H, K = q.shape
-    V = v.shape[-1] if v.dim() == 4 else -1
-    check_shape("k", k, (B, T, H, K))
-    check_shape("v", v, (B, T, H, V))
-    check_shape("beta", beta, (B, T, H), optional=True)
-    kind = gate_kind(g, B, T, H, K)
-    cdt = compute_dtype(q)
+    c = chunk_inputs(q, k, v, beta=beta, g=g, scale=scale, initial_state=initial_state, chunk_size=chunk_size,
+                     cu_seqlens=cu_seqlens)
+    kind, cdt, layout, S0, qc, kc, vc = c.kind, c.cdt, c.layout, c.S0, c.qc, c.kc, c.vc
     out_dtype = v.dtype
-    scale = K ** -0.5 if scale is None else float(scale)
-    layout = make_layout(B, T, chunk_size, cu_seqlens, device=q.device)
-    S0 = initial_state_or_zeros(initial_state, layout, H, K, V, cdt, q.device)
-
-    qc = layout.to_chunks(q.to(cdt) * scale)  # [B, H, N, C, K]
-    kc = layout.to_chunks(k.to(cdt))  # [B, H, N, C, K]
-    vc = layout.to_chunks(v.to(cdt))  # [B, H, N, C, V]
     if beta is not None:
         kc = kc * layout.to_chunks(beta.to(cdt)).unsqueeze(-1)  # β_j k_j  [B, H, N, C, K]
 

@@ -1,0 +1,52 @@
+"""One quick-preset MQAR cell with MixerPreset fields overridden in every layer.
+
+    python3 scripts/mqar_ablation.py mamba2 "{'beta': 'none'}" 3e-3 [--d-model 64]
+
+Prints the best test accuracy (same data, schedule and budget as `fastweights mqar --preset quick`).
+Used for docs/mqar.md's Mamba2 note: β = dt → β = 1 ("beta": "none"), or no D skip ("d_skip": False).
+"""
+
+import argparse
+import ast
+import time
+
+import torch
+
+from fastweights.lab import mqar
+from fastweights.lab.train import TrainConfig, train_cell
+from fastweights.layers.mixer import MemoryMixer
+from fastweights.models import LM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("overrides", help="a dict literal of MixerPreset fields, e.g. \"{'d_skip': False}\"")
+    ap.add_argument("lr", type=float)
+    ap.add_argument("--d-model", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    overrides = ast.literal_eval(args.overrides)
+    cell = next(c for c in mqar.make_cells(mqar.PRESETS["quick"], models=[args.model], d_models=[args.d_model],
+                                           lrs=[args.lr]))
+    cfg = mqar.lm_config(cell)
+
+    def model_fn(_cfg=None):
+        model = LM(cfg)
+        fields = {**mqar.mixer_overrides(cell), **overrides}
+        for i, block in enumerate(model.blocks):
+            block.mixer = MemoryMixer(cfg.d_model, cfg.layer_mixers[i], cfg.num_heads, **cfg.mixer_kwargs(i), **fields)
+        return model
+
+    train, test = mqar.cell_data(cell)
+    tc = TrainConfig(epochs=cell.epochs, batch_size=cell.batch_size, lr=cell.lr, weight_decay=cell.weight_decay,
+                     decay_filter=cell.decay_filter, warmup=cell.warmup, grad_clip=cell.grad_clip,
+                     early_stop=cell.early_stop, seed=cell.seed)
+    t0 = time.time()
+    res = train_cell(cfg, train, test, tc, model_fn=model_fn, progress="none")
+    print(f"{args.model} d={args.d_model} lr={args.lr:g} {overrides}: accuracy {res['accuracy']:.3f} "
+          f"({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,10 @@ extras="${1:-}"
 py="${PYTHON:-python3}"
 cd "$(dirname "$0")/.."
 if ! "$py" -c "import torch" >/dev/null 2>&1; then
-  if "$py" -m pip install -q --no-index torch==2.13.0 >/dev/null 2>&1; then
+  wheels="$(mktemp -d)"
+  if "$py" -m pip download -q --no-index --no-deps torch==2.13.0 -d "$wheels" >/dev/null 2>&1; then
+    # the local file itself; its own dependencies (sympy, networkx, ...) come from the index
+    "$py" -m pip install -q "$wheels"/torch-*.whl
     echo "installed torch 2.13.0 from a local wheel"
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     "$py" -m pip install -q torch

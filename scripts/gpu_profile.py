@@ -1,14 +1,18 @@
-"""Where the plain-torch chunk form spends its time on a GPU, and what three variants buy.
+"""Where the plain-torch chunk form and the decoding step spend their time on a GPU.
 
-    python3 scripts/gpu_profile.py [--out DIR]
+    python3 scripts/gpu_profile.py [--out DIR] [--models ...] [--smoke]
 
-At the anchor shape (B=4, T=4096, H=16, D=128, bf16 inputs, forward+backward) for
-gated_deltanet, gla and kda: the median time of
-  eager      fastweights.chunk as shipped (fp32 matmuls)
-  tf32       the same with TF32 matmuls allowed (torch.backends.cuda.matmul.allow_tf32)
-  compiled   torch.compile of the chunk core (chunkwise.chunk_delta / chunk_gated)
-and the profiler's top CUDA kernels of one eager forward+backward. Writes profile.json and
-profile.txt under --out ($OUT by default).
+1. At the anchor shape (B=4, T=4096, H=16, D=128, bf16 inputs) for each model: the median
+   forward and forward+backward time of `fastweights.chunk` in several variants, side by side:
+     c64        as shipped (chunk_size 64, fp32 matmuls)
+     c32, c128  chunk_size 32 / 128
+     c64-tf32   TF32 matmuls allowed (torch.backends.cuda.matmul.allow_tf32): a ceiling, not shipped
+   and the profiler's kernels (self CUDA time) of one c64 forward+backward.
+2. One decoding step (`LM.step`, bf16, d_model 1024, 4 layers, 8 heads × 128, 4,096 tokens of
+   context) of a gated_deltanet and a softmax_attention LM: median step time and the profiler's
+   top ops by self CPU and self CUDA time.
+Writes profile.json and profile.txt under --out ($OUT by default); --smoke runs tiny shapes on
+the CPU to check the script itself.
 """
 
 from __future__ import annotations
@@ -25,39 +29,39 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import fastweights as fw  # noqa: E402
-from fastweights import chunkwise  # noqa: E402
 
-MODELS = ("gated_deltanet", "gla", "kda")
+MODELS = ("deltanet", "gated_deltanet", "gla", "kda")
+VARIANTS = {"c64": dict(chunk_size=64), "c32": dict(chunk_size=32), "c128": dict(chunk_size=128),
+            "c64-tf32": dict(chunk_size=64, tf32=True)}
 
 
-def median_ms(fn, reps=10, warmup=3):
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def median_ms(fn, dev, reps=10, warmup=3):
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync(dev)
     ts = []
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+        t0 = time.perf_counter()
         fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
+        sync(dev)
+        ts.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(ts)
 
 
-def case(model, core=None):
-    x = fw.example_inputs(model, batch_size=4, seq_len=4096, num_heads=16, head_dim=128, dtype=torch.bfloat16,
-                          device="cuda", seed=0, requires_grad=True)
+def case(model, shape, dev, dtype, chunk_size):
+    B, T, H, D = shape
+    x = fw.example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype, device=dev,
+                          seed=0, requires_grad=True)
     x.pop("initial_state", None)
-    leaves = [t for t in x.values() if t.requires_grad]
-    if core is None:
-        def run():
-            return fw.chunk(model, **x)[0]
-    else:
-        kw = {k: v for k, v in x.items() if k not in ("q", "k", "v")}
+    leaves = [t for t in x.values() if isinstance(t, torch.Tensor) and t.requires_grad]
 
-        def run():
-            return core(x["q"], x["k"], x["v"], scale=None, **kw)[0]
+    def run():
+        return fw.chunk(model, chunk_size=chunk_size, **x)[0]
 
     def fwdbwd():
         run().float().sum().backward()
@@ -67,56 +71,93 @@ def case(model, core=None):
     return run, fwdbwd
 
 
+def profile_table(fn, dev, sort, rows=22):
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    fn()
+    sync(dev)
+    with profile(activities=acts) as prof:
+        fn()
+        sync(dev)
+    ka = prof.key_averages()
+    n_kernels = sum(e.count for e in ka if getattr(e, "device_type", None) is not None
+                    and str(e.device_type).endswith("CUDA"))
+    return ka.table(sort_by=sort, row_limit=rows), n_kernels
+
+
+def decode_case(name, dev, dtype, smoke):
+    from fastweights.models import LM, LMConfig
+    torch.manual_seed(0)
+    d, L, H, Dh, ctx = (64, 2, 2, 32, 64) if smoke else (1024, 4, 8, 128, 4096)
+    lm = LM(LMConfig(vocab_size=4096, d_model=d, n_layers=L, mixer=name, num_heads=H, head_dim=Dh))
+    lm = lm.to(device=dev, dtype=dtype).eval()
+    ids = torch.randint(0, 4096, (1, ctx), device=dev)
+    with torch.no_grad():
+        logits, state = lm.prefill(ids, None)
+        tok = logits[:, -1].argmax(-1)
+        box = {"state": state, "tok": tok}
+
+        def step():
+            lg, box["state"] = lm.step(box["tok"], box["state"])
+            box["tok"] = lg.argmax(-1)
+
+        ms = median_ms(step, dev, reps=20, warmup=5)
+        cpu_table, _ = profile_table(step, dev, "self_cpu_time_total", rows=25)
+        cuda_table, nk = profile_table(step, dev, "self_cuda_time_total" if dev.type == "cuda"
+                                       else "self_cpu_time_total", rows=15)
+    return ms, cpu_table, cuda_table, nk
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/profile"))
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--profile-models", nargs="*", default=["deltanet", "gla", "kda"])
+    ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    dev = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.bfloat16
+    shape = (1, 64, 2, 16) if args.smoke else (4, 4096, 16, 128)
     res, text = [], []
 
     def save():
         with open(os.path.join(args.out, "profile.json"), "w") as f:
             json.dump(res, f, indent=1)
         with open(os.path.join(args.out, "profile.txt"), "w") as f:
-            f.write("\n".join(text))
+            f.write("\n\n".join(text))
 
-    for model in MODELS:
-        core = chunkwise.chunk_delta if fw.recipe_class(fw.zoo.get(model)) == "delta" else chunkwise.chunk_gated
-        run, fb = case(model)
-        with torch.no_grad():
-            f = median_ms(run)
-        res.append({"model": model, "variant": "eager", "fwd_ms": f, "fwdbwd_ms": median_ms(fb)})
-        print(res[-1], flush=True)
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fb()
-            torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18)
-        text.append(f"## {model} eager fwd+bwd\n{table}")
-        print(table, flush=True)
-        save()
-        torch.backends.cuda.matmul.allow_tf32 = True
-        run, fb = case(model)
-        with torch.no_grad():
-            f = median_ms(run)
-        res.append({"model": model, "variant": "tf32", "fwd_ms": f, "fwdbwd_ms": median_ms(fb)})
-        torch.backends.cuda.matmul.allow_tf32 = False
-        print(res[-1], flush=True)
-        save()
-        t0 = time.perf_counter()
-        try:
-            compiled = torch.compile(core)
-            run, fb = case(model, compiled)
-            fb()
-            torch.cuda.synchronize()
-            ct = time.perf_counter() - t0
-            with torch.no_grad():
-                f = median_ms(run)
-            res.append({"model": model, "variant": "compiled", "fwd_ms": f, "fwdbwd_ms": median_ms(fb),
-                        "compile_s": ct})
-        except Exception as e:  # a failed variant is a result too
-            res.append({"model": model, "variant": "compiled", "error": f"{type(e).__name__}: {e}"[:400]})
-        print(res[-1], flush=True)
+    if dev.type == "cuda":
+        res.append({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__})
+    for model in args.models:
+        for vname in args.variants:
+            spec = VARIANTS[vname]
+            torch.backends.cuda.matmul.allow_tf32 = bool(spec.get("tf32"))
+            try:
+                run, fb = case(model, shape, dev, dtype, spec["chunk_size"])
+                with torch.no_grad():
+                    f = median_ms(run, dev)
+                row = {"model": model, "variant": vname, "fwd_ms": f, "fwdbwd_ms": median_ms(fb, dev)}
+            except Exception as e:  # a failed variant is a result too
+                row = {"model": model, "variant": vname, "error": f"{type(e).__name__}: {e}"[:400]}
+            torch.backends.cuda.matmul.allow_tf32 = False
+            res.append(row)
+            print(row, flush=True)
+            save()
+        if model in args.profile_models:
+            run, fb = case(model, shape, dev, dtype, 64)
+            table, nk = profile_table(fb, dev, "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total")
+            text.append(f"## {model} c64 forward+backward ({nk} kernel launches)\n{table}")
+            res.append({"model": model, "variant": "c64-profile", "kernels": nk})
+            print(text[-1], flush=True)
+            save()
+    for name in ("gated_deltanet", "softmax_attention"):
+        ms, cpu_table, cuda_table, nk = decode_case(name, dev, dtype, args.smoke)
+        res.append({"decode": name, "ms_per_step": ms, "kernels": nk})
+        text.append(f"## decode step {name}: {ms:.2f} ms median, {nk} kernels\n### by self CPU\n{cpu_table}\n"
+                    f"### by self CUDA\n{cuda_table}")
+        print(text[-1], flush=True)
         save()
 
 

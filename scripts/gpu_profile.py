@@ -26,7 +26,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# --src DIR: import fastweights from DIR instead (an older checkout timed side by side with this one)
+_src = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.abspath(_src))
 
 import fastweights as fw  # noqa: E402
 
@@ -115,12 +117,15 @@ def main():
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--profile-models", nargs="*", default=["deltanet", "gla", "kda"])
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--src", default=None, help="import fastweights from this folder (e.g. an older checkout)")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decoding-step profiles")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.bfloat16
     shape = (1, 64, 2, 16) if args.smoke else (4, 4096, 16, 128)
     res, text = [], []
+    print(f"fastweights from {fw.__file__}", flush=True)
 
     def save():
         with open(os.path.join(args.out, "profile.json"), "w") as f:
@@ -129,7 +134,7 @@ def main():
             f.write("\n\n".join(text))
 
     if dev.type == "cuda":
-        res.append({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__})
+        res.append({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "src": fw.__file__})
     for model in args.models:
         for vname in args.variants:
             spec = VARIANTS[vname]
@@ -152,7 +157,7 @@ def main():
             res.append({"model": model, "variant": "c64-profile", "kernels": nk})
             print(text[-1], flush=True)
             save()
-    for name in ("gated_deltanet", "softmax_attention"):
+    for name in () if args.no_decode else ("gated_deltanet", "softmax_attention"):
         ms, cpu_table, cuda_table, nk = decode_case(name, dev, dtype, args.smoke)
         res.append({"decode": name, "ms_per_step": ms, "kernels": nk})
         text.append(f"## decode step {name}: {ms:.2f} ms median, {nk} kernels\n### by self CPU\n{cpu_table}\n"

@@ -108,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--models", nargs="+", default=None, help="memory labels (default: all; see docs/capacity.md)")
     cp.add_argument("--seed", type=int, default=0)
     cp.add_argument("--trials", type=int, default=4, help="independent draws averaged (the batch dimension)")
-    cp.add_argument("--form", default="recurrent", choices=["recurrent", "parallel"],
-                    help="write with fastweights.recurrent, or with the parallel form where one exists")
+    cp.add_argument("--form", default="fast", choices=["fast", "recurrent", "chunk", "parallel"],
+                    help="fast: per memory the quickest exact write (chunk/parallel forms, a state-only "
+                         "recurrence); recurrent: fastweights.recurrent token by token (the reference); "
+                         "chunk/parallel: that form where one exists")
     cp.add_argument("--out", default="runs/capacity", help="directory for capacity.png")
     cp.add_argument("--json", default=None, help="also write the records as a JSON list to this path")
     cp.add_argument("--threads", type=int, default=1,

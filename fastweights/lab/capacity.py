@@ -67,6 +67,7 @@ zero-strength continuation would still decay a constant-retention memory by γ p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Sequence
@@ -78,10 +79,10 @@ import torch.nn.functional as F
 
 from .. import api
 from ..features import apply_feature_map
-from ..inputs import accepted_inputs
+from ..inputs import accepted_inputs, complete_state
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..reference import inner
-from ..state import MemoryState, MesaState
+from ..state import MemoryState, MesaState, state_map
 
 Tensor = torch.Tensor
 
@@ -138,15 +139,17 @@ class Probe:
     value_scale: float = 1.0
     note: str = ""
 
-    def inputs(self, keys: Tensor) -> dict[str, Tensor]:
-        """The per-token inputs for writing `keys` [B, T, K]: beta/nu [B, T, 1], lamb [1, K']."""
+    def inputs(self, keys: Tensor, features: Tensor | None = None) -> dict[str, Tensor]:
+        """The per-token inputs for writing `keys` [B, T, K]: beta/nu [B, T, 1], lamb [1, K'].
+        features: φ(keys) [B, T, K'] when the caller has it already (else it is computed here)."""
         B, T, K = keys.shape
         acc = accepted_inputs(self.recipe)
         out: dict[str, Tensor] = {}
         kw = dict(dtype=keys.dtype, device=keys.device)
         if "beta" in acc:
             if self.beta_over_norm:
-                norm2 = apply_feature_map(self.recipe.feature_map, keys).pow(2).sum(-1)  # [B, T]
+                phi = apply_feature_map(self.recipe.feature_map, keys) if features is None else features
+                norm2 = phi.pow(2).sum(-1)  # [B, T]
                 out["beta"] = (self.beta / norm2)[..., None]
             else:
                 out["beta"] = torch.full((B, T, 1), self.beta, **kw)
@@ -229,26 +232,111 @@ def probes(d_k: int = 64, d_v: int | None = None) -> dict[str, Probe]:
 
 
 # ---------------------------------------------------------------------------------------- write / read
+WRITE_FORMS = ("fast", "recurrent", "chunk", "parallel")
+
+
+def _fast_form(recipe: Recipe, Kf: int, V: int) -> str:
+    """The form `write(form="fast")` takes for a recipe: "chunk" for the gated-linear and Mesa
+    classes and the delta class on narrow keys, "parallel" for the delta class on wide feature
+    maps (K' > 4·V: the chunk form's per-chunk K'×K' transition then costs more than the
+    parallel form's T×T solve), "state" (`_memory_write`) for the rest."""
+    cls = api.recipe_class(recipe)
+    if cls == "memory":
+        return "state"
+    if cls == "delta" and Kf > 4 * V:
+        return "parallel"
+    return "chunk"
+
+
 def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "recurrent"):
     """Write the pairs (keys [B, T, K], values [B, T, V]) into `state` (None: empty memory) with
     the probe's update rule; returns the state after the last write (what `output_final_state`
     gives: S [B, 1, K', V], a MemoryState or a MesaState).
 
-    form "recurrent" runs `fastweights.recurrent`; "parallel" runs `fastweights.parallel` where
-    that form exists (the linear, delta and Mesa classes; the same state up to rounding) and
-    the recurrence elsewhere."""
+    form "recurrent" runs `fastweights.recurrent` (token by token, the reference); "chunk" runs
+    `fastweights.chunk` and "parallel" `fastweights.parallel` where that form exists (the
+    linear, delta and Mesa classes: linear, delta, mesa, the poly2 and decay variants; Mesa's
+    chunk form with its exact solve) and the recurrence elsewhere; "fast" (what
+    `run_capacity` uses) takes per memory the quickest exact way (`_fast_form`): the chunk
+    or parallel form with the keys feature-mapped once (φ(k) passed to the same recipe
+    without its feature map: the same floats the form would compute), or, for omega, muon
+    and mlp, the recurrence keeping the state only (`_memory_write`). Every form gives the
+    same state up to float rounding ("fast" on omega, muon, mlp: the same floats as
+    "recurrent")."""
+    if form not in WRITE_FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, WRITE_FORMS))}, got {form!r}")
     if keys.shape[1] == 0:
         return state
-    fn = api.recurrent
-    if form == "parallel" and "parallel" in api.forms(probe.recipe):
-        fn = api.parallel
-    elif form not in ("recurrent", "parallel"):
-        raise ValueError(f"form must be 'recurrent' or 'parallel', got {form!r}")
+    recipe, features = probe.recipe, None
     k = keys[:, :, None]  # [B, T, 1, K]
     v = probe.value_scale * values[:, :, None]  # [B, T, 1, V]
-    _, final = fn(probe.recipe, k, k, v, scale=1.0, initial_state=state, output_final_state=True,
-                  **probe.inputs(keys))
+    fn, extra = api.recurrent, {}
+    if form == "fast":
+        form = _fast_form(recipe, recipe.feature_map.out_dim(keys.shape[-1]), values.shape[-1])
+        if form == "state":
+            return _memory_write(probe, state, keys, values)
+        if recipe.feature_map.kind != "identity":  # φ once, here, instead of for q and k in the form (and β)
+            cdt = torch.float64 if keys.dtype == torch.float64 else torch.float32
+            k = apply_feature_map(recipe.feature_map, k.to(cdt))  # [B, T, 1, K']
+            features = k[:, :, 0] if cdt == keys.dtype else None
+            recipe = dataclasses.replace(recipe, feature_map=FeatureMap())
+    inputs = probe.inputs(keys, features)
+    if form != "recurrent" and form in api.forms(recipe):
+        fn = api.chunk if form == "chunk" else api.parallel
+        if form == "chunk" and recipe.is_mesa:
+            extra = {"mesa_solve": "cg", "cg_steps": 0}  # only (H, G) is kept: skip the outputs' solves
+    _, final = fn(recipe, k, k, v, scale=1.0, initial_state=state, output_final_state=True, check_values=False,
+                  **inputs, **extra)
     return final
+
+
+def _memory_write(probe: Probe, state, keys: Tensor, values: Tensor) -> MemoryState:
+    """`fastweights.recurrent`'s loop (reference.recurrent.memory_recurrent) for the memories of
+    the generic class that the probe holds (omega, muon, mlp: no retention, one Householder step,
+    no mini-batch, probe key or normalizer), keeping the state only: the same inputs, the same
+    library calls (`inner.closed_form_grad`, `inner.newton_schulz`) in the same order, so the
+    same floats, without the per-token readout the probe throws away. The tests check it
+    against `fastweights.recurrent`."""
+    recipe = probe.recipe
+    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
+    if (recipe.retention.kind != "none" or opt.minibatch != 1 or opt.householder_steps != 1 or obj.probe
+            or mem.normalize or recipe.feature_map.kind != "identity" or opt.kind not in ("gd", "muon")):
+        raise ValueError(f"no state-only loop for {recipe.name}; write it with form='recurrent'")
+    cdt = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    B, T, K = keys.shape
+    V = values.shape[-1]
+    inputs = probe.inputs(keys)
+    k = keys[:, :, None].to(cdt)  # [B, T, 1, K]
+    v = (probe.value_scale * values[:, :, None]).to(cdt)  # [B, T, 1, V]
+    beta = inputs["beta"].to(cdt)[:, :, :, None, None]  # [B, T, 1, 1, 1]
+    nu = inputs["nu"].to(cdt)[:, :, :, None, None] if opt.kind == "muon" else None
+    if state is None:
+        state = MemoryState(weights=(torch.zeros(B, 1, K, V, dtype=cdt, device=keys.device),))
+    st = complete_state(recipe, state_map(state, lambda x: x.to(cdt)), B, 1, K, V)
+    weights, momentum = st.weights, st.momentum
+    win_k, win_v, win_g = st.window_k, st.window_v, st.window_gamma
+    window = obj.window
+    objective = "dot" if obj.kind == "dot" else "l2"
+    ones = torch.ones(B, 1, 1, dtype=cdt, device=keys.device)  # the window weights γ (all 1 here)
+    for t in range(T):
+        kt, vt = k[:, t], v[:, t]  # [B, 1, K], [B, 1, V]
+        if window > 1:
+            wk = torch.cat([win_k, kt[:, None]], dim=1)  # [B, c, 1, K]
+            wv = torch.cat([win_v, vt[:, None]], dim=1)
+            wg = torch.cat([win_g, ones[:, 0, None]], dim=1)  # [B, c, 1]
+            win_k, win_v, win_g = wk[:, 1:], wv[:, 1:], wg[:, 1:]
+            xk, xv, xg = wk.transpose(1, 2), wv.transpose(1, 2), wg.transpose(1, 2)  # [B, 1, c, ·]
+        else:
+            xk, xv, xg = kt[:, :, None], vt[:, :, None], ones  # [B, 1, 1, ·]
+        G = inner.closed_form_grad(mem, objective, weights, xk, xv, xg)
+        bt = beta[:, t]  # [B, 1, 1, 1]
+        if opt.kind == "gd":
+            weights = tuple(w - bt * gi for w, gi in zip(weights, G))
+        else:  # muon
+            nt = nu[:, t]
+            momentum = tuple(nt * m + gi for m, gi in zip(momentum, G))
+            weights = tuple(w - bt * inner.newton_schulz(m, opt.ns_steps) for w, m in zip(weights, momentum))
+    return MemoryState(weights=weights, momentum=momentum, window_k=win_k, window_v=win_v, window_gamma=win_g)
 
 
 def read_state(recipe: Recipe, state, queries: Tensor, *, lamb: float | Tensor | None = None) -> Tensor:
@@ -399,7 +487,7 @@ def _run_episode(probe: Probe, ep: _Episode, d_k: int, d_v: int, seed: int, form
 def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[str] = SETTINGS,
                  models: Sequence[str | Probe] = MODELS, seed: int = 0, trials: int = 4,
                  ns: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
-                 form: str = "recurrent") -> list[dict]:
+                 form: str = "fast") -> list[dict]:
     """Run the probe; returns one record per (setting, model, n), in that order:
     {"setting", "model", "d_k", "n_pairs", "accuracy"} (accuracy = recall in [0, 1], averaged
     over `trials` draws and every scored read).
@@ -408,7 +496,8 @@ def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[st
     (default `sizes(d_k)`; `stream` always writes 8·d_k); models: labels of `probes()` or Probe
     objects; seed: the data (keys, values, write orders, MLP initial weights) depend on
     (seed, setting, n) only, so every model sees the same pairs and a run of a subset of
-    models or settings reproduces the full run's numbers; form: see `write`.
+    models or settings reproduces the full run's numbers; form: see `write` ("fast": the same
+    recall as "recurrent", the token-by-token reference, up to float rounding).
     """
     if not isinstance(d_k, int) or d_k < 1:
         raise ValueError(f"d_k must be a positive int, got {d_k!r}")
@@ -550,7 +639,7 @@ def cli_main(args) -> int:
     t0 = time.perf_counter()
     try:
         records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,
-                               form=getattr(args, "form", "recurrent"))
+                               form=getattr(args, "form", "fast"))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -111,6 +111,51 @@ def test_parallel_form_gives_the_same_recall():
     assert worst <= 0.05, (SEED, worst)  # float rounding may flip a near tie, nothing more
 
 
+def _state_tensors(state):
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if hasattr(state, "H"):  # MesaState
+        return [state.H, state.G]
+    out = list(state.weights) + list(state.momentum or ())
+    return out + [x for x in (state.window_k, state.window_v, state.window_gamma) if x is not None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", MODELS)
+def test_fast_write_equals_the_recurrent_write(name, dtype):
+    """write(form="fast") — the chunk or parallel form on pre-mapped keys, or the state-only loop
+    for omega, muon and mlp — leaves the state fastweights.recurrent leaves: the same floats for
+    the state-only loop, float rounding for the others; also when continuing a written state."""
+    d_k, T = 8, 40
+    probe = probes(d_k)[name]
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randn(2, T, d_k, generator=g, dtype=torch.float64)
+    keys, values = (x / x.norm(dim=-1, keepdim=True)).to(dtype), torch.randn(2, T, d_k, generator=g).to(dtype)
+    init = probe.initial_state(2, d_k, d_k, dtype=dtype, generator=g)
+    states = {}
+    for form in ("recurrent", "fast"):
+        st = write(probe, init, keys[:, :T // 4], values[:, :T // 4], form=form)
+        states[form] = write(probe, st, keys[:, T // 4:], values[:, T // 4:], form=form)
+    rec, fast = _state_tensors(states["recurrent"]), _state_tensors(states["fast"])
+    assert len(rec) == len(fast)
+    for a, b in zip(rec, fast):
+        if name in ("omega", "muon", "mlp"):
+            assert torch.equal(a, b), name
+        else:
+            tol = 1e-10 if dtype == torch.float64 else 1e-4
+            torch.testing.assert_close(b, a, rtol=tol, atol=tol)
+
+
+def test_fast_form_gives_the_recurrent_recall():
+    rec = run_capacity(d_k=16, trials=2, seed=SEED, form="recurrent")
+    fast = run_capacity(d_k=16, trials=2, seed=SEED)
+    assert [r["n_pairs"] for r in rec] == [r["n_pairs"] for r in fast]
+    worst = max(abs(a["accuracy"] - b["accuracy"]) for a, b in zip(rec, fast))
+    assert worst <= 0.05, (SEED, worst)  # float rounding may flip a near tie, nothing more
+    assert [r for r in rec if r["model"] in ("omega", "muon", "mlp")] == \
+        [r for r in fast if r["model"] in ("omega", "muon", "mlp")]  # the same floats
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_direct_read_equals_a_zero_strength_recurrent_read(name):
     """read_state(final state) == continuing the recurrence with β = 0 (and ν = 0), reading one

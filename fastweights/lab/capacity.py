@@ -98,6 +98,7 @@ SKEW_REPEATS = 30
 DECAY = 0.97
 MESA_LAMBDA = 1e-3
 OMEGA_WINDOW = 4
+PARALLEL_CHUNK = 64  # tokens per fastweights.parallel call in write(form="fast")
 MUON_NU = 0.5
 MUON_BETA = 0.25
 MLP_W1_STD = 0.5
@@ -239,7 +240,8 @@ def _fast_form(recipe: Recipe, Kf: int, V: int) -> str:
     """The form `write(form="fast")` takes for a recipe: "chunk" for the gated-linear and Mesa
     classes and the delta class on narrow keys, "parallel" for the delta class on wide feature
     maps (K' > 4·V: the chunk form's per-chunk K'×K' transition then costs more than the
-    parallel form's T×T solve), "state" (`_memory_write`) for the rest."""
+    parallel form, run on chunks of PARALLEL_CHUNK tokens, each continuing the last one's
+    state), "state" (`_memory_write`) for the rest."""
     cls = api.recipe_class(recipe)
     if cls == "memory":
         return "state"
@@ -270,8 +272,8 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
     recipe, features = probe.recipe, None
     k = keys[:, :, None]  # [B, T, 1, K]
     v = probe.value_scale * values[:, :, None]  # [B, T, 1, V]
-    fn, extra = api.recurrent, {}
-    if form == "fast":
+    fn, extra, fast = api.recurrent, {}, form == "fast"
+    if fast:
         form = _fast_form(recipe, recipe.feature_map.out_dim(keys.shape[-1]), values.shape[-1])
         if form == "state":
             return _memory_write(probe, state, keys, values)
@@ -285,9 +287,13 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
         fn = api.chunk if form == "chunk" else api.parallel
         if form == "chunk" and recipe.is_mesa:
             extra = {"mesa_solve": "cg", "cg_steps": 0}  # only (H, G) is kept: skip the outputs' solves
-    _, final = fn(recipe, k, k, v, scale=1.0, initial_state=state, output_final_state=True, check_values=False,
-                  **inputs, **extra)
-    return final
+    step = PARALLEL_CHUNK if fast and fn is api.parallel else k.shape[1]
+    for t in range(0, k.shape[1], step):  # the parallel form a chunk at a time: T·C instead of T² work
+        sl = slice(t, t + step)
+        _, state = fn(recipe, k[:, sl], k[:, sl], v[:, sl], scale=1.0, initial_state=state, output_final_state=True,
+                      check_values=False, **{name: x[:, sl] if name != "lamb" else x for name, x in inputs.items()},
+                      **extra)
+    return state
 
 
 def _memory_write(probe: Probe, state, keys: Tensor, values: Tensor) -> MemoryState:

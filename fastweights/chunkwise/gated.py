@@ -145,41 +145,32 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     gx_first = gx[..., ::c, :]  # ρ of every block  [B, H, N, S, K]
     gy_last = gy[..., c - 1::c, :]  # [B, H, N, S, K]
     fast = bool(((gx_first - gy_last).amax() <= MAX_BLOCK_EXPONENT).item()) if x.numel() else True
-    if fast:  # every block at once: one exp, one product, one batched matmul
-        rho = gx_first.unsqueeze(-2)  # [B, H, N, S, 1, K]
-        x_ref = x.reshape(B, H, N, S, c, K) * (gx.reshape(B, H, N, S, c, K) - rho).exp()  # ≤ 0  [B, H, N, S, c, K]
-        # key rows j < hi_s = (s + 1)·c enter block s with exponent ρ_s − gy_j ≤ MAX_BLOCK_EXPONENT; the
-        # rows after it (masked out below) get exponent 0 instead of a possibly overflowing one
-        ends = torch.arange(c, C + 1, c, device=x.device)  # hi_s  [S]
-        keep = (ar[None, :] < ends[:, None]).unsqueeze(-1)  # [S, C, 1]
-        expo = torch.where(keep, rho - gy.unsqueeze(3), 0.0)  # [B, H, N, S, C, K]
-        y_ref = y.unsqueeze(3) * expo.exp()  # [B, H, N, S, C, K]
-        P = (x_ref @ y_ref.transpose(-1, -2)).reshape(B, H, N, C, C)  # block s = rows [s·c, (s+1)·c)
-        return torch.where(mask, P, 0.0)
     rows = []
     for s in range(S):
         lo, hi = s * c, (s + 1) * c
         xs, gxs = x[..., lo:hi, :], gx[..., lo:hi, :]  # query block s  [B, H, N, c, K]
         rho = gxs[..., :1, :]  # [B, H, N, 1, K]
         x_ref = xs * (gxs - rho).exp()  # exponent ≤ 0  [B, H, N, c, K]
+        upto = hi if fast else lo  # key rows taken by the matmul
         blocks = []
-        if lo > 0:  # the keys before the block, by one matmul
-            y_ref = y[..., :lo, :] * (rho - gy[..., :lo, :]).exp()  # [B, H, N, lo, K]
-            blocks.append(x_ref @ y_ref.transpose(-1, -2))  # [B, H, N, c, lo]
-        # the c×c diagonal block, column by column, exponents gx_i − gy_j ≤ 0
-        first = 1 if strict else 0  # first row i ≥ j + first of column j
-        ys, gys = y[..., lo:hi, :], gy[..., lo:hi, :]  # [B, H, N, c, K]
-        cols = []
-        for j in range(c):
-            i0 = j + first
-            decay = (gxs[..., i0:, :] - gys[..., j:j + 1, :]).exp()  # [B, H, N, c − i0, K]
-            col = (xs[..., i0:, :] * decay * ys[..., j:j + 1, :]).sum(-1)  # [B, H, N, c − i0]
-            cols.append(torch.nn.functional.pad(col, (i0, 0)))  # zeros above the diagonal  [B, H, N, c]
-        blocks.append(torch.stack(cols, dim=-1))  # [B, H, N, c, c]
+        if upto > 0:
+            y_ref = y[..., :upto, :] * (rho - gy[..., :upto, :]).exp()  # [B, H, N, upto, K]
+            blocks.append(x_ref @ y_ref.transpose(-1, -2))  # [B, H, N, c, upto]
+        if not fast:  # the c×c diagonal block, column by column, exponents gx_i − gy_j ≤ 0
+            first = 1 if strict else 0  # first row i ≥ j + first of column j
+            ys, gys = y[..., lo:hi, :], gy[..., lo:hi, :]  # [B, H, N, c, K]
+            cols = []
+            for j in range(c):
+                i0 = j + first
+                decay = (gxs[..., i0:, :] - gys[..., j:j + 1, :]).exp()  # [B, H, N, c − i0, K]
+                col = (xs[..., i0:, :] * decay * ys[..., j:j + 1, :]).sum(-1)  # [B, H, N, c − i0]
+                cols.append(torch.nn.functional.pad(col, (i0, 0)))  # zeros above the diagonal  [B, H, N, c]
+            blocks.append(torch.stack(cols, dim=-1))  # [B, H, N, c, c]
         if hi < C:
             blocks.append(x.new_zeros(B, H, N, c, C - hi))  # [B, H, N, c, C − hi]
         rows.append(torch.cat(blocks, dim=-1))  # [B, H, N, c, C]
-    return torch.cat(rows, dim=-2)  # [B, H, N, C, C]
+    P = torch.cat(rows, dim=-2)  # [B, H, N, C, C]
+    return torch.where(mask, P, 0.0) if fast else P
 
 
 @dataclass

@@ -89,7 +89,7 @@ class ChunkLayout:
             x = torch.cat([x, x.new_zeros(B, 1, H, *rest)], dim=1)  # [1, T + 1, H, *D]
             x = x.index_select(1, self.gather)  # [1, N·C, H, *D]
         x = x.reshape(B, N, C, H, *rest)  # [B, N, C, H, *D]
-        return x.movedim(3, 1).contiguous()  # [B, H, N, C, *D], dense: later ops and matmuls copy nothing
+        return x.movedim(3, 1)  # [B, H, N, C, *D]
 
     def from_chunks(self, y: Tensor) -> Tensor:
         """[B, H, N, C, *D] → [B, T, H, *D], padding dropped."""

@@ -1,14 +1,15 @@
 """The training-free capacity probe: how many (key, value) pairs does each memory hold?
 
 Nothing is learned. Each memory writes a stream of (key, value) pairs with its own update rule
-(a `fastweights.Recipe` run through `fastweights.recurrent`, with a fixed step size and a fixed
-retention), then every stored key is read back from the final state, and a read counts as
+(a `fastweights.Recipe` with a fixed step size and a fixed retention, written by the library's
+forms: by default the quickest exact one per memory, `write(form="fast")`; form "recurrent" runs
+`fastweights.recurrent` token by token and gives the same recall up to float rounding), then every stored key is read back from the final state, and a read counts as
 recalled when, among the candidate values, the one nearest to the read in cosine similarity is
 its own:
 
     keys     k_i = x_i / ‖x_i‖,  x_i ~ N(0, I_{d_k})              stacked [B, T, d_k]
     values   v_i ~ N(0, I_{d_v})                                  stacked [B, T, d_v]
-    write    M_T = the memory after the T writes                  (fastweights.recurrent)
+    write    M_T = the memory after the T writes                  (`write`)
     read     o_j = M_T(φ(k_j))                                    [B, R, d_v]
     recall   = mean_{b, j} 1[ argmax_c cos(o_j, u_c) = target_j ]  u_c: candidates [B, C, d_v]
 

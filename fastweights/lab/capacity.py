@@ -3,7 +3,8 @@
 Nothing is learned. Each memory writes a stream of (key, value) pairs with its own update rule
 (a `fastweights.Recipe` with a fixed step size and a fixed retention, written by the library's
 forms: by default the quickest exact one per memory, `write(form="fast")`; form "recurrent" runs
-`fastweights.recurrent` token by token and gives the same recall up to float rounding), then every stored key is read back from the final state, and a read counts as
+`fastweights.recurrent` token by token and gives the same recall up to float rounding),
+then every stored key is read back from the final state, and a read counts as
 recalled when, among the candidate values, the one nearest to the read in cosine similarity is
 its own:
 

@@ -84,6 +84,7 @@ from ..features import apply_feature_map
 from ..inputs import accepted_inputs, complete_state
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..reference import inner
+from ..reference.recurrent import memory_recurrent
 from ..state import MemoryState, MesaState, state_map
 
 Tensor = torch.Tensor
@@ -299,52 +300,28 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
 
 
 def _memory_write(probe: Probe, state, keys: Tensor, values: Tensor) -> MemoryState:
-    """`fastweights.recurrent`'s loop (reference.recurrent.memory_recurrent) for the memories of
-    the generic class that the probe holds (omega, muon, mlp: no retention, one Householder step,
-    no mini-batch, probe key or normalizer), keeping the state only: the same inputs, the same
-    library calls (`inner.closed_form_grad`, `inner.newton_schulz`) in the same order, so the
-    same floats, without the per-token readout the probe throws away. The tests check it
-    against `fastweights.recurrent`."""
+    """`fastweights.recurrent` for the memories of the generic class that the probe holds (omega,
+    muon, mlp), without the per-token reads the probe throws away: the same loop
+    (`reference.recurrent.memory_recurrent` with readout=False) on the same inputs, so the same
+    floats. The tests check it against `fastweights.recurrent`."""
     recipe = probe.recipe
-    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
-    if (recipe.retention.kind != "none" or opt.minibatch != 1 or opt.householder_steps != 1 or obj.probe
-            or mem.normalize or recipe.feature_map.kind != "identity" or opt.kind not in ("gd", "muon")):
-        raise ValueError(f"no state-only loop for {recipe.name}; write it with form='recurrent'")
+    if recipe.feature_map.kind != "identity" or recipe.retention.kind != "none":
+        raise ValueError(f"no state-only write for {recipe.name}; write it with form='recurrent'")
     cdt = torch.float64 if keys.dtype == torch.float64 else torch.float32
     B, T, K = keys.shape
     V = values.shape[-1]
-    inputs = probe.inputs(keys)
-    k = keys[:, :, None].to(cdt)  # [B, T, 1, K]
-    v = (probe.value_scale * values[:, :, None]).to(cdt)  # [B, T, 1, V]
-    beta = inputs["beta"].to(cdt)[:, :, :, None, None]  # [B, T, 1, 1, 1]
-    nu = inputs["nu"].to(cdt)[:, :, :, None, None] if opt.kind == "muon" else None
+    inputs = {name: x.to(cdt) for name, x in probe.inputs(keys).items()}  # [B, T, 1] each
+    k = keys[:, :, None, None].to(cdt)  # [B, T, n=1, H=1, K]
+    v = (probe.value_scale * values[:, :, None, None]).to(cdt)  # [B, T, 1, 1, V]
     if state is None:
         state = MemoryState(weights=(torch.zeros(B, 1, K, V, dtype=cdt, device=keys.device),))
     st = complete_state(recipe, state_map(state, lambda x: x.to(cdt)), B, 1, K, V)
-    weights, momentum = st.weights, st.momentum
-    win_k, win_v, win_g = st.window_k, st.window_v, st.window_gamma
-    window = obj.window
-    objective = "dot" if obj.kind == "dot" else "l2"
-    ones = torch.ones(B, 1, 1, dtype=cdt, device=keys.device)  # the window weights γ (all 1 here)
-    for t in range(T):
-        kt, vt = k[:, t], v[:, t]  # [B, 1, K], [B, 1, V]
-        if window > 1:
-            wk = torch.cat([win_k, kt[:, None]], dim=1)  # [B, c, 1, K]
-            wv = torch.cat([win_v, vt[:, None]], dim=1)
-            wg = torch.cat([win_g, ones[:, 0, None]], dim=1)  # [B, c, 1]
-            win_k, win_v, win_g = wk[:, 1:], wv[:, 1:], wg[:, 1:]
-            xk, xv, xg = wk.transpose(1, 2), wv.transpose(1, 2), wg.transpose(1, 2)  # [B, 1, c, ·]
-        else:
-            xk, xv, xg = kt[:, :, None], vt[:, :, None], ones  # [B, 1, 1, ·]
-        G = inner.closed_form_grad(mem, objective, weights, xk, xv, xg)
-        bt = beta[:, t]  # [B, 1, 1, 1]
-        if opt.kind == "gd":
-            weights = tuple(w - bt * gi for w, gi in zip(weights, G))
-        else:  # muon
-            nt = nu[:, t]
-            momentum = tuple(nt * m + gi for m, gi in zip(momentum, G))
-            weights = tuple(w - bt * inner.newton_schulz(m, opt.ns_steps) for w, m in zip(weights, momentum))
-    return MemoryState(weights=weights, momentum=momentum, window_k=win_k, window_v=win_v, window_gamma=win_g)
+    gamma = inputs.get("gamma")
+    if gamma is None and recipe.objective.window > 1:
+        gamma = torch.ones(B, T, 1, dtype=cdt, device=keys.device)  # the window weights γ (all 1 here)
+    _, final = memory_recurrent(recipe, k[:, :, 0], k, v, scale=1.0, g=None, beta=inputs["beta"][:, :, None],
+                                p=None, nu=inputs.get("nu"), gamma=gamma, state=st, readout=False)
+    return final
 
 
 def read_state(recipe: Recipe, state, queries: Tensor, *, lamb: float | Tensor | None = None) -> Tensor:

@@ -39,13 +39,14 @@ def _decay(x: Tensor, a: Tensor | None) -> Tensor:
 
 def memory_recurrent(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float,
                      g: Tensor | None, beta: Tensor, p: Tensor | None, nu: Tensor | None,
-                     gamma: Tensor | None, state: MemoryState, inner_grad: str = "closed"):
+                     gamma: Tensor | None, state: MemoryState, inner_grad: str = "closed", readout: bool = True):
     """Run the recurrence.
 
     q [B, T, H, K']; k [B, T, n, H, K']; v [B, T, n, H, V] (n = Householder steps, 1 otherwise);
     g None | [B, T, H] | [B, T, H, K']; beta [B, T, n, H]; p None | [B, T, H, K'];
     nu None | [B, T, H]; gamma None | [B, T, H] (Omega in-window gates).
-    state: a MemoryState in the compute dtype. Returns (o [B, T, H, V], final MemoryState).
+    state: a MemoryState in the compute dtype. Returns (o [B, T, H, V], final MemoryState);
+    readout=False skips the per-token reads (q unused) and returns (None, final MemoryState).
     """
     mem, obj, opt, ret = recipe.memory, recipe.objective, recipe.optimizer, recipe.retention
     grad_fn = inner.closed_form_grad if inner_grad == "closed" else inner.autodiff_grad
@@ -102,13 +103,15 @@ def memory_recurrent(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: 
                 weights = tuple(w - bt * inner.newton_schulz(m, opt.ns_steps) for w, m in zip(weights, momentum))
         if z is not None:
             z = _decay(z, a) + beta[:, t, 0][..., None] * k[:, t, 0]  # [B, H, K']
+        offset = (offset + 1) % b
+        if not readout:
+            continue
         x = scale * q[:, t, :, None]  # [B, H, 1, K']
         o = inner.forward(mem, weights, x)[:, :, 0]  # [B, H, V]
         if z is not None:
             o = o / ((x[:, :, 0] * z).sum(-1, keepdim=True) + 1e-6)
         outs.append(o)
-        offset = (offset + 1) % b
-    o = torch.stack(outs, dim=1)  # [B, T, H, V]
+    o = torch.stack(outs, dim=1) if readout else None  # [B, T, H, V]
     final = MemoryState(weights=weights, momentum=momentum, normalizer=z,
                         anchor=anchor if b > 1 else None, offset=offset,
                         window_k=win_k, window_v=win_v, window_gamma=win_g)

@@ -45,7 +45,7 @@ def _bench_decode(args):
                                  repeats=args.repeats, threads=args.threads, warmup=args.warmup,
                                  prefill_chunk=args.prefill_chunk,
                                  device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
-                                 plot=not args.no_plot))
+                                 plot=not args.no_plot, cuda_graph=args.cuda_graph))
 
 
 def _capacity(args):
@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--seed", type=int, default=0)
     dc.add_argument("--out", default="runs/bench/decode")
     dc.add_argument("--no-plot", action="store_true")
+    dc.add_argument("--cuda-graph", action="store_true",
+                    help="CUDA: also time each model that can decode through a CUDA graph that way (rows '+graph')")
     dc.set_defaults(fn=_bench_decode)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")

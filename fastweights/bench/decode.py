@@ -67,6 +67,7 @@ class DecodeBenchConfig:
     seed: int = 0
     out: str = "runs/bench/decode"
     plot: bool = True
+    cuda_graph: bool = False  # CUDA: also time every model that can decode through a CUDA graph that way
 
     def __post_init__(self):
         from .. import zoo
@@ -94,6 +95,8 @@ class DecodeBenchConfig:
             parts += ["--" + name.replace("_", "-"), str(getattr(self, name))]
         if not self.plot:
             parts.append("--no-plot")
+        if self.cuda_graph:
+            parts.append("--cuda-graph")
         return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -124,8 +127,9 @@ def _build(cfg: DecodeBenchConfig, name: str, device, dtype):
 
 
 @torch.no_grad()
-def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
-    """One row: fill the state with `context` tokens, then time greedy decoding steps."""
+def measure(cfg: DecodeBenchConfig, model, context: int, device, *, graph: bool = False) -> dict:
+    """One row: fill the state with `context` tokens, then time greedy decoding steps (with
+    graph=True, steps replayed from a CUDA graph: `fastweights.models.graphs.GraphedDecoder`)."""
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed + context)
     ids = torch.randint(0, cfg.vocab_size, (cfg.batch_size, context), generator=gen).to(device)
     state = None
@@ -134,8 +138,13 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
         logits, state = model.prefill(ids[:, a:a + cfg.prefill_chunk], state)
     fixed, kv = _split_bytes(state)  # the state holding exactly `context` tokens
     tok = logits[:, -1].argmax(-1)
+    step = model.step
+    if graph:
+        from ..models.graphs import GraphedDecoder
+
+        step = GraphedDecoder(model, state, tok).step
     for _ in range(cfg.warmup):
-        logits, state = model.step(tok, state)
+        logits, state = step(tok, state)
         tok = logits.argmax(-1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -145,7 +154,7 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
         for _ in range(cfg.new_tokens):
             _sync(device)
             t0 = time.perf_counter()
-            logits, state = model.step(tok, state)
+            logits, state = step(tok, state)
             tok = logits.argmax(-1)
             _sync(device)
             times.append(time.perf_counter() - t0)
@@ -153,7 +162,8 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device) -> dict:
     best = min(rounds, key=statistics.median)  # the round least disturbed by other work on the machine
     step = statistics.median(best)
     row = {
-        "model": model.config.mixer if isinstance(model.config.mixer, str) else "custom",
+        "model": (model.config.mixer if isinstance(model.config.mixer, str) else "custom")
+        + (" +graph" if graph else ""),
         "context": context,
         "tokens_per_s": cfg.batch_size / step,
         "ms_per_token": 1e3 * step,
@@ -258,15 +268,24 @@ def run_decode(cfg: DecodeBenchConfig, *, log=print) -> list[dict]:
 def _run_all(cfg: DecodeBenchConfig, device, dtype, log):
     env = _env(device)
     rows = []
+    from ..models.graphs import graph_blockers
+
     for name in cfg.models:
         model = _build(cfg, name, device, dtype)
-        for L in cfg.contexts:
-            row = measure(cfg, model, L, device)
-            rows.append(row)
-            log(f"{name:20s} L={L:7d}  {row['tokens_per_s']:10.1f} tok/s  {row['ms_per_token']:8.2f} ms/tok  "
-                f"state {row['state_bytes'] / 1024:10.1f} KiB  kv {row['kv_cache_bytes'] / 1024:10.1f} KiB")
-            with open(os.path.join(cfg.out, "decode.json"), "w") as f:  # rewritten after each row
-                json.dump({"config": asdict(cfg), "env": env, "rows": rows}, f, indent=2)
+        graphs = [False]
+        if cfg.cuda_graph and device.type == "cuda":
+            blockers = graph_blockers(model)
+            graphs += [] if blockers else [True]
+            if blockers:
+                log(f"{name}: no CUDA-graph rows ({'; '.join(blockers)})")
+        for graph in graphs:
+            for L in cfg.contexts:
+                row = measure(cfg, model, L, device, graph=graph)
+                rows.append(row)
+                log(f"{row['model']:26s} L={L:7d}  {row['tokens_per_s']:10.1f} tok/s  {row['ms_per_token']:8.2f} "
+                    f"ms/tok  state {row['state_bytes'] / 1024:10.1f} KiB  kv {row['kv_cache_bytes'] / 1024:10.1f} KiB")
+                with open(os.path.join(cfg.out, "decode.json"), "w") as f:  # rewritten after each row
+                    json.dump({"config": asdict(cfg), "env": env, "rows": rows}, f, indent=2)
         del model
     return rows, env
 

@@ -183,12 +183,14 @@ class LM(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, *, use_cache: bool = True,
-                 generator: torch.Generator | None = None) -> Tensor:
+                 generator: torch.Generator | None = None, cuda_graph: bool = False) -> Tensor:
         """input_ids [B, T] followed by max_new_tokens generated tokens: [B, T + max_new_tokens].
 
         use_cache=True: prefill (training form) then one recurrent step per token from the carried
         state. use_cache=False: every token by a full forward over the sequence so far.
         Greedy unless do_sample; sampling draws from `generator` (None: torch's default generator).
+        cuda_graph=True replays the decoding step from a CUDA graph (`fastweights.models.graphs`:
+        fast-weight layers without RoPE, on a CUDA device; a GraphError says what stands in the way).
         """
         self._check_ids(input_ids)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -199,6 +201,8 @@ class LM(nn.Module):
             raise GenerationError(f"top_k must be a positive int or None, got {top_k!r}")
         if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
             raise GenerationError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+        if cuda_graph and not use_cache:
+            raise GenerationError("cuda_graph=True replays the cached decoding step: it needs use_cache=True")
         pick = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         out = input_ids
         if max_new_tokens == 0:
@@ -207,8 +211,13 @@ class LM(nn.Module):
             logits, state = self.prefill(input_ids)
             nxt = sample_next(logits[:, -1], **pick)
             out = torch.cat([out, nxt[:, None]], dim=1)
+            step = self.step
+            if cuda_graph and max_new_tokens > 1:
+                from .graphs import GraphedDecoder
+
+                step = GraphedDecoder(self, state, nxt).step
             for _ in range(max_new_tokens - 1):
-                logits, state = self.step(nxt, state)
+                logits, state = step(nxt, state)
                 nxt = sample_next(logits, **pick)
                 out = torch.cat([out, nxt[:, None]], dim=1)
             return out

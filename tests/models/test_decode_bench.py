@@ -36,3 +36,5 @@ def test_config_validates():
     with pytest.raises(ValueError, match="dtype"):
         DecodeBenchConfig(dtype="int8")
     assert "--threads 1" in DecodeBenchConfig().as_command()
+    assert "--cuda-graph" not in DecodeBenchConfig().as_command()
+    assert DecodeBenchConfig(cuda_graph=True).as_command().endswith("--cuda-graph")

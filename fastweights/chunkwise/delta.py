@@ -53,7 +53,7 @@ from .gated import (
     gate_kind,
     scalar_or_diag,
 )
-from .varlen import affine_scan
+from .varlen import scan_chunks
 
 Tensor = torch.Tensor
 
@@ -198,10 +198,11 @@ def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tens
     q_eff = q_dec - Aqk @ W  # [B, H, N, C, K]
     o_intra = Aqk @ U1  # [B, H, N, C, V]
     k_decT = k_dec.transpose(-1, -2)  # [B, H, N, K, C]
-    # the scan: S ↦ M S + Bm per chunk (one baddbmm on [B·H, K, ·] each, B = 1 with varlen)
-    M = diag_decay - k_decT @ W  # [B, H, N, K, K]
-    Bm = k_decT @ U1  # [B, H, N, K, V]
-    entering, final = affine_scan(layout, S0, M, Bm)  # [B, H, N, K, V], [B or S, H, K, V]
+    # the scan: S ↦ M S + Bm per chunk, one baddbmm on [B·H, K, ·] (B = 1 with varlen)
+    M = (diag_decay - k_decT @ W).reshape(Bsz * H, N, K, K).unbind(1)  # [B·H, K, K] each
+    Bm = (k_decT @ U1).reshape(Bsz * H, N, K, V).unbind(1)  # [B·H, K, V] each
+    entering, final = scan_chunks(layout, S0,
+                                  lambda n, S: torch.baddbmm(Bm[n], M[n], S.reshape(-1, K, V)).view(S.shape))
     o = o_intra + q_eff @ entering  # [B, H, N, C, V]
     o = layout.from_chunks(o).to(out_dtype)  # [B, T, H, V]
     return o, (final if output_final_state else None)

@@ -10,8 +10,7 @@ Zero padding is exact for the recurrences of this package: a padded token has k 
 (it writes nothing), g = 0 (it does not decay), and its output is dropped.
 
 `scan_chunks` runs the only sequential part, the state recurrence from chunk to chunk, and
-restarts it from the sequence's own initial state at every sequence start; `affine_scan` is
-the same for the affine recurrence S ↦ M S + B of the delta class, with a hand-written backward.
+restarts it from the sequence's own initial state at every sequence start.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from ..inputs import InputError
 
 Tensor = torch.Tensor
 
-__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "affine_scan", "check_cu_seqlens"]
+__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens"]
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -164,57 +163,3 @@ def scan_chunks(layout: ChunkLayout, initial: Tensor, step: Callable[[int, Tenso
         B = layout.batch
         entering = initial.new_zeros(B, *initial.shape[1:2], 0, *initial.shape[2:])  # [B, H, 0, K, V]
     return entering, torch.cat(finals, dim=0)
-
-
-class _AffineScan(torch.autograd.Function):
-    """S_{n+1} = M_n S_n + B_n for n < N from S_0, batched over R rows (heads × sequences).
-
-    forward(M [R, N, K, K], B [R, N, K, V], S0 [R, K, V]) -> E [N + 1, R, K, V], E_n = S_n: one
-    baddbmm per chunk, written in place (no stack). backward, by the transposed recurrence: with
-    G_n = ∂L/∂S_n (G_N = the incoming gradient of S_N), G_n = ∂L/∂E_n + M_nᵀ G_{n+1} — one
-    baddbmm per chunk — then ∂L/∂M_n = G_{n+1} S_nᵀ for every chunk in one batched matmul and
-    ∂L/∂B_n = G_{n+1} (a view). Autograd through the loop would take two matmuls and an
-    accumulation per chunk instead, the slow part of the chunk form's backward on a GPU."""
-
-    @staticmethod
-    def forward(ctx, M, Bm, S0):
-        R, N, K, V = Bm.shape
-        E = S0.new_empty(N + 1, R, K, V)  # [N + 1, R, K, V]
-        E[0] = S0
-        for n in range(N):
-            torch.baddbmm(Bm[:, n], M[:, n], E[n], out=E[n + 1])
-        ctx.save_for_backward(M, E)
-        return E
-
-    @staticmethod
-    def backward(ctx, dE):
-        M, E = ctx.saved_tensors
-        N = M.shape[1]
-        G = torch.empty_like(E)  # ∂L/∂S_n  [N + 1, R, K, V]
-        G[N] = dE[N]
-        for n in range(N - 1, -1, -1):
-            torch.baddbmm(dE[n], M[:, n].transpose(-1, -2), G[n + 1], out=G[n])
-        dM = torch.einsum("nrkv,nrjv->rnkj", G[1:], E[:N])  # G_{n+1} S_nᵀ  [R, N, K, K]
-        dB = G[1:].transpose(0, 1)  # [R, N, K, V]
-        return dM, dB, G[0]
-
-
-def affine_scan(layout: ChunkLayout, initial: Tensor, M: Tensor, Bm: Tensor):
-    """The chunk-to-chunk recurrence S_{n+1} = M_n S_n + B_n, sequence by sequence.
-
-    initial: [B, H, K, V] (varlen: [num_sequences, H, K, V]); M: [B, H, N, K, K]; Bm: [B, H, N, K, V].
-    Returns (the state entering every chunk [B, H, N, K, V], the final states [B or S, H, K, V]),
-    as `scan_chunks` with step S ↦ M_n S + B_n, with `_AffineScan`'s backward."""
-    B, H, N, K, V = Bm.shape
-    entering, finals = [], []
-    if layout.varlen:  # B = 1: one scan per sequence over its own chunks, rows = heads
-        for (n0, n1), S in zip(layout.ranges, initial.split(1, dim=0)):
-            E = _AffineScan.apply(M[0, :, n0:n1], Bm[0, :, n0:n1], S[0])  # [n1 − n0 + 1, H, K, V]
-            entering.append(E[:-1])
-            finals.append(E[-1][None])  # [1, H, K, V]
-        E_all = torch.cat(entering, dim=0)  # [N, H, K, V]
-        return E_all.permute(1, 0, 2, 3)[None], torch.cat(finals, dim=0)  # [1, H, N, K, V], [S, H, K, V]
-    E = _AffineScan.apply(M.reshape(B * H, N, K, K), Bm.reshape(B * H, N, K, V),
-                          initial.reshape(B * H, K, V))  # [N + 1, B·H, K, V]
-    entering = E[:N].permute(1, 0, 2, 3).reshape(B, H, N, K, V)  # [B, H, N, K, V]
-    return entering, E[N].reshape(B, H, K, V)

@@ -8,14 +8,13 @@ Used for docs/mqar.md's Mamba2 note: β = dt → β = 1 ("beta": "none"), or no 
 
 import argparse
 import ast
+import dataclasses
 import time
 
 import torch
 
 from fastweights.lab import mqar
 from fastweights.lab.train import TrainConfig, train_cell
-from fastweights.layers.mixer import MemoryMixer
-from fastweights.models import LM
 
 
 def main():
@@ -30,14 +29,11 @@ def main():
     overrides = ast.literal_eval(args.overrides)
     cell = next(c for c in mqar.make_cells(mqar.PRESETS["quick"], models=[args.model], d_models=[args.d_model],
                                            lrs=[args.lr]))
-    cfg = mqar.lm_config(cell)
+    base = mqar.lm_config(cell)
+    cfg = dataclasses.replace(base, mixer_overrides={**dict(base.mixer_overrides), **overrides})
 
     def model_fn(_cfg=None):
-        model = LM(cfg)
-        fields = {**mqar.mixer_overrides(cell), **overrides}
-        for i, block in enumerate(model.blocks):
-            block.mixer = MemoryMixer(cfg.d_model, cfg.layer_mixers[i], cfg.num_heads, **cfg.mixer_kwargs(i), **fields)
-        return model
+        return mqar.build_lm(cfg)
 
     train, test = mqar.cell_data(cell)
     tc = TrainConfig(epochs=args.epochs or cell.epochs, batch_size=cell.batch_size, lr=cell.lr,

@@ -47,7 +47,7 @@ from ..tasks.mqar import IGNORE_INDEX, MQARConfig, make_mqar_splits
 from .train import ResultStore, TrainConfig, best_over, run_sweep, train_cell
 
 __all__ = ["MQARCell", "MQARPreset", "PRESETS", "make_cells", "build_model", "lm_config", "cell_data", "run_cell",
-           "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main"]
+           "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main", "build_lm"]
 
 Segment = tuple[int, int, int]  # (seq_len, num_kv_pairs, num_examples)
 
@@ -119,7 +119,8 @@ def lm_config(cell: MQARCell):
     from ..models import LMConfig
 
     return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers, mixer=cell.model,
-                    num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size)
+                    num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size,
+                    mixer_overrides=mixer_overrides(cell))
 
 
 def mixer_overrides(cell: MQARCell) -> dict:
@@ -133,18 +134,23 @@ def mixer_overrides(cell: MQARCell) -> dict:
 
 
 def build_model(cell: MQARCell):
-    """The LM of a cell; with `mixer_overrides` (conv, out_gate), every layer's mixer is rebuilt
-    with those preset fields (MemoryMixer's overrides; LMConfig has no field for them)."""
+    """The LM of a cell; its conv and out_gate choices are `LMConfig.mixer_overrides`."""
+    return build_lm(lm_config(cell))
+
+
+def build_lm(cfg):
+    """LM(cfg), its parameters drawn as before `LMConfig.mixer_overrides` existed: the LM without
+    the overrides, then every mixer rebuilt with them — so runs recorded earlier reproduce
+    exactly. The model's config carries the overrides (a checkpoint rebuilds the same layers)."""
     from ..layers.mixer import MemoryMixer
     from ..models import LM
 
-    cfg = lm_config(cell)
-    model = LM(cfg)
-    ov = mixer_overrides(cell)
-    if ov:
-        for i, block in enumerate(model.blocks):
-            spec = cfg.layer_mixers[i]
-            block.mixer = MemoryMixer(cfg.d_model, spec, cfg.num_heads, **cfg.mixer_kwargs(i), **ov)
+    if not cfg.mixer_overrides:
+        return LM(cfg)
+    model = LM(dataclasses.replace(cfg, mixer_overrides=()))
+    for i, block in enumerate(model.blocks):
+        block.mixer = MemoryMixer(cfg.d_model, cfg.layer_mixers[i], cfg.num_heads, **cfg.mixer_kwargs(i))
+    model.config = cfg
     return model
 
 

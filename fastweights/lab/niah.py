@@ -110,6 +110,8 @@ class NIAHConfig:
     train_examples:  training rows per task; test_examples: held-out rows per task at train_len (the
                      harness's per-epoch accuracy and early stop); eval_examples: per (task, length).
     d_model, n_layers, num_heads, mlp: the LM (``LMConfig``; vocab = the byte tokenizer's 260).
+    out_gate:        "preset" (each zoo preset's output gate) or "none" (no output gate in any layer,
+                     `LMConfig.mixer_overrides`; the MQAR quick preset's wiring).
     epochs, batch_size, lr, weight_decay, warmup, early_stop: the harness's TrainConfig.
     eval_batch_size: examples decoded together; prefill_chunk: prompt tokens per prefill call.
     seed:            model init and training data; eval_seed: evaluation data (RULER uses 42).
@@ -128,6 +130,7 @@ class NIAHConfig:
     n_layers: int = 2
     num_heads: int = 2
     mlp: str = "none"
+    out_gate: str = "preset"
     epochs: int = 5
     batch_size: int = 16
     lr: float = 3e-3
@@ -163,6 +166,8 @@ class NIAHConfig:
                 raise ValueError(f"lengths must be positive ints, got {self.lengths!r}")
         if self.mlp not in ("none", "swiglu"):
             raise ValueError(f"mlp must be 'none' or 'swiglu', got {self.mlp!r}")
+        if self.out_gate not in ("preset", "none"):
+            raise ValueError(f"out_gate must be 'preset' or 'none', got {self.out_gate!r}")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -176,13 +181,17 @@ class NIAHConfig:
         from ..models import LMConfig
 
         return LMConfig(vocab_size=ByteTokenizer.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-                        mixer=model, num_heads=self.num_heads, mlp=self.mlp)
+                        mixer=model, num_heads=self.num_heads, mlp=self.mlp,
+                        mixer_overrides={} if self.out_gate == "preset" else {"out_gate": self.out_gate})
 
     def train_signature(self) -> dict[str, Any]:
         """The fields that determine a trained model (a saved model is reused only if they match)."""
         keys = ("tasks", "train_len", "train_examples", "test_examples", "d_model", "n_layers", "num_heads", "mlp",
                 "epochs", "batch_size", "lr", "weight_decay", "warmup", "early_stop", "seed")
-        return {k: (list(v) if isinstance(v := getattr(self, k), tuple) else v) for k in keys}
+        sig = {k: (list(v) if isinstance(v := getattr(self, k), tuple) else v) for k in keys}
+        if self.out_gate != "preset":  # (absent when "preset": signatures recorded before the field still match)
+            sig["out_gate"] = self.out_gate
+        return sig
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -581,8 +590,8 @@ def write_report(cfg: NIAHConfig, records: Sequence[dict], *, wall_s: float | No
 # --------------------------------------------------------------------------------------------------
 
 _CLI_FIELDS = ("models", "tasks", "lengths", "train_len", "train_examples", "test_examples", "eval_examples",
-               "d_model", "n_layers", "num_heads", "mlp", "epochs", "batch_size", "lr", "warmup", "eval_batch_size",
-               "prefill_chunk", "seed", "eval_seed", "device", "threads", "out")
+               "d_model", "n_layers", "num_heads", "mlp", "out_gate", "epochs", "batch_size", "lr", "warmup",
+               "eval_batch_size", "prefill_chunk", "seed", "eval_seed", "device", "threads", "out")
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -597,6 +606,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                       ("seed", int), ("eval_seed", int), ("threads", int)):
         p.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
     p.add_argument("--mlp", default=None, choices=["none", "swiglu"])
+    p.add_argument("--out-gate", default=None, choices=["preset", "none"],
+                   help="none: no output gate in any layer (default: each preset's)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="output directory (default runs/niah)")
     p.add_argument("--no-plot", action="store_true")

@@ -63,6 +63,10 @@ class LMConfig:
     num_v_heads:  grouped value heads of the fast-weight layers; num_kv_heads: grouped KV heads of
                   the softmax-side layers.
     chunk_size:   the chunk form's chunk; rope_theta; norm_eps; init_std (embedding init).
+    mixer_overrides: MixerPreset fields replaced in every layer's preset, as a dict or (field,
+                  value) pairs, e.g. {"out_gate": "none", "conv": "qkv"} (the recall lab's MQAR
+                  wiring); stored as sorted pairs and saved with the config, so a checkpoint
+                  rebuilds the same layers. Values are JSON scalars.
     """
 
     vocab_size: int
@@ -80,6 +84,7 @@ class LMConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    mixer_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "num_heads", "chunk_size"):
@@ -101,6 +106,7 @@ class LMConfig:
         else:
             mixer = _canonical(mixer, "mixer")
         object.__setattr__(self, "mixer", mixer)  # canonical form (frozen dataclass)
+        object.__setattr__(self, "mixer_overrides", _overrides(self.mixer_overrides))
         recipes = [resolve(m) for m in self.pattern]
         if self.num_kv_heads is not None and not any(r.is_softmax for r in recipes):
             raise ConfigError("LMConfig.num_kv_heads is set but no layer is softmax-side (it groups KV heads of "
@@ -111,7 +117,8 @@ class LMConfig:
 
         for i, spec in enumerate(self.pattern):
             try:
-                MixerConfig(**self._mixer_kwargs(spec))
+                base = MixerConfig(**self._mixer_kwargs(spec))
+                dataclasses.replace(base.resolved_preset, **dict(self.mixer_overrides))
             except (MixerError, RecipeError) as e:
                 where = f"mixer[{i}]" if isinstance(self.mixer, tuple) else "mixer"
                 raise ConfigError(f"LMConfig.{where} ({resolve(spec).name}): {e}") from None
@@ -141,10 +148,10 @@ class LMConfig:
                     rope_theta=self.rope_theta, norm_eps=self.norm_eps)
 
     def mixer_kwargs(self, layer: int) -> dict[str, Any]:
-        """Keyword arguments of MemoryMixer for layer `layer`."""
+        """Keyword arguments of MemoryMixer for layer `layer` (the preset overrides included)."""
         kw = self._mixer_kwargs(self.layer_mixers[layer])
         kw.pop("d_model"), kw.pop("model"), kw.pop("num_heads")
-        return kw
+        return {**kw, **dict(self.mixer_overrides)}
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +160,8 @@ class LMConfig:
             val = getattr(self, f.name)
             if f.name == "mixer":
                 val = [recipe_to_json(m) for m in val] if isinstance(val, tuple) else recipe_to_json(val)
+            elif f.name == "mixer_overrides":
+                val = dict(val)
             out[f.name] = val
         return out
 
@@ -172,6 +181,29 @@ class LMConfig:
             return cls(**data)
         except TypeError as e:  # a missing required field
             raise ConfigError(f"LMConfig: {e}") from None
+
+
+def _overrides(value) -> tuple[tuple[str, Any], ...]:
+    """LMConfig.mixer_overrides as sorted (field, value) pairs, checked against MixerPreset's fields."""
+    from ..layers.mixer import _PRESET_FIELDS
+
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in value):
+        pairs = [tuple(x) for x in value]
+    else:
+        raise ConfigError(f"LMConfig.mixer_overrides must be a dict or (field, value) pairs, got {value!r}")
+    names = [k for k, _ in pairs]
+    unknown = sorted(set(names) - _PRESET_FIELDS)
+    if unknown:
+        raise ConfigError(f"LMConfig.mixer_overrides: unknown preset field(s) {unknown}; "
+                          f"fields are {sorted(_PRESET_FIELDS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"LMConfig.mixer_overrides: a field is given twice in {names}")
+    for k, v in pairs:
+        if not (v is None or isinstance(v, (str, int, float, bool))):
+            raise ConfigError(f"LMConfig.mixer_overrides[{k!r}] must be a JSON scalar, got {type(v).__name__}")
+    return tuple(sorted((str(k), v) for k, v in pairs))
 
 
 _AXES = {"memory": Memory, "feature_map": FeatureMap, "objective": Objective, "optimizer": Optimizer,

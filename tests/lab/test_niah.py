@@ -80,6 +80,16 @@ def test_config_validation():
     assert lab.NIAHConfig(tasks=("passkey", "uuid")).tasks == ("niah_single_1", "niah_single_3")
     with pytest.raises(ValueError, match="preset"):
         lab.preset("huge")
+    with pytest.raises(ValueError, match="out_gate"):
+        lab.NIAHConfig(out_gate="bogus")
+
+
+def test_out_gate_none_builds_gateless_layers_and_keys_the_training():
+    cfg = lab.NIAHConfig(models=("gated_deltanet",), out_gate="none")
+    lm_cfg = cfg.lm_config("gated_deltanet")
+    assert dict(lm_cfg.mixer_overrides) == {"out_gate": "none"}
+    assert cfg.train_signature()["out_gate"] == "none"  # a model trained with the gates is not reused
+    assert "out_gate" not in lab.NIAHConfig().train_signature()
 
 
 def _tiny(tmp_path, **kw):

@@ -67,3 +67,30 @@ def test_json_round_trip_zoo_and_custom():
         LMConfig.from_dict({**LMConfig(**BASE).to_dict(), "depth": 3})
     with pytest.raises(ConfigError, match="serialized Recipe is invalid"):
         recipe_from_json({"recipe": {"name": "x", "memory": {"kind": "tree"}}})
+
+
+def test_mixer_overrides_build_save_and_load(tmp_path):
+    """Preset fields replaced in every layer travel with the config: the layers built, JSON, a checkpoint."""
+    import torch
+
+    from fastweights.models import LM
+
+    cfg = LMConfig(vocab_size=32, d_model=32, n_layers=2, mixer=("gated_deltanet", "softmax_attention"),
+                   num_heads=2, mixer_overrides={"out_gate": "none", "conv": "qkv"})
+    assert cfg.mixer_overrides == (("conv", "qkv"), ("out_gate", "none"))  # sorted pairs
+    assert LMConfig.from_dict(cfg.to_dict()) == cfg
+    lm = LM(cfg).eval()
+    for block in lm.blocks:
+        assert block.mixer.preset.out_gate == "none" and block.mixer.preset.conv == "qkv"
+    lm.save_pretrained(tmp_path)
+    back = LM.from_pretrained(tmp_path).eval()
+    assert back.config == cfg
+    ids = torch.randint(0, 32, (1, 7))
+    assert torch.equal(lm(ids), back(ids))
+
+
+@pytest.mark.parametrize("bad, match", [({"nope": 1}, "unknown preset field"), ("x", "dict or"),
+                                        ({"conv": [3]}, "JSON scalar"), ({"out_gate": "bogus"}, "out_gate")])
+def test_mixer_overrides_errors_name_the_field(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        LMConfig(vocab_size=32, d_model=32, n_layers=2, mixer="gated_deltanet", num_heads=2, mixer_overrides=bad)

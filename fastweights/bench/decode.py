@@ -85,6 +85,8 @@ class DecodeBenchConfig:
             raise ValueError(f"contexts must be positive ints, got {self.contexts!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.cuda_graph and not str(self.device).startswith("cuda"):
+            raise ValueError(f"cuda_graph (--cuda-graph) needs a CUDA device, got device={self.device!r}")
 
     def as_command(self) -> str:
         """The `fastweights bench decode` command line that reproduces this run (every option explicit)."""
@@ -138,13 +140,13 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device, *, graph: bool 
         logits, state = model.prefill(ids[:, a:a + cfg.prefill_chunk], state)
     fixed, kv = _split_bytes(state)  # the state holding exactly `context` tokens
     tok = logits[:, -1].argmax(-1)
-    step = model.step
+    decode_step = model.step
     if graph:
         from ..models.graphs import GraphedDecoder
 
-        step = GraphedDecoder(model, state, tok).step
+        decode_step = GraphedDecoder(model, state, tok).step
     for _ in range(cfg.warmup):
-        logits, state = step(tok, state)
+        logits, state = decode_step(tok, state)
         tok = logits.argmax(-1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -154,7 +156,7 @@ def measure(cfg: DecodeBenchConfig, model, context: int, device, *, graph: bool 
         for _ in range(cfg.new_tokens):
             _sync(device)
             t0 = time.perf_counter()
-            logits, state = step(tok, state)
+            logits, state = decode_step(tok, state)
             tok = logits.argmax(-1)
             _sync(device)
             times.append(time.perf_counter() - t0)
@@ -273,7 +275,7 @@ def _run_all(cfg: DecodeBenchConfig, device, dtype, log):
     for name in cfg.models:
         model = _build(cfg, name, device, dtype)
         graphs = [False]
-        if cfg.cuda_graph and device.type == "cuda":
+        if cfg.cuda_graph:
             blockers = graph_blockers(model)
             graphs += [] if blockers else [True]
             if blockers:

@@ -37,4 +37,6 @@ def test_config_validates():
         DecodeBenchConfig(dtype="int8")
     assert "--threads 1" in DecodeBenchConfig().as_command()
     assert "--cuda-graph" not in DecodeBenchConfig().as_command()
-    assert DecodeBenchConfig(cuda_graph=True).as_command().endswith("--cuda-graph")
+    assert DecodeBenchConfig(cuda_graph=True, device="cuda").as_command().endswith("--cuda-graph")
+    with pytest.raises(ValueError, match="CUDA device"):
+        DecodeBenchConfig(cuda_graph=True)  # device cpu

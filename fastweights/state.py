@@ -8,7 +8,7 @@ carries one of the dataclasses below; `initial_state` accepts what `output_final
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import torch
 
@@ -69,17 +69,14 @@ class KVCache:
 
 
 def state_map(state, fn):
-    """Apply fn to every tensor in a state (a tensor, a state dataclass, or None)."""
+    """Apply fn to every tensor inside a state: a tensor, a tuple, a state dataclass (nested
+    ones included: an LMState of MixerStates of MemoryStates), or None; other values are kept."""
     if state is None:
         return None
     if isinstance(state, Tensor):
         return fn(state)
-    out = {}
-    for f in fields(state):
-        val = getattr(state, f.name)
-        if isinstance(val, Tensor):
-            val = fn(val)
-        elif isinstance(val, tuple):
-            val = tuple(fn(x) for x in val)
-        out[f.name] = val
-    return replace(state, **out)
+    if isinstance(state, tuple):
+        return tuple(state_map(x, fn) for x in state)
+    if is_dataclass(state) and not isinstance(state, type):
+        return replace(state, **{f.name: state_map(getattr(state, f.name), fn) for f in fields(state)})
+    return state

@@ -18,9 +18,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from fastweights.layers.state import map_tensors  # noqa: E402
 from fastweights.models import LM, LMConfig  # noqa: E402
 from fastweights.models.graphs import GraphedDecoder  # noqa: E402
+from fastweights.state import state_map  # noqa: E402
 
 
 def build(name, dtype, layers=2):
@@ -35,7 +35,7 @@ def rel(a, b):
 
 def flat(state):
     out = []
-    map_tensors(state, lambda t: out.append(t) or t)
+    state_map(state, lambda t: out.append(t) or t)
     return out
 
 

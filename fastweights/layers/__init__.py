@@ -15,8 +15,8 @@ from .mixer import (
 )
 from .norm import GatedRMSNorm, RMSNorm, l2norm
 from .rotary import apply_rope
-from .state import MixerState, map_tensors, state_bytes
+from .state import MixerState, state_bytes
 
 __all__ = ["MemoryMixer", "SoftmaxAttention", "MixerConfig", "MixerPreset", "MixerState", "MixerError", "PRESETS",
            "preset_for", "derived_preset", "training_form", "ShortConv", "RMSNorm", "GatedRMSNorm", "l2norm",
-           "apply_rope", "state_bytes", "map_tensors"]
+           "apply_rope", "state_bytes"]

@@ -7,7 +7,7 @@ convolutions and the number of tokens already consumed (RoPE positions).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass
 
 import torch
 
@@ -15,7 +15,7 @@ from ..state import KVCache, MemoryState, MesaState
 
 Tensor = torch.Tensor
 
-__all__ = ["MixerState", "state_bytes", "map_tensors"]
+__all__ = ["MixerState", "state_bytes"]
 
 
 @dataclass
@@ -36,19 +36,6 @@ class MixerState:
     conv_v: Tensor | None = None
     conv_w: Tensor | None = None
     position: int = 0
-
-
-def map_tensors(state, fn):
-    """Apply fn to every tensor inside a state (tensors, tuples, nested dataclasses); ints kept."""
-    if state is None:
-        return None
-    if isinstance(state, Tensor):
-        return fn(state)
-    if isinstance(state, tuple):
-        return tuple(map_tensors(x, fn) for x in state)
-    if is_dataclass(state):
-        return replace(state, **{f.name: map_tensors(getattr(state, f.name), fn) for f in fields(state)})
-    return state
 
 
 def state_bytes(state) -> int:

@@ -23,8 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from ..layers.state import map_tensors
-from ..state import KVCache
+from ..state import KVCache, state_map
 from .lm import LM, GenerationError, LMState
 
 Tensor = torch.Tensor
@@ -66,9 +65,9 @@ def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def _flat(state) -> list[Tensor]:
-    """The tensors of a state, in map_tensors order."""
+    """The tensors of a state, in state_map order."""
     out: list[Tensor] = []
-    map_tensors(state, lambda t: out.append(t) or t)
+    state_map(state, lambda t: out.append(t) or t)
     return out
 
 
@@ -85,7 +84,7 @@ class GraphedDecoder:
 
     `step(token_ids, state)` returns (logits [B, vocab], the state after the token). The returned
     state lives in the decoder's buffers: the next `step` overwrites it (clone it with
-    `fastweights.layers.state.map_tensors(state, torch.clone)` to keep it). Passing it back is free;
+    `fastweights.state.state_map(state, torch.clone)` to keep it). Passing it back is free;
     another state of the same shapes is copied in first.
     """
 
@@ -105,7 +104,7 @@ class GraphedDecoder:
         self.model = model
         self.positions = [st.position for st in state.layers]
         self._tok = token_ids.reshape(-1, 1).to(device=tensors[0].device).clone()  # [B, 1], static
-        self._in = map_tensors(state, lambda t: t.clone())  # static input state
+        self._in = state_map(state, lambda t: t.clone())  # static input state
         with torch.no_grad():
             side = _warmup_stream(tensors[0].device)
             side.wait_stream(torch.cuda.current_stream())

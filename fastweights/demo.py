@@ -12,26 +12,12 @@ import torch
 
 from . import api, zoo
 from .inputs import example_inputs
-
-
-def _flat(s):
-    if s is None:
-        return []
-    if isinstance(s, torch.Tensor):
-        return [s]
-    out = []
-    for name in s.__dataclass_fields__:
-        val = getattr(s, name)
-        if isinstance(val, torch.Tensor):
-            out.append(val)
-        elif isinstance(val, tuple):
-            out.extend(val)
-    return out
+from .state import state_tensors
 
 
 def state_difference(a, b) -> float:
     """Max |Δ| over every tensor of two states of the same recipe."""
-    fa, fb = _flat(a), _flat(b)
+    fa, fb = state_tensors(a), state_tensors(b)
     return max([(x - y).abs().max().item() for x, y in zip(fa, fb)] + [0.0])
 
 

@@ -80,3 +80,10 @@ def state_map(state, fn):
     if is_dataclass(state) and not isinstance(state, type):
         return replace(state, **{f.name: state_map(getattr(state, f.name), fn) for f in fields(state)})
     return state
+
+
+def state_tensors(state) -> list[Tensor]:
+    """Every tensor inside a state, in `state_map`'s order (fields in declaration order)."""
+    out: list[Tensor] = []
+    state_map(state, lambda t: out.append(t) or t)
+    return out

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from fastweights.models import LM, LMConfig  # noqa: E402
 from fastweights.models.graphs import GraphedDecoder  # noqa: E402
-from fastweights.state import state_map  # noqa: E402
+from fastweights.state import state_tensors  # noqa: E402
 
 
 def build(name, dtype, layers=2):
@@ -31,12 +31,6 @@ def build(name, dtype, layers=2):
 
 def rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
-
-
-def flat(state):
-    out = []
-    state_map(state, lambda t: out.append(t) or t)
-    return out
 
 
 for name in ("softmax_attention", "fox", "gated_deltanet"):
@@ -73,7 +67,7 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
                 lg, st = dec.step(ids[:, t], st)
                 graphed.append(lg)
             e_logits, g_logits = torch.stack(eager), torch.stack(graphed)
-            e_state = max(rel(a, b) for a, b in zip(flat(st), flat(eager_state)))
+            e_state = max(rel(a, b) for a, b in zip(state_tensors(st), state_tensors(eager_state)))
             err = rel(g_logits, e_logits)
             same_pos = [s.position for s in st.layers] == [s.position for s in eager_state.layers]
             tok_eager = lm.generate(ids[:, :20], 30)

@@ -5,23 +5,12 @@ from __future__ import annotations
 import torch
 
 import fastweights as fw
-from fastweights.state import KVCache, MemoryState, MesaState
+from fastweights.state import KVCache, MemoryState, MesaState, state_tensors
 
 
 def flat_state(s) -> list[torch.Tensor]:
     """Every tensor of a state, in a fixed order."""
-    if s is None:
-        return []
-    if isinstance(s, torch.Tensor):
-        return [s]
-    out = []
-    for name in s.__dataclass_fields__:
-        val = getattr(s, name)
-        if isinstance(val, torch.Tensor):
-            out.append(val)
-        elif isinstance(val, tuple):
-            out.extend(val)
-    return out
+    return state_tensors(s)
 
 
 def max_err(a, b) -> float:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from ..state import KVCache, state_map
+from ..state import KVCache, state_map, state_tensors
 from .lm import LM, GenerationError, LMState
 
 Tensor = torch.Tensor
@@ -64,13 +64,6 @@ def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
     return _WARMUP_STREAMS[device]
 
 
-def _flat(state) -> list[Tensor]:
-    """The tensors of a state, in state_map order."""
-    out: list[Tensor] = []
-    state_map(state, lambda t: out.append(t) or t)
-    return out
-
-
 class GraphedDecoder:
     """`model.step` for one batch size, dtype and device, replayed from a CUDA graph.
 
@@ -96,7 +89,7 @@ class GraphedDecoder:
         blockers = graph_blockers(model, state)
         if blockers:
             raise GraphError("cannot decode through a CUDA graph: " + "; ".join(blockers))
-        tensors = _flat(state)
+        tensors = state_tensors(state)
         if not tensors or not all(t.is_cuda for t in tensors):
             raise GraphError("CUDA-graph decoding needs the model and its state on a CUDA device")
         if not isinstance(token_ids, Tensor) or token_ids.dtype not in (torch.int64, torch.int32):
@@ -115,7 +108,7 @@ class GraphedDecoder:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._logits, out = model.step(self._tok, self._in)  # [B, vocab], state in the graph's pool
-        self._in_flat, self._out_flat = _flat(self._in), _flat(out)
+        self._in_flat, self._out_flat = state_tensors(self._in), state_tensors(out)
         self._last: LMState | None = None
 
     @property
@@ -128,7 +121,7 @@ class GraphedDecoder:
             raise GraphError(f"token_ids must hold one token per sequence ({self.batch_size}), got "
                              f"{list(getattr(token_ids, 'shape', []))}")
         if state is not self._last:  # a state the decoder did not return: copy it into the buffers
-            given = _flat(state) if isinstance(state, LMState) else []
+            given = state_tensors(state) if isinstance(state, LMState) else []
             if len(given) != len(self._in_flat) or any(a.shape != b.shape for a, b in zip(given, self._in_flat)):
                 raise GraphError("state does not match the one the decoder was captured with (shapes)")
             torch._foreach_copy_(self._in_flat, given)

@@ -25,6 +25,7 @@ from fastweights.lab.capacity import (
     sizes,
     write,
 )
+from fastweights.state import state_tensors
 
 SEED = secrets.randbelow(2**31)
 
@@ -111,15 +112,6 @@ def test_parallel_form_gives_the_same_recall():
     assert worst <= 0.05, (SEED, worst)  # float rounding may flip a near tie, nothing more
 
 
-def _state_tensors(state):
-    if isinstance(state, torch.Tensor):
-        return [state]
-    if hasattr(state, "H"):  # MesaState
-        return [state.H, state.G]
-    out = list(state.weights) + list(state.momentum or ())
-    return out + [x for x in (state.window_k, state.window_v, state.window_gamma) if x is not None]
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", MODELS)
 def test_fast_write_equals_the_recurrent_write(name, dtype):
@@ -136,7 +128,7 @@ def test_fast_write_equals_the_recurrent_write(name, dtype):
     for form in ("recurrent", "fast"):
         st = write(probe, init, keys[:, :T // 4], values[:, :T // 4], form=form)
         states[form] = write(probe, st, keys[:, T // 4:], values[:, T // 4:], form=form)
-    rec, fast = _state_tensors(states["recurrent"]), _state_tensors(states["fast"])
+    rec, fast = state_tensors(states["recurrent"]), state_tensors(states["fast"])
     assert len(rec) == len(fast)
     for a, b in zip(rec, fast):
         if name in ("omega", "muon", "mlp"):

@@ -38,6 +38,8 @@ w [B, T, Hkv, K] (unit), cache KVCache(k [B, L, Hkv, K], v [B, L, Hkv, V], c [B,
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,10 +180,8 @@ def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, g
         causal = T > 1
     elif T > 1:
         mask = _bias_mask(N - T, T, None, None, q.device)  # [T, N] bool
-    if q.is_cuda and N != T:  # decoding: the key length changes at every call
-        with sdpa_kernel(_NO_CUDNN):
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale)
-    else:
+    backends = sdpa_kernel(_NO_CUDNN) if q.is_cuda and N != T else nullcontext()  # N != T: a cache, new length
+    with backends:
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale)  # [B, H, T, V]
     return o.transpose(1, 2)  # [B, T, H, V]
 

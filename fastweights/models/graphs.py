@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from ..state import KVCache, state_map, state_tensors
+from ..state import state_map, state_tensors
 from .lm import LM, GenerationError, LMState
 
 Tensor = torch.Tensor
@@ -35,7 +35,7 @@ class GraphError(GenerationError):
     """The model or state cannot be decoded through a CUDA graph; the message says why."""
 
 
-def graph_blockers(model: LM, state: LMState | None = None) -> list[str]:
+def graph_blockers(model: LM) -> list[str]:
     """Why `model` cannot decode through a CUDA graph (empty: it can)."""
     why = []
     for i, block in enumerate(model.blocks):
@@ -45,10 +45,6 @@ def graph_blockers(model: LM, state: LMState | None = None) -> list[str]:
             why.append(f"layer {i} ({name}) keeps a KV cache, which grows every step")
         elif mixer.preset.rope:
             why.append(f"layer {i} ({name}) applies RoPE, whose position is fixed when the step is captured")
-    if state is not None:
-        for i, st in enumerate(state.layers):
-            if isinstance(st.memory, KVCache) and not model.blocks[i].mixer.is_softmax:
-                why.append(f"state layer {i} holds a KV cache")
     return why
 
 
@@ -86,7 +82,7 @@ class GraphedDecoder:
             raise GraphError(f"model must be a fastweights LM, got {type(model).__name__}")
         if not isinstance(state, LMState) or len(state.layers) != len(model.blocks):
             raise GraphError(f"state must be the LMState of this model ({len(model.blocks)} layers)")
-        blockers = graph_blockers(model, state)
+        blockers = graph_blockers(model)
         if blockers:
             raise GraphError("cannot decode through a CUDA graph: " + "; ".join(blockers))
         tensors = state_tensors(state)

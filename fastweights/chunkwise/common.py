@@ -126,11 +126,10 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     Diagonal decay: Σ_d cannot be one matrix product with a per-channel decay, and the split
     e^{gx_i − gy_j} = e^{gx_i − ρ}·e^{ρ − gy_j} is only safe when both exponents are ≤ 0, i.e.
     ρ lies between every query's gx and every key's gy. That holds for a block of query rows that
-    all come after a block of key rows, with ρ = gx of the first query row. So P is assembled by
-    recursive 2×2 block splitting (`_diagonal_scores`): the diagonal entries elementwise, then at
-    each level b = 1, 2, 4, … every lower-left b×b block (queries after keys) as one batched
-    matmul of rescaled rows. Every exponent is ≤ 0 for any g — exact, no overflow, no
-    data-dependent branch and no host synchronization.
+    all come after a block of key rows, with ρ = gx of the first query row. `_diagonal_scores`
+    uses it twice: for each block of 16 query rows against all earlier rows (one batched matmul),
+    and, inside the 16×16 diagonal blocks, by recursive 2×2 splitting. Every exponent is ≤ 0 for
+    any g — exact, no overflow, no data-dependent branch and no host synchronization.
     """
     C = x.shape[-2]
     ar = torch.arange(C, device=x.device)
@@ -144,39 +143,78 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     return _diagonal_scores(x, y, gx, gy, strict)
 
 
-def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
-    """`decayed_scores` for a diagonal decay, by recursive block splitting (see there).
+DIAGONAL_BLOCK = 16
+"""Rows per diagonal block of `_diagonal_scores` (the recursion runs inside these blocks only)."""
 
-    C is padded to the next power of two P2 with zero rows whose log-decays repeat
-    m = min(gx_last, gy_last), which keeps every exponent of the recursion ≤ 0."""
+
+def _pad_rows(x, y, gx, gy, size: int):
+    """Pad the rows of x, y (zeros) and gx, gy to `size`; the padded log-decays repeat
+    m = min(gx_last, gy_last), which keeps every exponent of `_diagonal_scores` ≤ 0."""
     *batch, C, K = x.shape
-    size = 1 << max(C - 1, 0).bit_length()  # next power of two ≥ C
-    if size != C:
-        m = torch.minimum(gx[..., -1:, :], gy[..., -1:, :])  # [..., 1, K]
-        pad = size - C
-        x = torch.cat([x, x.new_zeros(*batch, pad, K)], dim=-2)  # [..., P2, K]
-        y = torch.cat([y, y.new_zeros(*batch, pad, K)], dim=-2)
-        gx = torch.cat([gx, m.expand(*batch, pad, K)], dim=-2)
-        gy = torch.cat([gy, m.expand(*batch, pad, K)], dim=-2)
-    if strict:  # the 1×1 diagonal blocks
-        blocks = x.new_zeros(*batch, size, 1, 1)  # [..., P2, 1, 1]
+    if size == C:
+        return x, y, gx, gy
+    m = torch.minimum(gx[..., -1:, :], gy[..., -1:, :]).expand(*batch, size - C, K)  # [..., pad, K]
+    zeros = x.new_zeros(*batch, size - C, K)
+    return (torch.cat([x, zeros], dim=-2), torch.cat([y, zeros], dim=-2),
+            torch.cat([gx, m], dim=-2), torch.cat([gy, m], dim=-2))
+
+
+def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
+    """`decayed_scores` for a diagonal decay (see there), exact for any decay:
+
+    1. the rows are cut into blocks of c = DIAGONAL_BLOCK; for query block s, every key row of the
+       blocks before it in one batched matmul of rescaled rows, reference ρ_s = gx of the block's
+       first row (both exponents ≤ 0);
+    2. the c×c diagonal blocks by recursive 2×2 splitting (`_block_scores`).
+    """
+    *batch, C, K = x.shape
+    c = min(DIAGONAL_BLOCK, 1 << max(C - 1, 0).bit_length())
+    size = -(-C // c) * c
+    x, y, gx, gy = _pad_rows(x, y, gx, gy, size)
+    S = size // c
+    diag = _block_scores(*(t.reshape(*batch, S, c, K) for t in (x, y, gx, gy)), strict)  # [..., S, c, c]
+    rows = []
+    for s in range(S):
+        lo, hi = s * c, (s + 1) * c
+        blocks = []
+        if lo > 0:  # every earlier key row in one matmul, rescaled to ρ = gx of the block's first row
+            rho = gx[..., lo:lo + 1, :]  # [..., 1, K]
+            xs = x[..., lo:hi, :] * (gx[..., lo:hi, :] - rho).exp()  # exponent ≤ 0  [..., c, K]
+            ys = y[..., :lo, :] * (rho - gy[..., :lo, :]).exp()  # exponent ≤ 0  [..., lo, K]
+            blocks.append(xs @ ys.transpose(-1, -2))  # [..., c, lo]
+        blocks.append(diag[..., s, :, :])  # [..., c, c]
+        if hi < size:
+            blocks.append(x.new_zeros(*batch, c, size - hi))
+        rows.append(torch.cat(blocks, dim=-1))  # [..., c, size]
+    P = torch.cat(rows, dim=-2)  # [..., size, size]
+    return P[..., :C, :C]  # [..., C, C]
+
+
+def _block_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
+    """The scores inside blocks of c rows (c a power of two), x, y, gx, gy [..., c, K] → [..., c, c]:
+    the diagonal entries elementwise (exponent gx_i − gy_i ≤ 0), then at each level b = 1, 2, 4, …
+    every lower-left b×b block — queries all after keys — as one batched matmul of rows rescaled
+    to ρ = gx of the block's first query row (exponents gx_i − ρ ≤ 0 and ρ − gy_j ≤ 0)."""
+    *batch, c, K = x.shape
+    if strict:
+        blocks = x.new_zeros(*batch, c, 1, 1)  # [..., c, 1, 1]
     else:
-        blocks = (x * y * (gx - gy).exp()).sum(-1)[..., None, None]  # exponent gx_i − gy_i ≤ 0
+        blocks = (x * y * (gx - gy).exp()).sum(-1)[..., None, None]
     b = 1
-    while b < size:
-        pairs = size // (2 * b)  # 2b-blocks at this level
+    while b < c:
+        pairs = c // (2 * b)  # 2b-blocks at this level
         xq = x.reshape(*batch, pairs, 2 * b, K)[..., b:, :]  # query half  [..., pairs, b, K]
         gq = gx.reshape(*batch, pairs, 2 * b, K)[..., b:, :]
         yk = y.reshape(*batch, pairs, 2 * b, K)[..., :b, :]  # key half  [..., pairs, b, K]
         gk = gy.reshape(*batch, pairs, 2 * b, K)[..., :b, :]
-        rho = gq[..., :1, :]  # gx of the first query row  [..., pairs, 1, K]
+        rho = gq[..., :1, :]  # [..., pairs, 1, K]
         lower = (xq * (gq - rho).exp()) @ (yk * (rho - gk).exp()).transpose(-1, -2)  # [..., pairs, b, b]
         upper, diag = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]  # [..., pairs, b, b]
         top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)  # [..., pairs, b, 2b]
         bottom = torch.cat([lower, diag], dim=-1)  # [..., pairs, b, 2b]
         blocks = torch.cat([top, bottom], dim=-2)  # [..., pairs, 2b, 2b]
         b *= 2
-    return blocks[..., 0, :C, :C]  # [..., C, C]
+    return blocks[..., 0, :, :]  # [..., c, c]
 
 
 def pass_states(layout: ChunkLayout, S0: Tensor, M: Tensor | None, Bn: Tensor) -> tuple[Tensor, Tensor]:

@@ -77,6 +77,10 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
     call = Call(recipe=recipe, q=q, k=k, v=v, inputs=inputs, shapes=shapes,
                 scale=default if scale is None else scale, initial_state=initial_state,
                 output_final_state=bool(output_final_state))
+    if shapes.T == 0:  # an empty sequence never reaches a backend: no output, the state unchanged
+        from .torch_backend import no_tokens
+
+        return no_tokens(call, cu_seqlens=options.get("cu_seqlens"))
     return impl.fn(call, **options)
 
 

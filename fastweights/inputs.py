@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .recipe import Recipe
-from .state import KVCache, MemoryState, MesaState
+from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
@@ -193,6 +193,16 @@ _INPUT_DOC = {
 }
 
 
+def _check_dims(**dims):
+    """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1."""
+    for name, val in dims.items():
+        if val is None:
+            continue
+        low = 0 if name in ("batch_size", "seq_len") else 1
+        if isinstance(val, bool) or not isinstance(val, int) or val < low:
+            _fail(f"{name} must be an int ≥ {low}, got {val!r}")
+
+
 def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
     Kf = recipe.feature_map.out_dim(K)
     if recipe.memory.kind == "linear":
@@ -210,6 +220,7 @@ def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_d
     from .zoo import resolve
 
     recipe = resolve(model)
+    _check_dims(batch_size=batch_size, num_heads=num_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
     B, H, K, V = batch_size, num_heads, head_k_dim, head_v_dim
     kw = dict(dtype=dtype, device=device)
     if recipe.is_softmax:
@@ -258,6 +269,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
     from .zoo import resolve
 
     recipe = resolve(model)
+    _check_dims(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, head_v_dim=head_v_dim)
     if generator is None:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed if seed is not None else torch.seed() % 2**62)
@@ -275,7 +287,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
 
     kv = (B, T, n, H) if n > 1 else (B, T, H)
     out = {"q": unit(B, T, H, K), "k": unit(*kv, K), "v": rand(*kv, V)}
-    gdt = torch.float64 if dtype == torch.float64 else torch.float32
+    gdt = compute_dtype(dtype)
     for name in accepted_inputs(recipe):
         if name == "g":
             shape = (B, T, H, Kf) if recipe.retention.kind == "diagonal" else (B, T, H)

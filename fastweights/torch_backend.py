@@ -24,7 +24,7 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype, state_map
 
 Tensor = torch.Tensor
 
-__all__ = ["Prepared", "prepare", "expand_heads"]
+__all__ = ["Prepared", "prepare", "expand_heads", "no_tokens"]
 
 
 def expand_heads(x: Tensor | None, groups: int, dim: int) -> Tensor | None:
@@ -264,6 +264,25 @@ def mesa_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "c
     o, H, G, _ = mesa_chunk(pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta, lamb=pr.lamb, H0=st.H, G0=st.G,
                             chunk_size=chunk_size, solve=solve, cg_steps=cg_steps)
     return o.to(pr.out_dtype), (MesaState(H=H, G=G) if call.output_final_state else None)
+
+
+def no_tokens(call, cu_seqlens=None):
+    """A call with T = 0, for every form and backend alike: o is empty [B, 0, H, V] (v's dtype)
+    and the final state is the initial one, as the forms return it (compute dtype, typed state
+    completed; zeros when none was given; one row per sequence with cu_seqlens)."""
+    from .chunkwise.varlen import num_sequences
+
+    cls = recipe_class(call.recipe)
+    if cls == "softmax":  # the recurrence loops over no token
+        return _softmax("recurrent")(call)
+    pr = prepare(call)
+    o = call.v.new_zeros(pr.B, 0, pr.H, pr.V)
+    if not call.output_final_state:
+        return o, None
+    if cls == "mesa":
+        return o, mesa_state(pr, call.initial_state)
+    st = memory_state(pr, call.initial_state, rows=num_sequences(cu_seqlens, pr.B, pr.T))
+    return o, finish_state(pr.recipe, st, True)
 
 
 _COMPILED: dict = {}

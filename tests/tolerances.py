@@ -6,3 +6,4 @@ CHUNK_F32_REL = 1e-5  # chunk vs recurrent, fp32, relative to the output scale
 F32 = 1e-5  # fp32 against an fp32 reference of the same maths
 STAGE_F64 = 1e-12  # one chunk stage against its direct definition, float64, relative to the largest magnitude
 STAGE_GRAD_F64 = 1e-10  # gradients of a chunk stage against those of its direct definition, float64, relative
+GROUPED_F64 = 1e-12  # grouped value heads in the op vs the same heads expanded by the caller, float64

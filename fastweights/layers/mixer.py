@@ -41,7 +41,7 @@ from torch import nn
 from .. import api, dispatch
 from ..inputs import accepted_inputs, init_state
 from ..recipe import Recipe, RecipeError, has_bare_state
-from ..state import KVCache, MemoryState
+from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate, inverse_softplus
@@ -535,7 +535,7 @@ class MemoryMixer(nn.Module):
             memory = empty_cache(r, B, self.H, self.Hkv, self.K, self.V, dtype=dtype, device=device,
                                  forget_gate=self.decay is not None)
         else:
-            sdt = torch.float64 if dtype == torch.float64 else torch.float32
+            sdt = compute_dtype(dtype)
             memory = init_state(r, B, self.H, self.K, self.V, dtype=sdt, device=device)
             if self.memory_init is not None:
                 memory = replace(memory, weights=tuple(m.to(device=device, dtype=sdt)[None].expand(B, *m.shape)
@@ -561,7 +561,7 @@ class MemoryMixer(nn.Module):
             el = self.q_proj.weight.element_size()
             per_token = self.Hkv * (self.K + self.V) * el
             if has_positions_bias(self.recipe, self.decay is not None):
-                per_token += self.H * (8 if self.q_proj.weight.dtype == torch.float64 else 4)
+                per_token += self.H * compute_dtype(self.q_proj.weight).itemsize
             size += batch_size * seq_len * per_token
         return size
 

@@ -76,9 +76,9 @@ def load_pretrained(cls, directory, *, device=None):
     if not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
         raise CheckpointError(f"{cfg_path}: 'backends' must be a list of backend names, got {backends!r}")
     if len(backends) != config.n_layers:
+        lo, hi = sorted((len(backends), config.n_layers))
         raise CheckpointError(f"{cfg_path}: 'backends' names {len(backends)} layers but the config builds "
-                              f"{config.n_layers}: backends missing or extra for layers "
-                              f"{len(backends)}…{config.n_layers - 1 if config.n_layers > len(backends) else len(backends) - 1}")
+                              f"{config.n_layers}: backends missing or extra for layers {lo}…{hi - 1}")
     try:
         model = cls(config, backends=tuple(backends))
     except ValueError as e:  # a recorded backend this installation cannot serve

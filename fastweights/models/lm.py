@@ -14,7 +14,6 @@ decodes by repeated full forwards (the reference the tests hold the cache to).
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 
 import torch

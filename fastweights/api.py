@@ -145,7 +145,8 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
             the Triton kernels land), "torch" (plain PyTorch, eager) or "compile" (the same code
             through torch.compile: fewer kernels, a one-time compile; gated-linear and delta
             classes). `fastweights.backends(model)` lists what serves a model.
-        mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations) or "exact".
+        mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations; 0 skips the
+            outputs' solves when only the final state is wanted) or "exact".
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise InputError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -160,8 +161,8 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
                 raise InputError(f"mesa_solve must be one of {list(MESA_SOLVES)}, got {mesa_solve!r}")
             options["solve"] = mesa_solve
         if cg_steps is not None:
-            if isinstance(cg_steps, bool) or not isinstance(cg_steps, int) or cg_steps < 1:
-                raise InputError(f"cg_steps must be a positive int, got {cg_steps!r}")
+            if isinstance(cg_steps, bool) or not isinstance(cg_steps, int) or cg_steps < 0:
+                raise InputError(f"cg_steps must be an int ≥ 0 (0: no solve, only the state), got {cg_steps!r}")
             options["cg_steps"] = cg_steps
     return _run("chunk", recipe, q, k, v, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, inputs=inputs, check_values=check_values, backend=backend,

@@ -246,7 +246,7 @@ def _fast_form(recipe: Recipe, Kf: int, V: int) -> str:
     parallel form, run on chunks of PARALLEL_CHUNK tokens, each continuing the last one's
     state), "state" (`_memory_write`) for the rest."""
     cls = api.recipe_class(recipe)
-    if cls == "memory":
+    if cls == "generic":
         return "state"
     if cls == "delta" and Kf > 4 * V:
         return "parallel"

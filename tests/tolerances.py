@@ -128,3 +128,11 @@ MQAR_INCLUSION_FREQ = 0.05
 # a = 1 (uniform gaps): the mean gap over 2,000 rows × 4 queries vs (slots − 1)/2 = 29.5: the
 # standard error is ≈ 17/√8000 ≈ 0.2 (were the draws independent), so this is ~7 of them.
 MQAR_UNIFORM_GAP_MEAN = 1.5
+
+# ---------------------------------------------------------------- CUDA (tests/cuda, `pytest -m cuda`)
+# the fp32 recurrent form on CUDA vs the float64 recurrence on the CPU, relative (outputs, final
+# state, every gradient; T ≤ 300, D ≤ 128): T sequential fp32 state updates; the H100 run of
+# scripts/gpu_check.py measured 2.7e-7 … 2.9e-6 at D = 64. (The chunk form on CUDA is held to
+# CHUNK_F32_REL, as on the CPU: measured ≤ 1.8e-6 there; bf16 at T = 65,536 to CHUNK_LOW_REL,
+# measured 2.2e-3 … 3.2e-3.)
+RECURRENT_F32_REL = 1e-5

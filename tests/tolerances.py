@@ -7,10 +7,10 @@ CHUNK_F64 = 1e-9  # chunk vs recurrent, float64
 CHUNK_F32_REL = 1e-5  # chunk vs recurrent, fp32, relative to the output scale
 F32 = 1e-5  # fp32 against an fp32 reference of the same maths
 
-# Every bound below is the value its test carried as a literal before it moved here; the comment
-# says what it bounds and why it is that size. Absolute unless the name says REL ("relative to
-# the largest magnitude of the reference"). tests/test_tolerances.py keeps literals from creeping
-# back into the tests.
+# Each comment says what its bound bounds, how it is applied (absolute; REL in the name: relative
+# to the reference's largest magnitude; or as the comment says, e.g. over 1 + max |·|) and why it
+# is that size. Up to the CUDA section, each is the value its test carried as a literal before it
+# moved here. tests/test_tolerances.py keeps literals from creeping back into the tests.
 
 # ---------------------------------------------------------------- chunk engines (tests/chunkwise)
 # bf16/fp16 q, k, v (and β, p) into the chunk form, relative to the fp32 chunk result on the same

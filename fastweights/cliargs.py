@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["ArgError", "positive", "nonnegative", "positive_numbers", "device", "writable_dir", "writable_file",
-           "zoo_names", "threads"]
+__all__ = ["ArgError", "flag_message", "positive", "nonnegative", "positive_numbers", "device", "writable_dir",
+           "writable_file", "zoo_names", "threads"]
 
 
 class ArgError(ValueError):
@@ -130,3 +130,15 @@ def zoo_names(flag: str, names: Iterable[str] | None, *, allowed: Sequence[str] 
             close = difflib.get_close_matches(n, pool, n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(pool)}"
             raise ArgError(f"{flag}: unknown model {n!r}{hint}")
+
+
+def flag_message(error: Exception, fields: Sequence[str]) -> str:
+    """A config's message ("epochs must be ...") in the words of the command line ("--epochs must
+    be ..."), when it starts with one of `fields`."""
+    msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, KeyError) and msg.startswith(("'", '"')):
+        msg = msg[1:-1]
+    head = msg.split(" ", 1)[0]
+    if head in fields:
+        return "--" + head.replace("_", "-") + msg[len(head):]
+    return msg

@@ -110,7 +110,10 @@ def writable_file(flag: str, path) -> Path:
     p = Path(path)
     if p.is_dir():
         raise ArgError(f"{flag} {path}: is a directory, expected a file path")
-    writable_dir(flag, p.parent if str(p.parent) else ".")
+    try:
+        writable_dir(flag, p.parent if str(p.parent) else ".")
+    except ArgError as e:
+        raise ArgError(f"{flag} {path}: cannot write its directory ({str(e).rsplit('(', 1)[-1]}") from None
     if p.exists() and not os.access(p, os.W_OK):
         raise ArgError(f"{flag} {path}: the file is not writable")
     return p
@@ -139,6 +142,6 @@ def flag_message(error: Exception, fields: Sequence[str]) -> str:
     if isinstance(error, KeyError) and msg.startswith(("'", '"')):
         msg = msg[1:-1]
     head = msg.split(" ", 1)[0]
-    if head in fields:
+    if head.rstrip(":") in fields:
         return "--" + head.replace("_", "-") + msg[len(head):]
     return msg

@@ -469,6 +469,32 @@ def _run_episode(probe: Probe, ep: _Episode, d_k: int, d_v: int, seed: int, form
 
 
 # ---------------------------------------------------------------------------------------- driver
+def check_arguments(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[str] = SETTINGS,
+                    models: Sequence[str | Probe] = MODELS, trials: int = 4) -> tuple[list[str], list[Probe]]:
+    """Validate `run_capacity`'s arguments (ValueError naming the argument); returns the settings
+    (deduplicated) and the chosen probes."""
+    if isinstance(d_k, bool) or not isinstance(d_k, int) or d_k < 16 or d_k % 8:
+        raise ValueError(f"d_k must be a multiple of 8, at least 16, got {d_k!r} (the probe writes n = d_k/8, "
+                         "d_k/4, ..., 8·d_k pairs: whole ratios of d_k, the smallest n ≥ 2)")
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    d_v = d_v or d_k
+    settings = list(dict.fromkeys(settings))
+    for s in settings:
+        if s not in SETTINGS:
+            raise ValueError(f"settings: unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
+    table = probes(d_k, d_v)
+    chosen = []
+    for m in models:
+        if isinstance(m, Probe):
+            chosen.append(m)
+        elif m in table:
+            chosen.append(table[m])
+        else:
+            raise ValueError(f"models: unknown model {m!r}; models: {', '.join(MODELS)} (or a Probe)")
+    return settings, chosen
+
+
 def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[str] = SETTINGS,
                  models: Sequence[str | Probe] = MODELS, seed: int = 0, trials: int = 4,
                  ns: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
@@ -484,24 +510,8 @@ def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[st
     models or settings reproduces the full run's numbers; form: see `write` ("fast": the same
     recall as "recurrent", the token-by-token reference, up to float rounding).
     """
-    if not isinstance(d_k, int) or d_k < 1:
-        raise ValueError(f"d_k must be a positive int, got {d_k!r}")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    settings, chosen = check_arguments(d_k=d_k, d_v=d_v, settings=settings, models=models, trials=trials)
     d_v = d_v or d_k
-    settings = list(dict.fromkeys(settings))
-    for s in settings:
-        if s not in SETTINGS:
-            raise ValueError(f"unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
-    table = probes(d_k, d_v)
-    chosen = []
-    for m in models:
-        if isinstance(m, Probe):
-            chosen.append(m)
-        elif m in table:
-            chosen.append(table[m])
-        else:
-            raise ValueError(f"unknown model {m!r}; models: {', '.join(MODELS)} (or a Probe)")
     ns = sorted(set(ns)) if ns is not None else sizes(d_k)
     if not ns or min(ns) < 2:
         raise ValueError(f"ns must be numbers of pairs ≥ 2, got {ns!r}")
@@ -616,18 +626,27 @@ def cli_main(args) -> int:
     import sys
     import time
 
+    from .. import cliargs
+
     settings = args.settings or list(SETTINGS)
     models = args.models or list(MODELS)
     threads = getattr(args, "threads", 1)
+    try:  # everything the run will need, before the probe runs
+        cliargs.threads("--threads", threads, zero_ok=True)
+        cliargs.nonnegative("--seed", args.seed)
+        cliargs.positive("--trials", args.trials)
+        check_arguments(d_k=args.d_k, settings=settings, models=models, trials=args.trials)
+        if args.json:
+            cliargs.writable_file("--json", args.json)
+        cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        print(f"error: {cliargs.flag_message(e, ('d_k', 'trials', 'settings', 'models', 'seed'))}", file=sys.stderr)
+        return 2
     if threads:  # the probe is thousands of tiny ops: one thread beats a pool that shares its cores
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    try:
-        records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,
-                               form=getattr(args, "form", "fast"))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,
+                           form=getattr(args, "form", "fast"))
     wall = time.perf_counter() - t0
     print(f"capacity probe: d_k = d_v = {args.d_k}, {args.trials} trials, seed {args.seed}; recall = share of reads "
           "whose nearest stored value (cosine) is their own\n")

@@ -557,6 +557,12 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#000000", "#b8860b")
+"""One colour per memory of MODELS (matplotlib's tab10, then black and dark goldenrod)."""
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+
+
 def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
     """Recall vs n/d_k, one panel per setting, one line per model; `stream` (one n) is drawn
     as bars. Writes a PNG at `path` and returns it."""
@@ -569,7 +575,10 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = list(dict.fromkeys(r["setting"] for r in records))
     models = list(dict.fromkeys(r["model"] for r in records))
-    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
+    order = {m: i for i, m in enumerate(MODELS)}  # the same colour and marker for a memory in every run
+    idx = {m: order.get(m, len(MODELS) + j) for j, m in enumerate(models)}
+    colors = {m: _COLORS[idx[m] % len(_COLORS)] for m in models}
+    markers = {m: _MARKERS[idx[m] % len(_MARKERS)] for m in models}
     styles = {m: ("--" if m.endswith("_decay") else ":" if m.endswith("_poly2") else "-") for m in models}
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings):
@@ -577,7 +586,11 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
         d_k = rows[0]["d_k"]
         if len({r["n_pairs"] for r in rows}) == 1:
             names = [r["model"] for r in rows]
-            ax.barh(range(len(rows)), [r["accuracy"] for r in rows], color=[colors[m] for m in names])
+            vals = [r["accuracy"] for r in rows]
+            ax.barh(range(len(rows)), vals, color=[colors[m] for m in names])
+            for y, v in enumerate(vals):  # the number too: a bar of 0 is otherwise invisible
+                ax.text(min(v, 0.86) + 0.02, y, f"{v:.2f}", va="center", fontsize=7,
+                        color="white" if v > 0.86 else "black")
             ax.set_yticks(range(len(rows)), names, fontsize=8)
             ax.invert_yaxis()
             ax.set_xlim(0, 1.02)
@@ -586,7 +599,7 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
             for m in models:
                 pts = sorted((r["n_pairs"] / d_k, r["accuracy"]) for r in rows if r["model"] == m)
                 if pts:
-                    ax.plot(*zip(*pts), styles[m], marker="o", ms=3, color=colors[m], label=m)
+                    ax.plot(*zip(*pts), styles[m], marker=markers[m], ms=4, color=colors[m], label=m)
             ax.set_xscale("log", base=2)
             ticks = sorted({r["n_pairs"] for r in rows})
             ax.set_xticks([n / d_k for n in ticks], [_ratio(n, d_k) for n in ticks])
@@ -603,8 +616,9 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
                 handles.append(h)
                 labels.append(lab)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 10), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 1))
+        ncol = len(labels) if len(labels) <= 8 else -(-len(labels) // 2)  # one row, or two even ones
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, (0.12 if len(labels) > 8 else 0.08) if handles else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

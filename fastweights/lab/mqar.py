@@ -420,6 +420,33 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _setting_title(setting: str, rows: Sequence[dict]) -> str:
+    """"L64-kv8" -> "seq_len 64, 8 key-value pairs"; a mixture: its name and test lengths."""
+    import re
+
+    m = re.fullmatch(r"L(\d+)-kv(\d+)", setting)
+    if m:
+        return f"seq_len {m.group(1)}, {m.group(2)} key-value pairs"
+    segs = next((r.get("test_segments") for r in rows if r.get("test_segments")), None)
+    if segs:
+        Ls = sorted({int(s[0]) for s in segs})
+        return f"{setting} mixture (test seq_len {Ls[0]}–{Ls[-1]})"
+    return setting
+
+
+def _chance_lines(rows: Sequence[dict]) -> list[tuple[float, str, str]]:
+    """Reference accuracies: a uniform guess among the V/2 value ids, and (one segment) a guess
+    among the n values of the context — what a model that knows the format but not the pairs gets."""
+    out = []
+    vocab = next((r.get("vocab_size") for r in rows if r.get("vocab_size")), None)
+    if vocab:
+        out.append((2 / vocab, ":", "chance: uniform over the V/2 value ids"))
+    segs = next((r.get("test_segments") for r in rows if r.get("test_segments")), None)
+    if segs and len(segs) == 1:
+        out.append((1 / int(segs[0][1]), "--", "1/n: any value of the context"))
+    return out
+
+
 def plot_mqar(records: Sequence[dict], out) -> list[Path]:
     """Two PNGs in `out`: mqar_d_model.png (accuracy vs d_model) and mqar_state.png (accuracy vs
     state bytes, log x), best over lr, one line per model, one panel per setting."""
@@ -461,10 +488,18 @@ def plot_mqar(records: Sequence[dict], out) -> list[Path]:
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel(xlabel)
             ax.set_ylabel("accuracy (best over lr)")
-            ax.set_title(setting)
+            ax.set_title(_setting_title(setting, rows), fontsize=10)
+            for y, style, label in _chance_lines(rows):
+                ax.axhline(y, color="0.4", ls=style, lw=0.9, label=label)
             ax.grid(alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        ncol = max(1, min(len(labels), int(width // 1.6)))
+        handles, labels = [], []
+        for ax in axes[0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        longest = max((len(lab) for lab in labels), default=1)
+        ncol = max(1, min(len(labels), int(width // (0.065 * longest + 0.6))))  # (≈ inches per legend entry)
         rows_ = -(-len(labels) // ncol)
         fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.06 * rows_ + 0.02, 1, 1))

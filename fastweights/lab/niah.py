@@ -93,6 +93,10 @@ PUBLISHED_SCALE = ("1.3B parameters, 100B FineWeb-Edu tokens, trained at 4K Llam
 
 _RESULT_FILE, _TABLE_FILE, _PLOT_FILE = "niah.jsonl", "niah.md", "niah.png"
 
+BYTES_PER_TOKEN = 4
+"""≈ UTF-8 bytes per Llama-2 token of English text (PUBLISHED_SCALE): the plot draws the published
+curves at 4 × their token lengths, so that both share one axis in bytes."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Configuration
@@ -559,8 +563,9 @@ def format_published(tasks: Sequence[str] | None = None, lengths: Sequence[int] 
 
 
 def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> Path:
-    """Score vs context length, one panel per task; ours solid, published (1.3B) dashed in the same colour;
-    a second row with the characters of the value decoded in place (ours only), when recorded."""
+    """Score vs context length in bytes, one panel per task; ours solid, published (1.3B) dashed in the
+    same colour, drawn at BYTES_PER_TOKEN × its Llama-2 token lengths (ours: one token = one byte); a
+    second row with the characters of the value decoded in place (ours only), when recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -575,31 +580,38 @@ def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> 
     if any("char_acc" in r for r in records):
         metrics.append(("char_acc", "value chars in place (%)"))
     fig, axes = plt.subplots(len(metrics), len(tasks), figsize=(4.2 * len(tasks), 3.2 * len(metrics) + 0.6),
-                             squeeze=False, sharey=True)
+                             squeeze=False, sharey=True, sharex="col")
     for row, (metric, ylabel) in enumerate(metrics):
         for ax, task in zip(axes[row], tasks):
             for m in models:
                 pts = sorted((r["context_len"], r[metric]) for r in records
                              if r["model"] == m and r["task"] == task and metric in r)
                 if pts:
-                    ax.plot(*zip(*pts), "o-", color=colors[m], label=f"{m} (ours)")
+                    ax.plot(*zip(*pts), "-", marker="osD^v<>"[models.index(m) % 7], color=colors[m],
+                            label=f"{m} (ours)")
             if metric == "score":
                 for m, per_task in PUBLISHED.items():
-                    pts = sorted(per_task.get(task, {}).items())
+                    pts = sorted((BYTES_PER_TOKEN * L, v) for L, v in per_task.get(task, {}).items())
                     if pts:
-                        ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6, label=f"{m} (published, 1.3B)")
+                        ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6,
+                                label=f"{m} (published, 1.3B; at ≈{BYTES_PER_TOKEN} bytes per token)")
             ax.set_xscale("log", base=2)
             ax.set_title(TASK_LABELS.get(task, task) if row == 0 else "", fontsize=10)
             if row == len(metrics) - 1:
-                ax.set_xlabel("context length (tokens; ours = bytes)")
+                ax.set_xlabel("context length (bytes)")
+            ticks = sorted({r["context_len"] for r in records}
+                           | {BYTES_PER_TOKEN * L for per in PUBLISHED.values() for L in per.get(task, {})})
+            ax.set_xticks(ticks, [_len_label(t) for t in ticks], fontsize=8)
+            ax.minorticks_off()
             ax.set_ylim(-3, 103)
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel(ylabel)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.12 / len(metrics) + 0.04 * (len(labels) > 4) / len(metrics), 1, 1))
+    legend_rows = -(-len(labels) // min(3, max(1, len(labels))))
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -228,3 +228,28 @@ def test_cli_rejects_bad_values_in_one_line(argv, flag, tmp_path, capsys):
     assert lab.cli_main(p.parse_args(argv)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
+
+
+def test_a_model_held_by_another_process_is_waited_for_not_trained_twice(tmp_path):
+    import threading
+    import time
+
+    from fastweights.lab.control import CellLock
+
+    cfg = _tiny(tmp_path, models=("deltanet", "mamba2"), lengths=(512,), tasks=("niah_single_1",))
+    tag = lab._digest(cfg.eval_signature())
+    held = CellLock.acquire(tmp_path / "niah" / ".niah.locks", f"deltanet|{tag}")  # "another process"
+    logs: list[str] = []
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(lab.run_niah(cfg, progress=False, log=logs.append)))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not any("waiting" in ln for ln in logs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("deltanet: being trained by another process" in ln for ln in logs), logs
+    assert any("mamba2: trained" in ln for ln in logs)  # it took the model nobody held
+    assert t.is_alive()
+    held.release()
+    t.join(timeout=60)
+    assert not t.is_alive() and len(result[0]) == 2
+    assert sum("deltanet: trained" in ln for ln in logs) == 1

@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--lengths", nargs="+", type=int, default=[512, 2048])
     sp.add_argument("--repeats", type=int, default=5, help="timed calls per row (the median is reported)")
     sp.add_argument("--warmup", type=int, default=1, help="untimed calls before them")
-    sp.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    sp.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
+                         "0 keeps torch's default)")
     sp.add_argument("--batch", type=int, default=1)
     sp.add_argument("--heads", type=int, default=4)
     sp.add_argument("--dim", type=int, default=64)

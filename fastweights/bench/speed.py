@@ -20,7 +20,8 @@ Prints the table's header, then each row as it is timed with an estimate of the 
 the rows of the first length, scaled linearly in T — quadratically for the parallel form); writes
 `speed.md` and `speed.json` under --out, rewritten after each row, so a run that dies keeps every
 row already timed. Defaults (`fastweights bench speed`): five models, recurrent and chunk, T = 512
-and 2048, B=1, H=4, D=64, 1 warm-up and 5 timed calls per row: a few minutes on 2 CPU cores.
+and 2048, B=1, H=4, D=64, 1 warm-up and 5 timed calls per row, one torch thread (`threads=0`:
+torch's default pool).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, re
                     ("--chunk-size", chunk_size), ("--repeats", repeats)):
         ca.positive(flag, v, allow_none=False)
     ca.nonnegative("--warmup", warmup, allow_none=False)
-    ca.threads("--threads", threads)
+    ca.threads("--threads", threads, zero_ok=True)
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ca.ArgError(f"--dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
     ca.device("--device", device)

@@ -29,8 +29,8 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Interrupted", "stop_on_sigint", "training", "stop_requested", "request_stop", "clear_stop",
-           "worker_init", "CellLock", "resume_hint"]
+__all__ = ["Interrupted", "run_interruptible", "stop_on_sigint", "training", "stop_requested", "request_stop",
+           "clear_stop", "worker_init", "CellLock", "resume_hint"]
 
 
 class Interrupted(Exception):
@@ -174,3 +174,13 @@ class CellLock:
         with contextlib.suppress(OSError):
             os.close(self.fd)
         self.fd = -1
+
+
+def run_interruptible(fn, args, name: str) -> int:
+    """fn(args), with a Ctrl-C outside a sweep's own handling ending in one line and status 130
+    (the `python -m fastweights.lab.<name>` entry points; `fastweights` itself does the same)."""
+    try:
+        return fn(args) or 0
+    except KeyboardInterrupt:
+        print(f"interrupted: {name} stopped on Ctrl-C", file=sys.stderr)
+        return 130

@@ -735,12 +735,14 @@ def cli_main(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .control import run_interruptible
+
     p = argparse.ArgumentParser(prog="python -m fastweights.lab.mad", description=__doc__.split("\n\n")[0])
     _add_arguments(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
-    return cli_main(args)
+    return run_interruptible(cli_main, args, "mad")
 
 
 if __name__ == "__main__":

@@ -649,10 +649,12 @@ def cli_main(args) -> int:
 
 
 def main(argv=None) -> int:
+    from .control import run_interruptible
+
     p = argparse.ArgumentParser(prog="python -m fastweights.lab.mqar", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    return cli_main(p.parse_args(argv))
+    return run_interruptible(cli_main, p.parse_args(argv), "mqar")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,18 @@ warmup (`warmup`: a fraction of all steps if < 1, else a number of steps) and a 
 early stop when the accuracy exceeds `early_stop` (Zoology: 0.99), the best accuracy kept.
 
 Resumption: `train_cell(..., checkpoint_path=p)` writes model + optimizer + scheduler + epoch +
-RNG states + history after every epoch (to ``p.tmp`` then `os.replace`, so a kill never leaves a
-torn file) and resumes from it on start: at most the running epoch is lost. Batches are drawn from
-a generator seeded by (seed, epoch), so a resumed run replays exactly what an uninterrupted run
+RNG states + history + a signature of its settings after every epoch (to a temporary file of the
+writer's own, then `os.replace`, so a kill never leaves a torn file and two writers never collide)
+and resumes from it on start — only when the signature matches (else a TrainError names the
+differing fields; `fresh=True` discards it): at most the running epoch is lost, and nothing when
+the run was stopped by a stop request (SIGINT), which saves mid-epoch. Batches are drawn from a
+generator seeded by (seed, epoch), so a resumed run replays exactly what an uninterrupted run
 does. A finished cell's checkpoint says so and is returned without training.
 
-Sweeps: `ResultStore` is a JSONL file (one record per finished cell, flushed and fsynced);
-`run_sweep(cells, store, run_fn)` skips the cells whose key is already there, so re-running a
-sweep trains only what is missing. `best_over(records, over=("lr",))` keeps the best record of
+Sweeps: `ResultStore` is a JSONL file (one record per finished cell, flushed and fsynced; torn and
+malformed lines skipped and reported); `run_sweep(cells, store, run_fn)` skips the cells whose key
+is already there, so re-running a sweep trains only what is missing, and holds a lock per cell so
+that two processes on one store never train the same cell (`fastweights.lab.control`). `best_over(records, over=("lr",))` keeps the best record of
 every configuration (the papers report the max over the learning-rate sweep).
 
 Distributed (torchrun; `fastweights.lab.distributed`): `run_sweep(mode="ddp")` trains each

@@ -30,8 +30,9 @@ does. A finished cell's checkpoint says so and is returned without training.
 Sweeps: `ResultStore` is a JSONL file (one record per finished cell, flushed and fsynced; torn and
 malformed lines skipped and reported); `run_sweep(cells, store, run_fn)` skips the cells whose key
 is already there, so re-running a sweep trains only what is missing, and holds a lock per cell so
-that two processes on one store never train the same cell (`fastweights.lab.control`). `best_over(records, over=("lr",))` keeps the best record of
-every configuration (the papers report the max over the learning-rate sweep).
+that two processes on one store never train the same cell (`fastweights.lab.control`).
+`best_over(records, over=("lr",))` keeps the best record of every configuration (the papers
+report the max over the learning-rate sweep).
 
 Distributed (torchrun; `fastweights.lab.distributed`): `run_sweep(mode="ddp")` trains each
 model with DistributedDataParallel on all ranks (rank 0 writes); `mode="spread"` runs cell i on

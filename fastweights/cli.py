@@ -98,7 +98,9 @@ def _capacity(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
+    from .cliargs import Parser
+
+    p = Parser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     z = sub.add_parser("zoo", help="the four-axis table of every zoo model")
     z.add_argument("--json", action="store_true", help="print a JSON list (name, axes, citation)")

@@ -7,18 +7,27 @@ it as ``error: <message>`` and exit with status 2, as argparse does for the erro
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-__all__ = ["ArgError", "flag_message", "positive", "nonnegative", "positive_numbers", "device", "writable_dir",
-           "writable_file", "zoo_names", "threads"]
+__all__ = ["ArgError", "Parser", "flag_message", "positive", "nonnegative", "positive_numbers", "device",
+           "writable_dir", "writable_file", "zoo_names", "threads"]
 
 
 class ArgError(ValueError):
     """A bad command-line value; the message names the flag and what it must be."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its own errors (unknown flag, bad int, invalid choice) as one line too:
+    ``error: argument --epochs: invalid int value: 'x' (see <prog> --help)``, status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _ints(flag: str, values) -> list:

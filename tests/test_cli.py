@@ -59,3 +59,13 @@ def test_ctrl_c_is_one_line_and_status_130(monkeypatch, capsys):
     monkeypatch.setattr(fastweights.demo, "run_demo", interrupted)
     assert cli.main(["demo", "--models", "deltanet"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted: fastweights demo stopped on Ctrl-C"
+
+
+@pytest.mark.parametrize("argv", [["mqar", "--epochs", "abc"], ["bench", "speed", "--dtype", "int8"],
+                                  ["capacity", "--form", "x"], ["demo", "--bogus"]])
+def test_argparse_errors_are_one_line_too(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err

@@ -649,9 +649,10 @@ def cli_main(args) -> int:
 
 
 def main(argv=None) -> int:
+    from ..cliargs import Parser
     from .control import run_interruptible
 
-    p = argparse.ArgumentParser(prog="python -m fastweights.lab.mqar", description=__doc__,
+    p = Parser(prog="python -m fastweights.lab.mqar", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run_interruptible(cli_main, p.parse_args(argv), "mqar")

@@ -761,9 +761,10 @@ def cli_main(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ..cliargs import Parser
     from .control import run_interruptible
 
-    p = argparse.ArgumentParser(prog="python -m fastweights.lab.niah", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m fastweights.lab.niah", description=__doc__.split("\n\n")[0])
     _add_arguments(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)

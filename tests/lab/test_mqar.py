@@ -200,7 +200,8 @@ def test_cli_skips_and_reports_malformed_records(tmp_path, capsys):
     assert len(lines) == 4 and json.loads(lines[3])["model"] == "deltanet"  # after the torn line, not on it
 
 
-def test_sigint_to_the_cli_saves_the_running_cells_and_says_how_to_resume(tmp_path):
+@pytest.mark.parametrize("target", ["main process", "process group"])  # `kill -INT <pid>`; Ctrl-C in a terminal
+def test_sigint_to_the_cli_saves_the_running_cells_and_says_how_to_resume(tmp_path, target):
     import os
     import signal
     import subprocess
@@ -215,17 +216,20 @@ def test_sigint_to_the_cli_saves_the_running_cells_and_says_how_to_resume(tmp_pa
            "--train-examples", "64", "--test-examples", "16", "--out", str(out), "--workers", "2",
            "--threads", "1", "--progress", "none"]
     proc = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 90
     while len(list((out / "checkpoints").glob("*.pt"))) < 2 and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # the main process only
+    if target == "main process":
+        proc.send_signal(signal.SIGINT)
+    else:  # what a terminal's Ctrl-C does: the main process and its workers at once
+        os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
     try:
         _, err = proc.communicate(timeout=15)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("mqar still ran 15 s after SIGINT")
     assert time.monotonic() - t0 < 15 and proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: 0 of 2 cells")

@@ -16,9 +16,23 @@ def _zoo(args):
         print(zoo.table())
 
 
+def _fail(e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
 def _demo(args):
+    from . import cliargs
     from .demo import format_demo, run_demo
 
+    try:
+        cliargs.positive("--seq-len", args.seq_len, allow_none=False)
+        cliargs.nonnegative("--seed", args.seed)
+        if args.models is not None and not args.models:
+            raise cliargs.ArgError("--models needs at least one zoo name (or leave it out: all)")
+        cliargs.zoo_names("--models", args.models)
+    except ValueError as e:
+        return _fail(e)
     records = run_demo(seq_len=args.seq_len, seed=args.seed, names=args.models)
     print(format_demo(records))
     worst = max(r["output_err"] for r in records)
@@ -29,23 +43,52 @@ def _demo(args):
 
 
 def _bench_speed(args):
-    from .bench.speed import run_speed
+    from . import cliargs
+    from .bench.speed import check_args, run_speed
 
+    try:
+        check_args(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
+                   D=args.dim, dtype=args.dtype, device=args.device, chunk_size=args.chunk_size,
+                   repeats=args.repeats, warmup=args.warmup, threads=args.threads)
+        cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        return _fail(e)
     run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads, D=args.dim,
               dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
-              chunk_size=args.chunk_size, backward=not args.forward_only)
+              chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
+              warmup=args.warmup, threads=args.threads)
+    return 0
 
 
 def _bench_decode(args):
-    from .bench.decode import DecodeBenchConfig, run_decode
+    from . import cliargs
+    from .bench.decode import run_decode
 
-    run_decode(DecodeBenchConfig(models=tuple(args.models), contexts=tuple(args.contexts), d_model=args.d_model,
-                                 n_layers=args.n_layers, num_heads=args.num_heads, head_dim=args.head_dim,
-                                 vocab_size=args.vocab_size, batch_size=args.batch_size, new_tokens=args.new_tokens,
-                                 repeats=args.repeats, threads=args.threads, warmup=args.warmup,
-                                 prefill_chunk=args.prefill_chunk,
-                                 device=args.device, dtype=args.dtype, seed=args.seed, out=args.out,
-                                 plot=not args.no_plot, cuda_graph=args.cuda_graph))
+    try:
+        cliargs.zoo_names("--models", args.models)
+        cliargs.device("--device", args.device)
+        cfg = _decode_config(args)
+        cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        return _fail(cliargs.flag_message(e, _DECODE_FIELDS))
+    run_decode(cfg)
+    return 0
+
+
+_DECODE_FIELDS = ("models", "contexts", "d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size",
+                  "new_tokens", "repeats", "threads", "warmup", "prefill_chunk", "device", "dtype", "seed",
+                  "cuda_graph")
+
+
+def _decode_config(args):
+    from .bench.decode import DecodeBenchConfig
+
+    return DecodeBenchConfig(models=tuple(args.models), contexts=tuple(args.contexts), d_model=args.d_model,
+                             n_layers=args.n_layers, num_heads=args.num_heads, head_dim=args.head_dim,
+                             vocab_size=args.vocab_size, batch_size=args.batch_size, new_tokens=args.new_tokens,
+                             repeats=args.repeats, threads=args.threads, warmup=args.warmup,
+                             prefill_chunk=args.prefill_chunk, device=args.device, dtype=args.dtype, seed=args.seed,
+                             out=args.out, plot=not args.no_plot, cuda_graph=args.cuda_graph)
 
 
 def _capacity(args):
@@ -55,7 +98,9 @@ def _capacity(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
+    from .cliargs import Parser
+
+    p = Parser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     z = sub.add_parser("zoo", help="the four-axis table of every zoo model")
     z.add_argument("--json", action="store_true", help="print a JSON list (name, axes, citation)")
@@ -70,8 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = bsub.add_parser("speed", help="forms × models × T, forward and forward+backward, with peers on CUDA")
     sp.add_argument("--models", nargs="+", default=["gated_deltanet", "deltanet", "gla", "kda", "retnet"])
     sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"],
-                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core)")
-    sp.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
+                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core); recurrent is timed "
+                         "first, the speed-up columns divide by it")
+    sp.add_argument("--lengths", nargs="+", type=int, default=[512, 2048])
+    sp.add_argument("--repeats", type=int, default=5, help="timed calls per row (the median is reported)")
+    sp.add_argument("--warmup", type=int, default=1, help="untimed calls before them")
+    sp.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
+                         "0 keeps torch's default)")
     sp.add_argument("--batch", type=int, default=1)
     sp.add_argument("--heads", type=int, default=4)
     sp.add_argument("--dim", type=int, default=64)
@@ -128,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.fn(args) or 0
+    try:
+        return args.fn(args) or 0
+    except KeyboardInterrupt:  # (the sweeps stop by themselves on Ctrl-C and say how to resume)
+        print(f"interrupted: fastweights {args.command} stopped on Ctrl-C", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

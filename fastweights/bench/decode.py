@@ -213,27 +213,44 @@ def format_table(rows: list[dict], cfg: DecodeBenchConfig, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(rows: list[dict], path: str):
+def _bytes(b: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:g} {unit}"
+    return f"{b:g} B"
+
+
+def _plot(rows: list[dict], path: str, subtitle: str = ""):
+    """Tokens/s (from 0) and state bytes (log) against the context, ticks at the measured contexts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     for model in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == model]
         x = [r["context"] for r in rs]
         ax1.plot(x, [r["tokens_per_s"] for r in rs], marker="o", label=model)
-        ax2.plot(x, [r["total_bytes"] / 2**20 for r in rs], marker="o", label=model)
-    for ax, title, ylabel in ((ax1, "decode throughput", "tokens / s"),
-                              (ax2, "decoding state (memory + KV cache)", "MiB")):
+        ax2.plot(x, [r["total_bytes"] for r in rs], marker="o", label=model)
+    ctx = sorted({r["context"] for r in rows})
+    for ax, title, ylabel in ((ax1, "decode throughput", "tokens / s (whole batch)"),
+                              (ax2, "decoding state (memory + KV cache)", "bytes per batch (log scale)")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ctx, [f"{c // 1024}K" if c >= 1024 and c % 1024 == 0 else str(c) for c in ctx])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend()
-    ax2.set_yscale("log")
+    ax1.set_ylim(bottom=0)
+    ax2.set_yscale("log", base=2)
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes(v)))
+    ax2.yaxis.set_minor_formatter(NullFormatter())
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -262,7 +279,9 @@ def run_decode(cfg: DecodeBenchConfig, *, log=print) -> list[dict]:
     with open(os.path.join(cfg.out, "decode.md"), "w") as f:
         f.write(table)
     if cfg.plot:
-        _plot(rows, os.path.join(cfg.out, "decode.png"))
+        _plot(rows, os.path.join(cfg.out, "decode.png"),
+              subtitle=f"{cfg.device} {cfg.dtype}, batch {cfg.batch_size}, d_model {cfg.d_model}, "
+                       f"{cfg.n_layers} layer(s), {cfg.num_heads} heads × {cfg.head_dim}")
     log(table)
     return rows
 

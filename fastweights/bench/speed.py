@@ -13,8 +13,15 @@ dependency of this library. A peer that fails (e.g. fla's gated backward on Hopp
 Also printed per row: the floor, max(FLOPs / matmul peak, bytes / bandwidth), from the counts in
 `chunk_flops` and `io_bytes` (peaks are arguments: measure them on the machine).
 
-Writes `speed.md` and `speed.json` under --out; a run that dies keeps every row already written
-(the JSON is rewritten after each row).
+Each row also gets its speed-up against the recurrent form of the same model and T (recurrent is
+timed first when it is among the forms): recurrent ms / this row's ms, forward and forward+backward.
+
+Prints the table's header, then each row as it is timed with an estimate of the time left (from
+the rows of the first length, scaled linearly in T — quadratically for the parallel form); writes
+`speed.md` and `speed.json` under --out, rewritten after each row, so a run that dies keeps every
+row already timed. Defaults (`fastweights bench speed`): five models, recurrent and chunk, T = 512
+and 2048, B=1, H=4, D=64, 1 warm-up and 5 timed calls per row, one torch thread (`threads=0`:
+torch's default pool).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ import torch
 from .. import api, zoo
 from ..inputs import example_inputs
 
+FORMS = ("recurrent", "parallel", "chunk", "chunk_compile")
+"""The forms `bench speed` times, in the order it times them (the speed-up base first)."""
+
 
 @dataclass
 class Row:
@@ -47,6 +57,8 @@ class Row:
     fwdbwd_ms: float | None
     floor_fwd_ms: float | None
     error: str = ""
+    speedup_fwd: float | None = None  # recurrent ms / this ms, same model and T (None: no recurrent row)
+    speedup_fwdbwd: float | None = None
 
 
 def chunk_flops(B, T, H, K, V, C=64, delta=True) -> float:
@@ -66,7 +78,7 @@ def io_bytes(B, T, H, K, V, elem=2, gates=1) -> float:
     return elem * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * gates
 
 
-def _bench(fn, device, warmup=3, reps=10) -> float:
+def _bench(fn, device, warmup=1, reps=5) -> float:
     """Median milliseconds of fn()."""
     for _ in range(warmup):
         fn()
@@ -153,14 +165,61 @@ def _fla_case(model, B, T, H, D, dtype, device):
     return run, [x for x in inp.values() if x.requires_grad]
 
 
+def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, repeats=5, warmup=1,
+               threads=None) -> None:
+    """Every argument checked before anything is timed (`fastweights.cliargs.ArgError` naming the flag)."""
+    from .. import cliargs as ca
+
+    if not models:
+        raise ca.ArgError("--models needs at least one zoo name")
+    ca.zoo_names("--models", models)
+    if not forms:
+        raise ca.ArgError(f"--forms needs at least one of {', '.join(FORMS)}")
+    for f in forms:
+        if f not in FORMS:
+            raise ca.ArgError(f"--forms: unknown form {f!r}; forms: {', '.join(FORMS)}")
+    if not lengths:
+        raise ca.ArgError("--lengths needs at least one sequence length")
+    for flag, v in (("--lengths", list(lengths)), ("--batch", B), ("--heads", H), ("--dim", D),
+                    ("--chunk-size", chunk_size), ("--repeats", repeats)):
+        ca.positive(flag, v, allow_none=False)
+    ca.nonnegative("--warmup", warmup, allow_none=False)
+    ca.threads("--threads", threads, zero_ok=True)
+    if dtype not in ("float32", "bfloat16", "float16", "float64"):
+        raise ca.ArgError(f"--dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
+    ca.device("--device", device)
+
+
+def _ordered(forms) -> list[str]:
+    return sorted(dict.fromkeys(forms), key=FORMS.index)
+
+
 def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=True, chunk_size=64,
-              peak_tflops=None, peak_tbps=None, backward=True, log=print) -> list[Row]:
+              peak_tflops=None, peak_tbps=None, backward=True, repeats=5, warmup=1, threads=None,
+              log=print) -> list[Row]:
+    """Time every (T, model, form) row; see the module doc. Returns the rows."""
+    check_args(models=models, forms=forms, lengths=lengths, B=B, H=H, D=D, dtype=dtype, device=device,
+               chunk_size=chunk_size, repeats=repeats, warmup=warmup, threads=threads)
+    forms = _ordered(forms)
     device = torch.device(device)
     dt = getattr(torch, dtype)
+    if threads:
+        torch.set_num_threads(threads)
     os.makedirs(out_dir, exist_ok=True)
     rows: list[Row] = []
     peak_tflops = peak_tflops or (790.0 if device.type == "cuda" else 0.2)
     peak_tbps = peak_tbps or (3.0 if device.type == "cuda" else 0.02)
+    plan = [(T, m, f) for T in lengths for m in models for f in forms if f.removesuffix("_compile") in api.forms(m)]
+    for m in models:
+        missing = [f for f in forms if f.removesuffix("_compile") not in api.forms(m)]
+        if missing:
+            log(f"note: {m} has no {'/'.join(missing)} form; those rows are skipped")
+    log(f"bench speed: {len(plan)} rows ({B}×T×{H}×{D} {dtype} on {device}, torch threads "
+        f"{torch.get_num_threads()}), each {warmup} warm-up + {repeats} timed calls, forward"
+        + (" and forward+backward" if backward else ""))
+    log(HEADER)
+    spent: dict[tuple[str, str], tuple[int, float]] = {}  # (model, form) -> (T, seconds) of its first row
+    t_start = time.perf_counter()
 
     def floor_ms(model, T):
         delta = api.recipe_class(zoo.resolve(model)) == "delta"
@@ -168,18 +227,37 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
         b = io_bytes(B, T, H, D, D, elem=torch.finfo(dt).bits // 8) / (peak_tbps * 1e12)
         return 1e3 * max(f, b)
 
+    def estimate_left(done: int) -> str:
+        if done >= len(plan) or any((m, f) not in spent for _, m, f in plan):
+            return ""
+        left = 0.0
+        for T, m, f in plan[done:]:
+            T0, sec = spent[(m, f)]
+            left += sec * (T / T0) ** (2 if f == "parallel" else 1)
+        return f"  (~{left:.0f} s left)"
+
     def record(impl, model, form, T, make):
+        t0 = time.perf_counter()
         try:
             run, tensors = make()
             fwd, fwdbwd = _fwd_bwd(run, tensors)
-            f = _bench(fwd, device)
-            fb = _bench(fwdbwd, device) if backward else None
+            f = _bench(fwd, device, warmup, repeats)
+            fb = _bench(fwdbwd, device, warmup, repeats) if backward else None
             row = Row(impl, model, form, B, T, H, D, dtype, f, fb, floor_ms(model, T))
         except Exception as e:  # a failing peer or form is a result too
             row = Row(impl, model, form, B, T, H, D, dtype, None, None, None, f"{type(e).__name__}: {e}"[:300])
+        base = row if (impl, form) == ("fastweights", "recurrent") else next(
+            (r for r in rows if r.impl == "fastweights" and r.model == model and r.T == T and r.form == "recurrent"),
+            None)
+        if base is not None and impl != "sdpa":
+            row.speedup_fwd = _ratio(base.fwd_ms, row.fwd_ms)
+            row.speedup_fwdbwd = _ratio(base.fwdbwd_ms, row.fwdbwd_ms)
         rows.append(row)
+        if impl == "fastweights":
+            spent.setdefault((model, form), (T, time.perf_counter() - t0))
         _write(rows, out_dir)
-        log(_fmt(row))
+        done = sum(r.impl == "fastweights" for r in rows)
+        log(_fmt(row) + estimate_left(done))
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -197,20 +275,29 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
                        lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
             if peers and device.type == "cuda" and have_fla and model in FLA_OPS:
                 record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device))
+    log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'speed.md')}")
     return rows
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
 
 
 def _fmt(r: Row) -> str:
     def ms(x):
         return "—" if x is None else f"{x:.3f}"
 
+    def up(x):
+        return "—" if x is None else f"{x:.1f}×"
+
     err = f"  {r.error}" if r.error else ""
     return (f"| {r.impl} | {r.model} | {r.form} | {r.B}×{r.T}×{r.H}×{r.D} {r.dtype} | {ms(r.fwd_ms)} | "
-            f"{ms(r.fwdbwd_ms)} | {ms(r.floor_fwd_ms)} |{err}")
+            f"{ms(r.fwdbwd_ms)} | {up(r.speedup_fwd)} | {up(r.speedup_fwdbwd)} | {ms(r.floor_fwd_ms)} |{err}")
 
 
-HEADER = ("| impl | model | form | B×T×H×D dtype | fwd ms | fwd+bwd ms | fwd floor ms |\n"
-          "|---|---|---|---|---|---|---|")
+HEADER = ("| impl | model | form | B×T×H×D dtype | fwd ms | fwd+bwd ms | speed-up fwd | speed-up fwd+bwd "
+          "| fwd floor ms |\n|---|---|---|---|---:|---:|---:|---:|---:|")
+"""Speed-up: the recurrent form's time over this row's (same model, T)."""
 
 
 def _write(rows, out_dir):

@@ -469,6 +469,32 @@ def _run_episode(probe: Probe, ep: _Episode, d_k: int, d_v: int, seed: int, form
 
 
 # ---------------------------------------------------------------------------------------- driver
+def check_arguments(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[str] = SETTINGS,
+                    models: Sequence[str | Probe] = MODELS, trials: int = 4) -> tuple[list[str], list[Probe]]:
+    """Validate `run_capacity`'s arguments (ValueError naming the argument); returns the settings
+    (deduplicated) and the chosen probes."""
+    if isinstance(d_k, bool) or not isinstance(d_k, int) or d_k < 16 or d_k % 8:
+        raise ValueError(f"d_k must be a multiple of 8, at least 16, got {d_k!r} (the probe writes n = d_k/8, "
+                         "d_k/4, ..., 8·d_k pairs: whole ratios of d_k, the smallest n ≥ 2)")
+    if not isinstance(trials, int) or trials < 1:
+        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    d_v = d_v or d_k
+    settings = list(dict.fromkeys(settings))
+    for s in settings:
+        if s not in SETTINGS:
+            raise ValueError(f"settings: unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
+    table = probes(d_k, d_v)
+    chosen = []
+    for m in models:
+        if isinstance(m, Probe):
+            chosen.append(m)
+        elif m in table:
+            chosen.append(table[m])
+        else:
+            raise ValueError(f"models: unknown model {m!r}; models: {', '.join(MODELS)} (or a Probe)")
+    return settings, chosen
+
+
 def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[str] = SETTINGS,
                  models: Sequence[str | Probe] = MODELS, seed: int = 0, trials: int = 4,
                  ns: Sequence[int] | None = None, dtype: torch.dtype = torch.float32,
@@ -484,24 +510,8 @@ def run_capacity(*, d_k: int = 64, d_v: int | None = None, settings: Sequence[st
     models or settings reproduces the full run's numbers; form: see `write` ("fast": the same
     recall as "recurrent", the token-by-token reference, up to float rounding).
     """
-    if not isinstance(d_k, int) or d_k < 1:
-        raise ValueError(f"d_k must be a positive int, got {d_k!r}")
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    settings, chosen = check_arguments(d_k=d_k, d_v=d_v, settings=settings, models=models, trials=trials)
     d_v = d_v or d_k
-    settings = list(dict.fromkeys(settings))
-    for s in settings:
-        if s not in SETTINGS:
-            raise ValueError(f"unknown setting {s!r}; settings: {', '.join(SETTINGS)}")
-    table = probes(d_k, d_v)
-    chosen = []
-    for m in models:
-        if isinstance(m, Probe):
-            chosen.append(m)
-        elif m in table:
-            chosen.append(table[m])
-        else:
-            raise ValueError(f"unknown model {m!r}; models: {', '.join(MODELS)} (or a Probe)")
     ns = sorted(set(ns)) if ns is not None else sizes(d_k)
     if not ns or min(ns) < 2:
         raise ValueError(f"ns must be numbers of pairs ≥ 2, got {ns!r}")
@@ -547,6 +557,12 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#000000", "#b8860b")
+"""One colour per memory of MODELS (matplotlib's tab10, then black and dark goldenrod)."""
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h", "p")
+
+
 def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
     """Recall vs n/d_k, one panel per setting, one line per model; `stream` (one n) is drawn
     as bars. Writes a PNG at `path` and returns it."""
@@ -559,7 +575,10 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = list(dict.fromkeys(r["setting"] for r in records))
     models = list(dict.fromkeys(r["model"] for r in records))
-    colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(models)}
+    order = {m: i for i, m in enumerate(MODELS)}  # the same colour and marker for a memory in every run
+    idx = {m: order.get(m, len(MODELS) + j) for j, m in enumerate(models)}
+    colors = {m: _COLORS[idx[m] % len(_COLORS)] for m in models}
+    markers = {m: _MARKERS[idx[m] % len(_MARKERS)] for m in models}
     styles = {m: ("--" if m.endswith("_decay") else ":" if m.endswith("_poly2") else "-") for m in models}
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings):
@@ -567,7 +586,11 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
         d_k = rows[0]["d_k"]
         if len({r["n_pairs"] for r in rows}) == 1:
             names = [r["model"] for r in rows]
-            ax.barh(range(len(rows)), [r["accuracy"] for r in rows], color=[colors[m] for m in names])
+            vals = [r["accuracy"] for r in rows]
+            ax.barh(range(len(rows)), vals, color=[colors[m] for m in names])
+            for y, v in enumerate(vals):  # the number too: a bar of 0 is otherwise invisible
+                ax.text(min(v, 0.86) + 0.02, y, f"{v:.2f}", va="center", fontsize=7,
+                        color="white" if v > 0.86 else "black")
             ax.set_yticks(range(len(rows)), names, fontsize=8)
             ax.invert_yaxis()
             ax.set_xlim(0, 1.02)
@@ -576,7 +599,7 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
             for m in models:
                 pts = sorted((r["n_pairs"] / d_k, r["accuracy"]) for r in rows if r["model"] == m)
                 if pts:
-                    ax.plot(*zip(*pts), styles[m], marker="o", ms=3, color=colors[m], label=m)
+                    ax.plot(*zip(*pts), styles[m], marker=markers[m], ms=4, color=colors[m], label=m)
             ax.set_xscale("log", base=2)
             ticks = sorted({r["n_pairs"] for r in rows})
             ax.set_xticks([n / d_k for n in ticks], [_ratio(n, d_k) for n in ticks])
@@ -593,8 +616,9 @@ def plot_capacity(records: Sequence[dict], path: str | Path) -> Path:
                 handles.append(h)
                 labels.append(lab)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 10), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 1))
+        ncol = len(labels) if len(labels) <= 8 else -(-len(labels) // 2)  # one row, or two even ones
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, (0.12 if len(labels) > 8 else 0.08) if handles else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -616,18 +640,27 @@ def cli_main(args) -> int:
     import sys
     import time
 
+    from .. import cliargs
+
     settings = args.settings or list(SETTINGS)
     models = args.models or list(MODELS)
     threads = getattr(args, "threads", 1)
+    try:  # everything the run will need, before the probe runs
+        cliargs.threads("--threads", threads, zero_ok=True)
+        cliargs.nonnegative("--seed", args.seed)
+        cliargs.positive("--trials", args.trials)
+        check_arguments(d_k=args.d_k, settings=settings, models=models, trials=args.trials)
+        if args.json:
+            cliargs.writable_file("--json", args.json)
+        cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        print(f"error: {cliargs.flag_message(e, ('d_k', 'trials', 'settings', 'models', 'seed'))}", file=sys.stderr)
+        return 2
     if threads:  # the probe is thousands of tiny ops: one thread beats a pool that shares its cores
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    try:
-        records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,
-                               form=getattr(args, "form", "fast"))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    records = run_capacity(d_k=args.d_k, settings=settings, models=models, seed=args.seed, trials=args.trials,
+                           form=getattr(args, "form", "fast"))
     wall = time.perf_counter() - t0
     print(f"capacity probe: d_k = d_v = {args.d_k}, {args.trials} trials, seed {args.seed}; recall = share of reads "
           "whose nearest stored value (cosine) is their own\n")

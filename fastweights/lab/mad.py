@@ -46,7 +46,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -389,14 +389,15 @@ def _setting_config(cell: MADCell):
     raise ValueError(f"{cell.task!r} has no setting {cell.setting!r}")
 
 
-def _cell_id(cell: MADCell) -> str:
+def _cell_id(cell: MADCell, dtype: str = "float32", device: str = "cpu") -> str:
+    """The checkpoint name of a cell: a hash of its fields, the dtype and the device type."""
     from .train import cell_key
 
-    return hashlib.sha1(cell_key(cell).encode()).hexdigest()[:16]
+    return hashlib.sha1((cell_key(cell) + f"|{dtype}|{torch.device(device).type}").encode()).hexdigest()[:16]
 
 
 def run_cell(cell: MADCell, *, device: str = "cpu", dtype: str = "float32", checkpoint_dir: str | Path | None = None,
-             progress="none", desc: str | None = None) -> dict[str, Any]:
+             progress="none", desc: str | None = None, fresh: bool = False) -> dict[str, Any]:
     """Train one cell with :func:`fastweights.lab.train.train_cell` and score its final weights.
 
     Returns {"accuracy": the scored test accuracy (0–1, macro or micro per the cell), "accuracy_macro",
@@ -417,11 +418,12 @@ def run_cell(cell: MADCell, *, device: str = "cpu", dtype: str = "float32", chec
     tcfg = TrainConfig(epochs=cell.epochs, batch_size=cell.batch_size, lr=cell.lr, weight_decay=cell.wd,
                        warmup=cell.warmup, schedule="cosine", min_lr=min(cell.min_lr, cell.lr), early_stop=None,
                        seed=cell.seed, device=device, dtype=dtype)
-    ckpt = Path(checkpoint_dir) / f"{_cell_id(cell)}.pt" if checkpoint_dir is not None else None
+    ckpt = Path(checkpoint_dir) / f"{_cell_id(cell, dtype, device)}.pt" if checkpoint_dir is not None else None
     if ckpt is not None:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
     result = train_cell(None, train_pair, test_pair, tcfg, checkpoint_path=ckpt, progress=progress,
-                        model_fn=model_fn, desc=desc or f"{cell.model} {cell.task} {cell.setting}")
+                        model_fn=model_fn, desc=desc or f"{cell.model} {cell.task} {cell.setting}",
+                        signature=asdict(cell), fresh=fresh)
     model = built[-1]
     dev = next(model.parameters()).device
     acc = evaluate(model, *test_pair, vocab, batch_size=max(cell.batch_size, 256), device=dev)
@@ -436,34 +438,41 @@ def run_cell(cell: MADCell, *, device: str = "cpu", dtype: str = "float32", chec
 # --------------------------------------------------------------------------------------------------
 
 
-def run_mad(cfg: MADRunConfig, *, progress="auto") -> list[dict]:
-    """Train every cell of ``cfg`` not yet in ``out/mad.jsonl`` and return the records of all its cells."""
+RECORD_FIELDS = {"model": str, "task": str, "setting": str, "lr": (int, float), "wd": (int, float),
+                 "accuracy": (int, float)}
+"""What a mad.jsonl record must hold to be scored (others are skipped and reported)."""
+
+
+def run_mad(cfg: MADRunConfig, *, progress="auto", fresh: bool = False) -> list[dict]:
+    """Train every cell of ``cfg`` not yet in ``out/mad.jsonl`` and return the records of all its cells.
+
+    Keys and records carry the dtype and the device type (`run_sweep(context=...)`); fresh: train
+    every cell again (checkpoints discarded, the new records supersede the old)."""
     from .train import ResultStore, run_sweep
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads is not None and str(cfg.device).startswith("cpu"):
         torch.set_num_threads(cfg.threads)
-    store = ResultStore(out / "mad.jsonl")
+    store = ResultStore(out / "mad.jsonl", required=RECORD_FIELDS)
     ckdir = out / "checkpoints"
     all_cells = cells(cfg)
 
     def run_fn(cell, progress=None, desc=None):
         return run_cell(cell, device=cfg.device, dtype=cfg.dtype, checkpoint_dir=ckdir, progress=progress,
-                        desc=desc)
+                        desc=desc, fresh=fresh)
 
     def describe(c: MADCell) -> str:
         return f"{c.model} {c.task} {c.setting} lr={c.lr:g} wd={c.wd:g}"
 
     records = run_sweep(all_cells, store, run_fn, mode=cfg.mode, progress=progress, describe=describe,
-                        device=cfg.device)
+                        device=cfg.device, context={"dtype": cfg.dtype, "device": torch.device(cfg.device).type},
+                        fresh=fresh)
     # A finished cell's checkpoint is no longer needed once its record is stored.
-    done = store.keys()
-    from .train import cell_key
-
     for c in all_cells:
-        p = ckdir / f"{_cell_id(c)}.pt"
-        if p.exists() and cell_key(c) in done:
+        p = ckdir / f"{_cell_id(c, cfg.dtype, cfg.device)}.pt"
+        if p.exists() and any(r["model"] == c.model and r["task"] == c.task and r["setting"] == c.setting
+                              and r["lr"] == c.lr and r["wd"] == c.wd for r in records):
             p.unlink()
     return records
 
@@ -539,7 +548,8 @@ def format_published() -> str:
 
 def plot_mad(records: Sequence[dict], path: str | Path, *, title: str = "") -> Path:
     """Grouped bars: per task (and the MAD score) one bar per model (ours); the published score of the
-    nearest published model as a black tick on the bar."""
+    nearest published model as a black tick on the bar. When only some tasks ran, the "MAD score"
+    group is the mean over those tasks, ours and the published one alike."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -549,7 +559,8 @@ def plot_mad(records: Sequence[dict], path: str | Path, *, title: str = "") -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     sc = scores(records)
     tasks = [t for t in _TABLE_ORDER if any(r["task"] == t for r in records)]
-    groups = [TASK_SHORT[t] for t in tasks] + ["MAD score"]
+    subset = len(tasks) < len(_TABLE_ORDER)
+    groups = [TASK_SHORT[t] for t in tasks] + [f"mean of\n{len(tasks)} tasks" if subset else "MAD score"]
     models = list(sc)
     width = 0.8 / max(1, len(models))
     fig, ax = plt.subplots(figsize=(1.3 * len(groups) + 2, 3.8))
@@ -560,18 +571,21 @@ def plot_mad(records: Sequence[dict], path: str | Path, *, title: str = "") -> P
         ax.bar(xs, vals, width, label=m, color=f"C{i}")
         if m in by_zoo:
             pub = PUBLISHED[by_zoo[m]]
-            pv = [pub[t] for t in tasks] + [pub["avg"]]
+            pv = [pub[t] for t in tasks] + [sum(pub[t] for t in tasks) / len(tasks) if subset else pub["avg"]]
             ax.scatter(xs, pv, marker="_", s=200, color="black", zorder=3,
                        label="published (nearest model)" if i == min(j for j, mm in enumerate(models) if mm in by_zoo)
                        else None)
     ax.set_xticks(range(len(groups)), groups)
-    ax.set_ylabel("accuracy (%)")
+    ax.axvline(len(groups) - 1.5, color="0.6", lw=0.8)  # the tasks | their mean
+    ax.set_ylabel("task score: test accuracy (%)\nMAD score: mean over tasks")
     ax.set_ylim(0, 105)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    ncol = min(len(labels), 4)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, (0.22 * -(-len(labels) // ncol) + 0.1) / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -641,6 +655,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run_sweep mode; under torchrun 'auto' spreads cells over ranks")
     p.add_argument("--out", default=None, help="output directory (default runs/mad)")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
+    p.add_argument("--fresh", action="store_true",
+                   help="train every cell of this run again: its records in mad.jsonl are superseded (kept in the "
+                        "file) and its checkpoints discarded")
     p.add_argument("--no-plot", action="store_true")
 
 
@@ -660,14 +677,40 @@ def cli_main(args) -> int:
         if overrides[k] is not None:
             overrides[k] = tuple(overrides[k])
     name = getattr(args, "preset", "small") or "small"
+    from .. import cliargs
+    from .control import Interrupted
+
     try:
+        for flag in ("--d-model", "--n-layers", "--num-heads", "--epochs", "--batch-size", "--test-examples",
+                     "--train-examples"):
+            cliargs.positive(flag, getattr(args, flag[2:].replace("-", "_"), None))
+        cliargs.threads("--threads", args.threads)
+        cliargs.nonnegative("--seed", args.seed)
+        cliargs.positive_numbers("--lrs", args.lrs)
+        cliargs.positive_numbers("--wds", args.wds, allow_zero=True)
+        cliargs.zoo_names("--models", args.models)
+        cliargs.device("--device", args.device)
         cfg = preset(name, **overrides)
+        if args.device is None:
+            try:
+                cliargs.device("--device", cfg.device)
+            except cliargs.ArgError:
+                raise cliargs.ArgError(f"--preset {name} runs on {cfg.device}, which this machine cannot use; "
+                                       "pass --device cpu") from None
+        cliargs.writable_dir("--out", cfg.out)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cliargs.flag_message(e, _CLI_FIELDS)}", file=sys.stderr)
         return 2
     argv = getattr(args, "argv", None)
     t0 = time.perf_counter()
-    records = run_mad(cfg, progress=getattr(args, "progress", "auto"))
+    try:
+        records = run_mad(cfg, progress=getattr(args, "progress", "auto"), fresh=getattr(args, "fresh", False))
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return 130
+    except ValueError as e:  # e.g. a checkpoint written with other settings
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
     from .distributed import dist_info
 
@@ -692,12 +735,15 @@ def cli_main(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastweights.lab.mad", description=__doc__.split("\n\n")[0])
+    from ..cliargs import Parser
+    from .control import run_interruptible
+
+    p = Parser(prog="python -m fastweights.lab.mad", description=__doc__.split("\n\n")[0])
     _add_arguments(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
-    return cli_main(args)
+    return run_interruptible(cli_main, args, "mad")
 
 
 if __name__ == "__main__":

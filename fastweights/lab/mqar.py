@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from ..tasks.mqar import IGNORE_INDEX, MQARConfig, make_mqar_splits
-from .train import ResultStore, TrainConfig, best_over, run_sweep, train_cell
+from .train import NUMBER, ResultStore, TrainConfig, best_over, run_sweep, train_cell
 
 __all__ = ["MQARCell", "MQARPreset", "PRESETS", "make_cells", "build_model", "lm_config", "cell_data", "run_cell",
            "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main", "build_lm"]
@@ -184,10 +184,12 @@ def cell_data(cell: MQARCell):
 
 
 def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: str = "cpu",
-             dtype: str = "float32", checkpoint_dir=None) -> dict:
+             dtype: str = "float32", checkpoint_dir=None, fresh: bool = False) -> dict:
     """Train one cell; the result of `train_cell` plus "state_bytes" (the model's decoding state for
     one sequence of the longest test length, fp32 memories: constant for fast-weight layers, the KV
-    cache for softmax attention) and "slices" (the final model's accuracy per test segment)."""
+    cache for softmax attention) and "slices" (the final model's accuracy per test segment). The
+    checkpoint's name hashes the cell, the dtype and the device type, and the checkpoint records
+    them (`train_cell(signature=...)`); fresh=True discards it first."""
     from .train import accuracy
 
     train, test = cell_data(cell)
@@ -197,7 +199,7 @@ def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: 
 
         from .train import cell_key
 
-        h = hashlib.sha1(cell_key(cell).encode()).hexdigest()[:16]
+        h = hashlib.sha1((cell_key(cell) + f"|{dtype}|{torch.device(device).type}").encode()).hexdigest()[:16]
         ckpt = Path(checkpoint_dir) / f"{cell.model}-d{cell.d_model}-{h}.pt"
     box = {}
 
@@ -207,7 +209,8 @@ def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: 
         return m
 
     res = train_cell(lm_config(cell), train, test, cell.train_config(device, dtype), checkpoint_path=ckpt,
-                     progress=progress, model_fn=make, desc=desc or cell.describe())
+                     progress=progress, model_fn=make, desc=desc or cell.describe(),
+                     signature=dataclasses.asdict(cell), fresh=fresh)
     model = box["model"]
     res["state_bytes"] = int(model.state_size(1, cell.seq_len))
     if len(cell.test_segments) > 1:
@@ -218,9 +221,7 @@ def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: 
             slices[f"L{L}-kv{n}"] = accuracy(model, x, y, cell.eval_batch_size or cell.batch_size,
                                              reduction="examples")
         res["slices"] = slices
-    if ckpt is not None and ckpt.exists():
-        pass  # kept: a finished checkpoint makes a re-run of this cell free even without the JSONL
-    return res
+    return res  # (a finished checkpoint is kept: it makes a re-run of the cell free even without the JSONL)
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -341,24 +342,37 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
 
 # ------------------------------------------------------------------------------------------ running
 def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtype="float32",
-                 checkpoint_dir=None, threads=None):
+                 checkpoint_dir=None, threads=None, fresh=False):
     if threads:
         torch.set_num_threads(threads)
-    return run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir)
+    return run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
+                    fresh=fresh)
+
+
+RECORD_FIELDS = {"model": str, "d_model": int, "setting": str, "lr": NUMBER, "accuracy": NUMBER}
+"""What a results.jsonl record must hold to enter a table (others are skipped and reported)."""
+
+
+def results_store(out) -> ResultStore:
+    return ResultStore(Path(out) / "results.jsonl", required=RECORD_FIELDS)
 
 
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
-             threads: int | None = None, progress=None) -> list[dict]:
+             threads: int | None = None, progress=None, fresh: bool = False) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl and out/checkpoints/; returns the
-    records of these cells. workers > 1: that many local processes (threads each), cell by cell."""
+    records of these cells. workers > 1: that many local processes (threads each), cell by cell.
+    Every key and record carries the dtype and the device type (a bfloat16 run never takes the
+    float32 results for its own). fresh: train every cell again (its checkpoints discarded; the
+    new records supersede the old ones)."""
     import functools
 
     out = Path(out)
-    store = ResultStore(out / "results.jsonl")
+    store = results_store(out)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
-                           threads=threads)
+                           threads=threads, fresh=fresh)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
-                     device=device, workers=workers)
+                     device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
+                     fresh=fresh)
 
 
 def _fmt_bytes(b) -> str:
@@ -406,6 +420,33 @@ def format_table(records: Sequence[dict]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _setting_title(setting: str, rows: Sequence[dict]) -> str:
+    """"L64-kv8" -> "seq_len 64, 8 key-value pairs"; a mixture: its name and test lengths."""
+    import re
+
+    m = re.fullmatch(r"L(\d+)-kv(\d+)", setting)
+    if m:
+        return f"seq_len {m.group(1)}, {m.group(2)} key-value pairs"
+    segs = next((r.get("test_segments") for r in rows if r.get("test_segments")), None)
+    if segs:
+        Ls = sorted({int(s[0]) for s in segs})
+        return f"{setting} mixture (test seq_len {Ls[0]}–{Ls[-1]})"
+    return setting
+
+
+def _chance_lines(rows: Sequence[dict]) -> list[tuple[float, str, str]]:
+    """Reference accuracies: a uniform guess among the V/2 value ids, and (one segment) a guess
+    among the n values of the context — what a model that knows the format but not the pairs gets."""
+    out = []
+    vocab = next((r.get("vocab_size") for r in rows if r.get("vocab_size")), None)
+    if vocab:
+        out.append((2 / vocab, ":", "chance: uniform over the V/2 value ids"))
+    segs = next((r.get("test_segments") for r in rows if r.get("test_segments")), None)
+    if segs and len(segs) == 1:
+        out.append((1 / int(segs[0][1]), "--", "1/n: any value of the context"))
+    return out
+
+
 def plot_mqar(records: Sequence[dict], out) -> list[Path]:
     """Two PNGs in `out`: mqar_d_model.png (accuracy vs d_model) and mqar_state.png (accuracy vs
     state bytes, log x), best over lr, one line per model, one panel per setting."""
@@ -447,10 +488,18 @@ def plot_mqar(records: Sequence[dict], out) -> list[Path]:
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel(xlabel)
             ax.set_ylabel("accuracy (best over lr)")
-            ax.set_title(setting)
+            ax.set_title(_setting_title(setting, rows), fontsize=10)
+            for y, style, label in _chance_lines(rows):
+                ax.axhline(y, color="0.4", ls=style, lw=0.9, label=label)
             ax.grid(alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        ncol = max(1, min(len(labels), int(width // 1.6)))
+        handles, labels = [], []
+        for ax in axes[0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        longest = max((len(lab) for lab in labels), default=1)
+        ncol = max(1, min(len(labels), int(width // (0.065 * longest + 0.6))))  # (≈ inches per legend entry)
         rows_ = -(-len(labels) // ncol)
         fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
         fig.tight_layout(rect=(0, 0.06 * rows_ + 0.02, 1, 1))
@@ -493,6 +542,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ddp", action="store_true", help="under torchrun: every model data-parallel over the ranks")
     g.add_argument("--spread", action="store_true", help="under torchrun: cell i on rank i %% world (default)")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
+    p.add_argument("--fresh", action="store_true",
+                   help="train every cell of this run again: its records in results.jsonl are superseded (kept in "
+                        "the file) and its checkpoints discarded")
     p.add_argument("--dry-run", action="store_true", help="list the cells and exit")
 
 
@@ -504,24 +556,61 @@ def _settings(args, preset: MQARPreset):
     return [(L, n) for L in Ls for n in ns if 4 * n <= L]
 
 
+def _check_args(args) -> None:
+    """Every flag checked before any work starts (ArgError naming the flag)."""
+    from .. import cliargs as ca
+
+    for flag, v in (("--epochs", args.epochs), ("--train-examples", args.train_examples),
+                    ("--test-examples", args.test_examples), ("--d-models", args.d_models),
+                    ("--seq-lens", args.seq_lens), ("--kv-pairs", args.kv_pairs), ("--workers", args.workers)):
+        ca.positive(flag, v)
+    ca.nonnegative("--seed", args.seed)
+    ca.threads("--threads", args.threads)
+    ca.positive_numbers("--lrs", args.lrs)
+    ca.zoo_names("--models", args.models)
+    ca.device("--device", args.device)
+    if (args.ddp or args.spread) and "WORLD_SIZE" not in os.environ:
+        flag = "--ddp" if args.ddp else "--spread"
+        raise ca.ArgError(f"{flag} runs under torchrun (WORLD_SIZE is not set): launch with "
+                          f"`torchrun --nproc_per_node=N -m fastweights.cli mqar ... {flag}`, or drop {flag}")
+
+
+def _check_cells(cells) -> None:
+    """Every model config and every data segment of the cells builds (bad combinations fail here)."""
+    from ..tasks.mqar import MQARConfig
+
+    seen = set()
+    for c in cells:
+        lm_config(c)
+        for L, n, N in (*c.train_segments, *c.test_segments):
+            if (L, n, c.vocab_size) not in seen:
+                seen.add((L, n, c.vocab_size))
+                try:
+                    MQARConfig(vocab_size=c.vocab_size, seq_len=L, num_kv_pairs=n, num_examples=max(1, N))
+                except ValueError as e:
+                    raise ValueError(f"--seq-lens/--kv-pairs: seq_len {L} with {n} kv pairs (vocab {c.vocab_size}): "
+                                     f"{e}") from None
+
+
 def cli_main(args) -> int:
     """`fastweights mqar`: run (or resume) a sweep, print the best-over-lr table, write the PNGs."""
+    from .. import cliargs
+    from .control import Interrupted
     from .distributed import dist_info, init_distributed
 
     preset = PRESETS[args.preset]
     try:
+        _check_args(args)
         cells = make_cells(preset, models=args.models, d_models=args.d_models, settings=_settings(args, preset),
                            lrs=args.lrs, epochs=args.epochs, seed=args.seed, train_examples=args.train_examples,
                            test_examples=args.test_examples)
         if not cells:
             raise ValueError("no cell to run (check --seq-lens/--kv-pairs: 4·kv ≤ seq_len)")
-        from .. import zoo
-
-        unknown = [c.model for c in cells if c.model not in zoo.names()]
-        if unknown:
-            raise ValueError(f"unknown model(s) {sorted(set(unknown))}; zoo names: {', '.join(zoo.names())}")
-        for c in cells:  # build every distinct LMConfig once: bad combinations fail before training
-            lm_config(c)
+        _check_cells(cells)
+        for c in cells[:1]:
+            c.train_config(args.device, args.dtype)
+        if not args.dry_run:
+            cliargs.writable_dir("--out", args.out)
     except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -537,12 +626,20 @@ def cli_main(args) -> int:
     if info.world_size > 1:
         workers = 1
     t0 = time.perf_counter()
-    records = run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
-                       threads=threads, progress=args.progress)
+    try:
+        records = run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
+                           threads=threads, progress=args.progress, fresh=args.fresh)
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return 130
+    except ValueError as e:  # e.g. a checkpoint written with other settings
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
     if info.rank != 0:
         return 0
-    print(f"\nMQAR, preset {preset.name}: {len(cells)} cells ({preset.note})\n")
+    print(f"\nMQAR, preset {preset.name}: {len(cells)} cells ({preset.note}; dtype {args.dtype}, "
+          f"device {args.device})\n")
     print(format_table(records))
     pngs = plot_mqar(records, args.out)
     print("plots: " + ", ".join(str(p) for p in pngs))
@@ -552,10 +649,13 @@ def cli_main(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastweights.lab.mqar", description=__doc__,
+    from ..cliargs import Parser
+    from .control import run_interruptible
+
+    p = Parser(prog="python -m fastweights.lab.mqar", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
-    return cli_main(p.parse_args(argv))
+    return run_interruptible(cli_main, p.parse_args(argv), "mqar")
 
 
 if __name__ == "__main__":

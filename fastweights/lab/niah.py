@@ -93,6 +93,10 @@ PUBLISHED_SCALE = ("1.3B parameters, 100B FineWeb-Edu tokens, trained at 4K Llam
 
 _RESULT_FILE, _TABLE_FILE, _PLOT_FILE = "niah.jsonl", "niah.md", "niah.png"
 
+BYTES_PER_TOKEN = 4
+"""≈ UTF-8 bytes per Llama-2 token of English text (PUBLISHED_SCALE): the plot draws the published
+curves at 4 × their token lengths, so that both share one axis in bytes."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Configuration
@@ -193,6 +197,18 @@ class NIAHConfig:
             sig["out_gate"] = self.out_gate
         return sig
 
+    def eval_signature(self) -> dict[str, Any]:
+        """What an evaluation record depends on beyond (model, task, length): the trained model (its
+        training signature) and the evaluation data and device (eval_examples, eval_seed, device type)."""
+        return {"train": self.train_signature(), "eval_examples": self.eval_examples, "eval_seed": self.eval_seed,
+                "device": torch.device(self.device).type}
+
+
+def _digest(obj) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     # End to end in a few minutes on 2 CPU cores: tiny models, few hundred training rows, 4 examples per cell.
@@ -240,11 +256,14 @@ def _train_config(cfg: NIAHConfig):
                        warmup=cfg.warmup, early_stop=cfg.early_stop, seed=cfg.seed, device=cfg.device)
 
 
-def train_model(cfg: NIAHConfig, model: str, *, work_dir: str | Path, progress: bool = False):
+def train_model(cfg: NIAHConfig, model: str, *, work_dir: str | Path, progress: bool = False,
+                fresh: bool = False):
     """Train ``model`` on the retrieval format; returns (LM on cfg.device in eval mode, train record).
 
     The trained weights are saved to ``work_dir/models/<model>`` (with the training signature); a later
-    call with the same signature loads them instead of training again.
+    call with the same signature loads them instead of training again. The per-epoch checkpoint is
+    ``work_dir/checkpoints/<model>-<hash of the signature>.pt``, so a run with other training settings
+    never resumes another's. fresh: train again (saved weights ignored, checkpoint discarded).
     """
     from ..models import LM
     from .train import train_cell
@@ -253,13 +272,13 @@ def train_model(cfg: NIAHConfig, model: str, *, work_dir: str | Path, progress: 
     saved = work / "models" / model
     sig_path = saved / "niah_train.json"
     sig = cfg.train_signature()
-    if sig_path.exists():
+    if sig_path.exists() and not fresh:
         info = json.loads(sig_path.read_text())
         if info.get("signature") == sig:
             lm = LM.from_pretrained(saved, device=cfg.device).eval()
             return lm, info["record"]
     train_pair, test_pair = training_data(cfg)
-    ckpt = work / "checkpoints" / f"{model}.pt"
+    ckpt = work / "checkpoints" / f"{model}-{_digest(sig)}.pt"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     built: list = []  # train_cell trains the model it builds in place: keep a handle on it
 
@@ -269,7 +288,8 @@ def train_model(cfg: NIAHConfig, model: str, *, work_dir: str | Path, progress: 
 
     t0 = time.perf_counter()
     result = train_cell(cfg.lm_config(model), train_pair, test_pair, _train_config(cfg), checkpoint_path=ckpt,
-                        progress=_progress(progress), model_fn=model_fn, desc=f"niah {model}")
+                        progress=_progress(progress), model_fn=model_fn, desc=f"niah {model}", signature=sig,
+                        fresh=fresh)
     lm = built[-1].to(cfg.device)
     record = {k: v for k, v in result.items() if k != "history" and _jsonable(v)}
     record["history"] = [{k: v for k, v in h.items()} for h in result.get("history", [])]
@@ -361,28 +381,33 @@ def _char_acc(pred: str, ref: str) -> float:
 # --------------------------------------------------------------------------------------------------
 
 
+RECORD_FIELDS = {"kind": str, "model": str}
+"""What every niah.jsonl record must hold (eval records also: task, context_len, score)."""
+
+
 def _store(path: Path):
     from .train import ResultStore
 
-    return ResultStore(path)
+    class _Store(ResultStore):
+        def _problem(self, rec):
+            why = super()._problem(rec)
+            if why is None and rec.get("kind") == "eval":
+                for name, typ in (("task", str), ("context_len", int), ("score", (int, float))):
+                    if not isinstance(rec.get(name), typ) or isinstance(rec.get(name), bool):
+                        return f"{name} is {rec.get(name)!r}" if name in rec else f"no {name!r}"
+            return why
+
+    return _Store(path, required=RECORD_FIELDS)
 
 
-def _cell_key(model: str, task: str, length: int) -> str:
-    return f"eval|{model}|{task}|{length}"
+def _cell_key(model: str, task: str, length: int, tag: str = "") -> str:
+    """eval|model|task|length|tag — tag: the digest of `NIAHConfig.eval_signature` (what the score
+    depends on beyond the three names)."""
+    return f"eval|{model}|{task}|{length}|{tag}"
 
 
 def _records(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line from an interrupted write
-    return out
+    return _store(path).records()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,50 +416,95 @@ def _records(path: Path) -> list[dict]:
 
 
 def run_niah(cfg: NIAHConfig, *, progress: bool = True, log: Callable[[str], None] | None = print,
-             generate_factory: Callable[[Any], GenerateFn] | None = None) -> list[dict]:
+             generate_factory: Callable[[Any], GenerateFn] | None = None, fresh: bool = False) -> list[dict]:
     """Train every model, evaluate every (task, length) cell, append records to ``out/niah.jsonl``
     (cells already there are skipped) and return this configuration's eval records.
 
+    An eval record's key holds the digest of `NIAHConfig.eval_signature` (the training settings,
+    eval_examples, eval_seed, device type): a run with other settings never takes it for its own.
+    fresh: train every model again and evaluate every cell again (the new records supersede the old).
+    A model is trained and evaluated under a lock (``out/.niah.locks/``): a second process on the
+    same ``out`` takes the other models, then waits for the ones the first holds. The first SIGINT
+    lets a running training save where it is; `Interrupted` says how to resume.
     generate_factory: model -> GenerateFn (default: :func:`greedy_generate` with ``prefill_chunk``);
     tests pass a stub.
     """
+    from .control import CellLock, Interrupted, resume_hint, stop_on_sigint
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads is not None and str(cfg.device).startswith("cpu"):
         torch.set_num_threads(cfg.threads)
     store = _store(out / _RESULT_FILE)
+    start = store.size() if fresh else 0  # fresh: only records written from now on count
     say = log or (lambda s: None)
+    store.records()
+    if store.warning():
+        print(store.warning(), file=sys.stderr, flush=True)
     sig = cfg.train_signature()
-    for model in cfg.models:
-        todo = [(t, L) for t in cfg.tasks for L in cfg.lengths if not store.done(_cell_key(model, t, L))]
-        if not todo:
-            say(f"[niah] {model}: every cell done, skipped")
-            continue
-        t0 = time.perf_counter()
-        lm, train_rec = train_model(cfg, model, work_dir=out, progress=progress)
-        train_s = time.perf_counter() - t0
-        tkey = f"train|{model}"
-        if not store.done(tkey):
-            store.append({"key": tkey, "kind": "train", "model": model, "params": lm.num_parameters(),
-                          "train_s": round(train_s, 2), "signature": sig, **{f"train_{k}": v for k, v in
-                                                                               train_rec.items()}})
-        say(f"[niah] {model}: trained in {train_s:.1f} s ({lm.num_parameters():,} parameters)")
-        lm.eval()
-        gen = generate_factory(lm) if generate_factory else (
-            lambda ids, n, _m=lm: greedy_generate(_m, ids, n, prefill_chunk=cfg.prefill_chunk))
-        for task, L in todo:
-            t1 = time.perf_counter()
-            cell = evaluate_cell(gen, task, L, cfg.eval_examples, seed=cfg.eval_seed, batch_size=cfg.eval_batch_size,
-                                 device=cfg.device)
-            rec = {"key": _cell_key(model, task, L), "kind": "eval", "model": model, **cell,
-                   "eval_s": round(time.perf_counter() - t1, 2), "train_len": cfg.train_len,
-                   "params": lm.num_parameters(), "signature": sig}
-            store.append(rec)
-            say(f"[niah] {model} {task} @ {L}: {cell['score']:.1f} ({cell['hits']}/{cell['n']}) "
-                f"in {rec['eval_s']:.1f} s")
-        del lm
-    recs = [r for r in _records(out / _RESULT_FILE) if r.get("kind") == "eval"]
-    wanted = {_cell_key(m, t, L) for m in cfg.models for t in cfg.tasks for L in cfg.lengths}
+    tag = _digest(cfg.eval_signature())
+    lock_dir = out / ".niah.locks"
+    done_models: list[str] = []
+
+    def run_model(model: str) -> bool:
+        """Train and evaluate one model under its lock; False when another process holds it."""
+        lock = CellLock.acquire(lock_dir, f"{model}|{tag}")
+        if lock is None:
+            return False
+        try:
+            todo = [(t, L) for t in cfg.tasks for L in cfg.lengths
+                    if not store.done(_cell_key(model, t, L, tag), start)]
+            if not todo:
+                say(f"[niah] {model}: every cell done, skipped")
+                return True
+            t0 = time.perf_counter()
+            lm, train_rec = train_model(cfg, model, work_dir=out, progress=progress,
+                                        fresh=fresh and model not in done_models)
+            done_models.append(model)
+            train_s = time.perf_counter() - t0
+            tkey = f"train|{model}|{_digest(sig)}"
+            if not store.done(tkey, start):
+                store.append({"key": tkey, "kind": "train", "model": model, "params": lm.num_parameters(),
+                              "train_s": round(train_s, 2), "signature": sig,
+                              **{f"train_{k}": v for k, v in train_rec.items()}})
+            say(f"[niah] {model}: trained in {train_s:.1f} s ({lm.num_parameters():,} parameters)")
+            lm.eval()
+            gen = generate_factory(lm) if generate_factory else (
+                lambda ids, n, _m=lm: greedy_generate(_m, ids, n, prefill_chunk=cfg.prefill_chunk))
+            for task, L in todo:
+                t1 = time.perf_counter()
+                cell = evaluate_cell(gen, task, L, cfg.eval_examples, seed=cfg.eval_seed,
+                                     batch_size=cfg.eval_batch_size, device=cfg.device)
+                rec = {"key": _cell_key(model, task, L, tag), "kind": "eval", "model": model, **cell,
+                       "eval_s": round(time.perf_counter() - t1, 2), "train_len": cfg.train_len,
+                       "params": lm.num_parameters(), "signature": sig, "eval_examples": cfg.eval_examples,
+                       "eval_seed": cfg.eval_seed, "device": torch.device(cfg.device).type}
+                store.append(rec)
+                say(f"[niah] {model} {task} @ {L}: {cell['score']:.1f} ({cell['hits']}/{cell['n']}) "
+                    f"in {rec['eval_s']:.1f} s")
+            return True
+        finally:
+            lock.release()
+
+    try:
+        with stop_on_sigint():
+            waiting = [m for m in cfg.models if not run_model(m)]
+            told = False
+            while waiting:
+                if not told:
+                    say(f"[niah] {', '.join(waiting)}: being trained by another process on {out}; waiting for it "
+                        "(Ctrl-C stops this process only)")
+                    told = True
+                time.sleep(0.5)
+                waiting = [m for m in waiting if not run_model(m)]
+    except Interrupted as e:
+        raise Interrupted(f"interrupted: {e}; finished evaluation cells are in {out / _RESULT_FILE}; "
+                          + resume_hint()) from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: finished evaluation cells are in {out / _RESULT_FILE}; "
+                          + resume_hint()) from None
+    recs = [r for r in store.records(start) if r.get("kind") == "eval"]
+    wanted = {_cell_key(m, t, L, tag) for m in cfg.models for t in cfg.tasks for L in cfg.lengths}
     latest: dict[str, dict] = {}
     for r in recs:
         if r.get("key") in wanted:
@@ -443,7 +513,7 @@ def run_niah(cfg: NIAHConfig, *, progress: bool = True, log: Callable[[str], Non
 
 
 def _order(cfg: NIAHConfig, key: str):
-    _, m, t, L = key.split("|")
+    _, m, t, L, _tag = key.split("|")
     return (cfg.models.index(m), cfg.tasks.index(t), cfg.lengths.index(int(L)))
 
 
@@ -493,8 +563,9 @@ def format_published(tasks: Sequence[str] | None = None, lengths: Sequence[int] 
 
 
 def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> Path:
-    """Score vs context length, one panel per task; ours solid, published (1.3B) dashed in the same colour;
-    a second row with the characters of the value decoded in place (ours only), when recorded."""
+    """Score vs context length in bytes, one panel per task; ours solid, published (1.3B) dashed in the
+    same colour, drawn at BYTES_PER_TOKEN × its Llama-2 token lengths (ours: one token = one byte); a
+    second row with the characters of the value decoded in place (ours only), when recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -509,31 +580,38 @@ def plot_niah(records: Sequence[dict], path: str | Path, *, title: str = "") -> 
     if any("char_acc" in r for r in records):
         metrics.append(("char_acc", "value chars in place (%)"))
     fig, axes = plt.subplots(len(metrics), len(tasks), figsize=(4.2 * len(tasks), 3.2 * len(metrics) + 0.6),
-                             squeeze=False, sharey=True)
+                             squeeze=False, sharey=True, sharex="col")
     for row, (metric, ylabel) in enumerate(metrics):
         for ax, task in zip(axes[row], tasks):
             for m in models:
                 pts = sorted((r["context_len"], r[metric]) for r in records
                              if r["model"] == m and r["task"] == task and metric in r)
                 if pts:
-                    ax.plot(*zip(*pts), "o-", color=colors[m], label=f"{m} (ours)")
+                    ax.plot(*zip(*pts), "-", marker="osD^v<>"[models.index(m) % 7], color=colors[m],
+                            label=f"{m} (ours)")
             if metric == "score":
                 for m, per_task in PUBLISHED.items():
-                    pts = sorted(per_task.get(task, {}).items())
+                    pts = sorted((BYTES_PER_TOKEN * L, v) for L, v in per_task.get(task, {}).items())
                     if pts:
-                        ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6, label=f"{m} (published, 1.3B)")
+                        ax.plot(*zip(*pts), "x--", color=colors[m], alpha=0.6,
+                                label=f"{m} (published, 1.3B; at ≈{BYTES_PER_TOKEN} bytes per token)")
             ax.set_xscale("log", base=2)
             ax.set_title(TASK_LABELS.get(task, task) if row == 0 else "", fontsize=10)
             if row == len(metrics) - 1:
-                ax.set_xlabel("context length (tokens; ours = bytes)")
+                ax.set_xlabel("context length (bytes)")
+            ticks = sorted({r["context_len"] for r in records}
+                           | {BYTES_PER_TOKEN * L for per in PUBLISHED.values() for L in per.get(task, {})})
+            ax.set_xticks(ticks, [_len_label(t) for t in ticks], fontsize=8)
+            ax.minorticks_off()
             ax.set_ylim(-3, 103)
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel(ylabel)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.12 / len(metrics) + 0.04 * (len(labels) > 4) / len(metrics), 1, 1))
+    legend_rows = -(-len(labels) // min(3, max(1, len(labels))))
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / fig.get_figheight(), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -543,7 +621,9 @@ def write_report(cfg: NIAHConfig, records: Sequence[dict], *, wall_s: float | No
                  command: str | None = None) -> Path:
     """Write ``out/niah.md``: what ran, our table, the published table and its scale."""
     out = Path(cfg.out)
-    train = {r["model"]: r for r in _records(out / _RESULT_FILE) if r.get("kind") == "train"}
+    sig = cfg.train_signature()
+    train = {r["model"]: r for r in _records(out / _RESULT_FILE) if r.get("kind") == "train"
+             and r.get("signature") == sig}
     lines = ["# S-NIAH (RULER single needle) — fastweights niah", ""]
     if command:
         lines += [f"Command: `{command}`", ""]
@@ -612,6 +692,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/niah)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--fresh", action="store_true",
+                   help="train and evaluate again: this run's records in niah.jsonl are superseded (kept in the "
+                        "file), its saved models and checkpoints discarded")
 
 
 def add_cli(subparsers) -> argparse.ArgumentParser:
@@ -625,15 +708,39 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 
 def cli_main(args) -> int:
     """`fastweights niah`: run, print our table and the published one, write niah.md / .png / .jsonl."""
+    from .. import cliargs
+    from .control import Interrupted
+
     overrides = {k: getattr(args, k, None) for k in _CLI_FIELDS}
+    name = getattr(args, "preset", "small") or "small"
     try:
-        cfg = preset(getattr(args, "preset", "small") or "small", **overrides)
+        cliargs.zoo_names("--models", overrides["models"])
+        cliargs.threads("--threads", overrides["threads"])
+        for flag in ("--seed", "--eval-seed", "--warmup"):
+            cliargs.nonnegative(flag, overrides[flag[2:].replace("-", "_")])
+        cliargs.positive_numbers("--lr", overrides["lr"])
+        cliargs.device("--device", overrides["device"])
+        cfg = preset(name, **overrides)
+        if overrides["device"] is None:
+            try:
+                cliargs.device("--device", cfg.device)
+            except cliargs.ArgError:
+                raise cliargs.ArgError(f"--preset {name} runs on {cfg.device}, which this machine cannot use; "
+                                       "pass --device cpu") from None
+        cliargs.writable_dir("--out", cfg.out)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cliargs.flag_message(e, _CLI_FIELDS)}", file=sys.stderr)
         return 2
     command = "fastweights niah " + " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or [])
     t0 = time.perf_counter()
-    records = run_niah(cfg, progress=not getattr(args, "no_progress", False))
+    try:
+        records = run_niah(cfg, progress=not getattr(args, "no_progress", False), fresh=getattr(args, "fresh", False))
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return 130
+    except ValueError as e:  # e.g. a checkpoint written with other settings
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     wall = time.perf_counter() - t0
     print()
     print(f"ours (tiny, byte-level, trained at {cfg.train_len} tokens):")
@@ -654,12 +761,15 @@ def cli_main(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastweights.lab.niah", description=__doc__.split("\n\n")[0])
+    from ..cliargs import Parser
+    from .control import run_interruptible
+
+    p = Parser(prog="python -m fastweights.lab.niah", description=__doc__.split("\n\n")[0])
     _add_arguments(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.argv = argv
-    return cli_main(args)
+    return run_interruptible(cli_main, args, "niah")
 
 
 if __name__ == "__main__":

@@ -19,15 +19,20 @@ warmup (`warmup`: a fraction of all steps if < 1, else a number of steps) and a 
 early stop when the accuracy exceeds `early_stop` (Zoology: 0.99), the best accuracy kept.
 
 Resumption: `train_cell(..., checkpoint_path=p)` writes model + optimizer + scheduler + epoch +
-RNG states + history after every epoch (to ``p.tmp`` then `os.replace`, so a kill never leaves a
-torn file) and resumes from it on start: at most the running epoch is lost. Batches are drawn from
-a generator seeded by (seed, epoch), so a resumed run replays exactly what an uninterrupted run
+RNG states + history + a signature of its settings after every epoch (to a temporary file of the
+writer's own, then `os.replace`, so a kill never leaves a torn file and two writers never collide)
+and resumes from it on start — only when the signature matches (else a TrainError names the
+differing fields; `fresh=True` discards it): at most the running epoch is lost, and nothing when
+the run was stopped by a stop request (SIGINT), which saves mid-epoch. Batches are drawn from a
+generator seeded by (seed, epoch), so a resumed run replays exactly what an uninterrupted run
 does. A finished cell's checkpoint says so and is returned without training.
 
-Sweeps: `ResultStore` is a JSONL file (one record per finished cell, flushed and fsynced);
-`run_sweep(cells, store, run_fn)` skips the cells whose key is already there, so re-running a
-sweep trains only what is missing. `best_over(records, over=("lr",))` keeps the best record of
-every configuration (the papers report the max over the learning-rate sweep).
+Sweeps: `ResultStore` is a JSONL file (one record per finished cell, flushed and fsynced; torn and
+malformed lines skipped and reported); `run_sweep(cells, store, run_fn)` skips the cells whose key
+is already there, so re-running a sweep trains only what is missing, and holds a lock per cell so
+that two processes on one store never train the same cell (`fastweights.lab.control`).
+`best_over(records, over=("lr",))` keeps the best record of every configuration (the papers
+report the max over the learning-rate sweep).
 
 Distributed (torchrun; `fastweights.lab.distributed`): `run_sweep(mode="ddp")` trains each
 model with DistributedDataParallel on all ranks (rank 0 writes); `mode="spread"` runs cell i on
@@ -58,14 +63,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .control import CellLock, Interrupted, stop_on_sigint, stop_requested, training, worker_init
 from .distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
 
 # run_sweep(mode="spread") sets this: the cells of a spread sweep train alone on their rank, so
 # train_cell(ddp=None) must not wrap them in DDP although a process group is running
 _SPREAD = contextvars.ContextVar("fastweights_spread_sweep", default=False)
 
-__all__ = ["TrainConfig", "TrainError", "accuracy", "train_cell", "ResultStore", "run_sweep", "cell_key",
-           "best_over", "Progress", "make_progress", "param_groups", "IGNORE_INDEX"]
+__all__ = ["TrainConfig", "TrainError", "Interrupted", "accuracy", "train_cell", "ResultStore", "run_sweep",
+           "cell_key", "best_over", "Progress", "make_progress", "param_groups", "checkpoint_signature",
+           "signature_diff", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -376,13 +383,22 @@ def _set_rng_state(st: dict) -> None:
 
 
 def _atomic_save(obj, path: Path) -> None:
+    """Write to a temporary file of this process and thread (never a name another writer uses),
+    then `os.replace` it onto `path`: a reader sees the old file or the new one, never a torn one."""
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _load_checkpoint(path: Path):
@@ -409,9 +425,57 @@ def _lm_state_bytes(model: nn.Module) -> int | None:
         return None
 
 
+def _jsonish(obj):
+    return json.loads(json.dumps(obj, sort_keys=True, default=_json_default))
+
+
+def checkpoint_signature(lm_config, cfg: TrainConfig, extra: dict | None = None) -> dict:
+    """What a checkpoint must match to be resumed: the TrainConfig (device reduced to its type:
+    "cuda:1" resumes "cuda"), the model config when it is a dataclass, and the caller's `extra`."""
+    sig = {"train": {**cfg.to_dict(), "device": torch.device(cfg.device).type}}
+    if dataclasses.is_dataclass(lm_config) and not isinstance(lm_config, type):
+        sig["model"] = dataclasses.asdict(lm_config)
+    if extra:
+        sig["cell"] = dict(extra)
+    return _jsonish(sig)
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def signature_diff(old: dict, new: dict) -> list[str]:
+    """'field: old -> new' for every field that differs between two signatures."""
+    a, b = _flat(old), _flat(new)
+    return [f"{k}: {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, "(absent)") != b.get(k, "(absent)")]
+
+
+def _check_resumable(st: dict, sig: dict, path: Path) -> None:
+    if "signature" in st:
+        diffs = signature_diff(st["signature"], sig)
+    elif "train_config" in st:  # written before signatures: its TrainConfig is all it says
+        old = dict(st["train_config"])
+        old["device"] = torch.device(old.get("device", "cpu")).type
+        diffs = signature_diff({"train": _jsonish(old)}, {"train": sig["train"]})
+    else:
+        diffs = ["(the checkpoint records no settings)"]
+    if diffs:
+        raise TrainError(f"checkpoint {path} was written with other settings ({'; '.join(diffs[:6])}"
+                         f"{'; ...' if len(diffs) > 6 else ''}): pass --fresh (fresh=True) to discard it and "
+                         "start the cell again, or use another output directory")
+
+
 def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint_path=None, progress=None,
                model_fn: Callable[[Any], nn.Module] | None = None, ddp: bool | None = None,
-               on_epoch: Callable[[int, dict], None] | None = None, desc: str = "cell") -> dict:
+               on_epoch: Callable[[int, dict], None] | None = None, desc: str = "cell",
+               signature: dict | None = None, fresh: bool = False) -> dict:
     """Train one model and return its result.
 
     lm_config:   what `model_fn` builds the model from (default model_fn: `LM(lm_config)`).
@@ -423,6 +487,15 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                  more than one rank is running, except inside a run_sweep(mode="spread"), whose
                  cells train alone on their rank). Under DDP all ranks must call train_cell.
     on_epoch:    called as on_epoch(epoch, history_entry) after each epoch's checkpoint is written.
+    signature:   extra fields a checkpoint must match (with the TrainConfig and the model config:
+                 `checkpoint_signature`); a checkpoint written with other settings is refused with
+                 a TrainError naming the differing fields.
+    fresh:       discard an existing checkpoint and train from the start.
+
+    Stopping: when a stop is requested (`fastweights.lab.control`: the first SIGINT under
+    `stop_on_sigint`, or `request_stop()`), the cell saves its checkpoint at the current step
+    (mid-epoch: the step, the epoch's partial loss sums and the RNG states) and raises
+    `Interrupted`; a resumed run continues at that step and its history is the uninterrupted one.
 
     Returns {"accuracy": best eval accuracy, "final_accuracy", "best_epoch", "epochs_run",
     "stopped_early", "history": [{"epoch", "loss", "accuracy", "lr", "seconds"}...], "params",
@@ -465,9 +538,19 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
 
     history: list[dict] = []
     start_epoch, best, best_epoch, finished, stopped, train_seconds = 0, float("-inf"), -1, False, False, 0.0
+    start_step, carry = 0, (0.0, 0, 0.0)  # inside start_epoch: steps done, (loss sum, loss count, seconds)
+    sig = checkpoint_signature(lm_config, cfg, signature)
+    if ckpt is not None and fresh and rank == 0:
+        ckpt.unlink(missing_ok=True)
     if ckpt is not None and ckpt.exists():
         st = _load_checkpoint(ckpt)
-        model.load_state_dict(st["model"])
+        _check_resumable(st, sig, ckpt)
+        try:
+            model.load_state_dict(st["model"])
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise TrainError(f"checkpoint {ckpt} holds another model ({first}): pass --fresh (fresh=True) to "
+                             "discard it, or use another output directory") from None
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"])
@@ -476,72 +559,95 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
         best, best_epoch = st["best"], st["best_epoch"]
         finished, stopped = st["finished"], st["stopped_early"]
         train_seconds = st.get("train_seconds", 0.0)
-        prog.log(f"{desc}: resumed from {ckpt} after epoch {start_epoch}")
+        if st.get("step"):
+            start_step = int(st["step"])
+            carry = (st["loss_sum"], st["loss_n"], st["epoch_seconds"])
+        prog.log(f"{desc}: resumed from {ckpt} after epoch {start_epoch}"
+                 + (f" step {start_step}" if start_step else ""))
     resumed_from = start_epoch
+    stoppable = not (use_ddp and world > 1)  # (every DDP rank would have to stop at the same step)
+
+    def save(epoch_done: int, **mid):
+        if ckpt is not None and rank == 0:
+            _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                          "scheduler": sched.state_dict(), "rng": _rng_state(), "epoch": epoch_done,
+                          "history": history, "best": best, "best_epoch": best_epoch, "finished": finished,
+                          "stopped_early": stopped, "train_seconds": train_seconds,
+                          "train_config": cfg.to_dict(), "signature": sig, **mid}, ckpt)
+
+    def interrupted(where: str) -> Interrupted:
+        saved = f"saved to {ckpt}" if ckpt is not None else "nothing saved (no checkpoint path)"
+        return Interrupted(f"{desc}: stopped {where}; {saved}")
 
     eval_bs = cfg.eval_batch_size or cfg.batch_size
-    bar = None if finished else prog.bar((cfg.epochs - start_epoch) * steps_per_epoch, desc)
+    bar = None if finished else prog.bar((cfg.epochs - start_epoch) * steps_per_epoch - start_step, desc)
     epoch = start_epoch
-    while not finished and epoch < cfg.epochs:
-        t0 = time.perf_counter()
-        net.train()
-        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-        perm = torch.randperm(n_train, generator=g)[: per_rank_n * world]
-        mine = perm[rank::world]  # [per_rank_n] this rank's examples for the epoch
-        loss_sum, loss_n = 0.0, 0
-        for s in range(steps_per_epoch):
-            b = mine[s * per_rank_bs:(s + 1) * per_rank_bs]
-            x, y = x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True)
-            with _autocast(cfg, device):
-                logits, tgt, _ = net(x, y)
-                loss = F.cross_entropy(logits.float(), tgt)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            lv = loss.item()
-            if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
-                prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {s + 1}; stopping the cell")
+    with training():
+        while not finished and epoch < cfg.epochs:
+            t0 = time.perf_counter()
+            net.train()
+            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+            perm = torch.randperm(n_train, generator=g)[: per_rank_n * world]
+            mine = perm[rank::world]  # [per_rank_n] this rank's examples for the epoch
+            first, (loss_sum, loss_n, carried_s) = start_step, carry
+            start_step, carry = 0, (0.0, 0, 0.0)
+            for s in range(first, steps_per_epoch):
+                if stoppable and stop_requested():
+                    save(epoch, step=s, loss_sum=loss_sum, loss_n=loss_n,
+                         epoch_seconds=carried_s + time.perf_counter() - t0)
+                    bar.close()
+                    raise interrupted(f"at epoch {epoch + 1} step {s}/{steps_per_epoch}")
+                b = mine[s * per_rank_bs:(s + 1) * per_rank_bs]
+                x, y = x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True)
+                with _autocast(cfg, device):
+                    logits, tgt, _ = net(x, y)
+                    loss = F.cross_entropy(logits.float(), tgt)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                sched.step()
+                lv = loss.item()
+                if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
+                    prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {s + 1}; stopping the cell")
+                    stopped = True
+                    break
+                loss_sum += lv
+                loss_n += 1
+                bar.update(1)
+                if s % 10 == 0:
+                    bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
+            if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
+                loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n],
+                                                  device=device if device.type == "cuda" else "cpu")
+            acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype,
+                           distributed=use_ddp and world > 1)
+            if not math.isfinite(acc):
+                acc = 0.0
+            seconds = carried_s + time.perf_counter() - t0
+            train_seconds += seconds
+            if acc > best:
+                best, best_epoch = acc, epoch + 1
+            entry = {"epoch": epoch + 1, "loss": loss_sum / max(1, loss_n), "accuracy": acc,
+                     "lr": sched.get_last_lr()[0], "seconds": round(seconds, 3)}
+            history.append(entry)
+            epoch += 1
+            if cfg.early_stop is not None and acc > cfg.early_stop:
                 stopped = True
-                break
-            loss_sum += lv
-            loss_n += 1
-            bar.update(1)
-            if s % 10 == 0:
-                bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
-        if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
-            loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], device=device if device.type == "cuda" else "cpu")
-        acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype,
-                       distributed=use_ddp and world > 1)
-        if not math.isfinite(acc):
-            acc = 0.0
-        seconds = time.perf_counter() - t0
-        train_seconds += seconds
-        if acc > best:
-            best, best_epoch = acc, epoch + 1
-        entry = {"epoch": epoch + 1, "loss": loss_sum / max(1, loss_n), "accuracy": acc,
-                 "lr": sched.get_last_lr()[0], "seconds": round(seconds, 3)}
-        history.append(entry)
-        epoch += 1
-        if cfg.early_stop is not None and acc > cfg.early_stop:
-            stopped = True
-        finished = stopped or epoch >= cfg.epochs
-        bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{acc:.3f}", refresh=True)
-        prog.log(f"{desc}: epoch {epoch}/{cfg.epochs} loss {entry['loss']:.4f} acc {acc:.4f} "
-                 f"(best {best:.4f}) {seconds:.1f}s")
-        if ckpt is not None:
-            if rank == 0:
-                _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                              "scheduler": sched.state_dict(), "rng": _rng_state(), "epoch": epoch,
-                              "history": history, "best": best, "best_epoch": best_epoch, "finished": finished,
-                              "stopped_early": stopped, "train_seconds": train_seconds,
-                              "train_config": cfg.to_dict()}, ckpt)
-            if use_ddp and world > 1:
-                barrier()
-        if on_epoch is not None:
-            on_epoch(epoch, entry)
+            finished = stopped or epoch >= cfg.epochs
+            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{acc:.3f}", refresh=True)
+            prog.log(f"{desc}: epoch {epoch}/{cfg.epochs} loss {entry['loss']:.4f} acc {acc:.4f} "
+                     f"(best {best:.4f}) {seconds:.1f}s")
+            if ckpt is not None:
+                save(epoch)
+                if use_ddp and world > 1:
+                    barrier()
+            if on_epoch is not None:
+                on_epoch(epoch, entry)
+            if stoppable and not finished and stop_requested():
+                bar.close()
+                raise interrupted(f"after epoch {epoch}")
     if bar is not None:
         bar.close()
     return {"accuracy": best if history else float("nan"),
@@ -569,39 +675,80 @@ class ResultStore:
     """Results of a sweep as a JSONL file: one JSON object per finished cell, each with its "key".
 
     append(record): writes one line, flushed and fsynced, under an exclusive file lock (so several
-    ranks may append to one file). records(): every complete record (a torn last line, from a kill
-    mid-write, is ignored). done(key): whether a record with that key exists."""
+    processes may append to one file); when the file does not end with a newline (a kill tore the
+    last append), the record starts a new line, so the torn line never swallows it.
+    records(): every well-formed record. A line that is not a JSON object (a torn write) or lacks
+    one of `required` (field -> type or tuple of types; numbers exclude bool) is skipped and listed
+    in `skipped` as (line number, reason) — the file itself is left as it is. done(key): whether a
+    record with that key exists. `warning()`: one line naming the skipped lines, or None."""
 
-    def __init__(self, path):
+    def __init__(self, path, required: dict[str, Any] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.required = {"key": str, **(required or {})}
+        self.skipped: list[tuple[int, str]] = []
 
-    def records(self) -> list[dict]:
+    def _problem(self, rec) -> str | None:
+        if not isinstance(rec, dict):
+            return f"not a JSON object ({type(rec).__name__})"
+        for name, typ in self.required.items():
+            if name not in rec:
+                return f"no {name!r}"
+            v = rec[name]
+            if isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,)):
+                return f"{name} is {v!r}, not {_type_name(typ)}"
+            if not isinstance(v, typ):
+                return f"{name} is {v!r}, not {_type_name(typ)}"
+        return None
+
+    def records(self, start: int = 0) -> list[dict]:
+        """The well-formed records (from byte offset `start`: see `size()`)."""
+        self.skipped = []
         if not self.path.exists():
             return []
         out = []
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        with open(self.path, "rb") as f:
+            f.seek(start)
+            data = f.read().decode("utf-8", errors="replace")
+        for no, line in enumerate(data.split("\n"), 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                self.skipped.append((no, "not complete JSON (a write cut short?)"))
+                continue
+            why = self._problem(rec)
+            if why is not None:
+                self.skipped.append((no, why))
+                continue
+            out.append(rec)
         return out
 
-    def keys(self) -> set[str]:
-        return {r["key"] for r in self.records() if "key" in r}
+    def size(self) -> int:
+        return self.path.stat().st_size if self.path.exists() else 0
 
-    def done(self, key) -> bool:
+    def warning(self) -> str | None:
+        """A one-line summary of the lines the last records() skipped (None: none skipped)."""
+        if not self.skipped:
+            return None
+        shown = "; ".join(f"line {n}: {why}" for n, why in self.skipped[:3])
+        more = f"; {len(self.skipped) - 3} more" if len(self.skipped) > 3 else ""
+        return (f"warning: {self.path}: skipped {len(self.skipped)} malformed line(s) ({shown}{more}); "
+                "they stay in the file and are left out of the results")
+
+    def keys(self, start: int = 0) -> set[str]:
+        return {r["key"] for r in self.records(start)}
+
+    def done(self, key, start: int = 0) -> bool:
         if not isinstance(key, str):
             key = cell_key(key)
-        return key in self.keys()
+        return key in self.keys(start)
 
     def append(self, record: dict) -> None:
-        line = json.dumps(record, default=_json_default) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
+        line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+        with open(self.path, "a+b") as f:
             try:
                 import fcntl
 
@@ -609,12 +756,26 @@ class ResultStore:
             except (ImportError, OSError):  # pragma: no cover - no flock on this platform
                 fcntl = None
             try:
+                end = f.seek(0, os.SEEK_END)
+                if end > 0:
+                    f.seek(end - 1)
+                    if f.read(1) != b"\n":
+                        line = b"\n" + line  # the last append was torn: do not extend its line
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())
             finally:
                 if fcntl is not None:
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _type_name(typ) -> str:
+    typs = typ if isinstance(typ, tuple) else (typ,)
+    names = {int: "a number", float: "a number", str: "a string", dict: "an object", list: "a list"}
+    return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in typs))
+
+
+NUMBER = (int, float)
 
 
 def _json_default(o):
@@ -633,13 +794,19 @@ def _json_default(o):
 
 def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], *, mode: str = "auto",
               progress=None, describe: Callable[[Any], str] | None = None, device: str = "cpu",
-              workers: int = 1) -> list[dict]:
+              workers: int = 1, context: dict | None = None, fresh: bool = False) -> list[dict]:
     """Run every cell not yet in `store` and return all of the store's records for these cells.
 
     run_fn(cell, progress=Progress, desc=str) -> dict: trains one cell (typically through
     `train_cell`) and returns its result; the stored record is {"key", **fields of the cell,
-    **result, "rank"}. Cells already in the store are skipped (re-running a finished sweep trains
-    nothing).
+    **context, **result, "rank", "wall_seconds"}. Cells already in the store are skipped
+    (re-running a finished sweep trains nothing).
+
+    context: settings shared by the run that change a cell's result without being fields of the
+    cell (dtype, device type): they are part of every key and record, so a run with other
+    settings never takes these records for its own. fresh: run every cell again, ignoring the
+    records already in the store (the new ones are appended after them and supersede them);
+    discarding checkpoints is `run_fn`'s part (`train_cell(fresh=True)`).
 
     mode: "local" (one process), "ddp" (every rank runs every cell, the model data-parallel;
     rank 0 writes), "spread" (cell i on rank i % world_size; every rank writes its own records
@@ -647,8 +814,20 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
     process group's backend under torchrun (nccl for CUDA, else gloo). `workers` > 1 (local mode
     only) runs that many cells at once in spawned worker processes (`run_fn` and the cells must
     pickle; set each worker's torch threads inside run_fn); the parent writes the records as
-    cells finish, and the workers log plain lines (none when the parent draws tqdm bars).
-    The sweep shows a progress bar over cells (tqdm) or one line per cell (plain)."""
+    cells finish, and the workers log plain lines (none when the parent draws tqdm bars). Workers
+    die with the parent, even when it is SIGKILLed (`fastweights.lab.control.worker_init`).
+
+    Concurrency (local and spread modes): a process runs a cell only while holding the cell's
+    lock (`control.CellLock`, under ``.<store name>.locks/`` beside the store) and after checking,
+    with the lock held, that no record of it has appeared meanwhile. A second process on the same
+    store therefore takes the cells nobody holds and then waits for the ones another process is
+    training (saying so), recording nothing twice.
+
+    Stopping (one process, not under torchrun): the first SIGINT asks every running cell to save
+    its checkpoint where it is and stop (workers are sent SIGINT too); the finished cells' records
+    are written and `Interrupted` is raised with a one-line message saying how to resume. A second
+    SIGINT stops the workers at once. The sweep shows a progress bar over cells (tqdm) or one line
+    per cell (plain)."""
     if mode not in ("auto", "local", "ddp", "spread"):
         raise TrainError(f"mode must be 'auto', 'local', 'ddp' or 'spread', got {mode!r}")
     info = init_distributed(device) if mode != "local" else dist_info()
@@ -656,54 +835,207 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
         mode = "spread" if info.world_size > 1 else "local"
     prog = make_progress(progress)
     describe = describe or (lambda c: cell_key(c))
-    keys = [cell_key(c) for c in cells]
-    done = store.keys()
+    context = _jsonish(dict(context or {}))
+    suffix = ("|" + json.dumps(context, sort_keys=True)) if context else ""
+    keys = [cell_key(c) + suffix for c in cells]
+    start = store.size() if fresh else 0  # fresh: only records appended from now on count as done
+    done = store.keys(start)
+    if store.warning() and info.rank == 0:
+        print(store.warning(), file=sys.stderr, flush=True)
     todo = [i for i, k in enumerate(keys) if k not in done]
-    if mode == "spread":
-        mine = [i for i in todo if i % info.world_size == info.rank]
-    else:
-        mine = todo
+    mine = [i for i in todo if i % info.world_size == info.rank] if mode == "spread" else todo
     prog.log(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(mine)} to run here"
              + (f" (mode {mode}, rank {info.rank}/{info.world_size})" if info.world_size > 1 else ""))
     bar = prog.bar(len(mine), "sweep", leave=True, position=0)
     t_sweep = time.perf_counter()
+    use_locks = mode != "ddp"
+    lock_dir = store.path.parent / f".{store.path.name}.locks"
+    queue, waiting, held = list(mine), [], {}
+    count = [0]
+    told = [False]
 
-    def finish(j, i, result, seconds):
-        rec = {"key": keys[i], **_fields(cells[i]), **result, "rank": info.rank, "wall_seconds": round(seconds, 3)}
+    def finish(i, result, seconds):
+        rec = {"key": keys[i], **_fields(cells[i]), **context, **result, "rank": info.rank,
+               "wall_seconds": round(seconds, 3)}
         if mode != "ddp" or info.rank == 0:
             store.append(rec)
+        count[0] += 1
         bar.update(1)
         acc = result.get("accuracy")
-        msg = f"[{j}/{len(mine)}] {describe(cells[i])}: "
+        msg = f"[{count[0]}/{len(mine)}] {describe(cells[i])}: "
         msg += f"accuracy {acc:.4f}" if isinstance(acc, float) else "done"
         prog.log(msg + f" ({seconds:.1f}s, sweep {time.perf_counter() - t_sweep:.0f}s)")
 
-    if workers > 1 and mode in ("local", "auto") and info.world_size == 1 and len(mine) > 1:
-        import concurrent.futures as cf
-        import multiprocessing as mp
+    def release(i):
+        lk = held.pop(i, None)
+        if lk is not None:
+            lk.release()
 
-        sub = "none" if prog.mode in ("tqdm", "none") else "plain"
-        with cf.ProcessPoolExecutor(max_workers=min(workers, len(mine)), mp_context=mp.get_context("spawn")) as ex:
-            futs = {ex.submit(_timed, run_fn, cells[i], sub, describe(cells[i])): i for i in mine}
-            for j, fut in enumerate(cf.as_completed(futs), 1):
-                result, seconds = fut.result()
-                finish(j, futs[fut], result, seconds)
-    else:
-        token = _SPREAD.set(mode == "spread")
-        try:
-            for j, i in enumerate(mine, 1):
-                result, seconds = _timed(run_fn, cells[i], prog, describe(cells[i]))
-                finish(j, i, result, seconds)
-        finally:
-            _SPREAD.reset(token)
-    bar.close()
+    def claim(i) -> bool:
+        if use_locks:
+            lk = CellLock.acquire(lock_dir, keys[i])
+            if lk is None:
+                return False
+            held[i] = lk
+            if store.done(keys[i], start):  # finished by another process since we looked
+                release(i)
+                count[0] += 1
+                bar.update(1)
+                prog.log(f"{describe(cells[i])}: recorded by another process meanwhile, skipped")
+                return None
+        return True
+
+    def take():
+        """The next cell this process may run now (its lock held), or None."""
+        while queue:
+            i = queue.pop(0)
+            got = claim(i)
+            if got:
+                return i
+            if got is False:
+                waiting.append(i)
+        for i in list(waiting):
+            got = claim(i)
+            if got is False:
+                continue
+            waiting.remove(i)
+            if got:
+                return i
+        return None
+
+    def wait_note():
+        if not told[0]:
+            pids = sorted({p for i in waiting if (p := CellLock.holder(lock_dir, keys[i])) is not None})
+            prog.log(f"sweep: {len(waiting)} cell(s) are being trained by another process"
+                     + (f" (pid {', '.join(map(str, pids))})" if pids else "")
+                     + f" on {store.path.parent}; waiting for them (Ctrl-C stops this process only)")
+            told[0] = True
+
+    def stopped(saved: list[str]) -> Interrupted:
+        from .control import resume_hint
+
+        what = f"{len(saved)} running cell(s) saved where they were" if saved else "no cell was running"
+        return Interrupted(f"interrupted: {count[0]} of {len(mine)} cells finished in this run, {what}; "
+                           + resume_hint())
+
+    pool = workers > 1 and mode in ("local", "auto") and info.world_size == 1 and len(mine) > 1
+    guard = stop_on_sigint() if info.world_size == 1 else contextlib.nullcontext()
+    token = _SPREAD.set(mode == "spread")
+    try:
+        with guard:
+            if pool:
+                _run_pool(cells, run_fn, describe, prog, workers, len(mine), take, waiting, finish, release,
+                          wait_note, stopped)
+            else:
+                while True:
+                    i = take()
+                    if i is None:
+                        if not waiting:
+                            break
+                        wait_note()
+                        time.sleep(0.5)
+                        continue
+                    try:
+                        result, seconds = _timed(run_fn, cells[i], prog, describe(cells[i]))
+                        finish(i, result, seconds)
+                    except Interrupted as e:
+                        raise stopped([str(e)]) from None
+                    except KeyboardInterrupt:
+                        raise stopped([]) from None
+                    finally:
+                        release(i)
+    finally:
+        _SPREAD.reset(token)
+        for i in list(held):
+            release(i)
+        bar.close()
     if info.world_size > 1 and mode != "local":
         barrier()
-    by_key = {r["key"]: r for r in store.records() if "key" in r}
+    by_key = {r["key"]: r for r in store.records(start)}
     return [by_key[k] for k in keys if k in by_key]
 
 
+def _run_pool(cells, run_fn, describe, prog, workers, n_mine, take, waiting, finish, release, wait_note, stopped):
+    """run_sweep's worker-process loop: at most `workers` cells submitted at a time (each holding
+    its lock), records written by this process as cells finish."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    sub = "none" if prog.mode in ("tqdm", "none") else "plain"
+    ex = cf.ProcessPoolExecutor(max_workers=min(workers, n_mine), mp_context=mp.get_context("spawn"),
+                                initializer=worker_init, initargs=(os.getpid(),))
+    running: dict = {}
+    try:
+        while True:
+            while len(running) < workers:
+                i = take()
+                if i is None:
+                    break
+                running[ex.submit(_timed, run_fn, cells[i], sub, describe(cells[i]))] = i
+            if not running:
+                if not waiting:
+                    break
+                wait_note()
+                time.sleep(0.5)
+                continue
+            done, _ = cf.wait(running, timeout=1.0, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                i = running.pop(fut)
+                try:
+                    result, seconds = fut.result()
+                    finish(i, result, seconds)
+                finally:
+                    release(i)
+    except (KeyboardInterrupt, Interrupted) as e:
+        saved = [str(e)] if isinstance(e, Interrupted) else []
+        saved += _stop_workers(ex, running, finish, release)
+        raise stopped(saved) from None
+    except BaseException:
+        _kill_workers(ex)
+        raise
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _worker_pids(ex) -> list[int]:
+    return [p.pid for p in list((getattr(ex, "_processes", None) or {}).values()) if p.pid]
+
+
+def _stop_workers(ex, running: dict, finish, release) -> list[str]:
+    """Send SIGINT to every worker, then collect the running cells: the finished ones are recorded,
+    the interrupted ones return what they saved. A second SIGINT kills the workers at once."""
+    import signal
+
+    for pid in _worker_pids(ex):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    saved = []
+    try:
+        for fut, i in list(running.items()):
+            try:
+                result, seconds = fut.result()
+                finish(i, result, seconds)
+            except Interrupted as e:
+                saved.append(str(e))
+            except Exception as e:  # noqa: BLE001 - a broken cell must not hide the interruption
+                saved.append(f"a cell failed while stopping ({type(e).__name__}: {e})")
+            finally:
+                release(i)
+                running.pop(fut, None)
+    except KeyboardInterrupt:
+        _kill_workers(ex)
+    return saved
+
+
+def _kill_workers(ex) -> None:
+    for p in list((getattr(ex, "_processes", {}) or {}).values()):
+        with contextlib.suppress(Exception):
+            p.kill()
+
+
 def _timed(run_fn, cell, progress, desc):
+    if stop_requested():  # (a worker asked to stop before this cell began)
+        raise Interrupted(f"{desc}: not started")
     t0 = time.perf_counter()
     result = run_fn(cell, progress=progress, desc=desc)
     return result, time.perf_counter() - t0

@@ -14,15 +14,18 @@ decodes by repeated full forwards (the reference the tests hold the cache to).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, is_dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..inputs import InputError
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
 from ..layers.state import MixerState, state_bytes
+from ..state import KVCache
 from .config import LMConfig
 
 Tensor = torch.Tensor
@@ -30,8 +33,8 @@ Tensor = torch.Tensor
 __all__ = ["LM", "LMState", "SwiGLU", "Block", "GenerationError", "sample_next"]
 
 
-class GenerationError(ValueError):
-    """Bad arguments to generate/step; the message names the argument."""
+class GenerationError(InputError):
+    """Bad arguments to forward/prefill/step/generate (an `fw.InputError`); the message names the argument."""
 
 
 class SwiGLU(nn.Module):
@@ -73,9 +76,13 @@ class Block(nn.Module):
 
 @dataclass
 class LMState:
-    """The decoding state of an LM: one MixerState per layer (memory / KV cache, conv tails, position)."""
+    """The decoding state of an LM: one MixerState per layer (memory / KV cache, conv tails, position).
+
+    mixers: the mixer of each layer of the model that made it (empty: not recorded); `LM.step` and
+    `LM.prefill` refuse a state whose mixers are not theirs."""
 
     layers: tuple[MixerState, ...]
+    mixers: tuple[str, ...] = ()
 
     @property
     def position(self) -> int:
@@ -133,12 +140,46 @@ class LM(nn.Module):
         return tuple(b.mixer.backend for b in self.blocks)
 
     # ------------------------------------------------------------------ forward passes
-    def _check_ids(self, ids: Tensor, name: str = "input_ids"):
+    def _check_ids(self, ids: Tensor, name: str = "input_ids", *, values: bool = True):
+        """An integer [B, T] tensor with B ≥ 1, T ≥ 1 and (values=True) every id in [0, vocab_size)
+        — one host sync; skipped while a CUDA graph is being captured."""
         if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 2:
             raise GenerationError(f"{name} must be an integer tensor [B, T], got "
                                   f"{getattr(ids, 'dtype', type(ids).__name__)} {list(getattr(ids, 'shape', []))}")
+        if ids.shape[0] == 0:
+            raise GenerationError(f"{name} must hold at least one sequence (a batch of 0 rows: {list(ids.shape)})")
         if ids.shape[1] == 0:
             raise GenerationError(f"{name} must hold at least one token")
+        if values and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+            lo, hi = torch.aminmax(ids)
+            lo, hi = int(lo), int(hi)
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise GenerationError(f"{name} must be token ids in [0, vocab_size={self.config.vocab_size}), "
+                                      f"got {bad}")
+
+    def _check_state(self, state, batch: int, name: str = "state"):
+        """`state` must be an LMState of this model for `batch` sequences: per layer the memory type
+        and every tensor's shape of that layer's `init_state` (a KV cache's length excepted)."""
+        if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+            got = f"an LMState of {len(state.layers)} layers" if isinstance(state, LMState) else type(state).__name__
+            raise GenerationError(f"{name} must be the LMState of this model ({len(self.blocks)} layers: "
+                                  f"{', '.join(self._mixer_names())}), got {got}")
+        mine = self._mixer_names()
+        if state.mixers and tuple(state.mixers) != mine:
+            i = next(j for j, (a, b) in enumerate(zip(state.mixers, mine)) if a != b)
+            raise GenerationError(f"{name} comes from another model: its layer {i} is {state.mixers[i]}, this "
+                                  f"model's layer {i} is {mine[i]}")
+        key = (batch, *(id(b.mixer) for b in self.blocks))
+        cache = self.__dict__.setdefault("_state_templates", {})
+        if key not in cache:  # (meta tensors: shapes only, nothing allocated)
+            cache.clear()
+            cache[key] = [b.mixer.init_state(batch, device="meta") for b in self.blocks]
+        for i, (want, st) in enumerate(zip(cache[key], state.layers)):
+            why = _mismatch(st, want, "")
+            if why is not None:
+                raise GenerationError(f"{name}.layers[{i}] is not a state of this model's layer {i} "
+                                      f"({mine[i]}) for {batch} sequence(s): {why}")
 
     def _logits(self, h: Tensor) -> Tensor:
         return F.linear(self.norm(h), self.embed.weight)  # [B, T, vocab], tied head
@@ -154,12 +195,14 @@ class LM(nn.Module):
     def prefill(self, input_ids: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
         """Run input_ids (continuing `state` when given) in the training forms; (logits, state after)."""
         self._check_ids(input_ids)
+        if state is not None:
+            self._check_state(state, input_ids.shape[0])
         h = self.embed(input_ids)
         layers = []
         for i, block in enumerate(self.blocks):
             h, st = block(h, state.layers[i] if state is not None else None, output_state=True)
             layers.append(st)
-        return self._logits(h), LMState(layers=tuple(layers))
+        return self._logits(h), LMState(layers=tuple(layers), mixers=self._mixer_names())
 
     def step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """One decoding step by the recurrent form: token_ids [B] or [B, 1] -> (logits [B, vocab], state)."""
@@ -168,19 +211,27 @@ class LM(nn.Module):
         self._check_ids(token_ids, "token_ids")
         if token_ids.shape[1] != 1:
             raise GenerationError(f"step takes one token per sequence, got token_ids {list(token_ids.shape)}")
-        if not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
-            raise GenerationError(f"state must be the LMState of this model ({len(self.blocks)} layers)")
+        self._check_state(state, token_ids.shape[0])
+        return self._step(token_ids, state)
+
+    def _step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
+        """`step` without the checks (generate's own tokens and states are valid by construction)."""
+        if token_ids.dim() == 1:
+            token_ids = token_ids[:, None]
         h = self.embed(token_ids)  # [B, 1, d]
         layers = []
         for block, st in zip(self.blocks, state.layers):
             h, st = block(h, st, step=True)
             layers.append(st)
-        return self._logits(h)[:, 0], LMState(layers=tuple(layers))
+        return self._logits(h)[:, 0], LMState(layers=tuple(layers), mixers=state.mixers)
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int) -> LMState:
         """The state before any token (zeros, MLP memories' initial weights, empty KV caches)."""
-        return LMState(layers=tuple(b.mixer.init_state(batch_size) for b in self.blocks))
+        return LMState(layers=tuple(b.mixer.init_state(batch_size) for b in self.blocks), mixers=self._mixer_names())
+
+    def _mixer_names(self) -> tuple[str, ...]:
+        return tuple(getattr(m, "name", str(m)) for m in self.config.layer_mixers)
 
     def state_size(self, batch_size: int, seq_len: int = 0) -> int:
         """Bytes of the decoding state after seq_len tokens (fast-weight layers: constant; softmax: grows)."""
@@ -195,14 +246,19 @@ class LM(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, *, use_cache: bool = True,
-                 generator: torch.Generator | None = None, cuda_graph: bool = False) -> Tensor:
-        """input_ids [B, T] followed by max_new_tokens generated tokens: [B, T + max_new_tokens].
+                 generator: torch.Generator | None = None, cuda_graph: bool = False,
+                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None) -> Tensor:
+        """input_ids [B, T] followed by the generated tokens: [B, T + n], n ≤ max_new_tokens.
 
         use_cache=True: prefill (training form) then one recurrent step per token from the carried
         state. use_cache=False: every token by a full forward over the sequence so far.
         Greedy unless do_sample; sampling draws from `generator` (None: torch's default generator).
         cuda_graph=True replays the decoding step from a CUDA graph (`fastweights.models.graphs`:
         fast-weight layers without RoPE, on a CUDA device; a GraphError says what stands in the way).
+        eos_token_id: an id (or several) that ends a row: after a row's first end token it is filled
+        with `pad_token_id` (default: the first end id), and generation stops as soon as every row
+        has ended (then n < max_new_tokens). Without it, n = max_new_tokens. (With an end id, each
+        step reads one flag back from the device.)
         """
         self._check_ids(input_ids)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -215,15 +271,38 @@ class LM(nn.Module):
             raise GenerationError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
         if cuda_graph and not use_cache:
             raise GenerationError("cuda_graph=True replays the cached decoding step: it needs use_cache=True")
+        ends = self._token_list(eos_token_id, "eos_token_id")
+        pad = self._token_list(pad_token_id, "pad_token_id")
+        if pad and not ends:
+            raise GenerationError("pad_token_id fills rows after their eos_token_id: give eos_token_id too")
+        if pad and len(pad) != 1:
+            raise GenerationError(f"pad_token_id must be one token id, got {pad_token_id!r}")
         pick = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         out = input_ids
         if max_new_tokens == 0:
             return out
+        if ends:
+            end_ids = torch.tensor(ends, device=input_ids.device, dtype=input_ids.dtype)
+            fill = (pad or ends)[0]
+            ended = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+        def emit(nxt):
+            """Append nxt [B]; True when every row has ended."""
+            nonlocal out, ended
+            if not ends:
+                out = torch.cat([out, nxt[:, None]], dim=1)
+                return False
+            nxt = torch.where(ended, torch.full_like(nxt, fill), nxt)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            ended = ended | torch.isin(nxt, end_ids)
+            return bool(ended.all())
+
         if use_cache:
             logits, state = self.prefill(input_ids)
             nxt = sample_next(logits[:, -1], **pick)
-            out = torch.cat([out, nxt[:, None]], dim=1)
-            step = self.step
+            if emit(nxt):
+                return out
+            step = self._step
             if cuda_graph and max_new_tokens > 1:
                 from .graphs import GraphedDecoder
 
@@ -231,12 +310,23 @@ class LM(nn.Module):
             for _ in range(max_new_tokens - 1):
                 logits, state = step(nxt, state)
                 nxt = sample_next(logits, **pick)
-                out = torch.cat([out, nxt[:, None]], dim=1)
+                if emit(nxt):
+                    break
             return out
         for _ in range(max_new_tokens):
-            nxt = sample_next(self(out)[:, -1], **pick)
-            out = torch.cat([out, nxt[:, None]], dim=1)
+            if emit(sample_next(self(out)[:, -1], **pick)):
+                break
         return out
+
+    def _token_list(self, ids, name: str) -> list[int]:
+        if ids is None:
+            return []
+        vals = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids
+        if not isinstance(vals, (list, tuple)) or not vals or any(
+                isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < self.config.vocab_size for v in vals):
+            raise GenerationError(f"{name} must be a token id (or a list of them) in [0, vocab_size="
+                                  f"{self.config.vocab_size}), got {ids!r}")
+        return list(vals)
 
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, directory) -> None:
@@ -255,3 +345,38 @@ class LM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _mismatch(got, want, path: str, grow: bool = False) -> str | None:
+    """Why state `got` is not shaped like `want` (None: it is). Tensors compare by shape (with
+    grow=True, inside a KV cache, except their length, dim 1); dataclasses field by field (of the
+    same type); tuples item by item."""
+    where = path or "the state"
+    if isinstance(want, Tensor):
+        if not isinstance(got, Tensor):
+            return f"{where} is {type(got).__name__}, expected a tensor of shape {list(want.shape)}"
+        ws, gs = list(want.shape), list(got.shape)
+        if grow and len(gs) == len(ws) and len(ws) > 1:
+            gs[1] = ws[1]  # a cache's length grows with the tokens seen
+        if gs != ws:
+            return f"{where} has shape {list(got.shape)}, this layer's is {list(want.shape)}"
+        return None
+    if want is None:
+        return f"{where} is a {type(got).__name__}, this layer has none" if got is not None else None
+    if isinstance(want, tuple):
+        if not isinstance(got, tuple) or len(got) != len(want):
+            return f"{where} is {type(got).__name__}, expected a tuple of {len(want)}"
+        for j, (g, w) in enumerate(zip(got, want)):
+            why = _mismatch(g, w, f"{path}[{j}]", grow)
+            if why:
+                return why
+        return None
+    if is_dataclass(want) and not isinstance(want, type):
+        if type(got) is not type(want):
+            return f"{where} is a {type(got).__name__}, this layer's is a {type(want).__name__}"
+        for f in fields(want):
+            why = _mismatch(getattr(got, f.name), getattr(want, f.name), f"{path}.{f.name}" if path else f.name,
+                            grow or isinstance(want, KVCache))
+            if why:
+                return why
+    return None

@@ -152,3 +152,19 @@ def test_cli_parses_and_runs(tmp_path, capsys):
     rec = json.loads((out / "mad.jsonl").read_text().splitlines()[0])
     assert rec["model"] == "mamba2" and rec["task"] == "memorization"
     assert lab.cli_main(p.parse_args(["--settings", "nope", "--out", str(out)])) == 2
+
+
+@pytest.mark.parametrize("argv, flag", [(["--device", "tpu"], "--device"), (["--threads", "-2"], "--threads"),
+                                        (["--lrs", "nan"], "--lrs"), (["--epochs", "0"], "--epochs"),
+                                        (["--models", "foo"], "--models"), (["--out", "/proc/version/x"], "--out"),
+                                        (["--preset", "gpu"], "--preset gpu")])
+def test_cli_rejects_bad_values_in_one_line(argv, flag, tmp_path, capsys):
+    if torch.cuda.is_available() and flag == "--preset gpu":
+        pytest.skip("the gpu preset runs here")
+    p = lab.add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "x")]
+    assert lab.cli_main(p.parse_args(argv)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {flag}"), err
+    assert not (tmp_path / "x").exists()

@@ -139,3 +139,101 @@ def test_add_cli_registers_subcommand():
     mqar.add_cli(sub)
     args = p.parse_args(["mqar", "--preset", "quick", "--d-models", "32", "--spread"])
     assert args.fn is mqar.cli_main and args.d_models == [32] and args.spread and not args.ddp
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--epochs", "0"], "--epochs"), (["--epochs", "-1"], "--epochs"), (["--train-examples", "0"], "--train-examples"),
+    (["--test-examples", "0"], "--test-examples"), (["--lrs", "-1"], "--lrs"), (["--lrs", "nan"], "--lrs"),
+    (["--seq-lens", "0"], "--seq-lens"), (["--seq-lens", "63", "--kv-pairs", "4"], "--seq-lens"),
+    (["--device", "tpu"], "--device"), (["--threads", "-1"], "--threads"), (["--workers", "0"], "--workers"),
+    (["--ddp"], "--ddp"), (["--models", "foo"], "--models"), (["--out", "/proc/version/x"], "--out")])
+def test_cli_rejects_bad_values_before_any_work(argv, flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "run")]
+    assert mqar.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {flag}"), err
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_cli_cuda_without_cuda_is_refused(capsys, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this check is about a CPU-only build")
+    assert mqar.main(["--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "--device cuda: this torch build sees no CUDA device" in capsys.readouterr().err
+
+
+def test_other_dtype_is_not_taken_for_done_and_fresh_retrains(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--models", "deltanet", "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2", "--lrs", "0.01",
+            "--epochs", "1", "--train-examples", "32", "--test-examples", "16", "--out", str(out), "--workers", "1",
+            "--progress", "plain"]
+    assert mqar.main(argv) == 0
+    assert mqar.main([*argv, "--dtype", "float64"]) == 0
+    text = capsys.readouterr().out
+    assert "0 already done, 1 to run here" in text.split("MQAR, preset")[1]  # float64 trained its own cell
+    recs = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["dtype"], r["device"]) for r in recs] == [("float32", "cpu"), ("float64", "cpu")]
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 2  # one checkpoint per dtype
+    assert mqar.main([*argv, "--fresh"]) == 0
+    text = capsys.readouterr().out
+    assert "0 already done, 1 to run here" in text and "epoch 1/1" in text
+    assert "resumed" not in text  # the finished checkpoint was discarded, not returned
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+
+
+def test_cli_skips_and_reports_malformed_records(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    argv = ["--models", "deltanet", "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2", "--lrs", "0.01",
+            "--epochs", "1", "--train-examples", "32", "--test-examples", "16", "--out", str(out), "--workers", "1",
+            "--progress", "none"]
+    (out / "results.jsonl").write_text(json.dumps({"key": "x", "model": "deltanet", "d_model": 16, "setting": "s",
+                                                   "lr": 0.01, "accuracy": "high"}) + "\n"
+                                       + json.dumps({"key": "y", "accuracy": 0.5}) + "\n" + '{"key": "z", "mo')
+    assert mqar.main(argv) == 0
+    cap = capsys.readouterr()
+    assert "skipped 3 malformed line(s)" in cap.err and "accuracy is 'high', not a number" in cap.err
+    assert "[L16-kv2]" in cap.out
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[3])["model"] == "deltanet"  # after the torn line, not on it
+
+
+@pytest.mark.parametrize("target", ["main process", "process group"])  # `kill -INT <pid>`; Ctrl-C in a terminal
+def test_sigint_to_the_cli_saves_the_running_cells_and_says_how_to_resume(tmp_path, target):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fastweights.cli", "mqar", "--models", "deltanet", "linear_attention",
+           "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2", "--lrs", "1e-4", "--epochs", "400",
+           "--train-examples", "64", "--test-examples", "16", "--out", str(out), "--workers", "2",
+           "--threads", "1", "--progress", "none"]
+    proc = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while len(list((out / "checkpoints").glob("*.pt"))) < 2 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    if target == "main process":
+        proc.send_signal(signal.SIGINT)
+    else:  # what a terminal's Ctrl-C does: the main process and its workers at once
+        os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("mqar still ran 15 s after SIGINT")
+    assert time.monotonic() - t0 < 15 and proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: 0 of 2 cells")
+    assert "2 running cell(s) saved" in err and "run the same command again to resume" in err
+    for ck in (out / "checkpoints").glob("*.pt"):
+        st = torch.load(ck, weights_only=False)
+        assert 1 <= st["epoch"] < 400 and st["signature"]["cell"]["epochs"] == 400

@@ -189,3 +189,67 @@ def test_cli_parses_and_runs(tmp_path, capsys):
     assert (out / "niah.md").exists() and (out / "niah.png").exists() and (out / "niah.jsonl").exists()
     bad = p.parse_args(["--models", "nope", "--out", str(out)])
     assert lab.cli_main(bad) == 2
+
+
+def test_other_training_or_eval_settings_never_reuse_results(tmp_path):
+    """Issue 12: a 2-epoch run, then 1 epoch, a wider model and more eval examples on the same out."""
+    logs: list[str] = []
+    two = lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), epochs=2), progress=False,
+                       log=logs.append)
+    one = lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), epochs=1), progress=False,
+                       log=logs.append)
+    assert not any("every cell done" in ln for ln in logs)  # the 1-epoch run did its own cells
+    assert {r["signature"]["epochs"] for r in two} == {2} and {r["signature"]["epochs"] for r in one} == {1}
+    train = [r for r in lab._records(tmp_path / "niah" / "niah.jsonl") if r["kind"] == "train"]
+    assert [(r["signature"]["epochs"], r["train_epochs_run"], r["train_resumed_from"]) for r in train] == [
+        (2, 2, 0), (1, 1, 0)]  # not "resumed after epoch 2" and recorded as 1 epoch
+    wide = lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), d_model=32), progress=False, log=None)
+    assert {r["signature"]["d_model"] for r in wide} == {32}  # no state_dict size mismatch
+    more = lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), eval_examples=3), progress=False,
+                        log=None)
+    assert {r["n"] for r in more} == {3}
+    logs.clear()
+    again = lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), epochs=1), progress=False,
+                         log=logs.append)
+    assert [r["score"] for r in again] == [r["score"] for r in one] and "every cell done" in logs[0]
+    logs.clear()
+    lab.run_niah(_tiny(tmp_path, models=("deltanet",), lengths=(512,), epochs=1), progress=False, log=logs.append,
+                 fresh=True)
+    assert any("trained in" in ln for ln in logs)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--device", "tpu"], "--device"), (["--threads", "-2"], "--threads"),
+                                        (["--models", "foo"], "--models"), (["--epochs", "0"], "--epochs"),
+                                        (["--lr", "nan"], "--lr"), (["--out", "/proc/version/x"], "--out")])
+def test_cli_rejects_bad_values_in_one_line(argv, flag, tmp_path, capsys):
+    p = lab.add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "x")]
+    assert lab.cli_main(p.parse_args(argv)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and flag in err[0], err
+
+
+def test_a_model_held_by_another_process_is_waited_for_not_trained_twice(tmp_path):
+    import threading
+    import time
+
+    from fastweights.lab.control import CellLock
+
+    cfg = _tiny(tmp_path, models=("deltanet", "mamba2"), lengths=(512,), tasks=("niah_single_1",))
+    tag = lab._digest(cfg.eval_signature())
+    held = CellLock.acquire(tmp_path / "niah" / ".niah.locks", f"deltanet|{tag}")  # "another process"
+    logs: list[str] = []
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(lab.run_niah(cfg, progress=False, log=logs.append)))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not any("waiting" in ln for ln in logs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("deltanet: being trained by another process" in ln for ln in logs), logs
+    assert any("mamba2: trained" in ln for ln in logs)  # it took the model nobody held
+    assert t.is_alive()
+    held.release()
+    t.join(timeout=60)
+    assert not t.is_alive() and len(result[0]) == 2
+    assert sum("deltanet: trained" in ln for ln in logs) == 1

@@ -206,3 +206,140 @@ def test_data_errors():
         train_cell(_lm(d=16), (x, torch.full_like(x, -100)), (x, x), cfg, progress="none")
     with pytest.raises(TrainError, match="differ in shape"):
         train_cell(_lm(d=16), (x, x[:, :4]), (x, x), cfg, progress="none")
+
+
+# ------------------------------------------------------------------------------------------ faults
+def test_concurrent_checkpoint_writers_never_collide(tmp_path):
+    import threading
+
+    from fastweights.lab.train import _atomic_save
+
+    path, errors = tmp_path / "c.pt", []
+
+    def writer(tag):
+        try:
+            for i in range(40):
+                _atomic_save({"tag": tag, "i": i, "x": torch.randn(256)}, path)
+        except Exception as e:  # a fixed temporary name raced here: FileNotFoundError
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert torch.load(path, weights_only=False)["i"] == 39 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_checkpoint_of_other_settings_is_refused_naming_them_and_fresh_restarts(tmp_path):
+    train, test = _data(4, n_train=64, n_test=16, L=16, kv=2)
+    ck = tmp_path / "c.pt"
+    cfg5 = TrainConfig(epochs=2, batch_size=32, early_stop=None, seed=1)
+    train_cell(_lm(d=16), train, test, cfg5, checkpoint_path=ck, progress="none", signature={"task": "a"})
+    cfg1 = TrainConfig(epochs=1, batch_size=32, early_stop=None, seed=1)
+    with pytest.raises(TrainError, match=r"epochs: 2 -> 1.*--fresh"):
+        train_cell(_lm(d=16), train, test, cfg1, checkpoint_path=ck, progress="none", signature={"task": "a"})
+    with pytest.raises(TrainError, match=r"model.d_model: 16 -> 32"):
+        train_cell(_lm(d=32), train, test, cfg5, checkpoint_path=ck, progress="none", signature={"task": "a"})
+    with pytest.raises(TrainError, match=r"cell.task: 'a' -> 'b'"):
+        train_cell(_lm(d=16), train, test, cfg5, checkpoint_path=ck, progress="none", signature={"task": "b"})
+    with pytest.raises(TrainError, match=r"train.dtype: 'float32' -> 'bfloat16'"):
+        train_cell(_lm(d=16), train, test, TrainConfig(epochs=2, batch_size=32, early_stop=None, seed=1,
+                                                       dtype="bfloat16"),
+                   checkpoint_path=ck, progress="none", signature={"task": "a"})
+    res = train_cell(_lm(d=16), train, test, cfg1, checkpoint_path=ck, progress="none", signature={"task": "a"},
+                     fresh=True)
+    assert res["resumed_from"] == 0 and res["epochs_run"] == 1
+    assert torch.load(ck, weights_only=False)["signature"]["train"]["epochs"] == 1
+    # a foreign model under the same name, without a signature (older checkpoints): one clean error
+    st = torch.load(ck, weights_only=False)
+    st.pop("signature")
+    torch.save(st, ck)
+    with pytest.raises(TrainError, match="holds another model"):
+        train_cell(_lm(d=32), train, test, cfg1, checkpoint_path=ck, progress="none")
+
+
+def test_stop_mid_epoch_saves_and_resumes_to_the_uninterrupted_history(tmp_path):
+    from fastweights.lab.control import Interrupted, clear_stop, request_stop
+
+    seed = int(torch.randint(0, 2**30, ()).item())
+    train, test = _data(seed, n_train=160, n_test=32, L=16, kv=2)
+    cfg = TrainConfig(epochs=3, batch_size=32, lr=3e-3, early_stop=None, seed=seed % 1000)
+    lm = _lm("gated_deltanet", d=16)
+    ref = train_cell(lm, train, test, cfg, progress="none")
+    calls = [0]
+
+    def make(c):
+        model = LM(c)
+
+        def stop_on_8th(mod, args):
+            # forwards: epoch 1 = 5 steps + 1 evaluation batch; the 8th is epoch 2's step index 1, so
+            # the stop is seen before step index 2
+            calls[0] += 1
+            if calls[0] == 8:
+                request_stop()
+
+        model.embed.register_forward_pre_hook(stop_on_8th)
+        return model
+
+    ck = tmp_path / "c.pt"
+    try:
+        with pytest.raises(Interrupted, match=r"at epoch 2 step 2/5; saved to"):
+            train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none", model_fn=make)
+    finally:
+        clear_stop()
+    st = torch.load(ck, weights_only=False)
+    assert st["epoch"] == 1 and st["step"] == 2 and not st["finished"]
+    res = train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none")
+    assert res["resumed_from"] == 1 and res["epochs_run"] == 3
+    for a, b in zip(ref["history"], res["history"], strict=True):
+        assert a["epoch"] == b["epoch"] and a["lr"] == pytest.approx(b["lr"], rel=1e-12)
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-6, abs_tol=1e-7), (a, b)
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-9)
+
+
+def test_append_after_a_torn_line_starts_a_new_line_and_malformed_records_are_reported(tmp_path):
+    from fastweights.lab.train import NUMBER
+
+    store = ResultStore(tmp_path / "r.jsonl", required={"model": str, "accuracy": NUMBER})
+    store.append({"key": "a", "model": "m", "accuracy": 0.5})
+    with open(store.path, "a") as f:
+        f.write('{"key": "b", "model": "m", "accur')  # a kill mid-append
+    store.append({"key": "c", "model": "m", "accuracy": 0.7})
+    with open(store.path, "a") as f:
+        f.write(json.dumps({"key": "d", "model": "m", "accuracy": "0.9"}) + "\n")
+        f.write(json.dumps({"key": "e", "accuracy": 0.9}) + "\n")
+        f.write(json.dumps({"key": "f", "model": "m", "accuracy": True}) + "\n")
+    assert [r["key"] for r in store.records()] == ["a", "c"]
+    assert [n for n, _ in store.skipped] == [2, 4, 5, 6]
+    warning = store.warning()
+    assert "skipped 4 malformed line(s)" in warning and "line 4: accuracy is '0.9', not a number" in warning
+    assert "line 5: no 'model'" in warning
+
+
+@dataclass(frozen=True)
+class _Cell2:
+    name: str
+
+
+def test_run_sweep_keys_by_context_and_fresh_reruns(tmp_path):
+    calls = []
+
+    def run(cell, progress=None, desc=None):
+        calls.append(cell.name)
+        return {"accuracy": 0.1 * len(calls)}
+
+    store = ResultStore(tmp_path / "s.jsonl")
+    cells = [_Cell2("a"), _Cell2("b")]
+    r32 = run_sweep(cells, store, run, progress="none", context={"dtype": "float32", "device": "cpu"})
+    assert [r["dtype"] for r in r32] == ["float32", "float32"] and len(calls) == 2
+    r16 = run_sweep(cells, store, run, progress="none", context={"dtype": "bfloat16", "device": "cpu"})
+    assert len(calls) == 4 and [r["dtype"] for r in r16] == ["bfloat16", "bfloat16"]  # not taken for done
+    again = run_sweep(cells, store, run, progress="none", context={"dtype": "float32", "device": "cpu"})
+    assert len(calls) == 4 and [r["accuracy"] for r in again] == [r["accuracy"] for r in r32]
+    fresh = run_sweep(cells, store, run, progress="none", context={"dtype": "float32", "device": "cpu"},
+                      fresh=True)
+    assert len(calls) == 6 and [r["accuracy"] for r in fresh] == pytest.approx([0.5, 0.6])
+    later = run_sweep(cells, store, run, progress="none", context={"dtype": "float32", "device": "cpu"})
+    assert len(calls) == 6 and [r["accuracy"] for r in later] == pytest.approx([0.5, 0.6])  # newest wins

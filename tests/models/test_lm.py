@@ -153,3 +153,82 @@ def test_structure_and_errors():
         model.step(torch.zeros(2, 2, dtype=torch.long), st)
     with pytest.raises(TypeError, match="LMConfig"):
         LM({"vocab_size": 3})
+
+
+# ------------------------------------------------------------------ bad input (issue 12)
+def _pair(mixers=("gated_deltanet", "softmax_attention"), d=16, vocab=32):
+    return LM(LMConfig(vocab_size=vocab, d_model=d, n_layers=len(mixers), mixer=mixers, num_heads=2))
+
+
+@pytest.mark.parametrize("bad", [[[40]], [[-1]], [[3, 32]]])
+def test_token_ids_outside_the_vocabulary_are_an_input_error(bad):
+    import fastweights as fw
+
+    lm = _pair()
+    ids = torch.tensor(bad)
+    for call in (lambda: lm(ids), lambda: lm.prefill(ids), lambda: lm.generate(ids, 2)):
+        with pytest.raises(fw.InputError, match=r"input_ids must be token ids in \[0, vocab_size=32\)"):
+            call()
+    _, st = lm.prefill(torch.randint(0, 32, (1, 4)))
+    with pytest.raises(fw.InputError, match="token_ids must be token ids"):
+        lm.step(ids[:, -1], st)
+
+
+def test_a_batch_of_zero_rows_is_an_input_error():
+    import fastweights as fw
+
+    lm = _pair()
+    with pytest.raises(fw.InputError, match="at least one sequence"):
+        lm(torch.zeros(0, 5, dtype=torch.long))
+    with pytest.raises(fw.InputError, match="at least one sequence"):
+        lm.generate(torch.zeros(0, 5, dtype=torch.long), 3)
+
+
+def test_step_with_another_models_state_names_the_layer():
+    lm = _pair()
+    ids = torch.randint(0, 32, (2, 5))
+    _, own = lm.prefill(ids)
+    lm.step(ids[:, 0], own)  # its own state is fine
+    _, other = _pair(("gla", "softmax_attention")).prefill(ids)  # same shapes, another mixer
+    with pytest.raises(GenerationError, match="its layer 0 is gla, this model's layer 0 is gated_deltanet"):
+        lm.step(ids[:, 0], other)
+    _, wider = _pair(d=32).prefill(ids)
+    with pytest.raises(GenerationError, match=r"layers\[0\] is not a state of this model's layer 0 \(gated_deltanet\)"):
+        lm.step(ids[:, 0], wider)
+    with pytest.raises(GenerationError, match="for 1 sequence"):
+        lm.step(ids[:1, 0], own)  # the state holds 2 rows
+    untagged = LMState(layers=wider.layers)  # a hand-built state: caught by its shapes
+    with pytest.raises(GenerationError, match="memory has shape"):
+        lm.prefill(ids, untagged)
+    _, three = _pair(("gated_deltanet",) * 3).prefill(ids)
+    with pytest.raises(GenerationError, match="2 layers: gated_deltanet, softmax_attention"):
+        lm.step(ids[:, 0], three)
+
+
+def test_generate_stops_at_eos_and_pads_ended_rows():
+    torch.manual_seed(int(torch.randint(0, 2**30, ())))
+    lm = _pair(("gated_deltanet",), vocab=16).eval()
+    prompt = torch.randint(0, 16, (3, 4))
+    ref = lm.generate(prompt, 12)
+    eos = int(ref[0, 6])  # row 0's third new token
+    out = lm.generate(prompt, 12, eos_token_id=eos, pad_token_id=0)
+    for row, full in zip(out, ref):
+        new, ref_new = row[4:], full[4:]
+        hits = (ref_new == eos).nonzero()
+        end = int(hits[0]) if len(hits) else None
+        stop = len(new) if end is None else end + 1
+        assert torch.equal(new[:stop], ref_new[:stop])  # identical up to and including the end token
+        assert (new[stop:] == 0).all()  # padded after it
+    ends = [(r[4:] == eos).nonzero() for r in ref]
+    if all(len(e) for e in ends):  # every row ends: generation stops at the last row's end
+        assert out.shape[1] == 4 + max(int(e[0]) for e in ends) + 1
+    else:
+        assert out.shape[1] == 4 + 12
+    other = (eos + 1) % 16
+    one = lm.generate(prompt[:1], 12, eos_token_id=[eos, other])  # either id ends the row
+    assert one.shape[1] <= 4 + 3 and int(one[0, -1]) in (eos, other)
+    assert torch.equal(lm.generate(prompt[:1], 12, eos_token_id=[eos, other], use_cache=False), one)
+    with pytest.raises(GenerationError, match="eos_token_id must be a token id"):
+        lm.generate(prompt, 3, eos_token_id=16)
+    with pytest.raises(GenerationError, match="give eos_token_id too"):
+        lm.generate(prompt, 3, pad_token_id=0)

@@ -1,0 +1,156 @@
+"""Checks of command-line values, shared by every `fastweights` command, so that each rejects a
+bad value before starting any work, with one line naming the flag.
+
+Each check raises `ArgError` (a ValueError) whose message starts with the flag; the commands print
+it as ``error: <message>`` and exit with status 2, as argparse does for the errors it catches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+__all__ = ["ArgError", "Parser", "flag_message", "positive", "nonnegative", "positive_numbers", "device",
+           "writable_dir", "writable_file", "zoo_names", "threads"]
+
+
+class ArgError(ValueError):
+    """A bad command-line value; the message names the flag and what it must be."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its own errors (unknown flag, bad int, invalid choice) as one line too:
+    ``error: argument --epochs: invalid int value: 'x' (see <prog> --help)``, status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _ints(flag: str, values) -> list:
+    vals = list(values) if isinstance(values, (list, tuple)) else [values]
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ArgError(f"{flag} must be an integer, got {v!r}")
+    return vals
+
+
+def positive(flag: str, values, *, allow_none: bool = True) -> None:
+    """Every value an int ≥ 1 (None: the flag was not given)."""
+    if values is None and allow_none:
+        return
+    for v in _ints(flag, values):
+        if v < 1:
+            raise ArgError(f"{flag} must be a positive integer, got {v}")
+
+
+def nonnegative(flag: str, values, *, allow_none: bool = True) -> None:
+    if values is None and allow_none:
+        return
+    for v in _ints(flag, values):
+        if v < 0:
+            raise ArgError(f"{flag} must be an integer ≥ 0, got {v}")
+
+
+def threads(flag: str, value, *, zero_ok: bool = False) -> None:
+    """torch CPU threads: an int ≥ 1 (or 0 = torch's default, where the command allows it)."""
+    if value is None:
+        return
+    _ints(flag, value)
+    if value < (0 if zero_ok else 1):
+        raise ArgError(f"{flag} must be {'≥ 0 (0: torch default)' if zero_ok else 'a positive integer'}, "
+                       f"got {value}")
+
+
+def positive_numbers(flag: str, values, *, allow_zero: bool = False) -> None:
+    """Every value a finite number > 0 (≥ 0 with allow_zero)."""
+    if values is None:
+        return
+    for v in (values if isinstance(values, (list, tuple)) else [values]):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (v < 0 if allow_zero else v <= 0):
+            raise ArgError(f"{flag} must be {'finite numbers ≥ 0' if allow_zero else 'finite numbers > 0'}, "
+                           f"got {v!r}")
+
+
+def device(flag: str, value: str | None) -> None:
+    """A torch device string this build can use: cpu, cuda[:i] with CUDA available (and i < the
+    device count), mps with MPS available."""
+    if value is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ArgError(f"{flag} {value!r} is not a device string (cpu, cuda, cuda:1, mps)") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ArgError(f"{flag} {value}: this torch build sees no CUDA device (torch.cuda.is_available() is "
+                           "False); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ArgError(f"{flag} {value}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return
+    if dev.type == "mps" and getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return
+    raise ArgError(f"{flag} {value}: not usable here (cpu{', cuda' if torch.cuda.is_available() else ''} are)")
+
+
+def writable_dir(flag: str, path) -> Path:
+    """Create the directory if needed and check that a file can be written in it."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ArgError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    return p
+
+
+def writable_file(flag: str, path) -> Path:
+    """The file's directory is writable and the path is not a directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise ArgError(f"{flag} {path}: is a directory, expected a file path")
+    try:
+        writable_dir(flag, p.parent if str(p.parent) else ".")
+    except ArgError as e:
+        raise ArgError(f"{flag} {path}: cannot write its directory ({str(e).rsplit('(', 1)[-1]}") from None
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ArgError(f"{flag} {path}: the file is not writable")
+    return p
+
+
+def zoo_names(flag: str, names: Iterable[str] | None, *, allowed: Sequence[str] | None = None) -> None:
+    """Every name a zoo model (or one of `allowed`), with the closest names for a typo."""
+    if names is None:
+        return
+    from . import zoo
+
+    pool = list(allowed) if allowed is not None else list(zoo.names())
+    for n in names:
+        if n not in pool:
+            import difflib
+
+            close = difflib.get_close_matches(n, pool, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(pool)}"
+            raise ArgError(f"{flag}: unknown model {n!r}{hint}")
+
+
+def flag_message(error: Exception, fields: Sequence[str]) -> str:
+    """A config's message ("epochs must be ...") in the words of the command line ("--epochs must
+    be ..."), when it starts with one of `fields`."""
+    msg = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if isinstance(error, KeyError) and msg.startswith(("'", '"')):
+        msg = msg[1:-1]
+    head = msg.split(" ", 1)[0]
+    if head.rstrip(":") in fields:
+        return "--" + head.replace("_", "-") + msg[len(head):]
+    return msg

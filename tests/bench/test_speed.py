@@ -1,0 +1,50 @@
+"""`fastweights bench speed`: arguments checked before anything is timed, a printed table with a
+speed-up column against the recurrent form, --repeats/--warmup/--threads honoured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fastweights import cli
+
+
+def test_tiny_run_prints_the_table_with_speedups(tmp_path, capsys):
+    n = torch.get_num_threads()
+    try:
+        rc = cli.main(["bench", "speed", "--models", "deltanet", "gla", "--forms", "chunk", "recurrent",
+                       "--lengths", "16", "32", "--heads", "1", "--dim", "8", "--chunk-size", "8", "--repeats", "2",
+                       "--warmup", "0", "--threads", "1", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(n)
+    assert rc == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(out) if ln.startswith("| impl |"))
+    assert "speed-up fwd" in out[head] and "speed-up fwd+bwd" in out[head]
+    assert out[head - 1].startswith("bench speed: 8 rows") and "torch threads 1" in out[head - 1]
+    rows = [ln for ln in out if ln.startswith("| fastweights |")]
+    assert len(rows) == 8
+    assert [r.split(" | ")[2] for r in rows[:2]] == ["recurrent", "chunk"]  # the speed-up base is timed first
+    assert rows[0].split(" | ")[6] == "1.0×" and rows[1].split(" | ")[6].endswith("×")
+    assert "s left)" in rows[-2] and "s left)" not in rows[-1]  # an estimate once the first length is done
+    recs = json.loads((tmp_path / "speed.json").read_text())
+    chunk = next(r for r in recs if r["form"] == "chunk" and r["model"] == "gla" and r["T"] == 32)
+    rec = next(r for r in recs if r["form"] == "recurrent" and r["model"] == "gla" and r["T"] == 32)
+    assert chunk["speedup_fwd"] == pytest.approx(rec["fwd_ms"] / chunk["fwd_ms"])
+    assert "speed-up" in (tmp_path / "speed.md").read_text()
+
+
+@pytest.mark.parametrize("argv, flag", [(["--forms", "fast"], "--forms"), (["--lengths", "0"], "--lengths"),
+                                        (["--dim", "-4"], "--dim"), (["--models", "foo"], "--models"),
+                                        (["--repeats", "0"], "--repeats"), (["--threads", "-1"], "--threads"),
+                                        (["--device", "tpu"], "--device"), (["--out", "/proc/version/x"], "--out")])
+def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, capsys):
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "x")]
+    assert cli.main(["bench", "speed", *argv]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {flag}") and not cap.out, err
+    assert not (tmp_path / "x").exists()

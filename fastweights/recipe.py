@@ -37,6 +37,7 @@ __all__ = [
     "Retention",
     "Recipe",
     "RecipeError",
+    "alibi_slopes",
 ]
 
 
@@ -237,12 +238,33 @@ class Optimizer:
 RetentionKind = Literal["none", "constant", "scalar", "diagonal", "householder"]
 
 
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's per-head slopes m_h, as the authors' code computes them.
+
+    For H a power of two: the geometric sequence m_h = 2^(−8(h+1)/H), h = 0..H−1. Otherwise,
+    with P the largest power of two below H: the P slopes of P heads, followed by the first
+    H − P slopes at even positions (0, 2, 4, …) of the 2P-head sequence — for H = 6:
+    2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3. (The paper's formula 2^(−8(h+1)/H) differs from
+    this whenever H is not a power of two.)
+    """
+    _positive_int(num_heads, "num_heads")
+
+    def geometric(n):
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return geometric(num_heads)
+    P = 1 << (num_heads.bit_length() - 1)
+    return geometric(P) + alibi_slopes(2 * P)[0::2][:num_heads - P]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Retention:
     """Axis 4, retention (forgetting) of the memory, in log space g = log α ≤ 0.
 
     none; constant: a fixed γ per head, from `schedule` ("retnet": γ_h = 1 − 2^(−5−h);
-    "alibi": log γ_h = −2^(−8(h+1)/H)) or from `gamma` (one float for every head);
+    "alibi": log γ_h = −m_h with the ALiBi authors' slopes, `alibi_slopes(H)`) or from `gamma`
+    (one float for every head);
     scalar: a data-dependent α_t = exp(g_t), input g [B, T, H];
     diagonal: a data-dependent α_t ∈ R^K, input g [B, T, H, K] (on the key side of S);
     householder: PaTH's data-dependent key transition H_t = I − β_t w_t w_tᵀ (kv memory only),
@@ -281,7 +303,7 @@ class Retention:
             return [math.log(self.gamma)] * num_heads
         if self.schedule == "retnet":
             return [math.log(1.0 - 2.0 ** (-5 - h)) for h in range(num_heads)]
-        return [-(2.0 ** (-8.0 * (h + 1) / num_heads)) for h in range(num_heads)]
+        return [-m for m in alibi_slopes(num_heads)]
 
     def describe(self) -> str:
         s = {"none": "identity", "constant": f"constant γ ({self.schedule or self.gamma})",

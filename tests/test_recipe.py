@@ -53,3 +53,22 @@ def test_constant_retention_schedules():
     assert Retention(kind="constant", schedule="retnet").log_gammas(2) == [math.log(1 - 2 ** -5), math.log(1 - 2 ** -6)]
     alibi = Retention(kind="constant", schedule="alibi").log_gammas(8)
     assert alibi[0] == -(2 ** -1) and alibi[-1] == -(2 ** -8)
+
+
+def test_alibi_slopes_follow_the_authors_code():
+    """Powers of two: 2^(−8(h+1)/H). Otherwise the P = 2^⌊log2 H⌋ slopes, then every other slope of
+    the 2P-head sequence (the authors' interleaving; the paper's formula gives other numbers at H = 6, 12)."""
+    from fastweights.recipe import alibi_slopes
+
+    expected_exponents = {  # m_h = 2^(−e_h)
+        2: [4, 8],
+        4: [2, 4, 6, 8],
+        6: [2, 4, 6, 8, 1, 3],
+        8: [1, 2, 3, 4, 5, 6, 7, 8],
+        12: [1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5],
+        16: [0.5 * (h + 1) for h in range(16)],
+    }
+    for H, exps in expected_exponents.items():
+        assert alibi_slopes(H) == [2.0 ** -e for e in exps], H
+        assert Retention(kind="constant", schedule="alibi").log_gammas(H) == [-(2.0 ** -e) for e in exps]
+    assert [round(m, 4) for m in alibi_slopes(6)] == [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]

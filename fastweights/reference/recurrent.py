@@ -124,9 +124,10 @@ def mesa_recurrent(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor |
     o_t = G_tᵀ (H_t + Diag(λ))⁻¹ (scale·q_t), solved exactly at every token.
 
     q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
-    H0 [B, H, K, K]; G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
+    H0 [B, H, K, K], read through its symmetric part ½(H0 + H0ᵀ) (H is a sum of β k kᵀ; every
+    Mesa form reads it so); G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
     """
-    Hs, Gs = H0, G0
+    Hs, Gs = 0.5 * (H0 + H0.transpose(-1, -2)), G0
     lam = torch.diag_embed(lamb)  # [H, K, K]
     outs = []
     for t in range(q.shape[1]):

@@ -101,6 +101,11 @@ class _Prepared:
         self.w = inputs["w"].to(cdt) if inputs.get("w") is not None else None
         if recipe.objective.kind == "omega" and self.gamma is None:
             self.gamma = torch.ones(B, T, H, dtype=cdt, device=q.device)
+        self.ln = None  # residual-LN memories: the LayerNorm's per-head affine (γ, β) [H, V]
+        if recipe.memory.residual_ln:
+            lw, lb = inputs.get("ln_weight"), inputs.get("ln_bias")
+            self.ln = (lw.to(cdt) if lw is not None else torch.ones(H, shapes.V, dtype=cdt, device=q.device),
+                       lb.to(cdt) if lb is not None else torch.zeros(H, shapes.V, dtype=cdt, device=q.device))
 
 
 def _check_state_tensor(name, x, shape):
@@ -130,14 +135,15 @@ def _memory_state(pr: _Prepared, initial_state, rows: int | None = None) -> Memo
     else:
         raise InputError(f"initial_state for {r.name} must be a tensor [B, H, K, V] or a MemoryState, "
                          f"got {type(initial_state).__name__}")
+    layers = 1 if r.memory.kind == "linear" else r.memory.depth
+    count = layers * (2 if r.memory.bias else 1)  # (W_1, b_1, …) with inner biases
+    if len(st.weights) != count:
+        what = "(weight, bias) per layer" if r.memory.bias else "one matrix per layer"
+        raise InputError(f"initial_state.weights for {r.name} must hold {count} tensors ({what}, {layers} "
+                         f"layer{'s' if layers > 1 else ''}), got {len(st.weights)}")
     if r.memory.kind == "linear":
-        if len(st.weights) != 1:
-            raise InputError(f"initial_state.weights for a linear memory must hold one matrix, got {len(st.weights)}")
         _check_state_tensor("initial_state", st.weights[0], (B, H, Kf, V))
     else:
-        if len(st.weights) != r.memory.depth:
-            raise InputError(f"initial_state.weights must hold memory.depth={r.memory.depth} matrices, "
-                             f"got {len(st.weights)}")
         first, last = st.weights[0], st.weights[-1]
         if first.shape[:3] != (B, H, Kf) or last.shape[-1] != V or last.shape[:2] != (B, H):
             raise InputError(f"initial_state.weights must go from [B, H, K', ·] = [{B}, {H}, {Kf}, ·] to "
@@ -158,7 +164,7 @@ def _finish_state(recipe, st: MemoryState, output_final_state: bool):
 def _memory_recurrent(pr: _Prepared, initial_state, output_final_state, inner_grad="closed"):
     st = _memory_state(pr, initial_state)
     o, final = rec.memory_recurrent(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta,
-                                    p=pr.p, nu=pr.nu, gamma=pr.gamma, state=st, inner_grad=inner_grad)
+                                    p=pr.p, nu=pr.nu, gamma=pr.gamma, state=st, inner_grad=inner_grad, ln=pr.ln)
     return o.to(pr.out_dtype), _finish_state(pr.recipe, final, output_final_state)
 
 
@@ -252,7 +258,7 @@ def _minibatch_chunk(pr: _Prepared, initial_state, output_final_state, chunk_siz
     _no_varlen(pr.recipe, cu_seqlens)
     st = _memory_state(pr, initial_state)
     o, final = minibatch_chunk(pr.recipe, pr.q, pr.k[:, :, 0], pr.v[:, :, 0], scale=pr.scale, g=pr.g,
-                               beta=pr.beta[:, :, 0], nu=pr.nu, gamma=pr.gamma, state=st)
+                               beta=pr.beta[:, :, 0], nu=pr.nu, gamma=pr.gamma, state=st, ln=pr.ln)
     return o.to(pr.out_dtype), _finish_state(pr.recipe, final, output_final_state)
 
 

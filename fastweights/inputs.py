@@ -16,6 +16,10 @@ k [B, T, n, H, K], v [B, T, n, H, V] and beta [B, T, n, H]. Further inputs by na
            every window it belongs to.
     lamb   Mesa's regularizer λ > 0, [H, K'] (default 1).
     w      PaTH's Householder direction [B, T, H, K] (unit vectors expected). Required.
+    ln_weight, ln_bias
+           the per-head affine γ, β [H, V] of a residual-LN memory's LayerNorm,
+           M(x) = x + γ⊙LN(f(x)) + β (TTT; defaults 1 and 0). Outer parameters: the inner loop
+           trains through them but does not update them.
 
 K' is the key dimension after the recipe's feature map (K for identity-like maps).
 """
@@ -32,7 +36,10 @@ from .state import KVCache, MemoryState, MesaState
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "accepted_inputs", "validate", "example_inputs", "init_state"]
+__all__ = ["InputError", "accepted_inputs", "validate", "example_inputs", "init_state", "PER_HEAD_INPUTS"]
+
+#: Inputs that are per head, not per token (no time dimension): split or pack only the others.
+PER_HEAD_INPUTS = frozenset({"lamb", "ln_weight", "ln_bias"})
 
 
 class InputError(ValueError):
@@ -69,6 +76,9 @@ def accepted_inputs(recipe: Recipe) -> dict[str, bool]:
         acc["gamma"] = False
     if obj.kind == "least_squares":
         acc["lamb"] = False
+    if mem.residual_ln:
+        acc["ln_weight"] = False
+        acc["ln_bias"] = False
     return acc
 
 
@@ -164,6 +174,9 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
             _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
     if inputs.get("w") is not None:
         _check_tensor("w", inputs["w"], (B, T, H, K), values=values)
+    for name in ("ln_weight", "ln_bias"):
+        if inputs.get(name) is not None:
+            _check_tensor(name, inputs[name], (H, V), values=values)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf)
 
 
@@ -175,6 +188,8 @@ _INPUT_DOC = {
     "gamma": "Omega in-window gates in [0, 1], [B, T, H]",
     "lamb": "Mesa regularizer > 0, [H, K]",
     "w": "Householder direction [B, T, H, K]",
+    "ln_weight": "residual LayerNorm weight [H, V]",
+    "ln_bias": "residual LayerNorm bias [H, V]",
 }
 
 
@@ -189,9 +204,10 @@ def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
 
 def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_dim: int, *,
                dtype=torch.float32, device=None, generator: torch.Generator | None = None, std: float = 0.02):
-    """A starting state for `model`: zeros for linear memories, N(0, std²) weights for MLP and
-    residual-LN memories (whose initial weights are the outer parameters), an empty KVCache for
-    the softmax side. Hidden width of an MLP memory = memory.expansion × head_k_dim."""
+    """A starting state for `model`: zeros for linear memories, N(0, std²) weights (and zero inner
+    biases [B, H, 1, out], interleaved W_1, b_1, …) for MLP, residual-LN and biased memories (whose
+    initial weights are the outer parameters), an empty KVCache for the softmax side. Hidden
+    width of an MLP memory = memory.expansion × head_k_dim."""
     from .zoo import resolve
 
     recipe = resolve(model)
@@ -204,8 +220,11 @@ def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_d
     if recipe.is_mesa:
         return MesaState(H=torch.zeros(B, H, Kf, Kf, **kw), G=torch.zeros(B, H, Kf, V, **kw))
     if recipe.uses_autodiff:
-        weights = tuple(torch.randn(B, H, a, b, generator=generator, **kw) * std
-                        for a, b in _mlp_dims(recipe, K, V))
+        weights = ()
+        for a, b in _mlp_dims(recipe, K, V):
+            weights += (torch.randn(B, H, a, b, generator=generator, **kw) * std,)
+            if recipe.memory.bias:
+                weights += (torch.zeros(B, H, 1, b, **kw),)
     else:
         weights = (torch.zeros(B, H, Kf, V, **kw),)
     return complete_state(recipe, MemoryState(weights=weights), B, H, Kf, V)
@@ -279,6 +298,10 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
             out["lamb"] = 0.25 + torch.nn.functional.softplus(rand(H, Kf))
         elif name == "w":
             out["w"] = unit(B, T, H, K)
+        elif name == "ln_weight":
+            out["ln_weight"] = 1.0 + 0.1 * rand(H, V)
+        elif name == "ln_bias":
+            out["ln_bias"] = 0.1 * rand(H, V)
     for key, val in list(out.items()):
         if key != "g":
             val = val.to(dtype)

@@ -72,3 +72,18 @@ def test_alibi_slopes_follow_the_authors_code():
         assert alibi_slopes(H) == [2.0 ** -e for e in exps], H
         assert Retention(kind="constant", schedule="alibi").log_gammas(H) == [-(2.0 ** -e) for e in exps]
     assert [round(m, 4) for m in alibi_slopes(6)] == [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
+
+
+def test_inner_bias_and_minibatch_average_validation():
+    from fastweights import Memory, Optimizer, Recipe, RecipeError
+
+    assert not Memory(kind="linear", bias=True).is_plain_linear
+    assert Recipe(memory=Memory(kind="linear", bias=True)).uses_autodiff
+    for bad in (lambda: Memory(kind="kv", bias=True),
+                lambda: Optimizer(kind="momentum", minibatch=4, minibatch_average=True),
+                lambda: Optimizer(kind="gd", minibatch=1, minibatch_average=True),
+                lambda: Recipe(memory=Memory(kind="mlp", bias=True), optimizer=Optimizer(kind="muon")),
+                lambda: Recipe(optimizer=Optimizer(kind="gd", minibatch=4, minibatch_average=True),
+                               retention=Retention(kind="scalar", decay_first=False))):
+        with pytest.raises(RecipeError):
+            bad()

@@ -4,7 +4,7 @@ per-model layer defaults (`PRESETS`).
     x [B, T, d] ─┬─ q_proj ─ [conv+SiLU] ─ [probe correction] ─ [L2/RMS norm] ─ [RoPE] ─┐
                  ├─ k_proj ─ [conv+SiLU] ──────────────────────── [L2/RMS norm] ─ [RoPE] ─┤
                  ├─ v_proj ─ [conv+SiLU] ─────────────────────────────────────────────────┤
-                 ├─ gates: g (log-retention), β, p, ν, γ_i, λ, w  (the inputs the recipe takes)
+                 ├─ gates: g (log-retention), β, p, ν, γ_i, λ, w, inner-LN affine  (the inputs the recipe takes)
                  │                                                                          ▼
                  │        o = memory read, by fastweights.{chunk|parallel|recurrent} (fast-weight
                  │            memories) or the layer's kv attention (softmax side), [+ D ⊙ v]
@@ -98,8 +98,9 @@ class MixerPreset:
     d_skip:      Mamba2's skip y += D_h·v (D initialized to 1).
     probe_correction: Comba's q ← q − D_h·p, D initialized to this (p = k·σ(d_h), d_h init 1).
     w_rank, w_conv: PaTH's w = L2norm(SiLU(conv_{w_conv}(Linear(w_rank)(Linear(d, w_rank)(x))))).
-    memory_init: initial weights of MLP / residual-LN memories (outer parameters, one set per head):
-                 "normal" (N(0, memory_init_std²), TTT's 0.02) or "xavier" (Titans).
+    memory_init: initial weights of MLP / residual-LN / biased memories (outer parameters, one set per
+                 head): "normal" (N(0, memory_init_std²), TTT's 0.02) or "xavier" (Titans); inner
+                 biases start at 0.
     """
 
     expand_k: float = 1.0
@@ -482,7 +483,17 @@ class MemoryMixer(nn.Module):
             for a, b in zip(dims[:-1], dims[1:]):
                 std = p.memory_init_std if p.memory_init == "normal" else math.sqrt(2.0 / (a + b))
                 params.append(nn.Parameter(torch.randn(H, a, b) * std))  # [H, a, b]
+                if r.memory.bias:  # the inner bias's initial value (TTT: zeros), [H, 1, b]; no weight decay
+                    params.append(nn.Parameter(torch.zeros(H, 1, b)))
+                    params[-1]._no_weight_decay = True
             self.memory_init = nn.ParameterList(params)
+        # -- a residual-LN memory's LayerNorm affine (TTT's per-head inner LayerNorm weight and bias)
+        if "ln_weight" in self.acc:
+            self.ln_weight = nn.Parameter(torch.ones(H, V))  # [H, V], no weight decay (a norm's affine)
+            self.ln_bias = nn.Parameter(torch.zeros(H, V))
+            self.ln_weight._no_weight_decay = self.ln_bias._no_weight_decay = True
+        else:
+            self.ln_weight = self.ln_bias = None
 
         # -- output
         self.D = nn.Parameter(torch.ones(H)) if p.d_skip else None
@@ -618,6 +629,8 @@ class MemoryMixer(nn.Module):
             inputs["gamma"] = self.gamma(x)
         if self.lamb_raw is not None:
             inputs["lamb"] = F.softplus(self.lamb_raw) + 0.25
+        if self.ln_weight is not None:
+            inputs["ln_weight"], inputs["ln_bias"] = self.ln_weight, self.ln_bias
         if self.w_proj is not None:
             w = self.w_proj(x).float() if x.dtype != torch.float64 else self.w_proj(x)
             if self.w_conv is not None:

@@ -255,9 +255,11 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
                    generator: torch.Generator | None = None, requires_grad: bool = False) -> dict:
     """Random, valid inputs for `model`: {'q', 'k', 'v', plus every input it takes}.
 
-    Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1); g = log σ(·) ∈ (−∞, 0)
-    kept mild (about −0.1 on average); ν ∈ (0.5, 1); trained memories (MLP, residual LN,
-    momentum) get β ∈ (0, 0.1). MLP memories get an `initial_state`.
+    Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1), divided by the recipe's
+    `step_normalizer()` N = b·c·‖φ(k)‖² for l2/Omega steps on a linear memory (so that no
+    recurrence can grow geometrically, at any length); g = log σ(·) ∈ (−∞, 0) kept mild (about
+    −0.1 on average); ν ∈ (0.5, 1); trained memories (MLP, residual LN, inner biases, momentum)
+    get β ∈ (0, 0.1). MLP memories get an `initial_state`.
     """
     from .zoo import resolve
 
@@ -286,8 +288,11 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
             out["g"] = (torch.nn.functional.logsigmoid(rand(*shape) + 3.0)).to(gdt)
         elif name == "beta":
             beta = torch.sigmoid(rand(*((B, T, n, H) if n > 1 else (B, T, H))))
-            # trained memories (MLP, residual LN, momentum) take smaller inner learning rates
-            out["beta"] = 0.1 * beta if (recipe.uses_autodiff or recipe.optimizer.has_momentum) else beta
+            if recipe.uses_autodiff or recipe.optimizer.has_momentum:
+                beta = 0.1 * beta  # trained memories (MLP, residual LN, momentum): smaller inner learning rates
+            elif recipe.objective.kind in ("l2", "omega") and not recipe.is_softmax:
+                beta = beta / recipe.step_normalizer()  # β·b·c·‖φ(k)‖² < 1: bounded at any length
+            out["beta"] = beta
         elif name == "p":
             out["p"] = unit(B, T, H, K)
         elif name == "nu":

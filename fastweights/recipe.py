@@ -165,6 +165,17 @@ class FeatureMap:
             dims += k ** 3
         return dims
 
+    def unit_sq_norm(self) -> float:
+        """‖φ(x)‖² = φ(x)·φ(x) for a unit vector x (an upper bound for relu): Σ_{i≤p} 1 for the
+        polynomial map, Σ_{i≤p} 1/i! for Taylor (only the degree-p term when homogeneous), 1 for
+        identity and relu. elu1 and exp have no such bound (RecipeError)."""
+        if self.kind in ("identity", "relu"):
+            return 1.0
+        if self.kind in ("elu1", "exp"):
+            raise RecipeError(f"feature_map.kind={self.kind!r} has no bound on ‖φ(x)‖ for unit x")
+        coef = [1.0 if self.kind == "polynomial" else 1.0 / math.factorial(i) for i in range(self.degree + 1)]
+        return coef[-1] if self.homogeneous else sum(coef)
+
     def describe(self) -> str:
         if self.kind in ("polynomial", "taylor"):
             return f"{self.kind} p={self.degree}" + (" homogeneous" if self.homogeneous else "")
@@ -432,6 +443,21 @@ class Recipe:
         """Memories served by the generic memory forward and gradient (MLP, residual LN, biases);
         their initial weights are outer parameters."""
         return self.memory.kind == "mlp" or self.memory.residual_ln or self.memory.bias
+
+    def step_normalizer(self) -> float:
+        """N = b·c·‖φ(k)‖² (unit keys): how many unit-key curvature terms one inner step sums.
+
+        An l2 (or Omega) step on a linear memory maps θ ↦ (I − Σ_j β_j Σ_{i∈window(j)} γ_i φ_iφ_iᵀ)θ
+        over the b tokens whose gradients share one point (an inner mini-batch; b counts as 1 when
+        the mini-batch is averaged, TTT's 1/i), each with a window of c pairs. With γ ≤ 1 the
+        subtracted matrix has norm ≤ max β · N, so β ≤ 1/N keeps every eigenvalue of the map in
+        [0, 1] whatever the keys (and in [α − 1, α] ⊂ [−1, 1] with retention α ≤ 1 applied to the
+        old state): the memory cannot grow geometrically. This is the delta rule's β‖k‖² ≤ 2
+        bound (docs/capacity.md), made to hold for windows, mini-batches and feature maps.
+        """
+        opt = self.optimizer
+        b = 1 if opt.minibatch_average else opt.minibatch
+        return float(b * self.objective.window * self.feature_map.unit_sq_norm())
 
     def with_(self, **changes) -> Recipe:
         """A copy with some fields replaced (and validated again)."""

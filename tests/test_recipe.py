@@ -87,3 +87,29 @@ def test_inner_bias_and_minibatch_average_validation():
                                retention=Retention(kind="scalar", decay_first=False))):
         with pytest.raises(RecipeError):
             bad()
+
+
+def test_unit_sq_norm_is_the_feature_norm_of_a_unit_key():
+    import torch
+
+    from fastweights.features import apply_feature_map
+    from tests.tolerances import EXACT_F64
+
+    x = torch.randn(5, 6, dtype=torch.float64)
+    x = x / x.norm(dim=-1, keepdim=True)
+    for fm in (FeatureMap(), FeatureMap(kind="polynomial", degree=2), FeatureMap(kind="polynomial", degree=3),
+               FeatureMap(kind="polynomial", degree=2, homogeneous=True), FeatureMap(kind="taylor", degree=2),
+               FeatureMap(kind="taylor", degree=3, homogeneous=True)):
+        sq = (apply_feature_map(fm, x) ** 2).sum(-1)
+        assert (sq - fm.unit_sq_norm()).abs().max().item() < EXACT_F64, fm
+    assert ((apply_feature_map(FeatureMap(kind="relu"), x) ** 2).sum(-1) <= 1 + EXACT_F64).all()
+    with pytest.raises(RecipeError):
+        FeatureMap(kind="elu1").unit_sq_norm()
+
+
+def test_step_normalizer_counts_what_one_step_sums():
+    from fastweights import zoo
+
+    assert zoo.get("deltanet").step_normalizer() == 1
+    assert zoo.get("omeganet").step_normalizer() == 16 * 4 * 3  # b · c · ‖φ(k)‖² (1 + 1 + 1 for unit k)
+    assert zoo.get("ttt_linear").step_normalizer() == 1  # the averaged mini-batch counts once

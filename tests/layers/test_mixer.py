@@ -258,3 +258,15 @@ def test_bfloat16_forward_keeps_the_state_in_fp32():
         else:
             assert st.memory.k.dtype == torch.bfloat16
             assert st.memory.c is None or st.memory.c.dtype == torch.float32
+
+
+def test_omeganet_layer_beta_is_bounded_by_construction():
+    """β·b·c·‖φ(k)‖² ≤ 1 (the l2/Omega step is nonexpansive whatever the keys), even at a saturated gate."""
+    from fastweights.layers import MemoryMixer
+
+    layer = MemoryMixer(32, "omeganet", 2)
+    assert layer.preset.beta == "bounded"
+    with torch.no_grad():
+        layer.beta.proj.weight.fill_(10.0)
+    beta = layer.beta(torch.ones(1, 5, 32))
+    assert (beta * fw.zoo.get("omeganet").step_normalizer() <= 1.0).all()

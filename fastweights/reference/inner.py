@@ -82,12 +82,16 @@ def layers(mem: Memory, weights: tuple[Tensor, ...]) -> list[tuple[Tensor, Tenso
     return [(w, None) for w in weights]
 
 
+def _per_head(p: Tensor, like: Tensor) -> Tensor:
+    """A per-head parameter [H, V] viewed to broadcast over like [B, H, ..., V]."""
+    return p.view((p.shape[0],) + (1,) * (like.dim() - 3) + (p.shape[-1],))
+
+
 def affine(n: Tensor, ln: tuple[Tensor, Tensor] | None) -> Tensor:
     """γ ⊙ n + β_ln with per-head γ, β_ln [H, V] broadcast over n [B, H, ..., V]."""
     if ln is None:
         return n
-    shape = (ln[0].shape[0],) + (1,) * (n.dim() - 3) + (ln[0].shape[-1],)
-    return n * ln[0].view(shape) + ln[1].view(shape)
+    return n * _per_head(ln[0], n) + _per_head(ln[1], n)
 
 
 def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = False,
@@ -132,7 +136,7 @@ def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor,
     gamma = gamma.unsqueeze(-1)  # [B, H, N, 1]
     dy = gamma * (y - v) if objective != "dot" else -gamma * v  # [B, H, N, V]
     if mem.residual_ln:  # back through y = x + γ_ln ⊙ LN(f) + β_ln
-        du = affine(dy, (ln[0], torch.zeros_like(ln[1]))) if ln is not None else dy
+        du = dy * _per_head(ln[0], dy) if ln is not None else dy  # ∂ℓ/∂n = γ_ln ⊙ ∂ℓ/∂y
         df = inv * (du - du.mean(-1, keepdim=True) - n * (du * n).mean(-1, keepdim=True))
     else:
         df = dy

@@ -118,3 +118,22 @@ def test_ttt_chunk_chains_from_the_middle_of_a_minibatch(name):
     o2, s2 = fw.chunk(name, initial_state=s1, output_final_state=True, **b)
     assert (torch.cat([o1, o2], 1) - o).abs().max().item() < CHUNK_F64 * (1 + o.abs().max().item())
     assert max_err(s2, s) < CHUNK_F64
+
+
+@pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp"])
+def test_ttt_gradients_agree_across_forms_and_inner_gradients(name):
+    """float64: recurrent with the closed-form inner gradient, recurrent with torch.func's, and the
+    chunk form give the same outputs, final states and gradients of every input (the inner biases
+    in the initial state and the LayerNorm affine included)."""
+    from tests.helpers import make_case, run_with_grads
+
+    inputs, state = make_case(name, T=37)
+    assert "ln_weight" in inputs and len(state.weights) == (2 if name == "ttt_linear" else 4)
+    o1, s1, g1 = run_with_grads(fw.recurrent, name, inputs, state)
+    for form, kw in ((fw.recurrent, {"inner_grad": "autodiff"}), (fw.chunk, {})):
+        o2, s2, g2 = run_with_grads(form, name, inputs, state, **kw)
+        assert (o1 - o2).abs().max().item() < CHUNK_F64 * (1 + o1.abs().max().item())
+        for a, b in zip(s1.weights, s2.weights):
+            assert (a - b).abs().max().item() < CHUNK_F64 * (1 + a.abs().max().item())
+        for a, b in zip(g1, g2):
+            assert (a - b).abs().max().item() < CHUNK_F64 * (1 + a.abs().max().item())

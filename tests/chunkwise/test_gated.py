@@ -237,39 +237,6 @@ def test_extreme_decay_stays_finite_with_gradients(gate, gen):
         assert _rel(g2[name], g1[name]) < F32_REL, name
 
 
-@pytest.mark.parametrize("C", [64, 24, 7])
-@pytest.mark.parametrize("strict", [False, True])
-@pytest.mark.parametrize("log_decay", [0.05, 2.0])  # per token: mild, strong (rescaled to pass the threshold)
-def test_decayed_scores_both_paths(C, strict, log_decay, gen):
-    """decayed_scores against the direct sum P_ij = Σ_d x_id y_jd e^{gx_id − gy_jd} on the causal mask,
-    values and gradients, float64, on both paths: all blocks by one matmul (the decay a sub-chunk
-    accumulates ≤ MAX_BLOCK_EXPONENT) and the column-by-column fallback (beyond it)."""
-    from fastweights.chunkwise.gated import MAX_BLOCK_EXPONENT, decayed_scores, sub_chunk_size
-
-    B, H, N, K = 2, 2, 3, 5
-    x = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
-    y = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
-    c = sub_chunk_size(C)
-    strong = log_decay > 1
-    rate = 3 * MAX_BLOCK_EXPONENT / c if strong else log_decay
-    g = -rate * (0.5 + 0.5 * torch.rand(B, H, N, C, K, generator=gen, dtype=torch.float64))
-    G = g.cumsum(3).requires_grad_()
-    gx = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., :-1, :]], dim=3) if strict else G
-    block = (gx[..., ::c, :] - G[..., c - 1::c, :]).amax().item()  # what decides the path
-    assert (block > MAX_BLOCK_EXPONENT) == strong
-    P = decayed_scores(x, y, gx, G, strict=strict)
-    i, j = torch.arange(C)[:, None], torch.arange(C)[None, :]
-    mask = (i > j) if strict else (i >= j)
-    expo = torch.where(mask[..., None], gx[..., :, None, :] - G[..., None, :, :], 0.0)  # [B, H, N, C, C, K]
-    ref = torch.where(mask, (x[..., :, None, :] * y[..., None, :, :] * expo.exp()).sum(-1), 0.0)
-    assert (P - ref).abs().max() < 1e-12 * max(1.0, ref.abs().max().item())
-    w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
-    d1 = torch.autograd.grad((P * w).sum(), (x, y, G))
-    d2 = torch.autograd.grad((ref * w).sum(), (x, y, G))
-    for a, b in zip(d1, d2):
-        assert torch.isfinite(a).all() and (a - b).abs().max() < 1e-10 * max(1.0, b.abs().max().item())
-
-
 # ---------------------------------------------------------------------------- errors and wiring
 def test_bad_shapes_are_named():
     q = torch.randn(1, 8, 2, 4)

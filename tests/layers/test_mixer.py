@@ -21,6 +21,7 @@ from fastweights.layers import (
     training_form,
 )
 from fastweights.layers.gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay
+from fastweights.recipe import has_bare_state
 from fastweights.state import KVCache, MemoryState, MesaState
 
 ZOO = fw.zoo.names()
@@ -82,7 +83,7 @@ def test_prefill_then_steps_equals_one_forward(name):
     assert state_bytes(st) == m.state_size(2, T)
     r = m.recipe
     expected = (KVCache if r.is_softmax else MesaState if r.is_mesa
-                else torch.Tensor if fw.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize
+                else torch.Tensor if has_bare_state(r)
                 else MemoryState)
     assert isinstance(st.memory, expected)
     assert (st.conv_q is not None) == (m.preset.conv != "none")

@@ -85,3 +85,9 @@ def run_with_grads(form_fn, model, inputs, state, gen_seed=0, **kw):
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     grads = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads)]
     return o, final, grads
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b|, in float64 on the CPU (any devices and dtypes; 0 where both vanish)."""
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()

@@ -5,7 +5,7 @@
     o, final_state = fastweights.parallel(...)   # same signature
     o, final_state = fastweights.chunk(..., chunk_size=64, cu_seqlens=None, backend="auto")
 
-`model` is a zoo name or a Recipe; the per-token inputs (g, beta, p, nu, gamma, lamb, w) are
+`model` is a zoo name or a Recipe; the per-token inputs (g, beta, p, nu, gamma, lamb, w, ln_weight, ln_bias) are
 documented in fastweights.inputs. The functional forms apply the recipe's feature map; they do
 not L2-normalize q or k (that is the layer's job). Default scale: the recipe's, else K^-0.5.
 
@@ -102,7 +102,7 @@ def recurrent(model, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = N
         check_values: False skips the input checks that read tensor values (finite, g ≤ 0, β
             range, λ > 0, a finite initial state), each a GPU synchronization; shapes and dtypes
             are always checked. The layers pass False: they build these inputs by construction.
-        **inputs: g, beta, p, nu, gamma, lamb, w as the recipe takes (fastweights.inputs).
+        **inputs: g, beta, p, nu, gamma, lamb, w, ln_weight, ln_bias as the recipe takes (fastweights.inputs).
     Returns:
         (o [B, T, H, V] in v's dtype, final state or None).
     """

@@ -16,6 +16,10 @@ k [B, T, n, H, K], v [B, T, n, H, V] and beta [B, T, n, H]. Further inputs by na
            every window it belongs to.
     lamb   Mesa's regularizer λ > 0, [H, K'] (default 1).
     w      PaTH's Householder direction [B, T, H, K] (unit vectors expected). Required.
+    ln_weight, ln_bias
+           the per-head affine γ, β [H, V] of a residual-LN memory's LayerNorm,
+           M(x) = x + γ⊙LN(f(x)) + β (TTT; defaults 1 and 0). Outer parameters: the inner loop
+           trains through them but does not update them.
 
 K' is the key dimension after the recipe's feature map (K for identity-like maps).
 """
@@ -32,7 +36,11 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "example_inputs", "init_state"]
+__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "example_inputs", "init_state",
+           "PER_HEAD_INPUTS"]
+
+#: Inputs that are per head, not per token (no time dimension): split or pack only the others.
+PER_HEAD_INPUTS = frozenset({"lamb", "ln_weight", "ln_bias"})
 
 
 class InputError(ValueError):
@@ -77,6 +85,9 @@ def accepted_inputs(recipe: Recipe) -> dict[str, bool]:
         acc["gamma"] = False
     if obj.kind == "least_squares":
         acc["lamb"] = False
+    if mem.residual_ln:
+        acc["ln_weight"] = False
+        acc["ln_bias"] = False
     return acc
 
 
@@ -179,6 +190,9 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
             _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
     if inputs.get("w") is not None:
         check_tensor("w", inputs["w"], (B, T, H, K), values=values)
+    for name in ("ln_weight", "ln_bias"):
+        if inputs.get(name) is not None:
+            check_tensor(name, inputs[name], (H, V), values=values)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf, Hq=Hq)
 
 
@@ -190,6 +204,8 @@ _INPUT_DOC = {
     "gamma": "Omega in-window gates in [0, 1], [B, T, H]",
     "lamb": "Mesa regularizer > 0, [H, K]",
     "w": "Householder direction [B, T, H, K]",
+    "ln_weight": "residual LayerNorm weight [H, V]",
+    "ln_bias": "residual LayerNorm bias [H, V]",
 }
 
 
@@ -214,9 +230,10 @@ def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
 
 def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_dim: int, *,
                dtype=torch.float32, device=None, generator: torch.Generator | None = None, std: float = 0.02):
-    """A starting state for `model`: zeros for linear memories, N(0, std²) weights for MLP and
-    residual-LN memories (whose initial weights are the outer parameters), an empty KVCache for
-    the softmax side. Hidden width of an MLP memory = memory.expansion × head_k_dim."""
+    """A starting state for `model`: zeros for linear memories, N(0, std²) weights (and zero inner
+    biases [B, H, 1, out], interleaved W_1, b_1, …) for MLP, residual-LN and biased memories (whose
+    initial weights are the outer parameters), an empty KVCache for the softmax side. Hidden
+    width of an MLP memory = memory.expansion × head_k_dim."""
     from .zoo import resolve
 
     recipe = resolve(model)
@@ -230,8 +247,11 @@ def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_d
     if recipe.is_mesa:
         return MesaState(H=torch.zeros(B, H, Kf, Kf, **kw), G=torch.zeros(B, H, Kf, V, **kw))
     if recipe.uses_autodiff:
-        weights = tuple(torch.randn(B, H, a, b, generator=generator, **kw) * std
-                        for a, b in _mlp_dims(recipe, K, V))
+        weights = ()
+        for a, b in _mlp_dims(recipe, K, V):
+            weights += (torch.randn(B, H, a, b, generator=generator, **kw) * std,)
+            if recipe.memory.bias:
+                weights += (torch.zeros(B, H, 1, b, **kw),)
     else:
         weights = (torch.zeros(B, H, Kf, V, **kw),)
     return complete_state(recipe, MemoryState(weights=weights), B, H, Kf, V)
@@ -262,9 +282,11 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
                    generator: torch.Generator | None = None, requires_grad: bool = False) -> dict:
     """Random, valid inputs for `model`: {'q', 'k', 'v', plus every input it takes}.
 
-    Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1); g = log σ(·) ∈ (−∞, 0)
-    kept mild (about −0.1 on average); ν ∈ (0.5, 1); trained memories (MLP, residual LN,
-    momentum) get β ∈ (0, 0.1). MLP memories get an `initial_state`.
+    Keys (and q, p, w) are L2-normalized as the layers do; β ∈ (0, 1), divided by the recipe's
+    `step_normalizer()` N = b·c·‖φ(k)‖² for l2/Omega steps on a linear memory (so that no
+    recurrence can grow geometrically, at any length); g = log σ(·) ∈ (−∞, 0) kept mild (about
+    −0.1 on average); ν ∈ (0.5, 1); trained memories (MLP, residual LN, inner biases, momentum)
+    get β ∈ (0, 0.1). MLP memories get an `initial_state`.
     """
     from .zoo import resolve
 
@@ -294,8 +316,11 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
             out["g"] = (torch.nn.functional.logsigmoid(rand(*shape) + 3.0)).to(gdt)
         elif name == "beta":
             beta = torch.sigmoid(rand(*((B, T, n, H) if n > 1 else (B, T, H))))
-            # trained memories (MLP, residual LN, momentum) take smaller inner learning rates
-            out["beta"] = 0.1 * beta if (recipe.uses_autodiff or recipe.optimizer.has_momentum) else beta
+            if recipe.uses_autodiff or recipe.optimizer.has_momentum:
+                beta = 0.1 * beta  # trained memories (MLP, residual LN, momentum): smaller inner learning rates
+            elif recipe.objective.kind in ("l2", "omega") and not recipe.is_softmax:
+                beta = beta / recipe.step_normalizer()  # β·b·c·‖φ(k)‖² < 1: bounded at any length
+            out["beta"] = beta
         elif name == "p":
             out["p"] = unit(B, T, H, K)
         elif name == "nu":
@@ -306,6 +331,10 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
             out["lamb"] = 0.25 + torch.nn.functional.softplus(rand(H, Kf))
         elif name == "w":
             out["w"] = unit(B, T, H, K)
+        elif name == "ln_weight":
+            out["ln_weight"] = 1.0 + 0.1 * rand(H, V)
+        elif name == "ln_bias":
+            out["ln_bias"] = 0.1 * rand(H, V)
     for key, val in list(out.items()):
         if key != "g":
             val = val.to(dtype)

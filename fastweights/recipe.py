@@ -6,13 +6,15 @@ Every model of the family is a small *memory* M trained while reading on the pai
 
     axis         choices here
     memory       linear matrix S [K, V] (readout Sᵀx); MLP (depth, expansion, activation);
-                 optional residual + LayerNorm wrapper M(x) = x + LN(f(x)) (TTT);
+                 optional trained inner biases; optional residual + LayerNorm wrapper
+                 M(x) = x + γ⊙LN(f(x)) + β (TTT);
                  kv (the unbounded cache of softmax attention)
     feature map  identity, elu+1, relu, polynomial (degree p), Taylor-exp (degree p), exp (softmax)
     objective    dot  −vᵀM(k);  l2  ½‖M(k) − v‖² (optionally read at a probe key p: Comba);
                  omega  Σ_{i=t−c+1..t} γ_i ½‖M(k_i) − v_i‖²;  least_squares (Mesa's exact solve)
     optimizer    gd (step β_t); momentum (ν_t); muon (Newton–Schulz on the momentum);
                  closed_form; Householder micro-steps n_h per token; inner mini-batch b
+                 (optionally averaged: TTT's 1/i)
     retention    none; constant γ (RetNet, ALiBi); scalar α_t (Mamba2, GDN, FoX);
                  diagonal α_t ∈ R^K (GLA, KDA); householder (PaTH's key transition)
 
@@ -37,6 +39,7 @@ __all__ = [
     "Retention",
     "Recipe",
     "RecipeError",
+    "alibi_slopes",
     "RecipeClass",
     "RECIPE_CLASSES",
     "recipe_class",
@@ -68,10 +71,14 @@ class Memory:
 
     kind:        "linear": M(x) = Sᵀx with S [K, V];
                  "mlp":    M(x) = W_dᵀ σ(… σ(W_1ᵀ x)) with `depth` layers, hidden width
-                           `expansion`·K, no biases (Titans' memory; TTT-MLP's up to biases);
+                           `expansion`·K (Titans' memory; TTT-MLP's with bias=True);
                  "kv":     the unbounded key/value cache of softmax attention.
-    residual_ln: wrap the memory as M(x) = x + LN(f(x)) (TTT), LayerNorm without affine,
-                 eps 1e-6; needs K == V.
+    bias:        linear and MLP: every layer adds an inner bias trained by the inner loop with
+                 the weights, z_l = W_lᵀh + b_l (TTT-Linear's Sᵀx + b, both TTT-MLP layers);
+                 the state's weights then interleave (W_1, b_1, …, W_d, b_d), b_l [B, H, 1, out_l].
+    residual_ln: wrap the memory as M(x) = x + γ⊙LN(f(x)) + β (TTT), LayerNorm eps 1e-6 whose
+                 per-head affine γ, β [H, V] is an outer input (`ln_weight`, `ln_bias`;
+                 default 1 and 0), not trained by the inner loop; needs K == V.
     normalize:   linear only: divide the readout by φ(q)·z_t + 1e-6, z_t = Σ φ(k) (Katharopoulos).
     """
 
@@ -81,6 +88,7 @@ class Memory:
     activation: Activation = "gelu"
     residual_ln: bool = False
     normalize: bool = False
+    bias: bool = False
 
     def __post_init__(self):
         _choice(self.kind, {"linear", "mlp", "kv"}, "memory.kind")
@@ -91,11 +99,17 @@ class Memory:
             raise RecipeError("memory.normalize (Katharopoulos normalizer) exists only for kind='linear'")
         if self.residual_ln and self.kind == "kv":
             raise RecipeError("memory.residual_ln has no meaning for the kv cache")
+        if not isinstance(self.bias, bool):
+            raise RecipeError(f"memory.bias must be a bool, got {self.bias!r}")
+        if self.bias and self.kind == "kv":
+            raise RecipeError("memory.bias (inner biases) is for linear and MLP memories, not the kv cache")
+        if self.bias and self.normalize:
+            raise RecipeError("memory.bias is not defined with memory.normalize (Katharopoulos)")
 
     @property
     def is_plain_linear(self) -> bool:
         """A bare matrix memory: closed-form gradients, matrix (parallel/chunk) forms."""
-        return self.kind == "linear" and not self.residual_ln
+        return self.kind == "linear" and not self.residual_ln and not self.bias
 
     def describe(self) -> str:
         if self.kind == "linear":
@@ -104,6 +118,8 @@ class Memory:
             s = f"MLP depth {self.depth}, ×{self.expansion}, {self.activation}"
         else:
             s = "kv cache (unbounded)"
+        if self.bias:
+            s += " + bias"
         if self.residual_ln:
             s += " + residual LN"
         if self.normalize:
@@ -152,6 +168,17 @@ class FeatureMap:
         if self.degree >= 3:
             dims += k ** 3
         return dims
+
+    def unit_sq_norm(self) -> float:
+        """‖φ(x)‖² = φ(x)·φ(x) for a unit vector x (an upper bound for relu): Σ_{i≤p} 1 for the
+        polynomial map, Σ_{i≤p} 1/i! for Taylor (only the degree-p term when homogeneous), 1 for
+        identity and relu. elu1 and exp have no such bound (RecipeError)."""
+        if self.kind in ("identity", "relu"):
+            return 1.0
+        if self.kind in ("elu1", "exp"):
+            raise RecipeError(f"feature_map.kind={self.kind!r} has no bound on ‖φ(x)‖ for unit x")
+        coef = [1.0 if self.kind == "polynomial" else 1.0 / math.factorial(i) for i in range(self.degree + 1)]
+        return coef[-1] if self.homogeneous else sum(coef)
 
     def describe(self) -> str:
         if self.kind in ("polynomial", "taylor"):
@@ -212,18 +239,28 @@ class Optimizer:
                  retention applied once before them (DeltaProduct).
     minibatch b: all gradients of a mini-batch of b tokens are taken at the weights the
                  mini-batch starts from (TTT, Titans); b = 1 is per-token.
+    minibatch_average: gd with b > 1 and no retention only: the i-th token of a mini-batch
+                 (i = 1..b) reads θ_i = θ₀ − (1/i) Σ_{j≤i} β_j ∇ℓ_j(θ₀), one GD step on the
+                 mean loss of the mini-batch so far (the official TTT's token_idx = 1/i factor,
+                 η_ij = β_j / i); the mini-batch ends at θ₀ − (1/b) Σ_j β_j ∇ℓ_j(θ₀). As a
+                 recurrence: θ_i − θ₀ = ((i−1)/i)(θ_{i−1} − θ₀) − (β_i/i) ∇ℓ_i(θ₀).
     """
 
     kind: OptimizerKind = "gd"
     householder_steps: int = 1
     minibatch: int = 1
     ns_steps: int = 5
+    minibatch_average: bool = False
 
     def __post_init__(self):
         _choice(self.kind, {"gd", "momentum", "muon", "closed_form"}, "optimizer.kind")
         _positive_int(self.householder_steps, "optimizer.householder_steps")
         _positive_int(self.minibatch, "optimizer.minibatch")
         _positive_int(self.ns_steps, "optimizer.ns_steps")
+        if not isinstance(self.minibatch_average, bool):
+            raise RecipeError(f"optimizer.minibatch_average must be a bool, got {self.minibatch_average!r}")
+        if self.minibatch_average and (self.kind != "gd" or self.minibatch < 2):
+            raise RecipeError("optimizer.minibatch_average (TTT's 1/i) needs kind='gd' and minibatch > 1")
 
     @property
     def has_momentum(self) -> bool:
@@ -236,11 +273,31 @@ class Optimizer:
         if self.householder_steps > 1:
             s += f", {self.householder_steps} Householder steps"
         if self.minibatch > 1:
-            s += f", mini-batch {self.minibatch}"
+            s += f", mini-batch {self.minibatch}" + (" (running mean, 1/i)" if self.minibatch_average else "")
         return s
 
 
 RetentionKind = Literal["none", "constant", "scalar", "diagonal", "householder"]
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's per-head slopes m_h, as the authors' code computes them.
+
+    For H a power of two: the geometric sequence m_h = 2^(−8(h+1)/H), h = 0..H−1. Otherwise,
+    with P the largest power of two below H: the P slopes of P heads, followed by the first
+    H − P slopes at even positions (0, 2, 4, …) of the 2P-head sequence — for H = 6:
+    2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3. (The paper's formula 2^(−8(h+1)/H) differs from
+    this whenever H is not a power of two.)
+    """
+    _positive_int(num_heads, "num_heads")
+
+    def geometric(n):
+        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+
+    if num_heads & (num_heads - 1) == 0:
+        return geometric(num_heads)
+    P = 1 << (num_heads.bit_length() - 1)
+    return geometric(P) + alibi_slopes(2 * P)[0::2][:num_heads - P]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +305,8 @@ class Retention:
     """Axis 4, retention (forgetting) of the memory, in log space g = log α ≤ 0.
 
     none; constant: a fixed γ per head, from `schedule` ("retnet": γ_h = 1 − 2^(−5−h);
-    "alibi": log γ_h = −2^(−8(h+1)/H)) or from `gamma` (one float for every head);
+    "alibi": log γ_h = −m_h with the ALiBi authors' slopes, `alibi_slopes(H)`) or from `gamma`
+    (one float for every head);
     scalar: a data-dependent α_t = exp(g_t), input g [B, T, H];
     diagonal: a data-dependent α_t ∈ R^K, input g [B, T, H, K] (on the key side of S);
     householder: PaTH's data-dependent key transition H_t = I − β_t w_t w_tᵀ (kv memory only),
@@ -287,7 +345,7 @@ class Retention:
             return [math.log(self.gamma)] * num_heads
         if self.schedule == "retnet":
             return [math.log(1.0 - 2.0 ** (-5 - h)) for h in range(num_heads)]
-        return [-(2.0 ** (-8.0 * (h + 1) / num_heads)) for h in range(num_heads)]
+        return [-m for m in alibi_slopes(num_heads)]
 
     def describe(self) -> str:
         s = {"none": "identity", "constant": f"constant γ ({self.schedule or self.gamma})",
@@ -351,10 +409,16 @@ class Recipe:
             return
         if opt.kind == "closed_form":
             raise RecipeError("optimizer 'closed_form' exists only for objective 'least_squares'")
-        if mem.kind == "mlp" or mem.residual_ln:
+        if mem.bias and opt.kind == "muon":
+            raise RecipeError("memory.bias is not defined with optimizer 'muon' (Newton–Schulz orthogonalizes "
+                              "weight matrices, not bias vectors)")
+        if opt.minibatch_average and ret.kind != "none":
+            raise RecipeError("optimizer.minibatch_average (TTT's 1/i) is defined without retention: "
+                              "set retention.kind='none'")
+        if mem.kind == "mlp" or mem.residual_ln or mem.bias:
             if ret.kind == "diagonal":
                 raise RecipeError("diagonal retention acts on the key side of a matrix memory; "
-                                  "an MLP (or residual-LN) memory takes retention none, constant or scalar")
+                                  "an MLP (or residual-LN, or biased) memory takes retention none, constant or scalar")
             if obj.probe:
                 raise RecipeError("objective.probe (Comba) is defined for plain linear memories only")
         if mem.normalize and obj.kind != "dot":
@@ -382,8 +446,24 @@ class Recipe:
 
     @property
     def uses_autodiff(self) -> bool:
-        """Memories whose inner gradient is taken by torch.func (MLP, residual LN)."""
-        return self.memory.kind == "mlp" or self.memory.residual_ln
+        """Memories served by the generic memory forward and gradient (MLP, residual LN, biases);
+        their initial weights are outer parameters."""
+        return self.memory.kind == "mlp" or self.memory.residual_ln or self.memory.bias
+
+    def step_normalizer(self) -> float:
+        """N = b·c·‖φ(k)‖² (unit keys): how many unit-key curvature terms one inner step sums.
+
+        An l2 (or Omega) step on a linear memory maps θ ↦ (I − Σ_j β_j Σ_{i∈window(j)} γ_i φ_iφ_iᵀ)θ
+        over the b tokens whose gradients share one point (an inner mini-batch; b counts as 1 when
+        the mini-batch is averaged, TTT's 1/i), each with a window of c pairs. With γ ≤ 1 the
+        subtracted matrix has norm ≤ max β · N, so β ≤ 1/N keeps every eigenvalue of the map in
+        [0, 1] whatever the keys (and in [α − 1, α] ⊂ [−1, 1] with retention α ≤ 1 applied to the
+        old state): the memory cannot grow geometrically. This is the delta rule's β‖k‖² ≤ 2
+        bound (docs/capacity.md), made to hold for windows, mini-batches and feature maps.
+        """
+        opt = self.optimizer
+        b = 1 if opt.minibatch_average else opt.minibatch
+        return float(b * self.objective.window * self.feature_map.unit_sq_norm())
 
     def with_(self, **changes) -> Recipe:
         """A copy with some fields replaced (and validated again)."""

@@ -31,7 +31,8 @@ class MemoryState:
     """State of a fast-weight memory trained by an inner optimizer.
 
     weights:    linear: (S [B, H, K', V],); MLP of depth d: (W_1 [B, H, K', Hd], …, W_d [B, H, Hd, V])
-                (K' = feature dimension of φ(k), Hd = hidden width); fp32.
+                (K' = feature dimension of φ(k), Hd = hidden width); fp32. With inner biases
+                (memory.bias) each layer's bias [B, H, 1, out] follows its weight: (W_1, b_1, …).
     momentum:   same shapes as weights (momentum/muon optimizers), else None.
     normalizer: z [B, H, K'] = Σ φ(k) (Katharopoulos' normalized linear attention), else None.
     anchor:     the weights the current inner mini-batch started from (minibatch > 1), else None.

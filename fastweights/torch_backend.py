@@ -42,7 +42,8 @@ class Prepared:
 
     q [B, T, H, K']; k [B, T, H, K'] (DeltaProduct [B, T, n, H, K']); v [B, T, H, V]
     ([B, T, n, H, V]); beta [B, T, H] ([B, T, n, H]); g None | [B, T, H] | [B, T, H, K'];
-    p, w [B, T, H, ·]; nu, gamma [B, T, H]; lamb [H, K']."""
+    p, w [B, T, H, ·]; nu, gamma [B, T, H]; lamb [H, K']; ln None | (γ, β) [H, V] each, the
+    per-head affine of a residual-LN memory's LayerNorm (defaults 1 and 0)."""
 
     recipe: Recipe
     B: int
@@ -65,6 +66,7 @@ class Prepared:
     gamma: Tensor | None
     lamb: Tensor
     w: Tensor | None
+    ln: tuple[Tensor, Tensor] | None = None
 
     def steps(self, x: Tensor | None) -> Tensor | None:
         """x in the micro-step layout [B, T, n, H, ·] of the generic reference (a view for n = 1)."""
@@ -99,9 +101,15 @@ def prepare(call) -> Prepared:
     def cast(x):
         return x.to(cdt) if x is not None else None
 
+    ln = None
+    if recipe.memory.residual_ln:
+        lw, lb = inputs.get("ln_weight"), inputs.get("ln_bias")
+        ln = (lw.to(cdt) if lw is not None else torch.ones(H, s.V, dtype=cdt, device=dev),
+              lb.to(cdt) if lb is not None else torch.zeros(H, s.V, dtype=cdt, device=dev))
+
     return Prepared(recipe=recipe, B=B, T=T, H=H, K=s.K, V=s.V, n=n, Kf=Kf, cdt=cdt, out_dtype=call.v.dtype,
                     scale=call.scale, q=q, k=k, v=v, beta=beta.to(cdt), g=cast(g), p=p, nu=cast(inputs.get("nu")),
-                    gamma=cast(gamma), w=cast(inputs.get("w")),
+                    gamma=cast(gamma), w=cast(inputs.get("w")), ln=ln,
                     lamb=lamb.to(cdt) if lamb is not None else torch.ones(H, Kf, dtype=cdt, device=dev))
 
 
@@ -124,14 +132,15 @@ def memory_state(pr: Prepared, initial_state, rows: int | None = None) -> Memory
     else:
         raise InputError(f"initial_state for {r.name} must be a tensor [B, H, K, V] or a MemoryState, "
                          f"got {type(initial_state).__name__}")
+    layers = 1 if r.memory.kind == "linear" else r.memory.depth
+    count = layers * (2 if r.memory.bias else 1)  # (W_1, b_1, …) with inner biases
+    if len(st.weights) != count:
+        what = "(weight, bias) per layer" if r.memory.bias else "one matrix per layer"
+        raise InputError(f"initial_state.weights for {r.name} must hold {count} tensors ({what}, {layers} "
+                         f"layer{'s' if layers > 1 else ''}), got {len(st.weights)}")
     if r.memory.kind == "linear":
-        if len(st.weights) != 1:
-            raise InputError(f"initial_state.weights for a linear memory must hold one matrix, got {len(st.weights)}")
         check_tensor("initial_state", st.weights[0], (B, H, Kf, V), values=False)
     else:
-        if len(st.weights) != r.memory.depth:
-            raise InputError(f"initial_state.weights must hold memory.depth={r.memory.depth} matrices, "
-                             f"got {len(st.weights)}")
         first, last = st.weights[0], st.weights[-1]
         if first.shape[:3] != (B, H, Kf) or last.shape[-1] != V or last.shape[:2] != (B, H):
             raise InputError(f"initial_state.weights must go from [B, H, K', ·] = [{B}, {H}, {Kf}, ·] to "
@@ -183,7 +192,7 @@ def memory_recurrent_impl(call, inner_grad: str = "closed"):
     st = memory_state(pr, call.initial_state)
     o, final = rec.memory_recurrent(pr.recipe, pr.q, pr.steps(pr.k), pr.steps(pr.v), scale=pr.scale, g=pr.g,
                                     beta=pr.steps(pr.beta), p=pr.p, nu=pr.nu, gamma=pr.gamma, state=st,
-                                    inner_grad=inner_grad)
+                                    inner_grad=inner_grad, ln=pr.ln)
     return o.to(pr.out_dtype), finish_state(pr.recipe, final, call.output_final_state)
 
 
@@ -250,7 +259,7 @@ def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None):
     pr = prepare(call)
     st = memory_state(pr, call.initial_state)
     o, final = minibatch_chunk(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta, nu=pr.nu,
-                               gamma=pr.gamma, state=st)
+                               gamma=pr.gamma, state=st, ln=pr.ln)
     return o.to(pr.out_dtype), finish_state(pr.recipe, final, call.output_final_state)
 
 

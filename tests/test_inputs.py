@@ -154,3 +154,23 @@ def test_defaults_beta_is_one():
     assert (o2 - o3).abs().max() < INPUT_DEFAULT_F64 and (o1 - o2).abs().max() > 1e-6
     o4, _ = fw.parallel("deltanet", **inp)
     assert (o2 - o4).abs().max() < INPUT_DEFAULT_F64
+
+
+@pytest.mark.parametrize("name", fw.zoo.names())
+def test_example_inputs_are_stable_at_any_length(name):
+    """float64, T = 2048, the training form: outputs stay O(1) (no geometric growth) — OmegaNet's
+    used to reach |o| ≈ 1e12 at T = 200 (β·c·‖φ(k)‖² up to 12; now β ≤ 1/step_normalizer())."""
+    from fastweights.layers.mixer import training_form
+    from fastweights.state import state_tensors
+    from tests.tolerances import BOUNDED, GROWTH_PER_TOKEN
+
+    T = 2048
+    inputs = fw.example_inputs(name, batch_size=1, seq_len=T, num_heads=1, head_dim=8, dtype=torch.float64)
+    state = inputs.pop("initial_state", None)
+    o, final = getattr(fw, training_form(name))(name, initial_state=state, output_final_state=True, **inputs)
+    assert torch.isfinite(o).all() and o.abs().max().item() < BOUNDED
+    r = fw.zoo.get(name)
+    linear_growth = r.is_softmax or (r.objective.kind == "dot" and r.retention.kind == "none")
+    for x in state_tensors(final):
+        assert torch.isfinite(x).all()
+        assert x.abs().max().item() < (GROWTH_PER_TOKEN * T if linear_growth else BOUNDED)

@@ -141,3 +141,6 @@ RECURRENT_F32_REL = 1e-5
 STAGE_F64 = 1e-12  # one chunk stage against its direct definition, float64, relative to the largest magnitude
 STAGE_F32_REL = 1e-6  # one chunk stage computed in fp32 against float64: a few fp32 roundings, relative
 GROUPED_F64 = 1e-12  # grouped value heads in the op vs the same heads expanded by the caller, float64
+MESA_CG_REL = 1e-6  # Mesa chunk form with a CG solve (cg_steps ≥ K) vs the exact solve, float64, relative
+BOUNDED = 1e3  # stability checks: |outputs| and |states| of a stable recurrence from O(1) inputs stay below this
+GROWTH_PER_TOKEN = 10.0  # stability checks: sums over the whole context (Σφ(k), KV cumulative gates) grow at most this much per token

@@ -9,26 +9,89 @@ A_tj = exp(c_t − c_j) β_j for j ≤ t (masked before the exp):
     o_t   = exp(c_t) G_sᵀ q*_t + Σ_{j≤t} A_tj (k_j·q*_t) v_j
     H_e   = exp(c_C) H_s + Σ_j exp(c_C − c_j) β_j k_j k_jᵀ;  G_e likewise with v_j.
 
+H is symmetric by definition (a decayed sum of β k kᵀ); an initial H₀ is read through its
+symmetric part ½(H₀ + H₀ᵀ) here as in the recurrent and parallel forms, so CG (which needs a
+symmetric operator) solves the same system they do for any H₀, and ∂L/∂H₀ is symmetric in
+every form.
+
 CG on a symmetric positive definite system of size K converges in at most K steps in exact
 arithmetic; the default `cg_steps = 30` follows MesaNet's kernels (λ ≥ 0.25 keeps it well
 conditioned in the layer). The residual ‖(H_t + Λ)q*_t − q_t‖ / ‖q_t‖ (max over tokens) is
-returned so callers can report it. Gradients flow through the CG iterations (the exact
-derivative of what was computed).
+returned so callers can report it.
+
+Gradients of the CG solve are taken by implicit differentiation, as for an exact solve: with
+M = H_t + Λ and q* = M⁻¹q, the backward solves M u = ∂L/∂q* by the same CG and gives
+∂L/∂q = u and ∂L/∂M = −u q*ᵀ (pushed through the matvec to H_s, k, β, g, λ). They equal the
+exact solve's gradients to CG's residual. (Differentiating through the CG iterations instead
+is unstable once CG has converged: the step sizes divide by vanishing residuals.)
 """
 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 Tensor = torch.Tensor
+
+
+def symmetric_part(H: Tensor) -> Tensor:
+    """½(H + Hᵀ) over the last two dims: how every Mesa form reads an initial H."""
+    return 0.5 * (H + H.transpose(-1, -2))
+
+
+def _matvec(x: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor) -> Tensor:
+    """(H_t + Λ) x_t for every t of a chunk: x [B, H, C, K] -> [B, H, C, K]
+    (d [B, H, C, 1], Hs [B, H, K, K] symmetric, kc [B, H, C, K], A [B, H, C, C], lam [1, H, 1, K])."""
+    return d * (x @ Hs.transpose(-1, -2)) + ((x @ kc.transpose(-1, -2)) * A) @ kc + lam * x
+
+
+def _cg(b: Tensor, op, steps: int) -> Tensor:
+    """`steps` conjugate-gradient iterations for op(x) = b from x₀ = 0, batched over all rows."""
+    x = torch.zeros_like(b)
+    r = b.clone()
+    p = r.clone()
+    rr = (r * r).sum(-1, keepdim=True)
+    for _ in range(steps):
+        Ap = op(p)
+        alpha = rr / ((p * Ap).sum(-1, keepdim=True) + 1e-30)
+        x = x + alpha * p
+        r = r - alpha * Ap
+        rr_new = (r * r).sum(-1, keepdim=True)
+        p = r + (rr_new / (rr + 1e-30)) * p
+        rr = rr_new
+    return x
+
+
+class _CGSolve(torch.autograd.Function):
+    """q* = (H_t + Λ)⁻¹ b by CG, differentiated implicitly (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, b, d, Hs, kc, A, lam, steps):
+        op = lambda x: _matvec(x, d, Hs, kc, A, lam)  # noqa: E731
+        x = _cg(b, op, steps)
+        ctx.save_for_backward(x, d, Hs, kc, A, lam)
+        ctx.steps = steps
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gx):
+        x, *params = ctx.saved_tensors
+        u = _cg(gx, lambda y: _matvec(y, *params), ctx.steps)  # M u = ∂L/∂q* (M symmetric)
+        with torch.enable_grad():
+            leaves = [p.detach().requires_grad_(True) for p in params]
+            s = -(u * _matvec(x, *leaves)).sum()  # ∂/∂θ of −uᵀ M(θ) q*
+            grads = torch.autograd.grad(s, leaves, allow_unused=True)
+        return (u, *grads, None)
 
 
 def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor, lamb: Tensor,
                H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30):
     """q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
-    H0 [B, H, K, K]; G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T, max relative residual)."""
+    H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V].
+    Returns (o [B, T, H, V], H_T, G_T, max relative residual)."""
     B, T, H, K = k.shape
-    Hs, Gs = H0, G0
+    Hs, Gs = symmetric_part(H0), G0
     lam = lamb[None, :, None, :]  # [1, H, 1, K]
     outs, worst = [], q.new_zeros(())
     for t0 in range(0, T, chunk_size):
@@ -42,28 +105,14 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
         A = torch.where(mask, cum[..., :, None] - cum[..., None, :], float("-inf")).exp() * bc[..., None, :]
         d = cum.exp()[..., None]  # [B, H, C, 1]
 
-        def matvec(x, d=d, Hs=Hs, kc=kc, A=A):  # (H_t + Λ) x_t for every t: [B, H, C, K]
-            return d * (x @ Hs) + ((x @ kc.transpose(-1, -2)) * A) @ kc + lam * x
-
         if solve == "exact":
             Ht = d[..., None] * Hs[:, :, None] + torch.einsum("bhtj,bhjk,bhjl->bhtkl", A, kc, kc)
             Ht = Ht + torch.diag_embed(lamb)[None, :, None]
             qs = torch.linalg.solve(Ht, qc[..., None])[..., 0]  # [B, H, C, K]
         else:
-            qs = torch.zeros_like(qc)
-            r = qc.clone()
-            p = r.clone()
-            rr = (r * r).sum(-1, keepdim=True)
-            for _ in range(cg_steps):
-                Ap = matvec(p)
-                alpha = rr / ((p * Ap).sum(-1, keepdim=True) + 1e-30)
-                qs = qs + alpha * p
-                r = r - alpha * Ap
-                rr_new = (r * r).sum(-1, keepdim=True)
-                p = r + (rr_new / (rr + 1e-30)) * p
-                rr = rr_new
+            qs = _CGSolve.apply(qc, d, Hs, kc, A, lam, cg_steps)  # [B, H, C, K]
         with torch.no_grad():
-            res = (matvec(qs) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
+            res = (_matvec(qs, d, Hs, kc, A, lam) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
             worst = torch.maximum(worst, res.max())
         o = d * (qs @ Gs) + ((qs @ kc.transpose(-1, -2)) * A) @ vc  # [B, H, C, V]
         outs.append(o.transpose(1, 2))

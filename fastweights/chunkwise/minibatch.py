@@ -7,6 +7,8 @@ and what the recurrence does after the gradient is linear in it and scanned in p
 
     G_t  = Σ_{i ∈ window(t)} γ_i ∇ℓ(θ₀; φ(k_i), v_i)            banded sum over per-token gradients
     gd:        Δ_t = −β_t G_t
+               averaged (TTT's 1/i, i_t = position in the mini-batch, o = tokens of it before
+               this call): θ_t = θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} Δ_j) / i_t
     momentum:  m_t = N_t m_s + Σ_{j≤t} (N_t/N_j)(−β_j G_j),  Δ_t = m_t           N_t = Π_{τ≤t} ν_τ
     muon:      m_t = N_t m_s + Σ_{j≤t} (N_t/N_j) G_j,         Δ_t = −β_t NS(m_t)  (NS per token)
     θ_t = A_t θ_s + Σ_{j≤t} (A_t/A_j) Δ_j                                          A_t = Π_{τ≤t} a_τ
@@ -56,9 +58,11 @@ def _log(x: Tensor) -> Tensor:
 
 
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
-                    beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState):
+                    beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState,
+                    ln: tuple[Tensor, Tensor] | None = None):
     """q [B, T, H, K']; k [B, T, H, K']; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H];
-    nu None | [B, T, H]; gamma None | [B, T, H]; state a complete MemoryState (compute dtype).
+    nu None | [B, T, H]; gamma None | [B, T, H]; state a complete MemoryState (compute dtype);
+    ln None | the residual LayerNorm's per-head affine (γ, β) [H, V] each.
     Returns (o [B, T, H, V], final MemoryState) — identical to reference.recurrent.memory_recurrent."""
     mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
     objective = "dot" if obj.kind == "dot" else "l2"
@@ -85,7 +89,8 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
             gx = torch.cat([win_g.transpose(1, 2), gx], dim=2)
         # per-token gradients at the anchor: the tokens go into a batch dimension
         point = tuple(w.unsqueeze(2) for w in anchor)  # [B, H, 1, in, out]
-        grads = inner.closed_form_grad(mem, objective, point, kx.unsqueeze(3), vx.unsqueeze(3), gx.unsqueeze(3))
+        grads = inner.closed_form_grad(mem, objective, point, kx.unsqueeze(3), vx.unsqueeze(3), gx.unsqueeze(3),
+                                       ln=ln)
         # banded window sum: G_t = Σ_{s<c} (γ g)_{t−s}
         if c > 1:
             grads = tuple(sum(gr[:, :, s:s + L] for s in range(c)) for gr in grads)  # [B, H, L, in, out]
@@ -112,9 +117,15 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         else:
             ra = torch.ones(L, L, dtype=q.dtype, device=q.device).tril().expand(B, H, L, L)
             da = torch.ones(B, H, L, dtype=q.dtype, device=q.device)
-        per_token = tuple(_scan(ra, da, w0, d) for w0, d in zip(weights, deltas))  # [B, H, L, in, out]
+        if opt.minibatch_average:  # no retention: ra is the cumulative sum
+            pos = torch.arange(offset + 1, offset + L + 1, dtype=q.dtype, device=q.device)  # i_t
+            per_token = tuple(a0.unsqueeze(2) + (offset * (w0 - a0).unsqueeze(2) + _scan(ra, da, None, d))
+                              / pos.view((L,) + (1,) * (d.dim() - 3))
+                              for a0, w0, d in zip(anchor, weights, deltas))  # [B, H, L, in, out]
+        else:
+            per_token = tuple(_scan(ra, da, w0, d) for w0, d in zip(weights, deltas))  # [B, H, L, in, out]
         x = scale * q[:, sl].transpose(1, 2).unsqueeze(3)  # [B, H, L, 1, K']
-        o = inner.forward(mem, per_token, x)[:, :, :, 0]  # [B, H, L, V]
+        o = inner.forward(mem, per_token, x, ln=ln)[:, :, :, 0]  # [B, H, L, V]
         outs.append(o.transpose(1, 2))
         weights = tuple(w[:, :, -1] for w in per_token)
         offset = (offset + L) % b

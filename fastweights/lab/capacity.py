@@ -81,7 +81,7 @@ import torch.nn.functional as F
 
 from .. import api
 from ..features import apply_feature_map
-from ..inputs import accepted_inputs, complete_state
+from ..inputs import PER_HEAD_INPUTS, accepted_inputs, complete_state
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..reference import inner
 from ..reference.recurrent import memory_recurrent
@@ -294,7 +294,7 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
     for t in range(0, k.shape[1], step):  # the parallel form a chunk at a time: T·C instead of T² work
         sl = slice(t, t + step)
         _, state = fn(recipe, k[:, sl], k[:, sl], v[:, sl], scale=1.0, initial_state=state, output_final_state=True,
-                      check_values=False, **{name: x[:, sl] if name != "lamb" else x for name, x in inputs.items()},
+                      check_values=False, **{name: x if name in PER_HEAD_INPUTS else x[:, sl] for name, x in inputs.items()},
                       **extra)
     return state
 

@@ -109,10 +109,11 @@ class LogSigmoidGate(nn.Module):
 
 
 class BetaGate(nn.Module):
-    """β = scale·σ(Linear(d, n·H)(x)) [/ head_dim]: [B, T, H] or [B, T, n, H] (DeltaProduct's n_h steps)."""
+    """β = scale·σ(Linear(d, n·H)(x)) [/ divide_by]: [B, T, H] or [B, T, n, H] (DeltaProduct's n_h steps).
+    divide_by: head_dim (TTT's base learning rate) or the recipe's step normalizer (bounded β)."""
 
     def __init__(self, d_model: int, num_heads: int, *, steps: int = 1, scale: float = 1.0, bias: bool = False,
-                 divide_by: int = 1):
+                 divide_by: float = 1):
         super().__init__()
         self.num_heads, self.steps, self.scale, self.divide_by = num_heads, steps, scale, divide_by
         self.proj = nn.Linear(d_model, steps * num_heads, bias=bias)

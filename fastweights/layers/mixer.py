@@ -4,7 +4,7 @@ per-model layer defaults (`PRESETS`).
     x [B, T, d] ─┬─ q_proj ─ [conv+SiLU] ─ [probe correction] ─ [L2/RMS norm] ─ [RoPE] ─┐
                  ├─ k_proj ─ [conv+SiLU] ──────────────────────── [L2/RMS norm] ─ [RoPE] ─┤
                  ├─ v_proj ─ [conv+SiLU] ─────────────────────────────────────────────────┤
-                 ├─ gates: g (log-retention), β, p, ν, γ_i, λ, w  (the inputs the recipe takes)
+                 ├─ gates: g (log-retention), β, p, ν, γ_i, λ, w, inner-LN affine  (the inputs the recipe takes)
                  │                                                                          ▼
                  │        o = memory read, by fastweights.{chunk|parallel|recurrent} (fast-weight
                  │            memories) or the layer's kv attention (softmax side), [+ D ⊙ v]
@@ -89,8 +89,11 @@ class MixerPreset:
                  "logsigmoid" (Linear with bias; FoX, Mesa, Titans/ATLAS decay), "none".
                  decay_bias_init: initial bias of the logsigmoid gate (None: PyTorch's default).
     beta:        step size β: "sigmoid" (beta_scale·σ; 2 allows negative eigenvalues, PaTH's 2σ),
-                 "ttt" (beta_scale·σ / head_dim: TTT's base learning rate), "dt" (Mamba2: β = dt, the
-                 same softplus as the decay), "none" (β = 1); beta_bias: the projection has a bias.
+                 "ttt" (beta_scale·σ / head_dim: TTT's base learning rate), "bounded"
+                 (beta_scale·σ / N with N = b·c·‖φ(k)‖² the recipe's `step_normalizer()`: an l2/Omega
+                 step on L2-normalized keys that is nonexpansive by construction, OmegaNet),
+                 "dt" (Mamba2: β = dt, the same softplus as the decay), "none" (β = 1);
+                 beta_bias: the projection has a bias.
     out_norm:    RMSNorm of the read, per "head", over "all" heads at once (Mamba2, TTT) or "none".
     out_gate:    output gate act(g_proj(x)): "swish", "sigmoid", "gelu_tanh" or "none";
                  out_gate_low_rank: g_proj = Linear(d, V)·Linear(V, H·V, bias) (KDA);
@@ -98,8 +101,9 @@ class MixerPreset:
     d_skip:      Mamba2's skip y += D_h·v (D initialized to 1).
     probe_correction: Comba's q ← q − D_h·p, D initialized to this (p = k·σ(d_h), d_h init 1).
     w_rank, w_conv: PaTH's w = L2norm(SiLU(conv_{w_conv}(Linear(w_rank)(Linear(d, w_rank)(x))))).
-    memory_init: initial weights of MLP / residual-LN memories (outer parameters, one set per head):
-                 "normal" (N(0, memory_init_std²), TTT's 0.02) or "xavier" (Titans).
+    memory_init: initial weights of MLP / residual-LN / biased memories (outer parameters, one set per
+                 head): "normal" (N(0, memory_init_std²), TTT's 0.02) or "xavier" (Titans); inner
+                 biases start at 0.
     """
 
     expand_k: float = 1.0
@@ -113,7 +117,7 @@ class MixerPreset:
     decay: Literal["none", "mamba", "kda", "gla", "logsigmoid"] = "none"
     A_range: tuple[float, float] = (0.0, 16.0)
     decay_bias_init: float | None = None
-    beta: Literal["none", "sigmoid", "ttt", "dt"] = "none"
+    beta: Literal["none", "sigmoid", "ttt", "bounded", "dt"] = "none"
     beta_scale: float = 1.0
     beta_bias: bool = False
     out_norm: Literal["none", "head", "all"] = "head"
@@ -131,7 +135,7 @@ class MixerPreset:
         _choice(self.conv, ("none", "qkv", "qk"), "preset.conv")
         _choice(self.qk_norm, ("none", "l2", "rms"), "preset.qk_norm")
         _choice(self.decay, ("none", "mamba", "kda", "gla", "logsigmoid"), "preset.decay")
-        _choice(self.beta, ("none", "sigmoid", "ttt", "dt"), "preset.beta")
+        _choice(self.beta, ("none", "sigmoid", "ttt", "bounded", "dt"), "preset.beta")
         _choice(self.out_norm, ("none", "head", "all"), "preset.out_norm")
         _choice(self.out_gate, ("none", "swish", "sigmoid", "gelu_tanh"), "preset.out_gate")
         _choice(self.memory_init, ("normal", "xavier"), "preset.memory_init")
@@ -177,13 +181,20 @@ PRESETS: dict[str, MixerPreset] = {
                   beta_bias=True, out_norm="all", out_gate="gelu_tanh", memory_init="normal"),
     "titans": _P(**_TITANS, memory_init="xavier"),
     "mesanet": _P(conv="qk", qk_norm="l2", decay="logsigmoid", beta="sigmoid", beta_bias=True),
-    "omeganet": _P(**_TITANS),
+    "omeganet": _P(**{**_TITANS, "beta": "bounded"}),  # β·b·c·‖φ(k)‖² ≤ 1: stable by construction
     "atlas": _P(**_TITANS, memory_init="xavier"),
     "fox": _P(**_SOFTMAX, decay="logsigmoid"),
     "alibi": _P(**_SOFTMAX),
     "deltaformer": _P(**_SOFTMAX, rope=True, beta="sigmoid", beta_bias=True),
     "path_attention": _P(**_SOFTMAX, beta="sigmoid", beta_scale=2.0, beta_bias=True, w_rank=32, w_conv=3),
 }
+
+
+def _bounded_beta_fits(recipe: Recipe) -> bool:
+    """β = σ/N (`step_normalizer`) is defined for l2/Omega steps on a linear memory with a bounded φ."""
+    mem = recipe.memory
+    return (recipe.objective.kind in ("l2", "omega") and mem.kind == "linear" and not mem.residual_ln
+            and not mem.bias and recipe.optimizer.kind == "gd" and recipe.feature_map.kind not in ("elu1", "exp"))
 
 
 def derived_preset(recipe: Recipe) -> MixerPreset:
@@ -193,7 +204,8 @@ def derived_preset(recipe: Recipe) -> MixerPreset:
     for scalar retention; β = σ for DeltaFormer, 2σ for Householder transitions.
     Fast-weight memories: conv on q, k, v; L2-normalized q, k unless the objective is 'dot';
     Mamba-style g for scalar retention, KDA's per-channel gate (GLA's for the 'dot' objective)
-    for diagonal retention; β = σ unless the objective is 'dot'; swish-gated RMSNorm output.
+    for diagonal retention; β = σ unless the objective is 'dot' — β = σ/N ("bounded") where one
+    step sums N > 1 unit-key terms (windows, mini-batches, feature maps); swish-gated RMSNorm output.
     """
     ret, obj = recipe.retention, recipe.objective
     if recipe.is_softmax:
@@ -202,8 +214,11 @@ def derived_preset(recipe: Recipe) -> MixerPreset:
                            beta="sigmoid" if (obj.kind == "l2" or ret.kind == "householder") else "none",
                            beta_scale=2.0 if ret.kind == "householder" else 1.0, beta_bias=True)
     decay = {"scalar": "mamba", "diagonal": "gla" if obj.kind == "dot" else "kda"}.get(ret.kind, "none")
+    beta = "none" if obj.kind == "dot" else "sigmoid"
+    if beta == "sigmoid" and _bounded_beta_fits(recipe) and recipe.step_normalizer() > 1:
+        beta = "bounded"
     return MixerPreset(conv="qkv", qk_norm="none" if obj.kind == "dot" else "l2", decay=decay,
-                       beta="none" if obj.kind == "dot" else "sigmoid", out_gate="swish",
+                       beta=beta, out_gate="swish",
                        memory_init="normal", memory_init_std=0.02)
 
 
@@ -321,6 +336,9 @@ class MixerConfig:
             raise MixerError(f"{r.name} needs a beta gate; preset.beta must not be 'none'")
         if p.beta == "dt" and p.decay != "mamba":
             raise MixerError("preset.beta='dt' (Mamba2's β = dt) needs preset.decay='mamba'")
+        if p.beta == "bounded" and not (_bounded_beta_fits(r) and p.qk_norm == "l2" and p.beta_scale <= 1.0):
+            raise MixerError(f"preset.beta='bounded' (β = σ/(b·c·‖φ(k)‖²)) needs an l2/Omega gd step on a linear "
+                             f"memory with a bounded feature map, preset.qk_norm='l2' and beta_scale ≤ 1 ({r.name})")
         two = (r.objective.kind == "l2" and r.memory.is_plain_linear) or kind == "householder"
         if two and p.beta in ("sigmoid", "ttt") and p.beta_scale > 2.0:
             raise MixerError(f"preset.beta_scale={p.beta_scale}: {r.name} needs β ≤ 2 (eigenvalues of I − βkkᵀ)")
@@ -466,9 +484,9 @@ class MemoryMixer(nn.Module):
         elif p.decay == "logsigmoid":
             self.decay = LogSigmoidGate(d, gh, bias_init=p.decay_bias_init)
         self.beta = None
-        if p.beta in ("sigmoid", "ttt"):
-            self.beta = BetaGate(d, bh, steps=n, scale=p.beta_scale, bias=p.beta_bias,
-                                 divide_by=K if p.beta == "ttt" else 1)
+        if p.beta in ("sigmoid", "ttt", "bounded"):
+            divide_by = K if p.beta == "ttt" else (r.step_normalizer() if p.beta == "bounded" else 1)
+            self.beta = BetaGate(d, bh, steps=n, scale=p.beta_scale, bias=p.beta_bias, divide_by=divide_by)
         self.nu = SigmoidGate(d, H) if "nu" in self.acc else None
         self.gamma = SigmoidGate(d, H) if "gamma" in self.acc else None
         if "lamb" in self.acc:  # Mesa: λ = softplus(λ_raw) + 0.25, initialized to 1
@@ -495,7 +513,17 @@ class MemoryMixer(nn.Module):
             for a, b in zip(dims[:-1], dims[1:]):
                 std = p.memory_init_std if p.memory_init == "normal" else math.sqrt(2.0 / (a + b))
                 params.append(nn.Parameter(torch.randn(H, a, b) * std))  # [H, a, b]
+                if r.memory.bias:  # the inner bias's initial value (TTT: zeros), [H, 1, b]; no weight decay
+                    params.append(nn.Parameter(torch.zeros(H, 1, b)))
+                    params[-1]._no_weight_decay = True
             self.memory_init = nn.ParameterList(params)
+        # -- a residual-LN memory's LayerNorm affine (TTT's per-head inner LayerNorm weight and bias)
+        if "ln_weight" in self.acc:
+            self.ln_weight = nn.Parameter(torch.ones(H, V))  # [H, V], no weight decay (a norm's affine)
+            self.ln_bias = nn.Parameter(torch.zeros(H, V))
+            self.ln_weight._no_weight_decay = self.ln_bias._no_weight_decay = True
+        else:
+            self.ln_weight = self.ln_bias = None
 
         # -- output
         self.D = nn.Parameter(torch.ones(H)) if p.d_skip else None
@@ -643,6 +671,8 @@ class MemoryMixer(nn.Module):
             inputs["gamma"] = self.gamma(x)
         if self.lamb_raw is not None:
             inputs["lamb"] = F.softplus(self.lamb_raw) + 0.25
+        if self.ln_weight is not None:
+            inputs["ln_weight"], inputs["ln_bias"] = self.ln_weight, self.ln_bias
         if self.w_proj is not None:
             w = self.w_proj(x).float() if x.dtype != torch.float64 else self.w_proj(x)
             if self.w_conv is not None:

@@ -2,16 +2,24 @@
 
 A linear memory is the depth-1 case of the MLP: weights (S [B, H, K', V],) and M(x) = Sᵀx.
 An MLP of depth d has weights (W_1 [B, H, K', Hd], …, W_d [B, H, Hd, V]) and
-M(x) = W_dᵀ σ(… σ(W_1ᵀ x)). With `residual_ln` the memory is x + LN(M(x)) (LayerNorm without
-affine over the value dimension, eps 1e-6; TTT's wrapper, needs K' == V).
+M(x) = W_dᵀ σ(… σ(W_1ᵀ x)). With `memory.bias` every layer adds a trained inner bias,
+z_l = W_lᵀ h_{l−1} + b_l, and the weights interleave (W_1, b_1, …, W_d, b_d) with b_l
+[B, H, 1, out_l] (TTT's inner model). With `residual_ln` the memory is
+x + γ ⊙ LN(M(x)) + β_ln (LayerNorm over the value dimension, eps 1e-6; TTT's wrapper, needs
+K' == V); the affine (γ, β_ln) [H, V] is per head and an outer parameter (`ln`), not trained
+by the inner loop; without it γ = 1, β_ln = 0.
 
 Inner objectives over a window of N pairs (N = 1 except for the Omega rule), per (b, h), summed
 over heads (heads are independent, so ∇ of the sum is the per-head gradient):
     dot:   ℓ = −Σ_i γ_i v_iᵀ M(k_i)
     l2:    ℓ =  Σ_i γ_i ½‖M(k_i) − v_i‖²
 `closed_form_grad` is hand-written backpropagation through the memory (TTT's closed-form
-gradient, generalized to any depth and activation); `autodiff_grad` is torch.func.grad of the
-same loss. Both are plain differentiable torch, so outer gradients flow through either.
+gradient, generalized to any depth and activation):
+    ∂ℓ/∂y = γ(y − v) (l2) or −γ v (dot);  through the LN: with n = LN(f), s = 1/σ,
+    u = γ_ln ⊙ ∂ℓ/∂y, ∂ℓ/∂f = s (u − mean(u) − n mean(u ⊙ n));  then per layer, from the top:
+    ∂ℓ/∂W_l = h_{l−1}ᵀ ∂ℓ/∂z_l, ∂ℓ/∂b_l = Σ_i ∂ℓ/∂z_{l,i}, ∂ℓ/∂z_{l−1} = (∂ℓ/∂z_l W_lᵀ) ⊙ σ'(z_{l−1}).
+`autodiff_grad` is torch.func.grad of the same loss. Both are plain differentiable torch, so
+outer gradients flow through either.
 """
 
 from __future__ import annotations
@@ -67,14 +75,39 @@ def layer_norm(f: Tensor) -> tuple[Tensor, Tensor]:
     return (f - mu) * inv, inv
 
 
-def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = False):
-    """M(x) for x [B, H, N, K'] -> [B, H, N, V]; with keep, also the cache for backprop."""
+def layers(mem: Memory, weights: tuple[Tensor, ...]) -> list[tuple[Tensor, Tensor | None]]:
+    """The (W_l, b_l or None) pairs of a memory's weights tuple."""
+    if mem.bias:
+        return [(weights[i], weights[i + 1]) for i in range(0, len(weights), 2)]
+    return [(w, None) for w in weights]
+
+
+def _per_head(p: Tensor, like: Tensor) -> Tensor:
+    """A per-head parameter [H, V] viewed to broadcast over like [B, H, ..., V]."""
+    return p.view((p.shape[0],) + (1,) * (like.dim() - 3) + (p.shape[-1],))
+
+
+def affine(n: Tensor, ln: tuple[Tensor, Tensor] | None) -> Tensor:
+    """γ ⊙ n + β_ln with per-head γ, β_ln [H, V] broadcast over n [B, H, ..., V]."""
+    if ln is None:
+        return n
+    return n * _per_head(ln[0], n) + _per_head(ln[1], n)
+
+
+def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = False,
+            ln: tuple[Tensor, Tensor] | None = None):
+    """M(x) for x [B, H, N, K'] -> [B, H, N, V] (any extra dims between H and N broadcast with the
+    weights'); ln: the residual LayerNorm's affine (γ, β_ln) [H, V] or None (γ = 1, β_ln = 0).
+    With keep, also the cache for backprop."""
     h = x
     pre = []  # pre-activations z_l, l < d
     inputs = [x]  # h_{l-1}, inputs of layer l
-    for i, w in enumerate(weights):
+    pairs = layers(mem, weights)
+    for i, (w, b) in enumerate(pairs):
         z = h @ w  # [B, H, N, out_l]
-        if i < len(weights) - 1:
+        if b is not None:
+            z = z + b
+        if i < len(pairs) - 1:
             pre.append(z)
             h = activation(mem.activation, z)
             inputs.append(h)
@@ -83,7 +116,7 @@ def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = Fa
     f = h
     if mem.residual_ln:
         n, inv = layer_norm(f)
-        y = x + n
+        y = x + affine(n, ln)
     else:
         n, inv, y = None, None, f
     if keep:
@@ -92,38 +125,43 @@ def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = Fa
 
 
 def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
-                     write_keys: Tensor | None = None) -> tuple[Tensor, ...]:
-    """∇_θ ℓ by hand-written backprop.
+                     write_keys: Tensor | None = None, ln: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, ...]:
+    """∇_θ ℓ by hand-written backprop, in the order of `weights` (biases included).
 
     x: [B, H, N, K'] keys the memory is read at; v: [B, H, N, V]; gamma: [B, H, N] window weights.
     write_keys (Comba's probe; plain linear memory only): the error is read at x = p but the
-    gradient is written at k, G = Σ γ k (Sᵀp − v)ᵀ.
+    gradient is written at k, G = Σ γ k (Sᵀp − v)ᵀ. ln: the residual LayerNorm's affine or None.
     """
-    y, (inputs, pre, n, inv) = forward(mem, weights, x, keep=True)
+    y, (inputs, pre, n, inv) = forward(mem, weights, x, keep=True, ln=ln)
     gamma = gamma.unsqueeze(-1)  # [B, H, N, 1]
     dy = gamma * (y - v) if objective != "dot" else -gamma * v  # [B, H, N, V]
-    if mem.residual_ln:  # back through y = x + LN(f)
-        df = inv * (dy - dy.mean(-1, keepdim=True) - n * (dy * n).mean(-1, keepdim=True))
+    if mem.residual_ln:  # back through y = x + γ_ln ⊙ LN(f) + β_ln
+        du = dy * _per_head(ln[0], dy) if ln is not None else dy  # ∂ℓ/∂n = γ_ln ⊙ ∂ℓ/∂y
+        df = inv * (du - du.mean(-1, keepdim=True) - n * (du * n).mean(-1, keepdim=True))
     else:
         df = dy
+    pairs = layers(mem, weights)
     grads = [None] * len(weights)
+    per = 2 if mem.bias else 1
     dz = df
-    for i in range(len(weights) - 1, -1, -1):
+    for i in range(len(pairs) - 1, -1, -1):
         h_in = inputs[i] if (i > 0 or write_keys is None) else write_keys
-        grads[i] = h_in.transpose(-1, -2) @ dz  # [B, H, in_l, out_l]
+        grads[per * i] = h_in.transpose(-1, -2) @ dz  # [B, H, in_l, out_l]
+        if mem.bias:
+            grads[per * i + 1] = dz.sum(-2, keepdim=True)  # [B, H, 1, out_l]
         if i > 0:
-            dz = (dz @ weights[i].transpose(-1, -2)) * activation_grad(mem.activation, pre[i - 1])
+            dz = (dz @ pairs[i][0].transpose(-1, -2)) * activation_grad(mem.activation, pre[i - 1])
     return tuple(grads)
 
 
 def autodiff_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
-                  write_keys: Tensor | None = None) -> tuple[Tensor, ...]:
+                  write_keys: Tensor | None = None, ln: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, ...]:
     """∇_θ ℓ by torch.func.grad of the inner loss (same arguments as closed_form_grad)."""
     if write_keys is not None:
         raise ValueError("autodiff inner gradients do not support a probe key (Comba)")
 
     def loss(ws):
-        y = forward(mem, ws, x)
+        y = forward(mem, ws, x, ln=ln)
         if objective == "dot":
             return -(gamma.unsqueeze(-1) * v * y).sum()
         return 0.5 * (gamma.unsqueeze(-1) * (y - v) ** 2).sum()

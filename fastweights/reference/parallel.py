@@ -102,9 +102,11 @@ def mesa_parallel(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | 
     """Mesa's exact solve for all tokens at once (see the module docstring).
 
     q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
-    H0 [B, H, K, K]; G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
+    H0 [B, H, K, K], read through its symmetric part ½(H0 + H0ᵀ) as in every Mesa form;
+    G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
     """
     B, T, H, K = k.shape
+    H0 = 0.5 * (H0 + H0.transpose(-1, -2))
     kk, vv, qq = k.transpose(1, 2), v.transpose(1, 2), scale * q.transpose(1, 2)  # [B, H, T, ·]
     bb = beta.transpose(1, 2)  # [B, H, T]
     G = (g.transpose(1, 2) if g is not None else torch.zeros_like(bb)).cumsum(-1)  # [B, H, T]

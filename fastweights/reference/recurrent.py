@@ -8,10 +8,13 @@ Per token t (all inputs already feature-mapped; a = exp(g_t) scalar or diagonal 
         point = anchor if b > 1 else θ                       (where the gradient is taken)
         G = ∇ℓ_t(point)                                      (dot, l2 (probe), omega window)
         gd:        θ ← [a·]θ − β_{t,j} G                     ([a·] only when not decay_first, j = 0)
+                   averaged mini-batch (TTT's 1/i, i = offset + 1): θ ← θ₀ + ((i−1)/i)(θ − θ₀) − (β_t/i) G
         momentum:  m ← ν_t m − β_t G;      θ ← [a·]θ + m    (Titans: lr inside the momentum)
         muon:      m ← ν_t m + G;          θ ← [a·]θ − β_t NS(m)   (ATLAS)
     z ← a·z + β_t φ(k_t)                                      (normalized linear attention only)
     o_t = M_θ(scale·φ(q_t))  [/ (scale·φ(q_t)·z + 1e-6) when normalized]
+
+Memories with inner biases carry them in θ like the weights (same updates, same retention).
 
 The computation runs in float64 when the inputs are float64, else in float32; the state is
 carried in that precision and outputs are cast back to v's dtype.
@@ -39,12 +42,14 @@ def _decay(x: Tensor, a: Tensor | None) -> Tensor:
 
 def memory_recurrent(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float,
                      g: Tensor | None, beta: Tensor, p: Tensor | None, nu: Tensor | None,
-                     gamma: Tensor | None, state: MemoryState, inner_grad: str = "closed", readout: bool = True):
+                     gamma: Tensor | None, state: MemoryState, inner_grad: str = "closed", readout: bool = True,
+                     ln: tuple[Tensor, Tensor] | None = None):
     """Run the recurrence.
 
     q [B, T, H, K']; k [B, T, n, H, K']; v [B, T, n, H, V] (n = Householder steps, 1 otherwise);
     g None | [B, T, H] | [B, T, H, K']; beta [B, T, n, H]; p None | [B, T, H, K'];
-    nu None | [B, T, H]; gamma None | [B, T, H] (Omega in-window gates).
+    nu None | [B, T, H]; gamma None | [B, T, H] (Omega in-window gates); ln None | the residual
+    LayerNorm's per-head affine (γ, β) [H, V] each.
     state: a MemoryState in the compute dtype. Returns (o [B, T, H, V], final MemoryState);
     readout=False skips the per-token reads (q unused) and returns (None, final MemoryState).
     """
@@ -87,11 +92,14 @@ def memory_recurrent(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: 
             if p is not None:
                 G = grad_fn(mem, objective, point, p[:, t, :, None], xv, xg, write_keys=xk)
             else:
-                G = grad_fn(mem, objective, point, xk, xv, xg)
+                G = grad_fn(mem, objective, point, xk, xv, xg, ln=ln)
             bt = beta[:, t, j][:, :, None, None]  # [B, H, 1, 1]
             if not ret.decay_first and a is not None and j == 0:
                 weights = tuple(_decay(w, a) for w in weights)
-            if opt.kind == "gd":
+            if opt.kind == "gd" and opt.minibatch_average:
+                i = offset + 1
+                weights = tuple(a0 + ((i - 1) / i) * (w - a0) - (bt / i) * gi for a0, w, gi in zip(anchor, weights, G))
+            elif opt.kind == "gd":
                 weights = tuple(w - bt * gi for w, gi in zip(weights, G))
             elif opt.kind == "momentum":
                 nt = nu[:, t][:, :, None, None]
@@ -107,7 +115,7 @@ def memory_recurrent(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: 
         if not readout:
             continue
         x = scale * q[:, t, :, None]  # [B, H, 1, K']
-        o = inner.forward(mem, weights, x)[:, :, 0]  # [B, H, V]
+        o = inner.forward(mem, weights, x, ln=ln)[:, :, 0]  # [B, H, V]
         if z is not None:
             o = o / ((x[:, :, 0] * z).sum(-1, keepdim=True) + 1e-6)
         outs.append(o)
@@ -124,9 +132,10 @@ def mesa_recurrent(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor |
     o_t = G_tᵀ (H_t + Diag(λ))⁻¹ (scale·q_t), solved exactly at every token.
 
     q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
-    H0 [B, H, K, K]; G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
+    H0 [B, H, K, K], read through its symmetric part ½(H0 + H0ᵀ) (H is a sum of β k kᵀ; every
+    Mesa form reads it so); G0 [B, H, K, V]. Returns (o [B, T, H, V], H_T, G_T).
     """
-    Hs, Gs = H0, G0
+    Hs, Gs = 0.5 * (H0 + H0.transpose(-1, -2)), G0
     lam = torch.diag_embed(lamb)  # [H, K, K]
     outs = []
     for t in range(q.shape[1]):

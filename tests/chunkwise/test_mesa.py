@@ -6,7 +6,7 @@ import torch
 import fastweights as fw
 from fastweights.chunkwise.mesa import mesa_chunk
 from tests.helpers import make_case, max_err, run_with_grads
-from tests.tolerances import CHUNK_F64, MESA_BF16, MESA_CG_F64, MESA_CG_RESIDUAL
+from tests.tolerances import CHUNK_F64, MESA_BF16, MESA_CG_F64, MESA_CG_REL, MESA_CG_RESIDUAL
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
@@ -48,3 +48,45 @@ def test_bf16_inputs_stay_finite_and_close():
     o16, _ = fw.chunk("mesanet", **low)
     assert o16.dtype == torch.bfloat16 and torch.isfinite(o16).all()
     assert (o16.float() - o32).abs().max() < MESA_BF16 * (1 + o32.abs().max())
+
+
+def _mesa_grads(form, case, **kw):
+    q, k, v, H0, G0, inputs = case
+    o, st = form("mesanet", q, k, v, initial_state=fw.MesaState(H=H0, G=G0), output_final_state=True,
+                 **inputs, **kw)
+    gen = torch.Generator().manual_seed(1)
+    loss = sum((x * torch.randn(x.shape, generator=gen, dtype=x.dtype)).sum() for x in (o, st.H, st.G))
+    return (o, st.H, st.G) + torch.autograd.grad(loss, (H0, G0, q, k, v, inputs["g"], inputs["beta"]))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_every_form_has_the_same_gradient_for_any_initial_state(symmetric):
+    """The issue's case (B=1, T=37, H=1, K=16, unit q and k, g = −0.1, β = 0.5, H0 = A Aᵀ) and a
+    non-symmetric H0 (a learned or perturbed state): outputs, final states and the gradients with
+    respect to H0, G0 and every input agree between recurrent, parallel and chunk (CG, CG with
+    cg_steps = K, exact solve); ∂L/∂H0 is symmetric."""
+    B, T, H, K = 1, 37, 1, 16
+    gen = torch.Generator().manual_seed(torch.seed() % 2**62)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
+    q, k, v = unit(rnd(B, T, H, K)), unit(rnd(B, T, H, K)), rnd(B, T, H, K)
+    A = rnd(B, H, K, K)
+    H0 = A @ A.transpose(-1, -2) + (0 if symmetric else rnd(B, H, K, K))
+    G0 = rnd(B, H, K, K)
+    inputs = dict(g=torch.full((B, T, H), -0.1, dtype=torch.float64), beta=torch.full((B, T, H), 0.5,
+                                                                                         dtype=torch.float64))
+    for x in (q, k, v, H0, G0, *inputs.values()):
+        x.requires_grad_(True)
+    case = (q, k, v, H0, G0, inputs)
+    ref = _mesa_grads(fw.recurrent, case)
+    others = {"parallel": _mesa_grads(fw.parallel, case),
+              "chunk exact": _mesa_grads(fw.chunk, case, chunk_size=16, mesa_solve="exact"),
+              "chunk cg": _mesa_grads(fw.chunk, case, chunk_size=16),
+              "chunk cg K steps": _mesa_grads(fw.chunk, case, chunk_size=16, cg_steps=K)}
+    names = ["o", "H_T", "G_T", "dH0", "dG0", "dq", "dk", "dv", "dg", "dbeta"]
+    for form, got in others.items():
+        for name, a, b in zip(names, got, ref):
+            rel = ((a - b).norm() / b.norm()).item()
+            assert rel < (MESA_CG_REL if "cg" in form else CHUNK_F64), (form, name, rel)
+    dH0 = ref[3]
+    assert (dH0 - dH0.transpose(-1, -2)).abs().max().item() < CHUNK_F64 * dH0.abs().max().item()

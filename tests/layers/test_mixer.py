@@ -245,8 +245,11 @@ def test_gate_initializations():
     path = SoftmaxAttention(16, 2, head_dim=8, model="path_attention")
     assert path.w_proj[0].out_features == 32 and path.w_conv.kernel_size == 3
     ttt = MemoryMixer(16, "ttt_mlp", 2, head_dim=8, head_v_dim=8)
-    assert [tuple(p.shape) for p in ttt.memory_init] == [(2, 8, 32), (2, 32, 8)]
+    # the official TTT-MLP: both layers' inner biases (zero), interleaved after their weights
+    assert [tuple(p.shape) for p in ttt.memory_init] == [(2, 8, 32), (2, 1, 32), (2, 32, 8), (2, 1, 8)]
     assert abs(ttt.memory_init[0].std().item() - 0.02) < TTT_INIT_STD
+    assert not ttt.memory_init[1].any() and not ttt.memory_init[3].any()
+    assert torch.equal(ttt.ln_weight.data, torch.ones(2, 8)) and not ttt.ln_bias.any()  # per-head inner LN
     comba = MemoryMixer(16, "comba", 2, head_dim=8)
     assert torch.equal(comba.probe_correction.data, torch.ones(2)) and comba.o_norm.activation == "sigmoid"
     m2 = MemoryMixer(16, "mamba2", 2, head_dim=8)
@@ -265,3 +268,15 @@ def test_bfloat16_forward_keeps_the_state_in_fp32():
         else:
             assert st.memory.k.dtype == torch.bfloat16
             assert st.memory.c is None or st.memory.c.dtype == torch.float32
+
+
+def test_omeganet_layer_beta_is_bounded_by_construction():
+    """β·b·c·‖φ(k)‖² ≤ 1 (the l2/Omega step is nonexpansive whatever the keys), even at a saturated gate."""
+    from fastweights.layers import MemoryMixer
+
+    layer = MemoryMixer(32, "omeganet", 2)
+    assert layer.preset.beta == "bounded"
+    with torch.no_grad():
+        layer.beta.proj.weight.fill_(10.0)
+    beta = layer.beta(torch.ones(1, 5, 32))
+    assert (beta * fw.zoo.get("omeganet").step_normalizer() <= 1.0).all()

@@ -6,6 +6,7 @@ import torch
 
 import fastweights as fw
 from fastweights import zoo
+from fastweights.inputs import PER_HEAD_INPUTS
 from tests.helpers import make_case, max_err, run_with_grads
 from tests.tolerances import EXACT_F64, RECURRENT_F32
 
@@ -39,7 +40,7 @@ def _split(inputs, t, name):
     """Inputs of [0, t) and [t, T) (time is dim 1 of every per-token input)."""
     first, second = {}, {}
     for key, x in inputs.items():
-        if key == "lamb":
+        if key in PER_HEAD_INPUTS:
             first[key] = second[key] = x
         else:
             first[key], second[key] = x[:, :t], x[:, t:]

@@ -4,3 +4,4 @@ EXACT_F64 = 1e-10  # two exact forms of one recurrence, float64
 CHUNK_F64 = 1e-9  # chunk vs recurrent, float64
 CHUNK_F32_REL = 1e-5  # chunk vs recurrent, fp32, relative to the output scale
 F32 = 1e-5  # fp32 against an fp32 reference of the same maths
+SEGMENTS_F64 = 1e-10  # a document in a padded / packed batch vs the document alone, float64 (max |Δlogit|)

@@ -51,7 +51,7 @@ from ..recipe import Recipe, RecipeError
 from ..state import KVCache, MemoryState
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
-from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate, inverse_softplus
+from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
 from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
@@ -467,7 +467,8 @@ class MemoryMixer(nn.Module):
         self.nu = SigmoidGate(d, H) if "nu" in self.acc else None
         self.gamma = SigmoidGate(d, H) if "gamma" in self.acc else None
         if "lamb" in self.acc:  # Mesa: λ = softplus(λ_raw) + 0.25, initialized to 1
-            self.lamb_raw = nn.Parameter(torch.full((H, Kf), float(inverse_softplus(torch.tensor(0.75)))))
+            # softplus⁻¹(0.75) = 0.75 + log(1 − e^−0.75), in Python floats (also under a meta-device init)
+            self.lamb_raw = nn.Parameter(torch.full((H, Kf), 0.75 + math.log(-math.expm1(-0.75))))
         else:
             self.lamb_raw = None
         if "p" in self.acc:  # Comba: p = k·σ(d_h), q ← q − D_h·p

@@ -24,7 +24,7 @@ from ..inputs import InputError
 
 Tensor = torch.Tensor
 
-__all__ = ["Segments", "RowStates", "split_rows", "cat_rows"]
+__all__ = ["Segments", "RowStates", "split_rows", "cat_rows", "select_rows"]
 
 
 @dataclass(frozen=True)
@@ -171,3 +171,22 @@ def cat_rows(memories: list):
                 return RowStates(tuple(memories))
         return dataclasses.replace(first, **out)
     raise TypeError(f"cannot batch memories of type {type(first).__name__}")
+
+
+def select_rows(state, index: Tensor):
+    """A state (LMState, MixerState, memory, …) with its batch rows picked by index [B'] int64
+    (beam search's reordering, a batch expanded for several samples); RowStates pick their rows."""
+    import dataclasses
+
+    if state is None:
+        return None
+    if isinstance(state, RowStates):
+        return RowStates(tuple(state.rows[i] for i in index.tolist()))
+    if isinstance(state, Tensor):
+        return state.index_select(0, index.to(state.device))
+    if isinstance(state, tuple):
+        return tuple(select_rows(x, index) for x in state)
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(state, **{f.name: select_rows(getattr(state, f.name), index)
+                                             for f in dataclasses.fields(state)})
+    return state

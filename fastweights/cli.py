@@ -54,6 +54,12 @@ def _capacity(args):
     return cli_main(args)
 
 
+def _eval(args):
+    from .hf.harness import main as harness_main
+
+    harness_main(args.lm_eval_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -119,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the probe's ops are tiny; 0 keeps torch's default)")
     cp.set_defaults(fn=_capacity)
+    ev = sub.add_parser("eval", help="lm-evaluation-harness with the 'fastweights' model registered (extra: eval); "
+                                     "every argument goes to lm_eval", add_help=False)
+    ev.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    ev.set_defaults(fn=_eval)
+    from .pretrain.cli import add_cli as add_train_cli
+
+    add_train_cli(sub)
     from .lab import mad, mqar, niah  # each adds its subcommand and sets fn to its cli_main
 
     for lab_module in (mqar, niah, mad):

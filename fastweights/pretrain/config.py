@@ -42,8 +42,9 @@ class PretrainConfig:
     seq_len T, batch_size (sequences per optimizer step, over all ranks), grad_accum (micro-batches
     per step and rank), steps (optimizer steps), lr, min_lr, warmup (fraction of steps if < 1, else
     steps), weight_decay, betas, grad_clip (None: off): AdamW with linear warm-up and a cosine to min_lr.
-    val_fraction: the held-out tail of the data; val_every / val_batches: validation loss and
-    perplexity; save_every: checkpoint period (steps); log_every: JSONL/progress period.
+    val_fraction: the held-out tail of the data; val_every: validation period (steps), over the
+    first val_batches · batch_size windows of the held-out data (loss and perplexity);
+    save_every: checkpoint period (steps); log_every: JSONL/progress period.
     dtype:       "float32" or "bfloat16" (autocast; weights and optimizer in fp32).
     device:      "cpu", "cuda"; under torchrun each rank uses cuda:LOCAL_RANK.
     parallel:    "ddp" or "fsdp" (FSDP2 `fully_shard` per block) when several processes run.

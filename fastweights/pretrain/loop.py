@@ -169,8 +169,8 @@ def _plot(records: list[dict], path: Path) -> None:
 @torch.no_grad()
 def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast) -> tuple[float, int]:
     info = dist_info()
-    per_rank = max(1, cfg.batch_size // (info.world_size * cfg.grad_accum))
-    n = min(len(windows), cfg.val_batches * per_rank * info.world_size)
+    per_rank = max(1, cfg.batch_size // (info.world_size * cfg.grad_accum))  # the micro-batch
+    n = min(len(windows), cfg.val_batches * cfg.batch_size)  # the first windows, whatever the ranks
     n -= n % info.world_size  # every rank runs as many forwards (FSDP gathers in each one)
     total, count = 0.0, 0
     mine = list(range(info.rank, n, info.world_size))

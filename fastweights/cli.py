@@ -54,12 +54,6 @@ def _capacity(args):
     return cli_main(args)
 
 
-def _eval(args):
-    from .hf.harness import main as harness_main
-
-    harness_main(args.lm_eval_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,8 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(fn=_capacity)
     ev = sub.add_parser("eval", help="lm-evaluation-harness with the 'fastweights' model registered (extra: eval); "
                                      "every argument goes to lm_eval", add_help=False)
-    ev.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
-    ev.set_defaults(fn=_eval)
+    ev.add_argument("lm_eval_args", nargs=argparse.REMAINDER)  # handled by main() before parsing
     from .pretrain.cli import add_cli as add_train_cli
 
     add_train_cli(sub)
@@ -140,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["eval"]:  # every further argument is lm-eval's (argparse cannot pass `--x` through)
+        from .hf.harness import main as harness_main
+
+        harness_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     return args.fn(args) or 0
 

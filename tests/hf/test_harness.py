@@ -68,3 +68,13 @@ def test_lm_eval_scores_a_local_task_as_the_model_does(mixer, tmp_path, monkeypa
         correct += int(max(range(len(ll)), key=ll.__getitem__) == doc["answer"])
     acc = out["results"]["fw_tiny_choice"]["acc,none"]
     assert acc == pytest.approx(correct / len(docs), abs=1e-12)
+
+
+def test_fastweights_eval_hands_every_argument_to_lm_eval(monkeypatch):
+    import fastweights.hf.harness as harness
+    from fastweights import cli
+
+    seen = {}
+    monkeypatch.setattr(harness, "main", lambda argv: seen.setdefault("argv", argv))
+    assert cli.main(["eval", "--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]) == 0
+    assert seen["argv"] == ["--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]

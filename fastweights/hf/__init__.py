@@ -4,6 +4,7 @@ Importing this module registers the model with the Auto classes:
 
     AutoConfig                 "fastweights" -> FastWeightsConfig
     AutoModelForCausalLM       FastWeightsConfig -> FastWeightsForCausalLM
+    AutoModel                  FastWeightsConfig -> FastWeightsModel (the trunk: last hidden states)
     AutoTokenizer              FastWeightsConfig -> ByteTokenizer (a directory may ship any other)
 
 so a directory written by `LM.save_pretrained` (or by `FastWeightsForCausalLM.save_pretrained`:
@@ -23,15 +24,15 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("fastweights.hf needs transformers: pip install 'fastweights[hf]'") from e
 
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 from .cache import FastWeightsCache
 from .config import MODEL_TYPE, FastWeightsConfig
-from .modeling import FastWeightsForCausalLM
+from .modeling import FastWeightsForCausalLM, FastWeightsModel
 from .tokenizer import ByteTokenizer
 
-__all__ = ["FastWeightsConfig", "FastWeightsForCausalLM", "FastWeightsCache", "ByteTokenizer", "from_lm",
-           "MODEL_TYPE"]
+__all__ = ["FastWeightsConfig", "FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsCache", "ByteTokenizer",
+           "from_lm", "MODEL_TYPE"]
 
 
 def from_lm(lm) -> FastWeightsForCausalLM:
@@ -44,4 +45,5 @@ def from_lm(lm) -> FastWeightsForCausalLM:
 
 AutoConfig.register(MODEL_TYPE, FastWeightsConfig, exist_ok=True)
 AutoModelForCausalLM.register(FastWeightsConfig, FastWeightsForCausalLM, exist_ok=True)
+AutoModel.register(FastWeightsConfig, FastWeightsModel, exist_ok=True)
 AutoTokenizer.register(FastWeightsConfig, slow_tokenizer_class=ByteTokenizer, exist_ok=True)

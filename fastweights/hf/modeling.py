@@ -1,6 +1,7 @@
 """FastWeightsForCausalLM: a fastweights `LM` as a transformers causal LM (`PreTrainedModel` +
-`GenerationMixin`), so `AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy,
-sampling, beam search), `Trainer` and lm-evaluation-harness's HFLM take it as they take any model.
+`GenerationMixin`), and FastWeightsModel, its trunk for `AutoModel` (last hidden states): so
+`AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy, sampling, beam search) and
+lm-evaluation-harness's HFLM take it as they take any model.
 
 The wrapper owns the LM's own modules (`embed`, `blocks`, `norm`: the same parameter names as
 `LM.state_dict()`), so the safetensors file of `LM.save_pretrained` and of `save_pretrained`
@@ -23,27 +24,26 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..inputs import InputError
 from ..models.lm import LM
 from .cache import FastWeightsCache
 from .config import FastWeightsConfig
 
-__all__ = ["FastWeightsForCausalLM"]
+__all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
 
 IGNORE_INDEX = -100
 
 
-class FastWeightsForCausalLM(PreTrainedModel, GenerationMixin):
-    """transformers' view of `fastweights.models.LM` (see the module doc); `.lm` is the LM itself
+class FastWeightsPreTrainedModel(PreTrainedModel):
+    """The LM's modules (`embed`, `blocks`, `norm`) under transformers; `.lm` is the LM itself
     (sharing every parameter), for `LM.generate`, `prefill`, `step` and `save_pretrained`."""
 
     config_class = FastWeightsConfig
     base_model_prefix = "fastweights"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
-    _is_stateful = True  # no cropping of the state: assisted decoding is refused by generate
 
     def __init__(self, config: FastWeightsConfig):
         super().__init__(config)
@@ -51,10 +51,6 @@ class FastWeightsForCausalLM(PreTrainedModel, GenerationMixin):
         self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
         object.__setattr__(self, "_lm", lm)  # the same modules, not registered twice
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model makes its own FastWeightsCache on the first forward
 
     def _init_weights(self, module):
         """Weights are initialized by the LM's own modules (each layer's published init)."""
@@ -69,6 +65,30 @@ class FastWeightsForCausalLM(PreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value):
         self.embed = value
         self._lm.embed = value
+
+
+class FastWeightsModel(FastWeightsPreTrainedModel):
+    """The trunk (`AutoModel`): last_hidden_state = RMSNorm(h_L) [B, T, d_model], no cache;
+    attention_mask / position_ids / cu_seqlens as in FastWeightsForCausalLM without a cache."""
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.LongTensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> BaseModelOutputWithPast:
+        if inputs_embeds is not None or input_ids is None:
+            raise InputError("FastWeightsModel takes input_ids [B, T] (inputs_embeds is not supported)")
+        h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            cu_seqlens=cu_seqlens)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
+
+
+class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
+    """transformers' causal LM over `fastweights.models.LM` (see the module doc)."""
+
+    _is_stateful = True  # no cropping of the state: assisted decoding is refused by generate
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model makes its own FastWeightsCache on the first forward
 
     def get_output_embeddings(self):
         return None  # the head is the embedding (tied inside the LM)

@@ -157,11 +157,17 @@ class LM(nn.Module):
 
         attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
         position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself."""
+        return self._logits(self.hidden(input_ids, form=form, attention_mask=attention_mask,
+                                        position_ids=position_ids, cu_seqlens=cu_seqlens))
+
+    def hidden(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,
+               position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
                              device=input_ids.device)
-        return self._logits(self._hidden(input_ids, form, seg))
+        return self._hidden(input_ids, form, seg)
 
     def _state_segments(self, ids: Tensor, state: LMState | None, attention_mask: Tensor | None):
         """(Segments | None, lengths after | None) of a block continuing `state` (None: a new one)."""

@@ -87,6 +87,11 @@ def test_auto_classes_resolve_and_the_cache_is_typed(tmp_path):
     assert isinstance(hc, fh.FastWeightsConfig) and hc.model_type == "fastweights"
     assert (hc.vocab_size, hc.hidden_size, hc.num_hidden_layers) == (cfg.vocab_size, cfg.d_model, cfg.n_layers)
     assert transformers.AutoModelForCausalLM._model_mapping[fh.FastWeightsConfig] is fh.FastWeightsForCausalLM
+    trunk = transformers.AutoModel.from_pretrained(tmp_path)
+    assert isinstance(trunk, fh.FastWeightsModel)
+    ids = torch.randint(0, VOCAB, (2, 5))
+    h = trunk(ids).last_hidden_state  # [B, T, d]: the head's input
+    assert torch.equal(torch.nn.functional.linear(h, lm.embed.weight), lm(ids))
     model = AutoModelForCausalLM.from_config(hc)
     ids = torch.randint(0, VOCAB, (3, 5))
     out = model(ids, use_cache=True)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from .recipe import Recipe
-from .state import KVCache, MemoryState, MesaState
+from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "accepted_inputs", "validate", "example_inputs", "init_state"]
+__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "example_inputs", "init_state"]
 
 
 class InputError(ValueError):
@@ -41,6 +41,9 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Shapes:
+    """The dims of one call. H_q heads of q and k; H heads of v, of every gate and of the state
+    (grouped value heads: H a multiple of H_q, value head h reads q/k head h // (H / H_q))."""
+
     B: int
     T: int
     H: int
@@ -48,6 +51,11 @@ class Shapes:
     V: int
     n: int  # Householder micro-steps per token (1 unless DeltaProduct)
     Kf: int  # key dimension after the feature map
+    Hq: int = 0  # heads of q and k (0: = H)
+
+    def __post_init__(self):
+        if self.Hq == 0:
+            object.__setattr__(self, "Hq", self.H)
 
 
 def accepted_inputs(recipe: Recipe) -> dict[str, bool]:
@@ -76,7 +84,9 @@ def _fail(msg: str):
     raise InputError(msg)
 
 
-def _check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True):
+def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True):
+    """The one tensor validator: type, shape, dtype (floating, optionally one of `dtypes`) and,
+    when `values`, finiteness and the range [low, high]. Raises InputError naming `name`."""
     if not isinstance(x, Tensor):
         _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if tuple(x.shape) != tuple(shape):
@@ -110,21 +120,26 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
             _fail(f"{name} must be a floating-point tensor, got {x.dtype}")
     if q.dim() != 4:
         _fail(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
-    B, T, H, K = q.shape
+    B, T, Hq, K = q.shape
     kv_rank = 5 if n > 1 else 4
     layout = "[B, T, n_h, H, {}]" if n > 1 else "[B, T, H, {}]"
     if k.dim() != kv_rank:
         _fail(f"k must be {kv_rank}-D {layout.format('K')}, got shape {list(k.shape)}")
     if v.dim() != kv_rank:
         _fail(f"v must be {kv_rank}-D {layout.format('V')}, got shape {list(v.shape)}")
-    V = v.shape[-1]
-    kshape = (B, T, n, H, K) if n > 1 else (B, T, H, K)
+    H, V = v.shape[-2], v.shape[-1]
+    kshape = (B, T, n, Hq, K) if n > 1 else (B, T, Hq, K)
     vshape = (B, T, n, H, V) if n > 1 else (B, T, H, V)
     if tuple(k.shape) != kshape:
         _fail(f"k must have shape {list(kshape)} to match q {list(q.shape)}"
               f"{f' with n_h={n}' if n > 1 else ''}, got {list(k.shape)}")
     if tuple(v.shape) != vshape:
-        _fail(f"v must have shape {list(vshape)} (batch, length and heads of q), got {list(v.shape)}")
+        _fail(f"v must have shape {list(vshape)} (batch and length of q), got {list(v.shape)}")
+    if H != Hq and (recipe.is_softmax or Hq == 0 or H % Hq):
+        if recipe.is_softmax:
+            _fail(f"q, k and v must have the same heads for {recipe.name} (grouped KV heads are the layer's "
+                  f"num_kv_heads), got {Hq} and {H}")
+        _fail(f"v's heads H={H} must be a multiple of q and k's heads H_q={Hq} (grouped value heads)")
     if not (q.dtype == k.dtype == v.dtype):
         _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
@@ -147,24 +162,24 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     ret = recipe.retention
     if inputs.get("g") is not None:
         gshape = (B, T, H, Kf) if ret.kind == "diagonal" else (B, T, H)
-        _check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0, values=values)
+        check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0, values=values)
     if inputs.get("beta") is not None:
         bshape = (B, T, n, H) if n > 1 else (B, T, H)
         two = (recipe.objective.kind == "l2" and recipe.memory.is_plain_linear) or ret.kind == "householder"
-        _check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None, values=values)
+        check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None, values=values)
     if inputs.get("p") is not None:
-        _check_tensor("p", inputs["p"], (B, T, H, K), dtypes=(q.dtype,), values=values)
+        check_tensor("p", inputs["p"], (B, T, Hq, K), dtypes=(q.dtype,), values=values)
     if inputs.get("nu") is not None:
-        _check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0, values=values)
+        check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0, values=values)
     if inputs.get("gamma") is not None:
-        _check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0, values=values)
+        check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0, values=values)
     if inputs.get("lamb") is not None:
-        _check_tensor("lamb", inputs["lamb"], (H, Kf), values=values)
+        check_tensor("lamb", inputs["lamb"], (H, Kf), values=values)
         if values and bool((inputs["lamb"] <= 0).any()):
             _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
     if inputs.get("w") is not None:
-        _check_tensor("w", inputs["w"], (B, T, H, K), values=values)
-    return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf)
+        check_tensor("w", inputs["w"], (B, T, H, K), values=values)
+    return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf, Hq=Hq)
 
 
 _INPUT_DOC = {
@@ -176,6 +191,16 @@ _INPUT_DOC = {
     "lamb": "Mesa regularizer > 0, [H, K]",
     "w": "Householder direction [B, T, H, K]",
 }
+
+
+def _check_dims(**dims):
+    """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1."""
+    for name, val in dims.items():
+        if val is None:
+            continue
+        low = 0 if name in ("batch_size", "seq_len") else 1
+        if isinstance(val, bool) or not isinstance(val, int) or val < low:
+            _fail(f"{name} must be an int ≥ {low}, got {val!r}")
 
 
 def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
@@ -195,6 +220,7 @@ def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_d
     from .zoo import resolve
 
     recipe = resolve(model)
+    _check_dims(batch_size=batch_size, num_heads=num_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
     B, H, K, V = batch_size, num_heads, head_k_dim, head_v_dim
     kw = dict(dtype=dtype, device=device)
     if recipe.is_softmax:
@@ -243,6 +269,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
     from .zoo import resolve
 
     recipe = resolve(model)
+    _check_dims(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, head_v_dim=head_v_dim)
     if generator is None:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed if seed is not None else torch.seed() % 2**62)
@@ -260,7 +287,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
 
     kv = (B, T, n, H) if n > 1 else (B, T, H)
     out = {"q": unit(B, T, H, K), "k": unit(*kv, K), "v": rand(*kv, V)}
-    gdt = torch.float64 if dtype == torch.float64 else torch.float32
+    gdt = compute_dtype(dtype)
     for name in accepted_inputs(recipe):
         if name == "g":
             shape = (B, T, H, Kf) if recipe.retention.kind == "diagonal" else (B, T, H)

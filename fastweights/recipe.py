@@ -37,6 +37,10 @@ __all__ = [
     "Retention",
     "Recipe",
     "RecipeError",
+    "RecipeClass",
+    "RECIPE_CLASSES",
+    "recipe_class",
+    "has_bare_state",
 ]
 
 
@@ -199,8 +203,10 @@ class Optimizer:
     """Axis 3, the inner optimizer.
 
     gd:          θ_t = retain(θ_{t−1}) − β_t ∇ℓ_t
-    momentum:    m_t = ν_t m_{t−1} + ∇ℓ_t;  θ_t = retain(θ_{t−1}) − β_t m_t          (Titans)
-    muon:        as momentum, with the step NewtonSchulz_{ns_steps}(m_t) per weight matrix (ATLAS)
+    momentum:    m_t = ν_t m_{t−1} − β_t ∇ℓ_t;  θ_t = retain(θ_{t−1}) + m_t        (Titans: the
+                 learning rate inside the buffer, as the Titans paper writes it)
+    muon:        m_t = ν_t m_{t−1} + ∇ℓ_t;  θ_t = retain(θ_{t−1}) − β_t NS_{ns_steps}(m_t), Newton–Schulz
+                 per weight matrix (ATLAS: the learning rate outside the buffer, as seeds/003 writes it)
     closed_form: the objective is solved exactly at every token (least_squares only; Mesa)
     householder_steps n_h: n_h gd micro-steps per token, each with its own (k, v, β), the
                  retention applied once before them (DeltaProduct).
@@ -397,3 +403,42 @@ class Recipe:
             "optimizer": optimizer,
             "retention": self.retention.describe(),
         }
+
+
+# ---------------------------------------------------------------------------- algorithm classes
+RecipeClass = Literal["softmax", "mesa", "gated_linear", "delta", "generic"]
+"""The algorithm family of a recipe: what decides which forms and backends exist for it.
+
+softmax:      kv memory (softmax, FoX, ALiBi, DeltaFormer, PaTH)
+mesa:         exact least squares (MesaNet)
+gated_linear: plain linear memory, dot objective, one GD step per token (linear attention, RetNet,
+              Mamba2, GLA)
+delta:        plain linear memory, l2 objective, one GD step per token: rank-1 writes, any number of
+              Householder steps (DeltaNet, Gated DeltaNet, Comba, DeltaProduct, KDA)
+generic:      everything else, served by the generic recurrence and the inner mini-batch chunk form
+              (MLP and residual-LN memories, momentum, Muon, Omega windows, inner mini-batches)
+"""
+
+RECIPE_CLASSES: tuple[RecipeClass, ...] = ("softmax", "mesa", "gated_linear", "delta", "generic")
+
+
+def recipe_class(recipe: Recipe) -> RecipeClass:
+    """The algorithm family of `recipe` (see `RecipeClass`)."""
+    if recipe.is_softmax:
+        return "softmax"
+    if recipe.is_mesa:
+        return "mesa"
+    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
+    simple = mem.is_plain_linear and opt.kind == "gd" and opt.minibatch == 1 and obj.window == 1
+    if simple and obj.kind == "dot":
+        return "gated_linear"
+    if simple and obj.kind == "l2":
+        return "delta"
+    return "generic"
+
+
+def has_bare_state(recipe: Recipe) -> bool:
+    """True when the recipe's whole state is one matrix S [B, H, K', V]: the functional forms then
+    return (and accept) it as a bare tensor, and layers carry it so. Every other recipe carries a
+    typed state (MemoryState, MesaState, KVCache)."""
+    return recipe_class(recipe) in ("gated_linear", "delta") and not recipe.memory.normalize

@@ -14,7 +14,16 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["MemoryState", "MesaState", "KVCache", "state_map"]
+__all__ = ["MemoryState", "MesaState", "KVCache", "state_map", "compute_dtype"]
+
+
+def compute_dtype(x: Tensor | torch.dtype) -> torch.dtype:
+    """The precision the torch reference computes and carries states in, for inputs of x's dtype:
+    float64 stays float64 (the exact checks), every other floating dtype computes in fp32 (fp32
+    accumulation for bf16/fp16 inputs). The one place this rule is written; kernel backends
+    choose their own operand precision and keep fp32 states."""
+    dtype = x.dtype if isinstance(x, Tensor) else x
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass

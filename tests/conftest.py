@@ -1,9 +1,41 @@
-"""Suite-wide settings: one intra-op thread per pytest-xdist worker (`-n 2` on 2 cores would
-otherwise run 2 × 2 threads on 2 cores and stall every parallel region)."""
+"""Suite-wide settings.
+
+- One intra-op thread per pytest-xdist worker (`-n 2` on 2 cores would otherwise run 2 × 2
+  threads on 2 cores and stall every parallel region).
+- Markers: `cuda` (needs a CUDA GPU; deselected by default, run with `pytest -m cuda` on the
+  GPU machine), `triton` (runs Triton kernels: on the GPU, or on CPU tensors under
+  TRITON_INTERPRET=1), `distributed` (starts several processes).
+- Kernel tests (`cuda` or `triton`) run with NaN-poisoned kernel outputs
+  (`fastweights.kernels.poisoned_outputs`): an element a kernel forgets to write is NaN, never
+  a leftover that happens to be right.
+"""
 
 import os
 
+import pytest
 import torch
+
+from fastweights.kernels import poisoned_outputs
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _poison_kernel_outputs(request):
+    if request.node.get_closest_marker("cuda") or request.node.get_closest_marker("triton"):
+        with poisoned_outputs():
+            yield
+    else:
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """`cuda` tests are skipped, with the reason, where no CUDA device is present (they are also
+    deselected by default: pyproject's addopts)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on the GPU machine)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import fastweights as fw
+from fastweights.recipe import has_bare_state
 from fastweights.state import KVCache, MemoryState, MesaState, state_tensors
 
 
@@ -36,7 +37,7 @@ def random_state(model, B, H, K, V, gen, dtype=torch.float64):
         return MesaState(H=A @ A.transpose(-1, -2), G=rnd(B, H, Kf, V))
     st = fw.init_state(r, B, H, K, V, dtype=dtype, generator=gen, std=K ** -0.5)
     weights = tuple(w + rnd(*w.shape) for w in st.weights)
-    if fw.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize:
+    if has_bare_state(r):
         return weights[0]
     return MemoryState(
         weights=weights,
@@ -84,3 +85,9 @@ def run_with_grads(form_fn, model, inputs, state, gen_seed=0, **kw):
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     grads = [torch.zeros_like(x) if gr is None else gr for x, gr in zip(leaves, grads)]
     return o, final, grads
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b|, in float64 on the CPU (any devices and dtypes; 0 where both vanish)."""
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()

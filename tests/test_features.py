@@ -7,6 +7,7 @@ import torch
 
 from fastweights import FeatureMap, RecipeError
 from fastweights.features import apply_feature_map
+from tests.tolerances import FEATURE_KERNEL_F64
 
 
 @pytest.mark.parametrize("degree", [1, 2, 3])
@@ -22,7 +23,7 @@ def test_kernel_identities_and_dimensions(kind, degree, homogeneous):
     coef = (lambda i: 1.0) if kind == "polynomial" else (lambda i: 1.0 / math.factorial(i))
     powers = [degree] if homogeneous else range(degree + 1)
     expected = sum(coef(i) * d ** i for i in powers)
-    assert torch.allclose((fx * fy).sum(-1), expected, rtol=1e-12, atol=1e-12)
+    assert torch.allclose((fx * fy).sum(-1), expected, rtol=FEATURE_KERNEL_F64, atol=FEATURE_KERNEL_F64)
 
 
 def test_homogeneous_only_for_polynomial_maps():

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 import fastweights as fw
 from fastweights import zoo
 from tests.helpers import make_case, max_err
+from tests.tolerances import EXACT_F64, FORMS_F32
 
 PARALLEL = [n for n in zoo.names() if "parallel" in fw.forms(n)]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -20,7 +21,7 @@ def test_recurrent_equals_parallel_any_shape(name, B, T, H, K, V, dtype, seed):
     inputs, state = make_case(name, T=T, B=B, H=H, K=K, V=V, seed=seed, dtype=dtype)
     o1, s1 = fw.recurrent(name, initial_state=state, output_final_state=True, **inputs)
     o2, s2 = fw.parallel(name, initial_state=state, output_final_state=True, **inputs)
-    tol = 1e-10 if dtype == torch.float64 else 2e-4
+    tol = EXACT_F64 if dtype == torch.float64 else FORMS_F32
     scale = 1 + o1.abs().max().item()
     assert o1.dtype == dtype
     assert (o1 - o2).abs().max().item() < tol * scale
@@ -46,6 +47,6 @@ def test_delta_write_properties_any_shape(K, V, beta, seed):
         return S2
 
     S1 = write(S, 1.0)
-    assert (write(S1, 1.0) - S1).abs().max() < 1e-10
+    assert (write(S1, 1.0) - S1).abs().max() < EXACT_F64
     S2 = write(S, beta)
-    assert ((S2[0, 0] - S[0, 0]).T @ u).abs().max() < 1e-10
+    assert ((S2[0, 0] - S[0, 0]).T @ u).abs().max() < EXACT_F64

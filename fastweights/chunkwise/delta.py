@@ -22,13 +22,19 @@ which is the unit-lower-triangular system (the UT transform)
 
     (I + strict_tril(diag(β) A)) [U', W] = [diag(β) V, diag(β)(R ⊙ e^{R})],   U = U' − W S_n,
 
-solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ (`unit_lower_inverse`: a triangular
-solve against I on CUDA, recursive block inversion by batched matmuls elsewhere), then
+solved once per chunk: T = (I + strict_tril(diag(β) A))⁻¹ (`unit_lower_inverse`), then
 [U', W] = T·rhs (fp32). Then, with
 Aqk_ij = Σ_d scale·q_id k_jd e^{G_id − G_jd} (j ≤ i) and K̃_j = k_j ⊙ e^{G_C − G_j},
 
     O_n     = (scale·Q ⊙ e^{G} − Aqk W) S_n + Aqk U'
     S_{n+1} = (Diag(e^{G_C}) − K̃ᵀ W) S_n + K̃ᵀ U'
+
+Stages (chunkwise/common.py holds the shared ones):
+
+    chunk_inputs → chunk_cumsum → delta_decays (Q̃, R̃, K̃, e^{G_C}) → decayed_scores (L = diag(β)·RKᵀ,
+    Aqk = QKᵀ) → unit_lower_inverse (T) → wy_representation (U', W) → delta_transitions
+    (M_n = Diag(e^{G_C}) − K̃ᵀW, B_n = K̃ᵀU') → pass_states (S_{n+1} = M_n S_n + B_n)
+    → chunk_outputs (o = Aqk U' + (Q̃ − Aqk W) S_n)
 
 All of it is batched matmuls over every chunk at once except the last line, a scan of one
 [K, K]×[K, V] product per chunk. Every exponent is a difference of chunk-local cumsums that is
@@ -46,18 +52,21 @@ from __future__ import annotations
 
 import torch
 
-from .gated import (
-    check_shape,
+from ..inputs import InputError, check_tensor
+from .common import (
+    chunk_cumsum,
     chunk_inputs,
+    chunk_outputs,
     decayed_scores,
     gate_kind,
+    pass_states,
     scalar_or_diag,
 )
-from .varlen import scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["chunk_delta", "unit_lower_inverse", "block_unit_lower_inverse", "solve_unit_lower_inverse"]
+__all__ = ["chunk_delta", "unit_lower_inverse", "block_unit_lower_inverse", "solve_unit_lower_inverse",
+           "default_inverse", "delta_decays", "wy_representation", "delta_transitions", "INVERSES"]
 
 
 class _SolveUnitLowerInverse(torch.autograd.Function):
@@ -83,12 +92,26 @@ def solve_unit_lower_inverse(L: Tensor) -> Tensor:
     return _SolveUnitLowerInverse.apply(L)
 
 
-def unit_lower_inverse(L: Tensor) -> Tensor:
-    """(I + strict_tril(L))⁻¹ for L [..., C, C], exact either way: on CUDA one batched triangular
-    solve (measured faster there: 19.8 against 26.9 ms for a DeltaNet forward+backward at B=4,
-    T=4096, H=16, D=128); elsewhere the matmul-only block inversion, because the CPU
-    triangular solve stalled for seconds on a 2-thread pool shared with other work."""
-    return solve_unit_lower_inverse(L) if L.is_cuda else block_unit_lower_inverse(L)
+INVERSES = ("solve", "blocks")
+
+
+def default_inverse(device) -> str:
+    """The torch backend's choice of `unit_lower_inverse` method for a device: "solve" on CUDA (one
+    batched triangular-solve kernel, faster there), "blocks" elsewhere (matmuls only: the CPU
+    triangular solve stalls on a thread pool shared with other work). Both are exact; the choice
+    depends on the device only, never on data."""
+    return "solve" if torch.device(device).type == "cuda" else "blocks"
+
+
+def unit_lower_inverse(L: Tensor, method: str = "blocks") -> Tensor:
+    """Stage (delta class): T = (I + strict_tril(L))⁻¹ for L [..., C, C] (its diagonal and upper
+    part ignored), by `method`: "solve" (`solve_unit_lower_inverse`) or "blocks"
+    (`block_unit_lower_inverse`). Both exact."""
+    if method == "solve":
+        return solve_unit_lower_inverse(L)
+    if method == "blocks":
+        return block_unit_lower_inverse(L)
+    raise InputError(f"inverse must be one of {list(INVERSES)}, got {method!r}")
 
 
 def block_unit_lower_inverse(L: Tensor) -> Tensor:
@@ -122,10 +145,44 @@ def block_unit_lower_inverse(L: Tensor) -> Tensor:
     return blocks[..., 0, :C, :C]  # [..., C, C]
 
 
+def delta_decays(qc: Tensor, rc: Tensor, kc: Tensor, G: Tensor | None, Gx: Tensor | None, kind: str):
+    """Stage 2a (delta class): the decayed rows and the chunk's own decay.
+
+    qc (scaled), rc (read keys), kc: [B, H, N, C, K]; G, Gx: the chunk-local cumsum and the read
+    state's log-decay R (= G, or the exclusive cumsum for decay_first=False), [B, H, N, C(, K)] or None.
+    Returns (Q̃ = q_i ⊙ e^{G_i}, R̃ = r_i ⊙ e^{R_i}, K̃ = k_j ⊙ e^{G_C − G_j} [B, H, N, C, K];
+    a = e^{G_C} [B, H, N, 1 or K], or None without decay)."""
+    if G is None:
+        return qc, rc, kc, None
+    Gb, Gxb = scalar_or_diag(G, kind), scalar_or_diag(Gx, kind)  # [B, H, N, C, 1 or K]
+    G_last = Gb[:, :, :, -1:]  # [B, H, N, 1, 1 or K]
+    return qc * Gb.exp(), rc * Gxb.exp(), kc * (G_last - Gb).exp(), G_last.exp()[:, :, :, 0]
+
+
+def wy_representation(Tinv: Tensor, vc: Tensor, r_dec: Tensor, bc: Tensor) -> tuple[Tensor, Tensor]:
+    """Stage 3b (delta class): [U', W] = T · diag(β)[V, R̃] — the pseudo-values U' [B, H, N, C, V]
+    and the read weights W [B, H, N, C, K] (the UT/WY transform), from T [B, H, N, C, C],
+    vc [B, H, N, C, V], R̃ [B, H, N, C, K], β [B, H, N, C]."""
+    V = vc.shape[-1]
+    X = Tinv @ (torch.cat([vc, r_dec], dim=-1) * bc.unsqueeze(-1))  # [B, H, N, C, V + K]
+    return X[..., :V], X[..., V:]
+
+
+def delta_transitions(a: Tensor | None, k_dec: Tensor, W: Tensor, U1: Tensor) -> tuple[Tensor, Tensor]:
+    """Stage 3c (delta class): chunk n's affine map of the state, S_{n+1} = M_n S_n + B_n with
+    M_n = Diag(e^{G_C}) − K̃ᵀW [B, H, N, K, K] and B_n = K̃ᵀU' [B, H, N, K, V]; a = e^{G_C}
+    [B, H, N, 1 or K] (None: no decay, Diag = I)."""
+    K = k_dec.shape[-1]
+    eye = torch.eye(K, dtype=k_dec.dtype, device=k_dec.device)  # [K, K]
+    diag = eye if a is None else (a.unsqueeze(-1) * eye if a.shape[-1] == 1 else torch.diag_embed(a))
+    k_decT = k_dec.transpose(-1, -2)  # [B, H, N, K, C]
+    return diag - k_decT @ W, k_decT @ U1
+
+
 def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tensor | None = None,
                 p: Tensor | None = None, decay_first: bool = True, scale: float | None,
                 initial_state: Tensor | None = None, output_final_state: bool = False, chunk_size: int = 64,
-                cu_seqlens: Tensor | None = None):
+                cu_seqlens: Tensor | None = None, inverse: str = "blocks"):
     """Chunkwise delta rule (WY/UT transform), with optional decay, probe key and Householder micro-steps.
 
     Args:
@@ -142,83 +199,60 @@ def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tens
         output_final_state: also return S_T.
         chunk_size: rows per chunk (tokens; micro-steps for DeltaProduct). T needs not be a multiple.
         cu_seqlens: int [N+1] with B = 1: N packed sequences (flash-attention convention).
+        inverse: how the per-chunk unit-lower-triangular inverse is taken, "blocks" or "solve"
+            (`unit_lower_inverse`; the torch backend passes `default_inverse(device)`).
     Returns:
         o [B, T, H, V] in v's dtype; final state [B (or N), H, K, V] in fp32 (float64 for float64
         inputs) when output_final_state, else None.
     """
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise InputError(f"q must be 4-D [B, T, H, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
     B, T, H, K = q.shape
     if not isinstance(k, Tensor) or k.dim() not in (4, 5):
-        raise ValueError("k must be [B, T, H, K] (or [B, T, n, H, K] for Householder micro-steps)")
+        raise InputError("k must be [B, T, H, K] (or [B, T, n, H, K] for Householder micro-steps)")
+    if inverse not in INVERSES:
+        raise InputError(f"inverse must be one of {list(INVERSES)}, got {inverse!r}")
     if k.dim() == 5:
         return _delta_product(q, k, v, beta=beta, g=g, p=p, decay_first=decay_first, scale=scale,
                               initial_state=initial_state, output_final_state=output_final_state,
-                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    check_shape("p", p, (B, T, H, K), optional=True)
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens, inverse=inverse)
+    if p is not None:
+        check_tensor("p", p, (B, T, H, K), values=False)
     c = chunk_inputs(q, k, v, beta=beta, g=g, scale=scale, initial_state=initial_state, chunk_size=chunk_size,
                      cu_seqlens=cu_seqlens)
-    V, kind, cdt, layout, S0, qc, kc, vc = c.V, c.kind, c.cdt, c.layout, c.S0, c.qc, c.kc, c.vc
-    out_dtype = v.dtype
-    rc = kc if p is None else layout.to_chunks(p.to(cdt))  # read keys  [B, H, N, C, K]
-    if beta is None:
-        bc = torch.ones_like(vc[..., 0])  # [B, H, N, C]
-    else:
-        bc = layout.to_chunks(beta.to(cdt))  # [B, H, N, C]
-    Bsz, _, N, C, _ = qc.shape
-    eye = torch.eye(K, dtype=cdt, device=q.device)  # [K, K]
-
-    if kind == "none":
-        Gx = G = None
-        q_dec, r_dec, k_dec = qc, rc, kc
-        diag_decay = eye
-    else:
-        gc = layout.to_chunks(g.to(cdt))  # [B, H, N, C(, K)]
-        G = gc.cumsum(dim=3)  # chunk-local cumsum  [B, H, N, C(, K)]
+    layout, qc, kc, vc = c.layout, c.qc, c.kc, c.vc
+    rc = kc if p is None else layout.to_chunks(p.to(c.cdt))  # read keys  [B, H, N, C, K]
+    bc = torch.ones_like(vc[..., 0]) if beta is None else layout.to_chunks(beta.to(c.cdt))  # [B, H, N, C]
+    G = Gx = None
+    if c.kind != "none":
+        G = chunk_cumsum(layout.to_chunks(g.to(c.cdt)))  # [B, H, N, C(, K)]
         if decay_first:
-            Gx = G  # log-decay of the read state  [B, H, N, C(, K)]
+            Gx = G  # log-decay of the read state
         else:  # the exclusive cumsum, as the same floats as G shifted by one row (not G − g, whose
             # rounding would put an error of ~eps·|G| into the exponent G_{i−1} − G_{i−1} = 0)
-            Gx = torch.cat([torch.zeros_like(G.narrow(3, 0, 1)), G.narrow(3, 0, C - 1)], dim=3)
-        Gb, Gxb = scalar_or_diag(G, kind), scalar_or_diag(Gx, kind)  # [B, H, N, C, 1 or K]
-        G_last = Gb[:, :, :, -1:]  # [B, H, N, 1, 1 or K]
-        q_dec = qc * Gb.exp()  # scale·q_i ⊙ e^{G_i}            [B, H, N, C, K]
-        r_dec = rc * Gxb.exp()  # r_i ⊙ e^{R_i}                   [B, H, N, C, K]
-        k_dec = kc * (G_last - Gb).exp()  # k_j ⊙ e^{G_C − G_j}  [B, H, N, C, K]
-        a = G_last.exp()[:, :, :, 0]  # e^{G_C}  [B, H, N, 1 or K]
-        diag_decay = a.unsqueeze(-1) * eye if kind == "scalar" else torch.diag_embed(a)  # [B, H, N, K, K]
-
-    # the UT transform: (I + strict_tril(diag(β) A)) [U', W] = diag(β) [V, R ⊙ e^R]
-    L = decayed_scores(rc, kc, Gx, G, strict=True) * bc.unsqueeze(-1)  # [B, H, N, C, C]
-    rhs = torch.cat([vc, r_dec], dim=-1) * bc.unsqueeze(-1)  # [B, H, N, C, V + K]
-    X = unit_lower_inverse(L) @ rhs  # [B, H, N, C, V + K]
-    U1, W = X[..., :V], X[..., V:]  # [B, H, N, C, V], [B, H, N, C, K]
-
+            Gx = torch.cat([torch.zeros_like(G.narrow(3, 0, 1)), G.narrow(3, 0, G.shape[3] - 1)], dim=3)
+    q_dec, r_dec, k_dec, a = delta_decays(qc, rc, kc, G, Gx, c.kind)
+    L = decayed_scores(rc, kc, Gx, G, strict=True) * bc.unsqueeze(-1)  # diag(β)·A  [B, H, N, C, C]
+    U1, W = wy_representation(unit_lower_inverse(L, inverse), vc, r_dec, bc)  # [.., C, V], [.., C, K]
     Aqk = decayed_scores(qc, kc, G, G, strict=False)  # [B, H, N, C, C]
-    q_eff = q_dec - Aqk @ W  # [B, H, N, C, K]
-    o_intra = Aqk @ U1  # [B, H, N, C, V]
-    k_decT = k_dec.transpose(-1, -2)  # [B, H, N, K, C]
-    # the scan: S ↦ M S + Bm per chunk, one baddbmm on [B·H, K, ·] (B = 1 with varlen)
-    M = (diag_decay - k_decT @ W).reshape(Bsz * H, N, K, K).unbind(1)  # [B·H, K, K] each
-    Bm = (k_decT @ U1).reshape(Bsz * H, N, K, V).unbind(1)  # [B·H, K, V] each
-    entering, final = scan_chunks(layout, S0,
-                                  lambda n, S: torch.baddbmm(Bm[n], M[n], S.reshape(-1, K, V)).view(S.shape))
-    o = o_intra + q_eff @ entering  # [B, H, N, C, V]
-    o = layout.from_chunks(o).to(out_dtype)  # [B, T, H, V]
+    M, Bn = delta_transitions(a, k_dec, W, U1)  # [B, H, N, K, K], [B, H, N, K, V]
+    entering, final = pass_states(layout, c.S0, M, Bn)  # [B, H, N, K, V], [B or N, H, K, V]
+    o = chunk_outputs(layout, Aqk @ U1, q_dec - Aqk @ W, entering, v.dtype)  # [B, T, H, V]
     return o, (final if output_final_state else None)
 
 
 def _delta_product(q, k, v, *, beta, g, p, decay_first, scale, initial_state, output_final_state, chunk_size,
-                   cu_seqlens):
+                   cu_seqlens, inverse):
     """n Householder micro-steps per token, run as the delta rule on the interleaved length T·n."""
     B, T, H, K = q.shape
     n = k.shape[2]
     V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 5 else -1
-    check_shape("k", k, (B, T, n, H, K))
-    check_shape("v", v, (B, T, n, H, V))
-    check_shape("beta", beta, (B, T, n, H), optional=True)
+    check_tensor("k", k, (B, T, n, H, K), values=False)
+    check_tensor("v", v, (B, T, n, H, V), values=False)
+    if beta is not None:
+        check_tensor("beta", beta, (B, T, n, H), values=False)
     if p is not None:
-        raise ValueError("p (a probe key) is not defined with Householder micro-steps (k of rank 5)")
+        raise InputError("p (a probe key) is not defined with Householder micro-steps (k of rank 5)")
     kind = gate_kind(g, B, T, H, K)
     scale = K ** -0.5 if scale is None else float(scale)
     k_il = k.reshape(B, T * n, H, K)  # micro-step (t, j) at row t·n + j  [B, T·n, H, K]
@@ -234,6 +268,6 @@ def _delta_product(q, k, v, *, beta, g, p, decay_first, scale, initial_state, ou
     cu_il = cu_seqlens * n if cu_seqlens is not None else None
     o, final = chunk_delta(q_il, k_il, v_il, beta=beta_il, g=g_il, decay_first=decay_first, scale=scale,
                            initial_state=initial_state, output_final_state=output_final_state,
-                           chunk_size=chunk_size, cu_seqlens=cu_il)
+                           chunk_size=chunk_size, cu_seqlens=cu_il, inverse=inverse)
     o = o.reshape(B, T, n, H, V)[:, :, -1]  # [B, T, H, V]
     return o, final

@@ -24,7 +24,7 @@ from ..inputs import InputError
 
 Tensor = torch.Tensor
 
-__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens"]
+__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens", "num_sequences"]
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -119,11 +119,18 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int]:
     return cu
 
 
+def num_sequences(cu_seqlens, B: int, T: int) -> int | None:
+    """N for a valid cu_seqlens (int [N+1], 0 = cu[0] ≤ … ≤ cu[N] = T, B = 1); None without varlen."""
+    if cu_seqlens is None:
+        return None
+    return len(check_cu_seqlens(cu_seqlens, B, T)) - 1
+
+
 def make_layout(B: int, T: int, chunk_size: int, cu_seqlens: Tensor | None = None,
                 device: torch.device | None = None) -> ChunkLayout:
     """The layout of a batch [B, T] (or of `cu_seqlens`' packed sequences) in chunks of `chunk_size`."""
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        raise InputError(f"chunk_size must be a positive int, got {chunk_size!r}")
     C = chunk_size
     if cu_seqlens is None:
         N = -(-T // C)

@@ -37,7 +37,7 @@ __all__ = ["FastWeightsConfig", "FastWeightsForCausalLM", "FastWeightsModel", "F
 
 def from_lm(lm) -> FastWeightsForCausalLM:
     """The transformers model of an existing `LM`, sharing its parameters (no copy)."""
-    model = FastWeightsForCausalLM(FastWeightsConfig(lm.config))
+    model = FastWeightsForCausalLM(FastWeightsConfig(lm.config, backends=list(lm.backends)))
     model.embed, model.blocks, model.norm = lm.embed, lm.blocks, lm.norm
     object.__setattr__(model, "_lm", lm)
     return model.to(lm.embed.weight.device)

@@ -1,9 +1,9 @@
 """FastWeightsConfig: the Hugging Face `PreTrainedConfig` of a fastweights LM.
 
-It carries the whole LMConfig as a JSON dict under `config`, next to `format` and `version`:
-exactly the keys `LM.save_pretrained` writes into `config.json` (which also writes
-`"model_type": "fastweights"`), so one directory is both a fastweights checkpoint and a
-transformers one. The usual transformers names (`vocab_size`, `hidden_size`,
+It carries the whole LMConfig as a JSON dict under `config`, next to `format`, `version` and
+`backends` (the backend each layer ran): exactly the keys `LM.save_pretrained` writes into
+`config.json` (which also writes `"model_type": "fastweights"`), so one directory is both a
+fastweights checkpoint and a transformers one. The usual transformers names (`vocab_size`, `hidden_size`,
 `num_hidden_layers`, `num_attention_heads`) are read-only views of the LMConfig.
 """
 
@@ -30,7 +30,7 @@ class FastWeightsConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, config: dict[str, Any] | LMConfig | None = None, format: str = FORMAT,
-                 version: int = VERSION, **kwargs):
+                 version: int = VERSION, backends: list[str] | None = None, **kwargs):
         if isinstance(config, LMConfig):
             config = config.to_dict()
         if config is not None:
@@ -42,6 +42,8 @@ class FastWeightsConfig(PretrainedConfig):
         self.config = config
         self.format = format
         self.version = version
+        # the backend every layer ran (what LM.save_pretrained records); None: resolve config's
+        self.backends = list(backends) if backends is not None else None
         kwargs.setdefault("tie_word_embeddings", False)  # the LM's head reads the embedding itself
         super().__init__(**kwargs)
 

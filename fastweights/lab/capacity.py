@@ -85,7 +85,7 @@ from ..inputs import accepted_inputs, complete_state
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..reference import inner
 from ..reference.recurrent import memory_recurrent
-from ..state import MemoryState, MesaState, state_map
+from ..state import MemoryState, MesaState, compute_dtype, state_map
 
 Tensor = torch.Tensor
 
@@ -246,7 +246,7 @@ def _fast_form(recipe: Recipe, Kf: int, V: int) -> str:
     parallel form, run on chunks of PARALLEL_CHUNK tokens, each continuing the last one's
     state), "state" (`_memory_write`) for the rest."""
     cls = api.recipe_class(recipe)
-    if cls == "memory":
+    if cls == "generic":
         return "state"
     if cls == "delta" and Kf > 4 * V:
         return "parallel"
@@ -281,7 +281,7 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
         if form == "state":
             return _memory_write(probe, state, keys, values)
         if recipe.feature_map.kind != "identity":  # φ once, here, instead of for q and k in the form (and β)
-            cdt = torch.float64 if keys.dtype == torch.float64 else torch.float32
+            cdt = compute_dtype(keys)
             k = apply_feature_map(recipe.feature_map, k.to(cdt))  # [B, T, 1, K']
             features = k[:, :, 0] if cdt == keys.dtype else None
             recipe = dataclasses.replace(recipe, feature_map=FeatureMap())
@@ -307,7 +307,7 @@ def _memory_write(probe: Probe, state, keys: Tensor, values: Tensor) -> MemorySt
     recipe = probe.recipe
     if recipe.feature_map.kind != "identity" or recipe.retention.kind != "none":
         raise ValueError(f"no state-only write for {recipe.name}; write it with form='recurrent'")
-    cdt = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(keys)
     B, T, K = keys.shape
     V = values.shape[-1]
     inputs = {name: x.to(cdt) for name, x in probe.inputs(keys).items()}  # [B, T, 1] each

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..state import compute_dtype
+
 Tensor = torch.Tensor
 
 __all__ = ["MambaDecay", "GLAGate", "LogSigmoidGate", "BetaGate", "SigmoidGate", "inverse_softplus"]
@@ -35,7 +37,7 @@ def inverse_softplus(y: Tensor) -> Tensor:
 
 
 def _fp(x: Tensor) -> Tensor:
-    return x if x.dtype == torch.float64 else x.float()
+    return x.to(compute_dtype(x))
 
 
 class MambaDecay(nn.Module):

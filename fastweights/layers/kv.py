@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..recipe import Recipe
-from ..state import KVCache
+from ..state import KVCache, compute_dtype
 
 Tensor = torch.Tensor
 
@@ -64,7 +64,7 @@ def empty_cache(recipe: Recipe, batch_size: int, num_heads: int, num_kv_heads: i
     kw = dict(dtype=dtype, device=device)
     c = None
     if has_positions_bias(recipe, forget_gate):
-        cdt = torch.float64 if dtype == torch.float64 else torch.float32
+        cdt = compute_dtype(dtype)
         c = torch.zeros(batch_size, 0, num_heads, dtype=cdt, device=device)
     return KVCache(k=torch.zeros(batch_size, 0, num_kv_heads, head_dim, **kw),
                    v=torch.zeros(batch_size, 0, num_kv_heads, head_v_dim, **kw), c=c)
@@ -80,7 +80,7 @@ def _cumulative(recipe: Recipe, g: Tensor | None, cache: KVCache, B: int, T: int
     """c for the block's positions L, …, L + T − 1: [B, T, H] fp32, continuing the cached c."""
     ret = recipe.retention
     L = cache.length
-    cdt = torch.float64 if cache.k.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(cache.k)
     if ret.kind == "constant":  # c_i = (i + 1)·log γ_h, exact products instead of a long cumsum
         lg = torch.tensor(ret.log_gammas(H), dtype=cdt, device=device)  # [H]
         pos = torch.arange(L + 1, L + T + 1, dtype=cdt, device=device)  # [T]
@@ -173,8 +173,8 @@ def _masked_softmax(logits: Tensor) -> Tensor:
 
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 """SDPA backends for calls with a cache. cuDNN's attention builds an execution plan for every new
-shape, and a decoding step's key length is new at every call: measured on an H100 (torch 2.11),
-9.5 ms of host time per layer and step against ~0.01 ms of GPU work."""
+shape, and a decoding step's key length is new at every call, so each step would pay a plan
+build on the host many times the GPU work (measured: BENCHMARKS.md, decoding)."""
 
 
 def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, groups: int,
@@ -205,7 +205,7 @@ def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, g
 def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_all, c_new, scale: float,
                         doc: Tensor | None = None):
     """The block's solved values u [B, T, Hkv, V] (stage 1 of DeltaFormer), in fp32/fp64."""
-    cdt = torch.float64 if k.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(k)
     B, T, Hk, K = k.shape
     L = cache.length
     k_all = torch.cat([cache.k, k], dim=1).to(cdt)  # [B, N, Hkv, K]
@@ -229,7 +229,7 @@ def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_al
 def _path_attend(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache: KVCache, c_all, c_new,
                  scale: float, groups: int, doc: Tensor | None = None):
     """PaTH over [cache; block]: (o [B, T, H, V], all keys transformed to the block's end [B, N, Hkv, K])."""
-    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(q)
     B, T, H, K = q.shape
     L = cache.length
     N = L + T

@@ -45,10 +45,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import api
+from .. import api, dispatch
 from ..inputs import accepted_inputs, init_state
-from ..recipe import Recipe, RecipeError
-from ..state import KVCache, MemoryState
+from ..recipe import Recipe, RecipeError, has_bare_state
+from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
@@ -244,7 +244,9 @@ class MixerConfig:
     num_v_heads (fast-weight memories: value heads, a multiple of num_heads); num_kv_heads
     (softmax side: key/value heads dividing num_heads); preset (name of a PRESETS row or a
     MixerPreset; default `preset_for(recipe)`); form (None: `training_form`); chunk_size (chunk
-    form); scale (None: the recipe's); rope_theta; norm_eps.
+    form); scale (None: the recipe's); rope_theta; norm_eps; backend: the implementation of the
+    training form ("auto" or a name from `fastweights.backends`), resolved once when the layer is
+    built (`MemoryMixer.backend`) and never switched at run time.
     """
 
     d_model: int
@@ -260,9 +262,12 @@ class MixerConfig:
     scale: float | None = None
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    backend: str = "auto"
 
     def __post_init__(self):
         _pos_int(self.d_model, "d_model")
+        if not isinstance(self.backend, str):
+            raise MixerError(f"backend must be 'auto' or a backend name, got {self.backend!r}")
         _pos_int(self.num_heads, "num_heads")
         _pos_int(self.head_dim, "head_dim", allow_none=True)
         _pos_int(self.head_v_dim, "head_v_dim", allow_none=True)
@@ -398,17 +403,25 @@ class MemoryMixer(nn.Module):
         model: zoo name or Recipe.
         num_heads: query/key heads (H_q); on the softmax side, query heads.
         head_dim, head_v_dim, num_v_heads, num_kv_heads, preset, form, chunk_size, scale,
-        rope_theta, norm_eps: see MixerConfig.
+        rope_theta, norm_eps, backend: see MixerConfig.
         **overrides: fields of MixerPreset replacing the preset's (e.g. conv="none", out_gate="swish").
 
     forward(x, state=None, *, output_state=False, form=None) -> (y, MixerState | None)
     step(x [B, 1, d], state) -> (y, MixerState): one decoding step by the recurrent form.
+
+    Backends: `self.backends` maps every form the layer can run to the backend it runs it with,
+    resolved once here: the configured `backend` for the training form (`self.backend`), "auto"
+    for the others (the decoding step's recurrent form among them). "auto" is resolved for the
+    device the layer is built on (its parameters' device: build under `with torch.device("cuda"):`
+    to resolve for the GPU); a layer moved to a device its backend cannot serve raises
+    BackendNotAvailable at its first call instead of switching algorithm.
     """
 
     def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
                  head_v_dim: int | None = None, num_v_heads: int | None = None, num_kv_heads: int | None = None,
                  preset: str | MixerPreset | None = None, form: str | None = None, chunk_size: int = 64,
-                 scale: float | None = None, rope_theta: float = 10000.0, norm_eps: float = 1e-5, **overrides):
+                 scale: float | None = None, rope_theta: float = 10000.0, norm_eps: float = 1e-5,
+                 backend: str = "auto", **overrides):
         super().__init__()
         unknown = set(overrides) - _PRESET_FIELDS
         if unknown:
@@ -416,7 +429,7 @@ class MemoryMixer(nn.Module):
         base = MixerConfig(d_model=d_model, model=model, num_heads=num_heads, head_dim=head_dim,
                            head_v_dim=head_v_dim, num_v_heads=num_v_heads, num_kv_heads=num_kv_heads,
                            preset=preset, form=form, chunk_size=chunk_size, scale=scale, rope_theta=rope_theta,
-                           norm_eps=norm_eps)
+                           norm_eps=norm_eps, backend=backend)
         if overrides:
             try:
                 base = replace(base, preset=replace(base.resolved_preset, **overrides))
@@ -507,6 +520,18 @@ class MemoryMixer(nn.Module):
                                        activation=p.out_gate if p.out_gate != "none" else "swish",
                                        norm_before_gate=p.norm_before_gate)
         self.o_proj = nn.Linear(H * V, d, bias=False)
+        self.backends = self._resolve_backends(cfg.backend)
+        self.backend = self.backends[self.form]
+
+    def _resolve_backends(self, backend: str) -> dict[str, str]:
+        """{form: concrete backend} for every form this layer can run, fixed from here on."""
+        target = dispatch.Target.of(self.q_proj.weight.device, None, self.K, self.V)
+        have = ("parallel", "recurrent") if self.is_softmax else tuple(api.forms(self.recipe))
+        try:
+            return {f: dispatch.resolve_backend(self.recipe, f, backend if f == self.form else "auto", target)
+                    for f in have}
+        except dispatch.BackendNotAvailable as e:
+            raise MixerError(str(e)) from None
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int, *, dtype=None, device=None) -> MixerState:
@@ -519,14 +544,14 @@ class MemoryMixer(nn.Module):
             memory = empty_cache(r, B, self.H, self.Hkv, self.K, self.V, dtype=dtype, device=device,
                                  forget_gate=self.decay is not None)
         else:
-            sdt = torch.float64 if dtype == torch.float64 else torch.float32
+            sdt = compute_dtype(dtype)
             memory = init_state(r, B, self.H, self.K, self.V, dtype=sdt, device=device)
             if self.memory_init is not None:
                 memory = replace(memory, weights=tuple(m.to(device=device, dtype=sdt)[None].expand(B, *m.shape)
                                                        for m in self.memory_init))
             if isinstance(memory, MemoryState) and r.optimizer.minibatch > 1:
                 memory = replace(memory, anchor=tuple(w.clone() for w in memory.weights))
-            if api.recipe_class(r) in ("gated_linear", "delta") and not r.memory.normalize:
+            if has_bare_state(r):
                 memory = memory.weights[0]
 
         def tail(c):
@@ -545,7 +570,7 @@ class MemoryMixer(nn.Module):
             el = self.q_proj.weight.element_size()
             per_token = self.Hkv * (self.K + self.V) * el
             if has_positions_bias(self.recipe, self.decay is not None):
-                per_token += self.H * (8 if self.q_proj.weight.dtype == torch.float64 else 4)
+                per_token += self.H * compute_dtype(self.q_proj.weight).itemsize
             size += batch_size * seq_len * per_token
         return size
 
@@ -653,13 +678,9 @@ class MemoryMixer(nn.Module):
                 kv_doc = torch.cat([old, new], dim=1)  # [B, L + T]
             o, memory = self._attend(q, k, v, inputs, memory, form, kv_doc)
         else:
-            G = H // Hq
-            if G > 1:  # grouped value heads: value head h reads q/k head h // G
-                q = q.repeat_interleave(G, dim=2)  # [B, T, H, K]
-                k = k.view(B, T, n, Hq, K).repeat_interleave(G, dim=3).view(B, T, n * H, K)  # [B, T, n·H, K]
-                pr = pr.repeat_interleave(G, dim=2) if pr is not None else None
+            # grouped value heads (H_q < H) go to the op as they are: value head h reads q/k head h // (H / H_q)
             if n > 1:
-                k = k.view(B, T, n, H, K)  # [B, T, n, H, K]
+                k = k.view(B, T, n, Hq, K)  # [B, T, n, Hq, K]
             if pr is not None:
                 inputs["p"] = pr
             fn = getattr(api, form)
@@ -671,7 +692,7 @@ class MemoryMixer(nn.Module):
             else:
                 # check_values=False: the gates are in range by construction (no GPU synchronization per call)
                 o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                               check_values=False, **inputs, **kw)
+                               check_values=False, backend=self.backends[form], **inputs, **kw)
             if self.D is not None:
                 o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
         y = self._output(o, x)
@@ -713,7 +734,7 @@ class MemoryMixer(nn.Module):
             and not isinstance(memory, RowStates)
         if varlen:  # sequence s starts from row s of the carried memory (S = B), or from zeros
             o, final = fn(r, qp, kp, vp, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                          check_values=False, cu_seqlens=cu, **toks, **kw)
+                          check_values=False, cu_seqlens=cu, backend=self.backends[form], **toks, **kw)
         else:  # one call per document
             outs, finals = [], []
             bounds = cu.tolist()
@@ -726,7 +747,8 @@ class MemoryMixer(nn.Module):
                     continue
                 part = {name: (val if name == "lamb" else val[:, a:b]) for name, val in toks.items()}
                 o_s, f_s = fn(r, qp[:, a:b], kp[:, a:b], vp[:, a:b], scale=self.scale, initial_state=init,
-                              output_final_state=output_state, check_values=False, **part, **kw)
+                              output_final_state=output_state, check_values=False, backend=self.backends[form],
+                              **part, **kw)
                 outs.append(o_s)
                 finals.append(f_s)
             o = torch.cat(outs, dim=1) if outs else vp.new_zeros(1, 0, self.H, self.V)
@@ -759,7 +781,7 @@ class MemoryMixer(nn.Module):
         return self.o_proj(o.to(self.o_proj.weight.dtype))
 
     def extra_repr(self) -> str:
-        return (f"model={self.recipe.name}, form={self.form}, heads={self.Hq}/{self.H}"
+        return (f"model={self.recipe.name}, form={self.form}, backend={self.backend}, heads={self.Hq}/{self.H}"
                 f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}")
 
 

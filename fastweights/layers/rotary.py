@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ..state import compute_dtype
+
 Tensor = torch.Tensor
 
 __all__ = ["apply_rope"]
@@ -25,7 +27,7 @@ def apply_rope(x: Tensor, start: int, *, base: float = 10000.0, period: int | No
     if D % 2:
         raise ValueError(f"RoPE needs an even head dimension, got {D}")
     half = D // 2
-    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cdt = compute_dtype(x)
     if positions is None:
         pos = torch.arange(start, start + T, device=x.device, dtype=torch.int64)[None]  # [1, T]
     else:

@@ -39,8 +39,8 @@ def save_pretrained(model, directory) -> None:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     # model_type / architectures: the same directory loads with transformers' Auto classes (fastweights.hf)
-    doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "model_type": "fastweights",
-           "architectures": ["FastWeightsForCausalLM"]}
+    doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends),
+           "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"]}
     text = json.dumps(doc, indent=2, ensure_ascii=False)
     _atomic_write(d / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -75,7 +75,18 @@ def load_pretrained(cls, directory, *, device=None):
         tensors = load_file(str(w_path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{w_path}: corrupt or truncated safetensors file ({e})") from None
-    model = cls(config)
+    # the backends the saved model ran; checkpoints written before they were recorded ran the torch backend
+    backends = doc.get("backends", ["torch"] * config.n_layers)
+    if not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
+        raise CheckpointError(f"{cfg_path}: 'backends' must be a list of backend names, got {backends!r}")
+    if len(backends) != config.n_layers:
+        lo, hi = sorted((len(backends), config.n_layers))
+        raise CheckpointError(f"{cfg_path}: 'backends' names {len(backends)} layers but the config builds "
+                              f"{config.n_layers}: backends missing or extra for layers {lo}…{hi - 1}")
+    try:
+        model = cls(config, backends=tuple(backends))
+    except ValueError as e:  # a recorded backend this installation cannot serve
+        raise CheckpointError(f"{cfg_path}: {e}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))

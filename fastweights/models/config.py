@@ -63,6 +63,10 @@ class LMConfig:
     num_v_heads:  grouped value heads of the fast-weight layers; num_kv_heads: grouped KV heads of
                   the softmax-side layers.
     chunk_size:   the chunk form's chunk; rope_theta; norm_eps; init_std (embedding init).
+    backend:      the implementation of every layer's training form: "auto", a backend name
+                  (`fastweights.backends`), or one entry per layer. The LM resolves "auto" once, when
+                  it is built (`lm.backends`); checkpoints record the resolved names, so a reloaded
+                  model runs the same algorithm whatever "auto" would pick on the new machine.
     mixer_overrides: MixerPreset fields replaced in every layer's preset, as a dict or (field,
                   value) pairs, e.g. {"out_gate": "none", "conv": "qkv"} (the recall lab's MQAR
                   wiring); stored as sorted pairs and saved with the config, so a checkpoint
@@ -84,6 +88,7 @@ class LMConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    backend: str | tuple[str, ...] = "auto"
     mixer_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
@@ -107,6 +112,7 @@ class LMConfig:
             mixer = _canonical(mixer, "mixer")
         object.__setattr__(self, "mixer", mixer)  # canonical form (frozen dataclass)
         object.__setattr__(self, "mixer_overrides", _overrides(self.mixer_overrides))
+        object.__setattr__(self, "backend", self._checked_backend())
         recipes = [resolve(m) for m in self.pattern]
         if self.num_kv_heads is not None and not any(r.is_softmax for r in recipes):
             raise ConfigError("LMConfig.num_kv_heads is set but no layer is softmax-side (it groups KV heads of "
@@ -122,6 +128,18 @@ class LMConfig:
             except (MixerError, RecipeError) as e:
                 where = f"mixer[{i}]" if isinstance(self.mixer, tuple) else "mixer"
                 raise ConfigError(f"LMConfig.{where} ({resolve(spec).name}): {e}") from None
+
+    def _checked_backend(self) -> str | tuple[str, ...]:
+        b = self.backend
+        if isinstance(b, str):
+            return b
+        if isinstance(b, (tuple, list)) and len(b) == self.n_layers and all(isinstance(x, str) for x in b):
+            return b[0] if len(set(b)) == 1 else tuple(b)
+        raise ConfigError(f"LMConfig.backend must be 'auto', a backend name or one name per layer "
+                          f"({self.n_layers}), got {b!r}")
+
+    def layer_backend(self, layer: int) -> str:
+        return self.backend if isinstance(self.backend, str) else self.backend[layer]
 
     # ------------------------------------------------------------------ derived
     @property
@@ -151,7 +169,7 @@ class LMConfig:
         """Keyword arguments of MemoryMixer for layer `layer` (the preset overrides included)."""
         kw = self._mixer_kwargs(self.layer_mixers[layer])
         kw.pop("d_model"), kw.pop("model"), kw.pop("num_heads")
-        return {**kw, **dict(self.mixer_overrides)}
+        return {**kw, "backend": self.layer_backend(layer), **dict(self.mixer_overrides)}
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +180,8 @@ class LMConfig:
                 val = [recipe_to_json(m) for m in val] if isinstance(val, tuple) else recipe_to_json(val)
             elif f.name == "mixer_overrides":
                 val = dict(val)
+            elif f.name == "backend" and isinstance(val, tuple):
+                val = list(val)
             out[f.name] = val
         return out
 
@@ -174,6 +194,8 @@ class LMConfig:
         if unknown:
             raise ConfigError(f"unknown LMConfig field(s) {sorted(unknown)}")
         data = dict(data)
+        if isinstance(data.get("backend"), list):
+            data["backend"] = tuple(data["backend"])
         if "mixer" in data:
             m = data["mixer"]
             data["mixer"] = tuple(recipe_from_json(x) for x in m) if isinstance(m, list) else recipe_from_json(m)

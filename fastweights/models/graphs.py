@@ -1,8 +1,8 @@
 """CUDA-graph decoding for fast-weight LMs: `LM.step` captured once, replayed for every token.
 
-At batch 1 a decoding step of the plain-PyTorch layers is a few hundred small kernels (gated
-DeltaNet, 4 layers: 468 kernels and 0.9 ms of GPU work inside an 11 ms step on an H100): the
-host launching them is the bottleneck, not the GPU. A CUDA graph records the step's kernels once
+At batch 1 a decoding step of the plain-PyTorch layers is a few hundred small kernels with far
+less GPU work than host time spent launching them (BENCHMARKS.md, decoding): the host is the
+bottleneck, not the GPU. A CUDA graph records the step's kernels once
 and replays them with one launch. A graph needs fixed shapes and fixed addresses, which a
 fast-weight LM has: its state (memories, conv tails) does not grow. So the step is captured
 reading its token and state from static buffers; after each replay, the new state is copied

@@ -20,6 +20,7 @@ row's own length (`lengths`), so decoding continues every row at its own positio
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -124,15 +125,26 @@ class LM(nn.Module):
     save_pretrained(dir) / LM.from_pretrained(dir)
     """
 
-    def __init__(self, config: LMConfig):
+    def __init__(self, config: LMConfig, *, backends: tuple[str, ...] | None = None):
+        """backends: the concrete backend of every layer, overriding config.backend (what a
+        checkpoint recorded); default: config.backend, "auto" resolved once here (`self.backends`)."""
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"LM takes an LMConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.normal_(self.embed.weight, std=config.init_std)
+        if backends is not None:
+            if len(backends) != config.n_layers:
+                raise ValueError(f"backends must name one backend per layer ({config.n_layers}), got {backends!r}")
+            config = dataclasses.replace(config, backend=tuple(backends))
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backend each layer runs its training form with (resolved when the LM was built)."""
+        return tuple(b.mixer.backend for b in self.blocks)
 
     # ------------------------------------------------------------------ forward passes
     def _check_ids(self, ids: Tensor, name: str = "input_ids"):

@@ -16,17 +16,23 @@ from tests.tolerances import CHUNK_F32_REL, CHUNK_F64
 LINEAR = [n for n in zoo.names() if fw.recipe_class(zoo.get(n)) in ("gated_linear", "delta")]
 
 
+def _with_backends(names, dtype):
+    """(model, backend) for every backend this machine has for the model's chunk form at `dtype`
+    on the CPU ("compile" apart: its one-time compile per shape is tested once, below)."""
+    return [(n, b) for n in names for b in fw.backends(n, device="cpu", dtype=dtype) if b != "compile"]
+
+
 def test_linear_classes_cover_the_published_models():
     assert set(LINEAR) == {"linear_attention", "retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "comba",
                            "deltaproduct", "kda"}
 
 
 @pytest.mark.parametrize("T,C", [(1, 16), (37, 16), (70, 32), (64, 64)])
-@pytest.mark.parametrize("name", LINEAR)
-def test_chunk_equals_recurrent_float64(name, T, C):
+@pytest.mark.parametrize("name,backend", _with_backends(LINEAR, torch.float64))
+def test_chunk_equals_recurrent_float64(name, backend, T, C):
     inputs, state = make_case(name, T=T)
     o1, s1, g1 = run_with_grads(fw.recurrent, name, inputs, state)
-    o2, s2, g2 = run_with_grads(fw.chunk, name, inputs, state, chunk_size=C)
+    o2, s2, g2 = run_with_grads(fw.chunk, name, inputs, state, chunk_size=C, backend=backend)
     assert o2.dtype == torch.float64
     assert (o1 - o2).abs().max().item() < CHUNK_F64
     assert max_err(s1, s2) < CHUNK_F64
@@ -35,13 +41,13 @@ def test_chunk_equals_recurrent_float64(name, T, C):
         assert (a - b).abs().max().item() < CHUNK_F64
 
 
-@pytest.mark.parametrize("name", LINEAR)
-def test_chunk_fp32_relative_error(name):
+@pytest.mark.parametrize("name,backend", _with_backends(LINEAR, torch.float32))
+def test_chunk_fp32_relative_error(name, backend):
     inputs, state = make_case(name, T=100, K=16, V=16)
     o1, s1 = fw.recurrent(name, initial_state=state, output_final_state=True, **inputs)
     lo = {k: x.detach().float() for k, x in inputs.items()}
     s32 = state.float() if isinstance(state, torch.Tensor) else state_map(state, lambda x: x.detach().float())
-    o2, s2 = fw.chunk(name, initial_state=s32, output_final_state=True, **lo)
+    o2, s2 = fw.chunk(name, initial_state=s32, output_final_state=True, backend=backend, **lo)
     assert o2.dtype == torch.float32
     scale = o1.abs().max().item()
     assert (o2.double() - o1).abs().max().item() < CHUNK_F32_REL * scale
@@ -58,8 +64,8 @@ def _pack(inputs_list):
     return packed, cu
 
 
-@pytest.mark.parametrize("name", LINEAR)
-def test_varlen_equals_each_sequence_alone(name):
+@pytest.mark.parametrize("name,backend", _with_backends(LINEAR, torch.float64))
+def test_varlen_equals_each_sequence_alone(name, backend):
     lengths = [5, 1, 33, 16]
     cases = [make_case(name, T=T, B=1) for T in lengths]
     inputs_list = [{k: x.detach() for k, x in c[0].items()} for c in cases]
@@ -71,7 +77,8 @@ def test_varlen_equals_each_sequence_alone(name):
     else:
         s0 = fw.MemoryState(weights=(torch.cat([s.weights[0] for s in states], 0),),
                             normalizer=torch.cat([s.normalizer for s in states], 0))
-    o, s = fw.chunk(name, initial_state=s0, output_final_state=True, cu_seqlens=cu, chunk_size=16, **packed)
+    o, s = fw.chunk(name, initial_state=s0, output_final_state=True, cu_seqlens=cu, chunk_size=16, backend=backend,
+                    **packed)
     outs, finals = [], []
     for x, st in zip(inputs_list, states):
         oi, si = fw.recurrent(name, initial_state=st, output_final_state=True, **x)

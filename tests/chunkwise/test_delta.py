@@ -20,11 +20,9 @@ import torch.nn.functional as F
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
 from fastweights.chunkwise import chunk_delta
+from tests.tolerances import CHUNK_F32_REL, CHUNK_F64, CHUNK_LOW_REL, UNIT_LOWER_INVERSE_F64
 
 CHUNKS = [16, 32, 64]
-F64_TOL = 1e-9  # chunk vs recurrence, float64, absolute
-F32_REL = 1e-5  # chunk (fp32) vs recurrence (float64), relative to the largest magnitude
-LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}  # low-precision inputs vs the fp32 chunk result
 LONG_T = [4096, 65536]  # the length; ~35 s of the suite on 2 cores
 
 
@@ -124,10 +122,10 @@ def test_matches_recurrence_float64(name, T, gen):
     for C in CHUNKS:
         o2, s2, g2 = _with_grads("chunk", case, x, chunk_size=C)
         assert o2.dtype == torch.float64 and s2.dtype == torch.float64
-        assert _abs(o2, o1) < F64_TOL, C
-        assert _abs(s2, s1) < F64_TOL, C
+        assert _abs(o2, o1) < CHUNK_F64, C
+        assert _abs(s2, s1) < CHUNK_F64, C
         for key in g1:
-            assert _abs(g2[key], g1[key]) < F64_TOL, (C, key)
+            assert _abs(g2[key], g1[key]) < CHUNK_F64, (C, key)
 
 
 @pytest.mark.parametrize("name", MAIN + ["comba_diagonal"])
@@ -137,10 +135,10 @@ def test_fp32_relative_error(name, gen):
     o1, s1, g1 = _with_grads("recurrent", case, x)
     o2, s2, g2 = _with_grads("chunk", case, {key: val.float() for key, val in x.items()})
     assert o2.dtype == torch.float32 and s2.dtype == torch.float32
-    assert _rel(o2, o1) < F32_REL
-    assert _rel(s2, s1) < F32_REL
+    assert _rel(o2, o1) < CHUNK_F32_REL
+    assert _rel(s2, s1) < CHUNK_F32_REL
     for key in g1:
-        assert _rel(g2[key], g1[key]) < F32_REL, key
+        assert _rel(g2[key], g1[key]) < CHUNK_F32_REL, key
 
 
 def test_defaults_beta_one_zero_state_default_scale(gen):
@@ -149,7 +147,7 @@ def test_defaults_beta_one_zero_state_default_scale(gen):
     o1, s1 = fw.recurrent("gated_deltanet", x["q"], x["k"], x["v"], g=x["g"], output_final_state=True)
     o2, s2 = chunk_delta(x["q"], x["k"], x["v"], beta=None, g=x["g"], scale=None, output_final_state=True,
                          chunk_size=16)
-    assert _abs(o2, o1) < F64_TOL and _abs(s2, s1) < F64_TOL
+    assert _abs(o2, o1) < CHUNK_F64 and _abs(s2, s1) < CHUNK_F64
     _, none = chunk_delta(x["q"], x["k"], x["v"], beta=None, g=x["g"], scale=None)
     assert none is None
 
@@ -179,16 +177,16 @@ def test_varlen_equals_each_sequence_alone(name, C, gen):
     loss = (o_sep * torch.randn(o_sep.shape, generator=gw, dtype=torch.float64)).sum()
     loss = loss + (S_sep * torch.randn(S_sep.shape, generator=gw, dtype=torch.float64)).sum()
     sep_grads = dict(zip(xs, torch.autograd.grad(loss, list(xs.values()))))
-    assert _abs(o, o_sep) < F64_TOL and _abs(S, S_sep) < F64_TOL
+    assert _abs(o, o_sep) < CHUNK_F64 and _abs(S, S_sep) < CHUNK_F64
     assert torch.equal(S[1], x["S0"][1])  # the empty sequence keeps its state
     for key in grads:
-        assert _abs(grads[key], sep_grads[key]) < F64_TOL, key
+        assert _abs(grads[key], sep_grads[key]) < CHUNK_F64, key
     for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         if b > a:
             part = {key: val[:, a:b] for key, val in x.items() if key != "S0"}
             part["S0"] = x["S0"][i:i + 1]
             oi, si = _run("recurrent", case, part)
-            assert _abs(o[:, a:b], oi) < F64_TOL and _abs(S[i:i + 1], si) < F64_TOL
+            assert _abs(o[:, a:b], oi) < CHUNK_F64 and _abs(S[i:i + 1], si) < CHUNK_F64
 
 
 @pytest.mark.parametrize("name", MAIN)
@@ -202,7 +200,7 @@ def test_chaining_from_the_carried_state(name, gen):
         o1, s1 = _run("chunk", case, first, chunk_size=32)
         second["S0"] = s1
         o2, s2 = _run("chunk", case, second, chunk_size=32)
-        assert _abs(torch.cat([o1, o2], 1), o) < F64_TOL and _abs(s2, S) < F64_TOL
+        assert _abs(torch.cat([o1, o2], 1), o) < CHUNK_F64 and _abs(s2, S) < CHUNK_F64
 
 
 def test_chunk_size_not_dividing_into_sub_chunks(gen):
@@ -212,7 +210,7 @@ def test_chunk_size_not_dividing_into_sub_chunks(gen):
     o1, s1 = _run("recurrent", case, x)
     for C in (24, 7):
         o2, s2 = _run("chunk", case, x, chunk_size=C)
-        assert _abs(o2, o1) < F64_TOL and _abs(s2, s1) < F64_TOL
+        assert _abs(o2, o1) < CHUNK_F64 and _abs(s2, s1) < CHUNK_F64
 
 
 # ---------------------------------------------------------------------------- dtypes and numerics
@@ -226,7 +224,7 @@ def test_low_precision_inputs(name, dtype, gen):
     o, S = _run("chunk", case, xl)
     assert o.dtype == dtype and S.dtype == torch.float32
     assert torch.isfinite(o).all() and torch.isfinite(S).all()
-    tol = LOW_REL.get(dtype, F32_REL)
+    tol = CHUNK_LOW_REL.get(dtype, CHUNK_F32_REL)
     assert _rel(o, o_ref) < tol and _rel(S, s_ref) < tol
 
 
@@ -262,10 +260,10 @@ def test_long_bf16_numerics(name, kind, T, gen):
         o16, s16 = _run("chunk", case, low, scale=K ** -0.5)
         assert torch.isfinite(o32).all() and torch.isfinite(s32).all()
         assert torch.isfinite(o16).all() and torch.isfinite(s16).all()
-        assert _rel(o16, o32) < LOW_REL[torch.bfloat16] and _rel(s16, s32) < LOW_REL[torch.bfloat16]
+        assert _rel(o16, o32) < CHUNK_LOW_REL[torch.bfloat16] and _rel(s16, s32) < CHUNK_LOW_REL[torch.bfloat16]
         # fp32 is itself accurate: against the float64 chunk form on the same inputs
         o64, s64 = _run("chunk", case, {key: val.double() for key, val in x.items()}, scale=K ** -0.5)
-        assert _rel(o32, o64) < F32_REL and _rel(s32, s64) < F32_REL
+        assert _rel(o32, o64) < CHUNK_F32_REL and _rel(s32, s64) < CHUNK_F32_REL
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "comba_diagonal"])
@@ -278,9 +276,9 @@ def test_extreme_decay_stays_finite_with_gradients(name, gen):
     o2, s2, g2 = _with_grads("chunk", case, {key: val.float() for key, val in x.items()})
     for val in [o2, s2, *g2.values()]:
         assert torch.isfinite(val).all()
-    assert _rel(o2, o1) < F32_REL and _rel(s2, s1) < F32_REL
+    assert _rel(o2, o1) < CHUNK_F32_REL and _rel(s2, s1) < CHUNK_F32_REL
     for key in ("q", "k", "v", "beta", "S0"):
-        assert _rel(g2[key], g1[key]) < F32_REL, key
+        assert _rel(g2[key], g1[key]) < CHUNK_F32_REL, key
 
 
 # ---------------------------------------------------------------------------- errors
@@ -310,5 +308,5 @@ def test_unit_lower_inverses_and_their_gradients(C):
     A = torch.eye(C, dtype=torch.float64) + torch.tril(L, -1)
     for inverse in (block_unit_lower_inverse, solve_unit_lower_inverse):
         T = inverse(L)
-        assert (T @ A - torch.eye(C, dtype=torch.float64)).abs().max().item() < 1e-12
+        assert (T @ A - torch.eye(C, dtype=torch.float64)).abs().max().item() < UNIT_LOWER_INVERSE_F64
         assert torch.autograd.gradcheck(inverse, (L.clone().requires_grad_(True),))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.distributed  # two processes over gloo
+
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys

@@ -27,6 +27,7 @@ from fastweights.lab.train import (
 )
 from fastweights.models import LM, LMConfig
 from fastweights.tasks.mqar import MQARConfig, make_mqar_splits
+from tests.tolerances import RESUME_ACCURACY, RESUME_LOSS_ABS, RESUME_LOSS_REL, RESUME_LR_REL
 
 
 def _data(seed: int, n_train: int = 512, n_test: int = 128, L: int = 32, kv: int = 4, vocab: int = 64):
@@ -74,9 +75,9 @@ def test_resume_after_kill_loses_nothing(tmp_path):
     assert res["resumed_from"] == 2 and res["epochs_run"] == 4
     for a, b in zip(ref["history"], res["history"]):
         assert a["epoch"] == b["epoch"]
-        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-6, abs_tol=1e-7), (a, b)
-        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-9)
-        assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
+        assert math.isclose(a["loss"], b["loss"], rel_tol=RESUME_LOSS_REL, abs_tol=RESUME_LOSS_ABS), (a, b)
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=RESUME_ACCURACY)
+        assert a["lr"] == pytest.approx(b["lr"], rel=RESUME_LR_REL)
     # a finished cell is returned from its checkpoint without training
     again = train_cell(lm, train, test, cfg, checkpoint_path=ck, progress="none",
                        on_epoch=lambda *a: pytest.fail("trained a finished cell"))

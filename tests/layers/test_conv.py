@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fastweights.layers import ShortConv
+from tests.tolerances import SHORT_CONV_F64
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -16,13 +17,13 @@ def test_equals_conv1d_and_chains(W, bias):
     y, tail = conv(x)
     xp = F.pad(x.transpose(1, 2), (W - 1, 0))  # [B, C, W − 1 + T]
     ref = F.silu(F.conv1d(xp, conv.conv.weight, conv.conv.bias, groups=6)).transpose(1, 2)  # [B, T, C]
-    assert (y - ref).abs().max().item() < 1e-12
+    assert (y - ref).abs().max().item() < SHORT_CONV_F64
     assert torch.equal(tail, x[:, x.shape[1] - (W - 1):])
     t, outs = None, []
     for a, b in [(0, 1), (1, 2), (2, 7), (7, 11)]:
         yy, t = conv(x[:, a:b], t)
         outs.append(yy)
-    assert (torch.cat(outs, 1) - y).abs().max().item() < 1e-12
+    assert (torch.cat(outs, 1) - y).abs().max().item() < SHORT_CONV_F64
 
 
 def test_errors():

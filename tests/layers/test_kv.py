@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import fastweights as fw
 from fastweights.layers.kv import empty_cache, kv_extend
 from fastweights.state import KVCache
-from tests.tolerances import EXACT_F64
+from tests.tolerances import EXACT_F64, KV_GRAD_F64
 
 KV_MODELS = [n for n in fw.zoo.names() if fw.zoo.get(n).is_softmax]
 
@@ -104,7 +104,7 @@ def test_gradients_equal_reference(name):
         if a is None or b is None:
             assert a is None or a.abs().max() == 0
             continue
-        assert (a - b).abs().max().item() < 1e-9
+        assert (a - b).abs().max().item() < KV_GRAD_F64
 
 
 def test_first_token_of_deltaformer_keeps_its_value():

@@ -111,3 +111,16 @@ def test_document_errors():
         model(ids, position_ids=torch.zeros(2, 6))
     with pytest.raises(GenerationError, match="left padding"):
         model.prefill(ids, attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6]))
+
+
+def test_a_hybrid_with_grouped_value_heads_honours_documents():
+    cfg = tiny_config("gated_deltanet", mixer=("gated_deltanet", "titans", "fox"), n_layers=3, num_v_heads=4)
+    model = LM(cfg).double()
+    docs = documents([6, 3, 9])
+    alone = [model(d[None])[0] for d in docs]
+    ids, mask = padded(docs)
+    out = model(ids, attention_mask=mask)
+    packed = model(torch.cat(docs)[None], cu_seqlens=torch.tensor([0, 6, 9, 18]))[0]
+    for i, (d, (a, b)) in enumerate(zip(docs, [(0, 6), (6, 9), (9, 18)])):
+        assert err(out[i, ids.shape[1] - len(d):], alone[i]) < SEGMENTS_F64
+        assert err(packed[a:b], alone[i]) < SEGMENTS_F64

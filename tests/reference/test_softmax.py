@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from fastweights.recipe import Retention
 from fastweights.reference.softmax import softmax_parallel, softmax_recurrent
 from fastweights.state import KVCache
+from tests.tolerances import EXACT_F64, F32, SOFTMAX_BF16
 
 D = torch.float64
-TOL = 1e-10
 FORMS = {"recurrent": softmax_recurrent, "parallel": softmax_parallel}
 
 #: variant -> (objective, retention, has g, beta kind)
@@ -109,14 +109,14 @@ def test_recurrent_equals_parallel(variant, T, with_cache):
     o2, s2, g2 = _run_with_grads(softmax_parallel, kw, cache, seed)
     msg = f"{variant} T={T} seed={seed}"
     assert o1.shape == kw["v"].shape and o1.dtype == D
-    assert _err(o1, o2) < TOL, msg
+    assert _err(o1, o2) < EXACT_F64, msg
     assert s1.length == s2.length == T + (3 if with_cache else 0), msg
-    assert _cache_err(s1, s2) < TOL, msg
+    assert _cache_err(s1, s2) < EXACT_F64, msg
     n_leaves = len(kw) - 3 + len(_cache_tensors(cache))  # minus scale, objective, retention
     assert len(g1) == len(g2) == n_leaves
     for i, (a, b) in enumerate(zip(g1, g2)):
         assert torch.isfinite(a).all(), msg
-        assert _err(a, b) < TOL, f"{msg}: gradient of leaf {i}"
+        assert _err(a, b) < EXACT_F64, f"{msg}: gradient of leaf {i}"
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -134,8 +134,8 @@ def test_chaining_equals_one_run(variant, form):
             o_a, s_a = fn(**first, initial_state=cache, output_final_state=True)
             o_b, s_b = fn(**second, initial_state=s_a, output_final_state=True)
             msg = f"{variant} {form} split at {t} seed={seed}"
-            assert _err(torch.cat([o_a, o_b], dim=1), o_full) < TOL, msg
-            assert _cache_err(s_b, s_full) < TOL, msg
+            assert _err(torch.cat([o_a, o_b], dim=1), o_full) < EXACT_F64, msg
+            assert _cache_err(s_b, s_full) < EXACT_F64, msg
 
 
 def test_final_state_only_when_asked():
@@ -158,7 +158,7 @@ def test_plain_equals_sdpa_fp32(form):
     ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          is_causal=True, scale=0.3).transpose(1, 2)  # [B, T, H, V]
     assert o.dtype == torch.float32
-    assert _err(o, ref) < 1e-5
+    assert _err(o, ref) < F32
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -171,8 +171,8 @@ def test_zero_gate_reduces_to_plain(variant, zero, form):
     with torch.no_grad():
         o, s = fn(**kw, output_final_state=True)
         o_ref, s_ref = fn(**_plain_kwargs(kw), output_final_state=True)
-    assert _err(o, o_ref) < TOL, f"{variant} seed={seed}"
-    assert _err(s.k, s_ref.k) < TOL and _err(s.v, s_ref.v) < TOL
+    assert _err(o, o_ref) < EXACT_F64, f"{variant} seed={seed}"
+    assert _err(s.k, s_ref.k) < EXACT_F64 and _err(s.v, s_ref.v) < EXACT_F64
 
 
 def test_alibi_bias_is_linear_in_distance():
@@ -188,7 +188,7 @@ def test_alibi_bias_is_linear_in_distance():
     ref = torch.einsum("bhij,bjhv->bihv", logits.softmax(-1), v)  # [B, T, H, V]
     for fn in FORMS.values():
         with torch.no_grad():
-            assert _err(fn(**kw)[0], ref) < TOL, f"seed={seed}"
+            assert _err(fn(**kw)[0], ref) < EXACT_F64, f"seed={seed}"
 
 
 # ---------------------------------------------------------------------------- brute force definitions
@@ -214,8 +214,8 @@ def test_deltaformer_matches_its_definition():
     for fn in FORMS.values():
         with torch.no_grad():
             out, st = fn(**kw, output_final_state=True)
-        assert _err(out[0, :, 0], ref) < TOL, f"seed={seed}"
-        assert _err(st.v[0, :, 0], torch.stack(u)) < TOL, f"seed={seed}"
+        assert _err(out[0, :, 0], ref) < EXACT_F64, f"seed={seed}"
+        assert _err(st.v[0, :, 0], torch.stack(u)) < EXACT_F64, f"seed={seed}"
 
 
 def test_path_matches_explicit_householder_products():
@@ -243,7 +243,7 @@ def test_path_matches_explicit_householder_products():
     ref = torch.stack(o)  # [T, V]
     for fn in FORMS.values():
         with torch.no_grad():
-            assert _err(fn(**kw, initial_state=cache)[0][0, :, 0], ref) < TOL, f"seed={seed}"
+            assert _err(fn(**kw, initial_state=cache)[0][0, :, 0], ref) < EXACT_F64, f"seed={seed}"
 
 
 # ---------------------------------------------------------------------------- PaTH reflections
@@ -260,9 +260,9 @@ def test_path_reflection_hand_case(form):
     w = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=D).view(1, 2, 1, 2)
     beta = torch.full((1, 2, 1), 2.0, dtype=D)
     o, st = FORMS[form](q, k, v, scale=1.0, retention="householder", beta=beta, w=w, output_final_state=True)
-    assert abs(o[0, 0, 0, 0].item() - 1.0) < TOL
-    assert abs(o[0, 1, 0, 0].item() - 1.0 / (1.0 + math.e)) < TOL
-    assert _err(st.k[0, :, 0], torch.tensor([[-1.0, 0.0], [0.0, 0.0]], dtype=D)) < TOL
+    assert abs(o[0, 0, 0, 0].item() - 1.0) < EXACT_F64
+    assert abs(o[0, 1, 0, 0].item() - 1.0 / (1.0 + math.e)) < EXACT_F64
+    assert _err(st.k[0, :, 0], torch.tensor([[-1.0, 0.0], [0.0, 0.0]], dtype=D)) < EXACT_F64
 
 
 @pytest.mark.parametrize("form", list(FORMS))
@@ -283,11 +283,11 @@ def test_path_reflection_flips_first_coordinate(form):
         kk[..., 0] = kk[..., 0] * sign[None, :, None]
         a = torch.softmax(kw["scale"] * torch.einsum("bhk,bjhk->bhj", q[:, i], kk), -1)  # [B, H, i + 1]
         ref = torch.einsum("bhj,bjhv->bhv", a, v[:, : i + 1])  # [B, H, V]
-        assert _err(o[:, i], ref) < TOL, f"row {i} seed={seed}"
+        assert _err(o[:, i], ref) < EXACT_F64, f"row {i} seed={seed}"
     final_sign = torch.tensor([(-1.0) ** (T - 1 - j) for j in range(T)], dtype=D)  # [T]
     expect = k.clone()
     expect[..., 0] = expect[..., 0] * final_sign[None, :, None]
-    assert _err(st.k, expect) < TOL
+    assert _err(st.k, expect) < EXACT_F64
 
 
 # ---------------------------------------------------------------------------- errors and dtypes
@@ -314,4 +314,4 @@ def test_low_precision_inputs(form):
     o, st = FORMS[form](**low, output_final_state=True)
     o32, _ = FORMS[form](**{n: (x.bfloat16().float() if n in ("q", "k", "v") else x) for n, x in kw.items()})
     assert o.dtype == torch.bfloat16 and st.k.dtype == torch.float32
-    assert _err(o.float(), o32) < 1e-2
+    assert _err(o.float(), o32) < SOFTMAX_BF16

@@ -84,7 +84,9 @@ def _text_files(path: Path) -> list[Path]:
 
 
 def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
-    """Every source, in order, as one token stream [N] int64 (documents end with eos_id)."""
+    """Every source, in order, as one token stream [N] (documents end with eos_id). A single .npy
+    or .bin source stays memory-mapped in its own dtype (windows are converted batch by batch);
+    several sources are concatenated into int64."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:
@@ -96,9 +98,9 @@ def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
             arr = np.load(p, mmap_mode="r")
             if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
                 raise DataError(f"{p}: a token file must hold a 1-D integer array, got {arr.dtype} {list(arr.shape)}")
-            parts.append(np.asarray(arr, dtype=np.int64))
+            parts.append(arr)
         elif p.suffix == ".bin" and p.is_file():
-            parts.append(np.fromfile(p, dtype="<u2").astype(np.int64))
+            parts.append(np.memmap(p, dtype="<u2", mode="r"))
         else:
             for f in _text_files(p):
                 try:
@@ -106,7 +108,10 @@ def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
                 except UnicodeDecodeError as e:
                     raise DataError(f"{f}: not UTF-8 text ({e})") from None
                 parts.append(np.array(tokenizer.encode(text) + [tokenizer.eos_id], dtype=np.int64))
-    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if len(parts) == 1:
+        stream = parts[0]  # one token file stays memory-mapped, as stored
+    else:
+        stream = np.concatenate([np.asarray(x, dtype=np.int64) for x in parts]) if parts else np.zeros(0, np.int64)
     if stream.size and (stream.min() < 0 or stream.max() >= tokenizer.vocab_size):
         raise DataError(f"data: token ids must lie in [0, {tokenizer.vocab_size}) for tokenizer {tokenizer.name!r}, "
                         f"got {int(stream.min())} … {int(stream.max())}")

@@ -70,3 +70,12 @@ def test_every_window_once_per_pass_and_the_order_is_a_function_of_the_sample():
         assert sorted(w.order(j) for j in range(7 * e, 7 * e + 7)) == list(range(7))
     again = Windows(stream, seq_len=4, eos_id=-1, seed=3)
     assert [again.order(j) for j in (15, 2, 9)] == [w.order(j) for j in (15, 2, 9)]
+
+
+def test_one_token_file_stays_memory_mapped(tmp_path):
+    toks = np.random.randint(0, 257, size=50)
+    toks.astype("<u2").tofile(tmp_path / "t.bin")
+    s = read_stream([tmp_path / "t.bin"], load_tokenizer("bytes"))
+    assert isinstance(s, np.memmap) and s.tolist() == toks.tolist()
+    w = Windows(s, seq_len=8, eos_id=BYTE_EOS)
+    assert w.batch([1])["input_ids"].tolist() == [toks[8:16].tolist()]

@@ -134,3 +134,12 @@ def test_warmup_then_cosine():
     f = [lr_factor(cfg, s) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
     assert f[55] == pytest.approx(0.1 + 0.9 * 0.5) and f[-1] > 0.1 and all(a >= b for a, b in zip(f[10:], f[11:]))
+
+
+def test_bf16_autocast_with_accumulation_trains(tmp_path):
+    cfg = PretrainConfig.build({"data": [str(corpus(tmp_path, docs=8))], "out": str(tmp_path / "run"), "steps": 2,
+                                "batch_size": 4, "grad_accum": 2, "seq_len": 16, "dtype": "bfloat16",
+                                "progress": "none", "threads": 1, "model": TINY})
+    summary = train(cfg)
+    assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
+    assert LM.from_pretrained(tmp_path / "run" / "model").embed.weight.dtype == torch.float32  # fp32 weights

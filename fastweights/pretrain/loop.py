@@ -278,7 +278,7 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
         write({"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))})
 
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    bar = prog.bar(cfg.steps, "train", leave=True) if info.is_main else None
+    bar = prog.bar(cfg.steps, "train", leave=True) if info.is_main and prog.mode == "tqdm" else None
     if bar is not None and start:
         bar.update(start)
     model.train()

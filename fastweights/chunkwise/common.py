@@ -172,44 +172,61 @@ def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool)
     size = -(-C // c) * c
     x, y, gx, gy = _pad_rows(x, y, gx, gy, size)
     S = size // c
-    diag = _block_scores(*(t.reshape(*batch, S, c, K) for t in (x, y, gx, gy)), strict)  # [..., S, c, c]
+    # blocks by unbind, not slicing: a slice's backward fills a full-size zero gradient each time
+    xb, yb, gxb, gyb = (t.reshape(*batch, S, c, K) for t in (x, y, gx, gy))  # [..., S, c, K]
+    diags = _block_scores(xb, yb, gxb, gyb, strict).unbind(-3)  # S × [..., c, c]
+    xs, ys, gxs, gys = (t.unbind(-3) for t in (xb, yb, gxb, gyb))  # S × [..., c, K]
     rows = []
     for s in range(S):
-        lo, hi = s * c, (s + 1) * c
+        diag = diags[s]
         blocks = []
-        if lo > 0:  # every earlier key row in one matmul, rescaled to ρ = gx of the block's first row
-            rho = gx[..., lo:lo + 1, :]  # [..., 1, K]
-            xs = x[..., lo:hi, :] * (gx[..., lo:hi, :] - rho).exp()  # exponent ≤ 0  [..., c, K]
-            ys = y[..., :lo, :] * (rho - gy[..., :lo, :]).exp()  # exponent ≤ 0  [..., lo, K]
-            blocks.append(xs @ ys.transpose(-1, -2))  # [..., c, lo]
-        blocks.append(diag[..., s, :, :])  # [..., c, c]
-        if hi < size:
-            blocks.append(x.new_zeros(*batch, c, size - hi))
-        rows.append(torch.cat(blocks, dim=-1))  # [..., c, size]
-    P = torch.cat(rows, dim=-2)  # [..., size, size]
+        if s > 0:  # every earlier key row in one matmul, rescaled to ρ = gx of the block's first row
+            rho = gxs[s][..., :1, :]  # [..., 1, K]
+            keys = torch.cat(ys[:s], dim=-2) if s > 1 else ys[0]  # [..., s·c, K]
+            gkeys = torch.cat(gys[:s], dim=-2) if s > 1 else gys[0]
+            xq = xs[s] * (gxs[s] - rho).exp()  # exponent ≤ 0  [..., c, K]
+            blocks.append(xq @ (keys * (rho - gkeys).exp()).transpose(-1, -2))  # exponent ≤ 0  [..., c, s·c]
+        blocks.append(diag)
+        if s < S - 1:
+            blocks.append(x.new_zeros(*batch, c, size - (s + 1) * c))
+        rows.append(torch.cat(blocks, dim=-1) if len(blocks) > 1 else blocks[0])  # [..., c, size]
+    P = torch.cat(rows, dim=-2) if S > 1 else rows[0]  # [..., size, size]
     return P[..., :C, :C]  # [..., C, C]
 
 
 def _block_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
     """The scores inside blocks of c rows (c a power of two), x, y, gx, gy [..., c, K] → [..., c, c]:
-    the diagonal entries elementwise (exponent gx_i − gy_i ≤ 0), then at each level b = 1, 2, 4, …
-    every lower-left b×b block — queries all after keys — as one batched matmul of rows rescaled
-    to ρ = gx of the block's first query row (exponents gx_i − ρ ≤ 0 and ρ − gy_j ≤ 0)."""
+    the diagonal entries and the 1×1 lower-left entries of level 1 elementwise (exponents
+    gx_i − gy_j ≤ 0), then at each level b = 2, 4, … every lower-left b×b block — queries all after
+    keys — as one batched matmul of rows rescaled to ρ = gx of the block's first query row
+    (exponents gx_i − ρ ≤ 0 and ρ − gy_j ≤ 0)."""
     *batch, c, K = x.shape
     if strict:
         blocks = x.new_zeros(*batch, c, 1, 1)  # [..., c, 1, 1]
+    elif gx is gy:  # e^{G_i − G_i} = 1
+        blocks = (x * y).sum(-1)[..., None, None]
     else:
         blocks = (x * y * (gx - gy).exp()).sum(-1)[..., None, None]
-    b = 1
+    if c > 1:  # level 1: one entry per pair, (i, j) = (2p + 1, 2p), exponent gx_i − gy_j ≤ 0 directly
+        xk, xq = x.reshape(*batch, c // 2, 2, K).unbind(-2)
+        _, gq = gx.reshape(*batch, c // 2, 2, K).unbind(-2)
+        yk, _ = y.reshape(*batch, c // 2, 2, K).unbind(-2)
+        gk, _ = gy.reshape(*batch, c // 2, 2, K).unbind(-2)
+        lower = (xq * yk * (gq - gk).exp()).sum(-1)[..., None, None]  # [..., c/2, 1, 1]
+        upper, diag = blocks.reshape(*batch, c // 2, 2, 1, 1).unbind(-3)
+        blocks = torch.cat([torch.cat([upper, torch.zeros_like(upper)], dim=-1),
+                            torch.cat([lower, diag], dim=-1)], dim=-2)  # [..., c/2, 2, 2]
+    b = 2
     while b < c:
         pairs = c // (2 * b)  # 2b-blocks at this level
-        xq = x.reshape(*batch, pairs, 2 * b, K)[..., b:, :]  # query half  [..., pairs, b, K]
-        gq = gx.reshape(*batch, pairs, 2 * b, K)[..., b:, :]
-        yk = y.reshape(*batch, pairs, 2 * b, K)[..., :b, :]  # key half  [..., pairs, b, K]
-        gk = gy.reshape(*batch, pairs, 2 * b, K)[..., :b, :]
+        # key half and query half of every 2b-block by unbind (no full-size zero gradients)
+        xk, xq = x.reshape(*batch, pairs, 2, b, K).unbind(-3)  # [..., pairs, b, K] each
+        _, gq = gx.reshape(*batch, pairs, 2, b, K).unbind(-3)
+        yk, _ = y.reshape(*batch, pairs, 2, b, K).unbind(-3)
+        gk, _ = gy.reshape(*batch, pairs, 2, b, K).unbind(-3)
         rho = gq[..., :1, :]  # [..., pairs, 1, K]
         lower = (xq * (gq - rho).exp()) @ (yk * (rho - gk).exp()).transpose(-1, -2)  # [..., pairs, b, b]
-        upper, diag = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]  # [..., pairs, b, b]
+        upper, diag = blocks.reshape(*batch, pairs, 2, b, b).unbind(-3)  # [..., pairs, b, b]
         top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)  # [..., pairs, b, 2b]
         bottom = torch.cat([lower, diag], dim=-1)  # [..., pairs, b, 2b]
         blocks = torch.cat([top, bottom], dim=-2)  # [..., pairs, 2b, 2b]

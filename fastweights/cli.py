@@ -170,6 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the probe's ops are tiny; 0 keeps torch's default)")
     cp.set_defaults(fn=_capacity)
+    ev = sub.add_parser("eval", help="lm-evaluation-harness with the 'fastweights' model registered (extra: eval); "
+                                     "every argument goes to lm_eval", add_help=False)
+    ev.add_argument("lm_eval_args", nargs=argparse.REMAINDER)  # handled by main() before parsing
+    from .pretrain.cli import add_cli as add_train_cli
+
+    add_train_cli(sub)
     from .lab import mad, mqar, niah  # each adds its subcommand and sets fn to its cli_main
 
     for lab_module in (mqar, niah, mad):
@@ -178,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["eval"]:  # every further argument is lm-eval's (argparse cannot pass `--x` through)
+        from .hf.harness import main as harness_main
+
+        harness_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args) or 0

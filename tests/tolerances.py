@@ -143,4 +143,11 @@ STAGE_F32_REL = 1e-6  # one chunk stage computed in fp32 against float64: a few 
 GROUPED_F64 = 1e-12  # grouped value heads in the op vs the same heads expanded by the caller, float64
 MESA_CG_REL = 1e-6  # Mesa chunk form with a CG solve (cg_steps ≥ K) vs the exact solve, float64, relative
 BOUNDED = 1e3  # stability checks: |outputs| and |states| of a stable recurrence from O(1) inputs stay below this
-GROWTH_PER_TOKEN = 10.0  # stability checks: sums over the whole context (Σφ(k), KV cumulative gates) grow at most this much per token
+# stability checks: sums over the whole context (Σφ(k), KV cumulative gates) grow at most this much per token
+GROWTH_PER_TOKEN = 10.0
+
+# ---- documents (padding, packing), transformers, lm-eval, pretraining (tests/models/test_segments.py, tests/hf,
+# tests/pretrain)
+SEGMENTS_F64 = 1e-10  # a document in a padded / packed batch vs the document alone, float64 (max |Δlogit|)
+HARNESS_LOGLIK_F64 = 1e-9  # lm-eval's summed log-likelihood of a continuation vs a direct computation, float64
+DIST_TRAIN_F32 = 1e-5  # weights after a few steps: 2 ranks (DDP / FSDP2) vs 1 process with accumulation, fp32, relative

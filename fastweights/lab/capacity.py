@@ -293,9 +293,9 @@ def write(probe: Probe, state, keys: Tensor, values: Tensor, *, form: str = "rec
     step = PARALLEL_CHUNK if fast and fn is api.parallel else k.shape[1]
     for t in range(0, k.shape[1], step):  # the parallel form a chunk at a time: T·C instead of T² work
         sl = slice(t, t + step)
+        per_token = {name: x if name in PER_HEAD_INPUTS else x[:, sl] for name, x in inputs.items()}
         _, state = fn(recipe, k[:, sl], k[:, sl], v[:, sl], scale=1.0, initial_state=state, output_final_state=True,
-                      check_values=False, **{name: x if name in PER_HEAD_INPUTS else x[:, sl] for name, x in inputs.items()},
-                      **extra)
+                      check_values=False, **per_token, **extra)
     return state
 
 

@@ -5,6 +5,10 @@
 per channel c over the last W inputs (kernel W = 4 by default; PaTH's w uses 3), zero before
 the sequence. The state it carries between calls is the *tail*: the last W − 1 inputs
 [B, W − 1, C], so running a sequence in pieces (prefill, then token by token) equals one run.
+
+Documents (padding, packed sequences): with `positions` p_t (the token's position inside its
+document), the tap reaching i steps back is used only when i ≤ p_t, so no convolution reads
+across a document start (every tap before it counts as the zero before the sequence).
 """
 
 from __future__ import annotations
@@ -44,8 +48,11 @@ class ShortConv(nn.Module):
         return torch.zeros(batch_size, self.kernel_size - 1, self.channels,
                            dtype=dtype or w.dtype, device=device or w.device)
 
-    def forward(self, x: Tensor, tail: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """x [B, T, C], tail [B, W − 1, C] or None (zeros) -> (y [B, T, C], new tail [B, W − 1, C])."""
+    def forward(self, x: Tensor, tail: Tensor | None = None, positions: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """x [B, T, C], tail [B, W − 1, C] or None (zeros), positions [B, T] int (each token's
+        position inside its document; None: one document continuing the tail) ->
+        (y [B, T, C], new tail [B, W − 1, C])."""
         B, T, C = x.shape
         if tail is None:
             tail = self.empty_tail(B, dtype=x.dtype, device=x.device)
@@ -54,9 +61,16 @@ class ShortConv(nn.Module):
         xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W − 1 + T, C]
         w = self.conv.weight[:, 0].to(x.dtype)  # [C, W]
         # W shifted multiply-adds (F.conv1d's CPU path is slow for these tiny depthwise shapes)
-        y = xp[:, 0:T] * w[:, 0]
-        for i in range(1, self.kernel_size):
-            y = y + xp[:, i:i + T] * w[:, i]  # [B, T, C]
+        W = self.kernel_size
+        if positions is None:
+            y = xp[:, 0:T] * w[:, 0]
+            for i in range(1, W):
+                y = y + xp[:, i:i + T] * w[:, i]  # [B, T, C]
+        else:  # tap i reaches W − 1 − i steps back: only within the token's document
+            y = xp[:, W - 1:W - 1 + T] * w[:, W - 1]
+            for i in range(W - 1):
+                reach = (positions >= W - 1 - i).to(x.dtype)[..., None]  # [B, T, 1]
+                y = y + xp[:, i:i + T] * w[:, i] * reach
         if self.conv.bias is not None:
             y = y + self.conv.bias.to(x.dtype)
         if self.activation == "silu":

@@ -30,6 +30,11 @@ Algorithms (exact; no switching by length):
     so s_ij = q_i·k_j − Σ_a [a ≤ i](q_i·w_a) Z_aj with Z = Tm · ([b > j] β_b w_b·k_j), and the
     new cache keys are K̃ − Zᵀ W. Decoding (T = 1) is fla's in-place update k_j ← k_j − β(k_j·w)w.
 
+Documents (padding, packed sequences): `doc` [B, L + T] names the document of every cached and
+new key (−1: padding); query i then sees key j only when j is in its document as well,
+    visible_ij = [j ≤ i] · [doc_j = doc_i ≥ 0]   (a padding query sees itself, to stay finite),
+and the products, retentions and solved values above only ever combine visible pairs.
+
 GQA: k, v, w, β have Hkv heads (query head h uses kv head h // (H / Hkv)); g and c have H heads.
 Stage-1 of DeltaFormer compares keys, so retention with GQA is not defined for it (an error).
 Shapes: q [B, T, H, K], k [B, T, Hkv, K], v [B, T, Hkv, V], g [B, T, H] fp32 (fp64 with fp64 inputs), beta [B, T, Hkv],
@@ -135,14 +140,22 @@ def _repeat_heads(x: Tensor, groups: int, dim: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
 
 
-def _bias_mask(L: int, T: int, c_all: Tensor | None, c_new: Tensor | None, device, strict: bool = False):
-    """The additive mask [B, H, T, L + T] (or a boolean [T, L + T], or None when every key is visible).
+def _bias_mask(L: int, T: int, c_all: Tensor | None, c_new: Tensor | None, device, strict: bool = False,
+               doc: Tensor | None = None):
+    """The additive mask [B, H, T, L + T] (or a boolean [T, L + T] / [B, 1, T, L + T]).
 
-    Query i (position L + i) sees key j when j ≤ L + i (j < L + i when strict)."""
+    Query i (position L + i) sees key j when j ≤ L + i (j < L + i when strict) and, with `doc`
+    [B, L + T], when j is in i's document (a padding query sees itself unless strict)."""
     N = L + T
     qpos = torch.arange(L, N, device=device)[:, None]  # [T, 1]
     kpos = torch.arange(N, device=device)[None, :]  # [1, N]
     visible = kpos < qpos if strict else kpos <= qpos  # [T, N]
+    if doc is not None:
+        dq, dk = doc[:, L:, None], doc[:, None, :]  # [B, T, 1], [B, 1, N]
+        visible = visible & (dq == dk) & (dk >= 0)  # [B, T, N]
+        if not strict:
+            visible = visible | (kpos == qpos)
+        visible = visible[:, None]  # [B, 1, T, N]
     if c_all is None:
         return visible
     bias = c_new.transpose(1, 2)[..., :, None] - c_all.transpose(1, 2)[..., None, :]  # [B, H, T, N]
@@ -164,7 +177,8 @@ shape, and a decoding step's key length is new at every call, so each step would
 build on the host many times the GPU work (measured: BENCHMARKS.md, decoding)."""
 
 
-def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, groups: int) -> Tensor:
+def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, groups: int,
+          doc: Tensor | None = None) -> Tensor:
     """Attention of q [B, T, H, K] over k_all [B, N, Hkv, K], v_all [B, N, Hkv, V] -> [B, T, H, V].
 
     No retention: is_causal when the cache is empty, no mask for one token, else a boolean mask;
@@ -175,7 +189,9 @@ def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, g
     vh = _repeat_heads(v_all.transpose(1, 2), groups, 1)  # [B, H, N, V]
     mask, causal = None, False
     if c_all is not None:
-        mask = _bias_mask(N - T, T, c_all, c_new, q.device).to(qh.dtype)  # [B, H, T, N]
+        mask = _bias_mask(N - T, T, c_all, c_new, q.device, doc=doc).to(qh.dtype)  # [B, H, T, N]
+    elif doc is not None:
+        mask = _bias_mask(N - T, T, None, None, q.device, doc=doc)  # [B, 1, T, N] bool
     elif N == T:
         causal = T > 1
     elif T > 1:
@@ -186,7 +202,8 @@ def _sdpa(q: Tensor, k_all: Tensor, v_all: Tensor, c_all, c_new, scale: float, g
     return o.transpose(1, 2)  # [B, T, H, V]
 
 
-def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_all, c_new, scale: float):
+def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_all, c_new, scale: float,
+                        doc: Tensor | None = None):
     """The block's solved values u [B, T, Hkv, V] (stage 1 of DeltaFormer), in fp32/fp64."""
     cdt = compute_dtype(k)
     B, T, Hk, K = k.shape
@@ -194,7 +211,7 @@ def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_al
     k_all = torch.cat([cache.k, k], dim=1).to(cdt)  # [B, N, Hkv, K]
     kn = k.to(cdt).transpose(1, 2)  # [B, Hkv, T, K]
     logits = scale * kn @ k_all.transpose(1, 2).transpose(-1, -2)  # [B, Hkv, T, N]
-    mask = _bias_mask(L, T, c_all, c_new, k.device, strict=True)
+    mask = _bias_mask(L, T, c_all, c_new, k.device, strict=True, doc=doc)
     if mask.dtype == torch.bool:
         logits = logits.masked_fill(~mask, float("-inf"))
     else:
@@ -210,7 +227,7 @@ def _deltaformer_values(k: Tensor, v: Tensor, beta: Tensor, cache: KVCache, c_al
 
 
 def _path_attend(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache: KVCache, c_all, c_new,
-                 scale: float, groups: int):
+                 scale: float, groups: int, doc: Tensor | None = None):
     """PaTH over [cache; block]: (o [B, T, H, V], all keys transformed to the block's end [B, N, Hkv, K])."""
     cdt = compute_dtype(q)
     B, T, H, K = q.shape
@@ -230,7 +247,7 @@ def _path_attend(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache
     X = (qh @ _repeat_heads(Wt, groups, 1).transpose(-1, -2)).tril()  # [B, H, T(i), T(a)], a ≤ i
     S = qh @ _repeat_heads(k_all, groups, 1).transpose(-1, -2) - X @ _repeat_heads(Z, groups, 1)  # [B, H, T, N]
     logits = scale * S
-    mask = _bias_mask(L, T, c_all, c_new, q.device)
+    mask = _bias_mask(L, T, c_all, c_new, q.device, doc=doc)
     if mask.dtype == torch.bool:
         logits = logits.masked_fill(~mask, float("-inf"))
     else:
@@ -242,9 +259,10 @@ def _path_attend(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache
 
 
 def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, cache: KVCache,
-              g: Tensor | None = None, beta: Tensor | None = None, w: Tensor | None = None
-              ) -> tuple[Tensor, KVCache]:
+              g: Tensor | None = None, beta: Tensor | None = None, w: Tensor | None = None,
+              doc: Tensor | None = None) -> tuple[Tensor, KVCache]:
     """Append a block of T tokens to `cache` and attend from each of them (see the module doc).
+    doc [B, L + T] int: the document of every cached and new key (−1: padding); None: one document.
 
     Returns (o [B, T, H, V] in v's dtype, the cache of length L + T).
     """
@@ -267,7 +285,7 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     if ret.kind == "householder":
         if w is None or beta is None:
             raise ValueError(f"{recipe.name} needs w [B, T, Hkv, K] and beta [B, T, Hkv]")
-        o, keys = _path_attend(q, k, v, w, beta, cache, c_all, c_new, scale, groups)
+        o, keys = _path_attend(q, k, v, w, beta, cache, c_all, c_new, scale, groups, doc)
         return o, KVCache(k=keys, v=torch.cat([cache.v, v], dim=1), c=c_all)
     if obj.kind == "l2":
         if beta is None:
@@ -275,7 +293,7 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
         if c_new is not None and groups > 1:
             raise ValueError("DeltaFormer's stage 1 compares keys per kv head: retention with grouped kv heads "
                              "is not defined; use num_kv_heads = num_heads")
-        v = _deltaformer_values(k, v, beta, cache, c_all, c_new, scale)
+        v = _deltaformer_values(k, v, beta, cache, c_all, c_new, scale, doc)
     new = _append(cache, k, v, c_new)  # k [B, N, Hkv, K], v [B, N, Hkv, V], c [B, N, H]
-    o = _sdpa(q, new.k.to(q.dtype), new.v.to(q.dtype), new.c, c_new, scale, groups)
+    o = _sdpa(q, new.k.to(q.dtype), new.v.to(q.dtype), new.c, c_new, scale, groups, doc)
     return o.to(v.dtype), new

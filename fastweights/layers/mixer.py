@@ -22,6 +22,13 @@ Forms (a documented rule, fixed at construction, never switched at run time):
   * decoding (`step`): `recurrent`, one token from the carried MixerState.
 `form=` overrides the rule explicitly (e.g. "recurrent" as a reference in tests).
 
+Documents (`segments=`, a `fastweights.layers.segments.Segments`: padding, packed sequences,
+per-row positions): RoPE and the short convolutions use each token's position inside its
+document; the softmax side masks attention to the token's own document; a fast-weight memory
+runs on the documents' tokens only (padding removed), each document from its own initial state —
+in one varlen call (`cu_seqlens`) where the chunk form has one (gated-linear and delta classes),
+else one call per document (Mesa, MLP / mini-batch memories, other forms: a per-sequence loop).
+
 Shapes: heads H_q = num_heads (queries and keys), H = num_v_heads (values and memories,
 a multiple of H_q: grouped value heads, q and k shared by H / H_q value heads) for fast-weight
 memories; H = num_heads query heads and H_kv = num_kv_heads key/value heads (grouped KV) for the
@@ -44,10 +51,11 @@ from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
-from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate, inverse_softplus
+from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
 from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
+from .segments import RowStates, Segments, cat_rows, split_rows
 from .state import MixerState, state_bytes
 
 Tensor = torch.Tensor
@@ -490,7 +498,8 @@ class MemoryMixer(nn.Module):
         self.nu = SigmoidGate(d, H) if "nu" in self.acc else None
         self.gamma = SigmoidGate(d, H) if "gamma" in self.acc else None
         if "lamb" in self.acc:  # Mesa: λ = softplus(λ_raw) + 0.25, initialized to 1
-            self.lamb_raw = nn.Parameter(torch.full((H, Kf), float(inverse_softplus(torch.tensor(0.75)))))
+            # softplus⁻¹(0.75) = 0.75 + log(1 − e^−0.75), in Python floats (also under a meta-device init)
+            self.lamb_raw = nn.Parameter(torch.full((H, Kf), 0.75 + math.log(-math.expm1(-0.75))))
         else:
             self.lamb_raw = None
         if "p" in self.acc:  # Comba: p = k·σ(d_h), q ← q − D_h·p
@@ -603,11 +612,12 @@ class MemoryMixer(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
-                form: str | None = None) -> tuple[Tensor, MixerState | None]:
+                form: str | None = None, segments: Segments | None = None) -> tuple[Tensor, MixerState | None]:
         """y [B, T, d_model] and, when output_state (or a state was given), the state after x.
 
         Uses `form` (default: the layer's training form, `self.form`); with a state, x continues
-        the sequence the state ends."""
+        the sequence the state ends. `segments`: the documents of x (padding, packing, per-row
+        positions; see the module doc); None: one document per row."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise MixerError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
         form = form or self.form
@@ -615,27 +625,35 @@ class MemoryMixer(nn.Module):
             raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
         if state is not None and not isinstance(state, MixerState):
             raise MixerError(f"state must be a MixerState, got {type(state).__name__}")
-        return self._mix(x, state, form, output_state or state is not None)
+        if segments is not None and (not isinstance(segments, Segments) or tuple(segments.doc.shape) != x.shape[:2]):
+            raise MixerError(f"segments must be a Segments over x's [B, T] = {list(x.shape[:2])}")
+        output_state = output_state or state is not None
+        if segments is not None and output_state and not segments.continues and bool((segments.doc > 0).any()):
+            raise MixerError("a state after packed documents (several per row) is not defined: output_state "
+                             "needs one document per row")
+        return self._mix(x, state, form, output_state, segments)
 
-    def step(self, x: Tensor, state: MixerState) -> tuple[Tensor, MixerState]:
+    def step(self, x: Tensor, state: MixerState, *, segments: Segments | None = None
+             ) -> tuple[Tensor, MixerState]:
         """One decoding step: x [B, 1, d_model] from `state`, by the recurrent form."""
         if x.dim() != 3 or x.shape[1] != 1:
             raise MixerError(f"step takes one token x [B, 1, d_model], got {list(x.shape)}")
-        return self.forward(x, state, output_state=True, form="recurrent")
+        return self.forward(x, state, output_state=True, form="recurrent", segments=segments)
 
-    def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool):
+    def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool, seg: Segments | None):
         B, T, _ = x.shape
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
         pos = state.position if state is not None else 0
+        tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents
 
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         tq = tk = tv = tw = None
         if self.q_conv is not None:
-            q, tq = self.q_conv(q, state.conv_q if state is not None else None)
-            k, tk = self.k_conv(k, state.conv_k if state is not None else None)
+            q, tq = self.q_conv(q, state.conv_q if state is not None else None, tpos)
+            k, tk = self.k_conv(k, state.conv_k if state is not None else None, tpos)
         if self.v_conv is not None:
-            v, tv = self.v_conv(v, state.conv_v if state is not None else None)
+            v, tv = self.v_conv(v, state.conv_v if state is not None else None, tpos)
         kh = Hkv if self.is_softmax else Hq
         q = q.view(B, T, Hq, K)  # [B, T, Hq, K]
         k = k.view(B, T, n * kh, K)  # [B, T, n·Hk, K] (n = 1 except DeltaProduct)
@@ -651,8 +669,8 @@ class MemoryMixer(nn.Module):
         elif p.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
         if p.rope:
-            q = apply_rope(q, pos, base=self.config.rope_theta, period=p.rope_period)
-            k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period)
+            q = apply_rope(q, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
+            k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
 
         inputs = {}
         dt = None
@@ -676,12 +694,19 @@ class MemoryMixer(nn.Module):
         if self.w_proj is not None:
             w = self.w_proj(x).float() if x.dtype != torch.float64 else self.w_proj(x)
             if self.w_conv is not None:
-                w, tw = self.w_conv(w, state.conv_w if state is not None else None)
+                w, tw = self.w_conv(w, state.conv_w if state is not None else None, tpos)
             inputs["w"] = l2norm(w.view(B, T, Hkv, K))  # [B, T, Hkv, K]
 
         memory = state.memory if state is not None else self._initial_memory(B, x)
+        kv_doc = None
         if self.is_softmax:
-            o, memory = self._attend(q, k, v, inputs, memory, form)
+            cached = state.kv_doc if state is not None else None
+            if seg is not None or cached is not None:
+                L = memory.length
+                old = cached if cached is not None else torch.zeros(B, L, dtype=torch.int64, device=x.device)
+                new = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
+                kv_doc = torch.cat([old, new], dim=1)  # [B, L + T]
+            o, memory = self._attend(q, k, v, inputs, memory, form, kv_doc)
         else:
             # grouped value heads (H_q < H) go to the op as they are: value head h reads q/k head h // (H / H_q)
             if n > 1:
@@ -690,25 +715,88 @@ class MemoryMixer(nn.Module):
                 inputs["p"] = pr
             fn = getattr(api, form)
             kw = {"chunk_size": self.config.chunk_size} if form == "chunk" else {}
-            # check_values=False: the gates are in range by construction (no GPU synchronization per call)
-            o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                           check_values=False, backend=self.backends[form], **inputs, **kw)
+            if (seg is not None and not seg.single) or isinstance(memory, RowStates):
+                doc = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
+                o, memory = self._memory_by_document(fn, form, q, k, v, inputs, state.memory if state else None,
+                                                     doc, output_state, kw)
+            else:
+                # check_values=False: the gates are in range by construction (no GPU synchronization per call)
+                o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
+                               check_values=False, backend=self.backends[form], **inputs, **kw)
             if self.D is not None:
                 o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
         y = self._output(o, x)
         if not output_state:
             return y, None
-        return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T)
+        return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
+                             kv_doc=kv_doc)
 
-    def _attend(self, q, k, v, inputs, cache: KVCache, form: str):
+    def _memory_by_document(self, fn, form: str, q, k, v, inputs: dict, memory, doc: Tensor, output_state: bool,
+                            kw: dict):
+        """The memory read over the documents of doc [B, T] (−1: padding), each document from its
+        own initial state: a row's state when the block continues one (one document per row), else
+        the layer's initial memory. Padding is removed (tokens gathered into [1, N]); the gated-
+        linear and delta chunk forms run every document in one varlen call, other forms one call per
+        document. `memory`: the carried state's memory, None without a state.
+        Returns (o [B, T, H, V], per-row final states or None)."""
+        r = self.recipe
+        B, T = doc.shape
+        real = (doc >= 0).reshape(-1)  # [B·T]
+        idx = real.nonzero()[:, 0]  # [N] flat indices of the documents' tokens
+        rows = torch.arange(B, device=doc.device)[:, None].expand(B, T).reshape(-1)[idx]  # [N]
+        key = rows * (T + 1) + doc.reshape(-1)[idx]  # [N] one value per (row, document)
+        if output_state or memory is not None:  # one document per row, each from its row's state
+            if bool((doc > 0).any()):
+                raise MixerError("a carried state needs one document per row (packed rows start from scratch)")
+            counts = torch.bincount(rows, minlength=B)  # [B] (a row of padding only: 0)
+            inits = split_rows(memory, B)
+        else:
+            counts = torch.unique_consecutive(key, return_counts=True)[1]  # [S]
+            inits = [None] * len(counts)
+        cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # [S + 1]
+
+        def packed(x):  # [B, T, ...] -> [1, N, ...]
+            return x.reshape(B * T, *x.shape[2:])[idx][None]
+
+        toks = {name: (val if name == "lamb" else packed(val)) for name, val in inputs.items()}  # λ: [H, K]
+        qp, kp, vp = packed(q), packed(k), packed(v)
+        varlen = form == "chunk" and api.recipe_class(r) in ("gated_linear", "delta") \
+            and not isinstance(memory, RowStates)
+        if varlen:  # sequence s starts from row s of the carried memory (S = B), or from zeros
+            o, final = fn(r, qp, kp, vp, scale=self.scale, initial_state=memory, output_final_state=output_state,
+                          check_values=False, cu_seqlens=cu, backend=self.backends[form], **toks, **kw)
+        else:  # one call per document
+            outs, finals = [], []
+            bounds = cu.tolist()
+            for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+                init = inits[s] if inits[s] is not None else self._initial_memory(1, qp)
+                if b == a:
+                    if output_state:
+                        finals.append(init if init is not None else
+                                      self.init_state(1, dtype=q.dtype, device=q.device).memory)
+                    continue
+                part = {name: (val if name == "lamb" else val[:, a:b]) for name, val in toks.items()}
+                o_s, f_s = fn(r, qp[:, a:b], kp[:, a:b], vp[:, a:b], scale=self.scale, initial_state=init,
+                              output_final_state=output_state, check_values=False, backend=self.backends[form],
+                              **part, **kw)
+                outs.append(o_s)
+                finals.append(f_s)
+            o = torch.cat(outs, dim=1) if outs else vp.new_zeros(1, 0, self.H, self.V)
+            final = cat_rows(finals) if output_state else None
+        out = o.new_zeros(B * T, *o.shape[2:])
+        out[idx] = o[0]
+        return out.view(B, T, *o.shape[2:]), final  # [B, T, H, V]
+
+    def _attend(self, q, k, v, inputs, cache: KVCache, form: str, doc: Tensor | None = None):
         kw = dict(scale=self.scale, g=inputs.get("g"), beta=inputs.get("beta"), w=inputs.get("w"))
         if form == "parallel":
-            return kv_extend(self.recipe, q, k, v, cache=cache, **kw)
+            return kv_extend(self.recipe, q, k, v, cache=cache, doc=doc, **kw)
         outs = []  # recurrent: one token at a time, as decoding does
+        L = cache.length
         for t in range(q.shape[1]):
             one = {key: (val[:, t:t + 1] if val is not None else None) for key, val in kw.items() if key != "scale"}
             o, cache = kv_extend(self.recipe, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], scale=self.scale,
-                                 cache=cache, **one)
+                                 cache=cache, doc=doc[:, :L + t + 1] if doc is not None else None, **one)
             outs.append(o)
         return torch.cat(outs, dim=1), cache  # [B, T, H, V]
 

@@ -27,7 +27,10 @@ class MixerState:
     conv_q, conv_k, conv_v: the last W − 1 inputs of each short convolution [B, W − 1, C], or None
               where the layer has no convolution there.
     conv_w:   PaTH's convolution tail over its Householder directions, or None.
-    position: tokens consumed so far (the next token's position, for RoPE).
+    position: tokens consumed so far, padding included (the next token's position, for RoPE,
+              unless the caller passes per-row positions: `fastweights.layers.segments`).
+    kv_doc:   softmax side after a padded block: the document of every cached key [B, L] int64
+              (0, or −1 for padding, which no later query sees); None: every cached key is visible.
     """
 
     memory: Tensor | MemoryState | MesaState | KVCache
@@ -36,6 +39,7 @@ class MixerState:
     conv_v: Tensor | None = None
     conv_w: Tensor | None = None
     position: int = 0
+    kv_doc: Tensor | None = None
 
 
 def state_bytes(state) -> int:

@@ -1,5 +1,7 @@
 """Checkpoints of an LM: `config.json` (the LMConfig; zoo models by name, custom Recipes field by
-field) and `model.safetensors` (every weight, in its dtype). Files are written to a temporary
+field) and `model.safetensors` (every weight, in its dtype). The same directory is a transformers
+checkpoint (`"model_type": "fastweights"`, `fastweights.hf`); keys transformers adds when it
+saves (`transformers_version`, `dtype`, …) are ignored here. Files are written to a temporary
 name and renamed, so a crash never leaves a half-written checkpoint under the real names.
 """
 
@@ -36,7 +38,9 @@ def save_pretrained(model, directory) -> None:
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends)}
+    # model_type / architectures: the same directory loads with transformers' Auto classes (fastweights.hf)
+    doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends),
+           "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"]}
     text = json.dumps(doc, indent=2, ensure_ascii=False)
     _atomic_write(d / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

@@ -9,6 +9,13 @@ recurrent: `fastweights.layers.training_form`); `step` decodes one token per cal
 recurrent form from the carried `LMState` — constant memory for fast-weight layers, a growing
 KV cache for softmax-side layers. `generate` = prefill + steps; `generate(use_cache=False)`
 decodes by repeated full forwards (the reference the tests hold the cache to).
+
+Documents: `forward` takes `attention_mask` [B, T] (0 = padding), `cu_seqlens` (packed
+documents, B = 1) or `position_ids` [B, T] (a document starts where the position is 0);
+`prefill` takes `attention_mask` (left padding, for batched generation). No state, convolution
+tail or attention crosses a document boundary (`fastweights.layers.segments`): each document's
+logits equal those of the document run alone. After a padded prefill the LMState carries each
+row's own length (`lengths`), so decoding continues every row at its own position.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import nn
 from ..inputs import InputError
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
+from ..layers.segments import Segments
 from ..layers.state import MixerState, state_bytes
 from ..state import KVCache
 from .config import LMConfig
@@ -62,12 +70,13 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.d_model, config.hidden) if config.mlp == "swiglu" else None
 
     def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
-                form: str | None = None, step: bool = False) -> tuple[Tensor, MixerState | None]:
+                form: str | None = None, step: bool = False, segments: Segments | None = None
+                ) -> tuple[Tensor, MixerState | None]:
         h = self.norm1(x)
         if step:
-            h, state = self.mixer.step(h, state)
+            h, state = self.mixer.step(h, state, segments=segments)
         else:
-            h, state = self.mixer(h, state, output_state=output_state, form=form)
+            h, state = self.mixer(h, state, output_state=output_state, form=form, segments=segments)
         x = x + h
         if self.mlp is not None:
             x = x + self.mlp(self.norm2(x))
@@ -79,10 +88,14 @@ class LMState:
     """The decoding state of an LM: one MixerState per layer (memory / KV cache, conv tails, position).
 
     mixers: the mixer of each layer of the model that made it (empty: not recorded); `LM.step` and
-    `LM.prefill` refuse a state whose mixers are not theirs."""
+            `LM.prefill` refuse a state whose mixers are not theirs.
+    lengths: [B] int64, the tokens each row's document holds (padding excluded) after a padded
+             prefill; None when every row holds `position` tokens.
+    """
 
     layers: tuple[MixerState, ...]
     mixers: tuple[str, ...] = ()
+    lengths: Tensor | None = None
 
     @property
     def position(self) -> int:
@@ -184,25 +197,68 @@ class LM(nn.Module):
     def _logits(self, h: Tensor) -> Tensor:
         return F.linear(self.norm(h), self.embed.weight)  # [B, T, vocab], tied head
 
-    def forward(self, input_ids: Tensor, *, form: str | None = None) -> Tensor:
-        """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form)."""
-        self._check_ids(input_ids)
+    def _hidden(self, input_ids: Tensor, form: str | None, segments: Segments | None) -> Tensor:
         h = self.embed(input_ids)  # [B, T, d]
         for block in self.blocks:
-            h, _ = block(h, form=form)
-        return self._logits(h)
+            h, _ = block(h, form=form, segments=segments)
+        return h
 
-    def prefill(self, input_ids: Tensor, state: LMState | None = None) -> tuple[Tensor, LMState]:
-        """Run input_ids (continuing `state` when given) in the training forms; (logits, state after)."""
+    def forward(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form).
+
+        attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
+        position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself."""
+        return self._logits(self.hidden(input_ids, form=form, attention_mask=attention_mask,
+                                        position_ids=position_ids, cu_seqlens=cu_seqlens))
+
+    def hidden(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,
+               position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+        """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
+        self._check_ids(input_ids)
+        B, T = input_ids.shape
+        seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
+                             device=input_ids.device)
+        return self._hidden(input_ids, form, seg)
+
+    def _state_segments(self, ids: Tensor, state: LMState | None, attention_mask: Tensor | None):
+        """(Segments | None, lengths after | None) of a block continuing `state` (None: a new one)."""
+        B, T = ids.shape
+        if attention_mask is None and (state is None or state.lengths is None):
+            return None, None
+        if attention_mask is not None:
+            real = attention_mask.bool() if isinstance(attention_mask, Tensor) else attention_mask
+            if isinstance(real, Tensor) and real.dim() == 2 and real.shape[1] > 1 and \
+                    bool((real[:, 1:].int() < real[:, :-1].int()).any()):
+                raise GenerationError("attention_mask: a state continues after the block, so padding must come "
+                                      "before each row's tokens (left padding)")
+            if state is not None and isinstance(real, Tensor) and not bool(real.all()):
+                raise GenerationError("attention_mask: padding is allowed in the first block only (a block that "
+                                      "continues a state must be all tokens)")
+        if state is None:
+            offsets = torch.zeros(B, dtype=torch.int64, device=ids.device)
+        elif state.lengths is not None:
+            offsets = state.lengths
+        else:
+            offsets = torch.full((B,), state.position, dtype=torch.int64, device=ids.device)
+        seg = Segments.build(B, T, attention_mask=attention_mask, offsets=offsets, device=ids.device)
+        return seg, offsets + seg.lengths()
+
+    def prefill(self, input_ids: Tensor, state: LMState | None = None, *, attention_mask: Tensor | None = None
+                ) -> tuple[Tensor, LMState]:
+        """Run input_ids (continuing `state` when given) in the training forms; (logits, state after).
+        attention_mask [B, T]: 0 marks (left) padding, which no layer sees; every row then decodes
+        on from its own length."""
         self._check_ids(input_ids)
         if state is not None:
             self._check_state(state, input_ids.shape[0])
+        seg, lengths = self._state_segments(input_ids, state, attention_mask)
         h = self.embed(input_ids)
         layers = []
         for i, block in enumerate(self.blocks):
-            h, st = block(h, state.layers[i] if state is not None else None, output_state=True)
+            h, st = block(h, state.layers[i] if state is not None else None, output_state=True, segments=seg)
             layers.append(st)
-        return self._logits(h), LMState(layers=tuple(layers), mixers=self._mixer_names())
+        return self._logits(h), LMState(layers=tuple(layers), mixers=self._mixer_names(), lengths=lengths)
 
     def step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """One decoding step by the recurrent form: token_ids [B] or [B, 1] -> (logits [B, vocab], state)."""
@@ -218,12 +274,13 @@ class LM(nn.Module):
         """`step` without the checks (generate's own tokens and states are valid by construction)."""
         if token_ids.dim() == 1:
             token_ids = token_ids[:, None]
+        seg, lengths = self._state_segments(token_ids, state, None)
         h = self.embed(token_ids)  # [B, 1, d]
         layers = []
         for block, st in zip(self.blocks, state.layers):
-            h, st = block(h, st, step=True)
+            h, st = block(h, st, step=True, segments=seg)
             layers.append(st)
-        return self._logits(h)[:, 0], LMState(layers=tuple(layers), mixers=state.mixers)
+        return self._logits(h)[:, 0], LMState(layers=tuple(layers), mixers=state.mixers, lengths=lengths)
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int) -> LMState:

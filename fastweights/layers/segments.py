@@ -1,0 +1,192 @@
+"""Documents inside a block of tokens: padding (`attention_mask`), packed documents (`cu_seqlens`,
+or `position_ids` restarting at 0), and per-row positions that continue a decoding state.
+
+    doc [B, T] int64   the document of each token inside its row (0, 1, …), −1 at padding
+    pos [B, T] int64   each token's position inside its document, counting the tokens a carried
+                       state already consumed (RoPE, short-convolution reach); 0 at padding
+
+What every layer honours: a token attends to, convolves over and writes into the memory of its
+own document only (same row, same doc); padding is seen by nothing and its outputs are
+meaningless. Each document's tokens must be contiguous in its row (padding before and/or after
+them), so "the last W − 1 inputs of my document" is a column window cut at `pos`.
+
+`continues`: the block extends a carried state, so every row holds exactly one document (doc 0,
+the state's) and per-row final states are defined; packed rows (several documents) have none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..inputs import InputError
+
+Tensor = torch.Tensor
+
+__all__ = ["Segments", "RowStates", "split_rows", "cat_rows", "select_rows"]
+
+
+@dataclass(frozen=True)
+class Segments:
+    """doc, pos [B, T] (see the module doc); continues: one document per row continuing a state;
+    single: no padding and one document per row (a memory then runs the batch as it is)."""
+
+    doc: Tensor
+    pos: Tensor
+    continues: bool = False
+    single: bool = False
+
+    @property
+    def padded(self) -> bool:
+        return bool((self.doc < 0).any())
+
+    @staticmethod
+    def build(B: int, T: int, *, attention_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
+              position_ids: Tensor | None = None, offsets: Tensor | None = None,
+              device=None) -> Segments | None:
+        """The segments of a block [B, T], or None when it is one unpadded document per row starting
+        at position 0 (the plain path).
+
+        attention_mask [B, T] (1/True: a token, 0/False: padding); cu_seqlens [S+1] (B = 1, packed
+        documents, flash-attention's convention); position_ids [B, T] (a document starts where the
+        position is 0, as Hugging Face's packing collators write them); offsets [B] int64: tokens
+        each row's document already holds in a carried state (then the block continues it).
+        """
+        if attention_mask is None and cu_seqlens is None and position_ids is None and offsets is None:
+            return None
+        continues = offsets is not None
+        if continues and cu_seqlens is not None:
+            raise InputError("cu_seqlens packs new documents: it cannot continue a carried state (state=None)")
+        real = _check_mask(attention_mask, B, T, device)  # [B, T] bool
+        t = torch.arange(T, device=device)
+        if cu_seqlens is not None:
+            from ..chunkwise.varlen import check_cu_seqlens
+
+            cu = torch.tensor(check_cu_seqlens(cu_seqlens, B, T), device=device)
+            doc = (torch.bucketize(t, cu[1:], right=True))[None]  # [1, T]
+            pos = (t - cu[doc[0]])[None]  # [1, T]
+        elif position_ids is not None:
+            if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != (B, T) \
+                    or position_ids.is_floating_point() or position_ids.dtype == torch.bool:
+                raise InputError(f"position_ids must be an integer tensor [B, T] = [{B}, {T}], got "
+                                 f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                                 f"{list(getattr(position_ids, 'shape', []))}")
+            pos = position_ids.to(device=device, dtype=torch.int64)
+            if bool((pos[real] < 0).any()):
+                raise InputError("position_ids must be ≥ 0 at every token")
+            if continues:
+                doc = torch.zeros(B, T, dtype=torch.int64, device=device)
+            else:
+                start = (pos == 0) & real
+                doc = (start.long().cumsum(1) - 1).clamp(min=0)  # [B, T]
+        else:
+            base = offsets.to(device=device, dtype=torch.int64)[:, None] if continues else 0
+            pos = base + real.long().cumsum(1) - 1  # [B, T]
+            doc = torch.zeros(B, T, dtype=torch.int64, device=device)
+        doc = torch.where(real, doc.expand(B, T), torch.full_like(doc.expand(B, T), -1))
+        pos = torch.where(real, pos.expand(B, T), torch.zeros_like(pos.expand(B, T)))
+        _check_contiguous(doc)
+        return Segments(doc=doc, pos=pos, continues=continues, single=not bool((doc != 0).any()))
+
+    def lengths(self) -> Tensor:
+        """Tokens of each row [B] int64 (the documents' tokens, padding excluded)."""
+        return (self.doc >= 0).sum(1)
+
+
+def _check_mask(mask, B: int, T: int, device) -> Tensor:
+    if mask is None:
+        return torch.ones(B, T, dtype=torch.bool, device=device)
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != (B, T) or mask.is_floating_point():
+        raise InputError(f"attention_mask must be a bool or 0/1 integer tensor [B, T] = [{B}, {T}], got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {list(getattr(mask, 'shape', []))}")
+    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+        raise InputError("attention_mask must hold only 0 (padding) and 1 (a token)")
+    return mask.to(device=device, dtype=torch.bool)
+
+
+def _check_contiguous(doc: Tensor) -> None:
+    """Every document's tokens contiguous in its row (padding only around the documents)."""
+    real = doc >= 0
+    if not bool(real.any()):
+        return
+    T = doc.shape[1]
+    t = torch.arange(T, device=doc.device)
+    first = torch.where(real, t, T).min(1).values  # [B]
+    last = torch.where(real, t, -1).max(1).values  # [B]
+    n = real.sum(1)
+    if bool(((n > 0) & (last - first + 1 != n)).any()):
+        raise InputError("attention_mask: padding must lie before and/or after a row's tokens, not between them")
+    step = doc[:, 1:] - doc[:, :-1]
+    both = real[:, 1:] & real[:, :-1]
+    if bool((both & (step != 0) & (step != 1)).any()):
+        raise InputError("documents of a row must follow each other (doc ids 0, 1, 2, … in order)")
+
+
+@dataclass
+class RowStates:
+    """Per-row memories that cannot share one batched state (e.g. rows at different offsets inside
+    their inner mini-batch after a padded prefill): rows[b] is row b's memory with batch 1."""
+
+    rows: tuple
+
+
+def split_rows(memory, B: int) -> list:
+    """A batched memory (tensor, state dataclass, RowStates or None) as B memories of batch 1."""
+    from ..state import state_map
+
+    if memory is None:
+        return [None] * B
+    if isinstance(memory, RowStates):
+        return list(memory.rows)
+    return [state_map(memory, lambda x, b=b: x[b:b + 1]) for b in range(B)]
+
+
+def cat_rows(memories: list):
+    """The inverse of split_rows: one batched memory when the rows agree on every non-tensor field
+    (offsets, …), else RowStates."""
+    import dataclasses
+
+    first = memories[0]
+    if first is None:
+        return None
+    if isinstance(first, Tensor):
+        return torch.cat(memories, dim=0)
+    if isinstance(first, tuple):
+        parts = [cat_rows([m[i] for m in memories]) for i in range(len(first))]
+        return tuple(parts) if not any(isinstance(p, RowStates) for p in parts) else RowStates(tuple(memories))
+    if dataclasses.is_dataclass(first):
+        out = {}
+        for f in dataclasses.fields(first):
+            vals = [getattr(m, f.name) for m in memories]
+            if vals[0] is None or isinstance(vals[0], (Tensor, tuple)):
+                if any((v is None) != (vals[0] is None) for v in vals):
+                    return RowStates(tuple(memories))
+                out[f.name] = cat_rows(vals)
+                if isinstance(out[f.name], RowStates):
+                    return RowStates(tuple(memories))
+            elif all(v == vals[0] for v in vals):
+                out[f.name] = vals[0]
+            else:
+                return RowStates(tuple(memories))
+        return dataclasses.replace(first, **out)
+    raise TypeError(f"cannot batch memories of type {type(first).__name__}")
+
+
+def select_rows(state, index: Tensor):
+    """A state (LMState, MixerState, memory, …) with its batch rows picked by index [B'] int64
+    (beam search's reordering, a batch expanded for several samples); RowStates pick their rows."""
+    import dataclasses
+
+    if state is None:
+        return None
+    if isinstance(state, RowStates):
+        return RowStates(tuple(state.rows[i] for i in index.tolist()))
+    if isinstance(state, Tensor):
+        return state.index_select(0, index.to(state.device))
+    if isinstance(state, tuple):
+        return tuple(select_rows(x, index) for x in state)
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(state, **{f.name: select_rows(getattr(state, f.name), index)
+                                             for f in dataclasses.fields(state)})
+    return state

@@ -1,0 +1,173 @@
+"""PretrainConfig: everything `fastweights train` does, as a validated dataclass, built from a
+preset, a JSON/TOML file (`--config`) and command-line flags (later ones win).
+
+Presets (`preset`, the model and the batch):
+  * "cpu":  gated DeltaNet, d_model 64, 4 layers, 4 heads, T = 128, 16 sequences per step,
+            200 steps — trains on a CPU in minutes (e.g. on the bytes of this repository's
+            README and docs);
+  * "gpu-125m": gated DeltaNet, d_model 768, 12 layers, 6 heads (head_dim = head_v_dim = 128),
+            T = 2048, 64 sequences per step in 8 micro-batches, bf16 autocast, lr 3e-3 with 2%
+            warm-up, 20k steps (GPT-2-small-sized: ≈131M parameters with a 50k vocabulary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PretrainConfig", "PRESETS", "load_config_file", "ConfigFileError"]
+
+
+class ConfigFileError(ValueError):
+    """A bad `fastweights train` setting; the message names the field."""
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": dict(model=dict(d_model=64, n_layers=4, num_heads=4, mixer="gated_deltanet"), seq_len=128,
+                batch_size=16, steps=200, lr=3e-3, warmup=0.05, val_every=50, save_every=50, dtype="float32"),
+    "gpu-125m": dict(model=dict(d_model=768, n_layers=12, num_heads=6, head_dim=128, head_v_dim=128,
+                                mixer="gated_deltanet"),
+                     seq_len=2048, batch_size=64, grad_accum=8, steps=20000, lr=3e-3, warmup=0.02, val_every=500,
+                     save_every=1000, dtype="bfloat16", device="cuda"),
+}
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    """data:        text files/directories, .npy or .bin token files (see fastweights.pretrain.data).
+    out:         run directory: checkpoint.pt (resume), model/ (save_pretrained), log.jsonl, loss.png.
+    tokenizer:   "bytes" or a local Hugging Face tokenizer directory.
+    model:       LMConfig fields (vocab_size defaults to the tokenizer's, rounded up to a multiple of 64).
+    seq_len T, batch_size (sequences per optimizer step, over all ranks), grad_accum (micro-batches
+    per step and rank), steps (optimizer steps), lr, min_lr, warmup (fraction of steps if < 1, else
+    steps), weight_decay, betas, grad_clip (None: off): AdamW with linear warm-up and a cosine to min_lr.
+    val_fraction: the held-out tail of the data; val_every: validation period (steps), over the
+    first val_batches · batch_size windows of the held-out data (loss and perplexity);
+    save_every: checkpoint period (steps); log_every: JSONL/progress period.
+    dtype:       "float32" or "bfloat16" (autocast; weights and optimizer in fp32).
+    device:      "cpu", "cuda"; under torchrun each rank uses cuda:LOCAL_RANK.
+    parallel:    "ddp" or "fsdp" (FSDP2 `fully_shard` per block) when several processes run.
+    threads:     torch CPU threads (None: torch's default).
+    """
+
+    data: list[str] = field(default_factory=list)
+    out: str = "runs/train"
+    tokenizer: str = "bytes"
+    preset: str = "cpu"
+    model: dict[str, Any] = field(default_factory=dict)
+    seq_len: int = 128
+    batch_size: int = 16
+    grad_accum: int = 1
+    steps: int = 200
+    lr: float = 3e-3
+    min_lr: float = 0.0
+    warmup: float = 0.05
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = 1.0
+    val_fraction: float = 0.05
+    val_every: int = 50
+    val_batches: int = 4
+    save_every: int = 50
+    log_every: int = 1
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    parallel: str = "ddp"
+    threads: int | None = None
+    progress: str = "auto"
+
+    def __post_init__(self):
+        if isinstance(self.data, (str, Path)):
+            self.data = [str(self.data)]
+        self.data = [str(d) for d in self.data]
+        for name in ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_batches", "save_every",
+                     "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigFileError(f"{name} must be a positive int, got {v!r}")
+        for name in ("lr", "min_lr", "warmup", "weight_decay", "val_fraction"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise ConfigFileError(f"{name} must be a number ≥ 0, got {v!r}")
+        if not self.lr > 0 or self.min_lr > self.lr:
+            raise ConfigFileError(f"lr must be > 0 and min_lr ≤ lr, got lr={self.lr}, min_lr={self.min_lr}")
+        if self.val_fraction >= 1:
+            raise ConfigFileError(f"val_fraction must be < 1, got {self.val_fraction}")
+        if self.warmup >= 1 and not float(self.warmup).is_integer():
+            raise ConfigFileError(f"warmup must be a fraction < 1 or a whole number of steps, got {self.warmup}")
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
+            raise ConfigFileError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        b = self.betas
+        if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1
+                                                                      for x in b)):
+            raise ConfigFileError(f"betas must be two numbers in [0, 1), got {b!r}")
+        self.betas = (float(b[0]), float(b[1]))
+        for name, allowed in (("dtype", ("float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),
+                              ("preset", tuple(PRESETS)), ("progress", ("auto", "tqdm", "plain", "none"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigFileError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
+        if not isinstance(self.model, dict):
+            raise ConfigFileError(f"model must be a table of LMConfig fields, got {type(self.model).__name__}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigFileError(f"threads must be a positive int or None, got {self.threads!r}")
+
+    def warmup_steps(self) -> int:
+        return int(round(self.warmup * self.steps)) if self.warmup < 1 else int(self.warmup)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def build(cls, *layers: dict[str, Any]) -> PretrainConfig:
+        """preset (named by the last layer that sets `preset`, default "cpu") < layers in order;
+        `model` tables merge field by field."""
+        preset = "cpu"
+        for layer in layers:
+            preset = layer.get("preset", preset)
+        if preset not in PRESETS:
+            raise ConfigFileError(f"preset={preset!r} is not one of {list(PRESETS)}")
+        merged: dict[str, Any] = {"preset": preset, **{k: v for k, v in PRESETS[preset].items() if k != "model"}}
+        model = dict(PRESETS[preset]["model"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        for layer in layers:
+            unknown = set(layer) - names
+            if unknown:
+                raise ConfigFileError(f"unknown setting(s) {sorted(unknown)}; settings are {sorted(names)}")
+            for k, v in layer.items():
+                if k == "model":
+                    if not isinstance(v, dict):
+                        raise ConfigFileError(f"model must be a table of LMConfig fields, got {v!r}")
+                    model.update(v)
+                else:
+                    merged[k] = v
+        return cls(**merged, model=model)
+
+
+def load_config_file(path) -> dict[str, Any]:
+    """A JSON (.json) or TOML (.toml) file of PretrainConfig settings."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigFileError(f"--config {p}: no such file")
+    text = p.read_text(encoding="utf-8")
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigFileError(f"--config {p}: a .json or .toml file is expected")
+    except (ValueError, ImportError) as e:
+        if isinstance(e, ConfigFileError):
+            raise
+        raise ConfigFileError(f"--config {p}: cannot be parsed ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"--config {p}: the file must hold a table of settings")
+    return data

@@ -1,0 +1,80 @@
+"""lm-evaluation-harness end to end on a local task (tests/hf/data/tiny_choice.jsonl, nothing
+downloaded): the registered `fastweights` model scores it, and both the accuracy and every
+per-choice log-likelihood equal a direct computation with the model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastweights.models import LM, LMConfig
+from tests.tolerances import HARNESS_LOGLIK_F64
+
+DATA = Path(__file__).parent / "data" / "tiny_choice.jsonl"
+
+TASK = """task: fw_tiny_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def direct_loglikelihood(lm, context: str, continuation: str) -> float:
+    """Σ log p(continuation bytes | context bytes), computed with the LM itself."""
+    ctx, cont = list(context.encode()), list(continuation.encode())
+    ids = torch.tensor([ctx + cont])
+    logp = lm(ids)[0, :-1].double().log_softmax(-1)  # [T − 1, vocab]: position t predicts token t + 1
+    return sum(logp[len(ctx) - 1 + i, tok].item() for i, tok in enumerate(cont))
+
+
+@pytest.mark.parametrize("mixer", [("gated_deltanet", "softmax_attention")])
+def test_lm_eval_scores_a_local_task_as_the_model_does(mixer, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import fastweights.hf.harness  # noqa: F401  (registers the model "fastweights")
+
+    cfg = LMConfig(vocab_size=257, d_model=32, n_layers=2, mixer=mixer, num_heads=2, head_dim=8)
+    lm = LM(cfg).double()
+    lm.save_pretrained(tmp_path / "ckpt")  # no tokenizer files: the byte-level tokenizer is used
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "fw_tiny_choice.yaml").write_text(TASK.format(data=DATA))
+    out = simple_evaluate(model="fastweights", model_args=f"pretrained={tmp_path / 'ckpt'},dtype=float64",
+                          tasks=["fw_tiny_choice"], task_manager=TaskManager(include_path=str(tasks)),
+                          batch_size=4, device="cpu", log_samples=True)
+    docs = [json.loads(line) for line in DATA.read_text().splitlines()]
+    samples = out["samples"]["fw_tiny_choice"]
+    assert len(samples) == len(docs)
+    correct = 0
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        doc = docs[s["doc_id"]]
+        # lm-eval's multiple choice: context = the question, continuation = " " + choice (target_delimiter)
+        ll = [direct_loglikelihood(lm, doc["question"], " " + c) for c in doc["choices"]]
+        got = [r[0][0] for r in s["resps"]]
+        assert max(abs(a - b) for a, b in zip(got, ll)) < HARNESS_LOGLIK_F64, (got, ll)
+        correct += int(max(range(len(ll)), key=ll.__getitem__) == doc["answer"])
+    acc = out["results"]["fw_tiny_choice"]["acc,none"]
+    assert acc == correct / len(docs)  # a mean of 0/1 over 8 documents: exact in binary
+
+
+def test_fastweights_eval_hands_every_argument_to_lm_eval(monkeypatch):
+    import fastweights.hf.harness as harness
+    from fastweights import cli
+
+    seen = {}
+    monkeypatch.setattr(harness, "main", lambda argv: seen.setdefault("argv", argv))
+    assert cli.main(["eval", "--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]) == 0
+    assert seen["argv"] == ["--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]

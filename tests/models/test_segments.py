@@ -1,0 +1,126 @@
+"""Documents through every layer of every zoo model (float64): a left-padded batch, a packed row
+(cu_seqlens, and position_ids restarting at 0) and a right-padded batch give each document the
+logits it has alone; decoding after a left-padded prefill continues each row as if it were alone.
+A wrong boundary anywhere (a conv tap, a memory, an attention row, a RoPE position) breaks it."""
+
+import pytest
+import torch
+
+import fastweights as fw
+from fastweights.inputs import InputError
+from fastweights.models import LM, GenerationError
+from tests.models.test_lm import VOCAB, tiny_config
+from tests.tolerances import SEGMENTS_F64
+
+ZOO = fw.zoo.names()
+
+
+def documents(lengths):
+    return [torch.randint(0, VOCAB, (L,)) for L in lengths]
+
+
+def padded(docs, left=True):
+    T = max(len(d) for d in docs)
+    ids = torch.randint(0, VOCAB, (len(docs), T))  # padding holds random tokens: nothing may read them
+    mask = torch.zeros(len(docs), T, dtype=torch.long)
+    for i, d in enumerate(docs):
+        sl = slice(T - len(d), T) if left else slice(0, len(d))
+        ids[i, sl], mask[i, sl] = d, 1
+    return ids, mask
+
+
+def err(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_padded_and_packed_batches_equal_each_document_alone(name):
+    model = LM(tiny_config(name)).double()
+    lengths = [5, 11, 2, 7]  # different offsets inside TTT/Titans' 16-token inner mini-batches too
+    docs = documents(lengths)
+    alone = [model(d[None])[0] for d in docs]
+    T = max(lengths)
+
+    ids, mask = padded(docs, left=True)
+    out = model(ids, attention_mask=mask)
+    for i, d in enumerate(docs):
+        assert err(out[i, T - len(d):], alone[i]) < SEGMENTS_F64, f"left padding, row {i}"
+
+    ids, mask = padded(docs, left=False)
+    out = model(ids, attention_mask=mask.bool())
+    for i, d in enumerate(docs):
+        assert err(out[i, :len(d)], alone[i]) < SEGMENTS_F64, f"right padding, row {i}"
+
+    packed = torch.cat(docs)[None]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    by_cu = model(packed, cu_seqlens=cu)[0]
+    by_pos = model(packed, position_ids=torch.cat([torch.arange(L) for L in lengths])[None])[0]
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        assert err(by_cu[a:b], alone[i]) < SEGMENTS_F64, f"cu_seqlens, document {i}"
+        assert err(by_pos[a:b], alone[i]) < SEGMENTS_F64, f"position_ids, document {i}"
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_decoding_after_a_left_padded_prefill_equals_each_row_alone(name):
+    model = LM(tiny_config(name)).double()
+    lengths = [3, 9, 6]
+    docs = documents(lengths)
+    ids, mask = padded(docs)
+    logits, state = model.prefill(ids, attention_mask=mask)
+    assert torch.equal(state.lengths, torch.tensor(lengths))
+    new = torch.randint(0, VOCAB, (3, 4))
+    steps = []
+    for t in range(new.shape[1]):
+        lt, state = model.step(new[:, t], state)
+        steps.append(lt)
+    assert torch.equal(state.lengths, torch.tensor(lengths) + 4)
+    for i, d in enumerate(docs):
+        ref = model(torch.cat([d, new[i]])[None])[0]
+        assert err(logits[i, -1], ref[len(d) - 1]) < SEGMENTS_F64
+        for t, lt in enumerate(steps):
+            assert err(lt[i], ref[len(d) + t]) < SEGMENTS_F64, f"row {i}, step {t}"
+
+
+def test_a_second_block_continues_each_row_of_a_padded_prefill():
+    model = LM(tiny_config("ttt_linear", mixer=("ttt_linear", "alibi"), head_v_dim=8)).double()
+    docs = documents([4, 2])
+    more = torch.randint(0, VOCAB, (2, 5))
+    ids, mask = padded(docs)
+    _, state = model.prefill(ids, attention_mask=mask)
+    logits, state = model.prefill(more, state, attention_mask=torch.ones(2, 5, dtype=torch.long))
+    logits2, _ = model.prefill(more, model.prefill(ids, attention_mask=mask)[1])  # the mask is optional here
+    for i in range(2):
+        ref = model(torch.cat([docs[i], more[i]])[None])[0, -5:]
+        assert err(logits[i], ref) < SEGMENTS_F64 and err(logits2[i], ref) < SEGMENTS_F64
+    with pytest.raises(GenerationError, match="first block only"):
+        model.prefill(more, state, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1] * 5]))
+
+
+def test_document_errors():
+    model = LM(tiny_config("deltanet"))
+    ids = torch.randint(0, VOCAB, (2, 6))
+    with pytest.raises(InputError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(2, 5))
+    with pytest.raises(InputError, match="between"):
+        model(ids, attention_mask=torch.tensor([[1, 0, 1, 1, 1, 1], [1] * 6]))
+    with pytest.raises(InputError, match="0 .padding. and 1"):
+        model(ids, attention_mask=torch.full((2, 6), 2))
+    with pytest.raises(InputError, match="batch must be 1"):
+        model(ids, cu_seqlens=torch.tensor([0, 6]))
+    with pytest.raises(InputError, match="position_ids"):
+        model(ids, position_ids=torch.zeros(2, 6))
+    with pytest.raises(GenerationError, match="left padding"):
+        model.prefill(ids, attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6]))
+
+
+def test_a_hybrid_with_grouped_value_heads_honours_documents():
+    cfg = tiny_config("gated_deltanet", mixer=("gated_deltanet", "titans", "fox"), n_layers=3, num_v_heads=4)
+    model = LM(cfg).double()
+    docs = documents([6, 3, 9])
+    alone = [model(d[None])[0] for d in docs]
+    ids, mask = padded(docs)
+    out = model(ids, attention_mask=mask)
+    packed = model(torch.cat(docs)[None], cu_seqlens=torch.tensor([0, 6, 9, 18]))[0]
+    for i, (d, (a, b)) in enumerate(zip(docs, [(0, 6), (6, 9), (9, 18)])):
+        assert err(out[i, ids.shape[1] - len(d):], alone[i]) < SEGMENTS_F64
+        assert err(packed[a:b], alone[i]) < SEGMENTS_F64

@@ -1,0 +1,81 @@
+"""Pretraining data: sources (text files and directories, .npy, .bin), the held-out split on a
+document boundary, packed windows (positions restart after end-of-text, which predicts nothing),
+and a sample order that visits every window once per pass."""
+
+import numpy as np
+import pytest
+import torch
+
+from fastweights.pretrain.data import (
+    BYTE_EOS,
+    IGNORE_INDEX,
+    DataError,
+    Windows,
+    load_tokenizer,
+    pack,
+    read_stream,
+    split_stream,
+)
+
+
+def test_sources_give_one_stream_with_an_end_of_text_after_each_document(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b.md").write_text("é!", encoding="utf-8")
+    (tmp_path / "d" / "a.txt").write_text("hi", encoding="utf-8")
+    (tmp_path / "d" / "skip.png").write_bytes(b"\x89PNG")
+    toks = np.random.randint(0, 257, size=9)
+    np.save(tmp_path / "t.npy", toks)
+    toks.astype("<u2").tofile(tmp_path / "t.bin")
+    tok = load_tokenizer("bytes")
+    s = read_stream([tmp_path / "d", tmp_path / "t.npy", tmp_path / "t.bin"], tok)
+    expect = [104, 105, BYTE_EOS, *"é!".encode(), BYTE_EOS, *toks, *toks]
+    assert s.tolist() == expect
+
+
+def test_source_errors_name_the_file(tmp_path):
+    tok = load_tokenizer("bytes")
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(DataError, match="bad.txt: not UTF-8"):
+        read_stream([tmp_path / "bad.txt"], tok)
+    with pytest.raises(DataError, match="no such file"):
+        read_stream([tmp_path / "missing.txt"], tok)
+    np.save(tmp_path / "big.npy", np.array([0, 300]))
+    with pytest.raises(DataError, match="must lie in"):
+        read_stream([tmp_path / "big.npy"], tok)
+    with pytest.raises(DataError, match="tokenizer"):
+        load_tokenizer(str(tmp_path / "nope"))
+
+
+def test_split_holds_out_whole_documents():
+    s = np.array([1, 2, 9, 3, 4, 5, 9, 6, 7, 9])
+    train, val = split_stream(s, 0.35, eos_id=9)
+    assert train.tolist() == [1, 2, 9, 3, 4, 5, 9] and val.tolist() == [6, 7, 9]
+    assert split_stream(s, 0.0, 9)[1].size == 0
+
+
+def test_packing_restarts_positions_after_end_of_text():
+    E = 50
+    x = torch.tensor([[3, 4, E, 5, 6, 7, E, 8, 9]])
+    b = pack(x, E)
+    assert b["input_ids"].tolist() == [[3, 4, E, 5, 6, 7, E, 8]]
+    assert b["labels"].tolist() == [[4, E, IGNORE_INDEX, 6, 7, E, IGNORE_INDEX, 9]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0]]
+
+
+def test_every_window_once_per_pass_and_the_order_is_a_function_of_the_sample():
+    stream = np.arange(1 + 7 * 4)
+    w = Windows(stream, seq_len=4, eos_id=-1, seed=3)
+    assert len(w) == 7 and w.window(2).tolist() == [8, 9, 10, 11, 12]
+    for e in range(3):
+        assert sorted(w.order(j) for j in range(7 * e, 7 * e + 7)) == list(range(7))
+    again = Windows(stream, seq_len=4, eos_id=-1, seed=3)
+    assert [again.order(j) for j in (15, 2, 9)] == [w.order(j) for j in (15, 2, 9)]
+
+
+def test_one_token_file_stays_memory_mapped(tmp_path):
+    toks = np.random.randint(0, 257, size=50)
+    toks.astype("<u2").tofile(tmp_path / "t.bin")
+    s = read_stream([tmp_path / "t.bin"], load_tokenizer("bytes"))
+    assert isinstance(s, np.memmap) and s.tolist() == toks.tolist()
+    w = Windows(s, seq_len=8, eos_id=BYTE_EOS)
+    assert w.batch([1])["input_ids"].tolist() == [toks[8:16].tolist()]

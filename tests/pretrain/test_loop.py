@@ -1,0 +1,145 @@
+"""`fastweights train` end to end on a CPU: it learns, writes its log, curve and a checkpoint that
+loads as an LM and through transformers; a run killed with SIGKILL resumes to exactly the weights
+of an uninterrupted run, reading every sample once; settings come from presets, files and flags."""
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastweights.cli import main as cli_main
+from fastweights.models import LM
+from fastweights.pretrain import ConfigFileError, PretrainConfig, train
+from fastweights.pretrain.loop import lr_factor
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(d_model=16, n_layers=2, num_heads=2, head_dim=8, mixer=["gated_deltanet", "softmax_attention"])
+
+
+def corpus(tmp_path, docs=40):
+    d = tmp_path / "text"
+    d.mkdir()
+    for i in range(docs):  # short repetitive documents: learnable in a few steps
+        (d / f"{i:03d}.txt").write_text(("the cat sat on the mat. " * (1 + i % 3)).strip(), encoding="utf-8")
+    return d
+
+
+def test_trains_and_writes_log_curve_and_a_loadable_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import fastweights.hf  # noqa: F401
+
+    cfg = PretrainConfig.build({"data": [str(corpus(tmp_path))], "out": str(tmp_path / "run"), "steps": 30,
+                                "batch_size": 8, "seq_len": 32, "lr": 1e-2, "val_every": 10, "save_every": 10,
+                                "val_fraction": 0.1, "progress": "none", "threads": 1, "model": TINY})
+    summary = train(cfg)
+    run = tmp_path / "run"
+    recs = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    train_recs = [r for r in recs if "loss" in r]
+    val_recs = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in train_recs] == list(range(1, 31)) and [r["step"] for r in val_recs] == [10, 20, 30]
+    assert train_recs[-1]["loss"] < train_recs[0]["loss"] - 1.0  # it learns
+    assert val_recs[-1]["val_loss"] < val_recs[0]["val_loss"]
+    assert val_recs[-1]["val_ppl"] == math.exp(val_recs[-1]["val_loss"]) == summary["val_ppl"]
+    assert all(r["tokens_per_s"] > 0 for r in train_recs) and train_recs[-1]["tokens"] == 30 * 8 * 32
+    assert (run / "loss.png").stat().st_size > 1000
+    lm = LM.from_pretrained(run / "model")
+    hf = AutoModelForCausalLM.from_pretrained(run / "model")
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    ids = torch.tensor([tok("the cat")["input_ids"]])
+    assert torch.equal(hf(ids).logits, lm(ids))
+    # resuming a finished run trains nothing and keeps the log
+    assert train(cfg)["steps"] == 30
+    assert (run / "log.jsonl").read_text().count("\n") == len(recs)
+
+
+def test_a_run_killed_by_sigkill_resumes_to_the_uninterrupted_weights(tmp_path):
+    data = corpus(tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    steps = 60
+    args = ["--data", str(data), "--steps", str(steps), "--batch-size", "4", "--seq-len", "16", "--save-every", "5",
+            "--val-every", "20", "--threads", "1", "--progress", "plain", "--lr", "1e-2"]
+    for k, v in TINY.items():
+        args += ["--model", f"{k}={json.dumps(v)}"]
+
+    def start(out):
+        return subprocess.Popen([sys.executable, "-m", "fastweights.cli", "train", *args, "--out", str(out)],
+                                env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    ref = start(tmp_path / "ref")
+    assert ref.wait(timeout=300) == 0, ref.stderr.read()[-3000:]
+
+    victim = start(tmp_path / "run")
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and victim.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(x).get("step", 0) >= 8 for x in lines[:-1]):  # past the checkpoint at step 5
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = max(json.loads(x)["step"] for x in log.read_text().splitlines()[:-1])
+    assert killed_at < steps
+
+    resumed = start(tmp_path / "run")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    resumed_at = re.search(r"resuming .* at step (\d+)", out)
+    assert resumed_at and 0 < int(resumed_at.group(1)) <= killed_at and int(resumed_at.group(1)) % 5 == 0, out[:500]
+
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    train_recs = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in train_recs] == list(range(1, steps + 1))  # each step once
+    assert [r["samples"] for r in train_recs] == [[4 * s, 4 * s + 4] for s in range(steps)]  # no sample twice
+    ref_recs = [json.loads(x) for x in (tmp_path / "ref" / "log.jsonl").read_text().splitlines()]
+    assert [r.get("loss", r.get("val_loss")) for r in recs] == [r.get("loss", r.get("val_loss")) for r in ref_recs]
+    a = LM.from_pretrained(tmp_path / "ref" / "model").state_dict()
+    b = LM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_settings_from_preset_file_and_flags(tmp_path, capsys):
+    (tmp_path / "c.toml").write_text('steps = 7\nlr = 0.01\n[model]\nd_model = 32\n', encoding="utf-8")
+    (tmp_path / "c.json").write_text(json.dumps({"steps": 9, "model": {"n_layers": 1}}), encoding="utf-8")
+    from fastweights.cli import build_parser
+    from fastweights.pretrain.cli import config_from_args
+
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "c.toml"), "--steps", "11", "--data", "x"])
+    cfg = config_from_args(args)
+    assert (cfg.steps, cfg.lr, cfg.model["d_model"], cfg.model["n_layers"]) == (11, 0.01, 32, 4)  # flag > file > preset
+    cfg = config_from_args(build_parser().parse_args(["train", "--config", str(tmp_path / "c.json"),
+                                                      "--model", "mixer=kda", "--preset", "gpu-125m"]))
+    assert (cfg.steps, cfg.model["n_layers"], cfg.model["mixer"], cfg.dtype) == (9, 1, "kda", "bfloat16")
+    with pytest.raises(ConfigFileError, match="unknown setting"):
+        PretrainConfig.build({"stepz": 3})
+    with pytest.raises(ConfigFileError, match="batch_size"):
+        PretrainConfig.build({"batch_size": 0})
+    assert cli_main(["train", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 2
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    assert cli_main(["train", "--out", str(tmp_path / "o")]) == 2
+    assert "error: data" in capsys.readouterr().err
+
+
+def test_warmup_then_cosine():
+    cfg = PretrainConfig.build({"steps": 100, "warmup": 10, "lr": 1.0, "min_lr": 0.1})
+    f = [lr_factor(cfg, s) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0) and f[10] == pytest.approx(1.0)
+    assert f[55] == pytest.approx(0.1 + 0.9 * 0.5) and f[-1] > 0.1 and all(a >= b for a, b in zip(f[10:], f[11:]))
+
+
+def test_bf16_autocast_with_accumulation_trains(tmp_path):
+    cfg = PretrainConfig.build({"data": [str(corpus(tmp_path, docs=8))], "out": str(tmp_path / "run"), "steps": 2,
+                                "batch_size": 4, "grad_accum": 2, "seq_len": 16, "dtype": "bfloat16",
+                                "progress": "none", "threads": 1, "model": TINY})
+    summary = train(cfg)
+    assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
+    assert LM.from_pretrained(tmp_path / "run" / "model").embed.weight.dtype == torch.float32  # fp32 weights

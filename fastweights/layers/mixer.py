@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import api, dispatch
-from ..inputs import accepted_inputs, init_state
+from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -758,7 +758,7 @@ class MemoryMixer(nn.Module):
         def packed(x):  # [B, T, ...] -> [1, N, ...]
             return x.reshape(B * T, *x.shape[2:])[idx][None]
 
-        toks = {name: (val if name == "lamb" else packed(val)) for name, val in inputs.items()}  # λ: [H, K]
+        toks = {name: (val if name in PER_HEAD_INPUTS else packed(val)) for name, val in inputs.items()}
         qp, kp, vp = packed(q), packed(k), packed(v)
         varlen = form == "chunk" and api.recipe_class(r) in ("gated_linear", "delta") \
             and not isinstance(memory, RowStates)
@@ -775,7 +775,7 @@ class MemoryMixer(nn.Module):
                         finals.append(init if init is not None else
                                       self.init_state(1, dtype=q.dtype, device=q.device).memory)
                     continue
-                part = {name: (val if name == "lamb" else val[:, a:b]) for name, val in toks.items()}
+                part = {name: (val if name in PER_HEAD_INPUTS else val[:, a:b]) for name, val in toks.items()}
                 o_s, f_s = fn(r, qp[:, a:b], kp[:, a:b], vp[:, a:b], scale=self.scale, initial_state=init,
                               output_final_state=output_state, check_values=False, backend=self.backends[form],
                               **part, **kw)

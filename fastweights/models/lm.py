@@ -31,9 +31,9 @@ from torch import nn
 from ..inputs import InputError
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
-from ..layers.segments import Segments
+from ..layers.segments import RowStates, Segments
 from ..layers.state import MixerState, state_bytes
-from ..state import KVCache
+from ..state import KVCache, state_map, state_tensors
 from .config import LMConfig
 
 Tensor = torch.Tensor
@@ -404,11 +404,24 @@ class LM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+_OPTIONAL_FIELDS = frozenset({"kv_doc"})
+
+
 def _mismatch(got, want, path: str, grow: bool = False) -> str | None:
     """Why state `got` is not shaped like `want` (None: it is). Tensors compare by shape (with
     grow=True, inside a KV cache, except their length, dim 1); dataclasses field by field (of the
     same type); tuples item by item."""
     where = path or "the state"
+    if isinstance(got, RowStates) and not isinstance(want, RowStates):  # per-row memories after a padded prefill
+        first = next((x for x in state_tensors(want)), None)
+        if first is not None and len(got.rows) != first.shape[0]:
+            return f"{where} holds {len(got.rows)} rows, expected {first.shape[0]}"
+        one = state_map(want, lambda x: x[:1])
+        for b, row in enumerate(got.rows):
+            why = _mismatch(row, one, f"{path}.rows[{b}]", grow)
+            if why:
+                return why
+        return None
     if isinstance(want, Tensor):
         if not isinstance(got, Tensor):
             return f"{where} is {type(got).__name__}, expected a tensor of shape {list(want.shape)}"
@@ -432,6 +445,8 @@ def _mismatch(got, want, path: str, grow: bool = False) -> str | None:
         if type(got) is not type(want):
             return f"{where} is a {type(got).__name__}, this layer's is a {type(want).__name__}"
         for f in fields(want):
+            if f.name in _OPTIONAL_FIELDS:  # present only after a padded prefill; shaped by the tokens seen
+                continue
             why = _mismatch(getattr(got, f.name), getattr(want, f.name), f"{path}.{f.name}" if path else f.name,
                             grow or isinstance(want, KVCache))
             if why:

@@ -52,9 +52,6 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     b_k = tl.load(k + (ts[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_sk, other=0.0).to(tl.float32)
     if HAS_BETA:
         b_beta = tl.load(beta + ts * H + i_h, mask=m_s, other=0.0).to(tl.float32)
-        b_kb = b_k * b_beta[:, None]
-    else:
-        b_kb = b_k
     if GATE == 2:
         G_s = tl.load(g + (ts[:, None] * H + i_h) * K + ok[None, :], mask=m_sk, other=0.0)  # [BC, BK]
         G_last = tl.load(g + (t_last * H + i_h) * K + ok, mask=m_k, other=0.0)  # [BK]

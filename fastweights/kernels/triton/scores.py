@@ -60,27 +60,27 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
             if HAS_BETA:
                 b_beta = tl.load(beta + tj * H + i_h, mask=m_j, other=0.0).to(tl.float32)
             if GATE == 2:
-              if i_r < i_s:
-                # keys transposed [BK, BC], rescaled to the reference row (exponent ≤ 0)
-                m_kj = m_k[:, None] & m_j[None, :]
-                b_kt = tl.load(k + (tj[None, :] * HQ + i_hq) * K + ok[:, None], mask=m_kj, other=0.0).to(tl.float32)
-                g_jt = tl.load(g + (tj[None, :] * H + i_h) * K + ok[:, None], mask=m_kj, other=0.0).to(tl.float32)
-                b_kt = b_kt * tl.exp(tl.where(m_kj, rho[:, None] - g_jt, 0.0))
-                if HAS_BETA:
-                    b_kt = b_kt * b_beta[None, :]
-                acc = mm(q_rho, b_kt, DT, IEEE)
-              else:
-                for j in range(0, BC):
-                    tjj = t0 + i_r * BC + j
-                    ok_j = tjj < eos
-                    k_j = tl.load(k + (tjj * HQ + i_hq) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
-                    g_j = tl.load(g + (tjj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
+                if i_r < i_s:
+                    # keys transposed [BK, BC], rescaled to the reference row (exponent ≤ 0)
+                    m_kj = m_k[:, None] & m_j[None, :]
+                    b_kt = tl.load(k + (tj[None, :] * HQ + i_hq) * K + ok[:, None], mask=m_kj, other=0.0).to(tl.float32)
+                    g_jt = tl.load(g + (tj[None, :] * H + i_h) * K + ok[:, None], mask=m_kj, other=0.0).to(tl.float32)
+                    b_kt = b_kt * tl.exp(tl.where(m_kj, rho[:, None] - g_jt, 0.0))
                     if HAS_BETA:
-                        k_j = k_j * tl.load(beta + tjj * H + i_h, mask=ok_j, other=0.0).to(tl.float32)
-                    causal = (oi >= j) & m_i
-                    e = tl.exp(tl.where(causal[:, None], g_i - g_j[None, :], 0.0))  # exponent ≤ 0
-                    col = tl.sum(b_q * k_j[None, :] * e, axis=1)  # [BC]
-                    acc = tl.where(oi[None, :] == j, tl.where(causal, col, 0.0)[:, None], acc)
+                        b_kt = b_kt * b_beta[None, :]
+                    acc = mm(q_rho, b_kt, DT, IEEE)
+                else:
+                    for j in range(0, BC):
+                        tjj = t0 + i_r * BC + j
+                        ok_j = tjj < eos
+                        k_j = tl.load(k + (tjj * HQ + i_hq) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
+                        g_j = tl.load(g + (tjj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
+                        if HAS_BETA:
+                            k_j = k_j * tl.load(beta + tjj * H + i_h, mask=ok_j, other=0.0).to(tl.float32)
+                        causal = (oi >= j) & m_i
+                        e = tl.exp(tl.where(causal[:, None], g_i - g_j[None, :], 0.0))  # exponent ≤ 0
+                        col = tl.sum(b_q * k_j[None, :] * e, axis=1)  # [BC]
+                        acc = tl.where(oi[None, :] == j, tl.where(causal, col, 0.0)[:, None], acc)
             else:
                 m_kj = m_k[:, None] & m_j[None, :]
                 b_kt = tl.load(k + (tj[None, :] * HQ + i_hq) * K + ok[:, None], mask=m_kj, other=0.0).to(tl.float32)

@@ -2,7 +2,7 @@
 # Install PyTorch (the CPU build where no NVIDIA GPU is present) and then fastweights.
 #   bash scripts/install.sh          # the library
 #   bash scripts/install.sh dev      # with the test tools (pytest, hypothesis, ruff)
-#   bash scripts/install.sh gpu,dev  # with Triton too
+#   bash scripts/install.sh dev,gpu  # with Triton too (the test suite needs it: kernel tests run under its interpreter)
 # Why: a plain `pip install torch` on a machine without a GPU pulls a multi-GB CUDA build.
 # Order: an already-installed torch is kept; else a local torch wheel (machines that ship one,
 # e.g. this project's CI, where `pip install torch==2.13.0` is the CPU build); else the CUDA

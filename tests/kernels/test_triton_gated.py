@@ -24,16 +24,13 @@ from fastweights.chunkwise.gated import gated_transitions, gated_writes
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.dispatch import DISPATCH, Call, Target
 from fastweights.inputs import InputError, validate
+from fastweights.kernels.triton.cumsum import chunk_cumsum
+from fastweights.kernels.triton.gated import chunk_gated_triton
+from fastweights.kernels.triton.layout import make_layout
+from fastweights.kernels.triton.output import chunk_outputs
+from fastweights.kernels.triton.scores import decayed_scores
+from fastweights.kernels.triton.states import pass_states_fwd
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, CHUNK_LOW_REL, F32
-
-triton = pytest.importorskip("triton")  # CI installs the gpu extra: this never skips there
-
-from fastweights.kernels.triton.cumsum import chunk_cumsum  # noqa: E402
-from fastweights.kernels.triton.gated import chunk_gated_triton  # noqa: E402
-from fastweights.kernels.triton.layout import make_layout  # noqa: E402
-from fastweights.kernels.triton.output import chunk_outputs  # noqa: E402
-from fastweights.kernels.triton.scores import decayed_scores  # noqa: E402
-from fastweights.kernels.triton.states import pass_states_fwd  # noqa: E402
 
 pytestmark = pytest.mark.triton
 

@@ -28,8 +28,8 @@ from .util import pow2
 
 @triton.jit
 def _step_kernel(q, k, v, g, beta, state, idx, o, scale, T: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
-                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_BETA: tl.constexpr,
-                 DELTA: tl.constexpr, DECAY_FIRST: tl.constexpr, HAS_IDX: tl.constexpr):
+                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+                 HAS_BETA: tl.constexpr, DELTA: tl.constexpr, DECAY_FIRST: tl.constexpr, HAS_IDX: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import chunk_span, pow2, varlen_args
+from .util import LAUNCH, chunk_span, pow2, varlen_args
 
 
 @triton.jit
@@ -55,5 +55,5 @@ def chunk_cumsum(g: torch.Tensor, L: Layout, *, reverse: bool = False, add: torc
         return out
     _cumsum_kernel[(L.NT, L.B * L.H)](
         g, out, add if add is not None else g, *varlen_args(L, g.device)[:3], L.T, L.NT, H=L.H, K=L.K, C=L.C,
-        BK=pow2(L.K), DIAG=diag, REVERSE=reverse, HAS_ADD=add is not None, IS_VARLEN=L.varlen)
+        BK=pow2(L.K), DIAG=diag, REVERSE=reverse, HAS_ADD=add is not None, IS_VARLEN=L.varlen, **LAUNCH)
     return out

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
-from .util import pow2
+from .util import LAUNCH, pow2
 
 
 @triton.jit
@@ -103,5 +103,5 @@ def fused_recurrent_step(q, k, v, state, *, g=None, beta=None, scale: float | No
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous() if g is not None else q,
         beta.contiguous() if beta is not None else q, state, state_indices if state_indices is not None else q,
         o, scale, T, H=H, HQ=Hq, K=K, V=V, BK=BK, BV=BV, GATE=gate, HAS_BETA=beta is not None, DELTA=delta,
-        DECAY_FIRST=decay_first, HAS_IDX=state_indices is not None)
+        DECAY_FIRST=decay_first, HAS_IDX=state_indices is not None, **LAUNCH)
     return o

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def _output_bwd_kernel(k, v, g, beta, A, dh, do, dv, dA, cu, chunk_seq, chunk_lo
     slot = i_b.to(tl.int64) * NT + i_n
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos
-    t_last = tl.minimum(t0 + C, eos) - 1
+    t_last = tl.maximum(tl.minimum(t0 + C, eos) - 1, t0)  # an unused varlen slot (no row) still reads in bounds
     oc = tl.arange(0, C)
     # Aᵀ loaded transposed from memory: b_At[j, i] = A_ij
     b_At = tl.load(A + (rows[None, :] * H + i_h) * C + oc[:, None], mask=m_t[None, :], other=0.0)  # [C, C]
@@ -125,7 +125,7 @@ def chunk_outputs(q, v, G, A, h, scale: float, L: Layout) -> torch.Tensor:
     _output_fwd_kernel[(L.NT, triton.cdiv(L.V, BV), L.B * L.H)](
         q, v, G if G is not None else q, A, h, o, *varlen_args(L, v.device)[:3], scale, L.T, L.NT, H=L.H, HQ=L.Hq,
         K=L.K, V=L.V, C=L.C, BK=BK, BV=BV, GATE=0 if G is None else (2 if G.dim() == 4 else 1),
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     return o
 
 
@@ -139,5 +139,5 @@ def chunk_outputs_bwd(k, v, G, beta, A, dh, do, L: Layout):
         k, v, G if G is not None else k, beta if beta is not None else k, A, dh, do, dv, dA,
         *varlen_args(L, v.device)[:3], L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE)
+        DT=DT, IEEE=IEEE, **LAUNCH)
     return dv, dA

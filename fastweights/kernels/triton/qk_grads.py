@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
 
 BC = 16
 
@@ -41,7 +41,7 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
     slot = i_b.to(tl.int64) * NT + i_n
-    t_last = tl.minimum(t0 + C, eos) - 1
+    t_last = tl.maximum(tl.minimum(t0 + C, eos) - 1, t0)  # an unused varlen slot (no row) still reads in bounds
     oi = tl.arange(0, BC)
     ok = tl.arange(0, BK)
     m_k = ok < K
@@ -183,5 +183,5 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
         dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE)
+        DT=DT, IEEE=IEEE, **LAUNCH)
     return dq, dk, dbeta, dg

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import dot_dtype, mm, pow2, seq_span, varlen_args
+from .util import LAUNCH, dot_dtype, mm, pow2, seq_span, varlen_args
 
 
 @triton.jit
@@ -153,7 +153,7 @@ def pass_states_fwd(k, v, G, beta, h0, L: Layout, *, output_final_state: bool):
         k, v, G if G is not None else k, beta if beta is not None else k, h, h0 if h0 is not None else k,
         ht if ht is not None else h, cu, offsets, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, HAS_H0=h0 is not None,
-        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE)
+        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     return h, ht
 
 
@@ -172,7 +172,7 @@ def pass_states_bwd(q, G, do, h, ht, dht, scale: float, L: Layout, *, need_dh0: 
         dh0 if dh0 is not None else dh, dgc if dgc is not None else dh, cu, offsets, scale, L.T, L.NT,
         L.B if not L.varlen else 1, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_DHT=dht is not None, HAS_H0=need_dh0,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     if dgc is not None:
         dgc = dgc.sum(0)  # over the V tiles  [B·NT, H, K]
         if G.dim() == 3:

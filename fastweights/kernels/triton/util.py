@@ -70,3 +70,8 @@ def varlen_args(L: Layout, device):
         return L.cu, L.chunk_seq, L.chunk_local, L.offsets
     d = torch.zeros(1, dtype=torch.int32, device=device)
     return d, d, d, d
+
+
+#: Launch settings of every kernel, pinned (no autotuning: on Triton 3.6 + Hopper each config must
+#: be checked against the reference, see docs/kernels.md). The GPU session sweeps these.
+LAUNCH = dict(num_warps=4, num_stages=2)

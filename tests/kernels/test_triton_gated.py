@@ -170,6 +170,16 @@ def test_matches_recurrence(gate, T, gen):
 
 
 @pytest.mark.parametrize("gate", GATES)
+def test_long_chunk_64(gate, gen):
+    """T = 1,000 at the GPU's chunk size 64 (four 16-row sub-blocks per chunk, 16 chunks), against
+    the float64 recurrence: outputs, final state, every gradient (≈ 15 s of the interpreter)."""
+    x = _inputs(gate, gen, B=1, T=1000, H=1)
+    seed = secrets.randbits(31)
+    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    _check(_grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "T=1000")
+
+
+@pytest.mark.parametrize("gate", GATES)
 def test_chunk_32_and_grouped_heads(gate, gen):
     """Chunk 32 (sub-blocks against earlier/later sub-blocks) and grouped heads H_q = 1 | H = 2: the
     q/k gradients sum over the group."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -44,19 +46,23 @@ def seq_span(i_s, T, C: tl.constexpr, NT, cu, offsets, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
-    """a @ b with fp32 accumulation: fp32 operands in full precision (IEEE), else operands cast to
-    DT (the inputs' bf16/fp16) for the tensor cores."""
-    if IEEE:
+    """a @ b with fp32 accumulation. IEEE = 1: fp32 operands in full precision; 0: operands cast to
+    DT (the inputs' bf16/fp16) for the tensor cores; 2 (interpreter only, whose bf16 tl.dot is
+    wrong in Triton 3.6): operands rounded to DT, then an fp32 product — the same numbers as 0."""
+    if IEEE == 1:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE == 2:
+        return tl.dot(a.to(DT).to(tl.float32), b.to(DT).to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a.to(DT), b.to(DT))
 
 
 def dot_dtype(dtype: torch.dtype):
-    """(DT, IEEE) constexprs of `mm` for inputs of `dtype`."""
+    """(DT, IEEE) constexprs of `mm` for inputs of `dtype` (see `mm`)."""
     if dtype == torch.float32:
-        return tl.float32, True
-    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), False
+        return tl.float32, 1
+    DT = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+    return DT, (2 if os.environ.get("TRITON_INTERPRET") == "1" else 0)
 
 
 def pow2(n: int, floor: int = 16) -> int:

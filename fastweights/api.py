@@ -142,7 +142,7 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
         cu_seqlens: int tensor [N+1] (flash-attention's varlen convention, B = 1) packing N
             sequences; initial_state and the final state then have N rows.
         backend: "auto" (the first of `dispatch.AUTO_ORDER` that serves the call: "torch" until
-            the Triton kernels land), "torch" (plain PyTorch, eager) or "compile" (the same code
+            the Triton kernels are validated on a GPU), "torch" (plain PyTorch, eager) or "compile" (the same code
             through torch.compile: fewer kernels, a one-time compile; gated-linear and delta
             classes). `fastweights.backends(model)` lists what serves a model.
         mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations; 0 skips the

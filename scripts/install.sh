@@ -2,8 +2,8 @@
 # Install PyTorch (the CPU build where no NVIDIA GPU is present) and then fastweights.
 #   bash scripts/install.sh          # the library
 #   bash scripts/install.sh dev      # with the test tools (pytest, hypothesis, ruff)
-#   bash scripts/install.sh gpu,dev  # with Triton too
-#   bash scripts/install.sh dev,hf,eval  # with transformers and lm-evaluation-harness (what CI installs)
+#   bash scripts/install.sh dev,gpu  # with Triton too (the test suite needs it: kernel tests run under its interpreter)
+#   bash scripts/install.sh dev,gpu,hf,eval  # + transformers and lm-evaluation-harness (what CI installs)
 # Why: a plain `pip install torch` on a machine without a GPU pulls a multi-GB CUDA build.
 # Order: an already-installed torch is kept; else a local torch wheel (machines that ship one,
 # e.g. this project's CI, where `pip install torch==2.13.0` is the CPU build); else the CUDA

@@ -55,7 +55,7 @@ def test_an_explicit_backend_that_cannot_serve_names_those_that_can():
         fw.chunk("mesanet", backend="compile", **x)
     assert isinstance(e.value, fw.InputError)
     assert "serves the gated_linear and delta chunk forms" in str(e.value)
-    with pytest.raises(fw.api.BackendNotAvailable, match="unknown backend 'cuda'; known backends: compile, torch"):
+    with pytest.raises(fw.api.BackendNotAvailable, match="unknown backend 'cuda'; known backends: compile, torch, triton"):
         fw.recurrent("mesanet", backend="cuda", **x)
     with pytest.raises(fw.api.BackendNotAvailable, match="no recurrent form for gla"):
         fw.recurrent("gla", backend="compile", **fw.example_inputs("gla", seq_len=4))
@@ -78,6 +78,7 @@ def fake_gpu_backend(monkeypatch):
 
     impl = dispatch.Impl("delta", "chunk", "triton", lambda call, **kw: None, supports)
     monkeypatch.setitem(DISPATCH, ("delta", "chunk", "triton"), impl)
+    monkeypatch.setattr(dispatch, "AUTO_ORDER", ("triton", "torch"))
     return impl
 
 

@@ -1,0 +1,16 @@
+"""Triton kernels of the chunk form (GPU; CPU tensors under TRITON_INTERPRET=1).
+
+Never imported by `import fastweights`: `@triton.jit` reads TRITON_INTERPRET when a kernel is
+*defined*, so the dispatch row (`fastweights.kernels.triton_rows`) imports these modules on the
+first call only.
+
+One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwise`:
+
+    layout.py    the chunk index of a padded batch or of varlen `cu_seqlens`, built on the device
+    cumsum.py    chunk_cumsum: G = chunk-local cumsum of the log-gates (and the reverse pass of dg)
+    scores.py    decayed_scores: A_ij = scale Σ_d q_id β_j k_jd e^{G_id − G_jd}, j ≤ i
+    states.py    pass_states: entering states S_n + final state; backward: the transposed pass
+    output.py    chunk_outputs: o = A V + (scale q ⊙ e^G) S_n; backward: dv and dA = dO Vᵀ
+    qk_grads.py  backward of scores and outputs: dq, dk, dβ and the per-row dG
+    gated.py     glue: autograd.Function, `chunk_gated_triton` with chunk_gated's signature
+"""

@@ -1,0 +1,187 @@
+"""The backward of decayed_scores and of the Q̃, K̃ rows: dq, dk, dβ and the per-row dG.
+
+With dA = dO Vᵀ (causal, from output.chunk_outputs_bwd), h the entering state S_n and dh the
+gradient of the leaving state dS_{n+1} of each chunk:
+
+    dq_i  = scale Σ_{j ≤ i} dA_ij (β_j k_j ⊙ e^{G_i − G_j})  +  scale e^{G_i} ⊙ (S_n dO_i)
+    dk̂_j  = scale Σ_{i ≥ j} dA_ij (q_i ⊙ e^{G_i − G_j})      +  e^{G_last − G_j} ⊙ (dS_{n+1} v_j)
+    dk_j  = β_j dk̂_j,   dβ_j = Σ_d k_jd dk̂_jd
+    dG_i  = q_i ⊙ dq_i − k_i ⊙ dk_i    (summed over d for a scalar gate)
+
+(k̂ = βk). dg is then the chunk-local suffix sum of dG plus ∂L/∂G_last of the chunk
+(cumsum.chunk_cumsum(reverse=True, add=…)).
+
+Grid (chunk slots NT, C / BC row blocks, B·H), BC = 16, K whole in one tile (K ≤ 256).
+Diagonal decay keeps every exponent ≤ 0 as the forward does: blocks of rows against earlier
+(dq) or later (dk) blocks through a reference row — the first row of the query block for dq,
+the last real row of the key block for dk — and the diagonal 16×16 blocks elementwise, row by
+row. Every transposed operand is loaded transposed from memory (no tl.trans of an accumulator).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import empty_output
+from .layout import Layout
+from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+
+BC = 16
+
+
+@triton.jit
+def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T, NT,
+                     H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                     BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+                     HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h // (H // HQ)
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    slot = i_b.to(tl.int64) * NT + i_n
+    t_last = tl.maximum(tl.minimum(t0 + C, eos) - 1, t0)  # an unused varlen slot (no row) still reads in bounds
+    oi = tl.arange(0, BC)
+    ok = tl.arange(0, BK)
+    m_k = ok < K
+    ts = t0 + i_s * BC + oi  # this block's rows  [BC]
+    m_s = ts < eos
+    m_sk = m_s[:, None] & m_k[None, :]
+    b_q = tl.load(q + (ts[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_sk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + (ts[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_sk, other=0.0).to(tl.float32)
+    if HAS_BETA:
+        b_beta = tl.load(beta + ts * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+    if GATE == 2:
+        G_s = tl.load(g + (ts[:, None] * H + i_h) * K + ok[None, :], mask=m_sk, other=0.0)  # [BC, BK]
+        G_last = tl.load(g + (t_last * H + i_h) * K + ok, mask=m_k, other=0.0)  # [BK]
+    elif GATE == 1:
+        G_s = tl.load(g + ts * H + i_h, mask=m_s, other=0.0)  # [BC]
+        G_last = tl.load(g + t_last * H + i_h)
+
+    # ---- intra-chunk parts
+    acc_q = tl.zeros([BC, BK], dtype=tl.float32)
+    acc_k = tl.zeros([BC, BK], dtype=tl.float32)
+    if GATE == 2:
+        t_rq = t0 + i_s * BC  # reference row of dq: the block's first row
+        rho_q = tl.load(g + (t_rq * H + i_h) * K + ok, mask=m_k & (t_rq < eos), other=0.0)
+        t_rk = tl.minimum(t0 + i_s * BC + BC, eos) - 1  # reference row of dk: the block's last real row
+        rho_k = tl.load(g + (t_rk * H + i_h) * K + ok, mask=m_k & (t_rk >= t0), other=0.0)
+        for i_r in range(0, C // BC):
+            tr = t0 + i_r * BC + oi
+            m_r = tr < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            if i_r < i_s:  # dq: earlier key block r
+                b_dA = tl.load(dA + (ts[:, None] * H + i_h) * C + (i_r * BC + oi)[None, :], mask=m_s[:, None],
+                               other=0.0)  # [BC, BC] rows s, cols r
+                k_r = tl.load(k + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
+                if HAS_BETA:
+                    k_r = k_r * tl.load(beta + tr * H + i_h, mask=m_r, other=0.0).to(tl.float32)[:, None]
+                G_r = tl.load(g + (tr[:, None] * H + i_h) * K + ok[None, :], mask=m_rk, other=0.0)
+                k_r = k_r * tl.exp(tl.where(m_rk, rho_q[None, :] - G_r, 0.0))  # exponent ≤ 0
+                acc_q += mm(b_dA, k_r, DT, IEEE)
+            if i_r > i_s:  # dk: later query block r
+                b_dAt = tl.load(dA + (tr[None, :] * H + i_h) * C + (i_s * BC + oi)[:, None], mask=m_r[None, :],
+                                other=0.0)  # [BC, BC]: [j in s, i in r] = dA_ij
+                q_r = tl.load(q + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
+                G_r = tl.load(g + (tr[:, None] * H + i_h) * K + ok[None, :], mask=m_rk, other=0.0)
+                q_r = q_r * tl.exp(tl.where(m_rk, G_r - rho_k[None, :], 0.0))  # exponent ≤ 0
+                acc_k += mm(b_dAt, q_r, DT, IEEE)
+        acc_q = acc_q * tl.exp(tl.where(m_sk, G_s - rho_q[None, :], 0.0))
+        acc_k = acc_k * tl.exp(tl.where(m_sk, rho_k[None, :] - G_s, 0.0))
+        # the diagonal block, row by row / column by column (exponents masked to 0 off the mask)
+        for j in range(0, BC):
+            tj = t0 + i_s * BC + j
+            ok_j = tj < eos
+            # dq: column j of the block (key row j)
+            dA_col = tl.load(dA + (ts * H + i_h) * C + i_s * BC + j, mask=m_s, other=0.0)  # [BC]
+            k_j = tl.load(k + (tj * HQ + i_hq) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
+            if HAS_BETA:
+                k_j = k_j * tl.load(beta + tj * H + i_h, mask=ok_j, other=0.0).to(tl.float32)
+            G_j = tl.load(g + (tj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0)
+            below = (oi >= j) & m_s
+            acc_q += dA_col[:, None] * k_j[None, :] * tl.exp(tl.where(below[:, None], G_s - G_j[None, :], 0.0))
+            # dk: row j of the block (query row j) against the block's keys i ≤ j
+            dA_row = tl.load(dA + (tj * H + i_h) * C + i_s * BC + oi, mask=(oi <= j) & ok_j, other=0.0)  # [BC]
+            q_j = tl.load(q + (tj * HQ + i_hq) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
+            above = (oi <= j) & m_s & ok_j
+            acc_k += dA_row[:, None] * q_j[None, :] * tl.exp(tl.where(above[:, None], G_j[None, :] - G_s, 0.0))
+    else:
+        for i_r in range(0, C // BC):
+            tr = t0 + i_r * BC + oi
+            m_r = tr < eos
+            m_rk = m_r[:, None] & m_k[None, :]
+            if i_r <= i_s:
+                b_dA = tl.load(dA + (ts[:, None] * H + i_h) * C + (i_r * BC + oi)[None, :], mask=m_s[:, None],
+                               other=0.0)  # rows s, cols r (causal already)
+                if GATE == 1:
+                    G_r = tl.load(g + tr * H + i_h, mask=m_r, other=0.0)
+                    keep = ((i_s * BC + oi)[:, None] >= (i_r * BC + oi)[None, :]) & m_s[:, None] & m_r[None, :]
+                    b_dA = b_dA * tl.exp(tl.where(keep, G_s[:, None] - G_r[None, :], 0.0))
+                k_r = tl.load(k + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
+                if HAS_BETA:
+                    k_r = k_r * tl.load(beta + tr * H + i_h, mask=m_r, other=0.0).to(tl.float32)[:, None]
+                acc_q += mm(b_dA, k_r, DT, IEEE)
+            if i_r >= i_s:
+                b_dAt = tl.load(dA + (tr[None, :] * H + i_h) * C + (i_s * BC + oi)[:, None], mask=m_r[None, :],
+                                other=0.0)  # [j in s, i in r]
+                if GATE == 1:
+                    G_r = tl.load(g + tr * H + i_h, mask=m_r, other=0.0)
+                    keep = ((i_r * BC + oi)[None, :] >= (i_s * BC + oi)[:, None]) & m_r[None, :] & m_s[:, None]
+                    b_dAt = b_dAt * tl.exp(tl.where(keep, G_r[None, :] - G_s[:, None], 0.0))
+                q_r = tl.load(q + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
+                acc_k += mm(b_dAt, q_r, DT, IEEE)
+    acc_q = acc_q * scale
+    acc_k = acc_k * scale
+
+    # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j over the V tiles (states loaded transposed)
+    inter_q = tl.zeros([BC, BK], dtype=tl.float32)
+    inter_k = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        vv = i_v * BV + tl.arange(0, BV)
+        m_vv = vv < V
+        m_sv = m_s[:, None] & m_vv[None, :]
+        m_vk = m_vv[:, None] & m_k[None, :]
+        st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
+        b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+        b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+        inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
+        inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
+    if GATE == 2:
+        inter_q = inter_q * tl.exp(G_s)
+        inter_k = inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
+    elif GATE == 1:
+        inter_q = inter_q * tl.exp(G_s)[:, None]
+        inter_k = inter_k * tl.exp(tl.where(m_s, G_last - G_s, 0.0))[:, None]
+    b_dq = acc_q + inter_q * scale
+    b_dkb = acc_k + inter_k
+    if HAS_BETA:
+        b_dk = b_dkb * b_beta[:, None]
+        tl.store(dbeta + ts * H + i_h, tl.sum(b_k * b_dkb, axis=1), mask=m_s)
+    else:
+        b_dk = b_dkb
+    off = (ts[:, None] * H + i_h) * K + ok[None, :]
+    tl.store(dq + off, b_dq, mask=m_sk)
+    tl.store(dk + off, b_dk, mask=m_sk)
+    if GATE == 2:
+        tl.store(dg + off, b_q * b_dq - b_k * b_dk, mask=m_sk)
+    elif GATE == 1:
+        tl.store(dg + ts * H + i_h, tl.sum(b_q * b_dq - b_k * b_dk, axis=1), mask=m_s)
+
+
+def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
+    """(dq, dk [B, T, H, K] per value head, fp32; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None)."""
+    dev = q.device
+    dq = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
+    dk = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
+    dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
+    dg = empty_output(*G.shape, dtype=torch.float32, device=dev) if G is not None else None
+    bc = min(BC, L.C)
+    DT, IEEE = dot_dtype(q.dtype)
+    _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
+        q, k, v, G if G is not None else q, beta if beta is not None else q, h, dh, do, dA, dq, dk,
+        dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
+        H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
+        GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
+        DT=DT, IEEE=IEEE, **LAUNCH)
+    return dq, dk, dbeta, dg

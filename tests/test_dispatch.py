@@ -55,7 +55,8 @@ def test_an_explicit_backend_that_cannot_serve_names_those_that_can():
         fw.chunk("mesanet", backend="compile", **x)
     assert isinstance(e.value, fw.InputError)
     assert "serves the gated_linear and delta chunk forms" in str(e.value)
-    with pytest.raises(fw.api.BackendNotAvailable, match="unknown backend 'cuda'; known backends: compile, torch, triton"):
+    known = "unknown backend 'cuda'; known backends: compile, torch, triton"
+    with pytest.raises(fw.api.BackendNotAvailable, match=known):
         fw.recurrent("mesanet", backend="cuda", **x)
     with pytest.raises(fw.api.BackendNotAvailable, match="no recurrent form for gla"):
         fw.recurrent("gla", backend="compile", **fw.example_inputs("gla", seq_len=4))

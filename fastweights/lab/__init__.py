@@ -1,8 +1,12 @@
-"""Experiments that need no training: probes of what the memories themselves can do.
+"""Experiments: what the memories can hold and what trained models of them recall.
 
 * :mod:`fastweights.lab.capacity` — the training-free capacity probe (`fastweights capacity`):
   write n (key, value) pairs with each memory's own update rule, read every key back, score
   recall against n / d_k.
+* :mod:`fastweights.lab.mqar`, :mod:`~fastweights.lab.niah`, :mod:`~fastweights.lab.mad` — trained
+  recall sweeps (`fastweights mqar|niah|mad`) on the generators of :mod:`fastweights.tasks`.
+* :mod:`fastweights.lab.train` — the training harness those sweeps share (resumable cells, DDP);
+  :mod:`~fastweights.lab.control` (stop requests, locks), :mod:`~fastweights.lab.distributed`.
 """
 
 from .capacity import (

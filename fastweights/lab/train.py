@@ -347,9 +347,6 @@ class _NullBar:
     def set_postfix(self, *a, **k):
         pass
 
-    def set_description(self, *a, **k):
-        pass
-
     def close(self):
         pass
 

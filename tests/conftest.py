@@ -20,6 +20,13 @@ from fastweights.kernels import poisoned_outputs
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
+# Without a CUDA device the Triton kernel tests run on CPU tensors under Triton's interpreter.
+# TRITON_INTERPRET is read when Triton defines a `@triton.jit` function — its own standard
+# library (tl.sum, tl.cumsum, ...) included, at `import triton` — so it is set here, before any
+# test module can import triton (transformers and accelerate do, in tests/hf).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 
 @pytest.fixture(autouse=True)
 def _poison_kernel_outputs(request):

@@ -300,7 +300,7 @@ def test_dispatch_predicate():
     assert "256" in sup(gla, Target.of("cuda", torch.float32, 512, 64))
     assert "normalizer" in sup(fw.zoo.get("linear_attention"), Target.of("cuda", torch.float32, 64, 64)) or \
         "feature map" in sup(fw.zoo.get("linear_attention"), Target.of("cuda", torch.float32, 64, 64))
-    assert fw.backends("gla", device="cuda", dtype=torch.bfloat16, head_dim=128, head_v_dim=128)[0] == "triton"
+    assert "triton" in fw.backends("gla", device="cuda", dtype=torch.bfloat16, head_dim=128, head_v_dim=128)
     assert "triton" not in fw.backends("gla")
 
 

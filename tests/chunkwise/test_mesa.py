@@ -64,7 +64,7 @@ def test_every_form_has_the_same_gradient_for_any_initial_state(symmetric):
     """The issue's case (B=1, T=37, H=1, K=16, unit q and k, g = −0.1, β = 0.5, H0 = A Aᵀ) and a
     non-symmetric H0 (a learned or perturbed state): outputs, final states and the gradients with
     respect to H0, G0 and every input agree between recurrent, parallel and chunk (CG, CG with
-    cg_steps = K, exact solve); ∂L/∂H0 is symmetric."""
+    cg_steps = 2K, exact solve); ∂L/∂H0 is symmetric."""
     B, T, H, K = 1, 37, 1, 16
     gen = torch.Generator().manual_seed(torch.seed() % 2**62)
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -82,7 +82,9 @@ def test_every_form_has_the_same_gradient_for_any_initial_state(symmetric):
     others = {"parallel": _mesa_grads(fw.parallel, case),
               "chunk exact": _mesa_grads(fw.chunk, case, chunk_size=16, mesa_solve="exact"),
               "chunk cg": _mesa_grads(fw.chunk, case, chunk_size=16),
-              "chunk cg K steps": _mesa_grads(fw.chunk, case, chunk_size=16, cg_steps=K)}
+              # CG is exact after K steps in exact arithmetic; in float64 the Krylov basis loses
+              # orthogonality on ill-conditioned draws (3e-5 seen at K), so the issue's case runs 2K
+              "chunk cg 2K steps": _mesa_grads(fw.chunk, case, chunk_size=16, cg_steps=2 * K)}
     names = ["o", "H_T", "G_T", "dH0", "dG0", "dq", "dk", "dv", "dg", "dbeta"]
     for form, got in others.items():
         for name, a, b in zip(names, got, ref):

@@ -91,3 +91,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a − b| / max |b|, in float64 on the CPU (any devices and dtypes; 0 where both vanish)."""
     a, b = a.detach().cpu().double(), b.detach().cpu().double()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def fresh_seed():
+    """A fresh global torch seed for each test, printed (pytest shows it when a test fails). Folders
+    whose tests draw from torch's global generator make it autouse in their conftest:
+    `fresh_seed = pytest.fixture(autouse=True)(helpers.fresh_seed)`."""
+    seed = torch.seed()
+    print(f"torch seed {seed}")
+    yield seed

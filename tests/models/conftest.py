@@ -1,18 +1,8 @@
-import os
+"""Fresh random inputs and weights each run (the seed is printed); one torch thread per xdist
+worker is set by the root conftest."""
 
 import pytest
-import torch
 
-# Under pytest-xdist every worker would otherwise run torch's intra-op pool with one thread per
-# core: two workers on two cores oversubscribe, and OpenMP's spin-waiting turns the many tiny ops
-# of these tests (training loops over T ≤ 24 tokens) into a 50× slowdown. One thread per worker.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+from tests import helpers
 
-
-@pytest.fixture(autouse=True)
-def fresh_seed():
-    """Fresh random inputs and weights each run; the seed is printed (shown when a test fails)."""
-    seed = torch.seed()
-    print(f"torch seed {seed}")
-    yield seed
+fresh_seed = pytest.fixture(autouse=True)(helpers.fresh_seed)

@@ -101,6 +101,35 @@ def device(flag: str, value: str | None) -> None:
     raise ArgError(f"{flag} {value}: not usable here (cpu{', cuda' if torch.cuda.is_available() else ''} are)")
 
 
+def preset_device(name: str, value: str, given: str | None) -> None:
+    """The device a preset runs on, when --device was not given (`given` None): usable here, or an
+    ArgError telling to pass --device cpu."""
+    if given is not None:
+        return
+    try:
+        device("--device", value)
+    except ArgError:
+        raise ArgError(f"--preset {name} runs on {value}, which this machine cannot use; pass --device cpu") from None
+
+
+def run_sweep_command(run):
+    """(records, None) from `run()`, or (None, exit status) after one line on stderr: 130 for an
+    interrupted sweep (its message says how to resume), 2 for a ValueError (e.g. a checkpoint
+    written with other settings)."""
+    import sys
+
+    from .lab.control import Interrupted
+
+    try:
+        return run(), None
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        return None, 130
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None, 2
+
+
 def writable_dir(flag: str, path) -> Path:
     """Create the directory if needed and check that a file can be written in it."""
     p = Path(path)

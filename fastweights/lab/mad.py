@@ -678,7 +678,6 @@ def cli_main(args) -> int:
             overrides[k] = tuple(overrides[k])
     name = getattr(args, "preset", "small") or "small"
     from .. import cliargs
-    from .control import Interrupted
 
     try:
         for flag in ("--d-model", "--n-layers", "--num-heads", "--epochs", "--batch-size", "--test-examples",
@@ -691,26 +690,17 @@ def cli_main(args) -> int:
         cliargs.zoo_names("--models", args.models)
         cliargs.device("--device", args.device)
         cfg = preset(name, **overrides)
-        if args.device is None:
-            try:
-                cliargs.device("--device", cfg.device)
-            except cliargs.ArgError:
-                raise cliargs.ArgError(f"--preset {name} runs on {cfg.device}, which this machine cannot use; "
-                                       "pass --device cpu") from None
+        cliargs.preset_device(name, cfg.device, args.device)
         cliargs.writable_dir("--out", cfg.out)
     except ValueError as e:
         print(f"error: {cliargs.flag_message(e, _CLI_FIELDS)}", file=sys.stderr)
         return 2
     argv = getattr(args, "argv", None)
     t0 = time.perf_counter()
-    try:
-        records = run_mad(cfg, progress=getattr(args, "progress", "auto"), fresh=getattr(args, "fresh", False))
-    except Interrupted as e:
-        print(e, file=sys.stderr)
-        return 130
-    except ValueError as e:  # e.g. a checkpoint written with other settings
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    records, status = cliargs.run_sweep_command(
+        lambda: run_mad(cfg, progress=getattr(args, "progress", "auto"), fresh=getattr(args, "fresh", False)))
+    if status is not None:
+        return status
     wall = time.perf_counter() - t0
     from .distributed import dist_info
 

@@ -595,7 +595,6 @@ def _check_cells(cells) -> None:
 def cli_main(args) -> int:
     """`fastweights mqar`: run (or resume) a sweep, print the best-over-lr table, write the PNGs."""
     from .. import cliargs
-    from .control import Interrupted
     from .distributed import dist_info, init_distributed
 
     preset = PRESETS[args.preset]
@@ -626,15 +625,11 @@ def cli_main(args) -> int:
     if info.world_size > 1:
         workers = 1
     t0 = time.perf_counter()
-    try:
-        records = run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
-                           threads=threads, progress=args.progress, fresh=args.fresh)
-    except Interrupted as e:
-        print(e, file=sys.stderr)
-        return 130
-    except ValueError as e:  # e.g. a checkpoint written with other settings
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    records, status = cliargs.run_sweep_command(
+        lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
+                         threads=threads, progress=args.progress, fresh=args.fresh))
+    if status is not None:
+        return status
     wall = time.perf_counter() - t0
     if info.rank != 0:
         return 0

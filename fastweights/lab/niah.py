@@ -709,7 +709,6 @@ def add_cli(subparsers) -> argparse.ArgumentParser:
 def cli_main(args) -> int:
     """`fastweights niah`: run, print our table and the published one, write niah.md / .png / .jsonl."""
     from .. import cliargs
-    from .control import Interrupted
 
     overrides = {k: getattr(args, k, None) for k in _CLI_FIELDS}
     name = getattr(args, "preset", "small") or "small"
@@ -721,26 +720,17 @@ def cli_main(args) -> int:
         cliargs.positive_numbers("--lr", overrides["lr"])
         cliargs.device("--device", overrides["device"])
         cfg = preset(name, **overrides)
-        if overrides["device"] is None:
-            try:
-                cliargs.device("--device", cfg.device)
-            except cliargs.ArgError:
-                raise cliargs.ArgError(f"--preset {name} runs on {cfg.device}, which this machine cannot use; "
-                                       "pass --device cpu") from None
+        cliargs.preset_device(name, cfg.device, overrides["device"])
         cliargs.writable_dir("--out", cfg.out)
     except ValueError as e:
         print(f"error: {cliargs.flag_message(e, _CLI_FIELDS)}", file=sys.stderr)
         return 2
     command = "fastweights niah " + " ".join(shlex.quote(a) for a in getattr(args, "argv", None) or [])
     t0 = time.perf_counter()
-    try:
-        records = run_niah(cfg, progress=not getattr(args, "no_progress", False), fresh=getattr(args, "fresh", False))
-    except Interrupted as e:
-        print(e, file=sys.stderr)
-        return 130
-    except ValueError as e:  # e.g. a checkpoint written with other settings
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    records, status = cliargs.run_sweep_command(
+        lambda: run_niah(cfg, progress=not getattr(args, "no_progress", False), fresh=getattr(args, "fresh", False)))
+    if status is not None:
+        return status
     wall = time.perf_counter() - t0
     print()
     print(f"ours (tiny, byte-level, trained at {cfg.train_len} tokens):")

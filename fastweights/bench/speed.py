@@ -1,7 +1,9 @@
 """`fastweights bench speed`: forms × models × T, forward and forward+backward, side by side.
 
-Forms: recurrent, parallel, chunk (eager PyTorch) and chunk_compile (the chunk core through
-torch.compile; the compile happens in the warm-up calls and is not timed).
+Forms: recurrent, parallel, chunk (eager PyTorch), chunk_compile (the chunk core through
+torch.compile; the compile happens in the warm-up calls and is not timed) and chunk_triton (the
+Triton kernels of `fastweights.kernels.triton`, `backend="triton"`: CUDA, gated-linear models with
+the identity feature map; a model they cannot serve gets its error as the row's result).
 
 Every row is timed in the same process and run, with fresh random inputs, as the median of
 repeated calls (CUDA: device events after a warm-up; CPU: a host clock). On CUDA the peers are
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import statistics
 import time
@@ -39,7 +40,7 @@ import torch
 from .. import api, zoo
 from ..inputs import example_inputs
 
-FORMS = ("recurrent", "parallel", "chunk", "chunk_compile")
+FORMS = ("recurrent", "parallel", "chunk", "chunk_compile", "chunk_triton")
 """The forms `bench speed` times, in the order it times them (the speed-up base first)."""
 
 
@@ -117,10 +118,10 @@ def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size):
     inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
                          device=device, requires_grad=True)
     state = inp.pop("initial_state", None)
-    fn = getattr(api, "chunk" if form == "chunk_compile" else form)
+    fn = getattr(api, form.split("_")[0])
     kw = {"chunk_size": chunk_size} if form.startswith("chunk") else {}
-    if form == "chunk_compile":
-        kw["backend"] = "compile"
+    if form in ("chunk_compile", "chunk_triton"):
+        kw["backend"] = form.split("_")[1]
 
     def run():
         return fn(model, initial_state=state, **inp, **kw)[0]
@@ -142,6 +143,8 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
     "gated_deltanet": ("chunk_gated_delta_rule", "scalar"),
     "gla": ("chunk_gla", "diagonal"),
     "kda": ("chunk_kda", "diagonal"),
+    "mamba2": ("chunk_simple_gla", "scalar"),  # scalar decay per token and head
+    "retnet": ("chunk_retention", None),  # its own constant per-head decays
 }
 
 
@@ -156,7 +159,7 @@ def _fla_case(model, B, T, H, D, dtype, device):
     kw = {}
     if gate is not None:
         kw["g"] = inp["g"]
-    if "beta" in inp and model != "gla":
+    if "beta" in inp and model not in ("gla", "mamba2", "retnet"):
         kw["beta"] = inp["beta"]
 
     def run():
@@ -209,9 +212,9 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
     rows: list[Row] = []
     peak_tflops = peak_tflops or (790.0 if device.type == "cuda" else 0.2)
     peak_tbps = peak_tbps or (3.0 if device.type == "cuda" else 0.02)
-    plan = [(T, m, f) for T in lengths for m in models for f in forms if f.removesuffix("_compile") in api.forms(m)]
+    plan = [(T, m, f) for T in lengths for m in models for f in forms if f.split("_")[0] in api.forms(m)]
     for m in models:
-        missing = [f for f in forms if f.removesuffix("_compile") not in api.forms(m)]
+        missing = [f for f in forms if f.split("_")[0] not in api.forms(m)]
         if missing:
             log(f"note: {m} has no {'/'.join(missing)} form; those rows are skipped")
     log(f"bench speed: {len(plan)} rows ({B}×T×{H}×{D} {dtype} on {device}, torch threads "
@@ -269,7 +272,7 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
             record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, H, D, dt, device))
         for model in models:
             for form in forms:
-                if form.removesuffix("_compile") not in api.forms(model):
+                if form.split("_")[0] not in api.forms(model):
                     continue
                 record("fastweights", model, form, T,
                        lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
@@ -305,15 +308,3 @@ def _write(rows, out_dir):
         json.dump([asdict(r) for r in rows], f, indent=1)
     with open(os.path.join(out_dir, "speed.md"), "w") as f:
         f.write(HEADER + "\n" + "\n".join(_fmt(r) for r in rows) + "\n")
-
-
-def speedups(rows: list[Row], base_form="recurrent", form="chunk") -> dict:
-    """{(model, T): base time / form time} for forward and forward+backward."""
-    out = {}
-    idx = {(r.model, r.form, r.T): r for r in rows if r.impl == "fastweights"}
-    for (m, f, T), r in idx.items():
-        b = idx.get((m, base_form, T))
-        if f == form and b is not None and r.fwd_ms and b.fwd_ms:
-            out[(m, T)] = (b.fwd_ms / r.fwd_ms,
-                           (b.fwdbwd_ms / r.fwdbwd_ms) if (b.fwdbwd_ms and r.fwdbwd_ms) else math.nan)
-    return out

@@ -75,10 +75,10 @@ def stage_env():
     n = 8192
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    mm = bench_ms(lambda: a @ b, warmup=3, reps=10)
+    mm = bench_ms(lambda a=a, b=b: a @ b, warmup=3, reps=10)
     x = torch.randn(1 << 29, device=dev)
     y = torch.empty_like(x)
-    cp = bench_ms(lambda: y.copy_(x), warmup=3, reps=10)
+    cp = bench_ms(lambda x=x, y=y: y.copy_(x), warmup=3, reps=10)
     env = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
            "python": platform.python_version(), "sms": torch.cuda.get_device_properties(0).multi_processor_count,
            "bf16_matmul_tflops": 2 * n ** 3 / mm / 1e9, "copy_tbps": 2 * x.numel() * 4 / cp / 1e9}
@@ -130,9 +130,8 @@ def _rel(a, b):
 def stage_sweep():
     """Each launch config × model × size: relative errors against the fp32 torch chunk form on the
     same (bf16-rounded) inputs, then the median fwd and fwd+bwd times at the anchor size."""
-    from fastweights.kernels.triton import util
-
     import fastweights as fw
+    from fastweights.kernels.triton import util
 
     configs = [tuple(int(v) for v in c.split(",")) for c in ARGS.configs]
     sizes = [(2, 1000, 4, 64), (1, 333, 3, 128), (4, 4096, 16, 128)]
@@ -160,11 +159,11 @@ def stage_sweep():
                     if size == sizes[-1]:
                         leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
 
-                        def fwd():
+                        def fwd(model=model, leaves=leaves):
                             with torch.no_grad():
                                 fw.chunk(model, backend="triton", **leaves)
 
-                        def fwdbwd():
+                        def fwdbwd(model=model, leaves=leaves):
                             o = fw.chunk(model, backend="triton", **leaves)[0]
                             o.float().sum().backward()
                             for t in leaves.values():
@@ -223,8 +222,8 @@ def stage_decode():
                                                            device="cuda"))
             beta = torch.rand(B, 1, H, device="cuda")
             state = (0.1 * torch.randn(B, H, K, V, device="cuda")).to(sdt)
-            ms = bench_ms(lambda: fused_recurrent_step(q, k, v, state, g=g, beta=beta, delta=delta), warmup=10,
-                          reps=200)
+            args, kw = (q, k, v, state), dict(g=g, beta=beta, delta=delta)
+            ms = bench_ms(lambda args=args, kw=kw: fused_recurrent_step(*args, **kw), warmup=10, reps=200)
             nbytes = 2 * state.numel() * state.element_size()
             rec = {"model": name, "state_dtype": str(sdt), "B": B, "H": H, "K": K, "V": V, "us": 1e3 * ms,
                    "state_TBps": nbytes / ms / 1e9}
@@ -235,15 +234,16 @@ def stage_decode():
 
 def stage_profile():
     """Per-kernel CUDA times of one fwd+bwd at the anchor shape (B=4, T=4096, H=16, D=128, bf16)."""
-    import fastweights as fw
     from torch.profiler import ProfilerActivity, profile
+
+    import fastweights as fw
 
     lines = []
     for model in ARGS.models:
         x = _gated_inputs(model, 4, 4096, 16, 128, torch.bfloat16, 1)
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in x.items()}
 
-        def step():
+        def step(model=model, leaves=leaves):
             o = fw.chunk(model, backend="triton", **leaves)[0]
             o.float().sum().backward()
 

@@ -15,8 +15,9 @@ Backends
     compile  the same chunk code through torch.compile (gated-linear and delta chunk forms; a
              one-time compile step, so "auto" never picks it).
     triton   the GPU kernels of fastweights.kernels (fastweights/kernels/rows.py: the gated-linear
-             chunk form; CUDA devices, fp32/bf16/fp16, K and V ≤ 256). The row's module imports
-             no kernel: they load on the first call.
+             chunk form, and the recurrent form of the gated-linear and delta classes by the fused
+             step kernel that decoding uses; CUDA devices, fp32/bf16/fp16, identity feature map,
+             K and V ≤ 256). The rows' module imports no kernel: they load on the first call.
 
 "auto" resolves deterministically from what the call *is* — the recipe, the device type, the
 dtype and the head dims — never from data or the sequence length: the first backend of
@@ -45,9 +46,9 @@ Form = Literal["recurrent", "parallel", "chunk"]
 FORMS: tuple[Form, ...] = ("recurrent", "parallel", "chunk")
 
 #: The order in which "auto" tries the backends; "compile" is absent (it needs a compile step).
-AUTO_ORDER: tuple[str, ...] = ("torch",)
-# "triton" joins the front of AUTO_ORDER once its rows have passed `pytest -m cuda` on the H100
-# (Triton 3.6 miscompiles some patterns on Hopper): until then it runs only when asked for.
+#: "triton" goes first: its rows passed `pytest -m "cuda or triton"` on an H100 with PyTorch 2.11
+#: and Triton 3.6 (BENCHMARKS.md §3), and their predicates refuse every device but CUDA.
+AUTO_ORDER: tuple[str, ...] = ("triton", "torch")
 
 
 class FormNotAvailable(NotImplementedError):

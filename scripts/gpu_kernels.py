@@ -194,7 +194,7 @@ def stage_speed():
             break
         forms = ["chunk", "chunk_triton"] if T <= 16384 else ["chunk_triton"]
         r = run_speed(models=ARGS.models, forms=forms, lengths=[T], B=B, H=16, D=128, dtype="bfloat16",
-                      device="cuda", out_dir=f"{tmp}/{B}x{T}", peers=ARGS.peers, chunk_size=64,
+                      device="cuda", out_dir=f"{tmp}/{B}x{T}", peers=ARGS.peers and T == 4096, chunk_size=64,
                       peak_tflops=env.get("bf16_matmul_tflops"), peak_tbps=env.get("copy_tbps"),
                       repeats=20, warmup=3, log=log)
         rows += r
@@ -207,29 +207,83 @@ def stage_speed():
                 f.write(open(os.path.join(tmp, d, "speed.md")).read() + "\n")
 
 
+def graph_ms(fn, steps=20, reps=20) -> float:
+    """Median ms of one fn() call, timed as replays of a CUDA graph of `steps` calls (what the
+    CUDA-graph decoder does: no launch gaps)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    return bench_ms(graph.replay, warmup=3, reps=reps) / steps
+
+
 def stage_decode():
-    """The fused step: B=64, H=16, K=V=128, fp32 state (and bf16), gated-linear (GLA: diagonal decay)
-    and delta (gated DeltaNet: scalar decay); bytes = state read + written + the token vectors."""
-    from fastweights.kernels.triton.decode import fused_recurrent_step
+    """The fused step, in place: B=64, H=16, K=V=128, fp32 and bf16 state, gated-linear (GLA:
+    diagonal decay) and delta (gated DeltaNet: scalar decay), every launch config of the sweep;
+    bytes = the state read and written (the token vectors are 1% of it). Then the layer's path
+    (fw.recurrent, T = 1: a copy of the state, then the kernel) and fla's fused recurrent step."""
+    import fastweights as fw
+    from fastweights.kernels.triton import decode
 
     B, H, K, V = 64, 16, 128, 128
     out = RESULTS.setdefault("decode", [])
+    default = dict(decode.STEP_LAUNCH)
     for name, delta, gate in (("gla", False, "diagonal"), ("gated_deltanet", True, "scalar")):
+        q, k, v = (torch.randn(B, 1, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        k = torch.nn.functional.normalize(k.float(), dim=-1).to(torch.bfloat16)
+        g = torch.nn.functional.logsigmoid(torch.randn(B, 1, H, *((K,) if gate == "diagonal" else ()),
+                                                       device="cuda"))
+        beta = torch.rand(B, 1, H, device="cuda")
         for sdt in (torch.float32, torch.bfloat16):
-            q, k, v = (torch.randn(B, 1, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            k = torch.nn.functional.normalize(k.float(), dim=-1).to(torch.bfloat16)
-            g = torch.nn.functional.logsigmoid(torch.randn(B, 1, H, *((K,) if gate == "diagonal" else ()),
-                                                           device="cuda"))
-            beta = torch.rand(B, 1, H, device="cuda")
-            state = (0.1 * torch.randn(B, H, K, V, device="cuda")).to(sdt)
-            args, kw = (q, k, v, state), dict(g=g, beta=beta, delta=delta)
-            ms = bench_ms(lambda args=args, kw=kw: fused_recurrent_step(*args, **kw), warmup=10, reps=200)
-            nbytes = 2 * state.numel() * state.element_size()
-            rec = {"model": name, "state_dtype": str(sdt), "B": B, "H": H, "K": K, "V": V, "us": 1e3 * ms,
-                   "state_TBps": nbytes / ms / 1e9}
+            for cfg in ARGS.decode_configs:
+                bv, nw, ns = (int(c) for c in cfg.split(","))
+                decode.STEP_LAUNCH.update(block_v=bv, num_warps=nw, num_stages=ns)
+                state = (0.1 * torch.randn(B, H, K, V, device="cuda")).to(sdt)
+                # correctness of this config: one step against the float64 recurrence on the same state
+                want_o, want_S = fw.recurrent(name, q.double(), k.double(), v.double(), g=g.double(),
+                                              beta=beta.double(), initial_state=state.double(),
+                                              output_final_state=True)
+                o = decode.fused_recurrent_step(q, k, v, state, g=g, beta=beta, delta=delta)
+                err = max(_rel(o.double(), want_o), _rel(state.double(), want_S))
+                args, kw = (q, k, v, state), dict(g=g, beta=beta, delta=delta)
+                ms = graph_ms(lambda args=args, kw=kw: decode.fused_recurrent_step(*args, **kw))
+                nbytes = 2 * state.numel() * state.element_size()
+                rec = {"model": name, "impl": "kernel in place", "state_dtype": str(sdt), "config": cfg,
+                       "us": 1e3 * ms, "state_TBps": nbytes / ms / 1e9, "rel_err": err}
+                out.append(rec)
+                save()
+                log(f"decode {name} state {sdt} cfg {cfg}: {1e3 * ms:.1f} µs, {rec['state_TBps']:.2f} TB/s, "
+                    f"rel err {err:.1e}")
+        decode.STEP_LAUNCH.update(default)
+        S0 = 0.1 * torch.randn(B, H, K, V, device="cuda")
+        with torch.no_grad():
+            ms = graph_ms(lambda: fw.recurrent(name, q, k, v, g=g, beta=beta, initial_state=S0,  # noqa: B023 (called at once)
+                                               output_final_state=True))
+        rec = {"model": name, "impl": "fw.recurrent (auto → triton): copy + kernel", "state_dtype": "fp32",
+               "us": 1e3 * ms, "state_TBps": 2 * S0.numel() * 4 / ms / 1e9}
+        out.append(rec)
+        log(f"decode {name} {rec['impl']}: {rec['us']:.1f} µs, {rec['state_TBps']:.2f} TB/s (of one read + write)")
+        if ARGS.peers:
+            try:
+                import fla.ops as ops
+
+                fn = ops.fused_recurrent_gla if name == "gla" else ops.fused_recurrent_gated_delta_rule
+                kw = dict(gk=g) if name == "gla" else dict(g=g, beta=beta)
+                with torch.no_grad():
+                    ms = graph_ms(lambda fn=fn, kw=kw: fn(q, k, v, **kw, initial_state=S0, output_final_state=True))  # noqa: B023
+                rec = {"model": name, "impl": "fla fused_recurrent (new final state)", "state_dtype": "fp32",
+                       "us": 1e3 * ms, "state_TBps": 2 * S0.numel() * 4 / ms / 1e9}
+            except Exception as e:
+                rec = {"model": name, "impl": "fla", "error": f"{type(e).__name__}: {e}"[:500]}
             out.append(rec)
-            save()
-            log(f"decode {name} state {sdt}: {1e3 * ms:.1f} µs, {rec['state_TBps']:.2f} TB/s of state traffic")
+            log(f"decode {name} fla: {rec}")
+        save()
 
 
 def stage_profile():
@@ -277,6 +331,7 @@ def main():
     ap.add_argument("--stop-first", action="store_true")
     ap.add_argument("--models", nargs="+", default=["gla", "mamba2", "retnet"])
     ap.add_argument("--configs", nargs="+", default=["4,2", "4,3", "8,2"], help="num_warps,num_stages")
+    ap.add_argument("--decode-configs", nargs="+", default=["32,4,1"], help="block_v,num_warps,num_stages")
     ap.add_argument("--peers", action="store_true", help="time torch SDPA and fla beside ours")
     ap.add_argument("--cache", default=None, help="a triton_cache.tgz from an earlier call, unpacked first")
     ARGS = ap.parse_args()
@@ -302,9 +357,11 @@ def main():
             log(f"stage {name} failed: {type(e).__name__}: {e}")
         RESULTS.setdefault("stage_seconds", {})[name] = time.time() - t
         save()
-        if os.path.isdir(cache_dir):
+        if os.path.isdir(cache_dir):  # the small files only (autotune results, metadata): under the 16 MiB a file
             with tarfile.open(os.path.join(OUT, "triton_cache.tgz"), "w:gz") as tf:
-                tf.add(cache_dir, arcname=os.path.basename(cache_dir.rstrip("/")))
+                tf.add(cache_dir, arcname=os.path.basename(cache_dir.rstrip("/")),
+                       filter=lambda ti: ti if (ti.isdir() or (ti.name.endswith(".json") and ti.size < 200_000))
+                       else None)
     log(f"done in {time.time() - T_START:.0f} s")
     shutil.rmtree("/tmp/gpu_speed", ignore_errors=True)
 

@@ -2,7 +2,18 @@
 only at the recipe and the target, and `fastweights.kernels.triton` (whose `@triton.jit`
 decorators read TRITON_INTERPRET when they run) is imported on a row's first call.
 
-gated_linear / chunk / triton  →  `gated_linear_chunk` → kernels.triton.gated.chunk_gated_triton
+gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.gated.chunk_gated_triton
+gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
+delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
+
+The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
+recurrent form, its backend resolved once at construction). The functional form never changes the
+caller's tensors, so the row copies the initial state into a fresh fp32 state and the kernel
+updates that one in place: the state is read twice and written twice per call. A serving engine
+that owns a pool of states calls `fused_recurrent_step(..., state_indices=...)` directly and pays
+one read and one write. Gradients: the kernel has no backward, so when autograd records the call
+the backward recomputes the torch reference recurrence (`torch_backend.memory_recurrent_impl`) on
+the saved inputs and differentiates that — the same function, so the same gradients.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ import torch
 from ..recipe import Recipe
 from ..state import MemoryState
 
-__all__ = ["gated_linear_chunk", "triton_gated_supports", "MAX_HEAD_DIM"]
+__all__ = ["gated_linear_chunk", "linear_recurrent", "triton_gated_supports", "triton_step_supports", "MAX_HEAD_DIM"]
 
 MAX_HEAD_DIM = 256
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,9 +55,25 @@ def triton_gated_supports(recipe: Recipe, target) -> str | None:
         return f"the Triton kernels take the identity feature map, not {recipe.feature_map.kind}"
     if recipe.memory.normalize:
         return "the Triton kernels do not carry the normalizer of linear attention yet"
+    if recipe.retention.kind not in ("none", "constant", "scalar", "diagonal"):
+        return f"the Triton kernels take no, constant, scalar or diagonal retention, not {recipe.retention.kind}"
     for name, d in (("K", target.head_k_dim), ("V", target.head_v_dim)):
         if d is not None and d > MAX_HEAD_DIM:
             return f"the Triton kernels take head dims ≤ {MAX_HEAD_DIM}, got {name}={d}"
+    return None
+
+
+def triton_step_supports(recipe: Recipe, target) -> str | None:
+    """Why the recurrent Triton rows cannot serve (None when they can): as `triton_gated_supports`,
+    and for the delta class one plain delta step per token (no probe key as Comba's, no
+    Householder micro-steps as DeltaProduct's)."""
+    why = triton_gated_supports(recipe, target)
+    if why is not None:
+        return why
+    if recipe.objective.probe:
+        return "the Triton step kernel reads the error at the key (no probe key p, as Comba's)"
+    if recipe.optimizer.householder_steps > 1:
+        return "the Triton step kernel runs one delta step per token (not DeltaProduct's micro-steps)"
     return None
 
 
@@ -57,24 +84,90 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     from ..torch_backend import finish_state
     from .triton.gated import chunk_gated_triton
 
+    recipe = call.recipe
+    g, beta = _gates(call)
+    S0 = call.initial_state
+    if isinstance(S0, MemoryState):
+        S0 = S0.weights[0]
+    o, S = chunk_gated_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale,
+                              initial_state=S0, output_final_state=call.output_final_state,
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
+
+
+def _gates(call):
+    """(g [B, T, H(, K)] or None, β [B, T, H] or None) of a Call: constant retention becomes a per-head
+    log γ on every token."""
     recipe, s = call.recipe, call.shapes
     g = call.inputs.get("g")
     if recipe.retention.kind == "constant":
         g = torch.tensor(recipe.retention.log_gammas(s.H), dtype=torch.float32,
                          device=call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
+    return g, call.inputs.get("beta")
+
+
+class _RecurrentStep(torch.autograd.Function):
+    """Forward: the fused step kernel over the call's T tokens on a fresh fp32 copy of the state.
+    Backward: the torch reference recurrence recomputed on the saved inputs, differentiated."""
+
+    @staticmethod
+    def forward(ctx, call, q, k, v, g, beta, S0):
+        from .triton.decode import fused_recurrent_step
+
+        s = call.shapes
+        if S0 is None:
+            state = torch.zeros(s.B, s.H, s.K, s.V, dtype=torch.float32, device=q.device)
+        else:
+            state = S0.detach().to(torch.float32, copy=True).contiguous()
+        delta = call.recipe.objective.kind == "l2"
+        o = fused_recurrent_step(q, k, v, state, g=g, beta=beta, scale=call.scale, delta=delta,
+                                 decay_first=call.recipe.retention.decay_first)
+        ctx.call = call
+        ctx.save_for_backward(q, k, v, g, beta, S0)
+        return o, state
+
+    @staticmethod
+    def backward(ctx, do, dS):
+        from dataclasses import replace
+
+        from ..torch_backend import memory_recurrent_impl
+
+        saved = ctx.saved_tensors
+        leaves = [None if x is None else x.detach().requires_grad_(x.is_floating_point()) for x in saved]
+        q, k, v, g, beta, S0 = leaves
+        inputs = dict(ctx.call.inputs)
+        if "g" in inputs:
+            inputs["g"] = g
+        if "beta" in inputs:
+            inputs["beta"] = beta
+        call = replace(ctx.call, q=q, k=k, v=v, inputs=inputs, initial_state=S0, output_final_state=True)
+        with torch.enable_grad():
+            o, S = memory_recurrent_impl(call)
+            wrt = [x for x in leaves if x is not None and x.requires_grad]
+            grads = iter(torch.autograd.grad((o, S), wrt, (do, dS), allow_unused=True))
+        out = [next(grads) if (x is not None and x.requires_grad) else None for x in leaves]
+        return (None, *out)
+
+
+def linear_recurrent(call):
+    """gated_linear / delta, recurrent, on Triton (see the module docstring): the caller's tensors as
+    they are (native dtype, grouped heads), the state bare or a MemoryState; the final state fp32."""
+    from ..torch_backend import finish_state
+
+    g, beta = _gates(call)  # constant retention: expanded decays that are no input (no gradient)
     S0 = call.initial_state
     if isinstance(S0, MemoryState):
         S0 = S0.weights[0]
-    o, S = chunk_gated_triton(call.q, call.k, call.v, g=g, beta=call.inputs.get("beta"), scale=call.scale,
-                              initial_state=S0, output_final_state=call.output_final_state,
-                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
-    return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
+    o, S = _RecurrentStep.apply(call, call.q, call.k, call.v, g, beta, S0)
+    return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
 def _register():
     from ..dispatch import register
 
     register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
+    register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
+    register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
 
 
 _register()

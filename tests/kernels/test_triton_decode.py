@@ -78,3 +78,52 @@ def test_bf16_state_pool(gen):
     assert state.dtype == torch.bfloat16
     assert _rel(o, o_want) < CHUNK_F32_REL
     assert _rel(state, S_want) < CHUNK_LOW_REL[torch.bfloat16]
+
+
+# ---------------------------------------------------------------------------- the recurrent dispatch rows
+@pytest.mark.parametrize("model", ["gla", "mamba2", "retnet", "gated_deltanet", "deltanet", "kda"])
+def test_recurrent_row_matches_torch_backend(model, gen):
+    """The recurrent triton row's fn on a validated Call (a T-token run of the step kernel on a copy
+    of the state; grouped heads; constant retention → per-head log γ) gives the torch row's outputs
+    and final state, leaves the caller's state untouched, and its backward (the torch recurrence
+    recomputed) gives the torch row's gradients of every input and of the initial state. Called
+    directly because its predicate asks for CUDA."""
+    from fastweights.dispatch import DISPATCH, Call
+    from fastweights.inputs import validate
+
+    recipe = fw.zoo.get(model)
+    cls = fw.recipe_class(recipe)
+    x = fw.example_inputs(model, batch_size=2, seq_len=7, num_heads=2, head_dim=16, generator=gen)
+    x.pop("initial_state", None)
+    S0 = 0.3 * torch.randn(2, 2, 16, 16, generator=gen)
+
+    def run(backend, device):
+        leaves = {key: val.detach().to(device).requires_grad_(True) for key, val in x.items()}
+        s0 = S0.to(device).requires_grad_(True)
+        rest = {key: val for key, val in leaves.items() if key not in ("q", "k", "v")}
+        call = Call(recipe=recipe, q=leaves["q"], k=leaves["k"], v=leaves["v"], inputs=rest,
+                    shapes=validate(recipe, leaves["q"], leaves["k"], leaves["v"], rest), scale=0.25,
+                    initial_state=s0, output_final_state=True)
+        o, S = DISPATCH[(cls, "recurrent", backend)].fn(call)
+        w = torch.Generator().manual_seed(3)
+        loss = (o * torch.randn(o.shape, generator=w).to(device)).sum() + \
+            (S * torch.randn(S.shape, generator=w).to(device)).sum()
+        grads = torch.autograd.grad(loss, [*leaves.values(), s0])
+        assert torch.equal(s0.detach().cpu(), S0)  # the caller's state is not modified
+        return o.detach(), S.detach(), grads
+
+    o1, S1, g1 = run("triton", DEV)
+    o2, S2, g2 = run("torch", "cpu")
+    assert _rel(o1, o2) < CHUNK_F32_REL and _rel(S1, S2) < CHUNK_F32_REL
+    for a, b in zip(g1, g2):
+        assert _rel(a, b) < CHUNK_F32_REL
+
+
+def test_recurrent_row_predicate():
+    from fastweights.dispatch import DISPATCH, Target
+
+    sup = DISPATCH[("delta", "recurrent", "triton")].supports
+    assert sup(fw.zoo.get("gated_deltanet"), Target.of("cuda", torch.bfloat16, 128, 128)) is None
+    assert "probe" in sup(fw.zoo.get("comba"), Target.of("cuda", torch.bfloat16, 128, 128))
+    assert "micro-steps" in sup(fw.zoo.get("deltaproduct"), Target.of("cuda", torch.bfloat16, 128, 128))
+    assert "CUDA" in sup(fw.zoo.get("kda"), Target.of("cpu", torch.float32, 64, 64))

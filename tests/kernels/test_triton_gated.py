@@ -374,3 +374,15 @@ def test_cuda_varlen_graph_capture(gate, gen):
     graph.replay()
     o, S = run()
     assert torch.equal(o_graph, o) and torch.equal(S_graph, S)
+
+
+def test_auto_picks_triton_on_cuda_only():
+    """"auto" resolves to the Triton rows for a CUDA target they serve, and to torch elsewhere."""
+    from fastweights.dispatch import resolve_backend
+
+    bf16 = Target.of("cuda", torch.bfloat16, 128, 128)
+    assert resolve_backend(fw.zoo.get("gla"), "chunk", "auto", bf16) == "triton"
+    assert resolve_backend(fw.zoo.get("gated_deltanet"), "recurrent", "auto", bf16) == "triton"
+    assert resolve_backend(fw.zoo.get("gated_deltanet"), "chunk", "auto", bf16) == "torch"  # no delta chunk kernel
+    assert resolve_backend(fw.zoo.get("gla"), "chunk", "auto", Target.of("cpu", torch.bfloat16, 128, 128)) == "torch"
+    assert resolve_backend(fw.zoo.get("comba"), "recurrent", "auto", bf16) == "torch"

@@ -12,8 +12,8 @@ slot state_indices[b] (default b); −1 marks a padding row, whose output is zer
 no state. Grid (⌈V/BV⌉, B·H): a program keeps the whole key side of one [K, BV] state tile in
 registers over the T tokens (the delta read Sᵀk reduces over K inside the tile, so V tiles are
 independent), reads and writes the state once per call: bytes ≈ 2·B·H·K·V·sizeof(state).
-T is a compile-time constant (decode runs T = 1, or a few draft tokens).
-Inference only (no autograd).
+T is a run-time loop bound (decode runs T = 1, or a few draft tokens; any T works, one compile).
+Inference only (no autograd; the recurrent dispatch row in kernels/rows.py adds a backward).
 """
 
 from __future__ import annotations
@@ -23,11 +23,15 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
-from .util import LAUNCH, pow2
+from .util import pow2
+
+#: Launch settings of the step kernel, pinned (the GPU session sweeps them: docs/kernels.md):
+#: block_v value columns of the state per program, num_warps, num_stages.
+STEP_LAUNCH = dict(block_v=32, num_warps=4, num_stages=1)
 
 
 @triton.jit
-def _step_kernel(q, k, v, g, beta, state, idx, o, scale, T: tl.constexpr, H: tl.constexpr, HQ: tl.constexpr,
+def _step_kernel(q, k, v, g, beta, state, idx, o, scale, T, H: tl.constexpr, HQ: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
                  HAS_BETA: tl.constexpr, DELTA: tl.constexpr, DECAY_FIRST: tl.constexpr, HAS_IDX: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
@@ -44,7 +48,8 @@ def _step_kernel(q, k, v, g, beta, state, idx, o, scale, T: tl.constexpr, H: tl.
     m = (m_kk[:, None] & m_vv[None, :]) & live
     s_off = ((tl.maximum(slot, 0) * H + i_h) * K + kk[:, None]) * V + vv[None, :]
     S = tl.load(state + s_off, mask=m, other=0.0).to(tl.float32)  # [BK, BV]
-    for t in range(0, T):
+    t = 0
+    while t < T:  # a while loop: the interpreter cannot range() over a run-time bound
         row = i_b.to(tl.int64) * T + t
         b_q = tl.load(q + (row * HQ + i_hq) * K + kk, mask=m_kk, other=0.0).to(tl.float32) * scale
         b_k = tl.load(k + (row * HQ + i_hq) * K + kk, mask=m_kk, other=0.0).to(tl.float32)
@@ -71,6 +76,7 @@ def _step_kernel(q, k, v, g, beta, state, idx, o, scale, T: tl.constexpr, H: tl.
             S = S * a + (b_beta * b_k)[:, None] * b_v[None, :]
         b_o = tl.where(live, tl.sum(S * b_q[:, None], axis=0), 0.0)  # [BV]; a padding row reads zero
         tl.store(o + (row * H + i_h) * V + vv, b_o.to(o.dtype.element_ty), mask=m_vv)
+        t += 1
     tl.store(state + s_off, S.to(state.dtype.element_ty), mask=m)
 
 
@@ -97,11 +103,12 @@ def fused_recurrent_step(q, k, v, state, *, g=None, beta=None, scale: float | No
         raise InputError(f"head dims K={K}, V={V} must be ≤ 256")
     o = empty_output(B, T, H, V, dtype=v.dtype, device=v.device)
     scale = K ** -0.5 if scale is None else float(scale)
-    BK, BV = pow2(K), min(64, pow2(V))
+    launch = dict(STEP_LAUNCH)
+    BK, BV = pow2(K), min(launch.pop("block_v"), pow2(V))
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     _step_kernel[(triton.cdiv(V, BV), B * H)](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous() if g is not None else q,
         beta.contiguous() if beta is not None else q, state, state_indices if state_indices is not None else q,
         o, scale, T, H=H, HQ=Hq, K=K, V=V, BK=BK, BV=BV, GATE=gate, HAS_BETA=beta is not None, DELTA=delta,
-        DECAY_FIRST=decay_first, HAS_IDX=state_indices is not None, **LAUNCH)
+        DECAY_FIRST=decay_first, HAS_IDX=state_indices is not None, **launch)
     return o

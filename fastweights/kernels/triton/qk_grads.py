@@ -11,7 +11,8 @@ gradient of the leaving state dS_{n+1} of each chunk:
 (k̂ = βk). dg is then the chunk-local suffix sum of dG plus ∂L/∂G_last of the chunk
 (cumsum.chunk_cumsum(reverse=True, add=…)).
 
-Grid (chunk slots NT, C / BC row blocks, B·H), BC = 16, K whole in one tile (K ≤ 256).
+Grid (chunk slots NT, C / BC row blocks, B·H), BC = 16 with diagonal decay, 32 otherwise, K whole in
+one tile (K ≤ 256).
 Diagonal decay keeps every exponent ≤ 0 as the forward does: blocks of rows against earlier
 (dq) or later (dk) blocks through a reference row — the first row of the query block for dq,
 the last real row of the key block for dk — and the diagonal 16×16 blocks elementwise, row by
@@ -28,7 +29,29 @@ from .. import empty_output
 from .layout import Layout
 from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
 
-BC = 16
+BC = 16  # rows per program with diagonal decay (the diagonal block is walked row by row)
+BC_PLAIN = 32  # rows per program without decay or with a scalar one: each program reads the chunk's
+# states S_n and dS_{n+1} whole, so fewer, taller blocks read them fewer times
+
+
+@triton.jit
+def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """(S_n dO_i, dS_{n+1} v_j) for the block's rows [BC, BK] each, fp32, over the V tiles (the
+    states loaded transposed from memory)."""
+    inter_q = tl.zeros([BC, BK], dtype=tl.float32)
+    inter_k = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        vv = i_v * BV + tl.arange(0, BV)
+        m_vv = vv < V
+        m_sv = m_s[:, None] & m_vv[None, :]
+        m_vk = m_vv[:, None] & m_k[None, :]
+        st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
+        b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+        b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+        inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
+        inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
+    return inter_q, inter_k
 
 
 @triton.jit
@@ -107,6 +130,12 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
             above = (oi <= j) & m_s & ok_j
             acc_k += dA_row[:, None] * q_j[None, :] * tl.exp(tl.where(above[:, None], G_j[None, :] - G_s, 0.0))
     else:
+        # inter-chunk parts first, decayed, so one accumulator per gradient (dk's intra part is
+        # scaled through dA, dq's whole sum at the end)
+        acc_q, acc_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE)
+        if GATE == 1:
+            acc_q = acc_q * tl.exp(G_s)[:, None]
+            acc_k = acc_k * tl.exp(tl.where(m_s, G_last - G_s, 0.0))[:, None]
         for i_r in range(0, C // BC):
             tr = t0 + i_r * BC + oi
             m_r = tr < eos
@@ -130,39 +159,23 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
                     keep = ((i_r * BC + oi)[None, :] >= (i_s * BC + oi)[:, None]) & m_r[None, :] & m_s[:, None]
                     b_dAt = b_dAt * tl.exp(tl.where(keep, G_r[None, :] - G_s[:, None], 0.0))
                 q_r = tl.load(q + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
-                acc_k += mm(b_dAt, q_r, DT, IEEE)
-    acc_q = acc_q * scale
-    acc_k = acc_k * scale
-
-    # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j over the V tiles (states loaded transposed)
-    inter_q = tl.zeros([BC, BK], dtype=tl.float32)
-    inter_k = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        vv = i_v * BV + tl.arange(0, BV)
-        m_vv = vv < V
-        m_sv = m_s[:, None] & m_vv[None, :]
-        m_vk = m_vv[:, None] & m_k[None, :]
-        st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
-        b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
-        inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
+                acc_k += mm(b_dAt * scale, q_r, DT, IEEE)
     if GATE == 2:
-        inter_q = inter_q * tl.exp(G_s)
-        inter_k = inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
-    elif GATE == 1:
-        inter_q = inter_q * tl.exp(G_s)[:, None]
-        inter_k = inter_k * tl.exp(tl.where(m_s, G_last - G_s, 0.0))[:, None]
-    b_dq = acc_q + inter_q * scale
-    b_dkb = acc_k + inter_k
+        # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j
+        inter_q, inter_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE)
+        b_dq = (acc_q + inter_q * tl.exp(G_s)) * scale
+        b_dkb = acc_k * scale + inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
+    else:
+        b_dq = acc_q * scale
+        b_dkb = acc_k
     if HAS_BETA:
         b_dk = b_dkb * b_beta[:, None]
         tl.store(dbeta + ts * H + i_h, tl.sum(b_k * b_dkb, axis=1), mask=m_s)
     else:
         b_dk = b_dkb
     off = (ts[:, None] * H + i_h) * K + ok[None, :]
-    tl.store(dq + off, b_dq, mask=m_sk)
-    tl.store(dk + off, b_dk, mask=m_sk)
+    tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_sk)
+    tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_sk)
     if GATE == 2:
         tl.store(dg + off, b_q * b_dq - b_k * b_dk, mask=m_sk)
     elif GATE == 1:
@@ -170,18 +183,20 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
 
 
 def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
-    """(dq, dk [B, T, H, K] per value head, fp32; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None)."""
+    """(dq, dk [B, T, H, K] per value head — in q's dtype without grouped heads, else fp32 for the sum
+    over each group; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None)."""
     dev = q.device
-    dq = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
-    dk = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
+    gdt = q.dtype if L.H == L.Hq else torch.float32
+    dq = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
+    dk = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
     dg = empty_output(*G.shape, dtype=torch.float32, device=dev) if G is not None else None
-    bc = min(BC, L.C)
+    gate = 0 if G is None else (2 if G.dim() == 4 else 1)
+    bc = min(BC if gate == 2 else BC_PLAIN, L.C)
     DT, IEEE = dot_dtype(q.dtype)
     _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
         q, k, v, G if G is not None else q, beta if beta is not None else q, h, dh, do, dA, dq, dk,
         dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
-        GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, **LAUNCH)
+        GATE=gate, HAS_BETA=beta is not None, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     return dq, dk, dbeta, dg

@@ -5,7 +5,8 @@ a_n = e^{G_last} (G_last: the cumsum at the chunk's last real row):
 
     S_{n+1} = a_n ⊙ S_n + K̃_nᵀ V_n        (a_n on the key side; scalar or per channel)
 
-stores S_n entering every chunk (h [B, NT, H, K, V] fp32) and the final state.
+stores S_n entering every chunk (h [B, NT, H, K, V], fp32, or bf16/fp16 for such inputs: see
+`stored_state_dtype`) and the final state (fp32).
 
 Backward (the transposed pass), with dS_{n+1} the gradient w.r.t. the state leaving chunk n
 (the final state's gradient for the last chunk) and Q̃_n = scale q ⊙ e^{G}:
@@ -64,7 +65,7 @@ def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.const
         S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     c = 0
     while c < n_chunks:  # a while loop: the interpreter cannot range() over a loaded bound
-        tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S, mask=m_kv)
+        tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
         t_last = tl.minimum(bos + c * C + C, eos) - 1
@@ -109,7 +110,7 @@ def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T
     c = n_chunks - 1
     while c >= 0:  # last chunk first
         slot = slot0 + c
-        tl.store(dh + (slot * H + i_h) * K * V + kv, dS, mask=m_kv)
+        tl.store(dh + (slot * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
         t_last = tl.minimum(bos + c * C + C, eos) - 1
@@ -122,7 +123,7 @@ def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T
             if c == n_chunks - 1:
                 S_next = tl.load(ht + fin + kv, mask=m_kv, other=0.0)
             else:
-                S_next = tl.load(h + ((slot + 1) * H + i_h) * K * V + kv, mask=m_kv, other=0.0)
+                S_next = tl.load(h + ((slot + 1) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
             tl.store(dgc + ((i_v * NT * NB + slot) * H + i_h) * K + kk, tl.sum(S_next * dS, axis=1), mask=m_kk)
             Gt, G_last = _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE)
             if GATE == 2:
@@ -142,10 +143,18 @@ def _tiles(L: Layout):
     return BK, BV, triton.cdiv(L.K, BK), triton.cdiv(L.V, BV)
 
 
+def stored_state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the per-chunk states h and dh: the inputs' bf16/fp16 (every product that reads
+    them casts its operands to that dtype for the tensor cores anyway, so storing them rounded
+    halves their bytes and changes only the elementwise Σ_v S ⊙ dS of dg by one rounding), else fp32."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def pass_states_fwd(k, v, G, beta, h0, L: Layout, *, output_final_state: bool):
-    """(h [B, NT, H, K, V] fp32: the state entering every chunk slot, final [NS, H, K, V] fp32 or None)."""
+    """(h [B, NT, H, K, V] in `stored_state_dtype(k.dtype)`: the state entering every chunk slot,
+    final [NS, H, K, V] fp32 or None). Accumulation is fp32 throughout."""
     BK, BV, NK, NV = _tiles(L)
-    h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=torch.float32, device=k.device)
+    h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(k.dtype), device=k.device)
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=k.device) if output_final_state else None
     cu, _, _, offsets = varlen_args(L, k.device)
     DT, IEEE = dot_dtype(k.dtype)
@@ -158,11 +167,12 @@ def pass_states_fwd(k, v, G, beta, h0, L: Layout, *, output_final_state: bool):
 
 
 def pass_states_bwd(q, G, do, h, ht, dht, scale: float, L: Layout, *, need_dh0: bool):
-    """(dh [B, NT, H, K, V]: the gradient of the state leaving each chunk slot, dh0 [NS, H, K, V] or
-    None, dgc None or ∂L/∂G_last per chunk slot: [B·NT, H] (scalar) / [B·NT, H, K] (diagonal))."""
+    """(dh [B, NT, H, K, V] in `stored_state_dtype(q.dtype)`: the gradient of the state leaving each
+    chunk slot, dh0 [NS, H, K, V] fp32 or None, dgc None or ∂L/∂G_last per chunk slot, fp32:
+    [B·NT, H] (scalar) / [B·NT, H, K] (diagonal))."""
     BK, BV, NK, NV = _tiles(L)
     dev = q.device
-    dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=torch.float32, device=dev)
+    dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(q.dtype), device=dev)
     dh0 = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if need_dh0 else None
     dgc = empty_output(NV, L.B * L.NT, L.H, L.K, dtype=torch.float32, device=dev) if G is not None else None
     cu, _, _, offsets = varlen_args(L, dev)

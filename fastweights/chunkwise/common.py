@@ -255,7 +255,7 @@ class _DiagonalScores(torch.autograd.Function):
             e0 = None if same else (gxp - gyp).exp()
             prod = xp * yp if e0 is None else xp * yp * e0
             D.diagonal(dim1=-2, dim2=-1).copy_(prod.sum(-1).view(*batch, S, c))
-        ctx.meta = (strict, c, size, S, C)
+        ctx.meta = (strict, same, c, size, S, C)
         ctx.top, ctx.inner = top, inner
         ctx.save_for_backward(xp, yp, e1, y1, e0)
         return P[..., :C, :C]
@@ -263,43 +263,44 @@ class _DiagonalScores(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dP):
-        strict, c, size, S, C = ctx.meta
+        strict, same, c, size, S, C = ctx.meta
         xp, yp, e1, y1, e0 = ctx.saved_tensors
         *batch, _, K = xp.shape
         if size != C:
             dP = torch.nn.functional.pad(dP, (0, size - C, 0, size - C))
         dP = dP.contiguous()  # views below; an upstream gradient may be expanded
-        dx, dy = torch.zeros_like(xp), torch.zeros_like(yp)  # [..., size, K]
+        dD = _diagonal_blocks(dP, c)  # [..., S, c, c]
+        if strict:
+            dx, dy = torch.zeros_like(xp), torch.zeros_like(yp)  # [..., size, K]
+        else:  # the diagonal first: dx_i = dP_ii y_i e^{gx_i − gy_i}, dy_i = dP_ii x_i e^{gx_i − gy_i}
+            d0 = dD.diagonal(dim1=-2, dim2=-1).reshape(*batch, size, 1)  # [..., size, 1]
+            if e0 is not None:
+                d0 = d0 * e0  # [..., size, K]
+            dx, dy = d0 * yp, d0 * xp
         for s, (xr, yr, eq, ek) in enumerate(ctx.top, start=1):
             lo = s * c
             dPs = dP[..., lo:lo + c, :lo]  # [..., c, sc]
-            dx[..., lo:lo + c, :] += (dPs @ yr) * eq
-            dy[..., :lo, :] += (dPs.transpose(-1, -2) @ xr) * ek
-        dD = _diagonal_blocks(dP, c)  # [..., S, c, c]
+            dx[..., lo:lo + c, :].addcmul_(dPs @ yr, eq)
+            dy[..., :lo, :].addcmul_(dPs.transpose(-1, -2) @ xr, ek)
         b = c // 2
         for xr, yr, eq, ek in ctx.inner:
             dW = dP.new_zeros(*batch, S, c // 2, c // 2)  # the gradient of `wide`: zero off its b×b blocks
             _half_blocks(dW, b).copy_(_lower_blocks(dD, b))
             dxr = (dW @ yr).view(eq.shape)  # [..., size/2b, b, K]
             dyr = (dW.transpose(-1, -2) @ xr).view(ek.shape)
-            dx.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :].add_(dxr * eq)
-            dy.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :].add_(dyr * ek)
+            dx.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :].addcmul_(dxr, eq)
+            dy.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :].addcmul_(dyr, ek)
             b //= 2
         if c >= 2:
             d1 = _lower_blocks(dD, 1).reshape(*batch, size // 2, 1)  # [..., size/2, 1]
             xq = xp.view(*batch, size // 2, 2, K)[..., 1, :]
-            dx.view(*batch, size // 2, 2, K)[..., 1, :].add_(d1 * y1)
-            dy.view(*batch, size // 2, 2, K)[..., 0, :].add_(d1 * xq * e1)
-        if not strict:
-            d0 = dD.diagonal(dim1=-2, dim2=-1).reshape(*batch, size, 1)  # [..., size, 1]
-            if e0 is None:
-                dx.add_(d0 * yp)
-                dy.add_(d0 * xp)
-            else:
-                dx.add_(d0 * yp * e0)
-                dy.add_(d0 * xp * e0)
+            dx.view(*batch, size // 2, 2, K)[..., 1, :].addcmul_(d1, y1)
+            dy.view(*batch, size // 2, 2, K)[..., 0, :].addcmul_(d1 * xq, e1)
         dx, dy = dx[..., :C, :], dy[..., :C, :]
-        return dx, dy, xp[..., :C, :] * dx, -(yp[..., :C, :] * dy), None, None
+        x, y = xp[..., :C, :], yp[..., :C, :]
+        if same:  # gx and gy are one tensor: return the sum x ⊙ dx − y ⊙ dy once
+            return dx, dy, torch.addcmul(x * dx, y, dy, value=-1.0), None, None, None
+        return dx, dy, x * dx, (y * dy).neg_(), None, None
 
 
 def pass_states(layout: ChunkLayout, S0: Tensor, M: Tensor | None, Bn: Tensor) -> tuple[Tensor, Tensor]:

@@ -69,6 +69,43 @@ def test_decayed_scores(C, strict, kind, rate, gen):
         assert torch.isfinite(a).all() and _rel_err(a, b) < DECAYED_SCORES_GRAD_F64_REL
 
 
+@pytest.mark.parametrize("C", [64, 24, 7, 1])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("rate", [0.05, 15.0, 60.0])
+def test_decayed_scores_two_diagonal_decays(C, strict, rate, gen):
+    """A diagonal decay with gx and gy two separate leaves (gx_i = gy_i − δ_i, δ ≥ 0, so gx_i ≤ gy_j
+    for j ≤ i): the diagonal's own factor e^{gx_i − gy_i} and the gradients of gx and of gy each
+    on their own (not summed as when gx is gy), against the direct sum in float64."""
+    B, H, N, K = 2, 2, 3, 5
+    x = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = -rate * torch.rand(B, H, N, C, K, generator=gen, dtype=torch.float64)
+    g = torch.where(torch.rand(B, H, N, C, K, generator=gen) < 0.3, 0.0, g)  # runs of exact zeros
+    gy = chunk_cumsum(g)
+    delta = rate * torch.rand(B, H, N, C, K, generator=gen, dtype=torch.float64)
+    gx = (gy - torch.where(torch.rand(B, H, N, C, K, generator=gen) < 0.3, 0.0, delta)).requires_grad_()
+    gy.requires_grad_()
+    P = decayed_scores(x, y, gx, gy, strict=strict)
+    ref = _direct_scores(x, y, gx, gy, strict)
+    assert torch.isfinite(P).all()
+    assert _rel_err(P, ref) < DECAYED_SCORES_F64_REL
+    w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
+    d1 = torch.autograd.grad((P * w).sum(), (x, y, gx, gy))
+    d2 = torch.autograd.grad((ref * w).sum(), (x, y, gx, gy), allow_unused=True, materialize_grads=True)
+    for a, b in zip(d1, d2):
+        assert torch.isfinite(a).all() and _rel_err(a, b) < DECAYED_SCORES_GRAD_F64_REL
+
+
+def test_decayed_scores_diagonal_is_once_differentiable(gen):
+    """The diagonal-decay path's backward is written out from saved factors: a second derivative
+    raises instead of coming out silently wrong."""
+    x, y, g = (torch.randn(1, 1, 1, 8, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    G = chunk_cumsum(-g.detach().abs()).requires_grad_()
+    (dx,) = torch.autograd.grad(decayed_scores(x, y, G, G, strict=False).sum(), (x,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        dx.sum().backward()
+
+
 def test_chunk_cumsum_is_chunk_local_and_non_increasing(gen):
     g = -torch.rand(2, 3, 4, 16, 5, generator=gen)  # fp32 on purpose: monotone in floating point too
     G = chunk_cumsum(g)

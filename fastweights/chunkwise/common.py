@@ -26,7 +26,7 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores",
+__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores", "exp",
            "pass_states", "chunk_outputs", "initial_state_or_zeros"]
 
 
@@ -129,8 +129,8 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     ρ lies between every query's gx and every key's gy. That holds for a block of query rows that
     all come after a block of key rows, with ρ = gx of the first query row. `_diagonal_scores`
     uses it twice: for each block of 16 query rows against all earlier rows (one batched matmul),
-    and, inside the 16×16 diagonal blocks, by recursive 2×2 splitting. Every exponent is ≤ 0 for
-    any g — exact, no overflow, no data-dependent branch and no host synchronization.
+    and, inside the 16×16 diagonal blocks, by 2×2 splitting, level by level. Every exponent is ≤ 0
+    for any g — exact, no overflow, no data-dependent branch and no host synchronization.
     """
     C = x.shape[-2]
     ar = torch.arange(C, device=x.device)
@@ -139,7 +139,7 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
         return torch.where(mask, x @ y.transpose(-1, -2), 0.0)
     if gx.dim() == x.dim() - 1:  # scalar decay: one C×C decay matrix
         diff = gx[..., :, None] - gy[..., None, :]  # [B, H, N, C, C]
-        decay = torch.where(mask, diff, 0.0).exp()
+        decay = exp(torch.where(mask, diff, 0.0))
         return torch.where(mask, (x @ y.transpose(-1, -2)) * decay, 0.0)
     return _diagonal_scores(x, y, gx, gy, strict)
 
@@ -159,6 +159,39 @@ def _pad_rows(x, y, gx, gy, size: int):
     zeros = x.new_zeros(*batch, size - C, K)
     return (torch.cat([x, zeros], dim=-2), torch.cat([y, zeros], dim=-2),
             torch.cat([gx, m], dim=-2), torch.cat([gy, m], dim=-2))
+
+
+LOG2E = 1.4426950408889634
+"""log₂ e: e^d = 2^{d·log₂ e}."""
+
+
+def _exp_(d: Tensor) -> Tensor:
+    """e^d, in place on a freshly computed d (no autograd), as 2^{d·log₂ e}: the same value to
+    rounding (the product's relative error eps·|d| is what e^d's own rounding allows). On the CPU
+    torch.exp goes through MKL's vector exp, several times slower than torch.exp2 on some
+    processors. Signs are kept: d ≤ 0 gives a value ≤ 1, and d = 0 exactly 1."""
+    return d.mul_(LOG2E).exp2_()
+
+
+class _Exp(torch.autograd.Function):
+    """e^d as `_exp_` with exp's own backward, grad · e^d (differentiable again: e^d is saved as
+    this function's output)."""
+
+    @staticmethod
+    def forward(ctx, d):
+        out = (d * LOG2E).exp2_()  # [same shape as d]
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+def exp(d: Tensor) -> Tensor:
+    """e^d, elementwise, differentiable (any order), computed as 2^{d·log₂ e} (see `_exp_`)."""
+    return _Exp.apply(d)
 
 
 def _diagonal_blocks(P: Tensor, c: int) -> Tensor:
@@ -192,18 +225,80 @@ def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool)
     - level c: query block s (rows sc … sc + c − 1) against every earlier row j < sc, one matmul
       per s: P = X̃ Ỹᵀ with X̃_i = x_i ⊙ e^{gx_i − ρ}, Ỹ_j = y_j ⊙ e^{ρ − gy_j}, ρ = gx_{sc};
     - levels b = c/2, …, 2, inside each diagonal block: the lower-left b×b block of every 2b×2b
-      block (queries all after keys), the same product with ρ = gx of its first query row, one
-      batched matmul [..., S·c/2b, b, K] @ [..., S·c/2b, K, b] per level;
+      block (queries all after keys), the same product with ρ = gx of its first query row. One
+      batched matmul per level, [..., S, c/2, K] @ [..., S, K, c/2]: all c/2 query-half rows of a
+      diagonal block against all c/2 key-half rows, of which the b×b diagonal blocks are kept (the
+      other products mix factors of different ρ; each factor is ≤ 1, so they are finite, and dropped);
     - level 1: the pairs (2p + 1, 2p) elementwise, Σ_d x_id y_jd e^{gx_id − gy_jd};
     - the diagonal (unless strict): Σ_d x_id y_id e^{gx_id − gy_id} (factor 1 when gx is gy).
 
     The backward is written out (`_DiagonalScores`), reusing the forward's factors. With dX̃ = dP Ỹ
     and dỸ = dPᵀ X̃ per block: dx = Σ dX̃ ⊙ e^{gx − ρ}, dy = Σ dỸ ⊙ e^{ρ − gy}, and since
     ∂P_ij/∂gx_id = x_id ∂P_ij/∂x_id, ∂P_ij/∂gy_jd = −y_jd ∂P_ij/∂y_jd: dgx = x ⊙ dx,
-    dgy = −y ⊙ dy. ρ gets no gradient: P does not depend on it. No host synchronization, no
-    data-dependent branch; once differentiable.
+    dgy = −y ⊙ dy. ρ gets no gradient: P does not depend on it. When nothing needs a gradient
+    (no_grad, or no input requires one) the rows are rescaled in place and nothing is kept.
+    Exponentials are `_exp_` (2^{d·log₂ e}). No host synchronization, no data-dependent branch;
+    once differentiable.
     """
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, y, gx, gy))):
+        return _diagonal_forward(x, y, gx, gy, strict, gx is gy, keep=False)[0]
     return _DiagonalScores.apply(x, y, gx, gy, strict, gx is gy)
+
+
+def _diagonal_forward(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool, same: bool, keep: bool):
+    """The forward of `_diagonal_scores`: (P [..., C, C], what the backward needs or None).
+    keep=False (nothing needs a gradient) rescales the rows in place and keeps nothing."""
+    *batch, C, K = x.shape
+    c = min(DIAGONAL_BLOCK, 1 << max(C - 1, 0).bit_length())
+    size = -(-C // c) * c
+    S = size // c
+    xp, yp, gxp, gyp = (t.contiguous() for t in _pad_rows(x, y, gx, gy, size))  # [..., size, K]
+    P = xp.new_zeros(*batch, size, size)
+    D = _diagonal_blocks(P, c)  # [..., S, c, c]
+    top = []  # level c: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) per query block s ≥ 1
+    for s in range(1, S):
+        lo = s * c
+        gq = gxp[..., lo:lo + c, :]  # [..., c, K]
+        rho = gq[..., :1, :]  # [..., 1, K]
+        eq = _exp_(gq - rho)  # exponent ≤ 0  [..., c, K]
+        ek = _exp_(rho - gyp[..., :lo, :])  # exponent ≤ 0  [..., sc, K]
+        xq, yk = xp[..., lo:lo + c, :], yp[..., :lo, :]
+        xr, yr = (xq * eq, yk * ek) if keep else (eq.mul_(xq), ek.mul_(yk))
+        P[..., lo:lo + c, :lo] = xr @ yr.transpose(-1, -2)  # [..., c, sc]
+        if keep:
+            top.append((xr, yr, eq, ek))
+    inner = []  # levels c/2, …, 2: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) of the lower-left blocks
+    b = c // 2
+    while b >= 2:
+        xq = xp.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :]  # [..., size/2b, b, K]
+        yk = yp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
+        gq = gxp.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :]
+        gk = gyp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
+        rho = gq[..., :1, :]  # [..., size/2b, 1, K]
+        eq, ek = _exp_(gq - rho), _exp_(rho - gk)  # exponents ≤ 0
+        xr, yr = (xq * eq, yk * ek) if keep else (eq.mul_(xq), ek.mul_(yk))
+        xr, yr = xr.view(*batch, S, c // 2, K), yr.view(*batch, S, c // 2, K)
+        wide = xr @ yr.transpose(-1, -2)  # every query half × every key half of a block  [..., S, c/2, c/2]
+        _lower_blocks(D, b).copy_(_half_blocks(wide, b))
+        if keep:
+            inner.append((xr, yr, eq, ek))
+        b //= 2
+    e1 = y1 = None
+    if c >= 2:  # level 1: pairs (2p + 1, 2p), exponent gx_{2p+1} − gy_{2p} ≤ 0
+        xq = xp.view(*batch, size // 2, 2, K)[..., 1, :]
+        gq = gxp.view(*batch, size // 2, 2, K)[..., 1, :]
+        yk, gk = (t.view(*batch, size // 2, 2, K)[..., 0, :] for t in (yp, gyp))
+        e1 = _exp_(gq - gk)  # [..., size/2, K]
+        y1 = yk * e1 if keep else e1.mul_(yk)
+        _lower_blocks(D, 1).copy_((xq * y1).sum(-1).view(*batch, S, c // 2, 1, 1))
+    e0 = None
+    if not strict:  # the diagonal, exponent gx_i − gy_i ≤ 0 (0 when gx is gy)
+        e0 = None if same else _exp_(gxp - gyp)
+        prod = xp * yp if e0 is None else (xp * yp).mul_(e0)
+        D.diagonal(dim1=-2, dim2=-1).copy_(prod.sum(-1).view(*batch, S, c))
+    if not keep:
+        return P[..., :C, :C], None
+    return P[..., :C, :C], ((strict, same, c, size, S, C), top, inner, (xp, yp, e1, y1, e0))
 
 
 class _DiagonalScores(torch.autograd.Function):
@@ -211,54 +306,9 @@ class _DiagonalScores(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y, gx, gy, strict: bool, same: bool):
-        *batch, C, K = x.shape
-        c = min(DIAGONAL_BLOCK, 1 << max(C - 1, 0).bit_length())
-        size = -(-C // c) * c
-        S = size // c
-        xp, yp, gxp, gyp = _pad_rows(x, y, gx, gy, size)  # [..., size, K]
-        P = xp.new_zeros(*batch, size, size)
-        D = _diagonal_blocks(P, c)  # [..., S, c, c]
-        top = []  # level c: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) per query block s ≥ 1
-        for s in range(1, S):
-            lo = s * c
-            gq = gxp[..., lo:lo + c, :]  # [..., c, K]
-            rho = gq[..., :1, :]  # [..., 1, K]
-            eq = (gq - rho).exp_()  # exponent ≤ 0  [..., c, K]
-            ek = (rho - gyp[..., :lo, :]).exp_()  # exponent ≤ 0  [..., sc, K]
-            xr, yr = xp[..., lo:lo + c, :] * eq, yp[..., :lo, :] * ek
-            P[..., lo:lo + c, :lo] = xr @ yr.transpose(-1, -2)  # [..., c, sc]
-            top.append((xr, yr, eq, ek))
-        inner = []  # levels c/2, …, 2: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) of the lower-left blocks
-        b = c // 2
-        while b >= 2:
-            xk, xq = xp.view(*batch, size // (2 * b), 2, b, K).unbind(-3)  # [..., size/2b, b, K]
-            yk = yp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
-            gq = gxp.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :]
-            gk = gyp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
-            rho = gq[..., :1, :]  # [..., size/2b, 1, K]
-            eq, ek = (gq - rho).exp_(), (rho - gk).exp_()  # exponents ≤ 0
-            xr, yr = (xq * eq).view(*batch, S, c // 2, K), (yk * ek).view(*batch, S, c // 2, K)
-            wide = xr @ yr.transpose(-1, -2)  # every query half × every key half of a block  [..., S, c/2, c/2]
-            _lower_blocks(D, b).copy_(_half_blocks(wide, b))
-            inner.append((xr, yr, eq, ek))
-            b //= 2
-        e1 = y1 = None
-        if c >= 2:  # level 1: pairs (2p + 1, 2p), exponent gx_{2p+1} − gy_{2p} ≤ 0
-            xq = xp.view(*batch, size // 2, 2, K)[..., 1, :]
-            gq = gxp.view(*batch, size // 2, 2, K)[..., 1, :]
-            yk, gk = (t.view(*batch, size // 2, 2, K)[..., 0, :] for t in (yp, gyp))
-            e1 = (gq - gk).exp_()  # [..., size/2, K]
-            y1 = yk * e1
-            _lower_blocks(D, 1).copy_((xq * y1).sum(-1).view(*batch, S, c // 2, 1, 1))
-        e0 = None
-        if not strict:  # the diagonal, exponent gx_i − gy_i ≤ 0 (0 when gx is gy)
-            e0 = None if same else (gxp - gyp).exp()
-            prod = xp * yp if e0 is None else xp * yp * e0
-            D.diagonal(dim1=-2, dim2=-1).copy_(prod.sum(-1).view(*batch, S, c))
-        ctx.meta = (strict, same, c, size, S, C)
-        ctx.top, ctx.inner = top, inner
-        ctx.save_for_backward(xp, yp, e1, y1, e0)
-        return P[..., :C, :C]
+        P, (ctx.meta, ctx.top, ctx.inner, saved) = _diagonal_forward(x, y, gx, gy, strict, same, keep=True)
+        ctx.save_for_backward(*saved)
+        return P
 
     @staticmethod
     @once_differentiable

@@ -58,6 +58,8 @@ def test_decayed_scores(C, strict, kind, rate, gen):
     ref = _direct_scores(x, y, gx, G, strict)
     assert torch.isfinite(P).all()
     assert _rel_err(P, ref) < DECAYED_SCORES_F64_REL
+    with torch.no_grad():  # the path that keeps nothing for a backward
+        assert _rel_err(decayed_scores(x, y, gx, G, strict=strict), ref) < DECAYED_SCORES_F64_REL
     w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
     leaves = (x, y) if G is None else (x, y, G)
     if P.requires_grad:
@@ -89,6 +91,8 @@ def test_decayed_scores_two_diagonal_decays(C, strict, rate, gen):
     ref = _direct_scores(x, y, gx, gy, strict)
     assert torch.isfinite(P).all()
     assert _rel_err(P, ref) < DECAYED_SCORES_F64_REL
+    with torch.no_grad():
+        assert _rel_err(decayed_scores(x, y, gx, gy, strict=strict), ref) < DECAYED_SCORES_F64_REL
     w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
     d1 = torch.autograd.grad((P * w).sum(), (x, y, gx, gy))
     d2 = torch.autograd.grad((ref * w).sum(), (x, y, gx, gy), allow_unused=True, materialize_grads=True)

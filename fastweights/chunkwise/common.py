@@ -167,9 +167,10 @@ LOG2E = 1.4426950408889634
 
 def _exp_(d: Tensor) -> Tensor:
     """e^d, in place on a freshly computed d (no autograd), as 2^{d·log₂ e}: the same value to
-    rounding (the product's relative error eps·|d| is what e^d's own rounding allows). On the CPU
-    torch.exp goes through MKL's vector exp, several times slower than torch.exp2 on some
-    processors. Signs are kept: d ≤ 0 gives a value ≤ 1, and d = 0 exactly 1."""
+    rounding (rounding d·log₂ e changes the result by a relative eps·|d|, the size of the rounding
+    error d itself carries). On the CPU, in torch's MKL builds, torch.exp goes through MKL's vector
+    exp (ATen's vml.h), several times slower than torch.exp2 (Sleef) on some processors (AMD EPYC
+    among them). Signs are kept: d ≤ 0 gives a value ≤ 1, and d = 0 exactly 1."""
     return d.mul_(LOG2E).exp2_()
 
 

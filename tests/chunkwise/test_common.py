@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastweights.chunkwise.common import chunk_cumsum, chunk_outputs, decayed_scores, pass_states
+from fastweights.chunkwise.common import chunk_cumsum, chunk_outputs, decayed_scores, exp, pass_states
 from fastweights.chunkwise.varlen import make_layout
 from tests.tolerances import DECAYED_SCORES_F64_REL, DECAYED_SCORES_GRAD_F64_REL, STAGE_F32_REL, STAGE_F64
 
@@ -43,7 +43,7 @@ def _direct_scores(x, y, gx, gy, strict):
 def test_decayed_scores(C, strict, kind, rate, gen):
     """Every path of decayed_scores equals the direct sum, values and gradients, whatever the decay
     (15 and 60 per token make every one-matmul factorization of a 16-row block overflow fp64's
-    exponent range; the recursive split keeps every exponent ≤ 0). Comba's exclusive cumsum with strict."""
+    exponent range; the 2×2 split keeps every exponent ≤ 0). Comba's exclusive cumsum with strict."""
     B, H, N, K = 2, 2, 3, 5
     x = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
     y = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -108,6 +108,19 @@ def test_decayed_scores_diagonal_is_once_differentiable(gen):
     (dx,) = torch.autograd.grad(decayed_scores(x, y, G, G, strict=False).sum(), (x,), create_graph=True)
     with pytest.raises(RuntimeError):
         dx.sum().backward()
+
+
+def test_exp_is_torch_exp_to_rounding(gen):
+    """common.exp (2^{d·log₂ e}) against torch.exp in float64, e^0 = 1 exactly, and its first and
+    second derivatives (gradcheck, gradgradcheck)."""
+    d = torch.cat([-60 * torch.rand(1000, generator=gen, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+                   torch.randn(100, generator=gen, dtype=torch.float64)])
+    assert _rel_err(exp(d), torch.exp(d)) < STAGE_F64
+    assert ((exp(d) - torch.exp(d)).abs() / torch.exp(d)).max() < STAGE_F64
+    assert (exp(torch.zeros(5, dtype=torch.float64)) == 1).all()
+    small = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(exp, (small,))
+    assert torch.autograd.gradgradcheck(exp, (small,))
 
 
 def test_chunk_cumsum_is_chunk_local_and_non_increasing(gen):

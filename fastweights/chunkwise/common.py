@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..inputs import InputError, check_tensor
 from ..state import compute_dtype
@@ -25,7 +26,7 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores",
+__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores", "exp",
            "pass_states", "chunk_outputs", "initial_state_or_zeros"]
 
 
@@ -128,8 +129,8 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
     ρ lies between every query's gx and every key's gy. That holds for a block of query rows that
     all come after a block of key rows, with ρ = gx of the first query row. `_diagonal_scores`
     uses it twice: for each block of 16 query rows against all earlier rows (one batched matmul),
-    and, inside the 16×16 diagonal blocks, by recursive 2×2 splitting. Every exponent is ≤ 0 for
-    any g — exact, no overflow, no data-dependent branch and no host synchronization.
+    and, inside the 16×16 diagonal blocks, by 2×2 splitting, level by level. Every exponent is ≤ 0
+    for any g — exact, no overflow, no data-dependent branch and no host synchronization.
     """
     C = x.shape[-2]
     ar = torch.arange(C, device=x.device)
@@ -138,13 +139,14 @@ def decayed_scores(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, *
         return torch.where(mask, x @ y.transpose(-1, -2), 0.0)
     if gx.dim() == x.dim() - 1:  # scalar decay: one C×C decay matrix
         diff = gx[..., :, None] - gy[..., None, :]  # [B, H, N, C, C]
-        decay = torch.where(mask, diff, 0.0).exp()
+        decay = exp(torch.where(mask, diff, 0.0))
         return torch.where(mask, (x @ y.transpose(-1, -2)) * decay, 0.0)
     return _diagonal_scores(x, y, gx, gy, strict)
 
 
 DIAGONAL_BLOCK = 16
-"""Rows per diagonal block of `_diagonal_scores` (the recursion runs inside these blocks only)."""
+"""Rows per diagonal block c of `_diagonal_scores` (levels 1, 2, …, c/2 of the splitting run inside
+these blocks only; a fixed constant, not chosen from the data)."""
 
 
 def _pad_rows(x, y, gx, gy, size: int):
@@ -159,79 +161,197 @@ def _pad_rows(x, y, gx, gy, size: int):
             torch.cat([gx, m], dim=-2), torch.cat([gy, m], dim=-2))
 
 
-def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
-    """`decayed_scores` for a diagonal decay (see there), exact for any decay:
+LOG2E = 1.4426950408889634
+"""log₂ e: e^d = 2^{d·log₂ e}."""
 
-    1. the rows are cut into blocks of c = DIAGONAL_BLOCK; for query block s, every key row of the
-       blocks before it in one batched matmul of rescaled rows, reference ρ_s = gx of the block's
-       first row (both exponents ≤ 0);
-    2. the c×c diagonal blocks by recursive 2×2 splitting (`_block_scores`).
+
+def _exp_(d: Tensor) -> Tensor:
+    """e^d, in place on a freshly computed d (no autograd), as 2^{d·log₂ e}: the same value to
+    rounding (rounding d·log₂ e changes the result by a relative eps·|d|, the size of the rounding
+    error d itself carries). On the CPU, in torch's MKL builds, torch.exp goes through MKL's vector
+    exp (ATen's vml.h), several times slower than torch.exp2 (Sleef) on some processors (AMD EPYC
+    among them). Signs are kept: d ≤ 0 gives a value ≤ 1, and d = 0 exactly 1."""
+    return d.mul_(LOG2E).exp2_()
+
+
+class _Exp(torch.autograd.Function):
+    """e^d as `_exp_` with exp's own backward, grad · e^d (differentiable again: e^d is saved as
+    this function's output)."""
+
+    @staticmethod
+    def forward(ctx, d):
+        out = (d * LOG2E).exp2_()  # [same shape as d]
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+def exp(d: Tensor) -> Tensor:
+    """e^d, elementwise, differentiable (any order), computed as 2^{d·log₂ e} (see `_exp_`)."""
+    return _Exp.apply(d)
+
+
+def _diagonal_blocks(P: Tensor, c: int) -> Tensor:
+    """The c×c diagonal blocks of P [..., S·c, S·c] as a view [..., S, c, c] (writable)."""
+    *batch, size, _ = P.shape
+    S = size // c
+    return P.view(*batch, S, c, S, c).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _lower_blocks(D: Tensor, b: int) -> Tensor:
+    """Level b of blocks D [..., S, c, c]: the lower-left b×b block of every 2b×2b diagonal block
+    (rows 2b·m + b … 2b·m + 2b − 1, columns 2b·m … 2b·m + b − 1) as a view [..., S, c/2b, b, b]."""
+    *batch, S, c, _ = D.shape
+    m = c // (2 * b)
+    return D.view(*batch, S, m, 2, b, m, 2, b)[..., 1, :, :, 0, :].diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _half_blocks(W: Tensor, b: int) -> Tensor:
+    """The b×b diagonal blocks of W [..., S, h, h] (h = c/2 query rows × c/2 key rows of a level-b
+    split: row p·b + r is row r of the p-th query half) as a view [..., S, h/b, b, b] (writable)."""
+    *batch, S, h, _ = W.shape
+    return W.view(*batch, S, h // b, b, h // b, b).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+
+def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
+    """`decayed_scores` for a diagonal decay (see there), exact for any decay; shapes as there.
+
+    Rows are padded to S blocks of c = DIAGONAL_BLOCK (a power of two ≤ 16 for short chunks). Every
+    pair (i, j), j < i, is covered once by a block product whose exponents are all ≤ 0:
+
+    - level c: query block s (rows sc … sc + c − 1) against every earlier row j < sc, one matmul
+      per s: P = X̃ Ỹᵀ with X̃_i = x_i ⊙ e^{gx_i − ρ}, Ỹ_j = y_j ⊙ e^{ρ − gy_j}, ρ = gx_{sc};
+    - levels b = c/2, …, 2, inside each diagonal block: the lower-left b×b block of every 2b×2b
+      block (queries all after keys), the same product with ρ = gx of its first query row. One
+      batched matmul per level, [..., S, c/2, K] @ [..., S, K, c/2]: all c/2 query-half rows of a
+      diagonal block against all c/2 key-half rows, of which the b×b diagonal blocks are kept (the
+      other products mix factors of different ρ; each factor is ≤ 1, so they are finite, and dropped);
+    - level 1: the pairs (2p + 1, 2p) elementwise, Σ_d x_id y_jd e^{gx_id − gy_jd};
+    - the diagonal (unless strict): Σ_d x_id y_id e^{gx_id − gy_id} (factor 1 when gx is gy).
+
+    The backward is written out (`_DiagonalScores`), reusing the forward's factors. With dX̃ = dP Ỹ
+    and dỸ = dPᵀ X̃ per block: dx = Σ dX̃ ⊙ e^{gx − ρ}, dy = Σ dỸ ⊙ e^{ρ − gy}, and since
+    ∂P_ij/∂gx_id = x_id ∂P_ij/∂x_id, ∂P_ij/∂gy_jd = −y_jd ∂P_ij/∂y_jd: dgx = x ⊙ dx,
+    dgy = −y ⊙ dy. ρ gets no gradient: P does not depend on it. When nothing needs a gradient
+    (no_grad, or no input requires one) the rows are rescaled in place and nothing is kept.
+    Exponentials are `_exp_` (2^{d·log₂ e}). No host synchronization, no data-dependent branch;
+    once differentiable.
     """
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, y, gx, gy))):
+        return _diagonal_forward(x, y, gx, gy, strict, gx is gy, keep=False)[0]
+    return _DiagonalScores.apply(x, y, gx, gy, strict, gx is gy)
+
+
+def _diagonal_forward(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool, same: bool, keep: bool):
+    """The forward of `_diagonal_scores`: (P [..., C, C], what the backward needs or None).
+    keep=False (nothing needs a gradient) rescales the rows in place and keeps nothing."""
     *batch, C, K = x.shape
     c = min(DIAGONAL_BLOCK, 1 << max(C - 1, 0).bit_length())
     size = -(-C // c) * c
-    x, y, gx, gy = _pad_rows(x, y, gx, gy, size)
     S = size // c
-    # blocks by unbind, not slicing: a slice's backward fills a full-size zero gradient each time
-    xb, yb, gxb, gyb = (t.reshape(*batch, S, c, K) for t in (x, y, gx, gy))  # [..., S, c, K]
-    diags = _block_scores(xb, yb, gxb, gyb, strict).unbind(-3)  # S × [..., c, c]
-    xs, ys, gxs, gys = (t.unbind(-3) for t in (xb, yb, gxb, gyb))  # S × [..., c, K]
-    rows = []
-    for s in range(S):
-        diag = diags[s]
-        blocks = []
-        if s > 0:  # every earlier key row in one matmul, rescaled to ρ = gx of the block's first row
-            rho = gxs[s][..., :1, :]  # [..., 1, K]
-            keys = torch.cat(ys[:s], dim=-2) if s > 1 else ys[0]  # [..., s·c, K]
-            gkeys = torch.cat(gys[:s], dim=-2) if s > 1 else gys[0]
-            xq = xs[s] * (gxs[s] - rho).exp()  # exponent ≤ 0  [..., c, K]
-            blocks.append(xq @ (keys * (rho - gkeys).exp()).transpose(-1, -2))  # exponent ≤ 0  [..., c, s·c]
-        blocks.append(diag)
-        if s < S - 1:
-            blocks.append(x.new_zeros(*batch, c, size - (s + 1) * c))
-        rows.append(torch.cat(blocks, dim=-1) if len(blocks) > 1 else blocks[0])  # [..., c, size]
-    P = torch.cat(rows, dim=-2) if S > 1 else rows[0]  # [..., size, size]
-    return P[..., :C, :C]  # [..., C, C]
+    xp, yp, gxp, gyp = (t.contiguous() for t in _pad_rows(x, y, gx, gy, size))  # [..., size, K]
+    P = xp.new_zeros(*batch, size, size)
+    D = _diagonal_blocks(P, c)  # [..., S, c, c]
+    top = []  # level c: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) per query block s ≥ 1
+    for s in range(1, S):
+        lo = s * c
+        gq = gxp[..., lo:lo + c, :]  # [..., c, K]
+        rho = gq[..., :1, :]  # [..., 1, K]
+        eq = _exp_(gq - rho)  # exponent ≤ 0  [..., c, K]
+        ek = _exp_(rho - gyp[..., :lo, :])  # exponent ≤ 0  [..., sc, K]
+        xq, yk = xp[..., lo:lo + c, :], yp[..., :lo, :]
+        xr, yr = (xq * eq, yk * ek) if keep else (eq.mul_(xq), ek.mul_(yk))
+        P[..., lo:lo + c, :lo] = xr @ yr.transpose(-1, -2)  # [..., c, sc]
+        if keep:
+            top.append((xr, yr, eq, ek))
+    inner = []  # levels c/2, …, 2: (X̃, Ỹ, e^{gx − ρ}, e^{ρ − gy}) of the lower-left blocks
+    b = c // 2
+    while b >= 2:
+        xq = xp.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :]  # [..., size/2b, b, K]
+        yk = yp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
+        gq = gxp.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :]
+        gk = gyp.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :]
+        rho = gq[..., :1, :]  # [..., size/2b, 1, K]
+        eq, ek = _exp_(gq - rho), _exp_(rho - gk)  # exponents ≤ 0
+        xr, yr = (xq * eq, yk * ek) if keep else (eq.mul_(xq), ek.mul_(yk))
+        xr, yr = xr.view(*batch, S, c // 2, K), yr.view(*batch, S, c // 2, K)
+        wide = xr @ yr.transpose(-1, -2)  # every query half × every key half of a block  [..., S, c/2, c/2]
+        _lower_blocks(D, b).copy_(_half_blocks(wide, b))
+        if keep:
+            inner.append((xr, yr, eq, ek))
+        b //= 2
+    e1 = y1 = None
+    if c >= 2:  # level 1: pairs (2p + 1, 2p), exponent gx_{2p+1} − gy_{2p} ≤ 0
+        xq = xp.view(*batch, size // 2, 2, K)[..., 1, :]
+        gq = gxp.view(*batch, size // 2, 2, K)[..., 1, :]
+        yk, gk = (t.view(*batch, size // 2, 2, K)[..., 0, :] for t in (yp, gyp))
+        e1 = _exp_(gq - gk)  # [..., size/2, K]
+        y1 = yk * e1 if keep else e1.mul_(yk)
+        _lower_blocks(D, 1).copy_((xq * y1).sum(-1).view(*batch, S, c // 2, 1, 1))
+    e0 = None
+    if not strict:  # the diagonal, exponent gx_i − gy_i ≤ 0 (0 when gx is gy)
+        e0 = None if same else _exp_(gxp - gyp)
+        prod = xp * yp if e0 is None else (xp * yp).mul_(e0)
+        D.diagonal(dim1=-2, dim2=-1).copy_(prod.sum(-1).view(*batch, S, c))
+    if not keep:
+        return P[..., :C, :C], None
+    return P[..., :C, :C], ((strict, same, c, size, S, C), top, inner, (xp, yp, e1, y1, e0))
 
 
-def _block_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
-    """The scores inside blocks of c rows (c a power of two), x, y, gx, gy [..., c, K] → [..., c, c]:
-    the diagonal entries and the 1×1 lower-left entries of level 1 elementwise (exponents
-    gx_i − gy_j ≤ 0), then at each level b = 2, 4, … every lower-left b×b block — queries all after
-    keys — as one batched matmul of rows rescaled to ρ = gx of the block's first query row
-    (exponents gx_i − ρ ≤ 0 and ρ − gy_j ≤ 0)."""
-    *batch, c, K = x.shape
-    if strict:
-        blocks = x.new_zeros(*batch, c, 1, 1)  # [..., c, 1, 1]
-    elif gx is gy:  # e^{G_i − G_i} = 1
-        blocks = (x * y).sum(-1)[..., None, None]
-    else:
-        blocks = (x * y * (gx - gy).exp()).sum(-1)[..., None, None]
-    if c > 1:  # level 1: one entry per pair, (i, j) = (2p + 1, 2p), exponent gx_i − gy_j ≤ 0 directly
-        xk, xq = x.reshape(*batch, c // 2, 2, K).unbind(-2)
-        _, gq = gx.reshape(*batch, c // 2, 2, K).unbind(-2)
-        yk, _ = y.reshape(*batch, c // 2, 2, K).unbind(-2)
-        gk, _ = gy.reshape(*batch, c // 2, 2, K).unbind(-2)
-        lower = (xq * yk * (gq - gk).exp()).sum(-1)[..., None, None]  # [..., c/2, 1, 1]
-        upper, diag = blocks.reshape(*batch, c // 2, 2, 1, 1).unbind(-3)
-        blocks = torch.cat([torch.cat([upper, torch.zeros_like(upper)], dim=-1),
-                            torch.cat([lower, diag], dim=-1)], dim=-2)  # [..., c/2, 2, 2]
-    b = 2
-    while b < c:
-        pairs = c // (2 * b)  # 2b-blocks at this level
-        # key half and query half of every 2b-block by unbind (no full-size zero gradients)
-        xk, xq = x.reshape(*batch, pairs, 2, b, K).unbind(-3)  # [..., pairs, b, K] each
-        _, gq = gx.reshape(*batch, pairs, 2, b, K).unbind(-3)
-        yk, _ = y.reshape(*batch, pairs, 2, b, K).unbind(-3)
-        gk, _ = gy.reshape(*batch, pairs, 2, b, K).unbind(-3)
-        rho = gq[..., :1, :]  # [..., pairs, 1, K]
-        lower = (xq * (gq - rho).exp()) @ (yk * (rho - gk).exp()).transpose(-1, -2)  # [..., pairs, b, b]
-        upper, diag = blocks.reshape(*batch, pairs, 2, b, b).unbind(-3)  # [..., pairs, b, b]
-        top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)  # [..., pairs, b, 2b]
-        bottom = torch.cat([lower, diag], dim=-1)  # [..., pairs, b, 2b]
-        blocks = torch.cat([top, bottom], dim=-2)  # [..., pairs, 2b, 2b]
-        b *= 2
-    return blocks[..., 0, :, :]  # [..., c, c]
+class _DiagonalScores(torch.autograd.Function):
+    """P = `_diagonal_scores`(x, y, gx, gy) [..., C, C] with its backward written out (see there)."""
+
+    @staticmethod
+    def forward(ctx, x, y, gx, gy, strict: bool, same: bool):
+        P, (ctx.meta, ctx.top, ctx.inner, saved) = _diagonal_forward(x, y, gx, gy, strict, same, keep=True)
+        ctx.save_for_backward(*saved)
+        return P
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dP):
+        strict, same, c, size, S, C = ctx.meta
+        xp, yp, e1, y1, e0 = ctx.saved_tensors
+        *batch, _, K = xp.shape
+        if size != C:
+            dP = torch.nn.functional.pad(dP, (0, size - C, 0, size - C))
+        dP = dP.contiguous()  # views below; an upstream gradient may be expanded
+        dD = _diagonal_blocks(dP, c)  # [..., S, c, c]
+        if strict:
+            dx, dy = torch.zeros_like(xp), torch.zeros_like(yp)  # [..., size, K]
+        else:  # the diagonal first: dx_i = dP_ii y_i e^{gx_i − gy_i}, dy_i = dP_ii x_i e^{gx_i − gy_i}
+            d0 = dD.diagonal(dim1=-2, dim2=-1).reshape(*batch, size, 1)  # [..., size, 1]
+            if e0 is not None:
+                d0 = d0 * e0  # [..., size, K]
+            dx, dy = d0 * yp, d0 * xp
+        for s, (xr, yr, eq, ek) in enumerate(ctx.top, start=1):
+            lo = s * c
+            dPs = dP[..., lo:lo + c, :lo]  # [..., c, sc]
+            dx[..., lo:lo + c, :].addcmul_(dPs @ yr, eq)
+            dy[..., :lo, :].addcmul_(dPs.transpose(-1, -2) @ xr, ek)
+        b = c // 2
+        for xr, yr, eq, ek in ctx.inner:
+            dW = dP.new_zeros(*batch, S, c // 2, c // 2)  # the gradient of `wide`: zero off its b×b blocks
+            _half_blocks(dW, b).copy_(_lower_blocks(dD, b))
+            dxr = (dW @ yr).view(eq.shape)  # [..., size/2b, b, K]
+            dyr = (dW.transpose(-1, -2) @ xr).view(ek.shape)
+            dx.view(*batch, size // (2 * b), 2, b, K)[..., 1, :, :].addcmul_(dxr, eq)
+            dy.view(*batch, size // (2 * b), 2, b, K)[..., 0, :, :].addcmul_(dyr, ek)
+            b //= 2
+        if c >= 2:
+            d1 = _lower_blocks(dD, 1).reshape(*batch, size // 2, 1)  # [..., size/2, 1]
+            xq = xp.view(*batch, size // 2, 2, K)[..., 1, :]
+            dx.view(*batch, size // 2, 2, K)[..., 1, :].addcmul_(d1, y1)
+            dy.view(*batch, size // 2, 2, K)[..., 0, :].addcmul_(d1 * xq, e1)
+        dx, dy = dx[..., :C, :], dy[..., :C, :]
+        x, y = xp[..., :C, :], yp[..., :C, :]
+        if same:  # gx and gy are one tensor: return the sum x ⊙ dx − y ⊙ dy once
+            return dx, dy, torch.addcmul(x * dx, y, dy, value=-1.0), None, None, None
+        return dx, dy, x * dx, (y * dy).neg_(), None, None
 
 
 def pass_states(layout: ChunkLayout, S0: Tensor, M: Tensor | None, Bn: Tensor) -> tuple[Tensor, Tensor]:

@@ -58,6 +58,7 @@ from .common import (
     chunk_inputs,
     chunk_outputs,
     decayed_scores,
+    exp,
     gate_kind,
     pass_states,
     scalar_or_diag,
@@ -156,7 +157,7 @@ def delta_decays(qc: Tensor, rc: Tensor, kc: Tensor, G: Tensor | None, Gx: Tenso
         return qc, rc, kc, None
     Gb, Gxb = scalar_or_diag(G, kind), scalar_or_diag(Gx, kind)  # [B, H, N, C, 1 or K]
     G_last = Gb[:, :, :, -1:]  # [B, H, N, 1, 1 or K]
-    return qc * Gb.exp(), rc * Gxb.exp(), kc * (G_last - Gb).exp(), G_last.exp()[:, :, :, 0]
+    return qc * exp(Gb), rc * exp(Gxb), kc * exp(G_last - Gb), exp(G_last)[:, :, :, 0]
 
 
 def wy_representation(Tinv: Tensor, vc: Tensor, r_dec: Tensor, bc: Tensor) -> tuple[Tensor, Tensor]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import chunk_cumsum, chunk_inputs, chunk_outputs, decayed_scores, pass_states, scalar_or_diag
+from .common import chunk_cumsum, chunk_inputs, chunk_outputs, decayed_scores, exp, pass_states, scalar_or_diag
 
 Tensor = torch.Tensor
 
@@ -50,9 +50,9 @@ def gated_transitions(qc: Tensor, kc: Tensor, G: Tensor | None, kind: str):
         return qc, kc, None
     Gb = scalar_or_diag(G, kind)  # [B, H, N, C, 1 or K]
     G_last = Gb[:, :, :, -1:]  # [B, H, N, 1, 1 or K]
-    q_dec = qc * Gb.exp()  # exponent ≤ 0
-    k_dec = kc * (G_last - Gb).exp()  # exponent ≤ 0
-    return q_dec, k_dec, G_last.exp().transpose(-1, -2)  # [B, H, N, 1 or K, 1]
+    q_dec = qc * exp(Gb)  # exponent ≤ 0
+    k_dec = kc * exp(G_last - Gb)  # exponent ≤ 0
+    return q_dec, k_dec, exp(G_last).transpose(-1, -2)  # [B, H, N, 1 or K, 1]
 
 
 def gated_writes(k_dec: Tensor, vc: Tensor) -> Tensor:

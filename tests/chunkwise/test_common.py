@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastweights.chunkwise.common import chunk_cumsum, chunk_outputs, decayed_scores, pass_states
+from fastweights.chunkwise.common import chunk_cumsum, chunk_outputs, decayed_scores, exp, pass_states
 from fastweights.chunkwise.varlen import make_layout
 from tests.tolerances import DECAYED_SCORES_F64_REL, DECAYED_SCORES_GRAD_F64_REL, STAGE_F32_REL, STAGE_F64
 
@@ -43,7 +43,7 @@ def _direct_scores(x, y, gx, gy, strict):
 def test_decayed_scores(C, strict, kind, rate, gen):
     """Every path of decayed_scores equals the direct sum, values and gradients, whatever the decay
     (15 and 60 per token make every one-matmul factorization of a 16-row block overflow fp64's
-    exponent range; the recursive split keeps every exponent ≤ 0). Comba's exclusive cumsum with strict."""
+    exponent range; the 2×2 split keeps every exponent ≤ 0). Comba's exclusive cumsum with strict."""
     B, H, N, K = 2, 2, 3, 5
     x = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
     y = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -58,6 +58,8 @@ def test_decayed_scores(C, strict, kind, rate, gen):
     ref = _direct_scores(x, y, gx, G, strict)
     assert torch.isfinite(P).all()
     assert _rel_err(P, ref) < DECAYED_SCORES_F64_REL
+    with torch.no_grad():  # the path that keeps nothing for a backward
+        assert _rel_err(decayed_scores(x, y, gx, G, strict=strict), ref) < DECAYED_SCORES_F64_REL
     w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
     leaves = (x, y) if G is None else (x, y, G)
     if P.requires_grad:
@@ -67,6 +69,58 @@ def test_decayed_scores(C, strict, kind, rate, gen):
     d2 = torch.autograd.grad((ref * w).sum(), leaves, allow_unused=True, materialize_grads=True)
     for a, b in zip(d1, d2):
         assert torch.isfinite(a).all() and _rel_err(a, b) < DECAYED_SCORES_GRAD_F64_REL
+
+
+@pytest.mark.parametrize("C", [64, 24, 7, 1])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("rate", [0.05, 15.0, 60.0])
+def test_decayed_scores_two_diagonal_decays(C, strict, rate, gen):
+    """A diagonal decay with gx and gy two separate leaves (gx_i = gy_i − δ_i, δ ≥ 0, so gx_i ≤ gy_j
+    for j ≤ i): the diagonal's own factor e^{gx_i − gy_i} and the gradients of gx and of gy each
+    on their own (not summed as when gx is gy), against the direct sum in float64."""
+    B, H, N, K = 2, 2, 3, 5
+    x = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = -rate * torch.rand(B, H, N, C, K, generator=gen, dtype=torch.float64)
+    g = torch.where(torch.rand(B, H, N, C, K, generator=gen) < 0.3, 0.0, g)  # runs of exact zeros
+    gy = chunk_cumsum(g)
+    delta = rate * torch.rand(B, H, N, C, K, generator=gen, dtype=torch.float64)
+    gx = (gy - torch.where(torch.rand(B, H, N, C, K, generator=gen) < 0.3, 0.0, delta)).requires_grad_()
+    gy.requires_grad_()
+    P = decayed_scores(x, y, gx, gy, strict=strict)
+    ref = _direct_scores(x, y, gx, gy, strict)
+    assert torch.isfinite(P).all()
+    assert _rel_err(P, ref) < DECAYED_SCORES_F64_REL
+    with torch.no_grad():
+        assert _rel_err(decayed_scores(x, y, gx, gy, strict=strict), ref) < DECAYED_SCORES_F64_REL
+    w = torch.randn(P.shape, generator=gen, dtype=torch.float64)
+    d1 = torch.autograd.grad((P * w).sum(), (x, y, gx, gy))
+    d2 = torch.autograd.grad((ref * w).sum(), (x, y, gx, gy), allow_unused=True, materialize_grads=True)
+    for a, b in zip(d1, d2):
+        assert torch.isfinite(a).all() and _rel_err(a, b) < DECAYED_SCORES_GRAD_F64_REL
+
+
+def test_decayed_scores_diagonal_is_once_differentiable(gen):
+    """The diagonal-decay path's backward is written out from saved factors: a second derivative
+    raises instead of coming out silently wrong."""
+    x, y, g = (torch.randn(1, 1, 1, 8, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    G = chunk_cumsum(-g.detach().abs()).requires_grad_()
+    (dx,) = torch.autograd.grad(decayed_scores(x, y, G, G, strict=False).sum(), (x,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        dx.sum().backward()
+
+
+def test_exp_is_torch_exp_to_rounding(gen):
+    """common.exp (2^{d·log₂ e}) against torch.exp in float64, e^0 = 1 exactly, and its first and
+    second derivatives (gradcheck, gradgradcheck)."""
+    d = torch.cat([-60 * torch.rand(1000, generator=gen, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+                   torch.randn(100, generator=gen, dtype=torch.float64)])
+    assert _rel_err(exp(d), torch.exp(d)) < STAGE_F64
+    assert ((exp(d) - torch.exp(d)).abs() / torch.exp(d)).max() < STAGE_F64
+    assert (exp(torch.zeros(5, dtype=torch.float64)) == 1).all()
+    small = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(exp, (small,))
+    assert torch.autograd.gradgradcheck(exp, (small,))
 
 
 def test_chunk_cumsum_is_chunk_local_and_non_increasing(gen):

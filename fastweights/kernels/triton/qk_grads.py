@@ -35,7 +35,8 @@ BC = 16
 def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                     HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+                     IEEE: tl.constexpr):
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -137,16 +138,17 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j over the V tiles (states loaded transposed)
     inter_q = tl.zeros([BC, BK], dtype=tl.float32)
     inter_k = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        vv = i_v * BV + tl.arange(0, BV)
-        m_vv = vv < V
-        m_sv = m_s[:, None] & m_vv[None, :]
-        m_vk = m_vv[:, None] & m_k[None, :]
-        st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
-        b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
-        inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
+    if HAS_INTER:
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_sv = m_s[:, None] & m_vv[None, :]
+            m_vk = m_vv[:, None] & m_k[None, :]
+            st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
+            b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+            b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+            inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
+            inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
     if GATE == 2:
         inter_q = inter_q * tl.exp(G_s)
         inter_k = inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
@@ -170,8 +172,12 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
 
 
 def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
-    """(dq, dk [B, T, H, K] per value head, fp32; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None)."""
+    """(dq, dk [B, T, H, K] per value head, fp32; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None).
+    h = None (v, dh, do then unused): the intra-chunk parts only (the delta class's KKᵀ backward)."""
     dev = q.device
+    inter = h is not None
+    if not inter:
+        v = dh = do = h = dA
     dq = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
     dk = empty_output(L.B, L.T, L.H, L.K, dtype=torch.float32, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
@@ -182,6 +188,6 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
         q, k, v, G if G is not None else q, beta if beta is not None else q, h, dh, do, dA, dq, dk,
         dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
-        GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, **LAUNCH)
+        GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, HAS_INTER=inter,
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     return dq, dk, dbeta, dg

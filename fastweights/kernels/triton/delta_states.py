@@ -7,7 +7,8 @@ K̃ = K ⊙ e^{G_last − G} and a = e^{G_last} (scalar, or per key channel: KDA
     U_n     = U'_n − W_n S_n                 [C, V]  (stored, v's dtype: the output stage's values)
     S_{n+1} = a ⊙ S_n + K̃_nᵀ U_n            (a on the key side)
 
-stores S_n entering every chunk slot (h [B, NT, H, K, V] fp32) and the final state.
+stores S_n entering every chunk slot (h [B, NT, H, K, V]: fp32 for fp32 inputs, else the inputs'
+dtype, see `_stored`) and the final state (fp32).
 W_n S_n needs the whole K of S_n, so a program holds a [K, BV] state tile (K ≤ 256).
 
 Backward, last chunk first, with dS_{n+1} the gradient of the state leaving chunk n, dO_n the
@@ -54,7 +55,7 @@ def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: t
         S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     c = 0
     while c < n_chunks:  # a while loop: the interpreter cannot range() over a loaded bound
-        tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S, mask=m_kv)
+        tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
         t_last = tl.minimum(bos + c * C + C, eos) - 1
@@ -101,7 +102,7 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
     c = n_chunks - 1
     while c >= 0:  # last chunk first
         slot = slot0 + c
-        tl.store(dh + (slot * H + i_h) * K * V + kv, dS, mask=m_kv)
+        tl.store(dh + (slot * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
         t_last = tl.minimum(bos + c * C + C, eos) - 1
@@ -116,7 +117,7 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
             if c == n_chunks - 1:
                 S_next = tl.load(ht + fin + kv, mask=m_kv, other=0.0)
             else:
-                S_next = tl.load(h + ((slot + 1) * H + i_h) * K * V + kv, mask=m_kv, other=0.0)
+                S_next = tl.load(h + ((slot + 1) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
             tl.store(dgc + ((i_v * NT * NB + slot) * H + i_h) * K + kk, tl.sum(S_next * dS, axis=1), mask=m_kk)
             Gt, G_last = _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE)  # [BK, C] / [C]
             if GATE == 2:
@@ -142,14 +143,22 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
 
 
 def _tiles(L: Layout):
-    return pow2(L.K), min(64, pow2(L.V))
+    return pow2(L.K), min(64 if L.K <= 128 else 32, pow2(L.V))
+
+
+def _stored(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the per-chunk states kept in memory (h, dh): the inputs' bf16/fp16, fp32 for fp32.
+    Every reader uses them only as tensor-core operands, which `util.mm` rounds to that dtype anyway
+    (the one exception, ∂L/∂G_last = Σ_v S_{n+1} ⊙ dS_{n+1}, reads them rounded); the state carried
+    from chunk to chunk stays fp32 in registers."""
+    return torch.float32 if dtype == torch.float32 else dtype
 
 
 def pass_states_fwd(k, w, u1, G, h0, L: Layout, *, output_final_state: bool):
-    """(h [B, NT, H, K, V] fp32: the state entering every chunk slot, final [NS, H, K, V] fp32 or None,
+    """(h [B, NT, H, K, V] (`_stored` dtype): the state entering every chunk slot, final [NS, H, K, V] fp32 or None,
     U [B, T, H, V] in U''s dtype). k [B, T, H_q, K]; W [B, T, H, K], U' [B, T, H, V] from delta_wy."""
     BK, BV = _tiles(L)
-    h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=torch.float32, device=k.device)
+    h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=_stored(k.dtype), device=k.device)
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=k.device) if output_final_state else None
     u = empty_output(L.B, L.T, L.H, L.V, dtype=u1.dtype, device=k.device)
     cu, _, _, offsets = varlen_args(L, k.device)
@@ -163,13 +172,13 @@ def pass_states_fwd(k, w, u1, G, h0, L: Layout, *, output_final_state: bool):
 
 
 def pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale: float, L: Layout, *, need_dh0: bool):
-    """(dh [B, NT, H, K, V] fp32: the gradient of the state leaving each chunk slot, dh0 [NS, H, K, V] or
+    """(dh [B, NT, H, K, V] (`_stored` dtype): the gradient of the state leaving each chunk slot, dh0 [NS, H, K, V] or
     None, dgc None or ∂L/∂G_last per chunk slot [B·NT, H] (scalar) / [B·NT, H, K] (diagonal)).
     du: fp32 [B, T, H, V] holding Aqkᵀ dO on entry and the whole gradient of U on return."""
     BK, BV = _tiles(L)
     NV = triton.cdiv(L.V, BV)
     dev = q.device
-    dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=torch.float32, device=dev)
+    dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=_stored(q.dtype), device=dev)
     dh0 = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if need_dh0 else None
     dgc = empty_output(NV, L.B * L.NT, L.H, L.K, dtype=torch.float32, device=dev) if G is not None else None
     cu, _, _, offsets = varlen_args(L, dev)

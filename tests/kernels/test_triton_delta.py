@@ -25,6 +25,7 @@ from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
 from fastweights.kernels.triton.cumsum import chunk_cumsum
 from fastweights.kernels.triton.delta import chunk_delta_triton
+from fastweights.kernels.triton.delta_grads import sum_grads
 from fastweights.kernels.triton.delta_inverse import unit_lower_inverse
 from fastweights.kernels.triton.delta_output import chunk_outputs, chunk_outputs_bwd_local
 from fastweights.kernels.triton.delta_states import pass_states_bwd, pass_states_fwd
@@ -217,6 +218,27 @@ def test_backward_stages(gate, gen):
     assert _rel(dP, lay.from_chunks(grads[3])) < F32
     if Gw is not None:
         assert _rel(dG_w, lay.from_chunks(grads[4])) < F32
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_sum_grads_stage(gate, gen):
+    """sum_grads: dq and the four dk parts summed over each group of value heads (H_q = 2, H = 6) and
+    cast to bf16, the three dG parts summed, against torch."""
+    B, T, Hq, H, K = 2, 37, 2, 6, 12
+    L = make_layout(B, T, H, Hq, K, 8, 16, None, DEV)
+    parts = [torch.randn(B, T, H, K, generator=gen) for _ in range(5)]
+    gshape = {"none": None, "scalar": (B, T, H), "diagonal": (B, T, H, K)}[gate]
+    dgs = None if gshape is None else [torch.randn(*gshape, generator=gen) for _ in range(3)]
+    dq, dk, dG = sum_grads(parts[0].to(DEV), [p.to(DEV) for p in parts[1:]],
+                           None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
+    fold = lambda x: x.view(B, T, Hq, H // Hq, K).sum(3)  # noqa: E731
+    assert dq.dtype == dk.dtype == torch.bfloat16
+    assert _rel(dq, fold(parts[0])) < TRITON_DELTA_LOW_REL[torch.bfloat16]  # (the interpreter's bf16 cast truncates)
+    assert _rel(dk, fold(sum(parts[1:]))) < TRITON_DELTA_LOW_REL[torch.bfloat16]
+    if dgs is None:
+        assert dG is None
+    else:
+        assert _rel(dG, sum(dgs)) < F32
 
 
 # ---------------------------------------------------------------------------- the whole vs the recurrence

@@ -21,8 +21,9 @@ Backward:
     dh, dS_0, ∂L/∂G_last = delta_states.pass_states_bwd(...)     dU = dU^loc + K̃ dS_{n+1}; the transposed pass
     dq, dk₁, dG₁ = qk_grads(q, k, U, G, h, dh, dO, dAqk)         Aqk, Q̃ and K̃ (the gated class's kernel)
     dv, dk₂, dβ, dG₂, dP = delta_wy.wy_representation_bwd(...)    T, W and U'
-    dk₃, dG₃ = qk_grads(k, k, dP) (intra-chunk only)              P (its rows and its columns)
-    dg = reverse cumsum(dG₁ + dG₂ + dG₃) + ∂L/∂G_last
+    dk₃, dk₄, dG₃ = qk_grads(k, k, dP) (intra-chunk only)         P (its rows and its columns)
+    dq, dk, dG = delta_grads.sum_grads(...)                        the parts summed, grouped heads folded, cast
+    dg = reverse cumsum(dG) + ∂L/∂G_last
 
 Beyond chunk_delta: q, k may have H_q heads dividing v's H (value head h reads q/k head
 h // (H / H_q)); their gradients are summed over each group. The chunk size must be a power of
@@ -37,11 +38,12 @@ from ...chunkwise.common import gate_kind
 from ...chunkwise.varlen import check_cu_seqlens
 from ...inputs import InputError, check_tensor
 from .cumsum import chunk_cumsum
+from .delta_grads import sum_grads
 from .delta_inverse import unit_lower_inverse
 from .delta_output import chunk_outputs, chunk_outputs_bwd_local
 from .delta_states import pass_states_bwd, pass_states_fwd
 from .delta_wy import wy_representation, wy_representation_bwd
-from .gated import MAX_HEAD_DIM, _fold_groups
+from .gated import MAX_HEAD_DIM
 from .layout import make_layout
 from .qk_grads import qk_grads
 from .scores import decayed_scores
@@ -79,12 +81,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
         dq, dk, _, dG = qk_grads(q, k, u, G, None, h, dh, do, dA, scale, L)
         dv, dk_w, dbeta, dG_w, dP = wy_representation_bwd(k, v, G, beta, Ti, P, h, du, L)
         dk_r, dk_c, _, dG_p = qk_grads(k, k, None, G, None, None, None, None, dP, 1.0, L)
-        dk = dk + dk_w + dk_r + dk_c
-        dg = None
-        if g is not None:
-            dg = chunk_cumsum(dG + dG_w + dG_p, L, reverse=True, add=dgc, out_dtype=g.dtype)
-        dq = _fold_groups(dq, L).to(q.dtype)
-        dk = _fold_groups(dk, L).to(k.dtype)
+        dq, dk, dG = sum_grads(dq, (dk, dk_w, dk_r, dk_c), (dG, dG_w, dG_p) if g is not None else None, q.dtype, L)
+        dg = chunk_cumsum(dG, L, reverse=True, add=dgc, out_dtype=g.dtype) if g is not None else None
         dbeta = dbeta.to(beta.dtype) if ctx.has_beta else None
         return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
 

@@ -160,3 +160,8 @@ DIST_TRAIN_F32 = 1e-5  # weights after a few steps: 2 ranks (DDP / FSDP2) vs 1 p
 # interpreter (T = 50, 12 draws): bf16 ≤ 1.6e-2, fp16 ≤ 7e-4; bounds with about 2.5× (bf16) and
 # 5× (fp16) room.
 TRITON_LOW_REL = {torch.bfloat16: 4e-2, torch.float16: 4e-3}
+# bf16 inputs into the Triton delta-class chunk kernels, relative to the fp32 torch chunk form on
+# the same rounded values (outputs, states, every gradient): as TRITON_LOW_REL, plus the per-chunk
+# inverse T rounded to bf16 as a tensor-core operand and W, U', U stored in bf16. Measured under the
+# interpreter (T = 40, K = V = 16, 12 draws over the three gates): ≤ 2.7e-2; bound with about 2.2× room.
+TRITON_DELTA_LOW_REL = {torch.bfloat16: 6e-2}

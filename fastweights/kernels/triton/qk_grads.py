@@ -36,21 +36,23 @@ BC_PLAIN = 32  # rows per program without decay or with a scalar one: each progr
 
 @triton.jit
 def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
+           HAS_INTER: tl.constexpr):
     """(S_n dO_i, dS_{n+1} v_j) for the block's rows [BC, BK] each, fp32, over the V tiles (the
-    states loaded transposed from memory)."""
+    states loaded transposed from memory); zeros when HAS_INTER is off."""
     inter_q = tl.zeros([BC, BK], dtype=tl.float32)
     inter_k = tl.zeros([BC, BK], dtype=tl.float32)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        vv = i_v * BV + tl.arange(0, BV)
-        m_vv = vv < V
-        m_sv = m_s[:, None] & m_vv[None, :]
-        m_vk = m_vv[:, None] & m_k[None, :]
-        st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
-        b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
-        inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
-        inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
+    if HAS_INTER:
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_sv = m_s[:, None] & m_vv[None, :]
+            m_vk = m_vv[:, None] & m_k[None, :]
+            st = ((slot * H + i_h) * K + ok[None, :]) * V + vv[:, None]  # [BV, BK] transposed state offsets
+            b_do = tl.load(do + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+            b_v = tl.load(v + (ts[:, None] * H + i_h) * V + vv[None, :], mask=m_sv, other=0.0)
+            inter_q += mm(b_do, tl.load(h + st, mask=m_vk, other=0.0), DT, IEEE)
+            inter_k += mm(b_v, tl.load(dh + st, mask=m_vk, other=0.0), DT, IEEE)
     return inter_q, inter_k
 
 
@@ -58,7 +60,8 @@ def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.con
 def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                     HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+                     IEEE: tl.constexpr):
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -132,7 +135,7 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     else:
         # inter-chunk parts first, decayed, so one accumulator per gradient (dk's intra part is
         # scaled through dA, dq's whole sum at the end)
-        acc_q, acc_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE)
+        acc_q, acc_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE, HAS_INTER)
         if GATE == 1:
             acc_q = acc_q * tl.exp(G_s)[:, None]
             acc_k = acc_k * tl.exp(tl.where(m_s, G_last - G_s, 0.0))[:, None]
@@ -162,7 +165,7 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
                 acc_k += mm(b_dAt * scale, q_r, DT, IEEE)
     if GATE == 2:
         # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j
-        inter_q, inter_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE)
+        inter_q, inter_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE, HAS_INTER)
         b_dq = (acc_q + inter_q * tl.exp(G_s)) * scale
         b_dkb = acc_k * scale + inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
     else:
@@ -182,11 +185,16 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
         tl.store(dg + ts * H + i_h, tl.sum(b_q * b_dq - b_k * b_dk, axis=1), mask=m_s)
 
 
-def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
-    """(dq, dk [B, T, H, K] per value head — in q's dtype without grouped heads, else fp32 for the sum
-    over each group; dβ [B, T, H] fp32 or None; dG per row, fp32, G's shape, or None)."""
+def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_dtype=None):
+    """(dq, dk [B, T, H, K] per value head — in `grad_dtype`, by default q's dtype without grouped
+    heads and fp32 with them (for the sum over each group); dβ [B, T, H] fp32 or None; dG per row,
+    fp32, G's shape, or None).
+    h = None (v, dh, do then unused): the intra-chunk parts only (the delta class's KKᵀ backward)."""
     dev = q.device
-    gdt = q.dtype if L.H == L.Hq else torch.float32
+    inter = h is not None
+    if not inter:
+        v = dh = do = h = dA
+    gdt = grad_dtype if grad_dtype is not None else (q.dtype if L.H == L.Hq else torch.float32)
     dq = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
     dk = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
@@ -198,5 +206,6 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout):
         q, k, v, G if G is not None else q, beta if beta is not None else q, h, dh, do, dA, dq, dk,
         dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
-        GATE=gate, HAS_BETA=beta is not None, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **LAUNCH)
     return dq, dk, dbeta, dg

@@ -1,0 +1,138 @@
+"""Glue: `chunk_delta_triton`, the Triton twin of `fastweights.chunkwise.chunk_delta` for
+decay_first=True (DeltaNet: no g; Gated DeltaNet: scalar g [B, T, H]; KDA: diagonal g [B, T, H, K]),
+forward and backward through one torch.autograd.Function. Every stage is a Triton kernel.
+
+Forward (chunkwise/delta.py's stages, one kernel each):
+
+    G   = cumsum.chunk_cumsum(g)                               chunk-local cumsum (fp32)
+    P   = scores.decayed_scores(k, k, G, None, 1)              decayed KKᵀ (its strict part is used)
+    T   = delta_inverse.unit_lower_inverse(P, β)                (I + strict_tril(diag(β) P))⁻¹
+    W, U' = delta_wy.wy_representation(k, v, G, β, T)
+    h, S_T, U = delta_states.pass_states_fwd(k, W, U', G, S_0)  U = U' − W S_n; S_{n+1} = a S_n + K̃ᵀ U
+    Aqk = scores.decayed_scores(q, k, G, None, scale)
+    o   = output.chunk_outputs(q, U, G, Aqk, h, scale)          o = Aqk U + Q̃ S_n
+
+Saved for the backward: the inputs, T, the entering states h, U and the final state; G, P, Aqk and
+W are recomputed (one kernel each).
+
+Backward:
+
+    dU^loc, dAqk = delta_output.chunk_outputs_bwd_local(Aqk, U, dO)
+    dh, dS_0, ∂L/∂G_last = delta_states.pass_states_bwd(...)     dU = dU^loc + K̃ dS_{n+1}; the transposed pass
+    dq, dk₁, dG₁ = qk_grads(q, k, U, G, h, dh, dO, dAqk)         Aqk, Q̃ and K̃ (the gated class's kernel)
+    dv, dk₂, dβ, dG₂, dP = delta_wy.wy_representation_bwd(...)    T, W and U'
+    dk₃, dk₄, dG₃ = qk_grads(k, k, dP) (intra-chunk only)         P (its rows and its columns)
+    dq, dk, dG = delta_grads.sum_grads(...)                        the parts summed, grouped heads folded, cast
+    dg = reverse cumsum(dG) + ∂L/∂G_last
+
+Beyond chunk_delta: q, k may have H_q heads dividing v's H (value head h reads q/k head
+h // (H / H_q)); their gradients are summed over each group. The chunk size must be a power of
+two ≥ 16, K and V ≤ 256. decay_first=False (Comba), a probe key and DeltaProduct are not served here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...chunkwise.common import gate_kind
+from ...chunkwise.varlen import check_cu_seqlens
+from ...inputs import InputError, check_tensor
+from .cumsum import chunk_cumsum
+from .delta_grads import sum_grads
+from .delta_inverse import unit_lower_inverse
+from .delta_output import chunk_outputs, chunk_outputs_bwd_local
+from .delta_states import pass_states_bwd, pass_states_fwd
+from .delta_wy import wy_representation, wy_representation_bwd
+from .gated import MAX_HEAD_DIM
+from .layout import make_layout
+from .qk_grads import qk_grads
+from .scores import decayed_scores
+
+Tensor = torch.Tensor
+
+
+class ChunkDeltaTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, L, output_final_state, has_beta):
+        G = chunk_cumsum(g, L) if g is not None else None
+        P = decayed_scores(k, k, G, None, 1.0, L)  # [B, T, H, C]
+        Ti = unit_lower_inverse(P, beta, L)  # [B, T, H, C]
+        w, u1 = wy_representation(k, v, G, beta, Ti, L)
+        need_final = output_final_state or G is not None  # the backward's ∂L/∂G_last reads S_T
+        h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
+        A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
+        o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
+        ctx.save_for_backward(q, k, v, g, beta, h0, Ti, h, u, ht)
+        ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta = scale, L, output_final_state, has_beta
+        return o, (ht if output_final_state else None)
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0, Ti, h, u, ht = ctx.saved_tensors
+        scale, L = ctx.scale, ctx.L
+        do = do.contiguous()
+        G = chunk_cumsum(g, L) if g is not None else None
+        P = decayed_scores(k, k, G, None, 1.0, L)
+        A = decayed_scores(q, k, G, None, scale, L)
+        w, _ = wy_representation(k, v, G, beta, Ti, L, with_u=False)
+        dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
+        du, dA = chunk_outputs_bwd_local(A, u, do, L)
+        dh, dh0, dgc = pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale, L, need_dh0=h0 is not None)
+        dq, dk, _, dG = qk_grads(q, k, u, G, None, h, dh, do, dA, scale, L, grad_dtype=torch.float32)
+        dv, dk_w, dbeta, dG_w, dP = wy_representation_bwd(k, v, G, beta, Ti, P, h, du, L)
+        dk_r, dk_c, _, dG_p = qk_grads(k, k, None, G, None, None, None, None, dP, 1.0, L, grad_dtype=torch.float32)
+        dq, dk, dG = sum_grads(dq, (dk, dk_w, dk_r, dk_c), (dG, dG_w, dG_p) if g is not None else None, q.dtype, L)
+        dg = chunk_cumsum(dG, L, reverse=True, add=dgc, out_dtype=g.dtype) if g is not None else None
+        dbeta = dbeta.to(beta.dtype) if ctx.has_beta else None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
+
+
+def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
+                       scale: float | None, initial_state: Tensor | None = None, output_final_state: bool = False,
+                       chunk_size: int = 64, cu_seqlens: Tensor | None = None):
+    """Chunkwise delta rule on Triton, decay first: S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ,
+    o_t = S_tᵀ(scale·q_t), D_t = Diag(exp g_t) (identity without g). Arguments and results as
+    `fastweights.chunkwise.chunk_delta` with decay_first=True, no probe key, no micro-steps
+    (o [B, T, H, V] in v's dtype; final state [B or N, H, K, V] fp32 or None), plus grouped heads:
+    q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 states and accumulation)."""
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
+    B, T, Hq, K = q.shape
+    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 4 else -1
+    H = v.shape[2] if isinstance(v, Tensor) and v.dim() == 4 else -1
+    check_tensor("k", k, (B, T, Hq, K), values=False)
+    check_tensor("v", v, (B, T, H, V), values=False)
+    if H % Hq:
+        raise InputError(f"v's heads H={H} must be a multiple of q's and k's H_q={Hq}")
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InputError(f"q, k, v must share one dtype of fp32, bf16 or fp16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
+        raise InputError(f"head dims K={K}, V={V} must be ≤ {MAX_HEAD_DIM} for the Triton kernels")
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16
+            or chunk_size & (chunk_size - 1)):
+        raise InputError(f"chunk_size must be a power of two ≥ 16 for the Triton kernels, got {chunk_size!r}")
+    if beta is not None:
+        check_tensor("beta", beta, (B, T, H), values=False)
+    gate_kind(g, B, T, H, K)
+    if cu_seqlens is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
+    L = make_layout(B, T, H, Hq, K, V, chunk_size, cu_seqlens, q.device)
+    if initial_state is not None:
+        what = "number of sequences N (len(cu_seqlens) − 1)" if L.varlen else "batch B"
+        if not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != (L.NS, H, K, V):
+            shape = list(initial_state.shape) if isinstance(initial_state, Tensor) else type(initial_state).__name__
+            raise InputError(f"initial_state must have shape [{what}, H, K, V] = {[L.NS, H, K, V]}, got {shape}")
+        initial_state = initial_state.float().contiguous()
+    scale = K ** -0.5 if scale is None else float(scale)
+    if T == 0:
+        o = v.new_zeros(B, 0, H, V)
+        if not output_final_state:
+            return o, None
+        S = initial_state if initial_state is not None else torch.zeros(L.NS, H, K, V, device=v.device)
+        return o, S.clone()
+    has_beta = beta is not None
+    beta_in = beta.contiguous() if has_beta else torch.ones(B, T, H, dtype=torch.float32, device=q.device)
+    o, ht = ChunkDeltaTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+                                   g.contiguous() if g is not None else None, beta_in, initial_state, scale, L,
+                                   bool(output_final_state), has_beta)
+    return o, (ht if output_final_state else None)

@@ -1,0 +1,84 @@
+"""unit_lower_inverse's twin (delta class): the per-chunk inverse of the UT transform,
+
+    T = (I + Lm)⁻¹,   Lm_ij = β_i P_ij for j < i (0 elsewhere),   P_ij = Σ_d k_id k_jd e^{G_id − G_jd},
+
+from P [B, T, H, C] (the decayed KKᵀ of `scores.decayed_scores(k, k, G, None, 1)`, row i of a chunk
+holding its C columns; its diagonal and upper part are ignored) and β [B, T, H]; T is stored the
+same way, fp32 [B, T, H, C] (every column of a real row written, zeros above the diagonal).
+
+Two phases in one program per chunk, with blocks of BC = 16 rows:
+1. each 16×16 diagonal block by forward substitution, row by row in registers:
+   T_i = e_i − Σ_{j < i} Lm_ij T_j (15 steps of a [16, 16] elementwise update);
+2. the blocks below the diagonal by distance d = 1, 2, … from it (T is unit lower, so
+   T_ij = −T_ii Σ_{i' = j}^{i − 1} Lm_ii' T_i'j for blocks j < i), each a sum of 16×16 tl.dots of
+   blocks already stored; a barrier between distances makes the stored blocks visible to the
+   whole program.
+
+Grid (chunk slots NT, B·H). C a power of two ≥ 16 (1 to C/16 blocks).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import empty_output
+from .layout import Layout
+from .util import LAUNCH, chunk_span, varlen_args
+
+BC = 16
+
+
+@triton.jit
+def _inverse_kernel(P, beta, Ti, cu, chunk_seq, chunk_local, T, H: tl.constexpr, C: tl.constexpr,
+                    BC: tl.constexpr, NB: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    oi = tl.arange(0, BC)
+    # phase 1: the diagonal blocks, and zeros above them
+    for s in tl.static_range(NB):
+        ts = t0 + s * BC + oi
+        m_s = ts < eos
+        b_l = tl.load(P + (ts[:, None] * H + i_h) * C + (s * BC + oi)[None, :], mask=m_s[:, None], other=0.0)
+        b_beta = tl.load(beta + ts * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+        b_l = tl.where(oi[:, None] > oi[None, :], b_l * b_beta[:, None], 0.0)  # strict lower  [BC, BC]
+        b_t = tl.where(oi[:, None] == oi[None, :], 1.0, 0.0)  # rows ≥ i still e_i
+        for i in range(1, BC):
+            l_i = tl.sum(tl.where(oi[:, None] == i, b_l, 0.0), axis=0)  # row i of Lm  [BC]
+            row = tl.where(oi == i, 1.0, 0.0) - tl.sum(l_i[:, None] * b_t, axis=0)  # [BC]
+            b_t = tl.where(oi[:, None] == i, row[None, :], b_t)
+        tl.store(Ti + (ts[:, None] * H + i_h) * C + (s * BC + oi)[None, :], b_t, mask=m_s[:, None])
+        for r in tl.static_range(s + 1, NB):
+            tl.store(Ti + (ts[:, None] * H + i_h) * C + (r * BC + oi)[None, :], tl.zeros([BC, BC], tl.float32),
+                     mask=m_s[:, None])
+    # phase 2: block (i, j), j < i, from the blocks of smaller distance i − j
+    for d in tl.static_range(1, NB):
+        tl.debug_barrier()
+        for ib in tl.static_range(d, NB):
+            jb = ib - d
+            ti = t0 + ib * BC + oi
+            m_i = ti < eos
+            b_beta = tl.load(beta + ti * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+            acc = tl.zeros([BC, BC], dtype=tl.float32)
+            for r in tl.static_range(NB):
+                if r >= jb and r < ib:  # (a bound loop range(jb, ib) trips the interpreter)
+                    tr = t0 + r * BC + oi
+                    b_l = tl.load(P + (ti[:, None] * H + i_h) * C + (r * BC + oi)[None, :], mask=m_i[:, None],
+                                  other=0.0) * b_beta[:, None]  # Lm_ir  [BC, BC]
+                    b_t = tl.load(Ti + (tr[:, None] * H + i_h) * C + (jb * BC + oi)[None, :],
+                                  mask=(tr < eos)[:, None], other=0.0)  # T_rj
+                    acc += tl.dot(b_l, b_t, input_precision="ieee")
+            b_tii = tl.load(Ti + (ti[:, None] * H + i_h) * C + (ib * BC + oi)[None, :], mask=m_i[:, None],
+                            other=0.0)
+            b_tij = -tl.dot(b_tii, acc, input_precision="ieee")
+            tl.store(Ti + (ti[:, None] * H + i_h) * C + (jb * BC + oi)[None, :], b_tij, mask=m_i[:, None])
+
+
+def unit_lower_inverse(P: torch.Tensor, beta: torch.Tensor, L: Layout) -> torch.Tensor:
+    """T = (I + strict_tril(diag(β) P))⁻¹ per chunk: P [B, T, H, C] fp32, β [B, T, H] → T [B, T, H, C] fp32."""
+    Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=P.device)
+    _inverse_kernel[(L.NT, L.B * L.H)](P, beta, Ti, *varlen_args(L, P.device)[:3], L.T, H=L.H, C=L.C, BC=BC,
+                                       NB=L.C // BC, IS_VARLEN=L.varlen, **LAUNCH)
+    return Ti

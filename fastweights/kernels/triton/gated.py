@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from ...chunkwise.common import gate_kind
-from ...chunkwise.varlen import check_cu_seqlens
-from ...inputs import InputError, check_tensor
+from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
-from .layout import Layout, make_layout
+from .layout import Layout
 from .output import chunk_outputs, chunk_outputs_bwd
 from .qk_grads import qk_grads
 from .scores import decayed_scores
 from .states import pass_states_bwd, pass_states_fwd
 
 Tensor = torch.Tensor
-
-MAX_HEAD_DIM = 256
 
 
 def _fold_groups(x: Tensor, L: Layout) -> Tensor:
@@ -74,41 +70,10 @@ def chunk_gated_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
     o_t = S_tᵀ(scale·q_t). Arguments and results as `fastweights.chunkwise.chunk_gated`
     (o [B, T, H, V] in v's dtype; final state [B or N, H, K, V] fp32 or None), plus grouped
     heads: q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 accumulation)."""
-    if not isinstance(q, Tensor) or q.dim() != 4:
-        raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
-    B, T, Hq, K = q.shape
-    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 4 else -1
-    H = v.shape[2] if isinstance(v, Tensor) and v.dim() == 4 else -1
-    check_tensor("k", k, (B, T, Hq, K), values=False)
-    check_tensor("v", v, (B, T, H, V), values=False)
-    if H % Hq:
-        raise InputError(f"v's heads H={H} must be a multiple of q's and k's H_q={Hq}")
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise InputError(f"q, k, v must share one dtype of fp32, bf16 or fp16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
-        raise InputError(f"head dims K={K}, V={V} must be ≤ {MAX_HEAD_DIM} for the Triton kernels")
-    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16
-            or chunk_size & (chunk_size - 1)):
-        raise InputError(f"chunk_size must be a power of two ≥ 16 for the Triton kernels, got {chunk_size!r}")
-    if beta is not None:
-        check_tensor("beta", beta, (B, T, H), values=False)
-    gate_kind(g, B, T, H, K)
-    if cu_seqlens is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        check_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
-    L = make_layout(B, T, H, Hq, K, V, chunk_size, cu_seqlens, q.device)
-    if initial_state is not None:
-        what = "number of sequences N (len(cu_seqlens) − 1)" if L.varlen else "batch B"
-        if not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != (L.NS, H, K, V):
-            shape = list(initial_state.shape) if isinstance(initial_state, Tensor) else type(initial_state).__name__
-            raise InputError(f"initial_state must have shape [{what}, H, K, V] = {[L.NS, H, K, V]}, got {shape}")
-        initial_state = initial_state.float().contiguous()
-    scale = K ** -0.5 if scale is None else float(scale)
-    if T == 0:
-        o = v.new_zeros(B, 0, H, V)
-        if not output_final_state:
-            return o, None
-        S = initial_state if initial_state is not None else torch.zeros(L.NS, H, K, V, device=v.device)
-        return o, S.clone()
+    L, initial_state, scale = check_chunk_args(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                                               chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    if L.T == 0:
+        return no_tokens(v, L, initial_state, output_final_state)
     o, ht = ChunkGatedTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(),
                                    g.contiguous() if g is not None else None,
                                    beta.contiguous() if beta is not None else None, initial_state, scale, L,

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
 from fastweights.kernels.triton.decode import fused_recurrent_step
+from tests.kernels.helpers import DEV, rel
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LOW_REL
 
 pytestmark = pytest.mark.triton
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture
@@ -33,8 +33,6 @@ def _recipe(cls: str, gate: str, decay_first: bool) -> Recipe:
                   retention=Retention(kind=gate, decay_first=decay_first))
 
 
-def _rel(a, b) -> float:
-    return ((a.double().cpu() - b.double().cpu()).abs().max() / b.double().cpu().abs().max().clamp_min(1e-30)).item()
 
 
 @pytest.mark.parametrize("T", [1, 3])
@@ -58,9 +56,9 @@ def test_step_matches_recurrence(cls, decay_first, gate, T, gen):
     d = lambda x: None if x is None else x.to(DEV)  # noqa: E731
     o = fused_recurrent_step(d(q), d(k), d(v), state, g=d(g), beta=d(beta), scale=0.4, delta=cls == "delta",
                              decay_first=decay_first, state_indices=d(idx))
-    assert _rel(o[live], o_want) < CHUNK_F32_REL
+    assert rel(o[live], o_want) < CHUNK_F32_REL
     assert torch.equal(o[~live].cpu(), torch.zeros_like(o[~live].cpu()))  # padding rows: zero output
-    assert _rel(state[idx[live]], S_want) < CHUNK_F32_REL
+    assert rel(state[idx[live]], S_want) < CHUNK_F32_REL
     untouched = torch.tensor([s not in idx.tolist() for s in range(slots)])
     assert torch.equal(state[untouched].cpu(), pool[untouched])  # other slots (and padding) untouched
 
@@ -76,8 +74,8 @@ def test_bf16_state_pool(gen):
     state = pool.clone().to(DEV)
     o = fused_recurrent_step(q.to(DEV), k.to(DEV), v.to(DEV), state, g=g.to(DEV), scale=0.4)
     assert state.dtype == torch.bfloat16
-    assert _rel(o, o_want) < CHUNK_F32_REL
-    assert _rel(state, S_want) < CHUNK_LOW_REL[torch.bfloat16]
+    assert rel(o, o_want) < CHUNK_F32_REL
+    assert rel(state, S_want) < CHUNK_LOW_REL[torch.bfloat16]
 
 
 # ---------------------------------------------------------------------------- the recurrent dispatch rows
@@ -114,9 +112,9 @@ def test_recurrent_row_matches_torch_backend(model, gen):
 
     o1, S1, g1 = run("triton", DEV)
     o2, S2, g2 = run("torch", "cpu")
-    assert _rel(o1, o2) < CHUNK_F32_REL and _rel(S1, S2) < CHUNK_F32_REL
+    assert rel(o1, o2) < CHUNK_F32_REL and rel(S1, S2) < CHUNK_F32_REL
     for a, b in zip(g1, g2):
-        assert _rel(a, b) < CHUNK_F32_REL
+        assert rel(a, b) < CHUNK_F32_REL
 
 
 def test_recurrent_row_predicate():

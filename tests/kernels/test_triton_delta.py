@@ -32,11 +32,11 @@ from fastweights.kernels.triton.delta_states import pass_states_bwd, pass_states
 from fastweights.kernels.triton.delta_wy import wy_representation, wy_representation_bwd
 from fastweights.kernels.triton.layout import make_layout
 from fastweights.kernels.triton.scores import decayed_scores
+from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GATES = ["none", "scalar", "diagonal"]
 MODEL = {"none": "deltanet", "scalar": "gated_deltanet", "diagonal": "kda"}
 
@@ -63,27 +63,14 @@ def _inputs(gate, gen, *, B=1, T=37, H=1, Hq=None, K=12, V=10, N=None, g_scale=1
     return {key: val.to(dtype) for key, val in x.items()}
 
 
-def _rel(a, b) -> float:
-    return ((a.double().cpu() - b.double().cpu()).abs().max() / b.double().cpu().abs().max().clamp_min(1e-30)).item()
 
 
-def _d(x):
-    return {key: val.to(DEV) for key, val in x.items()}
 
 
-def _grads(fn, x, seed, **kw):
-    """(o, S_T, {input: gradient}) of a random projection of o and S_T."""
-    leaves = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
-    o, S = fn(leaves, **kw)
-    g = torch.Generator().manual_seed(seed)
-    loss = (o.double().cpu() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum()
-    loss = loss + (S.double().cpu() * torch.randn(S.shape, generator=g, dtype=torch.float64)).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    return o.detach(), S.detach(), dict(zip(leaves, grads))
 
 
 def _triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None):
-    d = _d(x)
+    d = to_dev(x)
     return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=scale,
                               initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size,
                               cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV))
@@ -97,14 +84,6 @@ def _recurrent(gate):
     return run
 
 
-def _check(got, want, tol, what=""):
-    o1, s1, g1 = got
-    o2, s2, g2 = want
-    assert _rel(o1, o2) < tol, f"o {what}"
-    assert _rel(s1, s2) < tol, f"final state {what}"
-    assert set(g1) == set(g2)
-    for name in g2:
-        assert _rel(g1[name], g2[name]) < tol, f"d{name} {what}"
 
 
 # ---------------------------------------------------------------------------- stages vs torch twins
@@ -121,7 +100,7 @@ class _Stages:
         x = self.x = _inputs(gate, gen, T=self.T, H=2, Hq=1, N=len(lengths), g_scale=3.0)
         self.L = L = make_layout(1, self.T, 2, 1, self.K, self.V, C, self.cu.to(DEV), DEV)
         self.lay = lay = torch_layout(1, self.T, C, self.cu)
-        d = self.d = _d(x)
+        d = self.d = to_dev(x)
         self.G = G = chunk_cumsum(d["g"], L) if gate != "none" else None
         self.P = decayed_scores(d["k"], d["k"], G, None, 1.0, L)
         self.Ti = unit_lower_inverse(self.P, d["beta"], L)
@@ -165,14 +144,14 @@ def test_forward_stages(gate, gen):
     s = _Stages(gate, gen, 64)
     t = s.twins()
     lay = s.lay
-    assert _rel(s.Ti, lay.from_chunks(t["T"])) < F32
-    assert _rel(s.w, lay.from_chunks(t["W"])) < F32
-    assert _rel(s.u1, lay.from_chunks(t["U1"])) < F32
-    assert _rel(s.h[0, s.used].transpose(0, 1), t["entering"][0]) < F32
-    assert _rel(s.ht, t["final"]) < F32
-    assert _rel(s.u, lay.from_chunks(t["U1"] - t["W"] @ t["entering"])) < F32
-    assert _rel(s.A, lay.from_chunks(t["Aqk"])) < F32
-    assert _rel(s.o, t["o"]) < F32
+    assert rel(s.Ti, lay.from_chunks(t["T"])) < F32
+    assert rel(s.w, lay.from_chunks(t["W"])) < F32
+    assert rel(s.u1, lay.from_chunks(t["U1"])) < F32
+    assert rel(s.h[0, s.used].transpose(0, 1), t["entering"][0]) < F32
+    assert rel(s.ht, t["final"]) < F32
+    assert rel(s.u, lay.from_chunks(t["U1"] - t["W"] @ t["entering"])) < F32
+    assert rel(s.A, lay.from_chunks(t["Aqk"])) < F32
+    assert rel(s.o, t["o"]) < F32
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -181,7 +160,7 @@ def test_backward_stages(gate, gen):
     wy_representation_bwd (dv, the W path's dk and dG, dβ, dP) against autograd through the torch
     twins, chunk 32, for random cotangents of o and S_T."""
     s = _Stages(gate, gen, 32)
-    assert _rel(s.Ti, s.lay.from_chunks(s.twins()["T"])) < F32  # one block merge at chunk 32
+    assert rel(s.Ti, s.lay.from_chunks(s.twins()["T"])) < F32  # one block merge at chunk 32
     lay, L, d = s.lay, s.L, s.d
     do = torch.randn(1, s.T, s.H, s.V, generator=gen, dtype=torch.float64)
     dST = torch.randn(s.ht.shape, generator=gen, dtype=torch.float64)
@@ -189,8 +168,8 @@ def test_backward_stages(gate, gen):
     doc = lay.to_chunks(do)
     uc = lay.to_chunks(s.u.double().cpu())
     Ac = lay.to_chunks(s.A.double().cpu())
-    assert _rel(du, lay.from_chunks(Ac.transpose(-1, -2) @ doc)) < F32
-    assert _rel(dA, lay.from_chunks(torch.tril(doc @ uc.transpose(-1, -2)))) < F32
+    assert rel(du, lay.from_chunks(Ac.transpose(-1, -2) @ doc)) < F32
+    assert rel(dA, lay.from_chunks(torch.tril(doc @ uc.transpose(-1, -2)))) < F32
     dh, dh0, _ = pass_states_bwd(d["q"], d["k"], s.w, s.G, s.h, s.ht, dST.float().to(DEV), do.float().to(DEV), du,
                                  0.4, L, need_dh0=True)
     t = s.twins()
@@ -198,8 +177,8 @@ def test_backward_stages(gate, gen):
     S0 = s.x["S0"].double().requires_grad_(True)
     t2 = s.twins(U1=U1, W=t["W"].detach(), S0=S0)
     dU1, dS0 = torch.autograd.grad((t2["o"] * do).sum() + (t2["final"] * dST).sum(), [U1, S0])
-    assert _rel(du, lay.from_chunks(dU1)) < F32
-    assert _rel(dh0, dS0) < F32
+    assert rel(du, lay.from_chunks(dU1)) < F32
+    assert rel(dh0, dS0) < F32
     # the WY stage: leaves v, β, the keys of R̃ and their log-decay, P (strict KKᵀ without β)
     dv, dk_w, dbeta, dG_w, dP = wy_representation_bwd(d["k"], d["v"], s.G, d["beta"], s.Ti, s.P, s.h, du, L)
     vc, bc, kc = (t.detach().clone().requires_grad_(True) for t in (s.vc, s.bc, s.kc))
@@ -211,13 +190,13 @@ def test_backward_stages(gate, gen):
     duc = lay.to_chunks(du.double().cpu())
     loss = (U1w * duc).sum() - (Ww * (duc @ entering.transpose(-1, -2))).sum()
     leaves = [vc, bc, kc, P] + ([Gw] if Gw is not None else [])
-    grads = torch.autograd.grad(loss, leaves)
-    assert _rel(dv, lay.from_chunks(grads[0])) < F32
-    assert _rel(dbeta, lay.from_chunks(grads[1])) < F32
-    assert _rel(dk_w, lay.from_chunks(grads[2])) < F32
-    assert _rel(dP, lay.from_chunks(grads[3])) < F32
+    want = torch.autograd.grad(loss, leaves)
+    assert rel(dv, lay.from_chunks(want[0])) < F32
+    assert rel(dbeta, lay.from_chunks(want[1])) < F32
+    assert rel(dk_w, lay.from_chunks(want[2])) < F32
+    assert rel(dP, lay.from_chunks(want[3])) < F32
     if Gw is not None:
-        assert _rel(dG_w, lay.from_chunks(grads[4])) < F32
+        assert rel(dG_w, lay.from_chunks(want[4])) < F32
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -233,12 +212,12 @@ def test_sum_grads_stage(gate, gen):
                            None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
     fold = lambda x: x.view(B, T, Hq, H // Hq, K).sum(3)  # noqa: E731
     assert dq.dtype == dk.dtype == torch.bfloat16
-    assert _rel(dq, fold(parts[0])) < TRITON_DELTA_LOW_REL[torch.bfloat16]  # (the interpreter's bf16 cast truncates)
-    assert _rel(dk, fold(sum(parts[1:]))) < TRITON_DELTA_LOW_REL[torch.bfloat16]
+    assert rel(dq, fold(parts[0])) < TRITON_DELTA_LOW_REL[torch.bfloat16]  # (the interpreter's bf16 cast truncates)
+    assert rel(dk, fold(sum(parts[1:]))) < TRITON_DELTA_LOW_REL[torch.bfloat16]
     if dgs is None:
         assert dG is None
     else:
-        assert _rel(dG, sum(dgs)) < F32
+        assert rel(dG, sum(dgs)) < F32
 
 
 # ---------------------------------------------------------------------------- the whole vs the recurrence
@@ -249,8 +228,8 @@ def test_matches_recurrence(gate, T, gen):
     recurrence, relative; T around a multiple of the chunk (16), and a single token in two batch rows."""
     x = _inputs(gate, gen, B=2 if T == 1 else 1, T=T, K=8, V=8)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -259,8 +238,8 @@ def test_chunk_64(gate, gen):
     second, one-row chunk), against the float64 recurrence."""
     x = _inputs(gate, gen, T=65, K=8, V=8)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "C=64")
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "C=64")
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -268,8 +247,8 @@ def test_grouped_heads(gate, gen):
     """Grouped heads H_q = 1 | H = 2 at chunk 32: the q/k gradients sum over the group."""
     x = _inputs(gate, gen, T=34, H=2, Hq=1, K=8, V=8)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed, chunk_size=32), want, CHUNK_F32_REL)
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed, chunk_size=32), want, CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -280,30 +259,19 @@ def test_varlen(gate, gen):
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     x = _inputs(gate, gen, T=sum(lengths), K=8, V=8, N=len(lengths))
     seed = secrets.randbits(31)
-    got = _grads(_triton, x, seed, cu_seqlens=cu)
+    got = grads(_triton, x, seed, cu_seqlens=cu)
     rec = _recurrent(gate)
 
-    def alone(xd):
-        outs, finals = [], []
-        for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            part = {key: (val[s:s + 1] if key == "S0" else val[:, a:b]) for key, val in xd.items()}
-            if b == a:
-                outs.append(xd["v"][:, a:b] * 0)
-                finals.append(part["S0"] + 0 * xd["v"].sum())
-                continue
-            o, S = rec(part)
-            outs.append(o)
-            finals.append(S)
-        return torch.cat(outs, dim=1), torch.cat(finals, dim=0)
+    alone = each_sequence_alone(rec, cu)
 
-    want = _grads(alone, {key: val.double() for key, val in x.items()}, seed)
-    _check(got, want, CHUNK_F32_REL)
+    want = grads(alone, {key: val.double() for key, val in x.items()}, seed)
+    check(got, want, CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)
 def test_chained_states(gate, gen):
     """Running [0, t) then [t, T) from the carried state equals one run (t not on a chunk boundary)."""
-    d = _d(_inputs(gate, gen, B=2, T=37, K=8, V=8))
+    d = to_dev(_inputs(gate, gen, B=2, T=37, K=8, V=8))
     kw = dict(scale=0.4, output_final_state=True, chunk_size=16)
 
     def run(a, b, S0):
@@ -314,8 +282,8 @@ def test_chained_states(gate, gen):
     o, S = run(0, 37, d["S0"])
     o1, S1 = run(0, 19, d["S0"])
     o2, S2 = run(19, 37, S1)
-    assert _rel(torch.cat([o1, o2], dim=1), o) < CHUNK_F32_REL
-    assert _rel(S2, S) < CHUNK_F32_REL
+    assert rel(torch.cat([o1, o2], dim=1), o) < CHUNK_F32_REL
+    assert rel(S2, S) < CHUNK_F32_REL
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -331,22 +299,22 @@ def test_bf16_inputs(gate, gen):
         return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
                            initial_state=xd["S0"], output_final_state=True, chunk_size=16)
 
-    got = _grads(_triton, x, seed)
+    got = grads(_triton, x, seed)
     assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
-    _check(got, _grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
+    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
 
 
 def test_no_beta_no_state_no_final(gen):
     """β = None means β = 1 (DeltaNet's plain rule); no initial state; no final state returned."""
-    x = _d(_inputs("scalar", gen, T=20, K=8, V=8))
+    x = to_dev(_inputs("scalar", gen, T=20, K=8, V=8))
     o, S = chunk_delta_triton(x["q"], x["k"], x["v"], g=x["g"], scale=None, chunk_size=16)
     o_want, _ = chunk_delta(x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), g=x["g"].cpu(), beta=None, scale=None,
                             chunk_size=16)
-    assert S is None and _rel(o, o_want) < CHUNK_F32_REL
+    assert S is None and rel(o, o_want) < CHUNK_F32_REL
 
 
 def test_bad_arguments(gen):
-    x = _d(_inputs("scalar", gen, T=20, H=2, K=8, V=8))
+    x = to_dev(_inputs("scalar", gen, T=20, H=2, K=8, V=8))
     with pytest.raises(InputError, match="chunk_size"):
         chunk_delta_triton(x["q"], x["k"], x["v"], g=x["g"], scale=None, chunk_size=24)
     with pytest.raises(InputError, match="dtype"):
@@ -379,10 +347,10 @@ def test_cuda_realistic(gate, size, dtype, gen):
     B, T, H, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, K=D, V=D, dtype=dtype)
     seed = secrets.randbits(31)
-    want = _grads(_torch_run, _d(x), seed)
-    got = _grads(_triton, x, seed, chunk_size=64)
+    want = grads(_torch_run, to_dev(x), seed)
+    got = grads(_triton, x, seed, chunk_size=64)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_DELTA_LOW_REL[dtype]
-    _check(got, want, tol, f"{size} {dtype}")
+    check(got, want, tol, f"{size} {dtype}")
 
 
 @pytest.mark.cuda
@@ -399,7 +367,7 @@ def test_cuda_grouped_varlen_realistic(gate, gen):
         xd["q"], xd["k"] = xd["q"].repeat_interleave(4, 2), xd["k"].repeat_interleave(4, 2)
         return _torch_run(xd, cu_seqlens=cu.to(DEV))
 
-    _check(_grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), _grads(torch_run, _d(x), seed),
+    check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), grads(torch_run, to_dev(x), seed),
            CHUNK_LONG_F32_REL)
 
 
@@ -410,5 +378,5 @@ def test_cuda_long_bf16(gate, gen):
     torch chunk form on the same rounded values."""
     x = _inputs(gate, gen, T=65536, H=4, K=128, V=128, dtype=torch.bfloat16)
     seed = secrets.randbits(31)
-    _check(_grads(_triton, x, seed, chunk_size=64), _grads(_torch_run, _d(x), seed),
+    check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed),
            TRITON_DELTA_LOW_REL[torch.bfloat16], "T=65536")

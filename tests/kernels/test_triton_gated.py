@@ -30,11 +30,11 @@ from fastweights.kernels.triton.layout import make_layout
 from fastweights.kernels.triton.output import chunk_outputs
 from fastweights.kernels.triton.scores import decayed_scores
 from fastweights.kernels.triton.states import pass_states_fwd
+from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_LOW_REL
 
 pytestmark = pytest.mark.triton
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GATES = ["none", "scalar", "diagonal"]
 
 
@@ -64,19 +64,8 @@ def _inputs(gate, gen, *, B=2, T=37, H=2, Hq=None, K=12, V=10, N=None, g_scale=1
     return {key: val.to(dtype) for key, val in x.items()}
 
 
-def _rel(a, b) -> float:
-    return ((a.double().cpu() - b.double().cpu()).abs().max() / b.double().cpu().abs().max().clamp_min(1e-30)).item()
 
 
-def _grads(fn, x, seed, **kw):
-    """(o, S_T, {input: gradient}) of a random projection of o and S_T; x moves to `DEV` for the kernel."""
-    leaves = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
-    o, S = fn(leaves, **kw)
-    g = torch.Generator().manual_seed(seed)
-    loss = (o.double().cpu() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum()
-    loss = loss + (S.double().cpu() * torch.randn(S.shape, generator=g, dtype=torch.float64)).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    return o.detach(), S.detach(), dict(zip(leaves, grads))
 
 
 def _triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None):
@@ -94,18 +83,8 @@ def _recurrent(gate):
     return run
 
 
-def _check(got, want, tol, what=""):
-    o1, s1, g1 = got
-    o2, s2, g2 = want
-    assert _rel(o1, o2) < tol, f"o {what}"
-    assert _rel(s1, s2) < tol, f"final state {what}"
-    assert set(g1) == set(g2)
-    for name in g2:
-        assert _rel(g1[name], g2[name]) < tol, f"d{name} {what}"
 
 
-def _d(x):
-    return {key: val.to(DEV) for key, val in x.items()}
 
 
 # ---------------------------------------------------------------------------- stages vs torch twins
@@ -119,9 +98,9 @@ def test_cumsum_stage(gate, varlen, gen):
     L = make_layout(B, T, 2, 2, 12, 10, 16, None if cu is None else cu.to(DEV), DEV)
     lay = torch_layout(B, T, 16, cu)
     want = lay.from_chunks(twin.chunk_cumsum(lay.to_chunks(g)))
-    assert _rel(chunk_cumsum(g.to(DEV), L), want) < F32
+    assert rel(chunk_cumsum(g.to(DEV), L), want) < F32
     want_rev = lay.from_chunks(lay.to_chunks(g).flip(3).cumsum(3).flip(3))
-    assert _rel(chunk_cumsum(g.to(DEV), L, reverse=True), want_rev) < F32
+    assert rel(chunk_cumsum(g.to(DEV), L, reverse=True), want_rev) < F32
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -135,7 +114,7 @@ def test_scores_states_outputs_stages(gate, gen):
     x = _inputs(gate, gen, B=1, T=T, H=H, Hq=1, N=len(lengths), g_scale=3.0)
     L = make_layout(1, T, H, 1, K, V, C, cu.to(DEV), DEV)
     lay = torch_layout(1, T, C, cu)
-    d = _d(x)
+    d = to_dev(x)
     G = chunk_cumsum(d["g"], L) if gate != "none" else None
     A = decayed_scores(d["q"], d["k"], G, d["beta"], 0.4, L)
     h, ht = pass_states_fwd(d["k"], d["v"], G, d["beta"], d["S0"], L, output_final_state=True)
@@ -150,11 +129,11 @@ def test_scores_states_outputs_stages(gate, gen):
     q_dec, k_dec, a = gated_transitions(qc, kc, Gt, kind)
     entering, final = twin.pass_states(lay, x["S0"], a, gated_writes(k_dec, vc))
     o_want = twin.chunk_outputs(lay, A_want @ vc, q_dec, entering, torch.float32)
-    assert _rel(A, lay.from_chunks(A_want)) < F32
+    assert rel(A, lay.from_chunks(A_want)) < F32
     used = torch.cat([torch.arange(n0, n1) for n0, n1 in lay.ranges])  # the chunk slots sequences use
-    assert _rel(h[0, used].transpose(0, 1), entering[0]) < F32
-    assert _rel(ht, final) < F32
-    assert _rel(o, o_want) < F32
+    assert rel(h[0, used].transpose(0, 1), entering[0]) < F32
+    assert rel(ht, final) < F32
+    assert rel(o, o_want) < F32
 
 
 # ---------------------------------------------------------------------------- the whole vs the recurrence
@@ -165,8 +144,8 @@ def test_matches_recurrence(gate, T, gen):
     recurrence, relative; T around a multiple of the chunk (16) and a single token."""
     x = _inputs(gate, gen, B=2, T=T, H=1)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -175,8 +154,8 @@ def test_long_chunk_64(gate, gen):
     the float64 recurrence: outputs, final state, every gradient (≈ 15 s of the interpreter)."""
     x = _inputs(gate, gen, B=1, T=1000, H=1)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "T=1000")
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "T=1000")
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -185,8 +164,8 @@ def test_chunk_32_and_grouped_heads(gate, gen):
     q/k gradients sum over the group."""
     x = _inputs(gate, gen, B=1, T=50, H=2, Hq=1, g_scale=3.0)
     seed = secrets.randbits(31)
-    want = _grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    _check(_grads(_triton, x, seed, chunk_size=32), want, CHUNK_F32_REL)
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed, chunk_size=32), want, CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -197,31 +176,20 @@ def test_varlen(gate, gen):
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     x = _inputs(gate, gen, B=1, T=sum(lengths), H=1, N=len(lengths))
     seed = secrets.randbits(31)
-    got = _grads(_triton, x, seed, cu_seqlens=cu)
+    got = grads(_triton, x, seed, cu_seqlens=cu)
     rec = _recurrent(gate)
 
-    def alone(xd):
-        outs, finals = [], []
-        for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            part = {key: (val[s:s + 1] if key == "S0" else val[:, a:b]) for key, val in xd.items()}
-            if b == a:
-                outs.append(xd["v"][:, a:b] * 0)
-                finals.append(part["S0"] + 0 * xd["v"].sum())
-                continue
-            o, S = rec(part)
-            outs.append(o)
-            finals.append(S)
-        return torch.cat(outs, dim=1), torch.cat(finals, dim=0)
+    alone = each_sequence_alone(rec, cu)
 
-    want = _grads(alone, {key: val.double() for key, val in x.items()}, seed)
-    _check(got, want, CHUNK_F32_REL)
+    want = grads(alone, {key: val.double() for key, val in x.items()}, seed)
+    check(got, want, CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)
 def test_chained_states(gate, gen):
     """Running [0, t) then [t, T) from the carried state equals one run (t not on a chunk boundary)."""
     x = _inputs(gate, gen, B=2, T=45, H=1)
-    d = _d(x)
+    d = to_dev(x)
     kw = dict(scale=0.4, output_final_state=True, chunk_size=16)
 
     def run(a, b, S0):
@@ -232,8 +200,8 @@ def test_chained_states(gate, gen):
     o, S = run(0, 45, d["S0"])
     o1, S1 = run(0, 21, d["S0"])
     o2, S2 = run(21, 45, S1)
-    assert _rel(torch.cat([o1, o2], dim=1), o) < CHUNK_F32_REL
-    assert _rel(S2, S) < CHUNK_F32_REL
+    assert rel(torch.cat([o1, o2], dim=1), o) < CHUNK_F32_REL
+    assert rel(S2, S) < CHUNK_F32_REL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -250,20 +218,20 @@ def test_low_precision_inputs(gate, dtype, gen):
         return chunk_gated(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
                            initial_state=xd["S0"], output_final_state=True, chunk_size=16)
 
-    got = _grads(_triton, x, seed)
+    got = grads(_triton, x, seed)
     assert got[0].dtype == dtype and all(got[2][name].dtype == dtype for name in got[2])
-    _check(got, _grads(torch_run, x, seed), TRITON_LOW_REL[dtype], str(dtype))
+    check(got, grads(torch_run, x, seed), TRITON_LOW_REL[dtype], str(dtype))
 
 
 def test_no_beta_no_state_no_final(gen):
-    x = _d(_inputs("diagonal", gen, B=1, T=20, H=1))
+    x = to_dev(_inputs("diagonal", gen, B=1, T=20, H=1))
     o, S = chunk_gated_triton(x["q"], x["k"], x["v"], g=x["g"], scale=None, chunk_size=16)
     o_want, _ = chunk_gated(x["q"].cpu(), x["k"].cpu(), x["v"].cpu(), g=x["g"].cpu(), scale=None, chunk_size=16)
-    assert S is None and _rel(o, o_want) < CHUNK_F32_REL
+    assert S is None and rel(o, o_want) < CHUNK_F32_REL
 
 
 def test_bad_arguments(gen):
-    x = _d(_inputs("scalar", gen, B=1, T=20, H=2))
+    x = to_dev(_inputs("scalar", gen, B=1, T=20, H=2))
     with pytest.raises(InputError, match="chunk_size"):
         chunk_gated_triton(x["q"], x["k"], x["v"], g=x["g"], scale=None, chunk_size=24)
     with pytest.raises(InputError, match="dtype"):
@@ -288,7 +256,7 @@ def test_dispatch_row_matches_torch_backend(model, gen):
     cpu = Call(recipe=recipe, q=q.cpu(), k=k.cpu(), v=v.cpu(), inputs={a: b.cpu() for a, b in x.items()},
                shapes=call.shapes, scale=0.25, initial_state=S0.cpu(), output_final_state=True)
     o2, S2 = DISPATCH[("gated_linear", "chunk", "torch")].fn(cpu, chunk_size=16)
-    assert _rel(o1, o2) < CHUNK_F32_REL and _rel(S1, S2) < CHUNK_F32_REL
+    assert rel(o1, o2) < CHUNK_F32_REL and rel(S1, S2) < CHUNK_F32_REL
 
 
 def test_dispatch_predicate():
@@ -325,10 +293,10 @@ def test_cuda_realistic(gate, size, dtype, gen):
         return chunk_gated(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
                            initial_state=xd["S0"], output_final_state=True, chunk_size=64)
 
-    want = _grads(torch_run, _d(x), seed)
-    got = _grads(_triton, x, seed, chunk_size=64)
+    want = grads(torch_run, to_dev(x), seed)
+    got = grads(_triton, x, seed, chunk_size=64)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_LOW_REL[dtype]
-    _check(got, want, tol, f"{size} {dtype}")
+    check(got, want, tol, f"{size} {dtype}")
 
 
 @pytest.mark.cuda
@@ -343,7 +311,7 @@ def test_cuda_varlen_realistic(gate, gen):
         return chunk_gated(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
                            initial_state=xd["S0"], output_final_state=True, chunk_size=64, cu_seqlens=cu.to(DEV))
 
-    _check(_grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), _grads(torch_run, _d(x), seed),
+    check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), grads(torch_run, to_dev(x), seed),
            CHUNK_LONG_F32_REL)
 
 
@@ -354,7 +322,7 @@ def test_cuda_varlen_graph_capture(gate, gen):
     synchronization) and its replay on new values equals an eager call."""
     lengths = [300, 0, 1, 64, 191]
     cu = (torch.tensor([0] + lengths).cumsum(0).to(torch.int32)).to(DEV)
-    x = _d(_inputs(gate, gen, B=1, T=sum(lengths), H=4, K=64, V=64, N=len(lengths), dtype=torch.bfloat16))
+    x = to_dev(_inputs(gate, gen, B=1, T=sum(lengths), H=4, K=64, V=64, N=len(lengths), dtype=torch.bfloat16))
 
     def run():
         return chunk_gated_triton(x["q"], x["k"], x["v"], g=x.get("g"), beta=x["beta"], scale=0.4,
@@ -368,7 +336,7 @@ def test_cuda_varlen_graph_capture(gate, gen):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o_graph, S_graph = run()
-    fresh = _d(_inputs(gate, gen, B=1, T=sum(lengths), H=4, K=64, V=64, N=len(lengths), dtype=torch.bfloat16))
+    fresh = to_dev(_inputs(gate, gen, B=1, T=sum(lengths), H=4, K=64, V=64, N=len(lengths), dtype=torch.bfloat16))
     for key in x:
         x[key].copy_(fresh[key])
     graph.replay()

@@ -6,7 +6,8 @@ interleaved in one run on one machine so both see the same load.
 
 Each (tree, round) runs in its own subprocess (a tree's `fastweights` is the one imported from
 its root) with one intra-op thread, times the chunk form's forward+backward of every model at
-every length (fresh random inputs, B=1, H=4, D=64, fp32), and prints per tree and row the
+every length (fresh random inputs, B=1, H=4, D=64, fp32; `--forward-only`: the forward alone
+with gradients off), and prints per tree and row the
 fastest and the median of all repeats over all rounds, and the ratio of the fastest times
 (tree 2 / tree 1). The fastest is the figure least disturbed by other load on a shared machine.
 """
@@ -24,15 +25,17 @@ CHILD = r"""
 import json, sys, time, torch
 torch.set_num_threads(1)
 import fastweights as fw
-models, lengths, repeats, form = json.loads(sys.argv[1])
+models, lengths, repeats, form, forward_only = json.loads(sys.argv[1])
 out = {}
 for m in models:
     for T in lengths:
-        x = fw.example_inputs(m, batch_size=1, seq_len=T, num_heads=4, head_dim=64, requires_grad=True)
+        x = fw.example_inputs(m, batch_size=1, seq_len=T, num_heads=4, head_dim=64, requires_grad=not forward_only)
         state = x.pop("initial_state", None)
         def run():
-            o, _ = getattr(fw, form)(m, initial_state=state, **x)
-            o.sum().backward()
+            with torch.set_grad_enabled(not forward_only):
+                o, _ = getattr(fw, form)(m, initial_state=state, **x)
+            if not forward_only:
+                o.sum().backward()
         run()  # warm-up
         times = []
         for _ in range(repeats):
@@ -50,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--form", default="chunk", choices=["chunk", "recurrent", "parallel"])
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per row and round")
     ap.add_argument("--rounds", type=int, default=2, help="alternations of the two trees")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward alone, gradients off")
     ap.add_argument("--out", default=None, help="also write the table (Markdown) here")
     a = ap.parse_args(argv)
     for t in a.trees:
@@ -57,7 +61,7 @@ def main(argv=None) -> int:
             ap.error(f"--trees: {t} is not a fastweights source tree")
     if a.repeats < 1 or a.rounds < 1:
         ap.error("--repeats and --rounds must be ≥ 1")
-    arg = json.dumps([a.models, a.lengths, a.repeats, a.form])
+    arg = json.dumps([a.models, a.lengths, a.repeats, a.form, a.forward_only])
     times: list[dict[str, list[float]]] = [{}, {}]
     for r in range(a.rounds):
         for i, tree in enumerate(a.trees):
@@ -67,7 +71,8 @@ def main(argv=None) -> int:
             for row, ts in json.loads(res.stdout.strip().splitlines()[-1]).items():
                 times[i].setdefault(row, []).extend(ts)
             print(f"round {r + 1}: {tree} done", file=sys.stderr)
-    lines = [f"| {a.form} fwd+bwd, CPU, 1 thread | {a.trees[0]} fastest / median ms | {a.trees[1]} fastest / median ms "
+    what = "fwd (no grad)" if a.forward_only else "fwd+bwd"
+    lines = [f"| {a.form} {what}, CPU, 1 thread | {a.trees[0]} fastest / median ms | {a.trees[1]} fastest / median ms "
              "| ratio of fastest |", "|---|---:|---:|---:|"]
     for row in times[0]:
         t0, t1 = times[0][row], times[1][row]

@@ -47,7 +47,7 @@ FORMS: tuple[Form, ...] = ("recurrent", "parallel", "chunk")
 
 #: The order in which "auto" tries the backends; "compile" is absent (it needs a compile step).
 #: "triton" goes first: its rows passed `pytest -m "cuda or triton"` on an H100 with PyTorch 2.11
-#: and Triton 3.6 (BENCHMARKS.md §3), and their predicates refuse every device but CUDA.
+#: and Triton 3.6 (BENCHMARKS.md §1b), and their predicates refuse every device but CUDA.
 AUTO_ORDER: tuple[str, ...] = ("triton", "torch")
 
 

@@ -157,11 +157,11 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
         try:
             _config(m, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
                     head_dim=head_dim, backend=backend)
-        except ConfigError as e:
-            msg = str(e)
-            name = msg.split(" ", 1)[0].removeprefix("LMConfig.").rstrip(":")
-            flag = "--" + name.replace("_", "-") if name in _CONFIG_FLAGS else "--models"
-            raise ca.ArgError(f"{flag} ({m}): {msg}") from None
+        except ConfigError as e:  # "LMConfig.mixer (m): RoPE needs an even head_dim, got 15" -> --head-dim
+            msg = str(e).split(": ", 1)[-1] if str(e).startswith("LMConfig.mixer") else str(e)
+            named = [f for f in _CONFIG_FLAGS if f in msg]
+            flag = "--" + named[0].replace("_", "-") if named else "--models"
+            raise ca.ArgError(f"{flag}: model {m} cannot be built: {msg}") from None
     return pairs
 
 
@@ -313,9 +313,10 @@ def _fmt(r: TrainRow) -> str:
         counts[b] = counts.get(b, 0) + 1
     backends = ", ".join(f"{b}×{n}" for b, n in counts.items()) or "—"
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
+    tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""
     return (f"| {r.model} | {r.B}×{r.T} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
-            f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, ',.0f')} | {num(peak, '.2f')} | "
+            f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
             f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} |{err}")
 
 

@@ -81,6 +81,7 @@ def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
     (["--shapes", "4x64"], "--shapes"), (["--shapes", "0,64"], "--shapes"), (["--shapes", "1,64", "--lengths", "64"],
                                                                             "--lengths"),
     (["--shapes", "1,64", "--batch", "2"], "--batch"), (["--backend", "cuda"], "--backend"),
+    (["--models", "softmax_attention", "--head-dim", "15"], "--head-dim"),  # RoPE: an even head_dim
     (["--out", "/proc/version/x"], "--out")])
 def test_bad_arguments_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
     if "--out" not in argv:

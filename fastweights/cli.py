@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = bsub.add_parser("speed", help="forms × models × T, forward and forward+backward, with peers on CUDA")
     sp.add_argument("--models", nargs="+", default=["gated_deltanet", "deltanet", "gla", "kda", "retnet"])
     sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"],
-                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core) chunk_triton (the Triton kernels, CUDA); recurrent is timed "
-                         "first, the speed-up columns divide by it")
+                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core) chunk_triton "
+                         "(the Triton kernels, CUDA); recurrent is timed first, the speed-up columns divide by it")
     sp.add_argument("--lengths", nargs="+", type=int, default=[512, 2048])
     sp.add_argument("--repeats", type=int, default=5, help="timed calls per row (the median is reported)")
     sp.add_argument("--warmup", type=int, default=1, help="untimed calls before them")

@@ -75,6 +75,24 @@ def _bench_decode(args):
     return 0
 
 
+def _bench_train(args):
+    from . import cliargs
+    from .bench.train import check_args, run_train
+
+    kw = dict(models=args.models, d_model=args.d_model, n_layers=args.n_layers, num_heads=args.num_heads,
+              head_dim=args.head_dim, vocab_size=args.vocab_size, shapes=args.shapes, batch=args.batch,
+              lengths=args.lengths,
+              steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
+              threads=args.threads or None, backend=args.backend)
+    try:
+        check_args(**kw)
+        cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        return _fail(e)
+    run_train(**kw, out_dir=args.out)
+    return 0
+
+
 _DECODE_FIELDS = ("models", "contexts", "d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size",
                   "new_tokens", "repeats", "threads", "warmup", "prefill_chunk", "device", "dtype", "seed",
                   "cuda_graph")
@@ -115,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = bsub.add_parser("speed", help="forms × models × T, forward and forward+backward, with peers on CUDA")
     sp.add_argument("--models", nargs="+", default=["gated_deltanet", "deltanet", "gla", "kda", "retnet"])
     sp.add_argument("--forms", nargs="+", default=["recurrent", "chunk"],
-                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core) chunk_triton (the Triton kernels, CUDA); recurrent is timed "
-                         "first, the speed-up columns divide by it")
+                    help="recurrent parallel chunk chunk_compile (torch.compile'd chunk core) chunk_triton "
+                         "(the Triton kernels, CUDA); recurrent is timed first, the speed-up columns divide by it")
     sp.add_argument("--lengths", nargs="+", type=int, default=[512, 2048])
     sp.add_argument("--repeats", type=int, default=5, help="timed calls per row (the median is reported)")
     sp.add_argument("--warmup", type=int, default=1, help="untimed calls before them")
@@ -155,6 +173,32 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--cuda-graph", action="store_true",
                     help="CUDA: also time each model that can decode through a CUDA graph that way (rows '+graph')")
     dc.set_defaults(fn=_bench_decode)
+    tr = bsub.add_parser("train", help="one LM optimizer step (forward, backward, AdamW): tokens/s and peak memory "
+                                       "against the softmax transformer of the same shape")
+    tr.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
+    tr.add_argument("--d-model", type=int, default=256)
+    tr.add_argument("--n-layers", type=int, default=2)
+    tr.add_argument("--num-heads", type=int, default=4)
+    tr.add_argument("--head-dim", type=int, default=64)
+    tr.add_argument("--vocab-size", type=int, default=1024)
+    tr.add_argument("--batch", type=int, default=None,
+                    help="sequences per step, with every --lengths entry (default 1)")
+    tr.add_argument("--lengths", nargs="+", type=int, default=None, help="sequence lengths T (default 512 2048)")
+    tr.add_argument("--shapes", nargs="+", default=None,
+                    help="B,T pairs instead of --batch/--lengths, e.g. --shapes 4,4096 4,8192 1,32768")
+    tr.add_argument("--steps", type=int, default=5, help="timed steps per row (the median is reported)")
+    tr.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    tr.add_argument("--device", default="cpu")
+    tr.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="bfloat16: autocast over fp32 weights and optimizer state")
+    tr.add_argument("--backend", default="auto",
+                    help="the fast-weight mixers' training-form backend (auto, torch, compile, triton); "
+                         "softmax_attention keeps auto")
+    tr.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
+                         "0 keeps torch's default)")
+    tr.add_argument("--out", default="runs/bench/train")
+    tr.set_defaults(fn=_bench_train)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")
     cp.add_argument("--settings", nargs="+", default=None, help="random skewed update stream (default: all)")

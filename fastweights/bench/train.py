@@ -1,0 +1,336 @@
+"""`fastweights bench train`: one optimizer step of a language model — forward, backward and an
+AdamW step — per model and (B, T), side by side with the softmax transformer of the same shape.
+
+For every (B, T) and model (softmax_attention first: the ratios' base): build
+`LM(LMConfig(vocab_size, d_model, n_layers, num_heads, head_dim, mixer=model, backend=...))` under
+`torch.device(device)`, so "auto" resolves each layer's backend for that device (--backend applies
+to the fast-weight mixers; softmax_attention keeps "auto"; the resolved names are reported), then
+run `warmup` untimed and `steps` timed training steps, each on a fresh random batch of token ids
+[B, T + 1]:
+
+    logits = LM(ids[:, :-1])                       [B, T, vocab]  (bf16 autocast with --dtype bfloat16;
+    loss   = cross_entropy(logits (fp32), ids[:, 1:])              weights and optimizer state fp32)
+    loss.backward(); AdamW.step(); zero_grad(set_to_none=True)
+
+AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which). Reported per row:
+
+    step ms      the median of the timed steps (CUDA: device events around the step, synchronized;
+                 CPU: a host clock); the batch is drawn before the clock starts
+    tokens/s     B·T / step
+    peak         CUDA only: torch.cuda.max_memory_allocated over the row (weights, gradients, AdamW
+                 state and activations), after reset_peak_memory_stats with the previous row freed;
+                 "—" elsewhere (no number is made up)
+    params       LM.num_parameters() (each mixer keeps its preset wiring: the same d_model, layers,
+                 heads and head_dim, but e.g. gated_deltanet's value heads are 2× wide)
+    backends     the backend of each layer's training form (`LM.backends`), e.g. "chunk×8"
+    vs softmax   this row's tokens/s and peak over the softmax_attention row of the same (B, T), when
+                 that row is in the run and succeeded
+
+A row that fails (out of memory, a backend that refuses the shape, ...) is recorded with its error
+and the run goes on; the model, optimizer and batch are freed between rows. `train.md` (the command
+and the table) and `train.json` are written under --out after every row, so a run that dies keeps
+every row already measured.
+
+Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
+same for every model.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import shlex
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..models import LM, LMConfig
+
+__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "BASE_MODEL"]
+
+BASE_MODEL = "softmax_attention"
+"""The model every row's ratios divide by (same B and T)."""
+
+DEFAULT_LENGTHS = (512, 2048)
+
+DTYPES = ("bfloat16", "float32")
+"""--dtype: bf16 autocast over fp32 weights, or plain fp32."""
+
+
+@dataclass
+class TrainRow:
+    model: str
+    B: int
+    T: int
+    dtype: str
+    device: str
+    optimizer: str  # "AdamW fused" | "AdamW foreach"
+    params: int | None = None
+    backends: list[str] = field(default_factory=list)
+    step_ms: float | None = None
+    tokens_per_s: float | None = None
+    peak_bytes: int | None = None  # CUDA max_memory_allocated; None elsewhere
+    tokens_vs_base: float | None = None  # this tokens/s / softmax_attention's (same B, T)
+    peak_vs_base: float | None = None  # this peak / softmax_attention's (same B, T)
+    step_ms_all: list[float] = field(default_factory=list)
+    loss: float | None = None  # the last timed step's loss (a finite number: the step really ran)
+    error: str = ""
+
+
+def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Sequence[int] | None
+                 ) -> list[tuple[int, int]]:
+    """(B, T) pairs: each --shapes entry "B,T", or --batch (None: 1) × every --lengths entry (None:
+    DEFAULT_LENGTHS); ArgError naming the flag."""
+    from .. import cliargs as ca
+
+    if shapes is not None:
+        for flag, v in (("--lengths", lengths), ("--batch", batch)):
+            if v is not None:
+                raise ca.ArgError(f"{flag}: --shapes gives B,T pairs, leave out --batch and --lengths with it")
+        if not shapes:
+            raise ca.ArgError("--shapes needs at least one B,T pair, e.g. 4,4096")
+        out = []
+        for s in shapes:
+            parts = str(s).split(",")
+            try:
+                B, T = (int(p) for p in parts)
+            except ValueError:
+                raise ca.ArgError(f"--shapes: {s!r} is not a pair of integers B,T (e.g. 4,4096)") from None
+            if B < 1 or T < 1:
+                raise ca.ArgError(f"--shapes: {s!r} needs B ≥ 1 and T ≥ 1")
+            out.append((B, T))
+        return list(dict.fromkeys(out))
+    if lengths is None:
+        lengths = DEFAULT_LENGTHS
+    if not lengths:
+        raise ca.ArgError("--lengths needs at least one sequence length")
+    ca.positive("--lengths", list(lengths), allow_none=False)
+    batch = 1 if batch is None else batch
+    ca.positive("--batch", batch, allow_none=False)
+    return [(batch, T) for T in dict.fromkeys(lengths)]
+
+
+def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, backend) -> LMConfig:
+    """The LMConfig of one row; `backend` applies to fast-weight mixers (softmax-side ones keep "auto")."""
+    from .. import zoo
+
+    return LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
+                    head_dim=head_dim, mixer=model, backend="auto" if zoo.resolve(model).is_softmax else backend)
+
+
+_CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "backend")
+
+
+def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
+               lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
+               backend="auto") -> list[tuple[int, int]]:
+    """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
+    returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
+    describe is refused before the first row."""
+    from .. import cliargs as ca
+    from ..models import ConfigError
+
+    if not models:
+        raise ca.ArgError("--models needs at least one zoo name")
+    ca.zoo_names("--models", models)
+    for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
+                    ("--head-dim", head_dim), ("--vocab-size", vocab_size), ("--steps", steps)):
+        ca.positive(flag, v, allow_none=False)
+    ca.nonnegative("--warmup", warmup, allow_none=False)
+    ca.threads("--threads", threads, zero_ok=True)
+    if dtype not in DTYPES:
+        raise ca.ArgError(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
+    ca.device("--device", device)
+    from ..dispatch import DISPATCH
+
+    known = sorted({b for (_, _, b) in DISPATCH})
+    if backend != "auto" and backend not in known:
+        raise ca.ArgError(f"--backend must be 'auto' or one of {', '.join(known)}, got {backend!r}")
+    pairs = parse_shapes(shapes, batch, lengths)
+    for m in dict.fromkeys(models):
+        try:
+            _config(m, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
+                    head_dim=head_dim, backend=backend)
+        except ConfigError as e:  # "LMConfig.mixer (m): RoPE needs an even head_dim, got 15" -> --head-dim
+            msg = str(e).split(": ", 1)[-1] if str(e).startswith("LMConfig.mixer") else str(e)
+            named = [f for f in _CONFIG_FLAGS if f in msg]
+            flag = "--" + named[0].replace("_", "-") if named else "--models"
+            raise ca.ArgError(f"{flag}: model {m} cannot be built: {msg}") from None
+    return pairs
+
+
+def _optimizer(lm: torch.nn.Module, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
+    if device.type == "cuda":
+        return torch.optim.AdamW(lm.parameters(), lr=1e-4, fused=True), "AdamW fused"
+    return torch.optim.AdamW(lm.parameters(), lr=1e-4, foreach=True), "AdamW foreach"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device, bf16: bool, steps: int,
+             warmup: int) -> None:
+    """Fill row's measurements (raises on failure; the caller records the error)."""
+    with torch.device(device):  # "auto" backends resolve for the device the LM is built on
+        lm = LM(cfg)
+    lm.train()
+    row.params = lm.num_parameters()
+    row.backends = list(lm.backends)
+    opt, row.optimizer = _optimizer(lm, device)
+
+    def batch() -> torch.Tensor:
+        return torch.randint(0, cfg.vocab_size, (B, T + 1), device=device)
+
+    def step(ids: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = lm(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for _ in range(warmup):
+        step(batch())
+    _sync(device)
+    times, loss = [], None
+    for _ in range(steps):
+        ids = batch()
+        if device.type == "cuda":
+            _sync(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = step(ids)
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            loss = step(ids)
+            times.append(1e3 * (time.perf_counter() - t0))
+    row.step_ms_all = times
+    row.step_ms = statistics.median(times)
+    row.tokens_per_s = B * T / (row.step_ms / 1e3)
+    row.loss = float(loss)
+    if device.type == "cuda":
+        row.peak_bytes = int(torch.cuda.max_memory_allocated(device))
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def _fill_ratios(rows: list[TrainRow]) -> None:
+    """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T)."""
+    for r in rows:
+        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T) == (r.B, r.T) and not b.error), None)
+        r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
+        r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
+
+
+def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
+              vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
+              dtype="bfloat16", threads=None, backend="auto", out_dir="runs/bench/train", command=None,
+              log: Callable[[str], None] = print) -> list[TrainRow]:
+    """Measure every ((B, T), model) row; see the module doc. Returns the rows."""
+    pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
+                       vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
+                       warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend)
+    models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if threads:
+        torch.set_num_threads(threads)
+    os.makedirs(out_dir, exist_ok=True)
+    kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
+              backend=backend)
+    command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
+                                  threads=threads, out_dir=out_dir, **kw)
+    setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
+             f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
+             f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}")
+    log(f"bench train: {len(pairs) * len(models)} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
+    log(HEADER)
+    rows: list[TrainRow] = []
+    t_start = time.perf_counter()
+    for B, T in pairs:
+        for m in models:
+            row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach")
+            _free(dev)
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            try:
+                _measure(row, _config(m, **kw), B, T, dev, dtype == "bfloat16", steps, warmup)
+            except Exception as e:  # out of memory, a backend refusing the shape, ...: a result too
+                row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                row.step_ms = row.tokens_per_s = row.peak_bytes = row.loss = None
+            _free(dev)
+            rows.append(row)
+            _fill_ratios(rows)
+            _write(rows, out_dir, command, setup)
+            log(_fmt(row))
+    log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
+    return rows
+
+
+def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
+             num_heads, head_dim, backend) -> str:
+    """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
+    parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
+    for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
+                    ("--head-dim", head_dim), ("--vocab-size", vocab_size), ("--steps", steps),
+                    ("--warmup", warmup), ("--device", device), ("--dtype", dtype), ("--backend", backend),
+                    ("--threads", 0 if threads is None else threads), ("--out", out_dir)):
+        parts += [flag, str(v)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _x(v) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def _fmt(r: TrainRow) -> str:
+    def num(v, f):
+        return "—" if v is None else format(v, f)
+
+    counts: dict[str, int] = {}
+    for b in r.backends:
+        counts[b] = counts.get(b, 0) + 1
+    backends = ", ".join(f"{b}×{n}" for b, n in counts.items()) or "—"
+    peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
+    tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
+    err = f"  {r.error}" if r.error else ""
+    return (f"| {r.model} | {r.B}×{r.T} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
+            f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
+            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} |{err}")
+
+
+HEADER = ("| model | B×T | params | backends | optimizer | step ms | tokens/s | peak GiB | tokens/s vs softmax "
+          "| peak vs softmax |\n|---|---|---:|---|---|---:|---:|---:|---:|---:|")
+"""vs softmax: this row over the softmax_attention row of the same B×T."""
+
+
+def format_table(rows: Sequence[TrainRow]) -> str:
+    return HEADER + "\n" + "\n".join(_fmt(r) for r in rows) + "\n"
+
+
+def _write(rows, out_dir, command, setup) -> None:
+    with open(os.path.join(out_dir, "train.json"), "w") as f:
+        json.dump({"command": command, "setup": setup, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    with open(os.path.join(out_dir, "train.md"), "w") as f:
+        f.write(f"```bash\n{command}\n```\n\n{setup}\n\n" + format_table(rows))

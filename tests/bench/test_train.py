@@ -1,0 +1,124 @@
+"""`fastweights bench train`: a tiny CPU run writes the table and the JSON (positive tokens/s for
+both models, the ratio against softmax_attention), every argument is checked before anything runs,
+and a failing row is recorded while the run goes on."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fastweights import cli
+from fastweights.bench import train
+from fastweights.cliargs import ArgError
+from fastweights.models import LM
+
+TINY = ["--d-model", "32", "--n-layers", "2", "--num-heads", "2", "--head-dim", "16", "--vocab-size", "64",
+        "--steps", "2", "--warmup", "1", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def test_tiny_cpu_run_writes_table_and_json_with_ratios(tmp_path, capsys):
+    rc = cli.main(["bench", "train", *TINY, "--lengths", "64", "--dtype", "bfloat16", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, ln in enumerate(out) if ln.startswith("| model |"))
+    assert "tokens/s vs softmax" in out[head] and "peak GiB" in out[head]
+    printed = [ln for ln in out if ln.startswith(("| gated_deltanet |", "| softmax_attention |"))]
+    assert [ln.split(" | ")[0] for ln in printed] == ["| softmax_attention", "| gated_deltanet"]  # the base first
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["command"].startswith("fastweights bench train --models softmax_attention gated_deltanet "
+                                      "--shapes 1,64 ")
+    rows = {r["model"]: r for r in data["rows"]}
+    assert set(rows) == {"gated_deltanet", "softmax_attention"}
+    base, gdn = rows["softmax_attention"], rows["gated_deltanet"]
+    for r in (base, gdn):
+        assert not r["error"], r["error"]
+        assert (r["B"], r["T"], r["dtype"], r["optimizer"]) == (1, 64, "bfloat16", "AdamW foreach")
+        assert r["tokens_per_s"] > 0 and len(r["step_ms_all"]) == 2
+        assert r["tokens_per_s"] == pytest.approx(64 / (r["step_ms"] / 1e3))
+        assert r["peak_bytes"] is None and r["peak_vs_base"] is None  # CPU: no number made up
+        assert r["params"] > 0 and len(r["backends"]) == 2
+        assert math.isfinite(r["loss"]) and r["loss"] > 0  # finite: the step really ran
+    assert base["tokens_vs_base"] == pytest.approx(1.0)
+    assert gdn["tokens_vs_base"] == pytest.approx(gdn["tokens_per_s"] / base["tokens_per_s"])
+    md = (tmp_path / "train.md").read_text()
+    assert data["command"] in md and md.count("\n| gated_deltanet |") == 1
+    assert md.split("\n| gated_deltanet |")[1].split("\n")[0].split(" | ")[7] == f"{gdn['tokens_vs_base']:.2f}×"
+
+
+def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
+    """After one timed step (no warm-up) every parameter of the LM has moved; fp32, one model."""
+    built = []
+
+    class Recorded(LM):
+        def __init__(self, config):
+            super().__init__(config)
+            built.append((self, {n: p.detach().clone() for n, p in self.named_parameters()}))
+
+    monkeypatch.setattr(train, "LM", Recorded)
+    rows = train.run_train(models=["gated_deltanet"], d_model=16, n_layers=1, num_heads=2, head_dim=8,
+                           vocab_size=32, lengths=[16], steps=1, warmup=0, dtype="float32", threads=1,
+                           out_dir=str(tmp_path), log=lambda s: None)
+    assert rows[0].tokens_per_s > 0 and rows[0].tokens_vs_base is None  # no softmax row: no ratio
+    lm, before = built[0]
+    assert [n for n, p in lm.named_parameters() if torch.equal(p.detach(), before[n])] == []
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--models", "foo"], "--models"), (["--d-model", "0"], "--d-model"), (["--n-layers", "-1"], "--n-layers"),
+    (["--num-heads", "0"], "--num-heads"), (["--head-dim", "0"], "--head-dim"), (["--vocab-size", "0"], "--vocab-size"),
+    (["--lengths", "0"], "--lengths"), (["--batch", "0"], "--batch"), (["--steps", "0"], "--steps"),
+    (["--warmup", "-1"], "--warmup"), (["--threads", "-1"], "--threads"), (["--device", "tpu"], "--device"),
+    (["--shapes", "4x64"], "--shapes"), (["--shapes", "0,64"], "--shapes"), (["--shapes", "1,64", "--lengths", "64"],
+                                                                            "--lengths"),
+    (["--shapes", "1,64", "--batch", "2"], "--batch"), (["--backend", "cuda"], "--backend"),
+    (["--models", "softmax_attention", "--head-dim", "15"], "--head-dim"),  # RoPE: an even head_dim
+    (["--out", "/proc/version/x"], "--out")])
+def test_bad_arguments_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(tmp_path / "x")]
+    assert cli.main(["bench", "train", *argv]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {flag}") and not cap.out, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_dtype_is_refused_by_check_args():
+    with pytest.raises(ArgError, match="^--dtype"):
+        train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
+                         lengths=[64], dtype="float16")
+
+
+def test_a_failing_row_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    class Failing(LM):
+        def forward(self, ids, **kw):
+            if self.config.mixer == "gated_deltanet":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 34.00 GiB\nsecond line")
+            return super().forward(ids, **kw)
+
+    monkeypatch.setattr(train, "LM", Failing)
+    lines = []
+    rows = train.run_train(models=["gated_deltanet", "softmax_attention"], d_model=32, n_layers=2, num_heads=2,
+                           head_dim=16, vocab_size=64, shapes=["1,32", "2,16"], steps=1, warmup=1, threads=1,
+                           out_dir=str(tmp_path), log=lines.append)
+    assert [(r.model, r.B, r.T) for r in rows] == [("softmax_attention", 1, 32), ("gated_deltanet", 1, 32),
+                                                   ("softmax_attention", 2, 16), ("gated_deltanet", 2, 16)]
+    for r in rows:
+        if r.model == "gated_deltanet":
+            assert r.error == "OutOfMemoryError: CUDA out of memory. Tried to allocate 34.00 GiB"
+            assert r.tokens_per_s is None and r.tokens_vs_base is None and r.params > 0
+        else:
+            assert not r.error and r.tokens_per_s > 0 and r.tokens_vs_base == pytest.approx(1.0)
+    recs = json.loads((tmp_path / "train.json").read_text())["rows"]
+    assert [r["error"] != "" for r in recs] == [False, True, False, True]
+    assert any("| gated_deltanet | 2×16 |" in ln and "OutOfMemoryError" in ln for ln in lines)

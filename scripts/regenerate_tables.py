@@ -39,6 +39,8 @@ RUNS = {
 TABLES = {
     "mqar_quick_text": ("mqar_quick", "text", ("docs/mqar.md",)),
     "mqar_quick_md": ("mqar_quick", "markdown_state", ("BENCHMARKS.md",)),
+    "mqar_e40_text": ("mqar_quick_e40", "text", ("docs/mqar.md",)),
+    "mqar_e40_md": ("mqar_quick_e40", "markdown_ranked", ("BENCHMARKS.md",)),
     "capacity_text": ("capacity", "capacity_text", ("docs/capacity.md",)),
     "capacity_cells": ("capacity", "capacity_cells", ("README.md",)),
 }
@@ -47,6 +49,8 @@ TABLES = {
 PLOTS = {
     "mqar_quick": {"mqar_d_model.png": "docs/img/mqar_quick_d_model.png",
                    "mqar_state.png": "docs/img/mqar_quick_state.png"},
+    "mqar_quick_e40": {"mqar_d_model.png": "docs/img/mqar_e40_d_model.png",
+                       "mqar_state.png": "docs/img/mqar_e40_state.png"},
 }
 
 

@@ -49,21 +49,10 @@ def save():
 
 
 def bench_ms(fn, warmup=3, reps=20) -> float:
-    """Median ms of fn() over `reps` calls, device events around each (after `warmup` calls)."""
-    import statistics
+    """Median ms of fn() over `reps` calls, device events around each (`bench speed`'s timer)."""
+    from fastweights.bench.speed import _bench
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return _bench(fn, torch.device("cuda"), warmup, reps)
 
 
 # ----------------------------------------------------------------------------------------- stages

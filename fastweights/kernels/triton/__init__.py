@@ -1,7 +1,7 @@
 """Triton kernels of the chunk form (GPU; CPU tensors under TRITON_INTERPRET=1).
 
 Never imported by `import fastweights`: `@triton.jit` reads TRITON_INTERPRET when a kernel is
-*defined*, so the dispatch row (`fastweights.kernels.triton_rows`) imports these modules on the
+*defined*, so the dispatch rows (`fastweights.kernels.rows`) import these modules on the
 first call only.
 
 One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwise`:
@@ -13,4 +13,16 @@ One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwi
     output.py    chunk_outputs: o = A V + (scale q ⊙ e^G) S_n; backward: dv and dA = dO Vᵀ
     qk_grads.py  backward of scores and outputs: dq, dk, dβ and the per-row dG
     gated.py     glue: autograd.Function, `chunk_gated_triton` with chunk_gated's signature
+    args.py      the argument checks and the T = 0 result both glues share
+    decode.py    fused_recurrent_step: T tokens of the recurrence, state updated in place (decoding)
+
+The delta class (decay first: DeltaNet, gated DeltaNet, KDA), reusing cumsum, scores, output and
+qk_grads (interpreter-verified; no dispatch row until it has run on a GPU):
+
+    delta_inverse.py  the per-chunk (I + strict(β K Kᵀ ⊙ decay))⁻¹
+    delta_wy.py       W and U' (the WY representation) and their backward
+    delta_states.py   the delta state pass with U = U' − W S_n fused in, and its transposed pass
+    delta_output.py   the output's local backward (Aqkᵀ dO, dAqk)
+    delta_grads.py    the dq/dk/dG parts summed, folded over grouped heads, cast
+    delta.py          glue: autograd.Function, `chunk_delta_triton` with chunk_delta's signature
 """

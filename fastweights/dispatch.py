@@ -102,13 +102,16 @@ def _always(recipe: Recipe, target: Target) -> str | None:
 @dataclass(frozen=True)
 class Impl:
     """One row: `fn(call, **options)` serves the (class, form) on `backend`; `supports(recipe, target)`
-    returns None when it can serve, else the reason it cannot (shown in errors and listings)."""
+    returns None when it can serve, else the reason it cannot (shown in errors and listings).
+    auto=False: the row serves only when its backend is asked for by name — "auto" passes it by
+    (a kernel not yet verified on the device it targets)."""
 
     recipe_class: RecipeClass
     form: Form
     backend: str
     fn: Callable
     supports: Callable[[Recipe, Target], str | None] = _always
+    auto: bool = True
 
 
 #: (recipe class, form, backend) -> Impl. Filled by `register` (torch_backend below; kernels later).
@@ -116,8 +119,9 @@ DISPATCH: dict[tuple[RecipeClass, Form, str], Impl] = {}
 
 
 def register(recipe_class: RecipeClass, form: Form, backend: str, fn: Callable,
-             supports: Callable[[Recipe, Target], str | None] = _always) -> Impl:
-    """Add one row to DISPATCH (one row per key: registering a key twice is an error)."""
+             supports: Callable[[Recipe, Target], str | None] = _always, *, auto: bool = True) -> Impl:
+    """Add one row to DISPATCH (one row per key: registering a key twice is an error); auto=False
+    keeps "auto" from choosing it (see `Impl`)."""
     if recipe_class not in RECIPE_CLASSES:
         raise ValueError(f"unknown recipe class {recipe_class!r}; classes are {list(RECIPE_CLASSES)}")
     if form not in FORMS:
@@ -125,7 +129,7 @@ def register(recipe_class: RecipeClass, form: Form, backend: str, fn: Callable,
     key = (recipe_class, form, backend)
     if key in DISPATCH:
         raise ValueError(f"DISPATCH already has a row for {key}")
-    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports)
+    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports, auto)
     return impl
 
 
@@ -154,13 +158,15 @@ def forms(model) -> list[str]:
 def backends(model, *, form: str = "chunk", device=None, dtype: torch.dtype | None = None,
              head_dim: int | None = None, head_v_dim: int | None = None) -> list[str]:
     """The backends that can serve `form` of `model` on `device` (default cpu) with `dtype`, in
-    the order "auto" tries them (AUTO_ORDER first, then the rest, e.g. "compile")."""
+    the order "auto" tries them (AUTO_ORDER first, then the rest: e.g. "compile", and rows "auto"
+    passes by)."""
     recipe = resolve(model)
     if form not in FORMS:
         raise InputError(f"form must be one of {list(FORMS)}, got {form!r}")
     target = Target.of(device, dtype, head_dim, head_v_dim)
-    ok = [impl.backend for impl in _rows(recipe, form) if impl.supports(recipe, target) is None]
-    ordered = [b for b in AUTO_ORDER if b in ok]
+    rows = [impl for impl in _rows(recipe, form) if impl.supports(recipe, target) is None]
+    ok = [impl.backend for impl in rows]
+    ordered = [b for b in AUTO_ORDER if any(impl.backend == b and impl.auto for impl in rows)]
     return ordered + [b for b in ok if b not in ordered]
 
 
@@ -183,7 +189,7 @@ def resolve_backend(recipe: Recipe, form: str, backend: str, target: Target) -> 
     rows = {impl.backend: impl for impl in _rows(recipe, form)}
     if backend == "auto":
         for name in AUTO_ORDER:
-            if name in rows and rows[name].supports(recipe, target) is None:
+            if name in rows and rows[name].auto and rows[name].supports(recipe, target) is None:
                 return name
         raise BackendNotAvailable(f"no backend serves the {form} form of {recipe.name} on {target.device_type}")
     if backend in rows:

@@ -5,6 +5,9 @@ decorators read TRITON_INTERPRET when they run) is imported on a row's first cal
 gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.gated.chunk_gated_triton
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
 delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
+delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
+                                      (auto=False: served only when asked for by name — verified
+                                      under the interpreter, never yet on a GPU)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, its backend resolved once at construction). The functional form never changes the
@@ -25,7 +28,8 @@ import torch
 from ..recipe import Recipe
 from ..state import MemoryState
 
-__all__ = ["gated_linear_chunk", "linear_recurrent", "triton_gated_supports", "triton_step_supports", "MAX_HEAD_DIM"]
+__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "triton_gated_supports", "triton_step_supports",
+           "triton_delta_supports", "MAX_HEAD_DIM"]
 
 MAX_HEAD_DIM = 256
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -95,6 +99,22 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
+def triton_delta_supports(recipe: Recipe, target) -> str | None:
+    """Why the delta chunk Triton row cannot serve (None when it can): as `triton_gated_supports`,
+    and the delta rule with the decay first (DeltaNet, gated DeltaNet, KDA): no Comba (decay after,
+    probe key), no DeltaProduct micro-steps."""
+    why = triton_gated_supports(recipe, target)
+    if why is not None:
+        return why
+    if not recipe.retention.decay_first:
+        return "the Triton delta kernels decay first (not Comba's decay-after)"
+    if recipe.objective.probe:
+        return "the Triton delta kernels read the error at the key (no probe key p)"
+    if recipe.optimizer.householder_steps > 1:
+        return "the Triton delta kernels run one delta step per token (not DeltaProduct's micro-steps)"
+    return None
+
+
 def _gates(call):
     """(g [B, T, H(, K)] or None, β [B, T, H] or None) of a Call: constant retention becomes a per-head
     log γ on every token."""
@@ -104,6 +124,21 @@ def _gates(call):
         g = torch.tensor(recipe.retention.log_gammas(s.H), dtype=torch.float32,
                          device=call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
     return g, call.inputs.get("beta")
+
+
+def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
+    """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton`."""
+    from ..torch_backend import finish_state
+    from .triton.delta import chunk_delta_triton
+
+    g, beta = _gates(call)
+    S0 = call.initial_state
+    if isinstance(S0, MemoryState):
+        S0 = S0.weights[0]
+    o, S = chunk_delta_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale, initial_state=S0,
+                              output_final_state=call.output_final_state, chunk_size=chunk_size,
+                              cu_seqlens=cu_seqlens)
+    return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
 class _RecurrentStep(torch.autograd.Function):
@@ -168,6 +203,7 @@ def _register():
     register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
     register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
     register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
+    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=False)
 
 
 _register()

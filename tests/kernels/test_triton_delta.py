@@ -380,3 +380,44 @@ def test_cuda_long_bf16(gate, gen):
     seed = secrets.randbits(31)
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed),
            TRITON_DELTA_LOW_REL[torch.bfloat16], "T=65536")
+
+
+# ---------------------------------------------------------------------------- the dispatch row (explicit only)
+@pytest.mark.parametrize("model", ["deltanet", "gated_deltanet", "kda"])
+def test_dispatch_row_matches_torch_backend(model, gen):
+    """The delta chunk triton row's fn on a validated Call gives the torch row's outputs and final
+    state; called directly because its predicate asks for CUDA."""
+    from fastweights.dispatch import DISPATCH, Call
+    from fastweights.inputs import validate
+
+    recipe = fw.zoo.get(model)
+    x = fw.example_inputs(model, batch_size=1, seq_len=21, num_heads=2, head_dim=16, generator=gen)
+    x.pop("initial_state", None)
+    x = {key: val.to(DEV) for key, val in x.items()}
+    q, k, v = x.pop("q"), x.pop("k"), x.pop("v")
+    S0 = 0.3 * torch.randn(1, 2, 16, 16, generator=gen).to(DEV)
+    call = Call(recipe=recipe, q=q, k=k, v=v, inputs=x, shapes=validate(recipe, q, k, v, x), scale=0.25,
+                initial_state=S0, output_final_state=True)
+    o1, S1 = DISPATCH[("delta", "chunk", "triton")].fn(call, chunk_size=16)
+    cpu = Call(recipe=recipe, q=q.cpu(), k=k.cpu(), v=v.cpu(), inputs={a: b.cpu() for a, b in x.items()},
+               shapes=call.shapes, scale=0.25, initial_state=S0.cpu(), output_final_state=True)
+    o2, S2 = DISPATCH[("delta", "chunk", "torch")].fn(cpu, chunk_size=16)
+    assert rel(o1, o2) < CHUNK_F32_REL and rel(S1, S2) < CHUNK_F32_REL
+
+
+def test_dispatch_row_is_explicit_only():
+    """"auto" passes the delta chunk triton row by (never run on a GPU yet); asked for by name on a
+    CUDA target it serves; its predicate refuses Comba and DeltaProduct."""
+    from fastweights.dispatch import DISPATCH, Target, resolve_backend
+
+    bf16 = Target.of("cuda", torch.bfloat16, 128, 128)
+    gdn = fw.zoo.get("gated_deltanet")
+    assert DISPATCH[("delta", "chunk", "triton")].auto is False
+    assert resolve_backend(gdn, "chunk", "auto", bf16) == "torch"
+    assert resolve_backend(gdn, "chunk", "triton", bf16) == "triton"
+    listed = fw.backends("gated_deltanet", device="cuda", dtype=torch.bfloat16, head_dim=128, head_v_dim=128)
+    assert listed[0] == "torch" and "triton" in listed
+    sup = DISPATCH[("delta", "chunk", "triton")].supports
+    assert "decay" in sup(fw.zoo.get("comba"), bf16)
+    assert "micro-steps" in sup(fw.zoo.get("deltaproduct"), bf16)
+    assert "CUDA" in sup(gdn, Target.of("cpu", torch.float32, 64, 64))

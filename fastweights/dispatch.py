@@ -16,12 +16,14 @@ Backends
              one-time compile step, so "auto" never picks it).
     triton   the GPU kernels of fastweights.kernels (fastweights/kernels/rows.py: the gated-linear
              chunk form, and the recurrent form of the gated-linear and delta classes by the fused
-             step kernel that decoding uses; CUDA devices, fp32/bf16/fp16, identity feature map,
-             K and V ≤ 256). The rows' module imports no kernel: they load on the first call.
+             step kernel that decoding uses; the delta chunk form only when asked for by name;
+             CUDA devices, fp32/bf16/fp16, identity feature map, K and V ≤ 256). The rows' module
+             imports no kernel: they load on the first call.
 
 "auto" resolves deterministically from what the call *is* — the recipe, the device type, the
 dtype and the head dims — never from data or the sequence length: the first backend of
-`AUTO_ORDER` registered for the (class, form) whose capability predicate accepts the target.
+`AUTO_ORDER` registered for the (class, form) whose capability predicate accepts the target
+(rows registered with auto=False are passed by: they serve only when asked for by name).
 An explicit backend that cannot serve raises `BackendNotAvailable` naming the ones that can;
 `backends(model, ...)` lists them.
 """

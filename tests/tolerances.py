@@ -165,3 +165,13 @@ TRITON_LOW_REL = {torch.bfloat16: 4e-2, torch.float16: 4e-3}
 # inverse T rounded to bf16 as a tensor-core operand and W, U', U stored in bf16. Measured under the
 # interpreter (T = 40, K = V = 16, 12 draws over the three gates): ≤ 2.7e-2; bound with about 2.2× room.
 TRITON_DELTA_LOW_REL = {torch.bfloat16: 6e-2}
+# the Triton delta prologue (fused L2 norm, β, Mamba-style gate, its chunk cumsum) with fp32
+# inputs vs float64, relative, outputs and every gradient: a few fp32 roundings per element, and
+# the per-head sums of dA_log / d dt_bias over B·T·K_a terms in fp32. Measured under the interpreter
+# (T = 65, 16 draws over both gates): ≤ 4.2e-7.
+PROLOGUE_F32_REL = 1e-5
+# the same with bf16/fp16 q, k, b, a: q̂, k̂ and the gradients of q, k, b, a are rounded to the input
+# dtype, and so is the incoming gradient of q̂, k̂ (bf16: 2⁻⁸ ≈ 3.9e-3 relative per rounding to nearest;
+# Triton 3.6's interpreter converts fp32 → bf16 by truncation, up to 2⁻⁷). Measured under the
+# interpreter (T = 65, 16 draws over both gates): bf16 ≤ 7.4e-3, fp16 ≤ 6.6e-4; bounds with ≈ 2.7× and 6× room.
+PROLOGUE_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}

@@ -38,11 +38,13 @@ def gen():
 
 def _inputs(gen, gate, *, B=2, T=37, Hq=1, H=2, K=12, Ka=12, dtype=torch.float32):
     """q, k [B, T, H_q, K], b [B, T, H], a [B, T, H(, K_a)], A_log [H], dt_bias [H(·K_a)], float64
-    rounded to `dtype` (the parameters stay fp32). a spans softplus's tails (|a| up to ~25)."""
+    rounded to `dtype` (the parameters stay fp32). a spans softplus's tails (|a| up to ~25); the rows
+    of q have norms from 1e-4·√K to √K, so Σ q² meets eps (the convention of eps matters)."""
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    x = {"q": rnd(B, T, Hq, K), "k": 3.0 * rnd(B, T, Hq, K), "b": 2.0 * rnd(B, T, H)}
+    row_scale = 10.0 ** (-4 * torch.rand(B, T, Hq, 1, generator=gen, dtype=torch.float64))
+    x = {"q": rnd(B, T, Hq, K) * row_scale, "k": 3.0 * rnd(B, T, Hq, K), "b": 2.0 * rnd(B, T, H)}
     if gate is not None:
         x["a"] = 6.0 * rnd(*((B, T, H) if gate == "mamba" else (B, T, H, Ka)))
         x["A_log"] = torch.log(torch.rand(H, generator=gen, dtype=torch.float64) * 15 + 1)
@@ -140,7 +142,12 @@ def _compare(x, tol, **kw):
 def test_prologue_matches_layer_ops(gate, gen):
     """Every output and every gradient, fp32 inputs, grouped heads (H_q = 1, H = 2, so the program
     of head 1 has no q/k row), T odd, K = 12 (a masked tile), β up to 2 (negative eigenvalues)."""
-    _compare(_inputs(gen, gate), PROLOGUE_F32_REL, gate=gate, beta_max=2.0)
+    x = _inputs(gen, gate)
+    _compare(x, PROLOGUE_F32_REL, gate=gate, beta_max=2.0)
+    # g element by element (softplus's negative tail, down to e^-25, keeps its relative precision)
+    g = delta_prologue(None, None, None, x["a"].to(DEV), x["A_log"].to(DEV), x["dt_bias"].to(DEV), gate=gate)[3]
+    want = _reference({n: v.double() for n, v in x.items()}, gate=gate)["g"]
+    assert ((g.double().cpu() - want).abs() / want.abs()).max().item() < PROLOGUE_F32_REL
 
 
 def test_prologue_each_option(gen):

@@ -141,8 +141,9 @@ def _compare(x, tol, **kw):
 @pytest.mark.parametrize("gate", ["mamba", "kda"])
 def test_prologue_matches_layer_ops(gate, gen):
     """Every output and every gradient, fp32 inputs, grouped heads (H_q = 1, H = 2, so the program
-    of head 1 has no q/k row), T odd, K = 12 (a masked tile), β up to 2 (negative eigenvalues)."""
-    x = _inputs(gen, gate)
+    of head 1 has no q/k row), T odd, K = 12 (a masked tile), K_a = 40 (two column blocks of the
+    "kda" gate, the second masked), β up to 2 (negative eigenvalues)."""
+    x = _inputs(gen, gate, Ka=40)
     _compare(x, PROLOGUE_F32_REL, gate=gate, beta_max=2.0)
     # g element by element (softplus's negative tail, down to e^-25, keeps its relative precision)
     g = delta_prologue(None, None, None, x["a"].to(DEV), x["A_log"].to(DEV), x["dt_bias"].to(DEV), gate=gate)[3]

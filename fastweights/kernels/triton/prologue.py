@@ -29,7 +29,8 @@ grouped layer; DeltaProduct's k and b carry n·H_q and n·H); every row of each 
 
 Grid (chunk slots NT, B · max heads): program (n, b·h) holds the rows of chunk n of batch row b
 (`chunk_size` rows, or 64 without the cumsum) and head h of every tensor that has h heads or more;
-q and k in blocks of BR rows × K channels, the gates as one C-row (× K_a) tile, cumsummed in registers.
+q and k in blocks of BR rows × K channels, the gate as C-row tiles (× 32 key channels per
+block for "kda"), cumsummed in registers.
 Varlen (`cu_seqlens`, B = 1) only changes where the chunks start (it matters for the cumsum only).
 """
 
@@ -94,7 +95,7 @@ def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
                      cu, chunk_seq, chunk_local, T, NT, beta_max, eps,
                      HP: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HB: tl.constexpr, HA: tl.constexpr,
                      K: tl.constexpr, KA: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKA: tl.constexpr,
-                     BR: tl.constexpr, DO_Q: tl.constexpr, DO_K: tl.constexpr, DO_B: tl.constexpr,
+                     BC: tl.constexpr, BR: tl.constexpr, DO_Q: tl.constexpr, DO_K: tl.constexpr, DO_B: tl.constexpr,
                      GATE: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT: tl.constexpr, CUMSUM: tl.constexpr,
                      IS_VARLEN: tl.constexpr, BWD: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -125,35 +126,50 @@ def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
                 A = 1.0
             slot = i_b.to(tl.int64) * NT + i_n
             if GATE == 1:  # one gate per head: [C] rows
-                off = rows * HA + i_h
-                m = m_t
-                x = tl.load(a + off, mask=m, other=0.0).to(tl.float32)
-                if HAS_DT:
-                    x += tl.load(dt_bias + i_h).to(tl.float32)
-            else:  # per key channel: [C, K_a]
-                cols = tl.arange(0, BKA)
-                m = m_t[:, None] & (cols < KA)[None, :]
-                off = (rows[:, None] * HA + i_h) * KA + cols[None, :]
-                x = tl.load(a + off, mask=m, other=0.0).to(tl.float32)
-                if HAS_DT:
-                    x += tl.load(dt_bias + i_h * KA + cols, mask=cols < KA, other=0.0).to(tl.float32)[None, :]
-            g = tl.where(m, -A * _softplus(x), 0.0)
+                dA = _gate_tile(a, dt_bias, i_h, i_h, gout, dgin, da, ddt_part + slot * HA + i_h, rows * HA + i_h,
+                                m_t, A, HAS_DT, CUMSUM, BWD, False)
+            else:  # per key channel: [C, BC] tiles, each column block cumsummed on its own
+                dA = 0.0
+                for c0 in tl.static_range(0, BKA, BC):
+                    cols = c0 + tl.arange(0, BC)
+                    m = m_t[:, None] & (cols < KA)[None, :]
+                    dA += _gate_tile(a, dt_bias, i_h * KA + cols, cols < KA, gout, dgin, da,
+                                     ddt_part + (slot * HA + i_h) * KA + cols,
+                                     (rows[:, None] * HA + i_h) * KA + cols[None, :], m, A, HAS_DT, CUMSUM, BWD, True)
             if BWD:
-                dg = tl.load(dgin + off, mask=m, other=0.0)
-                if CUMSUM:
-                    dg = tl.cumsum(dg, axis=0, reverse=True)
-                dx = tl.where(m, -A * _sigmoid(x) * dg, 0.0)
-                tl.store(da + off, dx.to(da.dtype.element_ty), mask=m)
-                if GATE == 1:
-                    tl.store(dA_part + slot * HA + i_h, tl.sum(dg * g, axis=0))
-                    tl.store(ddt_part + slot * HA + i_h, tl.sum(dx, axis=0))
-                else:
-                    tl.store(dA_part + slot * HA + i_h, tl.sum(tl.sum(dg * g, axis=1), axis=0))
-                    tl.store(ddt_part + (slot * HA + i_h) * KA + cols, tl.sum(dx, axis=0), mask=cols < KA)
-            else:
-                if CUMSUM:
-                    g = tl.cumsum(g, axis=0)
-                tl.store(gout + off, g, mask=m)
+                tl.store(dA_part + slot * HA + i_h, dA)
+
+
+@triton.jit
+def _gate_tile(a, dt_bias, dt_off, dt_m, gout, dgin, da, ddt, off, m, A, HAS_DT: tl.constexpr,
+               CUMSUM: tl.constexpr, BWD: tl.constexpr, DIAG: tl.constexpr):
+    """One tile of the gate (rows [C], or rows × a column block [C, BC]): g / G (forward), or da,
+    the partial d dt_bias stored at `ddt` and the partial dA_log returned (backward)."""
+    x = tl.load(a + off, mask=m, other=0.0).to(tl.float32)
+    if HAS_DT:
+        if DIAG:
+            x += tl.load(dt_bias + dt_off, mask=dt_m, other=0.0).to(tl.float32)[None, :]
+        else:
+            x += tl.load(dt_bias + dt_off).to(tl.float32)
+    g = tl.where(m, -A * _softplus(x), 0.0)
+    dA = 0.0
+    if BWD:
+        dg = tl.load(dgin + off, mask=m, other=0.0)
+        if CUMSUM:
+            dg = tl.cumsum(dg, axis=0, reverse=True)
+        dx = tl.where(m, -A * _sigmoid(x) * dg, 0.0)
+        tl.store(da + off, dx.to(da.dtype.element_ty), mask=m)
+        if DIAG:
+            tl.store(ddt, tl.sum(dx, axis=0), mask=dt_m)
+            dA = tl.sum(tl.sum(dg * g, axis=1), axis=0)
+        else:
+            tl.store(ddt, tl.sum(dx, axis=0))
+            dA = tl.sum(dg * g, axis=0)
+    else:
+        if CUMSUM:
+            g = tl.cumsum(g, axis=0)
+        tl.store(gout + off, g, mask=m)
+    return dA
 
 
 def _launch(x: dict, meta: dict, bwd: bool):
@@ -168,7 +184,7 @@ def _launch(x: dict, meta: dict, bwd: bool):
         p["dqo"], p["dko"], p["dbeta"], p["dg"], p["dq"], p["dk"], p["db"], p["da"], p["dA_part"], p["ddt_part"],
         *meta["varlen"], meta["T"], meta["NT"], meta["beta_max"], meta["eps"],
         HP=meta["HP"], HQ=meta["HQ"], HK=meta["HK"], HB=meta["HB"], HA=meta["HA"], K=meta["K"], KA=meta["KA"],
-        C=meta["C"], BK=meta["BK"], BKA=meta["BKA"], BR=meta["BR"], DO_Q=x["q"] is not None,
+        C=meta["C"], BK=meta["BK"], BKA=meta["BKA"], BC=min(meta["BKA"], 32), BR=meta["BR"], DO_Q=x["q"] is not None,
         DO_K=x["k"] is not None, DO_B=x["b"] is not None, GATE=meta["GATE"], HAS_A_LOG=x["A_log"] is not None,
         HAS_DT=x["dt_bias"] is not None, CUMSUM=meta["CUMSUM"], IS_VARLEN=meta["IS_VARLEN"], BWD=bwd, **LAUNCH)
 

@@ -62,7 +62,7 @@ def _reference(x, *, gate, l2=True, beta_max=1.0, chunk_size=None, cu=None):
         out["k"] = l2norm(x["k"]) if l2 else x["k"]
     if "b" in x:
         H = x["b"].shape[2]
-        bg = BetaGate(H, H, scale=beta_max).double()
+        bg = BetaGate(H, H, scale=beta_max).double().to(x["b"].device)
         with torch.no_grad():
             bg.proj.weight.copy_(torch.eye(H))
         out["b"] = bg(x["b"])
@@ -70,7 +70,7 @@ def _reference(x, *, gate, l2=True, beta_max=1.0, chunk_size=None, cu=None):
         a = x["a"]
         B, T, H = a.shape[:3]
         C = a.shape[3] if gate == "kda" else 1
-        dec = MambaDecay(H * C, H, channels=C, rank=H * C).double()
+        dec = MambaDecay(H * C, H, channels=C, rank=H * C).double().to(a.device)
         with torch.no_grad():
             for lin in ([dec.proj] if C == 1 else list(dec.proj)):
                 lin.weight.copy_(torch.eye(H * C))
@@ -78,7 +78,7 @@ def _reference(x, *, gate, l2=True, beta_max=1.0, chunk_size=None, cu=None):
             dec.dt_bias.copy_(x["dt_bias"].reshape(-1) if "dt_bias" in x else torch.zeros(H * C))
         g, _ = dec(a.reshape(B, T, H * C))
         if chunk_size is not None:
-            lay = torch_layout(B, T, chunk_size, cu)
+            lay = torch_layout(B, T, chunk_size, cu, device=g.device)
             g = lay.from_chunks(twin.chunk_cumsum(lay.to_chunks(g)))
         out["g"] = g
         out["_params"] = (dec.A_log, dec.dt_bias)
@@ -86,8 +86,8 @@ def _reference(x, *, gate, l2=True, beta_max=1.0, chunk_size=None, cu=None):
 
 
 def _grads_ref(x, seed, **kw):
-    """Outputs and gradients of a random projection of every output, float64 reference."""
-    leaves = {n: v.double().requires_grad_(True) for n, v in x.items()}
+    """Outputs and gradients of a random projection of every output, float64 reference (on DEV)."""
+    leaves = {n: v.to(DEV).double().requires_grad_(True) for n, v in x.items()}
     out = _reference(leaves, **kw)
     params = out.pop("_params", None)
     loss = _loss(out, seed)
@@ -132,7 +132,7 @@ def _compare(x, tol, **kw):
     out, gr = _grads_kernel(x, seed, **kw)
     out_ref, gr_ref = _grads_ref(x, seed, **kw)
     assert set(out) == set(out_ref) and set(gr) == set(gr_ref)
-    for n in out_ref:
+    for n in out_ref:  # rel compares on the CPU
         assert rel(out[n], out_ref[n]) < tol, f"output {n} {kw}"
     for n in gr_ref:
         assert rel(gr[n], gr_ref[n]) < tol, f"d{n} {kw}"

@@ -32,6 +32,9 @@ Grid (chunk slots NT, B · max heads): program (n, b·h) holds the rows of chunk
 q and k in blocks of BR rows × K channels, the gate as C-row tiles (× 32 key channels per
 block for "kda"), cumsummed in registers.
 Varlen (`cu_seqlens`, B = 1) only changes where the chunks start (it matters for the cumsum only).
+
+Status: interpreter-verified (tests/kernels/test_triton_prologue.py), not yet run on a GPU, and not
+called by `layers.mixer` yet (the layer computes these with its own torch ops).
 """
 
 from __future__ import annotations

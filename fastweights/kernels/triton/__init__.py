@@ -26,4 +26,7 @@ until it has run on a GPU):
     delta_output.py   the output's local backward (Aqkᵀ dO, dAqk)
     delta_grads.py    the dq/dk/dG parts summed, folded over grouped heads, cast
     delta.py          glue: autograd.Function, `chunk_delta_triton` with chunk_delta's signature
+    prologue.py       the layer's options in one pass: L2 norm of q and k, β = β_max·σ(b), the
+                      Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its
+                      chunk-local cumsum (interpreter-verified; no layer calls it yet)
 """

@@ -54,3 +54,29 @@ def each_sequence_alone(rec, cu):
             finals.append(S)
         return torch.cat(outs, dim=1), torch.cat(finals, dim=0)
     return alone
+
+
+def chunk_rows_agree(model: str, gen, tol: float) -> None:
+    """The chunk triton row's fn and the torch row's on one validated Call (T = 21, a random initial
+    state): outputs and final states within `tol`. The triton row is called directly (on the CPU
+    under the interpreter), because its predicate asks for CUDA."""
+    import fastweights as fw
+    from fastweights.dispatch import DISPATCH, Call
+    from fastweights.inputs import validate
+
+    recipe = fw.zoo.get(model)
+    cls = fw.recipe_class(recipe)
+    x = fw.example_inputs(model, batch_size=1, seq_len=21, num_heads=2, head_dim=16, generator=gen)
+    x.pop("initial_state", None)
+    S0 = 0.3 * torch.randn(1, 2, 16, 16, generator=gen)
+
+    def run(backend, device):
+        d = {key: val.to(device) for key, val in x.items()}
+        q, k, v = d.pop("q"), d.pop("k"), d.pop("v")
+        call = Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=0.25,
+                    initial_state=S0.to(device), output_final_state=True)
+        return DISPATCH[(cls, "chunk", backend)].fn(call, chunk_size=16)
+
+    o1, S1 = run("triton", DEV)
+    o2, S2 = run("torch", "cpu")
+    assert rel(o1, o2) < tol and rel(S1, S2) < tol

@@ -32,7 +32,7 @@ from fastweights.kernels.triton.delta_states import pass_states_bwd, pass_states
 from fastweights.kernels.triton.delta_wy import wy_representation, wy_representation_bwd
 from fastweights.kernels.triton.layout import make_layout
 from fastweights.kernels.triton.scores import decayed_scores
-from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -387,22 +387,7 @@ def test_cuda_long_bf16(gate, gen):
 def test_dispatch_row_matches_torch_backend(model, gen):
     """The delta chunk triton row's fn on a validated Call gives the torch row's outputs and final
     state; called directly because its predicate asks for CUDA."""
-    from fastweights.dispatch import DISPATCH, Call
-    from fastweights.inputs import validate
-
-    recipe = fw.zoo.get(model)
-    x = fw.example_inputs(model, batch_size=1, seq_len=21, num_heads=2, head_dim=16, generator=gen)
-    x.pop("initial_state", None)
-    x = {key: val.to(DEV) for key, val in x.items()}
-    q, k, v = x.pop("q"), x.pop("k"), x.pop("v")
-    S0 = 0.3 * torch.randn(1, 2, 16, 16, generator=gen).to(DEV)
-    call = Call(recipe=recipe, q=q, k=k, v=v, inputs=x, shapes=validate(recipe, q, k, v, x), scale=0.25,
-                initial_state=S0, output_final_state=True)
-    o1, S1 = DISPATCH[("delta", "chunk", "triton")].fn(call, chunk_size=16)
-    cpu = Call(recipe=recipe, q=q.cpu(), k=k.cpu(), v=v.cpu(), inputs={a: b.cpu() for a, b in x.items()},
-               shapes=call.shapes, scale=0.25, initial_state=S0.cpu(), output_final_state=True)
-    o2, S2 = DISPATCH[("delta", "chunk", "torch")].fn(cpu, chunk_size=16)
-    assert rel(o1, o2) < CHUNK_F32_REL and rel(S1, S2) < CHUNK_F32_REL
+    chunk_rows_agree(model, gen, CHUNK_F32_REL)
 
 
 def test_dispatch_row_is_explicit_only():

@@ -22,15 +22,15 @@ from fastweights.chunkwise import chunk_gated
 from fastweights.chunkwise import common as twin
 from fastweights.chunkwise.gated import gated_transitions, gated_writes
 from fastweights.chunkwise.varlen import make_layout as torch_layout
-from fastweights.dispatch import DISPATCH, Call, Target
-from fastweights.inputs import InputError, validate
+from fastweights.dispatch import DISPATCH, Target
+from fastweights.inputs import InputError
 from fastweights.kernels.triton.cumsum import chunk_cumsum
 from fastweights.kernels.triton.gated import chunk_gated_triton
 from fastweights.kernels.triton.layout import make_layout
 from fastweights.kernels.triton.output import chunk_outputs
 from fastweights.kernels.triton.scores import decayed_scores
 from fastweights.kernels.triton.states import pass_states_fwd
-from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -245,18 +245,7 @@ def test_bad_arguments(gen):
 def test_dispatch_row_matches_torch_backend(model, gen):
     """The triton row's fn on a validated Call (constant retention → per-head log γ, β defaults)
     gives the torch row's results; called directly because its predicate asks for CUDA."""
-    recipe = fw.zoo.get(model)
-    x = fw.example_inputs(model, batch_size=1, seq_len=20, num_heads=2, head_dim=16, generator=gen)
-    x = {key: val.to(DEV) for key, val in x.items()}
-    q, k, v = x.pop("q"), x.pop("k"), x.pop("v")
-    S0 = 0.3 * torch.randn(1, 2, 16, 16, generator=gen).to(DEV)
-    call = Call(recipe=recipe, q=q, k=k, v=v, inputs=x, shapes=validate(recipe, q, k, v, x), scale=0.25,
-                initial_state=S0, output_final_state=True)
-    o1, S1 = DISPATCH[("gated_linear", "chunk", "triton")].fn(call, chunk_size=16)
-    cpu = Call(recipe=recipe, q=q.cpu(), k=k.cpu(), v=v.cpu(), inputs={a: b.cpu() for a, b in x.items()},
-               shapes=call.shapes, scale=0.25, initial_state=S0.cpu(), output_final_state=True)
-    o2, S2 = DISPATCH[("gated_linear", "chunk", "torch")].fn(cpu, chunk_size=16)
-    assert rel(o1, o2) < CHUNK_F32_REL and rel(S1, S2) < CHUNK_F32_REL
+    chunk_rows_agree(model, gen, CHUNK_F32_REL)
 
 
 def test_dispatch_predicate():

@@ -31,7 +31,8 @@ from ..state import MemoryState
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "triton_gated_supports", "triton_step_supports",
            "triton_delta_supports", "MAX_HEAD_DIM"]
 
-MAX_HEAD_DIM = 256
+from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
+
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -300,8 +300,50 @@ def stage_profile():
     log("\n".join(lines)[-6000:])
 
 
+def stage_lmprofile():
+    """Per-kernel CUDA times of one LM optimizer step (the `bench train` row: d_model 1024, 8 layers,
+    8 heads of 128, vocab 32768, B=4, T=4096, bf16 autocast) for each of --models, top 40 kernels,
+    into lmprofile.txt: where a layer's time goes besides the memory kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fastweights.bench.train import _config, _optimizer
+    from fastweights.models import LM
+
+    lines = []
+    for model in ARGS.models:
+        cfg = _config(model, vocab_size=32768, d_model=1024, n_layers=8, num_heads=8, head_dim=128,
+                      backend=ARGS.lm_backend)
+        with torch.device("cuda"):
+            lm = LM(cfg)
+        opt, _ = _optimizer(lm, torch.device("cuda"))
+        ids = torch.randint(0, cfg.vocab_size, (4, 4097), device="cuda")
+
+        def step():
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                logits = lm(ids[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+        lines.append(f"## {model} LM (2 optimizer steps, backends {sorted(set(lm.backends))})\n{table}\n")
+        with open(os.path.join(OUT, "lmprofile.txt"), "w") as f:
+            f.write("\n".join(lines))
+        del lm, opt
+        torch.cuda.empty_cache()
+    log("\n".join(lines)[-5000:])
+
+
 STAGES = {"env": stage_env, "tests": stage_tests, "sweep": stage_sweep, "speed": stage_speed,
-          "decode": stage_decode, "profile": stage_profile}
+          "decode": stage_decode, "profile": stage_profile, "lmprofile": stage_lmprofile}
 
 
 def main():
@@ -317,6 +359,9 @@ def main():
     ap.add_argument("--models", nargs="+", default=["gla", "mamba2", "retnet"])
     ap.add_argument("--configs", nargs="+", default=["4,2", "4,3", "8,2"], help="num_warps,num_stages")
     ap.add_argument("--decode-configs", nargs="+", default=["32,4,1"], help="block_v,num_warps,num_stages")
+    ap.add_argument("--warm-flashqla", action="store_true",
+                    help="compile FlashQLA's kernels (TileLang JIT, minutes) in a background process from the start")
+    ap.add_argument("--lm-backend", default="triton", help="the fast-weight layers' backend in lmprofile")
     ap.add_argument("--peers", action="store_true", help="time torch SDPA and fla beside ours")
     ap.add_argument("--forms", nargs="+", default=["chunk", "chunk_triton"], help="bench speed forms at T ≤ 16384")
     ap.add_argument("--lengths", nargs="+", default=["4,4096", "1,16384", "1,65536"], help="B,T of the speed stage")
@@ -330,7 +375,21 @@ def main():
         with tarfile.open(ARGS.cache) as t:
             t.extractall(os.path.dirname(cache_dir.rstrip("/")) or "/")
         log(f"triton cache unpacked from {ARGS.cache}")
+    warm = None
+    if ARGS.warm_flashqla:
+        code = ("import torch; from fastweights.bench.speed import _flashqla_case; "
+                "run, ts = _flashqla_case('gated_deltanet', 4, 4096, 16, 128, torch.bfloat16, torch.device('cuda')); "
+                "run().float().sum().backward(); torch.cuda.synchronize(); print('flashqla warm')")
+        warm = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=open(os.path.join(OUT, "warm.log"), "w"),
+                                stderr=subprocess.STDOUT)
+        log("flashqla: compiling in the background")
     for name in ARGS.stages:
+        if name == "speed" and warm is not None:
+            try:
+                warm.wait(timeout=max(1.0, ARGS.deadline - (time.time() - T_START) - 60))
+            except subprocess.TimeoutExpired:
+                log("flashqla: still compiling at the speed stage")
+            log(f"flashqla warm-up exit {warm.poll()} at {time.time() - T_START:.0f} s")
         if time.time() - T_START > ARGS.deadline:
             log(f"stage {name}: skipped, past the deadline")
             RESULTS.setdefault("skipped", []).append(name)

@@ -9,7 +9,8 @@ Every row is timed in the same process and run, with fresh random inputs, as the
 repeated calls (CUDA: device events after a warm-up; CPU: a host clock). On CUDA the peers are
 timed in the same run: torch SDPA causal attention, and flash-linear-attention (`fla`, the PyPI
 package `fla-core`) when it is importable — installed only into a benchmark environment, never a
-dependency of this library. A peer that fails (e.g. fla's gated backward on Hopper with Triton
+dependency of this library — and FlashQLA (pip `flash-qla`, TileLang; the gated delta rule only)
+when importable. A peer that fails (e.g. fla's gated backward on Hopper with Triton
 3.6) is recorded with its error instead of a time.
 
 Also printed per row: the floor, max(FLOPs / matmul peak, bytes / bandwidth), from the counts in
@@ -46,7 +47,7 @@ FORMS = ("recurrent", "parallel", "chunk", "chunk_compile", "chunk_triton")
 
 @dataclass
 class Row:
-    impl: str  # "fastweights" | "sdpa" | "fla"
+    impl: str  # "fastweights" | "sdpa" | "fla" | "flashqla"
     model: str
     form: str
     B: int
@@ -168,6 +169,25 @@ def _fla_case(model, B, T, H, D, dtype, device):
     return run, [x for x in inp.values() if x.requires_grad]
 
 
+def _flashqla_case(model, B, T, H, D, dtype, device):
+    """FlashQLA (pip `flash-qla`, TileLang): the gated delta rule on the same inputs as ours, q and k
+    already L2-normalized (use_qk_l2norm_in_kernel=False: the same work as our kernel call)."""
+    from flash_qla import chunk_gated_delta_rule  # noqa: PLC0415 — the peer, only in benchmark environments
+
+    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
+                         device=device, requires_grad=True)
+    q, k, v, g = inp["q"], inp["k"], inp["v"], inp["g"]
+    beta = inp["beta"]
+
+    def run():
+        return chunk_gated_delta_rule(q, k, v, g.float(), beta.to(dtype), use_qk_l2norm_in_kernel=False)[0]
+
+    return run, [x for x in inp.values() if x.requires_grad]
+
+
+FLASHQLA_MODELS = ("gated_deltanet",)
+
+
 def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, repeats=5, warmup=1,
                threads=None) -> None:
     """Every argument checked before anything is timed (`fastweights.cliargs.ArgError` naming the flag)."""
@@ -265,6 +285,7 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
             torch.cuda.empty_cache()
 
     have_fla = importlib.util.find_spec("fla") is not None
+    have_flashqla = importlib.util.find_spec("flash_qla") is not None
     if peers and device.type == "cuda" and not have_fla:
         log("note: flash-linear-attention (fla-core) is not importable here; its rows are skipped")
     for T in lengths:
@@ -278,6 +299,8 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
                        lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
             if peers and device.type == "cuda" and have_fla and model in FLA_OPS:
                 record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device))
+            if peers and device.type == "cuda" and have_flashqla and model in FLASHQLA_MODELS:
+                record("flashqla", model, "chunk", T, lambda m=model, T=T: _flashqla_case(m, B, T, H, D, dt, device))
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'speed.md')}")
     return rows
 

@@ -28,13 +28,12 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
+from .limits import MAX_CONV_WIDTH
 
 Tensor = torch.Tensor
 
 __all__ = ["short_conv", "MAX_CONV_WIDTH"]
 
-#: The widest kernel served (the backward loads W² tap tiles per program).
-MAX_CONV_WIDTH = 8
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FWD = dict(BT=64, BC=64, num_warps=4)
 _BWD = dict(BT=32, BC=64, num_warps=4)

@@ -28,13 +28,12 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
+from .limits import MAX_GROUP
 
 Tensor = torch.Tensor
 
 __all__ = ["gated_rms_norm", "MAX_GROUP"]
 
-#: The widest group served (one row of G fp32 values per tile row).
-MAX_GROUP = 8192
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ACTS = {"swish": 0, "sigmoid": 1}
 _TILE = 4096  # elements of one [BR, BG] tile

@@ -180,3 +180,11 @@ PROLOGUE_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 # fp32 rounding orders (measured under the interpreter, T = 9, 4 draws × 5 layers: ≤ 1.3e-6; bound with ≈ 15×
 # room for longer sums).
 FUSED_LAYER_F32_REL = 2e-5
+# the Triton short conv (taps + bias + SiLU, its tail) with fp32 inputs vs its torch twin in float64,
+# relative, y, the new tail and every gradient: W products summed in fp32, and dw / db summed over
+# B·T terms in fp32. Measured under the interpreter (T = 3 and 65, 18 draws): ≤ 2.6e-7.
+CONV_F32_REL = 1e-5
+# the same with bf16/fp16 x and tail: y, dx and dtail rounded to that dtype, and so is the incoming
+# gradient of y (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter
+# (T = 3 and 65, 18 draws): bf16 ≤ 1.2e-2, fp16 ≤ 6.1e-4; bounds with ≈ 2.5× and 6× room.
+CONV_LOW_REL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}

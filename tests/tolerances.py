@@ -188,3 +188,11 @@ CONV_F32_REL = 1e-5
 # gradient of y (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter
 # (T = 3 and 65, 18 draws): bf16 ≤ 1.2e-2, fp16 ≤ 6.1e-4; bounds with ≈ 2.5× and 6× room.
 CONV_LOW_REL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+# the Triton gated RMSNorm with fp32 inputs vs its torch twin in float64, relative, y and every
+# gradient: a G-term fp32 sum of squares per row, dw summed over the rows in fp32. Measured under the
+# interpreter (T = 9, 24 draws over orders, gates and groups): ≤ 2.5e-7.
+NORM_F32_REL = 1e-5
+# the same with bf16/fp16 o, z: y, do, dz rounded to that dtype, and so is the incoming gradient of y
+# (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter (T = 9, 24
+# draws): bf16 ≤ 7.9e-3, fp16 ≤ 7.6e-4; bounds with ≈ 2.5× and 5× room.
+NORM_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}

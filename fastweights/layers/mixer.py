@@ -47,10 +47,10 @@ from torch import nn
 
 from .. import api, dispatch
 from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
+from ..kernels.triton.args import MAX_HEAD_DIM  # torch only (no triton)
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
-from ..kernels.triton.args import MAX_HEAD_DIM  # torch only (no triton)
 from .conv import ShortConv
 from .fused import use_fused
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate

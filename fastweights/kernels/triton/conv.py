@@ -54,14 +54,14 @@ def _xp(x, tail, i_b, s, cols, mc, T, C, XDT: tl.constexpr, W1: tl.constexpr, HA
 
 
 @triton.jit
-def _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT: tl.constexpr, W: tl.constexpr,
-         HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr):
+def _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+         BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr):
     """(pre at rows t [BT] × cols [BC], the positions p_t) — positions 0 where absent."""
     mt = (t >= 0) & (t < T)
     p = tl.zeros_like(t)
     if HAS_POS:
         p = tl.load(pos + i_b * T + t, mask=mt, other=0)
-    acc = tl.zeros((t.shape[0], cols.shape[0]), dtype=tl.float32)
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
     for i in tl.static_range(W):
         v = _xp(x, tail, i_b, t + i, cols, mc, T, C, XDT, W - 1, HAS_TAIL)
         wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
@@ -81,7 +81,7 @@ def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, XDT: tl.constexpr, W: tl
     cols = i_c * BC + tl.arange(0, BC)
     mc = cols < C
     t = i_t * BT + tl.arange(0, BT).to(tl.int64)
-    acc, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, HAS_TAIL, HAS_BIAS, HAS_POS)
+    acc, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
     tl.store(y + (i_b * T + t)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty),
@@ -99,17 +99,16 @@ def _conv_bwd(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C,
               W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
               HAS_POS: tl.constexpr, SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
     i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    W1: tl.constexpr = W - 1
     cols = i_c * BC + tl.arange(0, BC)
     mc = cols < C
     s = i_s * BT + tl.arange(0, BT).to(tl.int64)  # rows of xp
-    xo = _xp(x, tail, i_b, s, cols, mc, T, C, XDT, W1, HAS_TAIL)
+    xo = _xp(x, tail, i_b, s, cols, mc, T, C, XDT, W - 1, HAS_TAIL)
     dxp = tl.zeros((BT, BC), dtype=tl.float32)
     part = (i_b * NS + i_s) * C + cols  # [BC] this program's partial-sum slot per channel
     for i in tl.static_range(W):  # tap i of output rows t = s − i
         t = s - i
         mt = (t >= 0) & (t < T)
-        pre, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, HAS_TAIL, HAS_BIAS, HAS_POS)
+        pre, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
         g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
                     other=0.0).to(tl.float32)
         if SILU:
@@ -118,22 +117,22 @@ def _conv_bwd(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C,
         g = tl.where(mt[:, None], g, 0.0)
         if HAS_BIAS and i == 0:
             tl.store(db_part + part, tl.sum(g, axis=0), mask=mc)
-        if HAS_POS and i < W1:
-            g = tl.where((p >= W1 - i)[:, None], g, 0.0)
+        if HAS_POS and i < W - 1:
+            g = tl.where((p >= W - 1 - i)[:, None], g, 0.0)
         wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
         dxp += g * wi[None, :]
         tl.store(dw_part + part * W + i, tl.sum(g * xo, axis=0), mask=mc)
     if HAS_DNT:
         if W > 1:
-            m_n = (s >= T) & (s < T + W1)
-            dxp += tl.load(dnt + (i_b * W1 + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
+            m_n = (s >= T) & (s < T + W - 1)
+            dxp += tl.load(dnt + (i_b * (W - 1) + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
                            other=0.0).to(tl.float32)
-    in_x = (s >= W1) & (s < T + W1)
-    tl.store(dx + (i_b * T + s - W1)[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+    in_x = (s >= W - 1) & (s < T + W - 1)
+    tl.store(dx + (i_b * T + s - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
              mask=in_x[:, None] & mc[None, :])
     if DTAIL:
-        in_t = (s >= 0) & (s < W1)
-        tl.store(dtail + (i_b * W1 + s)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
+        in_t = (s >= 0) & (s < W - 1)
+        tl.store(dtail + (i_b * (W - 1) + s)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
                  mask=in_t[:, None] & mc[None, :])
 
 
@@ -227,8 +226,8 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
         raise InputError(f"tail must be [B, W − 1, C] = {[B, W - 1, C]} or None, got {list(tail.shape)}")
     if positions is not None and (not isinstance(positions, Tensor) or tuple(positions.shape) != (B, T)
                                   or positions.is_floating_point() or positions.is_complex()):
-        raise InputError(f"positions must be an integer [B, T] = {[B, T]} tensor or None, got "
-                         f"{f'{list(positions.shape)} {positions.dtype}' if isinstance(positions, Tensor) else positions!r}")
+        got = f"{list(positions.shape)} {positions.dtype}" if isinstance(positions, Tensor) else repr(positions)
+        raise InputError(f"positions must be an integer [B, T] = {[B, T]} tensor or None, got {got}")
     if activation not in ("silu", None):
         raise InputError(f"activation must be 'silu' or None, got {activation!r}")
     given = [t for t in (x, weight, bias, tail, positions) if t is not None]

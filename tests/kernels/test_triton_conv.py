@@ -1,5 +1,5 @@
 """fastweights.kernels.triton.conv (the short causal depthwise conv + bias + SiLU with its tail)
-against its torch twin `layers.conv.ShortConv.forward`, run in float64 on the same values (x, the
+against its torch twin `layers.conv.ShortConv.forward`, run in float64 (on the test device) on the same values (x, the
 tail, the weight and the bias rounded to x's dtype, as the kernel rounds them): y, the new tail and
 the gradients of x, the tail, the weight and the bias, of a random projection of y and the new tail.
 
@@ -74,13 +74,14 @@ def _compare(x, tol, activation="silu"):
     # the torch twin in float64 on the rounded values
     dt = x["x"].dtype
     W = x["weight"].shape[-1]
-    conv = ShortConv(x["x"].shape[-1], W, bias="bias" in x, activation=activation).double()
-    ref = {n: (v.to(dt) if n != "x" else v).double().requires_grad_(True) for n, v in x.items() if n in names}
+    conv = ShortConv(x["x"].shape[-1], W, bias="bias" in x, activation=activation).double().to(DEV)
+    ref = {n: (v.to(dt) if n != "x" else v).double().to(DEV).requires_grad_(True) for n, v in x.items()
+           if n in names}
     with torch.no_grad():
         conv.conv.weight.copy_(ref["weight"])
         if "bias" in x:
             conv.conv.bias.copy_(ref["bias"])
-    y_r, nt_r = conv(ref["x"], ref.get("tail"), x.get("positions"))
+    y_r, nt_r = conv(ref["x"], ref.get("tail"), pos)  # fp64: the torch ops (layers.fused's rule)
     params = {"weight": conv.conv.weight, "bias": conv.conv.bias}
     want = torch.autograd.grad(_loss((y_r, nt_r), seed), [params.get(n, ref.get(n)) for n in names])
     assert rel(y, y_r) < tol and (nt_r.numel() == 0 or rel(nt, nt_r) < tol)

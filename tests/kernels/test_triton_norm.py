@@ -1,5 +1,5 @@
 """fastweights.kernels.triton.norm (the gated output RMSNorm) against its torch twin
-`layers.norm.GatedRMSNorm`, run in float64 on the same values: y and the gradients of o, z and the
+`layers.norm.GatedRMSNorm`, run in float64 (on the test device) on the same values: y and the gradients of o, z and the
 weight, of a random projection of y — both orders (norm-then-gate, gate-then-norm), swish and
 sigmoid gates, no gate, a group of one head or of the whole width.
 
@@ -59,8 +59,8 @@ def _compare(x, tol, *, activation="swish", norm_before_gate=True, eps=1e-5):
     for n, gr in zip(names, got):
         assert gr.dtype == x[n].dtype and gr.shape == x[n].shape, n
     norm = GatedRMSNorm(x["weight"].numel(), eps=eps, activation=activation,
-                        norm_before_gate=norm_before_gate).double()
-    ref = {n: x[n].double().requires_grad_(True) for n in ("o", "z") if n in x}
+                        norm_before_gate=norm_before_gate).double().to(DEV)
+    ref = {n: x[n].double().to(DEV).requires_grad_(True) for n in ("o", "z") if n in x}  # fp64: the torch ops
     with torch.no_grad():
         norm.weight.copy_(x["weight"])
     y_r = norm(ref["o"], ref.get("z"))

@@ -175,3 +175,24 @@ PROLOGUE_F32_REL = 1e-5
 # Triton 3.6's interpreter converts fp32 → bf16 by truncation, up to 2⁻⁷). Measured under the
 # interpreter (T = 65, 16 draws over both gates): bf16 ≤ 7.9e-3, fp16 ≤ 6.6e-4; bounds with ≈ 2.5× and 6× room.
 PROLOGUE_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+# a MemoryMixer with its fused Triton paths (short conv, delta prologue, gated output norm) vs its
+# torch ops, fp32, relative, outputs, states and every parameter gradient: the same maths with other
+# fp32 rounding orders (measured under the interpreter, T = 9, 4 draws × 5 layers: ≤ 1.3e-6; bound with ≈ 15×
+# room for longer sums).
+FUSED_LAYER_F32_REL = 2e-5
+# the Triton short conv (taps + bias + SiLU, its tail) with fp32 inputs vs its torch twin in float64,
+# relative, y, the new tail and every gradient: W products summed in fp32, and dw / db summed over
+# B·T terms in fp32. Measured under the interpreter (T = 3 and 65, 18 draws): ≤ 2.6e-7.
+CONV_F32_REL = 1e-5
+# the same with bf16/fp16 x and tail: y, dx and dtail rounded to that dtype, and so is the incoming
+# gradient of y (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter
+# (T = 3 and 65, 18 draws): bf16 ≤ 1.2e-2, fp16 ≤ 6.1e-4; bounds with ≈ 2.5× and 6× room.
+CONV_LOW_REL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+# the Triton gated RMSNorm with fp32 inputs vs its torch twin in float64, relative, y and every
+# gradient: a G-term fp32 sum of squares per row, dw summed over the rows in fp32. Measured under the
+# interpreter (T = 9, 24 draws over orders, gates and groups): ≤ 2.5e-7.
+NORM_F32_REL = 1e-5
+# the same with bf16/fp16 o, z: y, do, dz rounded to that dtype, and so is the incoming gradient of y
+# (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter (T = 9, 24
+# draws): bf16 ≤ 7.9e-3, fp16 ≤ 7.6e-4; bounds with ≈ 2.5× and 5× room.
+NORM_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}

@@ -9,6 +9,11 @@ the sequence. The state it carries between calls is the *tail*: the last W − 1
 Documents (padding, packed sequences): with `positions` p_t (the token's position inside its
 document), the tap reaching i steps back is used only when i ≤ p_t, so no convolution reads
 across a document start (every tap before it counts as the zero before the sequence).
+
+On CUDA (the rule of `layers.fused.use_fused`: x, the tail and the parameters on a CUDA device,
+triton importable, fp32/bf16/fp16, W ≤ 8) the forward and backward are one Triton kernel each
+(`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail in one pass, fp32 arithmetic);
+elsewhere the torch ops below.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..kernels.triton.limits import MAX_CONV_WIDTH
+from .fused import use_fused
 
 Tensor = torch.Tensor
 
@@ -54,10 +62,14 @@ class ShortConv(nn.Module):
         position inside its document; None: one document continuing the tail) ->
         (y [B, T, C], new tail [B, W − 1, C])."""
         B, T, C = x.shape
+        if tail is not None and tuple(tail.shape) != (B, self.kernel_size - 1, C):
+            raise ValueError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got {list(tail.shape)}")
+        if use_fused(x, tail, positions, self.conv.weight, fits=self.kernel_size <= MAX_CONV_WIDTH):
+            from ..kernels.triton.conv import short_conv  # imported on first use (TRITON_INTERPRET is read then)
+
+            return short_conv(x, self.conv.weight, self.conv.bias, tail, positions, self.activation)
         if tail is None:
             tail = self.empty_tail(B, dtype=x.dtype, device=x.device)
-        elif tuple(tail.shape) != (B, self.kernel_size - 1, C):
-            raise ValueError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got {list(tail.shape)}")
         xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W − 1 + T, C]
         w = self.conv.weight[:, 0].to(x.dtype)  # [C, W]
         # W shifted multiply-adds (F.conv1d's CPU path is slow for these tiny depthwise shapes)

@@ -47,10 +47,12 @@ from torch import nn
 
 from .. import api, dispatch
 from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
+from ..kernels.triton.args import MAX_HEAD_DIM  # torch only (no triton)
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
+from .fused import use_fused
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
 from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
@@ -663,8 +665,13 @@ class MemoryMixer(nn.Module):
         if self.probe_decay is not None:  # Comba: p = k·σ(d), q ← q − D·p (before the L2 norm)
             pr = k * torch.sigmoid(self.probe_decay).to(k.dtype)[:, None]  # [B, T, Hq, K]
             q = q - self.probe_correction.to(q.dtype)[:, None] * pr
+        # the delta layer's L2 norm of q, k, β and Mamba/KDA gate in one Triton pass (layers.fused's rule)
+        fused = self._prologue_fits() and use_fused(q, k, x, fits=K <= MAX_HEAD_DIM)
+        inputs = self._fused_prologue(q, k, x) if fused else {}
+        if fused:
+            q, k = inputs.pop("q"), inputs.pop("k")
         if p.qk_norm == "l2":
-            q, k = l2norm(q), l2norm(k)
+            q, k = (q, k) if fused else (l2norm(q), l2norm(k))
             pr = l2norm(pr) if pr is not None else None
         elif p.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -672,16 +679,15 @@ class MemoryMixer(nn.Module):
             q = apply_rope(q, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
             k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
 
-        inputs = {}
         dt = None
-        if self.decay is not None:
+        if self.decay is not None and not fused:
             if isinstance(self.decay, MambaDecay):
                 inputs["g"], dt = self.decay(x)
             else:
                 inputs["g"] = self.decay(x)
-        if self.beta is not None:
+        if self.beta is not None and not fused:
             inputs["beta"] = self.beta(x)
-        elif p.beta == "dt":
+        elif self.beta is None and p.beta == "dt":
             inputs["beta"] = dt
         if self.nu is not None:
             inputs["nu"] = self.nu(x)
@@ -730,6 +736,36 @@ class MemoryMixer(nn.Module):
             return y, None
         return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
                              kv_doc=kv_doc)
+
+    def _prologue_fits(self) -> bool:
+        """The layer's q/k norm, β and gate are what `delta_prologue` computes: a fast-weight layer with
+        qk_norm "l2", β "sigmoid" (β_max·σ) or "none", and a Mamba-style, KDA-style or no decay."""
+        p = self.preset
+        return (not self.is_softmax and p.qk_norm == "l2" and p.beta in ("sigmoid", "none")
+                and p.decay in ("mamba", "kda", "none"))
+
+    def _fused_prologue(self, q: Tensor, k: Tensor, x: Tensor) -> dict[str, Tensor]:
+        """{q: q̂, k: k̂, beta, g} by `kernels.triton.prologue.delta_prologue`, fed with the gates'
+        projections of x (β [B, T, H] or [B, T, n, H], g [B, T, H] or [B, T, H, K]; fp32)."""
+        from ..kernels.triton.prologue import delta_prologue  # imported on first use (TRITON_INTERPRET)
+
+        B, T, _ = x.shape
+        b = self.beta.proj(x) if self.beta is not None else None  # [B, T, n·H]
+        a = A_log = dt_bias = gate = None
+        if self.decay is not None:
+            dec = self.decay
+            gate = "mamba" if dec.channels == 1 else "kda"
+            a = dec.proj(x)  # [B, T, H] or [B, T, H·K]
+            a = a if gate == "mamba" else a.view(B, T, dec.num_heads, dec.channels)
+            A_log, dt_bias = dec.A_log, dec.dt_bias
+        q, k, beta, g = delta_prologue(q, k, b, a, A_log, dt_bias, gate=gate,
+                                       beta_max=self.beta.scale if self.beta is not None else 1.0)
+        out = {"q": q, "k": k}
+        if beta is not None:
+            out["beta"] = beta.view(B, T, self.n, self.H) if self.beta.steps > 1 else beta
+        if g is not None:
+            out["g"] = g
+        return out
 
     def _memory_by_document(self, fn, form: str, q, k, v, inputs: dict, memory, doc: Tensor, output_state: bool,
                             kw: dict):

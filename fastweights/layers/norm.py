@@ -5,6 +5,11 @@
     GatedRMSNorm  norm-then-gate  y = RMSNorm(o) ⊙ act(z)           (fla FusedRMSNormGated)
                   gate-then-norm  y = RMSNorm(o ⊙ act(z))           (Mamba2, norm_before_gate=False)
                   over groups of `group_size` channels (one head, or the whole width).
+
+GatedRMSNorm on CUDA (the rule of `layers.fused.use_fused`: o, z and the weight on a CUDA device,
+triton importable, fp32/bf16/fp16, group_size ≤ 8192, gate swish or sigmoid or none) runs one
+Triton kernel each way (`kernels.triton.norm.gated_rms_norm`, fp32 statistics and arithmetic,
+the gate product not rounded to o's dtype); elsewhere the torch ops below.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..kernels.triton.limits import MAX_GROUP
+from .fused import use_fused
 
 Tensor = torch.Tensor
 
@@ -82,6 +90,12 @@ class GatedRMSNorm(nn.Module):
     def forward(self, o: Tensor, z: Tensor | None = None) -> Tensor:
         shape = o.shape
         G = self.group_size
+        fits = G <= MAX_GROUP and (z is None or self.activation in ("swish", "sigmoid"))
+        if use_fused(o, z, self.weight, fits=fits):
+            from ..kernels.triton.norm import gated_rms_norm  # imported on first use (TRITON_INTERPRET is read then)
+
+            return gated_rms_norm(o, z, self.weight, eps=self.eps, activation=self.activation,
+                                  norm_before_gate=self.norm_before_gate)
         if z is not None and not self.norm_before_gate:
             o = o * gate_activation(self.activation, z.to(o.dtype))
         y = _rms(o.reshape(*shape[:-1], shape[-1] // G, G), self.eps)  # [..., C / G, G]

@@ -144,6 +144,22 @@ def test_grouped_value_heads():
     assert rel(y, y2) < LAYER_F64_REL
 
 
+def test_grouped_value_heads_reach_the_memory_unexpanded(monkeypatch):
+    """The layer hands q and k to the memory op with their H_q heads (the Triton rows take groups
+    natively; only the torch reference expands them, inside its own `prepare`)."""
+    seen = []
+    chunk = fw.api.chunk
+
+    def spy(recipe, q, k, v, **kw):
+        seen.append((q.shape[2], k.shape[2], v.shape[2]))
+        return chunk(recipe, q, k, v, **kw)
+
+    monkeypatch.setattr(fw.api, "chunk", spy)
+    m = MemoryMixer(16, "gated_deltanet", 1, num_v_heads=4, head_dim=8, head_v_dim=4).double()
+    m(torch.randn(2, 9, 16, dtype=torch.float64))
+    assert seen == [(1, 1, 4)]
+
+
 def test_grouped_kv_heads_cache_holds_kv_heads():
     m = SoftmaxAttention(16, 4, num_kv_heads=2, head_dim=4).double()
     x = torch.randn(2, 6, 16, dtype=torch.float64)

@@ -28,5 +28,12 @@ until it has run on a GPU):
     delta.py          glue: autograd.Function, `chunk_delta_triton` with chunk_delta's signature
     prologue.py       the layer's options in one pass: L2 norm of q and k, β = β_max·σ(b), the
                       Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its
-                      chunk-local cumsum (interpreter-verified; no layer calls it yet)
+                      chunk-local cumsum (interpreter-verified; MemoryMixer calls it on CUDA)
+
+The layer kernels around the memory (called by `fastweights.layers` on CUDA, by the rule of
+`layers.fused`; interpreter-verified):
+
+    conv.py     short_conv: the causal depthwise short conv + bias + SiLU with its carried tail
+    norm.py     gated_rms_norm: the gated output RMSNorm (either order, swish/sigmoid gate)
+    limits.py   their shape limits (importable without triton)
 """

@@ -33,8 +33,9 @@ q and k in blocks of BR rows × K channels, the gate as C-row tiles (× 32 key c
 block for "kda"), cumsummed in registers.
 Varlen (`cu_seqlens`, B = 1) only changes where the chunks start (it matters for the cumsum only).
 
-Status: interpreter-verified (tests/kernels/test_triton_prologue.py), not yet run on a GPU, and not
-called by `layers.mixer` yet (the layer computes these with its own torch ops).
+Status: interpreter-verified (tests/kernels/test_triton_prologue.py). `layers.mixer.MemoryMixer` calls
+it (without the cumsum) on CUDA for layers with qk_norm "l2", β "sigmoid"/"none" and a Mamba/KDA/no
+decay, by the rule of `layers.fused` (tests/layers/test_fused.py: the layer equals its torch ops).
 """
 
 from __future__ import annotations

@@ -1,0 +1,239 @@
+"""The short causal depthwise convolution of the layers (`layers.conv.ShortConv`) in one Triton
+pass each way: taps, bias and SiLU fused, the carried tail read and the new tail written.
+
+With xp = cat(tail, x) along time ([B, W − 1 + T, C]; xp_s = tail_s for s < W − 1, else
+x_{s−W+1}) and the tap reach ρ_{t,i} = [p_t ≥ W − 1 − i] (1 without `positions`; always 1 for
+the last tap i = W − 1, the token itself):
+
+    pre_t = Σ_{i<W} w_{c,i} xp_{t+i} ρ_{t,i} + b_c,   y_t = SiLU(pre_t) (or pre_t)   [B, T, C]
+    new tail = xp_{T..T+W−2}                                                       [B, W − 1, C]
+
+Backward (pre recomputed from x and the tail; nothing but the inputs is saved), with
+dpre_t = dy_t · SiLU'(pre_t), SiLU'(u) = σ(u)(1 + u(1 − σ(u))):
+
+    dxp_s = Σ_i dpre_{s−i} w_i ρ_{s−i,i}  (0 ≤ s − i < T)  + dnew_tail_{s−T}  (s ≥ T)
+    dx = dxp_{W−1..}, dtail = dxp_{..W−2},  dw_{c,i} = Σ_{b,t} dpre_t xp_{t+i} ρ_{t,i},  db_c = Σ_{b,t} dpre_t
+
+Arithmetic in fp32; x, the tail, w and b are first rounded to x's dtype (the torch twin computes in
+x's dtype). Grid: (blocks of BT rows, blocks of BC channels, B). A backward program owns a block
+of xp rows s; it recomputes dpre at the W shifted row sets s − i (the W² tap loads hit the cache)
+and writes per-program partial sums of dw and db, summed by torch afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...inputs import InputError
+from .. import empty_output
+from .limits import MAX_CONV_WIDTH
+
+Tensor = torch.Tensor
+
+__all__ = ["short_conv", "MAX_CONV_WIDTH"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FWD = dict(BT=64, BC=64, num_warps=4)
+_BWD = dict(BT=32, BC=64, num_warps=4)
+
+
+@triton.jit
+def _xp(x, tail, i_b, s, cols, mc, T, C, XDT: tl.constexpr, W1: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """xp[i_b, s, cols] as fp32 (0 outside [0, W − 1 + T)), rounded to x's dtype: [BT, BC]."""
+    in_x = (s >= W1) & (s < T + W1)
+    v = tl.load(x + (i_b * T + s - W1)[:, None] * C + cols[None, :], mask=in_x[:, None] & mc[None, :],
+                other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        in_t = (s >= 0) & (s < W1)
+        vt = tl.load(tail + (i_b * W1 + s)[:, None] * C + cols[None, :], mask=in_t[:, None] & mc[None, :],
+                     other=0.0).to(XDT).to(tl.float32)
+        v = tl.where(in_t[:, None], vt, v)
+    return v
+
+
+@triton.jit
+def _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+         BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr):
+    """(pre at rows t [BT] × cols [BC], the positions p_t) — positions 0 where absent."""
+    mt = (t >= 0) & (t < T)
+    p = tl.zeros_like(t)
+    if HAS_POS:
+        p = tl.load(pos + i_b * T + t, mask=mt, other=0)
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for i in tl.static_range(W):
+        v = _xp(x, tail, i_b, t + i, cols, mc, T, C, XDT, W - 1, HAS_TAIL)
+        wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
+        if HAS_POS and i < W - 1:
+            v = tl.where((p >= W - 1 - i)[:, None], v, 0.0)
+        acc += v * wi[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=mc, other=0.0).to(XDT).to(tl.float32)[None, :]
+    return acc, p
+
+
+@triton.jit
+def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr,
+              BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_POS: tl.constexpr, SILU: tl.constexpr):
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    t = i_t * BT + tl.arange(0, BT).to(tl.int64)
+    acc, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(y + (i_b * T + t)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty),
+             mask=(t < T)[:, None] & mc[None, :])
+    if W > 1:
+        if i_t == 0:  # new tail = xp rows T .. T + W − 2
+            j = tl.arange(0, BW).to(tl.int64)
+            v = _xp(x, tail, i_b, T + j, cols, mc, T, C, XDT, W - 1, HAS_TAIL)
+            tl.store(new_tail + (i_b * (W - 1) + j)[:, None] * C + cols[None, :], v.to(new_tail.dtype.element_ty),
+                     mask=(j < W - 1)[:, None] & mc[None, :])
+
+
+@triton.jit
+def _conv_bwd(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, NS, XDT: tl.constexpr,
+              W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
+              HAS_POS: tl.constexpr, SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
+    i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    s = i_s * BT + tl.arange(0, BT).to(tl.int64)  # rows of xp
+    xo = _xp(x, tail, i_b, s, cols, mc, T, C, XDT, W - 1, HAS_TAIL)
+    dxp = tl.zeros((BT, BC), dtype=tl.float32)
+    part = (i_b * NS + i_s) * C + cols  # [BC] this program's partial-sum slot per channel
+    for i in tl.static_range(W):  # tap i of output rows t = s − i
+        t = s - i
+        mt = (t >= 0) & (t < T)
+        pre, p = _pre(x, tail, w, bias, pos, i_b, t, cols, mc, T, C, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
+        g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+                    other=0.0).to(tl.float32)
+        if SILU:
+            sg = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * sg * (1.0 + pre * (1.0 - sg))
+        g = tl.where(mt[:, None], g, 0.0)
+        if HAS_BIAS and i == 0:
+            tl.store(db_part + part, tl.sum(g, axis=0), mask=mc)
+        if HAS_POS and i < W - 1:
+            g = tl.where((p >= W - 1 - i)[:, None], g, 0.0)
+        wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
+        dxp += g * wi[None, :]
+        tl.store(dw_part + part * W + i, tl.sum(g * xo, axis=0), mask=mc)
+    if HAS_DNT:
+        if W > 1:
+            m_n = (s >= T) & (s < T + W - 1)
+            dxp += tl.load(dnt + (i_b * (W - 1) + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
+                           other=0.0).to(tl.float32)
+    in_x = (s >= W - 1) & (s < T + W - 1)
+    tl.store(dx + (i_b * T + s - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+             mask=in_x[:, None] & mc[None, :])
+    if DTAIL:
+        in_t = (s >= 0) & (s < W - 1)
+        tl.store(dtail + (i_b * (W - 1) + s)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
+                 mask=in_t[:, None] & mc[None, :])
+
+
+def _tl_dtype(dtype):
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
+class ShortConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tail, weight, bias, positions, silu):
+        B, T, C = x.shape
+        W = weight.shape[-1]
+        dummy = x.new_zeros(1)
+        y = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+        new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
+        has_tail = tail is not None and W > 1
+        if B * T * C > 0:
+            grid = (triton.cdiv(T, _FWD["BT"]), triton.cdiv(C, _FWD["BC"]), B)
+            _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                            positions if positions is not None else dummy, y, new_tail if W > 1 else dummy, T, C,
+                            XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(max(W - 1, 1)), BT=_FWD["BT"],
+                            BC=_FWD["BC"], HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+                            HAS_POS=positions is not None, SILU=silu, num_warps=_FWD["num_warps"])
+        elif W > 1 and B * C > 0:  # T = 0: the tail carries over
+            new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+        ctx.save_for_backward(x, tail, weight, bias, positions)
+        ctx.silu = silu
+        return y, new_tail
+
+    @staticmethod
+    def backward(ctx, dy, dnt):
+        x, tail, weight, bias, positions = ctx.saved_tensors
+        B, T, C = x.shape
+        W = weight.shape[-1]
+        W1 = W - 1
+        need = ctx.needs_input_grad
+        dummy = x.new_zeros(1)
+        has_tail = tail is not None and W > 1
+        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+        want_dtail = tail is not None and need[1]
+        dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
+        BT, BC = _BWD["BT"], _BWD["BC"]
+        NS = triton.cdiv(T + W1, BT)
+        dw_part = empty_output(B * NS, C, W, dtype=torch.float32, device=x.device)
+        db_part = empty_output(B * NS, C, dtype=torch.float32, device=x.device) if bias is not None else None
+        if dy is None:
+            dy = torch.zeros_like(x)
+        if B * C > 0 and NS > 0:
+            _conv_bwd[(NS, triton.cdiv(C, BC), B)](
+                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                positions if positions is not None else dummy, dy.contiguous(),
+                dnt.contiguous() if dnt is not None and W > 1 else dummy, dx,
+                dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+                T, C, NS, XDT=_tl_dtype(x.dtype), W=W, BT=BT, BC=BC, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+                HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=dnt is not None,
+                DTAIL=want_dtail and W > 1, num_warps=_BWD["num_warps"])
+        else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
+            dx.zero_()
+            dw_part.zero_()
+            if db_part is not None:
+                db_part.zero_()
+            if dtail is not None:
+                dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
+        dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
+        db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
+        return (dx if need[0] else None), dtail, dw, db, None, None
+
+
+def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
+               positions: Tensor | None = None, activation: str | None = "silu") -> tuple[Tensor, Tensor]:
+    """(y [B, T, C], new tail [B, W − 1, C], both in x's dtype) of `ShortConv` (see the module doc).
+
+    x [B, T, C] fp32/bf16/fp16; weight [C, 1, W] (nn.Conv1d's depthwise weight, W ≤ MAX_CONV_WIDTH)
+    or [C, W]; bias [C] or None; tail [B, W − 1, C] or None (zeros); positions [B, T] integer (each
+    token's position inside its document) or None; activation "silu" or None. Differentiable in x,
+    tail, weight and bias."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype not in _DTYPES:
+        raise InputError(f"x must be a 3-D [B, T, C] fp32/bf16/fp16 tensor, got "
+                         f"{f'{list(x.shape)} {x.dtype}' if isinstance(x, Tensor) else type(x).__name__}")
+    B, T, C = x.shape
+    if not isinstance(weight, Tensor) or weight.dim() not in (2, 3) or weight.shape[0] != C \
+            or (weight.dim() == 3 and weight.shape[1] != 1):
+        raise InputError(f"weight must be [C, 1, W] or [C, W] with C = {C}, got "
+                         f"{list(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    W = weight.shape[-1]
+    if not 1 <= W <= MAX_CONV_WIDTH:
+        raise InputError(f"the kernel width W must be 1..{MAX_CONV_WIDTH}, got {W}")
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (C,)):
+        raise InputError(f"bias must be [C] = {[C]} or None, got {list(bias.shape)}")
+    if tail is not None and (not isinstance(tail, Tensor) or tuple(tail.shape) != (B, W - 1, C)):
+        raise InputError(f"tail must be [B, W − 1, C] = {[B, W - 1, C]} or None, got {list(tail.shape)}")
+    if positions is not None and (not isinstance(positions, Tensor) or tuple(positions.shape) != (B, T)
+                                  or positions.is_floating_point() or positions.is_complex()):
+        got = f"{list(positions.shape)} {positions.dtype}" if isinstance(positions, Tensor) else repr(positions)
+        raise InputError(f"positions must be an integer [B, T] = {[B, T]} tensor or None, got {got}")
+    if activation not in ("silu", None):
+        raise InputError(f"activation must be 'silu' or None, got {activation!r}")
+    given = [t for t in (x, weight, bias, tail, positions) if t is not None]
+    if any(t.device != x.device for t in given):
+        raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
+                         f"{[str(t.device) for t in given]}")
+    c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
+    return ShortConvFn.apply(x.contiguous(), c(tail), weight.contiguous(), c(bias), c(positions),
+                             activation == "silu")

@@ -1,0 +1,105 @@
+"""layers.fused: the rule for the layers' fused Triton paths, and MemoryMixer with those paths forced
+on (CPU tensors under TRITON_INTERPRET=1) against its torch ops — outputs, carried states and every
+parameter gradient — for the delta layers that use all three (short conv, the delta prologue, the
+gated output norm): gated DeltaNet (grouped value heads too), KDA, DeltaNet, DeltaProduct, Comba;
+Mamba2 (conv with bias, gate-then-norm over the whole width; no prologue); with a carried state and
+with packed documents. Each test also checks that the fused paths ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastweights.kernels.triton import conv as conv_k
+from fastweights.kernels.triton import norm as norm_k
+from fastweights.kernels.triton import prologue as prologue_k
+from fastweights.layers import MemoryMixer
+from fastweights.layers.fused import fused_kernels, use_fused
+from fastweights.layers.segments import Segments
+from fastweights.state import state_tensors
+from tests.tolerances import FUSED_LAYER_F32_REL
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def test_rule_is_static_and_cpu_stays_on_torch():
+    x = torch.zeros(2, 3)
+    assert not use_fused(x)  # CPU: the torch ops, bit-identical to before
+    with fused_kernels(True):
+        assert use_fused(x, None, torch.zeros(2, dtype=torch.int64))
+        assert not use_fused(x.double())  # fp64: never
+        assert not use_fused(x, fits=False)  # the caller's shape limit
+    with fused_kernels(False):
+        assert not use_fused(x)
+    assert not use_fused(x)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How often each fused entry point ran."""
+    n = {"conv": 0, "norm": 0, "prologue": 0}
+
+    def counted(mod, name, key):
+        fn = getattr(mod, name)
+
+        def wrapper(*a, **kw):
+            n[key] += 1
+            return fn(*a, **kw)
+        monkeypatch.setattr(mod, name, wrapper)
+
+    counted(conv_k, "short_conv", "conv")
+    counted(norm_k, "gated_rms_norm", "norm")
+    counted(prologue_k, "delta_prologue", "prologue")
+    return n
+
+
+def _run(layer, x, fused, *, state=None, segments=None):
+    """(y, state tensors, {parameter: gradient}) of a random projection of y and the state."""
+    layer.zero_grad(set_to_none=True)
+    with fused_kernels(fused):
+        y, st = layer(x, state, output_state=state is not None, segments=segments)
+    g = torch.Generator().manual_seed(7)
+    loss = (y * torch.randn(y.shape, generator=g)).sum()
+    tensors = state_tensors(st.memory) + [st.conv_q, st.conv_k, st.conv_v] if st is not None else []
+    for t in tensors:
+        loss = loss + (t.float() * torch.randn(t.shape, generator=g)).sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
+    return y.detach(), [t.detach() for t in tensors], grads
+
+
+def _compare(layer, x, calls, prologue=True, **kw):
+    y1, s1, g1 = _run(layer, x, True, **kw)
+    assert calls["conv"] >= 2 and calls["norm"] >= 1 and (calls["prologue"] >= 1) == prologue, calls
+    before = dict(calls)
+    y2, s2, g2 = _run(layer, x, False, **kw)
+    assert calls == before  # the torch path used no kernel
+    assert rel(y1, y2) < FUSED_LAYER_F32_REL
+    for a, b in zip(s1, s2, strict=True):
+        assert rel(a, b) < FUSED_LAYER_F32_REL
+    assert set(g1) == set(g2) == {n for n, p in layer.named_parameters()}
+    for name in g2:
+        assert rel(g1[name], g2[name]) < FUSED_LAYER_F32_REL, name
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("name,kw", [("gated_deltanet", {}), ("gated_deltanet", {"num_v_heads": 4}),
+                                     ("kda", {}), ("deltanet", {}), ("deltaproduct", {}), ("comba", {}),
+                                     ("mamba2", {})])
+def test_mixer_fused_equals_torch(name, kw, calls):
+    layer = MemoryMixer(32, name, 2, head_dim=16, **kw)
+    _compare(layer, torch.randn(2, 9, 32), calls, prologue=name != "mamba2")
+
+
+@pytest.mark.triton
+def test_mixer_fused_with_state_and_documents(calls):
+    """A carried state (conv tails, memory) continued by a block, and packed documents (positions)."""
+    layer = MemoryMixer(32, "gated_deltanet", 2, head_dim=16)
+    st = layer.init_state(2)
+    st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
+                     "conv_v": torch.randn_like(st.conv_v)})
+    _compare(layer, torch.randn(2, 5, 32), calls, state=st)
+    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]))
+    _compare(layer, torch.randn(1, 11, 32), calls, segments=seg)

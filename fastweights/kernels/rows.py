@@ -6,8 +6,7 @@ gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
 delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
-                                      (auto=False: served only when asked for by name — verified
-                                      under the interpreter, never yet on a GPU)
+                                      (checked on the H100: tests/kernels/test_triton_delta.py)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, its backend resolved once at construction). The functional form never changes the
@@ -204,7 +203,7 @@ def _register():
     register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
     register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
     register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
-    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=False)
+    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports)
 
 
 _register()

@@ -9,7 +9,8 @@
 GatedRMSNorm on CUDA (the rule of `layers.fused.use_fused`: o, z and the weight on a CUDA device,
 triton importable, fp32/bf16/fp16, group_size ≤ 8192, gate swish or sigmoid or none) runs one
 Triton kernel each way (`kernels.triton.norm.gated_rms_norm`, fp32 statistics and arithmetic,
-the gate product not rounded to o's dtype); elsewhere the torch ops below.
+the gate product not rounded to o's dtype); elsewhere the torch ops below. RMSNorm (with its
+weight) takes the same kernel on the same rule: no gate, one group of `dim` channels.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.weight is not None and use_fused(x, self.weight, fits=self.dim <= MAX_GROUP):
+            from ..kernels.triton.norm import gated_rms_norm  # the same kernel, no gate, one group
+
+            return gated_rms_norm(x, None, self.weight, eps=self.eps)
         y = _rms(x, self.eps)
         if self.weight is not None:
             y = y * self.weight.to(y.dtype)

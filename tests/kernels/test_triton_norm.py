@@ -115,6 +115,33 @@ def test_norm_layer_routes_on_the_rule(gen):
     assert rel(y, y_t) < NORM_F32_REL
 
 
+def test_rmsnorm_layer_routes_on_the_rule(gen):
+    """The block RMSNorm (weight, no gate, one group of `dim`) takes the same kernel where the rule
+    says and equals its torch ops, output and the gradients of x and the weight; without a weight it
+    stays on torch."""
+    from fastweights.layers.fused import fused_kernels
+    from fastweights.layers.norm import RMSNorm
+
+    norm = RMSNorm(48).to(DEV)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48, generator=gen))
+    x = torch.randn(2, 5, 48, generator=gen).to(DEV)
+    out = {}
+    for on in (True, False):
+        xl = x.clone().requires_grad_(True)
+        with fused_kernels(on):
+            y = norm(xl)
+        if on:
+            assert type(y.grad_fn).__name__.startswith("GatedRMSNormFn")
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
+        out[on] = (y, *torch.autograd.grad(y, (xl, norm.weight), dy))
+    for a, b in zip(out[True], out[False]):
+        assert rel(a, b) < NORM_F32_REL
+    with fused_kernels(True):
+        y = RMSNorm(48, affine=False).to(DEV)(x.clone().requires_grad_(True))
+    assert not type(y.grad_fn).__name__.startswith("GatedRMSNormFn")
+
+
 def test_norm_bad_input_names_the_argument(gen):
     x = _inputs(gen)
     with pytest.raises(InputError, match="^o must"):

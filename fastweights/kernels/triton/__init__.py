@@ -17,8 +17,7 @@ One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwi
     decode.py    fused_recurrent_step: T tokens of the recurrence, state updated in place (decoding)
 
 The delta class (decay first: DeltaNet, gated DeltaNet, KDA), reusing cumsum, scores, output and
-qk_grads (interpreter-verified; its dispatch row serves only backend="triton" asked for by name
-until it has run on a GPU):
+qk_grads (interpreter tests in CI; checked on the H100; "auto" picks its row on CUDA):
 
     delta_inverse.py  the per-chunk (I + strict(β K Kᵀ ⊙ decay))⁻¹
     delta_wy.py       W and U' (the WY representation) and their backward

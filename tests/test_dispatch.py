@@ -231,3 +231,22 @@ def test_options_are_checked_against_the_recipe():
         fw.recurrent("softmax_attention", inner_grad="autodiff", **s)
     with pytest.raises(fw.InputError, match="inner_grad must be 'closed' or 'autodiff'"):
         fw.recurrent("gated_deltanet", inner_grad="exact", **fw.example_inputs("gated_deltanet", seq_len=5))
+
+
+def test_a_row_registered_auto_false_serves_only_by_name():
+    """register(..., auto=False): "auto" passes the row by (even where AUTO_ORDER lists its backend
+    first), the name reaches it, and `fw.backends` lists it after the auto-eligible ones."""
+    key = ("gated_linear", "chunk", "triton")
+    saved = DISPATCH.pop(key, None)
+    try:
+        impl = dispatch.register(*key, DISPATCH[("gated_linear", "chunk", "torch")].fn, auto=False)
+        assert impl.auto is False
+        gla, cpu = zoo.get("gla"), Target.of("cpu", torch.float32, 16, 16)
+        assert resolve_backend(gla, "chunk", "auto", cpu) == "torch"
+        assert resolve_backend(gla, "chunk", "triton", cpu) == "triton"
+        listed = fw.backends("gla")
+        assert listed.index("torch") < listed.index("triton")
+    finally:
+        DISPATCH.pop(key, None)
+        if saved is not None:
+            DISPATCH[key] = saved

@@ -382,7 +382,7 @@ def test_cuda_long_bf16(gate, gen):
            TRITON_DELTA_LOW_REL[torch.bfloat16], "T=65536")
 
 
-# ---------------------------------------------------------------------------- the dispatch row (explicit only)
+# ---------------------------------------------------------------------------- the dispatch row
 @pytest.mark.parametrize("model", ["deltanet", "gated_deltanet", "kda"])
 def test_dispatch_row_matches_torch_backend(model, gen):
     """The delta chunk triton row's fn on a validated Call gives the torch row's outputs and final

@@ -31,6 +31,11 @@ and the run goes on; the model, optimizer and batch are freed between rows. `tra
 and the table) and `train.json` are written under --out after every row, so a run that dies keeps
 every row already measured.
 
+--layer-ops: "fused" (default) runs the layers' fused Triton kernels wherever `layers.fused`'s rule
+allows (on CUDA: the short convolution, the RMSNorms, the delta prologue); "torch" runs the layers'
+PyTorch ops everywhere (`fused_kernels(False)`), the memory's backend unchanged — the A/B of the
+layer-level kernels. The setting applies to every row of the run, softmax_attention's included.
+
 Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
 same for every model.
 """
@@ -45,6 +50,7 @@ import shlex
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -58,6 +64,9 @@ BASE_MODEL = "softmax_attention"
 """The model every row's ratios divide by (same B and T)."""
 
 DEFAULT_LENGTHS = (512, 2048)
+
+LAYER_OPS = ("fused", "torch")
+"""--layer-ops: the layers' fused Triton kernels where the rule allows, or their torch ops."""
 
 DTYPES = ("bfloat16", "float32")
 """--dtype: bf16 autocast over fp32 weights, or plain fp32."""
@@ -129,7 +138,7 @@ _CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
-               backend="auto") -> list[tuple[int, int]]:
+               backend="auto", layer_ops="fused") -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -146,6 +155,8 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
     ca.threads("--threads", threads, zero_ok=True)
     if dtype not in DTYPES:
         raise ca.ArgError(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
+    if layer_ops not in LAYER_OPS:
+        raise ca.ArgError(f"--layer-ops must be {' or '.join(LAYER_OPS)}, got {layer_ops!r}")
     ca.device("--device", device)
     from ..dispatch import DISPATCH
 
@@ -244,12 +255,15 @@ def _fill_ratios(rows: list[TrainRow]) -> None:
 
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
-              dtype="bfloat16", threads=None, backend="auto", out_dir="runs/bench/train", command=None,
-              log: Callable[[str], None] = print) -> list[TrainRow]:
+              dtype="bfloat16", threads=None, backend="auto", layer_ops="fused", out_dir="runs/bench/train",
+              command=None, log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), model) row; see the module doc. Returns the rows."""
+    from ..layers.fused import fused_kernels
+
     pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
-                       warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend)
+                       warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
+                       layer_ops=layer_ops)
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -260,10 +274,11 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
     kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
               backend=backend)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
-                                  threads=threads, out_dir=out_dir, **kw)
+                                  threads=threads, out_dir=out_dir, layer_ops=layer_ops, **kw)
     setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
-             f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}")
+             f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, layer ops "
+             + ("fused (Triton where layers.fused's rule allows)" if layer_ops == "fused" else "torch"))
     log(f"bench train: {len(pairs) * len(models)} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
     log(HEADER)
     rows: list[TrainRow] = []
@@ -275,7 +290,8 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
             try:
-                _measure(row, _config(m, **kw), B, T, dev, dtype == "bfloat16", steps, warmup)
+                with fused_kernels(False) if layer_ops == "torch" else nullcontext():
+                    _measure(row, _config(m, **kw), B, T, dev, dtype == "bfloat16", steps, warmup)
             except Exception as e:  # out of memory, a backend refusing the shape, ...: a result too
                 row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                 row.step_ms = row.tokens_per_s = row.peak_bytes = row.loss = None
@@ -289,13 +305,13 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
 
 
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
-             num_heads, head_dim, backend) -> str:
+             num_heads, head_dim, backend, layer_ops="fused") -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
                     ("--head-dim", head_dim), ("--vocab-size", vocab_size), ("--steps", steps),
                     ("--warmup", warmup), ("--device", device), ("--dtype", dtype), ("--backend", backend),
-                    ("--threads", 0 if threads is None else threads), ("--out", out_dir)):
+                    ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir)):
         parts += [flag, str(v)]
     return " ".join(shlex.quote(p) for p in parts)
 

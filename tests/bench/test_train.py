@@ -122,3 +122,28 @@ def test_a_failing_row_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     recs = json.loads((tmp_path / "train.json").read_text())["rows"]
     assert [r["error"] != "" for r in recs] == [False, True, False, True]
     assert any("| gated_deltanet | 2×16 |" in ln and "OutOfMemoryError" in ln for ln in lines)
+
+
+def test_layer_ops_torch_turns_the_fused_layer_kernels_off(tmp_path, monkeypatch):
+    """--layer-ops torch runs every row under fused_kernels(False): with the fused paths forced on
+    (as on CUDA) and the fused norm kernel made to fail, the fused run records the failure and the
+    torch run does not; the setting is in the setup line and the command."""
+    from fastweights.kernels.triton import norm as fused_norm
+    from fastweights.layers.fused import fused_kernels
+
+    def refuse(*a, **k):
+        raise RuntimeError("the fused norm kernel ran")
+
+    monkeypatch.setattr(fused_norm, "gated_rms_norm", refuse)
+    kw = dict(models=["softmax_attention"], d_model=32, n_layers=1, num_heads=2, head_dim=16, vocab_size=64,
+              lengths=[16], steps=1, warmup=0, dtype="float32", log=lambda s: None)
+    with fused_kernels(True):
+        fused = train.run_train(**kw, out_dir=str(tmp_path / "f"))
+        plain = train.run_train(**kw, layer_ops="torch", out_dir=str(tmp_path / "t"))
+    assert "the fused norm kernel ran" in fused[0].error
+    assert not plain[0].error and plain[0].tokens_per_s > 0
+    data = json.loads((tmp_path / "t" / "train.json").read_text())
+    assert "--layer-ops torch" in data["command"] and data["setup"].endswith("layer ops torch")
+    with pytest.raises(ArgError, match="^--layer-ops"):
+        train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
+                         lengths=[64], layer_ops="triton")

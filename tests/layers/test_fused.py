@@ -17,7 +17,8 @@ from fastweights.layers import MemoryMixer
 from fastweights.layers.fused import fused_kernels, use_fused
 from fastweights.layers.segments import Segments
 from fastweights.state import state_tensors
-from tests.tolerances import FUSED_LAYER_F32_REL
+from tests.kernels.helpers import DEV
+from tests.tolerances import FUSED_LAYER_F32_REL, FUSED_LAYER_BF16_REL
 
 
 def rel(a, b) -> float:
@@ -61,27 +62,27 @@ def _run(layer, x, fused, *, state=None, segments=None):
     with fused_kernels(fused):
         y, st = layer(x, state, output_state=state is not None, segments=segments)
     g = torch.Generator().manual_seed(7)
-    loss = (y * torch.randn(y.shape, generator=g)).sum()
+    loss = (y.float() * torch.randn(y.shape, generator=g).to(y.device)).sum()
     tensors = state_tensors(st.memory) + [st.conv_q, st.conv_k, st.conv_v] if st is not None else []
     for t in tensors:
-        loss = loss + (t.float() * torch.randn(t.shape, generator=g)).sum()
+        loss = loss + (t.float() * torch.randn(t.shape, generator=g).to(t.device)).sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in layer.named_parameters() if p.grad is not None}
     return y.detach(), [t.detach() for t in tensors], grads
 
 
-def _compare(layer, x, calls, prologue=True, **kw):
+def _compare(layer, x, calls, prologue=True, tol=FUSED_LAYER_F32_REL, **kw):
     y1, s1, g1 = _run(layer, x, True, **kw)
     assert calls["conv"] >= 2 and calls["norm"] >= 1 and (calls["prologue"] >= 1) == prologue, calls
     before = dict(calls)
     y2, s2, g2 = _run(layer, x, False, **kw)
     assert calls == before  # the torch path used no kernel
-    assert rel(y1, y2) < FUSED_LAYER_F32_REL
+    assert rel(y1, y2) < tol
     for a, b in zip(s1, s2, strict=True):
-        assert rel(a, b) < FUSED_LAYER_F32_REL
+        assert rel(a, b) < tol
     assert set(g1) == set(g2) == {n for n, p in layer.named_parameters()}
     for name in g2:
-        assert rel(g1[name], g2[name]) < FUSED_LAYER_F32_REL, name
+        assert rel(g1[name], g2[name]) < tol, name
 
 
 @pytest.mark.triton
@@ -89,17 +90,28 @@ def _compare(layer, x, calls, prologue=True, **kw):
                                      ("kda", {}), ("deltanet", {}), ("deltaproduct", {}), ("comba", {}),
                                      ("mamba2", {})])
 def test_mixer_fused_equals_torch(name, kw, calls):
-    layer = MemoryMixer(32, name, 2, head_dim=16, **kw)
-    _compare(layer, torch.randn(2, 9, 32), calls, prologue=name != "mamba2")
+    layer = MemoryMixer(32, name, 2, head_dim=16, **kw).to(DEV)
+    _compare(layer, torch.randn(2, 9, 32).to(DEV), calls, prologue=name != "mamba2")
 
 
 @pytest.mark.triton
 def test_mixer_fused_with_state_and_documents(calls):
     """A carried state (conv tails, memory) continued by a block, and packed documents (positions)."""
-    layer = MemoryMixer(32, "gated_deltanet", 2, head_dim=16)
+    layer = MemoryMixer(32, "gated_deltanet", 2, head_dim=16).to(DEV)
     st = layer.init_state(2)
     st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
                      "conv_v": torch.randn_like(st.conv_v)})
-    _compare(layer, torch.randn(2, 5, 32), calls, state=st)
-    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]))
-    _compare(layer, torch.randn(1, 11, 32), calls, segments=seg)
+    _compare(layer, torch.randn(2, 5, 32).to(DEV), calls, state=st)
+    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]).to(DEV))
+    _compare(layer, torch.randn(1, 11, 32).to(DEV), calls, segments=seg)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "mamba2"])
+def test_mixer_fused_equals_torch_realistic_cuda(name, calls):
+    """On the GPU at a realistic shape (d_model 1024, 8 heads of 128, B=2, T=2048), bf16 weights and
+    inputs: the layer with its fused kernels against its torch ops (the memory on the same backend),
+    output and every parameter gradient within bf16 rounding."""
+    layer = MemoryMixer(1024, name, 8, head_dim=128).to(DEV, torch.bfloat16)
+    _compare(layer, torch.randn(2, 2048, 1024).to(DEV, torch.bfloat16), calls, prologue=name != "mamba2",
+             tol=FUSED_LAYER_BF16_REL)

@@ -102,7 +102,7 @@ def test_mixer_fused_with_state_and_documents(calls):
     st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
                      "conv_v": torch.randn_like(st.conv_v)})
     _compare(layer, torch.randn(2, 5, 32).to(DEV), calls, state=st)
-    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]).to(DEV))
+    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]), device=DEV)
     _compare(layer, torch.randn(1, 11, 32).to(DEV), calls, segments=seg)
 
 

@@ -106,14 +106,20 @@ class Impl:
     """One row: `fn(call, **options)` serves the (class, form) on `backend`; `supports(recipe, target)`
     returns None when it can serve, else the reason it cannot (shown in errors and listings).
     auto=False: the row serves only when its backend is asked for by name — "auto" passes it by
-    (a kernel not yet verified on the device it targets)."""
+    (a kernel not yet verified on the device it targets); auto may also be a predicate on the
+    recipe (`auto(recipe) -> bool`): "auto" takes the row only for the recipes it accepts (e.g. the
+    variants of a class whose kernel path has run on the GPU)."""
 
     recipe_class: RecipeClass
     form: Form
     backend: str
     fn: Callable
     supports: Callable[[Recipe, Target], str | None] = _always
-    auto: bool = True
+    auto: bool | Callable[[Recipe], bool] = True
+
+    def auto_for(self, recipe: Recipe) -> bool:
+        """Whether "auto" may choose this row for `recipe`."""
+        return self.auto(recipe) if callable(self.auto) else bool(self.auto)
 
 
 #: (recipe class, form, backend) -> Impl. Filled by `register` (torch_backend below; kernels later).
@@ -121,7 +127,8 @@ DISPATCH: dict[tuple[RecipeClass, Form, str], Impl] = {}
 
 
 def register(recipe_class: RecipeClass, form: Form, backend: str, fn: Callable,
-             supports: Callable[[Recipe, Target], str | None] = _always, *, auto: bool = True) -> Impl:
+             supports: Callable[[Recipe, Target], str | None] = _always, *,
+             auto: bool | Callable[[Recipe], bool] = True) -> Impl:
     """Add one row to DISPATCH (one row per key: registering a key twice is an error); auto=False
     keeps "auto" from choosing it (see `Impl`)."""
     if recipe_class not in RECIPE_CLASSES:
@@ -168,7 +175,7 @@ def backends(model, *, form: str = "chunk", device=None, dtype: torch.dtype | No
     target = Target.of(device, dtype, head_dim, head_v_dim)
     rows = [impl for impl in _rows(recipe, form) if impl.supports(recipe, target) is None]
     ok = [impl.backend for impl in rows]
-    ordered = [b for b in AUTO_ORDER if any(impl.backend == b and impl.auto for impl in rows)]
+    ordered = [b for b in AUTO_ORDER if any(impl.backend == b and impl.auto_for(recipe) for impl in rows)]
     return ordered + [b for b in ok if b not in ordered]
 
 
@@ -191,7 +198,7 @@ def resolve_backend(recipe: Recipe, form: str, backend: str, target: Target) -> 
     rows = {impl.backend: impl for impl in _rows(recipe, form)}
     if backend == "auto":
         for name in AUTO_ORDER:
-            if name in rows and rows[name].auto and rows[name].supports(recipe, target) is None:
+            if name in rows and rows[name].auto_for(recipe) and rows[name].supports(recipe, target) is None:
                 return name
         raise BackendNotAvailable(f"no backend serves the {form} form of {recipe.name} on {target.device_type}")
     if backend in rows:

@@ -235,7 +235,8 @@ def test_options_are_checked_against_the_recipe():
 
 def test_a_row_registered_auto_false_serves_only_by_name():
     """register(..., auto=False): "auto" passes the row by (even where AUTO_ORDER lists its backend
-    first), the name reaches it, and `fw.backends` lists it after the auto-eligible ones."""
+    first), the name reaches it, and `fw.backends` lists it after the auto-eligible ones; with
+    auto=<predicate on the recipe>, "auto" takes it for the recipes the predicate accepts only."""
     key = ("gated_linear", "chunk", "triton")
     saved = DISPATCH.pop(key, None)
     try:
@@ -246,6 +247,12 @@ def test_a_row_registered_auto_false_serves_only_by_name():
         assert resolve_backend(gla, "chunk", "triton", cpu) == "triton"
         listed = fw.backends("gla")
         assert listed.index("torch") < listed.index("triton")
+        DISPATCH.pop(key)  # auto as a predicate on the recipe: "auto" takes the row for RetNet only
+        impl = dispatch.register(*key, DISPATCH[("gated_linear", "chunk", "torch")].fn,
+                                 auto=lambda recipe: recipe.name == "retnet")
+        assert resolve_backend(zoo.get("retnet"), "chunk", "auto", cpu) == "triton"
+        assert resolve_backend(gla, "chunk", "auto", cpu) == "torch"
+        assert fw.backends("retnet")[0] == "triton" and fw.backends("gla")[0] == "torch"
     finally:
         DISPATCH.pop(key, None)
         if saved is not None:

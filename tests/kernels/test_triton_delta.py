@@ -208,8 +208,9 @@ def test_sum_grads_stage(gate, gen):
     parts = [torch.randn(B, T, H, K, generator=gen) for _ in range(5)]
     gshape = {"none": None, "scalar": (B, T, H), "diagonal": (B, T, H, K)}[gate]
     dgs = None if gshape is None else [torch.randn(*gshape, generator=gen) for _ in range(3)]
-    dq, dk, dG = sum_grads(parts[0].to(DEV), [p.to(DEV) for p in parts[1:]],
-                           None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
+    dq, dk, dp, dG, dR = sum_grads(parts[0].to(DEV), [p.to(DEV) for p in parts[1:]],
+                                   None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
+    assert dp is None and dR is None
     fold = lambda x: x.view(B, T, Hq, H // Hq, K).sum(3)  # noqa: E731
     assert dq.dtype == dk.dtype == torch.bfloat16
     assert rel(dq, fold(parts[0])) < TRITON_DELTA_LOW_REL[torch.bfloat16]  # (the interpreter's bf16 cast truncates)

@@ -63,7 +63,8 @@ def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, cu, chunk_seq, chunk_local, scale, T, NT,
+def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, cu, chunk_seq, chunk_local, scale,
+                     T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
                      HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, EXCL: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -232,9 +233,9 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_d
     bc = min(BC if gate == 2 else BC_PLAIN, L.C)
     DT, IEEE = dot_dtype(q.dtype)
     _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
-        q, k, v, G if G is not None else q, Gq if excl else (G if G is not None else q), beta if beta is not None else q,
-        h, dh, do, dA, dq, dk, dbeta if dbeta is not None else dq, dg if dg is not None else dq,
-        dgq if excl else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
+        q, k, v, G if G is not None else q, Gq if excl else (G if G is not None else q),
+        beta if beta is not None else q, h, dh, do, dA, dq, dk, dbeta if dbeta is not None else dq,
+        dg if dg is not None else dq, dgq if excl else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
         GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, EXCL=excl, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         **LAUNCH)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import torch
 
-from ...chunkwise.common import gate_kind
 from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
@@ -143,23 +142,11 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
 
 def _delta_product(q, k, v, *, g, beta, p, decay_first, scale, initial_state, output_final_state, chunk_size,
                    cu_seqlens):
-    """n Householder micro-steps per token (`interleave_micro_steps`), the output of each token
-    picked from its last micro-step's row."""
-    if not isinstance(q, Tensor) or q.dim() != 4:
-        raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
-    B, T, Hq, K = q.shape
+    """n Householder micro-steps per token (`interleave_micro_steps`, which checks the shapes), the
+    output of each token picked from its last micro-step's row."""
     n = k.shape[2]
-    H = v.shape[3] if isinstance(v, Tensor) and v.dim() == 5 else -1
-    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 5 else -1
-    check_tensor("k", k, (B, T, n, Hq, K), values=False)
-    check_tensor("v", v, (B, T, n, H, V), values=False)
-    if beta is not None:
-        check_tensor("beta", beta, (B, T, n, H), values=False)
-    if p is not None:
-        raise InputError("p (a probe key) is not defined with Householder micro-steps (k of rank 5)")
-    gate_kind(g, B, T, H, K)
-    q_il, k_il, v_il, beta_il, g_il, cu_il = interleave_micro_steps(q, k, v, beta, g, cu_seqlens)
+    q_il, k_il, v_il, beta_il, g_il, cu_il = interleave_micro_steps(q, k, v, beta, g, p, cu_seqlens)
     o, final = chunk_delta_triton(q_il, k_il, v_il, g=g_il, beta=beta_il, decay_first=decay_first, scale=scale,
                                   initial_state=initial_state, output_final_state=output_final_state,
                                   chunk_size=chunk_size, cu_seqlens=cu_il)
-    return o.reshape(B, T, n, H, V)[:, :, -1], final  # [B, T, H, V]
+    return o.unflatten(1, (-1, n))[:, :, -1], final  # [B, T, H, V]

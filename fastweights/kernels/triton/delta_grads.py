@@ -54,11 +54,12 @@ def _sum_kernel(dq1, dk1, dk2, dk3, dk4, dg1, dg2, dg3, dg4, dq, dk, dp, dg, dgx
         i_h = i_hq * GS + j
         off = (rows[:, None] * H + i_h) * K + kk[None, :]
         acc_q += tl.load(dq1 + off, mask=m, other=0.0)
-        acc_k += tl.load(dk1 + off, mask=m, other=0.0) + tl.load(dk4 + off, mask=m, other=0.0)
         if PROBE:
+            acc_k += tl.load(dk1 + off, mask=m, other=0.0) + tl.load(dk4 + off, mask=m, other=0.0)
             acc_p += tl.load(dk2 + off, mask=m, other=0.0) + tl.load(dk3 + off, mask=m, other=0.0)
         else:
-            acc_k += tl.load(dk2 + off, mask=m, other=0.0) + tl.load(dk3 + off, mask=m, other=0.0)
+            acc_k += (tl.load(dk1 + off, mask=m, other=0.0) + tl.load(dk2 + off, mask=m, other=0.0)
+                      + tl.load(dk3 + off, mask=m, other=0.0) + tl.load(dk4 + off, mask=m, other=0.0))
         if GATE == 2:
             _sum_gates(dg1, dg2, dg3, dg4, dg, dgx, off, m, EXCL)
         elif GATE == 1:

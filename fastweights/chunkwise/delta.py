@@ -67,7 +67,8 @@ from .common import (
 Tensor = torch.Tensor
 
 __all__ = ["chunk_delta", "unit_lower_inverse", "block_unit_lower_inverse", "solve_unit_lower_inverse",
-           "default_inverse", "delta_decays", "wy_representation", "delta_transitions", "INVERSES"]
+           "default_inverse", "delta_decays", "wy_representation", "delta_transitions", "interleave_micro_steps",
+           "INVERSES"]
 
 
 class _SolveUnitLowerInverse(torch.autograd.Function):
@@ -245,30 +246,46 @@ def chunk_delta(q: Tensor, k: Tensor, v: Tensor, *, beta: Tensor | None, g: Tens
 def _delta_product(q, k, v, *, beta, g, p, decay_first, scale, initial_state, output_final_state, chunk_size,
                    cu_seqlens, inverse):
     """n Householder micro-steps per token, run as the delta rule on the interleaved length T·n."""
-    B, T, H, K = q.shape
     n = k.shape[2]
-    V = v.shape[-1] if isinstance(v, Tensor) and v.dim() == 5 else -1
-    check_tensor("k", k, (B, T, n, H, K), values=False)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q_il, k_il, v_il, beta_il, g_il, cu_il = interleave_micro_steps(q, k, v, beta, g, p, cu_seqlens)
+    o, final = chunk_delta(q_il, k_il, v_il, beta=beta_il, g=g_il, decay_first=decay_first, scale=scale,
+                           initial_state=initial_state, output_final_state=output_final_state,
+                           chunk_size=chunk_size, cu_seqlens=cu_il, inverse=inverse)
+    return o.unflatten(1, (-1, n))[:, :, -1], final  # the last micro-step's row of each token  [B, T, H, V]
+
+
+def interleave_micro_steps(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, g: Tensor | None,
+                           p: Tensor | None, cu_seqlens: Tensor | None):
+    """DeltaProduct's n micro-steps per token as n rows of the plain delta rule (views and
+    concatenations only, so autograd carries the gradients back): micro-step (t, j) at row t·n + j.
+
+    q [B, T, H_q, K] → [B, T·n, H_q, K], zero except on row t·n + n − 1 (read after the last step);
+    k [B, T, n, H_q, K], v [B, T, n, H, V], β [B, T, n, H] → their rows in order;
+    g [B, T, H(, K)] → g_t on row t·n (D_t before micro-step 0), 0 on the others; cu_seqlens × n.
+    The output of token t is then row t·n + n − 1. The shapes are checked (InputError naming the
+    argument); a probe key p is refused (not defined with micro-steps)."""
+    if not isinstance(q, Tensor) or q.dim() != 4:
+        raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
+    B, T, Hq, K = q.shape
+    n = k.shape[2]
+    H, V = (v.shape[3], v.shape[4]) if isinstance(v, Tensor) and v.dim() == 5 else (-1, -1)
+    check_tensor("k", k, (B, T, n, Hq, K), values=False)
     check_tensor("v", v, (B, T, n, H, V), values=False)
     if beta is not None:
         check_tensor("beta", beta, (B, T, n, H), values=False)
     if p is not None:
         raise InputError("p (a probe key) is not defined with Householder micro-steps (k of rank 5)")
-    kind = gate_kind(g, B, T, H, K)
-    scale = K ** -0.5 if scale is None else float(scale)
-    k_il = k.reshape(B, T * n, H, K)  # micro-step (t, j) at row t·n + j  [B, T·n, H, K]
-    v_il = v.reshape(B, T * n, H, V)  # [B, T·n, H, V]
-    beta_il = beta.reshape(B, T * n, H) if beta is not None else None  # [B, T·n, H]
-    q_il = torch.cat([q.new_zeros(B, T, n - 1, H, K), q.unsqueeze(2)], dim=2)  # read after the last  [B, T, n, H, K]
-    q_il = q_il.reshape(B, T * n, H, K)  # [B, T·n, H, K]
+    if gate_kind(g, B, T, H, K) == "none":
+        g = None
+    k_il = k.reshape(B, T * n, *k.shape[3:])  # [B, T·n, H_q, K]
+    v_il = v.reshape(B, T * n, *v.shape[3:])  # [B, T·n, H, V]
+    beta_il = beta.reshape(B, T * n, *beta.shape[3:]) if beta is not None else None  # [B, T·n, H]
+    q_il = torch.cat([q.new_zeros(B, T, n - 1, *q.shape[2:]), q.unsqueeze(2)], dim=2)  # [B, T, n, H_q, K]
+    q_il = q_il.reshape(B, T * n, *q.shape[2:])  # [B, T·n, H_q, K]
     g_il = None
-    if kind != "none":
-        rest = (K,) if kind == "diagonal" else ()
-        g_il = torch.cat([g.unsqueeze(2), g.new_zeros(B, T, n - 1, H, *rest)], dim=2)  # D_t on step 0 only
-        g_il = g_il.reshape(B, T * n, H, *rest)  # [B, T·n, H(, K)]
+    if g is not None:
+        g_il = torch.cat([g.unsqueeze(2), g.new_zeros(B, T, n - 1, *g.shape[2:])], dim=2)  # D_t on step 0 only
+        g_il = g_il.reshape(B, T * n, *g.shape[2:])  # [B, T·n, H(, K)]
     cu_il = cu_seqlens * n if cu_seqlens is not None else None
-    o, final = chunk_delta(q_il, k_il, v_il, beta=beta_il, g=g_il, decay_first=decay_first, scale=scale,
-                           initial_state=initial_state, output_final_state=output_final_state,
-                           chunk_size=chunk_size, cu_seqlens=cu_il, inverse=inverse)
-    o = o.reshape(B, T, n, H, V)[:, :, -1]  # [B, T, H, V]
-    return o, final
+    return q_il, k_il, v_il, beta_il, g_il, cu_il

@@ -6,7 +6,9 @@ gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
 delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
-                                      (checked on the H100: tests/kernels/test_triton_delta.py)
+                                      (DeltaNet, GDN, KDA — checked on the H100 and picked by "auto";
+                                      Comba's probe key and decay after, DeltaProduct's micro-steps —
+                                      interpreter-verified, served when asked for by name: `delta_auto`)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, its backend resolved once at construction). The functional form never changes the
@@ -27,7 +29,7 @@ import torch
 from ..recipe import Recipe
 from ..state import MemoryState
 
-__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "triton_gated_supports", "triton_step_supports",
+__all__ = ["gated_linear_chunk", "delta_chunk", "delta_auto", "linear_recurrent", "triton_gated_supports", "triton_step_supports",
            "triton_delta_supports", "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
@@ -100,19 +102,18 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
 
 
 def triton_delta_supports(recipe: Recipe, target) -> str | None:
-    """Why the delta chunk Triton row cannot serve (None when it can): as `triton_gated_supports`,
-    and the delta rule with the decay first (DeltaNet, gated DeltaNet, KDA): no Comba (decay after,
-    probe key), no DeltaProduct micro-steps."""
-    why = triton_gated_supports(recipe, target)
-    if why is not None:
-        return why
-    if not recipe.retention.decay_first:
-        return "the Triton delta kernels decay first (not Comba's decay-after)"
-    if recipe.objective.probe:
-        return "the Triton delta kernels read the error at the key (no probe key p)"
-    if recipe.optimizer.householder_steps > 1:
-        return "the Triton delta kernels run one delta step per token (not DeltaProduct's micro-steps)"
-    return None
+    """Why the delta chunk Triton row cannot serve (None when it can): as `triton_gated_supports`.
+    The kernels take the decay first or after, a probe key (Comba) and Householder micro-steps
+    (DeltaProduct)."""
+    return triton_gated_supports(recipe, target)
+
+
+def delta_auto(recipe: Recipe) -> bool:
+    """Whether "auto" may pick the delta chunk Triton row: the plain delta rule with the decay first
+    (DeltaNet, gated DeltaNet, KDA), whose kernels passed on the H100. Comba (probe key, decay after)
+    and DeltaProduct (micro-steps) run the same kernels with other constexpr switches and inputs,
+    verified under the interpreter only: served when backend="triton" is asked for by name."""
+    return not recipe.objective.probe and recipe.optimizer.householder_steps == 1 and recipe.retention.decay_first
 
 
 def _gates(call):
@@ -127,7 +128,8 @@ def _gates(call):
 
 
 def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
-    """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton`."""
+    """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton` (the probe key
+    p of the inputs and the recipe's decay_first passed on; DeltaProduct's k, v, β of rank 5 as they are)."""
     from ..torch_backend import finish_state
     from .triton.delta import chunk_delta_triton
 
@@ -135,7 +137,8 @@ def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     S0 = call.initial_state
     if isinstance(S0, MemoryState):
         S0 = S0.weights[0]
-    o, S = chunk_delta_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale, initial_state=S0,
+    o, S = chunk_delta_triton(call.q, call.k, call.v, g=g, beta=beta, p=call.inputs.get("p"),
+                              decay_first=call.recipe.retention.decay_first, scale=call.scale, initial_state=S0,
                               output_final_state=call.output_final_state, chunk_size=chunk_size,
                               cu_seqlens=cu_seqlens)
     return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
@@ -203,7 +206,7 @@ def _register():
     register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
     register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
     register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
-    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports)
+    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=delta_auto)
 
 
 _register()

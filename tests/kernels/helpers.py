@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -46,7 +47,7 @@ def each_sequence_alone(rec, cu):
         for s, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
             part = {key: (val[s:s + 1] if key == "S0" else val[:, a:b]) for key, val in xd.items()}
             if b == a:
-                outs.append(xd["v"][:, a:b] * 0)
+                outs.append(xd["v"][:, a:b].flatten(1, -3) * 0)  # [B, 0, H, V] (DeltaProduct's v has n too)
                 finals.append(part["S0"] + 0 * xd["v"].sum())
                 continue
             o, S = rec(part)
@@ -80,3 +81,35 @@ def chunk_rows_agree(model: str, gen, tol: float) -> None:
     o1, S1 = run("triton", DEV)
     o2, S2 = run("torch", "cpu")
     assert rel(o1, o2) < tol and rel(S1, S2) < tol
+
+
+def delta_inputs(gate, gen, *, B=1, T=37, H=1, Hq=None, K=12, V=10, N=None, g_scale=1.0, n=0, probe=False,
+                 dtype=torch.float32):
+    """The delta-class kernels' inputs, fresh from `gen`: q, k [B, T, H_q, K] (unit keys), v [B, T, H, V],
+    β ∈ (0, 1.5) [B, T, H], g (gate "none", "scalar" [B, T, H] or "diagonal" [B, T, H, K], log-sigmoid
+    × g_scale), S0 [N or B, H, K, V]; with `probe` also p [B, T, H_q, K] (unit; Comba); with n ≥ 1
+    DeltaProduct's k [B, T, n, H_q, K], v [B, T, n, H, V], β [B, T, n, H]."""
+    Hq = H if Hq is None else Hq
+    steps = (n,) if n else ()
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    x = {"q": rnd(B, T, Hq, K), "k": F.normalize(rnd(B, T, *steps, Hq, K), dim=-1), "v": rnd(B, T, *steps, H, V),
+         "beta": 1.5 * torch.rand(B, T, *steps, H, generator=gen, dtype=torch.float64),
+         "S0": 0.3 * rnd(N or B, H, K, V)}
+    if probe:
+        x["p"] = F.normalize(rnd(B, T, Hq, K), dim=-1)
+    if gate != "none":
+        x["g"] = g_scale * F.logsigmoid(rnd(*((B, T, H) if gate == "scalar" else (B, T, H, K))) + 1.0)
+    return {key: val.to(dtype) for key, val in x.items()}
+
+
+def delta_triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None, decay_first=True):
+    """chunk_delta_triton on the inputs of `delta_inputs` (moved to DEV), with the final state."""
+    from fastweights.kernels.triton.delta import chunk_delta_triton
+
+    d = to_dev(x)
+    return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], p=d.get("p"),
+                              decay_first=decay_first, scale=scale, initial_state=d["S0"], output_final_state=True,
+                              chunk_size=chunk_size, cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV))

@@ -14,7 +14,6 @@ import secrets
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import fastweights as fw
 from fastweights.chunkwise import chunk_delta
@@ -33,6 +32,8 @@ from fastweights.kernels.triton.delta_wy import wy_representation, wy_representa
 from fastweights.kernels.triton.layout import make_layout
 from fastweights.kernels.triton.scores import decayed_scores
 from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import delta_inputs as _inputs
+from tests.kernels.helpers import delta_triton as _triton
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -48,42 +49,12 @@ def gen():
     return torch.Generator().manual_seed(seed)
 
 
-def _inputs(gate, gen, *, B=1, T=37, H=1, Hq=None, K=12, V=10, N=None, g_scale=1.0, dtype=torch.float32):
-    """q, k [B, T, H_q, K] (unit keys), v [B, T, H, V], β ∈ (0, 1.5) [B, T, H], g (none/scalar/diagonal)
-    and S0 [N or B, H, K, V]."""
-    Hq = H if Hq is None else Hq
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    x = {"q": rnd(B, T, Hq, K), "k": F.normalize(rnd(B, T, Hq, K), dim=-1), "v": rnd(B, T, H, V),
-         "beta": 1.5 * torch.rand(B, T, H, generator=gen, dtype=torch.float64), "S0": 0.3 * rnd(N or B, H, K, V)}
-    if gate != "none":
-        x["g"] = g_scale * F.logsigmoid(rnd(*((B, T, H) if gate == "scalar" else (B, T, H, K))) + 1.0)
-    return {key: val.to(dtype) for key, val in x.items()}
-
-
-
-
-
-
-
-
-def _triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None):
-    d = to_dev(x)
-    return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=scale,
-                              initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size,
-                              cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV))
-
-
 def _recurrent(gate):
     def run(x, *, scale=0.4):
         extra = {"g": x["g"]} if "g" in x else {}
         return fw.recurrent(MODEL[gate], x["q"], x["k"], x["v"], scale=scale, beta=x["beta"],
                             initial_state=x["S0"], output_final_state=True, **extra)
     return run
-
-
 
 
 # ---------------------------------------------------------------------------- stages vs torch twins
@@ -208,8 +179,9 @@ def test_sum_grads_stage(gate, gen):
     parts = [torch.randn(B, T, H, K, generator=gen) for _ in range(5)]
     gshape = {"none": None, "scalar": (B, T, H), "diagonal": (B, T, H, K)}[gate]
     dgs = None if gshape is None else [torch.randn(*gshape, generator=gen) for _ in range(3)]
-    dq, dk, dG = sum_grads(parts[0].to(DEV), [p.to(DEV) for p in parts[1:]],
-                           None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
+    dq, dk, dp, dG, dR = sum_grads(parts[0].to(DEV), [p.to(DEV) for p in parts[1:]],
+                                   None if dgs is None else [p.to(DEV) for p in dgs], torch.bfloat16, L)
+    assert dp is None and dR is None
     fold = lambda x: x.view(B, T, Hq, H // Hq, K).sum(3)  # noqa: E731
     assert dq.dtype == dk.dtype == torch.bfloat16
     assert rel(dq, fold(parts[0])) < TRITON_DELTA_LOW_REL[torch.bfloat16]  # (the interpreter's bf16 cast truncates)
@@ -392,15 +364,20 @@ def test_dispatch_row_matches_torch_backend(model, gen):
 
 def test_dispatch_row_is_auto_on_cuda():
     """"auto" picks the delta chunk triton row for a CUDA target the predicate accepts (checked on the
-    H100), the torch row on the CPU; the predicate names why it refuses a CPU target."""
+    H100) — the decay-first delta rule; Comba and DeltaProduct (interpreter-verified only) it serves
+    when asked for by name; the torch row on the CPU; the predicate names why it refuses a CPU target."""
     from fastweights.dispatch import DISPATCH, Target, resolve_backend
 
     bf16 = Target.of("cuda", torch.bfloat16, 128, 128)
     gdn = fw.zoo.get("gated_deltanet")
-    assert DISPATCH[("delta", "chunk", "triton")].auto is True
     assert resolve_backend(gdn, "chunk", "auto", bf16) == "triton"
     assert resolve_backend(gdn, "chunk", "auto", Target.of("cpu", torch.float32, 64, 64)) == "torch"
     listed = fw.backends("gated_deltanet", device="cuda", dtype=torch.bfloat16, head_dim=128, head_v_dim=128)
     assert listed[0] == "triton" and "torch" in listed
     sup = DISPATCH[("delta", "chunk", "triton")].supports
+    for name in ("comba", "deltaproduct"):
+        r = fw.zoo.get(name)
+        assert sup(r, bf16) is None
+        assert resolve_backend(r, "chunk", "auto", bf16) == "torch"
+        assert resolve_backend(r, "chunk", "triton", bf16) == "triton"
     assert "CUDA" in sup(gdn, Target.of("cpu", torch.float32, 64, 64))

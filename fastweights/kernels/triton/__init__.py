@@ -16,8 +16,10 @@ One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwi
     args.py      the argument checks and the T = 0 result both glues share
     decode.py    fused_recurrent_step: T tokens of the recurrence, state updated in place (decoding)
 
-The delta class (decay first: DeltaNet, gated DeltaNet, KDA), reusing cumsum, scores, output and
-qk_grads (interpreter tests in CI; checked on the H100; "auto" picks its row on CUDA):
+The delta class (DeltaNet, gated DeltaNet, KDA; Comba's probe key and decay after; DeltaProduct's
+micro-steps interleaved), reusing cumsum, scores, output and qk_grads (interpreter tests in CI; the
+decay-first path checked on the H100 and picked by "auto" on CUDA; Comba and DeltaProduct verified
+under the interpreter only, served by backend="triton" asked for by name):
 
     delta_inverse.py  the per-chunk (I + strict(β K Kᵀ ⊙ decay))⁻¹
     delta_wy.py       W and U' (the WY representation) and their backward

@@ -1,39 +1,46 @@
-"""Glue: `chunk_delta_triton`, the Triton twin of `fastweights.chunkwise.chunk_delta` for
-decay_first=True (DeltaNet: no g; Gated DeltaNet: scalar g [B, T, H]; KDA: diagonal g [B, T, H, K]),
-forward and backward through one torch.autograd.Function. Every stage is a Triton kernel.
+"""Glue: `chunk_delta_triton`, the Triton twin of `fastweights.chunkwise.chunk_delta` — DeltaNet (no
+g), Gated DeltaNet (scalar g [B, T, H]), KDA (diagonal g [B, T, H, K]), each with the decay first or
+after (Comba: decay_first=False with a probe key p), and DeltaProduct (k [B, T, n, H_q, K]: n
+micro-steps per token, run as the delta rule on the interleaved length T·n) — forward and backward
+through one torch.autograd.Function. Every stage is a Triton kernel.
+
+The read key r (p, or k without one) and the read state's log-decay R (G with the decay first,
+the exclusive cumsum R_i = G_{i−1} with it after) enter the stages that read the error: P and W.
 
 Forward (chunkwise/delta.py's stages, one kernel each):
 
-    G   = cumsum.chunk_cumsum(g)                               chunk-local cumsum (fp32)
-    P   = scores.decayed_scores(k, k, G, None, 1)              decayed KKᵀ (its strict part is used)
+    G(, R) = cumsum.chunk_cumsum(g)                            chunk-local cumsum (fp32)
+    P   = scores.decayed_scores(r, k, G, None, 1; Gq=R)        decayed RKᵀ (its strict part is used)
     T   = delta_inverse.unit_lower_inverse(P, β)                (I + strict_tril(diag(β) P))⁻¹
-    W, U' = delta_wy.wy_representation(k, v, G, β, T)
+    W, U' = delta_wy.wy_representation(r, v, R, β, T)
     h, S_T, U = delta_states.pass_states_fwd(k, W, U', G, S_0)  U = U' − W S_n; S_{n+1} = a S_n + K̃ᵀ U
     Aqk = scores.decayed_scores(q, k, G, None, scale)
     o   = output.chunk_outputs(q, U, G, Aqk, h, scale)          o = Aqk U + Q̃ S_n
 
-Saved for the backward: the inputs, T, the entering states h, U and the final state; G, P, Aqk and
-W are recomputed (one kernel each).
+Saved for the backward: the inputs, T, the entering states h, U and the final state; G (R), P, Aqk
+and W are recomputed (one kernel each).
 
 Backward:
 
     dU^loc, dAqk = delta_output.chunk_outputs_bwd_local(Aqk, U, dO)
     dh, dS_0, ∂L/∂G_last = delta_states.pass_states_bwd(...)     dU = dU^loc + K̃ dS_{n+1}; the transposed pass
     dq, dk₁, dG₁ = qk_grads(q, k, U, G, h, dh, dO, dAqk)         Aqk, Q̃ and K̃ (the gated class's kernel)
-    dv, dk₂, dβ, dG₂, dP = delta_wy.wy_representation_bwd(...)    T, W and U'
-    dk₃, dk₄, dG₃ = qk_grads(k, k, dP) (intra-chunk only)         P (its rows and its columns)
-    dq, dk, dG = delta_grads.sum_grads(...)                        the parts summed, grouped heads folded, cast
-    dg = reverse cumsum(dG) + ∂L/∂G_last
+    dv, dr₂, dβ, dR₂, dP = delta_wy.wy_representation_bwd(r, ..., R)   T, W and U'
+    dr₃, dk₄, dG₃ (dR₄) = qk_grads(r, k, dP; Gq=R) (intra-chunk only)   P (its rows and its columns)
+    dq, dk, dp, dG, dR = delta_grads.sum_grads(...)                the parts summed, grouped heads folded, cast
+    dg = reverse cumsum(dG) + strict reverse cumsum(dR) + ∂L/∂G_last
 
-Beyond chunk_delta: q, k may have H_q heads dividing v's H (value head h reads q/k head
+Beyond chunk_delta: q, k (p) may have H_q heads dividing v's H (value head h reads q/k head
 h // (H / H_q)); their gradients are summed over each group. The chunk size must be a power of
-two ≥ 16, K and V ≤ 256. decay_first=False (Comba), a probe key and DeltaProduct are not served here.
+two ≥ 16 (micro-steps for DeltaProduct), K and V ≤ 256.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...chunkwise.delta import interleave_micro_steps
+from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
 from .delta_grads import sum_grads
@@ -47,57 +54,99 @@ from .scores import decayed_scores
 Tensor = torch.Tensor
 
 
+def _cumsums(g, L, excl: bool):
+    """(G, R): the chunk-local cumsum and the read state's log-decay (G itself, or the exclusive
+    cumsum with the decay after), or (None, None) without decay."""
+    if g is None:
+        return None, None
+    if excl:
+        return chunk_cumsum(g, L, exclusive=True)
+    G = chunk_cumsum(g, L)
+    return G, G
+
+
 class ChunkDeltaTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, L, output_final_state, has_beta):
-        G = chunk_cumsum(g, L) if g is not None else None
-        P = decayed_scores(k, k, G, None, 1.0, L)  # [B, T, H, C]
+    def forward(ctx, q, k, v, g, beta, h0, p, scale, L, output_final_state, has_beta, decay_first):
+        excl = g is not None and not decay_first
+        r = k if p is None else p  # the read key
+        G, R = _cumsums(g, L, excl)
+        P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)  # [B, T, H, C]
         Ti = unit_lower_inverse(P, beta, L)  # [B, T, H, C]
-        w, u1 = wy_representation(k, v, G, beta, Ti, L)
+        w, u1 = wy_representation(r, v, R, beta, Ti, L)
         need_final = output_final_state or G is not None  # the backward's ∂L/∂G_last reads S_T
         h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
         A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
         o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
-        ctx.save_for_backward(q, k, v, g, beta, h0, Ti, h, u, ht)
-        ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta = scale, L, output_final_state, has_beta
+        ctx.save_for_backward(q, k, v, g, beta, h0, p, Ti, h, u, ht)
+        ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta, ctx.excl = scale, L, output_final_state, has_beta, excl
         return o, (ht if output_final_state else None)
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0, Ti, h, u, ht = ctx.saved_tensors
-        scale, L = ctx.scale, ctx.L
+        q, k, v, g, beta, h0, p, Ti, h, u, ht = ctx.saved_tensors
+        scale, L, excl = ctx.scale, ctx.L, ctx.excl
         do = do.contiguous()
-        G = chunk_cumsum(g, L) if g is not None else None
-        P = decayed_scores(k, k, G, None, 1.0, L)
+        r = k if p is None else p
+        G, R = _cumsums(g, L, excl)
+        P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)
         A = decayed_scores(q, k, G, None, scale, L)
-        w, _ = wy_representation(k, v, G, beta, Ti, L, with_u=False)
+        w, _ = wy_representation(r, v, R, beta, Ti, L, with_u=False)
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         du, dA = chunk_outputs_bwd_local(A, u, do, L)
         dh, dh0, dgc = pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale, L, need_dh0=h0 is not None)
         dq, dk, _, dG = qk_grads(q, k, u, G, None, h, dh, do, dA, scale, L, grad_dtype=torch.float32)
-        dv, dk_w, dbeta, dG_w, dP = wy_representation_bwd(k, v, G, beta, Ti, P, h, du, L)
-        dk_r, dk_c, _, dG_p = qk_grads(k, k, None, G, None, None, None, None, dP, 1.0, L, grad_dtype=torch.float32)
-        dq, dk, dG = sum_grads(dq, (dk, dk_w, dk_r, dk_c), (dG, dG_w, dG_p) if g is not None else None, q.dtype, L)
-        dg = chunk_cumsum(dG, L, reverse=True, add=dgc, out_dtype=g.dtype) if g is not None else None
+        dv, dr_w, dbeta, dR_w, dP = wy_representation_bwd(r, v, R, beta, Ti, P, h, du, L)
+        dr_p, dk_p, _, dG_p = qk_grads(r, k, None, G, None, None, None, None, dP, 1.0, L, grad_dtype=torch.float32,
+                                       Gq=R if excl else None)
+        dgs = None if g is None else ((dG, dR_w, *dG_p) if excl else (dG, dR_w, dG_p))
+        dq, dk, dp, dG, dR = sum_grads(dq, (dk, dr_w, dr_p, dk_p), dgs, q.dtype, L, probe=p is not None)
+        dg = chunk_cumsum(dG, L, reverse=True, add=dgc, excl=dR, out_dtype=g.dtype) if g is not None else None
         dbeta = dbeta.to(beta.dtype) if ctx.has_beta else None
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, dp, None, None, None, None, None
 
 
 def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
-                       scale: float | None, initial_state: Tensor | None = None, output_final_state: bool = False,
+                       p: Tensor | None = None, decay_first: bool = True, scale: float | None,
+                       initial_state: Tensor | None = None, output_final_state: bool = False,
                        chunk_size: int = 64, cu_seqlens: Tensor | None = None):
-    """Chunkwise delta rule on Triton, decay first: S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ,
-    o_t = S_tᵀ(scale·q_t), D_t = Diag(exp g_t) (identity without g). Arguments and results as
-    `fastweights.chunkwise.chunk_delta` with decay_first=True, no probe key, no micro-steps
-    (o [B, T, H, V] in v's dtype; final state [B or N, H, K, V] fp32 or None), plus grouped heads:
-    q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 states and accumulation)."""
+    """Chunkwise delta rule on Triton, o_t = S_tᵀ(scale·q_t), D_t = Diag(exp g_t) (identity without g):
+
+        decay_first=True   S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ      (DeltaNet, GDN, KDA)
+        decay_first=False  S_t = D_t S_{t−1} + β_t k_t (v_t − S_{t−1}ᵀ p_t)ᵀ         (Comba; p = k if None)
+
+    Arguments and results as `fastweights.chunkwise.chunk_delta` (o [B, T, H, V] in v's dtype; final
+    state [B or N, H, K, V] fp32 or None), DeltaProduct included (k [B, T, n, H_q, K], v [B, T, n, H, V],
+    β [B, T, n, H]; chunk_size in micro-steps), plus grouped heads: q, k, p [B, T, H_q, K] with
+    H_q | H. Inputs fp32, bf16 or fp16 (fp32 states and accumulation)."""
+    if isinstance(k, Tensor) and k.dim() == 5:
+        return _delta_product(q, k, v, g=g, beta=beta, p=p, decay_first=decay_first, scale=scale,
+                              initial_state=initial_state, output_final_state=output_final_state,
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     L, initial_state, scale = check_chunk_args(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                                                chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+    if p is not None:
+        check_tensor("p", p, tuple(q.shape), values=False)
+        if p.dtype != q.dtype:
+            raise InputError(f"p must have q's dtype {q.dtype}, got {p.dtype}")
     if L.T == 0:
         return no_tokens(v, L, initial_state, output_final_state)
     has_beta = beta is not None
     beta_in = beta.contiguous() if has_beta else torch.ones(L.B, L.T, L.H, dtype=torch.float32, device=q.device)
     o, ht = ChunkDeltaTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                   g.contiguous() if g is not None else None, beta_in, initial_state, scale, L,
-                                   bool(output_final_state), has_beta)
+                                   g.contiguous() if g is not None else None, beta_in, initial_state,
+                                   p.contiguous() if p is not None else None, scale, L, bool(output_final_state),
+                                   has_beta, bool(decay_first))
     return o, (ht if output_final_state else None)
+
+
+def _delta_product(q, k, v, *, g, beta, p, decay_first, scale, initial_state, output_final_state, chunk_size,
+                   cu_seqlens):
+    """n Householder micro-steps per token (`interleave_micro_steps`, which checks the shapes), the
+    output of each token picked from its last micro-step's row."""
+    n = k.shape[2]
+    q_il, k_il, v_il, beta_il, g_il, cu_il = interleave_micro_steps(q, k, v, beta, g, p, cu_seqlens)
+    o, final = chunk_delta_triton(q_il, k_il, v_il, g=g_il, beta=beta_il, decay_first=decay_first, scale=scale,
+                                  initial_state=initial_state, output_final_state=output_final_state,
+                                  chunk_size=chunk_size, cu_seqlens=cu_il)
+    return o.unflatten(1, (-1, n))[:, :, -1], final  # [B, T, H, V]

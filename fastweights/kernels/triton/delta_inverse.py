@@ -2,9 +2,10 @@
 
     T = (I + Lm)⁻¹,   Lm_ij = β_i P_ij for j < i (0 elsewhere),   P_ij = Σ_d k_id k_jd e^{G_id − G_jd},
 
-from P [B, T, H, C] (the decayed KKᵀ of `scores.decayed_scores(k, k, G, None, 1)`, row i of a chunk
-holding its C columns; its diagonal and upper part are ignored) and β [B, T, H]; T is stored the
-same way, fp32 [B, T, H, C] (every column of a real row written, zeros above the diagonal).
+from P [B, T, H, C] (the decayed KKᵀ of `scores.decayed_scores(k, k, G, None, 1)`; with a probe key
+or the decay after Σ_d r_id k_jd e^{R_id − G_jd}, the read key r and decay R of delta.py), row i of a
+chunk holding its C columns (its diagonal and upper part are ignored), and β [B, T, H]; T is stored
+the same way, fp32 [B, T, H, C] (every column of a real row written, zeros above the diagonal).
 
 Two phases in one program per chunk, with blocks of BC = 16 rows:
 1. each 16×16 diagonal block by forward substitution, row by row in registers:

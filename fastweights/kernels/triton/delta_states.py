@@ -1,5 +1,6 @@
-"""pass_states' twin for the delta class (decay_first=True): the one sequential stage, fused with
-the new values U of each chunk, and its transposed pass.
+"""pass_states' twin for the delta class (either decay order: W carries the read key and decay,
+delta_wy.py): the one sequential stage, fused with the new values U of each chunk, and its
+transposed pass.
 
 Forward, per sequence and head, chunk n entering with S_n [K, V] (fp32), W and U' from delta_wy.py,
 K̃ = K ⊙ e^{G_last − G} and a = e^{G_last} (scalar, or per key channel: KDA):

@@ -1,9 +1,13 @@
-"""wy_representation's twin (delta class, decay_first=True) and its backward.
+"""wy_representation's twin (delta class) and its backward.
 
 Forward, per chunk with T = (I + strict_tril(diag(β) P))⁻¹ (delta_inverse.py):
 
     U' = T diag(β) V            [C, V]   the pseudo-values
     W  = T diag(β) (K ⊙ e^{G})  [C, K]   the read weights (exponent G ≤ 0)
+
+K and G here are the read key and the read state's log-decay: k and G with the decay first, the
+probe key p and the exclusive cumsum R with it after (Comba; the glue passes them in k's and G's
+place, and the k and G gradients below are then p's and R's).
 
 stored per token row, U' [B, T, H, V] in v's dtype and W [B, T, H, K] in k's dtype (per value
 head; grouped heads read k of head h // (H / H_q)).

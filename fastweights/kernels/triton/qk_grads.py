@@ -17,6 +17,12 @@ Diagonal decay keeps every exponent ≤ 0 as the forward does: blocks of rows ag
 (dq) or later (dk) blocks through a reference row — the first row of the query block for dq,
 the last real row of the key block for dk — and the diagonal 16×16 blocks elementwise, row by
 row. Every transposed operand is loaded transposed from memory (no tl.trans of an accumulator).
+
+The query rows may carry their own log-decay R (`Gq`: the delta rule's P = R̃Kᵀ with Comba's
+exclusive cumsum R, scores.py): the exponents read R on the query side (G_i → R_i above), the
+masks are strict (j < i: dA is strictly lower there, and R_i − G_i = −g_i > 0 must not reach an
+exp), the reference row of dq is R of the block's first row, and the per-row dG comes back in two
+parts, q ⊙ dq (of R) and −k ⊙ dk (of G).
 """
 
 from __future__ import annotations
@@ -57,11 +63,13 @@ def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T, NT,
+def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, cu, chunk_seq, chunk_local, scale,
+                     T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
-                     IEEE: tl.constexpr):
+                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, EXCL: tl.constexpr, IS_VARLEN: tl.constexpr,
+                     DT: tl.constexpr, IEEE: tl.constexpr):
+    # EXCL: the query rows' log-decay is gq (Comba's exclusive cumsum), masks strict, dG in two parts
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -81,16 +89,24 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     if GATE == 2:
         G_s = tl.load(g + (ts[:, None] * H + i_h) * K + ok[None, :], mask=m_sk, other=0.0)  # [BC, BK]
         G_last = tl.load(g + (t_last * H + i_h) * K + ok, mask=m_k, other=0.0)  # [BK]
+        if EXCL:
+            Gq_s = tl.load(gq + (ts[:, None] * H + i_h) * K + ok[None, :], mask=m_sk, other=0.0)  # [BC, BK]
+        else:
+            Gq_s = G_s
     elif GATE == 1:
         G_s = tl.load(g + ts * H + i_h, mask=m_s, other=0.0)  # [BC]
         G_last = tl.load(g + t_last * H + i_h)
+        if EXCL:
+            Gq_s = tl.load(gq + ts * H + i_h, mask=m_s, other=0.0)  # [BC]
+        else:
+            Gq_s = G_s
 
     # ---- intra-chunk parts
     acc_q = tl.zeros([BC, BK], dtype=tl.float32)
     acc_k = tl.zeros([BC, BK], dtype=tl.float32)
     if GATE == 2:
         t_rq = t0 + i_s * BC  # reference row of dq: the block's first row
-        rho_q = tl.load(g + (t_rq * H + i_h) * K + ok, mask=m_k & (t_rq < eos), other=0.0)
+        rho_q = tl.load(gq + (t_rq * H + i_h) * K + ok, mask=m_k & (t_rq < eos), other=0.0)
         t_rk = tl.minimum(t0 + i_s * BC + BC, eos) - 1  # reference row of dk: the block's last real row
         rho_k = tl.load(g + (t_rk * H + i_h) * K + ok, mask=m_k & (t_rk >= t0), other=0.0)
         for i_r in range(0, C // BC):
@@ -110,10 +126,10 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
                 b_dAt = tl.load(dA + (tr[None, :] * H + i_h) * C + (i_s * BC + oi)[:, None], mask=m_r[None, :],
                                 other=0.0)  # [BC, BC]: [j in s, i in r] = dA_ij
                 q_r = tl.load(q + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
-                G_r = tl.load(g + (tr[:, None] * H + i_h) * K + ok[None, :], mask=m_rk, other=0.0)
+                G_r = tl.load(gq + (tr[:, None] * H + i_h) * K + ok[None, :], mask=m_rk, other=0.0)
                 q_r = q_r * tl.exp(tl.where(m_rk, G_r - rho_k[None, :], 0.0))  # exponent ≤ 0
                 acc_k += mm(b_dAt, q_r, DT, IEEE)
-        acc_q = acc_q * tl.exp(tl.where(m_sk, G_s - rho_q[None, :], 0.0))
+        acc_q = acc_q * tl.exp(tl.where(m_sk, Gq_s - rho_q[None, :], 0.0))
         acc_k = acc_k * tl.exp(tl.where(m_sk, rho_k[None, :] - G_s, 0.0))
         # the diagonal block, row by row / column by column (exponents masked to 0 off the mask)
         for j in range(0, BC):
@@ -125,19 +141,21 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
             if HAS_BETA:
                 k_j = k_j * tl.load(beta + tj * H + i_h, mask=ok_j, other=0.0).to(tl.float32)
             G_j = tl.load(g + (tj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0)
-            below = (oi >= j) & m_s
-            acc_q += dA_col[:, None] * k_j[None, :] * tl.exp(tl.where(below[:, None], G_s - G_j[None, :], 0.0))
+            below = ((oi > j) if EXCL else (oi >= j)) & m_s
+            acc_q += dA_col[:, None] * k_j[None, :] * tl.exp(tl.where(below[:, None], Gq_s - G_j[None, :], 0.0))
             # dk: row j of the block (query row j) against the block's keys i ≤ j
             dA_row = tl.load(dA + (tj * H + i_h) * C + i_s * BC + oi, mask=(oi <= j) & ok_j, other=0.0)  # [BC]
             q_j = tl.load(q + (tj * HQ + i_hq) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
-            above = (oi <= j) & m_s & ok_j
+            if EXCL:
+                G_j = tl.load(gq + (tj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0)  # the query row's R_j
+            above = ((oi < j) if EXCL else (oi <= j)) & m_s & ok_j
             acc_k += dA_row[:, None] * q_j[None, :] * tl.exp(tl.where(above[:, None], G_j[None, :] - G_s, 0.0))
     else:
         # inter-chunk parts first, decayed, so one accumulator per gradient (dk's intra part is
         # scaled through dA, dq's whole sum at the end)
         acc_q, acc_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE, HAS_INTER)
         if GATE == 1:
-            acc_q = acc_q * tl.exp(G_s)[:, None]
+            acc_q = acc_q * tl.exp(Gq_s)[:, None]
             acc_k = acc_k * tl.exp(tl.where(m_s, G_last - G_s, 0.0))[:, None]
         for i_r in range(0, C // BC):
             tr = t0 + i_r * BC + oi
@@ -148,8 +166,9 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
                                other=0.0)  # rows s, cols r (causal already)
                 if GATE == 1:
                     G_r = tl.load(g + tr * H + i_h, mask=m_r, other=0.0)
-                    keep = ((i_s * BC + oi)[:, None] >= (i_r * BC + oi)[None, :]) & m_s[:, None] & m_r[None, :]
-                    b_dA = b_dA * tl.exp(tl.where(keep, G_s[:, None] - G_r[None, :], 0.0))
+                    ii, jj = (i_s * BC + oi)[:, None], (i_r * BC + oi)[None, :]
+                    keep = ((ii > jj) if EXCL else (ii >= jj)) & m_s[:, None] & m_r[None, :]
+                    b_dA = b_dA * tl.exp(tl.where(keep, Gq_s[:, None] - G_r[None, :], 0.0))
                 k_r = tl.load(k + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
                 if HAS_BETA:
                     k_r = k_r * tl.load(beta + tr * H + i_h, mask=m_r, other=0.0).to(tl.float32)[:, None]
@@ -158,15 +177,16 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
                 b_dAt = tl.load(dA + (tr[None, :] * H + i_h) * C + (i_s * BC + oi)[:, None], mask=m_r[None, :],
                                 other=0.0)  # [j in s, i in r]
                 if GATE == 1:
-                    G_r = tl.load(g + tr * H + i_h, mask=m_r, other=0.0)
-                    keep = ((i_r * BC + oi)[None, :] >= (i_s * BC + oi)[:, None]) & m_r[None, :] & m_s[:, None]
+                    G_r = tl.load(gq + tr * H + i_h, mask=m_r, other=0.0)  # the query rows' log-decay
+                    ii, jj = (i_r * BC + oi)[None, :], (i_s * BC + oi)[:, None]
+                    keep = ((ii > jj) if EXCL else (ii >= jj)) & m_r[None, :] & m_s[:, None]
                     b_dAt = b_dAt * tl.exp(tl.where(keep, G_r[None, :] - G_s[:, None], 0.0))
                 q_r = tl.load(q + (tr[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_rk, other=0.0).to(tl.float32)
                 acc_k += mm(b_dAt * scale, q_r, DT, IEEE)
     if GATE == 2:
         # ---- inter-chunk parts: S_n dO_i and dS_{n+1} v_j
         inter_q, inter_k = _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H, K, V, BC, BK, BV, DT, IEEE, HAS_INTER)
-        b_dq = (acc_q + inter_q * tl.exp(G_s)) * scale
+        b_dq = (acc_q + inter_q * tl.exp(Gq_s)) * scale
         b_dkb = acc_k * scale + inter_k * tl.exp(tl.where(m_sk, G_last[None, :] - G_s, 0.0))
     else:
         b_dq = acc_q * scale
@@ -179,17 +199,25 @@ def _qk_grads_kernel(q, k, v, g, beta, h, dh, do, dA, dq, dk, dbeta, dg, cu, chu
     off = (ts[:, None] * H + i_h) * K + ok[None, :]
     tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_sk)
     tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_sk)
-    if GATE == 2:
+    if EXCL:
+        if GATE == 2:
+            tl.store(dg + off, -(b_k * b_dk), mask=m_sk)
+            tl.store(dgq + off, b_q * b_dq, mask=m_sk)
+        elif GATE == 1:
+            tl.store(dg + ts * H + i_h, -tl.sum(b_k * b_dk, axis=1), mask=m_s)
+            tl.store(dgq + ts * H + i_h, tl.sum(b_q * b_dq, axis=1), mask=m_s)
+    elif GATE == 2:
         tl.store(dg + off, b_q * b_dq - b_k * b_dk, mask=m_sk)
     elif GATE == 1:
         tl.store(dg + ts * H + i_h, tl.sum(b_q * b_dq - b_k * b_dk, axis=1), mask=m_s)
 
 
-def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_dtype=None):
+def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_dtype=None, Gq=None):
     """(dq, dk [B, T, H, K] per value head — in `grad_dtype`, by default q's dtype without grouped
     heads and fp32 with them (for the sum over each group); dβ [B, T, H] fp32 or None; dG per row,
-    fp32, G's shape, or None).
-    h = None (v, dh, do then unused): the intra-chunk parts only (the delta class's KKᵀ backward)."""
+    fp32, G's shape, or None — with `Gq` the pair (dG of the keys' G, dG of the queries' Gq)).
+    h = None (v, dh, do then unused): the intra-chunk parts only (the delta class's KKᵀ backward).
+    Gq: the query rows' own log-decay (Comba's exclusive cumsum; G's shape), strict masks."""
     dev = q.device
     inter = h is not None
     if not inter:
@@ -199,13 +227,16 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_d
     dk = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
     dg = empty_output(*G.shape, dtype=torch.float32, device=dev) if G is not None else None
+    excl = Gq is not None and G is not None
+    dgq = empty_output(*G.shape, dtype=torch.float32, device=dev) if excl else None
     gate = 0 if G is None else (2 if G.dim() == 4 else 1)
     bc = min(BC if gate == 2 else BC_PLAIN, L.C)
     DT, IEEE = dot_dtype(q.dtype)
     _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
-        q, k, v, G if G is not None else q, beta if beta is not None else q, h, dh, do, dA, dq, dk,
-        dbeta if dbeta is not None else dq, dg if dg is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
+        q, k, v, G if G is not None else q, Gq if excl else (G if G is not None else q),
+        beta if beta is not None else q, h, dh, do, dA, dq, dk, dbeta if dbeta is not None else dq,
+        dg if dg is not None else dq, dgq if excl else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
-        GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, EXCL=excl, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         **LAUNCH)
-    return dq, dk, dbeta, dg
+    return dq, dk, dbeta, ((dg, dgq) if excl else dg)

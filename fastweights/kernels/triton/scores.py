@@ -13,6 +13,11 @@ rows of its sub-block s against every key sub-block r of the chunk:
   the exponent masked to 0 above the diagonal (≤ 0 wherever it is used);
 - r > s: zeros.
 Grouped value heads: value head h reads q/k head h // (H / H_q).
+
+The query rows may carry their own log-decay R (`Gq`, default G): the delta rule's
+P_ij = Σ_d r_id k_jd e^{R_id − G_jd} with Comba's exclusive cumsum R_i = G_{i−1} (cumsum.py), taken
+strictly below the diagonal (`strict`: on it R_i − G_i = −g_i > 0). The reference row ρ is then
+R of the block's first row (= G of the row before it), so the exponents stay ≤ 0.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ BC = 16
 
 
 @triton.jit
-def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr, HQ: tl.constexpr,
+def _scores_kernel(q, k, g, gq, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr, HQ: tl.constexpr,
                    K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-                   HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
-    # GATE: 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]
+                   HAS_BETA: tl.constexpr, STRICT: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+                   IEEE: tl.constexpr):
+    # GATE: 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]; gq: the query rows' log-decay (g itself
+    # unless it is Comba's exclusive cumsum); STRICT: j < i instead of j ≤ i
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -45,13 +52,13 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
     b_q = tl.load(q + (ti[:, None] * HQ + i_hq) * K + ok[None, :], mask=m_i[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32) * scale  # [BC, BK]
     if GATE == 2:
-        g_i = tl.load(g + (ti[:, None] * H + i_h) * K + ok[None, :], mask=m_i[:, None] & m_k[None, :],
+        g_i = tl.load(gq + (ti[:, None] * H + i_h) * K + ok[None, :], mask=m_i[:, None] & m_k[None, :],
                       other=0.0).to(tl.float32)  # [BC, BK]
         t_ref = t0 + i_s * BC  # the block's first row: the reference ρ
-        rho = tl.load(g + (t_ref * H + i_h) * K + ok, mask=m_k & (t_ref < eos), other=0.0).to(tl.float32)  # [BK]
+        rho = tl.load(gq + (t_ref * H + i_h) * K + ok, mask=m_k & (t_ref < eos), other=0.0).to(tl.float32)  # [BK]
         q_rho = b_q * tl.exp(tl.where(m_i[:, None], g_i - rho[None, :], 0.0))  # exponent ≤ 0
     elif GATE == 1:
-        g_i = tl.load(g + ti * H + i_h, mask=m_i, other=0.0).to(tl.float32)  # [BC]
+        g_i = tl.load(gq + ti * H + i_h, mask=m_i, other=0.0).to(tl.float32)  # [BC]
     for i_r in range(0, C // BC):
         tj = t0 + i_r * BC + oi  # key rows  [BC]
         m_j = tj < eos
@@ -77,7 +84,7 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
                         g_j = tl.load(g + (tjj * H + i_h) * K + ok, mask=m_k & ok_j, other=0.0).to(tl.float32)
                         if HAS_BETA:
                             k_j = k_j * tl.load(beta + tjj * H + i_h, mask=ok_j, other=0.0).to(tl.float32)
-                        causal = (oi >= j) & m_i
+                        causal = ((oi > j) if STRICT else (oi >= j)) & m_i
                         e = tl.exp(tl.where(causal[:, None], g_i - g_j[None, :], 0.0))  # exponent ≤ 0
                         col = tl.sum(b_q * k_j[None, :] * e, axis=1)  # [BC]
                         acc = tl.where(oi[None, :] == j, tl.where(causal, col, 0.0)[:, None], acc)
@@ -87,7 +94,8 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
                 if HAS_BETA:
                     b_kt = b_kt * b_beta[None, :]
                 acc = mm(b_q, b_kt, DT, IEEE)
-                causal = ((i_s * BC + oi)[:, None] >= (i_r * BC + oi)[None, :]) & m_i[:, None] & m_j[None, :]
+                ii, jj = (i_s * BC + oi)[:, None], (i_r * BC + oi)[None, :]
+                causal = ((ii > jj) if STRICT else (ii >= jj)) & m_i[:, None] & m_j[None, :]
                 if GATE == 1:
                     g_j = tl.load(g + tj * H + i_h, mask=m_j, other=0.0).to(tl.float32)
                     acc = acc * tl.exp(tl.where(causal, g_i[:, None] - g_j[None, :], 0.0))
@@ -95,15 +103,17 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
         tl.store(A + (ti[:, None] * H + i_h) * C + (i_r * BC + oi)[None, :], acc, mask=m_i[:, None])
 
 
-def decayed_scores(q, k, G, beta, scale: float, L: Layout) -> torch.Tensor:
+def decayed_scores(q, k, G, beta, scale: float, L: Layout, *, Gq=None, strict: bool = False) -> torch.Tensor:
     """A [B, T, H, C] fp32 (see the module docstring). q, k [B, T, H_q, K]; G None or the
-    chunk-local cumsum [B, T, H(, K)] fp32; beta None or [B, T, H]."""
+    chunk-local cumsum [B, T, H(, K)] fp32; beta None or [B, T, H]; Gq: the query rows' log-decay
+    (G's shape; None: G); strict: zeros on the diagonal too."""
     A = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=q.device)
     bc = min(BC, L.C)
     gate = 0 if G is None else (2 if G.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)
     _scores_kernel[(L.NT, L.C // bc, L.B * L.H)](
-        q, k, G if G is not None else q, beta if beta is not None else q, A, *varlen_args(L, q.device)[:3],
+        q, k, G if G is not None else q, Gq if Gq is not None else (G if G is not None else q),
+        beta if beta is not None else q, A, *varlen_args(L, q.device)[:3],
         scale, L.T, H=L.H, HQ=L.Hq, K=L.K, C=L.C, BC=bc, BK=pow2(L.K), GATE=gate, HAS_BETA=beta is not None,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        STRICT=strict, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
     return A

@@ -318,7 +318,7 @@ def stage_lmprofile():
         opt, _ = _optimizer(lm, torch.device("cuda"))
         ids = torch.randint(0, cfg.vocab_size, (4, 4097), device="cuda")
 
-        def step():
+        def step(lm=lm, opt=opt, ids=ids):
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                 logits = lm(ids[:, :-1])
                 loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
@@ -337,7 +337,7 @@ def stage_lmprofile():
         lines.append(f"## {model} LM (2 optimizer steps, backends {sorted(set(lm.backends))})\n{table}\n")
         with open(os.path.join(OUT, "lmprofile.txt"), "w") as f:
             f.write("\n".join(lines))
-        del lm, opt
+        del lm, opt, step
         torch.cuda.empty_cache()
     log("\n".join(lines)[-5000:])
 

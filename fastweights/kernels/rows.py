@@ -29,8 +29,8 @@ import torch
 from ..recipe import Recipe
 from ..state import MemoryState
 
-__all__ = ["gated_linear_chunk", "delta_chunk", "delta_auto", "linear_recurrent", "triton_gated_supports", "triton_step_supports",
-           "triton_delta_supports", "MAX_HEAD_DIM"]
+__all__ = ["gated_linear_chunk", "delta_chunk", "delta_auto", "linear_recurrent", "triton_gated_supports",
+           "triton_step_supports", "triton_delta_supports", "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
 

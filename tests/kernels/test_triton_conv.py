@@ -24,12 +24,6 @@ from tests.tolerances import CONV_F32_REL, CONV_LOW_REL
 pytestmark = pytest.mark.triton
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _inputs(gen, *, B=2, T=65, C=20, W=4, dtype=torch.float32, tail=True, pos=True, bias=True,
             tail_dtype=None):

@@ -5,8 +5,6 @@ Marked `triton` (interpreter on CPU tensors without CUDA; NaN-poisoned outputs).
 
 from __future__ import annotations
 
-import secrets
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,12 +17,6 @@ from tests.tolerances import CHUNK_F32_REL, CHUNK_LOW_REL
 
 pytestmark = pytest.mark.triton
 
-
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
 
 
 def _recipe(cls: str, gate: str, decay_first: bool) -> Recipe:

@@ -42,12 +42,6 @@ GATES = ["none", "scalar", "diagonal"]
 MODEL = {"none": "deltanet", "scalar": "gated_deltanet", "diagonal": "kda"}
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _recurrent(gate):
     def run(x, *, scale=0.4):

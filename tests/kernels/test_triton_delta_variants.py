@@ -47,12 +47,6 @@ VARIANTS = {"comba": (dict(probe=True), False, 37), "product2": (dict(n=2), True
             "product3": (dict(n=3), True, 13)}
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _recipe(variant, gate):
     """The zoo's comba / deltaproduct with retention `gate` (and n micro-steps)."""

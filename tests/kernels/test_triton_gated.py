@@ -38,12 +38,6 @@ pytestmark = pytest.mark.triton
 GATES = ["none", "scalar", "diagonal"]
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _recipe(gate: str) -> Recipe:
     return Recipe(name=f"gated_linear_{gate}", memory=Memory(kind="linear"), objective=Objective(kind="dot"),

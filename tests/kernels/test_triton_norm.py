@@ -24,12 +24,6 @@ from tests.tolerances import NORM_F32_REL, NORM_LOW_REL
 pytestmark = pytest.mark.triton
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _inputs(gen, *, B=2, T=5, C=48, G=16, dtype=torch.float32, gate=True, z_dtype=None):
     """o, z [B, T, C] (z None without a gate), weight [G] fp32; row scales from 1e-3 to 1 (eps matters)."""

@@ -29,12 +29,6 @@ pytestmark = pytest.mark.triton
 NAMES = ("q", "k", "b", "a", "A_log", "dt_bias")
 
 
-@pytest.fixture
-def gen():
-    seed = secrets.randbits(62)
-    print(f"seed={seed}")
-    return torch.Generator().manual_seed(seed)
-
 
 def _inputs(gen, gate, *, B=2, T=37, Hq=1, H=2, K=12, Ka=12, dtype=torch.float32):
     """q, k [B, T, H_q, K], b [B, T, H], a [B, T, H(, K_a)], A_log [H], dt_bias [H(·K_a)], float64

@@ -18,7 +18,7 @@ from fastweights.layers.fused import fused_kernels, use_fused
 from fastweights.layers.segments import Segments
 from fastweights.state import state_tensors
 from tests.kernels.helpers import DEV
-from tests.tolerances import FUSED_LAYER_F32_REL, FUSED_LAYER_BF16_REL
+from tests.tolerances import FUSED_LAYER_BF16_REL, FUSED_LAYER_F32_REL
 
 
 def rel(a, b) -> float:

@@ -45,7 +45,7 @@ def saved_bytes(model: str, *, d_model: int, num_heads: int, head_dim: int, voca
     with torch.device(device):
         lm = LM(cfg)
     stack: list[str] = ["LM"]
-    for name, mod in lm.named_modules():
+    for mod in lm.modules():
         label = type(mod).__name__
         mod.register_forward_pre_hook(lambda m, a, label=label: stack.append(label) and None)
         mod.register_forward_hook(lambda m, a, o: stack.pop() and None)  # a hook's return replaces the output
@@ -90,8 +90,9 @@ def main():
         two, largest, _ = saved_bytes(m, T=2 * a.seq_len, **kw)
         slope = {mod: (two.get(mod, 0) - one.get(mod, 0)) / tokens for mod in set(one) | set(two)}
         total = sum(slope.values())
-        print(f"## {m}: saved bytes per token, one layer + embedding and head "
-              f"({'fused layer kernels, Triton memory' if a.fused else 'torch ops'}; T = {a.seq_len} and {2 * a.seq_len})")
+        how = "fused layer kernels, Triton memory" if a.fused else "torch ops"
+        print(f"## {m}: saved bytes per token, one layer + embedding and head ({how}; T = {a.seq_len} and "
+              f"{2 * a.seq_len})")
         print("| module | bytes per token | share |\n|---|---:|---:|")
         for mod, n in sorted(slope.items(), key=lambda kv: -kv[1]):
             if abs(n) >= 1:

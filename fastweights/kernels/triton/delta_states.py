@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .states import _decays_t
+from .states import _decays_t, decayed_update
 from .util import LAUNCH, dot_dtype, mm, pow2, seq_span, varlen_args
 
 
@@ -68,15 +68,7 @@ def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: t
         tl.store(u + off_u, b_u.to(u.dtype.element_ty), mask=m_tv)
         b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
                        other=0.0).to(tl.float32)  # [BK, C]
-        if GATE != 0:
-            Gt, G_last = _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE)
-            if GATE == 2:
-                b_kt = b_kt * tl.exp(tl.where(m_t[None, :], G_last[:, None] - Gt, 0.0))  # exponent ≤ 0
-                S = S * tl.exp(G_last)[:, None]
-            else:
-                b_kt = b_kt * tl.exp(tl.where(m_t, G_last - Gt, 0.0))[None, :]
-                S = S * tl.exp(G_last)
-        S += mm(b_kt, b_u, DT, IEEE)
+        S = decayed_update(S, b_kt, b_u, g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE, DT, IEEE)
         c += 1
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)

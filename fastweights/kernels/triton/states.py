@@ -47,6 +47,22 @@ def _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H: tl.constexpr, K: tl.conste
 
 
 @triton.jit
+def decayed_update(S, b_kt, b_x, g, rows, m_t, t_last, i_h, kk, m_kk, H: tl.constexpr, K: tl.constexpr,
+                   GATE: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """One chunk of the forward state pass: S ← Diag(e^{G_last}) S + (K ⊙ e^{G_last − G})ᵀ X, with
+    b_kt the chunk's keys transposed [BK, C] and b_x its values [C, BV] (U for the delta class)."""
+    if GATE != 0:
+        Gt, G_last = _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE)
+        if GATE == 2:
+            b_kt = b_kt * tl.exp(tl.where(m_t[None, :], G_last[:, None] - Gt, 0.0))  # exponent ≤ 0
+            S = S * tl.exp(G_last)[:, None]
+        else:
+            b_kt = b_kt * tl.exp(tl.where(m_t, G_last - Gt, 0.0))[None, :]
+            S = S * tl.exp(G_last)
+    return S + mm(b_kt, b_x, DT, IEEE)
+
+
+@triton.jit
 def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
@@ -75,15 +91,7 @@ def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.const
             b_kt = b_kt * tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)[None, :]
         b_v = tl.load(v + (rows[:, None] * H + i_h) * V + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
                       other=0.0)  # [C, BV]
-        if GATE != 0:
-            Gt, G_last = _decays_t(g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE)
-            if GATE == 2:
-                b_kt = b_kt * tl.exp(tl.where(m_t[None, :], G_last[:, None] - Gt, 0.0))  # exponent ≤ 0
-                S = S * tl.exp(G_last)[:, None]
-            else:
-                b_kt = b_kt * tl.exp(tl.where(m_t, G_last - Gt, 0.0))[None, :]
-                S = S * tl.exp(G_last)
-        S += mm(b_kt, b_v, DT, IEEE)
+        S = decayed_update(S, b_kt, b_v, g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE, DT, IEEE)
         c += 1
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)

@@ -78,7 +78,8 @@ def stage_env():
 
 def stage_tests():
     cmd = [sys.executable, "-m", "pytest", "-q", "-x" if ARGS.stop_first else "-q", "-m", "cuda or triton",
-           "-p", "no:cacheprovider", "-n", str(ARGS.workers), "--timeout", "300", *ARGS.test_paths,
+           "-p", "no:cacheprovider", "-n", str(ARGS.workers), "--timeout", "300",
+           *(["-k", ARGS.test_k] if ARGS.test_k else []), *ARGS.test_paths,
            f"--junitxml={os.path.join(OUT, 'cuda_tests.xml')}"]
     log(" ".join(cmd))
     t = time.time()
@@ -354,6 +355,7 @@ def main():
     ap.add_argument("--deadline", type=float, default=540, help="seconds after which no new stage or row starts")
     ap.add_argument("--tests-timeout", type=float, default=300)
     ap.add_argument("--test-paths", nargs="+", default=["tests/kernels", "tests/cuda"])
+    ap.add_argument("--test-k", default="", help="pytest -k expression for the tests stage")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--stop-first", action="store_true")
     ap.add_argument("--models", nargs="+", default=["gla", "mamba2", "retnet"])

@@ -49,14 +49,14 @@ def _bench_speed(args):
     try:
         check_args(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
                    D=args.dim, dtype=args.dtype, device=args.device, chunk_size=args.chunk_size,
-                   repeats=args.repeats, warmup=args.warmup, threads=args.threads)
+                   repeats=args.repeats, warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
     run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads, D=args.dim,
               dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
               chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
-              warmup=args.warmup, threads=args.threads)
+              warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
     return 0
 
 
@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "0 keeps torch's default)")
     sp.add_argument("--batch", type=int, default=1)
     sp.add_argument("--heads", type=int, default=4)
+    sp.add_argument("--value-heads", type=int, default=None,
+                    help="grouped rows: v, the gates and the output with this many heads (a multiple of --heads; "
+                         "q and k keep --heads)")
     sp.add_argument("--dim", type=int, default=64)
     sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     sp.add_argument("--device", default="cpu")

@@ -61,6 +61,7 @@ class Row:
     error: str = ""
     speedup_fwd: float | None = None  # recurrent ms / this ms, same model and T (None: no recurrent row)
     speedup_fwdbwd: float | None = None
+    HV: int | None = None  # value heads when they differ from H (grouped: q, k have H heads)
 
 
 def chunk_flops(B, T, H, K, V, C=64, delta=True) -> float:
@@ -75,9 +76,11 @@ def chunk_flops(B, T, H, K, V, C=64, delta=True) -> float:
     return 2.0 * macs * (T / C) * B * H
 
 
-def io_bytes(B, T, H, K, V, elem=2, gates=1) -> float:
-    """Fewest bytes moved by one forward: read q, k, v (and fp32 gates), write o."""
-    return elem * B * T * H * (2 * K + 2 * V) + 4 * B * T * H * gates
+def io_bytes(B, T, H, K, V, elem=2, gates=1, HV=None, n=1) -> float:
+    """Fewest bytes moved by one forward: read q, k, v (and fp32 gates), write o; q and k with H heads,
+    v, the gates and o with HV (default H); k and v n times (DeltaProduct's micro-steps)."""
+    HV = HV or H
+    return elem * B * T * ((1 + n) * H * K + (1 + n) * HV * V) + 4 * B * T * HV * gates
 
 
 def _bench(fn, device, warmup=1, reps=5) -> float:
@@ -115,9 +118,22 @@ def _fwd_bwd(run, tensors):
     return fwd, fwdbwd
 
 
-def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size):
-    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
+def _inputs(model, B, T, H, D, dtype, device, HV=None) -> dict:
+    """`example_inputs` as trainable leaves; with HV value heads (grouped, HV a multiple of H) the
+    inputs are drawn with HV heads and q, k (and a probe p) keep their first H heads."""
+    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=HV or H, head_dim=D, dtype=dtype,
                          device=device, requires_grad=True)
+    if HV and HV != H:
+        if HV % H:
+            raise ValueError(f"value_heads must be a multiple of heads, got {HV} and {H}")
+        for name in ("q", "k", "p"):
+            if name in inp:  # the head axis is −2 ([B, T, H, K], DeltaProduct's k [B, T, n, H, K])
+                inp[name] = inp[name][..., :H, :].detach().contiguous().requires_grad_(True)
+    return inp
+
+
+def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size, HV=None):
+    inp = _inputs(model, B, T, H, D, dtype, device, HV)
     state = inp.pop("initial_state", None)
     fn = getattr(api, form.split("_")[0])
     kw = {"chunk_size": chunk_size} if form.startswith("chunk") else {}
@@ -131,6 +147,7 @@ def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size):
 
 
 def _sdpa_case(B, T, H, D, dtype, device):
+    """Causal softmax attention with H heads (give it the value heads of a grouped row)."""
     q, k, v = (torch.randn(B, H, T, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
 
     def run():
@@ -146,36 +163,40 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
     "kda": ("chunk_kda", "diagonal"),
     "mamba2": ("chunk_simple_gla", "scalar"),  # scalar decay per token and head
     "retnet": ("chunk_retention", None),  # its own constant per-head decays
+    "deltaproduct": ("chunk_gated_delta_product", "scalar"),  # k, v, β with T·n_h rows (micro-steps interleaved)
 }
 
 
-def _fla_case(model, B, T, H, D, dtype, device):
+def _fla_case(model, B, T, H, D, dtype, device, HV=None):
     import fla.ops as ops  # noqa: PLC0415 — the peer, only in benchmark environments
 
     name, gate = FLA_OPS[model]
     fn = getattr(ops, name)
-    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
-                         device=device, requires_grad=True)
+    inp = _inputs(model, B, T, H, D, dtype, device, HV)
     q, k, v = inp["q"], inp["k"], inp["v"]
     kw = {}
     if gate is not None:
         kw["g"] = inp["g"]
     if "beta" in inp and model not in ("gla", "mamba2", "retnet"):
         kw["beta"] = inp["beta"]
+    n = k.shape[2] if k.dim() == 5 else 1  # DeltaProduct: [B, T, n_h, H, K] → fla's [B, T·n_h, H, K]
+    if n > 1:
+        kw["num_householder"] = n
 
     def run():
-        return fn(q, k, v, **kw)[0]
+        if n == 1:
+            return fn(q, k, v, **kw)[0]
+        return fn(q, k.flatten(1, 2), v.flatten(1, 2), kw["g"], kw["beta"].flatten(1, 2), num_householder=n)[0]
 
     return run, [x for x in inp.values() if x.requires_grad]
 
 
-def _flashqla_case(model, B, T, H, D, dtype, device):
+def _flashqla_case(model, B, T, H, D, dtype, device, HV=None):
     """FlashQLA (pip `flash-qla`, TileLang): the gated delta rule on the same inputs as ours, q and k
     already L2-normalized (use_qk_l2norm_in_kernel=False: the same work as our kernel call)."""
     from flash_qla import chunk_gated_delta_rule  # noqa: PLC0415 — the peer, only in benchmark environments
 
-    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype,
-                         device=device, requires_grad=True)
+    inp = _inputs(model, B, T, H, D, dtype, device, HV)
     q, k, v, g = inp["q"], inp["k"], inp["v"], inp["g"]
     beta = inp["beta"]
 
@@ -189,7 +210,7 @@ FLASHQLA_MODELS = ("gated_deltanet",)
 
 
 def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, repeats=5, warmup=1,
-               threads=None) -> None:
+               threads=None, value_heads=None) -> None:
     """Every argument checked before anything is timed (`fastweights.cliargs.ArgError` naming the flag)."""
     from .. import cliargs as ca
 
@@ -207,6 +228,9 @@ def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, re
                     ("--chunk-size", chunk_size), ("--repeats", repeats)):
         ca.positive(flag, v, allow_none=False)
     ca.nonnegative("--warmup", warmup, allow_none=False)
+    ca.positive("--value-heads", value_heads, allow_none=True)
+    if value_heads is not None and value_heads % H:
+        raise ca.ArgError(f"--value-heads must be a multiple of --heads ({H}), got {value_heads}")
     ca.threads("--threads", threads, zero_ok=True)
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ca.ArgError(f"--dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
@@ -219,10 +243,12 @@ def _ordered(forms) -> list[str]:
 
 def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=True, chunk_size=64,
               peak_tflops=None, peak_tbps=None, backward=True, repeats=5, warmup=1, threads=None,
-              log=print) -> list[Row]:
-    """Time every (T, model, form) row; see the module doc. Returns the rows."""
+              value_heads=None, log=print) -> list[Row]:
+    """Time every (T, model, form) row; see the module doc. `value_heads` HV: grouped rows (q, k with H
+    heads, v, the gates and the output with HV; SDPA gets HV heads). Returns the rows."""
     check_args(models=models, forms=forms, lengths=lengths, B=B, H=H, D=D, dtype=dtype, device=device,
-               chunk_size=chunk_size, repeats=repeats, warmup=warmup, threads=threads)
+               chunk_size=chunk_size, repeats=repeats, warmup=warmup, threads=threads, value_heads=value_heads)
+    HV = value_heads if value_heads and value_heads != H else None
     forms = _ordered(forms)
     device = torch.device(device)
     dt = getattr(torch, dtype)
@@ -245,9 +271,11 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
     t_start = time.perf_counter()
 
     def floor_ms(model, T):
-        delta = api.recipe_class(zoo.resolve(model)) == "delta"
-        f = chunk_flops(B, T, H, D, D, chunk_size, delta) / (peak_tflops * 1e12)
-        b = io_bytes(B, T, H, D, D, elem=torch.finfo(dt).bits // 8) / (peak_tbps * 1e12)
+        recipe = zoo.resolve(model)
+        delta = api.recipe_class(recipe) == "delta"
+        n = recipe.optimizer.householder_steps
+        f = n * chunk_flops(B, T, HV or H, D, D, chunk_size, delta) / (peak_tflops * 1e12)
+        b = io_bytes(B, T, H, D, D, elem=torch.finfo(dt).bits // 8, HV=HV, n=n) / (peak_tbps * 1e12)
         return 1e3 * max(f, b)
 
     def estimate_left(done: int) -> str:
@@ -266,9 +294,9 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
             fwd, fwdbwd = _fwd_bwd(run, tensors)
             f = _bench(fwd, device, warmup, repeats)
             fb = _bench(fwdbwd, device, warmup, repeats) if backward else None
-            row = Row(impl, model, form, B, T, H, D, dtype, f, fb, floor_ms(model, T))
+            row = Row(impl, model, form, B, T, H, D, dtype, f, fb, floor_ms(model, T), HV=HV)
         except Exception as e:  # a failing peer or form is a result too
-            row = Row(impl, model, form, B, T, H, D, dtype, None, None, None, f"{type(e).__name__}: {e}"[:300])
+            row = Row(impl, model, form, B, T, H, D, dtype, None, None, None, f"{type(e).__name__}: {e}"[:300], HV=HV)
         base = row if (impl, form) == ("fastweights", "recurrent") else next(
             (r for r in rows if r.impl == "fastweights" and r.model == model and r.T == T and r.form == "recurrent"),
             None)
@@ -290,17 +318,18 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
         log("note: flash-linear-attention (fla-core) is not importable here; its rows are skipped")
     for T in lengths:
         if peers and device.type == "cuda":
-            record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, H, D, dt, device))
+            record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, HV or H, D, dt, device))
         for model in models:
             for form in forms:
                 if form.split("_")[0] not in api.forms(model):
                     continue
                 record("fastweights", model, form, T,
-                       lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size))
+                       lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size, HV))
             if peers and device.type == "cuda" and have_fla and model in FLA_OPS:
-                record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device))
+                record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device, HV))
             if peers and device.type == "cuda" and have_flashqla and model in FLASHQLA_MODELS:
-                record("flashqla", model, "chunk", T, lambda m=model, T=T: _flashqla_case(m, B, T, H, D, dt, device))
+                record("flashqla", model, "chunk", T,
+                       lambda m=model, T=T: _flashqla_case(m, B, T, H, D, dt, device, HV))
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'speed.md')}")
     return rows
 
@@ -317,11 +346,12 @@ def _fmt(r: Row) -> str:
         return "—" if x is None else f"{x:.1f}×"
 
     err = f"  {r.error}" if r.error else ""
-    return (f"| {r.impl} | {r.model} | {r.form} | {r.B}×{r.T}×{r.H}×{r.D} {r.dtype} | {ms(r.fwd_ms)} | "
+    heads = f"{r.H}/{r.HV}" if r.HV else f"{r.H}"
+    return (f"| {r.impl} | {r.model} | {r.form} | {r.B}×{r.T}×{heads}×{r.D} {r.dtype} | {ms(r.fwd_ms)} | "
             f"{ms(r.fwdbwd_ms)} | {up(r.speedup_fwd)} | {up(r.speedup_fwdbwd)} | {ms(r.floor_fwd_ms)} |{err}")
 
 
-HEADER = ("| impl | model | form | B×T×H×D dtype | fwd ms | fwd+bwd ms | speed-up fwd | speed-up fwd+bwd "
+HEADER = ("| impl | model | form | B×T×H(/HV)×D dtype | fwd ms | fwd+bwd ms | speed-up fwd | speed-up fwd+bwd "
           "| fwd floor ms |\n|---|---|---|---|---:|---:|---:|---:|---:|")
 """Speed-up: the recurrent form's time over this row's (same model, T)."""
 

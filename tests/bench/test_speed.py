@@ -39,7 +39,8 @@ def test_tiny_run_prints_the_table_with_speedups(tmp_path, capsys):
 @pytest.mark.parametrize("argv, flag", [(["--forms", "fast"], "--forms"), (["--lengths", "0"], "--lengths"),
                                         (["--dim", "-4"], "--dim"), (["--models", "foo"], "--models"),
                                         (["--repeats", "0"], "--repeats"), (["--threads", "-1"], "--threads"),
-                                        (["--device", "tpu"], "--device"), (["--out", "/proc/version/x"], "--out")])
+                                        (["--device", "tpu"], "--device"), (["--out", "/proc/version/x"], "--out"),
+                                        (["--heads", "2", "--value-heads", "3"], "--value-heads")])
 def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, capsys):
     if "--out" not in argv:
         argv = [*argv, "--out", str(tmp_path / "x")]
@@ -48,3 +49,21 @@ def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, caps
     err = cap.err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {flag}") and not cap.out, err
     assert not (tmp_path / "x").exists()
+
+
+def test_grouped_value_heads_reach_the_model_unexpanded(tmp_path, capsys):
+    """--value-heads HV: q and k with --heads H, v, the gates and the output with HV heads, recorded per row."""
+    from fastweights.bench.speed import _inputs
+
+    inp = _inputs("gated_deltanet", 1, 8, 2, 4, torch.float32, "cpu", HV=6)
+    assert inp["q"].shape[2] == inp["k"].shape[2] == 2 and inp["v"].shape[2] == inp["g"].shape[2] == 6
+    assert all(t.is_leaf and t.requires_grad for t in (inp["q"], inp["k"], inp["v"]))
+    dp = _inputs("deltaproduct", 1, 8, 2, 4, torch.float32, "cpu", HV=4)
+    assert dp["k"].shape[2:4] == (2, 2) and dp["v"].shape[2:4] == (2, 4)  # [B, T, n_h, H, D]
+    rc = cli.main(["bench", "speed", "--models", "gated_deltanet", "--forms", "chunk", "--lengths", "16",
+                   "--heads", "1", "--value-heads", "2", "--dim", "8", "--chunk-size", "8", "--repeats", "1",
+                   "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0
+    rec = json.loads((tmp_path / "speed.json").read_text())[0]
+    assert (rec["H"], rec["HV"]) == (1, 2) and rec["error"] == "" and rec["fwd_ms"] > 0
+    assert "1×16×1/2×8" in capsys.readouterr().out

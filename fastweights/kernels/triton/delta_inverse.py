@@ -8,8 +8,8 @@ chunk holding its C columns (its diagonal and upper part are ignored), and β [B
 the same way, fp32 [B, T, H, C] (every column of a real row written, zeros above the diagonal).
 
 Two phases in one program per chunk, with blocks of BC = 16 rows:
-1. each 16×16 diagonal block by forward substitution, row by row in registers:
-   T_i = e_i − Σ_{j < i} Lm_ij T_j (15 steps of a [16, 16] elementwise update);
+1. the 16×16 diagonal blocks by forward substitution, row by row in registers, all C/16 blocks
+   together: T_i = e_i − Σ_{j < i} Lm_ij T_j (15 steps of a [C/16, 16, 16] elementwise update);
 2. the blocks below the diagonal by distance d = 1, 2, … from it (T is unit lower, so
    T_ij = −T_ii Σ_{i' = j}^{i − 1} Lm_ii' T_i'j for blocks j < i), each a sum of 16×16 tl.dots of
    blocks already stored; a barrier between distances makes the stored blocks visible to the
@@ -38,22 +38,24 @@ def _inverse_kernel(P, beta, Ti, cu, chunk_seq, chunk_local, T, H: tl.constexpr,
     i_b, i_h = i_bh // H, i_bh % H
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
     oi = tl.arange(0, BC)
-    # phase 1: the diagonal blocks, and zeros above them
-    for s in tl.static_range(NB):
-        ts = t0 + s * BC + oi
-        m_s = ts < eos
-        b_l = tl.load(P + (ts[:, None] * H + i_h) * C + (s * BC + oi)[None, :], mask=m_s[:, None], other=0.0)
-        b_beta = tl.load(beta + ts * H + i_h, mask=m_s, other=0.0).to(tl.float32)
-        b_l = tl.where(oi[:, None] > oi[None, :], b_l * b_beta[:, None], 0.0)  # strict lower  [BC, BC]
-        b_t = tl.where(oi[:, None] == oi[None, :], 1.0, 0.0)  # rows ≥ i still e_i
-        for i in range(1, BC):
-            l_i = tl.sum(tl.where(oi[:, None] == i, b_l, 0.0), axis=0)  # row i of Lm  [BC]
-            row = tl.where(oi == i, 1.0, 0.0) - tl.sum(l_i[:, None] * b_t, axis=0)  # [BC]
-            b_t = tl.where(oi[:, None] == i, row[None, :], b_t)
-        tl.store(Ti + (ts[:, None] * H + i_h) * C + (s * BC + oi)[None, :], b_t, mask=m_s[:, None])
-        for r in tl.static_range(s + 1, NB):
-            tl.store(Ti + (ts[:, None] * H + i_h) * C + (r * BC + oi)[None, :], tl.zeros([BC, BC], tl.float32),
-                     mask=m_s[:, None])
+    # phase 1: the NB diagonal blocks at once, as [NB, BC, BC] (block s, row i, column j), by forward
+    # substitution over the rows i (BC − 1 steps for all blocks together); zeros above them
+    s3 = tl.arange(0, NB)[:, None, None]
+    i3 = oi[None, :, None]
+    j3 = oi[None, None, :]
+    t3 = t0 + s3 * BC + i3  # [NB, BC, 1]
+    m3 = t3 < eos
+    b_l = tl.load(P + (t3 * H + i_h) * C + s3 * BC + j3, mask=m3, other=0.0)  # [NB, BC, BC]
+    b_beta = tl.load(beta + t3 * H + i_h, mask=m3, other=0.0).to(tl.float32)  # [NB, BC, 1]
+    b_l = tl.where(i3 > j3, b_l * b_beta, 0.0)  # strict lower
+    b_t = tl.where((i3 == j3) & (s3 >= 0), 1.0, 0.0)  # rows ≥ i still e_i  [NB, BC, BC]
+    for i in range(1, BC):
+        l_i = tl.sum(tl.where(i3 == i, b_l, 0.0), axis=1)  # row i of each block's Lm  [NB, BC]
+        row = tl.where(oi[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * b_t, axis=1)  # [NB, BC]
+        b_t = tl.where(i3 == i, row[:, None, :], b_t)
+    tl.store(Ti + (t3 * H + i_h) * C + s3 * BC + j3, b_t, mask=m3)
+    for r in tl.static_range(1, NB):
+        tl.store(Ti + (t3 * H + i_h) * C + r * BC + j3, tl.zeros([NB, BC, BC], tl.float32), mask=m3 & (s3 < r))
     # phase 2: block (i, j), j < i, from the blocks of smaller distance i − j
     for d in tl.static_range(1, NB):
         tl.debug_barrier()

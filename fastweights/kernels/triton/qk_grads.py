@@ -63,13 +63,14 @@ def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
-def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, cu, chunk_seq, chunk_local, scale,
-                     T, NT,
+def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, fk1, fk2, fg1, fg2, cu, chunk_seq,
+                     chunk_local, scale, T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                      BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, EXCL: tl.constexpr, IS_VARLEN: tl.constexpr,
-                     DT: tl.constexpr, IEEE: tl.constexpr):
+                     HAS_BETA: tl.constexpr, HAS_INTER: tl.constexpr, EXCL: tl.constexpr, FOLD: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     # EXCL: the query rows' log-decay is gq (Comba's exclusive cumsum), masks strict, dG in two parts
+    # FOLD: q is k (the delta rule's KKᵀ backward): dk := dq + dk + fk1 + fk2, dG := dG + fg1 + fg2
     i_n, i_s, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -197,8 +198,12 @@ def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq
     else:
         b_dk = b_dkb
     off = (ts[:, None] * H + i_h) * K + ok[None, :]
-    tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_sk)
-    tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_sk)
+    if FOLD:
+        b_sum = b_dk + b_dq + tl.load(fk1 + off, mask=m_sk, other=0.0) + tl.load(fk2 + off, mask=m_sk, other=0.0)
+        tl.store(dk + off, b_sum.to(dk.dtype.element_ty), mask=m_sk)
+    else:
+        tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_sk)
+        tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_sk)
     if EXCL:
         if GATE == 2:
             tl.store(dg + off, -(b_k * b_dk), mask=m_sk)
@@ -207,23 +212,34 @@ def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq
             tl.store(dg + ts * H + i_h, -tl.sum(b_k * b_dk, axis=1), mask=m_s)
             tl.store(dgq + ts * H + i_h, tl.sum(b_q * b_dq, axis=1), mask=m_s)
     elif GATE == 2:
-        tl.store(dg + off, b_q * b_dq - b_k * b_dk, mask=m_sk)
+        b_g = b_q * b_dq - b_k * b_dk
+        if FOLD:
+            b_g += tl.load(fg1 + off, mask=m_sk, other=0.0) + tl.load(fg2 + off, mask=m_sk, other=0.0)
+        tl.store(dg + off, b_g, mask=m_sk)
     elif GATE == 1:
-        tl.store(dg + ts * H + i_h, tl.sum(b_q * b_dq - b_k * b_dk, axis=1), mask=m_s)
+        b_g = tl.sum(b_q * b_dq - b_k * b_dk, axis=1)
+        if FOLD:
+            b_g += tl.load(fg1 + ts * H + i_h, mask=m_s, other=0.0) + tl.load(fg2 + ts * H + i_h, mask=m_s, other=0.0)
+        tl.store(dg + ts * H + i_h, b_g, mask=m_s)
 
 
-def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_dtype=None, Gq=None):
+def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_dtype=None, Gq=None, fold=None):
     """(dq, dk [B, T, H, K] per value head — in `grad_dtype`, by default q's dtype without grouped
     heads and fp32 with them (for the sum over each group); dβ [B, T, H] fp32 or None; dG per row,
     fp32, G's shape, or None — with `Gq` the pair (dG of the keys' G, dG of the queries' Gq)).
     h = None (v, dh, do then unused): the intra-chunk parts only (the delta class's KKᵀ backward).
-    Gq: the query rows' own log-decay (Comba's exclusive cumsum; G's shape), strict masks."""
+    Gq: the query rows' own log-decay (Comba's exclusive cumsum; G's shape), strict masks.
+    fold = (dk₁, dk₂, dG₁, dG₂): q is k (the delta rule's KKᵀ backward without a probe, H_q = H, no Gq):
+    the other paths' fp32 parts of dk [B, T, H, K] and dG (None without decay) are added in the kernel,
+    so (None, dk in q's dtype = dq + dk + dk₁ + dk₂, dβ, dG + dG₁ + dG₂) come back — no summing pass."""
     dev = q.device
     inter = h is not None
     if not inter:
         v = dh = do = h = dA
+    if fold is not None and (L.H != L.Hq or Gq is not None or (G is None) != (fold[2] is None)):
+        raise ValueError("qk_grads(fold=…) needs H_q = H, no Gq, and dG parts exactly when there is a decay")
     gdt = grad_dtype if grad_dtype is not None else (q.dtype if L.H == L.Hq else torch.float32)
-    dq = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
+    dq = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev) if fold is None else None
     dk = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
     dg = empty_output(*G.shape, dtype=torch.float32, device=dev) if G is not None else None
@@ -234,9 +250,10 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_d
     DT, IEEE = dot_dtype(q.dtype)
     _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
         q, k, v, G if G is not None else q, Gq if excl else (G if G is not None else q),
-        beta if beta is not None else q, h, dh, do, dA, dq, dk, dbeta if dbeta is not None else dq,
-        dg if dg is not None else dq, dgq if excl else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
+        beta if beta is not None else q, h, dh, do, dA, dq if dq is not None else dk, dk,
+        dbeta if dbeta is not None else dk, dg if dg is not None else dk, dgq if excl else dk,
+        *((f if f is not None else dk) for f in (fold or (dk,) * 4)), *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
-        GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, EXCL=excl, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        **LAUNCH)
+        GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, EXCL=excl, FOLD=fold is not None, IS_VARLEN=L.varlen,
+        DT=DT, IEEE=IEEE, **LAUNCH)
     return dq, dk, dbeta, ((dg, dgq) if excl else dg)

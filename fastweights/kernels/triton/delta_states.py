@@ -54,8 +54,7 @@ def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: t
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    c = 0
-    while c < n_chunks:  # a while loop: the interpreter cannot range() over a loaded bound
+    for c in range(0, n_chunks):  # a for loop (a while loop is not software-pipelined)
         tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
@@ -69,7 +68,6 @@ def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: t
         b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
                        other=0.0).to(tl.float32)  # [BK, C]
         S = decayed_update(S, b_kt, b_u, g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE, DT, IEEE)
-        c += 1
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
@@ -92,8 +90,8 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + fin + kv, mask=m_kv, other=0.0).to(tl.float32)
-    c = n_chunks - 1
-    while c >= 0:  # last chunk first
+    for i_c in range(0, n_chunks):  # last chunk first (a for loop: pipelined)
+        c = n_chunks - 1 - i_c
         slot = slot0 + c
         tl.store(dh + (slot * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
@@ -130,7 +128,6 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
         elif GATE == 1:
             dS = dS * tl.exp(G_last)
         dS += mm(b_qt, b_do, DT, IEEE) - mm(b_wt, b_du, DT, IEEE)
-        c -= 1
     if HAS_H0:
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 

@@ -79,8 +79,7 @@ def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.const
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    c = 0
-    while c < n_chunks:  # a while loop: the interpreter cannot range() over a loaded bound
+    for c in range(0, n_chunks):  # a for loop (a while loop is not software-pipelined)
         tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
         m_t = rows < eos
@@ -92,7 +91,6 @@ def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.const
         b_v = tl.load(v + (rows[:, None] * H + i_h) * V + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
                       other=0.0)  # [C, BV]
         S = decayed_update(S, b_kt, b_v, g, rows, m_t, t_last, i_h, kk, m_kk, H, K, GATE, DT, IEEE)
-        c += 1
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
@@ -115,8 +113,8 @@ def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + fin + kv, mask=m_kv, other=0.0).to(tl.float32)
-    c = n_chunks - 1
-    while c >= 0:  # last chunk first
+    for i_c in range(0, n_chunks):  # last chunk first (a for loop: pipelined)
+        c = n_chunks - 1 - i_c
         slot = slot0 + c
         tl.store(dh + (slot * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
         rows = bos + c * C + tl.arange(0, C)
@@ -141,7 +139,6 @@ def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T
                 b_qt = b_qt * tl.exp(tl.where(m_t, Gt, 0.0))[None, :]
                 dS = dS * tl.exp(G_last)
         dS += mm(b_qt, b_do, DT, IEEE)
-        c -= 1
     if HAS_H0:
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 

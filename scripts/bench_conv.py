@@ -4,6 +4,7 @@
 
     python3 scripts/bench_conv.py --out runs/bench/conv.json                    # CUDA (< 60 s on an H100)
     python3 scripts/bench_conv.py --bwd BT=32,NBLK=8 --out /tmp/conv.json       # other launch settings
+    python3 scripts/bench_conv.py --sweep --out runs/bench/conv_sweep.json      # launch settings (< 60 s)
     python3 scripts/bench_conv.py --device cpu --tiny --out /tmp/conv.json      # a check that it runs
 
 Shapes: B = 4, T = 4,096, C ∈ {1,024, 2,048}, W = 4, SiLU, no bias, no tail, bf16. First, at each
@@ -54,6 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--fwd", default="", help="overrides of conv._FWD, e.g. BT=64,BC=128,num_warps=8")
     ap.add_argument("--bwd", default="", help="overrides of conv._BWD, e.g. BT=32,NBLK=8,DX_BC=128,dpre_fp32=1")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of the paths: time the Triton forward and backward at a fixed list of launch "
+                         "settings (each checked against the module's defaults first)")
     ap.add_argument("--tiny", action="store_true", help="B = 2, T = 37, C = 24, 2 repeats (a check that it runs)")
     ap.add_argument("--out", required=True, help="the JSON is written here")
     a = ap.parse_args(argv)
@@ -186,8 +190,10 @@ def main(argv=None) -> int:
             res[key + "_GBps"] = floor / (res[key + "_ms"] * 1e-3) / 1e9
         return res
 
-    checks, results = [], {}
     channels = [int(c) for c in a.channels.split(",")]
+    if a.sweep:
+        return sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start)
+    checks, results = [], {}
     for C in channels:
         checks.append(check(C, torch.float32, 1e-5))
         checks.append(check(C, torch.bfloat16, 3e-2))
@@ -222,6 +228,65 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path} ({out['seconds']:.1f} s)")
+    return 0 if ok else 1
+
+
+#: the launch settings --sweep tries (each over the module's defaults)
+SWEEP_FWD = [{}, dict(BT=32, BC=128), dict(BT=64, BC=128, num_warps=8), dict(BT=128, BC=64, num_warps=8),
+             dict(BT=32, BC=64, num_warps=2)]
+SWEEP_BWD = [{}, dict(BT=32, NBLK=8), dict(BT=32, BC=128, NBLK=8), dict(BT=64, BC=128, num_warps=8),
+             dict(BT=16, BC=128, NBLK=16), dict(BT=32, NBLK=16), dict(DX_BT=32, DX_BC=128),
+             dict(DX_BT=64, DX_BC=128, DX_warps=8), dict(DX_BT=128, DX_BC=64, DX_warps=8), dict(dpre_fp32=1)]
+
+
+def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
+    """Forward and backward (bf16, SiLU, no bias, no tail) at each setting of SWEEP_FWD / SWEEP_BWD:
+    y, dx and dw within 1e-2 of the defaults' (the same maths; dw summed in another order), then the
+    median µs; the best of each printed and written to --out."""
+    B, T, W = a.batch, a.seq_len, a.width
+    fwd0, bwd0 = dict(conv_k._FWD), dict(conv_k._BWD)
+    rows, ok = [], True
+    for C in channels:
+        x = rnd(B, T, C, dtype=torch.bfloat16).requires_grad_(True)
+        w = (rnd(C, 1, W) / W ** 0.5).requires_grad_(True)
+        dy = rnd(B, T, C, dtype=torch.bfloat16)
+        ref = None
+        for which, grid in (("fwd", SWEEP_FWD), ("bwd", SWEEP_BWD)):
+            for cfg in grid:
+                conv_k._FWD.clear(), conv_k._FWD.update(fwd0)
+                conv_k._BWD.clear(), conv_k._BWD.update(bwd0)
+                (conv_k._FWD if which == "fwd" else conv_k._BWD).update(cfg)
+                y, _ = conv_k.short_conv(x, w)
+                dx, dw = torch.autograd.grad(y, [x, w], dy, retain_graph=True)
+                if ref is None:
+                    ref = (y, dx, dw)
+                errs = [rel(got, want) for got, want in zip((y, dx, dw), ref)]
+                good = max(errs) < 1e-2
+                ok &= good
+                if which == "fwd":
+                    def fn(x=x, w=w):
+                        with torch.no_grad():
+                            conv_k.short_conv(x, w)
+                else:
+                    def fn(x=x, w=w, y=y, dy=dy):
+                        torch.autograd.grad(y, [x, w], dy, retain_graph=True)
+                us = timer(fn) * 1e3
+                floor = (2 if which == "fwd" else 3) * B * T * C * 2
+                rows.append({"C": C, "kernel": which, "settings": cfg, "us": us, "GBps": floor / us / 1e3,
+                             "max_rel_err_vs_defaults": max(errs), "ok": good})
+                print(f"C={C} {which} {str(cfg or 'defaults'):50s} {us:7.1f} µs {floor / us / 1e3:6.0f} GB/s"
+                      + ("" if good else f"  MISMATCH {max(errs):.1e}"))
+    conv_k._FWD.clear(), conv_k._FWD.update(fwd0)
+    conv_k._BWD.clear(), conv_k._BWD.update(bwd0)
+    for C in channels:
+        for which in ("fwd", "bwd"):
+            best = min((r for r in rows if r["C"] == C and r["kernel"] == which and r["ok"]), key=lambda r: r["us"])
+            print(f"best C={C} {which}: {best['settings'] or 'defaults'} {best['us']:.1f} µs")
+    path = Path(a.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"sweep": rows, "fwd_defaults": fwd0, "bwd_defaults": bwd0, "ok": ok,
+                                "seconds": time.perf_counter() - t_start}, indent=1) + "\n")
+    print(f"wrote {path} ({time.perf_counter() - t_start:.1f} s)")
     return 0 if ok else 1
 
 

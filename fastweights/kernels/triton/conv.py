@@ -144,7 +144,7 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
     cols = i_c * BC + tl.arange(0, BC)
     mc = cols < C
     j = tl.arange(0, BW)
-    dw_acc = tl.zeros((BC, BW), dtype=tl.float32)
+    dw_acc = tl.zeros((BW, BC), dtype=tl.float32)  # [taps, channels]: the reduced rows' layout
     db_acc = tl.zeros((BC,), dtype=tl.float32)
     t0 = i_r * (NBLK * BT)
     for k in range(NBLK):
@@ -166,10 +166,10 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
             if HAS_BIAS:
                 db_acc += tl.sum(g, axis=0)
             for i in tl.static_range(W):  # the taps again (cache hits): dw_i += Σ_t g_t xp_{t+i} ρ_{t,i}
-                v, wi = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
-                dw_acc += tl.where((j == i)[None, :], tl.sum(g * v, axis=0)[:, None], 0.0)
+                v, _ = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
+                dw_acc += tl.where((j == i)[:, None], tl.sum(g * v, axis=0)[None, :], 0.0)
     part = i_b * NR + i_r
-    tl.store(dw_part + (part * C + cols)[:, None] * W + j[None, :], dw_acc, mask=mc[:, None] & (j < W)[None, :])
+    tl.store(dw_part + (part * C + cols)[None, :] * W + j[:, None], dw_acc, mask=(j < W)[:, None] & mc[None, :])
     if HAS_BIAS:
         tl.store(db_part + part * C + cols, db_acc, mask=mc)
 

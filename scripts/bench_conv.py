@@ -234,9 +234,9 @@ def main(argv=None) -> int:
 #: the launch settings --sweep tries (each over the module's defaults)
 SWEEP_FWD = [{}, dict(BT=32, BC=128), dict(BT=64, BC=128, num_warps=8), dict(BT=128, BC=64, num_warps=8),
              dict(BT=32, BC=64, num_warps=2)]
-SWEEP_BWD = [{}, dict(BT=32, NBLK=8), dict(BT=32, BC=128, NBLK=8), dict(BT=64, BC=128, num_warps=8),
-             dict(BT=16, BC=128, NBLK=16), dict(BT=32, NBLK=16), dict(DX_BT=32, DX_BC=128),
-             dict(DX_BT=64, DX_BC=128, DX_warps=8), dict(DX_BT=128, DX_BC=64, DX_warps=8), dict(dpre_fp32=1)]
+SWEEP_BWD = [{}, dict(NBLK=8), dict(NBLK=32), dict(BC=64), dict(BT=16, num_warps=8), dict(BT=16, NBLK=8),
+             dict(BT=32, BC=64, NBLK=4, num_warps=8), dict(DX_BT=32), dict(DX_BT=32, DX_BC=64, DX_warps=8),
+             dict(DX_BT=64, DX_BC=64), dict(dpre_fp32=1)]
 
 
 def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:

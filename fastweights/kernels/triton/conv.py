@@ -59,7 +59,10 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _FWD = dict(BT=64, BC=64, num_warps=4)
 #: Backward: the dpre kernel's BT rows × BC channels per block, NBLK blocks per program, num_warps;
 #: the dx kernel's DX_BT × DX_BC and DX_warps; dpre_fp32: the scratch in fp32 (else x's dtype).
-_BWD = dict(BT=64, BC=64, NBLK=4, num_warps=4, DX_BT=64, DX_BC=64, DX_warps=4, dpre_fp32=False)
+#: Chosen from ptxas's register counts for sm_90 (compiled on a CPU machine, not yet timed), bf16,
+#: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
+#: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
+_BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False)
 
 
 @triton.jit

@@ -80,11 +80,11 @@ def main(argv=None) -> int:
     conv_k._FWD.update(_settings(a.fwd))
     conv_k._BWD.update(_settings(a.bwd))
     B, T, W = a.batch, a.seq_len, a.width
-    gen = torch.Generator(device="cpu").manual_seed(0)
+    gen = torch.Generator(device=dev).manual_seed(0)  # on the device: the LM shapes are 8-100 M values
     t_start = time.perf_counter()
 
     def rnd(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=dev)
+        return torch.randn(*shape, generator=gen, device=dev).to(dtype)
 
     def rel(got, want) -> float:
         return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
             leaves["tail"] = tail
         with fused_kernels(fused):
             y, nt = conv(x, tail, positions)
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(dev)).sum()
+        g = torch.Generator(device=dev).manual_seed(seed)
+        loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64, device=dev)).sum()
                    for o in (y, nt))
         return y, nt, dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
 

@@ -203,3 +203,18 @@ def test_conv_bad_input_names_the_argument(gen):
 def test_conv_realistic_cuda(gen):
     """The benchmark's shape: B = 4, T = 4,096, C = 2,048, W = 4, bf16, with a tail, positions and bias."""
     _compare(_inputs(gen, B=4, T=4096, C=2048, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
+
+
+@pytest.mark.cuda
+def test_conv_realistic_sliced_cuda(gen):
+    """The LM's q conv: x the first 1,024 channels of a [4, 4,096, 4,096] fused projection, bf16, no
+    tail, positions or bias; and the same in fp32 with them."""
+    def sliced(x):
+        B, T, C = x.shape
+        xs = torch.cat([x, torch.randn(B, T, 3 * C, generator=gen).to(x)], dim=-1)[..., :C]
+        assert conv_k._rows_view(xs) is xs
+        return xs
+
+    _compare(_inputs(gen, B=4, T=4096, C=1024, dtype=torch.bfloat16, tail=False, pos=False, bias=False),
+             CONV_LOW_REL[torch.bfloat16], view=sliced)
+    _compare(_inputs(gen, B=4, T=4096, C=1024), CONV_F32_REL, view=sliced)

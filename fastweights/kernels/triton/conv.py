@@ -37,7 +37,9 @@ DRAM bytes per element (e = x's element size, d = the scratch's): the floor is r
 dx = 3e; these kernels move x + dy + d (first) + d + dx (second) = 3e + 2d: 5e with the scratch in
 x's dtype (bf16: 10 B vs 6 B, 1.7× the floor; at B = 4, T = 4,096, C = 2,048: 336 MB, ~115 µs at
 3 TB/s), 7e in fp32 (bf16 x: 14 B). Per element: 2W + 1 tile loads and one exp in the first kernel,
-W in the second (the old single kernel: W² + W loads and W exps).
+W in the second (the old single kernel: W² + W loads and W exps). Reaching the floor would take one
+kernel that keeps each program's last dpre rows in a small scratch ring (a store, a CTA barrier,
+the shifted loads): not done.
 """
 
 from __future__ import annotations

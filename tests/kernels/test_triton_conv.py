@@ -108,24 +108,35 @@ def test_conv_widths_and_channel_blocks(gen):
 def small_blocks(monkeypatch):
     """Launch settings small enough for the tests' lengths to span several blocks and programs: the
     dpre kernel's 8-row blocks, 3 per program (24 rows: T = 50 has 3 programs, the last with a partial
-    block and a block past T), 16 channels per block; the dx kernel's 16 rows × 32 channels."""
+    block and a block past T), 16 channels per block; the dx kernel's 16 rows × 32 channels; the
+    one-pass backward's 16-row blocks (13 rows owned at W = 4, 3 blocks per program: T = 50 has 2
+    programs, the second partial), 16 channels."""
     monkeypatch.setitem(conv_k._FWD, "BT", 16)
     monkeypatch.setitem(conv_k._FWD, "BC", 16)
-    for key, val in dict(BT=8, BC=16, NBLK=3, DX_BT=16, DX_BC=32).items():
+    for key, val in dict(BT=8, BC=16, NBLK=3, DX_BT=16, DX_BC=32, F_BT=16, F_BC=16, F_NBLK=3).items():
         monkeypatch.setitem(conv_k._BWD, key, val)
 
 
-def test_conv_blocks_programs_and_tails(small_blocks, gen, monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "one_pass"])
+def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
     """Small blocks (`small_blocks`) with C = 20 (a masked second channel block): T = 1, 2 (T < W − 1:
     the new tail reaches into the old one; every option on and every option off), 23 (a partial third
     block) and 50 (three programs of 3 blocks, the last partial; those two also with two mixes of tail,
-    positions, bias and SiLU); bf16 x at T = 50, W = 3 with the dpre scratch in bf16 and in fp32."""
+    positions, bias and SiLU); bf16 x at T = 50, W = 3 with the dpre scratch in bf16 and in fp32.
+    Both backwards: the two kernels and the one-pass (`_BWD["fused"]`, also at W = 8 and with a
+    sliced x)."""
+    monkeypatch.setitem(conv_k._BWD, "fused", fused)
+    if fused:
+        for W in (1, 2, 8):
+            _compare(_inputs(gen, T=23, W=W), CONV_F32_REL)
+        xw = lambda x: torch.cat([x, x], dim=-1)[..., :x.shape[-1]]  # noqa: E731
+        _compare(_inputs(gen, T=23), CONV_F32_REL, view=xw)
     mixes = [(True, True, True, "silu"), (False, False, False, None), (True, False, True, None),
              (False, True, False, "silu")]
     for T in (1, 2, 23, 50):
-        for tail, pos, bias, act in mixes[:2] if T < 8 else mixes:
+        for tail, pos, bias, act in mixes[:2] if T < 8 or (fused and T < 50) else mixes:
             _compare(_inputs(gen, T=T, tail=tail, pos=pos, bias=bias), CONV_F32_REL, activation=act)
-    for dpre_fp32 in (False, True):
+    for dpre_fp32 in (False,) if fused else (False, True):
         monkeypatch.setitem(conv_k._BWD, "dpre_fp32", dpre_fp32)
         _compare(_inputs(gen, T=50, W=3, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
 

@@ -37,9 +37,12 @@ DRAM bytes per element (e = x's element size, d = the scratch's): the floor is r
 dx = 3e; these kernels move x + dy + d (first) + d + dx (second) = 3e + 2d: 5e with the scratch in
 x's dtype (bf16: 10 B vs 6 B, 1.7× the floor; at B = 4, T = 4,096, C = 2,048: 336 MB, ~115 µs at
 3 TB/s), 7e in fp32 (bf16 x: 14 B). Per element: 2W + 1 tile loads and one exp in the first kernel,
-W in the second (the old single kernel: W² + W loads and W exps). Reaching the floor would take one
-kernel that keeps each program's last dpre rows in a small scratch ring (a store, a CTA barrier,
-the shifted loads): not done.
+W in the second (the old single kernel: W² + W loads and W exps).
+
+Opt-in one-pass backward (`_BWD["fused"]`, `_conv_bwd_fused`): each block recomputes dpre on its
+BT rows, the first W − 1 of them a halo owned by the previous block, and shifts dpre along the rows
+with `tl.gather` (Triton's register shuffle) to form dx: DRAM bytes x + dy + dx (the floor), W
+tap loads plus (W − 1)/BT recomputed halo rows per element.
 """
 
 from __future__ import annotations
@@ -64,7 +67,12 @@ _FWD = dict(BT=64, BC=64, num_warps=4)
 #: Chosen from ptxas's register counts for sm_90 (compiled on a CPU machine, not yet timed), bf16,
 #: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
 #: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
-_BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False)
+_BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False,
+            fused=False, F_BT=32, F_BC=32, F_NBLK=8, F_warps=4)
+#: fused: the one-pass backward `_conv_bwd_fused` instead (F_BT rows per block of which F_BT − W + 1
+#: owned, F_BC channels, F_NBLK blocks per program, F_warps): x, dy and dx only (the byte floor, plus
+#: the (W − 1)/F_BT halo), the shift by `tl.gather` (lowered through shared memory and warp shuffles);
+#: 128 registers at 32 × 32 (237 at 32 × 64); not yet timed against the two kernels.
 
 
 @triton.jit
@@ -180,6 +188,72 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
 
 
 @triton.jit
+def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, sxb, sxt,
+                    XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
+                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
+    """The whole backward in one pass (`_BWD["fused"]`): block k of program i_r owns the BO = BT − W + 1
+    xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
+    (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
+    with the shift a `tl.gather` along the rows, and sums dw, db over its own dpre rows."""
+    BO: tl.constexpr = BT - (W - 1)
+    i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NR = tl.num_programs(0)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    j = tl.arange(0, BW)
+    r = tl.arange(0, BT)
+    dw_acc = tl.zeros((BW, BC), dtype=tl.float32)
+    db_acc = tl.zeros((BC,), dtype=tl.float32)
+    for k in range(NBLK):
+        u0 = (i_r * NBLK + k) * BO
+        if u0 < T + W - 1:  # the program's blocks that start inside xp
+            t = u0 - (W - 1) + r.to(tl.int64)  # dpre rows of the block, and (the same numbers) its xp rows s
+            mt = (t >= 0) & (t < T)
+            own = r >= W - 1
+            p = _positions(pos, i_b, t, T, HAS_POS)
+            pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS,
+                       HAS_POS)
+            g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+                        other=0.0).to(tl.float32)
+            if SILU:
+                sg = 1.0 / (1.0 + tl.exp(-pre))
+                g = g * sg * (1.0 + pre * (1.0 - sg))
+            g = tl.where(mt[:, None], g, 0.0)
+            go = tl.where(own[:, None], g, 0.0)
+            if HAS_BIAS:
+                db_acc += tl.sum(go, axis=0)
+            dxp = tl.zeros((BT, BC), dtype=tl.float32)
+            for i in tl.static_range(W):
+                v, wi = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
+                dw_acc += tl.where((j == i)[:, None], tl.sum(go * v, axis=0)[None, :], 0.0)
+                gi = g * wi[None, :]
+                if HAS_POS and i < W - 1:
+                    gi = tl.where((p >= W - 1 - i)[:, None], gi, 0.0)
+                if i == 0:
+                    dxp += gi
+                else:  # row r takes row r − i (rows r < i: clamped, not owned)
+                    src = tl.maximum(r - i, 0)
+                    dxp += tl.gather(gi, tl.broadcast_to(src[:, None], (BT, BC)), 0)
+            if HAS_DNT:
+                if W > 1:
+                    m_n = (t >= T) & (t < T + W - 1)
+                    dxp += tl.load(dnt + (i_b * (W - 1) + t - T)[:, None] * C + cols[None, :],
+                                   mask=m_n[:, None] & mc[None, :], other=0.0).to(tl.float32)
+            in_x = own & (t >= W - 1) & (t < T + W - 1)
+            tl.store(dx + (i_b * T + t - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+                     mask=in_x[:, None] & mc[None, :])
+            if DTAIL:
+                in_t = own & (t >= 0) & (t < W - 1)
+                tl.store(dtail + (i_b * (W - 1) + t)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
+                         mask=in_t[:, None] & mc[None, :])
+    part = i_b * NR + i_r
+    tl.store(dw_part + (part * C + cols)[None, :] * W + j[:, None], dw_acc, mask=(j < W)[:, None] & mc[None, :])
+    if HAS_BIAS:
+        tl.store(db_part + part * C + cols, db_acc, mask=mc)
+
+
+@triton.jit
 def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                  BC: tl.constexpr, HAS_POS: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
     """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1, dtail rows s."""
@@ -256,12 +330,26 @@ class ShortConvFn(torch.autograd.Function):
         want_dtail = tail is not None and need[1]
         dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
         cfg = _BWD
-        rows = cfg["NBLK"] * cfg["BT"]  # output rows per dpre program
-        NR = triton.cdiv(T, rows)
+        fused = bool(cfg["fused"]) and T > 0
+        if fused:  # programs of F_NBLK blocks owning FBT − W + 1 xp rows each
+            FBT = max(cfg["F_BT"], triton.next_power_of_2(2 * W))
+            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), cfg["F_NBLK"])
+        else:
+            NR = triton.cdiv(T, cfg["NBLK"] * cfg["BT"])  # output rows per dpre program
         dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
         db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
         has_dnt = dnt is not None and W > 1
-        if B * C > 0 and T > 0:
+        if B * C > 0 and T > 0 and fused:
+            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
+            _conv_bwd_fused[(NR, triton.cdiv(C, cfg["F_BC"]), B)](
+                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                positions if positions is not None else dummy, dy, dnt.contiguous() if has_dnt else dummy, dx,
+                dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+                T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
+                BT=FBT, BC=cfg["F_BC"], NBLK=cfg["F_NBLK"], HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+                HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
+                num_warps=cfg["F_warps"])
+        elif B * C > 0 and T > 0:
             dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
             dpre = empty_output(B, T, C, dtype=torch.float32 if cfg["dpre_fp32"] else x.dtype, device=x.device)
             _conv_bwd_dpre[(NR, triton.cdiv(C, cfg["BC"]), B)](

@@ -4,14 +4,17 @@
 
     python3 scripts/bench_conv.py --out runs/bench/conv.json                    # CUDA (< 60 s on an H100)
     python3 scripts/bench_conv.py --bwd BT=32,NBLK=8 --out /tmp/conv.json       # other launch settings
-    python3 scripts/bench_conv.py --sweep --out runs/bench/conv_sweep.json      # launch settings (< 60 s)
+    python3 scripts/bench_conv.py --bwd fused=1 --out /tmp/conv.json            # the one-pass backward
+    python3 scripts/bench_conv.py --sweep --out runs/bench/conv_sweep.json      # launch settings (~1 min)
     python3 scripts/bench_conv.py --device cpu --tiny --out /tmp/conv.json      # a check that it runs
 
 Shapes: B = 4, T = 4,096, C ∈ {1,024, 2,048}, W = 4, SiLU, no bias, no tail, bf16. First, at each
 shape, the kernels are checked against the torch twin in float64 (`ShortConv`'s torch ops): fp32
 inputs (y, the new tail, dx, dw; and once with a tail, positions and a bias: dtail and db too) to
 1e-5, bf16 inputs to 3e-2 (tests/tolerances.py's CONV_F32_REL and CONV_LOW_REL), and bf16 x read
-as a channel slice of a wider [B, T, 3C] tensor (a fused projection). Then each path is timed:
+as a channel slice of a wider [B, T, 3C] tensor (a fused projection); the same for the opt-in
+one-pass backward (`_BWD["fused"]`). Then each path is timed (Triton: the default two-kernel
+backward, with x sliced, with the one-pass backward; the torch ops):
 forward (no autograd), backward alone (autograd.grad of y with a fixed dy through a retained
 graph: dx and dw) and forward + backward; median of --repeats calls after --warmup, each between
 CUDA events recorded behind a ~1 ms GPU sleep (so the host's launch time is not counted). Printed
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
                    for o in (y, nt))
         return y, nt, dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
 
-    def check(C, dtype, tol, *, extras=False, sliced=False) -> dict:
+    def check(C, dtype, tol, *, extras=False, sliced=False, one_pass=False) -> dict:
         """Errors of the kernels against the float64 twin on the same (rounded) values."""
         conv = layer(C, bias=extras)
         x64 = rnd(B, T, C, dtype=dtype).double()
@@ -125,7 +128,12 @@ def main(argv=None) -> int:
             assert not xk.is_contiguous() and conv_k._rows_view(xk) is xk
         else:
             xk = x64.detach().to(dtype).requires_grad_(True)
-        got = run(conv, xk, True, tail.detach().to(dtype).requires_grad_(True) if extras else None, pos)
+        before = conv_k._BWD["fused"]
+        conv_k._BWD["fused"] = one_pass or before
+        try:
+            got = run(conv, xk, True, tail.detach().to(dtype).requires_grad_(True) if extras else None, pos)
+        finally:
+            conv_k._BWD["fused"] = before
         errs = {"y": rel(got[0], want[0])}
         if W > 1:
             errs["new_tail"] = rel(got[1], want[1])
@@ -133,7 +141,7 @@ def main(argv=None) -> int:
             errs["d" + name] = rel(got[2][name], gr)
         bad = {k: v for k, v in errs.items() if not v < tol}
         tag = f"C={C} {str(dtype).split('.')[-1]}" + (" tail+positions+bias" if extras else "") \
-            + (" sliced" if sliced else "")
+            + (" sliced" if sliced else "") + (" one-pass backward" if one_pass else "")
         print(f"check {tag}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + (" FAIL" if bad else " ok"))
         return {"case": tag, "tol": tol, "errors": errs, "ok": not bad}
 
@@ -161,6 +169,8 @@ def main(argv=None) -> int:
         dtype = torch.bfloat16
         conv = layer(C).to(dtype)
         fused = path != "torch ops"
+        before = conv_k._BWD["fused"]
+        conv_k._BWD["fused"] = path.endswith("one-pass backward") or before
         if path.endswith("sliced"):  # x: the first C channels of a [B, T, 3C] projection
             x = rnd(B, T, 3 * C, dtype=dtype)[..., :C].requires_grad_(True)
         else:
@@ -188,6 +198,7 @@ def main(argv=None) -> int:
         for key, floor in (("forward", 2 * n), ("backward", 3 * n), ("forward_backward", 5 * n)):
             res[key + "_floor_bytes"] = floor
             res[key + "_GBps"] = floor / (res[key + "_ms"] * 1e-3) / 1e9
+        conv_k._BWD["fused"] = before
         return res
 
     channels = [int(c) for c in a.channels.split(",")]
@@ -198,17 +209,20 @@ def main(argv=None) -> int:
         checks.append(check(C, torch.float32, 1e-5))
         checks.append(check(C, torch.bfloat16, 3e-2))
         checks.append(check(C, torch.bfloat16, 3e-2, sliced=True))
+        checks.append(check(C, torch.float32, 1e-5, one_pass=True))
+        checks.append(check(C, torch.bfloat16, 3e-2, sliced=True, one_pass=True))
     checks.append(check(channels[0], torch.float32, 1e-5, extras=True))
+    checks.append(check(channels[0], torch.float32, 1e-5, extras=True, one_pass=True))
     ok = all(c["ok"] for c in checks)
     print(f"checks {'passed' if ok else 'FAILED'} ({time.perf_counter() - t_start:.1f} s)")
     bw = 3.35e12 if dev.type == "cuda" and "H100" in torch.cuda.get_device_name(dev) else None
     for C in channels:
-        for path in ("triton", "triton, x sliced", "torch ops"):
+        for path in ("triton", "triton, x sliced", "triton, one-pass backward", "torch ops"):
             r = bench(C, path)
             results[f"C={C} {path}"] = r
             floors = "" if bw is None else (f"  (floor at 3.35 TB/s: fwd {2 * B * T * C * 2 / bw * 1e6:.0f} µs, "
                                             f"bwd {3 * B * T * C * 2 / bw * 1e6:.0f} µs)")
-            print(f"B={B} T={T} C={C} W={W} bf16 {path:17s}: fwd {r['forward_ms'] * 1e3:7.1f} µs "
+            print(f"B={B} T={T} C={C} W={W} bf16 {path:26s}: fwd {r['forward_ms'] * 1e3:7.1f} µs "
                   f"({r['forward_GBps']:6.0f} GB/s)  bwd {r['backward_ms'] * 1e3:7.1f} µs "
                   f"({r['backward_GBps']:6.0f} GB/s)  fwd+bwd {r['forward_backward_ms'] * 1e3:7.1f} µs "
                   f"({r['forward_backward_GBps']:6.0f} GB/s)" + floors)
@@ -236,7 +250,9 @@ SWEEP_FWD = [{}, dict(BT=32, BC=128), dict(BT=64, BC=128, num_warps=8), dict(BT=
              dict(BT=32, BC=64, num_warps=2)]
 SWEEP_BWD = [{}, dict(NBLK=8), dict(NBLK=32), dict(BC=64), dict(BT=16, num_warps=8), dict(BT=16, NBLK=8),
              dict(BT=32, BC=64, NBLK=4, num_warps=8), dict(DX_BT=32), dict(DX_BT=32, DX_BC=64, DX_warps=8),
-             dict(DX_BT=64, DX_BC=64), dict(dpre_fp32=1)]
+             dict(DX_BT=64, DX_BC=64), dict(dpre_fp32=1), dict(fused=1), dict(fused=1, F_BT=16),
+             dict(fused=1, F_BT=64), dict(fused=1, F_BC=64, F_warps=8), dict(fused=1, F_BT=16, F_BC=64),
+             dict(fused=1, F_NBLK=16)]
 
 
 def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:

@@ -11,9 +11,10 @@ document), the tap reaching i steps back is used only when i ≤ p_t, so no conv
 across a document start (every tap before it counts as the zero before the sequence).
 
 On CUDA (the rule of `layers.fused.use_fused`: x, the tail and the parameters on a CUDA device,
-triton importable, fp32/bf16/fp16, W ≤ 8) the forward and backward are one Triton kernel each
-(`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail in one pass, fp32 arithmetic);
-elsewhere the torch ops below.
+triton importable, fp32/bf16/fp16, W ≤ 8) the forward is one Triton kernel and the backward two
+(`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail fused, fp32 arithmetic; x read in
+place when only its channels are contiguous, e.g. a slice of a fused projection); elsewhere the
+torch ops below.
 """
 
 from __future__ import annotations

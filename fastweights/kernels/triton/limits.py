@@ -1,7 +1,7 @@
 """Shape limits of the layer kernels (conv.py, norm.py), importable without triton: the layers'
 fused-path rule (`layers.fused`) reads them before any kernel module is imported."""
 
-#: The widest short convolution `conv.short_conv` serves (its backward loads W² tap tiles per program).
+#: The widest short convolution `conv.short_conv` serves (its backward unrolls W taps twice per block).
 MAX_CONV_WIDTH = 8
 #: The widest group `norm.gated_rms_norm` serves (one row of G fp32 values per tile row).
 MAX_GROUP = 8192

@@ -45,15 +45,15 @@ def _inverse_kernel(P, beta, Ti, cu, chunk_seq, chunk_local, T, H: tl.constexpr,
     j3 = oi[None, None, :]
     t3 = t0 + s3 * BC + i3  # [NB, BC, 1]
     m3 = t3 < eos
-    b_l = tl.load(P + (t3 * H + i_h) * C + s3 * BC + j3, mask=m3, other=0.0)  # [NB, BC, BC]
-    b_beta = tl.load(beta + t3 * H + i_h, mask=m3, other=0.0).to(tl.float32)  # [NB, BC, 1]
-    b_l = tl.where(i3 > j3, b_l * b_beta, 0.0)  # strict lower
-    b_t = tl.where((i3 == j3) & (s3 >= 0), 1.0, 0.0)  # rows ≥ i still e_i  [NB, BC, BC]
+    b_l3 = tl.load(P + (t3 * H + i_h) * C + s3 * BC + j3, mask=m3, other=0.0)  # [NB, BC, BC]
+    b_beta3 = tl.load(beta + t3 * H + i_h, mask=m3, other=0.0).to(tl.float32)  # [NB, BC, 1]
+    b_l3 = tl.where(i3 > j3, b_l3 * b_beta3, 0.0)  # strict lower
+    b_t3 = tl.where((i3 == j3) & (s3 >= 0), 1.0, 0.0)  # rows ≥ i still e_i  [NB, BC, BC]
     for i in range(1, BC):
-        l_i = tl.sum(tl.where(i3 == i, b_l, 0.0), axis=1)  # row i of each block's Lm  [NB, BC]
-        row = tl.where(oi[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * b_t, axis=1)  # [NB, BC]
-        b_t = tl.where(i3 == i, row[:, None, :], b_t)
-    tl.store(Ti + (t3 * H + i_h) * C + s3 * BC + j3, b_t, mask=m3)
+        l_i = tl.sum(tl.where(i3 == i, b_l3, 0.0), axis=1)  # row i of each block's Lm  [NB, BC]
+        row = tl.where(oi[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * b_t3, axis=1)  # [NB, BC]
+        b_t3 = tl.where(i3 == i, row[:, None, :], b_t3)
+    tl.store(Ti + (t3 * H + i_h) * C + s3 * BC + j3, b_t3, mask=m3)
     for r in tl.static_range(1, NB):
         tl.store(Ti + (t3 * H + i_h) * C + r * BC + j3, tl.zeros([NB, BC, BC], tl.float32), mask=m3 & (s3 < r))
     # phase 2: block (i, j), j < i, from the blocks of smaller distance i − j

@@ -2,12 +2,18 @@
 config checked and timed, the speed table beside the peers, the decode step, a per-kernel profile.
 
     python3 scripts/gpu_kernels.py --stages env tests sweep speed decode profile --deadline 540
+    python3 scripts/gpu_kernels.py --stages env sweep-kernels --models gated_deltanet --deadline 500
+
+sweep-kernels (not in the default --stages) checks and times each kernel's launch configs alone and
+writes best_launch.json (util.load_launch / FASTWEIGHTS_LAUNCH=path) and sweep_kernels.md; its
+plumbing runs on a CPU with --dry-run (the interpreter, tiny sizes, no timing).
 
 Every result lands in $OUT (or --out) as soon as it is measured, in at most eight files (what the
 device tool brings back): results.json (every stage's numbers), log.txt, cuda_tests.xml,
-speed.md, profile.txt, triton_cache.tgz (Triton's compile cache, to carry into the next call:
-`--cache path/to/triton_cache.tgz` unpacks it first). A stage that fails records its error and the
-next stage runs; stages that would start past --deadline seconds are skipped and say so.
+speed.md, profile.txt (or best_launch.json and sweep_kernels.md), triton_cache.tgz (Triton's
+compile cache, to carry into the next call: `--cache path/to/triton_cache.tgz` unpacks it first).
+A stage that fails records its error and the next stage runs; stages that would start past
+--deadline seconds are skipped and say so.
 
 Correctness is the tests' job (`pytest -m "cuda or triton" tests/kernels tests/cuda`: the kernels
 against their torch twins and the float64 recurrence, NaN-poisoned outputs, fresh random inputs).
@@ -434,9 +440,9 @@ def _kernel_us(model, x, fn: str, reps: int = 5):
             step()
         torch.cuda.synchronize()
     per: dict = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None)
-        per[e.key] = per.get(e.key, 0.0) + float(t if t is not None else e.cuda_time_total)
+    for e in prof.key_averages():  # self time: a kernel's own duration, no parent op counted twice
+        t = getattr(e, "self_device_time_total", None)
+        per[e.key] = per.get(e.key, 0.0) + float(t if t is not None else e.self_cuda_time_total)
     hit = [key for key in per if key == fn] or [key for key in per if fn in key]
     return (sum(per[key] for key in hit) / reps if hit else None), sum(per.values()) / reps, hit
 
@@ -536,6 +542,8 @@ def _warm_worker():
                 with _launches(lambda site, name=name: "warmup" if site == name else None):
                     _run_with_grads(model, _gated_inputs(model, *size, torch.bfloat16, 0), "triton")
             print(f"warm ok {j} {model} {name} {_cfg_str(cfg)}: {time.time() - t:.1f} s", flush=True)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()  # a dozen workers share the GPU's memory with the sweep
         except Exception as e:
             print(f"warm FAIL {j} {model} {name} {_cfg_str(cfg)}: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
@@ -631,7 +639,7 @@ def stage_sweep_kernels():
     Compiles: each (kernel, config, model) compiles that kernel once per size (H, K, V are constexprs)
     and per variant the pipeline launches (qk_grads, wy_fwd and cumsum twice) — a few seconds each.
     gated DeltaNet: 117 candidates (delta_states_bwd 21, qk_grads 21, delta_states_fwd 21, output_fwd 15,
-    wy_bwd 9, six cheap stages × 5), ≈ 400 kernel compiles: ~20 min in one process, so
+    wy_bwd 9, six cheap stages × 5), ≈ 440 kernel compiles (the defaults' 42 included): ~20 min in one process, so
     --compile-workers processes (default 12 of the 16 cores) compile the same jobs in the same order
     ahead of the sweep (launches turned into warm-ups: nothing runs on the GPU but the inputs), and the
     sweep loads their binaries from TRITON_CACHE_DIR; each row's first_call_s shows whether it did.
@@ -688,9 +696,12 @@ def stage_sweep_kernels():
                             x = _gated_inputs(model, *anchor, torch.bfloat16, 1)
                             rec["kernel_us"], rec["total_us"], rec["matched"] = _kernel_us(model, x, fn)
                             del x
-                    except Exception as e:
+                    except Exception as e:  # e.g. Triton's OutOfResources (shared memory) at the launch
                         rec["accepted"] = False
                         rec["error"] = f"{type(e).__name__}: {e}"[:1500]
+                        if "CUDA error" in str(e) or type(e).__name__ == "AcceleratorError":
+                            stop = True  # a device fault (illegal address, …) leaves the context unusable
+                            RESULTS["sweep_kernels_fatal"] = rec["error"]
                     rec["seconds"] = time.time() - t
                     rows.append(rec)
                     save()
@@ -699,6 +710,9 @@ def stage_sweep_kernels():
                         f"{'-' if us is None else f'{us:8.1f} µs'}  worst {rec.get('worst', float('nan')):.2e} "
                         f"{'ok' if rec['accepted'] else 'REJECTED'}  {rec['seconds']:.1f} s "
                         f"{rec.get('error', '')[:200]}")
+                    if stop:
+                        log(f"sweep-kernels: device fault at {n} {_cfg_str(cfg)} {model}: stopped (rerun without it)")
+                        break
                     if DEVICE == "cuda":
                         torch.cuda.empty_cache()
                 if stop:
@@ -708,14 +722,14 @@ def stage_sweep_kernels():
     finally:
         _set_launch(default)
         _stop_warmers(procs)
-    _sweep_report(order, users, default)
+    _sweep_report(order, users, default)  # from what was measured (no CUDA call)
     if not stop and time.time() - T_START < ARGS.deadline:
         _check_best(models, sizes, default, tols)
 
 
 def _sweep_report(order, users, default):
     """The table per kernel (config, µs summed over the models, worst error, accepted), the best, and
-    best_launch.json (only the kernels whose best differs from the default)."""
+    best_launch.json: every swept kernel → its best accepted config (its default where none beat it)."""
     rows = RESULTS.get("sweep_kernels", [])
     lines, best = [], {}
     summary = {}
@@ -742,7 +756,7 @@ def _sweep_report(order, users, default):
         summary[n] = {"best": cfg, "best_us": us, "default_us": d_us}
         lines.append(f"  best: {'-' if cfg is None else _cfg_str(cfg)}  {us if us is None else round(us, 1)} µs "
                      f"(default {d_us if d_us is None else round(d_us, 1)} µs)\n")
-        if cfg is not None and cfg != default[n]:
+        if cfg is not None:
             best[n] = cfg
     RESULTS["sweep_kernels_best"] = summary
     with open(os.path.join(OUT, "best_launch.json"), "w") as f:
@@ -752,6 +766,7 @@ def _sweep_report(order, users, default):
         f.write(text + "\n")
     log(text)
     log(f"best_launch.json: {best}")
+    log(f"changed from the defaults: { {n: c for n, c in best.items() if c != default[n]} }")
     save()
 
 
@@ -761,6 +776,7 @@ def _check_best(models, sizes, default, tols):
 
     with open(os.path.join(OUT, "best_launch.json")) as f:
         best = json.load(f)
+    best = {n: c for n, c in best.items() if c != default[n]}
     if not best:
         return
     import fastweights as fw

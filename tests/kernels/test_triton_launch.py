@@ -177,3 +177,31 @@ def test_launch_table_from_environment(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [dict(num_warps=8, num_stages=1),
                                                               dict(num_warps=4, num_stages=2), 64]
+
+
+def test_sweep_plan_names_the_table():
+    """scripts/gpu_kernels.py's sweep-kernels plan: its order lists every launch site of the table once,
+    its tile options are tile keys of the table, every candidate is a full config of its site (the
+    default first), and gated DeltaNet's plan is the 117 candidates its docstring counts."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_kernels", os.path.join(ROOT, "scripts", "gpu_kernels.py"))
+    gk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gk)
+    gk.ARGS = argparse.Namespace(sweep_limit=0)
+    assert sorted(gk.SWEEP_ORDER) == sorted(util.LAUNCH)
+    assert set(gk.HEAVY) <= set(gk.SWEEP_ORDER)
+    for name, opts in gk.TILE_OPTIONS.items():
+        for opt in opts:
+            assert set(opt) <= {key for key in util.LAUNCH[name] if key[:1].isupper()}, name
+    gdn_tiles = {"delta_states_fwd.BV", "delta_states_bwd.BV", "output_fwd.BV", "qk_grads.BC"}
+    gdn_sites = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_fwd", "delta_output_bwd",
+                 "wy_fwd", "scores", "inverse", "delta_grads", "cumsum")
+    total = 0
+    for name in gdn_sites:
+        cands = gk._candidates(name, util.LAUNCH[name], gdn_tiles)
+        assert cands[0] == util.LAUNCH[name] and all(set(c) == set(util.LAUNCH[name]) for c in cands)
+        assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)
+        total += len(cands)
+    assert total == 117

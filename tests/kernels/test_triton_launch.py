@@ -164,7 +164,8 @@ def test_load_launch_rejects_unknown_names(table):
     with pytest.raises(KeyError, match="unknown launch site"):
         util.load_launch({"no_such_kernel": {"num_warps": 8}})
     with pytest.raises(KeyError, match="has no setting"):
-        util.load_launch({"cumsum": {"BV": 32}})
+        util.load_launch({"wy_bwd": {"num_warps": 8}, "cumsum": {"BV": 32}})
+    assert util.launch("wy_bwd") == dict(num_warps=4, num_stages=2)  # nothing applied
 
 
 def test_launch_table_from_environment(tmp_path):

@@ -149,14 +149,15 @@ def load_launch(path: str | os.PathLike | dict) -> dict:
     else:
         with open(path) as f:
             table = json.load(f)
-    old = {name: dict(cfg) for name, cfg in LAUNCH.items()}
-    for name, cfg in table.items():
+    for name, cfg in table.items():  # all checked before any is applied
         if name not in LAUNCH:
             raise KeyError(f"unknown launch site {name!r} (known: {sorted(LAUNCH)})")
-        for key, val in cfg.items():
+        for key in cfg:
             if key not in LAUNCH[name]:
                 raise KeyError(f"launch site {name!r} has no setting {key!r} (has: {sorted(LAUNCH[name])})")
-            LAUNCH[name][key] = int(val)
+    old = {name: dict(cfg) for name, cfg in LAUNCH.items()}
+    for name, cfg in table.items():
+        LAUNCH[name].update({key: int(val) for key, val in cfg.items()})
     return old
 
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, pow2, varlen_args
+from .util import chunk_span, launch, pow2, varlen_args
 
 
 @triton.jit
@@ -80,5 +80,5 @@ def chunk_cumsum(g: torch.Tensor, L: Layout, *, reverse: bool = False, add: torc
         _cumsum_kernel[(L.NT, L.B * L.H)](
             g, out, add if add is not None else g, ex if ex is not None else g, *varlen_args(L, g.device)[:3],
             L.T, L.NT, H=L.H, K=L.K, C=L.C, BK=pow2(L.K), DIAG=diag, REVERSE=reverse, HAS_ADD=add is not None,
-            EXCL=ex is not None, IS_VARLEN=L.varlen, **LAUNCH)
+            EXCL=ex is not None, IS_VARLEN=L.varlen, **launch("cumsum"))
     return (out, ex) if exclusive else out

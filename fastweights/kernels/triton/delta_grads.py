@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, pow2
+from .util import launch, pow2
 
 BT = 32
 
@@ -87,5 +87,5 @@ def sum_grads(dq1, dks, dgs, dtype, L: Layout, *, probe: bool = False):
     _sum_kernel[(triton.cdiv(R, BT), L.Hq)](
         dq1, *dks, *dgs, dq, dk, dp if probe else dq, dg if dg is not None else dq, dgx if excl else dq, R, H=L.H,
         HQ=L.Hq, K=L.K, GS=L.H // L.Hq, BT=BT, BK=pow2(L.K), GATE=0 if dg is None else (2 if dg.dim() == 4 else 1),
-        PROBE=probe, EXCL=excl, **LAUNCH)
+        PROBE=probe, EXCL=excl, **launch("delta_grads"))
     return dq, dk, dp, dg, dgx

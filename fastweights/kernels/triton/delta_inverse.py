@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, varlen_args
+from .util import chunk_span, launch, varlen_args
 
 BC = 16
 
@@ -83,5 +83,5 @@ def unit_lower_inverse(P: torch.Tensor, beta: torch.Tensor, L: Layout) -> torch.
     """T = (I + strict_tril(diag(β) P))⁻¹ per chunk: P [B, T, H, C] fp32, β [B, T, H] → T [B, T, H, C] fp32."""
     Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=P.device)
     _inverse_kernel[(L.NT, L.B * L.H)](P, beta, Ti, *varlen_args(L, P.device)[:3], L.T, H=L.H, C=L.C, BC=BC,
-                                       NB=L.C // BC, IS_VARLEN=L.varlen, **LAUNCH)
+                                       NB=L.C // BC, IS_VARLEN=L.varlen, **launch("inverse"))
     return Ti

@@ -22,7 +22,7 @@ import triton.language as tl
 from .. import empty_output
 from .layout import Layout
 from .output import chunk_outputs
-from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 
 __all__ = ["chunk_outputs", "chunk_outputs_bwd_local"]
 
@@ -60,5 +60,6 @@ def chunk_outputs_bwd_local(A, u, do, L: Layout):
     dA = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=u.device)
     DT, IEEE = dot_dtype(u.dtype)
     _local_bwd_kernel[(L.NT, L.B * L.H)](A, u, do, du, dA, *varlen_args(L, u.device)[:3], L.T, H=L.H, V=L.V, C=L.C,
-                                         BV=BV, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+                                         BV=BV, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+                                         **launch("delta_output_bwd"))
     return du, dA

@@ -34,7 +34,7 @@ import triton.language as tl
 from .. import empty_output
 from .layout import Layout
 from .states import _decays_t, decayed_update
-from .util import LAUNCH, dot_dtype, mm, pow2, seq_span, varlen_args
+from .util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 
 @triton.jit
@@ -132,8 +132,10 @@ def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, o
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 
 
-def _tiles(L: Layout):
-    return pow2(L.K), min(64 if L.K <= 128 else 32, pow2(L.V))
+def _tiles(L: Layout, name: str):
+    """(BK, BV): K whole; BV from util.LAUNCH[name], at most 32 for K > 128 (the [K, BV] fp32 state tile)."""
+    bv = tile(name, "BV")
+    return pow2(L.K), min(bv if L.K <= 128 else min(bv, 32), pow2(L.V))
 
 
 def _stored(dtype: torch.dtype) -> torch.dtype:
@@ -147,7 +149,7 @@ def _stored(dtype: torch.dtype) -> torch.dtype:
 def pass_states_fwd(k, w, u1, G, h0, L: Layout, *, output_final_state: bool):
     """(h [B, NT, H, K, V] (`_stored` dtype): the state entering every chunk slot, final [NS, H, K, V] fp32 or None,
     U [B, T, H, V] in U''s dtype). k [B, T, H_q, K]; W [B, T, H, K], U' [B, T, H, V] from delta_wy."""
-    BK, BV = _tiles(L)
+    BK, BV = _tiles(L, "delta_states_fwd")
     h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=_stored(k.dtype), device=k.device)
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=k.device) if output_final_state else None
     u = empty_output(L.B, L.T, L.H, L.V, dtype=u1.dtype, device=k.device)
@@ -157,7 +159,7 @@ def pass_states_fwd(k, w, u1, G, h0, L: Layout, *, output_final_state: bool):
         k, w, u1, G if G is not None else k, h, h0 if h0 is not None else k, ht if ht is not None else h, u, cu,
         offsets, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **state_pass_launch("delta_states_fwd", k.dtype, L.K))
     return h, ht, u
 
 
@@ -165,7 +167,7 @@ def pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale: float, L: Layout, *, 
     """(dh [B, NT, H, K, V] (`_stored` dtype): the gradient of the state leaving each chunk slot, dh0 [NS, H, K, V] or
     None, dgc None or ∂L/∂G_last per chunk slot [B·NT, H] (scalar) / [B·NT, H, K] (diagonal)).
     du: fp32 [B, T, H, V] holding Aqkᵀ dO on entry and the whole gradient of U on return."""
-    BK, BV = _tiles(L)
+    BK, BV = _tiles(L, "delta_states_bwd")
     NV = triton.cdiv(L.V, BV)
     dev = q.device
     dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=_stored(q.dtype), device=dev)
@@ -178,7 +180,7 @@ def pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale: float, L: Layout, *, 
         dh, dh0 if dh0 is not None else dh, dgc if dgc is not None else dh, cu, offsets, scale, L.T, L.NT,
         L.B if not L.varlen else 1, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_DHT=dht is not None, HAS_H0=need_dh0,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **state_pass_launch("delta_states_bwd", q.dtype, L.K))
     if dgc is not None:
         dgc = dgc.sum(0)  # over the V tiles  [B·NT, H, K]
         if G.dim() == 3:

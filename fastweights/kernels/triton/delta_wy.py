@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 
 
 @triton.jit
@@ -170,7 +170,7 @@ def wy_representation(k, v, G, beta, Ti, L: Layout, *, with_u: bool = True):
     _wy_fwd_kernel[(L.NT, L.B * L.H)](
         k, v, G if G is not None else k, beta, Ti, w, u if u is not None else w, *varlen_args(L, k.device)[:3],
         L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV, GATE=0 if G is None else (2 if G.dim() == 4 else 1),
-        HAS_U=with_u, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        HAS_U=with_u, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("wy_fwd"))
     return w, u
 
 
@@ -188,5 +188,6 @@ def wy_representation_bwd(k, v, G, beta, Ti, P, h, du, L: Layout):
     _wy_bwd_kernel[(L.NT, L.B * L.H)](
         k, v, G if G is not None else k, beta, Ti, P, h, du, dv, dk, dbeta, dg if dg is not None else dk, dP,
         *varlen_args(L, dev)[:3], L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
-        GATE=0 if G is None else (2 if G.dim() == 4 else 1), IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        GATE=0 if G is None else (2 if G.dim() == 4 else 1), IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **launch("wy_bwd"))
     return dv, dk, dbeta, dg, dP

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
 
 
 @triton.jit
@@ -113,19 +113,20 @@ def _output_bwd_kernel(k, v, g, beta, A, dh, do, dv, dA, cu, chunk_seq, chunk_lo
     tl.store(dA + (rows[:, None] * H + i_h) * C + oc[None, :], b_dA, mask=m_t[:, None])
 
 
-def _tiles(L: Layout):
-    return min(64, pow2(L.K)), min(64, pow2(L.V))
+def _tiles(L: Layout, bv: int = 64):
+    """(BK, BV) for K and V at most bv (the forward's grid takes bv from util.LAUNCH)."""
+    return min(64, pow2(L.K)), min(bv, pow2(L.V))
 
 
 def chunk_outputs(q, v, G, A, h, scale: float, L: Layout) -> torch.Tensor:
     """o [B, T, H, V] in v's dtype."""
-    BK, BV = _tiles(L)
+    BK, BV = _tiles(L, tile("output_fwd", "BV"))
     o = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=v.device)
     DT, IEEE = dot_dtype(v.dtype)
     _output_fwd_kernel[(L.NT, triton.cdiv(L.V, BV), L.B * L.H)](
         q, v, G if G is not None else q, A, h, o, *varlen_args(L, v.device)[:3], scale, L.T, L.NT, H=L.H, HQ=L.Hq,
         K=L.K, V=L.V, C=L.C, BK=BK, BV=BV, GATE=0 if G is None else (2 if G.dim() == 4 else 1),
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("output_fwd"))
     return o
 
 
@@ -139,5 +140,5 @@ def chunk_outputs_bwd(k, v, G, beta, A, dh, do, L: Layout):
         k, v, G if G is not None else k, beta if beta is not None else k, A, dh, do, dv, dA,
         *varlen_args(L, v.device)[:3], L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, **LAUNCH)
+        DT=DT, IEEE=IEEE, **launch("output_bwd"))
     return dv, dA

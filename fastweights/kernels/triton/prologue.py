@@ -49,7 +49,7 @@ from ...chunkwise.varlen import check_cu_seqlens
 from ...inputs import InputError
 from .. import empty_output
 from .layout import make_layout
-from .util import LAUNCH, chunk_span, varlen_args
+from .util import chunk_span, launch, varlen_args
 
 Tensor = torch.Tensor
 
@@ -191,7 +191,8 @@ def _launch(x: dict, meta: dict, bwd: bool):
         HP=meta["HP"], HQ=meta["HQ"], HK=meta["HK"], HB=meta["HB"], HA=meta["HA"], K=meta["K"], KA=meta["KA"],
         C=meta["C"], BK=meta["BK"], BKA=meta["BKA"], BC=min(meta["BKA"], 32), BR=meta["BR"], DO_Q=x["q"] is not None,
         DO_K=x["k"] is not None, DO_B=x["b"] is not None, GATE=meta["GATE"], HAS_A_LOG=x["A_log"] is not None,
-        HAS_DT=x["dt_bias"] is not None, CUMSUM=meta["CUMSUM"], IS_VARLEN=meta["IS_VARLEN"], BWD=bwd, **LAUNCH)
+        HAS_DT=x["dt_bias"] is not None, CUMSUM=meta["CUMSUM"], IS_VARLEN=meta["IS_VARLEN"], BWD=bwd,
+        **launch("prologue"))
 
 
 def _out(x: Tensor | None, dtype=None):

@@ -11,7 +11,8 @@ gradient of the leaving state dS_{n+1} of each chunk:
 (k̂ = βk). dg is then the chunk-local suffix sum of dG plus ∂L/∂G_last of the chunk
 (cumsum.chunk_cumsum(reverse=True, add=…)).
 
-Grid (chunk slots NT, C / BC row blocks, B·H), BC = 16 with diagonal decay, 32 otherwise, K whole in
+Grid (chunk slots NT, C / BC row blocks, B·H), BC = 16 with diagonal decay, 32 otherwise (by default:
+util.LAUNCH), K whole in
 one tile (K ≤ 256).
 Diagonal decay keeps every exponent ≤ 0 as the forward does: blocks of rows against earlier
 (dq) or later (dk) blocks through a reference row — the first row of the query block for dq,
@@ -33,11 +34,11 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
 
-BC = 16  # rows per program with diagonal decay (the diagonal block is walked row by row)
-BC_PLAIN = 32  # rows per program without decay or with a scalar one: each program reads the chunk's
-# states S_n and dS_{n+1} whole, so fewer, taller blocks read them fewer times
+# Rows per program (util.LAUNCH["qk_grads"]): BC_DIAG = 16 with diagonal decay (the diagonal block is
+# walked row by row), BC = 32 without decay or with a scalar one (each program reads the chunk's states
+# S_n and dS_{n+1} whole, so fewer, taller blocks read them fewer times); any power of two ≥ 16, ≤ C.
 
 
 @triton.jit
@@ -246,7 +247,7 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_d
     excl = Gq is not None and G is not None
     dgq = empty_output(*G.shape, dtype=torch.float32, device=dev) if excl else None
     gate = 0 if G is None else (2 if G.dim() == 4 else 1)
-    bc = min(BC if gate == 2 else BC_PLAIN, L.C)
+    bc = min(tile("qk_grads", "BC_DIAG" if gate == 2 else "BC"), L.C)
     DT, IEEE = dot_dtype(q.dtype)
     _qk_grads_kernel[(L.NT, L.C // bc, L.B * L.H)](
         q, k, v, G if G is not None else q, Gq if excl else (G if G is not None else q),
@@ -255,5 +256,5 @@ def qk_grads(q, k, v, G, beta, h, dh, do, dA, scale: float, L: Layout, *, grad_d
         *((f if f is not None else dk) for f in (fold or (dk,) * 4)), *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BC=bc, BK=pow2(L.K), BV=min(64, pow2(L.V)),
         GATE=gate, HAS_BETA=beta is not None, HAS_INTER=inter, EXCL=excl, FOLD=fold is not None, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, **LAUNCH)
+        DT=DT, IEEE=IEEE, **launch("qk_grads"))
     return dq, dk, dbeta, ((dg, dgq) if excl else dg)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, chunk_span, dot_dtype, mm, pow2, varlen_args
+from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 
 BC = 16
 
@@ -115,5 +115,5 @@ def decayed_scores(q, k, G, beta, scale: float, L: Layout, *, Gq=None, strict: b
         q, k, G if G is not None else q, Gq if Gq is not None else (G if G is not None else q),
         beta if beta is not None else q, A, *varlen_args(L, q.device)[:3],
         scale, L.T, H=L.H, HQ=L.Hq, K=L.K, C=L.C, BC=bc, BK=pow2(L.K), GATE=gate, HAS_BETA=beta is not None,
-        STRICT=strict, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        STRICT=strict, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("scores"))
     return A

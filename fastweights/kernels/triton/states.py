@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .. import empty_output
 from .layout import Layout
-from .util import LAUNCH, dot_dtype, mm, pow2, seq_span, varlen_args
+from .util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 
 @triton.jit
@@ -143,8 +143,9 @@ def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 
 
-def _tiles(L: Layout):
-    BK, BV = min(64, pow2(L.K)), min(64, pow2(L.V))
+def _tiles(L: Layout, name: str):
+    """(BK, BV, NK, NV): BV from util.LAUNCH[name]."""
+    BK, BV = min(64, pow2(L.K)), min(tile(name, "BV"), pow2(L.V))
     return BK, BV, triton.cdiv(L.K, BK), triton.cdiv(L.V, BV)
 
 
@@ -158,7 +159,7 @@ def stored_state_dtype(dtype: torch.dtype) -> torch.dtype:
 def pass_states_fwd(k, v, G, beta, h0, L: Layout, *, output_final_state: bool):
     """(h [B, NT, H, K, V] in `stored_state_dtype(k.dtype)`: the state entering every chunk slot,
     final [NS, H, K, V] fp32 or None). Accumulation is fp32 throughout."""
-    BK, BV, NK, NV = _tiles(L)
+    BK, BV, NK, NV = _tiles(L, "states_fwd")
     h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(k.dtype), device=k.device)
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=k.device) if output_final_state else None
     cu, _, _, offsets = varlen_args(L, k.device)
@@ -167,7 +168,8 @@ def pass_states_fwd(k, v, G, beta, h0, L: Layout, *, output_final_state: bool):
         k, v, G if G is not None else k, beta if beta is not None else k, h, h0 if h0 is not None else k,
         ht if ht is not None else h, cu, offsets, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_BETA=beta is not None, HAS_H0=h0 is not None,
-        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **state_pass_launch("states_fwd", k.dtype, L.K))
     return h, ht
 
 
@@ -175,7 +177,7 @@ def pass_states_bwd(q, G, do, h, ht, dht, scale: float, L: Layout, *, need_dh0: 
     """(dh [B, NT, H, K, V] in `stored_state_dtype(q.dtype)`: the gradient of the state leaving each
     chunk slot, dh0 [NS, H, K, V] fp32 or None, dgc None or ∂L/∂G_last per chunk slot, fp32:
     [B·NT, H] (scalar) / [B·NT, H, K] (diagonal))."""
-    BK, BV, NK, NV = _tiles(L)
+    BK, BV, NK, NV = _tiles(L, "states_bwd")
     dev = q.device
     dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(q.dtype), device=dev)
     dh0 = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if need_dh0 else None
@@ -187,7 +189,7 @@ def pass_states_bwd(q, G, do, h, ht, dht, scale: float, L: Layout, *, need_dh0: 
         dh0 if dh0 is not None else dh, dgc if dgc is not None else dh, cu, offsets, scale, L.T, L.NT,
         L.B if not L.varlen else 1, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=BV,
         GATE=0 if G is None else (2 if G.dim() == 4 else 1), HAS_DHT=dht is not None, HAS_H0=need_dh0,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **LAUNCH)
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **state_pass_launch("states_bwd", q.dtype, L.K))
     if dgc is not None:
         dgc = dgc.sum(0)  # over the V tiles  [B·NT, H, K]
         if G.dim() == 3:

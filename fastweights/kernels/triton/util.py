@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -104,7 +105,98 @@ def varlen_args(L: Layout, device):
     return d, d, d, d
 
 
-#: Launch settings of every kernel, pinned (no autotuning: on Triton 3.6 + Hopper each config must
-#: be checked against the reference, see docs/kernels.md). Checked and timed on the H100 against
-#: 8 warps, which was slower for every gate (docs/kernel_notes.md).
-LAUNCH = dict(num_warps=4, num_stages=2)
+#: Launch settings of every kernel launch site, by a stable stage name, pinned (no autotuning: on
+#: Triton 3.6 + Hopper each config must be checked against the reference, see docs/kernels.md;
+#: `scripts/gpu_kernels.py --stages sweep-kernels` checks and times each kernel's candidates alone).
+#: num_warps / num_stages go to the launch; the upper-case keys are the tile constexprs the wrapper
+#: takes from here (pure launch choices, any power of two ≥ 16 that the wrapper's rule allows):
+#: BV the value columns per program (delta_states_*: capped at 32 for K > 128, register room for the
+#: [K, BV] fp32 state tile), BC / BC_DIAG the query rows per qk_grads program without / with
+#: diagonal decay. 4 warps × 2 stages everywhere: checked and timed on the H100 against 8 warps
+#: globally, which was slower for every gate (docs/kernel_notes.md).
+LAUNCH: dict[str, dict] = {
+    # forward, in pipeline order
+    "prologue": dict(num_warps=4, num_stages=2),  # prologue._prologue_kernel (forward and backward)
+    "cumsum": dict(num_warps=4, num_stages=2),  # cumsum._cumsum_kernel (forward G, backward reverse dg)
+    "scores": dict(num_warps=4, num_stages=2),  # scores._scores_kernel (Aqk, and the delta class's P)
+    "inverse": dict(num_warps=4, num_stages=2),  # delta_inverse._inverse_kernel
+    "wy_fwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_fwd_kernel (forward, backward's recompute of W)
+    "delta_states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # delta_states._delta_states_fwd_kernel
+    "states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_fwd_kernel (gated class)
+    "output_fwd": dict(num_warps=4, num_stages=2, BV=64),  # output._output_fwd_kernel
+    # backward
+    "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
+    "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
+    "delta_states_bwd": dict(num_warps=4, num_stages=2, BV=64),  # delta_states._delta_states_bwd_kernel
+    "states_bwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_bwd_kernel (gated class)
+    "qk_grads": dict(num_warps=4, num_stages=2, BC=32, BC_DIAG=16),  # qk_grads._qk_grads_kernel
+    "wy_bwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_bwd_kernel
+    "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
+}
+
+#: The Triton function of each launch site (what a profiler names its kernels).
+KERNEL_FN = {
+    "prologue": "prologue._prologue_kernel", "cumsum": "cumsum._cumsum_kernel", "scores": "scores._scores_kernel",
+    "inverse": "delta_inverse._inverse_kernel", "wy_fwd": "delta_wy._wy_fwd_kernel",
+    "delta_states_fwd": "delta_states._delta_states_fwd_kernel", "states_fwd": "states._states_fwd_kernel",
+    "output_fwd": "output._output_fwd_kernel", "output_bwd": "output._output_bwd_kernel",
+    "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
+    "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
+    "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
+}
+
+#: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys
+#: read (scripts/gpu_kernels.py, tests).
+SEEN: set | None = None
+
+
+def launch(name: str) -> dict:
+    """The launch keyword arguments (num_warps, num_stages, …) of launch site `name`; its tile
+    keys (upper case, see LAUNCH) are read with `tile`."""
+    if SEEN is not None:
+        SEEN.add(name)
+    return {key: val for key, val in LAUNCH[name].items() if not key[:1].isupper()}
+
+
+def state_pass_launch(name: str, dtype: torch.dtype, K: int) -> dict:
+    """`launch(name)` for a sequential state pass, whose `for` loop over the chunks Triton software-
+    pipelines: the next chunk's tiles are staged in shared memory num_stages − 1 times over. With fp32
+    inputs or K > 128 those tiles outgrow the H100's 227 KB (fp32, diagonal decay, K = 128: 246 KB;
+    fp32, K = 256: 336 KB — seen on the H100), so those passes run unpipelined (num_stages = 1)."""
+    kw = launch(name)
+    if dtype == torch.float32 or K > 128:
+        kw["num_stages"] = 1
+    return kw
+
+
+def tile(name: str, key: str) -> int:
+    """Tile constexpr `key` of launch site `name` (see LAUNCH)."""
+    if SEEN is not None:
+        SEEN.add(f"{name}.{key}")
+    return int(LAUNCH[name][key])
+
+
+def load_launch(path: str | os.PathLike | dict) -> dict:
+    """Update LAUNCH from a JSON file {name: {key: value}} (or such a dict), e.g. the `best_launch.json`
+    of `scripts/gpu_kernels.py --stages sweep-kernels`; a listed site takes the listed keys, the rest
+    keep theirs. Unknown names or keys raise KeyError (a stale file must not pass silently).
+    Returns the table before the update, for `LAUNCH.update(old)` to undo it."""
+    if isinstance(path, dict):
+        table = path
+    else:
+        with open(path) as f:
+            table = json.load(f)
+    for name, cfg in table.items():  # all checked before any is applied
+        if name not in LAUNCH:
+            raise KeyError(f"unknown launch site {name!r} (known: {sorted(LAUNCH)})")
+        for key in cfg:
+            if key not in LAUNCH[name]:
+                raise KeyError(f"launch site {name!r} has no setting {key!r} (has: {sorted(LAUNCH[name])})")
+    old = {name: dict(cfg) for name, cfg in LAUNCH.items()}
+    for name, cfg in table.items():
+        LAUNCH[name].update({key: int(val) for key, val in cfg.items()})
+    return old
+
+
+if os.environ.get("FASTWEIGHTS_LAUNCH"):  # a swept table, applied at import (see load_launch)
+    load_launch(os.environ["FASTWEIGHTS_LAUNCH"])

@@ -107,7 +107,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     assert set(calls) == set(table)
     for name, launches in calls.items():
         for _, kw in launches:
-            assert kw["num_warps"] == 4 and kw["num_stages"] == 2, name
+            # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
+            assert kw["num_warps"] == 4 and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
@@ -134,13 +135,28 @@ def test_override_reaches_only_its_launch(gen, table, calls):
             assert calls[name] == calls_before[name], name
     (grid0, kw0), = calls_before["delta_states_bwd"]
     (grid1, kw1), = calls["delta_states_bwd"]
-    assert kw0 == dict(num_warps=4, num_stages=2, BV=32) and kw1 == dict(num_warps=8, num_stages=3, BV=16)
+    # num_stages: 1 for these fp32 inputs whatever the table says (util.state_pass_launch)
+    assert kw0 == dict(num_warps=4, num_stages=1, BV=32) and kw1 == dict(num_warps=8, num_stages=1, BV=16)
     assert grid1[0] == 2 * grid0[0] and grid1[1:] == grid0[1:]
     assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
     for n in before[2]:
         assert rel(after[2][n], before[2][n]) < F32, n
     table.update(old)
     assert util.launch("delta_states_bwd") == dict(num_warps=4, num_stages=2)
+
+
+STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd")
+
+
+def test_state_passes_unpipelined_where_shared_memory_overflows(table):
+    """The state passes keep the table's num_stages for bf16/fp16 inputs with K ≤ 128 and run with
+    num_stages 1 for fp32 inputs or K > 128 (their staged chunk tiles outgrow 227 KB on an H100)."""
+    util.load_launch({"delta_states_bwd": {"num_stages": 3}})
+    assert util.state_pass_launch("delta_states_bwd", torch.bfloat16, 128)["num_stages"] == 3
+    assert util.state_pass_launch("delta_states_bwd", torch.float16, 64)["num_stages"] == 3
+    assert util.state_pass_launch("delta_states_bwd", torch.float32, 128)["num_stages"] == 1
+    assert util.state_pass_launch("delta_states_bwd", torch.bfloat16, 256)["num_stages"] == 1
+    assert util.launch("delta_states_bwd")["num_stages"] == 3  # the table itself unchanged
 
 
 def test_tiles_are_launch_choices(gen, table):

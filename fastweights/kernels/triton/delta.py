@@ -17,8 +17,11 @@ Forward (chunkwise/delta.py's stages, one kernel each):
     Aqk = scores.decayed_scores(q, k, G, None, scale)
     o   = output.chunk_outputs(q, U, G, Aqk, h, scale)          o = Aqk U + Q̃ S_n
 
-Saved for the backward: the inputs, T, the entering states h, U and the final state; G (R), P, Aqk
-and W are recomputed (one kernel each).
+Saved for the backward: the inputs and T; G (R), P, Aqk, W and U' are recomputed (one kernel each),
+and so are the entering states h, U and the final state (the forward state pass run again), unless
+`RECOMPUTE_STATES` is False, which keeps them: h [B, NT, H, K, V] in k's dtype and U [B, T, H, V] are
+the largest tensors the op would keep (gated DeltaNet, K = 128, V = 256, C = 64, bf16: 8 + 4 KB per
+token and head group of 8 heads, against q, k, v, T's 12 KB).
 
 Backward:
 
@@ -53,6 +56,11 @@ from .scores import decayed_scores
 
 Tensor = torch.Tensor
 
+#: The backward recomputes the forward state pass (h, U, S_T) instead of the forward keeping them: one more
+#: `pass_states_fwd` and U' in the backward for −(K·V/C + V)·H elements per token of saved memory. Read when
+#: the forward runs; False keeps them (A/B timing). Either way the gradients are bitwise the same.
+RECOMPUTE_STATES = True
+
 
 def _cumsums(g, L, excl: bool):
     """(G, R): the chunk-local cumsum and the read state's log-decay (G itself, or the exclusive
@@ -78,7 +86,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
         h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
         A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
         o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
-        ctx.save_for_backward(q, k, v, g, beta, h0, p, Ti, h, u, ht)
+        ctx.recompute = RECOMPUTE_STATES
+        ctx.save_for_backward(q, k, v, g, beta, h0, p, Ti, *((None, None, None) if ctx.recompute else (h, u, ht)))
         ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta, ctx.excl = scale, L, output_final_state, has_beta, excl
         return o, (ht if output_final_state else None)
 
@@ -91,7 +100,10 @@ class ChunkDeltaTriton(torch.autograd.Function):
         G, R = _cumsums(g, L, excl)
         P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)
         A = decayed_scores(q, k, G, None, scale, L)
-        w, _ = wy_representation(r, v, R, beta, Ti, L, with_u=False)
+        w, u1 = wy_representation(r, v, R, beta, Ti, L, with_u=ctx.recompute)
+        if ctx.recompute:  # the forward's state pass again: the same kernel on the same inputs, bitwise the same
+            h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=ctx.output_final_state or G is not None)
+        del u1
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         du, dA = chunk_outputs_bwd_local(A, u, do, L)
         dh, dh0, dgc = pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale, L, need_dh0=h0 is not None)

@@ -27,19 +27,30 @@ import torch
 
 def saved_bytes(model: str, *, d_model: int, num_heads: int, head_dim: int, vocab_size: int, B: int, T: int,
                 fused: bool, device: str) -> tuple[dict, list, int]:
+    import dataclasses
+
     from fastweights import zoo
+    from fastweights.dispatch import DISPATCH
+
+    backend = "triton" if fused and not zoo.resolve(model).is_softmax else "auto"
+    before = dict(DISPATCH)
+    try:
+        # the Triton rows ask for CUDA: under the interpreter, let them (for this call only: restored below)
+        if fused and torch.device(device).type == "cpu":
+            for key, impl in list(DISPATCH.items()):
+                if key[2] == "triton":
+                    DISPATCH[key] = dataclasses.replace(impl, supports=lambda recipe, target: None)
+        return _saved_bytes(model, backend, d_model=d_model, num_heads=num_heads, head_dim=head_dim,
+                            vocab_size=vocab_size, B=B, T=T, fused=fused, device=device)
+    finally:
+        DISPATCH.clear()
+        DISPATCH.update(before)
+
+
+def _saved_bytes(model: str, backend: str, *, d_model, num_heads, head_dim, vocab_size, B, T, fused, device):
     from fastweights.layers.fused import fused_kernels
     from fastweights.models import LM, LMConfig
 
-    backend = "triton" if fused and not zoo.resolve(model).is_softmax else "auto"
-    if fused and torch.device(device).type == "cpu":  # the Triton rows ask for CUDA: under the interpreter, let them
-        import dataclasses
-
-        from fastweights.dispatch import DISPATCH
-
-        for key, impl in list(DISPATCH.items()):
-            if key[2] == "triton":
-                DISPATCH[key] = dataclasses.replace(impl, supports=lambda recipe, target: None)
     cfg = LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=1, num_heads=num_heads, head_dim=head_dim,
                    mixer=model, backend=backend)
     with torch.device(device):

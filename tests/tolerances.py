@@ -202,3 +202,11 @@ NORM_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 # the two round to bf16 at different points (fp32 inside each fused kernel), so outputs and parameter
 # gradients differ by a few bf16 roundings (2⁻⁸ each) relative to their largest entry
 FUSED_LAYER_BF16_REL = 3e-2
+# a MemoryMixer's projections of x as one matmul (`MemoryMixer._project`) vs separate Linears: float64,
+# relative — the same products summed in another blocking order (measured ≤ 5e-15 over 9 models)
+JOINT_PROJ_F64_REL = 1e-12
+# the same under CPU bf16 autocast, outputs, dx and every parameter gradient, relative to the largest
+# entry: both round x and the weights to bf16 identically, but the matmuls round their bf16 results at
+# other points (dx: one rounding of the joint matmul against six rounded parts summed) and a flipped
+# bf16 ulp (2⁻⁸) propagates through the layer (measured ≤ 7.3e-3 over 9 models)
+JOINT_PROJ_BF16_REL = 2e-2

@@ -68,10 +68,11 @@ class MambaDecay(nn.Module):
         self.A_log._no_weight_decay = True
         self.dt_bias._no_weight_decay = True
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x [B, T, d] -> (g, dt), each [B, T, H] (channels 1) or [B, T, H, C]."""
+    def forward(self, x: Tensor, proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x [B, T, d] -> (g, dt), each [B, T, H] (channels 1) or [B, T, H, C]. proj: self.proj(x)
+        when the caller computed it already (the mixer's one matmul for the projections of x)."""
         B, T, _ = x.shape
-        a = _fp(self.proj(x)) + self.dt_bias.to(_fp(x).dtype)  # [B, T, H·C]
+        a = _fp(self.proj(x) if proj is None else proj) + self.dt_bias.to(_fp(x).dtype)  # [B, T, H·C]
         dt = F.softplus(a)
         A = self.A_log.to(dt.dtype).exp()  # [H]
         if self.channels == 1:
@@ -120,9 +121,10 @@ class BetaGate(nn.Module):
         if bias:
             nn.init.zeros_(self.proj.bias)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, proj: Tensor | None = None) -> Tensor:
+        """x [B, T, d] -> β; proj: self.proj(x) when the caller computed it already."""
         B, T, _ = x.shape
-        beta = torch.sigmoid(_fp(self.proj(x)))
+        beta = torch.sigmoid(_fp(self.proj(x) if proj is None else proj))
         if self.scale != 1.0:
             beta = beta * self.scale
         if self.divide_by != 1:

@@ -550,8 +550,40 @@ class MemoryMixer(nn.Module):
                                        activation=p.out_gate if p.out_gate != "none" else "swish",
                                        norm_before_gate=p.norm_before_gate)
         self.o_proj = nn.Linear(H * V, d, bias=False)
+        self._x_projs = self._joint_projections()
         self.backends = self._resolve_backends(cfg.backend)
         self.backend = self.backends[self.form]
+
+    def _joint_projections(self) -> tuple[tuple[str, str], ...]:
+        """(key, attribute path) of the bias-free nn.Linear layers reading x that `_project` runs as one
+        matmul: q, k, v, and where they are single bias-free Linears, the Mamba decay's a ("a"), β's b
+        ("b") and the output gate's z ("z"). Empty on the softmax side: its v goes to SDPA, which would
+        keep a view of the joint output (all of q, k, v) alive for the backward."""
+        if self.is_softmax:
+            return ()
+        out = [("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")]
+        if isinstance(self.decay, MambaDecay) and isinstance(self.decay.proj, nn.Linear):
+            out.append(("a", "decay.proj"))
+        if self.beta is not None and self.beta.proj.bias is None:
+            out.append(("b", "beta.proj"))
+        if isinstance(self.g_proj, nn.Linear):
+            out.append(("z", "g_proj"))
+        return tuple(out)
+
+    def _project(self, x: Tensor) -> dict[str, Tensor]:
+        """{q, k, v[, a, b, z]}: the projections of x [B, T, d] (`_joint_projections`) as one matmul
+        F.linear(x, cat(W_q, W_k, ...)) split into column views [B, T, N_i] (row stride ΣN_i).
+
+        Same parameters and state_dict as separate Linears; one matmul means autocast casts x to
+        bf16 once and the backward keeps that one copy (six separate projections kept six), and
+        dx is the single matmul's result (fp32 accumulation inside it) instead of a sum of six.
+        The views are not saved by their consumers (ShortConv, the prologue and the gated norm
+        copy them contiguous), so the joint output itself is not kept for the backward."""
+        if not self._x_projs:
+            return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
+        lins = [self.get_submodule(path) for _, path in self._x_projs]
+        y = F.linear(x, torch.cat([lin.weight for lin in lins]))  # [B, T, ΣN_i]
+        return dict(zip((key for key, _ in self._x_projs), y.split([lin.out_features for lin in lins], dim=-1)))
 
     def _resolve_backends(self, backend: str) -> dict[str, str]:
         """{form: concrete backend} for every form this layer can run, fixed from here on."""
@@ -649,7 +681,8 @@ class MemoryMixer(nn.Module):
         pos = state.position if state is not None else 0
         tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents
 
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        proj = self._project(x)  # {q, k, v[, a, b, z]}
+        q, k, v = proj["q"], proj["k"], proj["v"]
         tq = tk = tv = tw = None
         if self.q_conv is not None:
             q, tq = self.q_conv(q, state.conv_q if state is not None else None, tpos)
@@ -667,7 +700,7 @@ class MemoryMixer(nn.Module):
             q = q - self.probe_correction.to(q.dtype)[:, None] * pr
         # the delta layer's L2 norm of q, k, β and Mamba/KDA gate in one Triton pass (layers.fused's rule)
         fused = self._prologue_fits() and use_fused(q, k, x, fits=K <= MAX_HEAD_DIM)
-        inputs = self._fused_prologue(q, k, x) if fused else {}
+        inputs = self._fused_prologue(q, k, x, proj) if fused else {}
         if fused:
             q, k = inputs.pop("q"), inputs.pop("k")
         if p.qk_norm == "l2":
@@ -682,11 +715,11 @@ class MemoryMixer(nn.Module):
         dt = None
         if self.decay is not None and not fused:
             if isinstance(self.decay, MambaDecay):
-                inputs["g"], dt = self.decay(x)
+                inputs["g"], dt = self.decay(x, proj.get("a"))
             else:
                 inputs["g"] = self.decay(x)
         if self.beta is not None and not fused:
-            inputs["beta"] = self.beta(x)
+            inputs["beta"] = self.beta(x, proj.get("b"))
         elif self.beta is None and p.beta == "dt":
             inputs["beta"] = dt
         if self.nu is not None:
@@ -731,7 +764,7 @@ class MemoryMixer(nn.Module):
                                check_values=False, backend=self.backends[form], **inputs, **kw)
             if self.D is not None:
                 o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
-        y = self._output(o, x)
+        y = self._output(o, x, proj.get("z"))
         if not output_state:
             return y, None
         return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
@@ -744,18 +777,19 @@ class MemoryMixer(nn.Module):
         return (not self.is_softmax and p.qk_norm == "l2" and p.beta in ("sigmoid", "none")
                 and p.decay in ("mamba", "kda", "none"))
 
-    def _fused_prologue(self, q: Tensor, k: Tensor, x: Tensor) -> dict[str, Tensor]:
+    def _fused_prologue(self, q: Tensor, k: Tensor, x: Tensor, proj: dict[str, Tensor]) -> dict[str, Tensor]:
         """{q: q̂, k: k̂, beta, g} by `kernels.triton.prologue.delta_prologue`, fed with the gates'
-        projections of x (β [B, T, H] or [B, T, n, H], g [B, T, H] or [B, T, H, K]; fp32)."""
+        projections of x (from `proj` where `_project` computed them; β [B, T, H] or [B, T, n, H],
+        g [B, T, H] or [B, T, H, K]; fp32)."""
         from ..kernels.triton.prologue import delta_prologue  # imported on first use (TRITON_INTERPRET)
 
         B, T, _ = x.shape
-        b = self.beta.proj(x) if self.beta is not None else None  # [B, T, n·H]
+        b = (proj["b"] if "b" in proj else self.beta.proj(x)) if self.beta is not None else None  # [B, T, n·H]
         a = A_log = dt_bias = gate = None
         if self.decay is not None:
             dec = self.decay
             gate = "mamba" if dec.channels == 1 else "kda"
-            a = dec.proj(x)  # [B, T, H] or [B, T, H·K]
+            a = proj["a"] if "a" in proj else dec.proj(x)  # [B, T, H] or [B, T, H·K]
             a = a if gate == "mamba" else a.view(B, T, dec.num_heads, dec.channels)
             A_log, dt_bias = dec.A_log, dec.dt_bias
         q, k, beta, g = delta_prologue(q, k, b, a, A_log, dt_bias, gate=gate,
@@ -836,10 +870,12 @@ class MemoryMixer(nn.Module):
             outs.append(o)
         return torch.cat(outs, dim=1), cache  # [B, T, H, V]
 
-    def _output(self, o: Tensor, x: Tensor) -> Tensor:
+    def _output(self, o: Tensor, x: Tensor, z: Tensor | None = None) -> Tensor:
+        """o [B, T, H, V] -> y [B, T, d]; z: g_proj(x) when `_project` computed it."""
         B, T = o.shape[:2]
         o = o.reshape(B, T, self.H * self.V)  # [B, T, H·V]
-        z = self.g_proj(x) if self.g_proj is not None else None  # [B, T, H·V]
+        if z is None and self.g_proj is not None:
+            z = self.g_proj(x)  # [B, T, H·V]
         if self.o_norm is not None:
             o = self.o_norm(o, z)
         elif z is not None:

@@ -270,6 +270,78 @@ def test_bf16_inputs(gate, gen):
     check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
 
 
+@pytest.mark.parametrize("final", [True, False])
+@pytest.mark.parametrize("gate", GATES)
+def test_recomputed_states_are_bitwise_the_kept_ones(gate, final, gen, monkeypatch):
+    """The backward recomputing the forward state pass (delta.RECOMPUTE_STATES, the default) gives
+    bitwise the gradients of keeping h, U and S_T, and keeps none of them: only the inputs and T."""
+    from fastweights.kernels.triton import delta as delta_mod
+
+    x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
+    seed = secrets.randbits(31)
+
+    def run(d):
+        o, S = _triton(d)
+        return o, (S if final else S.detach() * 0)
+
+    out = {}
+    for recompute in (True, False):
+        monkeypatch.setattr(delta_mod, "RECOMPUTE_STATES", recompute)
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=kept: kept.append(t) or t, lambda t: t):
+            out[recompute] = grads(run, x, seed)
+        out[recompute, "kept"] = sorted(t.numel() for t in kept)
+    (o1, s1, g1), (o2, s2, g2) = out[True], out[False]
+    assert torch.equal(o1, o2) and torch.equal(s1, s2) and set(g1) == set(g2)
+    for name in g2:
+        assert torch.equal(g1[name], g2[name]), name
+    B, T, H, K, V, NT = 2, 37, 1, 8, 8, 3  # chunk 16: 3 slots; h [B, NT, H, K, V], U [B, T, H, V], S_T [B, H, K, V]
+    assert len(out[False, "kept"]) == len(out[True, "kept"]) + 3
+    gone = list(out[False, "kept"])
+    for n in out[True, "kept"]:
+        gone.remove(n)
+    assert sorted(gone) == sorted([B * NT * H * K * V, B * T * H * V, B * H * K * V])
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_keeps_the_prologue_raw_qk(gate, gen):
+    """q̂, k̂ straight from `delta_prologue`: the op keeps the prologue's raw q, k (kept by the prologue
+    anyway) and recomputes q̂, k̂ in its backward — bitwise the gradients of keeping q̂, k̂ (a clone,
+    which the op cannot trace back), and two tensors of q's size fewer kept. A q̂ changed in place
+    after the prologue is not traced back (l2_source None)."""
+    from fastweights.kernels.triton.prologue import delta_prologue, l2_source
+
+    x = _inputs(gate, gen, B=2, T=37, H=2, Hq=1, K=8, V=8)
+    x["q"], x["k"] = x["q"] * 3, x["k"] * 0.5  # raw q, k: not unit rows
+    seed = secrets.randbits(31)
+
+    def run(traced):
+        def fn(d):
+            qh, kh, _, _ = delta_prologue(d["q"], d["k"], None, None, gate=None)
+            if not traced:
+                qh, kh = qh.clone(), kh.clone()
+            return chunk_delta_triton(qh, kh, d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
+                                      initial_state=d["S0"], output_final_state=True, chunk_size=16)
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            out = grads(fn, to_dev(x), seed)
+        return out, sorted(t.numel() for t in kept)
+
+    (o1, s1, g1), kept1 = run(True)
+    (o2, s2, g2), kept2 = run(False)
+    assert torch.equal(o1, o2) and torch.equal(s1, s2)
+    for name in g2:
+        assert torch.equal(g1[name], g2[name]), name
+    gone = list(kept2)
+    for n in kept1:
+        gone.remove(n)
+    assert gone == [x["q"].numel(), x["k"].numel()]
+    qh = delta_prologue(to_dev(x)["q"], None, None, None, gate=None)[0]
+    assert l2_source(qh) is not None and l2_source(qh.clone()) is None
+    qh.mul_(2)
+    assert l2_source(qh) is None
+
+
 def test_no_beta_no_state_no_final(gen):
     """β = None means β = 1 (DeltaNet's plain rule); no initial state; no final state returned."""
     x = to_dev(_inputs("scalar", gen, T=20, K=8, V=8))

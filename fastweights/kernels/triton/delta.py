@@ -17,8 +17,12 @@ Forward (chunkwise/delta.py's stages, one kernel each):
     Aqk = scores.decayed_scores(q, k, G, None, scale)
     o   = output.chunk_outputs(q, U, G, Aqk, h, scale)          o = Aqk U + Q̃ S_n
 
-Saved for the backward: the inputs, T, the entering states h, U and the final state; G (R), P, Aqk
-and W are recomputed (one kernel each).
+Saved for the backward: the inputs and T. Recomputed there: G (R), P, Aqk, W and U' (one kernel
+each); the entering states h, U and the final state (the forward state pass run again) unless
+`RECOMPUTE_STATES` is False; and q̂, k̂ when they come unmodified from `prologue.delta_prologue`,
+whose raw q, k (kept for the prologue's own backward) are kept instead (`prologue.l2_source`).
+Gated DeltaNet with 8 heads, K = 128, V = 256, C = 64, bf16: h and U would be 8 + 4 KB per token, q̂
+and k̂ 4 KB, against the 10 KB of raw q, k, v and T kept.
 
 Backward:
 
@@ -51,10 +55,16 @@ from .delta_inverse import unit_lower_inverse
 from .delta_output import chunk_outputs, chunk_outputs_bwd_local
 from .delta_states import pass_states_bwd, pass_states_fwd
 from .delta_wy import wy_representation, wy_representation_bwd
+from .prologue import l2_recompute, l2_source
 from .qk_grads import qk_grads
 from .scores import decayed_scores
 
 Tensor = torch.Tensor
+
+#: The backward recomputes the forward state pass (h, U, S_T) instead of the forward keeping them: one more
+#: `pass_states_fwd` and U' in the backward for −(K·V/C + V)·H elements per token of saved memory. Read when
+#: the forward runs; False keeps them (A/B timing). Either way the gradients are bitwise the same.
+RECOMPUTE_STATES = True
 
 
 def _cumsums(g, L, excl: bool):
@@ -81,20 +91,30 @@ class ChunkDeltaTriton(torch.autograd.Function):
         h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
         A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
         o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
-        ctx.save_for_backward(q, k, v, g, beta, h0, p, Ti, h, u, ht)
+        ctx.recompute = RECOMPUTE_STATES
+        # q, k straight from the delta prologue: keep the raw q, k its backward keeps anyway, not q̂, k̂ too
+        ctx.q_src, ctx.k_src = l2_source(q), l2_source(k)
+        ctx.save_for_backward(None if ctx.q_src else q, None if ctx.k_src else k, v, g, beta, h0, p, Ti,
+                              *((None, None, None) if ctx.recompute else (h, u, ht)))
         ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta, ctx.excl = scale, L, output_final_state, has_beta, excl
         return o, (ht if output_final_state else None)
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, beta, h0, p, Ti, h, u, ht = ctx.saved_tensors
+        q = l2_recompute(*ctx.q_src) if ctx.q_src else q
+        k = l2_recompute(*ctx.k_src) if ctx.k_src else k
+        ctx.q_src = ctx.k_src = None
         scale, L, excl = ctx.scale, ctx.L, ctx.excl
         do = do.contiguous()
         r = k if p is None else p
         G, R = _cumsums(g, L, excl)
         P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)
         A = decayed_scores(q, k, G, None, scale, L)
-        w, _ = wy_representation(r, v, R, beta, Ti, L, with_u=False)
+        w, u1 = wy_representation(r, v, R, beta, Ti, L, with_u=ctx.recompute)
+        if ctx.recompute:  # the forward's state pass again: the same kernel on the same inputs, bitwise the same
+            h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=ctx.output_final_state or G is not None)
+        del u1
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         du, dA = chunk_outputs_bwd_local(A, u, do, L)
         dh, dh0, dgc = pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale, L, need_dh0=h0 is not None)

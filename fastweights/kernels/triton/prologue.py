@@ -53,7 +53,7 @@ from .util import chunk_span, launch, varlen_args
 
 Tensor = torch.Tensor
 
-__all__ = ["delta_prologue"]
+__all__ = ["delta_prologue", "l2_source", "l2_recompute"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BLOCK = 64  # rows per program without the cumsum
@@ -322,4 +322,26 @@ def delta_prologue(q: Tensor | None, k: Tensor | None, b: Tensor | None, a: Tens
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
     qk = (c(q), c(k)) if l2norm else (None, None)
     qo, ko, beta, g = DeltaPrologue.apply(*qk, c(b), c(a), c(A_log), c(dt_bias), meta)
+    if l2norm:
+        for out, src in ((qo, qk[0]), (ko, qk[1])):
+            if out is not None:
+                out._l2_source = (src, float(eps), out._version)  # `l2_source`: what the memory op may keep instead
     return (qo if l2norm else q), (ko if l2norm else k), beta, g
+
+
+def l2_source(x: Tensor) -> Tensor | None:
+    """The raw x (q or k before the L2 norm) when x is, unmodified, a q̂ or k̂ returned by `delta_prologue`,
+    else None. The prologue keeps the raw tensor for its own backward; an op that needs x̂ in its backward
+    (the delta memory op) can keep that same raw tensor and recompute x̂ = `l2_recompute(raw, eps)`,
+    bitwise x̂ (the same kernel on the same rows), instead of keeping a second tensor of x's size."""
+    src = getattr(x, "_l2_source", None)
+    if src is None or src[2] != x._version:
+        return None
+    return src[0], src[1]
+
+
+def l2_recompute(raw: Tensor, eps: float) -> Tensor:
+    """x̂ = raw / sqrt(Σ raw² + eps) per row, by the prologue's forward kernel (no autograd): bitwise what
+    `delta_prologue` returned for raw (each row's sum is computed by one program, the same way)."""
+    with torch.no_grad():
+        return delta_prologue(raw, None, None, None, gate=None, eps=eps)[0]

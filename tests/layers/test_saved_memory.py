@@ -1,0 +1,43 @@
+"""What a gated DeltaNet layer keeps for its backward under the fused path (the layer kernels and the
+Triton memory op, under TRITON_INTERPRET=1 on CPU tensors), counted by scripts/saved_activations.py
+per module and token in an LM under bf16 autocast: pinned from above, so a change that keeps more (a
+second cast of x, q̂ and k̂ beside the raw q and k, the chunk states) fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.triton
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _saved_bytes():
+    spec = importlib.util.spec_from_file_location("saved_activations", ROOT / "scripts" / "saved_activations.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.saved_bytes
+
+
+def test_gated_deltanet_layer_saved_bytes_per_token():
+    d, Hq, K = 128, 2, 64
+    H, V, C = Hq, 2 * K, 64  # gated DeltaNet: expand_v 2, chunk 64
+    saved_bytes = _saved_bytes()
+    one, two = (saved_bytes("gated_deltanet", d_model=d, num_heads=Hq, head_dim=K, vocab_size=64, B=1, T=T,
+                            fused=True, device="cpu")[0] for T in (64, 128))
+    per_token = {m: (two.get(m, 0) - one.get(m, 0)) // 64 for m in set(one) | set(two)}
+    bf16, fp32 = 2, 4
+    qk, v = Hq * K, H * V  # widths of q (and k) and v (and o, the gate)
+    bound = {
+        # one bf16 copy of x (the joint projection), the raw q and k (the prologue's input; the memory op
+        # recomputes q̂, k̂ from them), v, the per-chunk inverse T (fp32 [H, C] per token), β and g (fp32),
+        # b and a (bf16); not the chunk states h, U (recomputed)
+        "MemoryMixer": bf16 * (d + 2 * qk + v) + fp32 * H * C + 2 * fp32 * H + 2 * bf16 * H,
+        "ShortConv": bf16 * (2 * qk + v),  # the convolutions' inputs
+        "GatedRMSNorm": bf16 * 2 * v,  # o and the gate z
+    }
+    for module, most in bound.items():
+        assert per_token[module] <= most, (module, per_token[module], most)

@@ -68,11 +68,14 @@ _FWD = dict(BT=64, BC=64, num_warps=4)
 #: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
 #: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
 _BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False,
-            fused=False, F_BT=32, F_BC=32, F_NBLK=8, F_warps=4)
+            fused=True, F_BT=64, F_BC=32, F_NBLK=8, F_warps=4)
 #: fused: the one-pass backward `_conv_bwd_fused` instead (F_BT rows per block of which F_BT − W + 1
 #: owned, F_BC channels, F_NBLK blocks per program, F_warps): x, dy and dx only (the byte floor, plus
 #: the (W − 1)/F_BT halo), the shift by `tl.gather` (lowered through shared memory and warp shuffles);
-#: 128 registers at 32 × 32 (237 at 32 × 64); not yet timed against the two kernels.
+#: 128 registers at 32 × 32 (237 at 32 × 64). The default since the H100 sweep (`bench_conv.py --sweep`,
+#: B=4, T=4096, W=4, bf16): one-pass at F_BT 64 190 µs (C=1024) / 345 µs (C=2048), the two kernels at
+#: their defaults 394 / 746 µs, their best 236 / 448 µs (BT 16, NBLK 8) — all still 6× over the byte
+#: floor (30 / 60 µs).
 
 
 @triton.jit

@@ -16,7 +16,7 @@ Backends
              one-time compile step, so "auto" never picks it).
     triton   the GPU kernels of fastweights.kernels (fastweights/kernels/rows.py: the gated-linear
              chunk form, and the recurrent form of the gated-linear and delta classes by the fused
-             step kernel that decoding uses; the delta chunk form only when asked for by name;
+             step kernel that decoding uses; the delta chunk form;
              CUDA devices, fp32/bf16/fp16, identity feature map, K and V ≤ 256). The rows' module
              imports no kernel: they load on the first call.
 

@@ -6,9 +6,8 @@ gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
 delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
-                                      (DeltaNet, GDN, KDA — checked on the H100 and picked by "auto";
-                                      Comba's probe key and decay after, DeltaProduct's micro-steps —
-                                      interpreter-verified, served when asked for by name: `delta_auto`)
+                                      (DeltaNet, GDN, KDA, Comba's probe key and decay after,
+                                      DeltaProduct's micro-steps: all checked on the H100, picked by "auto")
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, its backend resolved once at construction). The functional form never changes the
@@ -29,7 +28,7 @@ import torch
 from ..recipe import Recipe
 from ..state import MemoryState
 
-__all__ = ["gated_linear_chunk", "delta_chunk", "delta_auto", "linear_recurrent", "triton_gated_supports",
+__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "triton_gated_supports",
            "triton_step_supports", "triton_delta_supports", "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
@@ -106,14 +105,6 @@ def triton_delta_supports(recipe: Recipe, target) -> str | None:
     The kernels take the decay first or after, a probe key (Comba) and Householder micro-steps
     (DeltaProduct)."""
     return triton_gated_supports(recipe, target)
-
-
-def delta_auto(recipe: Recipe) -> bool:
-    """Whether "auto" may pick the delta chunk Triton row: the plain delta rule with the decay first
-    (DeltaNet, gated DeltaNet, KDA), whose kernels passed on the H100. Comba (probe key, decay after)
-    and DeltaProduct (micro-steps) run the same kernels with other constexpr switches and inputs,
-    verified under the interpreter only: served when backend="triton" is asked for by name."""
-    return not recipe.objective.probe and recipe.optimizer.householder_steps == 1 and recipe.retention.decay_first
 
 
 def _gates(call):
@@ -206,7 +197,7 @@ def _register():
     register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
     register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
     register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
-    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=delta_auto)
+    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=True)
 
 
 _register()

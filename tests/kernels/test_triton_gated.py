@@ -335,6 +335,7 @@ def test_auto_picks_triton_on_cuda_only():
     assert resolve_backend(fw.zoo.get("gla"), "chunk", "auto", bf16) == "triton"
     assert resolve_backend(fw.zoo.get("gated_deltanet"), "recurrent", "auto", bf16) == "triton"
     assert resolve_backend(fw.zoo.get("gated_deltanet"), "chunk", "auto", bf16) == "triton"  # the delta chunk row
-    assert resolve_backend(fw.zoo.get("comba"), "chunk", "auto", bf16) == "torch"  # by name only (delta_auto)
+    assert resolve_backend(fw.zoo.get("comba"), "chunk", "auto", bf16) == "triton"  # probe key, decay after
+    assert resolve_backend(fw.zoo.get("deltaproduct"), "chunk", "auto", bf16) == "triton"  # micro-steps
     assert resolve_backend(fw.zoo.get("gla"), "chunk", "auto", Target.of("cpu", torch.bfloat16, 128, 128)) == "torch"
     assert resolve_backend(fw.zoo.get("comba"), "recurrent", "auto", bf16) == "torch"

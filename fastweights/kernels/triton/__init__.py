@@ -17,9 +17,8 @@ One file per stage, each the twin of a plain-torch stage of `fastweights.chunkwi
     decode.py    fused_recurrent_step: T tokens of the recurrence, state updated in place (decoding)
 
 The delta class (DeltaNet, gated DeltaNet, KDA; Comba's probe key and decay after; DeltaProduct's
-micro-steps interleaved), reusing cumsum, scores, output and qk_grads (interpreter tests in CI; the
-decay-first path checked on the H100 and picked by "auto" on CUDA; Comba and DeltaProduct verified
-under the interpreter only, served by backend="triton" asked for by name):
+micro-steps interleaved), reusing cumsum, scores, output and qk_grads (interpreter tests in CI;
+every path checked on the H100 and picked by "auto" on CUDA):
 
     delta_inverse.py  the per-chunk (I + strict(β K Kᵀ ⊙ decay))⁻¹
     delta_wy.py       W and U' (the WY representation) and their backward

@@ -163,7 +163,8 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
     "kda": ("chunk_kda", "diagonal"),
     "mamba2": ("chunk_simple_gla", "scalar"),  # scalar decay per token and head
     "retnet": ("chunk_retention", None),  # its own constant per-head decays
-    "deltaproduct": ("chunk_gated_delta_product", "scalar"),  # k, v, β with T·n_h rows (micro-steps interleaved)
+    # k, v, β with T·n_h rows (micro-steps interleaved); not re-exported by fla.ops: module.function
+    "deltaproduct": ("gated_delta_product.chunk_gated_delta_product", "scalar"),
 }
 
 
@@ -171,6 +172,9 @@ def _fla_case(model, B, T, H, D, dtype, device, HV=None):
     import fla.ops as ops  # noqa: PLC0415 — the peer, only in benchmark environments
 
     name, gate = FLA_OPS[model]
+    if "." in name:
+        mod, name = name.rsplit(".", 1)
+        ops = importlib.import_module(f"fla.ops.{mod}")
     fn = getattr(ops, name)
     inp = _inputs(model, B, T, H, D, dtype, device, HV)
     q, k, v = inp["q"], inp["k"], inp["v"]

@@ -32,8 +32,39 @@ import re
 import sys
 
 
-def _workload():
-    """The calls whose kernels are compared: chunk_gated_triton and chunk_delta_triton, decay first."""
+def _conv_workload():
+    """The short conv (`kernels.triton.conv.short_conv`) forward and backward: bf16 and fp32, with and
+    without tail, positions, bias and SiLU, a sliced input, both backwards, at the default launch settings."""
+    import torch
+
+    from fastweights.kernels.triton import conv
+    from fastweights.kernels.triton.conv import short_conv
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, C, W = 2, 300, 256, 4
+    default = conv._BWD["fused"]
+    for fused, dtype in ((True, torch.bfloat16), (True, torch.float32), (False, torch.bfloat16),
+                         (False, torch.float32)):  # both backwards: one pass, and the two kernels
+        conv._BWD["fused"] = fused
+        for tail_, pos_, bias_, act in ((False, False, False, "silu"), (True, True, True, "silu"),
+                                        (True, False, False, None)):
+            wide = torch.randn(B, T, C + 64, generator=gen).to(dtype)
+            x = wide[..., 32:32 + C].requires_grad_(True) if not tail_ else torch.randn(
+                B, T, C, generator=gen).to(dtype).requires_grad_(True)
+            w = torch.randn(C, 1, W, generator=gen).requires_grad_(True)
+            b = torch.randn(C, generator=gen).requires_grad_(True) if bias_ else None
+            tail = torch.randn(B, W - 1, C, generator=gen).to(dtype).requires_grad_(True) if tail_ else None
+            pos = (torch.arange(T) % 97).expand(B, T).contiguous() if pos_ else None
+            y, new_tail = short_conv(x, w, b, tail, pos, act)
+            (y.float().sum() + new_tail.float().sum()).backward()
+    conv._BWD["fused"] = default
+
+
+def _workload(which: str = "chunk"):
+    """The calls whose kernels are compared: chunk_gated_triton and chunk_delta_triton, decay first
+    ("chunk"), or the short conv ("conv", `_conv_workload`)."""
+    if which == "conv":
+        return _conv_workload()
     import torch
 
     from fastweights.kernels.triton.delta import chunk_delta_triton
@@ -115,7 +146,7 @@ def _normalize_ttgir(ttgir: str) -> str:
     return re.sub(r"%[A-Za-z_0-9][\w.#]*", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), text)
 
 
-def collect(tree: str, out: str) -> None:
+def collect(tree: str, out: str, workload: str = "chunk") -> None:
     sys.path.insert(0, os.path.abspath(tree))
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
@@ -151,7 +182,7 @@ def collect(tree: str, out: str) -> None:
         return kernel
 
     JITFunction.run = compile_only
-    _workload()
+    _workload(workload)
     with open(out, "w") as f:
         json.dump({"tree": os.path.abspath(tree), "triton": triton.__version__, "launches": records}, f)
     print(f"{len(records)} launches compiled for sm_90 from {tree} -> {out}")
@@ -183,12 +214,14 @@ def main():
     ap.add_argument("--tree", default=".")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--workload", choices=("chunk", "conv"), default="chunk",
+                    help="the chunk pipelines (default) or the short conv's kernels")
     a = ap.parse_args()
     if a.compare:
         sys.exit(compare(*a.compare))
     if not a.out:
         ap.error("--out is required with --tree")
-    collect(a.tree, a.out)
+    collect(a.tree, a.out, a.workload)
 
 
 if __name__ == "__main__":

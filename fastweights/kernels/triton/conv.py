@@ -150,6 +150,22 @@ def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.conste
 
 
 @triton.jit
+def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_POS: tl.constexpr, SILU: tl.constexpr):
+    """(the positions p_t, dpre_t = dy_t · SILU'(pre_t) [BT, BC] fp32, 0 outside the rows mt) at rows t,
+    pre recomputed from its W taps — both backwards' first step."""
+    p = _positions(pos, i_b, t, T, HAS_POS)
+    pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
+    g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+                other=0.0).to(tl.float32)
+    if SILU:
+        sg = 1.0 / (1.0 + tl.exp(-pre))
+        g = g * sg * (1.0 + pre * (1.0 - sg))
+    return p, tl.where(mt[:, None], g, 0.0)
+
+
+@triton.jit
 def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb, sxt, XDT: tl.constexpr,
                    W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NBLK: tl.constexpr,
                    HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
@@ -168,15 +184,8 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
         if ts < T:  # the program's blocks that start before T
             t = ts + tl.arange(0, BT).to(tl.int64)
             mt = t < T
-            p = _positions(pos, i_b, t, T, HAS_POS)
-            pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS,
-                       HAS_POS)
-            g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
-                        other=0.0).to(tl.float32)
-            if SILU:
-                sg = 1.0 / (1.0 + tl.exp(-pre))
-                g = g * sg * (1.0 + pre * (1.0 - sg))
-            g = tl.where(mt[:, None], g, 0.0)
+            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+                              HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             tl.store(dpre + (i_b * T + t)[:, None] * C + cols[None, :], g.to(dpre.dtype.element_ty),
                      mask=mt[:, None] & mc[None, :])
             if HAS_BIAS:
@@ -214,15 +223,8 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
             t = u0 - (W - 1) + r.to(tl.int64)  # dpre rows of the block, and (the same numbers) its xp rows s
             mt = (t >= 0) & (t < T)
             own = r >= W - 1
-            p = _positions(pos, i_b, t, T, HAS_POS)
-            pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS,
-                       HAS_POS)
-            g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
-                        other=0.0).to(tl.float32)
-            if SILU:
-                sg = 1.0 / (1.0 + tl.exp(-pre))
-                g = g * sg * (1.0 + pre * (1.0 - sg))
-            g = tl.where(mt[:, None], g, 0.0)
+            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+                              HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             go = tl.where(own[:, None], g, 0.0)
             if HAS_BIAS:
                 db_acc += tl.sum(go, axis=0)

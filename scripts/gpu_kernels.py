@@ -120,6 +120,25 @@ def _run_with_grads(model, x, backend, dtype_compute=None):
     return o.detach().float(), S.detach().float(), {k: g.float() for k, g in zip(leaves, grads)}
 
 
+def _time_triton_chunk(model, x) -> tuple[float, float]:
+    """(fwd ms, fwd+bwd ms) of `fw.chunk(model, backend="triton")` on the inputs x (`bench_ms`)."""
+    import fastweights as fw
+
+    leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
+
+    def fwd():
+        with torch.no_grad():
+            fw.chunk(model, backend="triton", **leaves)
+
+    def fwdbwd():
+        o = fw.chunk(model, backend="triton", **leaves)[0]
+        o.float().sum().backward()
+        for t in leaves.values():
+            t.grad = None
+
+    return bench_ms(fwd), bench_ms(fwdbwd)
+
+
 def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
@@ -127,7 +146,6 @@ def _rel(a, b):
 def stage_sweep():
     """Each launch config × model × size: relative errors against the fp32 torch chunk form on the
     same (bf16-rounded) inputs, then the median fwd and fwd+bwd times at the anchor size."""
-    import fastweights as fw
     from fastweights.kernels.triton import util
 
     configs = [tuple(int(v) for v in c.split(",")) for c in ARGS.configs]
@@ -154,20 +172,7 @@ def stage_sweep():
                     rec["errors"] = errs
                     rec["finite"] = all(torch.isfinite(t).all().item() for t in (got[0], got[1], *got[2].values()))
                     if size == sizes[-1]:
-                        leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
-
-                        def fwd(model=model, leaves=leaves):
-                            with torch.no_grad():
-                                fw.chunk(model, backend="triton", **leaves)
-
-                        def fwdbwd(model=model, leaves=leaves):
-                            o = fw.chunk(model, backend="triton", **leaves)[0]
-                            o.float().sum().backward()
-                            for t in leaves.values():
-                                t.grad = None
-
-                        rec["fwd_ms"] = bench_ms(fwd)
-                        rec["fwdbwd_ms"] = bench_ms(fwdbwd)
+                        rec["fwd_ms"], rec["fwdbwd_ms"] = _time_triton_chunk(model, x)
                 except Exception as e:
                     rec["error"] = f"{type(e).__name__}: {e}"[:2000]
                 out.append(rec)
@@ -829,7 +834,6 @@ def _check_best(models, sizes, default, tols):
     best = {n: c for n, c in best.items() if c != default[n]}
     if not best:
         return
-    import fastweights as fw
 
     out = RESULTS.setdefault("sweep_kernels_combined", [])
     for model in models:
@@ -844,20 +848,7 @@ def _check_best(models, sizes, default, tols):
                 if DEVICE != "cuda":
                     continue
                 x = _gated_inputs(model, *sizes[-1], torch.bfloat16, 1)
-                leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
-
-                def fwd(model=model, leaves=leaves):
-                    with torch.no_grad():
-                        fw.chunk(model, backend="triton", **leaves)
-
-                def fwdbwd(model=model, leaves=leaves):
-                    o = fw.chunk(model, backend="triton", **leaves)[0]
-                    o.float().sum().backward()
-                    for t in leaves.values():
-                        t.grad = None
-
-                rec[f"{label}_fwd_ms"] = bench_ms(fwd)
-                rec[f"{label}_fwdbwd_ms"] = bench_ms(fwdbwd)
+                rec[f"{label}_fwd_ms"], rec[f"{label}_fwdbwd_ms"] = _time_triton_chunk(model, x)
         except Exception as e:
             rec["error"] = f"{type(e).__name__}: {e}"[:1500]
         finally:

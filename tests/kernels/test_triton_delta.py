@@ -430,8 +430,8 @@ def test_dispatch_row_matches_torch_backend(model, gen):
 
 def test_dispatch_row_is_auto_on_cuda():
     """"auto" picks the delta chunk triton row for a CUDA target the predicate accepts (checked on the
-    H100) — the decay-first delta rule; Comba and DeltaProduct (interpreter-verified only) it serves
-    when asked for by name; the torch row on the CPU; the predicate names why it refuses a CPU target."""
+    H100) — the decay-first delta rule, Comba (probe key, decay after) and DeltaProduct (micro-steps);
+    the torch row on the CPU; the predicate names why it refuses a CPU target."""
     from fastweights.dispatch import DISPATCH, Target, resolve_backend
 
     bf16 = Target.of("cuda", torch.bfloat16, 128, 128)
@@ -444,6 +444,6 @@ def test_dispatch_row_is_auto_on_cuda():
     for name in ("comba", "deltaproduct"):
         r = fw.zoo.get(name)
         assert sup(r, bf16) is None
-        assert resolve_backend(r, "chunk", "auto", bf16) == "torch"
-        assert resolve_backend(r, "chunk", "triton", bf16) == "triton"
+        assert resolve_backend(r, "chunk", "auto", bf16) == "triton"
+        assert resolve_backend(r, "chunk", "auto", Target.of("cpu", torch.float32, 64, 64)) == "torch"
     assert "CUDA" in sup(gdn, Target.of("cpu", torch.float32, 64, 64))

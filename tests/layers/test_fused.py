@@ -7,6 +7,8 @@ with packed documents. Each test also checks that the fused paths ran."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -77,12 +79,34 @@ def _compare(layer, x, calls, prologue=True, tol=FUSED_LAYER_F32_REL, **kw):
     before = dict(calls)
     y2, s2, g2 = _run(layer, x, False, **kw)
     assert calls == before  # the torch path used no kernel
-    assert rel(y1, y2) < tol
-    for a, b in zip(s1, s2, strict=True):
-        assert rel(a, b) < tol
+    exact = []  # the torch ops in float64, computed when a comparison needs them
+
+    def f64():
+        if not exact:
+            if kw.get("state") is not None or x.dtype != torch.float32:
+                return None
+            exact.append(_run(copy.deepcopy(layer).double(), x.double(), False, **kw))
+        return exact[0]
+
+    _close(y1, y2, lambda: f64() and f64()[0], tol, "y")
+    for i, (a, b) in enumerate(zip(s1, s2, strict=True)):
+        _close(a, b, lambda i=i: f64() and f64()[1][i], tol, f"state {i}")
     assert set(g1) == set(g2) == {n for n, p in layer.named_parameters()}
     for name in g2:
-        assert rel(g1[name], g2[name]) < tol, name
+        _close(g1[name], g2[name], lambda name=name: f64() and f64()[2][name], tol, name)
+
+
+def _close(got, want, exact, tol, what):
+    """got (fused kernels) against want (the torch ops, same dtype): within tol — or, where the torch ops
+    are themselves farther from the float64 result (`exact()`: fp32 only; e.g. a small gradient such as
+    A_log's, summed from larger terms of both signs), no farther from float64 than twice the torch ops."""
+    e = rel(got, want)
+    if e < tol:
+        return
+    ref = exact()
+    assert ref is not None, f"{what}: {e:.2e} ≥ {tol}"
+    e_got, e_want = rel(got, ref), rel(want, ref)
+    assert e_got <= 2 * e_want, f"{what}: fused {e_got:.2e} from float64, torch ops {e_want:.2e} (tol {tol})"
 
 
 @pytest.mark.triton

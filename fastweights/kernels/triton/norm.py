@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
+from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from .limits import MAX_GROUP
 
 Tensor = torch.Tensor

@@ -9,33 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from .layout import Layout
-
-
-def _interpreter_run_time_ranges() -> None:
-    """Let `range(0, n)` take a run-time bound under TRITON_INTERPRET=1 with numpy ≥ 2.4.
-
-    Triton 3.6's interpreter gives its scalar tensors `__index__ = int(handle.data)`, and its
-    scalars are 1-element arrays, which numpy 2.4 no longer converts with int(): every loop whose
-    bound is a kernel argument or a loaded value raises there. The compiled path is unaffected.
-    This re-sets `__index__` (for the duration of each interpreted launch, as the interpreter does)
-    to take the one element; nothing else of the interpreter changes."""
-    from triton.runtime import interpreter
-
-    orig = interpreter._patch_lang_tensor
-    if getattr(orig, "fastweights_index", False):
-        return
-
-    def patched(tensor, scope):
-        orig(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched.fastweights_index = True
-    interpreter._patch_lang_tensor = patched
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _interpreter_run_time_ranges()
 
 
 @triton.jit

@@ -4,7 +4,11 @@ It carries the whole LMConfig as a JSON dict under `config`, next to `format`, `
 `backends` (the backend each layer ran): exactly the keys `LM.save_pretrained` writes into
 `config.json` (which also writes `"model_type": "fastweights"`), so one directory is both a
 fastweights checkpoint and a transformers one. The usual transformers names (`vocab_size`, `hidden_size`,
-`num_hidden_layers`, `num_attention_heads`) are read-only views of the LMConfig.
+`num_hidden_layers`, `num_attention_heads`) are views of the LMConfig (None while it has none).
+
+`FastWeightsConfig()` (no arguments) is a valid, empty config: transformers builds one to learn the
+defaults (`to_diff_dict`, generation parameters) and validates it (5.17 – 5.19 read `vocab_size` in
+`validate_token_ids`); only `.lm_config` and building a model need the LMConfig.
 """
 
 from __future__ import annotations
@@ -53,18 +57,21 @@ class FastWeightsConfig(PretrainedConfig):
             raise ValueError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
         return LMConfig.from_dict(self.config)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config["vocab_size"]
+    def _field(self, name: str) -> int | None:
+        return None if self.config is None else self.config[name]
 
     @property
-    def hidden_size(self) -> int:
-        return self.config["d_model"]
+    def vocab_size(self) -> int | None:
+        return self._field("vocab_size")
 
     @property
-    def num_hidden_layers(self) -> int:
-        return self.config["n_layers"]
+    def hidden_size(self) -> int | None:
+        return self._field("d_model")
 
     @property
-    def num_attention_heads(self) -> int:
-        return self.config["num_heads"]
+    def num_hidden_layers(self) -> int | None:
+        return self._field("n_layers")
+
+    @property
+    def num_attention_heads(self) -> int | None:
+        return self._field("num_heads")

@@ -29,6 +29,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from ..inputs import InputError
 from ..models.lm import LM
 from .cache import FastWeightsCache
+from .cache_args import OUTPUT_STATE_FIELD, check_cache_position, take_state
 from .config import FastWeightsConfig
 
 __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
@@ -98,37 +99,42 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
-                logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, return_dict: bool | None = None, cache: Cache | None = None,
+                cache_params: Cache | None = None, cache_position: torch.LongTensor | None = None,
+                output_attentions: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        if kwargs:
+            raise InputError(f"FastWeightsForCausalLM.forward does not take {', '.join(sorted(kwargs))}")
+        if output_attentions:
+            raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
         if inputs_embeds is not None:
             raise InputError("inputs_embeds is not supported by FastWeightsForCausalLM; pass input_ids")
         if input_ids is None:
             raise InputError("input_ids [B, T] is required")
         lm = self._lm
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
-        cache = past_key_values
-        if cache is not None and not isinstance(cache, FastWeightsCache):
-            if isinstance(cache, Cache) and cache.get_seq_length() == 0:
-                cache = None  # an empty cache of another kind (made by a caller): ours replaces it
-            else:
-                raise InputError(f"past_key_values must be a FastWeightsCache, got {type(cache).__name__}")
+        state = take_state(past_key_values, cache, cache_params)
         B, T = input_ids.shape
-        if cache is not None and cache.state is not None:
-            block_mask = attention_mask[:, -T:] if attention_mask is not None else None
+        if state is not None and state.state is not None:
+            past = state.get_seq_length()
+            check_cache_position(cache_position, past, T)
+            block_mask = _block_mask(attention_mask, state, past, T)
             if T == 1 and (block_mask is None or bool(block_mask.all())):
-                logits, state = lm.step(input_ids[:, 0], cache.state)
+                logits, after = lm.step(input_ids[:, 0], state.state)
                 logits = logits[:, None]
             else:
-                logits, state = lm.prefill(input_ids, cache.state, attention_mask=block_mask)
-            cache.state = state
+                logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask)
+            state.state = after
         elif use_cache and cu_seqlens is None and labels is None:
-            logits, state = lm.prefill(input_ids, attention_mask=attention_mask)
-            if cache is None:
-                cache = FastWeightsCache(state, batch_size=B)
+            check_cache_position(cache_position, 0, T)
+            logits, after = lm.prefill(input_ids, attention_mask=attention_mask)
+            if state is None:
+                state = FastWeightsCache(after, batch_size=B)
             else:
-                cache.state, cache._batch = state, B
+                state.state, state._batch = after, B
         else:
+            check_cache_position(cache_position, 0, T)
             logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
-            cache = None
+            state = None
         loss = None
         if labels is not None:
             x = logits[:, :-1].flatten(0, 1)
@@ -136,4 +142,23 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(x, labels[:, 1:].flatten().to(logits.device), ignore_index=IGNORE_INDEX)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_STATE_FIELD: state})
+        return out if return_dict is not False else out.to_tuple()
+
+
+def _block_mask(attention_mask: torch.Tensor | None, cache: FastWeightsCache, past: int, T: int):
+    """The block's part [B, T] of attention_mask [B, past + T] (transformers' convention: the
+    whole sequence so far), after checking that its first `past` columns are what the state saw:
+    every row's count of real tokens equals the row's length in the state."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[1] != past + T:
+        raise InputError(f"attention_mask must be [B, {past + T}] with a cache holding {past} tokens and {T} new "
+                         f"ones (the whole sequence so far), got {list(attention_mask.shape)}")
+    seen = attention_mask[:, :past].sum(1).to(torch.int64)
+    lengths = cache.state.lengths
+    want = lengths if lengths is not None else torch.full_like(seen, past)
+    if not torch.equal(seen, want.to(seen.device)):
+        raise InputError(f"attention_mask: its first {past} columns hold {seen.tolist()} tokens per row, but the "
+                         f"cache's rows hold {want.tolist()} (a mask that does not belong to this cache)")
+    return attention_mask[:, past:]

@@ -76,6 +76,8 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cu_seqlens: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> BaseModelOutputWithPast:
+        if kwargs:
+            raise InputError(f"FastWeightsModel.forward does not take {', '.join(sorted(kwargs))}")
         if inputs_embeds is not None or input_ids is None:
             raise InputError("FastWeightsModel takes input_ids [B, T] (inputs_embeds is not supported)")
         h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -141,4 +141,4 @@ def test_the_config_constructs_without_arguments():
     full = fh.FastWeightsConfig(tiny_config("deltanet"))
     assert full.to_diff_dict()["config"] == tiny_config("deltanet").to_dict()  # builds FastWeightsConfig()
     with pytest.raises(ValueError, match="LMConfig"):
-        empty.lm_config
+        _ = empty.lm_config

@@ -9,6 +9,7 @@ here is one format. `forward`:
 
     input_ids [B, T] -> logits [B, T, vocab]            (CausalLMOutputWithPast)
     labels [B, T]   -> loss = mean CE(logits[:, t], labels[:, t + 1]) over labels ≠ −100
+                       (Σ / num_items_in_batch when Trainer passes that count: gradient accumulation)
     attention_mask [B, T_past + T]   0 = padding (left padding for generation)
     past_key_values: a FastWeightsCache (the LMState); use_cache=True returns the updated one
     position_ids [B, T] / cu_seqlens [S+1] (B = 1): packed documents, without a cache
@@ -103,7 +104,8 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
                 logits_to_keep: int = 0, return_dict: bool | None = None, cache: Cache | None = None,
                 cache_params: Cache | None = None, cache_position: torch.LongTensor | None = None,
-                output_attentions: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                output_attentions: bool | None = None, num_items_in_batch: int | torch.Tensor | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
         if kwargs:
             raise InputError(f"FastWeightsForCausalLM.forward does not take {', '.join(sorted(kwargs))}")
         if output_attentions:
@@ -137,15 +139,26 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             check_cache_position(cache_position, 0, T)
             logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
             state = None
-        loss = None
-        if labels is not None:
-            x = logits[:, :-1].flatten(0, 1)
-            x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp32 at least
-            loss = F.cross_entropy(x, labels[:, 1:].flatten().to(logits.device), ignore_index=IGNORE_INDEX)
+        loss = None if labels is None else shifted_cross_entropy(logits, labels, num_items_in_batch)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_STATE_FIELD: state})
         return out if return_dict is not False else out.to_tuple()
+
+
+def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                          num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Σ CE(logits[:, t], labels[:, t + 1]) over labels ≠ −100, divided by their count, or by
+    num_items_in_batch when given (Trainer's count of such labels over all the micro-batches of one
+    optimizer step, so that gradient accumulation sums to the loss of the whole batch)."""
+    x = logits[:, :-1].flatten(0, 1)
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp32 at least
+    target = labels[:, 1:].flatten().to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(x, target, ignore_index=IGNORE_INDEX)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return F.cross_entropy(x, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
 
 
 def _block_mask(attention_mask: torch.Tensor | None, cache: FastWeightsCache, past: int, T: int):

@@ -21,8 +21,12 @@ position comes from the cache's per-row lengths, so `position_ids` are not read 
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -65,9 +69,39 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
     def get_input_embeddings(self):
         return self.embed
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding):
+        """The embedding [vocab, d_model] (also the head: tied). Another number of rows (what
+        `resize_token_embeddings` hands over) becomes vocab_size in both configs, the LM's and ours."""
+        if not isinstance(value, nn.Embedding) or value.embedding_dim != self._lm.config.d_model:
+            raise InputError(f"set_input_embeddings takes an nn.Embedding [vocab, {self._lm.config.d_model}], got "
+                             f"{type(value).__name__} {list(getattr(value, 'weight', torch.empty(0)).shape)}")
         self.embed = value
         self._lm.embed = value
+        if value.num_embeddings != self._lm.config.vocab_size:
+            self._lm.config = dataclasses.replace(self._lm.config, vocab_size=value.num_embeddings)
+            self.config.vocab_size = value.num_embeddings
+
+    @contextmanager
+    def _hidden_states(self, wanted: bool):
+        """hidden_states of the forward run inside the block (HF's convention, L + 1 tensors [B, T, d]):
+        the embedding's output, the outputs of blocks 1 … L − 1, and RMSNorm(h_L) (the head's input);
+        read from the LM's own modules (one call of each per forward, else an error). None unless wanted."""
+        if not wanted:
+            yield None
+            return
+        outs: list[torch.Tensor] = []
+        record = lambda module, args, out: outs.append(out[0] if isinstance(out, tuple) else out)  # noqa: E731
+        hooks = [m.register_forward_hook(record) for m in (self.embed, *self.blocks)]
+        got: list[torch.Tensor] = []
+        try:
+            yield got
+        finally:
+            for h in hooks:
+                h.remove()
+        if len(outs) != len(self.blocks) + 1:
+            raise RuntimeError(f"output_hidden_states: the embedding and blocks ran {len(outs)} times for "
+                               f"{len(self.blocks) + 1} modules")
+        got.extend([*outs[:-1], self.norm(outs[-1])])
 
 
 class FastWeightsModel(FastWeightsPreTrainedModel):
@@ -76,14 +110,20 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs) -> BaseModelOutputWithPast:
+                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, output_attentions: bool | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
         if kwargs:
             raise InputError(f"FastWeightsModel.forward does not take {', '.join(sorted(kwargs))}")
+        if output_attentions:
+            raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
         if inputs_embeds is not None or input_ids is None:
             raise InputError("FastWeightsModel takes input_ids [B, T] (inputs_embeds is not supported)")
-        h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            cu_seqlens=cu_seqlens)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+            h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                cu_seqlens=cu_seqlens)
+        out = BaseModelOutputWithPast(last_hidden_state=self.norm(h), hidden_states=_tuple(hidden))
+        return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
 
 
 class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
@@ -104,8 +144,8 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
                 logits_to_keep: int = 0, return_dict: bool | None = None, cache: Cache | None = None,
                 cache_params: Cache | None = None, cache_position: torch.LongTensor | None = None,
-                output_attentions: bool | None = None, num_items_in_batch: int | torch.Tensor | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                num_items_in_batch: int | torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         if kwargs:
             raise InputError(f"FastWeightsForCausalLM.forward does not take {', '.join(sorted(kwargs))}")
         if output_attentions:
@@ -118,32 +158,44 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
         state = take_state(past_key_values, cache, cache_params)
         B, T = input_ids.shape
-        if state is not None and state.state is not None:
-            past = state.get_seq_length()
-            check_cache_position(cache_position, past, T)
-            block_mask = _block_mask(attention_mask, state, past, T)
-            if T == 1 and (block_mask is None or bool(block_mask.all())):
-                logits, after = lm.step(input_ids[:, 0], state.state)
-                logits = logits[:, None]
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+            if state is not None and state.state is not None:
+                past = state.get_seq_length()
+                check_cache_position(cache_position, past, T)
+                block_mask = _block_mask(attention_mask, state, past, T)
+                if T == 1 and (block_mask is None or bool(block_mask.all())):
+                    logits, after = lm.step(input_ids[:, 0], state.state)
+                    logits = logits[:, None]
+                else:
+                    logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask)
+                state.state = after
+            elif use_cache and cu_seqlens is None and labels is None:
+                check_cache_position(cache_position, 0, T)
+                logits, after = lm.prefill(input_ids, attention_mask=attention_mask)
+                if state is None:
+                    state = FastWeightsCache(after, batch_size=B)
+                else:
+                    state.state, state._batch = after, B
             else:
-                logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask)
-            state.state = after
-        elif use_cache and cu_seqlens is None and labels is None:
-            check_cache_position(cache_position, 0, T)
-            logits, after = lm.prefill(input_ids, attention_mask=attention_mask)
-            if state is None:
-                state = FastWeightsCache(after, batch_size=B)
-            else:
-                state.state, state._batch = after, B
-        else:
-            check_cache_position(cache_position, 0, T)
-            logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
-            state = None
+                check_cache_position(cache_position, 0, T)
+                logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
+                state = None
         loss = None if labels is None else shifted_cross_entropy(logits, labels, num_items_in_batch)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_STATE_FIELD: state})
-        return out if return_dict is not False else out.to_tuple()
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=_tuple(hidden),
+                                     **{OUTPUT_STATE_FIELD: state})
+        return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
+
+
+def _flag(value: bool | None, config, name: str) -> bool:
+    """A forward flag: the argument, else the config's (transformers' defaults: return_dict True,
+    output_hidden_states False)."""
+    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
+
+
+def _tuple(hidden: list | None) -> tuple | None:
+    return tuple(hidden) if hidden is not None else None
 
 
 def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,

@@ -4,7 +4,12 @@ It carries the whole LMConfig as a JSON dict under `config`, next to `format`, `
 `backends` (the backend each layer ran): exactly the keys `LM.save_pretrained` writes into
 `config.json` (which also writes `"model_type": "fastweights"`), so one directory is both a
 fastweights checkpoint and a transformers one. The usual transformers names (`vocab_size`, `hidden_size`,
-`num_hidden_layers`, `num_attention_heads`) are read-only views of the LMConfig.
+`num_hidden_layers`, `num_attention_heads`) are views of the LMConfig's `vocab_size`, `d_model`,
+`n_layers`, `num_heads` (None while it has none); writing one writes the LMConfig (validated).
+
+`FastWeightsConfig()` (no arguments) is a valid, empty config: transformers builds one to learn the
+defaults (`to_diff_dict`, generation parameters) and validates it (5.17 – 5.19 read `vocab_size` in
+`validate_token_ids`); only `.lm_config` and building a model need the LMConfig.
 """
 
 from __future__ import annotations
@@ -53,18 +58,24 @@ class FastWeightsConfig(PretrainedConfig):
             raise ValueError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
         return LMConfig.from_dict(self.config)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config["vocab_size"]
+    def _field(self, name: str) -> int | None:
+        return None if self.config is None else self.config[name]
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config["d_model"]
+    def _set_field(self, name: str, flat: str, value) -> None:
+        """Write one LMConfig field through its transformers name (validated: a ConfigError names it)."""
+        if self.config is None:
+            raise ValueError(f"FastWeightsConfig.{flat} = {value!r}: this config has no LMConfig to write it into "
+                             "(give config=LMConfig(...))")
+        new = {**self.config, name: value}
+        LMConfig.from_dict(new)
+        self.config = new
 
-    @property
-    def num_hidden_layers(self) -> int:
-        return self.config["n_layers"]
-
-    @property
-    def num_attention_heads(self) -> int:
-        return self.config["num_heads"]
+    # transformers' names of four LMConfig fields, readable and writable (None without an LMConfig)
+    vocab_size = property(lambda self: self._field("vocab_size"),
+                          lambda self, v: self._set_field("vocab_size", "vocab_size", v))
+    hidden_size = property(lambda self: self._field("d_model"),
+                           lambda self, v: self._set_field("d_model", "hidden_size", v))
+    num_hidden_layers = property(lambda self: self._field("n_layers"),
+                                 lambda self, v: self._set_field("n_layers", "num_hidden_layers", v))
+    num_attention_heads = property(lambda self: self._field("num_heads"),
+                                   lambda self, v: self._set_field("num_heads", "num_attention_heads", v))

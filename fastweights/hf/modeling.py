@@ -9,6 +9,7 @@ here is one format. `forward`:
 
     input_ids [B, T] -> logits [B, T, vocab]            (CausalLMOutputWithPast)
     labels [B, T]   -> loss = mean CE(logits[:, t], labels[:, t + 1]) over labels ≠ −100
+                       (Σ / num_items_in_batch when Trainer passes that count: gradient accumulation)
     attention_mask [B, T_past + T]   0 = padding (left padding for generation)
     past_key_values: a FastWeightsCache (the LMState); use_cache=True returns the updated one
     position_ids [B, T] / cu_seqlens [S+1] (B = 1): packed documents, without a cache
@@ -20,8 +21,12 @@ position comes from the cache's per-row lengths, so `position_ids` are not read 
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -29,6 +34,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from ..inputs import InputError
 from ..models.lm import LM
 from .cache import FastWeightsCache
+from .cache_args import OUTPUT_STATE_FIELD, check_cache_position, take_state
 from .config import FastWeightsConfig
 
 __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
@@ -63,9 +69,39 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
     def get_input_embeddings(self):
         return self.embed
 
-    def set_input_embeddings(self, value):
+    def set_input_embeddings(self, value: nn.Embedding):
+        """The embedding [vocab, d_model] (also the head: tied). Another number of rows (what
+        `resize_token_embeddings` hands over) becomes vocab_size in both configs, the LM's and ours."""
+        if not isinstance(value, nn.Embedding) or value.embedding_dim != self._lm.config.d_model:
+            raise InputError(f"set_input_embeddings takes an nn.Embedding [vocab, {self._lm.config.d_model}], got "
+                             f"{type(value).__name__} {list(getattr(value, 'weight', torch.empty(0)).shape)}")
         self.embed = value
         self._lm.embed = value
+        if value.num_embeddings != self._lm.config.vocab_size:
+            self._lm.config = dataclasses.replace(self._lm.config, vocab_size=value.num_embeddings)
+            self.config.vocab_size = value.num_embeddings
+
+    @contextmanager
+    def _hidden_states(self, wanted: bool):
+        """hidden_states of the forward run inside the block (HF's convention, L + 1 tensors [B, T, d]):
+        the embedding's output, the outputs of blocks 1 … L − 1, and RMSNorm(h_L) (the head's input);
+        read from the LM's own modules (one call of each per forward, else an error). None unless wanted."""
+        if not wanted:
+            yield None
+            return
+        outs: list[torch.Tensor] = []
+        record = lambda module, args, out: outs.append(out[0] if isinstance(out, tuple) else out)  # noqa: E731
+        hooks = [m.register_forward_hook(record) for m in (self.embed, *self.blocks)]
+        got: list[torch.Tensor] = []
+        try:
+            yield got
+        finally:
+            for h in hooks:
+                h.remove()
+        if len(outs) != len(self.blocks) + 1:
+            raise RuntimeError(f"output_hidden_states: the embedding and blocks ran {len(outs)} times for "
+                               f"{len(self.blocks) + 1} modules")
+        got.extend([*outs[:-1], self.norm(outs[-1])])
 
 
 class FastWeightsModel(FastWeightsPreTrainedModel):
@@ -74,12 +110,20 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs) -> BaseModelOutputWithPast:
+                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, output_attentions: bool | None = None,
+                **kwargs) -> BaseModelOutputWithPast:
+        if kwargs:
+            raise InputError(f"FastWeightsModel.forward does not take {', '.join(sorted(kwargs))}")
+        if output_attentions:
+            raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
         if inputs_embeds is not None or input_ids is None:
             raise InputError("FastWeightsModel takes input_ids [B, T] (inputs_embeds is not supported)")
-        h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            cu_seqlens=cu_seqlens)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h))
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+            h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                cu_seqlens=cu_seqlens)
+        out = BaseModelOutputWithPast(last_hidden_state=self.norm(h), hidden_states=_tuple(hidden))
+        return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
 
 
 class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
@@ -98,42 +142,90 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
                 use_cache: bool | None = None, cu_seqlens: torch.Tensor | None = None,
-                logits_to_keep: int = 0, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+                logits_to_keep: int = 0, return_dict: bool | None = None, cache: Cache | None = None,
+                cache_params: Cache | None = None, cache_position: torch.LongTensor | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                num_items_in_batch: int | torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
+        if kwargs:
+            raise InputError(f"FastWeightsForCausalLM.forward does not take {', '.join(sorted(kwargs))}")
+        if output_attentions:
+            raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
         if inputs_embeds is not None:
             raise InputError("inputs_embeds is not supported by FastWeightsForCausalLM; pass input_ids")
         if input_ids is None:
             raise InputError("input_ids [B, T] is required")
         lm = self._lm
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
-        cache = past_key_values
-        if cache is not None and not isinstance(cache, FastWeightsCache):
-            if isinstance(cache, Cache) and cache.get_seq_length() == 0:
-                cache = None  # an empty cache of another kind (made by a caller): ours replaces it
-            else:
-                raise InputError(f"past_key_values must be a FastWeightsCache, got {type(cache).__name__}")
+        state = take_state(past_key_values, cache, cache_params)
         B, T = input_ids.shape
-        if cache is not None and cache.state is not None:
-            block_mask = attention_mask[:, -T:] if attention_mask is not None else None
-            if T == 1 and (block_mask is None or bool(block_mask.all())):
-                logits, state = lm.step(input_ids[:, 0], cache.state)
-                logits = logits[:, None]
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+            if state is not None and state.state is not None:
+                past = state.get_seq_length()
+                check_cache_position(cache_position, past, T)
+                block_mask = _block_mask(attention_mask, state, past, T)
+                if T == 1 and (block_mask is None or bool(block_mask.all())):
+                    logits, after = lm.step(input_ids[:, 0], state.state)
+                    logits = logits[:, None]
+                else:
+                    logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask)
+                state.state = after
+            elif use_cache and cu_seqlens is None and labels is None:
+                check_cache_position(cache_position, 0, T)
+                logits, after = lm.prefill(input_ids, attention_mask=attention_mask)
+                if state is None:
+                    state = FastWeightsCache(after, batch_size=B)
+                else:
+                    state.state, state._batch = after, B
             else:
-                logits, state = lm.prefill(input_ids, cache.state, attention_mask=block_mask)
-            cache.state = state
-        elif use_cache and cu_seqlens is None and labels is None:
-            logits, state = lm.prefill(input_ids, attention_mask=attention_mask)
-            if cache is None:
-                cache = FastWeightsCache(state, batch_size=B)
-            else:
-                cache.state, cache._batch = state, B
-        else:
-            logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
-            cache = None
-        loss = None
-        if labels is not None:
-            x = logits[:, :-1].flatten(0, 1)
-            x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp32 at least
-            loss = F.cross_entropy(x, labels[:, 1:].flatten().to(logits.device), ignore_index=IGNORE_INDEX)
+                check_cache_position(cache_position, 0, T)
+                logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
+                state = None
+        loss = None if labels is None else shifted_cross_entropy(logits, labels, num_items_in_batch)
         if logits_to_keep:
             logits = logits[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=_tuple(hidden),
+                                     **{OUTPUT_STATE_FIELD: state})
+        return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
+
+
+def _flag(value: bool | None, config, name: str) -> bool:
+    """A forward flag: the argument, else the config's (transformers' defaults: return_dict True,
+    output_hidden_states False)."""
+    return bool(value) if value is not None else bool(getattr(config, name, name == "return_dict"))
+
+
+def _tuple(hidden: list | None) -> tuple | None:
+    return tuple(hidden) if hidden is not None else None
+
+
+def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                          num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Σ CE(logits[:, t], labels[:, t + 1]) over labels ≠ −100, divided by their count, or by
+    num_items_in_batch when given (Trainer's count of such labels over all the micro-batches of one
+    optimizer step, so that gradient accumulation sums to the loss of the whole batch)."""
+    x = logits[:, :-1].flatten(0, 1)
+    x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x  # fp32 at least
+    target = labels[:, 1:].flatten().to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(x, target, ignore_index=IGNORE_INDEX)
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(logits.device)
+    return F.cross_entropy(x, target, ignore_index=IGNORE_INDEX, reduction="sum") / num_items_in_batch
+
+
+def _block_mask(attention_mask: torch.Tensor | None, cache: FastWeightsCache, past: int, T: int):
+    """The block's part [B, T] of attention_mask [B, past + T] (transformers' convention: the
+    whole sequence so far), after checking that its first `past` columns are what the state saw:
+    every row's count of real tokens equals the row's length in the state."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[1] != past + T:
+        raise InputError(f"attention_mask must be [B, {past + T}] with a cache holding {past} tokens and {T} new "
+                         f"ones (the whole sequence so far), got {list(attention_mask.shape)}")
+    seen = attention_mask[:, :past].sum(1).to(torch.int64)
+    lengths = cache.state.lengths
+    want = lengths if lengths is not None else torch.full_like(seen, past)
+    if not torch.equal(seen, want.to(seen.device)):
+        raise InputError(f"attention_mask: its first {past} columns hold {seen.tolist()} tokens per row, but the "
+                         f"cache's rows hold {want.tolist()} (a mask that does not belong to this cache)")
+    return attention_mask[:, past:]

@@ -1,6 +1,8 @@
-"""lm-evaluation-harness end to end on a local task (tests/hf/data/tiny_choice.jsonl, nothing
-downloaded): the registered `fastweights` model scores it, and both the accuracy and every
-per-choice log-likelihood equal a direct computation with the model."""
+"""lm-evaluation-harness end to end on local tasks (tests/hf/data, nothing downloaded): the
+registered `fastweights` model scores a multiple-choice task, and both the accuracy and every
+per-choice log-likelihood equal a direct computation with the model; `generate_until` (batch
+sizes 1 and 4: one row, and left-padded batches) gives, for every document, the text of the
+LM's own greedy decoding cut at the stop sequence."""
 
 import json
 from pathlib import Path
@@ -25,6 +27,26 @@ doc_to_choice: "{{{{choices}}}}"
 doc_to_target: "{{{{answer}}}}"
 metric_list:
   - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+GEN_TASK = """task: fw_tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{choices[answer]}}}}"
+generation_kwargs:
+  until: ["{until}"]
+  max_gen_toks: {max_gen_toks}
+  do_sample: false
+metric_list:
+  - metric: exact_match
     aggregation: mean
     higher_is_better: true
 """
@@ -68,6 +90,43 @@ def test_lm_eval_scores_a_local_task_as_the_model_does(mixer, tmp_path, monkeypa
         correct += int(max(range(len(ll)), key=ll.__getitem__) == doc["answer"])
     acc = out["results"]["fw_tiny_choice"]["acc,none"]
     assert acc == correct / len(docs)  # a mean of 0/1 over 8 documents: exact in binary
+
+
+def greedy_until(lm, context: str, n: int, until: str) -> str:
+    """lm-eval's generate_until done by hand: n greedy tokens by `LM.generate`, decoded (special
+    tokens dropped), cut before the first stop sequence."""
+    from fastweights.hf import ByteTokenizer
+
+    ids = torch.tensor([list(context.encode())])
+    new = lm.generate(ids, n)[0, ids.shape[1]:]
+    return ByteTokenizer().decode(new, skip_special_tokens=True).split(until)[0]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_lm_eval_generate_until_equals_the_lms_greedy_decoding(batch_size, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import fastweights.hf.harness  # noqa: F401  (registers the model "fastweights")
+
+    cfg = LMConfig(vocab_size=257, d_model=32, n_layers=2, mixer=("gated_deltanet", "softmax_attention"),
+                   num_heads=2, head_dim=8)
+    lm = LM(cfg).double()
+    lm.save_pretrained(tmp_path / "ckpt")
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    until, n = "e", 12  # a common byte, so that some documents stop early and some run to n tokens
+    (tasks / "fw_tiny_gen.yaml").write_text(GEN_TASK.format(data=DATA, until=until, max_gen_toks=n))
+    out = simple_evaluate(model="fastweights", model_args=f"pretrained={tmp_path / 'ckpt'},dtype=float64",
+                          tasks=["fw_tiny_gen"], task_manager=TaskManager(include_path=str(tasks)),
+                          batch_size=batch_size, device="cpu", log_samples=True)
+    docs = [json.loads(line) for line in DATA.read_text().splitlines()]
+    samples = out["samples"]["fw_tiny_gen"]
+    assert len(samples) == len(docs)
+    for s in samples:
+        doc = docs[s["doc_id"]]
+        assert s["resps"][0][0] == greedy_until(lm, doc["question"], n, until), doc["question"]
 
 
 def test_fastweights_eval_hands_every_argument_to_lm_eval(monkeypatch):

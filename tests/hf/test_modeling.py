@@ -131,3 +131,14 @@ def test_errors_name_the_argument():
         fh.FastWeightsConfig({**tiny_config("deltanet").to_dict(), "vocab_size": 0})
     with pytest.raises(ValueError, match="format"):
         fh.FastWeightsConfig(tiny_config("deltanet"), format="other")
+
+
+def test_the_config_constructs_without_arguments():
+    """transformers builds `config_class()` to learn the defaults and validates it (5.17 – 5.19 read
+    vocab_size in validate_token_ids): an empty config is valid until a model needs its LMConfig."""
+    empty = fh.FastWeightsConfig()
+    assert empty.config is None and empty.vocab_size is None and empty.num_hidden_layers is None
+    full = fh.FastWeightsConfig(tiny_config("deltanet"))
+    assert full.to_diff_dict()["config"] == tiny_config("deltanet").to_dict()  # builds FastWeightsConfig()
+    with pytest.raises(ValueError, match="LMConfig"):
+        _ = empty.lm_config

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -82,10 +82,10 @@ class BackendNotAvailable(InputError):
     """The asked backend cannot serve this call; the message names the backends that can."""
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """What a capability predicate (and "auto") sees of a call: static facts, never tensor values,
-    never the sequence length. None: not known / not part of this call.
+    never the sequence length. None: not known / not part of this call. (Immutable and hashable:
+    `route` caches by it; a NamedTuple because one is made on every call.)
 
     device_type: "cpu", "cuda", …
     dtype:       the call's dtype (the memory forms: of q, k, v; the layer ops: the promoted dtype of
@@ -114,8 +114,7 @@ class Target:
             device_type = device.type
         else:
             device_type = torch.device(device).type if device is not None else "cpu"
-        return Target(device_type=device_type, dtype=dtype, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
-                      chunk_size=chunk_size, **layer_op)
+        return Target(device_type, dtype, head_k_dim, head_v_dim, chunk_size, **layer_op)
 
 
 def promoted_dtype(*tensors: torch.Tensor | None) -> torch.dtype | None:
@@ -123,7 +122,7 @@ def promoted_dtype(*tensors: torch.Tensor | None) -> torch.dtype | None:
     skipped; None if there is none): the `dtype` of a layer op's Target."""
     out = None
     for t in tensors:
-        if t is not None and t.is_floating_point():
+        if t is not None and t.dtype.is_floating_point:
             out = t.dtype if out is None or out == t.dtype else torch.promote_types(out, t.dtype)
     return out
 

@@ -28,7 +28,7 @@ __all__ = ["FakeCuda"]
 def _as_if_cuda(supports):
     def on_fake_cuda(recipe, target: Target):
         if target.device_type == "cpu":
-            target = dataclasses.replace(target, device_type="cuda")
+            target = target._replace(device_type="cuda")
         return supports(recipe, target)
     return on_fake_cuda
 

@@ -5,7 +5,17 @@ every form that exists for it: `recurrent` (exact, per token), `parallel` (matri
 `chunk` (chunkwise-parallel training form).
 """
 
-from .api import BackendNotAvailable, FormNotAvailable, backends, chunk, forms, parallel, recipe_class, recurrent
+from .api import (
+    BackendNotAvailable,
+    FormNotAvailable,
+    backends,
+    chunk,
+    forms,
+    layer_op_backends,
+    parallel,
+    recipe_class,
+    recurrent,
+)
 from .inputs import InputError, example_inputs, init_state
 from .recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, RecipeError, Retention
 from .state import KVCache, MemoryState, MesaState
@@ -14,7 +24,8 @@ from .zoo import ZOO, UnknownModelError
 __version__ = "0.1.0"
 
 __all__ = [
-    "recurrent", "parallel", "chunk", "forms", "backends", "recipe_class", "FormNotAvailable", "BackendNotAvailable",
+    "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "recipe_class", "FormNotAvailable",
+    "BackendNotAvailable",
     "InputError", "example_inputs", "init_state",
     "Recipe", "Memory", "FeatureMap", "Objective", "Optimizer", "Retention", "RecipeError",
     "MemoryState", "MesaState", "KVCache", "ZOO", "UnknownModelError",

@@ -9,9 +9,10 @@
 documented in fastweights.inputs. The functional forms apply the recipe's feature map; they do
 not L2-normalize q or k (that is the layer's job). Default scale: the recipe's, else K^-0.5.
 
-Every call: resolve the recipe → check the form exists → validate the inputs once → resolve the
-backend → call the implementation of (recipe class, form, backend) from `fastweights.dispatch`
-with the caller's tensors in their own dtype and layout (each backend chooses its precision).
+Every call: resolve the recipe → check the form exists → validate the inputs once → route the
+call (`dispatch.route`, from its Target: device type, dtype, head dims, chunk size) → call the
+implementation of (recipe class, form, backend) with the caller's tensors in their own dtype and
+layout (each backend chooses its precision).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 
 import torch
 
+from . import registry  # noqa: F401  (fills the dispatch table)
 from .dispatch import (
     DISPATCH,
     BackendNotAvailable,
@@ -28,8 +30,8 @@ from .dispatch import (
     Target,
     backends,
     forms,
-    implementation,
-    resolve_backend,
+    layer_op_backends,
+    route,
     unavailable_reason,
 )
 from .inputs import InputError, validate
@@ -39,8 +41,8 @@ from .zoo import resolve
 
 Tensor = torch.Tensor
 
-__all__ = ["recurrent", "parallel", "chunk", "forms", "backends", "recipe_class", "unavailable_reason",
-           "FormNotAvailable", "BackendNotAvailable", "DISPATCH"]
+__all__ = ["recurrent", "parallel", "chunk", "call_target", "forms", "backends", "layer_op_backends", "recipe_class",
+           "unavailable_reason", "FormNotAvailable", "BackendNotAvailable", "DISPATCH"]
 
 
 def _check_scale(scale):
@@ -60,6 +62,12 @@ def _check_state_values(initial_state):
             raise InputError("initial_state contains non-finite values (nan or inf)")
 
 
+def call_target(form: str, q: Tensor, K: int, V: int, chunk_size: int | None = None) -> Target:
+    """The Target of a call of `form` on q [B, T, H_q, K] (v's head dim V): what `dispatch.route`
+    decides from. The chunk size counts only for the chunk form."""
+    return Target.of(q.device, q.dtype, K, V, chunk_size if form == "chunk" else None)
+
+
 def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state, inputs, check_values=True,
          backend="auto", **options):
     recipe = resolve(model)
@@ -71,8 +79,7 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
     scale = _check_scale(scale)
     if check_values:
         _check_state_values(initial_state)
-    target = Target.of(q.device, q.dtype, shapes.K, shapes.V)
-    impl = implementation(recipe, form, resolve_backend(recipe, form, backend, target))
+    impl = route(recipe, form, backend, call_target(form, q, shapes.K, shapes.V, options.get("chunk_size")))
     default = recipe.scale if recipe.scale is not None else shapes.K ** -0.5
     call = Call(recipe=recipe, q=q, k=k, v=v, inputs=inputs, shapes=shapes,
                 scale=default if scale is None else scale, initial_state=initial_state,
@@ -141,10 +148,11 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
             chunk by their own optimizer.minibatch).
         cu_seqlens: int tensor [N+1] (flash-attention's varlen convention, B = 1) packing N
             sequences; initial_state and the final state then have N rows.
-        backend: "auto" (the first of `dispatch.AUTO_ORDER` that serves the call: "torch" until
-            the Triton kernels are validated on a GPU), "torch" (plain PyTorch, eager) or "compile" (the same code
-            through torch.compile: fewer kernels, a one-time compile; gated-linear and delta
-            classes). `fastweights.backends(model)` lists what serves a model.
+        backend: "auto" (the first of `dispatch.AUTO_ORDER` that serves this call — its device,
+            dtype, head dims and chunk size: "triton" on CUDA where its predicate accepts, else
+            "torch"), "torch" (plain PyTorch, eager), "compile" (the same code through
+            torch.compile: fewer kernels, a one-time compile; gated-linear and delta classes) or
+            "triton". `fastweights.backends(model, ...)` lists what serves a call.
         mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations; 0 skips the
             outputs' solves when only the final state is wanted) or "exact".
     """

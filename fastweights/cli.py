@@ -83,7 +83,7 @@ def _bench_train(args):
               head_dim=args.head_dim, vocab_size=args.vocab_size, shapes=args.shapes, batch=args.batch,
               lengths=args.lengths,
               steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
-              threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops)
+              threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build)
     try:
         check_args(**kw)
         cliargs.writable_dir("--out", args.out)
@@ -197,9 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--backend", default="auto",
                     help="the fast-weight mixers' training-form backend (auto, torch, compile, triton); "
                          "softmax_attention keeps auto")
-    tr.add_argument("--layer-ops", default="fused", choices=["fused", "torch"],
-                    help="fused: the layers' fused Triton kernels where layers.fused's rule allows (CUDA); "
-                         "torch: the layers' PyTorch ops everywhere (the A/B of those kernels)")
+    tr.add_argument("--layer-ops", default="auto", choices=["auto", "torch", "triton"],
+                    help="the layer ops' backend (short convs, norms, the delta prologue): auto (their Triton "
+                         "kernels on CUDA), torch (their PyTorch ops everywhere: the A/B of those kernels), triton")
+    tr.add_argument("--build", nargs="+", default=["device"], choices=["device", "moved", "from_pretrained"],
+                    help="how each LM is made: built under torch.device(--device), built on the CPU then moved, "
+                         "or saved and loaded by LM.from_pretrained then moved (several: a row each)")
     tr.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")

@@ -1,51 +1,72 @@
-"""THE dispatch table: (recipe class, form, backend) → implementation.
+"""THE dispatch table: (class, form, backend) → implementation, and the one rule that routes a call.
+
+Mechanism only: the rows themselves are registered by `fastweights.registry`, the one module that
+sits above both backends (`torch_backend`, `torch_layer_ops`, `kernels.rows`) and imports them;
+this module imports neither.
 
 Data flows  recipe → `recipe_class` → (class, form) → backend → implementation:
 
-    fastweights.chunk("gated_deltanet", q, k, v, backend="auto", ...)
+    fastweights.chunk("gated_deltanet", q, k, v, backend="auto", chunk_size=64, ...)
       api._run: resolve the recipe; check the form exists; validate the inputs once (shapes,
-                dtypes, devices, value ranges); pick the backend (`resolve_backend`)
-      DISPATCH[("delta", "chunk", "torch")].fn(call)   → torch_backend.linear_chunk
-                → chunkwise.chunk_delta (staged: cumsum → scores → KKᵀ → inverse → W, U →
-                  transitions → pass_states → outputs)
+                dtypes, devices, value ranges); route the call (`route`) from its Target
+      DISPATCH[("delta", "chunk", "triton")].fn(call)   → kernels.rows.delta_chunk (on CUDA)
+      DISPATCH[("delta", "chunk", "torch")].fn(call)    → torch_backend's linear chunk (elsewhere)
+
+Classes and forms
+    recipe classes (`RECIPE_CLASSES`) × forms ("recurrent", "parallel", "chunk"): the memory read;
+    fn(call: Call, **options) -> (o, final state).
+    the "layer" class × the layer ops ("conv", "norm", "prologue"): the short convolution, the
+    (gated) RMSNorm and the delta layer's q/k/β/gate prologue around the memory read; fn has the
+    op's own signature, the same for every backend of the op (`fastweights.torch_layer_ops`).
 
 Backends
-    torch    plain PyTorch, every (class, form) has one (the reference; any device, any dtype,
-             fp32 accumulation, float64 where given).
+    torch    plain PyTorch, every (class, form) has one (the reference; any device, any dtype).
     compile  the same chunk code through torch.compile (gated-linear and delta chunk forms; a
              one-time compile step, so "auto" never picks it).
-    triton   the GPU kernels of fastweights.kernels (fastweights/kernels/rows.py: the gated-linear
-             chunk form, and the recurrent form of the gated-linear and delta classes by the fused
-             step kernel that decoding uses; the delta chunk form;
-             CUDA devices, fp32/bf16/fp16, identity feature map, K and V ≤ 256). The rows' module
-             imports no kernel: they load on the first call.
+    triton   the GPU kernels of fastweights.kernels (CUDA devices, fp32/bf16/fp16; see
+             `kernels.rows` for what each row serves).
 
-"auto" resolves deterministically from what the call *is* — the recipe, the device type, the
-dtype and the head dims — never from data or the sequence length: the first backend of
-`AUTO_ORDER` registered for the (class, form) whose capability predicate accepts the target
-(rows registered with auto=False are passed by: they serve only when asked for by name).
-An explicit backend that cannot serve raises `BackendNotAvailable` naming the ones that can;
-`backends(model, ...)` lists them.
+THE RULE. Every call is routed on its own, from what the call *is* — its `Target`: the recipe, the
+form, the device type, the dtype, the head dims, the chunk size (the layer ops: the conv width, the
+norm's group and gate) — never from data, the sequence length or where a module was built:
+
+    backend "auto"  → the first backend of `AUTO_ORDER` with a row for the (class, form) whose
+                      `auto` accepts the recipe and whose `supports(recipe, target)` accepts the call
+                      (so "auto" never picks a row that would refuse the call);
+    a backend name  → that row if its `supports` accepts the call, else BackendNotAvailable naming
+                      the backends that can; it never switches silently.
+
+The same call therefore always takes the same row, wherever the module that makes it was built
+(a layer stores the *requested* backend, never a resolved one). `route` caches its answers per
+(class, recipe, form, backend, Target, AUTO_ORDER); replacing a row (`register`, or assigning to
+DISPATCH) clears the cache. Nothing here reads a tensor or synchronizes a device.
+`backends(model, ...)` and `layer_op_backends(op, ...)` list what serves a call, in "auto"'s order;
+`rows()` lists the whole table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
 from .inputs import InputError, Shapes
-from .recipe import RECIPE_CLASSES, Recipe, RecipeClass, recipe_class
+from .recipe import RECIPE_CLASSES, Recipe, recipe_class
 from .zoo import resolve
 
-__all__ = ["DISPATCH", "FORMS", "Form", "AUTO_ORDER", "Target", "Impl", "BackendNotAvailable", "FormNotAvailable",
-           "Call", "register", "resolve_backend", "backends", "implementation", "unavailable_reason", "forms",
-           "recipe_class", "RECIPE_CLASSES"]
+__all__ = ["DISPATCH", "FORMS", "Form", "LAYER", "LAYER_OPS", "AUTO_ORDER", "Target", "Impl",
+           "BackendNotAvailable", "FormNotAvailable", "Call", "register", "route", "resolve_backend", "layer_op",
+           "check_backend", "promoted_dtype", "backends", "layer_op_backends", "rows", "implementation",
+           "unavailable_reason", "forms", "recipe_class", "RECIPE_CLASSES"]
 
 Form = Literal["recurrent", "parallel", "chunk"]
 FORMS: tuple[Form, ...] = ("recurrent", "parallel", "chunk")
+
+#: The class of the layer ops, and its forms (the ops).
+LAYER = "layer"
+LAYER_OPS: tuple[str, ...] = ("conv", "norm", "prologue")
 
 #: The order in which "auto" tries the backends; "compile" is absent (it needs a compile step).
 #: "triton" goes first: its rows passed `pytest -m "cuda or triton"` on an H100 with PyTorch 2.11
@@ -61,23 +82,49 @@ class BackendNotAvailable(InputError):
     """The asked backend cannot serve this call; the message names the backends that can."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """What a capability predicate (and "auto") sees: never tensor values, never the sequence length.
+class Target(NamedTuple):
+    """What a capability predicate (and "auto") sees of a call: static facts, never tensor values,
+    never the sequence length. None: not known / not part of this call. (Immutable and hashable:
+    `route` caches by it; a NamedTuple because one is made on every call.)
 
-    device_type: "cpu", "cuda", …; dtype: of q, k, v (None: not known yet, e.g. a layer being
-    built); head_k_dim, head_v_dim: K and V (None: not known)."""
+    device_type: "cpu", "cuda", …
+    dtype:       the call's dtype (the memory forms: of q, k, v; the layer ops: the promoted dtype of
+                 their floating tensors, `promoted_dtype`, so one fp64 tensor makes the call fp64)
+    head_k_dim, head_v_dim: K and V (the prologue: K)
+    chunk_size:  the chunk form's chunk size (None for the other forms)
+    conv_width:  the short convolution's kernel width W
+    group_size:  the norm's group G (channels normalized together)
+    gate:        the norm's gate activation ("swish", "sigmoid", "gelu_tanh"; None: no gate)"""
 
     device_type: str = "cpu"
     dtype: torch.dtype | None = None
     head_k_dim: int | None = None
     head_v_dim: int | None = None
+    chunk_size: int | None = None
+    conv_width: int | None = None
+    group_size: int | None = None
+    gate: str | None = None
 
     @staticmethod
     def of(device=None, dtype: torch.dtype | None = None, head_k_dim: int | None = None,
-           head_v_dim: int | None = None) -> Target:
-        device_type = torch.device(device).type if device is not None else "cpu"
-        return Target(device_type=device_type, dtype=dtype, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+           head_v_dim: int | None = None, chunk_size: int | None = None, **layer_op) -> Target:
+        """A Target from a device (torch.device, "cuda:0", … ; None: cpu) and the other facts;
+        **layer_op: conv_width, group_size, gate."""
+        if isinstance(device, torch.device):
+            device_type = device.type
+        else:
+            device_type = torch.device(device).type if device is not None else "cpu"
+        return Target(device_type, dtype, head_k_dim, head_v_dim, chunk_size, **layer_op)
+
+
+def promoted_dtype(*tensors: torch.Tensor | None) -> torch.dtype | None:
+    """The dtype the floating tensors among `tensors` promote to (None entries and integer tensors
+    skipped; None if there is none): the `dtype` of a layer op's Target."""
+    out = None
+    for t in tensors:
+        if t is not None and t.dtype.is_floating_point:
+            out = t.dtype if out is None or out == t.dtype else torch.promote_types(out, t.dtype)
+    return out
 
 
 @dataclass
@@ -97,44 +144,89 @@ class Call:
     output_final_state: bool
 
 
-def _always(recipe: Recipe, target: Target) -> str | None:
+def _always(recipe: Recipe | None, target: Target) -> str | None:
     return None
 
 
 @dataclass(frozen=True)
 class Impl:
-    """One row: `fn(call, **options)` serves the (class, form) on `backend`; `supports(recipe, target)`
-    returns None when it can serve, else the reason it cannot (shown in errors and listings).
+    """One row: `fn` serves the (class, form) on `backend` (a memory form: `fn(call, **options)`; a
+    layer op: the op's signature); `supports(recipe, target)` returns None when it can serve the
+    call, else the reason it cannot (shown in errors and listings; recipe is None for layer ops).
     auto=False: the row serves only when its backend is asked for by name — "auto" passes it by
     (a kernel not yet verified on the device it targets); auto may also be a predicate on the
     recipe (`auto(recipe) -> bool`): "auto" takes the row only for the recipes it accepts (e.g. the
     variants of a class whose kernel path has run on the GPU)."""
 
-    recipe_class: RecipeClass
-    form: Form
+    recipe_class: str
+    form: str
     backend: str
     fn: Callable
-    supports: Callable[[Recipe, Target], str | None] = _always
-    auto: bool | Callable[[Recipe], bool] = True
+    supports: Callable[[Recipe | None, Target], str | None] = _always
+    auto: bool | Callable[[Recipe | None], bool] = True
 
-    def auto_for(self, recipe: Recipe) -> bool:
+    def auto_for(self, recipe: Recipe | None) -> bool:
         """Whether "auto" may choose this row for `recipe`."""
         return self.auto(recipe) if callable(self.auto) else bool(self.auto)
 
 
-#: (recipe class, form, backend) -> Impl. Filled by `register` (torch_backend below; kernels later).
-DISPATCH: dict[tuple[RecipeClass, Form, str], Impl] = {}
+#: route's answers: (class, recipe, form, backend, Target, AUTO_ORDER) -> Impl; cleared whenever a row changes.
+_ROUTES: dict[tuple, Impl] = {}
 
 
-def register(recipe_class: RecipeClass, form: Form, backend: str, fn: Callable,
-             supports: Callable[[Recipe, Target], str | None] = _always, *,
-             auto: bool | Callable[[Recipe], bool] = True) -> Impl:
+class Table(dict):
+    """DISPATCH's dict: (class, form, backend) -> Impl. Any change of a row clears `route`'s cache,
+    so a replaced row (a test's spy, a row registered later) is what the next call takes."""
+
+    def __setitem__(self, key, value):
+        _ROUTES.clear()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        _ROUTES.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        _ROUTES.clear()
+        return super().pop(*args)
+
+    def popitem(self):
+        _ROUTES.clear()
+        return super().popitem()
+
+    def clear(self):
+        _ROUTES.clear()
+        super().clear()
+
+    def update(self, *args, **kwargs):
+        _ROUTES.clear()
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        _ROUTES.clear()
+        return super().setdefault(key, default)
+
+
+#: (class, form, backend) -> Impl. Filled by `register`, from `fastweights.registry`.
+DISPATCH: Table = Table()
+
+
+def _forms_of(cls: str) -> tuple[str, ...]:
+    return LAYER_OPS if cls == LAYER else FORMS
+
+
+def register(recipe_class: str, form: str, backend: str, fn: Callable,
+             supports: Callable[[Recipe | None, Target], str | None] = _always, *,
+             auto: bool | Callable[[Recipe | None], bool] = True) -> Impl:
     """Add one row to DISPATCH (one row per key: registering a key twice is an error); auto=False
-    keeps "auto" from choosing it (see `Impl`)."""
-    if recipe_class not in RECIPE_CLASSES:
-        raise ValueError(f"unknown recipe class {recipe_class!r}; classes are {list(RECIPE_CLASSES)}")
-    if form not in FORMS:
-        raise ValueError(f"unknown form {form!r}; forms are {list(FORMS)}")
+    keeps "auto" from choosing it (see `Impl`). recipe_class: one of RECIPE_CLASSES with a form of
+    FORMS, or LAYER with a layer op of LAYER_OPS."""
+    if recipe_class not in RECIPE_CLASSES and recipe_class != LAYER:
+        raise ValueError(f"unknown recipe class {recipe_class!r}; classes are {list(RECIPE_CLASSES) + [LAYER]}")
+    if form not in _forms_of(recipe_class):
+        what = "layer ops" if recipe_class == LAYER else "forms"
+        raise ValueError(f"unknown {what[:-1]} {form!r} of class {recipe_class!r}; {what} are "
+                         f"{list(_forms_of(recipe_class))}")
     key = (recipe_class, form, backend)
     if key in DISPATCH:
         raise ValueError(f"DISPATCH already has a row for {key}")
@@ -142,9 +234,12 @@ def register(recipe_class: RecipeClass, form: Form, backend: str, fn: Callable,
     return impl
 
 
+def _class_rows(cls: str, form: str) -> dict[str, Impl]:
+    return {b: impl for (c, f, b), impl in DISPATCH.items() if c == cls and f == form}
+
+
 def _rows(recipe: Recipe, form: str) -> list[Impl]:
-    cls = recipe_class(recipe)
-    return [impl for (c, f, _), impl in DISPATCH.items() if c == cls and f == form]
+    return list(_class_rows(recipe_class(recipe), form).values())
 
 
 def unavailable_reason(recipe: Recipe, form: str) -> str | None:
@@ -164,61 +259,133 @@ def forms(model) -> list[str]:
     return [f for f in FORMS if unavailable_reason(recipe, f) is None]
 
 
+def _listing(cls: str, recipe: Recipe | None, form: str, target: Target) -> list[str]:
+    """The backends that can serve the call, "auto"'s choices first (AUTO_ORDER), then the rest."""
+    rows = [impl for impl in _class_rows(cls, form).values() if impl.supports(recipe, target) is None]
+    ordered = [b for b in AUTO_ORDER if any(impl.backend == b and impl.auto_for(recipe) for impl in rows)]
+    return ordered + [impl.backend for impl in rows if impl.backend not in ordered]
+
+
 def backends(model, *, form: str = "chunk", device=None, dtype: torch.dtype | None = None,
-             head_dim: int | None = None, head_v_dim: int | None = None) -> list[str]:
-    """The backends that can serve `form` of `model` on `device` (default cpu) with `dtype`, in
-    the order "auto" tries them (AUTO_ORDER first, then the rest: e.g. "compile", and rows "auto"
-    passes by)."""
+             head_dim: int | None = None, head_v_dim: int | None = None, chunk_size: int | None = None) -> list[str]:
+    """The backends that can serve `form` of `model` on `device` (default cpu) with `dtype`, head
+    dims and chunk size, in the order "auto" tries them (AUTO_ORDER first, then the rest: e.g.
+    "compile", and rows "auto" passes by). The layer ops: `layer_op_backends`."""
     recipe = resolve(model)
     if form not in FORMS:
         raise InputError(f"form must be one of {list(FORMS)}, got {form!r}")
-    target = Target.of(device, dtype, head_dim, head_v_dim)
-    rows = [impl for impl in _rows(recipe, form) if impl.supports(recipe, target) is None]
-    ok = [impl.backend for impl in rows]
-    ordered = [b for b in AUTO_ORDER if any(impl.backend == b and impl.auto_for(recipe) for impl in rows)]
-    return ordered + [b for b in ok if b not in ordered]
+    return _listing(recipe_class(recipe), recipe, form,
+                    Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None))
+
+
+def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                      conv_width: int | None = None, group_size: int | None = None, gate: str | None = None
+                      ) -> list[str]:
+    """The backends that can serve the layer op `op` ("conv", "norm", "prologue") on `device`
+    (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
+    if op not in LAYER_OPS:
+        raise InputError(f"op must be one of {list(LAYER_OPS)}, got {op!r}")
+    target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
+    return _listing(LAYER, None, op, target)
+
+
+def rows() -> list[tuple[str, str, str]]:
+    """Every row of the table, (class, form, backend), by class and form: every implementation
+    choice the library makes."""
+    return sorted(DISPATCH)
 
 
 def _served(backend: str) -> str:
     """'the gated_linear and delta chunk forms' for a backend's rows."""
     by_form: dict[str, list[str]] = {}
     for (cls, form, b) in DISPATCH:
-        if b == backend:
+        if b == backend and cls != LAYER:
             by_form.setdefault(form, []).append(cls)
     parts = [f"the {' and '.join(classes)} {form} form{'s' if len(classes) > 1 else ''}"
              for form, classes in by_form.items()]
+    ops = [form for (cls, form, b) in DISPATCH if b == backend and cls == LAYER]
+    if ops:
+        parts.append(f"the layer ops {', '.join(ops)}")
     return "; ".join(parts)
 
 
-def resolve_backend(recipe: Recipe, form: str, backend: str, target: Target) -> str:
-    """The concrete backend for a call: `backend` itself when it can serve (else
-    BackendNotAvailable naming those that can), or for "auto" the first of AUTO_ORDER that can."""
+def _what(cls: str, recipe: Recipe | None, form: str) -> str:
+    return f"the {form} layer op" if cls == LAYER else f"the {form} form of {recipe.name}"
+
+
+def _unknown(cls: str, recipe: Recipe | None, form: str, backend: str) -> str | None:
+    """Why `backend` has no row for the call's (class, form) at all, whatever the device (None: it has one)."""
+    if backend in _class_rows(cls, form):
+        return None
+    known = sorted({b for (_, _, b) in DISPATCH})
+    if backend not in known:
+        return f"unknown backend {backend!r}; known backends: {', '.join(known)}"
+    if cls == LAYER:
+        return f"backend={backend!r} serves {_served(backend)}; it has no {form} layer op"
+    return (f"backend={backend!r} serves {_served(backend)}; it has no {form} form for {recipe.name} "
+            f"({cls} class)")
+
+
+def _route(cls: str, recipe: Recipe | None, form: str, backend: str, target: Target) -> Impl:
     if not isinstance(backend, str):
         raise InputError(f"backend must be a string ('auto' or a backend name), got {type(backend).__name__}")
-    rows = {impl.backend: impl for impl in _rows(recipe, form)}
+    key = (cls, recipe, form, backend, target, AUTO_ORDER)
+    impl = _ROUTES.get(key)
+    if impl is not None:
+        return impl
+    rows = _class_rows(cls, form)
     if backend == "auto":
         for name in AUTO_ORDER:
-            if name in rows and rows[name].auto_for(recipe) and rows[name].supports(recipe, target) is None:
-                return name
-        raise BackendNotAvailable(f"no backend serves the {form} form of {recipe.name} on {target.device_type}")
-    if backend in rows:
+            row = rows.get(name)
+            if row is not None and row.auto_for(recipe) and row.supports(recipe, target) is None:
+                _ROUTES[key] = row
+                return row
+        raise BackendNotAvailable(f"no backend serves {_what(cls, recipe, form)} on {target.device_type}")
+    why = _unknown(cls, recipe, form, backend)
+    if why is None:
         reason = rows[backend].supports(recipe, target)
         if reason is None:
-            return backend
-        why = f"backend {backend!r} cannot serve the {form} form of {recipe.name}: {reason}"
-    else:
-        known = sorted({b for (_, _, b) in DISPATCH})
-        why = (f"backend={backend!r} serves {_served(backend)}; it has no {form} form for {recipe.name} "
-               f"({recipe_class(recipe)} class)"
-               if backend in known else f"unknown backend {backend!r}; known backends: {', '.join(known)}")
+            _ROUTES[key] = rows[backend]
+            return rows[backend]
+        why = f"backend {backend!r} cannot serve {_what(cls, recipe, form)}: {reason}"
     can = [name for name, impl in rows.items() if impl.supports(recipe, target) is None]
     raise BackendNotAvailable(f"{why}; backends that can: {', '.join(['auto'] + can)}")
 
 
+def route(recipe: Recipe, form: str, backend: str, target: Target) -> Impl:
+    """The row that serves a call of `form` of `recipe` with `target` (THE RULE, module doc):
+    `backend` itself when it can serve (else BackendNotAvailable naming those that can), or for
+    "auto" the first of AUTO_ORDER that can."""
+    return _route(recipe_class(recipe), recipe, form, backend, target)
+
+
+def resolve_backend(recipe: Recipe, form: str, backend: str, target: Target) -> str:
+    """The name of the backend `route` chooses."""
+    return route(recipe, form, backend, target).backend
+
+
+def layer_op(op: str, backend: str, target: Target) -> Impl:
+    """The row that serves the layer op `op` for `target`, by the same rule as `route`."""
+    if op not in LAYER_OPS:
+        raise InputError(f"op must be one of {list(LAYER_OPS)}, got {op!r}")
+    return _route(LAYER, None, op, backend, target)
+
+
+def check_backend(recipe: Recipe | None, form: str, backend: str) -> None:
+    """A requested backend's name, checked when a layer is built (whatever the device): "auto", or
+    a backend with a row for the (class, form) — else BackendNotAvailable naming those that have
+    one. Whether the row serves the device is the call's question (`route`). recipe None: `form`
+    is a layer op."""
+    if not isinstance(backend, str):
+        raise InputError(f"backend must be 'auto' or a backend name, got {backend!r}")
+    cls = LAYER if recipe is None else recipe_class(recipe)
+    if backend == "auto":
+        return
+    why = _unknown(cls, recipe, form, backend)
+    if why is not None:
+        raise BackendNotAvailable(f"{why}; backends with a row: {', '.join(['auto'] + list(_class_rows(cls, form)))}")
+
+
 def implementation(recipe: Recipe, form: str, backend: str) -> Impl:
-    """The row for a resolved (concrete) backend."""
+    """The row for a concrete backend."""
     return DISPATCH[(recipe_class(recipe), form, backend)]
-
-
-from . import torch_backend  # noqa: E402,F401  (registers the torch and compile rows)
-from .kernels import rows as _kernel_rows  # noqa: E402,F401  (registers the triton rows; imports no kernel)

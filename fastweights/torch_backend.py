@@ -6,7 +6,8 @@ float64 for float64), carries states in that precision and returns o in v's dtyp
 feature map and the expansion of grouped heads (H_q → H) happen here, in `prepare`, not at the
 op boundary: other backends take the caller's tensors as they are.
 
-Each `*_impl(call, **options)` below is one DISPATCH row (registered at the bottom).
+Each `*_impl(call, **options)` below is one DISPATCH row (registered by `fastweights.registry`;
+from the dispatch module it takes only FormNotAvailable).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .dispatch import FormNotAvailable
 from .features import apply_feature_map
 from .inputs import InputError, accepted_inputs, check_tensor, complete_state
 from .recipe import Recipe, has_bare_state, recipe_class
@@ -245,8 +247,6 @@ def _softmax(form: str):
 
 def _no_varlen(recipe: Recipe, cu_seqlens):
     if cu_seqlens is not None:
-        from .dispatch import FormNotAvailable
-
         raise FormNotAvailable(f"cu_seqlens (varlen packing) is not implemented for {recipe.name}'s chunk form; "
                                "run the sequences as a padded batch or one call each")
 
@@ -331,7 +331,8 @@ def _linear_chunk(compile: bool):
     return linear_chunk_impl
 
 
-def _generic_chunk_exists(recipe: Recipe, target) -> str | None:
+def generic_chunk_exists(recipe: Recipe, target) -> str | None:
+    """Why the generic class has no chunk form for `recipe` (None: it has one, the mini-batch form)."""
     opt = recipe.optimizer
     if opt.minibatch == 1:
         return ("its gradients are taken at the running state token by token, which has no exact "
@@ -341,24 +342,10 @@ def _generic_chunk_exists(recipe: Recipe, target) -> str | None:
     return None
 
 
-def _register():
-    from .dispatch import register
-
-    register("gated_linear", "recurrent", "torch", memory_recurrent_impl)
-    register("delta", "recurrent", "torch", memory_recurrent_impl)
-    register("generic", "recurrent", "torch", memory_recurrent_impl)
-    register("gated_linear", "parallel", "torch", linear_parallel_impl)
-    register("delta", "parallel", "torch", linear_parallel_impl)
-    register("mesa", "recurrent", "torch", _mesa(rec.mesa_recurrent))
-    register("mesa", "parallel", "torch", _mesa(par.mesa_parallel))
-    register("softmax", "recurrent", "torch", _softmax("recurrent"))
-    register("softmax", "parallel", "torch", _softmax("parallel"))
-    register("gated_linear", "chunk", "torch", _linear_chunk(compile=False))
-    register("delta", "chunk", "torch", _linear_chunk(compile=False))
-    register("gated_linear", "chunk", "compile", _linear_chunk(compile=True))
-    register("delta", "chunk", "compile", _linear_chunk(compile=True))
-    register("mesa", "chunk", "torch", mesa_chunk_impl)
-    register("generic", "chunk", "torch", minibatch_chunk_impl, supports=_generic_chunk_exists)
-
-
-_register()
+#: The rows' implementations, by name (registered by `fastweights.registry`).
+mesa_recurrent_impl = _mesa(rec.mesa_recurrent)
+mesa_parallel_impl = _mesa(par.mesa_parallel)
+softmax_recurrent_impl = _softmax("recurrent")
+softmax_parallel_impl = _softmax("parallel")
+linear_chunk_impl = _linear_chunk(compile=False)
+linear_chunk_compiled_impl = _linear_chunk(compile=True)

@@ -1,6 +1,6 @@
 """Micro-benchmark of the short causal depthwise convolution: the Triton kernels
 (`kernels.triton.conv.short_conv`) against the layer's torch ops (`layers.conv.ShortConv` with
-`fused_kernels(False)`), at the gated-DeltaNet LM's conv shapes.
+backend="torch"; the kernels: backend="triton"), at the gated-DeltaNet LM's conv shapes.
 
     python3 scripts/bench_conv.py --out runs/bench/conv.json                    # CUDA (< 60 s on an H100)
     python3 scripts/bench_conv.py --bwd BT=32,NBLK=8 --out /tmp/conv.json       # other launch settings
@@ -71,9 +71,20 @@ def main(argv=None) -> int:
 
     import torch
 
+    from fastweights.dispatch import DISPATCH, LAYER
     from fastweights.kernels.triton import conv as conv_k
     from fastweights.layers.conv import ShortConv
-    from fastweights.layers.fused import fused_kernels
+
+    if a.device == "cpu":  # the Triton conv row asks for CUDA: under the interpreter, let it serve the CPU
+        import dataclasses
+
+        key = (LAYER, "conv", "triton")
+        DISPATCH[key] = dataclasses.replace(DISPATCH[key], supports=lambda recipe, target: None)
+
+    def on(conv, fused: bool):
+        """The conv with its Triton row (fused) or its torch ops requested."""
+        conv.backend = "triton" if fused else "torch"
+        return conv
 
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -103,8 +114,7 @@ def main(argv=None) -> int:
             leaves["bias"] = conv.conv.bias
         if tail is not None:
             leaves["tail"] = tail
-        with fused_kernels(fused):
-            y, nt = conv(x, tail, positions)
+        y, nt = on(conv, fused)(x, tail, positions)
         g = torch.Generator(device=dev).manual_seed(seed)
         loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64, device=dev)).sum()
                    for o in (y, nt))
@@ -167,8 +177,7 @@ def main(argv=None) -> int:
 
     def bench(C, path) -> dict:
         dtype = torch.bfloat16
-        conv = layer(C).to(dtype)
-        fused = path != "torch ops"
+        conv = on(layer(C).to(dtype), path != "torch ops")
         before = conv_k._BWD["fused"]
         conv_k._BWD["fused"] = path.endswith("one-pass backward") or before
         if path.endswith("sliced"):  # x: the first C channels of a [B, T, 3C] projection
@@ -179,16 +188,14 @@ def main(argv=None) -> int:
         w = conv.conv.weight
 
         def fwd():
-            with torch.no_grad(), fused_kernels(fused):
+            with torch.no_grad():
                 conv(x)
 
         def fwd_bwd():
-            with fused_kernels(fused):
-                y, _ = conv(x)
+            y, _ = conv(x)
             torch.autograd.grad(y, [x, w], dy)
 
-        with fused_kernels(fused):
-            y, _ = conv(x)
+        y, _ = conv(x)
 
         def bwd():
             torch.autograd.grad(y, [x, w], dy, retain_graph=True)

@@ -1,15 +1,16 @@
-"""Micro-benchmark of one MemoryMixer with its fused Triton paths on and off.
+"""Micro-benchmark of one MemoryMixer with its Triton layer ops and with their torch ops.
 
     python3 scripts/bench_layer.py --out runs/bench/layer.md                  # CUDA, the anchor shape
     python3 scripts/bench_layer.py --device cpu --tiny --out /tmp/layer.md    # a check that it runs
 
 Times the layer's forward (gradients off) and forward + backward (of y.sum(), parameter and input
-gradients) with `fastweights.layers.fused.fused_kernels(True)` (short conv, the delta prologue and
-the gated output norm as Triton kernels) and `fused_kernels(False)` (the layers' torch ops); the
-memory runs the same backend in both. Default shape: gated DeltaNet, d_model 2,048, 16 heads of 128
+gradients) with layer_ops="triton" (short conv, the delta prologue and the gated output norm as
+Triton kernels) and layer_ops="torch" (the layers' torch ops), the same weights; the memory runs
+the same backend in both. Default shape: gated DeltaNet, d_model 2,048, 16 heads of 128
 (K = V = 128), B = 4, T = 4,096, bf16 parameters and input. Median of --repeats calls after
 --warmup calls, each timed between CUDA synchronizations. On the CPU the fused paths run under
-Triton's interpreter (TRITON_INTERPRET=1 is set here): a check that the script works, not a timing.
+Triton's interpreter (TRITON_INTERPRET=1 is set here, and the Triton layer-op rows are let serve
+CPU calls): a check that the script works, not a timing.
 Writes a Markdown table to --out and prints it.
 """
 
@@ -51,8 +52,8 @@ def main(argv=None) -> int:
 
     import torch
 
+    from fastweights.dispatch import DISPATCH, LAYER
     from fastweights.layers import MemoryMixer
-    from fastweights.layers.fused import fused_kernels
 
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -60,11 +61,20 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     dtype = getattr(torch, a.dtype)
+    if dev.type == "cpu":  # the Triton layer-op rows ask for CUDA: under the interpreter, let them serve the CPU
+        import dataclasses
+
+        for key, impl in list(DISPATCH.items()):
+            if key[0] == LAYER and key[2] == "triton":
+                DISPATCH[key] = dataclasses.replace(impl, supports=lambda recipe, target: None)
     torch.manual_seed(0)
-    with torch.device(dev):
-        layer = MemoryMixer(a.d_model, a.model, a.num_heads, head_dim=a.head_dim, head_v_dim=a.head_v_dim,
-                            backend=a.backend)
-    layer = layer.to(dtype)
+    layers = {}
+    for ops in ("triton", "torch"):
+        with torch.device(dev):
+            layers[ops] = MemoryMixer(a.d_model, a.model, a.num_heads, head_dim=a.head_dim, head_v_dim=a.head_v_dim,
+                                      backend=a.backend, layer_ops=ops).to(dtype)
+    layers["torch"].load_state_dict(layers["triton"].state_dict())
+    layer = layers["triton"]
     x = torch.randn(a.batch, a.seq_len, a.d_model, device=dev, dtype=dtype)
 
     def sync():
@@ -94,9 +104,9 @@ def main(argv=None) -> int:
         return statistics.median(times)
 
     rows = {}
-    for name, on in (("fused (Triton conv, prologue, norm)", True), ("torch ops", False)):
-        with fused_kernels(on):
-            rows[name] = (median_ms(forward), median_ms(forward_backward))
+    for name, ops in (("fused (Triton conv, prologue, norm)", "triton"), ("torch ops", "torch")):
+        layer = layers[ops]
+        rows[name] = (median_ms(forward), median_ms(forward_backward))
     (f_on, fb_on), (f_off, fb_off) = rows.values()
 
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"

@@ -11,8 +11,9 @@ per token as the slope (what does not grow with T — bf16 casts of the weights,
     TRITON_INTERPRET=1 python3 scripts/saved_activations.py --models gated_deltanet softmax_attention \\
         --d-model 1024 --num-heads 8 --head-dim 128 --seq-len 256 --fused
 
---fused forces the layers' fused Triton kernels and the Triton memory backend (on a CPU only under
-TRITON_INTERPRET=1, slow but exact in what is saved); without it, the layers' torch ops. The bytes
+--fused asks for the Triton rows: the layer ops (LMConfig.layer_ops="triton") and the memory's
+backend (on a CPU only under TRITON_INTERPRET=1, the Triton rows then let serve CPU calls: slow but
+exact in what is saved); without it, the layers' torch ops (layer_ops="torch"). The bytes
 scale linearly in B·T (the delta class's per-chunk states too), so a small T gives the per-token
 cost of the anchor shape.
 """
@@ -48,11 +49,10 @@ def saved_bytes(model: str, *, d_model: int, num_heads: int, head_dim: int, voca
 
 
 def _saved_bytes(model: str, backend: str, *, d_model, num_heads, head_dim, vocab_size, B, T, fused, device):
-    from fastweights.layers.fused import fused_kernels
     from fastweights.models import LM, LMConfig
 
     cfg = LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=1, num_heads=num_heads, head_dim=head_dim,
-                   mixer=model, backend=backend)
+                   mixer=model, backend=backend, layer_ops="triton" if fused else "torch")
     with torch.device(device):
         lm = LM(cfg)
     stack: list[str] = ["LM"]
@@ -70,7 +70,7 @@ def _saved_bytes(model: str, backend: str, *, d_model, num_heads, head_dim, voca
         return t
 
     ids = torch.randint(0, vocab_size, (B, T + 1), device=device)
-    with fused_kernels(fused), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
         logits = lm(ids[:, :-1])
         torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())

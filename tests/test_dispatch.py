@@ -1,6 +1,7 @@
-"""fastweights.dispatch: the table, backend listings and errors, "auto"'s determinism, and what a
-backend receives (the caller's tensors, native dtype, grouped heads), plus the op boundary's
-validation. Fresh random inputs each run."""
+"""fastweights.dispatch: the table, backend listings and errors, "auto"'s determinism (THE RULE: the
+row from the call's Target, chunk size included, cached per Target until a row changes), the layer
+ops' rows, and what a backend receives (the caller's tensors, native dtype, grouped heads), plus the
+op boundary's validation. Fresh random inputs each run."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 import fastweights as fw
 from fastweights import dispatch, zoo
-from fastweights.dispatch import DISPATCH, FORMS, Target, resolve_backend
+from fastweights.dispatch import DISPATCH, FORMS, LAYER, LAYER_OPS, Target, resolve_backend
 from fastweights.recipe import RECIPE_CLASSES, recipe_class
 from tests.helpers import max_err
 from tests.tolerances import EXACT_F64, GROUPED_F64
@@ -21,8 +22,9 @@ def test_every_row_has_a_torch_twin_and_every_form_a_torch_row():
     """Each (class, form) served by any backend has a torch implementation (the reference the
     others are tested against), and every form a zoo model has is served by torch."""
     for (cls, form, backend) in DISPATCH:
-        assert cls in RECIPE_CLASSES and form in FORMS
+        assert (cls in RECIPE_CLASSES and form in FORMS) or (cls == LAYER and form in LAYER_OPS)
         assert (cls, form, "torch") in DISPATCH, (cls, form, backend)
+    assert {f for (c, f, _) in DISPATCH if c == LAYER} == set(LAYER_OPS)
     for name in zoo.names():
         r = zoo.get(name)
         for form in fw.forms(r):
@@ -257,3 +259,78 @@ def test_a_row_registered_auto_false_serves_only_by_name():
         DISPATCH.pop(key, None)
         if saved is not None:
             DISPATCH[key] = saved
+
+
+def test_the_chunk_size_is_part_of_the_target(fake_gpu_backend):
+    """A row whose predicate refuses a chunk size is passed by for it ("auto") and refused by name."""
+    def supports(recipe, target):
+        if target.chunk_size is not None and target.chunk_size & (target.chunk_size - 1):
+            return f"chunk sizes are powers of two, got {target.chunk_size}"
+        return None
+
+    DISPATCH[("delta", "chunk", "triton")] = dispatch.Impl("delta", "chunk", "triton", lambda call, **kw: None,
+                                                           supports)
+    r = zoo.get("gated_deltanet")
+    assert resolve_backend(r, "chunk", "auto", Target(chunk_size=64)) == "triton"
+    assert resolve_backend(r, "chunk", "auto", Target(chunk_size=48)) == "torch"
+    assert fw.backends(r, chunk_size=48) == ["torch", "compile"]
+    assert fw.backends(r, form="recurrent", chunk_size=48) == ["torch"]  # the chunk size is the chunk form's
+    with pytest.raises(fw.BackendNotAvailable, match="powers of two, got 48; backends that can: auto, torch, compile"):
+        resolve_backend(r, "chunk", "triton", Target(chunk_size=48))
+
+
+def test_routes_are_cached_per_target_and_a_changed_row_clears_the_cache(monkeypatch):
+    r, cpu = zoo.get("gla"), Target.of("cpu", torch.float32, 16, 16, 64)
+    first = dispatch.route(r, "chunk", "auto", cpu)
+    assert first is DISPATCH[("gated_linear", "chunk", "torch")]
+    assert dispatch.route(r, "chunk", "auto", Target.of("cpu", torch.float32, 16, 16, 64)) is first  # cached
+    spy = dispatch.Impl("gated_linear", "chunk", "torch", lambda call, **kw: None)
+    monkeypatch.setitem(DISPATCH, ("gated_linear", "chunk", "torch"), spy)  # any change of a row clears it
+    assert dispatch.route(r, "chunk", "auto", cpu) is spy
+    monkeypatch.setattr(dispatch, "AUTO_ORDER", ("compile", "torch"))  # so does another AUTO_ORDER
+    assert dispatch.resolve_backend(r, "chunk", "auto", cpu) == "compile"
+
+
+def test_layer_ops_are_rows_listed_like_the_forms():
+    """conv, norm and prologue: a torch row (any device) and a Triton row whose predicate refuses what
+    its kernel refuses; `layer_op_backends` lists them as `backends` lists the forms."""
+    assert all(fw.layer_op_backends(op) == ["torch"] for op in LAYER_OPS)  # the CPU
+    cuda = dict(device="cuda", dtype=torch.bfloat16)
+    from fastweights.kernels.rows import _triton_installed
+
+    if _triton_installed():
+        assert fw.layer_op_backends("conv", conv_width=4, **cuda) == ["triton", "torch"]
+        assert fw.layer_op_backends("norm", group_size=128, gate="swish", **cuda) == ["triton", "torch"]
+        assert fw.layer_op_backends("prologue", head_dim=128, **cuda) == ["triton", "torch"]
+    assert fw.layer_op_backends("conv", conv_width=9, **cuda) == ["torch"]  # W ≤ 8
+    assert fw.layer_op_backends("norm", group_size=8193, **cuda) == ["torch"]  # G ≤ 8192
+    assert fw.layer_op_backends("norm", gate="gelu_tanh", **cuda) == ["torch"]
+    assert fw.layer_op_backends("prologue", head_dim=512, **cuda) == ["torch"]
+    assert fw.layer_op_backends("norm", device="cuda", dtype=torch.float64) == ["torch"]
+    with pytest.raises(fw.BackendNotAvailable, match="backend 'triton' cannot serve the conv layer op: the Triton "
+                       "kernels run on CUDA devices, not cpu; backends that can: auto, torch"):
+        dispatch.layer_op("conv", "triton", Target.of("cpu", torch.float32, conv_width=4))
+    with pytest.raises(fw.BackendNotAvailable, match="backend='compile' serves .*; it has no norm layer op"):
+        dispatch.check_backend(None, "norm", "compile")
+    with pytest.raises(fw.InputError, match="op must be one of"):
+        fw.layer_op_backends("rope")
+    assert dispatch.promoted_dtype(torch.zeros(1, dtype=torch.bfloat16), None, torch.zeros(1),
+                                   torch.zeros(1, dtype=torch.int64)) == torch.float32
+    assert dispatch.promoted_dtype(torch.zeros(1), torch.zeros(1, dtype=torch.float64)) == torch.float64
+
+
+def test_the_table_is_what_the_registry_registers():
+    """`fastweights.registry` is the one place rows come from: registering it into an empty table
+    rebuilds the table row for row (function and predicate)."""
+    from fastweights import registry
+
+    before = dict(DISPATCH)
+    DISPATCH.clear()
+    try:
+        registry._register()
+        assert {k: (v.fn, v.supports, v.auto) for k, v in DISPATCH.items()} == \
+            {k: (v.fn, v.supports, v.auto) for k, v in before.items()}
+    finally:
+        DISPATCH.clear()
+        DISPATCH.update(before)
+    assert dispatch.rows() == sorted(DISPATCH) and ("layer", "prologue", "triton") in dispatch.rows()

@@ -1,12 +1,11 @@
 """`fastweights bench train`: one optimizer step of a language model — forward, backward and an
 AdamW step — per model and (B, T), side by side with the softmax transformer of the same shape.
 
-For every (B, T) and model (softmax_attention first: the ratios' base): build
-`LM(LMConfig(vocab_size, d_model, n_layers, num_heads, head_dim, mixer=model, backend=...))` under
-`torch.device(device)`, so "auto" resolves each layer's backend for that device (--backend applies
-to the fast-weight mixers; softmax_attention keeps "auto"; the resolved names are reported), then
-run `warmup` untimed and `steps` timed training steps, each on a fresh random batch of token ids
-[B, T + 1]:
+For every (B, T), --build and model (softmax_attention first: the ratios' base): make
+`LM(LMConfig(vocab_size, d_model, n_layers, num_heads, head_dim, mixer=model, backend=...,
+layer_ops=...))` the --build way (--backend applies to the fast-weight mixers; softmax_attention
+keeps "auto"), then run `warmup` untimed and `steps` timed training steps, each on a fresh random
+batch of token ids [B, T + 1]:
 
     logits = LM(ids[:, :-1])                       [B, T, vocab]  (bf16 autocast with --dtype bfloat16;
     loss   = cross_entropy(logits (fp32), ids[:, 1:])              weights and optimizer state fp32)
@@ -22,7 +21,9 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
                  "—" elsewhere (no number is made up)
     params       LM.num_parameters() (each mixer keeps its preset wiring: the same d_model, layers,
                  heads and head_dim, but e.g. gated_deltanet's value heads are 2× wide)
-    backends     the backend of each layer's training form (`LM.backends`), e.g. "chunk×8"
+    backends     the backend each layer's training form ran (its mixer's `routes` after the run;
+                 "sdpa": a softmax-side layer's own attention), e.g. "triton×8", and the
+                 backends the layer ops ran (short convs, norms, the prologue), e.g. "ops triton"
     vs softmax   this row's tokens/s and peak over the softmax_attention row of the same (B, T), when
                  that row is in the run and succeeded
 
@@ -31,10 +32,19 @@ and the run goes on; the model, optimizer and batch are freed between rows. `tra
 and the table) and `train.json` are written under --out after every row, so a run that dies keeps
 every row already measured.
 
---layer-ops: "fused" (default) runs the layers' fused Triton kernels wherever `layers.fused`'s rule
-allows (on CUDA: the short convolution, the RMSNorms, the delta prologue); "torch" runs the layers'
-PyTorch ops everywhere (`fused_kernels(False)`), the memory's backend unchanged — the A/B of the
-layer-level kernels. The setting applies to every row of the run, softmax_attention's included.
+--build (one or more): how each LM is made —
+    device           built under `with torch.device(device)` (its parameters born there);
+    moved            built on the CPU, then `.to(device)` (the idiom every PyTorch user writes);
+    from_pretrained  built on the CPU, saved (`save_pretrained`), loaded by `LM.from_pretrained`,
+                     then `.to(device)` (how a trained model comes back).
+Every call is routed from what it is, never from where the model was built (`fastweights.dispatch`),
+so the three run the same rows and should time alike; the rows of each build are compared with the
+softmax_attention row of the same build.
+
+--layer-ops: the layer ops' requested backend (`LMConfig.layer_ops`: the short convolutions, the
+RMSNorms, the delta prologue): "auto" (default: their Triton kernels on CUDA), "torch" (their
+PyTorch ops everywhere, the memory's backend unchanged — the A/B of the layer-level kernels) or
+"triton". The setting applies to every row of the run, softmax_attention's included.
 
 Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
 same for every model.
@@ -48,9 +58,9 @@ import os
 import platform
 import shlex
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -65,8 +75,11 @@ BASE_MODEL = "softmax_attention"
 
 DEFAULT_LENGTHS = (512, 2048)
 
-LAYER_OPS = ("fused", "torch")
-"""--layer-ops: the layers' fused Triton kernels where the rule allows, or their torch ops."""
+LAYER_OPS = ("auto", "torch", "triton")
+"""--layer-ops: the layer ops' requested backend (`LMConfig.layer_ops`)."""
+
+BUILDS = ("device", "moved", "from_pretrained")
+"""--build: how the LM is made (see the module doc)."""
 
 DTYPES = ("bfloat16", "float32")
 """--dtype: bf16 autocast over fp32 weights, or plain fp32."""
@@ -80,8 +93,10 @@ class TrainRow:
     dtype: str
     device: str
     optimizer: str  # "AdamW fused" | "AdamW foreach"
+    build: str = "device"  # how the LM was made (BUILDS)
     params: int | None = None
-    backends: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)  # what each layer's training form ran
+    layer_ops: list[str] = field(default_factory=list)  # the backends the layer ops ran (sorted, distinct)
     step_ms: float | None = None
     tokens_per_s: float | None = None
     peak_bytes: int | None = None  # CUDA max_memory_allocated; None elsewhere
@@ -125,20 +140,22 @@ def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Seque
     return [(batch, T) for T in dict.fromkeys(lengths)]
 
 
-def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, backend) -> LMConfig:
+def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, backend, layer_ops="auto"
+            ) -> LMConfig:
     """The LMConfig of one row; `backend` applies to fast-weight mixers (softmax-side ones keep "auto")."""
     from .. import zoo
 
     return LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
-                    head_dim=head_dim, mixer=model, backend="auto" if zoo.resolve(model).is_softmax else backend)
+                    head_dim=head_dim, mixer=model, backend="auto" if zoo.resolve(model).is_softmax else backend,
+                    layer_ops=layer_ops)
 
 
-_CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "backend")
+_CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "backend", "layer_ops")
 
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
-               backend="auto", layer_ops="fused") -> list[tuple[int, int]]:
+               backend="auto", layer_ops="auto", build=("device",)) -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -156,7 +173,9 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
     if dtype not in DTYPES:
         raise ca.ArgError(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
     if layer_ops not in LAYER_OPS:
-        raise ca.ArgError(f"--layer-ops must be {' or '.join(LAYER_OPS)}, got {layer_ops!r}")
+        raise ca.ArgError(f"--layer-ops must be one of {', '.join(LAYER_OPS)}, got {layer_ops!r}")
+    if isinstance(build, str) or not build or any(b not in BUILDS for b in build):
+        raise ca.ArgError(f"--build takes one or more of {', '.join(BUILDS)}, got {build!r}")
     ca.device("--device", device)
     from ..dispatch import DISPATCH
 
@@ -167,7 +186,7 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
     for m in dict.fromkeys(models):
         try:
             _config(m, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
-                    head_dim=head_dim, backend=backend)
+                    head_dim=head_dim, backend=backend, layer_ops=layer_ops)
         except ConfigError as e:  # "LMConfig.mixer (m): RoPE needs an even head_dim, got 15" -> --head-dim
             msg = str(e).split(": ", 1)[-1] if str(e).startswith("LMConfig.mixer") else str(e)
             named = [f for f in _CONFIG_FLAGS if f in msg]
@@ -193,14 +212,33 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _build(cfg: LMConfig, device: torch.device, build: str) -> LM:
+    """The LM of one row, made the --build way (see the module doc)."""
+    if build == "device":
+        with torch.device(device):
+            return LM(cfg)
+    if build == "moved":
+        return LM(cfg).to(device)
+    with tempfile.TemporaryDirectory(prefix="fw-bench-") as d:
+        LM(cfg).save_pretrained(d)
+        return LM.from_pretrained(d).to(device)
+
+
+def _ran(lm: LM) -> tuple[list[str], list[str]]:
+    """(the backend each layer's training form ran, the distinct backends its layer ops ran), from the
+    modules' `routes` after the steps."""
+    forms = [("sdpa" if b.mixer.is_softmax else b.mixer.routes.get(b.mixer.form, ("—",))[0]) for b in lm.blocks]
+    ops = sorted({route[0] for m in lm.modules() if m is not lm and isinstance(getattr(m, "routes", None), dict)
+                  for key, route in m.routes.items() if key in ("conv", "norm", "prologue")})
+    return forms, ops
+
+
 def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device, bf16: bool, steps: int,
              warmup: int) -> None:
     """Fill row's measurements (raises on failure; the caller records the error)."""
-    with torch.device(device):  # "auto" backends resolve for the device the LM is built on
-        lm = LM(cfg)
+    lm = _build(cfg, device, row.build)
     lm.train()
     row.params = lm.num_parameters()
-    row.backends = list(lm.backends)
     opt, row.optimizer = _optimizer(lm, device)
 
     def batch() -> torch.Tensor:
@@ -233,6 +271,7 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
             t0 = time.perf_counter()
             loss = step(ids)
             times.append(1e3 * (time.perf_counter() - t0))
+    row.backends, row.layer_ops = _ran(lm)
     row.step_ms_all = times
     row.step_ms = statistics.median(times)
     row.tokens_per_s = B * T / (row.step_ms / 1e3)
@@ -246,24 +285,24 @@ def _ratio(a, b):
 
 
 def _fill_ratios(rows: list[TrainRow]) -> None:
-    """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T)."""
+    """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T, build)."""
     for r in rows:
-        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T) == (r.B, r.T) and not b.error), None)
+        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build) == (r.B, r.T, r.build)
+                     and not b.error), None)
         r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
         r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
 
 
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
-              dtype="bfloat16", threads=None, backend="auto", layer_ops="fused", out_dir="runs/bench/train",
-              command=None, log: Callable[[str], None] = print) -> list[TrainRow]:
-    """Measure every ((B, T), model) row; see the module doc. Returns the rows."""
-    from ..layers.fused import fused_kernels
-
+              dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
+              out_dir="runs/bench/train", command=None, log: Callable[[str], None] = print) -> list[TrainRow]:
+    """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
+    build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
     pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
                        warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
-                       layer_ops=layer_ops)
+                       layer_ops=layer_ops, build=build)
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -272,40 +311,49 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
         torch.set_num_threads(threads)
     os.makedirs(out_dir, exist_ok=True)
     kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
-              backend=backend)
+              backend=backend, layer_ops=layer_ops)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
-                                  threads=threads, out_dir=out_dir, layer_ops=layer_ops, **kw)
+                                  threads=threads, out_dir=out_dir, build=build, **kw)
     setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
-             f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, layer ops "
-             + ("fused (Triton where layers.fused's rule allows)" if layer_ops == "fused" else "torch"))
-    log(f"bench train: {len(pairs) * len(models)} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
+             f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
+             f"built {', '.join(build)}, layer ops {layer_ops}")
+    n_rows = len(pairs) * len(build) * len(models)
+    log(f"bench train: {n_rows} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
     log(HEADER)
     rows: list[TrainRow] = []
     t_start = time.perf_counter()
     for B, T in pairs:
-        for m in models:
-            row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach")
-            _free(dev)
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            try:
-                with fused_kernels(False) if layer_ops == "torch" else nullcontext():
-                    _measure(row, _config(m, **kw), B, T, dev, dtype == "bfloat16", steps, warmup)
-            except Exception as e:  # out of memory, a backend refusing the shape, ...: a result too
-                row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                row.step_ms = row.tokens_per_s = row.peak_bytes = row.loss = None
-            _free(dev)
-            rows.append(row)
-            _fill_ratios(rows)
-            _write(rows, out_dir, command, setup)
-            log(_fmt(row))
+        for b in build:
+            for m in models:
+                row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
+                               build=b)
+                _row(row, rows, _config(m, **kw), dev, dtype == "bfloat16", steps, warmup, out_dir, command, setup,
+                     log)
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
     return rows
 
 
+def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, bf16: bool, steps: int, warmup: int,
+         out_dir: str, command: str, setup: str, log) -> None:
+    """Measure one row (a failure is recorded as its result), add it to `rows`, write the files."""
+    _free(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        _measure(row, cfg, row.B, row.T, dev, bf16, steps, warmup)
+    except Exception as e:  # out of memory, a backend refusing the shape, ...: a result too
+        row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        row.step_ms = row.tokens_per_s = row.peak_bytes = row.loss = None
+    _free(dev)
+    rows.append(row)
+    _fill_ratios(rows)
+    _write(rows, out_dir, command, setup)
+    log(_fmt(row))
+
+
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
-             num_heads, head_dim, backend, layer_ops="fused") -> str:
+             num_heads, head_dim, backend, layer_ops="auto", build=("device",)) -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
@@ -313,6 +361,7 @@ def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, v
                     ("--warmup", warmup), ("--device", device), ("--dtype", dtype), ("--backend", backend),
                     ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir)):
         parts += [flag, str(v)]
+    parts += ["--build", *build]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -328,17 +377,19 @@ def _fmt(r: TrainRow) -> str:
     for b in r.backends:
         counts[b] = counts.get(b, 0) + 1
     backends = ", ".join(f"{b}×{n}" for b, n in counts.items()) or "—"
+    if r.layer_ops:
+        backends += f"; ops {', '.join(r.layer_ops)}"
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
     tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""
-    return (f"| {r.model} | {r.B}×{r.T} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
+    return (f"| {r.model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
             f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
             f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} |{err}")
 
 
-HEADER = ("| model | B×T | params | backends | optimizer | step ms | tokens/s | peak GiB | tokens/s vs softmax "
-          "| peak vs softmax |\n|---|---|---:|---|---|---:|---:|---:|---:|---:|")
-"""vs softmax: this row over the softmax_attention row of the same B×T."""
+HEADER = ("| model | B×T | build | params | backends | optimizer | step ms | tokens/s | peak GiB "
+          "| tokens/s vs softmax | peak vs softmax |\n|---|---|---|---:|---|---|---:|---:|---:|---:|---:|")
+"""vs softmax: this row over the softmax_attention row of the same B×T and build."""
 
 
 def format_table(rows: Sequence[TrainRow]) -> str:

@@ -1,7 +1,7 @@
 """FastWeightsConfig: the Hugging Face `PreTrainedConfig` of a fastweights LM.
 
 It carries the whole LMConfig as a JSON dict under `config`, next to `format`, `version` and
-`backends` (the backend each layer ran): exactly the keys `LM.save_pretrained` writes into
+`backends` (the backend each layer requested, "auto" or a name): exactly the keys `LM.save_pretrained` writes into
 `config.json` (which also writes `"model_type": "fastweights"`), so one directory is both a
 fastweights checkpoint and a transformers one. The usual transformers names (`vocab_size`, `hidden_size`,
 `num_hidden_layers`, `num_attention_heads`) are views of the LMConfig's `vocab_size`, `d_model`,
@@ -47,7 +47,8 @@ class FastWeightsConfig(PretrainedConfig):
         self.config = config
         self.format = format
         self.version = version
-        # the backend every layer ran (what LM.save_pretrained records); None: resolve config's
+        # the backend every layer requested (what LM.save_pretrained records; checkpoints written before
+        # backends were routed per call recorded resolved names); None: the LMConfig's
         self.backends = list(backends) if backends is not None else None
         kwargs.setdefault("tie_word_embeddings", False)  # the LM's head reads the embedding itself
         super().__init__(**kwargs)

@@ -54,7 +54,7 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
     def __init__(self, config: FastWeightsConfig):
         super().__init__(config)
         lm = LM(config.lm_config, backends=tuple(config.backends) if config.backends is not None else None)
-        config.backends = list(lm.backends)  # saved with the model, as LM.save_pretrained does
+        config.backends = list(lm.backends)  # the requested backends, saved as LM.save_pretrained does
         self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
         object.__setattr__(self, "_lm", lm)  # the same modules, not registered twice
         self.post_init()

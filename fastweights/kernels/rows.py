@@ -1,6 +1,8 @@
-"""The dispatch rows of the kernel backends, safe to import without Triton: the predicates look
-only at the recipe and the target, and `fastweights.kernels.triton` (whose `@triton.jit`
-decorators read TRITON_INTERPRET when they run) is imported on a row's first call.
+"""The Triton rows of the dispatch table (registered by `fastweights.registry`), safe to import
+without Triton: the predicates look only at the recipe and the call's Target, and
+`fastweights.kernels.triton` (whose `@triton.jit` decorators read TRITON_INTERPRET when they run)
+is imported on a row's first call. Each predicate refuses what its kernels refuse, so "auto"
+never takes a row that would raise.
 
 gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.gated.chunk_gated_triton
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
@@ -8,9 +10,12 @@ delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, de
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
                                       (DeltaNet, GDN, KDA, Comba's probe key and decay after,
                                       DeltaProduct's micro-steps: all checked on the H100, picked by "auto")
+layer / conv / triton              →  kernels.triton.conv.short_conv
+layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
+layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
-recurrent form, its backend resolved once at construction). The functional form never changes the
+recurrent form, routed per call like every other). The functional form never changes the
 caller's tensors, so the row copies the initial state into a fresh fp32 state and the kernel
 updates that one in place: the state is read twice and written twice per call. A serving engine
 that owns a pool of states calls `fused_recurrent_step(..., state_indices=...)` directly and pays
@@ -22,40 +27,55 @@ the saved inputs and differentiates that — the same function, so the same grad
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 
 import torch
 
 from ..recipe import Recipe
 from ..state import MemoryState
+from ..torch_backend import finish_state, memory_recurrent_impl
 
-__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "triton_gated_supports",
-           "triton_step_supports", "triton_delta_supports", "MAX_HEAD_DIM"]
+__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
+           "delta_prologue", "triton_chunk_supports", "triton_step_supports", "triton_conv_supports",
+           "triton_norm_supports", "triton_prologue_supports", "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
+from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@lru_cache(maxsize=1)
 def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def triton_gated_supports(recipe: Recipe, target) -> str | None:
-    """Why the Triton row cannot serve (None when it can):
+def triton_device_supports(target) -> str | None:
+    """Why no Triton row can serve the call's device and dtype (None when they can):
     - a CUDA device: Triton compiles for GPUs (CPU tensors run only under the interpreter, which the
-      tests use by calling the row directly);
+      tests use by calling a row directly, or by `tests/fake_cuda.py`);
     - triton importable (the `gpu` extra);
-    - fp32, bf16 or fp16 inputs: the kernels accumulate in fp32; float64 stays on the torch reference;
-    - the identity feature map: the kernels read q and k as given (a feature map would be a pass over
-      them, or a fused load, not written yet);
-    - no normalizer: linear attention's z would ride as an extra value column (V + 1), not wired yet;
-    - K, V ≤ 256: the dq/dk kernel keeps a whole key row of 16 tokens in one tile."""
+    - fp32, bf16 or fp16: the kernels accumulate in fp32; float64 stays on the torch reference."""
     if target.device_type != "cuda":
         return f"the Triton kernels run on CUDA devices, not {target.device_type}"
     if not _triton_installed():
         return "triton is not installed (pip install 'fastweights[gpu]')"
     if target.dtype is not None and target.dtype not in _DTYPES:
         return f"the Triton kernels take fp32, bf16 or fp16 inputs, not {target.dtype}"
+    return None
+
+
+def triton_memory_supports(recipe: Recipe, target) -> str | None:
+    """Why the Triton memory rows (chunk and recurrent) cannot serve (None when they can): as
+    `triton_device_supports`, and
+    - the identity feature map: the kernels read q and k as given (a feature map would be a pass over
+      them, or a fused load, not written yet);
+    - no normalizer: linear attention's z would ride as an extra value column (V + 1), not wired yet;
+    - no, constant, scalar or diagonal retention;
+    - K, V ≤ 256: the dq/dk kernel keeps a whole key row of 16 tokens in one tile."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
     if recipe.feature_map.kind != "identity":
         return f"the Triton kernels take the identity feature map, not {recipe.feature_map.kind}"
     if recipe.memory.normalize:
@@ -68,11 +88,25 @@ def triton_gated_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
+def triton_chunk_supports(recipe: Recipe, target) -> str | None:
+    """Why the chunk Triton rows (gated-linear and delta) cannot serve (None when they can): as
+    `triton_memory_supports`, and a chunk size that is a power of two ≥ 16 (`args.check_chunk_args`:
+    the chunk is a tile dimension; DeltaProduct's chunk counts micro-steps). The delta kernels take
+    the decay first or after, a probe key (Comba) and Householder micro-steps (DeltaProduct)."""
+    why = triton_memory_supports(recipe, target)
+    if why is not None:
+        return why
+    C = target.chunk_size
+    if C is not None and (C < 16 or C & (C - 1)):
+        return f"the Triton chunk kernels take a chunk size that is a power of two ≥ 16, got {C}"
+    return None
+
+
 def triton_step_supports(recipe: Recipe, target) -> str | None:
-    """Why the recurrent Triton rows cannot serve (None when they can): as `triton_gated_supports`,
+    """Why the recurrent Triton rows cannot serve (None when they can): as `triton_memory_supports`,
     and for the delta class one plain delta step per token (no probe key as Comba's, no
     Householder micro-steps as DeltaProduct's)."""
-    why = triton_gated_supports(recipe, target)
+    why = triton_memory_supports(recipe, target)
     if why is not None:
         return why
     if recipe.objective.probe:
@@ -82,11 +116,46 @@ def triton_step_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
+def triton_conv_supports(recipe, target) -> str | None:
+    """Why `short_conv` cannot serve (None when it can): as `triton_device_supports` (every floating
+    tensor of the call: the Target's promoted dtype), and a width W ≤ MAX_CONV_WIDTH (its backward
+    unrolls W taps twice per block)."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
+    if target.conv_width is not None and target.conv_width > MAX_CONV_WIDTH:
+        return f"the Triton short conv takes widths W ≤ {MAX_CONV_WIDTH}, got {target.conv_width}"
+    return None
+
+
+def triton_norm_supports(recipe, target) -> str | None:
+    """Why `gated_rms_norm` cannot serve (None when it can): as `triton_device_supports`, a group
+    G ≤ MAX_GROUP (one row of G fp32 values per tile row) and a swish or sigmoid gate (or none)."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
+    if target.group_size is not None and target.group_size > MAX_GROUP:
+        return f"the Triton norm takes groups G ≤ {MAX_GROUP}, got {target.group_size}"
+    if target.gate not in (None, "swish", "sigmoid"):
+        return f"the Triton norm gates by swish or sigmoid, not {target.gate}"
+    return None
+
+
+def triton_prologue_supports(recipe, target) -> str | None:
+    """Why `delta_prologue` cannot serve (None when it can): as `triton_device_supports`, and a
+    head dim K ≤ MAX_HEAD_DIM (a whole row of q or k in one tile)."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
+    if target.head_k_dim is not None and target.head_k_dim > MAX_HEAD_DIM:
+        return f"the Triton prologue takes head dims K ≤ {MAX_HEAD_DIM}, got {target.head_k_dim}"
+    return None
+
+
 def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     """gated_linear, chunk, on Triton: the Call converted as torch_backend's linear chunk does
     (constant retention → per-head log γ on every token, β absent → 1, the state bare or a
     MemoryState), but with the caller's tensors as they are (native dtype, grouped heads)."""
-    from ..torch_backend import finish_state
     from .triton.gated import chunk_gated_triton
 
     recipe = call.recipe
@@ -98,13 +167,6 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
                               initial_state=S0, output_final_state=call.output_final_state,
                               chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
-
-
-def triton_delta_supports(recipe: Recipe, target) -> str | None:
-    """Why the delta chunk Triton row cannot serve (None when it can): as `triton_gated_supports`.
-    The kernels take the decay first or after, a probe key (Comba) and Householder micro-steps
-    (DeltaProduct)."""
-    return triton_gated_supports(recipe, target)
 
 
 def _gates(call):
@@ -121,7 +183,6 @@ def _gates(call):
 def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton` (the probe key
     p of the inputs and the recipe's decay_first passed on; DeltaProduct's k, v, β of rank 5 as they are)."""
-    from ..torch_backend import finish_state
     from .triton.delta import chunk_delta_triton
 
     g, beta = _gates(call)
@@ -159,8 +220,6 @@ class _RecurrentStep(torch.autograd.Function):
     def backward(ctx, do, dS):
         from dataclasses import replace
 
-        from ..torch_backend import memory_recurrent_impl
-
         saved = ctx.saved_tensors
         leaves = [None if x is None else x.detach().requires_grad_(x.is_floating_point()) for x in saved]
         q, k, v, g, beta, S0 = leaves
@@ -181,7 +240,6 @@ class _RecurrentStep(torch.autograd.Function):
 def linear_recurrent(call):
     """gated_linear / delta, recurrent, on Triton (see the module docstring): the caller's tensors as
     they are (native dtype, grouped heads), the state bare or a MemoryState; the final state fp32."""
-    from ..torch_backend import finish_state
 
     g, beta = _gates(call)  # constant retention: expanded decays that are no input (no gradient)
     S0 = call.initial_state
@@ -191,13 +249,28 @@ def linear_recurrent(call):
     return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
-def _register():
-    from ..dispatch import register
+def short_conv(x, weight, bias=None, tail=None, positions=None, activation="silu"):
+    """layer / conv on Triton: `kernels.triton.conv.short_conv` (the signature of
+    `torch_layer_ops.short_conv`)."""
+    from .triton.conv import short_conv as kernel
 
-    register("gated_linear", "chunk", "triton", gated_linear_chunk, supports=triton_gated_supports)
-    register("gated_linear", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
-    register("delta", "recurrent", "triton", linear_recurrent, supports=triton_step_supports)
-    register("delta", "chunk", "triton", delta_chunk, supports=triton_delta_supports, auto=True)
+    return kernel(x, weight, bias, tail, positions, activation)
 
 
-_register()
+def gated_rms_norm(o, z, weight, *, group_size: int, eps: float = 1e-5, activation: str = "swish",
+                   norm_before_gate: bool = True):
+    """layer / norm on Triton: `kernels.triton.norm.gated_rms_norm` (the signature of
+    `torch_layer_ops.gated_rms_norm`; no affine weight: a weight of ones [group_size])."""
+    from .triton.norm import gated_rms_norm as kernel
+
+    if weight is None:
+        weight = torch.ones(group_size, dtype=torch.float32, device=o.device)
+    return kernel(o, z, weight, eps=eps, activation=activation, norm_before_gate=norm_before_gate)
+
+
+def delta_prologue(q, k, b, a, A_log=None, dt_bias=None, *, gate="mamba", beta_max: float = 1.0, eps: float = 1e-6):
+    """layer / prologue on Triton: `kernels.triton.prologue.delta_prologue` (the signature of
+    `torch_layer_ops.delta_prologue`)."""
+    from .triton.prologue import delta_prologue as kernel
+
+    return kernel(q, k, b, a, A_log, dt_bias, gate=gate, beta_max=beta_max, eps=eps)

@@ -10,21 +10,21 @@ Documents (padding, packed sequences): with `positions` p_t (the token's positio
 document), the tap reaching i steps back is used only when i ≤ p_t, so no convolution reads
 across a document start (every tap before it counts as the zero before the sequence).
 
-On CUDA (the rule of `layers.fused.use_fused`: x, the tail and the parameters on a CUDA device,
-triton importable, fp32/bf16/fp16, W ≤ 8) the forward is one Triton kernel and the backward two
-(`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail fused, fp32 arithmetic; x read in
-place when only its channels are contiguous, e.g. a slice of a fused projection); elsewhere the
-torch ops below.
+Every call runs the "conv" layer op of the dispatch table, routed from the call (device type,
+the promoted dtype of x, tail, weight and bias, the width W) and the module's requested
+`backend`: on CUDA ("auto": triton importable, fp32/bf16/fp16, W ≤ 8) the forward is one Triton
+kernel and the backward one (`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail
+fused, fp32 arithmetic; x read in place when only its channels are contiguous, e.g. a slice of a
+fused projection); elsewhere the torch ops (`torch_layer_ops.short_conv`).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.triton.limits import MAX_CONV_WIDTH
-from .fused import use_fused
+from ..dispatch import Target, check_backend, promoted_dtype
+from .routing import describe_routes, layer_op_row
 
 Tensor = torch.Tensor
 
@@ -39,15 +39,20 @@ class ShortConv(nn.Module):
         kernel_size: W.
         bias: a per-channel bias (Mamba2's conv has one; fla's ShortConvolution does not).
         activation: "silu" or None.
+        backend: of the "conv" layer op, "auto" or a name (`fastweights.layer_op_backends("conv")`).
     """
 
-    def __init__(self, channels: int, kernel_size: int = 4, bias: bool = False, activation: str | None = "silu"):
+    def __init__(self, channels: int, kernel_size: int = 4, bias: bool = False, activation: str | None = "silu",
+                 backend: str = "auto"):
         super().__init__()
         if kernel_size < 1:
             raise ValueError(f"kernel_size must be ≥ 1, got {kernel_size}")
         if activation not in ("silu", None):
             raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+        check_backend(None, "conv", backend)
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
+        self.backend = backend
+        self.routes: dict[str, tuple[str, str]] = {}
         # nn.Conv1d holds the weight [C, 1, W] and gives PyTorch's default depthwise init
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=bias, padding=0)
 
@@ -65,31 +70,10 @@ class ShortConv(nn.Module):
         B, T, C = x.shape
         if tail is not None and tuple(tail.shape) != (B, self.kernel_size - 1, C):
             raise ValueError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got {list(tail.shape)}")
-        if use_fused(x, tail, positions, self.conv.weight, fits=self.kernel_size <= MAX_CONV_WIDTH):
-            from ..kernels.triton.conv import short_conv  # imported on first use (TRITON_INTERPRET is read then)
-
-            return short_conv(x, self.conv.weight, self.conv.bias, tail, positions, self.activation)
-        if tail is None:
-            tail = self.empty_tail(B, dtype=x.dtype, device=x.device)
-        xp = torch.cat([tail.to(x.dtype), x], dim=1)  # [B, W − 1 + T, C]
-        w = self.conv.weight[:, 0].to(x.dtype)  # [C, W]
-        # W shifted multiply-adds (F.conv1d's CPU path is slow for these tiny depthwise shapes)
-        W = self.kernel_size
-        if positions is None:
-            y = xp[:, 0:T] * w[:, 0]
-            for i in range(1, W):
-                y = y + xp[:, i:i + T] * w[:, i]  # [B, T, C]
-        else:  # tap i reaches W − 1 − i steps back: only within the token's document
-            y = xp[:, W - 1:W - 1 + T] * w[:, W - 1]
-            for i in range(W - 1):
-                reach = (positions >= W - 1 - i).to(x.dtype)[..., None]  # [B, T, 1]
-                y = y + xp[:, i:i + T] * w[:, i] * reach
-        if self.conv.bias is not None:
-            y = y + self.conv.bias.to(x.dtype)
-        if self.activation == "silu":
-            y = F.silu(y)
-        new_tail = xp[:, xp.shape[1] - (self.kernel_size - 1):]  # [B, W − 1, C]
-        return y, new_tail
+        w, b = self.conv.weight, self.conv.bias
+        target = Target.of(x.device, promoted_dtype(x, tail, w, b), conv_width=self.kernel_size)
+        return layer_op_row(self.routes, "conv", self.backend, target).fn(x, w, b, tail, positions, self.activation)
 
     def extra_repr(self) -> str:
-        return f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}"
+        return (f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}, "
+                f"backend={self.backend}{describe_routes(self.routes)}")

@@ -22,6 +22,14 @@ Forms (a documented rule, fixed at construction, never switched at run time):
   * decoding (`step`): `recurrent`, one token from the carried MixerState.
 `form=` overrides the rule explicitly (e.g. "recurrent" as a reference in tests).
 
+Backends (`fastweights.dispatch`, THE RULE): the layer stores the *requested* backend — `backend`
+for the training form ("auto" for the others: the decoding step's recurrent form among them) and
+`layer_ops` for the short convolutions, the norms and the delta prologue — and every call is
+routed afresh from what it is (device type, dtype, head dims, chunk size). A layer built on the
+CPU and moved to a GPU, or loaded by `from_pretrained`, runs the rows one built on the GPU runs;
+an explicit backend that cannot serve the call raises BackendNotAvailable there, naming those
+that can. `repr` shows the requested backends and the route of each form and op's last call.
+
 Documents (`segments=`, a `fastweights.layers.segments.Segments`: padding, packed sequences,
 per-row positions): RoPE and the short convolutions use each token's position inside its
 document; the softmax side masks attention to the token's own document; a fast-weight memory
@@ -47,16 +55,15 @@ from torch import nn
 
 from .. import api, dispatch
 from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
-from ..kernels.triton.args import MAX_HEAD_DIM  # torch only (no triton)
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
 from .conv import ShortConv
-from .fused import use_fused
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
 from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
+from .routing import describe_routes, layer_op_row
 from .segments import RowStates, Segments, cat_rows, split_rows
 from .state import MixerState, state_bytes
 
@@ -261,9 +268,10 @@ class MixerConfig:
     num_v_heads (fast-weight memories: value heads, a multiple of num_heads); num_kv_heads
     (softmax side: key/value heads dividing num_heads); preset (name of a PRESETS row or a
     MixerPreset; default `preset_for(recipe)`); form (None: `training_form`); chunk_size (chunk
-    form); scale (None: the recipe's); rope_theta; norm_eps; backend: the implementation of the
-    training form ("auto" or a name from `fastweights.backends`), resolved once when the layer is
-    built (`MemoryMixer.backend`) and never switched at run time.
+    form); scale (None: the recipe's); rope_theta; norm_eps; backend: the requested implementation
+    of the training form ("auto" or a name from `fastweights.backends`; its name is checked here,
+    whether it serves the device when a call is routed); layer_ops: the requested backend of the
+    layer ops — short convs, norms, the delta prologue (`fastweights.layer_op_backends`).
     """
 
     d_model: int
@@ -280,11 +288,13 @@ class MixerConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     backend: str = "auto"
+    layer_ops: str = "auto"
 
     def __post_init__(self):
         _pos_int(self.d_model, "d_model")
-        if not isinstance(self.backend, str):
-            raise MixerError(f"backend must be 'auto' or a backend name, got {self.backend!r}")
+        for name in ("backend", "layer_ops"):
+            if not isinstance(getattr(self, name), str):
+                raise MixerError(f"{name} must be 'auto' or a backend name, got {getattr(self, name)!r}")
         _pos_int(self.num_heads, "num_heads")
         _pos_int(self.head_dim, "head_dim", allow_none=True)
         _pos_int(self.head_v_dim, "head_v_dim", allow_none=True)
@@ -330,6 +340,12 @@ class MixerConfig:
             if self.form not in allowed:
                 raise MixerError(f"form={self.form!r} does not exist for {r.name}; available: {', '.join(allowed)}")
         self._check_preset(r, p)
+        try:  # the names only: whether a backend serves a device is each call's question
+            dispatch.check_backend(r, self.resolved_form, self.backend)
+            for op in dispatch.LAYER_OPS:
+                dispatch.check_backend(None, op, self.layer_ops)
+        except dispatch.BackendNotAvailable as e:
+            raise MixerError(str(e)) from None
 
     @staticmethod
     def _check_preset(r: Recipe, p: MixerPreset):
@@ -423,25 +439,23 @@ class MemoryMixer(nn.Module):
         model: zoo name or Recipe.
         num_heads: query/key heads (H_q); on the softmax side, query heads.
         head_dim, head_v_dim, num_v_heads, num_kv_heads, preset, form, chunk_size, scale,
-        rope_theta, norm_eps, backend: see MixerConfig.
+        rope_theta, norm_eps, backend, layer_ops: see MixerConfig.
         **overrides: fields of MixerPreset replacing the preset's (e.g. conv="none", out_gate="swish").
 
     forward(x, state=None, *, output_state=False, form=None) -> (y, MixerState | None)
     step(x [B, 1, d], state) -> (y, MixerState): one decoding step by the recurrent form.
 
-    Backends: `self.backends` maps every form the layer can run to the backend it runs it with,
-    resolved once here: the configured `backend` for the training form (`self.backend`), "auto"
-    for the others (the decoding step's recurrent form among them). "auto" is resolved for the
-    device the layer is built on (its parameters' device: build under `with torch.device("cuda"):`
-    to resolve for the GPU); a layer moved to a device its backend cannot serve raises
-    BackendNotAvailable at its first call instead of switching algorithm.
+    Backends (requested, routed per call: see the module doc): `self.backend` is the training
+    form's, `self.backends` maps every form the layer can run to its requested backend ("auto"
+    for the forms other than the training form), `self.layer_ops` is the layer ops'. `self.routes`
+    records the backend and device type each form and layer op took on its last call.
     """
 
     def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
                  head_v_dim: int | None = None, num_v_heads: int | None = None, num_kv_heads: int | None = None,
                  preset: str | MixerPreset | None = None, form: str | None = None, chunk_size: int = 64,
                  scale: float | None = None, rope_theta: float = 10000.0, norm_eps: float = 1e-5,
-                 backend: str = "auto", **overrides):
+                 backend: str = "auto", layer_ops: str = "auto", **overrides):
         super().__init__()
         unknown = set(overrides) - _PRESET_FIELDS
         if unknown:
@@ -449,7 +463,7 @@ class MemoryMixer(nn.Module):
         base = MixerConfig(d_model=d_model, model=model, num_heads=num_heads, head_dim=head_dim,
                            head_v_dim=head_v_dim, num_v_heads=num_v_heads, num_kv_heads=num_kv_heads,
                            preset=preset, form=form, chunk_size=chunk_size, scale=scale, rope_theta=rope_theta,
-                           norm_eps=norm_eps, backend=backend)
+                           norm_eps=norm_eps, backend=backend, layer_ops=layer_ops)
         if overrides:
             try:
                 base = replace(base, preset=replace(base.resolved_preset, **overrides))
@@ -474,12 +488,12 @@ class MemoryMixer(nn.Module):
         else:
             self.k_proj = nn.Linear(d, n * Hq * K, bias=False)
             self.v_proj = nn.Linear(d, n * H * V, bias=False)
-        conv = lambda c: ShortConv(c, p.conv_size, bias=p.conv_bias)
+        conv = lambda c: ShortConv(c, p.conv_size, bias=p.conv_bias, backend=cfg.layer_ops)
         self.q_conv = conv(self.q_proj.out_features) if p.conv in ("qkv", "qk") else None
         self.k_conv = conv(self.k_proj.out_features) if p.conv in ("qkv", "qk") else None
         self.v_conv = conv(self.v_proj.out_features) if p.conv == "qkv" else None
-        self.q_norm = RMSNorm(K, eps=1e-6) if p.qk_norm == "rms" else None
-        self.k_norm = RMSNorm(K, eps=1e-6) if p.qk_norm == "rms" else None
+        self.q_norm = RMSNorm(K, eps=1e-6, backend=cfg.layer_ops) if p.qk_norm == "rms" else None
+        self.k_norm = RMSNorm(K, eps=1e-6, backend=cfg.layer_ops) if p.qk_norm == "rms" else None
 
         # -- gates: the inputs the recipe takes
         gh = H  # heads of g (query heads on the softmax side)
@@ -511,7 +525,7 @@ class MemoryMixer(nn.Module):
             self.probe_decay = self.probe_correction = None
         if "w" in self.acc:  # PaTH
             self.w_proj = nn.Sequential(nn.Linear(d, p.w_rank, bias=False), nn.Linear(p.w_rank, bh * K, bias=False))
-            self.w_conv = ShortConv(bh * K, p.w_conv) if p.w_conv > 0 else None
+            self.w_conv = ShortConv(bh * K, p.w_conv, backend=cfg.layer_ops) if p.w_conv > 0 else None
         else:
             self.w_proj = self.w_conv = None
 
@@ -548,11 +562,13 @@ class MemoryMixer(nn.Module):
         if p.out_norm != "none":
             self.o_norm = GatedRMSNorm(V if p.out_norm == "head" else H * V, eps=norm_eps,
                                        activation=p.out_gate if p.out_gate != "none" else "swish",
-                                       norm_before_gate=p.norm_before_gate)
+                                       norm_before_gate=p.norm_before_gate, backend=cfg.layer_ops)
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self._x_projs = self._joint_projections()
-        self.backends = self._resolve_backends(cfg.backend)
-        self.backend = self.backends[self.form]
+        have = ("parallel", "recurrent") if self.is_softmax else tuple(api.forms(r))
+        self.backends = {f: (cfg.backend if f == self.form else "auto") for f in have}  # requested, per form
+        self.backend, self.layer_ops = cfg.backend, cfg.layer_ops
+        self.routes: dict[str, tuple[str, str]] = {}
 
     def _joint_projections(self) -> tuple[tuple[str, str], ...]:
         """(key, attribute path) of the bias-free nn.Linear layers reading x that `_project` runs as one
@@ -584,16 +600,6 @@ class MemoryMixer(nn.Module):
         lins = [self.get_submodule(path) for _, path in self._x_projs]
         y = F.linear(x, torch.cat([lin.weight for lin in lins]))  # [B, T, ΣN_i]
         return dict(zip((key for key, _ in self._x_projs), y.split([lin.out_features for lin in lins], dim=-1)))
-
-    def _resolve_backends(self, backend: str) -> dict[str, str]:
-        """{form: concrete backend} for every form this layer can run, fixed from here on."""
-        target = dispatch.Target.of(self.q_proj.weight.device, None, self.K, self.V)
-        have = ("parallel", "recurrent") if self.is_softmax else tuple(api.forms(self.recipe))
-        try:
-            return {f: dispatch.resolve_backend(self.recipe, f, backend if f == self.form else "auto", target)
-                    for f in have}
-        except dispatch.BackendNotAvailable as e:
-            raise MixerError(str(e)) from None
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int, *, dtype=None, device=None) -> MixerState:
@@ -702,13 +708,13 @@ class MemoryMixer(nn.Module):
         if self.probe_decay is not None:  # Comba: p = k·σ(d), q ← q − D·p (before the L2 norm)
             pr = k * torch.sigmoid(self.probe_decay).to(k.dtype)[:, None]  # [B, T, Hq, K]
             q = q - self.probe_correction.to(q.dtype)[:, None] * pr
-        # the delta layer's L2 norm of q, k, β and Mamba/KDA gate in one Triton pass (layers.fused's rule)
-        fused = self._prologue_fits() and use_fused(q, k, x, fits=K <= MAX_HEAD_DIM)
-        inputs = self._fused_prologue(q, k, x, proj) if fused else {}
-        if fused:
+        # the delta layer's L2 norm of q, k, β and Mamba/KDA gate: the "prologue" layer op (one Triton pass on CUDA)
+        prologue = self._prologue_fits()
+        inputs = self._prologue(q, k, x, proj) if prologue else {}
+        if prologue:
             q, k = inputs.pop("q"), inputs.pop("k")
         if p.qk_norm == "l2":
-            q, k = (q, k) if fused else (l2norm(q), l2norm(k))
+            q, k = (q, k) if prologue else (l2norm(q), l2norm(k))
             pr = l2norm(pr) if pr is not None else None
         elif p.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -717,12 +723,12 @@ class MemoryMixer(nn.Module):
             k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
 
         dt = None
-        if self.decay is not None and not fused:
+        if self.decay is not None and not prologue:
             if isinstance(self.decay, MambaDecay):
                 inputs["g"], dt = self.decay(x, proj.get("a"))
             else:
                 inputs["g"] = self.decay(x)
-        if self.beta is not None and not fused:
+        if self.beta is not None and not prologue:
             inputs["beta"] = self.beta(x, proj.get("b"))
         elif self.beta is None and p.beta == "dt":
             inputs["beta"] = dt
@@ -758,6 +764,10 @@ class MemoryMixer(nn.Module):
                 inputs["p"] = pr
             fn = getattr(api, form)
             kw = {"chunk_size": self.config.chunk_size} if form == "chunk" else {}
+            # THE RULE: this call's row, from its Target (the same the op routes by); the op gets its name
+            target = api.call_target(form, q, K, V, self.config.chunk_size)
+            kw["backend"] = dispatch.route(r, form, self.backends[form], target).backend
+            self.routes[form] = (kw["backend"], target.device_type)
             if (seg is not None and not seg.single) or isinstance(memory, RowStates):
                 doc = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
                 o, memory = self._memory_by_document(fn, form, q, k, v, inputs, state.memory if state else None,
@@ -765,7 +775,7 @@ class MemoryMixer(nn.Module):
             else:
                 # check_values=False: the gates are in range by construction (no GPU synchronization per call)
                 o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                               check_values=False, backend=self.backends[form], **inputs, **kw)
+                               check_values=False, **inputs, **kw)
             if self.D is not None:
                 o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
         y = self._output(o, x, proj.get("z"))
@@ -781,12 +791,10 @@ class MemoryMixer(nn.Module):
         return (not self.is_softmax and p.qk_norm == "l2" and p.beta in ("sigmoid", "none")
                 and p.decay in ("mamba", "kda", "none"))
 
-    def _fused_prologue(self, q: Tensor, k: Tensor, x: Tensor, proj: dict[str, Tensor]) -> dict[str, Tensor]:
-        """{q: q̂, k: k̂, beta, g} by `kernels.triton.prologue.delta_prologue`, fed with the gates'
-        projections of x (from `proj` where `_project` computed them; β [B, T, H] or [B, T, n, H],
-        g [B, T, H] or [B, T, H, K]; fp32)."""
-        from ..kernels.triton.prologue import delta_prologue  # imported on first use (TRITON_INTERPRET)
-
+    def _prologue(self, q: Tensor, k: Tensor, x: Tensor, proj: dict[str, Tensor]) -> dict[str, Tensor]:
+        """{q: q̂, k: k̂, beta, g} by the "prologue" layer op (`torch_layer_ops.delta_prologue` or its
+        Triton row), fed with the gates' projections of x (from `proj` where `_project` computed
+        them; β [B, T, H] or [B, T, n, H], g [B, T, H] or [B, T, H, K]; fp32)."""
         B, T, _ = x.shape
         b = (proj["b"] if "b" in proj else self.beta.proj(x)) if self.beta is not None else None  # [B, T, n·H]
         a = A_log = dt_bias = gate = None
@@ -796,8 +804,10 @@ class MemoryMixer(nn.Module):
             a = proj["a"] if "a" in proj else dec.proj(x)  # [B, T, H] or [B, T, H·K]
             a = a if gate == "mamba" else a.view(B, T, dec.num_heads, dec.channels)
             A_log, dt_bias = dec.A_log, dec.dt_bias
-        q, k, beta, g = delta_prologue(q, k, b, a, A_log, dt_bias, gate=gate,
-                                       beta_max=self.beta.scale if self.beta is not None else 1.0)
+        target = dispatch.Target.of(x.device, dispatch.promoted_dtype(q, k, b, a, A_log, dt_bias), self.K)
+        row = layer_op_row(self.routes, "prologue", self.layer_ops, target)
+        q, k, beta, g = row.fn(q, k, b, a, A_log, dt_bias, gate=gate,
+                               beta_max=self.beta.scale if self.beta is not None else 1.0)
         out = {"q": q, "k": k}
         if beta is not None:
             out["beta"] = beta.view(B, T, self.n, self.H) if self.beta.steps > 1 else beta
@@ -838,7 +848,7 @@ class MemoryMixer(nn.Module):
             and not isinstance(memory, RowStates)
         if varlen:  # sequence s starts from row s of the carried memory (S = B), or from zeros
             o, final = fn(r, qp, kp, vp, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                          check_values=False, cu_seqlens=cu, backend=self.backends[form], **toks, **kw)
+                          check_values=False, cu_seqlens=cu, **toks, **kw)
         else:  # one call per document
             outs, finals = [], []
             bounds = cu.tolist()
@@ -851,8 +861,7 @@ class MemoryMixer(nn.Module):
                     continue
                 part = {name: (val if name in PER_HEAD_INPUTS else val[:, a:b]) for name, val in toks.items()}
                 o_s, f_s = fn(r, qp[:, a:b], kp[:, a:b], vp[:, a:b], scale=self.scale, initial_state=init,
-                              output_final_state=output_state, check_values=False, backend=self.backends[form],
-                              **part, **kw)
+                              output_final_state=output_state, check_values=False, **part, **kw)
                 outs.append(o_s)
                 finals.append(f_s)
             o = torch.cat(outs, dim=1) if outs else vp.new_zeros(1, 0, self.H, self.V)
@@ -887,8 +896,10 @@ class MemoryMixer(nn.Module):
         return self.o_proj(o.to(self.o_proj.weight.dtype))
 
     def extra_repr(self) -> str:
-        return (f"model={self.recipe.name}, form={self.form}, backend={self.backend}, heads={self.Hq}/{self.H}"
-                f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}")
+        ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"
+        return (f"model={self.recipe.name}, form={self.form}, heads={self.Hq}/{self.H}"
+                f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}, "
+                f"backend={self.backend}{ops}{describe_routes(self.routes)}")
 
 
 class SoftmaxAttention(MemoryMixer):

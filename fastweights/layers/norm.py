@@ -6,11 +6,12 @@
                   gate-then-norm  y = RMSNorm(o ⊙ act(z))           (Mamba2, norm_before_gate=False)
                   over groups of `group_size` channels (one head, or the whole width).
 
-GatedRMSNorm on CUDA (the rule of `layers.fused.use_fused`: o, z and the weight on a CUDA device,
-triton importable, fp32/bf16/fp16, group_size ≤ 8192, gate swish or sigmoid or none) runs one
-Triton kernel each way (`kernels.triton.norm.gated_rms_norm`, fp32 statistics and arithmetic,
-the gate product not rounded to o's dtype); elsewhere the torch ops below. RMSNorm (with its
-weight) takes the same kernel on the same rule: no gate, one group of `dim` channels.
+GatedRMSNorm and RMSNorm run the "norm" layer op of the dispatch table on every call, routed from
+the call (device type, the promoted dtype of o, z and the weight, the group size, the gate) and
+the module's requested `backend`: on CUDA ("auto": triton importable, fp32/bf16/fp16, group ≤ 8192,
+gate swish or sigmoid or none) one Triton kernel each way (`kernels.triton.norm.gated_rms_norm`,
+fp32 statistics and arithmetic, the gate product not rounded to o's dtype); elsewhere the torch
+ops (`torch_layer_ops.gated_rms_norm`). RMSNorm is the same op: no gate, one group of `dim`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.triton.limits import MAX_GROUP
-from .fused import use_fused
+from ..dispatch import Target, check_backend, promoted_dtype
+from ..torch_layer_ops import gate_activation, l2norm
+from .routing import describe_routes, layer_op_row
 
 Tensor = torch.Tensor
 
@@ -31,48 +32,24 @@ __all__ = ["l2norm", "RMSNorm", "GatedRMSNorm", "gate_activation"]
 GateAct = Literal["swish", "sigmoid", "gelu_tanh"]
 
 
-def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(Σ x² + eps) along the last dimension, computed in fp32 (or fp64), cast back."""
-    xf = x.float() if x.dtype not in (torch.float32, torch.float64) else x
-    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def gate_activation(name: str, z: Tensor) -> Tensor:
-    """swish z·σ(z), sigmoid σ(z) or gelu_tanh."""
-    if name == "swish":
-        return F.silu(z)
-    if name == "sigmoid":
-        return torch.sigmoid(z)
-    if name == "gelu_tanh":
-        return F.gelu(z, approximate="tanh")
-    raise ValueError(f"gate activation must be 'swish', 'sigmoid' or 'gelu_tanh', got {name!r}")
-
-
-def _rms(x: Tensor, eps: float) -> Tensor:
-    xf = x.float() if x.dtype not in (torch.float32, torch.float64) else x
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-
-
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dimension `dim`: x / sqrt(mean(x²) + eps) ⊙ w, w initialized to 1."""
+    """RMSNorm over the last dimension `dim`: x / sqrt(mean(x²) + eps) ⊙ w, w initialized to 1
+    (affine=False: no w). backend: of the "norm" layer op, "auto" or a name."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, affine: bool = True):
+    def __init__(self, dim: int, eps: float = 1e-5, affine: bool = True, backend: str = "auto"):
         super().__init__()
-        self.dim, self.eps = dim, eps
+        check_backend(None, "norm", backend)
+        self.dim, self.eps, self.backend = dim, eps, backend
+        self.routes: dict[str, tuple[str, str]] = {}
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.weight is not None and use_fused(x, self.weight, fits=self.dim <= MAX_GROUP):
-            from ..kernels.triton.norm import gated_rms_norm  # the same kernel, no gate, one group
-
-            return gated_rms_norm(x, None, self.weight, eps=self.eps)
-        y = _rms(x, self.eps)
-        if self.weight is not None:
-            y = y * self.weight.to(y.dtype)
-        return y.to(x.dtype)
+        target = Target.of(x.device, promoted_dtype(x, self.weight), group_size=self.dim)
+        return layer_op_row(self.routes, "norm", self.backend, target).fn(x, None, self.weight, group_size=self.dim,
+                                                                         eps=self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}, backend={self.backend}{describe_routes(self.routes)}"
 
 
 class GatedRMSNorm(nn.Module):
@@ -82,33 +59,28 @@ class GatedRMSNorm(nn.Module):
     norm_before_gate=True:  y = RMSNorm_g(o) ⊙ w ⊙ act(z)      (fla FusedRMSNormGated)
     norm_before_gate=False: y = RMSNorm_g(o ⊙ act(z)) ⊙ w      (Mamba2's RMSNormGated)
     The weight w [group_size] is shared by the groups (one head = one group).
+    backend: of the "norm" layer op, "auto" or a name (`fastweights.layer_op_backends("norm")`).
     """
 
     def __init__(self, group_size: int, eps: float = 1e-5, activation: GateAct = "swish",
-                 norm_before_gate: bool = True):
+                 norm_before_gate: bool = True, backend: str = "auto"):
         super().__init__()
         gate_activation(activation, torch.zeros(1))  # validate the name
+        check_backend(None, "norm", backend)
+        self.backend = backend
+        self.routes: dict[str, tuple[str, str]] = {}
         self.group_size, self.eps = group_size, eps
         self.activation, self.norm_before_gate = activation, norm_before_gate
         self.weight = nn.Parameter(torch.ones(group_size))
 
     def forward(self, o: Tensor, z: Tensor | None = None) -> Tensor:
-        shape = o.shape
         G = self.group_size
-        fits = G <= MAX_GROUP and (z is None or self.activation in ("swish", "sigmoid"))
-        if use_fused(o, z, self.weight, fits=fits):
-            from ..kernels.triton.norm import gated_rms_norm  # imported on first use (TRITON_INTERPRET is read then)
-
-            return gated_rms_norm(o, z, self.weight, eps=self.eps, activation=self.activation,
-                                  norm_before_gate=self.norm_before_gate)
-        if z is not None and not self.norm_before_gate:
-            o = o * gate_activation(self.activation, z.to(o.dtype))
-        y = _rms(o.reshape(*shape[:-1], shape[-1] // G, G), self.eps)  # [..., C / G, G]
-        y = (y * self.weight.to(y.dtype)).reshape(shape)  # [..., C]
-        if z is not None and self.norm_before_gate:
-            y = y * gate_activation(self.activation, z.to(y.dtype))
-        return y.to(o.dtype)
+        target = Target.of(o.device, promoted_dtype(o, z, self.weight), group_size=G,
+                           gate=self.activation if z is not None else None)
+        return layer_op_row(self.routes, "norm", self.backend, target).fn(
+            o, z, self.weight, group_size=G, eps=self.eps, activation=self.activation,
+            norm_before_gate=self.norm_before_gate)
 
     def extra_repr(self) -> str:
         return (f"group_size={self.group_size}, eps={self.eps}, activation={self.activation}, "
-                f"norm_before_gate={self.norm_before_gate}")
+                f"norm_before_gate={self.norm_before_gate}, backend={self.backend}{describe_routes(self.routes)}")

@@ -47,7 +47,7 @@ def save_pretrained(model, directory) -> None:
     _atomic_write(d / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
 
 
-def load_pretrained(cls, directory, *, device=None):
+def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -75,8 +75,12 @@ def load_pretrained(cls, directory, *, device=None):
         tensors = load_file(str(w_path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{w_path}: corrupt or truncated safetensors file ({e})") from None
-    # the backends the saved model ran; checkpoints written before they were recorded ran the torch backend
-    backends = doc.get("backends", ["torch"] * config.n_layers)
+    # the backend each layer requested ("auto" or a name). Checkpoints written before calls were routed per
+    # call recorded the resolved names ("torch", "triton"): they load as explicit requests (`backend`
+    # replaces them); those written before backends were recorded at all request the config's.
+    backends = doc.get("backends", [config.layer_backend(i) for i in range(config.n_layers)])
+    if backend is not None:
+        backends = [backend] * config.n_layers
     if not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
         raise CheckpointError(f"{cfg_path}: 'backends' must be a list of backend names, got {backends!r}")
     if len(backends) != config.n_layers:
@@ -85,7 +89,7 @@ def load_pretrained(cls, directory, *, device=None):
                               f"{config.n_layers}: backends missing or extra for layers {lo}…{hi - 1}")
     try:
         model = cls(config, backends=tuple(backends))
-    except ValueError as e:  # a recorded backend this installation cannot serve
+    except ValueError as e:  # a recorded backend this installation does not know
         raise CheckpointError(f"{cfg_path}: {e}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))

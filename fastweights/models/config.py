@@ -63,10 +63,16 @@ class LMConfig:
     num_v_heads:  grouped value heads of the fast-weight layers; num_kv_heads: grouped KV heads of
                   the softmax-side layers.
     chunk_size:   the chunk form's chunk; rope_theta; norm_eps; init_std (embedding init).
-    backend:      the implementation of every layer's training form: "auto", a backend name
-                  (`fastweights.backends`), or one entry per layer. The LM resolves "auto" once, when
-                  it is built (`lm.backends`); checkpoints record the resolved names, so a reloaded
-                  model runs the same algorithm whatever "auto" would pick on the new machine.
+    backend:      the requested implementation of every layer's training form: "auto", a backend
+                  name (`fastweights.backends`), or one entry per layer. Nothing is resolved when the
+                  LM is built: every call is routed from what it is (device type, dtype, head dims,
+                  chunk size; `fastweights.dispatch`), so an LM built on the CPU and moved to a GPU
+                  runs what one built on the GPU runs. Checkpoints record the requested names
+                  (`lm.backends`); checkpoints written before this rule recorded the resolved ones
+                  ("torch", "triton"), which load as explicit requests.
+    layer_ops:    the requested backend of the layer ops (short convolutions, norms, the delta
+                  prologue; `fastweights.layer_op_backends`): "auto", "torch" (e.g. the A/B of
+                  `fastweights bench train --layer-ops torch`) or "triton".
     mixer_overrides: MixerPreset fields replaced in every layer's preset, as a dict or (field,
                   value) pairs, e.g. {"out_gate": "none", "conv": "qkv"} (the recall lab's MQAR
                   wiring); stored as sorted pairs and saved with the config, so a checkpoint
@@ -89,6 +95,7 @@ class LMConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     backend: str | tuple[str, ...] = "auto"
+    layer_ops: str = "auto"
     mixer_overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
@@ -163,7 +170,7 @@ class LMConfig:
         return dict(d_model=self.d_model, model=spec, num_heads=self.num_heads, head_dim=self.head_dim,
                     head_v_dim=self.head_v_dim, num_v_heads=None if softmax else self.num_v_heads,
                     num_kv_heads=self.num_kv_heads if softmax else None, chunk_size=self.chunk_size,
-                    rope_theta=self.rope_theta, norm_eps=self.norm_eps)
+                    rope_theta=self.rope_theta, norm_eps=self.norm_eps, layer_ops=self.layer_ops)
 
     def mixer_kwargs(self, layer: int) -> dict[str, Any]:
         """Keyword arguments of MemoryMixer for layer `layer` (the preset overrides included)."""

@@ -64,9 +64,10 @@ class Block(nn.Module):
     def __init__(self, config: LMConfig, layer: int):
         super().__init__()
         spec = config.layer_mixers[layer]
-        self.norm1 = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.norm1 = RMSNorm(config.d_model, eps=config.norm_eps, backend=config.layer_ops)
         self.mixer = MemoryMixer(config.d_model, spec, config.num_heads, **config.mixer_kwargs(layer))
-        self.norm2 = RMSNorm(config.d_model, eps=config.norm_eps) if config.mlp == "swiglu" else None
+        self.norm2 = RMSNorm(config.d_model, eps=config.norm_eps, backend=config.layer_ops) \
+            if config.mlp == "swiglu" else None
         self.mlp = SwiGLU(config.d_model, config.hidden) if config.mlp == "swiglu" else None
 
     def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
@@ -132,8 +133,9 @@ class LM(nn.Module):
     """
 
     def __init__(self, config: LMConfig, *, backends: tuple[str, ...] | None = None):
-        """backends: the concrete backend of every layer, overriding config.backend (what a
-        checkpoint recorded); default: config.backend, "auto" resolved once here (`self.backends`)."""
+        """backends: the requested backend of every layer's training form ("auto" or a name),
+        overriding config.backend (what a checkpoint recorded); default: config.backend. Nothing is
+        resolved here: every call is routed from what it is (`fastweights.dispatch`)."""
         super().__init__()
         if not isinstance(config, LMConfig):
             raise TypeError(f"LM takes an LMConfig, got {type(config).__name__}")
@@ -145,11 +147,12 @@ class LM(nn.Module):
                 raise ValueError(f"backends must name one backend per layer ({config.n_layers}), got {backends!r}")
             config = dataclasses.replace(config, backend=tuple(backends))
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, eps=config.norm_eps)
+        self.norm = RMSNorm(config.d_model, eps=config.norm_eps, backend=config.layer_ops)
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """The backend each layer runs its training form with (resolved when the LM was built)."""
+        """The requested backend of each layer's training form ("auto" or a name; what checkpoints
+        record). What a call ran: each mixer's `routes`, shown by `repr`."""
         return tuple(b.mixer.backend for b in self.blocks)
 
     # ------------------------------------------------------------------ forward passes
@@ -393,12 +396,14 @@ class LM(nn.Module):
         save_pretrained(self, directory)
 
     @classmethod
-    def from_pretrained(cls, directory, *, device=None) -> LM:
+    def from_pretrained(cls, directory, *, device=None, backend: str | None = None) -> LM:
         """Load what save_pretrained wrote (weights in their saved dtype); CheckpointError if a file
-        is missing or corrupt."""
+        is missing or corrupt. The layers request the backends the checkpoint recorded; `backend`
+        ("auto" or a name) replaces them for every layer — e.g. "auto" for a checkpoint written
+        before backends were routed per call, which recorded the resolved "torch" or "triton"."""
         from .checkpoint import load_pretrained
 
-        return load_pretrained(cls, directory, device=device)
+        return load_pretrained(cls, directory, device=device, backend=backend)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

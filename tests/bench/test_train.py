@@ -1,6 +1,7 @@
 """`fastweights bench train`: a tiny CPU run writes the table and the JSON (positive tokens/s for
 both models, the ratio against softmax_attention), every argument is checked before anything runs,
-and a failing row is recorded while the run goes on."""
+a failing row is recorded while the run goes on, --layer-ops picks the layer ops' backend and
+--build makes the LM three ways that run the same rows (on a fake GPU: `tests/fake_cuda.py`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fastweights import cli
 from fastweights.bench import train
 from fastweights.cliargs import ArgError
 from fastweights.models import LM
+from tests.fake_cuda import FakeCuda
 
 TINY = ["--d-model", "32", "--n-layers", "2", "--num-heads", "2", "--head-dim", "16", "--vocab-size", "64",
         "--steps", "2", "--warmup", "1", "--threads", "1"]
@@ -46,13 +48,14 @@ def test_tiny_cpu_run_writes_table_and_json_with_ratios(tmp_path, capsys):
         assert r["tokens_per_s"] > 0 and len(r["step_ms_all"]) == 2
         assert r["tokens_per_s"] == pytest.approx(64 / (r["step_ms"] / 1e3))
         assert r["peak_bytes"] is None and r["peak_vs_base"] is None  # CPU: no number made up
-        assert r["params"] > 0 and len(r["backends"]) == 2
+        assert r["params"] > 0 and len(r["backends"]) == 2 and r["build"] == "device"
         assert math.isfinite(r["loss"]) and r["loss"] > 0  # finite: the step really ran
     assert base["tokens_vs_base"] == pytest.approx(1.0)
     assert gdn["tokens_vs_base"] == pytest.approx(gdn["tokens_per_s"] / base["tokens_per_s"])
     md = (tmp_path / "train.md").read_text()
     assert data["command"] in md and md.count("\n| gated_deltanet |") == 1
-    assert md.split("\n| gated_deltanet |")[1].split("\n")[0].split(" | ")[7] == f"{gdn['tokens_vs_base']:.2f}×"
+    assert md.split("\n| gated_deltanet |")[1].split("\n")[0].split(" | ")[8] == f"{gdn['tokens_vs_base']:.2f}×"
+    assert gdn["backends"] == ["torch", "torch"] and gdn["layer_ops"] == ["torch"] and base["backends"] == ["sdpa"] * 2
 
 
 def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
@@ -124,26 +127,52 @@ def test_a_failing_row_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
     assert any("| gated_deltanet | 2×16 |" in ln and "OutOfMemoryError" in ln for ln in lines)
 
 
-def test_layer_ops_torch_turns_the_fused_layer_kernels_off(tmp_path, monkeypatch):
-    """--layer-ops torch runs every row under fused_kernels(False): with the fused paths forced on
-    (as on CUDA) and the fused norm kernel made to fail, the fused run records the failure and the
-    torch run does not; the setting is in the setup line and the command."""
-    from fastweights.kernels.triton import norm as fused_norm
-    from fastweights.layers.fused import fused_kernels
+def test_layer_ops_torch_turns_the_layer_kernels_off(tmp_path, monkeypatch):
+    """--layer-ops torch builds every row with LMConfig.layer_ops="torch": with the Triton rows serving
+    CPU calls (as on CUDA) and the norm kernel made to fail, the default ("auto") run records the
+    failure and the torch run does not; the setting is in the setup line and the command."""
+    from fastweights.kernels.triton import norm as triton_norm
 
     def refuse(*a, **k):
-        raise RuntimeError("the fused norm kernel ran")
+        raise RuntimeError("the norm kernel ran")
 
-    monkeypatch.setattr(fused_norm, "gated_rms_norm", refuse)
+    FakeCuda(monkeypatch, kernels=True).install()
+    monkeypatch.setattr(triton_norm, "gated_rms_norm", refuse)
     kw = dict(models=["softmax_attention"], d_model=32, n_layers=1, num_heads=2, head_dim=16, vocab_size=64,
               lengths=[16], steps=1, warmup=0, dtype="float32", log=lambda s: None)
-    with fused_kernels(True):
-        fused = train.run_train(**kw, out_dir=str(tmp_path / "f"))
-        plain = train.run_train(**kw, layer_ops="torch", out_dir=str(tmp_path / "t"))
-    assert "the fused norm kernel ran" in fused[0].error
-    assert not plain[0].error and plain[0].tokens_per_s > 0
+    fused = train.run_train(**kw, out_dir=str(tmp_path / "f"))
+    plain = train.run_train(**kw, layer_ops="torch", out_dir=str(tmp_path / "t"))
+    assert "the norm kernel ran" in fused[0].error
+    assert not plain[0].error and plain[0].tokens_per_s > 0 and plain[0].layer_ops == ["torch"]
     data = json.loads((tmp_path / "t" / "train.json").read_text())
     assert "--layer-ops torch" in data["command"] and data["setup"].endswith("layer ops torch")
     with pytest.raises(ArgError, match="^--layer-ops"):
         train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
-                         lengths=[64], layer_ops="triton")
+                         lengths=[64], layer_ops="fused")
+
+
+def test_build_makes_the_lm_three_ways_that_run_the_same_rows(tmp_path, monkeypatch, capsys):
+    """--build device moved from_pretrained: a row per build (each compared with the softmax row of its
+    build); on a (fake) GPU every build's layers run the Triton rows, their training form and their
+    layer ops alike."""
+    FakeCuda(monkeypatch).install()
+    rc = cli.main(["bench", "train", *TINY, "--lengths", "32", "--dtype", "float32", "--steps", "1",
+                   "--build", "device", "moved", "from_pretrained", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["command"].endswith("--build device moved from_pretrained")
+    assert "built device, moved, from_pretrained" in data["setup"]
+    rows = data["rows"]
+    assert [(r["build"], r["model"]) for r in rows] == [(b, m) for b in ("device", "moved", "from_pretrained")
+                                                        for m in ("softmax_attention", "gated_deltanet")]
+    for r in rows:
+        assert not r["error"] and r["tokens_per_s"] > 0 and r["tokens_vs_base"] is not None, r
+        assert r["layer_ops"] == ["triton"]
+        assert r["backends"] == (["triton", "triton"] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
+    out = capsys.readouterr().out
+    assert "| gated_deltanet | 1×32 | from_pretrained |" in out and "triton×2; ops triton" in out
+    with pytest.raises(SystemExit, match="2"):  # argparse: not one of the choices
+        cli.main(["bench", "train", *TINY, "--build", "cuda", "--out", str(tmp_path / "x")])
+    with pytest.raises(ArgError, match="^--build"):
+        train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
+                         lengths=[64], build=())

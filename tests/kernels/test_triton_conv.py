@@ -79,7 +79,7 @@ def _compare(x, tol, activation="silu", view=None):
         conv.conv.weight.copy_(ref["weight"])
         if "bias" in x:
             conv.conv.bias.copy_(ref["bias"])
-    y_r, nt_r = conv(ref["x"], ref.get("tail"), pos)  # fp64: the torch ops (layers.fused's rule)
+    y_r, nt_r = conv(ref["x"], ref.get("tail"), pos)  # fp64: the torch row (the Triton one takes no fp64)
     params = {"weight": conv.conv.weight, "bias": conv.conv.bias}
     want = torch.autograd.grad(_loss((y_r, nt_r), seed), [params.get(n, ref.get(n)) for n in names])
     assert rel(y, y_r) < tol and (nt_r.numel() == 0 or rel(nt, nt_r) < tol)
@@ -177,20 +177,21 @@ def test_conv_low_precision(dtype, gen):
     _compare(_inputs(gen, T=3, dtype=dtype, tail_dtype=torch.float32), CONV_LOW_REL[dtype])
 
 
-def test_conv_layer_continues_across_calls(gen):
-    """Through ShortConv on the fused path: a sequence in pieces (prefill, then token by token,
-    carrying the tail) equals one call."""
-    from fastweights.layers.fused import fused_kernels
+def test_conv_layer_continues_across_calls(gen, monkeypatch):
+    """Through ShortConv on its Triton row (backend="triton"; CPU tensors: `tests/fake_cuda.py`): a
+    sequence in pieces (prefill, then token by token, carrying the tail) equals one call."""
+    from tests.fake_cuda import FakeCuda
 
-    conv = ShortConv(12, 4, bias=True).to(DEV)
+    fake = FakeCuda(monkeypatch, kernels=True).install()
+    conv = ShortConv(12, 4, bias=True, backend="triton").to(DEV)
     x = torch.randn(2, 9, 12, generator=gen).to(DEV)
-    with fused_kernels(True):
-        y, tail = conv(x)
-        y1, t1 = conv(x[:, :5])
-        parts = [y1]
-        for t in range(5, 9):
-            yt, t1 = conv(x[:, t:t + 1], t1)
-            parts.append(yt)
+    y, tail = conv(x)
+    y1, t1 = conv(x[:, :5])
+    parts = [y1]
+    for t in range(5, 9):
+        yt, t1 = conv(x[:, t:t + 1], t1)
+        parts.append(yt)
+    assert set(fake.take()) == {("layer", "conv", "triton")}
     assert rel(torch.cat(parts, 1), y) < CONV_F32_REL and rel(t1, tail) < CONV_F32_REL
 
 

@@ -95,25 +95,34 @@ def test_norm_low_precision(dtype, gen):
     _compare(_inputs(gen, T=3, z_dtype=dtype), NORM_LOW_REL[dtype], activation="sigmoid")
 
 
-def test_norm_layer_routes_on_the_rule(gen):
-    """GatedRMSNorm takes the fused path where the rule says (forced here) and equals its torch ops."""
-    from fastweights.layers.fused import fused_kernels
+@pytest.fixture
+def triton_rows(monkeypatch):
+    """The Triton rows serve CPU calls too (`tests/fake_cuda.py`), running their kernels."""
+    from tests.fake_cuda import FakeCuda
 
+    return FakeCuda(monkeypatch, kernels=True).install()
+
+
+def test_norm_layer_routes_on_the_rule(gen, triton_rows):
+    """GatedRMSNorm takes the Triton row where the rule says ("auto" on a GPU) and equals its torch ops
+    (backend="torch")."""
     norm = GatedRMSNorm(16, activation="sigmoid").to(DEV)
     o, z = torch.randn(2, 3, 32, generator=gen).to(DEV), torch.randn(2, 3, 32, generator=gen).to(DEV)
-    with fused_kernels(True):
-        y = norm(o, z)
-    with fused_kernels(False):
-        y_t = norm(o, z)
+    y = norm(o, z)
+    norm.backend = "torch"
+    y_t = norm(o, z)
     assert y.grad_fn is not None and type(y.grad_fn).__name__.startswith("GatedRMSNormFn")
+    assert norm.routes == {"norm": ("torch", DEV)} and triton_rows.take() == [("layer", "norm", "triton"),
+                                                                             ("layer", "norm", "torch")]
     assert rel(y, y_t) < NORM_F32_REL
+    GatedRMSNorm(16, activation="gelu_tanh").to(DEV)(o, z)
+    assert triton_rows.take() == [("layer", "norm", "torch")]  # the kernel gates by swish or sigmoid only
 
 
-def test_rmsnorm_layer_routes_on_the_rule(gen):
+def test_rmsnorm_layer_routes_on_the_rule(gen, triton_rows):
     """The block RMSNorm (weight, no gate, one group of `dim`) takes the same kernel where the rule
-    says and equals its torch ops, output and the gradients of x and the weight; without a weight it
-    stays on torch."""
-    from fastweights.layers.fused import fused_kernels
+    says and equals its torch ops, output and the gradients of x and the weight; without a weight
+    (affine=False) too, the kernel's weight then ones."""
     from fastweights.layers.norm import RMSNorm
 
     norm = RMSNorm(48).to(DEV)
@@ -123,17 +132,19 @@ def test_rmsnorm_layer_routes_on_the_rule(gen):
     out = {}
     for on in (True, False):
         xl = x.clone().requires_grad_(True)
-        with fused_kernels(on):
-            y = norm(xl)
+        norm.backend = "triton" if on else "torch"
+        y = norm(xl)
         if on:
             assert type(y.grad_fn).__name__.startswith("GatedRMSNormFn")
         dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(DEV)
         out[on] = (y, *torch.autograd.grad(y, (xl, norm.weight), dy))
     for a, b in zip(out[True], out[False]):
         assert rel(a, b) < NORM_F32_REL
-    with fused_kernels(True):
-        y = RMSNorm(48, affine=False).to(DEV)(x.clone().requires_grad_(True))
-    assert not type(y.grad_fn).__name__.startswith("GatedRMSNormFn")
+    plain = RMSNorm(48, affine=False).to(DEV)
+    y = plain(x)
+    assert plain.routes == {"norm": ("triton", DEV)}
+    plain.backend = "torch"
+    assert rel(y, plain(x)) < NORM_F32_REL
 
 
 def test_norm_bad_input_names_the_argument(gen):

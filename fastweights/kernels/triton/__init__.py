@@ -30,8 +30,8 @@ every path checked on the H100 and picked by "auto" on CUDA):
                       Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its
                       chunk-local cumsum (interpreter-verified; MemoryMixer calls it on CUDA)
 
-The layer kernels around the memory (called by `fastweights.layers` on CUDA, by the rule of
-`layers.fused`; interpreter-verified):
+The layer kernels around the memory (the Triton rows of the layer ops "conv" and "norm" of the
+dispatch table, `kernels.rows`; "auto" takes them on CUDA; interpreter-verified):
 
     conv.py     short_conv: the causal depthwise short conv + bias + SiLU with its carried tail
     norm.py     gated_rms_norm: the gated output RMSNorm (either order, swish/sigmoid gate)

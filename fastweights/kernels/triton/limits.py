@@ -1,5 +1,5 @@
-"""Shape limits of the layer kernels (conv.py, norm.py), importable without triton: the layers'
-fused-path rule (`layers.fused`) reads them before any kernel module is imported."""
+"""Shape limits of the layer kernels (conv.py, norm.py), importable without triton: the Triton
+layer-op rows' predicates (`kernels.rows`) read them before any kernel module is imported."""
 
 #: The widest short convolution `conv.short_conv` serves (its backward unrolls W taps twice per block).
 MAX_CONV_WIDTH = 8

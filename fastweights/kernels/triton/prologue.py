@@ -34,8 +34,9 @@ block for "kda"), cumsummed in registers.
 Varlen (`cu_seqlens`, B = 1) only changes where the chunks start (it matters for the cumsum only).
 
 Status: interpreter tests in CI, and its cuda test passed on the H100 (tests/kernels/test_triton_prologue.py).
-`layers.mixer.MemoryMixer` calls it (without the cumsum) on CUDA for layers with qk_norm "l2", β
-"sigmoid"/"none" and a Mamba/KDA/no decay, by the rule of `layers.fused` (tests/layers/test_fused.py:
+`layers.mixer.MemoryMixer` calls it (without the cumsum) for layers with qk_norm "l2", β
+"sigmoid"/"none" and a Mamba/KDA/no decay, through the "prologue" layer op of the dispatch table
+(its Triton row, `kernels.rows.delta_prologue`: "auto" on CUDA; tests/layers/test_layer_ops.py:
 the layer equals its torch ops; on the H100 too).
 """
 

@@ -1,9 +1,11 @@
-"""layers.fused: the rule for the layers' fused Triton paths, and MemoryMixer with those paths forced
-on (CPU tensors under TRITON_INTERPRET=1) against its torch ops — outputs, carried states and every
-parameter gradient — for the delta layers that use all three (short conv, the delta prologue, the
-gated output norm): gated DeltaNet (grouped value heads too), KDA, DeltaNet, DeltaProduct, Comba;
-Mamba2 (conv with bias, gate-then-norm over the whole width; no prologue); with a carried state and
-with packed documents. Each test also checks that the fused paths ran."""
+"""The layer ops (the "layer" class of the dispatch table: short conv, norms, the delta prologue): the
+rule that routes them, and MemoryMixer with layer_ops="triton" (their Triton rows; on CPU tensors
+under TRITON_INTERPRET=1 through `tests/fake_cuda.py`, which lets the Triton rows serve CPU calls)
+against layer_ops="torch" — outputs, carried states and every parameter gradient — for the delta
+layers that use all three (short conv, the delta prologue, the gated output norm): gated DeltaNet
+(grouped value heads too), KDA, DeltaNet, DeltaProduct, Comba; Mamba2 (conv with bias,
+gate-then-norm over the whole width; no prologue); with a carried state and with packed documents.
+Each test also checks that the kernels ran (and that the torch twin ran none)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import copy
 import pytest
 import torch
 
+import fastweights as fw
 from fastweights.kernels.triton import conv as conv_k
 from fastweights.kernels.triton import norm as norm_k
 from fastweights.kernels.triton import prologue as prologue_k
 from fastweights.layers import MemoryMixer
-from fastweights.layers.fused import fused_kernels, use_fused
 from fastweights.layers.segments import Segments
 from fastweights.state import state_tensors
+from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV
 from tests.tolerances import FUSED_LAYER_BF16_REL, FUSED_LAYER_F32_REL
 
@@ -27,16 +30,23 @@ def rel(a, b) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-def test_rule_is_static_and_cpu_stays_on_torch():
-    x = torch.zeros(2, 3)
-    assert not use_fused(x)  # CPU: the torch ops, bit-identical to before
-    with fused_kernels(True):
-        assert use_fused(x, None, torch.zeros(2, dtype=torch.int64))
-        assert not use_fused(x.double())  # fp64: never
-        assert not use_fused(x, fits=False)  # the caller's shape limit
-    with fused_kernels(False):
-        assert not use_fused(x)
-    assert not use_fused(x)
+def test_layer_ops_route_on_the_rule(monkeypatch):
+    """On the CPU every layer op runs its torch row; on a GPU (the fake one) its Triton row where the
+    predicate accepts (fp32/bf16/fp16) and its torch row where not (fp64), whatever the layer's build."""
+    layer = MemoryMixer(32, "gated_deltanet", 2, head_dim=16, backend="torch")
+    x = torch.randn(1, 5, 32)
+    layer(x)
+    assert {k: v for k, v in layer.routes.items() if k != "chunk"} == {"prologue": ("torch", "cpu")}
+    assert layer.q_conv.routes == {"conv": ("torch", "cpu")} and layer.o_norm.routes == {"norm": ("torch", "cpu")}
+    fake = FakeCuda(monkeypatch).install()
+    layer(x)
+    assert {c for c in fake.take() if c[0] == "layer"} == {("layer", op, "triton") for op in ("conv", "norm",
+                                                                                              "prologue")}
+    layer.double()(x.double())
+    assert {c for c in fake.take() if c[0] == "layer"} == {("layer", op, "torch") for op in ("conv", "norm",
+                                                                                             "prologue")}
+    with pytest.raises(fw.BackendNotAvailable, match="not torch.float64; backends that can: auto, torch"):
+        MemoryMixer(32, "gated_deltanet", 2, head_dim=16, backend="torch", layer_ops="triton").double()(x.double())
 
 
 @pytest.fixture
@@ -58,11 +68,30 @@ def calls(monkeypatch):
     return n
 
 
-def _run(layer, x, fused, *, state=None, segments=None):
+@pytest.fixture
+def kernels(monkeypatch):
+    """The Triton rows serve CPU calls (running their kernels under the interpreter)."""
+    return FakeCuda(monkeypatch, kernels=True).install()
+
+
+def _mixer(*args, layer_ops, **kw):
+    """A MemoryMixer with the memory on torch on the CPU (only the layer ops are under test; on a GPU
+    "auto", the same for both twins)."""
+    return MemoryMixer(*args, layer_ops=layer_ops, backend="auto" if DEV == "cuda" else "torch", **kw)
+
+
+def _twins(*args, dtype=None, **kw):
+    """(layer_ops="triton", layer_ops="torch") layers with the same weights, on DEV."""
+    a = _mixer(*args, layer_ops="triton", **kw).to(DEV, dtype)
+    b = _mixer(*args, layer_ops="torch", **kw).to(DEV, dtype)
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _run(layer, x, *, state=None, segments=None):
     """(y, state tensors, {parameter: gradient}) of a random projection of y and the state."""
     layer.zero_grad(set_to_none=True)
-    with fused_kernels(fused):
-        y, st = layer(x, state, output_state=state is not None, segments=segments)
+    y, st = layer(x, state, output_state=state is not None, segments=segments)
     g = torch.Generator().manual_seed(7)
     loss = (y.float() * torch.randn(y.shape, generator=g).to(y.device)).sum()
     tensors = state_tensors(st.memory) + [st.conv_q, st.conv_k, st.conv_v] if st is not None else []
@@ -73,19 +102,20 @@ def _run(layer, x, fused, *, state=None, segments=None):
     return y.detach(), [t.detach() for t in tensors], grads
 
 
-def _compare(layer, x, calls, prologue=True, tol=FUSED_LAYER_F32_REL, **kw):
-    y1, s1, g1 = _run(layer, x, True, **kw)
+def _compare(twins, x, calls, prologue=True, tol=FUSED_LAYER_F32_REL, **kw):
+    fused, layer = twins
+    y1, s1, g1 = _run(fused, x, **kw)
     assert calls["conv"] >= 2 and calls["norm"] >= 1 and (calls["prologue"] >= 1) == prologue, calls
     before = dict(calls)
-    y2, s2, g2 = _run(layer, x, False, **kw)
-    assert calls == before  # the torch path used no kernel
+    y2, s2, g2 = _run(layer, x, **kw)
+    assert calls == before  # the torch twin used no kernel
     exact = []  # the torch ops in float64, computed when a comparison needs them
 
     def f64():
         if not exact:
             if kw.get("state") is not None or x.dtype != torch.float32:
                 return None
-            exact.append(_run(copy.deepcopy(layer).double(), x.double(), False, **kw))
+            exact.append(_run(copy.deepcopy(layer).double(), x.double(), **kw))
         return exact[0]
 
     _close(y1, y2, lambda: f64() and f64()[0], tol, "y")
@@ -113,29 +143,28 @@ def _close(got, want, exact, tol, what):
 @pytest.mark.parametrize("name,kw", [("gated_deltanet", {}), ("gated_deltanet", {"num_v_heads": 4}),
                                      ("kda", {}), ("deltanet", {}), ("deltaproduct", {}), ("comba", {}),
                                      ("mamba2", {})])
-def test_mixer_fused_equals_torch(name, kw, calls):
-    layer = MemoryMixer(32, name, 2, head_dim=16, **kw).to(DEV)
-    _compare(layer, torch.randn(2, 9, 32).to(DEV), calls, prologue=name != "mamba2")
+def test_mixer_fused_equals_torch(name, kw, calls, kernels):
+    _compare(_twins(32, name, 2, head_dim=16, **kw), torch.randn(2, 9, 32).to(DEV), calls, prologue=name != "mamba2")
 
 
 @pytest.mark.triton
-def test_mixer_fused_with_state_and_documents(calls):
+def test_mixer_fused_with_state_and_documents(calls, kernels):
     """A carried state (conv tails, memory) continued by a block, and packed documents (positions)."""
-    layer = MemoryMixer(32, "gated_deltanet", 2, head_dim=16).to(DEV)
-    st = layer.init_state(2)
+    twins = _twins(32, "gated_deltanet", 2, head_dim=16)
+    st = twins[0].init_state(2)
     st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
                      "conv_v": torch.randn_like(st.conv_v)})
-    _compare(layer, torch.randn(2, 5, 32).to(DEV), calls, state=st)
+    _compare(twins, torch.randn(2, 5, 32).to(DEV), calls, state=st)
     seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]), device=DEV)
-    _compare(layer, torch.randn(1, 11, 32).to(DEV), calls, segments=seg)
+    _compare(twins, torch.randn(1, 11, 32).to(DEV), calls, segments=seg)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "mamba2"])
 def test_mixer_fused_equals_torch_realistic_cuda(name, calls):
     """On the GPU at a realistic shape (d_model 1024, 8 heads of 128, B=2, T=2048), bf16 weights and
-    inputs: the layer with its fused kernels against its torch ops (the memory on the same backend),
+    inputs: the layer with its Triton layer ops against its torch ops (the memory on the same backend),
     output and every parameter gradient within bf16 rounding."""
-    layer = MemoryMixer(1024, name, 8, head_dim=128).to(DEV, torch.bfloat16)
-    _compare(layer, torch.randn(2, 2048, 1024).to(DEV, torch.bfloat16), calls, prologue=name != "mamba2",
+    _compare(_twins(1024, name, 8, head_dim=128, dtype=torch.bfloat16),
+             torch.randn(2, 2048, 1024).to(DEV, torch.bfloat16), calls, prologue=name != "mamba2",
              tol=FUSED_LAYER_BF16_REL)

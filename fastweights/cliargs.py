@@ -118,7 +118,7 @@ def run_sweep_command(run):
     written with other settings)."""
     import sys
 
-    from .lab.control import Interrupted
+    from .training.control import Interrupted
 
     try:
         return run(), None

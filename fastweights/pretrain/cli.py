@@ -88,7 +88,7 @@ def cli_main(args) -> int:
     except (ConfigFileError, DataError, ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..lab.distributed import dist_info
+    from ..training.distributed import dist_info
 
     if dist_info().is_main:
         print(json.dumps(summary))

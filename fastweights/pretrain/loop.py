@@ -9,11 +9,12 @@ divided by the all-reduced token count), so the gradient does not depend on R or
     loss = Σ_{supervised t} −log p(label_t | document so far) / #supervised        (packed rows,
     position_ids restarting after each end-of-text token: no layer crosses a document)
 
-AdamW (`fastweights.lab.train.param_groups`: no decay on norms, biases, gate vectors, the
-embedding) with lr_s = lr · (s + 1)/warm for s < warm, then min_lr + (lr − min_lr)·½(1 + cos πt),
-t = (s − warm)/(steps − warm); bf16 autocast (fp32 weights); clipping of the global grad norm.
+The optimizer step is `fastweights.training.step`'s, the lab's sweeps' own: AdamW (no decay on
+norms, biases, gate vectors, the embedding) with lr_s = lr · (s + 1)/warm for s < warm, then
+min_lr + (lr − min_lr)·½(1 + cos πt), t = (s − warm)/(steps − warm); bf16 autocast (fp32
+weights); clipping of the global grad norm.
 
-Parallelism (torchrun, `fastweights.lab.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
+Parallelism (torchrun, `fastweights.training.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
 (FSDP2: `fully_shard` on every block, then on the model). Checkpoints hold full (gathered)
 model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to
 `checkpoint.pt.tmp` and renamed, so a kill at any moment leaves the previous checkpoint whole.
@@ -30,6 +31,7 @@ loss.png (train and validation loss against step).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -40,9 +42,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..lab.distributed import all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
-from ..lab.train import _atomic_save, _rng_state, _set_rng_state, make_progress, param_groups
 from ..models import LM, LMConfig
+from ..training import step as training_step
+from ..training.checkpoint import atomic_save, rng_state, set_rng_state
+from ..training.distributed import all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+from ..training.progress import make_progress
 from .config import PretrainConfig
 from .data import IGNORE_INDEX, DataError, Windows, load_tokenizer, read_stream, split_stream
 
@@ -55,13 +59,9 @@ _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "
 
 
 def lr_factor(cfg: PretrainConfig, step: int) -> float:
-    """lr_step / lr: linear warm-up over warmup_steps, then a cosine to min_lr at the last step."""
-    warm = min(cfg.warmup_steps(), cfg.steps)
-    if warm and step < warm:
-        return (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, cfg.steps - warm))
-    floor = cfg.min_lr / cfg.lr
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+    """lr_step / lr of the run: linear warm-up over warmup_steps, then a cosine to min_lr at the last
+    step (`fastweights.training.step.lr_factor`)."""
+    return training_step.lr_factor(step, total=cfg.steps, warmup=cfg.warmup_steps(), floor=cfg.min_lr / cfg.lr)
 
 
 def _lm_config(cfg: PretrainConfig, vocab: int) -> LMConfig:
@@ -214,10 +214,9 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
     torch.manual_seed(cfg.seed)
     base = LM(lm_config).to(device)
     model = _wrap(base, cfg, device)
-    opt = torch.optim.AdamW(param_groups(base, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    opt = training_step.adamw(base, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
-    autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) \
-        if cfg.dtype == "bfloat16" else contextlib.nullcontext
+    autocast = functools.partial(training_step.autocast, cfg.dtype, device)
 
     out = Path(cfg.out)
     ckpt_path, log_path = out / CHECKPOINT, out / LOG
@@ -234,7 +233,7 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
                             "use another --out to start a new run")
         _load_states(model, opt, ck["model"], ck["optim"])
         sched.load_state_dict(ck["sched"])
-        _set_rng_state(ck["rng"])
+        set_rng_state(ck["rng"])
         start = int(ck["step"])
         prog.log(f"resuming {out} at step {start}")
     history = _read_log(log_path, start)
@@ -256,8 +255,8 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
     def save(step: int):
         msd, osd = _full_states(model, opt)
         if info.is_main:
-            _atomic_save({"step": step, "model": msd, "optim": osd, "sched": sched.state_dict(),
-                          "config": cfg.to_dict(), "lm_config": lm_config.to_dict(), "rng": _rng_state()}, ckpt_path)
+            atomic_save({"step": step, "model": msd, "optim": osd, "sched": sched.state_dict(),
+                         "config": cfg.to_dict(), "lm_config": lm_config.to_dict(), "rng": rng_state()}, ckpt_path)
             lm = LM(lm_config)
             lm.load_state_dict(msd)
             lm.save_pretrained(out / MODEL_DIR)
@@ -295,12 +294,7 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
                 loss = _loss_sum(model, batch, device, autocast) * (R / max(count, 1.0))
                 loss.backward()
             total += loss.item() / R
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        lr = sched.get_last_lr()[0]
-        sched.step()
+        lr = training_step.optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
         done += 1
         step = s + 1
         train_loss = all_reduce_sum([total], device="cpu")[0]

@@ -1,13 +1,17 @@
 """Stop requests: a training loop asked to stop (Ctrl-C) saves where it is and stops, instead of
 losing the work since its last checkpoint.
 
-`stop_on_sigint()` (a context manager, main thread only) replaces the SIGINT handler: while a
-training loop is running in this process (`training()`), the first SIGINT only sets a flag; the
-loop sees it at its next step (`stop_requested()`), saves a checkpoint of where it is and raises
-`Interrupted`. A SIGINT while nothing is training, or a second one, raises KeyboardInterrupt at
-once. `request_stop()` / `clear_stop()` set and clear the flag directly (tests, embedding code);
-`stop_in_worker()` makes every SIGINT of a sweep's worker process only set the flag (the worker
-saves its cell and returns `Interrupted`; `fastweights.lab.control.worker_init`).
+`stop_on_signals(signals)` (a context manager, main thread only) replaces the handlers of the given
+signals (`stop_on_sigint()`: SIGINT alone, the sweeps; `fastweights train`: SIGINT and SIGTERM):
+while a training loop is running in this process (`training()`), the first signal only sets a
+flag; the loop sees it at its next step (`stop_requested()`), saves a checkpoint of where it is
+and raises `Interrupted`. A signal while nothing is training raises KeyboardInterrupt at once, and
+so does a second one — unless `repeats="ignore"`: under torchrun a Ctrl-C reaches every rank twice
+(from the terminal and forwarded by torchrun), and the save must not be cut short (torchrun itself
+kills what is still running 30 s later). `request_stop()` / `clear_stop()` set and clear the flag
+directly (tests, embedding code); `stop_in_worker()` makes every SIGINT of a sweep's worker
+process only set the flag (the worker saves its cell and returns `Interrupted`;
+`fastweights.lab.control.worker_init`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import signal
 import sys
 import threading
 
-__all__ = ["Interrupted", "stop_on_sigint", "training", "stop_requested", "request_stop", "clear_stop",
-           "stop_in_worker", "resume_hint"]
+__all__ = ["Interrupted", "stop_on_signals", "stop_on_sigint", "training", "stop_requested", "request_stop",
+           "clear_stop", "stop_in_worker", "resume_hint"]
 
 
 class Interrupted(Exception):
@@ -28,6 +32,7 @@ class Interrupted(Exception):
 _STOP = threading.Event()
 _ACTIVE = [0]  # training loops running in this process
 _IN_WORKER = [False]
+_IGNORE_REPEATS = [False]
 
 
 def stop_requested() -> bool:
@@ -53,37 +58,50 @@ def training():
         _ACTIVE[0] -= 1
 
 
-def _on_sigint(signum, frame):
+def _on_signal(signum, frame):
     if _IN_WORKER[0]:
         _STOP.set()
         return
     if _ACTIVE[0] > 0 and not _STOP.is_set():
         _STOP.set()
         return
+    if _ACTIVE[0] > 0 and _IGNORE_REPEATS[0]:
+        return
     raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
-def stop_on_sigint():
-    """Install the stop-on-SIGINT handler for the duration (a no-op off the main thread); the stop
-    flag is cleared on entry and on exit."""
+def stop_on_signals(signals=(signal.SIGINT,), *, repeats: str = "interrupt"):
+    """Install the stop handler for `signals` for the duration (a no-op off the main thread); the
+    stop flag is cleared on entry and on exit. repeats: "interrupt" (a second signal during a
+    training loop raises KeyboardInterrupt) or "ignore" (it is ignored)."""
+    if repeats not in ("interrupt", "ignore"):
+        raise ValueError(f"repeats must be 'interrupt' or 'ignore', got {repeats!r}")
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _STOP.clear()
-    old = signal.signal(signal.SIGINT, _on_sigint)
+    old = {s: signal.signal(s, _on_signal) for s in signals}
+    was, _IGNORE_REPEATS[0] = _IGNORE_REPEATS[0], repeats == "ignore"
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        _IGNORE_REPEATS[0] = was
         _STOP.clear()
+
+
+def stop_on_sigint():
+    """`stop_on_signals((SIGINT,))`: the sweeps' Ctrl-C."""
+    return stop_on_signals((signal.SIGINT,))
 
 
 def stop_in_worker() -> None:
     """In a sweep's worker process: every SIGINT only requests a stop (the parent decides when to
     kill)."""
     _IN_WORKER[0] = True
-    signal.signal(signal.SIGINT, _on_sigint)
+    signal.signal(signal.SIGINT, _on_signal)
 
 
 def resume_hint() -> str:

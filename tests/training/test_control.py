@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from fastweights.training.control import clear_stop, request_stop, stop_on_sigint, stop_requested, training
+from fastweights.training.control import (
+    clear_stop,
+    request_stop,
+    stop_on_sigint,
+    stop_on_signals,
+    stop_requested,
+    training,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -41,3 +48,18 @@ def test_request_and_clear():
     assert stop_requested()
     clear_stop()
     assert not stop_requested()
+
+
+def test_sigterm_too_and_repeats_ignored_under_torchrun():
+    with stop_on_signals((signal.SIGINT, signal.SIGTERM), repeats="ignore"):
+        with training():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop_requested()
+            _sigint()  # (the terminal's Ctrl-C and torchrun's forward of it: the save goes on)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop_requested()
+        with pytest.raises(KeyboardInterrupt):  # outside a training loop it interrupts
+            os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(ValueError, match="repeats must be 'interrupt' or 'ignore'"):
+        with stop_on_signals(repeats="sometimes"):
+            pass

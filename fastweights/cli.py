@@ -236,9 +236,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _eval_pretrained(args: list[str]) -> str | None:
+    """The `pretrained` value among lm-eval's --model_args (-a): `key=val,key2=val2` tokens or one
+    JSON object; None when none is given."""
+    values, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--model_args="):
+            values.append(a.split("=", 1)[1])
+        elif a in ("--model_args", "-a"):
+            while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                i += 1
+                values.append(args[i])
+        i += 1
+    found = None
+    for v in values:
+        try:
+            obj = json.loads(v)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            found = obj.get("pretrained", found)
+            continue
+        for item in v.split(","):
+            k, eq, val = item.partition("=")
+            if eq and k.strip() == "pretrained":
+                found = val
+    return found if isinstance(found, str) else None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["eval"]:  # every further argument is lm-eval's (argparse cannot pass `--x` through)
+        from .cliargs import ArgError, checkpoint_dir
+
+        try:
+            pretrained = _eval_pretrained(argv[1:])
+            if pretrained is not None:
+                checkpoint_dir("--model_args pretrained=", pretrained)
+        except ArgError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         from .hf.harness import main as harness_main
 
         harness_main(argv[1:])

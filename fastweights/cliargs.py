@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = ["ArgError", "Parser", "flag_message", "positive", "nonnegative", "positive_numbers", "device",
-           "writable_dir", "writable_file", "zoo_names", "threads"]
+           "writable_dir", "writable_file", "zoo_names", "threads", "checkpoint_dir", "WEIGHT_FILES"]
 
 
 class ArgError(ValueError):
@@ -118,7 +119,7 @@ def run_sweep_command(run):
     written with other settings)."""
     import sys
 
-    from .lab.control import Interrupted
+    from .training.control import Interrupted
 
     try:
         return run(), None
@@ -155,6 +156,46 @@ def writable_file(flag: str, path) -> Path:
     if p.exists() and not os.access(p, os.W_OK):
         raise ArgError(f"{flag} {path}: the file is not writable")
     return p
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_HUB_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")  # what the Hugging Face Hub accepts as a repo id
+
+
+def _path_like(value: str) -> bool:
+    """A value that names a local path and cannot be a Hub repo id (two slashes, a leading / . ~,
+    a backslash, characters or lengths the Hub refuses)."""
+    return (value.startswith(("/", ".", "~")) or value.endswith("/") or not _HUB_ID.match(value)
+            or ".." in value or "--" in value or len(value) > 96)
+
+
+def checkpoint_dir(flag: str, value: str) -> None:
+    """A checkpoint directory (config.json and the weights: `LM.save_pretrained`, transformers'
+    `save_pretrained`), checked where the value is a local path: one that exists, or one that
+    cannot be a Hugging Face Hub repo id (a missing `runs/x/model`). A Hub id ("org/name") that is
+    no local path is left to the loader."""
+    p = Path(os.path.expanduser(value))
+    expected = ("expected a checkpoint directory holding config.json and the weights (model.safetensors), "
+                "such as the model/ directory of a `fastweights train` run")
+    if not p.exists():
+        if _path_like(value):
+            raise ArgError(f"{flag}{value}: no such directory; {expected}")
+        return
+    if not p.is_dir():
+        raise ArgError(f"{flag}{value}: is a file; {expected}")
+    if (p / "config.json").is_file() and any((p / w).is_file() for w in WEIGHT_FILES):
+        return
+    if (p / "model" / "config.json").is_file():  # (a run directory holds its own config.json: the run's settings)
+        raise ArgError(f"{flag}{value}: is a `fastweights train` run directory, not a checkpoint; the run "
+                       f"directory's checkpoint is at {p / 'model'}")
+    if (p / "checkpoint.pt").is_file():
+        raise ArgError(f"{flag}{value}: is a `fastweights train` run directory whose checkpoint ({p / 'model'}) "
+                       "has not been written yet")
+    if (p / "config.json").is_file():
+        raise ArgError(f"{flag}{value}: holds config.json but no weights (one of {', '.join(WEIGHT_FILES)}); "
+                       f"{expected}")
+    raise ArgError(f"{flag}{value}: holds no config.json; {expected}")
 
 
 def zoo_names(flag: str, names: Iterable[str] | None, *, allowed: Sequence[str] | None = None) -> None:

@@ -69,3 +69,58 @@ def test_argparse_errors_are_one_line_too(argv, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+# ------------------------------------------------------------------------------------------ eval
+def _checkpoint(d, weights=True):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    if weights:
+        (d / "model.safetensors").write_bytes(b"")
+    return d
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "error: --model_args pretrained={p}: no such directory; expected a checkpoint directory holding "
+                "config.json and the weights (model.safetensors), such as the model/ directory of a "
+                "`fastweights train` run"),
+    ("run", "error: --model_args pretrained={p}: is a `fastweights train` run directory, not a checkpoint; the run "
+            "directory's checkpoint is at {p}/model"),
+    ("file", "error: --model_args pretrained={p}: is a file; expected a checkpoint directory"),
+    ("empty", "error: --model_args pretrained={p}: holds no config.json; expected a checkpoint directory"),
+    ("no weights", "error: --model_args pretrained={p}: holds config.json but no weights"),
+])
+@pytest.mark.parametrize("form", ["pair", "equals", "json"])
+def test_eval_says_what_was_given_and_what_a_checkpoint_is(case, message, form, tmp_path, monkeypatch, capsys):
+    import fastweights.hf.harness as harness
+
+    monkeypatch.setattr(harness, "main", lambda argv: pytest.fail("lm-eval was started on a bad checkpoint"))
+    p = tmp_path / "runs" / "lm"
+    if case == "run":  # (as `fastweights train` leaves it: its own config.json beside model/)
+        _checkpoint(p / "model")
+        for name in ("checkpoint.pt", "config.json", "log.jsonl"):
+            (p / name).write_text("{}")
+    elif case == "file":
+        p.parent.mkdir()
+        p.write_text("x")
+    elif case == "empty":
+        p.mkdir(parents=True)
+    elif case == "no weights":
+        _checkpoint(p, weights=False)
+    args = {"pair": ["--model_args", f"pretrained={p},dtype=float32"], "equals": [f"--model_args=pretrained={p}"],
+            "json": ["-a", json.dumps({"pretrained": str(p)})]}[form]
+    assert cli.main(["eval", "--model", "fastweights", *args, "--tasks", "t"]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message.format(p=p)) and not cap.out, err
+
+
+def test_eval_passes_a_checkpoint_or_a_hub_id_through(tmp_path, monkeypatch):
+    import fastweights.hf.harness as harness
+
+    seen = []
+    monkeypatch.setattr(harness, "main", lambda argv: seen.append(argv))
+    ckpt = _checkpoint(tmp_path / "run" / "model")
+    for value in (str(ckpt), "org/some-model"):  # (a Hub id that is no local path is the loader's to resolve)
+        assert cli.main(["eval", "--model", "hf", "--model_args", f"pretrained={value}", "--tasks", "t"]) == 0
+    assert [a[3] for a in seen] == [f"pretrained={ckpt}", "pretrained=org/some-model"]

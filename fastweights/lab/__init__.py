@@ -5,8 +5,9 @@
   recall against n / d_k.
 * :mod:`fastweights.lab.mqar`, :mod:`~fastweights.lab.niah`, :mod:`~fastweights.lab.mad` — trained
   recall sweeps (`fastweights mqar|niah|mad`) on the generators of :mod:`fastweights.tasks`.
-* :mod:`fastweights.lab.train` — the training harness those sweeps share (resumable cells, DDP);
-  :mod:`~fastweights.lab.control` (stop requests, locks), :mod:`~fastweights.lab.distributed`.
+* :mod:`fastweights.lab.train` — the training harness those sweeps share (resumable cells, DDP,
+  JSONL results); :mod:`~fastweights.lab.control` (sweep workers, cell locks). The optimizer
+  step, checkpoints, stop requests and the process group are :mod:`fastweights.training`'s.
 """
 
 from .capacity import (

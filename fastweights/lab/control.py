@@ -1,12 +1,7 @@
-"""Process control for the sweeps: stopping on Ctrl-C, workers that die with their parent, and
-per-cell locks so that two processes on one output directory never train the same cell.
+"""Process control for the sweeps: workers that die with their parent, and per-cell locks so that
+two processes on one output directory never train the same cell. (Stopping on Ctrl-C, shared with
+`fastweights train`: `fastweights.training.control`.)
 
-* **Stop requests.** `stop_on_sigint()` (a context manager, main thread only) replaces the SIGINT
-  handler: while a training loop is running in this process (`training()`), the first SIGINT only
-  sets a flag; `train_cell` sees it at the next optimizer step, saves a checkpoint of where it is
-  (mid-epoch included) and raises `Interrupted`. A SIGINT while nothing is training, or a second
-  one, raises KeyboardInterrupt at once. `stop_requested()` / `request_stop()` / `clear_stop()`
-  read and set the flag directly (tests, embedding code).
 * **Workers.** `worker_init(parent_pid)` is the initializer of the sweep's worker processes: the
   worker asks the kernel for SIGKILL when its parent dies (Linux `PR_SET_PDEATHSIG`), and a daemon
   thread checks the parent's pid every half second (any POSIX system), so a SIGKILL of the main
@@ -29,72 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["Interrupted", "run_interruptible", "stop_on_sigint", "training", "stop_requested", "request_stop",
-           "clear_stop", "worker_init", "CellLock", "resume_hint"]
+from ..training.control import stop_in_worker
 
-
-class Interrupted(Exception):
-    """A sweep or a cell stopped on request (SIGINT); its message says what was saved."""
-
-
-_STOP = threading.Event()
-_ACTIVE = [0]  # training loops running in this process
-_IN_WORKER = [False]
-
-
-def stop_requested() -> bool:
-    return _STOP.is_set()
-
-
-def request_stop() -> None:
-    """Ask the running training loop to save and stop (what the first SIGINT does)."""
-    _STOP.set()
-
-
-def clear_stop() -> None:
-    _STOP.clear()
-
-
-@contextlib.contextmanager
-def training():
-    """Marks a training loop: while one runs, the first SIGINT only requests a stop."""
-    _ACTIVE[0] += 1
-    try:
-        yield
-    finally:
-        _ACTIVE[0] -= 1
-
-
-def _on_sigint(signum, frame):
-    if _IN_WORKER[0]:
-        _STOP.set()
-        return
-    if _ACTIVE[0] > 0 and not _STOP.is_set():
-        _STOP.set()
-        return
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def stop_on_sigint():
-    """Install the stop-on-SIGINT handler for the duration (a no-op off the main thread); the stop
-    flag is cleared on entry and on exit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _STOP.clear()
-    old = signal.signal(signal.SIGINT, _on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        _STOP.clear()
-
-
-def resume_hint() -> str:
-    """'run the same command again to resume' with the command line when it is known."""
-    argv = " ".join(sys.argv) if sys.argv and sys.argv[0] else ""
-    return "run the same command again to resume" + (f" ({argv})" if argv and len(argv) < 200 else "")
+__all__ = ["run_interruptible", "worker_init", "CellLock"]
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -123,8 +55,7 @@ def worker_init(parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # the parent died before the line above took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="parent-watch").start()
-    _IN_WORKER[0] = True
-    signal.signal(signal.SIGINT, _on_sigint)
+    stop_in_worker()
 
 
 # ------------------------------------------------------------------------------------------ locks

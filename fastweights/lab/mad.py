@@ -702,7 +702,7 @@ def cli_main(args) -> int:
     if status is not None:
         return status
     wall = time.perf_counter() - t0
-    from .distributed import dist_info
+    from ..training.distributed import dist_info
 
     if dist_info().rank != 0:
         return 0

@@ -595,7 +595,7 @@ def _check_cells(cells) -> None:
 def cli_main(args) -> int:
     """`fastweights mqar`: run (or resume) a sweep, print the best-over-lr table, write the PNGs."""
     from .. import cliargs
-    from .distributed import dist_info, init_distributed
+    from ..training.distributed import dist_info, init_distributed
 
     preset = PRESETS[args.preset]
     try:

@@ -429,7 +429,8 @@ def run_niah(cfg: NIAHConfig, *, progress: bool = True, log: Callable[[str], Non
     generate_factory: model -> GenerateFn (default: :func:`greedy_generate` with ``prefill_chunk``);
     tests pass a stub.
     """
-    from .control import CellLock, Interrupted, resume_hint, stop_on_sigint
+    from ..training.control import Interrupted, resume_hint, stop_on_sigint
+    from .control import CellLock
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

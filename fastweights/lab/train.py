@@ -34,7 +34,10 @@ that two processes on one store never train the same cell (`fastweights.lab.cont
 `best_over(records, over=("lr",))` keeps the best record of every configuration (the papers
 report the max over the learning-rate sweep).
 
-Distributed (torchrun; `fastweights.lab.distributed`): `run_sweep(mode="ddp")` trains each
+The optimizer step, checkpoint writes, stop requests, the process group and the progress
+reporter are `fastweights.training`'s, shared with `fastweights train`.
+
+Distributed (torchrun; `fastweights.training.distributed`): `run_sweep(mode="ddp")` trains each
 model with DistributedDataParallel on all ranks (rank 0 writes); `mode="spread"` runs cell i on
 rank i % world_size, every rank appending its own records under a file lock.
 
@@ -50,7 +53,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -63,16 +65,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .control import CellLock, Interrupted, stop_on_sigint, stop_requested, training, worker_init
-from .distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+from ..training.checkpoint import atomic_save, rng_state, set_rng_state
+from ..training.control import Interrupted, stop_on_sigint, stop_requested, training
+from ..training.distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+from ..training.progress import make_progress
+from ..training.step import adamw, autocast, lr_factor, optimizer_step
+from .control import CellLock, worker_init
 
 # run_sweep(mode="spread") sets this: the cells of a spread sweep train alone on their rank, so
 # train_cell(ddp=None) must not wrap them in DDP although a process group is running
 _SPREAD = contextvars.ContextVar("fastweights_spread_sweep", default=False)
 
 __all__ = ["TrainConfig", "TrainError", "Interrupted", "accuracy", "train_cell", "ResultStore", "run_sweep",
-           "cell_key", "best_over", "Progress", "make_progress", "param_groups", "checkpoint_signature",
-           "signature_diff", "IGNORE_INDEX"]
+           "cell_key", "best_over", "checkpoint_signature", "signature_diff", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -210,43 +215,9 @@ class _Supervised(nn.Module):
         return logits, labels[mask], rows
 
 
-def param_groups(model: nn.Module, weight_decay: float, decay_filter: str = "matrices") -> list[dict]:
-    """AdamW groups: with "matrices", weight decay on ≥2-D parameters that are not embeddings;
-    norms, biases, 1-D gate vectors, embeddings (the tied head included) and parameters marked
-    `_no_weight_decay` (Mamba's A_log, dt_bias) get none. "all": one
-    group, every parameter decayed (Zoology)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if decay_filter == "all":
-        return [{"params": params, "weight_decay": weight_decay}]
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay = [], []
-    for p in params:
-        skip = p.dim() < 2 or id(p) in emb or getattr(p, "_no_weight_decay", False)
-        (no_decay if skip else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
 def _lr_lambda(cfg: TrainConfig, total: int):
-    warm = min(cfg.warmup_steps(total), total)
-    floor = cfg.min_lr / cfg.lr
-
-    def f(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if cfg.schedule == "constant":
-            return 1.0
-        span = max(1, total - warm)
-        t = min(1.0, (step - warm) / span)
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
-
-    return f
-
-
-def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.dtype in ("bfloat16", "float16"):
-        return torch.autocast(device_type=device.type, dtype=_DTYPES[cfg.dtype])
-    return contextlib.nullcontext()
+    warm, floor = cfg.warmup_steps(total), cfg.min_lr / cfg.lr
+    return lambda step: lr_factor(step, total=total, warmup=warm, floor=floor, schedule=cfg.schedule)
 
 
 def _resolve_device(cfg: TrainConfig) -> torch.device:
@@ -279,13 +250,13 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch
     idx = torch.arange(inputs.shape[0])[info.rank::info.world_size]
     was_training = sup.training
     sup.eval()
-    cfg_dtype = TrainConfig(dtype=dtype)
+    TrainConfig(dtype=dtype)  # (validates dtype)
     correct = count = 0.0
     try:
         for s in range(0, idx.numel(), batch_size):
             b = idx[s:s + batch_size]
             x, y = inputs[b].to(device), labels[b].to(device)
-            with _autocast(cfg_dtype, device):
+            with autocast(dtype, device):
                 logits, tgt, rows = sup(x, y)
             hit = (logits.argmax(-1) == tgt).double()  # [P]
             if reduction == "positions":
@@ -304,100 +275,7 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch
     return correct / count if count else float("nan")
 
 
-# ------------------------------------------------------------------------------------------ progress
-class Progress:
-    """A progress reporter: tqdm bars, plain log lines, or nothing.
-
-    bar(total, desc) -> handle with update(n), set(**postfix), close(); log(msg)."""
-
-    def __init__(self, mode: str = "auto", stream=None):
-        if mode not in ("auto", "tqdm", "plain", "none"):
-            raise TrainError(f"progress must be 'auto', 'tqdm', 'plain' or 'none', got {mode!r}")
-        self.stream = stream or sys.stdout
-        if mode == "auto":
-            mode = "tqdm" if getattr(self.stream, "isatty", lambda: False)() else "plain"
-        if dist_info().rank != 0 and mode == "tqdm":
-            mode = "plain"  # bars from several ranks garble one terminal
-        self.mode = mode
-
-    def log(self, msg: str) -> None:
-        if self.mode == "none":
-            return
-        if self.mode == "tqdm":
-            from tqdm import tqdm
-
-            tqdm.write(msg, file=self.stream)
-        else:
-            prefix = f"[rank {dist_info().rank}] " if is_distributed() else ""
-            print(prefix + msg, file=self.stream, flush=True)
-
-    def bar(self, total: int, desc: str, *, leave: bool = False, position: int | None = None):
-        if self.mode == "tqdm":
-            from tqdm import tqdm
-
-            return tqdm(total=total, desc=desc, leave=leave, position=position, file=self.stream,
-                        dynamic_ncols=True)
-        return _NullBar()
-
-
-class _NullBar:
-    def update(self, n=1):
-        pass
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
-def make_progress(progress) -> Progress:
-    """A Progress from a mode string, an existing Progress, None ("auto") or False ("none")."""
-    if isinstance(progress, Progress):
-        return progress
-    if progress is None:
-        return Progress("auto")
-    if progress is False:
-        return Progress("none")
-    return Progress(progress)
-
-
 # ------------------------------------------------------------------------------------------ checkpoints
-def _rng_state() -> dict:
-    st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        st["cuda"] = torch.cuda.get_rng_state_all()
-    return st
-
-
-def _set_rng_state(st: dict) -> None:
-    torch.set_rng_state(st["torch"])
-    np.random.set_state(st["numpy"])
-    random.setstate(st["python"])
-    if "cuda" in st and torch.cuda.is_available():
-        with contextlib.suppress(Exception):
-            torch.cuda.set_rng_state_all(st["cuda"])
-
-
-def _atomic_save(obj, path: Path) -> None:
-    """Write to a temporary file of this process and thread (never a name another writer uses),
-    then `os.replace` it onto `path`: a reader sees the old file or the new one, never a torn one."""
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _load_checkpoint(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -489,7 +367,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                  a TrainError naming the differing fields.
     fresh:       discard an existing checkpoint and train from the start.
 
-    Stopping: when a stop is requested (`fastweights.lab.control`: the first SIGINT under
+    Stopping: when a stop is requested (`fastweights.training.control`: the first SIGINT under
     `stop_on_sigint`, or `request_stop()`), the cell saves its checkpoint at the current step
     (mid-epoch: the step, the epoch's partial loss sums and the RNG states) and raises
     `Interrupted`; a resumed run continues at that step and its history is the uninterrupted one.
@@ -524,7 +402,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     net: nn.Module = sup
     if use_ddp and world > 1:
         net = nn.parallel.DistributedDataParallel(sup, device_ids=[device.index] if device.type == "cuda" else None)
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay, cfg.decay_filter), lr=cfg.lr, betas=cfg.betas)
+    opt = adamw(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, decay_filter=cfg.decay_filter)
 
     n_train = x_tr.shape[0]
     per_rank_n = n_train // world  # every rank takes the same count (DDP needs equal step counts)
@@ -550,7 +428,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                              "discard it, or use another output directory") from None
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
-        _set_rng_state(st["rng"])
+        set_rng_state(st["rng"])
         history = list(st["history"])
         start_epoch = st["epoch"]
         best, best_epoch = st["best"], st["best_epoch"]
@@ -566,11 +444,11 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
 
     def save(epoch_done: int, **mid):
         if ckpt is not None and rank == 0:
-            _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                          "scheduler": sched.state_dict(), "rng": _rng_state(), "epoch": epoch_done,
-                          "history": history, "best": best, "best_epoch": best_epoch, "finished": finished,
-                          "stopped_early": stopped, "train_seconds": train_seconds,
-                          "train_config": cfg.to_dict(), "signature": sig, **mid}, ckpt)
+            atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "rng": rng_state(), "epoch": epoch_done,
+                         "history": history, "best": best, "best_epoch": best_epoch, "finished": finished,
+                         "stopped_early": stopped, "train_seconds": train_seconds,
+                         "train_config": cfg.to_dict(), "signature": sig, **mid}, ckpt)
 
     def interrupted(where: str) -> Interrupted:
         saved = f"saved to {ckpt}" if ckpt is not None else "nothing saved (no checkpoint path)"
@@ -596,15 +474,11 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                     raise interrupted(f"at epoch {epoch + 1} step {s}/{steps_per_epoch}")
                 b = mine[s * per_rank_bs:(s + 1) * per_rank_bs]
                 x, y = x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True)
-                with _autocast(cfg, device):
+                with autocast(cfg.dtype, device):
                     logits, tgt, _ = net(x, y)
                     loss = F.cross_entropy(logits.float(), tgt)
-                opt.zero_grad(set_to_none=True)
                 loss.backward()
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
-                sched.step()
+                optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
                 lv = loss.item()
                 if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
                     prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {s + 1}; stopping the cell")
@@ -909,7 +783,7 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
             told[0] = True
 
     def stopped(saved: list[str]) -> Interrupted:
-        from .control import resume_hint
+        from ..training.control import resume_hint
 
         what = f"{len(saved)} running cell(s) saved where they were" if saved else "no cell was running"
         return Interrupted(f"interrupted: {count[0]} of {len(mine)} cells finished in this run, {what}; "

@@ -6,6 +6,7 @@ DDP / FSDP2 under torchrun)."""
 from .config import PRESETS, ConfigFileError, PretrainConfig, load_config_file
 from .data import DataError, Windows, load_tokenizer, read_stream, split_stream
 from .loop import train
+from .rundir import OutputError
 
-__all__ = ["PretrainConfig", "PRESETS", "ConfigFileError", "load_config_file", "DataError", "Windows",
+__all__ = ["PretrainConfig", "PRESETS", "ConfigFileError", "load_config_file", "DataError", "OutputError", "Windows",
            "load_tokenizer", "read_stream", "split_stream", "train"]

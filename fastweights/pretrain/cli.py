@@ -1,5 +1,10 @@
 """`fastweights train`: the command line of `fastweights.pretrain` (settings: preset < --config
-file < flags; `--model key=value` sets one LMConfig field, the value read as JSON when it parses)."""
+file < flags; `--model key=value` sets one LMConfig field, the value read as JSON when it parses).
+
+Exit status: 0 done; 2 a bad setting, data file or --out (one line, before any training); 1 the run
+directory could not be written mid-run (the last good checkpoint is kept and named); 130 stopped
+by SIGINT/SIGTERM after saving a checkpoint at the step boundary (one line saying how to resume).
+--fresh discards what an earlier run left in --out instead of resuming it."""
 
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ def add_cli(sub) -> None:
     t.add_argument("--config", default=None, help="a JSON or TOML file of settings")
     t.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="an LMConfig field, e.g. --model d_model=256 --model 'mixer=[\"gated_deltanet\"]'")
+    t.add_argument("--fresh", action="store_true",
+                   help="discard the checkpoint, model, log and curve an earlier run left in --out and start "
+                        "again (without it, a run resumes, and refuses other settings or other data)")
     for name, typ, help_ in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     t.set_defaults(fn=cli_main)
@@ -73,23 +81,49 @@ def config_from_args(args):
     return PretrainConfig.build(*layers)
 
 
+def check_device(args, cfg) -> None:
+    """The run's device is usable here; the error names where it came from (--device, the --config
+    file, or the preset)."""
+    from ..cliargs import ArgError, device, preset_device
+    from .config import PRESETS, ConfigFileError, load_config_file
+
+    file_sets = bool(args.config) and "device" in load_config_file(args.config)
+    try:
+        if args.device is None and not file_sets and cfg.device == PRESETS[cfg.preset].get("device"):
+            preset_device(cfg.preset, cfg.device, None)
+        else:
+            device("--device" if args.device is not None or not file_sets else f"device (in --config {args.config})",
+                   cfg.device)
+    except ArgError as e:
+        raise ConfigFileError(str(e)) from None
+
+
 def cli_main(args) -> int:
     from ..inputs import InputError
     from ..models import ConfigError
+    from ..training.control import Interrupted
+    from ..training.distributed import dist_info
     from .config import ConfigFileError
     from .data import DataError
     from .loop import train
+    from .rundir import OutputError
 
     try:
         cfg = config_from_args(args)
+        check_device(args, cfg)
         if not cfg.data:
             raise ConfigFileError("data: give --data (text files, directories, .npy or .bin) or 'data' in --config")
-        summary = train(cfg)
+        summary = train(cfg, fresh=args.fresh)
     except (ConfigFileError, DataError, ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..lab.distributed import dist_info
-
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Interrupted as e:
+        if dist_info().is_main:  # (one line, whatever the number of ranks; every rank exits 130)
+            print(e, file=sys.stderr, flush=True)
+        return 130
     if dist_info().is_main:
         print(json.dumps(summary))
     return 0

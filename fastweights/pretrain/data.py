@@ -15,10 +15,18 @@ crosses the boundary: `fastweights.layers.segments`), and the end-of-text token 
 (label −100). Order: sample j of the run (j = 0, 1, …, over every step) is window
 perm_e[j mod W] with e = ⌊j / W⌋ and perm_e a permutation drawn from (seed, e): a resumed run
 reads exactly the samples an uninterrupted run reads.
+
+Data key (`data_key`): what a run was trained on — every source file in order (its path, size in
+bytes and SHA-256 of its bytes: the text that was tokenized or the token file), the tokenizer's
+identity (name, vocabulary size, end-of-text id, a SHA-256 of its definition) and the sequence
+length. A run stores it in its checkpoint and refuses to resume on other data (`data_key_diff`
+names what changed: files added, removed or changed, the tokenizer, seq_len).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +34,7 @@ import numpy as np
 import torch
 
 __all__ = ["DataError", "Tokenizer", "load_tokenizer", "read_stream", "split_stream", "Windows", "TEXT_SUFFIXES",
-           "BYTE_EOS", "IGNORE_INDEX"]
+           "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 BYTE_EOS = 256
@@ -50,6 +58,18 @@ class Tokenizer:
         if self.hf is None:
             return list(text.encode("utf-8"))
         return self.hf(text, add_special_tokens=False)["input_ids"]
+
+    def identity(self) -> dict:
+        """name, vocab_size, eos_id and a SHA-256 of the definition (a fast tokenizer's JSON, else
+        its sorted vocabulary and special tokens; for bytes, the word "bytes")."""
+        if self.hf is None:
+            definition = "bytes"
+        else:
+            backend = getattr(self.hf, "backend_tokenizer", None)
+            definition = backend.to_str() if backend is not None else json.dumps(
+                [sorted(self.hf.get_vocab().items()), sorted(map(str, self.hf.all_special_tokens))])
+        return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id,
+                "sha256": hashlib.sha256(definition.encode("utf-8")).hexdigest()}
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
@@ -83,31 +103,55 @@ def _text_files(path: Path) -> list[Path]:
     raise DataError(f"{path}: no such file or directory")
 
 
-def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
-    """Every source, in order, as one token stream [N] (documents end with eos_id). A single .npy
-    or .bin source stays memory-mapped in its own dtype (windows are converted batch by batch);
-    several sources are concatenated into int64."""
+def source_files(paths) -> list[tuple[Path, str]]:
+    """(file, kind) of every source in order, kind "npy", "bin" or "text" (a directory gives its
+    text files, sorted)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:
         raise DataError("data: give at least one text file, directory, .npy or .bin file")
-    parts: list[np.ndarray] = []
+    out = []
     for spec in paths:
         p = Path(spec)
-        if p.suffix == ".npy" and p.is_file():
-            arr = np.load(p, mmap_mode="r")
+        if p.suffix in (".npy", ".bin") and p.is_file():
+            out.append((p, p.suffix[1:]))
+        else:
+            out.extend((f, "text") for f in _text_files(p))
+    return out
+
+
+def _bin_tokens(p: Path) -> np.ndarray:
+    size = p.stat().st_size
+    if size == 0:
+        raise DataError(f"{p}: the .bin token file is empty")
+    if size % 2:
+        raise DataError(f"{p}: {size} bytes is not a whole number of tokens; a .bin token file holds raw "
+                        "little-endian uint16 ids (2 bytes each), so its size must be even")
+    return np.memmap(p, dtype="<u2", mode="r")
+
+
+def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
+    """Every source, in order, as one token stream [N] (documents end with eos_id). A single .npy
+    or .bin source stays memory-mapped in its own dtype (windows are converted batch by batch);
+    several sources are concatenated into int64."""
+    parts: list[np.ndarray] = []
+    for p, kind in source_files(paths):
+        if kind == "npy":
+            try:
+                arr = np.load(p, mmap_mode="r")
+            except (ValueError, OSError) as e:
+                raise DataError(f"{p}: not a readable .npy array ({e})") from None
             if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
                 raise DataError(f"{p}: a token file must hold a 1-D integer array, got {arr.dtype} {list(arr.shape)}")
             parts.append(arr)
-        elif p.suffix == ".bin" and p.is_file():
-            parts.append(np.memmap(p, dtype="<u2", mode="r"))
+        elif kind == "bin":
+            parts.append(_bin_tokens(p))
         else:
-            for f in _text_files(p):
-                try:
-                    text = f.read_text(encoding="utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{f}: not UTF-8 text ({e})") from None
-                parts.append(np.array(tokenizer.encode(text) + [tokenizer.eos_id], dtype=np.int64))
+            try:
+                text = p.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{p}: not UTF-8 text ({e})") from None
+            parts.append(np.array(tokenizer.encode(text) + [tokenizer.eos_id], dtype=np.int64))
     if len(parts) == 1:
         stream = parts[0]  # one token file stays memory-mapped, as stored
     else:
@@ -116,6 +160,45 @@ def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
         raise DataError(f"data: token ids must lie in [0, {tokenizer.vocab_size}) for tokenizer {tokenizer.name!r}, "
                         f"got {int(stream.min())} … {int(stream.max())}")
     return stream
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def data_key(paths, tokenizer: Tokenizer, seq_len: int) -> dict:
+    """What a run is trained on (see the module doc): {"files": [{"path", "bytes", "sha256"}, ...]
+    in stream order, "tokenizer": Tokenizer.identity(), "seq_len"}. Reads every source file once."""
+    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p, _ in source_files(paths)]
+    return {"files": files, "tokenizer": tokenizer.identity(), "seq_len": int(seq_len)}
+
+
+def data_key_diff(old: dict, new: dict) -> list[str]:
+    """What changed from the data key `old` to `new`, one phrase each (empty: the same data)."""
+    out = []
+    a = {f["path"]: f for f in old.get("files", [])}
+    b = {f["path"]: f for f in new.get("files", [])}
+    added, removed = [p for p in b if p not in a], [p for p in a if p not in b]
+    if added:
+        out.append(f"{len(added)} file(s) added: {', '.join(added[:3])}{' …' if len(added) > 3 else ''}")
+    if removed:
+        out.append(f"{len(removed)} file(s) removed: {', '.join(removed[:3])}{' …' if len(removed) > 3 else ''}")
+    for p in (p for p in b if p in a):
+        if a[p]["bytes"] != b[p]["bytes"]:
+            out.append(f"{p} changed ({a[p]['bytes']} -> {b[p]['bytes']} bytes)")
+        elif a[p]["sha256"] != b[p]["sha256"]:
+            out.append(f"{p} changed (same size, other content)")
+    if not (added or removed) and list(a) != list(b):
+        out.append("the files are read in another order")
+    ta, tb = old.get("tokenizer", {}), new.get("tokenizer", {})
+    if ta != tb:
+        what = [k for k in ("name", "vocab_size", "eos_id") if ta.get(k) != tb.get(k)]
+        out.append("tokenizer " + (", ".join(f"{k} {ta.get(k)!r} -> {tb.get(k)!r}" for k in what) if what
+                                   else f"{tb.get('name')!r} has another definition"))
+    if old.get("seq_len") != new.get("seq_len"):
+        out.append(f"seq_len {old.get('seq_len')} -> {new.get('seq_len')}")
+    return out
 
 
 def split_stream(stream: np.ndarray, val_fraction: float, eos_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,17 +9,28 @@ divided by the all-reduced token count), so the gradient does not depend on R or
     loss = Σ_{supervised t} −log p(label_t | document so far) / #supervised        (packed rows,
     position_ids restarting after each end-of-text token: no layer crosses a document)
 
-AdamW (`fastweights.lab.train.param_groups`: no decay on norms, biases, gate vectors, the
-embedding) with lr_s = lr · (s + 1)/warm for s < warm, then min_lr + (lr − min_lr)·½(1 + cos πt),
-t = (s − warm)/(steps − warm); bf16 autocast (fp32 weights); clipping of the global grad norm.
+The optimizer step is `fastweights.training.step`'s, the lab's sweeps' own: AdamW (no decay on
+norms, biases, gate vectors, the embedding) with lr_s = lr · (s + 1)/warm for s < warm, then
+min_lr + (lr − min_lr)·½(1 + cos πt), t = (s − warm)/(steps − warm); bf16 autocast (fp32
+weights); clipping of the global grad norm.
 
-Parallelism (torchrun, `fastweights.lab.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
+Parallelism (torchrun, `fastweights.training.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
 (FSDP2: `fully_shard` on every block, then on the model). Checkpoints hold full (gathered)
-model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to
-`checkpoint.pt.tmp` and renamed, so a kill at any moment leaves the previous checkpoint whole.
+model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to a
+temporary file and renamed, so a kill at any moment leaves the previous checkpoint whole.
 Resume: the run restarts from the checkpoint's step with its model, optimizer, schedule and
 RNG states; the data order is a function of the step, so no sample is repeated or skipped, and
-log lines written after that checkpoint (by the killed run) are dropped from log.jsonl.
+log lines written after that checkpoint (by the killed run) are dropped from log.jsonl. A
+checkpoint is resumed only by a run with the same settings (`_RESUME_KEYS`) and the same data
+(`fastweights.pretrain.data.data_key`: files, sizes, content hashes, tokenizer, seq_len); either
+mismatch is refused naming what changed, unless `fresh=True` (`--fresh`) discards the old run.
+
+Before any work: the device is usable, `out` is a writable directory (not a file) and its disk
+holds a checkpoint (`fastweights.pretrain.rundir`). Stopping: SIGINT or SIGTERM during training
+saves a checkpoint at the next step boundary — every rank stops at the same step (the stop flag
+rides on the step's all-reduce) — and raises `Interrupted` (`fastweights train` prints one line
+and exits 130). A write that fails mid-run (a full disk) raises `OutputError` on every rank, naming
+the file and the step; the last good checkpoint is left whole and named.
 
 Outputs in `out`: checkpoint.pt, model/ (`LM.save_pretrained` + the tokenizer: loads with
 `LM.from_pretrained` and `AutoModelForCausalLM`), log.jsonl (train records {step, loss, lr,
@@ -30,9 +41,12 @@ loss.png (train and validation loss against step).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
+import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -40,28 +54,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..lab.distributed import all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
-from ..lab.train import _atomic_save, _rng_state, _set_rng_state, make_progress, param_groups
 from ..models import LM, LMConfig
-from .config import PretrainConfig
-from .data import IGNORE_INDEX, DataError, Windows, load_tokenizer, read_stream, split_stream
+from ..training import step as training_step
+from ..training.checkpoint import atomic_save, rng_state, set_rng_state
+from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested, training
+from ..training.distributed import all_reduce_sum, dist_info, init_distributed, is_distributed
+from ..training.progress import make_progress
+from .config import ConfigFileError, PretrainConfig
+from .data import IGNORE_INDEX, DataError, Windows, data_key, data_key_diff, load_tokenizer, read_stream, split_stream
+from .rundir import (
+    CHECKPOINT,
+    LOG,
+    MODEL_DIR,
+    PLOT,
+    OutputError,
+    check_out,
+    check_space,
+    checkpoint_bytes,
+    replace_dir,
+    write_text,
+)
 
-__all__ = ["train", "lr_factor", "CHECKPOINT", "LOG", "PLOT", "MODEL_DIR"]
-
-CHECKPOINT, LOG, PLOT, MODEL_DIR = "checkpoint.pt", "log.jsonl", "loss.png", "model"
+__all__ = ["train", "lr_factor"]
 # settings a resumed run must share with its checkpoint (they fix the data order and the model)
 _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "val_fraction", "steps", "lr",
                 "min_lr", "warmup")
 
 
 def lr_factor(cfg: PretrainConfig, step: int) -> float:
-    """lr_step / lr: linear warm-up over warmup_steps, then a cosine to min_lr at the last step."""
-    warm = min(cfg.warmup_steps(), cfg.steps)
-    if warm and step < warm:
-        return (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, cfg.steps - warm))
-    floor = cfg.min_lr / cfg.lr
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+    """lr_step / lr of the run: linear warm-up over warmup_steps, then a cosine to min_lr at the last
+    step (`fastweights.training.step.lr_factor`)."""
+    return training_step.lr_factor(step, total=cfg.steps, warmup=cfg.warmup_steps(), floor=cfg.min_lr / cfg.lr)
 
 
 def _lm_config(cfg: PretrainConfig, vocab: int) -> LMConfig:
@@ -160,10 +183,16 @@ def _plot(records: list[dict], path: Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    finally:
+        plt.close(fig)
 
 
 @torch.no_grad()
@@ -181,28 +210,85 @@ def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast) ->
         total += _loss_sum(model, batch, device, autocast).item()
         count += int((batch["labels"] != IGNORE_INDEX).sum())
     model.train(was)
-    total, count = all_reduce_sum([total, float(count)], device="cpu")
+    total, count = all_reduce_sum([total, float(count)], device=_sync_device(device))
     return (total / count if count else float("nan")), int(count)
 
 
-def train(cfg: PretrainConfig, *, progress=None) -> dict:
-    """Train (or resume) the run of `cfg` (see the module doc); the summary of the finished run."""
+def _sync_device(device: torch.device) -> torch.device:
+    """Where the small all-reduces run: the training device on CUDA (NCCL has no CPU tensors)."""
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
+def _check_device(cfg: PretrainConfig) -> None:
+    try:
+        dev = torch.device(cfg.device)
+    except (RuntimeError, TypeError):
+        raise ConfigFileError(f"--device {cfg.device!r} is not a device string (cpu, cuda, cuda:1)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigFileError(f"--device {cfg.device}: this machine has no usable CUDA device "
+                              "(torch.cuda.is_available() is False); use --device cpu")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigFileError(f"--device {cfg.device}: MPS is not available here; use --device cpu")
+
+
+def _together(err: Exception | None, device, cls: type[Exception] = OutputError) -> None:
+    """Every rank learns whether any rank failed (rank 0 checks and writes the run directory): this
+    rank raises its own error; a rank without one raises `cls` pointing at rank 0's message, so
+    every rank exits alike (one process: raises err if any)."""
+    failed = all_reduce_sum([float(err is not None)], device=_sync_device(device))[0]
+    if err is not None:
+        raise err
+    if failed:
+        raise cls("another rank failed (rank 0 checks and writes the run directory: see its message)")
+
+
+def _discard(out: Path) -> None:
+    """--fresh: remove what an earlier run left in `out` (checkpoint, model, log, curve)."""
+    for name in (CHECKPOINT, LOG, PLOT, "config.json"):
+        (out / name).unlink(missing_ok=True)
+    for name in (MODEL_DIR, MODEL_DIR + ".new", MODEL_DIR + ".old"):
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
+    """Train (or resume) the run of `cfg` (see the module doc); the summary of the finished run.
+
+    fresh: discard the run directory's checkpoint, model, log and curve and start from step 0.
+    Raises ConfigFileError / DataError (bad settings, data or --out, before any training),
+    OutputError (the run directory could not be written mid-run; the last good checkpoint is
+    kept) and `Interrupted` (SIGINT/SIGTERM: saved at the step boundary)."""
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    _check_device(cfg)
     init_distributed(cfg.device)
     info = dist_info()
     device = torch.device(cfg.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", info.local_rank)
+    out = Path(cfg.out)
+    err = None
+    if info.is_main:  # (rank 0 writes the run directory)
+        try:
+            check_out(out)
+        except ConfigFileError as e:
+            err = e
+    _together(err, device, ConfigFileError)
+    with stop_on_signals((signal.SIGINT, signal.SIGTERM), repeats="ignore" if info.world_size > 1 else "interrupt"):
+        return _train(cfg, out, device, make_progress(cfg.progress if progress is None else progress), fresh)
+
+
+def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bool) -> dict:
+    info = dist_info()
     R = info.world_size
     if cfg.batch_size % (R * cfg.grad_accum):
         raise DataError(f"batch_size={cfg.batch_size} must be a multiple of world_size × grad_accum = "
                         f"{R} × {cfg.grad_accum}")
     micro = cfg.batch_size // (R * cfg.grad_accum)
-    prog = make_progress(cfg.progress if progress is None else progress)
+    sync = functools.partial(all_reduce_sum, device=_sync_device(device))
 
     tok = load_tokenizer(cfg.tokenizer)
     stream = read_stream(cfg.data, tok)
+    key = data_key(cfg.data, tok, cfg.seq_len)
     train_stream, val_stream = split_stream(stream, cfg.val_fraction, tok.eos_id)
     tw = Windows(train_stream, cfg.seq_len, tok.eos_id, seed=cfg.seed)
     vw = Windows(val_stream, cfg.seq_len, tok.eos_id, seed=cfg.seed)
@@ -213,63 +299,90 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
 
     torch.manual_seed(cfg.seed)
     base = LM(lm_config).to(device)
+    err = None
+    if info.is_main:
+        try:
+            check_space(out, checkpoint_bytes(base.num_parameters()))
+        except ConfigFileError as e:
+            err = e
+    _together(err, device, ConfigFileError)
     model = _wrap(base, cfg, device)
-    opt = torch.optim.AdamW(param_groups(base, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
+    opt = training_step.adamw(base, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
-    autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) \
-        if cfg.dtype == "bfloat16" else contextlib.nullcontext
+    autocast = functools.partial(training_step.autocast, cfg.dtype, device)
 
-    out = Path(cfg.out)
     ckpt_path, log_path = out / CHECKPOINT, out / LOG
     start = 0
-    if ckpt_path.is_file():
+    if fresh:
+        if info.is_main:
+            _discard(out)
+    elif ckpt_path.is_file():
         try:
             ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         except Exception as e:
-            raise DataError(f"{ckpt_path} cannot be read ({e}); delete it to start the run afresh") from None
+            raise DataError(f"{ckpt_path} cannot be read ({e}); pass --fresh to start the run afresh") from None
         mine, theirs = cfg.to_dict(), ck["config"]
         diff = [k for k in _RESUME_KEYS if mine.get(k) != theirs.get(k)]
         if diff:
             raise DataError(f"{ckpt_path} was written by a run with other settings ({', '.join(diff)}); "
-                            "use another --out to start a new run")
+                            "pass --fresh to discard it and start again, or use another --out")
+        changed = data_key_diff(ck["data_key"], key) if "data_key" in ck else [
+            "the checkpoint records no data key (written before runs kept one)"]
+        if changed:
+            raise DataError(f"{ckpt_path} was trained on other data: {'; '.join(changed[:6])}"
+                            f"{'; …' if len(changed) > 6 else ''}; pass --fresh to discard it and start again, "
+                            "or use another --out")
         _load_states(model, opt, ck["model"], ck["optim"])
         sched.load_state_dict(ck["sched"])
-        _set_rng_state(ck["rng"])
+        set_rng_state(ck["rng"])
         start = int(ck["step"])
         prog.log(f"resuming {out} at step {start}")
-    history = _read_log(log_path, start)
+    history = [] if fresh else _read_log(log_path, start)
+    saved = {"checkpoint": start if start else None, "model": start if start else None}
+    err = None
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "w", encoding="utf-8") as f:  # drop what a killed run logged after its checkpoint
-            f.writelines(json.dumps(r) + "\n" for r in history)
-            f.flush()
-            os.fsync(f.fileno())
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2), encoding="utf-8")
-    barrier()
+        try:  # drop what a killed run logged after its checkpoint
+            write_text(log_path, "".join(json.dumps(r) + "\n" for r in history))
+            write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2))
+        except OSError as e:
+            err = OutputError(f"--out {out}: cannot write {LOG} or config.json ({e.strerror or e}) before "
+                              f"training; {_kept(ckpt_path, saved)}")
+    _together(err, device)
+    pending: list[OutputError] = []  # a failed log append on rank 0, raised on every rank at the next sync
+
+    def failure(what: str, step: int, e: OSError, kept: dict) -> OutputError:
+        return OutputError(f"--out {out}: writing {what} at step {step} failed ({e.strerror or e}); "
+                           f"{_kept(ckpt_path, kept)}")
 
     def write(rec: dict):
         history.append(rec)
-        if info.is_main:
-            with open(log_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(rec) + "\n")
+        if info.is_main and not pending:
+            try:
+                with open(log_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+            except OSError as e:
+                pending.append(failure(LOG, rec["step"], e, saved))
 
     def save(step: int):
-        msd, osd = _full_states(model, opt)
-        if info.is_main:
-            _atomic_save({"step": step, "model": msd, "optim": osd, "sched": sched.state_dict(),
-                          "config": cfg.to_dict(), "lm_config": lm_config.to_dict(), "rng": _rng_state()}, ckpt_path)
-            lm = LM(lm_config)
-            lm.load_state_dict(msd)
-            lm.save_pretrained(out / MODEL_DIR)
-            if tok.hf is not None:
-                tok.hf.save_pretrained(out / MODEL_DIR)
-            else:
-                with contextlib.suppress(ImportError):
-                    from ..hf import ByteTokenizer
-
-                    ByteTokenizer().save_pretrained(out / MODEL_DIR)
-            _plot(history, out / PLOT)
-        barrier()
+        """Every rank calls it; `saved` changes on every rank alike (it decides collective calls)."""
+        msd, osd = _full_states(model, opt)  # (a collective under FSDP)
+        err = pending[0] if pending else None
+        if info.is_main and err is None:
+            what, now = CHECKPOINT, dict(saved)
+            try:
+                atomic_save({"step": step, "model": msd, "optim": osd, "sched": sched.state_dict(),
+                             "config": cfg.to_dict(), "lm_config": lm_config.to_dict(), "rng": rng_state(),
+                             "data_key": key}, ckpt_path)
+                now["checkpoint"], what = step, MODEL_DIR + "/"
+                lm = LM(lm_config)
+                lm.load_state_dict(msd)
+                replace_dir(out / MODEL_DIR, lambda d: _save_model(lm, tok, d))
+                now["model"], what = step, PLOT
+                _plot(history, out / PLOT)
+            except OSError as e:
+                err = failure(what, step, e, now)
+        _together(err, device)
+        saved.update(checkpoint=step, model=step)
 
     def validate(step: int):
         if len(vw) == 0:
@@ -283,45 +396,49 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
         bar.update(start)
     model.train()
     t0, done = time.perf_counter(), 0
-    for s in range(start, cfg.steps):
-        first = s * cfg.batch_size + info.rank * (cfg.batch_size // R)
-        batches = [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
-                   for m in range(cfg.grad_accum)]
-        local = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
-        count = all_reduce_sum([float(local)], device="cpu")[0]
-        total = 0.0
-        for m, batch in enumerate(batches):
-            with _no_sync(model, m == len(batches) - 1):
-                loss = _loss_sum(model, batch, device, autocast) * (R / max(count, 1.0))
-                loss.backward()
-            total += loss.item() / R
-        if cfg.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        lr = sched.get_last_lr()[0]
-        sched.step()
-        done += 1
-        step = s + 1
-        train_loss = all_reduce_sum([total], device="cpu")[0]
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - t0
-            rec = {"step": step, "loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
-                   "tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9),
-                   "samples": [s * cfg.batch_size, step * cfg.batch_size]}
-            write(rec)
-            if bar is not None:
-                bar.update(cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-            elif prog.mode == "plain" and info.is_main:
-                prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
-                         f"{rec['tokens_per_s']:.0f} tok/s")
-        if step % cfg.val_every == 0 or step == cfg.steps:
-            validate(step)
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            save(step)
-    if bar is not None:
-        bar.close()
+    try:
+        with training():
+            for s in range(start, cfg.steps):
+                first = s * cfg.batch_size + info.rank * (cfg.batch_size // R)
+                batches = [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
+                           for m in range(cfg.grad_accum)]
+                local = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+                count, stop, failed = sync([float(local), float(stop_requested()), float(bool(pending))])
+                if failed:
+                    _together(pending[0] if pending else None, device)
+                if stop:  # (every rank sees the same sum: all stop at step s)
+                    if s > (saved["checkpoint"] or 0):
+                        save(s)
+                    raise Interrupted(_stopped(s, cfg.steps, ckpt_path, saved))
+                total = 0.0
+                for m, batch in enumerate(batches):
+                    with _no_sync(model, m == len(batches) - 1):
+                        loss = _loss_sum(model, batch, device, autocast) * (R / max(count, 1.0))
+                        loss.backward()
+                    total += loss.item() / R
+                lr = training_step.optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
+                done += 1
+                step = s + 1
+                train_loss = sync([total])[0]
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    elapsed = time.perf_counter() - t0
+                    rec = {"step": step, "loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
+                           "tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9),
+                           "samples": [s * cfg.batch_size, step * cfg.batch_size]}
+                    write(rec)
+                    if bar is not None:
+                        bar.update(cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
+                        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                    elif prog.mode == "plain" and info.is_main:
+                        prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
+                                 f"{rec['tokens_per_s']:.0f} tok/s")
+                if step % cfg.val_every == 0 or step == cfg.steps:
+                    validate(step)
+                if step % cfg.save_every == 0 or step == cfg.steps:
+                    save(step)
+    finally:
+        if bar is not None:
+            bar.close()
     if start >= cfg.steps and info.is_main:
         prog.log(f"{out}: already trained for {cfg.steps} steps")
     last = next((r for r in reversed(history) if "loss" in r), {})
@@ -329,3 +446,36 @@ def train(cfg: PretrainConfig, *, progress=None) -> dict:
     return {"out": str(out), "steps": cfg.steps, "loss": last.get("loss"), "val_loss": val.get("val_loss"),
             "val_ppl": val.get("val_ppl"), "tokens_per_s": last.get("tokens_per_s"),
             "parameters": base.num_parameters()}
+
+
+def _save_model(lm: LM, tok, directory: Path) -> None:
+    """`LM.save_pretrained` and the tokenizer (ByteTokenizer for bytes, when transformers is here)."""
+    lm.save_pretrained(directory)
+    if tok.hf is not None:
+        tok.hf.save_pretrained(directory)
+    else:
+        with contextlib.suppress(ImportError):
+            from ..hf import ByteTokenizer
+
+            ByteTokenizer().save_pretrained(directory)
+
+
+def _kept(ckpt_path: Path, saved: dict) -> str:
+    """What a failed write left, and how to go on."""
+    if saved["checkpoint"] is None:
+        return "no checkpoint had been written yet (nothing to resume); free space and run the command again"
+    model = "" if saved["model"] == saved["checkpoint"] else (
+        f" ({MODEL_DIR}/ holds step {saved['model']})" if saved["model"] is not None else f" ({MODEL_DIR}/ was not "
+                                                                                          "written)")
+    return (f"the last good checkpoint is intact: {ckpt_path} holds step {saved['checkpoint']}{model}; free space "
+            f"and run the same command again to resume")
+
+
+def _stopped(step: int, steps: int, ckpt_path: Path, saved: dict) -> str:
+    """The one line an interrupted run prints."""
+    if saved["checkpoint"] is None:
+        return f"interrupted before the first step of {steps}: nothing to save; run the same command again to start"
+    return (f"interrupted at step {step} of {steps}: {ckpt_path} holds step {saved['checkpoint']}; "
+            + resume_hint())
+
+

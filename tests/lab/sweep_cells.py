@@ -28,7 +28,7 @@ def run_sleep_cell(cell: SleepCell, progress=None, desc=None) -> dict:
     started = Path(cell.out) / "started"
     started.mkdir(parents=True, exist_ok=True)
     (started / f"{cell.name}-{os.getpid()}").write_text("")
-    from fastweights.lab.control import Interrupted, stop_requested
+    from fastweights.training.control import Interrupted, stop_requested
 
     t_end = time.monotonic() + cell.seconds
     while time.monotonic() < t_end:

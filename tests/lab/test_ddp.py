@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from fastweights.lab.distributed import dist_info, init_distributed
+    from fastweights.training.distributed import dist_info, init_distributed
     from fastweights.lab.train import ResultStore, TrainConfig, run_sweep, train_cell
     from fastweights.models import LM, LMConfig
     from fastweights.tasks.mqar import MQARConfig, make_mqar_splits

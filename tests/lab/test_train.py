@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from fastweights.lab.train import (
-    Progress,
     ResultStore,
     TrainConfig,
     TrainError,
@@ -21,12 +20,12 @@ from fastweights.lab.train import (
     accuracy,
     best_over,
     cell_key,
-    param_groups,
     run_sweep,
     train_cell,
 )
 from fastweights.models import LM, LMConfig
 from fastweights.tasks.mqar import MQARConfig, make_mqar_splits
+from fastweights.training import Progress
 from tests.tolerances import RESUME_ACCURACY, RESUME_LOSS_ABS, RESUME_LOSS_REL, RESUME_LR_REL
 
 
@@ -179,13 +178,7 @@ def test_progress_plain_lines(capsys, tmp_path):
     assert "sweep: 1 cells" in out and "[1/1]" in out and "accuracy 0.2000" in out
 
 
-def test_param_groups_and_schedule():
-    lm = LM(_lm("gated_deltanet", d=16))
-    groups = param_groups(lm, 0.1, "matrices")
-    decayed = {id(p) for p in groups[0]["params"]}
-    assert id(lm.embed.weight) not in decayed
-    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[1]["weight_decay"] == 0.0
-    assert len(param_groups(lm, 0.1, "all")) == 1
+def test_schedule_of_a_train_config():  # (the parameter groups: tests/training/test_step.py)
     f = _lr_lambda(TrainConfig(lr=1.0, warmup=10, min_lr=0.1), 110)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0) and f(110) == pytest.approx(0.1) and f(60) == pytest.approx(0.55)
@@ -209,29 +202,6 @@ def test_data_errors():
 
 
 # ------------------------------------------------------------------------------------------ faults
-def test_concurrent_checkpoint_writers_never_collide(tmp_path):
-    import threading
-
-    from fastweights.lab.train import _atomic_save
-
-    path, errors = tmp_path / "c.pt", []
-
-    def writer(tag):
-        try:
-            for i in range(40):
-                _atomic_save({"tag": tag, "i": i, "x": torch.randn(256)}, path)
-        except Exception as e:  # a fixed temporary name raced here: FileNotFoundError
-            errors.append(e)
-
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert torch.load(path, weights_only=False)["i"] == 39 and not list(tmp_path.glob("*.tmp"))
-
-
 def test_checkpoint_of_other_settings_is_refused_naming_them_and_fresh_restarts(tmp_path):
     train, test = _data(4, n_train=64, n_test=16, L=16, kv=2)
     ck = tmp_path / "c.pt"
@@ -261,7 +231,7 @@ def test_checkpoint_of_other_settings_is_refused_naming_them_and_fresh_restarts(
 
 
 def test_stop_mid_epoch_saves_and_resumes_to_the_uninterrupted_history(tmp_path):
-    from fastweights.lab.control import Interrupted, clear_stop, request_stop
+    from fastweights.training.control import Interrupted, clear_stop, request_stop
 
     seed = int(torch.randint(0, 2**30, ()).item())
     train, test = _data(seed, n_train=160, n_test=32, L=16, kv=2)

@@ -1,6 +1,6 @@
 """Pretraining data: sources (text files and directories, .npy, .bin), the held-out split on a
 document boundary, packed windows (positions restart after end-of-text, which predicts nothing),
-and a sample order that visits every window once per pass."""
+a sample order that visits every window once per pass, and the data key a run resumes only on."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,8 @@ from fastweights.pretrain.data import (
     IGNORE_INDEX,
     DataError,
     Windows,
+    data_key,
+    data_key_diff,
     load_tokenizer,
     pack,
     read_stream,
@@ -79,3 +81,51 @@ def test_one_token_file_stays_memory_mapped(tmp_path):
     assert isinstance(s, np.memmap) and s.tolist() == toks.tolist()
     w = Windows(s, seq_len=8, eos_id=BYTE_EOS)
     assert w.batch([1])["input_ids"].tolist() == [toks[8:16].tolist()]
+
+
+def test_a_bin_token_file_of_odd_size_or_empty_is_refused_naming_it(tmp_path):
+    tok = load_tokenizer("bytes")
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02\x00\x03")
+    with pytest.raises(DataError, match=r"odd.bin: 5 bytes is not a whole number of tokens.*uint16"):
+        read_stream([tmp_path / "odd.bin"], tok)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(DataError, match="empty.bin: the .bin token file is empty"):
+        read_stream([tmp_path / "empty.bin"], tok)
+    (tmp_path / "bad.npy").write_bytes(b"not an array")
+    with pytest.raises(DataError, match="bad.npy: not a readable .npy array"):
+        read_stream([tmp_path / "bad.npy"], tok)
+
+
+def test_the_data_key_names_every_change(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("alpha", encoding="utf-8")
+    (d / "b.txt").write_text("beta", encoding="utf-8")
+    tok = load_tokenizer("bytes")
+    key = data_key([d], tok, 32)
+    assert [f["path"] for f in key["files"]] == [str(d / "a.txt"), str(d / "b.txt")]
+    assert key["files"][0]["bytes"] == 5 and key["seq_len"] == 32
+    assert data_key_diff(key, data_key([d], tok, 32)) == []
+    (d / "c.md").write_text("gamma", encoding="utf-8")
+    assert data_key_diff(key, data_key([d], tok, 32)) == [f"1 file(s) added: {d / 'c.md'}"]
+    (d / "c.md").unlink()
+    (d / "a.txt").write_text("ALPHA", encoding="utf-8")  # same size, other content
+    assert data_key_diff(key, data_key([d], tok, 32)) == [f"{d / 'a.txt'} changed (same size, other content)"]
+    (d / "b.txt").unlink()
+    assert data_key_diff(key, data_key([d], tok, 64)) == [
+        f"1 file(s) removed: {d / 'b.txt'}", f"{d / 'a.txt'} changed (same size, other content)", "seq_len 32 -> 64"]
+    (d / "a.txt").write_text("alpha!", encoding="utf-8")
+    assert data_key_diff(key, data_key([d / "a.txt"], tok, 32))[1] == f"{d / 'a.txt'} changed (5 -> 6 bytes)"
+
+
+def test_the_data_key_holds_the_tokenizer_identity(tmp_path):
+    from fastweights.hf import ByteTokenizer  # (a Hugging Face tokenizer directory: the extra `hf`)
+
+    ByteTokenizer().save_pretrained(tmp_path / "tok")
+    (tmp_path / "a.txt").write_text("alpha", encoding="utf-8")
+    hf = load_tokenizer(str(tmp_path / "tok"))
+    a = data_key([tmp_path / "a.txt"], load_tokenizer("bytes"), 8)
+    b = data_key([tmp_path / "a.txt"], hf, 8)
+    assert b["tokenizer"] == hf.identity() and len(b["tokenizer"]["sha256"]) == 64
+    assert data_key_diff(a, b) == [f"tokenizer name 'bytes' -> {str(tmp_path / 'tok')!r}"]
+    assert data_key_diff(b, data_key([tmp_path / "a.txt"], hf, 8)) == []

@@ -1,7 +1,11 @@
 """`fastweights train` end to end on a CPU: it learns, writes its log, curve and a checkpoint that
-loads as an LM and through transformers; a run killed with SIGKILL resumes to exactly the weights
-of an uninterrupted run, reading every sample once; settings come from presets, files and flags."""
+loads as an LM and through transformers; a run killed with SIGKILL, or stopped by SIGINT/SIGTERM
+(which save at the step boundary), resumes to exactly the weights of an uninterrupted run, reading
+every sample once; settings come from presets, files and flags; a resume on other data is refused
+naming the change (--fresh starts again); a disk that fills mid-run keeps the last good checkpoint."""
 
+import errno
+import functools
 import json
 import math
 import os
@@ -17,7 +21,7 @@ import torch
 
 from fastweights.cli import main as cli_main
 from fastweights.models import LM
-from fastweights.pretrain import ConfigFileError, PretrainConfig, train
+from fastweights.pretrain import ConfigFileError, DataError, OutputError, PretrainConfig, train
 from fastweights.pretrain.loop import lr_factor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,3 +147,138 @@ def test_bf16_autocast_with_accumulation_trains(tmp_path):
     summary = train(cfg)
     assert math.isfinite(summary["loss"]) and math.isfinite(summary["val_loss"])
     assert LM.from_pretrained(tmp_path / "run" / "model").embed.weight.dtype == torch.float32  # fp32 weights
+
+
+# ------------------------------------------------------------------------------------------ faults
+def _tiny(tmp_path, out, **kw):
+    return PretrainConfig.build({"data": [str(tmp_path / "text")], "out": str(out), "steps": 6, "batch_size": 4,
+                                 "seq_len": 16, "save_every": 2, "val_every": 3, "progress": "none", "threads": 1,
+                                 "model": TINY, **kw})
+
+
+def test_resume_on_changed_data_is_refused_naming_it_unless_fresh(tmp_path):
+    corpus(tmp_path, docs=12)
+    cfg = _tiny(tmp_path, tmp_path / "run")
+    first = train(cfg)
+    (tmp_path / "text" / "new.txt").write_text("a new document. " * 5, encoding="utf-8")
+    with pytest.raises(DataError, match=r"checkpoint.pt was trained on other data: 1 file\(s\) added: "
+                                        r".*new.txt; pass --fresh to discard it"):
+        train(cfg)
+    (tmp_path / "text" / "new.txt").unlink()
+    (tmp_path / "text" / "003.txt").write_text("THE CAT SAT ON THE MAT.", encoding="utf-8")  # same size
+    with pytest.raises(DataError, match=r"003.txt changed \(same size, other content\)"):
+        train(cfg)
+    assert json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])["step"] == 6  # untouched
+    again = train(cfg, fresh=True)  # trains from step 0 on the new data
+    recs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 7)) and again["loss"] != first["loss"]
+    assert train(cfg)["loss"] == again["loss"]  # and its own data key resumes
+
+
+def test_a_full_disk_mid_run_keeps_the_last_good_checkpoint_and_says_so(tmp_path, monkeypatch):
+    corpus(tmp_path, docs=12)
+    ref = train(_tiny(tmp_path, tmp_path / "ref"))
+    run = tmp_path / "run"
+    real_save, calls = torch.save, []
+
+    def fills_up(obj, f, *a, **k):  # the second checkpoint (step 4) hits a full disk half-way
+        calls.append(obj["step"])
+        if len(calls) == 2:
+            f.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", fills_up)
+    with pytest.raises(OutputError) as e:
+        train(_tiny(tmp_path, run))
+    assert str(e.value) == (f"--out {run}: writing checkpoint.pt at step 4 failed (No space left on device); the "
+                            f"last good checkpoint is intact: {run / 'checkpoint.pt'} holds step 2; free space and "
+                            "run the same command again to resume")
+    monkeypatch.undo()
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "config.json", "log.jsonl", "loss.png", "model"]
+    step2 = LM.from_pretrained(run / "model").state_dict()
+
+    # model/ fails half-way at step 4: checkpoint.pt holds step 4, model/ keeps step 2 whole
+    real_pretrained = LM.save_pretrained
+
+    def model_fills_up(self, directory, *a, **k):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "model.safetensors").write_bytes(b"torn")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LM, "save_pretrained", model_fills_up)
+    with pytest.raises(OutputError, match=re.escape(
+            f"writing model/ at step 4 failed (No space left on device); the last good checkpoint is intact: "
+            f"{run / 'checkpoint.pt'} holds step 4 (model/ holds step 2)")):
+        train(_tiny(tmp_path, run))
+    monkeypatch.setattr(LM, "save_pretrained", real_pretrained)
+    kept = LM.from_pretrained(run / "model").state_dict()
+    assert all(torch.equal(kept[k], step2[k]) for k in step2) and not (run / "model.new").exists()
+
+    resumed = train(_tiny(tmp_path, run))  # space freed: it resumes and ends where an uninterrupted run ends
+    assert resumed["loss"] == ref["loss"] and resumed["val_loss"] == ref["val_loss"]
+    a, b = LM.from_pretrained(tmp_path / "ref" / "model").state_dict(), LM.from_pretrained(run / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    recs = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, 7))
+
+
+SIGNAL_STEPS = 40
+
+
+def _signal_run(tmp, out) -> subprocess.Popen:
+    """`fastweights train` in a subprocess on tmp/text, no checkpoint due before its last step."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    args = ["--data", str(tmp / "text"), "--steps", str(SIGNAL_STEPS), "--batch-size", "4", "--seq-len", "16",
+            "--save-every", "100", "--val-every", "20", "--threads", "1", "--progress", "plain", "--lr", "1e-2"]
+    for k, v in TINY.items():
+        args += ["--model", f"{k}={json.dumps(v)}"]
+    return subprocess.Popen([sys.executable, "-m", "fastweights.cli", "train", *args, "--out", str(out)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def signal_reference(tmp_path_factory):
+    """The uninterrupted run the signalled ones are compared with (one per module)."""
+    tmp = tmp_path_factory.mktemp("signal_ref")
+    corpus(tmp)
+    ref = _signal_run(tmp, tmp / "ref")
+    assert ref.wait(timeout=300) == 0, ref.stderr.read()[-3000:]
+    return tmp
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_at_the_step_boundary_and_the_run_resumes_to_the_uninterrupted_weights(
+        signal_reference, tmp_path, sig):
+    tmp, steps = signal_reference, SIGNAL_STEPS
+    start = functools.partial(_signal_run, tmp)
+    victim = start(tmp_path / "run")
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and victim.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(x).get("step", 0) >= 5 for x in lines[:-1]):  # no checkpoint was due before step 40
+            victim.send_signal(sig)
+            break
+        time.sleep(0.005)
+    out, err = victim.communicate(timeout=120)
+    assert victim.returncode == 130, err[-3000:]
+    stopped = json.loads(log.read_text().splitlines()[-1])["step"]
+    assert 5 <= stopped < steps
+    line = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"interrupted at step {stopped} of {steps}: .*checkpoint.pt holds step {stopped}; run the "
+                        r"same command again to resume( \(.*\))?", line), err[-2000:]
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == stopped  # nothing lost
+
+    resumed = start(tmp_path / "run")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resuming {tmp_path / 'run'} at step {stopped}" in out
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, steps + 1))
+    ref_recs = [json.loads(x) for x in (tmp / "ref" / "log.jsonl").read_text().splitlines()]
+    assert [r.get("loss", r.get("val_loss")) for r in recs] == [r.get("loss", r.get("val_loss")) for r in ref_recs]
+    a = LM.from_pretrained(tmp / "ref" / "model").state_dict()
+    b = LM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

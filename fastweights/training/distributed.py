@@ -1,8 +1,8 @@
-"""Distributed helpers for the training harness (`fastweights.lab.train`).
+"""Distributed helpers of the training step (`fastweights.lab.train`, `fastweights.pretrain`).
 
 Under `torchrun` (the environment holds RANK and WORLD_SIZE) :func:`init_distributed` starts the
-default process group: "nccl" when the processes use CUDA, "gloo" on CPU. Two ways of using the
-ranks (chosen by the caller, see `run_sweep(mode=...)`):
+default process group: "nccl" when the processes use CUDA, "gloo" on CPU. The lab's sweeps use the
+ranks in two ways (chosen by the caller, see `fastweights.lab.train.run_sweep(mode=...)`):
 
 * "ddp":    every rank runs every cell; one model is wrapped in DistributedDataParallel, each rank
             trains on its shard of every batch (the global batch stays `TrainConfig.batch_size`),
@@ -10,6 +10,8 @@ ranks (chosen by the caller, see `run_sweep(mode=...)`):
 * "spread": cell i of a sweep runs on rank i % world_size, each rank training its own models
             alone; every rank appends its own records to the shared JSONL under an exclusive
             file lock (`fcntl.flock`), so lines never interleave.
+
+`fastweights train` (`fastweights.pretrain.loop`) wraps one model in DDP or FSDP2 over all ranks.
 
 Nothing here changes what a single process computes: without RANK/WORLD_SIZE every helper is a
 no-op (rank 0 of a world of 1).

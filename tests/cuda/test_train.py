@@ -1,0 +1,85 @@
+"""`fastweights train` on CUDA: one GPU, and two under torchrun (NCCL, whose collectives take no CPU
+tensors): a run finishes, and a SIGTERM (one GPU) or a Ctrl-C to torchrun's process group (two
+GPUs) saves at one step boundary, exits 130 on every rank, and the run resumes to its end.
+
+Marked `cuda`: `python3 -m pytest -m cuda tests/cuda/test_train.py` on a GPU machine (the torchrun
+test needs two GPUs: nvidia-h100-x2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA device: run `pytest -m cuda` on a GPU machine")]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 400
+ARGS = ["--data", str(ROOT / "README.md"), "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "64",
+        "--save-every", "1000", "--val-every", "1000", "--progress", "plain", "--device", "cuda", "--dtype", "bfloat16",
+        "--model", "d_model=64", "--model", "n_layers=2", "--model", "num_heads=2", "--model", "head_dim=32"]
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch.distributed as dist
+    from fastweights.cli import main
+    out = sys.argv[1]
+    rc = main(["train", *sys.argv[2:], "--out", f"{out}/run"])
+    with open(f"{out}/rc-rank{dist.get_rank() if dist.is_initialized() else 0}", "w") as f:
+        f.write(str(rc))
+    sys.exit(rc)
+    """
+)
+
+
+def _stop_when_past(proc, log: Path, step: int, send) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(x).get("step", 0) >= step for x in lines[:-1]):
+            send()
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the run ended or stalled before step {step}: {proc.communicate()[1][-3000:]}")
+
+
+def _check_resumes(cmd, tmp_path, env, stopped):
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == stopped
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_stop_on_cuda_saves_at_one_step_on_every_rank_and_resumes(world, tmp_path):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA devices (nvidia-h100-x2)")
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = ([sys.executable, str(script)] if world == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), str(script)])
+    cmd += [str(tmp_path), *ARGS]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    send = (lambda: proc.send_signal(signal.SIGTERM)) if world == 1 else (lambda: os.killpg(proc.pid, signal.SIGINT))
+    _stop_when_past(proc, tmp_path / "run" / "log.jsonl", 20, send)
+    out, err = proc.communicate(timeout=120)
+    rcs = [(tmp_path / f"rc-rank{r}").read_text() if (tmp_path / f"rc-rank{r}").exists() else None
+           for r in range(world)]
+    assert rcs == ["130"] * world, (rcs, err[-4000:])
+    stopped = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])["step"]
+    assert 20 <= stopped < STEPS
+    assert sum("interrupted at step" in ln for ln in (out + err).splitlines()) == 1, err[-3000:]
+    _check_resumes(cmd, tmp_path, env, stopped)

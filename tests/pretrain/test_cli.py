@@ -1,0 +1,91 @@
+"""`fastweights train`'s command line under bad input: an --out that is a file or read-only, a device
+this machine lacks (by flag, config file or preset), a .bin token file of odd size, a disk too full
+for a checkpoint — each one line on stderr naming the flag or file, status 2, before any training."""
+
+import errno
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fastweights.cli import main as cli_main
+from fastweights.pretrain import rundir
+
+TINY = ["--model", "d_model=16", "--model", "n_layers=1", "--model", "num_heads=2", "--model", "head_dim=8",
+        "--steps", "2", "--batch-size", "2", "--seq-len", "8", "--progress", "none", "--threads", "1"]
+
+
+@pytest.fixture
+def text(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("the cat sat on the mat. " * 20, encoding="utf-8")
+    return str(p)
+
+
+def _one_line(capsys, prefix: str) -> str:
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(prefix) and not cap.out, cap.err[-2000:]
+    return err[0]
+
+
+def test_an_out_that_is_a_file_or_read_only(tmp_path, text, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "file"), *TINY]) == 2
+    _one_line(capsys, f"error: --out {tmp_path / 'file'}: is a file; expected a run directory")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.access(ro, os.W_OK):  # (root writes anywhere: refuse the probe write as the kernel would)
+        def denied(self, data):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+        monkeypatch.setattr(rundir.Path, "write_bytes", denied)
+    assert cli_main(["train", "--data", text, "--out", str(ro / "run"), *TINY]) == 2
+    _one_line(capsys, f"error: --out {ro / 'run'}: cannot write there (Permission denied)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cuda"], "error: --device cuda: this torch build sees no CUDA device"),
+    (["--preset", "gpu-125m"],
+     "error: --preset gpu-125m runs on cuda, which this machine cannot use; pass --device cpu"),
+    (["--config", "{cfg}"], "error: device (in --config {cfg}) cuda: this torch build sees no CUDA device"),
+])
+def test_a_device_this_machine_lacks(argv, message, tmp_path, text, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (the same answer on a GPU machine)
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"device": "cuda"}')
+    argv = [a.format(cfg=cfg) for a in argv]
+    t0 = time.perf_counter()
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, *argv]) == 2
+    _one_line(capsys, message.format(cfg=cfg))
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "run").exists()  # before any work
+
+
+def test_a_token_file_of_odd_size(tmp_path, capsys):
+    (tmp_path / "t.bin").write_bytes(np.arange(100, dtype="<u2").tobytes() + b"\x07")
+    assert cli_main(["train", "--data", str(tmp_path / "t.bin"), "--out", str(tmp_path / "run"), *TINY]) == 2
+    _one_line(capsys, f"error: {tmp_path / 't.bin'}: 201 bytes is not a whole number of tokens")
+
+
+def test_a_disk_too_full_for_a_checkpoint_is_refused_before_training(tmp_path, text, capsys, monkeypatch):
+    class Usage:
+        free = 10_000
+
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: Usage)
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY]) == 2
+    _one_line(capsys, f"error: --out {tmp_path / 'run'}: 0.0 MB free on its file system, but a checkpoint of this "
+                      "model needs at least")
+    assert not list((tmp_path / "run").iterdir())  # no log, no config: nothing started
+
+
+def test_a_disk_that_fills_mid_run_is_one_line_and_status_1(tmp_path, text, capsys, monkeypatch):
+    def full(obj, f, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY]) == 1
+    _one_line(capsys, f"error: --out {tmp_path / 'run'}: writing checkpoint.pt at step 2 failed (No space left on "
+                      "device); no checkpoint had been written yet")

@@ -36,6 +36,7 @@ from .dispatch import (
 )
 from .inputs import InputError, validate
 from .recipe import recipe_class
+from .stability import check_finite_result, check_step_bound
 from .state import state_tensors
 from .zoo import resolve
 
@@ -68,9 +69,16 @@ def call_target(form: str, q: Tensor, K: int, V: int, chunk_size: int | None = N
     return Target.of(q.device, q.dtype, K, V, chunk_size if form == "chunk" else None)
 
 
+def _check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be a bool (True or False), got {value!r}")
+
+
 def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state, inputs, check_values=True,
          backend="auto", **options):
     recipe = resolve(model)
+    _check_flag("output_final_state", output_final_state)
+    _check_flag("check_values", check_values)
     reason = unavailable_reason(recipe, form)
     if reason is not None:
         raise FormNotAvailable(f"the {form} form does not exist for {recipe.name}: {reason}; "
@@ -79,16 +87,20 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
     scale = _check_scale(scale)
     if check_values:
         _check_state_values(initial_state)
+        check_step_bound(recipe, shapes, k, inputs, initial_state)
     impl = route(recipe, form, backend, call_target(form, q, shapes.K, shapes.V, options.get("chunk_size")))
     default = recipe.scale if recipe.scale is not None else shapes.K ** -0.5
     call = Call(recipe=recipe, q=q, k=k, v=v, inputs=inputs, shapes=shapes,
                 scale=default if scale is None else scale, initial_state=initial_state,
                 output_final_state=bool(output_final_state))
-    if shapes.T == 0:  # an empty sequence never reaches a backend: no output, the state unchanged
+    if shapes.T == 0 or shapes.B == 0:  # no token never reaches a backend: empty output, the state unchanged
         from .torch_backend import no_tokens
 
         return no_tokens(call, cu_seqlens=options.get("cu_seqlens"))
-    return impl.fn(call, **options)
+    result = impl.fn(call, **options)
+    if check_values:  # finite inputs (checked above) must not give a silent nan/inf
+        check_finite_result(recipe, form, result)
+    return result
 
 
 def recurrent(model, q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None, initial_state=None,

@@ -53,11 +53,22 @@ def _bench_speed(args):
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
-    run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads, D=args.dim,
-              dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
-              chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
-              warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
-    return 0
+    rows = run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
+                     D=args.dim, dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
+                     chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
+                     warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
+    failed = [f"{r.model} {r.form} T={r.T}: {r.error}" for r in rows if r.error and r.impl == "fastweights"]
+    return _failed_rows(failed, len([r for r in rows if r.impl == "fastweights"]), args.keep_going)
+
+
+def _failed_rows(failed: list[str], total: int, keep_going: bool) -> int:
+    """Exit status of a benchmark whose rows record their own errors: 1 when a row of ours failed
+    (a peer's failure is the peer's result), unless --keep-going."""
+    if not failed or keep_going:
+        return 0
+    print(f"error: {len(failed)} of {total} rows failed (the table keeps their errors); first: {failed[0]}. "
+          "Pass --keep-going to exit 0 anyway", file=sys.stderr)
+    return 1
 
 
 def _bench_decode(args):
@@ -89,8 +100,9 @@ def _bench_train(args):
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
-    run_train(**kw, out_dir=args.out)
-    return 0
+    rows = run_train(**kw, out_dir=args.out)
+    failed = [f"{r.model} {r.B}×{r.T}: {r.error}" for r in rows if r.error]
+    return _failed_rows(failed, len(rows), args.keep_going)
 
 
 _DECODE_FIELDS = ("models", "contexts", "d_model", "n_layers", "num_heads", "head_dim", "vocab_size", "batch_size",
@@ -113,6 +125,10 @@ def _capacity(args):
     from .lab.capacity import cli_main
 
     return cli_main(args)
+
+
+_KEEP_GOING = ("exit 0 even when some rows failed (their errors stay in the table); by default a failed row "
+               "makes the exit status 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-peers", action="store_true", help="skip torch SDPA and fla")
     sp.add_argument("--forward-only", action="store_true")
     sp.add_argument("--out", default="runs/speed")
+    sp.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     sp.set_defaults(fn=_bench_speed)
     dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
     dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
@@ -207,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")
     tr.add_argument("--out", default="runs/bench/train")
+    tr.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     tr.set_defaults(fn=_bench_train)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .recipe import FeatureMap
 
-__all__ = ["apply_feature_map"]
+__all__ = ["apply_feature_map", "feature_dot"]
 
 
 def _second_order(x: torch.Tensor) -> torch.Tensor:
@@ -57,3 +57,16 @@ def apply_feature_map(fm: FeatureMap, x: torch.Tensor) -> torch.Tensor:
     if fm.homogeneous:  # only the top-degree block: φ(x)·φ(y) = (x·y)^p (times 1/p! for taylor)
         blocks, weights = blocks[-1:], weights[-1:]
     return torch.cat([b * w for b, w in zip(blocks, weights)], dim=-1)
+
+
+def feature_dot(fm: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """φ(x)·φ(y) along the last dimension without expanding the polynomial features:
+    [..., K], [..., K] -> [...]. Polynomial: Σ_{i≤p} (x·y)^i; Taylor: Σ_{i≤p} (x·y)^i / i!
+    (homogeneous: the degree-p term only); elementwise maps: the dot product of the mapped rows."""
+    if fm.kind not in ("polynomial", "taylor"):
+        return (apply_feature_map(fm, x) * apply_feature_map(fm, y)).sum(-1)
+    s = (x * y).sum(-1)
+    coef = [1.0 if fm.kind == "polynomial" else 1.0 / math.factorial(i) for i in range(fm.degree + 1)]
+    if fm.homogeneous:
+        return coef[-1] * s ** fm.degree
+    return sum(c * s ** i for i, c in enumerate(coef))

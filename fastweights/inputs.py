@@ -36,8 +36,8 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "example_inputs", "init_state",
-           "PER_HEAD_INPUTS"]
+__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_dtype", "check_device",
+           "example_inputs", "init_state", "PER_HEAD_INPUTS"]
 
 #: Inputs that are per head, not per token (no time dimension): split or pack only the others.
 PER_HEAD_INPUTS = frozenset({"lamb", "ln_weight", "ln_bias"})
@@ -132,6 +132,9 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     if q.dim() != 4:
         _fail(f"q must be 4-D [B, T, H, K], got shape {list(q.shape)}")
     B, T, Hq, K = q.shape
+    if Hq == 0 or K == 0:
+        _fail(f"q must have H ≥ 1 heads and a key dimension K ≥ 1, got shape {list(q.shape)} "
+              "(an empty batch B = 0 or length T = 0 is fine)")
     kv_rank = 5 if n > 1 else 4
     layout = "[B, T, n_h, H, {}]" if n > 1 else "[B, T, H, {}]"
     if k.dim() != kv_rank:
@@ -139,6 +142,8 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     if v.dim() != kv_rank:
         _fail(f"v must be {kv_rank}-D {layout.format('V')}, got shape {list(v.shape)}")
     H, V = v.shape[-2], v.shape[-1]
+    if H == 0 or V == 0:
+        _fail(f"v must have H ≥ 1 heads and a value dimension V ≥ 1, got shape {list(v.shape)}")
     kshape = (B, T, n, Hq, K) if n > 1 else (B, T, Hq, K)
     vshape = (B, T, n, H, V) if n > 1 else (B, T, H, V)
     if tuple(k.shape) != kshape:
@@ -209,6 +214,11 @@ _INPUT_DOC = {
 }
 
 
+def _check_generator(generator):
+    if generator is not None and not isinstance(generator, torch.Generator):
+        _fail(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
+
+
 def _check_dims(**dims):
     """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1."""
     for name, val in dims.items():
@@ -217,6 +227,36 @@ def _check_dims(**dims):
         low = 0 if name in ("batch_size", "seq_len") else 1
         if isinstance(val, bool) or not isinstance(val, int) or val < low:
             _fail(f"{name} must be an int ≥ {low}, got {val!r}")
+
+
+def check_dtype(name: str, dtype) -> torch.dtype:
+    """A floating torch.dtype (a string such as "float64" is refused with the dtype it names)."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        _fail(f"{name} must be a torch.dtype, e.g. torch.{dtype.removeprefix('torch.')}, got the string {dtype!r}")
+    _fail(f"{name} must be a floating torch.dtype (torch.float32, torch.float64, torch.bfloat16, torch.float16), "
+          f"got {dtype!r}")
+
+
+def check_device(name: str, device) -> torch.device | None:
+    """None, or a device (torch.device or a string such as "cpu", "cuda:0") this machine has."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        _fail(f"{name} must be None, a string such as 'cpu' or 'cuda:0', or a torch.device, got {device!r}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        _fail(f"{name}={device!r} is not a device (expected e.g. 'cpu', 'cuda', 'cuda:0')")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail(f"{name}={device!r}: CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            _fail(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type not in ("cpu", "meta", "mps", "xpu"):
+        _fail(f"{name}={device!r}: device type {dev.type!r} is not supported here (cpu or cuda)")
+    return dev
 
 
 def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:
@@ -238,6 +278,10 @@ def init_state(model, batch_size: int, num_heads: int, head_k_dim: int, head_v_d
 
     recipe = resolve(model)
     _check_dims(batch_size=batch_size, num_heads=num_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    dtype, device = check_dtype("dtype", dtype), check_device("device", device)
+    _check_generator(generator)
+    if isinstance(std, bool) or not isinstance(std, (int, float)) or not (math.isfinite(std) and std >= 0):
+        _fail(f"std must be a finite number ≥ 0, got {std!r}")
     B, H, K, V = batch_size, num_heads, head_k_dim, head_v_dim
     kw = dict(dtype=dtype, device=device)
     if recipe.is_softmax:
@@ -292,6 +336,12 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
 
     recipe = resolve(model)
     _check_dims(batch_size=batch_size, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim, head_v_dim=head_v_dim)
+    dtype, device = check_dtype("dtype", dtype), check_device("device", device)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        _fail(f"seed must be None or an int ≥ 0, got {seed!r}")
+    _check_generator(generator)
+    if not isinstance(requires_grad, bool):
+        _fail(f"requires_grad must be a bool, got {requires_grad!r}")
     if generator is None:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed if seed is not None else torch.seed() % 2**62)

@@ -276,16 +276,16 @@ def mesa_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "c
 
 
 def no_tokens(call, cu_seqlens=None):
-    """A call with T = 0, for every form and backend alike: o is empty [B, 0, H, V] (v's dtype)
+    """A call with no token (T = 0 or B = 0), for every form and backend alike: o is empty [B, T, H, V] (v's dtype)
     and the final state is the initial one, as the forms return it (compute dtype, typed state
     completed; zeros when none was given; one row per sequence with cu_seqlens)."""
     from .chunkwise.varlen import num_sequences
 
     cls = recipe_class(call.recipe)
-    if cls == "softmax":  # the recurrence loops over no token
+    if cls == "softmax":  # the recurrence over no token (or over T tokens of an empty batch)
         return _softmax("recurrent")(call)
     pr = prepare(call)
-    o = call.v.new_zeros(pr.B, 0, pr.H, pr.V)
+    o = call.v.new_zeros(pr.B, pr.T, pr.H, pr.V)
     if not call.output_final_state:
         return o, None
     if cls == "mesa":

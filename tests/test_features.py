@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastweights import FeatureMap, RecipeError
-from fastweights.features import apply_feature_map
+from fastweights.features import apply_feature_map, feature_dot
 from tests.tolerances import FEATURE_KERNEL_F64
 
 
@@ -30,3 +30,13 @@ def test_homogeneous_only_for_polynomial_maps():
     with pytest.raises(RecipeError, match="homogeneous"):
         FeatureMap(kind="elu1", homogeneous=True)
     assert FeatureMap(kind="polynomial", degree=2, homogeneous=True).out_dim(64) == 64 * 65 // 2
+
+
+@pytest.mark.parametrize("fm", [FeatureMap(kind=k) for k in ("identity", "elu1", "relu")]
+                         + [FeatureMap(kind=k, degree=p, homogeneous=h) for k in ("polynomial", "taylor")
+                            for p in (1, 2, 3) for h in (False, True)], ids=str)
+def test_feature_dot_is_the_dot_of_the_features(fm):
+    """feature_dot(fm, x, y) = φ(x)·φ(y) without expanding the features (the step bound reads it)."""
+    x, y = torch.randn(2, 3, 7, 4, dtype=torch.float64)
+    want = (apply_feature_map(fm, x) * apply_feature_map(fm, y)).sum(-1)
+    assert torch.allclose(feature_dot(fm, x, y), want, rtol=FEATURE_KERNEL_F64, atol=FEATURE_KERNEL_F64)

@@ -174,3 +174,57 @@ def test_example_inputs_are_stable_at_any_length(name):
     for x in state_tensors(final):
         assert torch.isfinite(x).all()
         assert x.abs().max().item() < (GROWTH_PER_TOKEN * T if linear_growth else BOUNDED)
+
+
+# ---------------------------------------------------------------------------- corners (issue 26, item 7)
+@pytest.mark.parametrize("name", ["gated_deltanet", "gla", "mesanet", "softmax_attention", "titans", "deltaproduct"])
+def test_empty_batch_gives_empty_results_in_every_form(name):
+    """B = 0: an empty output [0, T, H, V] and an empty final state (parallel raised a reshape error,
+    Mesa's chunk form a max() of an empty tensor)."""
+    inp = fw.example_inputs(name, batch_size=0, seq_len=5, num_heads=2, head_dim=4, dtype=torch.float64)
+    state = inp.pop("initial_state", None)
+    for form in fw.forms(name):
+        o, s = getattr(fw, form)(name, initial_state=state, output_final_state=True, **inp)
+        assert o.shape == (0, 5, 2, 4), form
+        assert all(x.shape[0] == 0 for x in fw.state.state_tensors(s)), form
+
+
+@pytest.mark.parametrize("form", [fw.recurrent, fw.parallel, fw.chunk])
+@pytest.mark.parametrize("which,shape,words", [("q", (2, 5, 2, 0), ["q", "key dimension K ≥ 1", "[2, 5, 2, 0]"]),
+                                                ("v", (2, 5, 2, 0), ["v", "value dimension V ≥ 1"]),
+                                                ("q", (2, 5, 0, 4), ["q", "H ≥ 1 heads"])])
+def test_zero_dims_are_named(form, which, shape, words):
+    """K = 0 raised ZeroDivisionError (0.0 ** -0.5) from the default scale."""
+    inp = _case()
+    if which == "q":
+        inp["q"] = torch.zeros(shape)
+        inp["k"] = torch.zeros(shape)
+    else:
+        inp["v"] = torch.zeros(shape)
+    _expect(words, form=form, **inp)
+
+
+def test_example_inputs_dtype_and_device_are_checked():
+    with pytest.raises(InputError, match=r"dtype must be a torch.dtype, e.g. torch.float64, got the string 'float64'"):
+        fw.example_inputs("gla", dtype="float64")  # was "Invalid device string: 'float64'"
+    with pytest.raises(InputError, match="dtype must be a floating torch.dtype"):
+        fw.example_inputs("gla", dtype=torch.int64)
+    with pytest.raises(InputError, match="device='gpu0' is not a device"):
+        fw.example_inputs("gla", device="gpu0")
+    with pytest.raises(InputError, match="device must be None, a string"):
+        fw.example_inputs("gla", device=3.5)
+    with pytest.raises(InputError, match="seed must be None or an int ≥ 0"):
+        fw.example_inputs("gla", seed=-1)
+    with pytest.raises(InputError, match="requires_grad must be a bool"):
+        fw.example_inputs("gla", requires_grad="yes")
+    with pytest.raises(InputError, match="dtype must be a torch.dtype"):
+        fw.init_state("gla", 1, 1, 4, 4, dtype="float32")
+    with pytest.raises(InputError, match="std must be a finite number"):
+        fw.init_state("titans", 1, 1, 4, 4, std=float("nan"))
+
+
+@pytest.mark.parametrize("flag", ["output_final_state", "check_values"])
+@pytest.mark.parametrize("value", ["no", 0, None, torch.tensor(True)])
+def test_flags_must_be_bools(flag, value):
+    """output_final_state="no" was taken as True (a truthy string)."""
+    _expect([flag, "must be a bool", repr(value)], **_case(), **{flag: value})

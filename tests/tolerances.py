@@ -215,3 +215,6 @@ JOINT_PROJ_F64_REL = 1e-12
 # other points (dx: one rounding of the joint matmul against six rounded parts summed) and a flipped
 # bf16 ulp (2⁻⁸) propagates through the layer (measured ≤ 7.3e-3 over 9 models)
 JOINT_PROJ_BF16_REL = 2e-2
+
+# fastweights.stability: a state within the step bound never grows; float64 rounding over ~50 steps
+STEP_BOUND_NORM_F64 = 1e-9

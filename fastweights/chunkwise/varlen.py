@@ -6,6 +6,12 @@ convention: an int tensor [S+1], 0 = cu[0] ≤ cu[1] ≤ … ≤ cu[S] = T, batc
 occupies tokens [cu[s], cu[s+1]) and gets ⌈L_s / C⌉ chunks of its own, its last one
 zero-padded, so no chunk ever mixes two sequences.
 
+A chunk never exceeds what the sequences need: the chunk size used is
+C = min(chunk_size, the smallest power of two ≥ the longest sequence) (`effective_chunk_size`).
+Every sequence then still fits in ⌈L / C⌉ chunks exactly as with the requested size (one chunk when
+chunk_size ≥ L), so the result is the same computation on less padding; a chunk_size of 2**20 at
+T = 20 costs what 32 costs, not a [2**20, 2**20] score matrix.
+
 Zero padding is exact for the recurrences of this package: a padded token has k = 0 and β = 0
 (it writes nothing), g = 0 (it does not decay), and its output is dropped.
 
@@ -24,7 +30,7 @@ from ..inputs import InputError
 
 Tensor = torch.Tensor
 
-__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens", "num_sequences"]
+__all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens", "num_sequences", "effective_chunk_size"]
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -126,16 +132,28 @@ def num_sequences(cu_seqlens, B: int, T: int) -> int | None:
     return len(check_cu_seqlens(cu_seqlens, B, T)) - 1
 
 
+def effective_chunk_size(chunk_size: int, longest: int) -> int:
+    """The chunk size a layout uses: min(chunk_size, the smallest power of two ≥ longest), where
+    `longest` is the longest sequence (T without varlen). A chunk beyond the longest sequence would
+    only hold padding, and the engines' score and inverse matrices grow as C²."""
+    enough = 1
+    while enough < longest:
+        enough *= 2
+    return min(chunk_size, enough)
+
+
 def make_layout(B: int, T: int, chunk_size: int, cu_seqlens: Tensor | None = None,
                 device: torch.device | None = None) -> ChunkLayout:
-    """The layout of a batch [B, T] (or of `cu_seqlens`' packed sequences) in chunks of `chunk_size`."""
+    """The layout of a batch [B, T] (or of `cu_seqlens`' packed sequences) in chunks of
+    `effective_chunk_size(chunk_size, longest sequence)`."""
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise InputError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    C = chunk_size
     if cu_seqlens is None:
+        C = effective_chunk_size(chunk_size, T)
         N = -(-T // C)
         return ChunkLayout(batch=B, length=T, chunk_size=C, num_chunks=N, ranges=((0, N),))
     cu = check_cu_seqlens(cu_seqlens, B, T)
+    C = effective_chunk_size(chunk_size, max(b - a for a, b in zip(cu[:-1], cu[1:])))
     gather, scatter, ranges = [], [], []
     n = 0
     for start, end in zip(cu[:-1], cu[1:]):

@@ -5,6 +5,7 @@ form of configs and recipes (zoo models by name, custom Recipes field by field).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,8 +29,8 @@ def _pos_int(value, name, allow_none=False):
 
 
 def _pos_float(value, name):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"LMConfig.{name} must be a positive number, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"LMConfig.{name} must be a finite number > 0, got {value!r}")
 
 
 def _canonical(spec, where: str) -> MixerSpec:

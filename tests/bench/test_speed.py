@@ -67,3 +67,25 @@ def test_grouped_value_heads_reach_the_model_unexpanded(tmp_path, capsys):
     rec = json.loads((tmp_path / "speed.json").read_text())[0]
     assert (rec["H"], rec["HV"]) == (1, 2) and rec["error"] == "" and rec["fwd_ms"] > 0
     assert "1×16×1/2×8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_a_failed_row_fails_the_run_unless_keep_going(keep_going, tmp_path, capsys):
+    """The Triton rows on the CPU fail (their error stays in the table): exit 1 and one line saying so,
+    not exit 0 with the error only in a cell; --keep-going exits 0."""
+    argv = ["bench", "speed", "--models", "gla", "--forms", "recurrent", "chunk_triton", "--lengths", "8",
+            "--heads", "1", "--dim", "4", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path)]
+    n = torch.get_num_threads()
+    try:
+        rc = cli.main(argv + (["--keep-going"] if keep_going else []))
+    finally:
+        torch.set_num_threads(n)
+    cap = capsys.readouterr()
+    recs = json.loads((tmp_path / "speed.json").read_text())
+    assert [bool(r["error"]) for r in recs] == [False, True]
+    if keep_going:
+        assert rc == 0 and "rows failed" not in cap.err
+    else:
+        assert rc == 1
+        assert cap.err.strip().startswith("error: 1 of 2 rows failed") and "gla chunk_triton T=8" in cap.err
+        assert "--keep-going" in cap.err

@@ -176,3 +176,20 @@ def test_build_makes_the_lm_three_ways_that_run_the_same_rows(tmp_path, monkeypa
     with pytest.raises(ArgError, match="^--build"):
         train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
                          lengths=[64], build=())
+
+
+def test_a_failed_row_makes_the_command_exit_1_unless_keep_going(tmp_path, monkeypatch, capsys):
+    """`fastweights bench train` with a failing row exited 0, its error only in a table cell."""
+
+    class Failing(LM):
+        def forward(self, ids, **kw):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(train, "LM", Failing)
+    argv = ["bench", "train", "--models", "gated_deltanet", "--d-model", "32", "--n-layers", "1", "--num-heads", "2",
+            "--head-dim", "16", "--vocab-size", "64", "--shapes", "1,16", "--steps", "1", "--warmup", "0",
+            "--dtype", "float32", "--out", str(tmp_path)]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: 1 of 1 rows failed" in err and "OutOfMemoryError" in err
+    assert cli.main(argv + ["--keep-going"]) == 0

@@ -138,3 +138,21 @@ def test_compile_backend_matches_eager():
     assert (o1 - o2).abs().max().item() < CHUNK_F64 and (s1 - s2).abs().max().item() < CHUNK_F64
     with pytest.raises(fw.InputError, match="backend='compile' serves"):
         fw.chunk("mesanet", backend="compile", **fw.example_inputs("mesanet", seq_len=4))
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "gla", "deltaproduct", "mesanet", "linear_attention"])
+def test_chunk_size_beyond_the_sequence_is_the_sequence_chunk(name):
+    """chunk_size ≫ T (4096 and 2**40 at T = 20) computes exactly what the smallest power of two
+    ≥ T does (bit for bit, outputs and final state), in about the time of a short call: before the
+    layout bounded the chunk, 4096 took seconds and 2**40 tried to allocate terabytes."""
+    import time
+
+    inputs, state = make_case(name, T=20, dtype=torch.float32)
+    n = zoo.get(name).optimizer.householder_steps
+    o32, s32 = fw.chunk(name, initial_state=state, output_final_state=True, chunk_size=32 * n, **inputs)
+    for chunk_size in (4096, 2**40):
+        t0 = time.perf_counter()
+        o, s = fw.chunk(name, initial_state=state, output_final_state=True, chunk_size=chunk_size, **inputs)
+        assert time.perf_counter() - t0 < 2.0, f"chunk_size={chunk_size} at T=20 took too long"
+        assert torch.equal(o, o32)
+        assert max_err(s, s32) == 0.0

@@ -181,3 +181,20 @@ def test_chunk_outputs(gen):
     assert o.shape == (B, 10, H, V) and o.dtype == torch.float32
     ref = (o_intra + q_eff @ S).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :10]
     assert _rel_err(o.double(), ref) < STAGE_F32_REL
+
+
+@pytest.mark.parametrize("T,chunk_size,want", [(20, 4096, 32), (20, 2**40, 32), (20, 24, 24), (20, 16, 16),
+                                               (1, 64, 1), (64, 64, 64), (65, 4096, 128), (0, 64, 1)])
+def test_layout_chunk_never_exceeds_the_sequence(T, chunk_size, want):
+    """The chunk a layout uses is min(chunk_size, the smallest power of two ≥ T): a chunk_size far
+    beyond T (2**40) costs what the sequence needs, not a C×C matrix per chunk."""
+    layout = make_layout(2, T, chunk_size)
+    assert layout.chunk_size == want
+    assert layout.num_chunks == -(-T // want)
+
+
+def test_varlen_layout_chunk_follows_the_longest_sequence():
+    cu = torch.tensor([0, 5, 5, 18, 19])  # longest sequence 13 → chunks of 16
+    layout = make_layout(1, 19, 4096, cu)
+    assert layout.chunk_size == 16
+    assert layout.ranges == ((0, 1), (1, 1), (1, 2), (2, 3))

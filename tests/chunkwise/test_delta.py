@@ -86,9 +86,10 @@ def _inputs(case: Case, gen, *, B=2, T=17, H=2, K=8, V=5, dtype=torch.float64, s
 def _run(form, case: Case, x, *, scale=0.4, **kw):
     """(o, S_T) of `form` ('chunk' or 'recurrent') on the inputs x."""
     extra = {key: x[key] for key in ("g", "p") if key in x}
-    if form == "recurrent":
+    if form == "recurrent":  # β ∈ (0, 1.5) with the decay after can leave the step bound (α − β < −1): the
+        # reference must still agree, so its value checks (fastweights.stability) are off
         return fw.recurrent(case.recipe, x["q"], x["k"], x["v"], scale=scale, beta=x["beta"],
-                            initial_state=x.get("S0"), output_final_state=True, **extra)
+                            initial_state=x.get("S0"), output_final_state=True, check_values=False, **extra)
     return chunk_delta(x["q"], x["k"], x["v"], beta=x["beta"], decay_first=case.decay_first, scale=scale,
                        initial_state=x.get("S0"), output_final_state=True, **extra, **kw)
 

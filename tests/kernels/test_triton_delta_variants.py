@@ -59,8 +59,10 @@ def _recipe(variant, gate):
 def _recurrent(recipe):
     def run(x):
         extra = {key: x[key] for key in ("g", "p") if key in x}
+        # Comba's β·p·k may leave the step bound (1 + α) on these inputs; the reference must still agree,
+        # so its value checks (fastweights.stability) are off
         return fw.recurrent(recipe, x["q"], x["k"], x["v"], scale=0.4, beta=x["beta"], initial_state=x["S0"],
-                            output_final_state=True, **extra)
+                            output_final_state=True, check_values=False, **extra)
     return run
 
 

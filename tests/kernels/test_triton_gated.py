@@ -224,6 +224,16 @@ def test_no_beta_no_state_no_final(gen):
     assert S is None and rel(o, o_want) < CHUNK_F32_REL
 
 
+def test_chunk_size_beyond_the_sequence_is_the_sequence_chunk(gen):
+    """chunk_size 4096 (and 2**40) at T = 20 runs the chunks of 32 (the power of two ≥ T), bit for bit:
+    the kernels never get a block of 4096 rows."""
+    x = _inputs("scalar", gen, B=1, T=20, H=2)
+    o32, S32 = _triton(x, chunk_size=32)
+    for chunk_size in (4096, 2**40):
+        o, S = _triton(x, chunk_size=chunk_size)
+        assert torch.equal(o, o32) and torch.equal(S, S32)
+
+
 def test_bad_arguments(gen):
     x = to_dev(_inputs("scalar", gen, B=1, T=20, H=2))
     with pytest.raises(InputError, match="chunk_size"):

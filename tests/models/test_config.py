@@ -33,6 +33,9 @@ def test_frozen_and_keyword_only():
     ("mixer", ("gated_deltanet",) * 3, "n_layers=2 must be a multiple"),
     ("num_kv_heads", 1, "num_kv_heads is set but no layer is softmax-side"),
     ("head_v_dim", 0, "LMConfig.head_v_dim"),
+    ("init_std", float("inf"), "LMConfig.init_std must be a finite number > 0, got inf"),  # built a nan model
+    ("rope_theta", float("nan"), "LMConfig.rope_theta must be a finite number"),
+    ("norm_eps", float("inf"), "LMConfig.norm_eps must be a finite number"),
 ])
 def test_errors_name_the_field(field, value, match):
     with pytest.raises(ConfigError, match=match):

@@ -116,7 +116,9 @@ def test_omega_window_is_a_sum_of_delta_gradients():
                  optimizer=Optimizer(kind="gd"), retention=Retention(kind="none"))
     q, k, v = torch.randn(1, T, 1, K, dtype=D), torch.randn(1, T, 1, K, dtype=D), torch.randn(1, T, 1, V, dtype=D)
     beta, gamma = torch.rand(1, T, 1, dtype=D), torch.rand(1, T, 1, dtype=D)
-    _, st = fw.recurrent(rec, q, k, v, beta=beta, gamma=gamma, output_final_state=True)
+    # the identity holds for any inputs; these raw keys (‖k‖² ≈ 4) leave the step bound, which only guards
+    # against divergence (fastweights.stability), so the value checks are off
+    _, st = fw.recurrent(rec, q, k, v, beta=beta, gamma=gamma, output_final_state=True, check_values=False)
     S = torch.zeros(K, V, dtype=D)
     for t in range(T):
         G = sum(gamma[0, i, 0] * torch.outer(k[0, i, 0], S.T @ k[0, i, 0] - v[0, i, 0])

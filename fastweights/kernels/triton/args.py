@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...chunkwise.common import gate_kind
-from ...chunkwise.varlen import check_cu_seqlens
+from ...chunkwise.varlen import check_cu_seqlens, effective_chunk_size
 from ...inputs import InputError, check_tensor
 from .layout import Layout, make_layout
 
@@ -19,7 +19,10 @@ def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_s
     """(Layout, the initial state as fp32 contiguous or None, the resolved scale), or InputError
     naming the argument: q, k [B, T, H_q, K], v [B, T, H, V] with H_q | H, one dtype of fp32/bf16/
     fp16, K, V ≤ 256, chunk_size a power of two ≥ 16, β [B, T, H], g [B, T, H(, K)], cu_seqlens
-    (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V]."""
+    (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V].
+    The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 16)): never longer than
+    the sequence needs (the bound uses T, not the longest varlen sequence, which would need a read of
+    cu_seqlens on the host)."""
     if not isinstance(q, Tensor) or q.dim() != 4:
         raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
     B, T, Hq, K = q.shape
@@ -41,7 +44,7 @@ def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_s
     gate_kind(g, B, T, H, K)
     if cu_seqlens is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
-    L = make_layout(B, T, H, Hq, K, V, chunk_size, cu_seqlens, q.device)
+    L = make_layout(B, T, H, Hq, K, V, effective_chunk_size(chunk_size, max(T, 16)), cu_seqlens, q.device)
     if initial_state is not None:
         what = "number of sequences N (len(cu_seqlens) − 1)" if L.varlen else "batch B"
         if not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != (L.NS, H, K, V):

@@ -13,9 +13,10 @@ leaves), forward + backward of a random projection of the output into every inpu
 --repeats calls after --warmup. Memory: `saved` is the bytes autograd keeps for the backward
 (every saved tensor counted once per storage, via `torch.autograd.graph.saved_tensors_hooks`: any
 device), and on CUDA `peak` is `torch.cuda.max_memory_allocated` over the step minus what was
-allocated before it. Several --seq-len values print each model's saved bytes per T, the check that
-memory grows linearly in T. A model that fails (e.g. out of memory) prints its error in its row.
-Also prints the ratio to gated DeltaNet (the issue's goal: every model within 10×).
+allocated before it. `ATen ops`: the ops one step dispatches (forward and backward), a
+device-independent proxy for a launch-bound GPU step. Several --seq-len values print each model's
+saved bytes per T, the check that memory grows linearly in T. A model that fails (e.g. out of
+memory) prints its error in its row. Also prints the ratio to gated DeltaNet (the issue's goal: every model within 10×).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
 
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import fastweights as fw  # noqa: E402
 from fastweights.layers.mixer import training_form  # noqa: E402
@@ -54,6 +56,20 @@ def _inputs(model: str, *, B: int, T: int, H: int, K: int, dtype, device) -> dic
         for x in state_tensors(state):
             x.requires_grad_(True)
     return inputs
+
+
+class _Ops(TorchDispatchMode):
+    """Counts the ATen ops a step dispatches (views and metadata ops included): on a GPU at this
+    shape most ops are a kernel launch each, so the count is a device-independent proxy for a
+    launch-bound step."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 class _Saved:
@@ -93,6 +109,9 @@ def measure(model: str, *, B: int, T: int, H: int, K: int, dtype, device, warmup
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda x: x):
         o, _ = fn(model, check_values=False, **inputs)
     del o
+    ops = _Ops()
+    with ops:
+        step()
     peak = None
     if cuda:
         sync()
@@ -110,7 +129,7 @@ def measure(model: str, *, B: int, T: int, H: int, K: int, dtype, device, warmup
         step()
         sync()
         times.append(1e3 * (time.perf_counter() - t0))
-    return {"form": form, "ms": statistics.median(times), "saved": saved.bytes, "peak": peak}
+    return {"form": form, "ms": statistics.median(times), "saved": saved.bytes, "peak": peak, "ops": ops.count}
 
 
 def _mib(x) -> str:
@@ -145,8 +164,8 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"
     head = (f"fw.chunk (parallel where no chunk form) forward + backward, B {B}, H {H}, K = V = {K}, "
             f"{dtype}, {where}, torch {torch.__version__}; median of {a.repeats} after {a.warmup}")
-    lines = [head, "", "| model | form | T | step (ms) | × gated_deltanet | saved (MiB) | peak (MiB) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [head, "", "| model | form | T | step (ms) | × gated_deltanet | ATen ops | saved (MiB) | peak (MiB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     print(head, flush=True)
     ref: dict[int, float] = {}
     order = sorted(a.models, key=lambda m: m != "gated_deltanet")  # the reference first
@@ -156,12 +175,12 @@ def main(argv=None) -> int:
             try:
                 r = measure(m, B=B, T=T, H=H, K=K, dtype=dtype, device=dev, warmup=a.warmup, repeats=a.repeats)
             except (RuntimeError, torch.OutOfMemoryError) as e:  # out of memory, among others
-                row = f"| {m} | — | {T} | failed: {str(e).splitlines()[0][:80]} | | | |"
+                row = f"| {m} | — | {T} | failed: {str(e).splitlines()[0][:80]} | | | | |"
             else:
                 if m == "gated_deltanet":
                     ref[T] = r["ms"]
                 ratio = f"{r['ms'] / ref[T]:.1f}×" if T in ref else "—"
-                row = (f"| {m} | {r['form']} | {T} | {r['ms']:.2f} | {ratio} | {_mib(r['saved'])} | "
+                row = (f"| {m} | {r['form']} | {T} | {r['ms']:.2f} | {ratio} | {r['ops']} | {_mib(r['saved'])} | "
                        f"{_mib(r['peak'])} |")
             if dev.type == "cuda":
                 torch.cuda.empty_cache()

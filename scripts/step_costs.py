@@ -17,6 +17,14 @@ allocated before it. `ATen ops`: the ops one step dispatches (forward and backwa
 device-independent proxy for a launch-bound GPU step. Several --seq-len values print each model's
 saved bytes per T, the check that memory grows linearly in T. A model that fails (e.g. out of
 memory) prints its error in its row. Also prints the ratio to gated DeltaNet (the issue's goal: every model within 10×).
+
+--lm PRESET times instead what an MQAR sweep pays per optimizer step: for every model of the preset
+and every (seq_len, batch) of its settings, the cell's own LM (`fastweights.lab.mqar.build_model`:
+its d_model, heads, conv and gates) on a batch of its MQAR data, forward + backward + AdamW step
+(bf16 autocast on CUDA, as `--dtype bfloat16` trains), and writes {model: {"L{L}-B{batch}": ms}} to
+--json, the input of `fastweights mqar --preset PRESET --dry-run --step-costs JSON`:
+
+    python3 scripts/step_costs.py --lm ceilings --device cuda --json runs/steps.json
 """
 
 from __future__ import annotations
@@ -132,6 +140,63 @@ def measure(model: str, *, B: int, T: int, H: int, K: int, dtype, device, warmup
     return {"form": form, "ms": statistics.median(times), "saved": saved.bytes, "peak": peak, "ops": ops.count}
 
 
+def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int) -> dict[str, dict[str, float]]:
+    """{model: {"L{L}-B{batch}": ms per training step}} for the cells of an MQAR preset."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from fastweights.lab.mqar import PRESETS, build_model, cell_data, make_cells
+    from fastweights.lab.train import _Supervised
+
+    p = PRESETS[preset]
+    cells = make_cells(p, models=models, lrs=[1e-3])
+    cuda = torch.device(device).type == "cuda"
+    out: dict[str, dict[str, float]] = {}
+    for cell in cells:
+        L, n, _ = cell.train_segments[-1]
+        key = f"L{L}-B{cell.batch_size}"
+        if key in out.get(cell.model, {}):
+            continue
+        small = dataclasses.replace(cell, train_segments=((L, n, cell.batch_size),), test_segments=((L, n, 1),))
+        (x, y), _ = cell_data(small)
+        x, y = x.to(device), y.to(device)
+        torch.manual_seed(0)
+        net = build_model(small).to(device)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        sup = _Supervised(net)
+
+        def step(sup=sup, opt=opt, x=x, y=y):
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
+                logits, tgt, _ = sup(x, y)
+                loss = F.cross_entropy(logits.float(), tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        try:
+            for _ in range(warmup):
+                step()
+            times = []
+            for _ in range(repeats):
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                step()
+                if cuda:
+                    torch.cuda.synchronize()
+                times.append(1e3 * (time.perf_counter() - t0))
+            ms = statistics.median(times)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            print(f"{cell.model} {key}: failed: {str(e).splitlines()[0][:100]}", flush=True)
+            ms = float("nan")
+        out.setdefault(cell.model, {})[key] = ms
+        print(f"{cell.model:<20} {key:<10} {ms:9.2f} ms  (heads {cell.num_heads})", flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+    return out
+
+
 def _mib(x) -> str:
     return "—" if x is None else f"{x / 2 ** 20:.1f}"
 
@@ -149,6 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     ap.add_argument("--out", help="also write the Markdown table here")
+    ap.add_argument("--lm", metavar="PRESET", help="time the LM training step of an MQAR preset's cells instead")
+    ap.add_argument("--json", help="with --lm: write the step times here")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -159,6 +226,17 @@ def main(argv=None) -> int:
     K, dtype = a.head_dim or d["head_dim"], getattr(torch, a.dtype or d["dtype"])
     if dev.type == "cpu":
         torch.set_num_threads(a.threads)
+    if a.lm:
+        import json
+
+        from fastweights.lab.mqar import PRESETS
+
+        models = a.models if a.models != fw.zoo.names() else list(PRESETS[a.lm].models)
+        res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats)
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        return 0
     for m in a.models:
         fw.zoo.get(m)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"

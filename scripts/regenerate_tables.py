@@ -8,6 +8,8 @@ Records (each the `results.jsonl` a run wrote, committed as it came):
     docs/results/mqar_quick.jsonl       fastweights mqar --preset quick
     docs/results/capacity.json          fastweights capacity --json PATH (the default probe)
     docs/results/mqar_quick_e40.jsonl   fastweights mqar --preset quick --epochs 40
+    docs/results/mqar_ceilings_tiny.jsonl   fastweights mqar --preset ceilings-tiny (the CPU check of the
+                                        ceilings reading; the GPU run goes beside it as mqar_ceilings.jsonl)
 
 Each published table sits in its Markdown file between two marker lines,
 `<!-- table:NAME -->` and `<!-- /table:NAME -->`; everything between them is what `render(NAME)`
@@ -33,6 +35,7 @@ RUNS = {
     "mqar_quick": RESULTS / "mqar_quick.jsonl",
     "capacity": RESULTS / "capacity.json",
     "mqar_quick_e40": RESULTS / "mqar_quick_e40.jsonl",
+    "mqar_ceilings_tiny": RESULTS / "mqar_ceilings_tiny.jsonl",
 }
 
 #: table name -> (run, style, files that publish it)
@@ -43,14 +46,20 @@ TABLES = {
     "mqar_e40_md": ("mqar_quick_e40", "markdown_ranked", ("BENCHMARKS.md",)),
     "capacity_text": ("capacity", "capacity_text", ("docs/capacity.md",)),
     "capacity_cells": ("capacity", "capacity_cells", ("README.md",)),
+    "ceilings_tiny_text": ("mqar_ceilings_tiny", "text", ("docs/mqar.md",)),
+    "ceilings_tiny_reading": ("mqar_ceilings_tiny", "ceilings", ("docs/mqar.md", "BENCHMARKS.md")),
+    "ceilings_tiny_axes": ("mqar_ceilings_tiny", "four_axis", ("docs/mqar.md",)),
 }
 
-#: the PNGs `plot_mqar` draws from each run, and where they are published
+#: the PNGs `plot_mqar` (and, for a ceilings run, `ceilings.plot_ceilings`) draws from each run, and where
+#: they are published
 PLOTS = {
     "mqar_quick": {"mqar_d_model.png": "docs/img/mqar_quick_d_model.png",
                    "mqar_state.png": "docs/img/mqar_quick_state.png"},
     "mqar_quick_e40": {"mqar_d_model.png": "docs/img/mqar_e40_d_model.png",
                        "mqar_state.png": "docs/img/mqar_e40_state.png"},
+    "mqar_ceilings_tiny": {"ceilings_accuracy.png": "docs/img/mqar_ceilings_tiny_accuracy.png",
+                           "ceilings_frontier.png": "docs/img/mqar_ceilings_tiny_frontier.png"},
 }
 
 
@@ -109,6 +118,12 @@ def render(name: str) -> str:
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
         return _render_capacity(name, style, records(run))
+    if style in ("ceilings", "four_axis"):
+        from fastweights.lab import ceilings
+
+        if style == "ceilings":
+            return ceilings.format_ceilings(records(run), records("capacity"))
+        return ceilings.format_four_axis(records(run))
     if style == "text":  # what `fastweights mqar` prints, in a code block
         return "```\n" + format_table(records(run)) + "```\n"
     models, ds, get = _best(run)
@@ -164,11 +179,14 @@ def write() -> list[str]:
             if text[start:end] != want:
                 (ROOT / path).write_text(text[:start] + want + text[end:])
                 changed.append(f"{path}: {name}")
+    from fastweights.lab.ceilings import plot_ceilings
     from fastweights.lab.mqar import plot_mqar
 
     for run, pngs in PLOTS.items():
         with tempfile.TemporaryDirectory() as tmp:
             plot_mqar(records(run), tmp)
+            if any(src.startswith("ceilings_") for src in pngs):
+                plot_ceilings(records(run), tmp)
             for src, dst in pngs.items():
                 shutil.copyfile(Path(tmp) / src, ROOT / dst)
     return changed

@@ -40,8 +40,9 @@ def symmetric_part(H: Tensor) -> Tensor:
 
 
 def _matvec(x: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor) -> Tensor:
-    """(H_t + Λ) x_t for every t of a chunk: x [B, H, C, K] -> [B, H, C, K]
-    (d [B, H, C, 1], Hs [B, H, K, K] symmetric, kc [B, H, C, K], A [B, H, C, C], lam [1, H, 1, K])."""
+    """(H_t + Λ) x_t for every t of every chunk: x [B, H, N, C, K] -> [B, H, N, C, K]
+    (d [B, H, N, C, 1], Hs [B, H, N, K, K] symmetric, kc [B, H, N, C, K], A [B, H, N, C, C],
+    lam [1, H, 1, 1, K])."""
     return d * (x @ Hs.transpose(-1, -2)) + ((x @ kc.transpose(-1, -2)) * A) @ kc + lam * x
 
 
@@ -89,35 +90,51 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
                H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30):
     """q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
     H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V].
-    Returns (o [B, T, H, V], H_T, G_T, max relative residual)."""
-    B, T, H, K = k.shape
-    Hs, Gs = symmetric_part(H0), G0
-    lam = lamb[None, :, None, :]  # [1, H, 1, K]
-    outs, worst = [], q.new_zeros(())
-    for t0 in range(0, T, chunk_size):
-        sl = slice(t0, min(t0 + chunk_size, T))
-        kc, vc = k[:, sl].transpose(1, 2), v[:, sl].transpose(1, 2)  # [B, H, C, K], [B, H, C, V]
-        qc = scale * q[:, sl].transpose(1, 2)  # [B, H, C, K]
-        bc = beta[:, sl].transpose(1, 2)  # [B, H, C]
-        C = kc.shape[2]
-        cum = g[:, sl].transpose(1, 2).cumsum(-1) if g is not None else torch.zeros_like(bc)  # [B, H, C]
-        mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        A = torch.where(mask, cum[..., :, None] - cum[..., None, :], float("-inf")).exp() * bc[..., None, :]
-        d = cum.exp()[..., None]  # [B, H, C, 1]
+    Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
-        if solve == "exact":
-            Ht = d[..., None] * Hs[:, :, None] + torch.einsum("bhtj,bhjk,bhjl->bhtkl", A, kc, kc)
-            Ht = Ht + torch.diag_embed(lamb)[None, :, None]
-            qs = torch.linalg.solve(Ht, qc[..., None])[..., 0]  # [B, H, C, K]
-        else:
-            qs = _CGSolve.apply(qc, d, Hs, kc, A, lam, cg_steps)  # [B, H, C, K]
-        with torch.no_grad():
-            res = (_matvec(qs, d, Hs, kc, A, lam) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
-            worst = torch.maximum(worst, res.max())
-        o = d * (qs @ Gs) + ((qs @ kc.transpose(-1, -2)) * A) @ vc  # [B, H, C, V]
-        outs.append(o.transpose(1, 2))
-        w = (cum[..., -1:] - cum).exp() * bc  # [B, H, C]
-        last = cum[..., -1].exp()[..., None, None]  # [B, H, 1, 1]
-        Hs = last * Hs + (kc * w[..., None]).transpose(-1, -2) @ kc
-        Gs = last * Gs + (kc * w[..., None]).transpose(-1, -2) @ vc
-    return torch.cat(outs, dim=1), Hs, Gs, worst
+    The chunk-boundary states run first (one small update per chunk); then every chunk's solves
+    and outputs run at once, the chunks a batch dimension, so CG's `cg_steps` iterations run once
+    for the whole sequence. A last partial chunk is padded with β = 0, g = 0, q = 0 tokens: they
+    write nothing, and their outputs are dropped."""
+    B, T, H, K = k.shape
+    C = min(chunk_size, T)
+    N = -(-T // C)
+    pad = N * C - T
+
+    def chunks(x: Tensor | None) -> Tensor | None:  # [B, T, H, ...] -> [B, H, N, C, ...]
+        if x is None:
+            return None
+        if pad:
+            x = torch.cat([x, x.new_zeros((B, pad) + x.shape[2:])], dim=1)
+        x = x.view((B, N, C) + x.shape[2:])
+        return x.permute((0, 3, 1, 2) + tuple(range(4, x.dim())))
+
+    kc, vc, qc, bc = chunks(k), chunks(v), scale * chunks(q), chunks(beta)  # [B, H, N, C, ·], bc [B, H, N, C]
+    cum = chunks(g).cumsum(-1) if g is not None else torch.zeros_like(bc)  # [B, H, N, C]
+    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    A = torch.where(mask, cum[..., :, None] - cum[..., None, :], float("-inf")).exp() * bc[..., None, :]
+    d = cum.exp()[..., None]  # [B, H, N, C, 1]
+    # chunk-boundary states: (H_s, G_s) at the start of every chunk, and at the end
+    w = (cum[..., -1:] - cum).exp() * bc  # [B, H, N, C]
+    last = cum[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
+    kw = (kc * w[..., None]).transpose(-1, -2)  # [B, H, N, K, C]
+    dH, dG = kw @ kc, kw @ vc  # [B, H, N, K, K], [B, H, N, K, V]
+    Hs, Gs = [symmetric_part(H0)], [G0]
+    for n in range(N):
+        Hs.append(last[:, :, n] * Hs[-1] + dH[:, :, n])
+        Gs.append(last[:, :, n] * Gs[-1] + dG[:, :, n])
+    H_end, G_end = Hs.pop(), Gs.pop()
+    Hs, Gs = torch.stack(Hs, dim=2), torch.stack(Gs, dim=2)  # [B, H, N, K, ·]
+    lam = lamb[None, :, None, None, :]  # [1, H, 1, 1, K]
+    if solve == "exact":
+        Ht = d[..., None] * Hs.unsqueeze(3) + torch.einsum("bhntj,bhnjk,bhnjl->bhntkl", A, kc, kc)
+        Ht = Ht + torch.diag_embed(lamb)[None, :, None, None]
+        qs = torch.linalg.solve(Ht, qc[..., None])[..., 0]  # [B, H, N, C, K]
+    else:
+        qs = _CGSolve.apply(qc, d, Hs, kc, A, lam, cg_steps)  # [B, H, N, C, K]
+    with torch.no_grad():
+        res = (_matvec(qs, d, Hs, kc, A, lam) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
+        worst = res.max()
+    o = d * (qs @ Gs) + ((qs @ kc.transpose(-1, -2)) * A) @ vc  # [B, H, N, C, V]
+    o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, -1)[:, :T]
+    return o, H_end, G_end, worst

@@ -1,31 +1,47 @@
 """The inner mini-batch form: the chunk form of every memory trained with minibatch b > 1
 (TTT-Linear, TTT-MLP, Titans, OmegaNet, ATLAS, and any recipe of that shape).
 
-Within a mini-batch every gradient is taken at the weights θ₀ the mini-batch started from, so
-all b per-token gradients are computed at once (one batched forward/backward of the memory),
-and what the recurrence does after the gradient is linear in it and scanned in parallel:
+Within a mini-batch every gradient is taken at the weights θ₀ the mini-batch started from, so the
+gradient of every pair is a sum of rank-1 terms per layer (`inner.closed_form_factors`): for
+layer l, ∇_{W_l} ℓ_i(θ₀) = h_iᵀ dz_i with h_i = h_{l−1}(k_i) [in] and dz_i = ∂ℓ_i/∂z_l [out] at θ₀
+(an inner bias gets dz_i). What the recurrence does after the gradient is linear in it, so every
+per-token weight is a few weighted start tensors plus a weighted sum of those rank-1 terms:
 
-    G_t  = Σ_{i ∈ window(t)} γ_i ∇ℓ(θ₀; φ(k_i), v_i)            banded sum over per-token gradients
-    gd:        Δ_t = −β_t G_t
+    G_t  = Σ_{i ∈ window(t)} γ_i ∇ℓ_i(θ₀)                        banded sum (Omega: c pairs; else 1)
+    gd:        θ_t = A_t θ_s + Σ_{j≤t} (A_t/A_j)(−β_j) G_j                     A_t = Π_{τ≤t} a_τ
                averaged (TTT's 1/i, i_t = position in the mini-batch, o = tokens of it before
-               this call): θ_t = θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} Δ_j) / i_t
-    momentum:  m_t = N_t m_s + Σ_{j≤t} (N_t/N_j)(−β_j G_j),  Δ_t = m_t           N_t = Π_{τ≤t} ν_τ
-    muon:      m_t = N_t m_s + Σ_{j≤t} (N_t/N_j) G_j,         Δ_t = −β_t NS(m_t)  (NS per token)
-    θ_t = A_t θ_s + Σ_{j≤t} (A_t/A_j) Δ_j                                          A_t = Π_{τ≤t} a_τ
-    o_t = M_{θ_t}(scale·φ(q_t))
+               this call): θ_t = θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} (−β_j) G_j) / i_t
+    momentum:  m_t = N_t m_s + Σ_{j≤t} (N_t/N_j)(−β_j G_j)                    N_t = Π_{τ≤t} ν_τ
+               θ_t = A_t θ_s + Σ_{j≤t} (A_t/A_j) m_j
+    muon:      m_t = N_t m_s + Σ_{j≤t} (N_t/N_j) G_j,   θ_t = A_t θ_s + Σ_{j≤t} (A_t/A_j)(−β_j) NS(m_t)
 
 (products from the segment start s; the ratios are exps of differences of log-cumsums, masked
-before the exp). The per-token weights θ_t are materialized for the readout: b copies of the
-memory per head. Mini-batches stay aligned to the sequence start; a state with offset > 0
-continues its mini-batch from the carried anchor θ₀. The result equals `recurrent` with the
-same b exactly (float64 to rounding).
+before the exp). For gd and momentum the weight of layer l at token t is therefore
+
+    W_t = Σ_m coef_m[t] base_m + Σ_i C_ti h_iᵀ dz_i        (base: θ_s, θ₀ or m_s; C [L, c−1+L])
+
+and the memory is read at x_t without ever forming W_t (TTT's dual form):
+z_t = Σ_m coef_m[t] (x_t base_m) + Σ_i C_ti (x_t·h_i) dz_i. Muon's Newton–Schulz is not linear; it
+runs per token on the Gram matrix of the momentum (`_newton_schulz_gram`: NS(X) = P X with P a
+polynomial in X Xᵀ, r × r for r the smaller side of the weight), and m_t = N_t m_s + (rank ≤ c−1+L)
+gives that Gram matrix without forming m_t either. The mini-batch loop carries only the state
+(anchor gradients, then the end-of-segment weights); the readout of every segment runs after it,
+batched over segments of equal length. Memory and time are linear in T; no [B, T, H, in, out]
+tensor is formed.
+
+Mini-batches stay aligned to the sequence start; a state with offset > 0 continues its mini-batch
+from the carried anchor θ₀. The result equals `recurrent` with the same b exactly (float64 to
+rounding).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from ..recipe import Recipe
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from ..recipe import Memory, Optimizer, Recipe
 from ..reference import inner
 from ..state import MemoryState
 
@@ -33,28 +49,254 @@ Tensor = torch.Tensor
 
 
 def _ratio(logc: Tensor) -> Tensor:
-    """exp(logc_t − logc_j) for j ≤ t, else 0: [B, H, L] -> [B, H, L, L]."""
+    """exp(logc_t − logc_j) for j ≤ t, else 0: [..., L] -> [..., L, L]."""
     L = logc.shape[-1]
     mask = torch.ones(L, L, dtype=torch.bool, device=logc.device).tril()
     diff = logc[..., :, None] - logc[..., None, :]
     return torch.where(mask, diff, float("-inf")).exp()
 
 
-def _scan(ratio: Tensor, start_decay: Tensor, start: Tensor | None, deltas: Tensor) -> Tensor:
-    """x_t = D_t x_s + Σ_{j≤t} R_tj Δ_j for weight-shaped tensors.
+def _log(x: Tensor) -> Tensor:
+    return torch.log(x.clamp_min(torch.finfo(x.dtype).tiny))
 
-    ratio [B, H, L, L]; start_decay [B, H, L] (D_t); start [B, H, ...] or None; deltas [B, H, L, ...].
-    Returns [B, H, L, ...]."""
-    flat = deltas.flatten(3)  # [B, H, L, P]
-    out = (ratio @ flat).view_as(deltas)
-    if start is not None:
-        shape = start_decay.shape + (1,) * (deltas.dim() - 3)
-        out = out + start_decay.view(shape) * start.unsqueeze(2)
+
+def _band(L: int, c: int, like: Tensor) -> Tensor:
+    """[L, c−1+L]: 1 where pair i (of the c−1 carried + L segment pairs) is in token t's window."""
+    t = torch.arange(L, device=like.device)[:, None]
+    i = torch.arange(c - 1 + L, device=like.device)[None, :]
+    return ((i >= t) & (i < t + c)).to(like.dtype)
+
+
+@dataclass
+class _Coefficients:
+    """The linear maps from a segment's start tensors and per-pair gradients to its per-token
+    weights and momenta, for S segments of L tokens at once (all [B, H, S, ...]).
+
+    bases: (name, coef [.., L]) with name "weights" (θ_s), "anchor" (θ₀) or "momentum" (m_s):
+        the per-token weights' start terms (gd, momentum);
+    C [.., L, N]: per-token weights' rank-1 coefficients (gd, momentum; N = c−1+L pairs);
+    Cm [.., L, N], Nm [.., L]: per-token momentum m_t = Nm_t m_s + Σ_i Cm_ti h_iᵀ dz_i (momentum, muon);
+    Da [.., L], Wns [.., L, L]: muon's θ_t = Da_t θ_s + Σ_j Wns_tj NS(m_j)."""
+
+    bases: list[tuple[str, Tensor]]
+    C: Tensor | None = None
+    Cm: Tensor | None = None
+    Nm: Tensor | None = None
+    Da: Tensor | None = None
+    Wns: Tensor | None = None
+
+    def segment(self, i: int) -> _Coefficients:
+        """The coefficients of the i-th segment alone ([B, H, ...], the S dim dropped)."""
+        def pick(x):
+            return None if x is None else x[:, :, i]
+        return _Coefficients(bases=[(name, coef[:, :, i]) for name, coef in self.bases], C=pick(self.C),
+                             Cm=pick(self.Cm), Nm=pick(self.Nm), Da=pick(self.Da), Wns=pick(self.Wns))
+
+
+def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Tensor | None,
+                  offset: int) -> _Coefficients:
+    """g None | [B, H, S, L] (log retention); beta, nu [B, H, S, L]; offset: tokens of the first
+    segment's mini-batch before it (0 for every later segment)."""
+    L = beta.shape[-1]
+    band = _band(L, c, beta)  # [L, N]
+    if g is not None:
+        loga = g.cumsum(-1)  # [B, H, S, L]
+        Ra, Da = _ratio(loga), loga.exp()  # [.., L, L], [.., L]
+    else:
+        Ra = torch.ones(L, L, dtype=beta.dtype, device=beta.device).tril()
+        Da = torch.ones_like(beta)
+    step = -beta[..., None, :]  # [.., 1, L]: −β_j on column j
+    if opt.kind == "gd" and opt.minibatch_average:  # no retention: θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} Δ_j) / i_t
+        pos = torch.arange(offset + 1, offset + L + 1, dtype=beta.dtype, device=beta.device)  # i_t
+        C = (Ra / pos[:, None] * step) @ band
+        bases = [("anchor", (1 - offset / pos).expand_as(beta))]
+        if offset:
+            bases.append(("weights", (offset / pos).expand_as(beta)))
+        return _Coefficients(bases=bases, C=C)
+    if opt.kind == "gd":
+        return _Coefficients(bases=[("weights", Da)], C=(Ra * step) @ band)
+    logn = _log(nu).cumsum(-1)  # [B, H, S, L]
+    Rn, Nm = _ratio(logn), logn.exp()
+    if opt.kind == "momentum":
+        Cm = (Rn * step) @ band  # [.., L, N]
+        Ra = Ra.expand_as(Rn)
+        return _Coefficients(bases=[("weights", Da), ("momentum", (Ra @ Nm[..., None])[..., 0])], C=Ra @ Cm,
+                             Cm=Cm, Nm=Nm)
+    return _Coefficients(bases=[], Cm=Rn @ band, Nm=Nm, Da=Da, Wns=Ra * step)  # muon
+
+
+def _newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
+    """P with NS(X) = P X, from the Gram matrix G = X Xᵀ [..., r, r] alone.
+
+    `inner.newton_schulz` runs x₀ = X / (‖X‖_F + 1e-7), x_{n+1} = (aI + bA_n + cA_n²) x_n with
+    A_n = x_n x_nᵀ: every x_n is P_n x₀ with P_n r × r, and A_{n+1} = Q_n A_n Q_n for
+    Q_n = aI + bA_n + cA_n² (symmetric), so the iteration runs on r × r matrices only
+    (‖X‖_F² = tr G)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    tr = G.diagonal(dim1=-2, dim2=-1).sum(-1)  # [...]
+    s = 1.0 / (tr.clamp_min(torch.finfo(G.dtype).tiny).sqrt() + 1e-7)  # 1 / (‖X‖_F + 1e-7)
+    A = G * (s * s)[..., None, None]
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    P = None
+    for n in range(steps):
+        Q = a * eye + b * A + c * (A @ A)
+        P = Q if P is None else Q @ P
+        if n < steps - 1:
+            A = Q @ A @ Q
+    return P * s[..., None, None]
+
+
+@dataclass
+class _Segment:
+    """What the readout of one segment needs: its start tensors (per layer: "weights" θ_s,
+    "anchor" θ₀, "momentum" m_s), the per-pair factors at the anchor (h [B, H, N, in],
+    dz [B, H, N, out] per layer) and, for muon, the Newton–Schulz polynomials P [B, H, L, r, r]."""
+
+    bases: dict[str, tuple[Tensor, ...]]
+    h: list[Tensor]
+    dz: list[Tensor]
+    ns: list[Tensor] | None = None
+
+
+def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tensor:
+    """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j.
+
+    Xs [B, H, r, c']; P [B, H, N, r]; Q [B, H, N, c']; Nm [B, H, L]; Cm [B, H, L, N] -> [B, H, L, r, r]."""
+    E = Xs @ Q.transpose(-1, -2)  # [B, H, r, N]
+    F = Q @ Q.transpose(-1, -2)  # [B, H, N, N]
+    Pc = P.transpose(-1, -2).unsqueeze(2) * Cm.unsqueeze(-2)  # [B, H, L, r, N]: Pᵀ diag(Cm_j)
+    cross = (E.unsqueeze(2) * Cm.unsqueeze(-2)) @ P.unsqueeze(2)  # [B, H, L, r, r]
+    n = Nm[..., None, None]
+    return (n * n) * (Xs @ Xs.transpose(-1, -2)).unsqueeze(2) + n * (cross + cross.transpose(-1, -2)) \
+        + Pc @ F.unsqueeze(2) @ Pc.transpose(-1, -2)
+
+
+def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
+    """One weight matrix of a muon segment, from m_s = m0, θ_s = w0 [B, H, in, out], the factors
+    h [B, H, N, in], dz [B, H, N, out] and co's tensors for this one segment ([B, H, L, ...]).
+
+    Returns (NS polynomials [B, H, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
+    where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
+    wide = m0.shape[-2] <= m0.shape[-1]  # NS runs on X = m (in ≤ out) or X = mᵀ, as inner.newton_schulz
+    Xs, P, Q = (m0, h, dz) if wide else (m0.transpose(-1, -2), dz, h)
+    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [B, H, L, r, r]
+    # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
+    Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
+        else _newton_schulz_gram(G, steps)
+    if not wide:
+        Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
+    w = co.Wns[..., -1, :]  # [B, H, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
+    wn = (w * co.Nm)[..., None, None]
+    if wide:  # NS(m_j) = P_j m_j = N_j P_j m_s + P_j hᵀ diag(Cm_j) dz
+        side = ((Pns @ h.transpose(-1, -2).unsqueeze(2)) * (w[..., None] * co.Cm).unsqueeze(-2)).sum(2)  # [B, H, in, N]
+        update = (wn * Pns).sum(2) @ m0 + side @ dz
+    else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ (Pns holds P_jᵀ)
+        side = ((dz.unsqueeze(2) @ Pns) * (w[..., None] * co.Cm).unsqueeze(-1)).sum(2)  # [B, H, N, out]
+        update = m0 @ (wn * Pns).sum(2) + h.transpose(-1, -2) @ side
+    end = co.Da[..., -1, None, None] * w0 + update
+    momentum = co.Nm[..., -1, None, None] * m0 + h.transpose(-1, -2) @ (co.Cm[..., -1, :, None] * dz)
+    return Pns, end, momentum
+
+
+def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None]], h: Tensor, dz: Tensor, C: Tensor,
+                bias: bool) -> Tensor:
+    """z_t = Σ_m coef_m[t] (x_t W_m + b_m) + Σ_i C_ti (x_t·h_i [+ 1]) dz_i for one layer, all
+    segments of a group: x [B, H, S, L, in]; bases (coef [B, H, S, L], W_m [B, H, S, in, out],
+    b_m [B, H, S, 1, out] or None); h [B, H, S, N, in]; dz [B, H, S, N, out]; C [B, H, S, L, N]."""
+    A = x @ h.transpose(-1, -2)  # [B, H, S, L, N]
+    if bias:
+        A = A + 1
+    z = (A * C) @ dz
+    for coef, w, b in bases:
+        zb = x @ w
+        if b is not None:
+            zb = zb + b
+        z = z + coef[..., None] * zb
+    return z
+
+
+def _read_muon_layer(x: Tensor, w0: Tensor, m0: Tensor, h: Tensor, dz: Tensor, Pns: Tensor, Da: Tensor,
+                     Wns: Tensor, Nm: Tensor, Cm: Tensor) -> Tensor:
+    """z_t = Da_t x_t θ_s + Σ_j Wns_tj x_t NS(m_j) for one weight matrix, all segments of a group:
+    x [B, H, S, L, in]; w0, m0 [B, H, S, in, out]; h [B, H, S, N, in]; dz [B, H, S, N, out];
+    Pns [B, H, S, L, r, r]; Da, Nm [B, H, S, L]; Wns [B, H, S, L, L]; Cm [B, H, S, L, N]."""
+    xh = x @ h.transpose(-1, -2)  # [.., L(t), N]
+    if m0.shape[-2] <= m0.shape[-1]:  # x NS(m_j) = (x P_j) m_j
+        y = torch.einsum("...ti,...jik->...tjk", x, Pns)  # [.., L(t), L(j), in]
+        yh = y @ h.transpose(-1, -2).unsqueeze(-3)  # [.., t, j, N]
+        xm = Nm[..., None, :, None] * (y @ m0.unsqueeze(-3)) + (yh * Cm.unsqueeze(-3)) @ dz.unsqueeze(-3)
+    else:  # x NS(m_j) = (x m_j) P_jᵀ (Pns holds P_jᵀ)
+        xm = Nm[..., None, :, None] * (x @ m0).unsqueeze(-2) \
+            + (xh.unsqueeze(-2) * Cm.unsqueeze(-3)) @ dz.unsqueeze(-3)  # [.., t, j, out]
+        xm = torch.einsum("...tjo,...jop->...tjp", xm, Pns)
+    return Da[..., None] * (x @ w0) + torch.einsum("...tj,...tjo->...to", Wns, xm)
+
+
+def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon: bool,
+          ln: tuple[Tensor, Tensor] | None) -> Tensor:
+    """M_{θ_t}(x_t) for a group of S equal-length segments: x [B, H, S, L, K'] -> [B, H, S, L, V]."""
+
+    def stack(xs):
+        return torch.stack(xs, dim=2)
+
+    n_layers = len(segs[0].h)
+    hin = x
+    pre = None
+    for layer in range(n_layers):
+        h = stack([s.h[layer] for s in segs])  # [B, H, S, N, in]
+        dz = stack([s.dz[layer] for s in segs])  # [B, H, S, N, out]
+        if muon:
+            w0 = stack([s.bases["weights"][layer] for s in segs])
+            m0 = stack([s.bases["momentum"][layer] for s in segs])
+            Pns = stack([s.ns[layer] for s in segs])
+            z = _read_muon_layer(hin, w0, m0, h, dz, Pns, co.Da, co.Wns, co.Nm, co.Cm)
+        else:
+            per = 2 if mem.bias else 1
+            bases = []
+            for name, coef in co.bases:
+                w = stack([s.bases[name][per * layer] for s in segs])
+                b = stack([s.bases[name][per * layer + 1] for s in segs]) if mem.bias else None
+                bases.append((coef, w, b))
+            z = _read_layer(hin, bases, h, dz, co.C, mem.bias)
+        if layer < n_layers - 1:
+            pre = z
+            hin = inner.activation(mem.activation, pre)
+        else:
+            hin = z
+    if mem.residual_ln:
+        n, _ = inner.layer_norm(hin)
+        return x + inner.affine(n, ln)
+    return hin
+
+
+def _segments(T: int, b: int, offset: int) -> list[tuple[int, int]]:
+    """(start, length) of every mini-batch segment: the first completes the carried mini-batch."""
+    out, t0 = [], 0
+    while t0 < T:
+        L = min(b - (offset if t0 == 0 else 0), T - t0)
+        out.append((t0, L))
+        t0 += L
     return out
 
 
-def _log(x: Tensor) -> Tensor:
-    return torch.log(x.clamp_min(torch.finfo(x.dtype).tiny))
+def _groups(segments: list[tuple[int, int]], offset: int) -> list[tuple[int, int, int]]:
+    """Runs of consecutive equal-length segments as (first segment, count, length); a first
+    segment that continues a mini-batch (offset > 0) is a run of its own."""
+    out: list[list[int]] = []
+    for i, (_, L) in enumerate(segments):
+        if out and out[-1][2] == L and not (out[-1][0] == 0 and offset):
+            out[-1][1] += 1
+        else:
+            out.append([i, 1, L])
+    return [tuple(g) for g in out]
+
+
+def _per_segment(x: Tensor | None, t0: int, S: int, L: int) -> Tensor | None:
+    """[B, T, H] tokens [t0, t0 + S·L) as [B, H, S, L]."""
+    if x is None:
+        return None
+    B, _, H = x.shape
+    return x[:, t0:t0 + S * L].reshape(B, S, L, H).permute(0, 3, 1, 2)
 
 
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
@@ -66,70 +308,85 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
     Returns (o [B, T, H, V], final MemoryState) — identical to reference.recurrent.memory_recurrent."""
     mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
     objective = "dot" if obj.kind == "dot" else "l2"
+    muon = opt.kind == "muon"
     b, c = opt.minibatch, obj.window
-    B, T, H, _ = q.shape
-    weights, momentum, anchor, offset = state.weights, state.momentum, state.anchor, state.offset
-    win_k, win_v, win_g = state.window_k, state.window_v, state.window_gamma
+    B, T, H, Kf = q.shape
+    weights, momentum, anchor, offset0 = state.weights, state.momentum, state.anchor, state.offset
     if gamma is None:
         gamma = torch.ones(B, T, H, dtype=q.dtype, device=q.device)
-    outs = []
-    t0 = 0
-    while t0 < T:
-        L = min(b - offset, T - t0)
-        sl = slice(t0, t0 + L)
-        if offset == 0:
-            anchor = weights
-        # tokens whose gradients this segment needs: the carried window, then the segment
-        kx = k[:, sl].transpose(1, 2)  # [B, H, L, K']
-        vx = v[:, sl].transpose(1, 2)  # [B, H, L, V]
-        gx = gamma[:, sl].transpose(1, 2)  # [B, H, L]
-        if c > 1:
-            kx = torch.cat([win_k.transpose(1, 2), kx], dim=2)  # [B, H, c−1+L, K']
-            vx = torch.cat([win_v.transpose(1, 2), vx], dim=2)
-            gx = torch.cat([win_g.transpose(1, 2), gx], dim=2)
-        # per-token gradients at the anchor: the tokens go into a batch dimension
-        point = tuple(w.unsqueeze(2) for w in anchor)  # [B, H, 1, in, out]
-        grads = inner.closed_form_grad(mem, objective, point, kx.unsqueeze(3), vx.unsqueeze(3), gx.unsqueeze(3),
-                                       ln=ln)
-        # banded window sum: G_t = Σ_{s<c} (γ g)_{t−s}
-        if c > 1:
-            grads = tuple(sum(gr[:, :, s:s + L] for s in range(c)) for gr in grads)  # [B, H, L, in, out]
-            win_k = torch.cat([win_k, k[:, sl]], dim=1)[:, -(c - 1):]
-            win_v = torch.cat([win_v, v[:, sl]], dim=1)[:, -(c - 1):]
-            win_g = torch.cat([win_g, gamma[:, sl]], dim=1)[:, -(c - 1):]
-        bt = beta[:, sl].transpose(1, 2)  # [B, H, L]
-        bw = bt[..., None, None]  # [B, H, L, 1, 1]
-        if opt.kind == "gd":
-            deltas = tuple(-bw * gr for gr in grads)
-        else:
-            logn = _log(nu[:, sl].transpose(1, 2)).cumsum(-1)  # [B, H, L]
-            rn = _ratio(logn)
-            src = tuple(-bw * gr for gr in grads) if opt.kind == "momentum" else grads
-            ms = tuple(_scan(rn, logn.exp(), m0, s) for m0, s in zip(momentum, src))  # [B, H, L, in, out]
-            momentum = tuple(m[:, :, -1] for m in ms)
-            if opt.kind == "momentum":
-                deltas = ms
+    # the pairs every segment's gradients need: the carried window, then the sequence
+    k_all, v_all, g_all = k, v, gamma
+    if c > 1:
+        k_all = torch.cat([state.window_k, k], dim=1)  # [B, c−1+T, H, K']
+        v_all = torch.cat([state.window_v, v], dim=1)
+        g_all = torch.cat([state.window_gamma, gamma], dim=1)
+    segments = _segments(T, b, offset0)
+    groups = _groups(segments, offset0)
+    coefs = []
+    for first, S, L in groups:  # the coefficients need no state: all segments of a group at once
+        t0 = segments[first][0]
+        coefs.append(_coefficients(opt, c, _per_segment(g, t0, S, L), _per_segment(beta, t0, S, L),
+                                   _per_segment(nu, t0, S, L), offset0 if first == 0 else 0))
+    # the mini-batch loop: anchor gradients' factors, then the segment's end state
+    records: list[_Segment] = []
+    offset = offset0
+    for gi, (first, S, L) in enumerate(groups):
+        co = coefs[gi]
+        for si in range(S):
+            t0 = segments[first + si][0]
+            if offset == 0:
+                anchor = weights
+            sl = slice(t0, t0 + c - 1 + L)  # window + segment in the extended sequence
+            hs, dzs = inner.closed_form_factors(mem, objective, anchor, k_all[:, sl].transpose(1, 2),
+                                                v_all[:, sl].transpose(1, 2), g_all[:, sl].transpose(1, 2), ln=ln)
+            one = co.segment(si)
+            if muon:
+                steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
+                         for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
+                records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
+                                        ns=[s[0] for s in steps]))
+                weights, momentum = tuple(s[1] for s in steps), tuple(s[2] for s in steps)
             else:
-                deltas = tuple(-bw * inner.newton_schulz(m, opt.ns_steps) for m in ms)
-        if g is not None:
-            loga = g[:, sl].transpose(1, 2).cumsum(-1)  # [B, H, L]
-            ra, da = _ratio(loga), loga.exp()
-        else:
-            ra = torch.ones(L, L, dtype=q.dtype, device=q.device).tril().expand(B, H, L, L)
-            da = torch.ones(B, H, L, dtype=q.dtype, device=q.device)
-        if opt.minibatch_average:  # no retention: ra is the cumulative sum
-            pos = torch.arange(offset + 1, offset + L + 1, dtype=q.dtype, device=q.device)  # i_t
-            per_token = tuple(a0.unsqueeze(2) + (offset * (w0 - a0).unsqueeze(2) + _scan(ra, da, None, d))
-                              / pos.view((L,) + (1,) * (d.dim() - 3))
-                              for a0, w0, d in zip(anchor, weights, deltas))  # [B, H, L, in, out]
-        else:
-            per_token = tuple(_scan(ra, da, w0, d) for w0, d in zip(weights, deltas))  # [B, H, L, in, out]
-        x = scale * q[:, sl].transpose(1, 2).unsqueeze(3)  # [B, H, L, 1, K']
-        o = inner.forward(mem, per_token, x, ln=ln)[:, :, :, 0]  # [B, H, L, V]
-        outs.append(o.transpose(1, 2))
-        weights = tuple(w[:, :, -1] for w in per_token)
-        offset = (offset + L) % b
-        t0 += L
+                records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
+                                        h=hs, dz=dzs))
+                weights, momentum = _end_state(mem, one, records[-1])
+            offset = (offset + L) % b
+    # the readout: every segment of a group at once
+    outs = []
+    for gi, (first, S, L) in enumerate(groups):
+        t0 = segments[first][0]
+        x = scale * q[:, t0:t0 + S * L].reshape(B, S, L, H, Kf).permute(0, 3, 1, 2, 4)  # [B, H, S, L, K']
+        o = _read(mem, records[first:first + S], coefs[gi], x, muon, ln)  # [B, H, S, L, V]
+        outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, S * L, H, -1))
+    win = {}
+    if c > 1:
+        win = dict(window_k=k_all[:, -(c - 1):], window_v=v_all[:, -(c - 1):], window_gamma=g_all[:, -(c - 1):])
     final = MemoryState(weights=weights, momentum=momentum, normalizer=None, anchor=anchor, offset=offset,
-                        window_k=win_k, window_v=win_v, window_gamma=win_g)
+                        **win)
     return torch.cat(outs, dim=1), final
+
+
+def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
+    """(weights, momentum) at a gd or momentum segment's last token: the coefficients' last row
+    applied to the start tensors and the rank-1 terms (co for this one segment, [B, H, L, ...])."""
+    per = 2 if mem.bias else 1
+    C = co.C[..., -1, :, None]  # [B, H, N, 1]
+    weights = []
+    for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+        for part in range(per):
+            idx = per * layer + part
+            out = h.transpose(-1, -2) @ (C * dz) if part == 0 else (C * dz).sum(-2, keepdim=True)
+            for name, coef in co.bases:
+                out = out + coef[..., -1, None, None] * seg.bases[name][idx]
+            weights.append(out)
+    momentum = seg.bases["momentum"]
+    if co.Cm is not None:
+        Cm = co.Cm[..., -1, :, None]  # [B, H, N, 1]
+        mom = []
+        for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+            for part in range(per):
+                idx = per * layer + part
+                out = h.transpose(-1, -2) @ (Cm * dz) if part == 0 else (Cm * dz).sum(-2, keepdim=True)
+                mom.append(co.Nm[..., -1, None, None] * momentum[idx] + out)
+        momentum = tuple(mom)
+    return tuple(weights), momentum

@@ -232,6 +232,11 @@ class MQARPreset:
     settings: ((seq_len, num_kv_pairs), ...) — each a single train/test segment of
               train_examples/test_examples — or, with `train_segments`, one mixture setting.
     d_models_for: per-model d_model grids overriding d_models.
+    heads_for: per-model num_heads overriding num_heads (head dims are d_model / num_heads: the
+              ceilings preset picks them so that the state sizes are comparable).
+    lrs_for: per-model lr sets overriding lrs.
+    lr_pilot: the name of a pilot preset whose records choose each model's lrs (`pilot_lrs`:
+              its `lr_pick` best); the sweep then needs those records (`--lrs-from`).
     batch_for_len: ((max_len, batch), ...): the batch of a setting is that of the first max_len ≥ L.
     """
 
@@ -258,6 +263,10 @@ class MQARPreset:
     train_segments: tuple[Segment, ...] = ()
     test_segments: tuple[Segment, ...] = ()
     d_models_for: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    heads_for: tuple[tuple[str, int], ...] = ()
+    lrs_for: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    lr_pilot: str | None = None
+    lr_pick: int = 2
     note: str = ""
     workers: int = 1
     threads: int | None = None
@@ -271,6 +280,28 @@ class MQARPreset:
 
 def _logspace(a: float, b: float, n: int) -> tuple[float, ...]:
     return tuple(float(f"{10 ** (a + (b - a) * i / (n - 1)):.4g}") for i in range(n))
+
+
+def zoo_names() -> list[str]:
+    from .. import zoo
+
+    return zoo.names()
+
+
+#: The ceilings grid: kv pairs 8..256, each at the shortest length that holds them, L = max(64, 4·kv).
+CEILING_SETTINGS: tuple[tuple[int, int], ...] = tuple((max(64, 4 * n), n) for n in (8, 16, 32, 64, 128, 256))
+
+#: num_heads per model at d_model 128 (head dims K = V = 128 / H), picked so that the decoding states are
+#: comparable (2 layers, fp32): the matrix memories (K·V per head: d·K per layer) at H = 2 (K = 64, 73–140 KiB);
+#: the MLP memories (K·4K + 4K·V per head: 8·d·K per layer) at H = 8 (K = 16, ~0.5 MiB); OmegaNet's
+#: degree-2 features (K' = 1 + K + K(K+1)/2) at H = 8 (K = 16, K' = 153); ATLAS (features and an MLP) at
+#: H = 16 (K = 8, K' = 45). The softmax side (its KV cache grows with L) at H = 2.
+CEILING_HEADS: tuple[tuple[str, int], ...] = (("ttt_mlp", 8), ("titans", 8), ("omeganet", 8), ("atlas", 16))
+
+_CEILING_TRAINING = dict(
+    train_examples=4000, test_examples=500, batch_size=64, batch_for_len=((256, 64), (512, 32), (1024, 16)),
+    vocab_size=8192, num_heads=2, conv="qkv", out_gate="none", random_non_queries=True, weight_decay=0.1,
+    decay_filter="matrices", warmup=0.05, grad_clip=1.0)
 
 
 PRESETS: dict[str, MQARPreset] = {
@@ -301,21 +332,46 @@ PRESETS: dict[str, MQARPreset] = {
                        (512, 128, 1000), (1024, 256, 1000)),
         note="Based / Zoology 'standard' mixture sweep (benchmarks.md §1.4); a short conv on q, k, v stands for "
              "Zoology's BaseConv(kernel 3) wrapper"),
+    "ceilings-pilot": MQARPreset(
+        name="ceilings-pilot", models=tuple(zoo_names()), d_models=(128,), settings=((128, 32),),
+        lrs=_logspace(-3.5, -1.5, 5), heads_for=CEILING_HEADS, **_CEILING_TRAINING, epochs=4,
+        note="the ceilings' lr pilot: every zoo model at d_model 128, L 128 with 32 kv pairs, 5 lrs, 4 epochs"),
+    "ceilings": MQARPreset(
+        name="ceilings", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS,
+        heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", **_CEILING_TRAINING, epochs=8,
+        note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), the pilot's 2 "
+             "best lrs per model"),
+    "ceilings-tiny": MQARPreset(
+        name="ceilings-tiny",
+        models=("softmax_attention", "linear_attention", "deltanet", "gated_deltanet", "ttt_linear", "ttt_mlp"),
+        d_models=(32,), settings=((16, 2), (16, 4), (32, 8)), lrs=(1e-2,), heads_for=(("ttt_mlp", 4),),
+        epochs=4, train_examples=768, test_examples=64, batch_size=32, vocab_size=64, num_heads=1, conv="qkv",
+        out_gate="none", random_non_queries=True, weight_decay=0.1, decay_filter="matrices", warmup=0.05,
+        grad_clip=1.0, workers=2, threads=1,
+        note="CPU check of the ceilings code path (CI): 6 models at d_model 32, kv 2..8; 2 workers × 1 thread"),
 }
 
 
 def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_models: Sequence[int] | None = None,
                settings: Sequence[tuple[int, int]] | None = None, lrs: Sequence[float] | None = None,
                epochs: int | None = None, seed: int = 0, train_examples: int | None = None,
-               test_examples: int | None = None) -> list[MQARCell]:
-    """The cells of a preset (with optional overrides), ordered setting → d_model → model → lr."""
+               test_examples: int | None = None,
+               lrs_for: dict[str, Sequence[float]] | None = None) -> list[MQARCell]:
+    """The cells of a preset (with optional overrides), ordered setting → d_model → model → lr.
+
+    A model's lrs: `lrs` when given, else `lrs_for[model]` (e.g. `pilot_lrs` of the pilot's
+    records), else the preset's `lrs_for`, else its `lrs`."""
     models = tuple(models or preset.models)
+    model_lrs = {**dict(preset.lrs_for), **{m: tuple(v) for m, v in (lrs_for or {}).items()}}
+    if lrs:
+        model_lrs = {}
     lrs = tuple(lrs or preset.lrs)
+    heads = dict(preset.heads_for)
     epochs = epochs or preset.epochs
     n_tr = train_examples or preset.train_examples
     n_te = test_examples or preset.test_examples
     per_model = dict(preset.d_models_for)
-    common = dict(vocab_size=preset.vocab_size, num_heads=preset.num_heads, conv=preset.conv, out_gate=preset.out_gate,
+    common = dict(vocab_size=preset.vocab_size, conv=preset.conv, out_gate=preset.out_gate,
                   random_non_queries=preset.random_non_queries, epochs=epochs, weight_decay=preset.weight_decay,
                   decay_filter=preset.decay_filter, warmup=preset.warmup, grad_clip=preset.grad_clip,
                   eval_batch_size=preset.eval_batch_size, seed=seed)
@@ -334,10 +390,55 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
             for m in models:
                 if d not in (dms_all or per_model.get(m, preset.d_models)):
                     continue
-                for lr in lrs:
+                for lr in model_lrs.get(m, lrs):
                     cells.append(MQARCell(model=m, d_model=d, setting=setting, lr=float(lr), train_segments=tr,
-                                          test_segments=te, batch_size=batch, **common))
+                                          test_segments=te, batch_size=batch,
+                                          num_heads=heads.get(m, preset.num_heads), **common))
     return cells
+
+
+def pilot_lrs(records: Sequence[dict], models: Sequence[str], pick: int = 2) -> dict[str, tuple[float, ...]]:
+    """Each model's `pick` best lrs in a pilot's records, ascending: ranked by best accuracy, then
+    final accuracy, then the smaller lr. A model without pilot records raises ValueError."""
+    out, missing = {}, []
+    for m in models:
+        by_lr: dict[float, tuple] = {}
+        for r in records:
+            if r.get("model") == m:
+                score = (r["accuracy"], r.get("final_accuracy", r["accuracy"]), -float(r["lr"]))
+                by_lr[float(r["lr"])] = max(score, by_lr.get(float(r["lr"]), score))
+        if not by_lr:
+            missing.append(m)
+            continue
+        ranked = sorted(by_lr, key=lambda lr: by_lr[lr], reverse=True)
+        out[m] = tuple(sorted(ranked[:pick]))
+    if missing:
+        raise ValueError(f"the pilot's records have no cell of {', '.join(missing)}")
+    return out
+
+
+def cell_steps(cell: MQARCell) -> int:
+    """Optimizer steps of a cell when it runs every epoch (early stopping only shortens it)."""
+    n = sum(s[2] for s in cell.train_segments)
+    return cell.epochs * -(-n // cell.batch_size)
+
+
+def cost_estimate(cells: Sequence[MQARCell], step_ms: dict) -> dict[str, float]:
+    """Seconds per model if every cell runs all its epochs: steps × the measured ms of a training
+    step of that model at the cell's (seq_len, batch), `step_ms[model]["L{L}-B{batch}"]` (what
+    `scripts/step_costs.py --lm` writes), plus the evaluations (forward only, taken as 1/3 of a
+    step per batch of test examples, every epoch)."""
+    out: dict[str, float] = {}
+    for c in cells:
+        L = max(s[0] for s in c.train_segments)
+        key = f"L{L}-B{c.batch_size}"
+        try:
+            ms = step_ms[c.model][key]
+        except KeyError:
+            raise ValueError(f"--step-costs has no step time of {c.model} at {key}") from None
+        evals = c.epochs * -(-sum(s[2] for s in c.test_segments) // (c.eval_batch_size or c.batch_size))
+        out[c.model] = out.get(c.model, 0.0) + (cell_steps(c) + evals / 3) * ms / 1e3
+    return out
 
 
 # ------------------------------------------------------------------------------------------ running
@@ -353,13 +454,15 @@ RECORD_FIELDS = {"model": str, "d_model": int, "setting": str, "lr": NUMBER, "ac
 """What a results.jsonl record must hold to enter a table (others are skipped and reported)."""
 
 
-def results_store(out) -> ResultStore:
-    return ResultStore(Path(out) / "results.jsonl", required=RECORD_FIELDS)
+def results_store(out, records=None) -> ResultStore:
+    """The sweep's records: `records` (a path) or out/results.jsonl."""
+    return ResultStore(Path(records) if records is not None else Path(out) / "results.jsonl", required=RECORD_FIELDS)
 
 
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
-             threads: int | None = None, progress=None, fresh: bool = False) -> list[dict]:
-    """Run (or resume) the cells, writing out/results.jsonl and out/checkpoints/; returns the
+             threads: int | None = None, progress=None, fresh: bool = False, records=None) -> list[dict]:
+    """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
+    so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
     Every key and record carries the dtype and the device type (a bfloat16 run never takes the
     float32 results for its own). fresh: train every cell again (its checkpoints discarded; the
@@ -367,7 +470,7 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     import functools
 
     out = Path(out)
-    store = results_store(out)
+    store = results_store(out, records)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
                            threads=threads, fresh=fresh)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
@@ -534,6 +637,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-examples", type=int, default=None, help="per setting (single-segment presets)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/mqar", help="results.jsonl, checkpoints/, PNGs")
+    p.add_argument("--records", default=None,
+                   help="the results file (default OUT/results.jsonl); e.g. a committed docs/results/*.jsonl: "
+                        "a run on any machine skips the cells recorded there and appends its own")
+    p.add_argument("--lrs-from", default=None,
+                   help="presets with an lr pilot (ceilings): the pilot's records, whose best lrs per model the "
+                        "sweep runs (default docs/results/mqar_<pilot>.jsonl)")
+    p.add_argument("--step-costs", default=None,
+                   help="with --dry-run: a JSON of measured step times (scripts/step_costs.py --lm) for a cost "
+                        "estimate per model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
     p.add_argument("--workers", type=int, default=None, help="local worker processes (default: the preset's)")
@@ -569,10 +681,33 @@ def _check_args(args) -> None:
     ca.positive_numbers("--lrs", args.lrs)
     ca.zoo_names("--models", args.models)
     ca.device("--device", args.device)
+    if args.step_costs is not None and not args.dry_run:
+        raise ca.ArgError("--step-costs goes with --dry-run (it estimates the cost of the listed cells)")
     if (args.ddp or args.spread) and "WORLD_SIZE" not in os.environ:
         flag = "--ddp" if args.ddp else "--spread"
         raise ca.ArgError(f"{flag} runs under torchrun (WORLD_SIZE is not set): launch with "
                           f"`torchrun --nproc_per_node=N -m fastweights.cli mqar ... {flag}`, or drop {flag}")
+
+
+def _capacity_records() -> list[dict]:
+    """The capacity probe's committed records (docs/results/capacity.json), or [] outside the repository."""
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "capacity.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
+    """A preset with an lr pilot: each model's lrs from the pilot's records (None: --lrs given, or no pilot)."""
+    if preset.lr_pilot is None or args.lrs:
+        return None
+    path = Path(args.lrs_from or f"docs/results/mqar_{preset.lr_pilot.replace('-', '_')}.jsonl")
+    if not path.exists():
+        raise ValueError(f"--lrs-from {path}: no such file. The {preset.name} preset runs each model at the "
+                         f"{preset.lr_pick} best lrs of its pilot: run `fastweights mqar --preset {preset.lr_pilot} "
+                         f"--records {path} ...` first (or give --lrs)")
+    store = ResultStore(path, required=RECORD_FIELDS)
+    return pilot_lrs(store.records(), args.models or preset.models, preset.lr_pick)
 
 
 def _check_cells(cells) -> None:
@@ -600,9 +735,10 @@ def cli_main(args) -> int:
     preset = PRESETS[args.preset]
     try:
         _check_args(args)
+        lrs_for = _pilot_lrs(args, preset)
         cells = make_cells(preset, models=args.models, d_models=args.d_models, settings=_settings(args, preset),
                            lrs=args.lrs, epochs=args.epochs, seed=args.seed, train_examples=args.train_examples,
-                           test_examples=args.test_examples)
+                           test_examples=args.test_examples, lrs_for=lrs_for)
         if not cells:
             raise ValueError("no cell to run (check --seq-lens/--kv-pairs: 4·kv ≤ seq_len)")
         _check_cells(cells)
@@ -615,8 +751,23 @@ def cli_main(args) -> int:
         return 2
     if args.dry_run:
         for c in cells:
-            print(c.describe())
-        print(f"{len(cells)} cells")
+            print(f"{c.describe()}  heads {c.num_heads}, batch {c.batch_size}, ≤ {cell_steps(c)} steps")
+        print(f"{len(cells)} cells, ≤ {sum(cell_steps(c) for c in cells)} optimizer steps")
+        if lrs_for:
+            print("lrs from the pilot: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
+                                                     for m, v in lrs_for.items()))
+        if args.step_costs:
+            import json
+
+            try:
+                est = cost_estimate(cells, json.loads(Path(args.step_costs).read_text()))
+            except (OSError, ValueError) as e:
+                print(f"error: --step-costs {args.step_costs}: {e}", file=sys.stderr)
+                return 2
+            print("estimated seconds if every cell runs all its epochs (early stopping only shortens it):")
+            for m, sec in sorted(est.items(), key=lambda kv: -kv[1]):
+                print(f"  {m:<20} {sec:8.0f} s")
+            print(f"  {'total':<20} {sum(est.values()):8.0f} s ({sum(est.values()) / 60:.1f} min)")
         return 0
     mode = "ddp" if args.ddp else "spread" if args.spread else "auto"
     info = init_distributed(args.device) if ("WORLD_SIZE" in os.environ) else dist_info()
@@ -627,7 +778,7 @@ def cli_main(args) -> int:
     t0 = time.perf_counter()
     records, status = cliargs.run_sweep_command(
         lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
-                         threads=threads, progress=args.progress, fresh=args.fresh))
+                         threads=threads, progress=args.progress, fresh=args.fresh, records=args.records))
     if status is not None:
         return status
     wall = time.perf_counter() - t0
@@ -637,8 +788,14 @@ def cli_main(args) -> int:
           f"device {args.device})\n")
     print(format_table(records))
     pngs = plot_mqar(records, args.out)
+    if preset.name in ("ceilings", "ceilings-tiny"):  # the reading: ceilings per model, four-axis pairs
+        from .ceilings import format_ceilings, format_four_axis, plot_ceilings
+
+        print(format_ceilings(records, _capacity_records()))
+        print(format_four_axis(records))
+        pngs += plot_ceilings(records, args.out)
     print("plots: " + ", ".join(str(p) for p in pngs))
-    print(f"results: {Path(args.out) / 'results.jsonl'}")
+    print(f"results: {args.records or Path(args.out) / 'results.jsonl'}")
     print(f"sweep time: {wall:.1f} s (this invocation; finished cells are not re-run)")
     return 0
 

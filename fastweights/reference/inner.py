@@ -124,13 +124,13 @@ def forward(mem: Memory, weights: tuple[Tensor, ...], x: Tensor, keep: bool = Fa
     return y
 
 
-def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
-                     write_keys: Tensor | None = None, ln: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, ...]:
-    """∇_θ ℓ by hand-written backprop, in the order of `weights` (biases included).
+def closed_form_factors(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
+                        ln: tuple[Tensor, Tensor] | None = None) -> tuple[list[Tensor], list[Tensor]]:
+    """The per-pair factors of ∇_θ ℓ, by hand-written backprop: (inputs, dz), one of each per layer,
+    with ∂ℓ/∂W_l = Σ_i inputs[l]_iᵀ dz[l]_i (a sum of N rank-1 terms) and ∂ℓ/∂b_l = Σ_i dz[l]_i.
 
-    x: [B, H, N, K'] keys the memory is read at; v: [B, H, N, V]; gamma: [B, H, N] window weights.
-    write_keys (Comba's probe; plain linear memory only): the error is read at x = p but the
-    gradient is written at k, G = Σ γ k (Sᵀp − v)ᵀ. ln: the residual LayerNorm's affine or None.
+    x: [B, H, N, K'] keys the memory is read at; v: [B, H, N, V]; gamma: [B, H, N] pair weights
+    (folded into dz). inputs[l]: h_{l−1} [B, H, N, in_l] (inputs[0] = x); dz[l]: ∂ℓ/∂z_l [B, H, N, out_l].
     """
     y, (inputs, pre, n, inv) = forward(mem, weights, x, keep=True, ln=ln)
     gamma = gamma.unsqueeze(-1)  # [B, H, N, 1]
@@ -141,16 +141,32 @@ def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor,
     else:
         df = dy
     pairs = layers(mem, weights)
-    grads = [None] * len(weights)
-    per = 2 if mem.bias else 1
+    dzs = [None] * len(pairs)
     dz = df
     for i in range(len(pairs) - 1, -1, -1):
-        h_in = inputs[i] if (i > 0 or write_keys is None) else write_keys
-        grads[per * i] = h_in.transpose(-1, -2) @ dz  # [B, H, in_l, out_l]
-        if mem.bias:
-            grads[per * i + 1] = dz.sum(-2, keepdim=True)  # [B, H, 1, out_l]
+        dzs[i] = dz
         if i > 0:
             dz = (dz @ pairs[i][0].transpose(-1, -2)) * activation_grad(mem.activation, pre[i - 1])
+    return inputs, dzs
+
+
+def closed_form_grad(mem: Memory, objective: str, weights, x: Tensor, v: Tensor, gamma: Tensor,
+                     write_keys: Tensor | None = None, ln: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, ...]:
+    """∇_θ ℓ by hand-written backprop, in the order of `weights` (biases included): the sums of
+    `closed_form_factors`' rank-1 terms.
+
+    x: [B, H, N, K'] keys the memory is read at; v: [B, H, N, V]; gamma: [B, H, N] window weights.
+    write_keys (Comba's probe; plain linear memory only): the error is read at x = p but the
+    gradient is written at k, G = Σ γ k (Sᵀp − v)ᵀ. ln: the residual LayerNorm's affine or None.
+    """
+    inputs, dzs = closed_form_factors(mem, objective, weights, x, v, gamma, ln=ln)
+    if write_keys is not None:
+        inputs = [write_keys] + inputs[1:]
+    grads = []
+    for h_in, dz in zip(inputs, dzs):
+        grads.append(h_in.transpose(-1, -2) @ dz)  # [B, H, in_l, out_l]
+        if mem.bias:
+            grads.append(dz.sum(-2, keepdim=True))  # [B, H, 1, out_l]
     return tuple(grads)
 
 

@@ -27,17 +27,28 @@ def test_chunk_equals_recurrent(name, T):
         assert _close(b, a, CHUNK_F64)
 
 
-@pytest.mark.parametrize("name", ["titans", "atlas"])
+@pytest.mark.parametrize("name", MINIBATCH)
 def test_chunk_chains_from_the_middle_of_a_minibatch(name):
+    """[0:21) then [21:40) from the carried state (offset 5: the second call first completes a
+    mini-batch from the carried anchor, then runs full ones and a partial one) equals one run —
+    outputs, final states and the gradients into every input and the initial state."""
     inputs, state = make_case(name, T=40)
-    o, s = fw.recurrent(name, initial_state=state, output_final_state=True, **inputs)
-    a = {k: v[:, :21] for k, v in inputs.items()}
-    b = {k: v[:, 21:] for k, v in inputs.items()}
-    o1, s1 = fw.chunk(name, initial_state=state, output_final_state=True, **a)
-    assert s1.offset == 21 % 16
-    o2, s2 = fw.chunk(name, initial_state=s1, output_final_state=True, **b)
-    assert _close(torch.cat([o1, o2], 1), o, CHUNK_F64)
+    o, s, g = run_with_grads(fw.recurrent, name, inputs, state)
+
+    def chained(model, initial_state, output_final_state, **inp):
+        per_token = ("q", "k", "v", "g", "beta", "nu", "gamma")  # ln_weight, ln_bias [H, V] are not
+        a = {k: (v[:, :21] if k in per_token else v) for k, v in inp.items()}
+        b = {k: (v[:, 21:] if k in per_token else v) for k, v in inp.items()}
+        o1, s1 = fw.chunk(model, initial_state=initial_state, output_final_state=True, **a)
+        assert s1.offset == 21 % 16
+        o2, s2 = fw.chunk(model, initial_state=s1, output_final_state=output_final_state, **b)
+        return torch.cat([o1, o2], 1), s2
+
+    o2, s2, g2 = run_with_grads(chained, name, inputs, state)
+    assert _close(o2, o, CHUNK_F64)
     assert max_err(s2, s) < CHUNK_F64
+    for a, b in zip(g, g2):
+        assert _close(b, a, CHUNK_F64)
 
 
 @pytest.mark.parametrize("kind", ["gd", "momentum", "muon"])
@@ -51,6 +62,70 @@ def test_any_minibatch_recipe(kind, objective):
     o2, s2 = fw.chunk(rec, initial_state=state, output_final_state=True, **inputs)
     assert _close(o2, o1, CHUNK_F64)
     assert max_err(s1, s2) < CHUNK_F64
+
+
+MEMORIES = {
+    "linear + bias": Memory(kind="linear", bias=True),
+    "mlp + bias": Memory(kind="mlp", depth=2, expansion=2, activation="tanh", bias=True),
+    "mlp depth 3": Memory(kind="mlp", depth=3, expansion=2, activation="gelu"),
+    "residual LN": Memory(kind="linear", residual_ln=True),
+}
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("kind", ["gd", "momentum"])
+@pytest.mark.parametrize("memory", list(MEMORIES))
+def test_every_memory_and_window(memory, kind, window):
+    """Inner biases, deeper MLPs and the residual LN under retention, momentum and Omega windows
+    (the rank-1 factors per layer, the bias as a constant input): outputs, states and gradients."""
+    rec = Recipe(name="mb", memory=MEMORIES[memory], objective=Objective(kind="omega" if window > 1 else "l2",
+                                                                          window=window),
+                 optimizer=Optimizer(kind=kind, minibatch=4), retention=Retention(kind="scalar", decay_first=False))
+    inputs, state = make_case(rec, T=11)
+    o1, s1, g1 = run_with_grads(fw.recurrent, rec, inputs, state)
+    o2, s2, g2 = run_with_grads(fw.chunk, rec, inputs, state)
+    assert _close(o2, o1, CHUNK_F64)
+    assert max_err(s1, s2) < CHUNK_F64
+    for a, b in zip(g1, g2):
+        assert _close(b, a, CHUNK_F64)
+
+
+@pytest.mark.parametrize("name, K", [("ttt_linear", 32), ("ttt_mlp", 32), ("titans", 32), ("omeganet", 16),
+                                     ("atlas", 8)])
+def test_memory_is_linear_in_T_and_holds_no_per_token_weights(name, K):
+    """What autograd keeps for the backward grows linearly in T and, for gd and momentum, stays
+    below one copy of the memory's weights per token ([B, T, H, in, out] summed over layers, which
+    the form never builds; the form that did kept 2.3–2.4 copies). Muon keeps r × r Newton–Schulz
+    matrices per token (r the smaller side of a weight): linear in T only."""
+    def saved(T):
+        inputs, state = make_case(name, T=T, B=1, H=1, K=K, V=K, dtype=torch.float32)
+        storages = {}
+
+        def pack(x):
+            storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            fw.chunk(name, initial_state=state, **inputs)
+        return sum(storages.values()), sum(w[0, 0].numel() for w in state.weights) * 4 * T
+
+    (s64, per_token64), (s128, _) = saved(64), saved(128)
+    if name != "atlas":
+        assert s64 < per_token64
+    assert 1.8 < s128 / s64 < 2.2
+
+
+def test_newton_schulz_from_the_gram_matrix_equals_newton_schulz():
+    from fastweights.chunkwise.minibatch import _newton_schulz_gram
+    from fastweights.reference.inner import newton_schulz
+
+    gen = torch.Generator().manual_seed(torch.seed() % 2**62)
+    for shape in [(3, 5, 9), (3, 9, 5), (2, 6, 6)]:
+        m = torch.randn(*shape, dtype=torch.float64, generator=gen)
+        x = m if shape[-2] <= shape[-1] else m.transpose(-1, -2)
+        P = _newton_schulz_gram(x @ x.transpose(-1, -2), 5)
+        got = P @ x if shape[-2] <= shape[-1] else (P @ x).transpose(-1, -2)
+        assert (got - newton_schulz(m, 5)).abs().max().item() < CHUNK_F64
 
 
 def test_per_token_memories_have_no_chunk_form():

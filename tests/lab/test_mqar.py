@@ -254,3 +254,79 @@ def test_sigint_to_the_cli_saves_the_running_cells_and_says_how_to_resume(tmp_pa
     for ck in (out / "checkpoints").glob("*.pt"):
         st = torch.load(ck, weights_only=False)
         assert 1 <= st["epoch"] < 400 and st["signature"]["cell"]["epochs"] == 400
+
+
+# ------------------------------------------------------------------------------------------ ceilings (issue 24)
+def _pilot_records(lrs_by_model):
+    return [{"key": f"{m}-{lr}", "model": m, "lr": lr, "accuracy": acc, "final_accuracy": acc, "d_model": 128,
+             "setting": "L128-kv32"} for m, accs in lrs_by_model.items() for lr, acc in accs]
+
+
+def test_pilot_lrs_picks_each_models_best():
+    recs = _pilot_records({"deltanet": [(1e-3, 0.5), (3e-3, 0.9), (1e-2, 0.7)],
+                           "gla": [(1e-3, 0.2), (3e-3, 0.2), (1e-2, 0.1)]})
+    assert mqar.pilot_lrs(recs, ["deltanet", "gla"]) == {"deltanet": (3e-3, 1e-2), "gla": (1e-3, 3e-3)}
+    with pytest.raises(ValueError, match="no cell of mamba2"):
+        mqar.pilot_lrs(recs, ["deltanet", "mamba2"])
+
+
+def test_ceilings_grid_heads_and_lrs():
+    from fastweights import zoo
+
+    p = PRESETS["ceilings"]
+    lrs = {m: (1e-3, 3e-3) for m in p.models}
+    cells = make_cells(p, lrs_for=lrs)
+    assert set(p.models) == set(zoo.names()) and len(cells) == 20 * 6 * 2
+    assert {(c.seq_len, c.num_kv_pairs) for c in cells} == {(64, 8), (64, 16), (128, 32), (256, 64), (512, 128),
+                                                            (1024, 256)}
+    assert {c.model: c.num_heads for c in cells}["atlas"] == 16 and {c.model: c.num_heads for c in cells}["gla"] == 2
+    assert {c.batch_size for c in cells if c.seq_len == 1024} == {16}
+    assert make_cells(p, lrs=[1e-2], lrs_for=lrs)[0].lr == 1e-2  # an explicit --lrs wins
+    assert mqar.cell_steps(cells[0]) == 8 * 63  # 8 epochs of ⌈4000 / 64⌉ steps
+    steps = {m: {"L64-B64": 10.0, "L128-B64": 10.0, "L256-B64": 10.0, "L512-B32": 10.0, "L1024-B16": 10.0}
+             for m in p.models}
+    est = mqar.cost_estimate([c for c in cells if c.model == "deltanet"], steps)
+    train = 2 * (4 * 504 + 8 * 125 + 8 * 250)  # 2 lrs; batch 64 up to L 256, 32 at 512, 16 at 1024
+    evals = 2 * 8 * (4 * 8 + 16 + 32)  # ⌈500 test examples / batch⌉ every epoch
+    assert est["deltanet"] == pytest.approx((train + evals / 3) * 0.01)
+    with pytest.raises(ValueError, match="no step time"):
+        mqar.cost_estimate(cells[:1], {})
+
+
+def test_ceilings_models_build_and_step_at_the_longest_setting():
+    """Every zoo model of the ceilings preset builds with its heads and takes an optimizer step on one
+    example of the longest setting (L 1024, 256 kv pairs)."""
+    from fastweights.lab.train import _Supervised
+
+    cells = [c for c in make_cells(PRESETS["ceilings"], lrs=[1e-3]) if c.seq_len == 1024]
+    for c in cells:
+        small = dataclasses.replace(c, train_segments=((1024, 256, 1),), test_segments=((1024, 256, 1),))
+        (x, y), _ = cell_data(small)
+        net = build_model(small)
+        logits, tgt, _ = _Supervised(net)(x, y)
+        loss = F.cross_entropy(logits, tgt)
+        loss.backward()
+        assert torch.isfinite(loss), c.model
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in net.parameters()), c.model
+
+
+def test_ceilings_needs_its_pilot_and_records_resume_across_out_dirs(tmp_path, capsys):
+    assert mqar.main(["--preset", "ceilings", "--dry-run", "--lrs-from", str(tmp_path / "none.jsonl")]) == 2
+    assert "--preset ceilings-pilot" in capsys.readouterr().err
+    pilot = tmp_path / "pilot.jsonl"
+    pilot.write_text("\n".join(json.dumps(r) for r in _pilot_records(
+        {m: [(1e-3, 0.1), (1e-2, 0.2)] for m in PRESETS["ceilings"].models})) + "\n")
+    assert mqar.main(["--preset", "ceilings", "--dry-run", "--lrs-from", str(pilot)]) == 0
+    out = capsys.readouterr().out
+    assert "240 cells" in out and "lrs from the pilot: softmax_attention 0.001, 0.01" in out
+    # --records: a second machine (another --out) skips what the first recorded
+    records = tmp_path / "docs" / "ceil.jsonl"
+    argv = ["--preset", "ceilings-tiny", "--models", "deltanet", "--kv-pairs", "2", "--seq-lens", "16",
+            "--epochs", "1", "--train-examples", "32", "--test-examples", "16", "--records", str(records),
+            "--workers", "1", "--progress", "plain"]
+    assert mqar.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    text = capsys.readouterr().out
+    assert "| deltanet | delta | 1 × 32 |" in text and (tmp_path / "a" / "ceilings_frontier.png").exists()
+    assert mqar.main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert "1 already done, 0 to run here" in capsys.readouterr().out
+    assert len(records.read_text().splitlines()) == 1 and not (tmp_path / "a" / "results.jsonl").exists()

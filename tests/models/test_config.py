@@ -33,6 +33,7 @@ def test_frozen_and_keyword_only():
     ("mixer", ("gated_deltanet",) * 3, "n_layers=2 must be a multiple"),
     ("num_kv_heads", 1, "num_kv_heads is set but no layer is softmax-side"),
     ("head_v_dim", 0, "LMConfig.head_v_dim"),
+    ("tie_word_embeddings", 1, "LMConfig.tie_word_embeddings must be a bool"),
 ])
 def test_errors_name_the_field(field, value, match):
     with pytest.raises(ConfigError, match=match):

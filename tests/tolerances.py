@@ -210,3 +210,13 @@ JOINT_PROJ_F64_REL = 1e-12
 # other points (dx: one rounding of the joint matmul against six rounded parts summed) and a flipped
 # bf16 ulp (2⁻⁸) propagates through the layer (measured ≤ 7.3e-3 over 9 models)
 JOINT_PROJ_BF16_REL = 2e-2
+
+# ---------------------------------------------------------------- conversions (tests/convert)
+# a fastweights layer converted from a transformers layer (Qwen3-Next, Kimi-Linear, Mamba2) vs that
+# layer, relative to the output's largest entry: their torch paths compute in fp32 whatever the input
+# dtype (no float64 comparison possible), with other summation orders (chunk sizes, the conv as
+# F.conv1d, l2norm as x/√ vs x·rsqrt); measured ≤ 6e-7 at T = 37 over the three layers
+CONVERT_LAYER_F32_REL = 1e-5
+# a tiny Qwen3-Next model's logits with its linear-attention layers swapped for converted fastweights
+# layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks
+CONVERT_MODEL_F32_REL = 1e-5

@@ -143,6 +143,13 @@ def _int_dim(value: float, model: str, what: str) -> int:
     return int(round(value))
 
 
+def _json_float(x) -> float:
+    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}."""
+    if isinstance(x, dict) and set(x) == {"__float__"}:
+        return float(x["__float__"])
+    return float(x)
+
+
 def _gate(activation: str, model: str) -> str:
     _need(activation in ("swish", "silu", "sigmoid"), model, f"gate activation {activation!r} has no counterpart")
     return "sigmoid" if activation == "sigmoid" else "swish"
@@ -239,8 +246,8 @@ def _plan_linear(model: str, c: dict[str, Any]) -> LayerPlan:
         return LayerPlan("gla", Hq, Hq, K, V, p, names)
     if model == "mamba2":
         check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"],
-                             dt_limit=c["dt_limit"], what="fla mamba2", D_has_hdim=c["D_has_hdim"],
-                             rmsnorm=c["rmsnorm"])
+                             dt_limit=[_json_float(x) for x in c["dt_limit"]], what="fla mamba2",
+                             D_has_hdim=c["D_has_hdim"], rmsnorm=c["rmsnorm"])
         P, N = c["head_dim"], c["state_size"]
         H = _int_dim(c["expand"] * d / P, model, "expand·hidden_size / head_dim")
         p = _preset(conv_size=c["conv_kernel"], conv_bias=True, qk_norm="none", decay="mamba", beta="dt",
@@ -394,7 +401,7 @@ def _lm_config(model: str, c: dict[str, Any], plans: list[LayerPlan]) -> LMConfi
     else:
         _need(c["hidden_act"] == "swish", model, f"hidden_act={c['hidden_act']!r}: the MLP must be SwiGLU ('swish')")
         hidden = c.get("intermediate_size")
-        if hidden is None:
+        if hidden is None:  # fla's GatedMLP: 2/3·hidden_ratio·d rounded up to a multiple of 256
             hidden = int(c["hidden_size"] * c["hidden_ratio"] * 2 / 3)
             hidden = 256 * ((hidden + 255) // 256)
         mlp = "swiglu"
@@ -410,7 +417,7 @@ def _lm_config(model: str, c: dict[str, Any], plans: list[LayerPlan]) -> LMConfi
     K = own.K if own is not None else soft[0].K
     V = own.V if own is not None else soft[0].V
     last = None
-    for hd, hv in ((None, None), (K, None), (None, V), (K, V)):
+    for hd, hv in ((K, None), (None, None), (K, V), (None, V)):
         try:
             cfg = LMConfig(**base, head_dim=hd, head_v_dim=hv)
         except (ConfigError, ValueError) as e:
@@ -418,6 +425,8 @@ def _lm_config(model: str, c: dict[str, Any], plans: list[LayerPlan]) -> LMConfi
             continue
         diff = _differences(_meta_lm(cfg), plans)
         if not diff:
+            if cfg.mlp_hidden is not None and dataclasses.replace(cfg, mlp_hidden=None).hidden == cfg.mlp_hidden:
+                cfg = dataclasses.replace(cfg, mlp_hidden=None)  # LMConfig's own default width
             return cfg
         last = diff
     raise ConversionError(f"fla {model}: no LMConfig builds these layers exactly (LMConfig shares head dims and "

@@ -26,11 +26,15 @@ do not run under the interpreter (replaced by fla's own exact reference `naive_m
 fed the L2-normalized q, k the kernel would normalize). Everything else is fla's own code: with
 T ≤ 64 in eval mode under no_grad, fla's layers take their fused_recurrent kernels.
 Exit status 1 if any model's logits differ by more than --tol (relative to the largest logit).
+`--dump-layouts PATH` also writes, per configuration, the config.json and the weight names and shapes
+fla's save_pretrained wrote (tests/convert/data/fla_layouts.json: the CI tests hold the converter to
+fla's real layout without fla installed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -121,7 +125,8 @@ def rel(a, b) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def check_case(model_type: str, kw: dict, device: str, tmp: Path) -> tuple[float, float]:
+def check_case(model_type: str, kw: dict, device: str, tmp: Path, layouts: dict | None = None,
+               label: str = "") -> tuple[float, float]:
     import fla  # noqa: F401  (registers fla's models with transformers' Auto classes)
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -136,6 +141,13 @@ def check_case(model_type: str, kw: dict, device: str, tmp: Path) -> tuple[float
     fla_model = AutoModelForCausalLM.from_config(cfg).to(device).eval()
     randomize(fla_model)
     fla_model.save_pretrained(tmp / "fla")
+    if layouts is not None:
+        from safetensors import safe_open
+
+        with safe_open(str(tmp / "fla" / "model.safetensors"), "pt") as f:
+            shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        config = json.loads((tmp / "fla" / "config.json").read_text())
+        layouts[f"{model_type} {label}"] = {"config": config, "weights": dict(sorted(shapes.items()))}
     convert_from_fla(tmp / "fla", tmp / "fw")
     lm = LM.from_pretrained(tmp / "fw", device=device).eval()
     with torch.no_grad():
@@ -158,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tol", type=float, default=1e-4, help="bound on max |Δlogit| / max |logit|, fp32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump-layouts", default=None, help="write fla's config.json and weight shapes per case here")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     if args.device == "cpu":
@@ -165,11 +178,12 @@ def main(argv=None) -> int:
         for s in CPU_SHIMS:
             print(f"CPU shim: {s}")
     worst, failed = 0.0, []
+    layouts = {} if args.dump_layouts else None
     for model_type in args.models:
         for label, kw in CASES[model_type]:
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    err_in, err_out = check_case(model_type, kw, args.device, Path(tmp))
+                    err_in, err_out = check_case(model_type, kw, args.device, Path(tmp), layouts, label)
                 except Exception as e:  # noqa: BLE001  (reported, counted as a failure)
                     print(f"{model_type:20s} {label:20s} ERROR {type(e).__name__}: {e}")
                     failed.append(f"{model_type} {label}")
@@ -179,6 +193,8 @@ def main(argv=None) -> int:
             print(f"{model_type:20s} {label:20s} fla→fw {err_in:.2e}   fw→fla {err_out:.2e}   {'ok' if ok else 'FAIL'}")
             if not ok:
                 failed.append(f"{model_type} {label}")
+    if layouts is not None:
+        Path(args.dump_layouts).write_text(json.dumps(layouts, indent=1, sort_keys=True) + "\n")
     print(f"worst relative logit difference {worst:.2e} (tol {args.tol:.0e}); failed: {failed or 'none'}")
     return 1 if failed else 0
 

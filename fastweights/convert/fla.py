@@ -533,6 +533,9 @@ def _fla_fields(model: str, m: MemoryMixer) -> dict[str, Any]:
             out.update(use_short_conv=p.conv != "none", conv_size=p.conv_size)
         return out
     if model == "mamba2":
+        if m.Hq != 1:
+            raise ConversionError(f"fla mamba2 converts with n_groups=1 (one B, C shared by all heads: num_heads=1); "
+                                  f"this LM's mamba2 layers have num_heads={m.Hq}")
         return dict(head_dim=m.V, state_size=m.K, expand=m.H * m.V / d, n_groups=1, conv_kernel=p.conv_size,
                     norm_before_gate=p.norm_before_gate)
     if model == "linear_attn":
@@ -566,9 +569,11 @@ def _model_of(m: MemoryMixer) -> str:
                           "features)")
 
 
-def to_fla(config: LMConfig, state_dict: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+def to_fla(config: LMConfig, state_dict: dict[str, Tensor], *, fuse_norm: bool = True
+           ) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """(fla config dict, fla state dict) of the fla model computing what the fastweights LM
-    (config, weights) computes; ConversionError when fla has no such model."""
+    (config, weights) computes; ConversionError when fla has no such model. fuse_norm: fla's
+    config flag (its fused norm kernels; GLA and RetNet name their output norm after it)."""
     lm = _meta_lm(config)
     mixers = [b.mixer for b in lm.blocks]
     linear = [i for i, m in enumerate(mixers) if not m.is_softmax]
@@ -595,7 +600,7 @@ def to_fla(config: LMConfig, state_dict: dict[str, Tensor]) -> tuple[dict[str, A
     if model == "mamba2":
         c.update(hidden_act="silu", residual_in_fp32=True, use_conv_bias=True, use_bias=False)
     else:
-        c.update(hidden_act="swish", intermediate_size=config.hidden, fuse_norm=True)
+        c.update(hidden_act="swish", intermediate_size=config.hidden, fuse_norm=fuse_norm)
     if soft:
         m = mixers[soft[0]]
         c["attn"] = {"layers": soft, "num_heads": m.Hq, "num_kv_heads": m.Hkv, "qkv_bias": False,
@@ -682,7 +687,7 @@ def convert_to_fla(src, dst) -> dict[str, Any]:
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
     dtype = next(iter(sd.values())).dtype
-    c["torch_dtype"] = str(dtype).removeprefix("torch.")
+    c["dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(c, indent=2), encoding="utf-8")
     save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})

@@ -149,7 +149,7 @@ def _fla(case, **changes):
     ("linear_attn elu", dict(norm_feature_map=True), r"1e-10.*1e-6"),
     ("linear_attn elu", dict(feature_map="hedgehog"), "learned maps"),
     ("kda gva", dict(safe_gate=True, lower_bound=-5.0), "safe_gate"),
-    ("delta_net default", dict(qk_norm="sum"), "qk_norm='sum'"),
+    ("delta_net tied", dict(qk_norm="sum"), "qk_norm='sum'"),
     ("gated_deltanet gva+neg", dict(use_short_conv=False), "use_short_conv=False"),
     ("gated_deltanet hybrid", dict(attn={"layers": [1], "num_heads": 4, "qkv_bias": True}), "qkv_bias"),
     ("gated_deltanet hybrid", dict(attn={"layers": [1], "num_heads": 4, "window_size": 8}), "window_size=8"),

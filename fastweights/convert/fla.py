@@ -20,8 +20,8 @@ RMSNorm, SwiGLU MLP gate/up/down = w1/w3/w2); each fla token mixer maps to a Mem
     linear_attn         a linear-attention Recipe: feature map 'elu' (elu+1), 'relu' or 'identity', scale
                                                K^-0.5, no normalizer (fla's norm_feature_map divides by
                                                φ(q)·z + 1e-10, fastweights' by + 1e-6: refused), no norm_q/k
-    mesa_net            mesanet                lambda_lower_bound 0.25 (fla solves by ≤ 30 CG steps,
-                                               fastweights exactly: equal once CG has converged)
+    mesa_net            mesanet                lambda_lower_bound 0.25 (fla's chunk kernel solves by ≤ 30
+                                               CG steps, fastweights exactly: equal once CG has converged)
 
 and fla's hybrid `attn` layers (config.attn: {layers, num_heads, num_kv_heads, qkv_bias,
 window_size, rope_theta}) map to `softmax_attention` layers (no qkv bias, no window, head dim
@@ -674,6 +674,12 @@ def convert_from_fla(src, dst) -> LMConfig:
     lm = _meta_lm(cfg)
     lm.load_state_dict(weights, strict=True, assign=True)
     lm.save_pretrained(dst)
+    # the converted model has run on no machine: its layers record the requested backend "auto" (not
+    # what the meta device resolved), so the machine that loads it picks (a CUDA load: the Triton rows)
+    path = Path(dst) / "config.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["backends"] = ["auto"] * cfg.n_layers
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False), encoding="utf-8")
     return cfg
 
 

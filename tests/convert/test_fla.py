@@ -103,6 +103,7 @@ def test_cli_converts_directories_both_ways(tmp_path, capsys):
     assert config["attn"]["layers"] == [3] and config["attn"]["num_kv_heads"] == 2
     assert main(["convert", "from-fla", str(tmp_path / "fla"), str(tmp_path / "back")]) == 0
     assert "3 gated_deltanet, 1 softmax_attention" in capsys.readouterr().out
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["backends"] == ["auto"] * 4
     back = LM.from_pretrained(tmp_path / "back")
     ids = torch.randint(0, VOCAB, (1, 9))
     with torch.no_grad():

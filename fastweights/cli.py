@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .pretrain.cli import add_cli as add_train_cli
 
     add_train_cli(sub)
+    from .convert.cli import add_cli as add_convert_cli
+
+    add_convert_cli(sub)
     from .lab import mad, mqar, niah  # each adds its subcommand and sets fn to its cli_main
 
     for lab_module in (mqar, niah, mad):

@@ -218,3 +218,13 @@ JOINT_PROJ_BF16_REL = 2e-2
 
 # fastweights.stability: a state within the step bound never grows; float64 rounding over ~50 steps
 STEP_BOUND_NORM_F64 = 1e-9
+
+# ---------------------------------------------------------------- conversions (tests/convert)
+# a fastweights layer converted from a transformers layer (Qwen3-Next, Kimi-Linear, Mamba2) vs that
+# layer, relative to the output's largest entry: their torch paths compute in fp32 whatever the input
+# dtype (no float64 comparison possible), with other summation orders (chunk sizes, the conv as
+# F.conv1d, l2norm as x/√ vs x·rsqrt); measured ≤ 6e-7 at T = 37 over the three layers
+CONVERT_LAYER_F32_REL = 1e-5
+# a tiny Qwen3-Next model's logits with its linear-attention layers swapped for converted fastweights
+# layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks
+CONVERT_MODEL_F32_REL = 1e-5

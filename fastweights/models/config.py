@@ -51,7 +51,7 @@ def _canonical(spec, where: str) -> MixerSpec:
 @dataclass(frozen=True, kw_only=True)
 class LMConfig:
     """A decoder-only language model: embedding, n_layers pre-norm blocks (mixer, optional SwiGLU
-    MLP), final RMSNorm, head tied to the embedding.
+    MLP), final RMSNorm, output head (tied to the embedding unless tie_word_embeddings=False).
 
     vocab_size, d_model, n_layers, num_heads: the usual.
     mixer:        a zoo name, a Recipe, or a per-layer pattern (tuple/list of those) repeated over
@@ -78,6 +78,8 @@ class LMConfig:
                   value) pairs, e.g. {"out_gate": "none", "conv": "qkv"} (the recall lab's MQAR
                   wiring); stored as sorted pairs and saved with the config, so a checkpoint
                   rebuilds the same layers. Values are JSON scalars.
+    tie_word_embeddings: True (default): logits = h Eᵀ with the embedding E; False: a separate
+                  bias-free head `lm_head` [vocab, d_model] (fla's and most checkpoints' default).
     """
 
     vocab_size: int
@@ -98,6 +100,7 @@ class LMConfig:
     backend: str | tuple[str, ...] = "auto"
     layer_ops: str = "auto"
     mixer_overrides: tuple[tuple[str, Any], ...] = ()
+    tie_word_embeddings: bool = True
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "num_heads", "chunk_size"):
@@ -106,6 +109,8 @@ class LMConfig:
             _pos_int(getattr(self, name), name, allow_none=True)
         for name in ("rope_theta", "norm_eps", "init_std"):
             _pos_float(getattr(self, name), name)
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ConfigError(f"LMConfig.tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
         if self.mlp not in ("swiglu", "none"):
             raise ConfigError(f"LMConfig.mlp must be 'swiglu' or 'none', got {self.mlp!r}")
         mixer = self.mixer

@@ -3,6 +3,7 @@
     h_0 = Embed(ids)                                                   [B, T, d]
     h_l = h_{l−1} + Mixer_l(RMSNorm(h_{l−1}));  h_l += SwiGLU(RMSNorm(h_l))   (pre-norm blocks)
     logits = RMSNorm(h_L) Eᵀ                                           [B, T, vocab] (tied head)
+             (RMSNorm(h_L) W_headᵀ with a separate `lm_head` when config.tie_word_embeddings is False)
 
 Forms: `forward` and `prefill` run every mixer in its training form (chunk, else parallel, else
 recurrent: `fastweights.layers.training_form`); `step` decodes one token per call with the
@@ -148,6 +149,10 @@ class LM(nn.Module):
             config = dataclasses.replace(config, backend=tuple(backends))
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, eps=config.norm_eps, backend=config.layer_ops)
+        self.lm_head = None  # the head is the embedding (tied)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            nn.init.normal_(self.lm_head.weight, std=config.init_std)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -198,7 +203,8 @@ class LM(nn.Module):
                                       f"({mine[i]}) for {batch} sequence(s): {why}")
 
     def _logits(self, h: Tensor) -> Tensor:
-        return F.linear(self.norm(h), self.embed.weight)  # [B, T, vocab], tied head
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
+        return F.linear(self.norm(h), head)  # [B, T, vocab]
 
     def _hidden(self, input_ids: Tensor, form: str | None, segments: Segments | None) -> Tensor:
         h = self.embed(input_ids)  # [B, T, d]

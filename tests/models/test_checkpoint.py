@@ -42,6 +42,22 @@ def test_round_trip_custom_recipe_hybrid_and_dtype(tmp_path):
     assert_same(model, back)
 
 
+def test_untied_head_is_its_own_weight_and_round_trips(tmp_path):
+    model = LM(tiny_config("gated_deltanet", tie_word_embeddings=False))
+    assert model.lm_head is not None and "lm_head.weight" in model.state_dict()
+    assert LM(tiny_config("gated_deltanet")).lm_head is None  # tied by default: no head of its own
+    ids = torch.randint(0, VOCAB, (2, 5))
+    with torch.no_grad():
+        model.lm_head.weight.normal_()
+        h = model.norm(model.hidden(ids))
+        torch.testing.assert_close(model(ids), h @ model.lm_head.weight.T)  # the head, not the embedding
+        assert not torch.allclose(model(ids), h @ model.embed.weight.T)
+    model.save_pretrained(tmp_path)
+    back = LM.from_pretrained(tmp_path)
+    assert back.config.tie_word_embeddings is False
+    assert_same(model, back)
+
+
 def test_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint directory"):
         LM.from_pretrained(tmp_path / "nothing")

@@ -36,6 +36,7 @@ def test_frozen_and_keyword_only():
     ("init_std", float("inf"), "LMConfig.init_std must be a finite number > 0, got inf"),  # built a nan model
     ("rope_theta", float("nan"), "LMConfig.rope_theta must be a finite number"),
     ("norm_eps", float("inf"), "LMConfig.norm_eps must be a finite number"),
+    ("tie_word_embeddings", 1, "LMConfig.tie_word_embeddings must be a bool"),
 ])
 def test_errors_name_the_field(field, value, match):
     with pytest.raises(ConfigError, match=match):

@@ -1,0 +1,61 @@
+"""`fastweights convert`: checkpoints in and out of fastweights.
+
+    fastweights convert from-fla SRC DST   an fla checkpoint directory (fla's save_pretrained: config.json and
+                                           model.safetensors) -> a fastweights checkpoint (LM.from_pretrained,
+                                           transformers' AutoModelForCausalLM)
+    fastweights convert to-fla SRC DST     a fastweights checkpoint -> an fla checkpoint directory (fla's
+                                           AutoModelForCausalLM)
+
+Exact or refused: a model fla and fastweights do not share prints one line naming what differs
+(exit status 2); see `fastweights.convert.fla` for the models and docs/hf.md for a worked example.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_cli(sub) -> None:
+    c = sub.add_parser("convert", help="convert checkpoints to and from flash-linear-attention (fla)",
+                       description=__doc__)
+    c.add_argument("direction", choices=["from-fla", "to-fla"],
+                   help="from-fla: fla checkpoint -> fastweights; to-fla: fastweights checkpoint -> fla")
+    c.add_argument("src", help="the checkpoint directory to read")
+    c.add_argument("dst", help="the directory to write (created; an existing checkpoint there needs --overwrite)")
+    c.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in DST")
+    c.set_defaults(fn=cli_main)
+
+
+def _layers(cfg) -> str:
+    names = [m if isinstance(m, str) else m.name for m in cfg.layer_mixers]
+    counts = {n: names.count(n) for n in dict.fromkeys(names)}
+    return ", ".join(f"{v} {k}" for k, v in counts.items())
+
+
+def cli_main(args) -> int:
+    from .. import cliargs
+    from .common import ConversionError
+    from .fla import convert_from_fla, convert_to_fla
+
+    src, dst = Path(args.src), Path(args.dst)
+    try:
+        if not src.is_dir():
+            raise cliargs.ArgError(f"SRC {src}: no such checkpoint directory")
+        if (dst / "config.json").exists() and not args.overwrite:
+            raise cliargs.ArgError(f"DST {dst}: holds a checkpoint already (pass --overwrite to replace it)")
+        cliargs.writable_dir("DST", dst)
+        if args.direction == "from-fla":
+            cfg = convert_from_fla(src, dst)
+            head = "tied" if cfg.tie_word_embeddings else "untied"
+            print(f"converted the fla checkpoint {src} -> fastweights {dst}: {cfg.n_layers} layers ({_layers(cfg)}), "
+                  f"d_model {cfg.d_model}, vocab {cfg.vocab_size}, {head} head")
+        else:
+            c = convert_to_fla(src, dst)
+            attn = f" (attn layers {c['attn']['layers']})" if "attn" in c else ""
+            print(f"converted the fastweights checkpoint {src} -> fla {c['model_type']} {dst}: "
+                  f"{c['num_hidden_layers']} layers{attn}, {'tied' if c['tie_word_embeddings'] else 'untied'} head")
+    except (ConversionError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,160 @@
+"""Mamba2's mixer ↔ a `mamba2` MemoryMixer, exact: transformers' `Mamba2Mixer` (and fla's
+`Mamba2` layer, which has the same weights: `fastweights.convert.fla` uses the state-dict maps here).
+
+Mamba2 (d_inner I = H·P, H heads of dim P, n_groups G, state size N, kernel W):
+
+    [z x B C dt] = in_proj(u)           rows [I, I, G·N, G·N, H]
+    x, B, C = SiLU(causal depthwise conv1d_W([x B C]) + bias)
+    dt = softplus(dt + dt_bias),  A = −exp(A_log)                          (per head)
+    h_t = exp(dt·A) h_{t−1} + dt·x_t B_tᵀ,   y_t = h_t C_t + D·x_t        (head h reads group h // (H/G))
+    out = out_proj(RMSNorm_I(y ⊙ SiLU(z))·w)                               (gate, then norm over all I)
+
+is fastweights' `mamba2` recipe (scale 1, β = dt) with its preset (conv qkv with bias, Mamba
+decay, out_norm over all heads, gate before norm, D skip): q = C, k = B, v = x, num_heads = G,
+head_dim = N, num_v_heads = H, head_v_dim = P. Converted exactly when G = 1 (the norm then spans
+all I channels as fastweights' "all" norm does; with G > 1 Mamba2 normalizes each group of I/G
+channels with its own weights, which no preset has), the in/out projections have no bias, D is
+per head, dt_limit is (0, ∞) and the activation is SiLU; anything else raises ConversionError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..layers.mixer import MemoryMixer
+from .common import ConversionError, check_mixer, copy_weight, same_dtype
+
+Tensor = torch.Tensor
+
+__all__ = ["from_mamba2", "to_mamba2", "mixer_state_from_mamba2", "mamba2_state_from_mixer", "Mamba2Dims"]
+
+_WHAT = "Mamba2's mixer"
+
+
+class Mamba2Dims(tuple):
+    """(d, H, P, N, W): model width, heads, head dim, state size, conv kernel (G = 1)."""
+
+    def __new__(cls, d: int, H: int, P: int, N: int, W: int):
+        return super().__new__(cls, (d, H, P, N, W))
+
+
+def check_mamba2_options(*, n_groups: int, use_bias: bool, hidden_act: str, dt_limit, what: str = _WHAT,
+                         D_has_hdim: bool = False, rmsnorm: bool = True) -> None:
+    """ConversionError for every Mamba2 option fastweights' mamba2 preset has no counterpart for."""
+    if n_groups != 1:
+        raise ConversionError(f"{what}: n_groups={n_groups}; its gated RMSNorm then normalizes each of the "
+                              f"{n_groups} groups with its own weights, which fastweights' mamba2 preset (one norm "
+                              "over all heads) cannot express: only n_groups=1 converts exactly")
+    if use_bias:
+        raise ConversionError(f"{what}: use_bias=True (in_proj/out_proj biases) has no counterpart")
+    if str(hidden_act) not in ("silu", "swish"):
+        raise ConversionError(f"{what}: activation {hidden_act!r}; fastweights' conv and gate apply SiLU")
+    lo, hi = (float(x) for x in dt_limit)
+    if lo != 0.0 or not math.isinf(hi):
+        raise ConversionError(f"{what}: dt_limit={tuple(dt_limit)} clamps dt; fastweights' mamba2 does not clamp "
+                              "(only (0, inf) converts)")
+    if D_has_hdim:
+        raise ConversionError(f"{what}: D_has_hdim=True (D per channel) has no counterpart (D is per head)")
+    if not rmsnorm:
+        raise ConversionError(f"{what}: rmsnorm=False has no counterpart (fastweights' mamba2 normalizes)")
+
+
+def mixer_state_from_mamba2(sd: dict[str, Tensor], dims: Mamba2Dims) -> dict[str, Tensor]:
+    """A mamba2 MemoryMixer's state dict from a Mamba2 mixer's (keys in_proj.weight, conv1d.weight,
+    conv1d.bias, dt_bias, A_log, D, norm.weight, out_proj.weight; G = 1)."""
+    d, H, P, N, W = dims
+    I = H * P  # noqa: E741 (Mamba2's d_inner)
+    need = {"in_proj.weight": (2 * I + 2 * N + H, d), "conv1d.weight": (I + 2 * N, 1, W),
+            "conv1d.bias": (I + 2 * N,), "dt_bias": (H,), "A_log": (H,), "D": (H,), "norm.weight": (I,),
+            "out_proj.weight": (d, I)}
+    for key, shape in need.items():
+        if key not in sd:
+            raise ConversionError(f"{_WHAT}: weight {key} is missing")
+        if tuple(sd[key].shape) != shape:
+            raise ConversionError(f"{_WHAT}: {key} has shape {list(sd[key].shape)}, expected {list(shape)}")
+    z, x, B, C, dt = sd["in_proj.weight"].split([I, I, N, N, H], dim=0)
+    cw = sd["conv1d.weight"].split([I, N, N], dim=0)  # x, B, C channels
+    cb = sd["conv1d.bias"].split([I, N, N], dim=0)
+    return {"D": sd["D"], "q_proj.weight": C, "k_proj.weight": B, "v_proj.weight": x,
+            "q_conv.conv.weight": cw[2], "q_conv.conv.bias": cb[2], "k_conv.conv.weight": cw[1],
+            "k_conv.conv.bias": cb[1], "v_conv.conv.weight": cw[0], "v_conv.conv.bias": cb[0],
+            "decay.A_log": sd["A_log"], "decay.dt_bias": sd["dt_bias"], "decay.proj.weight": dt,
+            "g_proj.weight": z, "o_norm.weight": sd["norm.weight"], "o_proj.weight": sd["out_proj.weight"]}
+
+
+def mamba2_state_from_mixer(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The inverse of `mixer_state_from_mamba2`: a Mamba2 mixer's weights from a mamba2 MemoryMixer's."""
+    return {"in_proj.weight": torch.cat([sd["g_proj.weight"], sd["v_proj.weight"], sd["k_proj.weight"],
+                                         sd["q_proj.weight"], sd["decay.proj.weight"]]),
+            "conv1d.weight": torch.cat([sd["v_conv.conv.weight"], sd["k_conv.conv.weight"], sd["q_conv.conv.weight"]]),
+            "conv1d.bias": torch.cat([sd["v_conv.conv.bias"], sd["k_conv.conv.bias"], sd["q_conv.conv.bias"]]),
+            "dt_bias": sd["decay.dt_bias"], "A_log": sd["decay.A_log"], "D": sd["D"],
+            "norm.weight": sd["o_norm.weight"], "out_proj.weight": sd["o_proj.weight"]}
+
+
+def mamba2_mixer(dims: Mamba2Dims, *, norm_eps: float, **mixer_kwargs) -> MemoryMixer:
+    """The (randomly initialized) mamba2 MemoryMixer with Mamba2's dims (G = 1)."""
+    d, H, P, N, W = dims
+    return MemoryMixer(d, "mamba2", 1, head_dim=N, head_v_dim=P, num_v_heads=H, conv_size=W, norm_eps=norm_eps,
+                       **mixer_kwargs)
+
+
+def check_mamba2_mixer(mixer: MemoryMixer, what: str = _WHAT) -> Mamba2Dims:
+    """The Mamba2 dims of a mamba2 MemoryMixer wired as Mamba2 (ConversionError otherwise)."""
+    check_mixer(mixer, "mamba2", what, conv_size=mixer.preset.conv_size)
+    if mixer.Hq != 1:
+        raise ConversionError(f"{what} converts with n_groups=1 only (one B, C for all heads); this mixer has "
+                              f"num_heads={mixer.Hq} q/k heads")
+    return Mamba2Dims(mixer.d_model, mixer.H, mixer.V, mixer.K, mixer.preset.conv_size)
+
+
+def _layer_dims(layer) -> Mamba2Dims:
+    if type(layer).__name__ != "Mamba2Mixer":
+        raise ConversionError(f"expected transformers' Mamba2Mixer, got {type(layer).__name__}")
+    check_mamba2_options(n_groups=layer.n_groups, use_bias=layer.use_bias, hidden_act=layer.activation,
+                         dt_limit=layer.time_step_limit, what="transformers' Mamba2Mixer")
+    if not layer.use_conv_bias:
+        raise ConversionError("transformers' Mamba2Mixer: use_conv_bias=False; fastweights' mamba2 conv has a bias "
+                              "(set it to zero to convert the other way)")
+    return Mamba2Dims(layer.hidden_size, layer.num_heads, layer.head_dim, layer.ssm_state_size, layer.conv_kernel_size)
+
+
+def from_mamba2(layer, **mixer_kwargs) -> MemoryMixer:
+    """A MemoryMixer (zoo model `mamba2`) computing what `layer`, a transformers Mamba2Mixer,
+    computes (no cache, no padding mask); the layer's dtype and device."""
+    dims = _layer_dims(layer)
+    mixer = mamba2_mixer(dims, norm_eps=float(layer.layer_norm_epsilon), **mixer_kwargs)
+    mixer = mixer.to(device=layer.out_proj.weight.device, dtype=same_dtype(layer))
+    mixer.load_state_dict(mixer_state_from_mamba2(layer.state_dict(), dims), strict=True)
+    return mixer
+
+
+def to_mamba2(mixer: MemoryMixer, layer=None):
+    """The transformers Mamba2Mixer computing what `mixer` (mamba2 wired as above) computes.
+    `layer`: an existing layer to fill, else one built from a minimal Mamba2Config."""
+    dims = check_mamba2_mixer(mixer, "transformers' Mamba2Mixer")
+    d, H, P, N, W = dims
+    if layer is None:
+        from transformers.models.mamba2 import Mamba2Config
+        from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+
+        if (H * P) % d:
+            raise ConversionError(f"transformers' Mamba2Config sets d_inner = expand·hidden_size; H·P = {H * P} is "
+                                  f"not a multiple of d_model = {d}: pass a Mamba2Mixer built for these dims")
+        cfg = Mamba2Config(hidden_size=d, num_heads=H, head_dim=P, state_size=N, expand=H * P // d, n_groups=1,
+                           conv_kernel=W, use_conv_bias=True, use_bias=False, hidden_act="silu",
+                           layer_norm_epsilon=mixer.o_norm.eps, num_hidden_layers=1)
+        w = mixer.o_proj.weight
+        layer = Mamba2Mixer(cfg, 0).to(device=w.device, dtype=w.dtype)
+    got = _layer_dims(layer)
+    if got != dims:
+        raise ConversionError(f"transformers' Mamba2Mixer has (d, H, P, N, W) = {tuple(got)}; the mixer's are "
+                              f"{tuple(dims)}")
+    if float(layer.layer_norm_epsilon) != mixer.o_norm.eps:
+        raise ConversionError(f"transformers' Mamba2Mixer: layer_norm_epsilon={layer.layer_norm_epsilon}, the "
+                              f"mixer's norm_eps is {mixer.o_norm.eps}")
+    for key, val in mamba2_state_from_mixer(mixer.state_dict()).items():
+        copy_weight(layer.get_parameter(key), val, key)
+    return layer

@@ -1,0 +1,203 @@
+"""fla checkpoints ↔ fastweights LMs without fla installed: every converted model type round-trips
+through fla's layout (to-fla then from-fla gives the same layers, bit-identical weights and logits),
+the converter reads and writes exactly the weight names and shapes fla 0.6.0 itself wrote
+(tests/convert/data/fla_layouts.json, recorded by scripts/verify_fla_convert.py, which also checks the
+logits against fla's own forward), the `fastweights convert` command works on directories, and what
+has no exact counterpart raises ConversionError naming it."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastweights as fw
+from fastweights.cli import main
+from fastweights.convert import ConversionError, fla
+from fastweights.models import LM, LMConfig
+
+VOCAB = 40
+LAYOUTS = json.loads((Path(__file__).parent / "data" / "fla_layouts.json").read_text())
+
+_DP3 = fla._deltaproduct_recipe(3, False)
+MODELS = {  # label -> LMConfig fields (d_model 32, 2 layers unless given)
+    "gated_deltanet gva": dict(mixer="gated_deltanet", num_heads=2, head_dim=8, num_v_heads=4),
+    "gated_deltanet hybrid 3:1 tied": dict(mixer=("gated_deltanet",) * 3 + ("softmax_attention",), n_layers=4,
+                                           num_heads=4, head_dim=8, num_kv_heads=2, tie_word_embeddings=True),
+    "gated_deltanet sigmoid gate, neg eigval": dict(mixer="gated_deltanet", num_heads=2, head_dim=8,
+                                                    mixer_overrides={"out_gate": "sigmoid", "beta_scale": 2.0}),
+    "deltanet gated": dict(mixer="deltanet", num_heads=2, head_dim=8, mixer_overrides={"out_gate": "swish"}),
+    "gla": dict(mixer="gla", num_heads=2, head_dim=8),
+    "gla conv": dict(mixer="gla", num_heads=2, head_dim=8, mixer_overrides={"conv": "qkv"}),
+    "kda gva": dict(mixer="kda", num_heads=2, head_dim=8, num_v_heads=4),
+    "mamba2": dict(mixer="mamba2", num_heads=1, head_dim=6, head_v_dim=8, num_v_heads=8, mlp="none"),
+    "mamba2 norm before gate": dict(mixer="mamba2", num_heads=1, head_dim=6, head_v_dim=8, num_v_heads=8,
+                                    mlp="none", mixer_overrides={"norm_before_gate": True}),
+    "retnet hybrid": dict(mixer=("retnet", "softmax_attention"), num_heads=4, head_dim=8, head_v_dim=8),
+    "comba": dict(mixer="comba", num_heads=2, head_dim=8),
+    "deltaproduct": dict(mixer="deltaproduct", num_heads=2, head_dim=8),
+    "deltaproduct n_h 3 ungated": dict(mixer=_DP3, num_heads=2, head_dim=8,
+                                       mixer_overrides={"beta_scale": 1.0, "decay": "none"}),
+    "linear attention elu+1": dict(mixer=fla._linear_attention_recipe("elu1"), num_heads=2, head_dim=8,
+                                   mixer_overrides={"conv": "none", "out_gate": "none"}),
+    "linear attention relu": dict(mixer=fla._linear_attention_recipe("relu"), num_heads=2, head_dim=8,
+                                  mixer_overrides={"conv": "none", "out_gate": "none"}),
+    "mesanet gated": dict(mixer="mesanet", num_heads=2, head_dim=8, mixer_overrides={"out_gate": "swish"}),
+}
+
+
+def random_lm(fields) -> LM:
+    cfg = LMConfig(**{"vocab_size": VOCAB, "d_model": 32, "n_layers": 2, "tie_word_embeddings": False, **fields})
+    lm = LM(cfg)
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return lm.eval()
+
+
+def layers(cfg: LMConfig) -> list:
+    lm = fla._meta_lm(cfg)
+    return [fla._signature(b.mixer) for b in lm.blocks]
+
+
+@pytest.mark.parametrize("label", MODELS)
+def test_round_trip_through_fla_layout_is_exact(label):
+    lm = random_lm(MODELS[label])
+    c, sd = fla.to_fla(lm.config, lm.state_dict())
+    assert c["model_type"] in fla.FLA_MODEL_TYPES and c["architectures"] == [fla.FLA_MODEL_TYPES[c["model_type"]]]
+    assert ("lm_head.weight" in sd) != lm.config.tie_word_embeddings
+    back_cfg, back = fla.from_fla(json.loads(json.dumps(c)), sd)  # through JSON, as a config.json
+    assert layers(back_cfg) == layers(lm.config)
+    assert back.keys() == lm.state_dict().keys()
+    for k, v in lm.state_dict().items():
+        assert torch.equal(back[k], v), k
+    lm2 = LM(back_cfg)
+    lm2.load_state_dict(back)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    with torch.no_grad():
+        assert torch.equal(lm2.eval()(ids), lm(ids))
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_reads_and_writes_fla_own_layout(case):
+    """fla's own config.json and weight names/shapes (recorded from fla 0.6.0's save_pretrained)
+    convert with every weight used, and converting back writes exactly fla's names and shapes."""
+    rec = LAYOUTS[case]
+    sd = {k: torch.randn(shape) for k, shape in rec["weights"].items()}
+    cfg, weights = fla.from_fla(rec["config"], sd)
+    LM(cfg).load_state_dict(weights, strict=True)
+    c, out = fla.to_fla(cfg, weights, fuse_norm=rec["config"]["fuse_norm"])
+    assert {k: list(v.shape) for k, v in out.items()} == rec["weights"]
+    for k, v in out.items():
+        assert torch.equal(v, sd[k]), k
+    for key in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "tie_word_embeddings"):
+        assert c[key] == rec["config"][key], key
+
+
+def test_cli_converts_directories_both_ways(tmp_path, capsys):
+    lm = random_lm(MODELS["gated_deltanet hybrid 3:1 tied"])
+    lm.save_pretrained(tmp_path / "fw")
+    assert main(["convert", "to-fla", str(tmp_path / "fw"), str(tmp_path / "fla")]) == 0
+    assert "fla gated_deltanet" in capsys.readouterr().out
+    config = json.loads((tmp_path / "fla" / "config.json").read_text())
+    assert config["attn"]["layers"] == [3] and config["attn"]["num_kv_heads"] == 2
+    assert main(["convert", "from-fla", str(tmp_path / "fla"), str(tmp_path / "back")]) == 0
+    assert "3 gated_deltanet, 1 softmax_attention" in capsys.readouterr().out
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["backends"] == ["auto"] * 4
+    back = LM.from_pretrained(tmp_path / "back")
+    ids = torch.randint(0, VOCAB, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(back(ids), lm(ids))
+    # an existing checkpoint is not overwritten unless asked; a missing source is one line
+    assert main(["convert", "from-fla", str(tmp_path / "fla"), str(tmp_path / "back")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["convert", "from-fla", str(tmp_path / "fla"), str(tmp_path / "back"), "--overwrite"]) == 0
+    assert main(["convert", "to-fla", str(tmp_path / "nothing"), str(tmp_path / "x")]) == 2
+    assert "no such checkpoint directory" in capsys.readouterr().err
+
+
+def test_reads_sharded_safetensors_and_a_saved_tied_head(tmp_path):
+    from safetensors.torch import save_file
+
+    rec = LAYOUTS["kda gva"]
+    sd = {k: torch.randn(shape) for k, shape in rec["weights"].items()}
+    config = {**rec["config"], "tie_word_embeddings": True}
+    sd["lm_head.weight"] = sd["model.embeddings.weight"].clone()  # tied, yet saved
+    keys = sorted(sd)
+    save_file({k: sd[k] for k in keys[:10]}, str(tmp_path / "a.safetensors"))
+    save_file({k: sd[k] for k in keys[10:]}, str(tmp_path / "b.safetensors"))
+    index = {"weight_map": {k: ("a" if i < 10 else "b") + ".safetensors" for i, k in enumerate(keys)}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = fla.convert_from_fla(tmp_path, tmp_path / "fw")
+    assert cfg.tie_word_embeddings and LM.from_pretrained(tmp_path / "fw").lm_head is None
+    sd["lm_head.weight"] += 1.0
+    with pytest.raises(ConversionError, match="lm_head.weight differs from the embedding"):
+        fla.from_fla(config, sd)
+
+
+def _fla(case, **changes):
+    rec = LAYOUTS[case]
+    return {**rec["config"], **changes}, {k: torch.randn(s) for k, s in rec["weights"].items()}
+
+
+@pytest.mark.parametrize("case,changes,match", [
+    ("gla fused norm", dict(feature_map="relu"), "feature_map='relu' has no counterpart"),
+    ("gla fused norm", dict(num_kv_heads=1), "num_kv_heads=1 < num_heads"),
+    ("gla fused norm", dict(clamp_min=-1.0), "clamp_min"),
+    ("mamba2 default", dict(n_groups=2), "n_groups=2"),
+    ("mamba2 default", dict(dt_limit=[0.0, 2.0]), "dt_limit"),
+    ("linear_attn elu", dict(norm_feature_map=True), r"1e-10.*1e-6"),
+    ("linear_attn elu", dict(feature_map="hedgehog"), "learned maps"),
+    ("kda gva", dict(safe_gate=True, lower_bound=-5.0), "safe_gate"),
+    ("delta_net tied", dict(qk_norm="sum"), "qk_norm='sum'"),
+    ("gated_deltanet gva+neg", dict(use_short_conv=False), "use_short_conv=False"),
+    ("gated_deltanet hybrid", dict(attn={"layers": [1], "num_heads": 4, "qkv_bias": True}), "qkv_bias"),
+    ("gated_deltanet hybrid", dict(attn={"layers": [1], "num_heads": 4, "window_size": 8}), "window_size=8"),
+    ("gated_deltanet hybrid", dict(attn={"layers": [1], "num_heads": 2}), r"\[2, 4\] query heads"),
+    ("mesa_net default", dict(lambda_lower_bound=0.5), "lambda_lower_bound=0.5"),
+    ("comba default", dict(model_type="rwkv7"), "model_type 'rwkv7' is not converted"),
+    ("retnet default", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+])
+def test_fla_options_without_a_counterpart_raise(case, changes, match):
+    config, sd = _fla(case, **changes)
+    with pytest.raises(ConversionError, match=match):
+        fla.from_fla(config, sd)
+
+
+def test_fla_weights_missing_or_extra_raise():
+    config, sd = _fla("comba default")
+    extra = {**sd, "model.layers.0.attn.extra.weight": torch.zeros(1)}
+    with pytest.raises(ConversionError, match="no counterpart: \\['model.layers.0.attn.extra.weight'\\]"):
+        fla.from_fla(config, extra)
+    sd.pop("model.layers.1.attn.D")
+    with pytest.raises(ConversionError, match="model.layers.1.attn.D is missing"):
+        fla.from_fla(config, sd)
+    config, sd = _fla("comba default")
+    sd["model.layers.0.attn.q_proj.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ConversionError, match="q_proj.weight: the converted weight has shape \\[3, 3\\]"):
+        fla.from_fla(config, sd)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(mixer="titans", num_heads=2, head_dim=8), "'titans' has no fla model"),
+    (dict(mixer=("gated_deltanet", "kda"), num_heads=2, head_dim=8), "different linear-attention layers"),
+    (dict(mixer=("gated_deltanet", "fox"), num_heads=2, head_dim=8), "plain softmax attention"),
+    (dict(mixer="gated_deltanet", num_heads=2, head_dim=8, mlp="none"), "SwiGLU MLP"),
+    (dict(mixer="gated_deltanet", num_heads=2, head_dim=8, mixer_overrides={"qk_norm": "rms"}),
+     "qk_norm='rms' \\(fla: 'l2'\\)"),
+    (dict(mixer="mamba2", num_heads=2, head_dim=8, num_v_heads=4, mlp="none"), "n_groups"),
+    (dict(mixer="softmax_attention", num_heads=2, head_dim=16), "every layer is softmax attention"),
+])
+def test_models_without_an_fla_counterpart_raise(fields, match):
+    lm = random_lm(fields)
+    with pytest.raises(ConversionError, match=match):
+        fla.to_fla(lm.config, lm.state_dict())
+
+
+def test_every_fla_model_type_is_covered():
+    """The round trips and the recorded layouts cover every model type the converter takes."""
+    covered = {fla.to_fla(random_lm(f).config, random_lm(f).state_dict())[0]["model_type"] for f in MODELS.values()}
+    assert covered == set(fla.FLA_MODEL_TYPES)
+    assert {case.split(" ")[0] for case in LAYOUTS} == set(fla.FLA_MODEL_TYPES)
+    assert fw.zoo.resolve("deltaproduct").optimizer.householder_steps == 2  # the zoo's n_h the default maps to

@@ -341,7 +341,7 @@ for i in range(20):
     v = torch.randn(1, T, H, V).to(dtype).requires_grad_(True)
     g = None if gate == "none" else torch.randn(1, T, H, *((K,) if gate == "diagonal" else ())).requires_grad_(True)
     beta = torch.rand(1, T, H).requires_grad_(True)
-    S0 = torch.randn(n, H, K, V).requires_grad_(True)
+    S0 = torch.randn(len(lengths), H, K, V).requires_grad_(True)
     o, S = chunk_delta_triton(q, k, v, g=g, beta=beta, scale=None, initial_state=S0, output_final_state=True,
                               chunk_size=64, cu_seqlens=cu)
     (o.float().sum() + S.sum()).backward()

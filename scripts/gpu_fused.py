@@ -7,16 +7,17 @@ then times, then tests — staged against fused, side by side, in one process.
 Stages (each result written to $OUT as soon as it is measured: results.json, log.txt, fused.md,
 cuda_tests.xml):
 1. env: GPU, SMs, torch, triton.
-2. check: every launch config to be timed, fused forward (+ the staged backward) against the fp32 torch
-   chunk form at three sizes (grouped heads and varlen with an empty and a length-1 sequence among them),
-   every gate; outputs, final states, every gradient. Triton 3.6 on Hopper miscompiles some patterns: a
-   config that fails here is reported and not timed.
+2. check: the default launch config, fused forward (+ the staged backward) against the fp32 torch
+   chunk form at three sizes (the two timed specializations, and fp32 grouped heads + varlen with an empty
+   and a length-1 sequence), every gate; outputs, final states, every gradient. Triton 3.6 on Hopper
+   miscompiles some patterns: a config that fails here is reported and not timed.
 3. time: staged vs fused, forward and forward + backward medians (CUDA events), gated_deltanet,
    deltanet and kda at B=4 T=4096 H=16 K=V=128 and at B=1 T=32768 with 16 q/k heads, 32 value heads,
    bf16, q and k unit-norm, no final state; the fused grids' program counts (`delta_fused.fused_programs`).
 4. graph: a varlen fused forward + backward captured in a CUDA graph and replayed (no host sync inside);
-   the compile counts of the fused kernels over 20 packings.
-5. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused.py` (after the timings: a timeout kills only
+   the compiled variants of the fused kernels over 21 packings.
+5. variants: each --configs launch config checked as in 2, then timed as in 3.
+6. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused.py` (after the timings: a timeout kills only
    pytest's main process).
 
 Needs only torch and triton (no fla). No stage starts past --deadline seconds; a failing stage records its
@@ -238,18 +239,18 @@ def check_config(cfg: dict, *, staged: bool) -> bool:
     return ok
 
 
-def stage_check():
-    RESULTS["trusted"] = []
-    for cfg in configs():
-        if past_deadline():
-            log("check: deadline reached")
-            break
-        t = time.time()
-        ok = check_config(cfg, staged=not cfg)
-        log(f"check {cfg_str(cfg)}: {'passed' if ok else 'FAILED — not timed'} ({time.time() - t:.0f} s)")
-        if ok:
-            RESULTS["trusted"].append(cfg)
+def check_and_record(cfg: dict) -> bool:
+    t = time.time()
+    ok = check_config(cfg, staged=not cfg)
+    log(f"check {cfg_str(cfg)}: {'passed' if ok else 'FAILED — not timed'} ({time.time() - t:.0f} s)")
+    RESULTS.setdefault("trusted" if ok else "rejected", []).append(cfg_str(cfg))
     save()
+    return ok
+
+
+def stage_check():
+    """The default launch config (the other configs are checked in `variants`, each before it is timed)."""
+    RESULTS["default_ok"] = check_and_record({})
 
 
 def time_shapes():
@@ -278,23 +279,18 @@ def time_case(x, fwd: str, cfg: dict) -> tuple[float, float]:
         return bench_ms(f, warmup, reps), bench_ms(fb, warmup, reps)
 
 
-def stage_time():
+def time_rows(forwards: list[tuple[str, dict]]):
+    """Time each (forward, config) at every shape and model (the md table's rows)."""
     from fastweights.kernels.triton.delta_fused import fused_programs
     from fastweights.kernels.triton.layout import make_layout
 
-    trusted = RESULTS.get("trusted", [{}])
-    if not trusted:
-        log("time: no fused config passed its checks — staged only")
-    md("| shape | model | forward | config | programs (pre-pass / sequential, BV) | fwd ms | fwd+bwd ms |")
-    md("|---|---|---|---|---|---:|---:|")
     for label, size in time_shapes():
         for model, gate in MODELS.items():
             if past_deadline():
                 log("time: deadline reached")
                 return
             x = inputs(gate, dtype=torch.bfloat16, **size)
-            runs = [("staged", {})] + [("fused", cfg) for cfg in trusted]
-            for fwd, cfg in runs:
+            for fwd, cfg in forwards:
                 try:
                     ms = time_case(x, fwd, cfg)
                 except Exception as e:  # e.g. out of shared memory for one config: recorded, the rest go on
@@ -314,6 +310,26 @@ def stage_time():
                 log(f"time {label} {model:15s} {fwd:6s} {cfg_str(cfg)}: {ms[0]:.3f} / {ms[1]:.3f} ms  {progs}")
                 md(f"| {label} | {model} | {fwd} | {cfg_str(cfg)} | {progs} | {ms[0]:.3f} | {ms[1]:.3f} |")
                 save()
+
+
+def stage_time():
+    """Staged and fused (default config, if it passed its check) side by side."""
+    md("| shape | model | forward | config | programs (pre-pass / sequential, BV) | fwd ms | fwd+bwd ms |")
+    md("|---|---|---|---|---|---:|---:|")
+    ok = RESULTS.get("default_ok")
+    if not ok:
+        log("time: the fused forward's default config did not pass (or was not checked) — staged only")
+    time_rows([("staged", {})] + ([("fused", {})] if ok else []))
+
+
+def stage_variants():
+    """Each extra launch config (--configs): checked at the three sizes, then timed if it passed."""
+    for cfg in configs()[1:]:
+        if past_deadline():
+            log("variants: deadline reached")
+            return
+        if check_and_record(cfg):
+            time_rows([("fused", cfg)])
 
 
 def stage_graph():
@@ -397,7 +413,8 @@ def stage_tests():
     log("tests:", RESULTS["tests"]["rc"], "\n" + RESULTS["tests"]["tail"][-1500:])
 
 
-STAGES = {"env": stage_env, "check": stage_check, "time": stage_time, "graph": stage_graph, "tests": stage_tests}
+STAGES = {"env": stage_env, "check": stage_check, "time": stage_time, "graph": stage_graph,
+          "variants": stage_variants, "tests": stage_tests}
 
 
 def main():
@@ -406,7 +423,8 @@ def main():
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_fused"))
     ap.add_argument("--deadline", type=float, default=480, help="seconds after which no new stage or row starts")
-    ap.add_argument("--configs", nargs="*", default=["delta_fused_fwd:num_warps=8", "delta_fused_fwd:PROGRAMS=1"],
+    ap.add_argument("--configs", nargs="*", default=["delta_fused_fwd:num_warps=8", "delta_fused_fwd:PROGRAMS=1",
+                                                    "delta_prepass:num_warps=8", "delta_fused_fwd:PROGRAMS=512"],
         help='extra launch configs of the fused kernels, each "site:key=val,...;site:..." (util.LAUNCH); '
              'PROGRAMS=1 keeps BV at its cap (64), 512 halves it further')
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors under the interpreter, tiny sizes")

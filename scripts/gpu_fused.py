@@ -423,10 +423,11 @@ def main():
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_fused"))
     ap.add_argument("--deadline", type=float, default=480, help="seconds after which no new stage or row starts")
-    ap.add_argument("--configs", nargs="*", default=["delta_fused_fwd:num_warps=8", "delta_fused_fwd:PROGRAMS=1",
-                                                    "delta_prepass:num_warps=8", "delta_fused_fwd:PROGRAMS=512"],
+    ap.add_argument("--configs", nargs="*", default=["delta_fused_fwd:num_warps=8", "delta_prepass:AQK=1",
+                                                    "delta_fused_fwd:PROGRAMS=1", "delta_prepass:num_warps=8",
+                                                    "delta_fused_fwd:PROGRAMS=512"],
         help='extra launch configs of the fused kernels, each "site:key=val,...;site:..." (util.LAUNCH); '
-             'PROGRAMS=1 keeps BV at its cap (64), 512 halves it further')
+             'PROGRAMS=1 keeps BV at its cap (64), 512 halves it further; AQK=1: Aqk from the pre-pass')
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors under the interpreter, tiny sizes")
     ARGS = ap.parse_args()
     OUT = ARGS.out

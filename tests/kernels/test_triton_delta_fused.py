@@ -283,6 +283,23 @@ def test_value_block_is_a_pure_launch_choice(gate, gen, fused, monkeypatch):
     check(out[16], out[64], F32)
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
+    """LAUNCH["delta_prepass"]["AQK"] = 1 (the pre-pass writes Aqk, the sequential kernel reads it) against
+    0 (recomputed in the sequential loop): the same outputs, final states and gradients, varlen with an
+    empty and a length-1 sequence."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_prepass": dict(util.LAUNCH["delta_prepass"])})
+    lengths = [7, 0, 20, 1, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), K=8, V=8, N=len(lengths))
+    seed = secrets.randbits(31)
+    out = {}
+    for aqk in (0, 1):
+        util.LAUNCH["delta_prepass"]["AQK"] = aqk
+        out[aqk] = grads(_triton, x, seed, cu_seqlens=cu)
+    check(out[1], out[0], F32)
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 _KEYS_SCRIPT = r"""
 import json, os, sys

@@ -19,9 +19,11 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
 
    writing o, and — only where the caller keeps them for the backward (delta.RECOMPUTE_STATES = False)
    — the entering states h (bf16 for bf16 inputs, as `delta_states`), U and the final state.
-   Aqk is computed in the loop for no/scalar decay (one more [C, K]·[K, C] product per chunk, no
-   bytes); for the diagonal decay (KDA) it is read from `scores.decayed_scores`, as is P: the
-   per-channel decay needs that kernel's 16-row reference blocks (every exponent ≤ 0).
+   Aqk is computed in the loop for no/scalar decay (one more [C, K]·[K, C] product per chunk and V
+   block, no bytes), or — `LAUNCH["delta_prepass"]["AQK"] = 1` — once per chunk by the pre-pass and read
+   (fp32, 2 × 67 MB at the anchor, for 1/NV of the tensor work); for the diagonal decay (KDA) it is read
+   from `scores.decayed_scores`, as is P: the per-channel decay needs that kernel's 16-row reference
+   blocks (every exponent ≤ 0).
 
 The same maths and roundings as the staged pipeline (delta.py): tensor-core operands in the inputs'
 dtype (`util.mm`), fp32 accumulation and state, U rounded to v's dtype where the staged output
@@ -89,12 +91,14 @@ def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr
 
 
 @triton.jit(do_not_specialize=["T"])
-def _prepass_kernel(k, v, g, beta, P, Ti, w, u1, cu, chunk_seq, chunk_local, T, H: tl.constexpr, HQ: tl.constexpr,
+def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr,
+                    HQ: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr, GATE: tl.constexpr, P_IN: tl.constexpr,
-                    STORE_T: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr,
-                    PREC: tl.constexpr):
-    # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory)
+                    STORE_T: tl.constexpr, STORE_A: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+                    IEEE: tl.constexpr, PREC: tl.constexpr):
+    # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory);
+    # STORE_A (GATE 0/1): also Aqk = scale (Q Kᵀ ⊙ e^{G_i − G_j}) on j ≤ i, fp32, for the sequential kernel
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -110,6 +114,8 @@ def _prepass_kernel(k, v, g, beta, P, Ti, w, u1, cu, chunk_seq, chunk_local, T, 
         b_P = tl.load(P + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)
     else:
         b_P = tl.zeros([C, C], dtype=tl.float32)
+        if STORE_A:
+            b_A = tl.zeros([C, C], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
             kk = i_k * BK + tl.arange(0, BK)
             m_kk = kk < K
@@ -118,8 +124,17 @@ def _prepass_kernel(k, v, g, beta, P, Ti, w, u1, cu, chunk_seq, chunk_local, T, 
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
                            other=0.0)  # [BK, C]
             b_P += mm(b_k, b_kt, DT, IEEE)
+            if STORE_A:
+                b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
+                              other=0.0).to(tl.float32) * scale
+                b_A += mm(b_q, b_kt, DT, IEEE)
+        causal = oc[:, None] >= oc[None, :]
         if GATE == 1:
             b_P = b_P * tl.exp(tl.where(strict, G[:, None] - G[None, :], 0.0))  # exponent ≤ 0 below the diagonal
+            if STORE_A:
+                b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+        if STORE_A:
+            tl.store(A + (rows[:, None] * H + i_h) * C + oc[None, :], tl.where(causal, b_A, 0.0), mask=m_t[:, None])
     b_L = tl.where(strict, b_P * b_beta[:, None], 0.0)
     b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
     if STORE_T:
@@ -249,6 +264,9 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     DT, IEEE = dot_dtype(q.dtype)
     cu, chunk_seq, chunk_local, offsets = varlen_args(L, dev)
     P = A = None
+    aqk_in_prepass = gate != 2 and bool(tile("delta_prepass", "AQK"))
+    if aqk_in_prepass:
+        A = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev)
     if gate == 2:  # KDA: P and Aqk from the 16-row-block scores kernel (the per-channel decay)
         G = chunk_cumsum(g, L)
         P = decayed_scores(k, k, G, None, 1.0, L)
@@ -259,10 +277,11 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev) if store_T else None
     BK = min(64, pow2(L.K))
     _prepass_kernel[(L.NT, L.B * L.H)](
-        k, v, g if g is not None else k, beta, P if P is not None else w, Ti if Ti is not None else w, w, u1,
-        cu, chunk_seq, chunk_local, L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=BK, BV=min(64, pow2(L.V)), BC=BC,
+        q, k, v, g if g is not None else k, beta, P if P is not None else w, Ti if Ti is not None else w, w, u1,
+        A if aqk_in_prepass else w, cu, chunk_seq, chunk_local, scale, L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
+        BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=store_T,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        STORE_A=aqk_in_prepass, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         PREC="ieee" if IEEE == 1 else "tf32x3", **launch("delta_prepass"))
     del P
     BV = value_block(L)

@@ -126,7 +126,8 @@ LAUNCH: dict[str, dict] = {
     "output_fwd": dict(num_warps=4, num_stages=2, BV=64),  # output._output_fwd_kernel
     # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
     # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs)
-    "delta_prepass": dict(num_warps=4, num_stages=2),  # delta_fused._prepass_kernel
+    # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     # backward
     "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)

@@ -60,6 +60,16 @@ def _delta(x, **kw):
     return delta_triton(x, **kw)
 
 
+def _delta_fused(x, **kw):
+    from fastweights.kernels.triton import delta
+
+    old, delta.FORWARD = delta.FORWARD, "fused"
+    try:
+        return delta_triton(x, **kw)
+    finally:
+        delta.FORWARD = old
+
+
 def _gated(x, *, chunk_size=16):
     d = to_dev(x)
     return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
@@ -67,11 +77,14 @@ def _gated(x, *, chunk_size=16):
 
 
 def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
-    """(name, fn, inputs, kw) of the chunk pipelines: the delta class with each gate and Comba's
-    decay-after (probe key, exclusive cumsum), the gated class with a scalar and a diagonal gate."""
+    """(name, fn, inputs, kw) of the chunk pipelines: the delta class with each gate (staged and fused
+    forward) and Comba's decay-after (probe key, exclusive cumsum), the gated class with a scalar and a
+    diagonal gate."""
     out = []
     for gate in ("none", "scalar", "diagonal"):
         out.append((f"delta {gate}", _delta, delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
+        out.append((f"delta fused {gate}", _delta_fused, delta_inputs(gate, gen, T=T, K=K, V=V),
+                    dict(chunk_size=chunk_size)))
     out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
                 dict(chunk_size=chunk_size, decay_first=False)))
     for gate in ("scalar", "diagonal"):
@@ -110,7 +123,7 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             assert kw["num_warps"] == 4 and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
-                                       "output_fwd"):
+                                       "output_fwd", "delta_fused_fwd"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
     assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
 
@@ -145,7 +158,7 @@ def test_override_reaches_only_its_launch(gen, table, calls):
     assert util.launch("delta_states_bwd") == dict(num_warps=4, num_stages=2)
 
 
-STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd")
+STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd")
 
 
 def test_state_passes_unpipelined_where_shared_memory_overflows(table):

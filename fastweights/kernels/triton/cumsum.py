@@ -23,7 +23,7 @@ from .layout import Layout
 from .util import chunk_span, launch, pow2, varlen_args
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _cumsum_kernel(g, out, add, ex, cu, chunk_seq, chunk_local, T, NT, H: tl.constexpr, K: tl.constexpr,
                    C: tl.constexpr, BK: tl.constexpr, DIAG: tl.constexpr, REVERSE: tl.constexpr,
                    HAS_ADD: tl.constexpr, EXCL: tl.constexpr, IS_VARLEN: tl.constexpr):

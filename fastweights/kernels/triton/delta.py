@@ -50,6 +50,7 @@ from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
+from .delta_fused import fused_forward
 from .delta_grads import sum_grads
 from .delta_inverse import unit_lower_inverse
 from .delta_output import chunk_outputs, chunk_outputs_bwd_local
@@ -65,6 +66,20 @@ Tensor = torch.Tensor
 #: `pass_states_fwd` and U' in the backward for −(K·V/C + V)·H elements per token of saved memory. Read when
 #: the forward runs; False keeps them (A/B timing). Either way the gradients are bitwise the same.
 RECOMPUTE_STATES = True
+
+#: The forward of the decay-first delta rule without a probe key (DeltaNet, gated DeltaNet, KDA, DeltaProduct):
+#: "staged" (the six stage kernels above) or "fused" (delta_fused.py: a chunk-parallel pre-pass and one
+#: sequential kernel with the state in registers). Comba (probe key, decay after) always runs staged. Read
+#: when the forward runs; the backward is the same staged one either way.
+FORWARD = "staged"
+FORWARDS = ("staged", "fused")
+
+
+def uses_fused_forward(p, g, decay_first: bool) -> bool:
+    """Whether a call with probe key p, gate g and decay order runs the fused forward (FORWARD, decay first, no p)."""
+    if FORWARD not in FORWARDS:
+        raise ValueError(f"delta.FORWARD must be one of {FORWARDS}, got {FORWARD!r}")
+    return FORWARD == "fused" and p is None and (decay_first or g is None)
 
 
 def _cumsums(g, L, excl: bool):
@@ -82,16 +97,23 @@ class ChunkDeltaTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, p, scale, L, output_final_state, has_beta, decay_first):
         excl = g is not None and not decay_first
-        r = k if p is None else p  # the read key
-        G, R = _cumsums(g, L, excl)
-        P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)  # [B, T, H, C]
-        Ti = unit_lower_inverse(P, beta, L)  # [B, T, H, C]
-        w, u1 = wy_representation(r, v, R, beta, Ti, L)
-        need_final = output_final_state or G is not None  # the backward's ∂L/∂G_last reads S_T
-        h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
-        A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
-        o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
         ctx.recompute = RECOMPUTE_STATES
+        if uses_fused_forward(p, g, decay_first):
+            # T only where a gradient will be asked for; h, U (and S_T, for ∂L/∂G_last) only where the
+            # backward keeps them
+            o, Ti, h, u, ht = fused_forward(
+                q, k, v, g, beta, h0, scale, L, store_T=any(ctx.needs_input_grad), store_states=not ctx.recompute,
+                output_final_state=output_final_state or (not ctx.recompute and g is not None))
+        else:
+            r = k if p is None else p  # the read key
+            G, R = _cumsums(g, L, excl)
+            P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)  # [B, T, H, C]
+            Ti = unit_lower_inverse(P, beta, L)  # [B, T, H, C]
+            w, u1 = wy_representation(r, v, R, beta, Ti, L)
+            need_final = output_final_state or G is not None  # the backward's ∂L/∂G_last reads S_T
+            h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
+            A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
+            o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
         # q, k straight from the delta prologue: keep the raw q, k its backward keeps anyway, not q̂, k̂ too
         ctx.q_src, ctx.k_src = l2_source(q), l2_source(k)
         ctx.save_for_backward(None if ctx.q_src else q, None if ctx.k_src else k, v, g, beta, h0, p, Ti,

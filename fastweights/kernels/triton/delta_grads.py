@@ -38,7 +38,7 @@ def _sum_gates(dg1, dg2, dg3, dg4, dg, dgx, o, m, EXCL: tl.constexpr):
                  + tl.load(dg3 + o, mask=m, other=0.0), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _sum_kernel(dq1, dk1, dk2, dk3, dk4, dg1, dg2, dg3, dg4, dq, dk, dp, dg, dgx, R, H: tl.constexpr,
                 HQ: tl.constexpr, K: tl.constexpr, GS: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 GATE: tl.constexpr, PROBE: tl.constexpr, EXCL: tl.constexpr):

@@ -31,7 +31,7 @@ from .util import chunk_span, launch, varlen_args
 BC = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _inverse_kernel(P, beta, Ti, cu, chunk_seq, chunk_local, T, H: tl.constexpr, C: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)

@@ -27,7 +27,7 @@ from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 __all__ = ["chunk_outputs", "chunk_outputs_bwd_local"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _local_bwd_kernel(A, u, do, du, dA, cu, chunk_seq, chunk_local, T, H: tl.constexpr, V: tl.constexpr,
                       C: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
                       IEEE: tl.constexpr):

@@ -37,7 +37,7 @@ from .states import _decays_t, decayed_update
 from .util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                              BV: tl.constexpr, GATE: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
@@ -72,7 +72,7 @@ def _delta_states_fwd_kernel(k, w, u1, g, h, h0, ht, u, cu, offsets, T, NT, H: t
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NB"])
 def _delta_states_bwd_kernel(q, k, w, g, h, ht, dht, do, du, dh, dh0, dgc, cu, offsets, scale, T, NT, NB,
                              H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                              BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_DHT: tl.constexpr,

@@ -38,7 +38,7 @@ from .layout import Layout
 from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _wy_fwd_kernel(k, v, g, beta, Ti, w, u, cu, chunk_seq, chunk_local, T, H: tl.constexpr, HQ: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    GATE: tl.constexpr, HAS_U: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
@@ -74,7 +74,7 @@ def _wy_fwd_kernel(k, v, g, beta, Ti, w, u, cu, chunk_seq, chunk_local, T, H: tl
                  mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _wy_bwd_kernel(k, v, g, beta, Ti, P, h, du, dv, dk, dbeta, dg, dP, cu, chunk_seq, chunk_local, T, NT,
                    H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr,

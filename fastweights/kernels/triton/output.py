@@ -42,7 +42,7 @@ def _load_rows_decay(x, g, rows, m_t, t_last, i_hx, i_h, kk, m_kk, HX: tl.conste
     return b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _output_fwd_kernel(q, v, g, A, h, o, cu, chunk_seq, chunk_local, scale, T, NT, H: tl.constexpr,
                        HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
@@ -71,7 +71,7 @@ def _output_fwd_kernel(q, v, g, A, h, o, cu, chunk_seq, chunk_local, scale, T, N
              mask=m_t[:, None] & m_vv[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _output_bwd_kernel(k, v, g, beta, A, dh, do, dv, dA, cu, chunk_seq, chunk_local, T, NT, H: tl.constexpr,
                        HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                        BV: tl.constexpr, GATE: tl.constexpr, HAS_BETA: tl.constexpr, IS_VARLEN: tl.constexpr,

@@ -95,7 +95,7 @@ def _l2_rows(x, y, dy, dx, t0, eos, i_h, eps, NH: tl.constexpr, K: tl.constexpr,
             tl.store(y + off, yv.to(y.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
                      dqo, dko, dbeta, dgin, dq, dk, db, da, dA_part, ddt_part,
                      cu, chunk_seq, chunk_local, T, NT, beta_max, eps,

@@ -63,7 +63,7 @@ def _inter(v, h, dh, do, ts, m_s, slot, i_h, ok, m_k, H: tl.constexpr, K: tl.con
     return inter_q, inter_k
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq, fk1, fk2, fg1, fg2, cu, chunk_seq,
                      chunk_local, scale, T, NT,
                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,

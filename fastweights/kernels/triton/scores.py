@@ -33,7 +33,7 @@ from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 BC = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _scores_kernel(q, k, g, gq, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr, HQ: tl.constexpr,
                    K: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
                    HAS_BETA: tl.constexpr, STRICT: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,

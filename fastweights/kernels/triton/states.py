@@ -62,7 +62,7 @@ def decayed_update(S, b_kt, b_x, g, rows, m_t, t_last, i_h, kk, m_kk, H: tl.cons
     return S + mm(b_kt, b_x, DT, IEEE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT"])
 def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr,
@@ -95,7 +95,7 @@ def _states_fwd_kernel(k, v, g, beta, h, h0, ht, cu, offsets, T, NT, H: tl.const
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NT", "NB"])
 def _states_bwd_kernel(q, g, do, h, ht, dht, dh, dh0, dgc, cu, offsets, scale, T, NT, NB,
                        H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_DHT: tl.constexpr,

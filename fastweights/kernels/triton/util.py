@@ -99,6 +99,11 @@ LAUNCH: dict[str, dict] = {
     "delta_states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # delta_states._delta_states_fwd_kernel
     "states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_fwd_kernel (gated class)
     "output_fwd": dict(num_warps=4, num_stages=2, BV=64),  # output._output_fwd_kernel
+    # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
+    # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs)
+    # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
+    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     # backward
     "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
     "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
@@ -114,7 +119,8 @@ KERNEL_FN = {
     "prologue": "prologue._prologue_kernel", "cumsum": "cumsum._cumsum_kernel", "scores": "scores._scores_kernel",
     "inverse": "delta_inverse._inverse_kernel", "wy_fwd": "delta_wy._wy_fwd_kernel",
     "delta_states_fwd": "delta_states._delta_states_fwd_kernel", "states_fwd": "states._states_fwd_kernel",
-    "output_fwd": "output._output_fwd_kernel", "output_bwd": "output._output_bwd_kernel",
+    "output_fwd": "output._output_fwd_kernel", "delta_prepass": "delta_fused._prepass_kernel",
+    "delta_fused_fwd": "delta_fused._fused_fwd_kernel", "output_bwd": "output._output_bwd_kernel",
     "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
     "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",

@@ -320,7 +320,7 @@ def stage_lmprofile():
     into lmprofile.txt: where a layer's time goes besides the memory kernel."""
     from torch.profiler import ProfilerActivity, profile
 
-    from fastweights.bench.train import _config, _optimizer
+    from fastweights.bench.train import _config, _optimizer, _ran
     from fastweights.models import LM
 
     lines = []
@@ -348,7 +348,8 @@ def stage_lmprofile():
                 step()
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
-        lines.append(f"## {model} LM (2 optimizer steps, backends {sorted(set(lm.backends))})\n{table}\n")
+        forms, ops = _ran(lm)  # what the layers ran (their routes), not what they requested
+        lines.append(f"## {model} LM (2 optimizer steps, backends {sorted(set(forms))}, layer ops {ops})\n{table}\n")
         with open(os.path.join(OUT, "lmprofile.txt"), "w") as f:
             f.write("\n".join(lines))
         del lm, opt, step

@@ -26,6 +26,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+from ..models.checkpoint import ROUTING
 from .cache import FastWeightsCache
 from .config import MODEL_TYPE, FastWeightsConfig
 from .modeling import FastWeightsForCausalLM, FastWeightsModel
@@ -37,7 +38,7 @@ __all__ = ["FastWeightsConfig", "FastWeightsForCausalLM", "FastWeightsModel", "F
 
 def from_lm(lm) -> FastWeightsForCausalLM:
     """The transformers model of an existing `LM`, sharing its parameters (no copy)."""
-    model = FastWeightsForCausalLM(FastWeightsConfig(lm.config, backends=list(lm.backends)))
+    model = FastWeightsForCausalLM(FastWeightsConfig(lm.config, backends=list(lm.backends), routing=ROUTING))
     model.embed, model.blocks, model.norm = lm.embed, lm.blocks, lm.norm
     object.__setattr__(model, "_lm", lm)
     return model.to(lm.embed.weight.device)

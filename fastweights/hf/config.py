@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from ..models.checkpoint import FORMAT, VERSION
+from ..models.checkpoint import FORMAT, VERSION, requested_backends
 from ..models.config import LMConfig
 
 __all__ = ["FastWeightsConfig", "MODEL_TYPE"]
@@ -35,7 +35,8 @@ class FastWeightsConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
     def __init__(self, config: dict[str, Any] | LMConfig | None = None, format: str = FORMAT,
-                 version: int = VERSION, backends: list[str] | None = None, **kwargs):
+                 version: int = VERSION, backends: list[str] | None = None, routing: str | None = None,
+                 **kwargs):
         if isinstance(config, LMConfig):
             config = config.to_dict()
         if config is not None:
@@ -47,11 +48,19 @@ class FastWeightsConfig(PretrainedConfig):
         self.config = config
         self.format = format
         self.version = version
-        # the backend every layer requested (what LM.save_pretrained records; checkpoints written before
-        # backends were routed per call recorded resolved names); None: the LMConfig's
+        # the backend every layer requested (what LM.save_pretrained records); None: the LMConfig's.
+        # routing: ROUTING, or None for a config.json written before calls were routed per call, whose
+        # backends were resolved names (`checkpoint.requested_backends` reads those as the LMConfig's)
         self.backends = list(backends) if backends is not None else None
+        self.routing = routing
         kwargs.setdefault("tie_word_embeddings", False)  # the LM's head reads the embedding itself
         super().__init__(**kwargs)
+
+    def requested_backends(self) -> list[str] | None:
+        """The backend each layer requests (None without an LMConfig): see `checkpoint.requested_backends`."""
+        if self.config is None:
+            return None
+        return requested_backends(self.backends, self.routing, self.lm_config)
 
     @property
     def lm_config(self) -> LMConfig:

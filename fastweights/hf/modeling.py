@@ -32,6 +32,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..inputs import InputError
+from ..models.checkpoint import ROUTING
 from ..models.lm import LM
 from .cache import FastWeightsCache
 from .cache_args import OUTPUT_STATE_FIELD, check_cache_position, take_state
@@ -53,8 +54,8 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: FastWeightsConfig):
         super().__init__(config)
-        lm = LM(config.lm_config, backends=tuple(config.backends) if config.backends is not None else None)
-        config.backends = list(lm.backends)  # the requested backends, saved as LM.save_pretrained does
+        lm = LM(config.lm_config, backends=tuple(config.requested_backends()))
+        config.backends, config.routing = list(lm.backends), ROUTING  # saved as LM.save_pretrained does
         self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
         object.__setattr__(self, "_lm", lm)  # the same modules, not registered twice
         self.post_init()

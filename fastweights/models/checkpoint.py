@@ -21,6 +21,10 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "fastweights.LM"
 VERSION = 1
+#: the value of a checkpoint's "routing" key when its "backends" are the layers' *requested* backends
+#: ("auto" or a name). Checkpoints without it were written before calls were routed per call and recorded
+#: the backends resolved on the machine that built the model ("torch" for every model built on a CPU).
+ROUTING = "per-call"
 
 
 class CheckpointError(OSError):
@@ -33,6 +37,17 @@ def _atomic_write(path: Path, write):
     os.replace(tmp, path)
 
 
+def requested_backends(backends, routing, config: LMConfig):
+    """The backend each layer requests, from a checkpoint's "backends" and "routing" keys: the recorded
+    list when routing is ROUTING; otherwise (a checkpoint written before calls were routed per call, whose
+    "backends" are what "auto" resolved to where it was built, e.g. "torch" on a CPU) the config's own
+    request, `config.layer_backend(i)` ("auto" unless the model was built with an explicit backend), so an
+    old CPU-built checkpoint runs the Triton rows on a GPU. Its recorded names are not silently trusted."""
+    if routing == ROUTING and backends is not None:
+        return backends
+    return [config.layer_backend(i) for i in range(config.n_layers)]
+
+
 def save_pretrained(model, directory) -> None:
     from safetensors.torch import save_file
 
@@ -40,7 +55,7 @@ def save_pretrained(model, directory) -> None:
     d.mkdir(parents=True, exist_ok=True)
     # model_type / architectures: the same directory loads with transformers' Auto classes (fastweights.hf)
     doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends),
-           "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"]}
+           "routing": ROUTING, "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"]}
     text = json.dumps(doc, indent=2, ensure_ascii=False)
     _atomic_write(d / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -75,10 +90,7 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
         tensors = load_file(str(w_path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{w_path}: corrupt or truncated safetensors file ({e})") from None
-    # the backend each layer requested ("auto" or a name). Checkpoints written before calls were routed per
-    # call recorded the resolved names ("torch", "triton"): they load as explicit requests (`backend`
-    # replaces them); those written before backends were recorded at all request the config's.
-    backends = doc.get("backends", [config.layer_backend(i) for i in range(config.n_layers)])
+    backends = requested_backends(doc.get("backends"), doc.get("routing"), config)
     if backend is not None:
         backends = [backend] * config.n_layers
     if not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):

@@ -152,19 +152,34 @@ def test_an_auto_checkpoint_runs_the_torch_rows_on_the_cpu(tmp_path):
     assert mixer.q_conv.routes == {"conv": ("torch", "cpu")} and lm.norm.routes == {"norm": ("torch", "cpu")}
 
 
-def test_an_old_checkpoint_with_resolved_names_loads_as_explicit_requests(tmp_path, monkeypatch):
-    """Checkpoints written while backends were fixed at build time recorded the resolved names: a
-    recorded "torch" stays "torch" on a GPU (an explicit request), unless the load replaces it."""
+def test_an_old_checkpoint_with_resolved_names_requests_its_configs_backend(tmp_path, monkeypatch):
+    """Checkpoints written while backends were fixed at build time have no "routing" key and recorded the
+    resolved names ("torch" for every model built on a CPU): those names are not trusted as requests; the
+    layers request the config's own backend ("auto" here), so the old CPU-built checkpoint runs the Triton
+    rows on a GPU. A checkpoint of this version (routing "per-call") keeps an explicit "torch"."""
     _checkpoint(tmp_path, "auto")
     doc = json.loads((tmp_path / "config.json").read_text())
-    doc["backends"] = ["torch", "torch"]
-    (tmp_path / "config.json").write_text(json.dumps(doc))
+    assert doc["routing"] == "per-call"
     fake = FakeCuda(monkeypatch).install()
+    doc["backends"] = ["torch", "torch"]  # an explicit request, written by this version
+    (tmp_path / "config.json").write_text(json.dumps(doc))
     assert ("delta", "chunk", "torch") in _routes(LM.from_pretrained(tmp_path), fake)
-    assert ("delta", "chunk", "triton") in _routes(LM.from_pretrained(tmp_path, backend="auto"), fake)
+    del doc["routing"]  # the same names written by an older version: what "auto" resolved to on a CPU
+    (tmp_path / "config.json").write_text(json.dumps(doc))
+    for lm in (LM.from_pretrained(tmp_path), _hf_load(tmp_path)):
+        assert lm.backends == ("auto", "auto")
+        assert ("delta", "chunk", "triton") in _routes(lm, fake)
     del doc["backends"]  # written before backends were recorded: the config's request
     (tmp_path / "config.json").write_text(json.dumps(doc))
     assert LM.from_pretrained(tmp_path).backends == ("auto", "auto")
+
+
+def _hf_load(path):
+    from transformers import AutoModelForCausalLM
+
+    import fastweights.hf  # noqa: F401
+
+    return AutoModelForCausalLM.from_pretrained(path).lm
 
 
 def test_chunk_size_48_runs_the_torch_chunk_row_on_the_gpu(monkeypatch):

@@ -152,6 +152,7 @@ SEGMENTS_F64 = 1e-10  # a document in a padded / packed batch vs the document al
 # transformers' beam scores: it casts every step's logits to float32 (generation/utils.py) and sums the log-probs
 # there; Σ of n ≤ 8 log-probs of |Σ| ≲ 30 against the float64 sum: a few float32 roundings of the running sum
 BEAM_SCORE_F32 = 2e-5
+CHECKPOINT_F64 = 1e-12  # gradients with per-block gradient checkpointing vs without: the same ops recomputed, float64
 TRAINER_STEP_F64 = 1e-10  # weights after one Trainer SGD step, float64: accumulation 4 × 1 row vs 1 × 4 rows
 TRAINER_LOSS_REL = 1e-6  # Trainer's reported training loss (kept in float32) vs the float64 loss, relative
 HARNESS_LOGLIK_F64 = 1e-9  # lm-eval's summed log-likelihood of a continuation vs a direct computation, float64

@@ -40,6 +40,8 @@ def from_lm(lm) -> FastWeightsForCausalLM:
     """The transformers model of an existing `LM`, sharing its parameters (no copy)."""
     model = FastWeightsForCausalLM(FastWeightsConfig(lm.config, backends=list(lm.backends), routing=ROUTING))
     model.embed, model.blocks, model.norm = lm.embed, lm.blocks, lm.norm
+    if lm.lm_head is not None:
+        model.lm_head = lm.lm_head
     object.__setattr__(model, "_lm", lm)
     return model.to(lm.embed.weight.device)
 

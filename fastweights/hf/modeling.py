@@ -57,8 +57,28 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         lm = LM(config.lm_config, backends=tuple(config.requested_backends()))
         config.backends, config.routing = list(lm.backends), ROUTING  # saved as LM.save_pretrained does
         self.embed, self.blocks, self.norm = lm.embed, lm.blocks, lm.norm
+        if lm.lm_head is not None:  # an untied head (LMConfig.tie_word_embeddings=False): saved and loaded too
+            self.lm_head = lm.lm_head
         object.__setattr__(self, "_lm", lm)  # the same modules, not registered twice
         self.post_init()
+
+    supports_gradient_checkpointing = True
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1):
+        """What `gradient_checkpointing_enable` / `activation_checkpointing_enable` (and Trainer's
+        `gradient_checkpointing=True`) call: per-block checkpointing in the LM, with transformers'
+        checkpoint function (its kwargs, e.g. use_reentrant, included)."""
+        self._lm.set_gradient_checkpointing(enable, every_n_layers=every_n_layers,
+                                            checkpoint_fn=gradient_checkpointing_func)
+
+    @property
+    def is_activation_checkpointing(self) -> bool:  # transformers 5.24's name
+        return self._lm.gradient_checkpointing
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:  # ≤ 5.23's name (a deprecated alias in 5.24)
+        return self._lm.gradient_checkpointing
 
     def _init_weights(self, module):
         """Weights are initialized by the LM's own modules (each layer's published init)."""

@@ -17,6 +17,11 @@ documents, B = 1) or `position_ids` [B, T] (a document starts where the position
 tail or attention crosses a document boundary (`fastweights.layers.segments`): each document's
 logits equal those of the document run alone. After a padded prefill the LMState carries each
 row's own length (`lengths`), so decoding continues every row at its own position.
+
+Training memory: `set_gradient_checkpointing(every_n_layers=1)` makes `forward` keep only each
+checkpointed block's input and recompute its activations in backward (transformers'
+`gradient_checkpointing_enable` and Trainer's `gradient_checkpointing=True` reach it through
+`fastweights.hf`).
 """
 
 from __future__ import annotations
@@ -153,6 +158,30 @@ class LM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
             nn.init.normal_(self.lm_head.weight, std=config.init_std)
+        self._checkpointed: frozenset[int] = frozenset()  # blocks whose activations backward recomputes
+        self._checkpoint_fn = None
+
+    def set_gradient_checkpointing(self, enable: bool = True, *, every_n_layers: int = 1, checkpoint_fn=None):
+        """Gradient (activation) checkpointing per block in `forward` / `hidden` while gradients are
+        recorded: blocks 0, n, 2n, … (n = every_n_layers) keep only their input and recompute their
+        activations in backward. checkpoint_fn(function, tensor) -> output: default
+        `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`. Decoding (prefill, step) never
+        checkpoints. enable=False turns it off."""
+        if not isinstance(every_n_layers, int) or isinstance(every_n_layers, bool) or every_n_layers < 1:
+            raise ValueError(f"every_n_layers must be an int ≥ 1, got {every_n_layers!r}")
+        if not enable:
+            self._checkpointed, self._checkpoint_fn = frozenset(), None
+            return
+        from functools import partial
+
+        from torch.utils.checkpoint import checkpoint
+
+        self._checkpointed = frozenset(range(0, len(self.blocks), every_n_layers))
+        self._checkpoint_fn = checkpoint_fn or partial(checkpoint, use_reentrant=False)
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(self._checkpointed)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -208,8 +237,12 @@ class LM(nn.Module):
 
     def _hidden(self, input_ids: Tensor, form: str | None, segments: Segments | None) -> Tensor:
         h = self.embed(input_ids)  # [B, T, d]
-        for block in self.blocks:
-            h, _ = block(h, form=form, segments=segments)
+        checkpointing = bool(self._checkpointed) and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            if checkpointing and i in self._checkpointed:
+                h = self._checkpoint_fn(lambda x, block=block: block(x, form=form, segments=segments)[0], h)
+            else:
+                h, _ = block(h, form=form, segments=segments)
         return h
 
     def forward(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,

@@ -142,3 +142,21 @@ def test_the_config_constructs_without_arguments():
     assert full.to_diff_dict()["config"] == tiny_config("deltanet").to_dict()  # builds FastWeightsConfig()
     with pytest.raises(ValueError, match="LMConfig"):
         _ = empty.lm_config
+
+
+def test_an_untied_head_is_saved_and_loaded_by_transformers(tmp_path):
+    """LMConfig(tie_word_embeddings=False): the HF model registers the LM's lm_head, so its weights are
+    saved and loaded, and the logits equal the LM's."""
+    from transformers import AutoModelForCausalLM
+
+    from fastweights.models import LMConfig
+
+    cfg = LMConfig(vocab_size=64, d_model=32, n_layers=2, mixer="gated_deltanet", num_heads=2, head_dim=16,
+                   tie_word_embeddings=False)
+    lm = LM(cfg).double()
+    lm.save_pretrained(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert "lm_head.weight" in hf.state_dict()
+    torch.testing.assert_close(hf.lm.lm_head.weight, lm.lm_head.weight, rtol=0, atol=0)
+    ids = torch.randint(0, 64, (2, 9))
+    torch.testing.assert_close(hf(ids).logits, lm(ids), rtol=1e-12, atol=1e-12)

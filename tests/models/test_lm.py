@@ -10,7 +10,7 @@ import fastweights as fw
 from fastweights.layers import MixerState
 from fastweights.models import LM, GenerationError, LMConfig, LMState, sample_next
 from fastweights.state import KVCache
-from tests.tolerances import DECODE_REL, DECODE_REL_DEFAULT, GREEDY_TIE_REL
+from tests.tolerances import CHECKPOINT_F64, DECODE_REL, DECODE_REL_DEFAULT, GREEDY_TIE_REL
 
 ZOO = fw.zoo.names()
 VOCAB = 32
@@ -232,3 +232,22 @@ def test_generate_stops_at_eos_and_pads_ended_rows():
         lm.generate(prompt, 3, eos_token_id=16)
     with pytest.raises(GenerationError, match="give eos_token_id too"):
         lm.generate(prompt, 3, pad_token_id=0)
+
+
+def test_gradient_checkpointing_per_block_gives_the_same_gradients():
+    model = LM(tiny_config("gated_deltanet", mixer=("gated_deltanet", "softmax_attention"), n_layers=4)).double()
+    ids = torch.randint(0, VOCAB, (2, 9))
+    model(ids).square().mean().backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_gradient_checkpointing(every_n_layers=3)  # blocks 0 and 3
+    runs = []
+    for i, block in enumerate(model.blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: runs.append(i))
+    model(ids).square().mean().backward()
+    assert sorted(runs) == [0, 0, 1, 2, 3, 3] and model.gradient_checkpointing
+    assert all((p.grad - r).abs().max() < CHECKPOINT_F64 for p, r in zip(model.parameters(), ref))
+    model.set_gradient_checkpointing(False)
+    assert not model.gradient_checkpointing
+    with pytest.raises(ValueError, match="every_n_layers"):
+        model.set_gradient_checkpointing(every_n_layers=0)

@@ -15,9 +15,11 @@ Run on the CPU under Triton's interpreter (fla's kernels are Triton):
 
     TRITON_INTERPRET=1 /work/venvs/convert-fla/bin/python scripts/verify_fla_convert.py [--models gla kda ...]
 
-or on a CUDA machine with fla installed (no shims: fla runs its own kernels, flash-attn for `attn`):
+or on a CUDA machine with fla installed (fla runs its own kernels; torch's SDPA stands in for
+flash-attn only where flash-attn is not installed); --seq-len 200 takes fla's chunk kernels (and
+MesaNet's CG solver) instead of the fused recurrent ones:
 
-    python scripts/verify_fla_convert.py --device cuda
+    python scripts/verify_fla_convert.py --device cuda --seq-len 200
 
 On the CPU the script shims what cannot run there, only there, and says so in its output:
 Triton's autotuner needs a GPU driver to time configs (it takes the first config); fla's `attn`
@@ -41,7 +43,23 @@ from pathlib import Path
 
 import torch
 
-CPU_SHIMS: list[str] = []
+SHIMS: list[str] = []
+
+
+def install_flash_attn_shim() -> None:
+    """fla's `attn` layer calls flash-attn; without it (always on the CPU), torch's causal SDPA."""
+    import fla.layers.attn as fla_attn
+
+    def sdpa_causal(q, k, v, causal=True, window_size=(-1, -1), **kwargs):  # q [B, T, H, D], k, v [B, T, Hkv, D]
+        assert causal and tuple(window_size) == (-1, -1)
+        rep = q.shape[2] // k.shape[2]
+        k, v = (x.repeat_interleave(rep, dim=2) for x in (k, v))
+        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                             is_causal=True)
+        return o.transpose(1, 2)
+
+    fla_attn.flash_attn_func = sdpa_causal
+    SHIMS.append("fla attn: flash_attn_func -> torch causal SDPA (flash-attn is not installed)")
 
 
 def install_cpu_shims() -> None:
@@ -55,20 +73,9 @@ def install_cpu_shims() -> None:
         return run(self, *args, **kwargs)
 
     autotuner.Autotuner.run = first_config
-    CPU_SHIMS.append("Triton autotuner: first config (the interpreter has no driver to time configs)")
+    SHIMS.append("Triton autotuner: first config (the interpreter has no driver to time configs)")
 
-    import fla.layers.attn as fla_attn
-
-    def sdpa_causal(q, k, v, causal=True, window_size=(-1, -1), **kwargs):  # q [B, T, H, D], k, v [B, T, Hkv, D]
-        assert causal and tuple(window_size) == (-1, -1)
-        rep = q.shape[2] // k.shape[2]
-        k, v = (x.repeat_interleave(rep, dim=2) for x in (k, v))
-        o = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                             is_causal=True)
-        return o.transpose(1, 2)
-
-    fla_attn.flash_attn_func = sdpa_causal
-    CPU_SHIMS.append("fla attn: flash_attn_func -> torch causal SDPA (flash-attn needs CUDA)")
+    install_flash_attn_shim()
 
     import fla.layers.mesa_net as fla_mesa
     from fla.ops.mesa_net.naive import naive_mesa_net_exact
@@ -81,11 +88,12 @@ def install_cpu_shims() -> None:
         return o.to(v.dtype), h_kk, h_kv
 
     fla_mesa.chunk_mesa_net = mesa_exact
-    CPU_SHIMS.append("fla mesa_net: chunk_mesa_net -> fla's naive_mesa_net_exact (chunk kernels fail under the "
+    SHIMS.append("fla mesa_net: chunk_mesa_net -> fla's naive_mesa_net_exact (chunk kernels fail under the "
                      "interpreter)")
 
 
-D, VOCAB, T = 32, 64, 23
+D, VOCAB = 32, 64
+T = 23  # ≤ 64: fla's layers take their fused_recurrent kernels in eval mode; --seq-len > 64: the chunk kernels
 # max |Δlogit| / max |logit|, fp32: both sides compute the same maths in other orders (fla's fused
 # recurrent kernels, fastweights' chunk form); measured ≤ 1e-5 over the cases below (CPU, interpreter)
 LOGITS_REL = 1e-4
@@ -129,7 +137,7 @@ def rel(a, b) -> float:
 
 
 def check_case(model_type: str, kw: dict, device: str, tmp: Path, layouts: dict | None = None,
-               label: str = "") -> tuple[float, float]:
+               label: str = "", seq_len: int = T) -> tuple[float, float]:
     import fla  # noqa: F401  (registers fla's models with transformers' Auto classes)
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -139,7 +147,7 @@ def check_case(model_type: str, kw: dict, device: str, tmp: Path, layouts: dict 
     base = dict(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, tie_word_embeddings=False,
                 fuse_cross_entropy=False, norm_eps=1e-5)
     cfg = AutoConfig.for_model(model_type, **{**base, **kw})
-    ids = torch.randint(0, VOCAB, (2, T), device=device)
+    ids = torch.randint(0, VOCAB, (2, seq_len), device=device)
     # fla -> fastweights
     fla_model = AutoModelForCausalLM.from_config(cfg).to(device).eval()
     randomize(fla_model)
@@ -173,20 +181,27 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tol", type=float, default=LOGITS_REL, help="bound on max |Δlogit| / max |logit|, fp32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seq-len", type=int, default=T, help="tokens per row (> 64: fla's chunk kernels; GPU)")
     ap.add_argument("--dump-layouts", default=None, help="write fla's config.json and weight shapes per case here")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     if args.device == "cpu":
         install_cpu_shims()
-        for s in CPU_SHIMS:
-            print(f"CPU shim: {s}")
+    else:
+        try:
+            import flash_attn  # noqa: F401
+        except ImportError:
+            install_flash_attn_shim()
+    for s in SHIMS:
+        print(f"shim: {s}")
     worst, failed = 0.0, []
     layouts = {} if args.dump_layouts else None
     for model_type in args.models:
         for label, kw in CASES[model_type]:
             with tempfile.TemporaryDirectory() as tmp:
                 try:
-                    err_in, err_out = check_case(model_type, kw, args.device, Path(tmp), layouts, label)
+                    err_in, err_out = check_case(model_type, kw, args.device, Path(tmp), layouts, label,
+                                                 args.seq_len)
                 except Exception as e:  # noqa: BLE001  (reported, counted as a failure)
                     print(f"{model_type:20s} {label:20s} ERROR {type(e).__name__}: {e}")
                     failed.append(f"{model_type} {label}")

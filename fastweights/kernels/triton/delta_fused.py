@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...inputs import InputError
 from .. import empty_output
 from .cumsum import chunk_cumsum
 from .layout import Layout
@@ -250,6 +251,11 @@ def fused_programs(L: Layout) -> dict:
     return {"prepass": L.NT * L.B * L.H, "sequential": L.NS * L.H * triton.cdiv(L.V, bv), "BV": bv}
 
 
+#: Head dims the fused forward takes on a GPU: K = V = 256 (bf16) hit an illegal memory access on the H100
+#: (tests/kernels/test_triton_delta_fused.py::test_cuda_realistic, 2026-11-25); the interpreter passes it.
+FUSED_MAX_HEAD_DIM_CUDA = 128
+
+
 def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
                   store_T: bool):
     """The decay-first delta rule's forward in two kernels (see the module docstring).
@@ -259,6 +265,10 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] fp32 or None (`store_T`), h [B, NT, H, K, V]
     (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
     [NS, H, K, V] fp32 or None (`output_final_state`))."""
+    if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
+        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
+                         f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
+                         "2026-11-25, not found yet): set delta.FORWARD = 'staged' for these head dims")
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)

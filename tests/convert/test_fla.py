@@ -116,6 +116,25 @@ def test_cli_converts_directories_both_ways(tmp_path, capsys):
     assert "no such checkpoint directory" in capsys.readouterr().err
 
 
+def test_a_converted_untied_checkpoint_loads_in_transformers(tmp_path):
+    import transformers
+
+    import fastweights.hf  # noqa: F401  (registers the fastweights model type)
+
+    lm = random_lm(MODELS["kda gva"])
+    c, sd = fla.to_fla(lm.config, lm.state_dict())
+    from safetensors.torch import save_file
+
+    (tmp_path / "fla").mkdir()
+    (tmp_path / "fla" / "config.json").write_text(json.dumps(c))
+    save_file(sd, str(tmp_path / "fla" / "model.safetensors"))
+    fla.convert_from_fla(tmp_path / "fla", tmp_path / "fw")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "fw")
+    ids = torch.randint(0, VOCAB, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, lm(ids))
+
+
 def test_reads_sharded_safetensors_and_a_saved_tied_head(tmp_path):
     from safetensors.torch import save_file
 

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from fastweights.kernels.triton import interpreter  # noqa: F401  (the shims, before the kernel below is defined)
 from tests.kernels.helpers import DEV
+from tests.tolerances import F32
 
 pytestmark = pytest.mark.triton
 
@@ -53,4 +54,4 @@ def test_a_range_takes_a_loaded_bound():
     y = torch.full((3,), float("nan"), device=DEV)
     _run_time_range_kernel[(3,)](x, lens, y, BK=BK)
     want = torch.stack([x[i, :n].sum() for i, n in enumerate(lens.tolist())])
-    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(y, want, rtol=F32, atol=F32)

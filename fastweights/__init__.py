@@ -8,6 +8,7 @@ every form that exists for it: `recurrent` (exact, per token), `parallel` (matri
 from .api import BackendNotAvailable, FormNotAvailable, backends, chunk, forms, parallel, recipe_class, recurrent
 from .inputs import InputError, example_inputs, init_state
 from .recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, RecipeError, Retention
+from .stability import DivergenceError
 from .state import KVCache, MemoryState, MesaState
 from .zoo import ZOO, UnknownModelError
 
@@ -15,7 +16,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "recurrent", "parallel", "chunk", "forms", "backends", "recipe_class", "FormNotAvailable", "BackendNotAvailable",
-    "InputError", "example_inputs", "init_state",
+    "InputError", "DivergenceError", "example_inputs", "init_state",
     "Recipe", "Memory", "FeatureMap", "Objective", "Optimizer", "Retention", "RecipeError",
     "MemoryState", "MesaState", "KVCache", "ZOO", "UnknownModelError",
 ]

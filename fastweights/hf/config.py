@@ -14,7 +14,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ..models.checkpoint import FORMAT, VERSION
-from ..models.config import LMConfig
+from ..models.config import ConfigError, LMConfig
 
 __all__ = ["FastWeightsConfig", "MODEL_TYPE"]
 
@@ -36,9 +36,9 @@ class FastWeightsConfig(PretrainedConfig):
         if config is not None:
             LMConfig.from_dict(config)  # ConfigError naming the field
         if format != FORMAT:
-            raise ValueError(f"format must be {FORMAT!r}, got {format!r}")
+            raise ConfigError(f"format must be {FORMAT!r}, got {format!r}")
         if version != VERSION:
-            raise ValueError(f"checkpoint version {version!r}: this library reads {VERSION}")
+            raise ConfigError(f"checkpoint version {version!r}: this library reads {VERSION}")
         self.config = config
         self.format = format
         self.version = version
@@ -50,21 +50,21 @@ class FastWeightsConfig(PretrainedConfig):
     @property
     def lm_config(self) -> LMConfig:
         if self.config is None:
-            raise ValueError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
+            raise ConfigError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
         return LMConfig.from_dict(self.config)
 
     @property
     def vocab_size(self) -> int:
-        return self.config["vocab_size"]
+        return self.config["vocab_size"] if self.config is not None else None
 
     @property
     def hidden_size(self) -> int:
-        return self.config["d_model"]
+        return self.config["d_model"] if self.config is not None else None
 
     @property
     def num_hidden_layers(self) -> int:
-        return self.config["n_layers"]
+        return self.config["n_layers"] if self.config is not None else None
 
     @property
     def num_attention_heads(self) -> int:
-        return self.config["num_heads"]
+        return self.config["num_heads"] if self.config is not None else None

@@ -18,6 +18,7 @@ from .api import (
 )
 from .inputs import InputError, example_inputs, init_state
 from .recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, RecipeError, Retention
+from .stability import DivergenceError
 from .state import KVCache, MemoryState, MesaState
 from .zoo import ZOO, UnknownModelError
 
@@ -26,7 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "recipe_class", "FormNotAvailable",
     "BackendNotAvailable",
-    "InputError", "example_inputs", "init_state",
+    "InputError", "DivergenceError", "example_inputs", "init_state",
     "Recipe", "Memory", "FeatureMap", "Objective", "Optimizer", "Retention", "RecipeError",
     "MemoryState", "MesaState", "KVCache", "ZOO", "UnknownModelError",
 ]

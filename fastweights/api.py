@@ -54,6 +54,15 @@ def _check_scale(scale):
     return float(scale)
 
 
+def _check_state_device(initial_state, device):
+    """Every tensor of a given state on q's device (a shape-and-type check: no value is read)."""
+    if initial_state is None:
+        return
+    for x in state_tensors(initial_state):
+        if x.device != device:
+            raise InputError(f"initial_state must be on q's device {device}, got a tensor on {x.device}")
+
+
 def _check_state_values(initial_state):
     """A NaN or inf anywhere in a given state poisons every later output: refuse it up front."""
     if initial_state is None or torch.compiler.is_compiling():
@@ -85,6 +94,7 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
                                f"available forms: {', '.join(forms(recipe))}")
     shapes = validate(recipe, q, k, v, inputs, check_values=check_values)
     scale = _check_scale(scale)
+    _check_state_device(initial_state, q.device)
     if check_values:
         _check_state_values(initial_state)
         check_step_bound(recipe, shapes, k, inputs, initial_state)

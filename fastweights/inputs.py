@@ -95,11 +95,14 @@ def _fail(msg: str):
     raise InputError(msg)
 
 
-def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True):
-    """The one tensor validator: type, shape, dtype (floating, optionally one of `dtypes`) and,
-    when `values`, finiteness and the range [low, high]. Raises InputError naming `name`."""
+def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True,
+                 device=None):
+    """The one tensor validator: type, shape, device (when given), dtype (floating, optionally one of
+    `dtypes`) and, when `values`, finiteness and the range [low, high]. Raises InputError naming `name`."""
     if not isinstance(x, Tensor):
         _fail(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if device is not None and x.device != device:
+        _fail(f"{name} must be on q's device {device}, got {x.device}")
     if tuple(x.shape) != tuple(shape):
         _fail(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
     if dtypes is not None and x.dtype not in dtypes:
@@ -178,26 +181,26 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     ret = recipe.retention
     if inputs.get("g") is not None:
         gshape = (B, T, H, Kf) if ret.kind == "diagonal" else (B, T, H)
-        check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0, values=values)
+        check_tensor("g", inputs["g"], gshape, dtypes=fp, high=0.0, values=values, device=q.device)
     if inputs.get("beta") is not None:
         bshape = (B, T, n, H) if n > 1 else (B, T, H)
         two = (recipe.objective.kind == "l2" and recipe.memory.is_plain_linear) or ret.kind == "householder"
-        check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None, values=values)
+        check_tensor("beta", inputs["beta"], bshape, low=0.0, high=2.0 if two else None, values=values, device=q.device)
     if inputs.get("p") is not None:
-        check_tensor("p", inputs["p"], (B, T, Hq, K), dtypes=(q.dtype,), values=values)
+        check_tensor("p", inputs["p"], (B, T, Hq, K), dtypes=(q.dtype,), values=values, device=q.device)
     if inputs.get("nu") is not None:
-        check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0, values=values)
+        check_tensor("nu", inputs["nu"], (B, T, H), low=0.0, high=1.0, values=values, device=q.device)
     if inputs.get("gamma") is not None:
-        check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0, values=values)
+        check_tensor("gamma", inputs["gamma"], (B, T, H), low=0.0, high=1.0, values=values, device=q.device)
     if inputs.get("lamb") is not None:
-        check_tensor("lamb", inputs["lamb"], (H, Kf), values=values)
+        check_tensor("lamb", inputs["lamb"], (H, Kf), values=values, device=q.device)
         if values and bool((inputs["lamb"] <= 0).any()):
             _fail("lamb must be > 0 (Mesa's regularizer keeps H + Λ invertible)")
     if inputs.get("w") is not None:
-        check_tensor("w", inputs["w"], (B, T, H, K), values=values)
+        check_tensor("w", inputs["w"], (B, T, H, K), values=values, device=q.device)
     for name in ("ln_weight", "ln_bias"):
         if inputs.get(name) is not None:
-            check_tensor(name, inputs[name], (H, V), values=values)
+            check_tensor(name, inputs[name], (H, V), values=values, device=q.device)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf, Hq=Hq)
 
 
@@ -220,9 +223,10 @@ def _check_generator(generator):
 
 
 def _check_dims(**dims):
-    """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1."""
+    """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1
+    (head_v_dim may be None: the key dimension)."""
     for name, val in dims.items():
-        if val is None:
+        if val is None and name == "head_v_dim":
             continue
         low = 0 if name in ("batch_size", "seq_len") else 1
         if isinstance(val, bool) or not isinstance(val, int) or val < low:

@@ -16,7 +16,7 @@ import difflib
 
 from .recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, RecipeError, Retention
 
-__all__ = ["ZOO", "get", "names", "resolve", "UnknownModelError"]
+__all__ = ["ZOO", "get", "names", "resolve", "UnknownModelError", "ModelTypeError"]
 
 
 class UnknownModelError(KeyError, RecipeError):
@@ -24,6 +24,10 @@ class UnknownModelError(KeyError, RecipeError):
 
     def __str__(self):  # KeyError would quote the message
         return self.args[0]
+
+
+class ModelTypeError(TypeError, RecipeError):
+    """`model` is neither a zoo name nor a Recipe (a TypeError, and a RecipeError like every bad model)."""
 
 
 def _r(name, citation, **axes) -> Recipe:
@@ -109,7 +113,7 @@ def names() -> list[str]:
 def get(name: str) -> Recipe:
     """The zoo preset called `name`; an unknown name raises UnknownModelError with suggestions."""
     if not isinstance(name, str):
-        raise TypeError(f"model must be a zoo name (str) or a Recipe, got {type(name).__name__}")
+        raise ModelTypeError(f"model must be a zoo name (str) or a Recipe, got {type(name).__name__}")
     try:
         return ZOO[name]
     except KeyError:

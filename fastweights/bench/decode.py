@@ -79,8 +79,10 @@ class DecodeBenchConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup must be an int ≥ 0, got {self.warmup!r}")
+        for name in ("warmup", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int ≥ 0, got {v!r}")
         if not self.contexts or any((not isinstance(c, int)) or c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive ints, got {self.contexts!r}")
         if self.dtype not in _DTYPES:

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from ..models.checkpoint import FORMAT, VERSION, requested_backends
-from ..models.config import LMConfig
+from ..models.config import ConfigError, LMConfig
 
 __all__ = ["FastWeightsConfig", "MODEL_TYPE"]
 
@@ -42,9 +42,9 @@ class FastWeightsConfig(PretrainedConfig):
         if config is not None:
             LMConfig.from_dict(config)  # ConfigError naming the field
         if format != FORMAT:
-            raise ValueError(f"format must be {FORMAT!r}, got {format!r}")
+            raise ConfigError(f"format must be {FORMAT!r}, got {format!r}")
         if version != VERSION:
-            raise ValueError(f"checkpoint version {version!r}: this library reads {VERSION}")
+            raise ConfigError(f"checkpoint version {version!r}: this library reads {VERSION}")
         self.config = config
         self.format = format
         self.version = version
@@ -65,7 +65,7 @@ class FastWeightsConfig(PretrainedConfig):
     @property
     def lm_config(self) -> LMConfig:
         if self.config is None:
-            raise ValueError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
+            raise ConfigError("FastWeightsConfig without an LMConfig (config=None): give config=LMConfig(...)")
         return LMConfig.from_dict(self.config)
 
     def _field(self, name: str) -> int | None:
@@ -74,7 +74,7 @@ class FastWeightsConfig(PretrainedConfig):
     def _set_field(self, name: str, flat: str, value) -> None:
         """Write one LMConfig field through its transformers name (validated: a ConfigError names it)."""
         if self.config is None:
-            raise ValueError(f"FastWeightsConfig.{flat} = {value!r}: this config has no LMConfig to write it into "
+            raise ConfigError(f"FastWeightsConfig.{flat} = {value!r}: this config has no LMConfig to write it into "
                              "(give config=LMConfig(...))")
         new = {**self.config, name: value}
         LMConfig.from_dict(new)

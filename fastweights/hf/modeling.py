@@ -147,6 +147,21 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
 
 
+def _check_labels(labels, input_ids, vocab_size: int) -> None:
+    """labels: None or integer ids [B, T] like input_ids, each in [0, vocab_size) or IGNORE_INDEX."""
+    if labels is None:
+        return
+    if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"labels must be an integer tensor [B, T] like input_ids, got "
+                         f"{getattr(labels, 'dtype', type(labels).__name__)}")
+    if labels.shape != input_ids.shape:
+        raise InputError(f"labels must have input_ids' shape {list(input_ids.shape)}, got {list(labels.shape)}")
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
+    if bool(bad.any()):
+        raise InputError(f"labels must be token ids in [0, vocab_size={vocab_size}) or {IGNORE_INDEX} (ignored), "
+                         f"got {int(labels[bad][0])}")
+
+
 class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
     """transformers' causal LM over `fastweights.models.LM` (see the module doc)."""
 
@@ -176,6 +191,12 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         if input_ids is None:
             raise InputError("input_ids [B, T] is required")
         lm = self._lm
+        lm._check_ids(input_ids, values=False)  # type, rank, device (the forms read the values)
+        _check_labels(labels, input_ids, lm.config.vocab_size)
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+            raise InputError(f"attention_mask must be a tensor [B, T] or None, got {type(attention_mask).__name__}")
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise InputError(f"logits_to_keep must be an int ≥ 0 (0: every position), got {logits_to_keep!r}")
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
         state = take_state(past_key_values, cache, cache_params)
         B, T = input_ids.shape

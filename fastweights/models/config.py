@@ -135,12 +135,15 @@ class LMConfig:
         from ..layers.mixer import MixerConfig, MixerError
 
         for i, spec in enumerate(self.pattern):
+            where = f"mixer[{i}]" if isinstance(self.mixer, tuple) else "mixer"
             try:
                 base = MixerConfig(**self._mixer_kwargs(spec))
+            except (MixerError, RecipeError) as e:
+                raise ConfigError(f"LMConfig.{where} ({resolve(spec).name}): {e}") from None
+            try:
                 dataclasses.replace(base.resolved_preset, **dict(self.mixer_overrides))
             except (MixerError, RecipeError) as e:
-                where = f"mixer[{i}]" if isinstance(self.mixer, tuple) else "mixer"
-                raise ConfigError(f"LMConfig.{where} ({resolve(spec).name}): {e}") from None
+                raise ConfigError(f"LMConfig.mixer_overrides, in {where} ({resolve(spec).name}): {e}") from None
 
     def _checked_backend(self) -> str | tuple[str, ...]:
         b = self.backend

@@ -27,6 +27,7 @@ checkpointed block's input and recompute its activations in backward (transforme
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, is_dataclass
 
@@ -200,6 +201,8 @@ class LM(nn.Module):
             raise GenerationError(f"{name} must hold at least one sequence (a batch of 0 rows: {list(ids.shape)})")
         if ids.shape[1] == 0:
             raise GenerationError(f"{name} must hold at least one token")
+        if ids.device != self.embed.weight.device:
+            raise GenerationError(f"{name} is on {ids.device}, the model on {self.embed.weight.device}: move one")
         if values and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
             lo, hi = torch.aminmax(ids)
             lo, hi = int(lo), int(hi)
@@ -362,12 +365,17 @@ class LM(nn.Module):
         self._check_ids(input_ids)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise GenerationError(f"max_new_tokens must be an int ≥ 0, got {max_new_tokens!r}")
-        if not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise GenerationError(f"temperature must be > 0, got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        if isinstance(temperature, bool) or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+            raise GenerationError(f"temperature must be a finite number > 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise GenerationError(f"top_k must be a positive int or None, got {top_k!r}")
         if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
             raise GenerationError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
+        for flag, value in (("do_sample", do_sample), ("use_cache", use_cache), ("cuda_graph", cuda_graph)):
+            if not isinstance(value, bool):
+                raise GenerationError(f"{flag} must be a bool, got {value!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise GenerationError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
         if cuda_graph and not use_cache:
             raise GenerationError("cuda_graph=True replays the cached decoding step: it needs use_cache=True")
         ends = self._token_list(eos_token_id, "eos_token_id")

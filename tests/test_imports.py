@@ -26,14 +26,15 @@ ROOT = Path(fastweights.__file__).resolve().parent
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("recipe", "state", "zoo", "features", "inputs")),
-    ("maths", ("reference", "chunkwise")),
+    ("maths", ("reference", "chunkwise", "stability")),
     ("dispatch", ("dispatch",)),
     ("torch", ("torch_backend", "torch_layer_ops")),
     ("kernels", ("kernels",)),
     ("registry", ("registry", "api", "")),  # "": fastweights/__init__.py
     ("layers", ("layers",)),
     ("models", ("models",)),
-    ("apps", ("hf", "lab", "pretrain", "bench", "tasks", "cli", "cliargs", "demo")),
+    ("training", ("training",)),  # the training step both the lab's sweeps and `fastweights train` import
+    ("apps", ("hf", "lab", "pretrain", "bench", "tasks", "cli", "cliargs", "demo", "convert")),
 ]
 
 #: Modules between which no circle may run (the issue-21 triangle was dispatch → torch_backend → dispatch,

@@ -159,7 +159,10 @@ class NIAHConfig:
             object.__setattr__(self, name, tuple(val))
         for m in self.models:
             zoo.get(m)  # UnknownModelError (a ValueError) with suggestions
-        object.__setattr__(self, "tasks", tuple(_resolve_task(t).name for t in self.tasks))
+        try:
+            object.__setattr__(self, "tasks", tuple(_resolve_task(t).name for t in self.tasks))
+        except ValueError as e:  # named as the command line names it: "--tasks ..."
+            raise ValueError(f"tasks: {e}") from None
         for name in ("train_len", "train_examples", "test_examples", "eval_examples", "d_model", "n_layers",
                      "num_heads", "epochs", "batch_size", "eval_batch_size", "prefill_chunk"):
             v = getattr(self, name)

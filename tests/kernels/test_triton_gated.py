@@ -225,13 +225,13 @@ def test_no_beta_no_state_no_final(gen):
 
 
 def test_chunk_size_beyond_the_sequence_is_the_sequence_chunk(gen):
-    """chunk_size 4096 (and 2**40) at T = 20 runs the chunks of 32 (the power of two ≥ T), bit for bit:
-    the kernels never get a block of 4096 rows."""
+    """chunk_size 4096 (and 2**40) at T = 20 runs the chunks of 64 (the Triton layout's floor, the power of
+    two ≥ max(T, 64)), bit for bit: the kernels never get a block of 4096 rows."""
     x = _inputs("scalar", gen, B=1, T=20, H=2)
-    o32, S32 = _triton(x, chunk_size=32)
+    o64, S64 = _triton(x, chunk_size=64)
     for chunk_size in (4096, 2**40):
         o, S = _triton(x, chunk_size=chunk_size)
-        assert torch.equal(o, o32) and torch.equal(S, S32)
+        assert torch.equal(o, o64) and torch.equal(S, S64)
 
 
 def test_bad_arguments(gen):

@@ -15,14 +15,19 @@ Tensor = torch.Tensor
 MAX_HEAD_DIM = 256
 
 
+#: The Triton layout never clamps the chunk below this (see `check_chunk_args`).
+MIN_CLAMPED_CHUNK = 64
+
+
 def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_seqlens):
     """(Layout, the initial state as fp32 contiguous or None, the resolved scale), or InputError
     naming the argument: q, k [B, T, H_q, K], v [B, T, H, V] with H_q | H, one dtype of fp32/bf16/
     fp16, K, V ≤ 256, chunk_size a power of two ≥ 16, β [B, T, H], g [B, T, H(, K)], cu_seqlens
     (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V].
-    The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 16)): never longer than
-    the sequence needs (the bound uses T, not the longest varlen sequence, which would need a read of
-    cu_seqlens on the host)."""
+    The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 64)): never longer than
+    the sequence needs beyond the GPU chunk of 64 (the bound uses T, not the longest varlen sequence, which
+    would need a read of cu_seqlens on the host; and never below 64, so that a chunk_size ≤ 64 is never
+    changed and varlen packings of any total length compile one set of kernels)."""
     if not isinstance(q, Tensor) or q.dim() != 4:
         raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
     B, T, Hq, K = q.shape
@@ -44,7 +49,8 @@ def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_s
     gate_kind(g, B, T, H, K)
     if cu_seqlens is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
-    L = make_layout(B, T, H, Hq, K, V, effective_chunk_size(chunk_size, max(T, 16)), cu_seqlens, q.device)
+    C = effective_chunk_size(chunk_size, max(T, MIN_CLAMPED_CHUNK))
+    L = make_layout(B, T, H, Hq, K, V, C, cu_seqlens, q.device)
     if initial_state is not None:
         what = "number of sequences N (len(cu_seqlens) − 1)" if L.varlen else "batch B"
         if not isinstance(initial_state, Tensor) or tuple(initial_state.shape) != (L.NS, H, K, V):

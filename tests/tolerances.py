@@ -94,8 +94,11 @@ TTT_INIT_STD = 0.01
 # and reorders reductions.
 COMPILE_GRAD_F32_REL = 1e-4
 # prefill + decode vs full forward, fp32, max |Δlogit| / max |logit|. ATLAS's Newton–Schulz step
-# (normalize, then a quintic) amplifies the rounding difference between its chunk and recurrent forms.
-DECODE_REL = {"atlas": 3e-4}
+# (normalize, then a quintic) amplifies the rounding difference between its chunk and recurrent forms; since
+# the chunk form runs it on the r×r Gram matrix of the momentum (round 3, issue 24) the fp32 gap over 40 seeds
+# is median 5.5e-4, max 2.9e-3 (was within 3e-4), while float64 agrees to 5e-12 (DECODE_F64_REL, tested).
+DECODE_REL = {"atlas": 5e-3}
+DECODE_F64_REL = 1e-9
 DECODE_REL_DEFAULT = 1e-4
 # cached vs uncached greedy decoding may part only at a near-tie: the logit gap at the first
 # divergence, relative to max |logit|, is below what DECODE_REL_DEFAULT allows the logits to move.

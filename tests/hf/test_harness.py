@@ -93,13 +93,17 @@ def test_lm_eval_scores_a_local_task_as_the_model_does(mixer, tmp_path, monkeypa
 
 
 def greedy_until(lm, context: str, n: int, until: str) -> str:
-    """lm-eval's generate_until done by hand: n greedy tokens by `LM.generate`, decoded (special
-    tokens dropped), cut before the first stop sequence."""
+    """lm-eval's generate_until done by hand: n greedy tokens by `LM.generate`, cut at the first
+    end-of-text token (transformers' generate stops there: an untrained LM of 257 tokens draws it
+    about once in 257), decoded, cut before the first stop sequence."""
     from fastweights.hf import ByteTokenizer
 
+    tok = ByteTokenizer()
     ids = torch.tensor([list(context.encode())])
-    new = lm.generate(ids, n)[0, ids.shape[1]:]
-    return ByteTokenizer().decode(new, skip_special_tokens=True).split(until)[0]
+    new = lm.generate(ids, n)[0, ids.shape[1]:].tolist()
+    if tok.eos_token_id in new:
+        new = new[:new.index(tok.eos_token_id)]
+    return tok.decode(new, skip_special_tokens=True).split(until)[0]
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU calls that issues 23, 24 and 25 still need, one stage per device call (each ≤ 10 min; every
+# result lands in $OUT as it is measured). Times first, tests last. Run from the repository root:
+#
+#   bash scripts/gpu_round3.sh peers      # 23: the op table beside SDPA, fla and FlashQLA (carry .whl .whl_qla)
+#   bash scripts/gpu_round3.sh lm         # 23 + 25: the LM step vs the transformer, grad checkpointing's memory,
+#                                         #   fla's converted checkpoints against fla's own forward (carry .whl)
+#   bash scripts/gpu_round3.sh pilot      # 24: step costs of the ceilings cells, then the lr pilot
+#   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
+#   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
+#                                         #   workers keep the GPU busy)
+#
+# .whl holds fla-core / flash-linear-attention 0.6.0 and the test wheels; .whl_qla/qla_site.tar.xz FlashQLA
+# 0.1.3 with tilelang and its dependencies (BENCHMARKS.md §1d says how they were made); neither is tracked.
+# The sweeps stop by SIGINT (`timeout -s INT`) before the call's limit: finished cells are in the records,
+# a running cell is saved; the records are copied into $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-runs/gpu}"
+mkdir -p "$OUT"
+stage="${1:?usage: gpu_round3.sh peers|lm|pilot|ceilings|tests}"
+budget="${2:-540}"  # seconds this stage may take
+t0=$(date +%s)
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+site() {  # the peers, only inside this environment
+  mkdir -p /tmp/site
+  [ -f .whl_qla/qla_site.tar.xz ] && tar -xJf .whl_qla/qla_site.tar.xz -C /tmp/site
+  ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+}
+env_line() {
+  python3 - <<'EOF' | tee -a "$OUT/env.txt"
+import torch, triton
+print(torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(), "commit", end=" ")
+EOF
+  git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/env.txt" || echo "(no git)" | tee -a "$OUT/env.txt"
+}
+FW="python3 -m fastweights.cli"
+case "$stage" in
+  peers)
+    site; env_line
+    S="--batch 4 --heads 16 --dim 128 --dtype bfloat16 --device cuda --repeats 20 --warmup 3 --threads 0 --keep-going"
+    timeout "$(left)" $FW bench speed --models gated_deltanet deltanet kda gla mamba2 retnet comba deltaproduct \
+        --forms chunk_triton --lengths 4096 $S --out "$OUT/speed_4x4096" 2>&1 | tee "$OUT/speed_4x4096.log"
+    timeout "$(left)" $FW bench speed --models gated_deltanet --forms chunk_triton --lengths 32768 --batch 1 \
+        --heads 16 --value-heads 32 --dim 128 --dtype bfloat16 --device cuda --repeats 20 --warmup 3 --threads 0 \
+        --keep-going --out "$OUT/speed_1x32768" 2>&1 | tee "$OUT/speed_1x32768.log"
+    ;;
+  lm)
+    site; env_line
+    A="--d-model 1024 --n-layers 8 --num-heads 8 --head-dim 128 --vocab-size 32768 --steps 6 --warmup 2 --device cuda --dtype bfloat16"
+    timeout "$(left)" $FW bench train --models gated_deltanet softmax_attention --shapes 4,4096 4,8192 1,32768 $A \
+        2>&1 | tee "$OUT/train.log"
+    timeout "$(left)" $FW bench train --models gated_deltanet softmax_attention --shapes 4,4096 4,8192 $A \
+        --grad-checkpoint both 2>&1 | tee "$OUT/train_grad_ckpt.log"
+    timeout "$(left)" python3 scripts/verify_fla_convert.py --device cuda --seq-len 200 2>&1 | tee "$OUT/fla_convert.log"
+    ;;
+  pilot)
+    env_line
+    timeout 150 python3 scripts/step_costs.py --lm ceilings --device cuda --json "$OUT/steps.json" 2>&1 \
+        | tee "$OUT/steps.log"
+    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 8 \
+        --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
+        | tee "$OUT/pilot.log"
+    cp docs/results/mqar_ceilings_pilot.jsonl "$OUT/"
+    ;;
+  ceilings)
+    env_line
+    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 8 \
+        --records docs/results/mqar_ceilings.jsonl --out /tmp/ceilings --progress plain 2>&1 | tee "$OUT/ceilings.log"
+    cp docs/results/mqar_ceilings.jsonl "$OUT/"
+    ;;
+  tests)
+    site; env_line
+    timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
+        tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
+    ;;
+  *) echo "error: stage must be peers, lm, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+esac
+echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -104,13 +104,15 @@ def cli_main(args) -> int:
     from ..training.control import Interrupted
     from ..training.distributed import dist_info
     from .config import ConfigFileError
-    from .data import DataError
+    from .data import DataError, check_tokenizer
     from .loop import train
-    from .rundir import OutputError
+    from .rundir import OutputError, check_out_path
 
     try:
         cfg = config_from_args(args)
         check_device(args, cfg)
+        check_out_path(cfg.out)
+        check_tokenizer(cfg.tokenizer)
         if not cfg.data:
             raise ConfigFileError("data: give --data (text files, directories, .npy or .bin) or 'data' in --config")
         summary = train(cfg, fresh=args.fresh)

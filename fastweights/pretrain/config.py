@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,19 +92,21 @@ class PretrainConfig:
                 raise ConfigFileError(f"{name} must be a positive int, got {v!r}")
         for name in ("lr", "min_lr", "warmup", "weight_decay", "val_fraction"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ConfigFileError(f"{name} must be a number ≥ 0, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ConfigFileError(f"{name} must be a finite number ≥ 0, got {v!r}")
         if not self.lr > 0 or self.min_lr > self.lr:
             raise ConfigFileError(f"lr must be > 0 and min_lr ≤ lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.val_fraction >= 1:
             raise ConfigFileError(f"val_fraction must be < 1, got {self.val_fraction}")
         if self.warmup >= 1 and not float(self.warmup).is_integer():
             raise ConfigFileError(f"warmup must be a fraction < 1 or a whole number of steps, got {self.warmup}")
-        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
-            raise ConfigFileError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float))
+                                               and not isinstance(self.grad_clip, bool)
+                                               and math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ConfigFileError(f"grad_clip must be a finite number > 0 or None, got {self.grad_clip!r}")
         b = self.betas
         if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1
-                                                                      for x in b)):
+                                                                      for x in b)):  # (nan fails 0 <= x)
             raise ConfigFileError(f"betas must be two numbers in [0, 1), got {b!r}")
         self.betas = (float(b[0]), float(b[1]))
         for name, allowed in (("dtype", ("float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),

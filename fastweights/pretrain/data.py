@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DataError", "Tokenizer", "load_tokenizer", "read_stream", "split_stream", "Windows", "TEXT_SUFFIXES",
+__all__ = ["DataError", "Tokenizer", "load_tokenizer", "check_tokenizer", "read_stream", "split_stream", "Windows", "TEXT_SUFFIXES",
            "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -72,13 +72,18 @@ class Tokenizer:
                 "sha256": hashlib.sha256(definition.encode("utf-8")).hexdigest()}
 
 
+def check_tokenizer(spec: str) -> None:
+    """"bytes" or an existing directory (what `load_tokenizer` reads), without loading it."""
+    if spec != "bytes" and not Path(spec).is_dir():
+        raise DataError(f"--tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     """"bytes", or a local directory holding a Hugging Face tokenizer (never downloaded)."""
     if spec == "bytes":
         return Tokenizer("bytes", eos_id=BYTE_EOS, vocab_size=BYTE_EOS + 1)
+    check_tokenizer(spec)
     path = Path(spec)
-    if not path.is_dir():
-        raise DataError(f"tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")
     try:
         from transformers import AutoTokenizer
     except ImportError:

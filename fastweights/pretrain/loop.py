@@ -231,6 +231,15 @@ def _check_device(cfg: PretrainConfig) -> None:
         raise ConfigFileError(f"--device {cfg.device}: MPS is not available here; use --device cpu")
 
 
+def _check_parallel(cfg: PretrainConfig) -> None:
+    """--parallel fsdp shards the model over the processes torchrun starts; with one process there is
+    nothing to shard over, and running unsharded instead would be a silent change of what was asked."""
+    if cfg.parallel == "fsdp" and dist_info().world_size <= 1:
+        raise ConfigFileError("--parallel fsdp shards the model over several processes, but this run has one "
+                              "(not launched by torchrun, or WORLD_SIZE=1); launch it with torchrun "
+                              "--nproc_per_node N, or leave out --parallel fsdp")
+
+
 def _together(err: Exception | None, device, cls: type[Exception] = OutputError) -> None:
     """Every rank learns whether any rank failed (rank 0 checks and writes the run directory): this
     rank raises its own error; a rank without one raises `cls` pointing at rank 0's message, so
@@ -260,6 +269,7 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
+    _check_parallel(cfg)
     init_distributed(cfg.device)
     info = dist_info()
     device = torch.device(cfg.device)

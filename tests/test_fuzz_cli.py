@@ -71,7 +71,7 @@ WORDS = {"--models": ["bogus_model"], "--forms": ["fast"], "--device": ["tpu", "
          "--json": [UNWRITABLE + ".json"], "--settings": ["bogus"], "--tasks": ["bogus"], "--shapes": ["4x8", "0,16"],
          "--backend": ["nope"], "--config": ["/nonexistent/run.json"], "--preset": ["nope"],
          "--dtype": ["float8"], "--parallel": ["mpi"], "--progress": ["maybe"], "--model": ["d_model"],
-         "--tokenizer": ["/nonexistent/tokenizer"]}
+         "--tokenizer": ["/nonexistent/tokenizer"], "--init-from": ["/nonexistent/model"], "--text-key": [""]}
 
 
 def _bad_values(action) -> list[str]:

@@ -223,3 +223,27 @@ def test_train_on_jsonl_with_a_text_key_and_a_resume_on_another_key_is_refused(t
 def test_bad_text_key_is_refused():
     with pytest.raises(ConfigFileError, match="text_key must be a non-empty string"):
         PretrainConfig.build({"text_key": ""})
+
+
+def test_the_documented_padded_batch_runs_on_a_trained_model_and_fails_as_documented_at_vocab_256(tmp_path):
+    """docs/hf.md's transformers example (a left-padded batch through generate): a model `fastweights
+    train` wrote embeds the byte tokenizer's pad id 256 (vocab 320); a vocab-256 checkpoint cannot,
+    with the error the docs quote."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import fastweights.hf  # noqa: F401
+    from fastweights.models import GenerationError
+
+    train(cfg_of(tmp_path, steps=1))
+    LM(LMConfig(vocab_size=256, **TINY)).save_pretrained(tmp_path / "v256")
+    for d, works in ((tmp_path / "run" / "model", True), (tmp_path / "v256", False)):
+        model = AutoModelForCausalLM.from_pretrained(d)
+        tok = AutoTokenizer.from_pretrained(d)
+        batch = tok(["The cat", "A"], padding=True, return_tensors="pt")
+        assert int(batch["input_ids"][1, 0]) == tok.pad_token_id == 256
+        if works:
+            assert model.config.vocab_size == 320
+            assert model.generate(**batch, max_new_tokens=3).shape == (2, 10)
+        else:
+            with pytest.raises(GenerationError, match=r"input_ids must be token ids in \[0, vocab_size=256\), got 256"):
+                model.generate(**batch, max_new_tokens=3)

@@ -17,10 +17,12 @@ import sys
 __all__ = ["add_cli", "cli_main", "config_from_args"]
 
 _FLAGS = [  # (flag, type, help)
-    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png); an existing run resumes"),
+    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png); an existing run resumes (with a "
+                 "larger --steps it goes on to them)"),
     ("tokenizer", str, "'bytes' (default) or a local Hugging Face tokenizer directory"),
     ("preset", str, "cpu (default: minutes on a CPU) or gpu-125m"),
-    ("steps", int, "optimizer steps"),
+    ("steps", int, "optimizer steps (raised on an existing run: it trains on to the new number, the learning "
+                   "rate following the new schedule)"),
     ("batch_size", int, "sequences per optimizer step (all ranks together)"),
     ("seq_len", int, "tokens per sequence"),
     ("grad_accum", int, "micro-batches per step and rank"),

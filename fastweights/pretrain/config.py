@@ -101,6 +101,8 @@ class PretrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigFileError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigFileError(f"seed must be an int ≥ 0, got {self.seed!r}")
         for name in ("lr", "min_lr", "warmup", "weight_decay", "val_fraction"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:

@@ -96,6 +96,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_status_1(tmp_path, text, caps
     (["--val-fraction", "nan"], "error: val_fraction must be a finite number ≥ 0, got nan"),
     (["--lr", "inf"], "error: lr must be a finite number ≥ 0, got inf"),
     (["--grad-clip", "nan"], "error: grad_clip must be a finite number > 0 or None, got nan"),
+    (["--seed", "-7"], "error: seed must be an int ≥ 0, got -7"),
     (["--device", "cuda:7"], "error: --device cuda:7: "),
     (["--parallel", "fsdp"], "error: --parallel fsdp shards the model over several processes, but this run has one"),
 ])

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DataError", "Tokenizer", "load_tokenizer", "check_tokenizer", "read_stream", "split_stream", "Windows", "TEXT_SUFFIXES",
-           "JSONL_SUFFIX", "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
+__all__ = ["DataError", "Tokenizer", "load_tokenizer", "check_tokenizer", "read_stream", "split_stream", "Windows",
+           "TEXT_SUFFIXES", "JSONL_SUFFIX", "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIX = ".jsonl"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from .config import ConfigFileError
 
-__all__ = ["CHECKPOINT", "LOG", "PLOT", "MODEL_DIR", "OutputError", "check_out", "check_out_path", "check_space", "checkpoint_bytes",
-           "write_text", "replace_dir"]
+__all__ = ["CHECKPOINT", "LOG", "PLOT", "MODEL_DIR", "OutputError", "check_out", "check_out_path", "check_space",
+           "checkpoint_bytes", "write_text", "replace_dir"]
 
 CHECKPOINT, LOG, PLOT, MODEL_DIR = "checkpoint.pt", "log.jsonl", "loss.png", "model"
 

@@ -94,7 +94,8 @@ def _bench_train(args):
               head_dim=args.head_dim, vocab_size=args.vocab_size, shapes=args.shapes, batch=args.batch,
               lengths=args.lengths,
               steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
-              threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build)
+              threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build,
+              grad_checkpoint=args.grad_checkpoint)
     try:
         check_args(**kw)
         cliargs.writable_dir("--out", args.out)
@@ -220,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--build", nargs="+", default=["device"], choices=["device", "moved", "from_pretrained"],
                     help="how each LM is made: built under torch.device(--device), built on the CPU then moved, "
                          "or saved and loaded by LM.from_pretrained then moved (several: a row each)")
+    tr.add_argument("--grad-checkpoint", nargs="?", const="both", default="off", choices=["off", "on", "both"],
+                    help="gradient checkpointing per block in the step (as `fastweights train --grad-checkpoint`): off "
+                         "(default), on (every row), or both (each model's plain row and its '+ grad ckpt' row, with "
+                         "the peak memory and tokens/s against the plain one; the bare flag means both)")
     tr.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")

@@ -46,6 +46,14 @@ RMSNorms, the delta prologue): "auto" (default: their Triton kernels on CUDA), "
 PyTorch ops everywhere, the memory's backend unchanged — the A/B of the layer-level kernels) or
 "triton". The setting applies to every row of the run, softmax_attention's included.
 
+--grad-checkpoint: "off" (default), "on" (every row with gradient checkpointing per block:
+`LM.set_gradient_checkpointing`, each block keeps its input and recomputes its activations in
+backward, as `fastweights train --grad-checkpoint` runs) or "both" (each model's plain row, then its
+row "<model> + grad ckpt" — the bare flag means both). A checkpointed row is compared with the
+softmax_attention row of the same setting, and with its own plain row when that ran: "peak vs
+plain" (the memory checkpointing saves, CUDA only) and "tokens/s vs plain" (what the recomputation
+costs).
+
 Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
 same for every model.
 """
@@ -84,6 +92,9 @@ BUILDS = ("device", "moved", "from_pretrained")
 DTYPES = ("bfloat16", "float32")
 """--dtype: bf16 autocast over fp32 weights, or plain fp32."""
 
+GRAD_CKPT = ("off", "on", "both")
+"""--grad-checkpoint: rows without, with, or both (see the module doc)."""
+
 
 @dataclass
 class TrainRow:
@@ -105,6 +116,9 @@ class TrainRow:
     step_ms_all: list[float] = field(default_factory=list)
     loss: float | None = None  # the last timed step's loss (a finite number: the step really ran)
     error: str = ""
+    grad_ckpt: bool = False  # gradient checkpointing per block (LM.set_gradient_checkpointing)
+    peak_vs_plain: float | None = None  # a checkpointed row: this peak / the same row without checkpointing
+    tokens_vs_plain: float | None = None  # a checkpointed row: this tokens/s / the same row's without
 
 
 def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Sequence[int] | None
@@ -155,7 +169,7 @@ _CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
-               backend="auto", layer_ops="auto", build=("device",)) -> list[tuple[int, int]]:
+               backend="auto", layer_ops="auto", build=("device",), grad_checkpoint="off") -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -174,6 +188,8 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
         raise ca.ArgError(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
     if layer_ops not in LAYER_OPS:
         raise ca.ArgError(f"--layer-ops must be one of {', '.join(LAYER_OPS)}, got {layer_ops!r}")
+    if grad_checkpoint not in GRAD_CKPT:
+        raise ca.ArgError(f"--grad-checkpoint must be one of {', '.join(GRAD_CKPT)}, got {grad_checkpoint!r}")
     if isinstance(build, str) or not build or any(b not in BUILDS for b in build):
         raise ca.ArgError(f"--build takes one or more of {', '.join(BUILDS)}, got {build!r}")
     ca.device("--device", device)
@@ -238,6 +254,7 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
     """Fill row's measurements (raises on failure; the caller records the error)."""
     lm = _build(cfg, device, row.build)
     lm.train()
+    lm.set_gradient_checkpointing(row.grad_ckpt)
     row.params = lm.num_parameters()
     opt, row.optimizer = _optimizer(lm, device)
 
@@ -287,22 +304,28 @@ def _ratio(a, b):
 def _fill_ratios(rows: list[TrainRow]) -> None:
     """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T, build)."""
     for r in rows:
-        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build) == (r.B, r.T, r.build)
-                     and not b.error), None)
+        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build, b.grad_ckpt)
+                     == (r.B, r.T, r.build, r.grad_ckpt) and not b.error), None)
         r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
         r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
+        plain = next((b for b in rows if r.grad_ckpt and not b.grad_ckpt and not b.error
+                      and (b.model, b.B, b.T, b.build) == (r.model, r.B, r.T, r.build)), None)
+        r.tokens_vs_plain = _ratio(r.tokens_per_s, plain.tokens_per_s) if plain and not r.error else None
+        r.peak_vs_plain = _ratio(r.peak_bytes, plain.peak_bytes) if plain and not r.error else None
 
 
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
               dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
-              out_dir="runs/bench/train", command=None, log: Callable[[str], None] = print) -> list[TrainRow]:
+              grad_checkpoint="off", out_dir="runs/bench/train", command=None,
+              log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
     build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
     pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
                        warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
-                       layer_ops=layer_ops, build=build)
+                       layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint)
+    ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[grad_checkpoint]
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -313,12 +336,14 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
     kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
               backend=backend, layer_ops=layer_ops)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
-                                  threads=threads, out_dir=out_dir, build=build, **kw)
+                                  threads=threads, out_dir=out_dir, build=build, grad_checkpoint=grad_checkpoint,
+                                  **kw)
     setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
              f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
-             f"built {', '.join(build)}, layer ops {layer_ops}")
-    n_rows = len(pairs) * len(build) * len(models)
+             f"built {', '.join(build)}, layer ops {layer_ops}"
+             + ("" if grad_checkpoint == "off" else f", gradient checkpointing {grad_checkpoint}"))
+    n_rows = len(pairs) * len(build) * len(models) * len(ckpts)
     log(f"bench train: {n_rows} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
     log(HEADER)
     rows: list[TrainRow] = []
@@ -326,10 +351,11 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
     for B, T in pairs:
         for b in build:
             for m in models:
-                row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
-                               build=b)
-                _row(row, rows, _config(m, **kw), dev, dtype == "bfloat16", steps, warmup, out_dir, command, setup,
-                     log)
+                for g in ckpts:
+                    row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
+                                   build=b, grad_ckpt=g)
+                    _row(row, rows, _config(m, **kw), dev, dtype == "bfloat16", steps, warmup, out_dir, command,
+                         setup, log)
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
     return rows
 
@@ -353,13 +379,14 @@ def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, 
 
 
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
-             num_heads, head_dim, backend, layer_ops="auto", build=("device",)) -> str:
+             num_heads, head_dim, backend, layer_ops="auto", build=("device",), grad_checkpoint="off") -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
                     ("--head-dim", head_dim), ("--vocab-size", vocab_size), ("--steps", steps),
                     ("--warmup", warmup), ("--device", device), ("--dtype", dtype), ("--backend", backend),
-                    ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir)):
+                    ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir),
+                    ("--grad-checkpoint", grad_checkpoint)):
         parts += [flag, str(v)]
     parts += ["--build", *build]
     return " ".join(shlex.quote(p) for p in parts)
@@ -382,14 +409,17 @@ def _fmt(r: TrainRow) -> str:
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
     tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""
-    return (f"| {r.model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
+    model = f"{r.model} + grad ckpt" if r.grad_ckpt else r.model
+    return (f"| {model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
             f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
-            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} |{err}")
+            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")
 
 
 HEADER = ("| model | B×T | build | params | backends | optimizer | step ms | tokens/s | peak GiB "
-          "| tokens/s vs softmax | peak vs softmax |\n|---|---|---|---:|---|---|---:|---:|---:|---:|---:|")
-"""vs softmax: this row over the softmax_attention row of the same B×T and build."""
+          "| tokens/s vs softmax | peak vs softmax | tokens/s vs plain | peak vs plain |\n"
+          "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+"""vs softmax: this row over the softmax_attention row of the same B×T, build and checkpointing; vs plain:
+a "+ grad ckpt" row over the same model's row without gradient checkpointing."""
 
 
 def format_table(rows: Sequence[TrainRow]) -> str:

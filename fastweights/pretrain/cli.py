@@ -4,7 +4,9 @@ file < flags; `--model key=value` sets one LMConfig field, the value read as JSO
 Exit status: 0 done; 2 a bad setting, data file or --out (one line, before any training); 1 the run
 directory could not be written mid-run (the last good checkpoint is kept and named); 130 stopped
 by SIGINT/SIGTERM after saving a checkpoint at the step boundary (one line saying how to resume).
---fresh discards what an earlier run left in --out instead of resuming it."""
+--fresh discards what an earlier run left in --out instead of resuming it. An existing run given a
+larger --steps goes on to that step (the learning rate follows the new number of steps' schedule).
+--init-from DIR starts a new run from a saved model's weights."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import sys
 __all__ = ["add_cli", "cli_main", "config_from_args"]
 
 _FLAGS = [  # (flag, type, help)
-    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png); an existing run resumes"),
+    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png); an existing run resumes (with a "
+                 "larger --steps it goes on to them)"),
     ("tokenizer", str, "'bytes' (default) or a local Hugging Face tokenizer directory"),
     ("preset", str, "cpu (default: minutes on a CPU) or gpu-125m"),
-    ("steps", int, "optimizer steps"),
+    ("steps", int, "optimizer steps (raised on an existing run: it trains on to the new number, the learning "
+                   "rate following the new schedule)"),
     ("batch_size", int, "sequences per optimizer step (all ranks together)"),
     ("seq_len", int, "tokens per sequence"),
     ("grad_accum", int, "micro-batches per step and rank"),
@@ -38,6 +42,10 @@ _FLAGS = [  # (flag, type, help)
     ("parallel", str, "ddp or fsdp (FSDP2) under torchrun"),
     ("threads", int, "torch CPU threads"),
     ("progress", str, "auto, tqdm, plain or none"),
+    ("init_from", str, "start a new run (step 0, fresh optimizer, its own --out) from the weights of a model "
+                       "directory (save_pretrained, e.g. a run's out/model/) or a run directory; the model config "
+                       "comes from there (--model may only repeat it)"),
+    ("text_key", str, "the key of each line's text in .jsonl data (default: text)"),
 ]
 
 
@@ -45,13 +53,18 @@ def add_cli(sub) -> None:
     t = sub.add_parser("train", help="pretrain a language model on your own text (or token files)",
                        description=__doc__)
     t.add_argument("--data", nargs="+", default=None,
-                   help="text files or directories (UTF-8), .npy or .bin token files")
+                   help="text files or directories (UTF-8), .jsonl files (one JSON object a line, its text under "
+                        "--text-key), .npy or .bin token files")
     t.add_argument("--config", default=None, help="a JSON or TOML file of settings")
     t.add_argument("--model", action="append", default=[], metavar="FIELD=VALUE",
                    help="an LMConfig field, e.g. --model d_model=256 --model 'mixer=[\"gated_deltanet\"]'")
     t.add_argument("--fresh", action="store_true",
                    help="discard the checkpoint, model, log and curve an earlier run left in --out and start "
                         "again (without it, a run resumes, and refuses other settings or other data)")
+    t.add_argument("--grad-checkpoint", dest="grad_checkpoint", action=argparse.BooleanOptionalAction, default=None,
+                   help="gradient checkpointing per block: each block recomputes its activations in backward (less "
+                        "activation memory, the same gradients, about one more forward per step); recorded in the "
+                        "run, so a resume keeps it unless --no-grad-checkpoint")
     for name, typ, help_ in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     t.set_defaults(fn=cli_main)
@@ -64,6 +77,8 @@ def config_from_args(args):
     if args.config:
         layers.append(load_config_file(args.config))
     flags = {name: getattr(args, name) for name, _, _ in _FLAGS if getattr(args, name) is not None}
+    if getattr(args, "grad_checkpoint", None) is not None:
+        flags["grad_checkpoint"] = args.grad_checkpoint
     if args.data is not None:
         flags["data"] = args.data
     model = {}
@@ -104,13 +119,19 @@ def cli_main(args) -> int:
     from ..training.control import Interrupted
     from ..training.distributed import dist_info
     from .config import ConfigFileError
-    from .data import DataError
+    from .data import DataError, check_tokenizer
     from .loop import train
-    from .rundir import OutputError
+    from .rundir import OutputError, check_out_path
 
     try:
         cfg = config_from_args(args)
         check_device(args, cfg)
+        check_out_path(cfg.out)
+        check_tokenizer(cfg.tokenizer)
+        if cfg.init_from is not None:
+            from .loop import init_from_dir
+
+            init_from_dir(cfg.init_from)
         if not cfg.data:
             raise ConfigFileError("data: give --data (text files, directories, .npy or .bin) or 'data' in --config")
         summary = train(cfg, fresh=args.fresh)

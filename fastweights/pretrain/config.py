@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,14 @@ class PretrainConfig:
     device:      "cpu", "cuda"; under torchrun each rank uses cuda:LOCAL_RANK.
     parallel:    "ddp" or "fsdp" (FSDP2 `fully_shard` per block) when several processes run.
     threads:     torch CPU threads (None: torch's default).
+    grad_checkpoint: gradient (activation) checkpointing per block (`LM.set_gradient_checkpointing`:
+                 each block keeps its input and recomputes its activations in backward — less memory,
+                 the same gradients, ≈ one more forward per step). None: off for a new run, the
+                 checkpoint's setting on resume (it changes no number, so a resume may turn it on or off).
+    init_from:   a `save_pretrained` model directory (or a run directory, for its model/): a new run
+                 starts from those weights (fresh optimizer and schedule, step 0) and takes its
+                 model config from there; `model` may only repeat the checkpoint's fields.
+    text_key:    the key of each JSON object's text in .jsonl sources.
     """
 
     data: list[str] = field(default_factory=list)
@@ -79,6 +88,9 @@ class PretrainConfig:
     parallel: str = "ddp"
     threads: int | None = None
     progress: str = "auto"
+    grad_checkpoint: bool | None = None
+    init_from: str | None = None
+    text_key: str = "text"
 
     def __post_init__(self):
         if isinstance(self.data, (str, Path)):
@@ -89,21 +101,25 @@ class PretrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigFileError(f"{name} must be a positive int, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigFileError(f"seed must be an int ≥ 0, got {self.seed!r}")
         for name in ("lr", "min_lr", "warmup", "weight_decay", "val_fraction"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ConfigFileError(f"{name} must be a number ≥ 0, got {v!r}")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ConfigFileError(f"{name} must be a finite number ≥ 0, got {v!r}")
         if not self.lr > 0 or self.min_lr > self.lr:
             raise ConfigFileError(f"lr must be > 0 and min_lr ≤ lr, got lr={self.lr}, min_lr={self.min_lr}")
         if self.val_fraction >= 1:
             raise ConfigFileError(f"val_fraction must be < 1, got {self.val_fraction}")
         if self.warmup >= 1 and not float(self.warmup).is_integer():
             raise ConfigFileError(f"warmup must be a fraction < 1 or a whole number of steps, got {self.warmup}")
-        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
-            raise ConfigFileError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        if self.grad_clip is not None and not (isinstance(self.grad_clip, (int, float))
+                                               and not isinstance(self.grad_clip, bool)
+                                               and math.isfinite(self.grad_clip) and self.grad_clip > 0):
+            raise ConfigFileError(f"grad_clip must be a finite number > 0 or None, got {self.grad_clip!r}")
         b = self.betas
         if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(isinstance(x, (int, float)) and 0 <= x < 1
-                                                                      for x in b)):
+                                                                      for x in b)):  # (nan fails 0 <= x)
             raise ConfigFileError(f"betas must be two numbers in [0, 1), got {b!r}")
         self.betas = (float(b[0]), float(b[1]))
         for name, allowed in (("dtype", ("float32", "bfloat16")), ("parallel", ("ddp", "fsdp")),
@@ -112,6 +128,16 @@ class PretrainConfig:
                 raise ConfigFileError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
         if not isinstance(self.model, dict):
             raise ConfigFileError(f"model must be a table of LMConfig fields, got {type(self.model).__name__}")
+        if self.grad_checkpoint is not None and not isinstance(self.grad_checkpoint, bool):
+            raise ConfigFileError(f"grad_checkpoint must be true or false, got {self.grad_checkpoint!r}")
+        if self.init_from is not None:
+            if isinstance(self.init_from, Path):
+                self.init_from = str(self.init_from)
+            if not isinstance(self.init_from, str) or not self.init_from:
+                raise ConfigFileError(f"init_from must be a model directory, got {self.init_from!r}")
+        if not isinstance(self.text_key, str) or not self.text_key:
+            raise ConfigFileError(f"text_key must be a non-empty string (the JSON key of each .jsonl line's text), "
+                                  f"got {self.text_key!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigFileError(f"threads must be a positive int or None, got {self.threads!r}")
 
@@ -126,14 +152,17 @@ class PretrainConfig:
     @classmethod
     def build(cls, *layers: dict[str, Any]) -> PretrainConfig:
         """preset (named by the last layer that sets `preset`, default "cpu") < layers in order;
-        `model` tables merge field by field."""
+        `model` tables merge field by field. With `init_from` the model comes from that checkpoint: the
+        preset's model fields are left out, and `model` holds only the fields the layers set."""
         preset = "cpu"
+        init_from = None
         for layer in layers:
             preset = layer.get("preset", preset)
+            init_from = layer.get("init_from", init_from)
         if preset not in PRESETS:
             raise ConfigFileError(f"preset={preset!r} is not one of {list(PRESETS)}")
         merged: dict[str, Any] = {"preset": preset, **{k: v for k, v in PRESETS[preset].items() if k != "model"}}
-        model = dict(PRESETS[preset]["model"])
+        model = {} if init_from is not None else dict(PRESETS[preset]["model"])
         names = {f.name for f in dataclasses.fields(cls)}
         for layer in layers:
             unknown = set(layer) - names

@@ -3,6 +3,9 @@
 Sources (nothing is downloaded):
   * text: UTF-8 files, or directories (every *.txt, *.md, *.rst, *.text file below, sorted); each
     file is one document, tokenized and followed by the end-of-text token;
+  * JSON lines: `.jsonl` files (named, not found in directories), one JSON object per line, each
+    object one document: its text under `text_key` ("text" by default), tokenized as a text file's
+    document and followed by the end-of-text token (blank lines are skipped);
   * tokens: `.npy` (a 1-D integer array) or `.bin` (raw little-endian uint16, nanoGPT's format),
     already tokenized, documents separated by the tokenizer's end-of-text id.
 Tokenizers: "bytes" (UTF-8 bytes 0–255, end-of-text 256: `fastweights.hf.ByteTokenizer`'s ids,
@@ -18,9 +21,10 @@ reads exactly the samples an uninterrupted run reads.
 
 Data key (`data_key`): what a run was trained on — every source file in order (its path, size in
 bytes and SHA-256 of its bytes: the text that was tokenized or the token file), the tokenizer's
-identity (name, vocabulary size, end-of-text id, a SHA-256 of its definition) and the sequence
-length. A run stores it in its checkpoint and refuses to resume on other data (`data_key_diff`
-names what changed: files added, removed or changed, the tokenizer, seq_len).
+identity (name, vocabulary size, end-of-text id, a SHA-256 of its definition), the sequence
+length and, when a .jsonl file is read, the key its text was read from. A run stores it in its
+checkpoint and refuses to resume on other data (`data_key_diff` names what changed: files added,
+removed or changed, the tokenizer, seq_len, the JSON text key).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DataError", "Tokenizer", "load_tokenizer", "read_stream", "split_stream", "Windows", "TEXT_SUFFIXES",
-           "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
+__all__ = ["DataError", "Tokenizer", "load_tokenizer", "check_tokenizer", "read_stream", "split_stream", "Windows",
+           "TEXT_SUFFIXES", "JSONL_SUFFIX", "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
+JSONL_SUFFIX = ".jsonl"
 BYTE_EOS = 256
 IGNORE_INDEX = -100
 
@@ -72,13 +77,18 @@ class Tokenizer:
                 "sha256": hashlib.sha256(definition.encode("utf-8")).hexdigest()}
 
 
+def check_tokenizer(spec: str) -> None:
+    """"bytes" or an existing directory (what `load_tokenizer` reads), without loading it."""
+    if spec != "bytes" and not Path(spec).is_dir():
+        raise DataError(f"--tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     """"bytes", or a local directory holding a Hugging Face tokenizer (never downloaded)."""
     if spec == "bytes":
         return Tokenizer("bytes", eos_id=BYTE_EOS, vocab_size=BYTE_EOS + 1)
+    check_tokenizer(spec)
     path = Path(spec)
-    if not path.is_dir():
-        raise DataError(f"tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -104,8 +114,8 @@ def _text_files(path: Path) -> list[Path]:
 
 
 def source_files(paths) -> list[tuple[Path, str]]:
-    """(file, kind) of every source in order, kind "npy", "bin" or "text" (a directory gives its
-    text files, sorted)."""
+    """(file, kind) of every source in order, kind "npy", "bin", "jsonl" or "text" (a directory gives
+    its text files, sorted)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     if not paths:
@@ -113,7 +123,7 @@ def source_files(paths) -> list[tuple[Path, str]]:
     out = []
     for spec in paths:
         p = Path(spec)
-        if p.suffix in (".npy", ".bin") and p.is_file():
+        if p.suffix in (".npy", ".bin", JSONL_SUFFIX) and p.is_file():
             out.append((p, p.suffix[1:]))
         else:
             out.extend((f, "text") for f in _text_files(p))
@@ -130,10 +140,39 @@ def _bin_tokens(p: Path) -> np.ndarray:
     return np.memmap(p, dtype="<u2", mode="r")
 
 
-def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
+def _jsonl_documents(p: Path, text_key: str) -> list[str]:
+    """The text of every line's JSON object (blank lines skipped); DataError naming file:line."""
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text ({e})") from None
+    docs = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{n}: not a JSON object ({e.msg}); a .jsonl file holds one JSON object per "
+                            "line") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{p}:{n}: a JSON {type(obj).__name__}, expected an object with its text under "
+                            f"{text_key!r}")
+        if text_key not in obj:
+            keys = ", ".join(map(repr, list(obj)[:8])) or "none"
+            raise DataError(f"{p}:{n}: no key {text_key!r} (the text key, --text-key) in this object; its keys: {keys}")
+        if not isinstance(obj[text_key], str):
+            raise DataError(f"{p}:{n}: {text_key!r} holds a {type(obj[text_key]).__name__}, expected a string of text")
+        docs.append(obj[text_key])
+    if not docs:
+        raise DataError(f"{p}: no JSON lines in this .jsonl file")
+    return docs
+
+
+def read_stream(paths, tokenizer: Tokenizer, text_key: str = "text") -> np.ndarray:
     """Every source, in order, as one token stream [N] (documents end with eos_id). A single .npy
     or .bin source stays memory-mapped in its own dtype (windows are converted batch by batch);
-    several sources are concatenated into int64."""
+    several sources are concatenated into int64. text_key: the key of a .jsonl object's text."""
     parts: list[np.ndarray] = []
     for p, kind in source_files(paths):
         if kind == "npy":
@@ -146,6 +185,12 @@ def read_stream(paths, tokenizer: Tokenizer) -> np.ndarray:
             parts.append(arr)
         elif kind == "bin":
             parts.append(_bin_tokens(p))
+        elif kind == "jsonl":
+            ids: list[int] = []
+            for doc in _jsonl_documents(p, text_key):
+                ids += tokenizer.encode(doc)
+                ids.append(tokenizer.eos_id)
+            parts.append(np.array(ids, dtype=np.int64))
         else:
             try:
                 text = p.read_text(encoding="utf-8")
@@ -167,11 +212,16 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def data_key(paths, tokenizer: Tokenizer, seq_len: int) -> dict:
+def data_key(paths, tokenizer: Tokenizer, seq_len: int, text_key: str = "text") -> dict:
     """What a run is trained on (see the module doc): {"files": [{"path", "bytes", "sha256"}, ...]
-    in stream order, "tokenizer": Tokenizer.identity(), "seq_len"}. Reads every source file once."""
-    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p, _ in source_files(paths)]
-    return {"files": files, "tokenizer": tokenizer.identity(), "seq_len": int(seq_len)}
+    in stream order, "tokenizer": Tokenizer.identity(), "seq_len"} and "text_key" when a .jsonl
+    file is among the sources. Reads every source file once."""
+    sources = source_files(paths)
+    files = [{"path": str(p), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p, _ in sources]
+    key = {"files": files, "tokenizer": tokenizer.identity(), "seq_len": int(seq_len)}
+    if any(kind == "jsonl" for _, kind in sources):
+        key["text_key"] = text_key
+    return key
 
 
 def data_key_diff(old: dict, new: dict) -> list[str]:
@@ -198,6 +248,8 @@ def data_key_diff(old: dict, new: dict) -> list[str]:
                                    else f"{tb.get('name')!r} has another definition"))
     if old.get("seq_len") != new.get("seq_len"):
         out.append(f"seq_len {old.get('seq_len')} -> {new.get('seq_len')}")
+    if "text_key" in old and "text_key" in new and old["text_key"] != new["text_key"]:
+        out.append(f"text_key {old['text_key']!r} -> {new['text_key']!r} (the .jsonl text key)")
     return out
 
 

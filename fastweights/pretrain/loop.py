@@ -24,6 +24,19 @@ log lines written after that checkpoint (by the killed run) are dropped from log
 checkpoint is resumed only by a run with the same settings (`_RESUME_KEYS`) and the same data
 (`fastweights.pretrain.data.data_key`: files, sizes, content hashes, tokenizer, seq_len); either
 mismatch is refused naming what changed, unless `fresh=True` (`--fresh`) discards the old run.
+`steps` may grow: a run (finished or not) resumed with more steps goes on to the new last step, its
+learning rate following the schedule of the new number of steps from the checkpoint's step on
+(for a finished cosine: back up from min_lr to that schedule's value there); fewer steps than the
+checkpoint holds is refused.
+
+Gradient checkpointing (`grad_checkpoint`): `LM.set_gradient_checkpointing` on the model, so each
+block keeps its input and recomputes its activations in backward (the same loss and gradients);
+recorded in the run's config, and a resume that does not set it keeps the checkpoint's.
+
+`init_from` (a `save_pretrained` directory, or a run directory's model/): a new run — step 0, a
+fresh optimizer and schedule, its own `out` — from those weights, with the checkpoint's model
+config (model fields that differ from it are refused, and so is a tokenizer with more ids than
+the model embeds).
 
 Before any work: the device is usable, `out` is a writable directory (not a file) and its disk
 holds a checkpoint (`fastweights.pretrain.rundir`). Stopping: SIGINT or SIGTERM during training
@@ -41,6 +54,7 @@ loss.png (train and validation loss against step).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -76,9 +90,10 @@ from .rundir import (
 )
 
 __all__ = ["train", "lr_factor"]
-# settings a resumed run must share with its checkpoint (they fix the data order and the model)
+# settings a resumed run must share with its checkpoint (they fix the data order and the model); "steps"
+# may grow (the run goes on to the new number of steps), never fall below the checkpoint's step
 _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "val_fraction", "steps", "lr",
-                "min_lr", "warmup")
+                "min_lr", "warmup", "init_from", "text_key")
 
 
 def lr_factor(cfg: PretrainConfig, step: int) -> float:
@@ -87,12 +102,61 @@ def lr_factor(cfg: PretrainConfig, step: int) -> float:
     return training_step.lr_factor(step, total=cfg.steps, warmup=cfg.warmup_steps(), floor=cfg.min_lr / cfg.lr)
 
 
-def _lm_config(cfg: PretrainConfig, vocab: int) -> LMConfig:
+def _lm_config(cfg: PretrainConfig, tok) -> LMConfig:
     fields = dict(cfg.model)
-    fields.setdefault("vocab_size", -(-vocab // 64) * 64)
-    if fields["vocab_size"] < vocab:
-        raise DataError(f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's {vocab}")
+    fields.setdefault("vocab_size", -(-tok.vocab_size // 64) * 64)
+    if fields["vocab_size"] < tok.vocab_size:
+        raise DataError(f"--model vocab_size={fields['vocab_size']} is smaller than the tokenizer's {tok.vocab_size} "
+                        f"ids (--tokenizer {tok.name}: ids 0 … {tok.vocab_size - 1}, end-of-text {tok.eos_id}); "
+                        "leave vocab_size out (the tokenizer's, rounded up to a multiple of 64) or raise it")
     return LMConfig.from_dict(fields)
+
+
+def init_from_dir(spec) -> Path:
+    """The model directory `--init-from` names: a `save_pretrained` directory (config.json and
+    model.safetensors), or a `fastweights train` run directory, for its model/; ConfigFileError
+    naming the flag otherwise."""
+    from ..models.checkpoint import CONFIG_NAME, WEIGHTS_NAME
+
+    p = Path(spec)
+    if (p / WEIGHTS_NAME).is_file() and (p / CONFIG_NAME).is_file():
+        return p
+    if (p / MODEL_DIR / WEIGHTS_NAME).is_file() and (p / MODEL_DIR / CONFIG_NAME).is_file():
+        return p / MODEL_DIR
+    what = "no such directory" if not p.exists() else "not a directory" if not p.is_dir() else (
+        f"holds no {CONFIG_NAME} and {WEIGHTS_NAME}, nor a {MODEL_DIR}/ with them")
+    raise ConfigFileError(f"--init-from {spec}: {what}; expected a model directory written by save_pretrained "
+                          f"({CONFIG_NAME} and {WEIGHTS_NAME}, e.g. a run's {MODEL_DIR}/) or a `fastweights train` "
+                          "run directory")
+
+
+def _init_model(cfg: PretrainConfig, tok) -> tuple[PretrainConfig, LM]:
+    """--init-from: (cfg with the checkpoint's model fields, the loaded LM), after refusing model
+    fields that differ from the checkpoint's and a tokenizer whose ids the model cannot embed."""
+    from ..models import CheckpointError, ConfigError
+
+    d = init_from_dir(cfg.init_from)
+    try:
+        src = LM.from_pretrained(d)
+    except CheckpointError as e:
+        raise ConfigFileError(f"--init-from {cfg.init_from}: {e}") from None
+    theirs = src.config.to_dict()
+    try:
+        asked = LMConfig.from_dict({**theirs, **cfg.model}).to_dict()
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigFileError(f"--init-from {cfg.init_from}: --model {e}") from None
+    conflict = [k for k in asked if asked[k] != theirs.get(k)]
+    if conflict:
+        k = conflict[0]
+        raise ConfigFileError(f"--init-from {cfg.init_from}: the model comes from the checkpoint, but --model "
+                              f"{k}={json.dumps(cfg.model.get(k, asked[k]))} conflicts with its {k}="
+                              f"{json.dumps(theirs.get(k))}; leave --model out")
+    V = src.config.vocab_size
+    if tok.vocab_size > V:
+        raise DataError(f"--init-from {cfg.init_from}: its model embeds {V} token ids, but --tokenizer {tok.name} "
+                        f"has {tok.vocab_size} (end-of-text {tok.eos_id}); train with the tokenizer the model was "
+                        "made for (--tokenizer DIR)")
+    return dataclasses.replace(cfg, model=theirs), src
 
 
 def _wrap(model: nn.Module, cfg: PretrainConfig, device: torch.device) -> nn.Module:
@@ -231,6 +295,15 @@ def _check_device(cfg: PretrainConfig) -> None:
         raise ConfigFileError(f"--device {cfg.device}: MPS is not available here; use --device cpu")
 
 
+def _check_parallel(cfg: PretrainConfig) -> None:
+    """--parallel fsdp shards the model over the processes torchrun starts; with one process there is
+    nothing to shard over, and running unsharded instead would be a silent change of what was asked."""
+    if cfg.parallel == "fsdp" and dist_info().world_size <= 1:
+        raise ConfigFileError("--parallel fsdp shards the model over several processes, but this run has one "
+                              "(not launched by torchrun, or WORLD_SIZE=1); launch it with torchrun "
+                              "--nproc_per_node N, or leave out --parallel fsdp")
+
+
 def _together(err: Exception | None, device, cls: type[Exception] = OutputError) -> None:
     """Every rank learns whether any rank failed (rank 0 checks and writes the run directory): this
     rank raises its own error; a rank without one raises `cls` pointing at rank 0's message, so
@@ -260,6 +333,7 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
+    _check_parallel(cfg)
     init_distributed(cfg.device)
     info = dist_info()
     device = torch.device(cfg.device)
@@ -287,18 +361,25 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     sync = functools.partial(all_reduce_sum, device=_sync_device(device))
 
     tok = load_tokenizer(cfg.tokenizer)
-    stream = read_stream(cfg.data, tok)
-    key = data_key(cfg.data, tok, cfg.seq_len)
+    src = None
+    if cfg.init_from is not None:
+        cfg, src = _init_model(cfg, tok)
+    stream = read_stream(cfg.data, tok, cfg.text_key)
+    key = data_key(cfg.data, tok, cfg.seq_len, cfg.text_key)
     train_stream, val_stream = split_stream(stream, cfg.val_fraction, tok.eos_id)
     tw = Windows(train_stream, cfg.seq_len, tok.eos_id, seed=cfg.seed)
     vw = Windows(val_stream, cfg.seq_len, tok.eos_id, seed=cfg.seed)
     if len(tw) == 0:
         raise DataError(f"data: {len(train_stream)} training tokens hold no window of seq_len + 1 = "
                         f"{cfg.seq_len + 1} tokens; give more text or a smaller seq_len")
-    lm_config = _lm_config(cfg, tok.vocab_size)
+    lm_config = _lm_config(cfg, tok)
 
     torch.manual_seed(cfg.seed)
-    base = LM(lm_config).to(device)
+    base = LM(lm_config)
+    if src is not None:
+        base.load_state_dict(src.state_dict())
+        del src
+    base = base.to(device)
     err = None
     if info.is_main:
         try:
@@ -322,10 +403,14 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
         except Exception as e:
             raise DataError(f"{ckpt_path} cannot be read ({e}); pass --fresh to start the run afresh") from None
         mine, theirs = cfg.to_dict(), ck["config"]
-        diff = [k for k in _RESUME_KEYS if mine.get(k) != theirs.get(k)]
+        diff = [k for k in _RESUME_KEYS if mine.get(k, PretrainConfig.__dataclass_fields__[k].default)
+                != theirs.get(k, PretrainConfig.__dataclass_fields__[k].default) and k != "steps"]
         if diff:
             raise DataError(f"{ckpt_path} was written by a run with other settings ({', '.join(diff)}); "
                             "pass --fresh to discard it and start again, or use another --out")
+        if cfg.steps < int(ck["step"]):
+            raise DataError(f"{ckpt_path} holds step {ck['step']}, past --steps {cfg.steps}; give --steps ≥ "
+                            f"{ck['step']} to go on, --fresh to discard it and start again, or another --out")
         changed = data_key_diff(ck["data_key"], key) if "data_key" in ck else [
             "the checkpoint records no data key (written before runs kept one)"]
         if changed:
@@ -336,7 +421,20 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
         sched.load_state_dict(ck["sched"])
         set_rng_state(ck["rng"])
         start = int(ck["step"])
-        prog.log(f"resuming {out} at step {start}")
+        if cfg.steps != theirs.get("steps"):  # the schedule of the new number of steps from here on
+            for g, base_lr in zip(opt.param_groups, sched.base_lrs):
+                g["lr"] = base_lr * lr_factor(cfg, start)
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+            if info.is_main:
+                prog.log(f"resuming {out} at step {start}, now for {cfg.steps} steps (it was run for "
+                         f"{theirs.get('steps')}; the learning rate follows the schedule of {cfg.steps} steps from "
+                         f"step {start} on)")
+        else:
+            prog.log(f"resuming {out} at step {start}")
+        if cfg.grad_checkpoint is None:  # (a resume keeps the run's setting unless told otherwise)
+            cfg = dataclasses.replace(cfg, grad_checkpoint=bool(theirs.get("grad_checkpoint")))
+    cfg = dataclasses.replace(cfg, grad_checkpoint=bool(cfg.grad_checkpoint))
+    base.set_gradient_checkpointing(cfg.grad_checkpoint)
     history = [] if fresh else _read_log(log_path, start)
     saved = {"checkpoint": start if start else None, "model": start if start else None}
     err = None

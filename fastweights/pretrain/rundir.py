@@ -24,8 +24,8 @@ from pathlib import Path
 
 from .config import ConfigFileError
 
-__all__ = ["CHECKPOINT", "LOG", "PLOT", "MODEL_DIR", "OutputError", "check_out", "check_space", "checkpoint_bytes",
-           "write_text", "replace_dir"]
+__all__ = ["CHECKPOINT", "LOG", "PLOT", "MODEL_DIR", "OutputError", "check_out", "check_out_path", "check_space",
+           "checkpoint_bytes", "write_text", "replace_dir"]
 
 CHECKPOINT, LOG, PLOT, MODEL_DIR = "checkpoint.pt", "log.jsonl", "loss.png", "model"
 
@@ -50,6 +50,22 @@ def check_out(out) -> Path:
         raise ConfigFileError(f"--out {p}: cannot write there ({e.strerror or e}); expected a writable "
                               "directory") from None
     return p
+
+
+def check_out_path(out) -> None:
+    """What `check_out` checks, without creating anything (the command line's check before any work):
+    `out` is not a file, and the nearest existing directory above it is writable."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ConfigFileError(f"--out {p}: is a file; expected a run directory (existing or to be created)")
+    up = p
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise ConfigFileError(f"--out {p}: {up} is a file, so no directory can be made there; expected a run "
+                              "directory (existing or to be created)")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise ConfigFileError(f"--out {p}: cannot write there (Permission denied); expected a writable directory")
 
 
 def checkpoint_bytes(n_parameters: int) -> int:

@@ -193,3 +193,69 @@ def test_a_failed_row_makes_the_command_exit_1_unless_keep_going(tmp_path, monke
     err = capsys.readouterr().err
     assert "error: 1 of 1 rows failed" in err and "OutOfMemoryError" in err
     assert cli.main(argv + ["--keep-going"]) == 0
+
+
+def test_grad_checkpoint_both_adds_a_checkpointed_row_beside_each_plain_one(tmp_path, monkeypatch, capsys):
+    """--grad-checkpoint (bare: both): each model's plain row, then its '+ grad ckpt' row, which really
+    recomputes (twice the block forwards under grad) and is compared with its plain row."""
+    from fastweights.models.lm import Block
+
+    calls = {True: 0, False: 0}
+    forward = Block.forward
+
+    def counted(self, *a, **k):
+        calls[torch.is_grad_enabled()] += 1
+        return forward(self, *a, **k)
+
+    monkeypatch.setattr(Block, "forward", counted)
+    seen = []
+    measure = train._measure
+
+    def spy(row, *a, **k):
+        before = calls[True]
+        measure(row, *a, **k)
+        seen.append((row.model, row.grad_ckpt, calls[True] - before))
+
+    monkeypatch.setattr(train, "_measure", spy)
+    rc = cli.main(["bench", "train", *TINY, "--lengths", "32", "--dtype", "float32", "--grad-checkpoint",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert data["command"].endswith("--grad-checkpoint both --build device")
+    assert "gradient checkpointing both" in data["setup"]
+    rows = data["rows"]
+    assert [(r["model"], r["grad_ckpt"]) for r in rows] == [
+        ("softmax_attention", False), ("softmax_attention", True), ("gated_deltanet", False), ("gated_deltanet", True)]
+    steps = 1 + 2  # warm-up + timed, 2 blocks each
+    assert [n for *_, n in seen] == [2 * steps, 4 * steps, 2 * steps, 4 * steps]
+    for r in rows:
+        assert not r["error"] and math.isfinite(r["loss"])
+        if r["grad_ckpt"]:
+            plain = next(p for p in rows if p["model"] == r["model"] and not p["grad_ckpt"])
+            assert r["tokens_vs_plain"] == pytest.approx(r["tokens_per_s"] / plain["tokens_per_s"])
+            assert r["peak_vs_plain"] is None  # CPU: no peak measured
+        else:
+            assert r["tokens_vs_plain"] is None
+    gdn = rows[3]
+    base = rows[1]  # the softmax row with checkpointing is this row's base
+    assert gdn["tokens_vs_base"] == pytest.approx(gdn["tokens_per_s"] / base["tokens_per_s"])
+    out = capsys.readouterr().out
+    assert "| gated_deltanet + grad ckpt | 1×32 |" in out and "| peak vs plain |" in out
+    # "on": only checkpointed rows
+    assert cli.main(["bench", "train", *TINY, "--lengths", "32", "--dtype", "float32", "--models", "gated_deltanet",
+                     "--grad-checkpoint", "on", "--out", str(tmp_path / "on")]) == 0
+    assert [r["grad_ckpt"] for r in json.loads((tmp_path / "on" / "train.json").read_text())["rows"]] == [True]
+    with pytest.raises(ArgError, match="^--grad-checkpoint"):
+        train.check_args(models=["gated_deltanet"], d_model=32, n_layers=2, num_heads=2, head_dim=16, vocab_size=64,
+                         lengths=[64], grad_checkpoint="yes")
+
+
+def test_peak_vs_plain_is_the_checkpointed_row_over_its_plain_row():
+    rows = [train.TrainRow("gated_deltanet", 1, 64, "bfloat16", "cuda:0", "AdamW fused", tokens_per_s=100.0,
+                           peak_bytes=1000),
+            train.TrainRow("gated_deltanet", 1, 64, "bfloat16", "cuda:0", "AdamW fused", tokens_per_s=80.0,
+                           peak_bytes=400, grad_ckpt=True)]
+    train._fill_ratios(rows)
+    assert rows[1].peak_vs_plain == pytest.approx(0.4) and rows[1].tokens_vs_plain == pytest.approx(0.8)
+    assert rows[0].peak_vs_plain is None and "| gated_deltanet + grad ckpt |" in train._fmt(rows[1])
+    assert train._fmt(rows[1]).endswith("| 0.80× | 0.40× |")

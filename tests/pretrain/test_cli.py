@@ -89,3 +89,21 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_status_1(tmp_path, text, caps
     assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY]) == 1
     _one_line(capsys, f"error: --out {tmp_path / 'run'}: writing checkpoint.pt at step 2 failed (No space left on "
                       "device); no checkpoint had been written yet")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min-lr", "nan"], "error: min_lr must be a finite number ≥ 0, got nan"),
+    (["--val-fraction", "nan"], "error: val_fraction must be a finite number ≥ 0, got nan"),
+    (["--lr", "inf"], "error: lr must be a finite number ≥ 0, got inf"),
+    (["--grad-clip", "nan"], "error: grad_clip must be a finite number > 0 or None, got nan"),
+    (["--seed", "-7"], "error: seed must be an int ≥ 0, got -7"),
+    (["--device", "cuda:7"], "error: --device cuda:7: "),
+    (["--parallel", "fsdp"], "error: --parallel fsdp shards the model over several processes, but this run has one"),
+])
+def test_values_that_would_start_a_wrong_run_are_refused_before_work(argv, message, tmp_path, text, capsys):
+    """nan learning rates or fractions, a CUDA device this machine lacks, FSDP without torchrun: one
+    line naming the flag, status 2, and no run directory."""
+    t0 = time.perf_counter()
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, *argv]) == 2
+    _one_line(capsys, message)
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "run").exists()

@@ -1,5 +1,6 @@
-"""`fastweights train` under torchrun with two CPU processes (gloo): DDP and FSDP2 reach the
-weights and validation loss of one process that accumulates the same global batch; a Ctrl-C stops
+"""`fastweights train` under torchrun with two CPU processes (gloo): DDP and FSDP2 (also with
+gradient checkpointing per block) reach the weights and validation loss of one process that
+accumulates the same global batch; a Ctrl-C stops
 every rank at one step boundary after one checkpoint."""
 
 import json
@@ -32,10 +33,11 @@ SCRIPT = textwrap.dedent(
     torch.set_num_threads(1)
     from fastweights.pretrain import PretrainConfig, train
     out, settings = sys.argv[1], json.loads(sys.argv[2])
-    for parallel in ("ddp", "fsdp"):
-        r = train(PretrainConfig.build({**settings, "out": f"{out}/{parallel}", "parallel": parallel}))
+    for name, parallel, ckpt in (("ddp", "ddp", False), ("fsdp", "fsdp", False), ("fsdp-ckpt", "fsdp", True)):
+        r = train(PretrainConfig.build({**settings, "out": f"{out}/{name}", "parallel": parallel,
+                                        "grad_checkpoint": ckpt}))
         assert dist.get_backend() == "gloo" and dist.get_world_size() == 2
-        with open(f"{out}/{parallel}-rank{dist.get_rank()}.json", "w") as f:
+        with open(f"{out}/{name}-rank{dist.get_rank()}.json", "w") as f:
             json.dump(r, f)
     """
 )
@@ -54,7 +56,7 @@ def test_ddp_and_fsdp2_equal_one_process_accumulating_the_same_batch(tmp_path):
     single = train(PretrainConfig.build({**SETTINGS, "out": str(tmp_path / "single"), "grad_accum": 2}))
     ref = load_file(tmp_path / "single" / "model" / "model.safetensors")
     scale = max(t.abs().max().item() for t in ref.values())
-    for parallel in ("ddp", "fsdp"):
+    for parallel in ("ddp", "fsdp", "fsdp-ckpt"):
         ranks = [json.loads((tmp_path / f"{parallel}-rank{r}.json").read_text()) for r in range(2)]
         assert ranks[0]["val_loss"] == ranks[1]["val_loss"]
         assert abs(ranks[0]["val_loss"] - single["val_loss"]) < DIST_TRAIN_F32 * abs(single["val_loss"])

@@ -40,6 +40,24 @@ class FastWeightsHarnessLM(HFLM):
             tokenizer = ByteTokenizer()
         kwargs.pop("backend", None)
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, backend="causal", **kwargs)
+        _stop_at_end_of_text(self.model, self.tokenizer)
+
+
+def _stop_at_end_of_text(model, tokenizer) -> None:
+    """Generation stops at the tokenizer's end-of-text token, at every batch size.
+
+    lm-eval's generate_until hands transformers' generate no eos_token_id: only the model's
+    generation config stops a row at end-of-text. Its own stop criterion sees the decoded
+    "<|endoftext|>" but stops a batch only when every row has it, and the text it returns is decoded
+    without special tokens — so without an eos_token_id a row of a batch of 4 ran on past its
+    end-of-text where a batch of 1 stopped (found by tests/hf/test_harness.py in CI). A checkpoint
+    whose generation config names an eos keeps it."""
+    gc = getattr(model, "generation_config", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if gc is None or eos is None or gc.eos_token_id is not None:
+        return
+    if eos < model.config.vocab_size:
+        gc.eos_token_id = eos
 
 
 def _has_tokenizer(directory) -> bool:

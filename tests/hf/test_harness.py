@@ -141,3 +141,17 @@ def test_fastweights_eval_hands_every_argument_to_lm_eval(monkeypatch):
     monkeypatch.setattr(harness, "main", lambda argv: seen.setdefault("argv", argv))
     assert cli.main(["eval", "--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]) == 0
     assert seen["argv"] == ["--model", "fastweights", "--model_args", "pretrained=x", "--tasks", "t"]
+
+
+@pytest.mark.parametrize("vocab", [257, 256])
+def test_the_harness_model_stops_generation_at_end_of_text(vocab, tmp_path):
+    """lm-eval hands generate no eos: the model's generation config must name the tokenizer's
+    end-of-text (id 256 of the byte tokenizer) where the vocabulary holds it, or a row of a batch runs
+    on past it where a batch of one stops (seed 10956528567428994590 in CI). A vocabulary of 256
+    bytes has no end-of-text token: nothing is set."""
+    from fastweights.hf.harness import FastWeightsHarnessLM
+
+    cfg = LMConfig(vocab_size=vocab, d_model=16, n_layers=1, mixer="gated_deltanet", num_heads=2, head_dim=8)
+    LM(cfg).save_pretrained(tmp_path / "ckpt")
+    h = FastWeightsHarnessLM(pretrained=str(tmp_path / "ckpt"), device="cpu", batch_size=1)
+    assert h.model.generation_config.eos_token_id == (256 if vocab == 257 else None)

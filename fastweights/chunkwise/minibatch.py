@@ -72,8 +72,8 @@ class _Coefficients:
     """The linear maps from a segment's start tensors and per-pair gradients to its per-token
     weights and momenta, for S segments of L tokens at once (all [B, H, S, ...]).
 
-    bases: (name, coef [.., L]) with name "weights" (θ_s), "anchor" (θ₀) or "momentum" (m_s):
-        the per-token weights' start terms (gd, momentum);
+    bases: (name, coef [.., L] or None for the constant 1) with name "weights" (θ_s), "anchor" (θ₀)
+        or "momentum" (m_s): the per-token weights' start terms (gd, momentum);
     C [.., L, N]: per-token weights' rank-1 coefficients (gd, momentum; N = c−1+L pairs);
     Cm [.., L, N], Nm [.., L]: per-token momentum m_t = Nm_t m_s + Σ_i Cm_ti h_iᵀ dz_i (momentum, muon);
     Da [.., L], Wns [.., L, L]: muon's θ_t = Da_t θ_s + Σ_j Wns_tj NS(m_j)."""
@@ -84,13 +84,6 @@ class _Coefficients:
     Nm: Tensor | None = None
     Da: Tensor | None = None
     Wns: Tensor | None = None
-
-    def segment(self, i: int) -> _Coefficients:
-        """The coefficients of the i-th segment alone ([B, H, ...], the S dim dropped)."""
-        def pick(x):
-            return None if x is None else x[:, :, i]
-        return _Coefficients(bases=[(name, coef[:, :, i]) for name, coef in self.bases], C=pick(self.C),
-                             Cm=pick(self.Cm), Nm=pick(self.Nm), Da=pick(self.Da), Wns=pick(self.Wns))
 
 
 def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Tensor | None,
@@ -109,7 +102,7 @@ def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Te
     if opt.kind == "gd" and opt.minibatch_average:  # no retention: θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} Δ_j) / i_t
         pos = torch.arange(offset + 1, offset + L + 1, dtype=beta.dtype, device=beta.device)  # i_t
         C = (Ra / pos[:, None] * step) @ band
-        bases = [("anchor", (1 - offset / pos).expand_as(beta))]
+        bases = [("anchor", (1 - offset / pos).expand_as(beta) if offset else None)]  # None: the constant 1
         if offset:
             bases.append(("weights", (offset / pos).expand_as(beta)))
         return _Coefficients(bases=bases, C=C)
@@ -161,19 +154,21 @@ class _Segment:
 def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tensor:
     """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j.
 
-    Xs [B, H, r, c']; P [B, H, N, r]; Q [B, H, N, c']; Nm [B, H, L]; Cm [B, H, L, N] -> [B, H, L, r, r]."""
+    Xs [.., r, c']; P [.., N, r]; Q [.., N, c']; Nm [.., L]; Cm [.., L, N] -> [.., L, r, r] (.. = B, H or
+    B·H)."""
     E = Xs @ Q.transpose(-1, -2)  # [B, H, r, N]
     F = Q @ Q.transpose(-1, -2)  # [B, H, N, N]
-    Pc = P.transpose(-1, -2).unsqueeze(2) * Cm.unsqueeze(-2)  # [B, H, L, r, N]: Pᵀ diag(Cm_j)
-    cross = (E.unsqueeze(2) * Cm.unsqueeze(-2)) @ P.unsqueeze(2)  # [B, H, L, r, r]
+    Pc = P.transpose(-1, -2).unsqueeze(-3) * Cm.unsqueeze(-2)  # [B, H, L, r, N]: Pᵀ diag(Cm_j)
+    cross = (E.unsqueeze(-3) * Cm.unsqueeze(-2)) @ P.unsqueeze(-3)  # [B, H, L, r, r]
     n = Nm[..., None, None]
-    return (n * n) * (Xs @ Xs.transpose(-1, -2)).unsqueeze(2) + n * (cross + cross.transpose(-1, -2)) \
-        + Pc @ F.unsqueeze(2) @ Pc.transpose(-1, -2)
+    return (n * n) * (Xs @ Xs.transpose(-1, -2)).unsqueeze(-3) + n * (cross + cross.transpose(-1, -2)) \
+        + Pc @ F.unsqueeze(-3) @ Pc.transpose(-1, -2)
 
 
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
-    """One weight matrix of a muon segment, from m_s = m0, θ_s = w0 [B, H, in, out], the factors
-    h [B, H, N, in], dz [B, H, N, out] and co's tensors for this one segment ([B, H, L, ...]).
+    """One weight matrix of a muon segment, from m_s = m0, θ_s = w0 [.., in, out], the factors
+    h [.., N, in], dz [.., N, out] and co's tensors for this one segment ([.., L, ...]; .. = B, H or
+    B·H, the loop's flattened batch).
 
     Returns (NS polynomials [B, H, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
     where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
@@ -188,11 +183,11 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     w = co.Wns[..., -1, :]  # [B, H, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
     if wide:  # NS(m_j) = P_j m_j = N_j P_j m_s + P_j hᵀ diag(Cm_j) dz
-        side = ((Pns @ h.transpose(-1, -2).unsqueeze(2)) * (w[..., None] * co.Cm).unsqueeze(-2)).sum(2)  # [B, H, in, N]
-        update = (wn * Pns).sum(2) @ m0 + side @ dz
+        side = ((Pns @ h.transpose(-1, -2).unsqueeze(-3)) * (w[..., None] * co.Cm).unsqueeze(-2)).sum(-3)  # [B, H, in, N]
+        update = (wn * Pns).sum(-3) @ m0 + side @ dz
     else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ (Pns holds P_jᵀ)
-        side = ((dz.unsqueeze(2) @ Pns) * (w[..., None] * co.Cm).unsqueeze(-1)).sum(2)  # [B, H, N, out]
-        update = m0 @ (wn * Pns).sum(2) + h.transpose(-1, -2) @ side
+        side = ((dz.unsqueeze(-3) @ Pns) * (w[..., None] * co.Cm).unsqueeze(-1)).sum(-3)  # [B, H, N, out]
+        update = m0 @ (wn * Pns).sum(-3) + h.transpose(-1, -2) @ side
     end = co.Da[..., -1, None, None] * w0 + update
     momentum = co.Nm[..., -1, None, None] * m0 + h.transpose(-1, -2) @ (co.Cm[..., -1, :, None] * dz)
     return Pns, end, momentum
@@ -211,7 +206,7 @@ def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None]], h:
         zb = x @ w
         if b is not None:
             zb = zb + b
-        z = z + coef[..., None] * zb
+        z = z + (zb if coef is None else coef[..., None] * zb)
     return z
 
 
@@ -236,8 +231,10 @@ def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon:
           ln: tuple[Tensor, Tensor] | None) -> Tensor:
     """M_{θ_t}(x_t) for a group of S equal-length segments: x [B, H, S, L, K'] -> [B, H, S, L, V]."""
 
-    def stack(xs):
-        return torch.stack(xs, dim=2)
+    B, H = x.shape[:2]
+
+    def stack(xs):  # the loop's [B·H, ...] records -> [B, H, S, ...]
+        return torch.stack(xs, dim=1).unflatten(0, (B, H))
 
     n_layers = len(segs[0].h)
     hin = x
@@ -299,6 +296,136 @@ def _per_segment(x: Tensor | None, t0: int, S: int, L: int) -> Tensor | None:
     return x[:, t0:t0 + S * L].reshape(B, S, L, H).permute(0, 3, 1, 2)
 
 
+def _act_backward(name: str, grad: Tensor, z: Tensor, h: Tensor) -> Tensor:
+    """grad ⊙ σ'(z) (h = σ(z)) by the activation's own backward op: `inner.activation_grad`'s
+    σ'(z) times grad, one op instead of its elementwise chain (each of these ops has a double
+    backward, for the outer gradient)."""
+    aten = torch.ops.aten
+    if name == "gelu":
+        return aten.gelu_backward(grad, z)
+    if name == "gelu_tanh":
+        return aten.gelu_backward(grad, z, approximate="tanh")
+    if name == "silu":
+        return aten.silu_backward(grad, z)
+    if name == "relu":
+        return aten.threshold_backward(grad, z, 0)
+    return aten.tanh_backward(grad, h)
+
+
+def _factors(mem: Memory, objective: str, weights: tuple[Tensor, ...], x: Tensor, res: Tensor, g: Tensor | None,
+             ln3: tuple[Tensor, Tensor] | None) -> tuple[list[Tensor], list[Tensor]]:
+    """`inner.closed_form_factors` on the loop's flattened batch (every tensor [B·H, ...], so each
+    product is one bmm / baddbmm): (inputs, dz) per layer at the weights θ₀.
+
+    x [M, N, K'] the keys; res [M, N, V] what needs no state: dot: ∂ℓ/∂y = −γ v itself; l2: −v,
+    or x + β_ln − v with the residual LN (∂ℓ/∂y = γ (y − v) with y = x + γ_ln ⊙ n + β_ln);
+    g None | [M, N, 1] the pair weights γ (l2; None: all 1, the product skipped); ln3 the LN's
+    affine as [M, 1, V] each, or None."""
+    inputs, pre = [x], []
+    pairs = inner.layers(mem, weights)
+    h = x
+    for i, (w, b) in enumerate(pairs):
+        z = torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+        if i < len(pairs) - 1:
+            pre.append(z)
+            h = inner.activation(mem.activation, z)
+            inputs.append(h)
+        else:
+            h = z
+    if objective == "dot":
+        df = res
+    elif mem.residual_ln:
+        mu = h.mean(-1, keepdim=True)
+        fc = h - mu
+        inv = torch.rsqrt((fc * fc).mean(-1, keepdim=True) + inner.LN_EPS)
+        n = fc * inv
+        dy = res + n if ln3 is None else torch.addcmul(res, n, ln3[0])  # y − v
+        if g is not None:
+            dy = g * dy
+        du = dy if ln3 is None else dy * ln3[0]  # ∂ℓ/∂n = γ_ln ⊙ ∂ℓ/∂y
+        # ∂ℓ/∂f = s (u − mean(u) − n mean(u ⊙ n))
+        df = inv * torch.addcmul(du - du.mean(-1, keepdim=True), n, (du * n).mean(-1, keepdim=True), value=-1.0)
+    else:
+        df = h + res if g is None else g * (h + res)
+    dzs = [None] * len(pairs)
+    dz = df
+    for i in range(len(pairs) - 1, -1, -1):
+        dzs[i] = dz
+        if i > 0:
+            dz = _act_backward(mem.activation, torch.bmm(dz, pairs[i][0].transpose(1, 2)), pre[i - 1], inputs[i])
+    return inputs, dzs
+
+
+def _start(terms: list[tuple[Tensor | None, Tensor]]) -> Tensor:
+    """Σ coef_m base_m over (coef [M] or None for 1, base [M, ...])."""
+    out = None
+    for coef, base in terms:
+        if out is None:
+            out = base if coef is None else coef[:, None, None] * base
+        elif coef is None:
+            out = out + base
+        else:
+            out = torch.addcmul(out, coef[:, None, None], base)
+    return out
+
+
+def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
+    """(weights, momentum) at a gd or momentum segment's last token: the coefficients' last row
+    applied to the start tensors and the rank-1 terms (co: this one segment's last rows, [B·H, ...];
+    seg's tensors [B·H, ...]). Per layer W_e = Σ_m coef_m W_m + hᵀ diag(C) dz by one baddbmm, the
+    bias b_e = Σ_m coef_m b_m + C dz by another."""
+    per = 2 if mem.bias else 1
+
+    def rank1(C, h, dz, idx, start):
+        if idx % per == 0:
+            return torch.baddbmm(start, h.transpose(1, 2), C[:, :, None] * dz)
+        return torch.baddbmm(start, C[:, None, :], dz)
+
+    weights = []
+    for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+        for part in range(per):
+            idx = per * layer + part
+            start = _start([(coef, seg.bases[name][idx]) for name, coef in co.bases])
+            weights.append(rank1(co.C, h, dz, idx, start))
+    momentum = seg.bases["momentum"]
+    if co.Cm is not None:
+        mom = []
+        for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+            for part in range(per):
+                idx = per * layer + part
+                mom.append(rank1(co.Cm, h, dz, idx, co.Nm[:, None, None] * momentum[idx]))
+        momentum = tuple(mom)
+    return tuple(weights), momentum
+
+
+def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:
+    """co's tensors [B, H, S, L, ...] as S per-segment _Coefficients on the loop's flattened batch:
+    muon keeps every row ([B·H, L, ...]); gd and momentum only need the last ([B·H, ...])."""
+
+    def split(x, last):
+        if x is None:
+            return None
+        if last:
+            x = x[:, :, :, -1]
+        return x.flatten(0, 1).unbind(1)
+
+    bases = [(name, split(coef, True) if coef is not None else [None] * S) for name, coef in co.bases]
+    fields = {}
+    for f in ("C", "Cm", "Nm", "Da", "Wns"):
+        fields[f] = split(getattr(co, f), not muon) or [None] * S
+    return [_Coefficients(bases=[(name, cs[i]) for name, cs in bases], **{f: v[i] for f, v in fields.items()})
+            for i in range(S)]
+
+
+def _windows(x: Tensor, t0: int, S: int, L: int, c: int) -> tuple[Tensor, ...]:
+    """x [B, c−1+T, H, ...] (the carried window, then the sequence): the S windows + segments
+    [t0 + s·L, t0 + s·L + c−1+L) of a group as S tensors [B·H, c−1+L, ...], one copy for the group."""
+    B, H = x.shape[0], x.shape[2]
+    y = x[:, t0:t0 + S * L + c - 1].unfold(1, c - 1 + L, L)  # [B, S, H, ..., N]
+    y = y.movedim(-1, 3).movedim(1, 0)  # [S, B, H, N, ...]
+    return y.reshape((S, B * H) + y.shape[3:]).unbind(0)
+
+
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
                     beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState,
                     ln: tuple[Tensor, Tensor] | None = None):
@@ -312,6 +439,7 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
     b, c = opt.minibatch, obj.window
     B, T, H, Kf = q.shape
     weights, momentum, anchor, offset0 = state.weights, state.momentum, state.anchor, state.offset
+    gamma_given = gamma is not None or c > 1  # else every pair weight is 1 and its products are skipped
     if gamma is None:
         gamma = torch.ones(B, T, H, dtype=q.dtype, device=q.device)
     # the pairs every segment's gradients need: the carried window, then the sequence
@@ -327,19 +455,38 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         t0 = segments[first][0]
         coefs.append(_coefficients(opt, c, _per_segment(g, t0, S, L), _per_segment(beta, t0, S, L),
                                    _per_segment(nu, t0, S, L), offset0 if first == 0 else 0))
+    # the loop runs on B·H flattened into one batch dim (every product one bmm); what needs no
+    # state — each segment's keys, the targets, the pair weights, the coefficients' rows — is cut
+    # into per-segment views before it, one op per group
+    BH = B * H
+
+    def flat(ts):
+        return None if ts is None else tuple(t.flatten(0, 1) for t in ts)
+
+    weights, momentum, anchor = flat(weights), flat(momentum), flat(anchor)
+    ln3 = None
+    if ln is not None:
+        ln3 = tuple(p[None].expand(B, H, p.shape[-1]).reshape(BH, 1, p.shape[-1]) for p in ln)
+    if objective == "dot":
+        res_all = -(g_all.unsqueeze(-1) * v_all) if gamma_given else -v_all
+    elif mem.residual_ln:
+        res_all = k_all - v_all if ln is None else k_all + ln[1] - v_all  # x + β_ln − v: y − v = res + γ_ln ⊙ n
+    else:
+        res_all = -v_all
     # the mini-batch loop: anchor gradients' factors, then the segment's end state
     records: list[_Segment] = []
     offset = offset0
     for gi, (first, S, L) in enumerate(groups):
-        co = coefs[gi]
+        t0 = segments[first][0]
+        xs = _windows(k_all, t0, S, L, c)
+        rs = _windows(res_all, t0, S, L, c)
+        gs = _windows(g_all.unsqueeze(-1), t0, S, L, c) if gamma_given and objective != "dot" else [None] * S
+        cos = _loop_coefficients(coefs[gi], muon, S)
         for si in range(S):
-            t0 = segments[first + si][0]
             if offset == 0:
                 anchor = weights
-            sl = slice(t0, t0 + c - 1 + L)  # window + segment in the extended sequence
-            hs, dzs = inner.closed_form_factors(mem, objective, anchor, k_all[:, sl].transpose(1, 2),
-                                                v_all[:, sl].transpose(1, 2), g_all[:, sl].transpose(1, 2), ln=ln)
-            one = co.segment(si)
+            hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
+            one = cos[si]
             if muon:
                 steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
@@ -350,7 +497,12 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
                 records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
                                         h=hs, dz=dzs))
                 weights, momentum = _end_state(mem, one, records[-1])
-            offset = (offset + L) % b
+            offset = (offset + segments[first + si][1]) % b
+
+    def unflat(ts):
+        return None if ts is None else tuple(t.unflatten(0, (B, H)) for t in ts)
+
+    weights, momentum, anchor = unflat(weights), unflat(momentum), unflat(anchor)
     # the readout: every segment of a group at once
     outs = []
     for gi, (first, S, L) in enumerate(groups):
@@ -364,29 +516,3 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
     final = MemoryState(weights=weights, momentum=momentum, normalizer=None, anchor=anchor, offset=offset,
                         **win)
     return torch.cat(outs, dim=1), final
-
-
-def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
-    """(weights, momentum) at a gd or momentum segment's last token: the coefficients' last row
-    applied to the start tensors and the rank-1 terms (co for this one segment, [B, H, L, ...])."""
-    per = 2 if mem.bias else 1
-    C = co.C[..., -1, :, None]  # [B, H, N, 1]
-    weights = []
-    for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
-        for part in range(per):
-            idx = per * layer + part
-            out = h.transpose(-1, -2) @ (C * dz) if part == 0 else (C * dz).sum(-2, keepdim=True)
-            for name, coef in co.bases:
-                out = out + coef[..., -1, None, None] * seg.bases[name][idx]
-            weights.append(out)
-    momentum = seg.bases["momentum"]
-    if co.Cm is not None:
-        Cm = co.Cm[..., -1, :, None]  # [B, H, N, 1]
-        mom = []
-        for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
-            for part in range(per):
-                idx = per * layer + part
-                out = h.transpose(-1, -2) @ (Cm * dz) if part == 0 else (Cm * dz).sum(-2, keepdim=True)
-                mom.append(co.Nm[..., -1, None, None] * momentum[idx] + out)
-        momentum = tuple(mom)
-    return tuple(weights), momentum

@@ -126,17 +126,19 @@ def _newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
     Q_n = aI + bA_n + cA_n² (symmetric), so the iteration runs on r × r matrices only
     (‖X‖_F² = tr G)."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    tr = G.diagonal(dim1=-2, dim2=-1).sum(-1)  # [...]
-    s = 1.0 / (tr.clamp_min(torch.finfo(G.dtype).tiny).sqrt() + 1e-7)  # 1 / (‖X‖_F + 1e-7)
-    A = G * (s * s)[..., None, None]
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    shape, r = G.shape, G.shape[-1]
+    G = G.reshape(-1, r, r)  # every product one bmm
+    tr = G.diagonal(dim1=-2, dim2=-1).sum(-1)  # [M]
+    s = (1.0 / (tr.clamp_min(torch.finfo(G.dtype).tiny).sqrt() + 1e-7))[:, None, None]  # 1 / (‖X‖_F + 1e-7)
+    A = G * (s * s)
+    aI = a * torch.eye(r, dtype=G.dtype, device=G.device)
     P = None
     for n in range(steps):
-        Q = a * eye + b * A + c * (A @ A)
-        P = Q if P is None else Q @ P
+        Q = torch.baddbmm(torch.add(aI, A, alpha=b), A, A, alpha=c)  # aI + bA + cA²
+        P = Q if P is None else torch.bmm(Q, P)
         if n < steps - 1:
-            A = Q @ A @ Q
-    return P * s[..., None, None]
+            A = torch.bmm(torch.bmm(Q, A), Q)
+    return (P * s).view(shape)
 
 
 @dataclass
@@ -152,44 +154,50 @@ class _Segment:
 
 
 def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tensor:
-    """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j.
+    """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j, on the loop's
+    flattened batch (every product one bmm).
 
-    Xs [.., r, c']; P [.., N, r]; Q [.., N, c']; Nm [.., L]; Cm [.., L, N] -> [.., L, r, r] (.. = B, H or
-    B·H)."""
-    E = Xs @ Q.transpose(-1, -2)  # [B, H, r, N]
-    F = Q @ Q.transpose(-1, -2)  # [B, H, N, N]
-    Pc = P.transpose(-1, -2).unsqueeze(-3) * Cm.unsqueeze(-2)  # [B, H, L, r, N]: Pᵀ diag(Cm_j)
-    cross = (E.unsqueeze(-3) * Cm.unsqueeze(-2)) @ P.unsqueeze(-3)  # [B, H, L, r, r]
+    Xs [M, r, c']; P [M, N, r]; Q [M, N, c']; Nm [M, L]; Cm [M, L, N] -> [M, L, r, r]."""
+    M, L, r, N = Xs.shape[0], Cm.shape[-2], Xs.shape[-2], Cm.shape[-1]
+    E = torch.bmm(Xs, Q.transpose(1, 2))  # [M, r, N]
+    F = torch.bmm(Q, Q.transpose(1, 2))  # [M, N, N]
+    Pc = P.transpose(1, 2).unsqueeze(1) * Cm.unsqueeze(-2)  # [M, L, r, N]: Pᵀ diag(Cm_j)
+    cross = torch.bmm((E.unsqueeze(1) * Cm.unsqueeze(-2)).reshape(M, L * r, N), P).view(M, L, r, r)
+    PcF = torch.bmm(Pc.reshape(M, L * r, N), F).view(M * L, r, N)
+    quad = torch.bmm(PcF, Pc.reshape(M * L, r, N).transpose(1, 2)).view(M, L, r, r)  # Pc F Pcᵀ
     n = Nm[..., None, None]
-    return (n * n) * (Xs @ Xs.transpose(-1, -2)).unsqueeze(-3) + n * (cross + cross.transpose(-1, -2)) \
-        + Pc @ F.unsqueeze(-3) @ Pc.transpose(-1, -2)
+    out = torch.addcmul(quad, n, cross + cross.transpose(-1, -2))
+    return torch.addcmul(out, n * n, torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1))
 
 
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
-    """One weight matrix of a muon segment, from m_s = m0, θ_s = w0 [.., in, out], the factors
-    h [.., N, in], dz [.., N, out] and co's tensors for this one segment ([.., L, ...]; .. = B, H or
-    B·H, the loop's flattened batch).
+    """One weight matrix of a muon segment on the loop's flattened batch (M = B·H), from m_s = m0,
+    θ_s = w0 [M, in, out], the factors h [M, N, in], dz [M, N, out] and co's tensors for this one
+    segment ([M, L, ...]).
 
-    Returns (NS polynomials [B, H, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
+    Returns (NS polynomials [M, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
     where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
     wide = m0.shape[-2] <= m0.shape[-1]  # NS runs on X = m (in ≤ out) or X = mᵀ, as inner.newton_schulz
     Xs, P, Q = (m0, h, dz) if wide else (m0.transpose(-1, -2), dz, h)
-    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [B, H, L, r, r]
+    M, L, N = m0.shape[0], co.Cm.shape[-2], co.Cm.shape[-1]
+    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [M, L, r, r]
+    r = G.shape[-1]
     # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
     Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
         else _newton_schulz_gram(G, steps)
-    if not wide:
-        Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
-    w = co.Wns[..., -1, :]  # [B, H, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
+    w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
+    wc = w[..., None] * co.Cm  # [M, L, N]
     if wide:  # NS(m_j) = P_j m_j = N_j P_j m_s + P_j hᵀ diag(Cm_j) dz
-        side = ((Pns @ h.transpose(-1, -2).unsqueeze(-3)) * (w[..., None] * co.Cm).unsqueeze(-2)).sum(-3)  # [B, H, in, N]
-        update = (wn * Pns).sum(-3) @ m0 + side @ dz
-    else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ (Pns holds P_jᵀ)
-        side = ((dz.unsqueeze(-3) @ Pns) * (w[..., None] * co.Cm).unsqueeze(-1)).sum(-3)  # [B, H, N, out]
-        update = m0 @ (wn * Pns).sum(-3) + h.transpose(-1, -2) @ side
-    end = co.Da[..., -1, None, None] * w0 + update
-    momentum = co.Nm[..., -1, None, None] * m0 + h.transpose(-1, -2) @ (co.Cm[..., -1, :, None] * dz)
+        side = (torch.bmm(Pns.reshape(M, L * r, r), h.transpose(1, 2)).view(M, L, r, N) * wc.unsqueeze(-2)).sum(1)
+        update = torch.baddbmm(torch.bmm((wn * Pns).sum(1), m0), side, dz)
+    else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ
+        Pt = Pns.permute(0, 3, 1, 2).reshape(M, r, L * r)  # [M, b, (j, a)] = P_j[a, b]: the P_jᵀ side by side
+        side = (torch.bmm(dz, Pt).view(M, N, L, r) * wc.transpose(1, 2).unsqueeze(-1)).sum(2)  # [M, N, out]
+        Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
+        update = torch.baddbmm(torch.bmm(m0, (wn * Pns).sum(1)), h.transpose(1, 2), side)
+    end = torch.addcmul(update, co.Da[..., -1, None, None], w0)
+    momentum = torch.baddbmm(co.Nm[..., -1, None, None] * m0, h.transpose(1, 2), co.Cm[..., -1, :, None] * dz)
     return Pns, end, momentum
 
 

@@ -29,6 +29,14 @@ gives that Gram matrix without forming m_t either. The mini-batch loop carries o
 batched over segments of equal length. Memory and time are linear in T; no [B, T, H, in, out]
 tensor is formed.
 
+The loop is the sequential part, one step per mini-batch, so its ops per step are what a
+launch-bound GPU pays T/b times: everything that does not depend on the state (the coefficients,
+each segment's keys, its l2 target x + β_ln − v, the pair weights) is computed for all segments
+before it and cut into per-segment views, one op per group; inside it B·H is one batch dim, so
+every product is one bmm / baddbmm (a bias or a start term folded in), and σ'(z) ⊙ grad is the
+activation's own backward op. `compile_loop` opts in to torch.compile of the gd / momentum loop
+body; the default is eager.
+
 Mini-batches stay aligned to the sequence start; a state with offset > 0 continues its mini-batch
 from the carried anchor θ₀. The result equals `recurrent` with the same b exactly (float64 to
 rounding).
@@ -166,8 +174,7 @@ def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tens
     PcF = torch.bmm(Pc.reshape(M, L * r, N), F).view(M * L, r, N)
     quad = torch.bmm(PcF, Pc.reshape(M * L, r, N).transpose(1, 2)).view(M, L, r, r)  # Pc F Pcᵀ
     n = Nm[..., None, None]
-    out = torch.addcmul(quad, n, cross + cross.transpose(-1, -2))
-    return torch.addcmul(out, n * n, torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1))
+    return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
@@ -196,7 +203,7 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
         side = (torch.bmm(dz, Pt).view(M, N, L, r) * wc.transpose(1, 2).unsqueeze(-1)).sum(2)  # [M, N, out]
         Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
         update = torch.baddbmm(torch.bmm(m0, (wn * Pns).sum(1)), h.transpose(1, 2), side)
-    end = torch.addcmul(update, co.Da[..., -1, None, None], w0)
+    end = co.Da[..., -1, None, None] * w0 + update
     momentum = torch.baddbmm(co.Nm[..., -1, None, None] * m0, h.transpose(1, 2), co.Cm[..., -1, :, None] * dz)
     return Pns, end, momentum
 
@@ -347,12 +354,12 @@ def _factors(mem: Memory, objective: str, weights: tuple[Tensor, ...], x: Tensor
         fc = h - mu
         inv = torch.rsqrt((fc * fc).mean(-1, keepdim=True) + inner.LN_EPS)
         n = fc * inv
-        dy = res + n if ln3 is None else torch.addcmul(res, n, ln3[0])  # y − v
+        dy = res + (n if ln3 is None else n * ln3[0])  # y − v
         if g is not None:
             dy = g * dy
         du = dy if ln3 is None else dy * ln3[0]  # ∂ℓ/∂n = γ_ln ⊙ ∂ℓ/∂y
         # ∂ℓ/∂f = s (u − mean(u) − n mean(u ⊙ n))
-        df = inv * torch.addcmul(du - du.mean(-1, keepdim=True), n, (du * n).mean(-1, keepdim=True), value=-1.0)
+        df = inv * (du - du.mean(-1, keepdim=True) - n * (du * n).mean(-1, keepdim=True))
     else:
         df = h + res if g is None else g * (h + res)
     dzs = [None] * len(pairs)
@@ -373,7 +380,7 @@ def _start(terms: list[tuple[Tensor | None, Tensor]]) -> Tensor:
         elif coef is None:
             out = out + base
         else:
-            out = torch.addcmul(out, coef[:, None, None], base)
+            out = out + coef[:, None, None] * base
     return out
 
 
@@ -404,6 +411,26 @@ def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
                 mom.append(rank1(co.Cm, h, dz, idx, co.Nm[:, None, None] * momentum[idx]))
         momentum = tuple(mom)
     return tuple(weights), momentum
+
+
+def _gd_step(mem: Memory, objective: str, anchor, weights, momentum, x: Tensor, res: Tensor, g: Tensor | None,
+             ln3, co: _Coefficients):
+    """One gd or momentum segment of the loop: the factors at the anchor and the end state."""
+    hs, dzs = _factors(mem, objective, anchor, x, res, g, ln3)
+    weights, momentum = _end_state(mem, co, _Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
+                                                     h=hs, dz=dzs))
+    return hs, dzs, weights, momentum
+
+
+_step = _gd_step
+
+
+def compile_loop(enabled: bool = True, **options) -> None:
+    """Opt in (or back out) to `torch.compile` of the gd / momentum loop body (`_gd_step`, the
+    factors and the end state of one segment: one compiled region instead of its ~20–40 ops);
+    options go to torch.compile. The default is eager; the result is the same recurrence."""
+    global _step
+    _step = torch.compile(_gd_step, **options) if enabled else _gd_step
 
 
 def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:
@@ -493,8 +520,15 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         for si in range(S):
             if offset == 0:
                 anchor = weights
-            hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
             one = cos[si]
+            if not muon:
+                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[si], rs[si], gs[si], ln3, one)
+                records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
+                                        h=hs, dz=dzs))
+                weights, momentum = w_end, m_end
+                offset = (offset + segments[first + si][1]) % b
+                continue
+            hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
             if muon:
                 steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]

@@ -521,24 +521,19 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
             if offset == 0:
                 anchor = weights
             one = cos[si]
-            if not muon:
-                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[si], rs[si], gs[si], ln3, one)
-                records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
-                                        h=hs, dz=dzs))
-                weights, momentum = w_end, m_end
-                offset = (offset + segments[first + si][1]) % b
-                continue
-            hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
             if muon:
+                hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
                 steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))
                 weights, momentum = tuple(s[1] for s in steps), tuple(s[2] for s in steps)
             else:
+                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[si], rs[si], gs[si],
+                                              ln3, one)
                 records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
                                         h=hs, dz=dzs))
-                weights, momentum = _end_state(mem, one, records[-1])
+                weights, momentum = w_end, m_end
             offset = (offset + segments[first + si][1]) % b
 
     def unflat(ts):

@@ -5,6 +5,7 @@ ceilings sweep's budget).
     python3 scripts/step_costs.py --device cuda                      # B 64, T 512, H 2, K = V = 64, bf16
     python3 scripts/step_costs.py --device cpu                       # B 4, T 128, H 2, K = V = 32, fp32
     python3 scripts/step_costs.py --device cpu --models ttt_mlp atlas --seq-len 64 128   # memory vs T
+    python3 scripts/step_costs.py --device cuda --models ttt_mlp titans --compile-loop   # the loop compiled
 
 Per model it times the training form the layer uses (`chunk` where it exists, else `parallel`:
 the softmax side, shown for comparison; its layer runs SDPA instead) on random valid inputs
@@ -216,6 +217,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the Markdown table here")
     ap.add_argument("--lm", metavar="PRESET", help="time the LM training step of an MQAR preset's cells instead")
     ap.add_argument("--json", help="with --lm: write the step times here")
+    ap.add_argument("--compile-loop", action="store_true",
+                    help="opt in to torch.compile of the mini-batch loop body (fastweights.chunkwise."
+                         "minibatch.compile_loop; gd / momentum memories); its compile time falls in the first "
+                         "step, and the ATen ops and saved bytes it prints do not see inside compiled regions")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -226,6 +231,10 @@ def main(argv=None) -> int:
     K, dtype = a.head_dim or d["head_dim"], getattr(torch, a.dtype or d["dtype"])
     if dev.type == "cpu":
         torch.set_num_threads(a.threads)
+    if a.compile_loop:
+        from fastweights.chunkwise.minibatch import compile_loop
+
+        compile_loop(True)
     if a.lm:
         import json
 

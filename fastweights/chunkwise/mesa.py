@@ -46,8 +46,30 @@ def _matvec(x: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor
     return d * (x @ Hs.transpose(-1, -2)) + ((x @ kc.transpose(-1, -2)) * A) @ kc + lam * x
 
 
+def _flat_matvec(d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor):
+    """`_matvec` as a function of x [M, C, K] (M = B·H·N, the chunks flattened into one batch
+    dim): the same (H_t + Λ) x_t as d ⊙ x Hsᵀ + ((x kcᵀ) ⊙ A) kc + λ ⊙ x, by six ops (two
+    baddbmm) per call instead of the broadcast 5-d matmuls' copies and views — what CG's
+    iterations dispatch on a launch-bound GPU."""
+    B, H, N, C, K = kc.shape
+    M = B * H * N
+    d3 = d.expand(B, H, N, C, 1).reshape(M, C, 1)
+    HsT = Hs.transpose(-1, -2).reshape(M, K, K)
+    k3 = kc.reshape(M, C, K)
+    kT = k3.transpose(1, 2)
+    A3 = A.expand(B, H, N, C, C).reshape(M, C, C)
+    lam3 = lam.expand(B, H, N, 1, K).reshape(M, 1, K)
+
+    def op(x: Tensor) -> Tensor:  # d_t (x_t Hsᵀ) = (d_t x_t) Hsᵀ: the row scale moved inside the product
+        y = torch.baddbmm(lam3 * x, d3 * x, HsT)
+        return torch.baddbmm(y, torch.bmm(x, kT) * A3, k3)
+
+    return op
+
+
 def _cg(b: Tensor, op, steps: int) -> Tensor:
-    """`steps` conjugate-gradient iterations for op(x) = b from x₀ = 0, batched over all rows."""
+    """`steps` conjugate-gradient iterations for op(x) = b from x₀ = 0, batched over all rows
+    (b [..., K]; op maps tensors of b's shape)."""
     x = torch.zeros_like(b)
     r = b.clone()
     p = r.clone()
@@ -55,12 +77,19 @@ def _cg(b: Tensor, op, steps: int) -> Tensor:
     for _ in range(steps):
         Ap = op(p)
         alpha = rr / ((p * Ap).sum(-1, keepdim=True) + 1e-30)
-        x = x + alpha * p
-        r = r - alpha * Ap
+        x = torch.addcmul(x, alpha, p)  # x + α p
+        r = torch.addcmul(r, alpha, Ap, value=-1.0)  # r − α Ap
         rr_new = (r * r).sum(-1, keepdim=True)
-        p = r + (rr_new / (rr + 1e-30)) * p
+        p = torch.addcmul(r, rr_new / (rr + 1e-30), p)
         rr = rr_new
     return x
+
+
+def _cg_flat(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int) -> Tensor:
+    """`_cg` for (H_t + Λ) x = b, b [B, H, N, C, K], run on the chunks flattened into one batch dim."""
+    shape = b.shape
+    x = _cg(b.reshape(-1, shape[-2], shape[-1]), _flat_matvec(d, Hs, kc, A, lam), steps)
+    return x.view(shape)
 
 
 class _CGSolve(torch.autograd.Function):
@@ -68,8 +97,7 @@ class _CGSolve(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, b, d, Hs, kc, A, lam, steps):
-        op = lambda x: _matvec(x, d, Hs, kc, A, lam)  # noqa: E731
-        x = _cg(b, op, steps)
+        x = _cg_flat(b, d, Hs, kc, A, lam, steps)
         ctx.save_for_backward(x, d, Hs, kc, A, lam)
         ctx.steps = steps
         return x
@@ -78,7 +106,7 @@ class _CGSolve(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, gx):
         x, *params = ctx.saved_tensors
-        u = _cg(gx, lambda y: _matvec(y, *params), ctx.steps)  # M u = ∂L/∂q* (M symmetric)
+        u = _cg_flat(gx, *params, ctx.steps)  # M u = ∂L/∂q* (M symmetric)
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) for p in params]
             s = -(u * _matvec(x, *leaves)).sum()  # ∂/∂θ of −uᵀ M(θ) q*

@@ -29,6 +29,14 @@ gives that Gram matrix without forming m_t either. The mini-batch loop carries o
 batched over segments of equal length. Memory and time are linear in T; no [B, T, H, in, out]
 tensor is formed.
 
+The loop is the sequential part, one step per mini-batch, so its ops per step are what a
+launch-bound GPU pays T/b times: everything that does not depend on the state (the coefficients,
+each segment's keys, its l2 target x + β_ln − v, the pair weights) is computed for all segments
+before it and cut into per-segment views, one op per group; inside it B·H is one batch dim, so
+every product is one bmm / baddbmm (a bias or a start term folded in), and σ'(z) ⊙ grad is the
+activation's own backward op. `compile_loop` opts in to torch.compile of the gd / momentum loop
+body; the default is eager.
+
 Mini-batches stay aligned to the sequence start; a state with offset > 0 continues its mini-batch
 from the carried anchor θ₀. The result equals `recurrent` with the same b exactly (float64 to
 rounding).
@@ -72,8 +80,8 @@ class _Coefficients:
     """The linear maps from a segment's start tensors and per-pair gradients to its per-token
     weights and momenta, for S segments of L tokens at once (all [B, H, S, ...]).
 
-    bases: (name, coef [.., L]) with name "weights" (θ_s), "anchor" (θ₀) or "momentum" (m_s):
-        the per-token weights' start terms (gd, momentum);
+    bases: (name, coef [.., L] or None for the constant 1) with name "weights" (θ_s), "anchor" (θ₀)
+        or "momentum" (m_s): the per-token weights' start terms (gd, momentum);
     C [.., L, N]: per-token weights' rank-1 coefficients (gd, momentum; N = c−1+L pairs);
     Cm [.., L, N], Nm [.., L]: per-token momentum m_t = Nm_t m_s + Σ_i Cm_ti h_iᵀ dz_i (momentum, muon);
     Da [.., L], Wns [.., L, L]: muon's θ_t = Da_t θ_s + Σ_j Wns_tj NS(m_j)."""
@@ -84,13 +92,6 @@ class _Coefficients:
     Nm: Tensor | None = None
     Da: Tensor | None = None
     Wns: Tensor | None = None
-
-    def segment(self, i: int) -> _Coefficients:
-        """The coefficients of the i-th segment alone ([B, H, ...], the S dim dropped)."""
-        def pick(x):
-            return None if x is None else x[:, :, i]
-        return _Coefficients(bases=[(name, coef[:, :, i]) for name, coef in self.bases], C=pick(self.C),
-                             Cm=pick(self.Cm), Nm=pick(self.Nm), Da=pick(self.Da), Wns=pick(self.Wns))
 
 
 def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Tensor | None,
@@ -109,7 +110,7 @@ def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Te
     if opt.kind == "gd" and opt.minibatch_average:  # no retention: θ₀ + (o(θ_s − θ₀) + Σ_{j≤t} Δ_j) / i_t
         pos = torch.arange(offset + 1, offset + L + 1, dtype=beta.dtype, device=beta.device)  # i_t
         C = (Ra / pos[:, None] * step) @ band
-        bases = [("anchor", (1 - offset / pos).expand_as(beta))]
+        bases = [("anchor", (1 - offset / pos).expand_as(beta) if offset else None)]  # None: the constant 1
         if offset:
             bases.append(("weights", (offset / pos).expand_as(beta)))
         return _Coefficients(bases=bases, C=C)
@@ -133,17 +134,19 @@ def _newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
     Q_n = aI + bA_n + cA_n² (symmetric), so the iteration runs on r × r matrices only
     (‖X‖_F² = tr G)."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    tr = G.diagonal(dim1=-2, dim2=-1).sum(-1)  # [...]
-    s = 1.0 / (tr.clamp_min(torch.finfo(G.dtype).tiny).sqrt() + 1e-7)  # 1 / (‖X‖_F + 1e-7)
-    A = G * (s * s)[..., None, None]
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    shape, r = G.shape, G.shape[-1]
+    G = G.reshape(-1, r, r)  # every product one bmm
+    tr = G.diagonal(dim1=-2, dim2=-1).sum(-1)  # [M]
+    s = (1.0 / (tr.clamp_min(torch.finfo(G.dtype).tiny).sqrt() + 1e-7))[:, None, None]  # 1 / (‖X‖_F + 1e-7)
+    A = G * (s * s)
+    aI = a * torch.eye(r, dtype=G.dtype, device=G.device)
     P = None
     for n in range(steps):
-        Q = a * eye + b * A + c * (A @ A)
-        P = Q if P is None else Q @ P
+        Q = torch.baddbmm(torch.add(aI, A, alpha=b), A, A, alpha=c)  # aI + bA + cA²
+        P = Q if P is None else torch.bmm(Q, P)
         if n < steps - 1:
-            A = Q @ A @ Q
-    return P * s[..., None, None]
+            A = torch.bmm(torch.bmm(Q, A), Q)
+    return (P * s).view(shape)
 
 
 @dataclass
@@ -159,42 +162,49 @@ class _Segment:
 
 
 def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tensor:
-    """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j.
+    """Gram matrices X_j X_jᵀ of X_j = Nm_j X_s + Pᵀ diag(Cm_j) Q for every token j, on the loop's
+    flattened batch (every product one bmm).
 
-    Xs [B, H, r, c']; P [B, H, N, r]; Q [B, H, N, c']; Nm [B, H, L]; Cm [B, H, L, N] -> [B, H, L, r, r]."""
-    E = Xs @ Q.transpose(-1, -2)  # [B, H, r, N]
-    F = Q @ Q.transpose(-1, -2)  # [B, H, N, N]
-    Pc = P.transpose(-1, -2).unsqueeze(2) * Cm.unsqueeze(-2)  # [B, H, L, r, N]: Pᵀ diag(Cm_j)
-    cross = (E.unsqueeze(2) * Cm.unsqueeze(-2)) @ P.unsqueeze(2)  # [B, H, L, r, r]
+    Xs [M, r, c']; P [M, N, r]; Q [M, N, c']; Nm [M, L]; Cm [M, L, N] -> [M, L, r, r]."""
+    M, L, r, N = Xs.shape[0], Cm.shape[-2], Xs.shape[-2], Cm.shape[-1]
+    E = torch.bmm(Xs, Q.transpose(1, 2))  # [M, r, N]
+    F = torch.bmm(Q, Q.transpose(1, 2))  # [M, N, N]
+    Pc = P.transpose(1, 2).unsqueeze(1) * Cm.unsqueeze(-2)  # [M, L, r, N]: Pᵀ diag(Cm_j)
+    cross = torch.bmm((E.unsqueeze(1) * Cm.unsqueeze(-2)).reshape(M, L * r, N), P).view(M, L, r, r)
+    PcF = torch.bmm(Pc.reshape(M, L * r, N), F).view(M * L, r, N)
+    quad = torch.bmm(PcF, Pc.reshape(M * L, r, N).transpose(1, 2)).view(M, L, r, r)  # Pc F Pcᵀ
     n = Nm[..., None, None]
-    return (n * n) * (Xs @ Xs.transpose(-1, -2)).unsqueeze(2) + n * (cross + cross.transpose(-1, -2)) \
-        + Pc @ F.unsqueeze(2) @ Pc.transpose(-1, -2)
+    return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
-    """One weight matrix of a muon segment, from m_s = m0, θ_s = w0 [B, H, in, out], the factors
-    h [B, H, N, in], dz [B, H, N, out] and co's tensors for this one segment ([B, H, L, ...]).
+    """One weight matrix of a muon segment on the loop's flattened batch (M = B·H), from m_s = m0,
+    θ_s = w0 [M, in, out], the factors h [M, N, in], dz [M, N, out] and co's tensors for this one
+    segment ([M, L, ...]).
 
-    Returns (NS polynomials [B, H, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
+    Returns (NS polynomials [M, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
     where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
     wide = m0.shape[-2] <= m0.shape[-1]  # NS runs on X = m (in ≤ out) or X = mᵀ, as inner.newton_schulz
     Xs, P, Q = (m0, h, dz) if wide else (m0.transpose(-1, -2), dz, h)
-    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [B, H, L, r, r]
+    M, L, N = m0.shape[0], co.Cm.shape[-2], co.Cm.shape[-1]
+    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [M, L, r, r]
+    r = G.shape[-1]
     # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
     Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
         else _newton_schulz_gram(G, steps)
-    if not wide:
-        Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
-    w = co.Wns[..., -1, :]  # [B, H, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
+    w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
+    wc = w[..., None] * co.Cm  # [M, L, N]
     if wide:  # NS(m_j) = P_j m_j = N_j P_j m_s + P_j hᵀ diag(Cm_j) dz
-        side = ((Pns @ h.transpose(-1, -2).unsqueeze(2)) * (w[..., None] * co.Cm).unsqueeze(-2)).sum(2)  # [B, H, in, N]
-        update = (wn * Pns).sum(2) @ m0 + side @ dz
-    else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ (Pns holds P_jᵀ)
-        side = ((dz.unsqueeze(2) @ Pns) * (w[..., None] * co.Cm).unsqueeze(-1)).sum(2)  # [B, H, N, out]
-        update = m0 @ (wn * Pns).sum(2) + h.transpose(-1, -2) @ side
+        side = (torch.bmm(Pns.reshape(M, L * r, r), h.transpose(1, 2)).view(M, L, r, N) * wc.unsqueeze(-2)).sum(1)
+        update = torch.baddbmm(torch.bmm((wn * Pns).sum(1), m0), side, dz)
+    else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ
+        Pt = Pns.permute(0, 3, 1, 2).reshape(M, r, L * r)  # [M, b, (j, a)] = P_j[a, b]: the P_jᵀ side by side
+        side = (torch.bmm(dz, Pt).view(M, N, L, r) * wc.transpose(1, 2).unsqueeze(-1)).sum(2)  # [M, N, out]
+        Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
+        update = torch.baddbmm(torch.bmm(m0, (wn * Pns).sum(1)), h.transpose(1, 2), side)
     end = co.Da[..., -1, None, None] * w0 + update
-    momentum = co.Nm[..., -1, None, None] * m0 + h.transpose(-1, -2) @ (co.Cm[..., -1, :, None] * dz)
+    momentum = torch.baddbmm(co.Nm[..., -1, None, None] * m0, h.transpose(1, 2), co.Cm[..., -1, :, None] * dz)
     return Pns, end, momentum
 
 
@@ -211,7 +221,7 @@ def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None]], h:
         zb = x @ w
         if b is not None:
             zb = zb + b
-        z = z + coef[..., None] * zb
+        z = z + (zb if coef is None else coef[..., None] * zb)
     return z
 
 
@@ -236,8 +246,10 @@ def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon:
           ln: tuple[Tensor, Tensor] | None) -> Tensor:
     """M_{θ_t}(x_t) for a group of S equal-length segments: x [B, H, S, L, K'] -> [B, H, S, L, V]."""
 
-    def stack(xs):
-        return torch.stack(xs, dim=2)
+    B, H = x.shape[:2]
+
+    def stack(xs):  # the loop's [B·H, ...] records -> [B, H, S, ...]
+        return torch.stack(xs, dim=1).unflatten(0, (B, H))
 
     n_layers = len(segs[0].h)
     hin = x
@@ -299,6 +311,156 @@ def _per_segment(x: Tensor | None, t0: int, S: int, L: int) -> Tensor | None:
     return x[:, t0:t0 + S * L].reshape(B, S, L, H).permute(0, 3, 1, 2)
 
 
+def _act_backward(name: str, grad: Tensor, z: Tensor, h: Tensor) -> Tensor:
+    """grad ⊙ σ'(z) (h = σ(z)) by the activation's own backward op: `inner.activation_grad`'s
+    σ'(z) times grad, one op instead of its elementwise chain (each of these ops has a double
+    backward, for the outer gradient)."""
+    aten = torch.ops.aten
+    if name == "gelu":
+        return aten.gelu_backward(grad, z)
+    if name == "gelu_tanh":
+        return aten.gelu_backward(grad, z, approximate="tanh")
+    if name == "silu":
+        return aten.silu_backward(grad, z)
+    if name == "relu":
+        return aten.threshold_backward(grad, z, 0)
+    return aten.tanh_backward(grad, h)
+
+
+def _factors(mem: Memory, objective: str, weights: tuple[Tensor, ...], x: Tensor, res: Tensor, g: Tensor | None,
+             ln3: tuple[Tensor, Tensor] | None) -> tuple[list[Tensor], list[Tensor]]:
+    """`inner.closed_form_factors` on the loop's flattened batch (every tensor [B·H, ...], so each
+    product is one bmm / baddbmm): (inputs, dz) per layer at the weights θ₀.
+
+    x [M, N, K'] the keys; res [M, N, V] what needs no state: dot: ∂ℓ/∂y = −γ v itself; l2: −v,
+    or x + β_ln − v with the residual LN (∂ℓ/∂y = γ (y − v) with y = x + γ_ln ⊙ n + β_ln);
+    g None | [M, N, 1] the pair weights γ (l2; None: all 1, the product skipped); ln3 the LN's
+    affine as [M, 1, V] each, or None."""
+    inputs, pre = [x], []
+    pairs = inner.layers(mem, weights)
+    h = x
+    for i, (w, b) in enumerate(pairs):
+        z = torch.bmm(h, w) if b is None else torch.baddbmm(b, h, w)
+        if i < len(pairs) - 1:
+            pre.append(z)
+            h = inner.activation(mem.activation, z)
+            inputs.append(h)
+        else:
+            h = z
+    if objective == "dot":
+        df = res
+    elif mem.residual_ln:
+        mu = h.mean(-1, keepdim=True)
+        fc = h - mu
+        inv = torch.rsqrt((fc * fc).mean(-1, keepdim=True) + inner.LN_EPS)
+        n = fc * inv
+        dy = res + (n if ln3 is None else n * ln3[0])  # y − v
+        if g is not None:
+            dy = g * dy
+        du = dy if ln3 is None else dy * ln3[0]  # ∂ℓ/∂n = γ_ln ⊙ ∂ℓ/∂y
+        # ∂ℓ/∂f = s (u − mean(u) − n mean(u ⊙ n))
+        df = inv * (du - du.mean(-1, keepdim=True) - n * (du * n).mean(-1, keepdim=True))
+    else:
+        df = h + res if g is None else g * (h + res)
+    dzs = [None] * len(pairs)
+    dz = df
+    for i in range(len(pairs) - 1, -1, -1):
+        dzs[i] = dz
+        if i > 0:
+            dz = _act_backward(mem.activation, torch.bmm(dz, pairs[i][0].transpose(1, 2)), pre[i - 1], inputs[i])
+    return inputs, dzs
+
+
+def _start(terms: list[tuple[Tensor | None, Tensor]]) -> Tensor:
+    """Σ coef_m base_m over (coef [M] or None for 1, base [M, ...])."""
+    out = None
+    for coef, base in terms:
+        if out is None:
+            out = base if coef is None else coef[:, None, None] * base
+        elif coef is None:
+            out = out + base
+        else:
+            out = out + coef[:, None, None] * base
+    return out
+
+
+def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
+    """(weights, momentum) at a gd or momentum segment's last token: the coefficients' last row
+    applied to the start tensors and the rank-1 terms (co: this one segment's last rows, [B·H, ...];
+    seg's tensors [B·H, ...]). Per layer W_e = Σ_m coef_m W_m + hᵀ diag(C) dz by one baddbmm, the
+    bias b_e = Σ_m coef_m b_m + C dz by another."""
+    per = 2 if mem.bias else 1
+
+    def rank1(C, h, dz, idx, start):
+        if idx % per == 0:
+            return torch.baddbmm(start, h.transpose(1, 2), C[:, :, None] * dz)
+        return torch.baddbmm(start, C[:, None, :], dz)
+
+    weights = []
+    for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+        for part in range(per):
+            idx = per * layer + part
+            start = _start([(coef, seg.bases[name][idx]) for name, coef in co.bases])
+            weights.append(rank1(co.C, h, dz, idx, start))
+    momentum = seg.bases["momentum"]
+    if co.Cm is not None:
+        mom = []
+        for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
+            for part in range(per):
+                idx = per * layer + part
+                mom.append(rank1(co.Cm, h, dz, idx, co.Nm[:, None, None] * momentum[idx]))
+        momentum = tuple(mom)
+    return tuple(weights), momentum
+
+
+def _gd_step(mem: Memory, objective: str, anchor, weights, momentum, x: Tensor, res: Tensor, g: Tensor | None,
+             ln3, co: _Coefficients):
+    """One gd or momentum segment of the loop: the factors at the anchor and the end state."""
+    hs, dzs = _factors(mem, objective, anchor, x, res, g, ln3)
+    weights, momentum = _end_state(mem, co, _Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
+                                                     h=hs, dz=dzs))
+    return hs, dzs, weights, momentum
+
+
+_step = _gd_step
+
+
+def compile_loop(enabled: bool = True, **options) -> None:
+    """Opt in (or back out) to `torch.compile` of the gd / momentum loop body (`_gd_step`, the
+    factors and the end state of one segment: one compiled region instead of its ~20–40 ops);
+    options go to torch.compile. The default is eager; the result is the same recurrence."""
+    global _step
+    _step = torch.compile(_gd_step, **options) if enabled else _gd_step
+
+
+def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:
+    """co's tensors [B, H, S, L, ...] as S per-segment _Coefficients on the loop's flattened batch:
+    muon keeps every row ([B·H, L, ...]); gd and momentum only need the last ([B·H, ...])."""
+
+    def split(x, last):
+        if x is None:
+            return None
+        if last:
+            x = x[:, :, :, -1]
+        return x.flatten(0, 1).unbind(1)
+
+    bases = [(name, split(coef, True) if coef is not None else [None] * S) for name, coef in co.bases]
+    fields = {}
+    for f in ("C", "Cm", "Nm", "Da", "Wns"):
+        fields[f] = split(getattr(co, f), not muon) or [None] * S
+    return [_Coefficients(bases=[(name, cs[i]) for name, cs in bases], **{f: v[i] for f, v in fields.items()})
+            for i in range(S)]
+
+
+def _windows(x: Tensor, t0: int, S: int, L: int, c: int) -> tuple[Tensor, ...]:
+    """x [B, c−1+T, H, ...] (the carried window, then the sequence): the S windows + segments
+    [t0 + s·L, t0 + s·L + c−1+L) of a group as S tensors [B·H, c−1+L, ...], one copy for the group."""
+    B, H = x.shape[0], x.shape[2]
+    y = x[:, t0:t0 + S * L + c - 1].unfold(1, c - 1 + L, L)  # [B, S, H, ..., N]
+    y = y.movedim(-1, 3).movedim(1, 0)  # [S, B, H, N, ...]
+    return y.reshape((S, B * H) + y.shape[3:]).unbind(0)
+
+
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
                     beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState,
                     ln: tuple[Tensor, Tensor] | None = None):
@@ -312,6 +474,7 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
     b, c = opt.minibatch, obj.window
     B, T, H, Kf = q.shape
     weights, momentum, anchor, offset0 = state.weights, state.momentum, state.anchor, state.offset
+    gamma_given = gamma is not None or c > 1  # else every pair weight is 1 and its products are skipped
     if gamma is None:
         gamma = torch.ones(B, T, H, dtype=q.dtype, device=q.device)
     # the pairs every segment's gradients need: the carried window, then the sequence
@@ -327,30 +490,56 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         t0 = segments[first][0]
         coefs.append(_coefficients(opt, c, _per_segment(g, t0, S, L), _per_segment(beta, t0, S, L),
                                    _per_segment(nu, t0, S, L), offset0 if first == 0 else 0))
+    # the loop runs on B·H flattened into one batch dim (every product one bmm); what needs no
+    # state — each segment's keys, the targets, the pair weights, the coefficients' rows — is cut
+    # into per-segment views before it, one op per group
+    BH = B * H
+
+    def flat(ts):
+        return None if ts is None else tuple(t.flatten(0, 1) for t in ts)
+
+    weights, momentum, anchor = flat(weights), flat(momentum), flat(anchor)
+    ln3 = None
+    if ln is not None:
+        ln3 = tuple(p[None].expand(B, H, p.shape[-1]).reshape(BH, 1, p.shape[-1]) for p in ln)
+    if objective == "dot":
+        res_all = -(g_all.unsqueeze(-1) * v_all) if gamma_given else -v_all
+    elif mem.residual_ln:
+        res_all = k_all - v_all if ln is None else k_all + ln[1] - v_all  # x + β_ln − v: y − v = res + γ_ln ⊙ n
+    else:
+        res_all = -v_all
     # the mini-batch loop: anchor gradients' factors, then the segment's end state
     records: list[_Segment] = []
     offset = offset0
     for gi, (first, S, L) in enumerate(groups):
-        co = coefs[gi]
+        t0 = segments[first][0]
+        xs = _windows(k_all, t0, S, L, c)
+        rs = _windows(res_all, t0, S, L, c)
+        gs = _windows(g_all.unsqueeze(-1), t0, S, L, c) if gamma_given and objective != "dot" else [None] * S
+        cos = _loop_coefficients(coefs[gi], muon, S)
         for si in range(S):
-            t0 = segments[first + si][0]
             if offset == 0:
                 anchor = weights
-            sl = slice(t0, t0 + c - 1 + L)  # window + segment in the extended sequence
-            hs, dzs = inner.closed_form_factors(mem, objective, anchor, k_all[:, sl].transpose(1, 2),
-                                                v_all[:, sl].transpose(1, 2), g_all[:, sl].transpose(1, 2), ln=ln)
-            one = co.segment(si)
+            one = cos[si]
             if muon:
+                hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
                 steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))
                 weights, momentum = tuple(s[1] for s in steps), tuple(s[2] for s in steps)
             else:
+                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[si], rs[si], gs[si],
+                                              ln3, one)
                 records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
                                         h=hs, dz=dzs))
-                weights, momentum = _end_state(mem, one, records[-1])
-            offset = (offset + L) % b
+                weights, momentum = w_end, m_end
+            offset = (offset + segments[first + si][1]) % b
+
+    def unflat(ts):
+        return None if ts is None else tuple(t.unflatten(0, (B, H)) for t in ts)
+
+    weights, momentum, anchor = unflat(weights), unflat(momentum), unflat(anchor)
     # the readout: every segment of a group at once
     outs = []
     for gi, (first, S, L) in enumerate(groups):
@@ -364,29 +553,3 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
     final = MemoryState(weights=weights, momentum=momentum, normalizer=None, anchor=anchor, offset=offset,
                         **win)
     return torch.cat(outs, dim=1), final
-
-
-def _end_state(mem: Memory, co: _Coefficients, seg: _Segment):
-    """(weights, momentum) at a gd or momentum segment's last token: the coefficients' last row
-    applied to the start tensors and the rank-1 terms (co for this one segment, [B, H, L, ...])."""
-    per = 2 if mem.bias else 1
-    C = co.C[..., -1, :, None]  # [B, H, N, 1]
-    weights = []
-    for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
-        for part in range(per):
-            idx = per * layer + part
-            out = h.transpose(-1, -2) @ (C * dz) if part == 0 else (C * dz).sum(-2, keepdim=True)
-            for name, coef in co.bases:
-                out = out + coef[..., -1, None, None] * seg.bases[name][idx]
-            weights.append(out)
-    momentum = seg.bases["momentum"]
-    if co.Cm is not None:
-        Cm = co.Cm[..., -1, :, None]  # [B, H, N, 1]
-        mom = []
-        for layer, (h, dz) in enumerate(zip(seg.h, seg.dz)):
-            for part in range(per):
-                idx = per * layer + part
-                out = h.transpose(-1, -2) @ (Cm * dz) if part == 0 else (Cm * dz).sum(-2, keepdim=True)
-                mom.append(co.Nm[..., -1, None, None] * momentum[idx] + out)
-        momentum = tuple(mom)
-    return tuple(weights), momentum

@@ -135,3 +135,25 @@ def test_per_token_memories_have_no_chunk_form():
     inputs, state = make_case(rec, T=4)
     with pytest.raises(fw.FormNotAvailable, match="minibatch"):
         fw.chunk(rec, initial_state=state, **inputs)
+
+
+@pytest.mark.parametrize("name", ["ttt_mlp", "titans"])
+def test_compiled_loop_body_equals_recurrent(name):
+    """The opt-in `compile_loop` (torch.compile of the gd / momentum loop body; aot_eager here, the
+    cheap backend that traces what inductor would compile) gives the same outputs, states and
+    gradients; the default path stays eager."""
+    from fastweights.chunkwise import minibatch
+
+    torch._dynamo.reset()
+    inputs, state = make_case(name, T=37)
+    o1, s1, g1 = run_with_grads(fw.recurrent, name, inputs, state)
+    minibatch.compile_loop(True, backend="aot_eager")
+    try:
+        o2, s2, g2 = run_with_grads(fw.chunk, name, inputs, state)
+    finally:
+        minibatch.compile_loop(False)
+    assert minibatch._step is minibatch._gd_step
+    assert _close(o2, o1, CHUNK_F64)
+    assert max_err(s1, s2) < CHUNK_F64
+    for a, b in zip(g1, g2):
+        assert _close(b, a, CHUNK_F64)

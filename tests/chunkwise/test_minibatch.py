@@ -106,7 +106,9 @@ def test_memory_is_linear_in_T_and_holds_no_per_token_weights(name, K):
             return x
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-            fw.chunk(name, initial_state=state, **inputs)
+            # what is kept, not the values: Titans' inner loop diverges in fp32 at T = 128 for about
+            # one draw in six (DivergenceError by default), which changes nothing that is saved
+            fw.chunk(name, initial_state=state, check_values=False, **inputs)
         return sum(storages.values()), sum(w[0, 0].numel() for w in state.weights) * 4 * T
 
     (s64, per_token64), (s128, _) = saved(64), saved(128)

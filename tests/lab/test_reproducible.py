@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     cells = make_cells(PRESETS["quick"], models=["gla"], d_models=[16], settings=[(32, 4)], lrs=[1e-2, 3e-3],
                        epochs=1, train_examples=96, test_examples=32)
     recs = run_mqar(cells, out, workers=workers, threads=None, progress="none")
-    print(json.dumps([{"lr": r["lr"], "accuracy": r["accuracy"],
+    print(json.dumps([{"lr": r["lr"], "accuracy": r["accuracy"], "cpu_numerics": r.get("cpu_numerics"),
                        "history": [{k: v for k, v in h.items() if k != "seconds"} for h in r["history"]]}
                       for r in recs]))
 """)
@@ -57,5 +57,8 @@ def test_cpu_cells_bit_identical_across_threads_isa_and_workers(tmp_path):
     b = _train(tmp_path, "b", {"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "default",
                                "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, workers=2)
     assert len(a[1]) == 2
+    for r in a[0] + b[0]:  # each record says what decided its bits
+        assert r["cpu_numerics"]["threads"] == 1 and r["cpu_numerics"]["cpu_capability"] == "AVX2"
+        assert r["cpu_numerics"]["mkl_cbwr"] == "AVX2"
     assert a[0] == b[0]  # accuracies and per-epoch losses, to the last bit (JSON floats round-trip)
     assert a[1] == b[1]  # every weight of both cells

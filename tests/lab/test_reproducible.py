@@ -57,8 +57,8 @@ def test_cpu_cells_bit_identical_across_threads_isa_and_workers(tmp_path):
     b = _train(tmp_path, "b", {"OMP_NUM_THREADS": "2", "ATEN_CPU_CAPABILITY": "default",
                                "MKL_ENABLE_INSTRUCTIONS": "AVX2"}, workers=2)
     assert len(a[1]) == 2
+    assert a[0] == b[0]  # accuracies and per-epoch losses, to the last bit (JSON floats round-trip)
+    assert a[1] == b[1]  # every weight of both cells
     for r in a[0] + b[0]:  # each record says what decided its bits
         assert r["cpu_numerics"]["threads"] == 1 and r["cpu_numerics"]["cpu_capability"] == "AVX2"
         assert r["cpu_numerics"]["mkl_cbwr"] == "AVX2"
-    assert a[0] == b[0]  # accuracies and per-epoch losses, to the last bit (JSON floats round-trip)
-    assert a[1] == b[1]  # every weight of both cells

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from ..tasks.mqar import IGNORE_INDEX, MQARConfig, make_mqar_splits
-from .train import NUMBER, ResultStore, TrainConfig, best_over, run_sweep, train_cell
+from .train import NUMBER, ResultStore, TrainConfig, best_over, pin_cpu_numerics, run_sweep, train_cell
 
 __all__ = ["MQARCell", "MQARPreset", "PRESETS", "make_cells", "build_model", "lm_config", "cell_data", "run_cell",
            "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main", "build_lm"]
@@ -444,10 +444,20 @@ def cost_estimate(cells: Sequence[MQARCell], step_ms: dict) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------ running
 def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtype="float32",
                  checkpoint_dir=None, threads=None, fresh=False):
-    if threads:
+    """One cell of `run_mqar`. On a CPU device the numerics are pinned first (`pin_cpu_numerics`:
+    `threads` torch threads, default 1, and fixed ATen/MKL kernel choices), so that a cell's bits
+    depend on (code, torch build, cell, seed) and not on the machine's cores, ISA or the number of
+    workers; the record carries what was used ("cpu_numerics")."""
+    numerics = None
+    if torch.device(device).type == "cpu":
+        numerics = pin_cpu_numerics(threads or 1)
+    elif threads:
         torch.set_num_threads(threads)
-    return run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
-                    fresh=fresh)
+    res = run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
+                   fresh=fresh)
+    if numerics is not None:
+        res["cpu_numerics"] = numerics
+    return res
 
 
 RECORD_FIELDS = {"model": str, "d_model": int, "setting": str, "lr": NUMBER, "accuracy": NUMBER}

@@ -77,10 +77,41 @@ from .control import CellLock, worker_init
 _SPREAD = contextvars.ContextVar("fastweights_spread_sweep", default=False)
 
 __all__ = ["TrainConfig", "TrainError", "Interrupted", "accuracy", "train_cell", "ResultStore", "run_sweep",
-           "cell_key", "best_over", "checkpoint_signature", "signature_diff", "IGNORE_INDEX"]
+           "cell_key", "best_over", "checkpoint_signature", "signature_diff", "IGNORE_INDEX", "CPU_NUMERICS",
+           "pin_cpu_numerics", "cpu_numerics"]
 
 IGNORE_INDEX = -100
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+#: The kernel choices `pin_cpu_numerics` fixes for CPU training: ATen's vectorized kernels at AVX2
+#: (not the machine's best, AVX-512 where it has it) and MKL's conditional numerical
+#: reproducibility at its AVX2 code path. Measured (torch 2.13, 1 thread, one machine): the
+#: kernels the machine's ISA selects change a training run's bits from the first step, and the
+#: quick preset's GLA d=32 cell ended anywhere in 0.41-0.55 across those choices.
+CPU_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+def pin_cpu_numerics(threads: int | None = 1) -> dict:
+    """Make CPU training bit-reproducible across machines and worker layouts, as far as the
+    process can: a fixed torch thread count (intra-op parallelism splits reductions by the thread
+    count; default 1 whatever the core count) and, unless FASTWEIGHTS_CPU_NUMERICS=native, the
+    kernel choices of `CPU_NUMERICS` (set in os.environ, overriding the machine's: ATen and MKL
+    read them at their first CPU kernel, so this must run before the process's first tensor
+    operation — a sweep's spawned workers and the lab commands do; later, the record shows what
+    was really used). Returns `cpu_numerics()`."""
+    if os.environ.get("FASTWEIGHTS_CPU_NUMERICS", "portable") != "native":
+        os.environ.update(CPU_NUMERICS)
+    if threads:
+        torch.set_num_threads(int(threads))
+    return cpu_numerics()
+
+
+def cpu_numerics() -> dict:
+    """What decides the bits of a CPU run here (recorded with every lab cell): torch's version, its
+    thread count, the ATen kernel level in use and MKL's reproducibility mode."""
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": os.environ.get("MKL_CBWR")}
 
 
 class TrainError(ValueError):
@@ -926,7 +957,8 @@ def best_over(records: Iterable[dict], over: Sequence[str] = ("lr",), fields: Se
     if not records:
         return []
     result_keys = {"key", "accuracy", "final_accuracy", "best_epoch", "epochs_run", "stopped_early", "history",
-                   "params", "state_bytes", "steps", "train_seconds", "resumed_from", "rank", "wall_seconds"}
+                   "params", "state_bytes", "steps", "train_seconds", "resumed_from", "rank", "wall_seconds",
+                   "cpu_numerics"}
     if fields is None:
         fields = [k for k in records[0] if k not in result_keys and k not in over]
     def score(r):

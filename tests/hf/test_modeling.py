@@ -123,8 +123,14 @@ def test_labels_give_the_shifted_cross_entropy_and_packing_is_honoured():
 
 def test_errors_name_the_argument():
     model = fh.from_lm(LM(tiny_config("deltanet")))
-    with pytest.raises(InputError, match="inputs_embeds"):
-        model(inputs_embeds=torch.zeros(1, 2, 16))
+    for bad in (torch.zeros(1, 2, 15), torch.zeros(1, 2, 16, dtype=torch.float64), torch.zeros(1, 2),
+                torch.zeros(1, 2, 16, dtype=torch.long), torch.zeros(1, 0, 16)):
+        with pytest.raises(InputError, match="inputs_embeds"):
+            model(inputs_embeds=bad)
+    with pytest.raises(InputError, match="exactly one of input_ids .* and inputs_embeds"):
+        model(torch.zeros(1, 2, dtype=torch.long), inputs_embeds=torch.zeros(1, 2, 16))
+    with pytest.raises(InputError, match="exactly one of input_ids .* and inputs_embeds"):
+        model()
     with pytest.raises(InputError, match="past_key_values"):
         model(torch.zeros(1, 2, dtype=torch.long), past_key_values=object())
     with pytest.raises(fw.models.ConfigError, match="vocab_size"):

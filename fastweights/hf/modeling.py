@@ -1,6 +1,7 @@
 """FastWeightsForCausalLM: a fastweights `LM` as a transformers causal LM (`PreTrainedModel` +
 `GenerationMixin`), and FastWeightsModel, its trunk for `AutoModel` (last hidden states): so
-`AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy, sampling, beam search) and
+`AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy, sampling, beam search, assisted
+and prompt-lookup decoding: the cache crops, see `cache.py`) and
 lm-evaluation-harness's HFLM take it as they take any model.
 
 The wrapper owns the LM's own modules (`embed`, `blocks`, `norm`: the same parameter names as
@@ -37,7 +38,7 @@ from ..inputs import InputError
 from ..models.checkpoint import ROUTING
 from ..models.lm import LM
 from .cache import FastWeightsCache
-from .cache_args import OUTPUT_STATE_FIELD, check_cache_position, take_state
+from .cache_args import OUTPUT_STATE_FIELD, STATE_NAMES, check_cache_position, take_state
 from .config import FastWeightsConfig
 
 __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
@@ -184,11 +185,24 @@ def _check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
 class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
     """transformers' causal LM over `fastweights.models.LM` (see the module doc)."""
 
-    _is_stateful = True  # no cropping of the state: assisted decoding is refused by generate
-
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model makes its own FastWeightsCache on the first forward
+        return False  # transformers makes no DynamicCache: `_prepare_cache_for_generation` makes ours
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
+        """`generate`'s cache: the caller's, else (with use_cache) an empty FastWeightsCache, which
+        the first forward fills; an assistant's records its past (its drafts get cropped), as
+        transformers does for the caches it makes. Assisted decoding needs a cache before the first
+        forward (it activates recording on it)."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if generation_config.use_cache is False or model_kwargs.get("use_cache") is False:
+            return
+        if any(model_kwargs.get(name) is not None for name in STATE_NAMES):
+            return
+        cache = FastWeightsCache()
+        if getattr(generation_config, "is_assistant", False):
+            cache.activate_past_recording()
+        model_kwargs[OUTPUT_STATE_FIELD] = cache
 
     def get_output_embeddings(self):
         return None  # the head is the embedding (tied inside the LM)
@@ -214,6 +228,7 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             raise InputError(f"logits_to_keep must be an int ≥ 0 (0: every position), got {logits_to_keep!r}")
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
         state = take_state(past_key_values, cache, cache_params)
+        inputs = dict(ids=input_ids, embeds=inputs_embeds)
         with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states"),
                                  inputs_embeds) as hidden:
             if state is not None and state.state is not None:
@@ -227,14 +242,15 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                 else:
                     logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask,
                                                inputs_embeds=inputs_embeds)
-                state.state = after
+                state.update_state(after, lm, mask=block_mask, **inputs)
             elif use_cache and cu_seqlens is None and labels is None:
                 check_cache_position(cache_position, 0, T)
                 logits, after = lm.prefill(input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
                 if state is None:
                     state = FastWeightsCache(after, batch_size=B)
                 else:
-                    state.state, state._batch = after, B
+                    state.update_state(after, lm, mask=attention_mask, **inputs)
+                    state._batch = B
             else:
                 check_cache_position(cache_position, 0, T)
                 logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,

@@ -98,7 +98,7 @@ def test_auto_classes_resolve_and_the_cache_is_typed(tmp_path):
     cache = out.past_key_values
     assert isinstance(cache, fh.FastWeightsCache) and isinstance(cache, transformers.Cache)
     assert cache.get_seq_length() == 5 and cache.batch_size == 3
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(InputError, match="activate_past_recording"):  # not recording: nothing to roll back to
         cache.crop(2)
     cache.batch_repeat_interleave(2)
     assert cache.batch_size == 6

@@ -35,6 +35,18 @@ the prompt again once.
 `crop(n)`: n < 0 drops the last −n tokens (transformers ≥ 5.17's convention); n = 0 keeps every
 token and forgets the history; n > 0 keeps the first n tokens (the older absolute convention,
 which 5.17 still reads: nothing to do when n ≥ the tokens held).
+
+What `generate` calls (read in 5.17.0 and 5.24.0, `generation/utils.py` and
+`generation/candidate_generator.py`): `_validate_generation_mode` refuses assisted decoding for a
+model with `_is_stateful` (no longer set); `_assisted_decoding` raises without a cache before the
+first forward (so `_prepare_cache_for_generation` of the model makes an empty one), calls
+`activate_past_recording()` on it, checks `is_croppable` after the first forward (5.24), and
+after each check calls `crop(-(drafted − accepted))` — a 0-d tensor in 5.17, an int in 5.24, and
+`crop(0)` when every draft was accepted; an assistant's `_update_past_and_masks` calls
+`get_seq_length()` and `crop(-k)` (k ≥ 0) on the assistant's cache, which
+`_prepare_cache_for_generation` sets recording for an assistant. `is_compileable` False keeps
+generate from compiling the step; mps's deferred stop check (`DeferredStopCheck`) calls `crop(0)`
+/ `crop(-1)` too (it reads `is_croppable`; not run here).
 """
 
 from __future__ import annotations

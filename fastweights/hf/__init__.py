@@ -9,7 +9,9 @@ Importing this module registers the model with the Auto classes:
 
 so a directory written by `LM.save_pretrained` (or by `FastWeightsForCausalLM.save_pretrained`:
 one format) loads with `AutoModelForCausalLM.from_pretrained(dir)`, and `generate` works with
-greedy, sampling and beam search over the model's own state (`FastWeightsCache`).
+greedy, sampling, beam search, assisted decoding (`assistant_model=`) and prompt-lookup decoding
+(`prompt_lookup_num_tokens=`) over the model's own state (`FastWeightsCache`, croppable while it
+records its past), from input_ids or inputs_embeds.
 
     import fastweights.hf  # registers
     from transformers import AutoModelForCausalLM

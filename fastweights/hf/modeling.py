@@ -1,6 +1,7 @@
 """FastWeightsForCausalLM: a fastweights `LM` as a transformers causal LM (`PreTrainedModel` +
 `GenerationMixin`), and FastWeightsModel, its trunk for `AutoModel` (last hidden states): so
-`AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy, sampling, beam search) and
+`AutoModelForCausalLM.from_pretrained(dir)`, `generate(...)` (greedy, sampling, beam search, assisted
+and prompt-lookup decoding: the cache crops, see `cache.py`) and
 lm-evaluation-harness's HFLM take it as they take any model.
 
 The wrapper owns the LM's own modules (`embed`, `blocks`, `norm`: the same parameter names as
@@ -8,6 +9,8 @@ The wrapper owns the LM's own modules (`embed`, `blocks`, `norm`: the same param
 here is one format. `forward`:
 
     input_ids [B, T] -> logits [B, T, vocab]            (CausalLMOutputWithPast)
+    inputs_embeds [B, T, d_model] instead of input_ids: the embedding's output given directly
+                    (generate(inputs_embeds=...) feeds them in the first step, then the new ids)
     labels [B, T]   -> loss = mean CE(logits[:, t], labels[:, t + 1]) over labels ≠ −100
                        (Σ / num_items_in_batch when Trainer passes that count: gradient accumulation)
     attention_mask [B, T_past + T]   0 = padding (left padding for generation)
@@ -35,7 +38,7 @@ from ..inputs import InputError
 from ..models.checkpoint import ROUTING
 from ..models.lm import LM
 from .cache import FastWeightsCache
-from .cache_args import OUTPUT_STATE_FIELD, check_cache_position, take_state
+from .cache_args import OUTPUT_STATE_FIELD, STATE_NAMES, check_cache_position, take_state
 from .config import FastWeightsConfig
 
 __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
@@ -103,16 +106,18 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
             self.config.vocab_size = value.num_embeddings
 
     @contextmanager
-    def _hidden_states(self, wanted: bool):
+    def _hidden_states(self, wanted: bool, inputs_embeds: torch.Tensor | None = None):
         """hidden_states of the forward run inside the block (HF's convention, L + 1 tensors [B, T, d]):
-        the embedding's output, the outputs of blocks 1 … L − 1, and RMSNorm(h_L) (the head's input);
-        read from the LM's own modules (one call of each per forward, else an error). None unless wanted."""
+        the embedding's output (inputs_embeds when given), the outputs of blocks 1 … L − 1, and
+        RMSNorm(h_L) (the head's input); read from the LM's own modules (one call of each per forward,
+        else an error). None unless wanted."""
         if not wanted:
             yield None
             return
-        outs: list[torch.Tensor] = []
+        outs: list[torch.Tensor] = [] if inputs_embeds is None else [inputs_embeds]
         record = lambda module, args, out: outs.append(out[0] if isinstance(out, tuple) else out)  # noqa: E731
-        hooks = [m.register_forward_hook(record) for m in (self.embed, *self.blocks)]
+        hooks = [m.register_forward_hook(record) for m in ((self.embed,) if inputs_embeds is None else ())
+                 + tuple(self.blocks)]
         got: list[torch.Tensor] = []
         try:
             yield got
@@ -127,7 +132,8 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
 
 class FastWeightsModel(FastWeightsPreTrainedModel):
     """The trunk (`AutoModel`): last_hidden_state = RMSNorm(h_L) [B, T, d_model], no cache;
-    attention_mask / position_ids / cu_seqlens as in FastWeightsForCausalLM without a cache."""
+    input_ids [B, T] or inputs_embeds [B, T, d_model], attention_mask / position_ids / cu_seqlens as
+    in FastWeightsForCausalLM without a cache."""
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -138,24 +144,38 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
             raise InputError(f"FastWeightsModel.forward does not take {', '.join(sorted(kwargs))}")
         if output_attentions:
             raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
-        if inputs_embeds is not None or input_ids is None:
-            raise InputError("FastWeightsModel takes input_ids [B, T] (inputs_embeds is not supported)")
-        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+        _inputs_shape(self._lm, input_ids, inputs_embeds)
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states"),
+                                 inputs_embeds) as hidden:
             h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                cu_seqlens=cu_seqlens)
+                                cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds)
         out = BaseModelOutputWithPast(last_hidden_state=self.norm(h), hidden_states=_tuple(hidden))
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
 
 
-def _check_labels(labels, input_ids, vocab_size: int) -> None:
-    """labels: None or integer ids [B, T] like input_ids, each in [0, vocab_size) or IGNORE_INDEX."""
+def _inputs_shape(lm: LM, input_ids, inputs_embeds) -> tuple[int, int]:
+    """(B, T) of exactly one of input_ids [B, T] (type, rank, device checked; the forms read the
+    values) and inputs_embeds [B, T, d_model] (floating, the embedding's dtype and device)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise InputError(f"pass exactly one of input_ids [B, T] and inputs_embeds [B, T, d_model="
+                         f"{lm.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
+    if input_ids is not None:
+        lm._check_ids(input_ids, values=False)
+        return tuple(input_ids.shape)
+    lm._check_embeds(inputs_embeds)
+    return tuple(inputs_embeds.shape[:2])
+
+
+def _check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
+    """labels: None or integer ids [B, T] (the shape of input_ids / inputs_embeds' first two
+    dimensions), each in [0, vocab_size) or IGNORE_INDEX."""
     if labels is None:
         return
     if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32):
         raise InputError(f"labels must be an integer tensor [B, T] like input_ids, got "
                          f"{getattr(labels, 'dtype', type(labels).__name__)}")
-    if labels.shape != input_ids.shape:
-        raise InputError(f"labels must have input_ids' shape {list(input_ids.shape)}, got {list(labels.shape)}")
+    if tuple(labels.shape) != tuple(shape):
+        raise InputError(f"labels must be [B, T] = {list(shape)} like the inputs, got {list(labels.shape)}")
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
     if bool(bad.any()):
         raise InputError(f"labels must be token ids in [0, vocab_size={vocab_size}) or {IGNORE_INDEX} (ignored), "
@@ -165,11 +185,24 @@ def _check_labels(labels, input_ids, vocab_size: int) -> None:
 class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
     """transformers' causal LM over `fastweights.models.LM` (see the module doc)."""
 
-    _is_stateful = True  # no cropping of the state: assisted decoding is refused by generate
-
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model makes its own FastWeightsCache on the first forward
+        return False  # transformers makes no DynamicCache: `_prepare_cache_for_generation` makes ours
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs: dict, *args, **kwargs):
+        """`generate`'s cache: the caller's, else (with use_cache) an empty FastWeightsCache, which
+        the first forward fills; an assistant's records its past (its drafts get cropped), as
+        transformers does for the caches it makes. Assisted decoding needs a cache before the first
+        forward (it activates recording on it)."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if generation_config.use_cache is False or model_kwargs.get("use_cache") is False:
+            return
+        if any(model_kwargs.get(name) is not None for name in STATE_NAMES):
+            return
+        cache = FastWeightsCache()
+        if getattr(generation_config, "is_assistant", False):
+            cache.activate_past_recording()
+        model_kwargs[OUTPUT_STATE_FIELD] = cache
 
     def get_output_embeddings(self):
         return None  # the head is the embedding (tied inside the LM)
@@ -186,41 +219,42 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             raise InputError(f"FastWeightsForCausalLM.forward does not take {', '.join(sorted(kwargs))}")
         if output_attentions:
             raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
-        if inputs_embeds is not None:
-            raise InputError("inputs_embeds is not supported by FastWeightsForCausalLM; pass input_ids")
-        if input_ids is None:
-            raise InputError("input_ids [B, T] is required")
         lm = self._lm
-        lm._check_ids(input_ids, values=False)  # type, rank, device (the forms read the values)
-        _check_labels(labels, input_ids, lm.config.vocab_size)
+        B, T = _inputs_shape(lm, input_ids, inputs_embeds)
+        _check_labels(labels, (B, T), lm.config.vocab_size)
         if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
             raise InputError(f"attention_mask must be a tensor [B, T] or None, got {type(attention_mask).__name__}")
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
             raise InputError(f"logits_to_keep must be an int ≥ 0 (0: every position), got {logits_to_keep!r}")
         use_cache = use_cache if use_cache is not None else bool(getattr(self.config, "use_cache", True))
         state = take_state(past_key_values, cache, cache_params)
-        B, T = input_ids.shape
-        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states")) as hidden:
+        inputs = dict(ids=input_ids, embeds=inputs_embeds)
+        with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states"),
+                                 inputs_embeds) as hidden:
             if state is not None and state.state is not None:
                 past = state.get_seq_length()
                 check_cache_position(cache_position, past, T)
                 block_mask = _block_mask(attention_mask, state, past, T)
-                if T == 1 and (block_mask is None or bool(block_mask.all())):
-                    logits, after = lm.step(input_ids[:, 0], state.state)
+                if T == 1 and (block_mask is None or bool(block_mask.all())):  # a step, from an id or an embedding
+                    logits, after = lm.step(None if input_ids is None else input_ids[:, 0], state.state,
+                                            inputs_embeds=inputs_embeds)
                     logits = logits[:, None]
                 else:
-                    logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask)
-                state.state = after
+                    logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask,
+                                               inputs_embeds=inputs_embeds)
+                state.update_state(after, lm, mask=block_mask, **inputs)
             elif use_cache and cu_seqlens is None and labels is None:
                 check_cache_position(cache_position, 0, T)
-                logits, after = lm.prefill(input_ids, attention_mask=attention_mask)
+                logits, after = lm.prefill(input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
                 if state is None:
                     state = FastWeightsCache(after, batch_size=B)
                 else:
-                    state.state, state._batch = after, B
+                    state.update_state(after, lm, mask=attention_mask, **inputs)
+                    state._batch = B
             else:
                 check_cache_position(cache_position, 0, T)
-                logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens)
+                logits = lm(input_ids, attention_mask=attention_mask, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                            inputs_embeds=inputs_embeds)
                 state = None
         loss = None if labels is None else shifted_cross_entropy(logits, labels, num_items_in_batch)
         if logits_to_keep:

@@ -133,7 +133,7 @@ def sample_next(logits: Tensor, *, do_sample: bool = False, temperature: float =
 class LM(nn.Module):
     """A language model from an LMConfig (see the module doc).
 
-    forward(input_ids [B, T]) -> logits [B, T, vocab]
+    forward(input_ids [B, T]) -> logits [B, T, vocab]   (or forward(inputs_embeds=[B, T, d_model]))
     prefill(input_ids, state=None) -> (logits, LMState);  step(ids [B] or [B, 1], state) -> (logits [B, vocab], LMState)
     generate(input_ids, max_new_tokens, ...) -> ids [B, T + max_new_tokens]
     save_pretrained(dir) / LM.from_pretrained(dir)
@@ -238,8 +238,34 @@ class LM(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
         return F.linear(self.norm(h), head)  # [B, T, vocab]
 
-    def _hidden(self, input_ids: Tensor, form: str | None, segments: Segments | None) -> Tensor:
-        h = self.embed(input_ids)  # [B, T, d]
+    def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids") -> Tensor:
+        """h_0 [B, T, d_model]: Embed(input_ids), or inputs_embeds as given (exactly one of the two;
+        checked: ids as `_check_ids`, embeddings a floating tensor [B, T, d_model] in the
+        embedding's dtype, on its device)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise GenerationError(f"pass exactly one of {name} [B, T] and inputs_embeds [B, T, d_model="
+                                  f"{self.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
+        if input_ids is not None:
+            self._check_ids(input_ids, name)
+            return self.embed(input_ids)
+        self._check_embeds(inputs_embeds)
+        return inputs_embeds
+
+    def _check_embeds(self, x: Tensor, name: str = "inputs_embeds") -> None:
+        """A floating tensor [B, T, d_model] with B ≥ 1, T ≥ 1, in the embedding's dtype and device."""
+        w = self.embed.weight
+        if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() != 3 or x.shape[2] != w.shape[1]:
+            raise GenerationError(f"{name} must be a floating tensor [B, T, d_model={w.shape[1]}], got "
+                                  f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise GenerationError(f"{name} must hold at least one sequence and one position, got {list(x.shape)}")
+        if x.dtype != w.dtype:
+            raise GenerationError(f"{name} is {x.dtype}, the model's embedding {w.dtype}: convert one")
+        if x.device != w.device:
+            raise GenerationError(f"{name} is on {x.device}, the model on {w.device}: move one")
+
+    def _hidden(self, h: Tensor, form: str | None, segments: Segments | None) -> Tensor:
+        """The blocks over h_0 [B, T, d] (checkpointed as set)."""
         checkpointing = bool(self._checkpointed) and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if checkpointing and i in self._checkpointed:
@@ -248,27 +274,31 @@ class LM(nn.Module):
                 h, _ = block(h, form=form, segments=segments)
         return h
 
-    def forward(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor | None = None, *, form: str | None = None,
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
         """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form).
 
         attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
-        position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself."""
+        position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself.
+        inputs_embeds [B, T, d_model] instead of input_ids: the embedding's output given directly
+        (`forward(inputs_embeds=lm.embed(ids))` equals `forward(ids)`)."""
         return self._logits(self.hidden(input_ids, form=form, attention_mask=attention_mask,
-                                        position_ids=position_ids, cu_seqlens=cu_seqlens))
+                                        position_ids=position_ids, cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds))
 
-    def hidden(self, input_ids: Tensor, *, form: str | None = None, attention_mask: Tensor | None = None,
-               position_ids: Tensor | None = None, cu_seqlens: Tensor | None = None) -> Tensor:
+    def hidden(self, input_ids: Tensor | None = None, *, form: str | None = None,
+               attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+               cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
         """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
-        self._check_ids(input_ids)
-        B, T = input_ids.shape
+        h = self._embed(input_ids, inputs_embeds)
+        B, T = h.shape[:2]
         seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
-                             device=input_ids.device)
-        return self._hidden(input_ids, form, seg)
+                             device=h.device)
+        return self._hidden(h, form, seg)
 
-    def _state_segments(self, ids: Tensor, state: LMState | None, attention_mask: Tensor | None):
-        """(Segments | None, lengths after | None) of a block continuing `state` (None: a new one)."""
-        B, T = ids.shape
+    def _state_segments(self, shape: tuple[int, int], device, state: LMState | None, attention_mask: Tensor | None):
+        """(Segments | None, lengths after | None) of a block [B, T] continuing `state` (None: a new one)."""
+        B, T = shape
         if attention_mask is None and (state is None or state.lengths is None):
             return None, None
         if attention_mask is not None:
@@ -281,46 +311,54 @@ class LM(nn.Module):
                 raise GenerationError("attention_mask: padding is allowed in the first block only (a block that "
                                       "continues a state must be all tokens)")
         if state is None:
-            offsets = torch.zeros(B, dtype=torch.int64, device=ids.device)
+            offsets = torch.zeros(B, dtype=torch.int64, device=device)
         elif state.lengths is not None:
             offsets = state.lengths
         else:
-            offsets = torch.full((B,), state.position, dtype=torch.int64, device=ids.device)
-        seg = Segments.build(B, T, attention_mask=attention_mask, offsets=offsets, device=ids.device)
+            offsets = torch.full((B,), state.position, dtype=torch.int64, device=device)
+        seg = Segments.build(B, T, attention_mask=attention_mask, offsets=offsets, device=device)
         return seg, offsets + seg.lengths()
 
-    def prefill(self, input_ids: Tensor, state: LMState | None = None, *, attention_mask: Tensor | None = None
-                ) -> tuple[Tensor, LMState]:
-        """Run input_ids (continuing `state` when given) in the training forms; (logits, state after).
-        attention_mask [B, T]: 0 marks (left) padding, which no layer sees; every row then decodes
-        on from its own length."""
-        self._check_ids(input_ids)
+    def prefill(self, input_ids: Tensor | None = None, state: LMState | None = None, *,
+                attention_mask: Tensor | None = None, inputs_embeds: Tensor | None = None) -> tuple[Tensor, LMState]:
+        """Run input_ids [B, T] (or inputs_embeds [B, T, d_model]; continuing `state` when given) in
+        the training forms; (logits [B, T, vocab], state after). attention_mask [B, T]: 0 marks
+        (left) padding, which no layer sees; every row then decodes on from its own length."""
+        h = self._embed(input_ids, inputs_embeds)
+        B, T = h.shape[:2]
         if state is not None:
-            self._check_state(state, input_ids.shape[0])
-        seg, lengths = self._state_segments(input_ids, state, attention_mask)
-        h = self.embed(input_ids)
+            self._check_state(state, B)
+        seg, lengths = self._state_segments((B, T), h.device, state, attention_mask)
         layers = []
         for i, block in enumerate(self.blocks):
             h, st = block(h, state.layers[i] if state is not None else None, output_state=True, segments=seg)
             layers.append(st)
         return self._logits(h), LMState(layers=tuple(layers), mixers=self._mixer_names(), lengths=lengths)
 
-    def step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
-        """One decoding step by the recurrent form: token_ids [B] or [B, 1] -> (logits [B, vocab], state)."""
+    def step(self, token_ids: Tensor | None = None, state: LMState | None = None, *,
+             inputs_embeds: Tensor | None = None) -> tuple[Tensor, LMState]:
+        """One decoding step by the recurrent form: token_ids [B] or [B, 1] (or inputs_embeds
+        [B, 1, d_model]) -> (logits [B, vocab], state)."""
         if isinstance(token_ids, Tensor) and token_ids.dim() == 1:
             token_ids = token_ids[:, None]  # [B, 1]
-        self._check_ids(token_ids, "token_ids")
-        if token_ids.shape[1] != 1:
-            raise GenerationError(f"step takes one token per sequence, got token_ids {list(token_ids.shape)}")
-        self._check_state(state, token_ids.shape[0])
-        return self._step(token_ids, state)
+        h = self._embed(token_ids, inputs_embeds, "token_ids")
+        if h.shape[1] != 1:
+            name = "token_ids" if inputs_embeds is None else "inputs_embeds"
+            raise GenerationError(f"step takes one token per sequence, got {name} {list(h.shape)}")
+        if state is None:
+            raise GenerationError("step needs the state to continue (prefill makes the first one)")
+        self._check_state(state, h.shape[0])
+        return self._step_hidden(h, state)
 
     def _step(self, token_ids: Tensor, state: LMState) -> tuple[Tensor, LMState]:
         """`step` without the checks (generate's own tokens and states are valid by construction)."""
         if token_ids.dim() == 1:
             token_ids = token_ids[:, None]
-        seg, lengths = self._state_segments(token_ids, state, None)
-        h = self.embed(token_ids)  # [B, 1, d]
+        return self._step_hidden(self.embed(token_ids), state)
+
+    def _step_hidden(self, h: Tensor, state: LMState) -> tuple[Tensor, LMState]:
+        """The step from h_0 [B, 1, d] (the embedding's output)."""
+        seg, lengths = self._state_segments(tuple(h.shape[:2]), h.device, state, None)
         layers = []
         for block, st in zip(self.blocks, state.layers):
             h, st = block(h, st, step=True, segments=seg)

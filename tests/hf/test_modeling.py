@@ -98,7 +98,7 @@ def test_auto_classes_resolve_and_the_cache_is_typed(tmp_path):
     cache = out.past_key_values
     assert isinstance(cache, fh.FastWeightsCache) and isinstance(cache, transformers.Cache)
     assert cache.get_seq_length() == 5 and cache.batch_size == 3
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(InputError, match="activate_past_recording"):  # not recording: nothing to roll back to
         cache.crop(2)
     cache.batch_repeat_interleave(2)
     assert cache.batch_size == 6
@@ -123,8 +123,14 @@ def test_labels_give_the_shifted_cross_entropy_and_packing_is_honoured():
 
 def test_errors_name_the_argument():
     model = fh.from_lm(LM(tiny_config("deltanet")))
-    with pytest.raises(InputError, match="inputs_embeds"):
-        model(inputs_embeds=torch.zeros(1, 2, 16))
+    for bad in (torch.zeros(1, 2, 15), torch.zeros(1, 2, 16, dtype=torch.float64), torch.zeros(1, 2),
+                torch.zeros(1, 2, 16, dtype=torch.long), torch.zeros(1, 0, 16)):
+        with pytest.raises(InputError, match="inputs_embeds"):
+            model(inputs_embeds=bad)
+    with pytest.raises(InputError, match="exactly one of input_ids .* and inputs_embeds"):
+        model(torch.zeros(1, 2, dtype=torch.long), inputs_embeds=torch.zeros(1, 2, 16))
+    with pytest.raises(InputError, match="exactly one of input_ids .* and inputs_embeds"):
+        model()
     with pytest.raises(InputError, match="past_key_values"):
         model(torch.zeros(1, 2, dtype=torch.long), past_key_values=object())
     with pytest.raises(fw.models.ConfigError, match="vocab_size"):

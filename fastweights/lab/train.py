@@ -896,7 +896,40 @@ def _run_pool(cells, run_fn, describe, prog, workers, n_mine, take, waiting, fin
         _kill_workers(ex)
         raise
     finally:
+        _join_at_exit(getattr(ex, "_executor_manager_thread", None))
         ex.shutdown(wait=False, cancel_futures=True)
+
+
+_UNJOINED: list = []  # manager threads of pools shut down without waiting
+_EXIT_HOOK = [False]  # whether _join_unjoined is registered
+
+
+def _join_at_exit(manager) -> None:
+    """Join a pool's manager thread at interpreter exit, before concurrent.futures' own exit hook.
+
+    The pool is shut down without waiting (a Ctrl-C's closing line must not wait for the workers'
+    interpreters to end). At exit, CPython ≤ 3.11's `concurrent.futures.process._python_exit` wakes
+    every live manager thread through a pipe that the thread may be closing at that moment ("OSError:
+    Bad file descriptor" printed from threading._shutdown: one run in six of the Ctrl-C test in CI on
+    3.11.7). A manager joined first has closed its pipe and marked it closed, so the wake-up is skipped.
+    threading's exit hooks run in reverse order of registration, so this one, registered after
+    concurrent.futures.process's (imported by the pool), runs first."""
+    import threading
+
+    if manager is None:
+        return
+    if not _EXIT_HOOK[0]:
+        register = getattr(threading, "_register_atexit", None)
+        if register is None:  # (not CPython: nothing to work around)
+            return
+        register(_join_unjoined)
+        _EXIT_HOOK[0] = True
+    _UNJOINED.append(manager)
+
+
+def _join_unjoined() -> None:
+    while _UNJOINED:
+        _UNJOINED.pop().join()
 
 
 def _worker_pids(ex) -> list[int]:

@@ -313,3 +313,24 @@ def test_run_sweep_keys_by_context_and_fresh_reruns(tmp_path):
     assert len(calls) == 6 and [r["accuracy"] for r in fresh] == pytest.approx([0.5, 0.6])
     later = run_sweep(cells, store, run, progress="none", context={"dtype": "float32", "device": "cpu"})
     assert len(calls) == 6 and [r["accuracy"] for r in later] == pytest.approx([0.5, 0.6])  # newest wins
+
+
+def test_a_pools_manager_thread_is_joined_before_concurrent_futures_exit_hook():
+    """run_sweep shuts its worker pool down without waiting (Ctrl-C's line stays prompt); CPython
+    3.11's exit hook of concurrent.futures then raced the manager thread closing its wake-up pipe
+    ("Bad file descriptor" from threading._shutdown in one Ctrl-C test run of six). The pool's
+    manager is joined by a hook that threading runs first (its hooks run in reverse order)."""
+    import concurrent.futures.process as cfp
+    import threading
+
+    from fastweights.lab import train as lab_train
+
+    done = threading.Event()
+    t = threading.Thread(target=done.wait)
+    t.start()
+    lab_train._join_at_exit(t)
+    hooks = [getattr(h, "func", h) for h in threading._threading_atexits]
+    assert hooks.index(lab_train._join_unjoined) > hooks.index(cfp._python_exit)  # registered later: runs first
+    done.set()
+    lab_train._join_unjoined()
+    assert not t.is_alive() and not lab_train._UNJOINED

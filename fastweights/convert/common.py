@@ -72,18 +72,23 @@ def same_dtype(module: nn.Module) -> torch.dtype:
 
 class AsTransformersLayer(nn.Module):
     """A MemoryMixer standing where a transformers model calls its linear-attention layer:
-    forward(hidden_states [B, T, d], cache=None, attention_mask=None, **kwargs) -> y [B, T, d].
+    forward(hidden_states [B, T, d], attention_mask=None, **kwargs) -> y [B, T, d].
 
     It runs the whole sequence in the mixer's training form. transformers' recurrent cache is not
-    kept (a `cache` raises: call the model with use_cache=False), and neither is padding: a mask
+    kept (a cache under any of `CACHE_ARGS` raises: call the model with use_cache=False; 5.17 passes
+    it as `cache_params`, 5.24 as `cache`), and neither is padding: a mask
     that marks any token as padding raises (an all-ones mask is accepted)."""
 
     def __init__(self, mixer: MemoryMixer):
         super().__init__()
         self.mixer = mixer
 
-    def forward(self, hidden_states: Tensor, cache=None, attention_mask: Tensor | None = None, **kwargs) -> Tensor:
-        if cache is not None:
+    #: the names transformers' decoder layers hand a layer its cache by: `cache` (5.24), `cache_params`
+    #: (5.17–5.23, and Mamba2), `past_key_values` / `past_key_value` (attention layers)
+    CACHE_ARGS = ("cache", "cache_params", "past_key_values", "past_key_value")
+
+    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, **kwargs) -> Tensor:
+        if any(kwargs.get(name) is not None for name in self.CACHE_ARGS):
             raise ConversionError("a fastweights layer swapped into a transformers model does not keep "
                                   "transformers' cache: call the model with use_cache=False")
         if attention_mask is not None and not bool((attention_mask != 0).all()):

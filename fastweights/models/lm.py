@@ -238,14 +238,20 @@ class LM(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
         return F.linear(self.norm(h), head)  # [B, T, vocab]
 
-    def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids") -> Tensor:
+    def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids",
+               attention_mask: Tensor | None = None) -> Tensor:
         """h_0 [B, T, d_model]: Embed(input_ids), or inputs_embeds as given (exactly one of the two;
         checked: ids as `_check_ids`, embeddings a floating tensor [B, T, d_model] in the
-        embedding's dtype, on its device)."""
+        embedding's dtype, on its device). Padding positions (attention_mask [B, T] == 0) are never
+        read: their ids may be anything (a tokenizer's pad id past the vocabulary, e.g. the byte
+        tokenizer's 256 with a 256-token model); they are embedded as id 0."""
         if (input_ids is None) == (inputs_embeds is None):
             raise GenerationError(f"pass exactly one of {name} [B, T] and inputs_embeds [B, T, d_model="
                                   f"{self.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
         if input_ids is not None:
+            if isinstance(attention_mask, Tensor) and isinstance(input_ids, Tensor) and \
+                    attention_mask.shape == input_ids.shape:
+                input_ids = input_ids.masked_fill(attention_mask.to(input_ids.device) == 0, 0)
             self._check_ids(input_ids, name)
             return self.embed(input_ids)
         self._check_embeds(inputs_embeds)
@@ -290,7 +296,7 @@ class LM(nn.Module):
                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
         """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
-        h = self._embed(input_ids, inputs_embeds)
+        h = self._embed(input_ids, inputs_embeds, attention_mask=attention_mask)
         B, T = h.shape[:2]
         seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
                              device=h.device)
@@ -324,7 +330,7 @@ class LM(nn.Module):
         """Run input_ids [B, T] (or inputs_embeds [B, T, d_model]; continuing `state` when given) in
         the training forms; (logits [B, T, vocab], state after). attention_mask [B, T]: 0 marks
         (left) padding, which no layer sees; every row then decodes on from its own length."""
-        h = self._embed(input_ids, inputs_embeds)
+        h = self._embed(input_ids, inputs_embeds, attention_mask=attention_mask)
         B, T = h.shape[:2]
         if state is not None:
             self._check_state(state, B)

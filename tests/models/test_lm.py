@@ -184,6 +184,27 @@ def test_token_ids_outside_the_vocabulary_are_an_input_error(bad):
         lm.step(ids[:, -1], st)
 
 
+def test_padding_positions_may_hold_any_id_but_tokens_may_not():
+    """Padding (attention_mask 0) is never read, so its ids are not looked up: a tokenizer's pad id
+    past the vocabulary is accepted there (forward, hidden, prefill), and the logits of the real tokens
+    are those of the same ids with another pad; an out-of-range id at a real token is still an error."""
+    import fastweights as fw
+
+    lm = _pair().double()
+    ids = torch.randint(0, 32, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, :2] = 0
+    pad_out, pad_in = ids.clone(), ids.clone()
+    pad_out[1, :2], pad_in[1, :2] = 32, 0
+    want = lm(pad_in, attention_mask=mask)
+    assert torch.equal(lm(pad_out, attention_mask=mask)[1, 2:], want[1, 2:])
+    assert torch.equal(lm.prefill(pad_out, attention_mask=mask)[0], lm.prefill(pad_in, attention_mask=mask)[0])
+    bad = pad_out.clone()
+    bad[0, 3] = 32
+    with pytest.raises(fw.InputError, match=r"input_ids must be token ids in \[0, vocab_size=32\), got 32"):
+        lm(bad, attention_mask=mask)
+
+
 def test_a_batch_of_zero_rows_is_an_input_error():
     import fastweights as fw
 

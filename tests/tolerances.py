@@ -232,3 +232,12 @@ CONVERT_LAYER_F32_REL = 1e-5
 # a tiny Qwen3-Next model's logits with its linear-attention layers swapped for converted fastweights
 # layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks
 CONVERT_MODEL_F32_REL = 1e-5
+
+# fastweights train --grad-checkpoint / --init-from (tests/pretrain/test_run_options.py)
+GRAD_CKPT_RUN_F32_RTOL = 1e-5  # weights after 2 fp32 steps, checkpointed blocks vs not (rtol, atol)
+GRAD_CKPT_RUN_F32_ATOL = 1e-6
+GRAD_CKPT_RUN_LOSS_REL = 1e-6  # the logged fp32 losses of those two runs, relative
+GRAD_CKPT_F64_LOSS_REL = 1e-12  # one float64 step: the loss, relative
+GRAD_CKPT_F64_GRAD_RTOL = 1e-10  # its gradients (rtol, atol)
+GRAD_CKPT_F64_GRAD_ATOL = 1e-12
+INIT_FROM_STEP_ABS = 1e-7  # weights after one AdamW step of lr 1e-9 vs the checkpoint's (AdamW moves each ≤ ~1e-9)

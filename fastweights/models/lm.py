@@ -244,14 +244,15 @@ class LM(nn.Module):
         checked: ids as `_check_ids`, embeddings a floating tensor [B, T, d_model] in the
         embedding's dtype, on its device). Padding positions (attention_mask [B, T] == 0) are never
         read: their ids may be anything (a tokenizer's pad id past the vocabulary, e.g. the byte
-        tokenizer's 256 with a 256-token model); they are embedded as id 0."""
+        tokenizer's 256 with a 256-token model); one outside the vocabulary is embedded as id 0."""
         if (input_ids is None) == (inputs_embeds is None):
             raise GenerationError(f"pass exactly one of {name} [B, T] and inputs_embeds [B, T, d_model="
                                   f"{self.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
         if input_ids is not None:
             if isinstance(attention_mask, Tensor) and isinstance(input_ids, Tensor) and \
                     attention_mask.shape == input_ids.shape:
-                input_ids = input_ids.masked_fill(attention_mask.to(input_ids.device) == 0, 0)
+                outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
+                input_ids = input_ids.masked_fill((attention_mask.to(input_ids.device) == 0) & outside, 0)
             self._check_ids(input_ids, name)
             return self.embed(input_ids)
         self._check_embeds(inputs_embeds)

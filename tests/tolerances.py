@@ -230,8 +230,10 @@ STEP_BOUND_NORM_F64 = 1e-9
 # F.conv1d, l2norm as x/√ vs x·rsqrt); measured ≤ 6e-7 at T = 37 over the three layers
 CONVERT_LAYER_F32_REL = 1e-5
 # a tiny Qwen3-Next model's logits with its linear-attention layers swapped for converted fastweights
-# layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks
-CONVERT_MODEL_F32_REL = 1e-5
+# layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks (MoE routing,
+# attention). Measured over seeds 0–59 on transformers 5.17.0 and 5.24.0 alike (2026-11-25): median 2.9e-6,
+# 90th percentile 9.1e-6, max 1.88e-5 — 4 of 60 over the 1e-5 it had (CI, seed 5661331957293657937: 1.29e-5)
+CONVERT_MODEL_F32_REL = 5e-5
 
 # fastweights train --grad-checkpoint / --init-from (tests/pretrain/test_run_options.py)
 GRAD_CKPT_RUN_F32_RTOL = 1e-5  # weights after 2 fp32 steps, checkpointed blocks vs not (rtol, atol)

@@ -144,26 +144,13 @@ class FastWeightsModel(FastWeightsPreTrainedModel):
             raise InputError(f"FastWeightsModel.forward does not take {', '.join(sorted(kwargs))}")
         if output_attentions:
             raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
-        _inputs_shape(self._lm, input_ids, inputs_embeds)
+        self._lm._check_inputs(input_ids, inputs_embeds, values=False)
         with self._hidden_states(_flag(output_hidden_states, self.config, "output_hidden_states"),
                                  inputs_embeds) as hidden:
             h = self._lm.hidden(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                 cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds)
         out = BaseModelOutputWithPast(last_hidden_state=self.norm(h), hidden_states=_tuple(hidden))
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
-
-
-def _inputs_shape(lm: LM, input_ids, inputs_embeds) -> tuple[int, int]:
-    """(B, T) of exactly one of input_ids [B, T] (type, rank, device checked; the forms read the
-    values) and inputs_embeds [B, T, d_model] (floating, the embedding's dtype and device)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise InputError(f"pass exactly one of input_ids [B, T] and inputs_embeds [B, T, d_model="
-                         f"{lm.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
-    if input_ids is not None:
-        lm._check_ids(input_ids, values=False)
-        return tuple(input_ids.shape)
-    lm._check_embeds(inputs_embeds)
-    return tuple(inputs_embeds.shape[:2])
 
 
 def _check_labels(labels, shape: tuple[int, int], vocab_size: int) -> None:
@@ -220,7 +207,7 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         if output_attentions:
             raise InputError("output_attentions=True: fast-weight layers have no attention weights to return")
         lm = self._lm
-        B, T = _inputs_shape(lm, input_ids, inputs_embeds)
+        B, T = lm._check_inputs(input_ids, inputs_embeds, values=False)
         _check_labels(labels, (B, T), lm.config.vocab_size)
         if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
             raise InputError(f"attention_mask must be a tensor [B, T] or None, got {type(attention_mask).__name__}")

@@ -245,18 +245,25 @@ class LM(nn.Module):
         embedding's dtype, on its device). Padding positions (attention_mask [B, T] == 0) are never
         read: their ids may be anything (a tokenizer's pad id past the vocabulary, e.g. the byte
         tokenizer's 256 with a 256-token model); one outside the vocabulary is embedded as id 0."""
+        if isinstance(attention_mask, Tensor) and isinstance(input_ids, Tensor) and \
+                attention_mask.shape == input_ids.shape:
+            outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
+            input_ids = input_ids.masked_fill((attention_mask.to(input_ids.device) == 0) & outside, 0)
+        self._check_inputs(input_ids, inputs_embeds, name)
+        return inputs_embeds if input_ids is None else self.embed(input_ids)
+
+    def _check_inputs(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids", *,
+                      values: bool = True) -> tuple[int, int]:
+        """(B, T) of exactly one of input_ids [B, T] (checked as `_check_ids`) and inputs_embeds
+        [B, T, d_model] (as `_check_embeds`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise GenerationError(f"pass exactly one of {name} [B, T] and inputs_embeds [B, T, d_model="
                                   f"{self.config.d_model}], got {'both' if input_ids is not None else 'neither'}")
         if input_ids is not None:
-            if isinstance(attention_mask, Tensor) and isinstance(input_ids, Tensor) and \
-                    attention_mask.shape == input_ids.shape:
-                outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
-                input_ids = input_ids.masked_fill((attention_mask.to(input_ids.device) == 0) & outside, 0)
-            self._check_ids(input_ids, name)
-            return self.embed(input_ids)
+            self._check_ids(input_ids, name, values=values)
+            return tuple(input_ids.shape)
         self._check_embeds(inputs_embeds)
-        return inputs_embeds
+        return tuple(inputs_embeds.shape[:2])
 
     def _check_embeds(self, x: Tensor, name: str = "inputs_embeds") -> None:
         """A floating tensor [B, T, d_model] with B ≥ 1, T ≥ 1, in the embedding's dtype and device."""

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_round3.sh peers      # 23: the op table beside SDPA, fla and FlashQLA (carry .whl .whl_qla)
 #   bash scripts/gpu_round3.sh lm         # 23 + 25: the LM step vs the transformer, grad checkpointing's memory,
 #                                         #   fla's converted checkpoints against fla's own forward (carry .whl)
+#   bash scripts/gpu_round3.sh steps      # 24: step costs of the ceilings cells, eager and CUDA-graphed
 #   bash scripts/gpu_round3.sh pilot      # 24: step costs of the ceilings cells, then the lr pilot
 #   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
@@ -18,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh peers|lm|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh peers|lm|steps|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -49,11 +50,15 @@ case "$stage" in
   lm)
     site; env_line
     A="--d-model 1024 --n-layers 8 --num-heads 8 --head-dim 128 --vocab-size 32768 --steps 6 --warmup 2 --device cuda --dtype bfloat16"
+    # one run: the LM table (plain rows) and gradient checkpointing's rows beside them
     timeout "$(left)" $FW bench train --models gated_deltanet softmax_attention --shapes 4,4096 4,8192 1,32768 $A \
-        2>&1 | tee "$OUT/train.log"
-    timeout "$(left)" $FW bench train --models gated_deltanet softmax_attention --shapes 4,4096 4,8192 $A \
-        --grad-checkpoint both 2>&1 | tee "$OUT/train_grad_ckpt.log"
+        --grad-checkpoint both --out "$OUT/train" 2>&1 | tee "$OUT/train_grad_ckpt.log"
     timeout "$(left)" python3 scripts/verify_fla_convert.py --device cuda --seq-len 200 2>&1 | tee "$OUT/fla_convert.log"
+    ;;
+  steps)
+    env_line
+    timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda --json "$OUT/steps.json" 2>&1 \
+        | tee "$OUT/steps.log"
     ;;
   pilot)
     env_line
@@ -75,6 +80,6 @@ case "$stage" in
     timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
         tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
     ;;
-  *) echo "error: stage must be peers, lm, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+  *) echo "error: stage must be peers, lm, steps, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac
 echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

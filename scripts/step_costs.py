@@ -141,8 +141,54 @@ def measure(model: str, *, B: int, T: int, H: int, K: int, dtype, device, warmup
     return {"form": form, "ms": statistics.median(times), "saved": saved.bytes, "peak": peak, "ops": ops.count}
 
 
-def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int) -> dict[str, dict[str, float]]:
-    """{model: {"L{L}-B{batch}": ms per training step}} for the cells of an MQAR preset."""
+def graphed_step_ms(net, x, y, *, warmup: int, repeats: int):
+    """The same LM step captured in one CUDA graph and replayed (a probe: can the sweep's step be graphed,
+    and what does it save?): the loss over every position with ignore_index (no boolean indexing, so no
+    host sync), AdamW with capturable=True. Returns ms (median of replays) or the capture's error line."""
+    import torch.nn.functional as F
+
+    from fastweights.lab.train import IGNORE_INDEX
+
+    opt = torch.optim.AdamW(net.parameters(), lr=torch.tensor(1e-3, device=x.device), capturable=True)
+
+    def body():
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            logits = net(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+        loss.backward()
+        opt.step()
+        return loss
+
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                body()
+        torch.cuda.current_stream().wait_stream(s)
+        opt.zero_grad(set_to_none=True)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        for _ in range(warmup):
+            g.replay()
+        times = []
+        for _ in range(max(repeats, 5)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            g.replay()
+            torch.cuda.synchronize()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times)
+    except Exception as e:  # noqa: BLE001 — a probe: report why the capture failed
+        return f"failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+
+
+def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
+               graph: bool = False) -> dict[str, dict[str, float]]:
+    """{model: {"L{L}-B{batch}": ms per training step}} for the cells of an MQAR preset (with graph: also
+    {model + "+graph": ...}, the step captured in a CUDA graph, `graphed_step_ms`)."""
     import dataclasses
 
     import torch.nn.functional as F
@@ -192,7 +238,12 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int) -> dic
             print(f"{cell.model} {key}: failed: {str(e).splitlines()[0][:100]}", flush=True)
             ms = float("nan")
         out.setdefault(cell.model, {})[key] = ms
-        print(f"{cell.model:<20} {key:<10} {ms:9.2f} ms  (heads {cell.num_heads})", flush=True)
+        extra = ""
+        if graph and cuda and ms == ms:
+            gms = graphed_step_ms(net, x, y, warmup=warmup, repeats=repeats)
+            out.setdefault(cell.model + "+graph", {})[key] = gms if isinstance(gms, float) else float("nan")
+            extra = f"  graphed {gms:9.2f} ms ({ms / gms:.1f}x)" if isinstance(gms, float) else f"  graph: {gms}"
+        print(f"{cell.model:<20} {key:<10} {ms:9.2f} ms  (heads {cell.num_heads}){extra}", flush=True)
         if cuda:
             torch.cuda.empty_cache()
     return out
@@ -217,6 +268,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the Markdown table here")
     ap.add_argument("--lm", metavar="PRESET", help="time the LM training step of an MQAR preset's cells instead")
     ap.add_argument("--json", help="with --lm: write the step times here")
+    ap.add_argument("--graph", action="store_true",
+                    help="with --lm on CUDA: also time each step captured in a CUDA graph (a probe; prints why a "
+                         "capture fails)")
     ap.add_argument("--compile-loop", action="store_true",
                     help="opt in to torch.compile of the mini-batch loop body (fastweights.chunkwise."
                          "minibatch.compile_loop; gd / momentum memories); its compile time falls in the first "
@@ -241,7 +295,7 @@ def main(argv=None) -> int:
         from fastweights.lab.mqar import PRESETS
 
         models = a.models if a.models != fw.zoo.names() else list(PRESETS[a.lm].models)
-        res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats)
+        res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats, graph=a.graph)
         if a.json:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

@@ -41,7 +41,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights (run from anywhere)
+
+import torch  # noqa: E402
 
 SHIMS: list[str] = []
 

@@ -71,6 +71,10 @@ def supports(g, L: Layout) -> bool:
     return (g is None or g.dim() == 3) and L.K <= MAX_K and L.C <= MAX_C
 
 
+# Addressing: each kernel forms a scalar 64-bit base pointer per chunk (and head) and adds 32-bit tile offsets
+# (row strides H·K, H·V, H·C of one chunk fit easily), so no [C, K] tile of 64-bit addresses sits in registers.
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T, NT, H: tl.constexpr,
                    HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
@@ -87,7 +91,11 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
     vv = i_v * BV + tl.arange(0, BV)
     m_kk, m_vv = kk < K, vv < V
     m_kv = m_kk[:, None] & m_vv[None, :]
-    kv = kk[:, None] * V + vv[None, :]
+    kv = kk[:, None] * V + vv[None, :]  # a state tile  [BK, BV]
+    o_k = oc[:, None] * (HQ * K) + kk[None, :]  # q, k rows of a chunk  [C, BK]
+    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # transposed  [BK, C]
+    o_v = oc[:, None] * (H * V) + vv[None, :]  # v, u, o rows  [C, BV]
+    o_c = oc[:, None] * (H * C) + oc[None, :]  # T rows  [C, C]
     causal = oc[:, None] >= oc[None, :]
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
@@ -95,35 +103,35 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
     for c in range(0, n_chunks):  # a for loop: software-pipelined on the GPU
         if STORE_STATES:
             tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
-        rows = bos + c * C + oc
-        m_t = rows < eos
+        t0 = bos + c * C  # the chunk's first row (int64)
+        n_t = tl.minimum(eos - t0, C).to(tl.int32)  # its real rows
+        m_t = oc < n_t
         m_tk = m_t[:, None] & m_kk[None, :]
         m_tv = m_t[:, None] & m_vv[None, :]
-        b_k = tl.load(k + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
-        b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
-                       other=0.0)  # Kᵀ [BK, C]
-        b_T = tl.load(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)  # [C, C]
-        b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)  # [C]
-        off_v = (rows[:, None] * H + i_h) * V + vv[None, :]
+        p_k = k + (t0 * HQ + i_hq) * K
+        p_v = (t0 * H + i_h) * V  # offset of the chunk's rows in v, u, o
+        b_k = tl.load(p_k + o_k, mask=m_tk, other=0.0)  # [C, BK]
+        b_kt = tl.load(p_k + o_kt, mask=m_kk[:, None] & m_t[None, :], other=0.0)  # Kᵀ [BK, C]
+        b_T = tl.load(Ti + (t0 * H + i_h) * C + o_c, mask=m_t[:, None], other=0.0)  # [C, C] fp32
+        b_beta = tl.load(beta + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         b_x = mm(b_k, S, DT, IEEE)  # K S_n  [C, BV]
         if GATE == 1:
-            last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)  # the last real row
-            G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
-            G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
+            G = tl.cumsum(tl.load(g + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
+            G_last = tl.sum(tl.where(oc == n_t - 1, G, 0.0), axis=0)
             b_x = b_x * tl.exp(G)[:, None]
-        b_x = (tl.load(v + off_v, mask=m_tv, other=0.0).to(tl.float32) - b_x) * b_beta[:, None]
+        b_x = (tl.load(v + p_v + o_v, mask=m_tv, other=0.0).to(tl.float32) - b_x) * b_beta[:, None]
         b_u = mm(b_T, b_x, DT, IEEE)  # U_n = T X  [C, BV]
         if STORE_STATES:
-            tl.store(u + off_v, b_u.to(u.dtype.element_ty), mask=m_tv)
+            tl.store(u + p_v + o_v, b_u.to(u.dtype.element_ty), mask=m_tv)
         if OUTPUT:
-            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
+            b_q = tl.load(q + (t0 * HQ + i_hq) * K + o_k, mask=m_tk, other=0.0)  # [C, BK]
             b_A = mm(b_q, b_kt, DT, IEEE) * scale  # [C, C]
             b_o = mm(b_q, S, DT, IEEE) * scale  # [C, BV]
             if GATE == 1:
                 b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exponent ≤ 0
                 b_o = b_o * tl.exp(G)[:, None]
             b_o += mm(tl.where(causal, b_A, 0.0), b_u, DT, IEEE)
-            tl.store(o + off_v, b_o.to(o.dtype.element_ty), mask=m_tv)
+            tl.store(o + p_v + o_v, b_o.to(o.dtype.element_ty), mask=m_tv)
         if GATE == 1:
             S = S * tl.exp(G_last)
             b_u = b_u * tl.exp(tl.where(m_t, G_last - G, 0.0))[:, None]
@@ -148,41 +156,46 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
     m_kk, m_vv = kk < K, vv < V
     m_kv = m_kk[:, None] & m_vv[None, :]
     kv = kk[:, None] * V + vv[None, :]
+    o_k = oc[:, None] * (HQ * K) + kk[None, :]  # [C, BK]
+    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # [BK, C]
+    o_v = oc[:, None] * (H * V) + vv[None, :]  # [C, BV]
+    o_ct = oc[None, :] * (H * C) + oc[:, None]  # T transposed: [j, i] → T_ij
     causal_t = oc[None, :] >= oc[:, None]  # [j, i]: i ≥ j (Aqkᵀ)
     fin = (i_s.to(tl.int64) * H + i_h) * K * V
+    p_dbv = dbv + i_v.to(tl.int64) * R
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
         dS += tl.load(dht + fin + kv, mask=m_kv, other=0.0).to(tl.float32)
     for i_c in range(0, n_chunks):  # last chunk first (a for loop: pipelined)
         c = n_chunks - 1 - i_c
         tl.store(dh + ((slot0 + c) * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
-        rows = bos + c * C + oc
-        m_t = rows < eos
+        t0 = bos + c * C
+        n_t = tl.minimum(eos - t0, C).to(tl.int32)
+        m_t = oc < n_t
         m_tv = m_t[:, None] & m_vv[None, :]
         m_kt = m_kk[:, None] & m_t[None, :]
-        b_k = tl.load(k + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
-                      other=0.0)  # [C, BK]
-        b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # Kᵀ [BK, C]
-        b_qt = tl.load(q + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # Qᵀ [BK, C]
+        p_k = (t0 * HQ + i_hq) * K
+        p_v = (t0 * H + i_h) * V
+        b_k = tl.load(k + p_k + o_k, mask=m_t[:, None] & m_kk[None, :], other=0.0)  # [C, BK]
+        b_kt = tl.load(k + p_k + o_kt, mask=m_kt, other=0.0)  # Kᵀ [BK, C]
+        b_qt = tl.load(q + p_k + o_kt, mask=m_kt, other=0.0)  # Qᵀ [BK, C]
         b_At = mm(b_k, b_qt, DT, IEEE) * scale  # Aqkᵀ before decay and mask: [j, i] = scale k_j · q_i
         b_du = mm(b_k, dS, DT, IEEE)  # K dS_{n+1}  [C, BV]
-        off_v = (rows[:, None] * H + i_h) * V + vv[None, :]
-        b_do = tl.load(do + off_v, mask=m_tv, other=0.0)  # [C, BV]
+        b_do = tl.load(do + p_v + o_v, mask=m_tv, other=0.0)  # [C, BV]
         if GATE == 1:
-            last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)
-            G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
-            G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
+            G = tl.cumsum(tl.load(g + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
+            G_last = tl.sum(tl.where(oc == n_t - 1, G, 0.0), axis=0)
             b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))  # exponent ≤ 0
             b_du = b_du * tl.exp(tl.where(m_t, G_last - G, 0.0))[:, None]
         b_du += mm(tl.where(causal_t, b_At, 0.0), b_do, DT, IEEE)  # dU_n
-        b_Tt = tl.load(Ti + (rows[None, :] * H + i_h) * C + oc[:, None], mask=m_t[None, :], other=0.0)  # Tᵀ
+        b_Tt = tl.load(Ti + (t0 * H + i_h) * C + o_ct, mask=m_t[None, :], other=0.0)  # Tᵀ  [C, C]
         b_y = mm(b_Tt, b_du, DT, IEEE)  # Y_n = Tᵀ dU_n  [C, BV]
-        tl.store(y + off_v, b_y.to(y.dtype.element_ty), mask=m_tv)
-        b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+        tl.store(y + p_v + o_v, b_y.to(y.dtype.element_ty), mask=m_tv)
+        b_beta = tl.load(beta + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)
         b_dv = b_y * b_beta[:, None]
-        tl.store(dv + off_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
-        b_v = tl.load(v + off_v, mask=m_tv, other=0.0).to(tl.float32)
-        tl.store(dbv + i_v.to(tl.int64) * R + rows * H + i_h, tl.sum(b_v * b_y, axis=1), mask=m_t)
+        tl.store(dv + p_v + o_v, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        b_v = tl.load(v + p_v + o_v, mask=m_tv, other=0.0).to(tl.float32)
+        tl.store(p_dbv + t0 * H + i_h + oc * H, tl.sum(b_v * b_y, axis=1), mask=m_t)
         b_do = b_do.to(tl.float32) * scale
         if GATE == 1:
             dS = dS * tl.exp(G_last)
@@ -193,118 +206,180 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 
 
+@triton.jit
+def _gate_rows(g, m_t, n_t, oc, H: tl.constexpr):
+    """(G, G_last, Γ = e^{G}, e^{G_last − G}) of a chunk's rows (g: the pointer of its first row, the rows H
+    apart; n_t real rows): the chunk-local cumsum of the scalar gate."""
+    G = tl.cumsum(tl.load(g + oc * H, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
+    G_last = tl.sum(tl.where(oc == n_t - 1, G, 0.0), axis=0)
+    return G, G_last, tl.exp(G), tl.exp(tl.where(m_t, G_last - G, 0.0))
+
+
+@triton.jit
+def _decayed(M, G, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr):
+    """M [C, C] masked, and times E_ij = e^{G_i − G_j} (or Eᵀ: [j, i] = e^{G_i − G_j}) with a scalar gate."""
+    if GATE == 1:
+        if TRANSPOSED:
+            M = M * tl.exp(tl.where(mask, G[None, :] - G[:, None], 0.0))  # exponents ≤ 0 on the mask
+        else:
+            M = M * tl.exp(tl.where(mask, G[:, None] - G[None, :], 0.0))
+    return tl.where(mask, M, 0.0)
+
+
 @triton.jit(do_not_specialize=["T", "NT", "R"])
-def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T, NT,
-                  R, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T,
+                  NT, R, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, NPART: tl.constexpr, GATE: tl.constexpr,
                   IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    # dbv: [NPART, R] fp32 (R = B·T·H), the reverse kernel's Σ_v V ⊙ Y per value block; rq: [R] fp32 scratch
+    # (grouped heads, scalar gate: dG's q-side rows from the first loop to the second)
     i_n, i_bq = tl.program_id(0), tl.program_id(1)
     i_b, i_hq = i_bq // HQ, i_bq % HQ
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
     slot = i_b.to(tl.int64) * NT + i_n
-    has_rows = t0 < eos  # an unused varlen slot has none (and its h, dh were never written)
-    last = (tl.minimum(t0 + C, eos) - 1 - t0).to(tl.int32)
+    n_t = tl.minimum(eos - t0, C).to(tl.int32)  # real rows (0 in an unused varlen slot: h, dh never written)
     oc = tl.arange(0, C)
     kk = tl.arange(0, BK)
     m_kk = kk < K
-    rows = t0 + oc
-    m_t = rows < eos
+    m_t = oc < n_t
     m_tk = m_t[:, None] & m_kk[None, :]
+    m_kt = m_kk[:, None] & m_t[None, :]
     causal = oc[:, None] >= oc[None, :]  # [i, j]: j ≤ i
     causal_t = oc[None, :] >= oc[:, None]  # [j, i]
-    strict = oc[:, None] > oc[None, :]
-    strict_t = oc[None, :] > oc[:, None]
-    off_k = (rows[:, None] * HQ + i_hq) * K + kk[None, :]
-    b_q = tl.load(q + off_k, mask=m_tk, other=0.0)  # [C, BK]
-    b_k = tl.load(k + off_k, mask=m_tk, other=0.0)
-    b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :], other=0.0)
-    b_KK = mm(b_k, b_kt, DT, IEEE)  # K Kᵀ [C, C] (the group's heads share it)
-    if GATE == 1:
-        b_QK = mm(b_q, b_kt, DT, IEEE)
+    p_q = q + (t0 * HQ + i_hq) * K
+    p_k = k + (t0 * HQ + i_hq) * K
+    o_k = oc[:, None] * (HQ * K) + kk[None, :]  # [C, BK]
+    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # [BK, C]
+    # ==== dq: the group's value heads summed in registers (one [C, K] accumulator live)
     b_dq = tl.zeros([C, BK], dtype=tl.float32)
-    b_dk = tl.zeros([C, BK], dtype=tl.float32)
-    for j in range(0, H // HQ):  # the value heads of this q/k head's group
+    r_q = tl.zeros([C], dtype=tl.float32)  # (carried to the second loop without grouped heads)
+    for j in range(0, H // HQ):
         i_h = i_hq * (H // HQ) + j
-        # ---- [C, C]: dA = dO Uᵀ, dL = Y Uᵀ and their transposes, over the V blocks
-        dA = tl.zeros([C, C], dtype=tl.float32)
-        dAt = tl.zeros([C, C], dtype=tl.float32)
-        dL = tl.zeros([C, C], dtype=tl.float32)
-        dLt = tl.zeros([C, C], dtype=tl.float32)
+        p_v = (t0 * H + i_h) * V  # the chunk's rows in do, u, y
+        p_h = (slot * H + i_h) * K * V  # its entering state in h, dh
+        p_r = t0 * H + i_h  # its rows in β, g, dβ, dg, rq, dbv
+        if GATE == 1:
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+        dA = tl.zeros([C, C], dtype=tl.float32)  # dO Uᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
-            m_tv = m_t[:, None] & m_vv[None, :]
-            m_vt = m_vv[:, None] & m_t[None, :]
-            off = (rows[:, None] * H + i_h) * V + vv[None, :]  # [C, BV]
-            off_t = (rows[None, :] * H + i_h) * V + vv[:, None]  # [BV, C]
-            b_ut = tl.load(u + off_t, mask=m_vt, other=0.0)
-            dA += mm(tl.load(do + off, mask=m_tv, other=0.0), b_ut, DT, IEEE)
-            dL += mm(tl.load(y + off, mask=m_tv, other=0.0), b_ut, DT, IEEE)
-            b_u = tl.load(u + off, mask=m_tv, other=0.0)
-            dAt += mm(b_u, tl.load(do + off_t, mask=m_vt, other=0.0), DT, IEEE)
-            dLt += mm(b_u, tl.load(y + off_t, mask=m_vt, other=0.0), DT, IEEE)
-        b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)  # [C]
-        M1 = tl.where(causal, dA, 0.0) * scale  # ∂L/∂(Q Kᵀ) ⊙ E through Aqk   [i, j]
-        M1t = tl.where(causal_t, dAt, 0.0) * scale  # its transpose                 [j, i]
-        Nm = tl.where(strict, dL, 0.0)  # strict(dL) ⊙ E (= −dLm ⊙ E)          [i, j]
-        Nt = tl.where(strict_t, dLt, 0.0)  #                                    [j, i]
+            dA += mm(tl.load(do + p_v + oc[:, None] * (H * V) + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                             other=0.0),
+                     tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+                             other=0.0), DT, IEEE)
+        M1 = _decayed(dA * scale, G if GATE == 1 else dA, causal, False, GATE)  # ∂L/∂(Q Kᵀ ⊙ E)   [i, j]
+        b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+        if GATE == 1:  # dG through Aqk's rows: rowsum(M1 ⊙ Q Kᵀ)
+            r_q = tl.sum(M1 * mm(tl.load(p_q + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0),
+                                 DT, IEEE), axis=1)
+        dQt = tl.zeros([C, BK], dtype=tl.float32)  # dQ̃ = dO hᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            dQt += mm(tl.load(do + p_v + oc[:, None] * (H * V) + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                              other=0.0),
+                      tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :] & (n_t > 0),
+                              other=0.0), DT, IEEE)
         if GATE == 1:
-            G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
-            G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
-            E = tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exponents ≤ 0 on the masks
-            Et = tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
-            M1 = M1 * E
-            M1t = M1t * Et
-            Nm = Nm * E
-            Nt = Nt * Et
-        M2 = -b_beta[:, None] * Nm  # dP ⊙ E, dP = diag(β) dLm
-        M2t = -b_beta[None, :] * Nt
-        b_db = -tl.sum(Nm * b_KK, axis=1)  # Σ_j dLm_ij P_ij
+            dQt = dQt * (scale * gam)[:, None]
+            r_q += tl.sum(tl.load(p_q + o_k, mask=m_tk, other=0.0).to(tl.float32) * dQt, axis=1)  # Q̃ ⊙ dQ̃
+            if H // HQ > 1:
+                tl.store(rq + p_r + oc * H, r_q, mask=m_t)
+        else:
+            dQt = dQt * scale
+        b_dq += dQt
+    tl.store(dq + (t0 * HQ + i_hq) * K + o_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    if H // HQ > 1:
+        tl.debug_barrier()  # rq: written above by other threads of this program
+    # ==== dk, dβ, dg
+    strict = oc[:, None] > oc[None, :]
+    strict_t = oc[None, :] > oc[:, None]
+    b_dk = tl.zeros([C, BK], dtype=tl.float32)
+    for j in range(0, H // HQ):
+        i_h = i_hq * (H // HQ) + j
+        p_v = (t0 * H + i_h) * V
+        p_h = (slot * H + i_h) * K * V
+        p_r = t0 * H + i_h
+        b_beta = tl.load(beta + p_r + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         if GATE == 1:
-            A1 = M1 * b_QK  # dAqk ⊙ Aqk
-            A2 = M2 * b_KK  # dP ⊙ P
-            b_dG = tl.sum(A1, axis=1) - tl.sum(A1, axis=0) + tl.sum(A2, axis=1) - tl.sum(A2, axis=0)
-        b_dq += mm(M1, b_k, DT, IEEE)
-        b_dk += mm(M1t, b_q, DT, IEEE) + mm(M2 + M2t, b_k, DT, IEEE)
-        # ---- [C, K]: dQ̃ = dO hᵀ, dK̃ = U dhᵀ, Z = Y hᵀ and Σ h ⊙ dh, over the V blocks
-        dQt = tl.zeros([C, BK], dtype=tl.float32)
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+            if H // HQ > 1:
+                r_q = tl.load(rq + p_r + oc * H, mask=m_t, other=0.0)
+        # -- dk through Aqk: M1ᵀ Q, from dAᵀ = U dOᵀ
+        dAt = tl.zeros([C, C], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            dAt += mm(tl.load(u + p_v + oc[:, None] * (H * V) + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                              other=0.0),
+                      tl.load(do + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+                              other=0.0), DT, IEEE)
+        M1t = _decayed(dAt * scale, G if GATE == 1 else dAt, causal_t, True, GATE)  # M1ᵀ   [j, i]
+        b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+        if GATE == 1:  # dG through Aqk's columns: colsum(M1 ⊙ Q Kᵀ) = rowsum(M1ᵀ ⊙ K Qᵀ)
+            r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_k, mask=m_tk, other=0.0),
+                                         tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
+        # -- dk through T (dL = Y Uᵀ and its transpose) and through K̃ (dK̃ = U dhᵀ); Σ h ⊙ dh for ∂L/∂G_last
+        dL = tl.zeros([C, C], dtype=tl.float32)
+        dLt = tl.zeros([C, C], dtype=tl.float32)
         dKt = tl.zeros([C, BK], dtype=tl.float32)
-        Z = tl.zeros([C, BK], dtype=tl.float32)
         hdh = tl.sum(tl.zeros([BK], dtype=tl.float32), axis=0)
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
             m_tv = m_t[:, None] & m_vv[None, :]
-            m_vk = m_vv[:, None] & m_kk[None, :] & has_rows
-            off = (rows[:, None] * H + i_h) * V + vv[None, :]
-            st = ((slot * H + i_h) * K + kk[None, :]) * V + vv[:, None]  # [BV, BK]: the states transposed
-            b_ht = tl.load(h + st, mask=m_vk, other=0.0)
-            b_dht = tl.load(dh + st, mask=m_vk, other=0.0)
-            dQt += mm(tl.load(do + off, mask=m_tv, other=0.0), b_ht, DT, IEEE)
-            dKt += mm(tl.load(u + off, mask=m_tv, other=0.0), b_dht, DT, IEEE)
-            Z += mm(tl.load(y + off, mask=m_tv, other=0.0), b_ht, DT, IEEE)
-            hdh += tl.sum(tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=1), axis=0)
-        kz = tl.sum(b_k.to(tl.float32) * Z, axis=1)  # [C]
+            m_vt = m_vv[:, None] & m_t[None, :]
+            m_vk = m_vv[:, None] & m_kk[None, :] & (n_t > 0)
+            o_v = oc[:, None] * (H * V) + vv[None, :]  # [C, BV]
+            o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
+            o_st = kk[None, :] * V + vv[:, None]  # [BV, BK]: a state tile transposed
+            b_u = tl.load(u + p_v + o_v, mask=m_tv, other=0.0)
+            dL += mm(tl.load(y + p_v + o_v, mask=m_tv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vt, other=0.0),
+                     DT, IEEE)
+            dLt += mm(b_u, tl.load(y + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
+            b_dht = tl.load(dh + p_h + o_st, mask=m_vk, other=0.0)
+            dKt += mm(b_u, b_dht, DT, IEEE)
+            if GATE == 1:
+                b_ht = tl.load(h + p_h + o_st, mask=m_vk, other=0.0).to(tl.float32)
+                hdh += tl.sum(tl.sum(b_ht * b_dht.to(tl.float32), axis=1), axis=0)
+        kdk = tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * dKt, axis=1)  # rowsum(K ⊙ dK̃)
         if GATE == 1:
-            gam = tl.exp(G)
-            gkd = tl.exp(tl.where(m_t, G_last - G, 0.0))
-            b_dq += dQt * (scale * gam)[:, None]
-            b_dk += dKt * gkd[:, None] - Z * (b_beta * gam)[:, None]
-            b_db -= gam * kz
-            kdk = tl.sum(b_k.to(tl.float32) * dKt, axis=1)
-            b_dG += scale * gam * tl.sum(b_q.to(tl.float32) * dQt, axis=1) - gkd * kdk - b_beta * gam * kz
-            dG_last = tl.exp(G_last) * hdh + tl.sum(gkd * kdk, axis=0)
-            b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + dG_last
-            tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
+            b_dk += dKt * gkd[:, None]
         else:
-            b_dq += dQt * scale
-            b_dk += dKt - Z * b_beta[:, None]
+            b_dk += dKt
+        b_KK = mm(tl.load(p_k + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
+        Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)  # strict(dL) ⊙ E = −dLm ⊙ E   [i, j]
+        M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)  # (dP ⊙ E)ᵀ  [j, i]
+        r_n = tl.sum(Nm * b_KK, axis=1)  # Σ_j (dL ⊙ P)_ij = −Σ_j dLm_ij P_ij (P = K Kᵀ ⊙ E)
+        if GATE == 1:  # dG through P: rowsum(dP ⊙ P) = −β r_n, colsum = rowsum(M2ᵀ ⊙ K Kᵀ) (K Kᵀ symmetric)
+            r_dG -= b_beta * r_n + tl.sum(M2t * b_KK, axis=1)
+        b_dk += mm(M2t - b_beta[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # (M2 + M2ᵀ) K
+        # -- dk through X = diag(β)(V − Γ K S_n): −diag(β Γ) Z, Z = Y hᵀ
+        Z = tl.zeros([C, BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            Z += mm(tl.load(y + p_v + oc[:, None] * (H * V) + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                            other=0.0),
+                    tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :] & (n_t > 0),
+                            other=0.0), DT, IEEE)
+        kz = tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * Z, axis=1)  # rowsum(K ⊙ Z)
+        b_db = -r_n
+        if GATE == 1:
+            b_dk -= Z * (b_beta * gam)[:, None]
+            b_db -= gam * kz
+            r_dG -= gkd * kdk + b_beta * gam * kz
+            dG_last = tl.exp(G_last) * hdh + tl.sum(gkd * kdk, axis=0)
+            tl.store(dg + p_r + oc * H, (tl.cumsum(r_dG, axis=0, reverse=True) + dG_last).to(dg.dtype.element_ty),
+                     mask=m_t)
+        else:
+            b_dk -= Z * b_beta[:, None]
             b_db -= kz
         for p in range(0, NPART):
-            b_db += tl.load(dbv + p * R + rows * H + i_h, mask=m_t, other=0.0)
-        tl.store(dbeta + rows * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
-    tl.store(dq + off_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + off_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+            b_db += tl.load(dbv + p * R + p_r + oc * H, mask=m_t, other=0.0)
+        tl.store(dbeta + p_r + oc * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+    tl.store(dk + (t0 * HQ + i_hq) * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
 def value_block(L: Layout, name: str) -> int:
@@ -384,8 +459,9 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
     dk = empty_output(L.B, L.T, L.Hq, L.K, dtype=k.dtype, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=beta.dtype, device=dev)
     dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
+    rq = empty_output(R, dtype=torch.float32, device=dev) if (g is not None and L.H > L.Hq) else dbv
     _grads_kernel[(L.NT, L.B * L.Hq)](
-        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, dq, dk, dbeta, dg if dg is not None else dbeta,
+        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg if dg is not None else dbeta,
         cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K),
         BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate, IS_VARLEN=L.varlen, DT=DT,
         IEEE=IEEE, **launch("delta_fused_grads"))

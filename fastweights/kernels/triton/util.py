@@ -102,8 +102,11 @@ LAUNCH: dict[str, dict] = {
     # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
     # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs)
     # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
-    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
+    # WU 1: the pre-pass writes W and U' for the sequential kernel; 0 (no/scalar decay, K ≤ 128): it writes only T
+    # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
+    "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused_bwd._states_kernel, o
     # backward
     "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
     "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
@@ -112,6 +115,10 @@ LAUNCH: dict[str, dict] = {
     "qk_grads": dict(num_warps=4, num_stages=2, BC=32, BC_DIAG=16),  # qk_grads._qk_grads_kernel
     "wy_bwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_bwd_kernel
     "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
+    # the delta class's fused backward (delta_fused_bwd.py; BV, PROGRAMS as delta_fused_fwd's):
+    "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U recomputed
+    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _reverse_kernel
+    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
 }
 
 #: The Triton function of each launch site (what a profiler names its kernels).
@@ -124,6 +131,8 @@ KERNEL_FN = {
     "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
     "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
+    "delta_fused_fwd_t": "delta_fused_bwd._states_kernel", "delta_fused_rec": "delta_fused_bwd._states_kernel",
+    "delta_fused_rev": "delta_fused_bwd._reverse_kernel", "delta_fused_grads": "delta_fused_bwd._grads_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

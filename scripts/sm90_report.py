@@ -1,0 +1,149 @@
+"""Registers, spills and shared memory of the delta class's fused kernels, compiled for Hopper (sm_90) on a
+machine without a GPU: the stand-in driver of `scripts/ptx_equivalence.py` makes every launch compile
+(Triton → PTX → cubin, as the GPU JIT specializes it) and nothing run; each launch's PTX then goes through
+Triton's bundled `ptxas -v` for the register and spill counts. A compile error that the interpreter accepts
+(e.g. a variable redefined with another rank) fails here too.
+
+    python3 scripts/sm90_report.py                       # the fused forward and backward, K = V = 128
+    python3 scripts/sm90_report.py --head-dims 64 128    # other head dims
+    python3 scripts/sm90_report.py --json out.json
+
+Workload: `chunk_delta_triton` forward + backward with delta.FORWARD = "fused" and delta.BACKWARD = "fused",
+no and a scalar decay (and the diagonal one's staged backward), bf16 and fp32, a padded batch (H = H_q = 4) and
+varlen (grouped heads: H = 4, H_q = 2), the pre-pass with WU = 1 and 0; one line per distinct compiled kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def _ptxas_v(ptx: str, arch: str) -> dict:
+    """{registers, spill_stores, spill_loads, smem, stack} of each .entry in `ptx` by `ptxas -v`."""
+    import triton
+
+    ptxas = os.environ.get("TRITON_PTXAS_PATH") or os.path.join(os.path.dirname(triton.__file__), "backends",
+                                                                "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    out = {}
+    m = re.search(r"Used (\d+) registers", text)
+    out["registers"] = int(m.group(1)) if m else None
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    out["spill_stores"], out["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    m = re.search(r"(\d+) bytes stack frame", text)
+    out["stack"] = int(m.group(1)) if m else None
+    if r.returncode:
+        out["error"] = text[-2000:]
+    return out
+
+
+def _workload(head_dims, dtypes):
+    import torch
+
+    from fastweights.kernels.triton import delta, util
+    from fastweights.kernels.triton.delta import chunk_delta_triton
+
+    gen = torch.Generator().manual_seed(0)
+    delta.FORWARD, delta.BACKWARD = "fused", "fused"
+    for D in head_dims:
+        for wu in (1, 0):
+            util.LAUNCH["delta_prepass"]["WU"] = wu
+            for gate in ("none", "scalar"):
+                for dtype in [getattr(torch, d) for d in dtypes]:
+                    for varlen in (False, True):
+                        B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)  # grouped heads with varlen
+                        q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                        k = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                        v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
+                        g = (-torch.rand(B, T, H, generator=gen)).requires_grad_(True) if gate == "scalar" else None
+                        beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+                        cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
+                        S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen).requires_grad_(True)
+                        o, S = chunk_delta_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
+                                                  output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                        (o.float().sum() + S.float().sum()).backward()
+    util.LAUNCH["delta_prepass"]["WU"] = 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[128])
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver as drv
+    from triton.runtime.jit import JITFunction
+
+    class _Driver:  # the parts of the CUDA driver the JIT asks for before compiling
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_device_interface(self):
+            import torch
+            return torch.cuda
+
+    drv.set_active(_Driver())
+    seen, rows = set(), []
+    run = JITFunction.run
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        names = self.arg_names
+        consts = {(names[k[0]] if isinstance(k, tuple) and len(k) == 1 else str(k)): v
+                  for k, v in kernel.src.constants.items()}
+        keep = {k: v for k, v in consts.items() if k.isupper()}
+        key = (self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
+               kernel.metadata.num_warps, kernel.metadata.num_stages)
+        if key not in seen:
+            seen.add(key)
+            info = _ptxas_v(kernel.asm["ptx"], a.arch)
+            info.update(kernel=self.__name__, warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
+                        smem=kernel.metadata.shared,
+                        consts={k: repr(v) for k, v in keep.items() if k in (
+                            "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
+                            "H", "HQ", "STORE_STATES", "NPART")})
+            rows.append(info)
+        return kernel
+
+    JITFunction.run = compile_only
+    _workload(a.head_dims, a.dtypes)
+    print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
+    for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
+        c = r["consts"]
+        desc = " ".join(f"{k}={c[k]}" for k in ("K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU", "IS_VARLEN", "HQ")
+                        if k in c)
+        print(f"{r['kernel']:18s} {desc:70s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
+              f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
+              + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -104,6 +104,11 @@ LAUNCH: dict[str, dict] = {
     # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
+    # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
+    # delta_fused_fwd; the chunk kernel holds a whole chunk's dq, dk accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # gated_fused._fwd_kernel
+    "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
+    "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel
     # backward
     "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
     "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
@@ -124,6 +129,8 @@ KERNEL_FN = {
     "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
     "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
+    "gated_fused_fwd": "gated_fused._fwd_kernel", "gated_fused_bwd_states": "gated_fused._bwd_states_kernel",
+    "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

@@ -1,0 +1,412 @@
+"""The fused pipeline of the gated-linear class (linear attention, RetNet, Mamba2): one sequential kernel
+forward, and backward a state recompute, one reverse sequential kernel and one chunk-parallel kernel —
+instead of the staged pipeline's four (forward) and eight (backward) kernels and their torch glue.
+
+Maths (chunks of C rows; inside chunk n, G_i = Σ_{s ≤ i} g_s the chunk-local cumsum, G_L its value at the
+chunk's last real row, S_n the state entering the chunk, k̂ = βk; scalar g per head and token, or none):
+
+    A_ij    = scale q_i·k̂_j e^{G_i − G_j}  (j ≤ i, else 0)          Q̃ = scale q ⊙ e^{G}
+    o       = Q̃ S_n + A V                                           K̃ = k̂ ⊙ e^{G_L − G}
+    S_{n+1} = e^{G_L} S_n + K̃ᵀ V
+
+Backward, with dS_{n+1} the gradient of the state leaving chunk n (the final state's for the last):
+
+    dS_n    = e^{G_L} dS_{n+1} + Q̃ᵀ dO                               (reverse sequential)
+    dA      = dO Vᵀ (j ≤ i),   dV = Aᵀ dO + K̃ dS_{n+1}
+    dq_i    = scale Σ_j dA_ij e^{G_i − G_j} k̂_j + scale e^{G_i} (S_n dO_i)
+    dk̂_j    = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
+    dk      = β dk̂,   dβ_j = k_j·dk̂_j,   dG_i = q_i·dq_i − k_i·dk_i
+    ∂L/∂G_L = ⟨S_{n+1}, dS_{n+1}⟩ = e^{G_L} ⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
+    dg_s    = Σ_{i ≥ s} dG_i + ∂L/∂G_L                              (in the chunk, s ≤ its last row)
+
+Kernels (each beside its torch twin: `chunkwise.gated.chunk_gated` for the forward, `chunkwise.gated_bwd`
+for the backward stages; every exponent ≤ 0 — differences of chunk-local cumsums in the order that makes
+them so, masked entries 0 before the exp):
+
+1. `_fwd_kernel`, sequential, grid (⌈V/BV⌉, sequences·H): the state S [K, BV] fp32 in registers across the
+   sequence's chunks; per chunk G = tl.cumsum(g) in registers, A recomputed (one [C, K]·[K, C] product per
+   V block), o = Q̃ S + A V, then the update. WRITE_O = 0 (the backward's recompute) skips q, A and o and
+   writes only the entering states h (`stored_state_dtype`: bf16 for bf16 inputs, as the staged path).
+2. `_bwd_states_kernel`, sequential in reverse, grid (⌈V/BV⌉, sequences·H): dS [K, BV] fp32 in registers;
+   writes dh (dS_{n+1} of each chunk, bf16 for bf16 inputs) and dS_0.
+3. `_bwd_chunk_kernel`, chunk-parallel, grid (chunk slots NT, B·H), one chunk (all C rows, all K) per
+   program looping over the V tiles: dv; dA and dAᵀ, S_n dO and dS_{n+1} v accumulated over V; then dq, dk,
+   dβ, dG and — the chunk's rows all in the program — the reverse cumsum of dG plus ∂L/∂G_L, so dg is
+   final (no cumsum kernel, no torch sums). Transposed operands are loaded transposed from memory or
+   recomputed as their own products (Aᵀ = k̂ qᵀ, dAᵀ = V dOᵀ): no tl.trans of an accumulator.
+
+Bytes at the anchor (B = 4, T = 4096, H = 16, K = V = 128, C = 64, bf16 q/k/v/dO, fp32 g; one [B, T, H, 128]
+bf16 tensor = 67 MB, h or dh [B, NT, H, K, V] bf16 = 134 MB; floors at 3.0 TB/s; the V blocks' re-reads of
+q, k and the transposed re-loads counted as L2 hits):
+
+| kernel | reads | writes | MB | floor µs |
+|---|---|---|---:|---:|
+| forward `_fwd_kernel` | q, k, v, g | o | 269 | 90 |
+| backward: `_fwd_kernel` (states only, recompute) | k, v, g | h | 269 | 90 |
+| backward: `_bwd_states_kernel` | q, g, dO | dh | 269 | 90 |
+| backward: `_bwd_chunk_kernel` | q, k, v, g, dO, h, dh | dq, dk, dv, dg | 739 | 246 |
+| **forward + backward** | | | **1,546** | **515** |
+
+The staged pipeline moves ≈ 4,931 MB for the same work (docs/kernels.md, 1.64 ms floor). Keeping h from the
+forward instead of recomputing it (`RECOMPUTE_STATES = False`) writes 134 MB more in the forward and saves
+269 MB in the backward (1,411 MB, 470 µs), for K·V/C·2 = 512 bytes per token and head of saved memory: off by
+default (the LM memory goal), as in the delta class. Tensor-core work (as executed, masked halves included):
+forward 3.7 MFLOP per (chunk, V block) at BV 64 (QKᵀ, Q̃S, AV, K̃ᵀV: 30 GFLOP at the anchor), backward
+recompute 1.0, reverse pass 1.0, chunk kernel 10.5 MFLOP per chunk (43 GFLOP) — ≈ 0.1 ms at the tensor-core
+rate: every kernel is memory- or latency-bound.
+
+Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags; T and NT
+are not specialized, so a varlen call with another packing reuses the compiled kernels. BV (the sequential
+kernels' value columns) comes from `value_block`: the heads alone (varlen) or batch × heads (padded)
+against a program target, never from T or the packing.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import empty_output
+from .layout import Layout
+from .states import stored_state_dtype
+from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+
+#: The backward recomputes the entering states h (one states-only run of the forward kernel) instead of the
+#: forward keeping them: −K·V/C elements per token and head of saved memory (512 bytes in bf16 at K = V = 128,
+#: C = 64) for 134 MB more traffic at the anchor. Read when the forward runs; the gradients are bitwise the same.
+RECOMPUTE_STATES = True
+
+
+@triton.jit
+def _scalar_decay(g, rows, m_t, last, i_h, C: tl.constexpr, H: tl.constexpr):
+    """(G [C] the chunk-local cumsum of the scalar log-decay, G_L its value at local row `last`)."""
+    oc = tl.arange(0, C)
+    G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)
+    G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
+    return G, G_last
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
+                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr, WRITE_O: tl.constexpr,
+                STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
+                DT: tl.constexpr, IEEE: tl.constexpr):
+    # GATE 0 none, 1 scalar [B, T, H]; WRITE_O 0: the states only (h, the final state), q unread
+    i_v, i_sh = tl.program_id(0), tl.program_id(1)
+    i_s, i_h = i_sh // H, i_sh % H
+    i_hq = i_h // (H // HQ)
+    bos, eos, n_chunks, slot0 = seq_span(i_s, T, C, NT, cu, offsets, IS_VARLEN)
+    oc = tl.arange(0, C)
+    kk = tl.arange(0, BK)
+    vv = i_v * BV + tl.arange(0, BV)
+    m_kk, m_vv = kk < K, vv < V
+    m_kv = m_kk[:, None] & m_vv[None, :]
+    kv = kk[:, None] * V + vv[None, :]
+    causal = oc[:, None] >= oc[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for c in range(0, n_chunks):  # a for loop: software-pipelined on the GPU
+        if STORE_STATES:
+            tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
+        rows = bos + c * C + oc
+        m_t = rows < eos
+        last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)  # the last real row
+        b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
+                       other=0.0).to(tl.float32)  # [BK, C]
+        if HAS_BETA:
+            b_kt = b_kt * tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)[None, :]
+        b_v = tl.load(v + (rows[:, None] * H + i_h) * V + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                      other=0.0)  # [C, BV]
+        if GATE == 1:
+            G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
+        if WRITE_O:
+            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
+                          other=0.0).to(tl.float32) * scale  # [C, BK]
+            b_A = mm(b_q, b_kt, DT, IEEE)  # scale Q K̂ᵀ  [C, C]
+            if GATE == 1:
+                b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exponent ≤ 0
+                b_q = b_q * tl.exp(G)[:, None]
+            b_A = tl.where(causal, b_A, 0.0)
+            b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_v, DT, IEEE)
+            tl.store(o + (rows[:, None] * H + i_h) * V + vv[None, :], b_o.to(o.dtype.element_ty),
+                     mask=m_t[:, None] & m_vv[None, :])
+        if GATE == 1:
+            b_kt = b_kt * tl.exp(tl.where(m_t, G_last - G, 0.0))[None, :]
+            S = S * tl.exp(G_last)
+        S += mm(b_kt, b_v, DT, IEEE)
+    if STORE_FINAL:
+        tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _bwd_states_kernel(q, g, do, dht, dh, dh0, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
+                       K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       GATE: tl.constexpr, HAS_DHT: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr,
+                       DT: tl.constexpr, IEEE: tl.constexpr):
+    i_v, i_sh = tl.program_id(0), tl.program_id(1)
+    i_s, i_h = i_sh // H, i_sh % H
+    i_hq = i_h // (H // HQ)
+    bos, eos, n_chunks, slot0 = seq_span(i_s, T, C, NT, cu, offsets, IS_VARLEN)
+    oc = tl.arange(0, C)
+    kk = tl.arange(0, BK)
+    vv = i_v * BV + tl.arange(0, BV)
+    m_kk, m_vv = kk < K, vv < V
+    m_kv = m_kk[:, None] & m_vv[None, :]
+    kv = kk[:, None] * V + vv[None, :]
+    fin = (i_s.to(tl.int64) * H + i_h) * K * V
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS += tl.load(dht + fin + kv, mask=m_kv, other=0.0).to(tl.float32)
+    for i_c in range(0, n_chunks):  # last chunk first (a for loop: pipelined)
+        c = n_chunks - 1 - i_c
+        tl.store(dh + ((slot0 + c) * H + i_h) * K * V + kv, dS.to(dh.dtype.element_ty), mask=m_kv)
+        rows = bos + c * C + oc
+        m_t = rows < eos
+        last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)
+        b_qt = tl.load(q + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
+                       other=0.0).to(tl.float32) * scale  # [BK, C]
+        b_do = tl.load(do + (rows[:, None] * H + i_h) * V + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
+                       other=0.0)  # [C, BV]
+        if GATE == 1:
+            G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
+            b_qt = b_qt * tl.exp(tl.where(m_t, G, 0.0))[None, :]
+            dS = dS * tl.exp(G_last)
+        dS += mm(b_qt, b_do, DT, IEEE)
+    if HAS_H0:
+        tl.store(dh0 + fin + kv, dS, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T", "NT"])
+def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, chunk_seq, chunk_local, scale, T, NT,
+                      H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_BETA: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h // (H // HQ)
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    slot = i_b.to(tl.int64) * NT + i_n
+    oc = tl.arange(0, C)
+    kk = tl.arange(0, BK)
+    rows = t0 + oc
+    m_t = rows < eos
+    m_kk = kk < K
+    m_tk = m_t[:, None] & m_kk[None, :]
+    m_kt = m_kk[:, None] & m_t[None, :]
+    last = (tl.minimum(t0 + C, eos) - 1 - t0).to(tl.int32)  # −1 for an unused varlen slot (nothing stored)
+    off_qk = (rows[:, None] * HQ + i_hq) * K + kk[None, :]  # [C, BK]
+    off_qkt = (rows[None, :] * HQ + i_hq) * K + kk[:, None]  # [BK, C]
+    causal = oc[:, None] >= oc[None, :]  # [i, j]: j ≤ i
+    causal_t = oc[:, None] <= oc[None, :]  # [j, i]: j ≤ i
+    if HAS_BETA:
+        b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)  # [C]
+    if GATE == 1:
+        G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
+        e_q = tl.exp(tl.where(m_t, G, 0.0))  # e^{G_i}  [C]
+        e_k = tl.exp(tl.where(m_t, G_last - G, 0.0))  # e^{G_L − G_j}  [C]
+    # Aᵀ[j, i] = scale k̂_j·q_i e^{G_i − G_j} (j ≤ i), and K̃ = k̂ ⊙ e^{G_L − G}
+    b_kh = tl.load(k + off_qk, mask=m_tk, other=0.0).to(tl.float32)  # [C, BK]
+    if HAS_BETA:
+        b_kh = b_kh * b_beta[:, None]
+    b_qt = tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale  # [BK, C]
+    b_At = mm(b_kh, b_qt, DT, IEEE)  # [C(j), C(i)]
+    if GATE == 1:
+        b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
+        b_kd = b_kh * e_k[:, None]
+    else:
+        b_kd = b_kh
+    b_At = tl.where(causal_t, b_At, 0.0)
+    # over the V tiles: dv; dA = dO Vᵀ, dAᵀ = V dOᵀ; S_n dO_i and dS_{n+1} v_j (as rows [C, BK]); ⟨S_n, dS_{n+1}⟩
+    b_dA = tl.zeros([C, C], dtype=tl.float32)
+    b_dAt = tl.zeros([C, C], dtype=tl.float32)
+    b_sq = tl.zeros([C, BK], dtype=tl.float32)
+    b_sk = tl.zeros([C, BK], dtype=tl.float32)
+    b_ss = tl.zeros([BK], dtype=tl.float32)
+    state = (slot * H + i_h) * K * V
+    for i_v in range(0, tl.cdiv(V, BV)):
+        vv = i_v * BV + tl.arange(0, BV)
+        m_vv = vv < V
+        m_tv = m_t[:, None] & m_vv[None, :]
+        m_vt = m_vv[:, None] & m_t[None, :]
+        m_vk = m_vv[:, None] & m_kk[None, :]
+        off_tv = (rows[:, None] * H + i_h) * V + vv[None, :]  # [C, BV]
+        off_vt = (rows[None, :] * H + i_h) * V + vv[:, None]  # [BV, C]
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
+        b_v = tl.load(v + off_tv, mask=m_tv, other=0.0)
+        b_dot = tl.load(do + off_vt, mask=m_vt, other=0.0)
+        b_vt = tl.load(v + off_vt, mask=m_vt, other=0.0)
+        st = state + kk[None, :] * V + vv[:, None]  # [BV, BK] transposed state offsets
+        b_St = tl.load(h + st, mask=m_vk, other=0.0)  # S_nᵀ
+        b_dSt = tl.load(dh + st, mask=m_vk, other=0.0)  # dS_{n+1}ᵀ
+        b_dS = tl.load(dh + state + kk[:, None] * V + vv[None, :], mask=m_kk[:, None] & m_vv[None, :],
+                       other=0.0)  # [BK, BV]
+        b_dA += mm(b_do, b_vt, DT, IEEE)
+        b_dAt += mm(b_v, b_dot, DT, IEEE)
+        b_sq += mm(b_do, b_St, DT, IEEE)
+        b_sk += mm(b_v, b_dSt, DT, IEEE)
+        b_ss += tl.sum(b_St.to(tl.float32) * b_dSt.to(tl.float32), axis=0)
+        b_dv = mm(b_At, b_do, DT, IEEE) + mm(b_kd, b_dS, DT, IEEE)
+        tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+    # dq_i = scale Σ_j dA_ij e^{G_i − G_j} k̂_j + scale e^{G_i} (S_n dO_i)
+    b_dA = tl.where(causal, b_dA, 0.0) * scale
+    b_dAt = tl.where(causal_t, b_dAt, 0.0) * scale
+    if GATE == 1:
+        b_dA = b_dA * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+        b_dAt = b_dAt * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
+        b_sq = b_sq * e_q[:, None]
+        b_skd = b_sk * e_k[:, None]
+    else:
+        b_skd = b_sk
+    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0).to(tl.float32)
+    b_dq = mm(b_dA, b_kh, DT, IEEE) + b_sq * scale
+    # dk̂_j = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
+    b_dkh = mm(b_dAt, b_q, DT, IEEE) + b_skd
+    b_k = tl.load(k + off_qk, mask=m_tk, other=0.0).to(tl.float32)
+    if HAS_BETA:
+        b_dk = b_dkh * b_beta[:, None]
+        tl.store(dbeta + rows * H + i_h, tl.sum(b_k * b_dkh, axis=1), mask=m_t)
+    else:
+        b_dk = b_dkh
+    off = (rows[:, None] * H + i_h) * K + kk[None, :]
+    tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    if GATE == 1:
+        # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L, ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
+        b_dG = tl.sum(b_q * b_dq - b_k * b_dk, axis=1)  # [C]
+        d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(tl.sum(b_kd * b_sk, axis=1), axis=0)
+        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last
+        tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
+
+
+def value_block(L: Layout) -> int:
+    """BV of the sequential kernels: the widest power of two ≤ LAUNCH["gated_fused_fwd"]["BV"] (≤ 32 for
+    K > 128: the [K, BV] fp32 state tile's registers) whose grid has at least LAUNCH[...]["PROGRAMS"]
+    programs, counting the grid's rows as B·H (padded) or H (varlen: never the packing, so a new packing
+    never compiles a new BV), down to 16."""
+    cap = tile("gated_fused_fwd", "BV")
+    bv = min(cap if L.K <= 128 else min(cap, 32), pow2(L.V))
+    rows = L.H if L.varlen else L.B * L.H
+    target = tile("gated_fused_fwd", "PROGRAMS")
+    while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
+        bv //= 2
+    return bv
+
+
+def fused_programs(L: Layout) -> dict:
+    """The launch grids at layout L: {"sequential": programs of the forward and reverse passes, "chunk":
+    programs of the backward's chunk kernel, "BV": the sequential kernels' value block} (the GPU script's
+    report)."""
+    bv = value_block(L)
+    return {"sequential": L.NS * L.H * triton.cdiv(L.V, bv), "chunk": L.NT * L.B * L.H, "BV": bv}
+
+
+def _gate(g) -> int:
+    return 0 if g is None else (2 if g.dim() == 4 else 1)
+
+
+def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = True, store_states: bool = False,
+            output_final_state: bool = False):
+    """One run of `_fwd_kernel`. q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None or the raw scalar
+    log-decay [B, T, H] (the kernel takes its chunk-local cumsum), β None or [B, T, H], h0 None or
+    [NS, H, K, V] fp32. Returns (o [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in
+    `stored_state_dtype` or None (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
+    if _gate(g) == 2:
+        raise ValueError("the fused gated-linear pipeline takes no or a scalar decay (GLA runs staged)")
+    dev = k.device
+    DT, IEEE = dot_dtype(k.dtype)
+    cu, _, _, offsets = varlen_args(L, dev)
+    BV = value_block(L)
+    o = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev) if write_o else None
+    h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(k.dtype), device=dev) if store_states \
+        else None
+    ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if output_final_state else None
+    _fwd_kernel[(triton.cdiv(L.V, BV), L.NS * L.H)](
+        q, k, v, g if g is not None else k, beta if beta is not None else k, h0 if h0 is not None else k,
+        o if o is not None else v, h if h is not None else v, ht if ht is not None else v, cu, offsets, scale,
+        L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
+        HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, STORE_STATES=store_states,
+        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **state_pass_launch("gated_fused_fwd", k.dtype, L.K))
+    return o, h, ht
+
+
+def states_bwd(q, g, do, dht, scale: float, L: Layout, *, need_dh0: bool):
+    """`_bwd_states_kernel`: (dh [B, NT, H, K, V] in `stored_state_dtype`: the gradient of the state leaving
+    each chunk slot, dh0 [NS, H, K, V] fp32 or None). dht None or [NS, H, K, V] (the final state's gradient)."""
+    dev = q.device
+    DT, IEEE = dot_dtype(q.dtype)
+    cu, _, _, offsets = varlen_args(L, dev)
+    BV = value_block(L)
+    dh = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=stored_state_dtype(q.dtype), device=dev)
+    dh0 = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if need_dh0 else None
+    _bwd_states_kernel[(triton.cdiv(L.V, BV), L.NS * L.H)](
+        q, g if g is not None else q, do, dht if dht is not None else dh, dh, dh0 if dh0 is not None else dh, cu,
+        offsets, scale, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
+        HAS_DHT=dht is not None, HAS_H0=need_dh0, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **state_pass_launch("gated_fused_bwd_states", q.dtype, L.K))
+    return dh, dh0
+
+
+def chunk_bwd(q, k, v, g, beta, h, dh, do, scale: float, L: Layout, *, grad_dtype=None):
+    """`_bwd_chunk_kernel`: (dq, dk [B, T, H, K] per value head in `grad_dtype` (default q's dtype without
+    grouped heads, fp32 with them, for the sum over each group), dv [B, T, H, V] in v's dtype, dg like g
+    (fp32, the final gradient of the raw log-decay) or None, dβ [B, T, H] fp32 or None)."""
+    dev = q.device
+    DT, IEEE = dot_dtype(q.dtype)
+    gdt = grad_dtype if grad_dtype is not None else (q.dtype if L.H == L.Hq else torch.float32)
+    dq = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
+    dk = empty_output(L.B, L.T, L.H, L.K, dtype=gdt, device=dev)
+    dv = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev)
+    dg = empty_output(*g.shape, dtype=torch.float32, device=dev) if g is not None else None
+    dbeta = empty_output(L.B, L.T, L.H, dtype=torch.float32, device=dev) if beta is not None else None
+    _bwd_chunk_kernel[(L.NT, L.B * L.H)](
+        q, k, v, g if g is not None else q, beta if beta is not None else q, h, dh, do, dq, dk, dv,
+        dg if dg is not None else dq, dbeta if dbeta is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
+        H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("gated_fused_bwd_chunk", "BV"), pow2(L.V)),
+        GATE=_gate(g), HAS_BETA=beta is not None, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        **launch("gated_fused_bwd_chunk"))
+    return dq, dk, dv, dg, dbeta
+
+
+#: Head dims the fused pipeline serves on a GPU (`uses_fused` routes wider heads to the staged one): the
+#: delta class's fused forward hit an illegal memory access at K = V = 256 on the H100 (docs/kernel_notes.md);
+#: this pipeline's kernels at 256 are checked by scripts/gpu_gated_fused.py (in a subprocess) before this rises.
+FUSED_MAX_HEAD_DIM_CUDA = 128
+
+
+def supports(g, K: int, V: int, is_cuda: bool) -> bool:
+    """Whether the fused pipeline serves a call: no or a scalar decay, and on a GPU K, V ≤
+    FUSED_MAX_HEAD_DIM_CUDA."""
+    return _gate(g) != 2 and (not is_cuda or max(K, V) <= FUSED_MAX_HEAD_DIM_CUDA)
+
+
+class ChunkGatedFused(torch.autograd.Function):
+    """The fused pipeline as one autograd node (the twin of `gated.ChunkGatedTriton`: same arguments and
+    results). Saved: the inputs, and h only with RECOMPUTE_STATES = False."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, L, output_final_state):
+        keep = not RECOMPUTE_STATES and any(ctx.needs_input_grad)
+        o, h, ht = forward(q, k, v, g, beta, h0, scale, L, store_states=keep, output_final_state=output_final_state)
+        ctx.save_for_backward(q, k, v, g, beta, h0, h)
+        ctx.scale, ctx.L, ctx.output_final_state = scale, L, output_final_state
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0, h = ctx.saved_tensors
+        scale, L = ctx.scale, ctx.L
+        do = do.contiguous()
+        if h is None:  # RECOMPUTE_STATES: the entering states from one states-only run of the forward kernel
+            _, h, _ = forward(q, k, v, g, beta, h0, scale, L, write_o=False, store_states=True)
+        dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
+        dh, dh0 = states_bwd(q, g, do, dht, scale, L, need_dh0=h0 is not None)
+        dq, dk, dv, dg, dbeta = chunk_bwd(q, k, v, g, beta, h, dh, do, scale, L)
+        if L.H != L.Hq:  # grouped heads: each q/k head's gradient is the sum over its value heads
+            dq = dq.view(L.B, L.T, L.Hq, L.H // L.Hq, L.K).sum(3)
+            dk = dk.view(L.B, L.T, L.Hq, L.H // L.Hq, L.K).sum(3)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype) if g is not None else None,
+                dbeta.to(beta.dtype) if beta is not None else None, dh0, None, None, None)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .args import check_chunk_args, no_tokens
 from . import gated_fused
+from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
 from .layout import Layout
 from .output import chunk_outputs, chunk_outputs_bwd

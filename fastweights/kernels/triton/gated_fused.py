@@ -87,6 +87,16 @@ def _scalar_decay(g, rows, m_t, last, i_h, C: tl.constexpr, H: tl.constexpr):
     return G, G_last
 
 
+@triton.jit
+def _op(x, DT: tl.constexpr, IEEE: tl.constexpr):
+    """x as a tensor-core operand of `util.mm`: cast to DT (bf16/fp16 inputs), fp32 kept for fp32 inputs (IEEE 1).
+    The same numbers as `mm`'s own cast, with half the registers while the operand waits."""
+    if IEEE == 1:
+        return x.to(tl.float32)
+    else:
+        return x.to(DT)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -114,29 +124,45 @@ def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl
         rows = bos + c * C + oc
         m_t = rows < eos
         last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)  # the last real row
+        # operands are cast to the tensor cores' dtype as soon as they are formed (register room: S, A and
+        # the [C, K] tiles of one chunk are live together); the products accumulate in fp32
         b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kk[:, None] & m_t[None, :],
-                       other=0.0).to(tl.float32)  # [BK, C]
+                       other=0.0)  # [BK, C] in k's dtype
         if HAS_BETA:
-            b_kt = b_kt * tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)[None, :]
+            b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)  # [C]
         b_v = tl.load(v + (rows[:, None] * H + i_h) * V + vv[None, :], mask=m_t[:, None] & m_vv[None, :],
                       other=0.0)  # [C, BV]
         if GATE == 1:
             G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
         if WRITE_O:
             b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
-                          other=0.0).to(tl.float32) * scale  # [C, BK]
-            b_A = mm(b_q, b_kt, DT, IEEE)  # scale Q K̂ᵀ  [C, C]
+                          other=0.0)  # [C, BK]
+            if HAS_BETA:
+                b_kh = _op(b_kt.to(tl.float32) * b_beta[None, :], DT, IEEE)  # K̂ᵀ
+            else:
+                b_kh = b_kt
+            b_A = mm(_op(b_q.to(tl.float32) * scale, DT, IEEE), b_kh, DT, IEEE)  # scale Q K̂ᵀ  [C, C]
             if GATE == 1:
                 b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exponent ≤ 0
-                b_q = b_q * tl.exp(G)[:, None]
-            b_A = tl.where(causal, b_A, 0.0)
-            b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_v, DT, IEEE)
+                b_qd = _op(b_q.to(tl.float32) * (scale * tl.exp(G))[:, None], DT, IEEE)  # Q̃
+            else:
+                b_qd = _op(b_q.to(tl.float32) * scale, DT, IEEE)
+            b_A = _op(tl.where(causal, b_A, 0.0), DT, IEEE)
+            b_o = mm(b_qd, S, DT, IEEE) + mm(b_A, b_v, DT, IEEE)
             tl.store(o + (rows[:, None] * H + i_h) * V + vv[None, :], b_o.to(o.dtype.element_ty),
                      mask=m_t[:, None] & m_vv[None, :])
+        # K̃ᵀ = K̂ᵀ ⊙ e^{G_L − G}
         if GATE == 1:
-            b_kt = b_kt * tl.exp(tl.where(m_t, G_last - G, 0.0))[None, :]
+            e_k = tl.exp(tl.where(m_t, G_last - G, 0.0))
+            if HAS_BETA:
+                e_k = e_k * b_beta
+            b_kd = _op(b_kt.to(tl.float32) * e_k[None, :], DT, IEEE)
             S = S * tl.exp(G_last)
-        S += mm(b_kt, b_v, DT, IEEE)
+        elif HAS_BETA:
+            b_kd = _op(b_kt.to(tl.float32) * b_beta[None, :], DT, IEEE)
+        else:
+            b_kd = b_kt
+        S += mm(b_kd, b_v, DT, IEEE)
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
@@ -207,18 +233,23 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
         G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
         e_q = tl.exp(tl.where(m_t, G, 0.0))  # e^{G_i}  [C]
         e_k = tl.exp(tl.where(m_t, G_last - G, 0.0))  # e^{G_L − G_j}  [C]
-    # Aᵀ[j, i] = scale k̂_j·q_i e^{G_i − G_j} (j ≤ i), and K̃ = k̂ ⊙ e^{G_L − G}
-    b_kh = tl.load(k + off_qk, mask=m_tk, other=0.0).to(tl.float32)  # [C, BK]
+    # Aᵀ[j, i] = scale k̂_j·q_i e^{G_i − G_j} (j ≤ i), and K̃ = k̂ ⊙ e^{G_L − G} (tensor-core operands: _op)
+    b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)  # [C, BK]
     if HAS_BETA:
-        b_kh = b_kh * b_beta[:, None]
-    b_qt = tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale  # [BK, C]
+        b_kh = _op(b_k.to(tl.float32) * b_beta[:, None], DT, IEEE)
+    else:
+        b_kh = b_k
+    b_qt = _op(tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale, DT, IEEE)  # [BK, C]
     b_At = mm(b_kh, b_qt, DT, IEEE)  # [C(j), C(i)]
     if GATE == 1:
         b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
-        b_kd = b_kh * e_k[:, None]
+        if HAS_BETA:
+            b_kd = _op(b_k.to(tl.float32) * (b_beta * e_k)[:, None], DT, IEEE)
+        else:
+            b_kd = _op(b_k.to(tl.float32) * e_k[:, None], DT, IEEE)
     else:
         b_kd = b_kh
-    b_At = tl.where(causal_t, b_At, 0.0)
+    b_At = _op(tl.where(causal_t, b_At, 0.0), DT, IEEE)
     # over the V tiles: dv; dA = dO Vᵀ, dAᵀ = V dOᵀ; S_n dO_i and dS_{n+1} v_j (as rows [C, BK]); ⟨S_n, dS_{n+1}⟩
     b_dA = tl.zeros([C, C], dtype=tl.float32)
     b_dAt = tl.zeros([C, C], dtype=tl.float32)
@@ -256,18 +287,20 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     if GATE == 1:
         b_dA = b_dA * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
         b_dAt = b_dAt * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
+    b_dA = _op(b_dA, DT, IEEE)
+    b_dAt = _op(b_dAt, DT, IEEE)
+    if GATE == 1:
         b_sq = b_sq * e_q[:, None]
         b_skd = b_sk * e_k[:, None]
     else:
         b_skd = b_sk
-    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0).to(tl.float32)
+    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
     b_dq = mm(b_dA, b_kh, DT, IEEE) + b_sq * scale
     # dk̂_j = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
     b_dkh = mm(b_dAt, b_q, DT, IEEE) + b_skd
-    b_k = tl.load(k + off_qk, mask=m_tk, other=0.0).to(tl.float32)
     if HAS_BETA:
         b_dk = b_dkh * b_beta[:, None]
-        tl.store(dbeta + rows * H + i_h, tl.sum(b_k * b_dkh, axis=1), mask=m_t)
+        tl.store(dbeta + rows * H + i_h, tl.sum(b_k.to(tl.float32) * b_dkh, axis=1), mask=m_t)
     else:
         b_dk = b_dkh
     off = (rows[:, None] * H + i_h) * K + kk[None, :]
@@ -275,8 +308,8 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_tk)
     if GATE == 1:
         # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L, ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
-        b_dG = tl.sum(b_q * b_dq - b_k * b_dk, axis=1)  # [C]
-        d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(tl.sum(b_kd * b_sk, axis=1), axis=0)
+        b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)  # [C]
+        d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(tl.sum(b_kd.to(tl.float32) * b_sk, axis=1), axis=0)
         b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last
         tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
 
@@ -350,6 +383,13 @@ def states_bwd(q, g, do, dht, scale: float, L: Layout, *, need_dh0: bool):
     return dh, dh0
 
 
+def _chunk_bv(L: Layout, dtype) -> int:
+    """The chunk kernel's V tile: LAUNCH["gated_fused_bwd_chunk"]["BV"], at most 32 for fp32 inputs (their
+    fp32 operand tiles staged in shared memory: 213–246 KB at BV 64, K = 128 on sm_90, over the H100's 227 KB)."""
+    bv = min(tile("gated_fused_bwd_chunk", "BV"), pow2(L.V))
+    return min(bv, 32) if dtype == torch.float32 else bv
+
+
 def chunk_bwd(q, k, v, g, beta, h, dh, do, scale: float, L: Layout, *, grad_dtype=None):
     """`_bwd_chunk_kernel`: (dq, dk [B, T, H, K] per value head in `grad_dtype` (default q's dtype without
     grouped heads, fp32 with them, for the sum over each group), dv [B, T, H, V] in v's dtype, dg like g
@@ -365,7 +405,7 @@ def chunk_bwd(q, k, v, g, beta, h, dh, do, scale: float, L: Layout, *, grad_dtyp
     _bwd_chunk_kernel[(L.NT, L.B * L.H)](
         q, k, v, g if g is not None else q, beta if beta is not None else q, h, dh, do, dq, dk, dv,
         dg if dg is not None else dq, dbeta if dbeta is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
-        H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("gated_fused_bwd_chunk", "BV"), pow2(L.V)),
+        H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=_chunk_bv(L, q.dtype),
         GATE=_gate(g), HAS_BETA=beta is not None, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         **launch("gated_fused_bwd_chunk"))
     return dq, dk, dv, dg, dbeta

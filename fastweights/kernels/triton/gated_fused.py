@@ -67,6 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...inputs import InputError
 from .. import empty_output
 from .layout import Layout
 from .states import stored_state_dtype
@@ -348,6 +349,10 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     `stored_state_dtype` or None (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
     if _gate(g) == 2:
         raise ValueError("the fused gated-linear pipeline takes no or a scalar decay (GLA runs staged)")
+    if k.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
+        raise InputError(f"the fused gated-linear pipeline takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got "
+                         f"K={L.K}, V={L.V} (not yet checked on the H100: scripts/gpu_gated_fused.py); the staged "
+                         "pipeline serves these head dims (gated.uses_fused routes them there)")
     dev = k.device
     DT, IEEE = dot_dtype(k.dtype)
     cu, _, _, offsets = varlen_args(L, dev)

@@ -78,6 +78,12 @@ from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_
 #: C = 64) for 134 MB more traffic at the anchor. Read when the forward runs; the gradients are bitwise the same.
 RECOMPUTE_STATES = True
 
+#: The diagonal decay's fast path (GLA): a chunk whose per-channel decay spans at most SPAN nats computes its
+#: scores and their gradients as tensor-core products through the chunk's mid-range reference ρ (factors within
+#: e^{±SPAN/2}, masked products within e^{SPAN}: far from fp32's e^{88}); a chunk that decays more (on any
+#: channel) takes the exact elementwise path, every exponent ≤ 0. A constexpr of the kernels.
+SPAN = 60.0
+
 
 @triton.jit
 def _scalar_decay(g, rows, m_t, last, i_h, C: tl.constexpr, H: tl.constexpr):
@@ -98,13 +104,63 @@ def _op(x, DT: tl.constexpr, IEEE: tl.constexpr):
         return x.to(DT)
 
 
+@triton.jit
+def _diag_rows(g, rows, m_t, i_h, kk, m_kk, H: tl.constexpr, K: tl.constexpr):
+    """G [C, BK]: the chunk-local cumsum of the diagonal log-decay, rows as loaded."""
+    m = m_t[:, None] & m_kk[None, :]
+    return tl.cumsum(tl.load(g + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m, other=0.0).to(tl.float32), axis=0)
+
+
+@triton.jit
+def _diag_cols(g, rows, m_t, last, i_h, kk, m_kk, C: tl.constexpr, H: tl.constexpr, K: tl.constexpr):
+    """(Gᵀ [BK, C]: the cumsum of the transposed load, G_L [BK]: its column at local row `last`)."""
+    oc = tl.arange(0, C)
+    m = m_kk[:, None] & m_t[None, :]
+    Gt = tl.cumsum(tl.load(g + (rows[None, :] * H + i_h) * K + kk[:, None], mask=m, other=0.0).to(tl.float32), axis=1)
+    return Gt, tl.sum(tl.where(oc[None, :] == last, Gt, 0.0), axis=1)
+
+
+@triton.jit
+def _reference(G):
+    """(ρ [BK] the mid-range of G [C, BK] per channel, the chunk's widest per-channel span max_d (max_i G − min_i G)).
+    With span ≤ SPAN, e^{G_id − G_jd} = e^{G_id − ρ_d} e^{ρ_d − G_jd} with both factors in [e^{−SPAN/2}, e^{SPAN/2}]:
+    the diagonal-decay scores as one tensor-core product (`_diag_scores`)."""
+    hi = tl.max(G, axis=0)
+    lo = tl.min(G, axis=0)
+    return (hi + lo) * 0.5, tl.max(hi - lo, axis=0)
+
+
+@triton.jit
+def _diag_scores(b_q, b_kht, G, Gt, scale, C: tl.constexpr, SPAN: tl.constexpr, DT: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """A_ij = scale Σ_d q_id k̂_jd e^{G_id − G_jd} (j ≤ i, else 0), fp32 [C, C]; b_q [C, BK] raw, b_kht = K̂ᵀ [BK, C]
+    fp32. Span ≤ SPAN (`_reference`): (scale Q ⊙ e^{G − ρ})(K̂ᵀ ⊙ e^{ρ − Gᵀ}), one product. Otherwise (a decay of more
+    than SPAN nats inside the chunk on some channel) exactly, column by column: every exponent ≤ 0."""
+    oc = tl.arange(0, C)
+    rho, span = _reference(G)
+    if span <= SPAN:
+        b_qa = _op(b_q.to(tl.float32) * scale * tl.exp(G - rho[None, :]), DT, IEEE)
+        b_ka = _op(b_kht * tl.exp(rho[:, None] - Gt), DT, IEEE)
+        b_A = mm(b_qa, b_ka, DT, IEEE)
+    else:
+        b_A = tl.zeros([C, C], dtype=tl.float32)
+        b_qs = b_q.to(tl.float32) * scale
+        for j in range(0, C):
+            k_j = tl.sum(tl.where(oc[None, :] == j, b_kht, 0.0), axis=1)  # [BK]
+            G_j = tl.sum(tl.where(oc[:, None] == j, G, 0.0), axis=0)  # [BK]
+            e = tl.exp(tl.where((oc >= j)[:, None], G - G_j[None, :], 0.0))  # exponent ≤ 0 on the mask
+            col = tl.sum(b_qs * k_j[None, :] * e, axis=1)  # [C]
+            b_A = tl.where(oc[None, :] == j, col[:, None], b_A)
+    return tl.where(oc[:, None] >= oc[None, :], b_A, 0.0)
+
+
 @triton.jit(do_not_specialize=["T", "NT"])
 def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr, WRITE_O: tl.constexpr,
-                STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
+                STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr, SPAN: tl.constexpr,
                 DT: tl.constexpr, IEEE: tl.constexpr):
-    # GATE 0 none, 1 scalar [B, T, H]; WRITE_O 0: the states only (h, the final state), q unread
+    # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]; WRITE_O 0: the states only (h, the final state)
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -135,9 +191,23 @@ def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl
                       other=0.0)  # [C, BV]
         if GATE == 1:
             G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
+        elif GATE == 2:
+            Gt, G_last = _diag_cols(g, rows, m_t, last, i_h, kk, m_kk, C, H, K)
         if WRITE_O:
             b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
                           other=0.0)  # [C, BK]
+        if WRITE_O and GATE == 2:
+            G = _diag_rows(g, rows, m_t, i_h, kk, m_kk, H, K)
+            if HAS_BETA:
+                b_kht = b_kt.to(tl.float32) * b_beta[None, :]
+            else:
+                b_kht = b_kt.to(tl.float32)
+            b_A = _op(_diag_scores(b_q, b_kht, G, Gt, scale, C, SPAN, DT, IEEE), DT, IEEE)
+            b_qd = _op(b_q.to(tl.float32) * scale * tl.exp(G), DT, IEEE)  # Q̃ = scale q ⊙ e^{G}
+            b_o = mm(b_qd, S, DT, IEEE) + mm(b_A, b_v, DT, IEEE)
+            tl.store(o + (rows[:, None] * H + i_h) * V + vv[None, :], b_o.to(o.dtype.element_ty),
+                     mask=m_t[:, None] & m_vv[None, :])
+        elif WRITE_O:
             if HAS_BETA:
                 b_kh = _op(b_kt.to(tl.float32) * b_beta[None, :], DT, IEEE)  # K̂ᵀ
             else:
@@ -159,6 +229,12 @@ def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl
                 e_k = e_k * b_beta
             b_kd = _op(b_kt.to(tl.float32) * e_k[None, :], DT, IEEE)
             S = S * tl.exp(G_last)
+        elif GATE == 2:
+            e_k = tl.exp(tl.where(m_t[None, :], G_last[:, None] - Gt, 0.0))  # [BK, C], exponent ≤ 0
+            if HAS_BETA:
+                e_k = e_k * b_beta[None, :]
+            b_kd = _op(b_kt.to(tl.float32) * e_k, DT, IEEE)
+            S = S * tl.exp(G_last)[:, None]
         elif HAS_BETA:
             b_kd = _op(b_kt.to(tl.float32) * b_beta[None, :], DT, IEEE)
         else:
@@ -201,6 +277,10 @@ def _bwd_states_kernel(q, g, do, dht, dh, dh0, cu, offsets, scale, T, NT, H: tl.
             G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
             b_qt = b_qt * tl.exp(tl.where(m_t, G, 0.0))[None, :]
             dS = dS * tl.exp(G_last)
+        elif GATE == 2:
+            Gt, G_last = _diag_cols(g, rows, m_t, last, i_h, kk, m_kk, C, H, K)
+            b_qt = b_qt * tl.exp(tl.where(m_t[None, :], Gt, 0.0))
+            dS = dS * tl.exp(G_last)[:, None]
         dS += mm(b_qt, b_do, DT, IEEE)
     if HAS_H0:
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
@@ -210,7 +290,7 @@ def _bwd_states_kernel(q, g, do, dht, dh, dh0, cu, offsets, scale, T, NT, H: tl.
 def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, chunk_seq, chunk_local, scale, T, NT,
                       H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_BETA: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, SPAN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
@@ -230,26 +310,41 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     causal_t = oc[:, None] <= oc[None, :]  # [j, i]: j ≤ i
     if HAS_BETA:
         b_beta = tl.load(beta + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32)  # [C]
-    if GATE == 1:
-        G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
-        e_q = tl.exp(tl.where(m_t, G, 0.0))  # e^{G_i}  [C]
-        e_k = tl.exp(tl.where(m_t, G_last - G, 0.0))  # e^{G_L − G_j}  [C]
     # Aᵀ[j, i] = scale k̂_j·q_i e^{G_i − G_j} (j ≤ i), and K̃ = k̂ ⊙ e^{G_L − G} (tensor-core operands: _op)
     b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)  # [C, BK]
     if HAS_BETA:
-        b_kh = _op(b_k.to(tl.float32) * b_beta[:, None], DT, IEEE)
+        b_khf = b_k.to(tl.float32) * b_beta[:, None]
     else:
-        b_kh = b_k
-    b_qt = _op(tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale, DT, IEEE)  # [BK, C]
-    b_At = mm(b_kh, b_qt, DT, IEEE)  # [C(j), C(i)]
-    if GATE == 1:
-        b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
-        if HAS_BETA:
-            b_kd = _op(b_k.to(tl.float32) * (b_beta * e_k)[:, None], DT, IEEE)
+        b_khf = b_k.to(tl.float32)
+    if GATE == 2:
+        G = _diag_rows(g, rows, m_t, i_h, kk, m_kk, H, K)  # [C, BK]
+        G_last = tl.sum(tl.where(oc[:, None] == last, G, 0.0), axis=0)  # [BK]
+        b_kd = _op(b_khf * tl.exp(tl.where(m_tk, G_last[None, :] - G, 0.0)), DT, IEEE)
+        rho, span = _reference(G)
+        if span <= SPAN:  # one product through the chunk's reference ρ (see _diag_scores)
+            Gt, _ = _diag_cols(g, rows, m_t, last, i_h, kk, m_kk, C, H, K)
+            b_qa_t = tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale * tl.exp(Gt - rho[:, None])
+            b_At = mm(_op(b_khf * tl.exp(rho[None, :] - G), DT, IEEE), _op(b_qa_t, DT, IEEE), DT, IEEE)
+        else:  # exactly, query column by query column (every exponent ≤ 0)
+            b_At = tl.zeros([C, C], dtype=tl.float32)
+            for r in range(0, C):
+                q_r = tl.load(q + ((t0 + r) * HQ + i_hq) * K + kk, mask=m_kk & (t0 + r < eos), other=0.0)
+                G_r = tl.sum(tl.where(oc[:, None] == r, G, 0.0), axis=0)  # [BK]
+                e = tl.exp(tl.where((oc <= r)[:, None], G_r[None, :] - G, 0.0))
+                col = tl.sum(b_khf * q_r.to(tl.float32)[None, :] * e, axis=1) * scale  # [C]
+                b_At = tl.where(oc[None, :] == r, col[:, None], b_At)
+    else:
+        if GATE == 1:
+            G, G_last = _scalar_decay(g, rows, m_t, last, i_h, C, H)
+            e_k = tl.exp(tl.where(m_t, G_last - G, 0.0))  # e^{G_L − G_j}  [C]
+        b_kh = _op(b_khf, DT, IEEE)
+        b_qt = _op(tl.load(q + off_qkt, mask=m_kt, other=0.0).to(tl.float32) * scale, DT, IEEE)  # [BK, C]
+        b_At = mm(b_kh, b_qt, DT, IEEE)  # [C(j), C(i)]
+        if GATE == 1:
+            b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
+            b_kd = _op(b_khf * e_k[:, None], DT, IEEE)
         else:
-            b_kd = _op(b_k.to(tl.float32) * e_k[:, None], DT, IEEE)
-    else:
-        b_kd = b_kh
+            b_kd = b_kh
     b_At = _op(tl.where(causal_t, b_At, 0.0), DT, IEEE)
     # over the V tiles: dv; dA = dO Vᵀ, dAᵀ = V dOᵀ; S_n dO_i and dS_{n+1} v_j (as rows [C, BK]); ⟨S_n, dS_{n+1}⟩
     b_dA = tl.zeros([C, C], dtype=tl.float32)
@@ -283,22 +378,44 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
         b_dv = mm(b_At, b_do, DT, IEEE) + mm(b_kd, b_dS, DT, IEEE)
         tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
     # dq_i = scale Σ_j dA_ij e^{G_i − G_j} k̂_j + scale e^{G_i} (S_n dO_i)
+    # dk̂_j = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
     b_dA = tl.where(causal, b_dA, 0.0) * scale
     b_dAt = tl.where(causal_t, b_dAt, 0.0) * scale
-    if GATE == 1:
-        b_dA = b_dA * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-        b_dAt = b_dAt * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
-    b_dA = _op(b_dA, DT, IEEE)
-    b_dAt = _op(b_dAt, DT, IEEE)
-    if GATE == 1:
-        b_sq = b_sq * e_q[:, None]
-        b_skd = b_sk * e_k[:, None]
-    else:
-        b_skd = b_sk
     b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
-    b_dq = mm(b_dA, b_kh, DT, IEEE) + b_sq * scale
-    # dk̂_j = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
-    b_dkh = mm(b_dAt, b_q, DT, IEEE) + b_skd
+    if GATE == 2:
+        G = _diag_rows(g, rows, m_t, i_h, kk, m_kk, H, K)  # again: not kept live across the V loop
+        rho, span = _reference(G)
+        if span <= SPAN:
+            b_dq = mm(_op(b_dA, DT, IEEE), _op(b_khf * tl.exp(rho[None, :] - G), DT, IEEE), DT, IEEE) \
+                * tl.exp(G - rho[None, :])
+            b_dkh = mm(_op(b_dAt, DT, IEEE), _op(b_q.to(tl.float32) * tl.exp(G - rho[None, :]), DT, IEEE), DT, IEEE) \
+                * tl.exp(rho[None, :] - G)
+        else:  # exactly, row by row (every exponent ≤ 0)
+            b_dq = tl.zeros([C, BK], dtype=tl.float32)
+            b_dkh = tl.zeros([C, BK], dtype=tl.float32)
+            b_qf = b_q.to(tl.float32)
+            for r in range(0, C):
+                G_r = tl.sum(tl.where(oc[:, None] == r, G, 0.0), axis=0)  # [BK]
+                dA_row = tl.sum(tl.where(oc[:, None] == r, b_dA, 0.0), axis=0)  # dA_rj over j  [C]
+                dA_col = tl.sum(tl.where(oc[None, :] == r, b_dA, 0.0), axis=1)  # dA_ir over i  [C]
+                row_q = tl.sum(dA_row[:, None] * b_khf * tl.exp(tl.where((oc <= r)[:, None], G_r[None, :] - G, 0.0)),
+                               axis=0)
+                row_k = tl.sum(dA_col[:, None] * b_qf * tl.exp(tl.where((oc >= r)[:, None], G - G_r[None, :], 0.0)),
+                               axis=0)
+                b_dq = tl.where(oc[:, None] == r, row_q[None, :], b_dq)
+                b_dkh = tl.where(oc[:, None] == r, row_k[None, :], b_dkh)
+        b_dq += b_sq * (scale * tl.exp(G))
+        b_dkh += b_sk * tl.exp(tl.where(m_tk, G_last[None, :] - G, 0.0))
+    else:
+        if GATE == 1:
+            b_dA = b_dA * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+            b_dAt = b_dAt * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
+            b_sq = b_sq * tl.exp(tl.where(m_t, G, 0.0))[:, None]
+            b_skd = b_sk * e_k[:, None]
+        else:
+            b_skd = b_sk
+        b_dq = mm(_op(b_dA, DT, IEEE), b_kh, DT, IEEE) + b_sq * scale
+        b_dkh = mm(_op(b_dAt, DT, IEEE), b_q, DT, IEEE) + b_skd
     if HAS_BETA:
         b_dk = b_dkh * b_beta[:, None]
         tl.store(dbeta + rows * H + i_h, tl.sum(b_k.to(tl.float32) * b_dkh, axis=1), mask=m_t)
@@ -307,13 +424,18 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     off = (rows[:, None] * H + i_h) * K + kk[None, :]
     tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L, ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
+    # (per channel with the diagonal decay)
     if GATE == 1:
-        # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L, ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
         b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)  # [C]
         d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(tl.sum(b_kd.to(tl.float32) * b_sk, axis=1), axis=0)
         b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last
         tl.store(dg + rows * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
-
+    elif GATE == 2:
+        b_dG = b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk  # [C, BK]
+        d_last = tl.exp(G_last) * b_ss + tl.sum(b_kd.to(tl.float32) * b_sk, axis=0)  # [BK]
+        b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last[None, :]
+        tl.store(dg + off, b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 def value_block(L: Layout) -> int:
     """BV of the sequential kernels: the widest power of two ≤ LAUNCH["gated_fused_fwd"]["BV"] (≤ 32 for
@@ -347,8 +469,6 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     log-decay [B, T, H] (the kernel takes its chunk-local cumsum), β None or [B, T, H], h0 None or
     [NS, H, K, V] fp32. Returns (o [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in
     `stored_state_dtype` or None (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
-    if _gate(g) == 2:
-        raise ValueError("the fused gated-linear pipeline takes no or a scalar decay (GLA runs staged)")
     if k.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
         raise InputError(f"the fused gated-linear pipeline takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got "
                          f"K={L.K}, V={L.V} (not yet checked on the H100: scripts/gpu_gated_fused.py); the staged "
@@ -366,7 +486,7 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
         o if o is not None else v, h if h is not None else v, ht if ht is not None else v, cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
         HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, STORE_STATES=store_states,
-        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE,
         **state_pass_launch("gated_fused_fwd", k.dtype, L.K))
     return o, h, ht
 
@@ -411,10 +531,13 @@ def chunk_bwd(q, k, v, g, beta, h, dh, do, scale: float, L: Layout, *, grad_dtyp
         q, k, v, g if g is not None else q, beta if beta is not None else q, h, dh, do, dq, dk, dv,
         dg if dg is not None else dq, dbeta if dbeta is not None else dq, *varlen_args(L, dev)[:3], scale, L.T, L.NT,
         H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=_chunk_bv(L, q.dtype),
-        GATE=_gate(g), HAS_BETA=beta is not None, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        GATE=_gate(g), HAS_BETA=beta is not None, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE,
         **launch("gated_fused_bwd_chunk"))
     return dq, dk, dv, dg, dbeta
 
+
+#: The gate kinds `supports` routes to the fused pipeline (0 none, 1 scalar, 2 diagonal).
+GATES = (0, 1, 2)
 
 #: Head dims the fused pipeline serves on a GPU (`uses_fused` routes wider heads to the staged one): the
 #: delta class's fused forward hit an illegal memory access at K = V = 256 on the H100 (docs/kernel_notes.md);
@@ -423,9 +546,9 @@ FUSED_MAX_HEAD_DIM_CUDA = 128
 
 
 def supports(g, K: int, V: int, is_cuda: bool) -> bool:
-    """Whether the fused pipeline serves a call: no or a scalar decay, and on a GPU K, V ≤
+    """Whether the fused pipeline serves a call: every gate kind (GATES), and on a GPU K, V ≤
     FUSED_MAX_HEAD_DIM_CUDA."""
-    return _gate(g) != 2 and (not is_cuda or max(K, V) <= FUSED_MAX_HEAD_DIM_CUDA)
+    return _gate(g) in GATES and (not is_cuda or max(K, V) <= FUSED_MAX_HEAD_DIM_CUDA)
 
 
 class ChunkGatedFused(torch.autograd.Function):

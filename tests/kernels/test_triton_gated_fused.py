@@ -33,7 +33,7 @@ from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, EXACT_F64, F32, 
 pytestmark = pytest.mark.triton
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-GATES = ["none", "scalar"]  # the gates the fused pipeline serves (GLA's diagonal one runs staged)
+GATES = ["none", "scalar", "diagonal"]
 KERNELS = ("_fwd_kernel", "_bwd_states_kernel", "_bwd_chunk_kernel")
 
 
@@ -78,16 +78,21 @@ def test_backward_twin_is_autograd(gate, gen):
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
+@pytest.mark.parametrize("span", ["fast", "exact"])
 @pytest.mark.parametrize("gate", GATES)
-def test_kernels_match_twins(gate, gen):
+def test_kernels_match_twins(gate, span, gen, monkeypatch):
     """Each kernel against its twin stage, fp32, chunk 32, grouped heads H_q = 1 | H = 2, strong decay (g_scale
     3), varlen with an empty and a length-1 sequence: the forward (o, the entering states h, the final state;
     and its states-only run), the reverse pass (dS_{n+1} of every chunk, dS_0) and the chunk kernel (dq, dk,
-    dv, dg, dβ, fed the twin's states)."""
-    lengths = [9, 0, 40, 1, 20]
-    T, C, H, K, V = sum(lengths), 32, 2, 12, 10
+    dv, dg, dβ, fed the twin's states). The diagonal decay through both of its paths: the tensor-core one
+    through the chunk's reference (SPAN 60: this decay spans less) and the exact elementwise one (SPAN 0)."""
+    if span == "exact" and gate != "diagonal":
+        pytest.skip("the exact path is the diagonal decay's")
+    monkeypatch.setattr(gated_fused, "SPAN", 60.0 if span == "fast" else 0.0)
+    lengths = [9, 0, 40, 1, 20] if span == "fast" else [9, 0, 35, 1]
+    T, C, H, K, V = sum(lengths), 32, 2, (12 if span == "fast" else 8), 10
     cu = torch.tensor([0] + lengths).cumsum(0)
-    x = _inputs(gate, gen, B=1, T=T, H=H, Hq=1, N=len(lengths), g_scale=3.0)
+    x = _inputs(gate, gen, B=1, T=T, H=H, Hq=1, K=K, V=V, N=len(lengths), g_scale=1.0 if span == "fast" else 3.0)
     do = torch.randn(1, T, H, V, generator=gen)
     dht = torch.randn(len(lengths), H, K, V, generator=gen)
     L = make_layout(1, T, H, 1, K, V, C, cu.to(DEV), DEV)
@@ -126,7 +131,7 @@ def test_kernels_match_twins(gate, gen):
 
 
 # ---------------------------------------------------------------------------- the whole vs the recurrence
-@pytest.mark.parametrize("T", [1, 63, 65])
+@pytest.mark.parametrize("T", [1, 65])
 @pytest.mark.parametrize("gate", GATES)
 def test_matches_recurrence(gate, T, gen, fused, launched):
     """Outputs, final state and every gradient (q, k, v, g, β, S0) in fp32 against the float64 recurrence, T
@@ -136,6 +141,16 @@ def test_matches_recurrence(gate, T, gen, fused, launched):
     want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
     check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
     assert launched == list(KERNELS[:1] * 2 + KERNELS[1:])  # forward; recompute, reverse pass, chunk kernel
+
+
+def test_diagonal_decay_beyond_the_span(gen, fused):
+    """GLA with a decay of up to ≈ 200 nats inside a chunk of 16 (g_scale 40: far beyond SPAN, so every chunk
+    takes the exact path, and far beyond e^{±88}): outputs, final state, every gradient against the float64
+    recurrence, T = 37 — finite and exact where a single reference would overflow."""
+    x = _inputs("diagonal", gen, B=1, T=37, H=1, g_scale=40.0)
+    seed = secrets.randbits(31)
+    want = grads(_recurrent("diagonal"), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(_triton, x, seed), want, CHUNK_F32_REL, "g_scale 40")
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -245,11 +260,15 @@ def test_kept_states(gen, fused, monkeypatch):
 
 # ---------------------------------------------------------------------------- routing and the grid
 def test_routing(gen, monkeypatch, launched):
-    """PIPELINE "fused" runs the fused kernels for no and scalar decay, the staged ones for the diagonal
-    decay (GLA) and — on a GPU — for K or V > FUSED_MAX_HEAD_DIM_CUDA, where the fused forward refuses;
+    """PIPELINE "fused" runs the fused kernels for every gate kind in gated_fused.GATES, the staged ones for
+    the others and — on a GPU — for K or V > FUSED_MAX_HEAD_DIM_CUDA, where the fused forward refuses;
     "staged" never the fused ones; another value raises."""
     d = to_dev(_inputs("diagonal", gen, B=1, T=20, H=1))
     monkeypatch.setattr(gated_mod, "PIPELINE", "fused")
+    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16)
+    assert launched == ["_fwd_kernel"]
+    monkeypatch.setattr(gated_fused, "GATES", (0, 1))
+    launched.clear()
     chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16)
     assert launched == []
     chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16)
@@ -347,10 +366,10 @@ gated.PIPELINE = "fused"
 dtype = getattr(torch, sys.argv[3])
 gen = torch.Generator().manual_seed(0)
 counts = []
-for i in range(40):  # 20 packings of one gate, then 20 of the other
-    gate = ("none", "scalar")[i // 20]
+for i in range(60):  # 20 packings of each gate kind
+    gate = ("none", "scalar", "diagonal")[i // 20]
     n = int(torch.randint(1, 7, (1,), generator=gen))
-    lengths = torch.randint(0, 300, (n,), generator=gen).tolist()
+    lengths = torch.randint(0, 200, (n,), generator=gen).tolist()
     if i % 20 == 1:
         lengths = [16, 32, 0]  # T a multiple of 16 (the first is not): an int specialization would split here
     if i % 20 == 2:
@@ -358,11 +377,11 @@ for i in range(40):  # 20 packings of one gate, then 20 of the other
     T = max(1, sum(lengths))
     lengths[-1] += T - sum(lengths)
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
-    H, Hq, K, V = 4, 2, 64, 64
+    H, Hq, K, V = 2, 1, 32, 32
     q = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
     k = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
     v = torch.randn(1, T, H, V).to(dtype).requires_grad_(True)
-    g = None if gate == "none" else (-torch.rand(1, T, H)).requires_grad_(True)
+    g = None if gate == "none" else (-torch.rand(1, T, H, *((K,) if gate == "diagonal" else ()))).requires_grad_(True)
     beta = torch.rand(1, T, H).requires_grad_(True)
     S0 = torch.randn(len(lengths), H, K, V).requires_grad_(True)
     o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=None, initial_state=S0, output_final_state=True,
@@ -375,8 +394,8 @@ print(json.dumps({"counts": counts, "kernels": sorted({key.split(" ")[0] for key
 
 def test_varlen_packings_compile_once():
     """20 varlen batches of different packings (numbers of sequences, lengths, T = 1, T a multiple of 16 or
-    not) ask Triton for no compile key after the first batch, forward and backward — for no decay, then for a
-    scalar one. Under the interpreter nothing compiles, so this runs in a subprocess without it: a stand-in
+    not) ask Triton for no compile key after the first batch, forward and backward — for no decay, a scalar and
+    a diagonal one. Under the interpreter nothing compiles, so this runs in a subprocess without it: a stand-in
     driver reports an sm_90 target, and Triton's `jit_cache_hook` records each launch's compile key and skips
     the compile."""
     r = subprocess.run([sys.executable, "-c", _KEYS_SCRIPT, ROOT, "none", "bfloat16"], capture_output=True,
@@ -387,7 +406,8 @@ def test_varlen_packings_compile_once():
     counts = out["counts"]
     assert set(KERNELS) <= set(out["kernels"])
     assert counts[0] > 0 and counts[:20] == [counts[0]] * 20, counts  # no decay
-    assert counts[20] > counts[0] and counts[20:] == [counts[20]] * 20, counts  # scalar decay
+    assert counts[20] > counts[0] and counts[20:40] == [counts[20]] * 20, counts  # scalar decay
+    assert counts[40] > counts[20] and counts[40:] == [counts[40]] * 20, counts  # diagonal decay
 
 
 # ---------------------------------------------------------------------------- realistic shapes (GPU)

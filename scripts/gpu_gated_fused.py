@@ -8,12 +8,13 @@ Stages (each result written under $OUT as soon as it is measured: results.json, 
 1. env: GPU, SMs, torch, triton.
 2. time: `fw.chunk(model, ..., backend="triton", check_values=False)` as layers call it (the benchmark's
    cases: `fastweights.bench.speed`), forward and forward + backward medians (CUDA events) of Mamba2, RetNet
-   and GLA at B4 T4096 H16 D128 and B1 T32768 H16 D128, bf16: gated.PIPELINE "staged" against "fused" (GLA's
-   diagonal decay is routed to the staged pipeline either way), then the launch variants at the first shape
+   and GLA at B4 T4096 H16 D128 and B1 T32768 H16 D128, bf16: gated.PIPELINE "staged" against "fused", then
+   the launch variants at the first shape
    (--variants: util.LAUNCH overrides, and "keep" = gated_fused.RECOMPUTE_STATES False).
 3. check: every timed fused config (default and each variant), forward and backward, against the fp32 torch
    chunk form (`chunkwise.chunk_gated`) on the same bf16/fp32 inputs: outputs, final states, every gradient
-   (q, k, v, g, β, the initial state), no decay and scalar decay, with and without β, at three sizes —
+   (q, k, v, g, β, the initial state), no, scalar and diagonal decay (with β; at the first size also without,
+   and the diagonal decay × 40, the exact path), at three sizes —
    bf16 B4 T300 H16 D128 (the anchor's specialization, BV 32), bf16 B1 T32768 H16 D128 (the long one's, BV 16),
    fp32 varlen T4075 H_q 4 | H 16 D128 with an empty and a length-1 sequence (variants: the first size only).
    Max relative errors printed; a failure is printed loudly, marked in the table, and the exit code is 1.
@@ -157,7 +158,7 @@ def time_row(label, shape, model, pipeline, cfg_label, cfg=None):
         RESULTS.setdefault("time_errors", []).append([label, model, pipeline, cfg_label, repr(e)[:1000]])
         return
     progs = ""
-    if pipeline == "fused" and model != "gla":
+    if pipeline == "fused":
         with use(pipeline, cfg):
             B, T, H, D = shape
             p = fused_programs(make_layout(B, T, H, H, D, D, 64, None, DEVICE))
@@ -179,7 +180,7 @@ def stage_time():
                 time_row(label, shape, model, pipeline, "default")
     label, shape = time_shapes()[0]
     for cfg_label, cfg in variants():
-        for model in ("mamba2", "retnet"):
+        for model in MODELS:
             if past_deadline():
                 log("time: deadline reached")
                 return
@@ -187,9 +188,9 @@ def stage_time():
 
 
 # ----------------------------------------------------------------------------------------- check
-def inputs(gate, B, T, H, Hq, K, V, dtype, *, beta=True, seed=0, N=None):
-    """q, k [B, T, Hq, K] (k unit-norm), v [B, T, H, V], β = σ(·) [B, T, H] (or none), g = logsigmoid(· + 3)
-    [B, T, H] (scalar) or none, initial state [N or B, H, K, V]; on DEVICE."""
+def inputs(gate, B, T, H, Hq, K, V, dtype, *, beta=True, seed=0, N=None, g_scale=1.0):
+    """q, k [B, T, Hq, K] (k unit-norm), v [B, T, H, V], β = σ(·) [B, T, H] (or none), g = g_scale·logsigmoid(· + 3)
+    [B, T, H] (scalar), [B, T, H, K] (diagonal) or none, initial state [N or B, H, K, V]; on DEVICE."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
     def rnd(*shape):
@@ -200,7 +201,9 @@ def inputs(gate, B, T, H, Hq, K, V, dtype, *, beta=True, seed=0, N=None):
     if beta:
         x["beta"] = torch.sigmoid(rnd(B, T, H)).to(dtype)
     if gate == "scalar":
-        x["g"] = torch.nn.functional.logsigmoid(rnd(B, T, H) + 3.0)
+        x["g"] = g_scale * torch.nn.functional.logsigmoid(rnd(B, T, H) + 3.0)
+    elif gate == "diagonal":
+        x["g"] = g_scale * torch.nn.functional.logsigmoid(rnd(B, T, H, K) + 3.0)
     return x
 
 
@@ -258,29 +261,40 @@ def check_sizes():
                                                     dtype=torch.float32, N=len(lengths)), lengths)]
 
 
-def check_config(cfg_label, cfg, sizes) -> bool:
+def cases(first: bool):
+    """(gate, β, g_scale, label) of a check size: every gate with β (as the models call it); at the first size
+    also without β, and GLA's decay × 40 (≈ 90 nats a chunk: the exact path of the diagonal decay) in fp32 (in
+    bf16 that decay's dg is at the tolerance for the staged pipeline too: a sum of large terms that cancel)."""
+    out = [(gate, True, 1.0, f"{gate} decay + β") for gate in ("none", "scalar", "diagonal")]
+    if first:
+        out += [(gate, False, 1.0, f"{gate} decay") for gate in ("none", "scalar", "diagonal")]
+        out += [("diagonal", True, 40.0, "fp32, diagonal decay × 40 + β (exact path)")]
+    return out
+
+
+def check_config(cfg_label, cfg, sizes, *, full=True) -> bool:
     ok = True
-    for label, size, lengths in sizes:
+    for i, (label, size, lengths) in enumerate(sizes):
         cu = None if lengths is None else torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
-        for gate in ("none", "scalar"):
-            for beta in (True, False):
-                x = inputs(gate, beta=beta, seed=len(label) + beta, **size)
-                want = with_grads(lambda d, cu=cu: run_torch(d, cu), x)
-                with use("fused", cfg):
-                    got = with_grads(lambda d, cu=cu: run_triton(d, cu), x)
-                err = errors(got, want)
-                worst = max(err, key=err.get)
-                tol = TOL[size["dtype"]]
-                passed = all(v < tol for v in err.values())  # NaN fails too
-                ok &= passed
-                case = f"{cfg_label} | {label} | {gate} decay{' + β' if beta else ''}"
-                RESULTS.setdefault("check", []).append({"case": case, "errors": err, "passed": passed})
-                log(f"check {case}: max rel {worst} {err[worst]:.2e} (o {err['o']:.2e}, S {err['S']:.2e}) "
-                    f"{'ok' if passed else '*** FAILED ***'}")
-                if not passed:
-                    RESULTS["failed"].append(case)
-                del x, want, got
-                save()
+        for gate, beta, g_scale, what in cases(full and i == 0):
+            sz = {**size, "dtype": torch.float32} if g_scale != 1.0 else size
+            x = inputs(gate, beta=beta, seed=len(label) + beta, g_scale=g_scale, **sz)
+            want = with_grads(lambda d, cu=cu: run_torch(d, cu), x)
+            with use("fused", cfg):
+                got = with_grads(lambda d, cu=cu: run_triton(d, cu), x)
+            err = errors(got, want)
+            worst = max(err, key=err.get)
+            tol = TOL[sz["dtype"]]
+            passed = all(v < tol for v in err.values())  # NaN fails too
+            ok &= passed
+            case = f"{cfg_label} | {label} | {what}"
+            RESULTS.setdefault("check", []).append({"case": case, "errors": err, "passed": passed})
+            log(f"check {case}: max rel {worst} {err[worst]:.2e} (o {err['o']:.2e}, S {err['S']:.2e}) "
+                f"{'ok' if passed else '*** FAILED ***'}")
+            if not passed:
+                RESULTS["failed"].append(case)
+            del x, want, got
+            save()
     return ok
 
 
@@ -291,7 +305,7 @@ def stage_check():
         if past_deadline():
             log("check: deadline reached")
             return
-        RESULTS["checked"][cfg_label] = check_config(cfg_label, cfg, sizes[:1])
+        RESULTS["checked"][cfg_label] = check_config(cfg_label, cfg, sizes[:1], full=False)
 
 
 # ----------------------------------------------------------------------------------------- K = V = 256
@@ -343,7 +357,7 @@ def summary():
              "|---|---|---|---|---|---:|---:|---|"]
     checked = RESULTS.get("checked", {})
     for r in RESULTS.get("time", []):
-        ok = "—" if r["pipeline"] == "staged" or r["model"] == "gla" else \
+        ok = "—" if r["pipeline"] == "staged" else \
             {True: "ok", False: "FAILED", None: "not checked"}[checked.get(r["config"])]
         lines.append(f"| {r['shape']} | {r['model']} | {r['pipeline']} | {r['config']} | {r['programs']} | "
                      f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {ok} |")
@@ -368,7 +382,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_gated_fused"))
     ap.add_argument("--deadline", type=float, default=420, help="seconds after which no new stage or row starts")
     ap.add_argument("--variants", nargs="*", default=["keep", "gated_fused_bwd_chunk:num_warps=4",
-                                                      "gated_fused_fwd:num_warps=8", "gated_fused_fwd:PROGRAMS=1"],
+                                                      "gated_fused_bwd_chunk:BV=32", "gated_fused_fwd:num_warps=8",
+                                                      "gated_fused_fwd:WARPS_DIAG=4", "gated_fused_fwd:PROGRAMS=1"],
                     help='launch variants timed at the first shape, each "site:key=val,...;..." (util.LAUNCH) or '
                          '"keep" (RECOMPUTE_STATES False); PROGRAMS=1 keeps BV at its cap (64)')
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors under the interpreter, tiny sizes")

@@ -6,7 +6,9 @@ compiles exactly as the GPU JIT would (Triton → TTGIR → PTX → cubin: compi
 show here) and nothing is launched; then the bundled `ptxas -v` is run on each launch's PTX for its
 registers and spills.
 
-    PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py [--dims 128 256] [--json out.json]
+    PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py [--dims 128 256] [--dtypes bfloat16 float32]
+        [--gates none scalar diagonal] [--json out.json]
+    FASTWEIGHTS_LAUNCH=cfg.json ... (util.load_launch: compile another launch config)
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ def _ptxas_info(ptx: str) -> dict:
             "ptxas_rc": r.returncode, "ptxas_tail": text[-300:] if r.returncode else ""}
 
 
-def workload(dims):
-    """The fused pipeline's launches: no and scalar decay, bf16 and fp32, β and states, padded and varlen,
-    forward (with o, and the states-only recompute) and backward, at head dims `dims`."""
+def workload(dims, dtypes, gates=("none", "scalar", "diagonal")):
+    """The fused pipeline's launches as the shipped shapes specialize them: every gate kind, β and states,
+    padded B = 4, H = 16 (the anchor's BV 32) and varlen H = 16 (BV 16, the long sequences' too), forward (with o,
+    and the states-only recompute) and backward, at head dims `dims` and input dtypes `dtypes`."""
     import torch
 
     from fastweights.kernels.triton import gated
@@ -77,16 +80,19 @@ def workload(dims):
     gf.FUSED_MAX_HEAD_DIM_CUDA = 256  # compile every head dim asked for
     gen = torch.Generator().manual_seed(0)
     for D in dims:
-        for gate in ("none", "scalar"):
-            for dtype in (torch.bfloat16, torch.float32):
+        for gate in gates:
+            for dtype in dtypes:
                 for varlen in (False, True):
-                    B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)
+                    B, T, H, Hq = (1, 200, 16, 16) if varlen else (4, 130, 16, 16)
                     cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
                     NS = 3 if varlen else B
                     q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
                     k = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
                     v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
-                    g = (-torch.rand(B, T, H, generator=gen)).requires_grad_(True) if gate == "scalar" else None
+                    g = None
+                    if gate != "none":
+                        g = (-torch.rand(B, T, H, *((D,) if gate == "diagonal" else ()), generator=gen))
+                        g.requires_grad_(True)
                     beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
                     S0 = torch.randn(NS, H, D, D, generator=gen).requires_grad_(True)
                     o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
@@ -97,6 +103,8 @@ def workload(dims):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dims", nargs="+", type=int, default=[128, 256])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--gates", nargs="+", default=["none", "scalar", "diagonal"])
     ap.add_argument("--json")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
@@ -129,7 +137,9 @@ def main():
         return kernel
 
     JITFunction.run = compile_only
-    workload(a.dims)
+    import torch
+
+    workload(a.dims, [getattr(torch, d) for d in a.dtypes], a.gates)
     print(f"triton {triton.__version__}: {len(records)} distinct launches of gated_fused compiled for sm_90")
     if a.json:
         with open(a.json, "w") as f:

@@ -105,8 +105,9 @@ LAUNCH: dict[str, dict] = {
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
-    # delta_fused_fwd; the chunk kernel holds a whole chunk's dq, dk accumulators (8 warps) and loops over BV tiles
-    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # gated_fused._fwd_kernel
+    # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA); the chunk kernel holds a whole
+    # chunk's dq, dk accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, WARPS_DIAG=8),  # gated_fused._fwd_kernel
     "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
     "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel
     # backward

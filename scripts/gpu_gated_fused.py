@@ -8,16 +8,16 @@ Stages (each result written under $OUT as soon as it is measured: results.json, 
 1. env: GPU, SMs, torch, triton.
 2. time: `fw.chunk(model, ..., backend="triton", check_values=False)` as layers call it (the benchmark's
    cases: `fastweights.bench.speed`), forward and forward + backward medians (CUDA events) of Mamba2, RetNet
-   and GLA at B4 T4096 H16 D128 and B1 T32768 H16 D128, bf16: gated.PIPELINE "staged" against "fused", then
-   the launch variants at the first shape
-   (--variants: util.LAUNCH overrides, and "keep" = gated_fused.RECOMPUTE_STATES False).
-3. check: every timed fused config (default and each variant), forward and backward, against the fp32 torch
+   and GLA at B4 T4096 H16 D128 and B1 T32768 H16 D128, bf16: gated.PIPELINE "staged" against "fused".
+3. check: the default fused config, forward and backward, against the fp32 torch
    chunk form (`chunkwise.chunk_gated`) on the same bf16/fp32 inputs: outputs, final states, every gradient
    (q, k, v, g, β, the initial state), no, scalar and diagonal decay (with β; at the first size also without,
    and the diagonal decay × 40, the exact path), at three sizes —
    bf16 B4 T300 H16 D128 (the anchor's specialization, BV 32), bf16 B1 T32768 H16 D128 (the long one's, BV 16),
-   fp32 varlen T4075 H_q 4 | H 16 D128 with an empty and a length-1 sequence (variants: the first size only).
+   fp32 varlen T4075 H_q 4 | H 16 D128 with an empty and a length-1 sequence.
    Max relative errors printed; a failure is printed loudly, marked in the table, and the exit code is 1.
+3b. variants: each --variants launch config (util.LAUNCH overrides, and "keep" = gated_fused.RECOMPUTE_STATES
+   False) timed at the first shape, then checked as in 3 at the first size (every gate, with β).
 4. d256: K = V = 256 through the fused pipeline (FUSED_MAX_HEAD_DIM_CUDA lifted) in a subprocess (a fault there
    must not take this process down): bf16 B1 T4096 H4, against the fp32 torch form.
 5. tests: `pytest -m cuda tests/kernels/test_triton_gated_fused.py` (after the timings: a timeout kills only
@@ -178,13 +178,19 @@ def stage_time():
                     log("time: deadline reached")
                     return
                 time_row(label, shape, model, pipeline, "default")
+
+
+def stage_variants():
+    """Each --variants launch config: timed at the first shape (every model), then checked at the first check
+    size (every gate, with β: the timed specialization)."""
     label, shape = time_shapes()[0]
     for cfg_label, cfg in variants():
         for model in MODELS:
             if past_deadline():
-                log("time: deadline reached")
+                log("variants: deadline reached")
                 return
             time_row(label, shape, model, "fused", cfg_label, cfg)
+        RESULTS.setdefault("checked", {})[cfg_label] = check_config(cfg_label, cfg, check_sizes()[:1], full=False)
 
 
 # ----------------------------------------------------------------------------------------- check
@@ -299,13 +305,7 @@ def check_config(cfg_label, cfg, sizes, *, full=True) -> bool:
 
 
 def stage_check():
-    sizes = check_sizes()
-    RESULTS["checked"] = {"default": check_config("default", None, sizes)}
-    for cfg_label, cfg in variants():
-        if past_deadline():
-            log("check: deadline reached")
-            return
-        RESULTS["checked"][cfg_label] = check_config(cfg_label, cfg, sizes[:1], full=False)
+    RESULTS.setdefault("checked", {})["default"] = check_config("default", None, check_sizes())
 
 
 # ----------------------------------------------------------------------------------------- K = V = 256
@@ -371,14 +371,15 @@ def summary():
           f" | {time.time() - T_START:.0f} s", flush=True)
 
 
-STAGES = {"env": stage_env, "time": stage_time, "check": stage_check, "d256": stage_d256, "tests": stage_tests,
-          "d256_inner": stage_d256_inner}
+STAGES = {"env": stage_env, "time": stage_time, "check": stage_check, "variants": stage_variants, "d256": stage_d256,
+          "tests": stage_tests, "d256_inner": stage_d256_inner}
 
 
 def main():
     global ARGS, OUT, DEVICE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stages", nargs="+", default=["env", "time", "check", "d256", "tests"], choices=list(STAGES))
+    ap.add_argument("--stages", nargs="+", default=["env", "time", "check", "variants", "d256", "tests"],
+                    choices=list(STAGES))
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_gated_fused"))
     ap.add_argument("--deadline", type=float, default=420, help="seconds after which no new stage or row starts")
     ap.add_argument("--variants", nargs="*", default=["keep", "gated_fused_bwd_chunk:num_warps=4",

@@ -1,27 +1,27 @@
-"""The fused pipeline of the gated-linear class (linear attention, RetNet, Mamba2): one sequential kernel
-forward, and backward a state recompute, one reverse sequential kernel and one chunk-parallel kernel —
-instead of the staged pipeline's four (forward) and eight (backward) kernels and their torch glue.
+"""The fused pipeline of the gated-linear class (linear attention, RetNet, Mamba2, GLA): one sequential kernel
+forward; backward a states recompute, one reverse sequential kernel and one chunk-parallel kernel — instead of
+the staged pipeline's four (forward) and eight (backward) kernels and their torch glue (gated.py).
 
 Maths (chunks of C rows; inside chunk n, G_i = Σ_{s ≤ i} g_s the chunk-local cumsum, G_L its value at the
-chunk's last real row, S_n the state entering the chunk, k̂ = βk; scalar g per head and token, or none):
+chunk's last real row, S_n the state entering the chunk, k̂ = βk; g none, scalar per head and token, or
+diagonal — per key channel d, GLA — where every e^{G} below acts channel by channel on the key side):
 
-    A_ij    = scale q_i·k̂_j e^{G_i − G_j}  (j ≤ i, else 0)          Q̃ = scale q ⊙ e^{G}
-    o       = Q̃ S_n + A V                                           K̃ = k̂ ⊙ e^{G_L − G}
-    S_{n+1} = e^{G_L} S_n + K̃ᵀ V
+    A_ij    = scale Σ_d q_id k̂_jd e^{G_id − G_jd}  (j ≤ i, else 0)     Q̃ = scale q ⊙ e^{G}
+    o       = Q̃ S_n + A V                                             K̃ = k̂ ⊙ e^{G_L − G}
+    S_{n+1} = Diag(e^{G_L}) S_n + K̃ᵀ V
 
 Backward, with dS_{n+1} the gradient of the state leaving chunk n (the final state's for the last):
 
-    dS_n    = e^{G_L} dS_{n+1} + Q̃ᵀ dO                               (reverse sequential)
+    dS_n    = Diag(e^{G_L}) dS_{n+1} + Q̃ᵀ dO                          (reverse sequential)
     dA      = dO Vᵀ (j ≤ i),   dV = Aᵀ dO + K̃ dS_{n+1}
-    dq_i    = scale Σ_j dA_ij e^{G_i − G_j} k̂_j + scale e^{G_i} (S_n dO_i)
-    dk̂_j    = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
-    dk      = β dk̂,   dβ_j = k_j·dk̂_j,   dG_i = q_i·dq_i − k_i·dk_i
-    ∂L/∂G_L = ⟨S_{n+1}, dS_{n+1}⟩ = e^{G_L} ⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
-    dg_s    = Σ_{i ≥ s} dG_i + ∂L/∂G_L                              (in the chunk, s ≤ its last row)
+    dq_i    = scale Σ_j dA_ij k̂_j ⊙ e^{G_i − G_j} + scale e^{G_i} ⊙ (S_n dO_i)
+    dk̂_j    = scale Σ_i dA_ij q_i ⊙ e^{G_i − G_j} + e^{G_L − G_j} ⊙ (dS_{n+1} v_j)
+    dk      = β dk̂,   dβ_j = k_j·dk̂_j,   dG_i = q_i ⊙ dq_i − k_i ⊙ dk_i      (summed over d: scalar g)
+    ∂L/∂G_L = Σ_v S_{n+1} ⊙ dS_{n+1} = e^{G_L} ⊙ Σ_v S_n ⊙ dS_{n+1} + Σ_j K̃_j ⊙ (dS_{n+1} v_j)   (idem)
+    dg_s    = Σ_{i ≥ s} dG_i + ∂L/∂G_L                                (in the chunk, s ≤ its last row)
 
 Kernels (each beside its torch twin: `chunkwise.gated.chunk_gated` for the forward, `chunkwise.gated_bwd`
-for the backward stages; every exponent ≤ 0 — differences of chunk-local cumsums in the order that makes
-them so, masked entries 0 before the exp):
+for the backward stages):
 
 1. `_fwd_kernel`, sequential, grid (⌈V/BV⌉, sequences·H): the state S [K, BV] fp32 in registers across the
    sequence's chunks; per chunk G = tl.cumsum(g) in registers, A recomputed (one [C, K]·[K, C] product per
@@ -35,30 +35,40 @@ them so, masked entries 0 before the exp):
    final (no cumsum kernel, no torch sums). Transposed operands are loaded transposed from memory or
    recomputed as their own products (Aᵀ = k̂ qᵀ, dAᵀ = V dOᵀ): no tl.trans of an accumulator.
 
-Bytes at the anchor (B = 4, T = 4096, H = 16, K = V = 128, C = 64, bf16 q/k/v/dO, fp32 g; one [B, T, H, 128]
-bf16 tensor = 67 MB, h or dh [B, NT, H, K, V] bf16 = 134 MB; floors at 3.0 TB/s; the V blocks' re-reads of
-q, k and the transposed re-loads counted as L2 hits):
+Exponents. No and scalar decay: every exponent ≤ 0 (differences of chunk-local cumsums in the order that makes
+them so, masked entries 0 before the exp). The diagonal decay has no C×C decay matrix; A and the intra-chunk
+parts of dq, dk are then one tensor-core product each through the chunk's per-channel mid-range reference ρ,
+e^{G_id − G_jd} = e^{G_id − ρ_d} e^{ρ_d − G_jd}, whenever the chunk's widest per-channel decay span
+max_d (max_i G_id − min_i G_id) is ≤ SPAN = 60 nats: both factors within e^{±30}, the masked products (j > i,
+discarded) within e^{60}, far from fp32's overflow at e^{88.7} (GLA's gates, logsigmoid/16, decay ≈ 3 nats a
+chunk of 64). A chunk that decays more on some channel takes the exact path instead — column by column,
+elementwise, every exponent ≤ 0 (a run-time branch per chunk; ~10× the fast path's time for that chunk).
 
-| kernel | reads | writes | MB | floor µs |
-|---|---|---|---:|---:|
-| forward `_fwd_kernel` | q, k, v, g | o | 269 | 90 |
-| backward: `_fwd_kernel` (states only, recompute) | k, v, g | h | 269 | 90 |
-| backward: `_bwd_states_kernel` | q, g, dO | dh | 269 | 90 |
-| backward: `_bwd_chunk_kernel` | q, k, v, g, dO, h, dh | dq, dk, dv, dg | 739 | 246 |
-| **forward + backward** | | | **1,546** | **515** |
+Bytes at the anchor (B = 4, T = 4096, H = 16, K = V = 128, C = 64, bf16 q/k/v/dO; one [B, T, H, 128] bf16
+tensor = 67 MB, h or dh [B, NT, H, K, V] bf16 = 134 MB, a scalar g fp32 1 MB, GLA's g [B, T, H, K] fp32 134 MB;
+floors at 3.0 TB/s; the V blocks' re-reads of q, k and the transposed re-loads counted as L2 hits):
 
-The staged pipeline moves ≈ 4,931 MB for the same work (docs/kernels.md, 1.64 ms floor). Keeping h from the
-forward instead of recomputing it (`RECOMPUTE_STATES = False`) writes 134 MB more in the forward and saves
-269 MB in the backward (1,411 MB, 470 µs), for K·V/C·2 = 512 bytes per token and head of saved memory: off by
-default (the LM memory goal), as in the delta class. Tensor-core work (as executed, masked halves included):
-forward 3.7 MFLOP per (chunk, V block) at BV 64 (QKᵀ, Q̃S, AV, K̃ᵀV: 30 GFLOP at the anchor), backward
-recompute 1.0, reverse pass 1.0, chunk kernel 10.5 MFLOP per chunk (43 GFLOP) — ≈ 0.1 ms at the tensor-core
-rate: every kernel is memory- or latency-bound.
+| kernel | reads | writes | MB no/scalar decay | floor µs | MB GLA | floor µs |
+|---|---|---|---:|---:|---:|---:|
+| forward `_fwd_kernel` | q, k, v, g | o | 269 | 90 | 403 | 134 |
+| backward: `_fwd_kernel` (states only, recompute) | k, v, g | h | 269 | 90 | 403 | 134 |
+| backward: `_bwd_states_kernel` | q, g, dO | dh | 269 | 90 | 403 | 134 |
+| backward: `_bwd_chunk_kernel` | q, k, v, g, dO, h, dh | dq, dk, dv, dg | 739 | 246 | 1,007 | 336 |
+| **forward + backward** | | | **1,546** | **515** | **2,216** | **739** |
 
-Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags; T and NT
-are not specialized, so a varlen call with another packing reuses the compiled kernels. BV (the sequential
-kernels' value columns) comes from `value_block`: the heads alone (varlen) or batch × heads (padded)
-against a program target, never from T or the packing.
+The staged pipeline moves ≈ 4,931 MB (scalar) and ≈ 6,929 MB (GLA) for the same work (docs/kernels.md: 1.64
+and 2.31 ms floors). Keeping h from the forward instead of recomputing it (`RECOMPUTE_STATES = False`) writes
+134 MB more in the forward and saves 269 MB (GLA 403) in the backward, for K·V/C·2 = 512 bytes per token and
+head of saved memory: off by default (the LM memory goal), as in the delta class. Tensor-core work as executed
+(masked halves included), at the anchor: forward 2.4 MFLOP per (chunk, V block) at BV 32 (QKᵀ 1.05 — recomputed
+per V block —, Q̃S, AV, K̃ᵀV: 39 GFLOP), recompute and reverse pass 8.6 GFLOP each, chunk kernel 12.6 MFLOP per
+chunk (52 GFLOP): 108 GFLOP, ≈ 0.14 ms at 772 TFLOP/s — under the byte floor, so every kernel is memory- or
+latency-bound (the sequential ones: 64 chunks walked per program at the anchor, 512 at T = 32,768).
+
+Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags (SPAN is a
+module constant); T and NT are not specialized, so a varlen call with another packing reuses the compiled
+kernels. BV (the sequential kernels' value columns) comes from `value_block`: the heads alone (varlen) or
+batch × heads (padded) against a program target, never from T or the packing.
 """
 
 from __future__ import annotations

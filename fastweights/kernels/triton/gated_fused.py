@@ -411,18 +411,28 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     # dk̂_j = scale Σ_i dA_ij e^{G_i − G_j} q_i + e^{G_L − G_j} (dS_{n+1} v_j)
     b_dA = tl.where(causal, b_dA, 0.0) * scale
     b_dAt = tl.where(causal_t, b_dAt, 0.0) * scale
+    # q, k (and k̂, K̃, G) loaded or rebuilt again here rather than kept live across the V loop (registers)
     b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
+    b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
+    if HAS_BETA:
+        b_khf = b_k.to(tl.float32) * b_beta[:, None]
+    else:
+        b_khf = b_k.to(tl.float32)
+    # ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j) (per channel with the diagonal decay), and the
+    # inter-chunk parts of dq, dk̂ first (their accumulators then die)
     if GATE == 2:
-        G = _diag_rows(gb, m_t, kk, m_kk, C, H, K)  # again: not kept live across the V loop
+        G = _diag_rows(gb, m_t, kk, m_kk, C, H, K)
+        e_k = tl.exp(tl.where(m_tk, G_last[None, :] - G, 0.0))  # [C, BK]
+        d_last = tl.exp(G_last) * b_ss + tl.sum(_op(b_khf * e_k, DT, IEEE).to(tl.float32) * b_sk, axis=0)  # [BK]
+        b_dq = b_sq * (scale * tl.exp(G))
+        b_dkh = b_sk * e_k
         rho, span = _reference(G)
         if span <= SPAN:
-            b_dq = mm(_op(b_dA, DT, IEEE), _op(b_khf * tl.exp(rho[None, :] - G), DT, IEEE), DT, IEEE) \
+            b_dq += mm(_op(b_dA, DT, IEEE), _op(b_khf * tl.exp(rho[None, :] - G), DT, IEEE), DT, IEEE) \
                 * tl.exp(G - rho[None, :])
-            b_dkh = mm(_op(b_dAt, DT, IEEE), _op(b_q.to(tl.float32) * tl.exp(G - rho[None, :]), DT, IEEE), DT, IEEE) \
-                * tl.exp(rho[None, :] - G)
+            b_dkh += mm(_op(b_dAt, DT, IEEE), _op(b_q.to(tl.float32) * tl.exp(G - rho[None, :]), DT, IEEE), DT,
+                        IEEE) * tl.exp(rho[None, :] - G)
         else:  # exactly, row by row (every exponent ≤ 0)
-            b_dq = tl.zeros([C, BK], dtype=tl.float32)
-            b_dkh = tl.zeros([C, BK], dtype=tl.float32)
             b_qf = b_q.to(tl.float32)
             for r in range(0, C):
                 G_r = tl.sum(tl.where(oc[:, None] == r, G, 0.0), axis=0)  # [BK]
@@ -432,20 +442,22 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
                                axis=0)
                 row_k = tl.sum(dA_col[:, None] * b_qf * tl.exp(tl.where((oc >= r)[:, None], G - G_r[None, :], 0.0)),
                                axis=0)
-                b_dq = tl.where(oc[:, None] == r, row_q[None, :], b_dq)
-                b_dkh = tl.where(oc[:, None] == r, row_k[None, :], b_dkh)
-        b_dq += b_sq * (scale * tl.exp(G))
-        b_dkh += b_sk * tl.exp(tl.where(m_tk, G_last[None, :] - G, 0.0))
+                b_dq += tl.where(oc[:, None] == r, row_q[None, :], 0.0)
+                b_dkh += tl.where(oc[:, None] == r, row_k[None, :], 0.0)
     else:
+        b_kh = _op(b_khf, DT, IEEE)
         if GATE == 1:
+            d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(
+                tl.sum(_op(b_khf * e_k[:, None], DT, IEEE).to(tl.float32) * b_sk, axis=1), axis=0)
             b_dA = b_dA * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
             b_dAt = b_dAt * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))
-            b_sq = b_sq * tl.exp(tl.where(m_t, G, 0.0))[:, None]
-            b_skd = b_sk * e_k[:, None]
+            b_dq = b_sq * (scale * tl.exp(tl.where(m_t, G, 0.0)))[:, None]
+            b_dkh = b_sk * e_k[:, None]
         else:
-            b_skd = b_sk
-        b_dq = mm(_op(b_dA, DT, IEEE), b_kh, DT, IEEE) + b_sq * scale
-        b_dkh = mm(_op(b_dAt, DT, IEEE), b_q, DT, IEEE) + b_skd
+            b_dq = b_sq * scale
+            b_dkh = b_sk
+        b_dq += mm(_op(b_dA, DT, IEEE), b_kh, DT, IEEE)
+        b_dkh += mm(_op(b_dAt, DT, IEEE), b_q, DT, IEEE)
     if HAS_BETA:
         b_dk = b_dkh * b_beta[:, None]
         tl.store(dbeta + oc * H, tl.sum(b_k.to(tl.float32) * b_dkh, axis=1), mask=m_t)
@@ -454,18 +466,16 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     off = oc[:, None] * (H * K) + kk[None, :]
     tl.store(dq + off, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(dk + off, b_dk.to(dk.dtype.element_ty), mask=m_tk)
-    # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L, ∂L/∂G_L = e^{G_L}⟨S_n, dS_{n+1}⟩ + Σ_j K̃_j·(dS_{n+1} v_j)
-    # (per channel with the diagonal decay)
+    # dg_s = Σ_{i ≥ s} (q_i·dq_i − k_i·dk_i) + ∂L/∂G_L
     if GATE == 1:
         b_dG = tl.sum(b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk, axis=1)  # [C]
-        d_last = tl.exp(G_last) * tl.sum(b_ss, axis=0) + tl.sum(tl.sum(b_kd.to(tl.float32) * b_sk, axis=1), axis=0)
         b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last
         tl.store(dg + oc * H, b_dg.to(dg.dtype.element_ty), mask=m_t)
     elif GATE == 2:
         b_dG = b_q.to(tl.float32) * b_dq - b_k.to(tl.float32) * b_dk  # [C, BK]
-        d_last = tl.exp(G_last) * b_ss + tl.sum(b_kd.to(tl.float32) * b_sk, axis=0)  # [BK]
         b_dg = tl.cumsum(b_dG, axis=0, reverse=True) + d_last[None, :]
         tl.store(dg + off, b_dg.to(dg.dtype.element_ty), mask=m_tk)
+
 
 def value_block(L: Layout) -> int:
     """BV of the sequential kernels: the widest power of two ≤ LAUNCH["gated_fused_fwd"]["BV"] (≤ 32 for

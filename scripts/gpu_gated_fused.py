@@ -1,7 +1,7 @@
 """One GPU call for the gated-linear class's fused pipeline (`fastweights.kernels.triton.gated_fused`, issue 23):
 times first, then checks, then the cuda tests — staged against fused, side by side, in one process.
 
-    python3 scripts/gpu_gated_fused.py --deadline 420            # on the H100; results under $OUT
+    timeout 470 python3 scripts/gpu_gated_fused.py --deadline 380   # on the H100; results under $OUT
     python3 scripts/gpu_gated_fused.py --dry-run --deadline 300  # plumbing only: CPU, the interpreter, tiny sizes
 
 Stages (each result written under $OUT as soon as it is measured: results.json, log.txt, table.md, cuda_tests.txt):
@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,7 @@ def log(*a):
 def save():
     with open(os.path.join(OUT, "results.json"), "w") as f:
         json.dump(RESULTS, f, indent=1, default=str)
+    write_table()
 
 
 def past_deadline() -> bool:
@@ -352,7 +354,7 @@ def stage_tests():
 
 
 # ----------------------------------------------------------------------------------------- summary
-def summary():
+def table_lines() -> list[str]:
     lines = ["| shape | model | pipeline | config | programs | fwd ms | fwd+bwd ms | checked |",
              "|---|---|---|---|---|---:|---:|---|"]
     checked = RESULTS.get("checked", {})
@@ -361,8 +363,18 @@ def summary():
             {True: "ok", False: "FAILED", None: "not checked"}[checked.get(r["config"])]
         lines.append(f"| {r['shape']} | {r['model']} | {r['pipeline']} | {r['config']} | {r['programs']} | "
                      f"{r['fwd_ms']:.3f} | {r['fwdbwd_ms']:.3f} | {ok} |")
+    return lines
+
+
+def write_table():
     with open(os.path.join(OUT, "table.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(table_lines()) + "\n")
+
+
+def summary():
+    """The short table and one line of verdicts, last in the output (also on SIGTERM: `timeout` around the call)."""
+    lines = table_lines()
+    write_table()
     tests = RESULTS.get("tests", {})
     tail = [ln for ln in str(tests.get("tail", "")).splitlines() if ln.strip()][-1:] or ["not run"]
     print("\n" + "\n".join(lines))
@@ -394,6 +406,14 @@ def main():
     if ARGS.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
         DEVICE = "cpu"
+    if "d256_inner" not in ARGS.stages:
+        def on_term(signum, frame):
+            RESULTS["failed"].append(f"stopped by signal {signum} (a timeout around the call)")
+            save()
+            summary()
+            os._exit(1)
+
+        signal.signal(signal.SIGTERM, on_term)
     for name in ARGS.stages:
         if past_deadline() and name != "d256_inner":
             log(f"stage {name}: skipped, past the deadline")

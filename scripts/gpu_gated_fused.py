@@ -17,7 +17,8 @@ Stages (each result written under $OUT as soon as it is measured: results.json, 
    fp32 varlen T4075 H_q 4 | H 16 D128 with an empty and a length-1 sequence.
    Max relative errors printed; a failure is printed loudly, marked in the table, and the exit code is 1.
 3b. variants: each --variants launch config (util.LAUNCH overrides, and "keep" = gated_fused.RECOMPUTE_STATES
-   False) timed at the first shape, then checked as in 3 at the first size (every gate, with β).
+   False) timed at the first shape (--long-variants, by default AQK = 1, at the second too), then checked as in 3
+   at the first size (every gate, with β).
 4. d256: K = V = 256 through the fused pipeline (FUSED_MAX_HEAD_DIM_CUDA lifted) in a subprocess (a fault there
    must not take this process down): bf16 B1 T4096 H4, against the fp32 torch form.
 5. tests: `pytest -m cuda tests/kernels/test_triton_gated_fused.py` (after the timings: a timeout kills only
@@ -72,11 +73,11 @@ def past_deadline() -> bool:
 
 
 # ----------------------------------------------------------------------------------------- configs
-def variants() -> list[tuple[str, dict]]:
-    """(label, {"launch": util.LAUNCH overrides, "keep": bool}) of --variants, each "name:key=val,...;..." or
-    "keep" (the forward keeps h: RECOMPUTE_STATES False)."""
+def variants(specs=None) -> list[tuple[str, dict]]:
+    """(label, {"launch": util.LAUNCH overrides, "keep": bool}) of --variants (or `specs`), each
+    "name:key=val,...;..." or "keep" (the forward keeps h: RECOMPUTE_STATES False)."""
     out = []
-    for spec in ARGS.variants:
+    for spec in ARGS.variants if specs is None else specs:
         cfg: dict = {"launch": {}, "keep": False}
         for part in spec.split(";"):
             if part == "keep":
@@ -183,15 +184,16 @@ def stage_time():
 
 
 def stage_variants():
-    """Each --variants launch config: timed at the first shape (every model), then checked at the first check
-    size (every gate, with β: the timed specialization)."""
-    label, shape = time_shapes()[0]
-    for cfg_label, cfg in variants():
-        for model in MODELS:
-            if past_deadline():
-                log("variants: deadline reached")
-                return
-            time_row(label, shape, model, "fused", cfg_label, cfg)
+    """Each --variants launch config: timed at the first shape (every model; --long-variants at the second shape
+    too), then checked at the first check size (every gate, with β: the timed specialization)."""
+    long = set(ARGS.long_variants)
+    for cfg_label, cfg in variants(list(ARGS.variants) + [v for v in ARGS.long_variants if v not in ARGS.variants]):
+        for label, shape in time_shapes()[:2 if cfg_label in long else 1]:
+            for model in MODELS:
+                if past_deadline():
+                    log("variants: deadline reached")
+                    return
+                time_row(label, shape, model, "fused", cfg_label, cfg)
         RESULTS.setdefault("checked", {})[cfg_label] = check_config(cfg_label, cfg, check_sizes()[:1], full=False)
 
 
@@ -399,6 +401,8 @@ def main():
                                                       "gated_fused_fwd:WARPS_DIAG=4", "gated_fused_fwd:PROGRAMS=1"],
                     help='launch variants timed at the first shape, each "site:key=val,...;..." (util.LAUNCH) or '
                          '"keep" (RECOMPUTE_STATES False); PROGRAMS=1 keeps BV at its cap (64)')
+    ap.add_argument("--long-variants", nargs="*", default=["gated_fused_fwd:AQK=1"],
+                    help="variants timed at the second (long) shape too; AQK=1: the scores once per chunk")
     ap.add_argument("--dry-run", action="store_true", help="CPU tensors under the interpreter, tiny sizes")
     ARGS = ap.parse_args()
     OUT = ARGS.out

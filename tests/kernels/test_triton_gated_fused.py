@@ -324,6 +324,27 @@ def test_value_blocks_are_launch_choices(gen, fused, monkeypatch):
     check(out[16], out[64], F32)
 
 
+@pytest.mark.parametrize("gate", GATES)
+def test_scores_kernel_is_a_launch_choice(gate, gen, fused, monkeypatch):
+    """LAUNCH["gated_fused_fwd"]["AQK"] = 1 (the scores once per chunk by `_scores_kernel`, read by the forward)
+    against 0 (recomputed per V block): the same outputs, final states and gradients, varlen with an empty and a
+    length-1 sequence, three V blocks; the scores kernel ran."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "gated_fused_fwd": dict(util.LAUNCH["gated_fused_fwd"])})
+    util.LAUNCH["gated_fused_fwd"].update(BV=16, PROGRAMS=1)
+    lengths = [7, 0, 30, 1]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, B=1, T=sum(lengths), H=1, K=8, V=40, N=len(lengths))
+    seed = secrets.randbits(31)
+    out, seen = {}, []
+    run = gated_fused._scores_kernel.run
+    monkeypatch.setattr(gated_fused._scores_kernel, "run", lambda *a, **kw: seen.append(1) or run(*a, **kw))
+    for aqk in (0, 1):
+        util.LAUNCH["gated_fused_fwd"]["AQK"] = aqk
+        out[aqk] = grads(_triton, x, seed, cu_seqlens=cu)
+    check(out[1], out[0], F32)
+    assert seen == [1]
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 _KEYS_SCRIPT = r"""
 import json, os, sys

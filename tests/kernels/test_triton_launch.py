@@ -76,14 +76,17 @@ def _gated(x, *, chunk_size=16):
                               initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size)
 
 
-def _gated_fused(x, **kw):
+def _gated_fused(x, *, aqk=0, **kw):
     from fastweights.kernels.triton import gated
 
     old, gated.PIPELINE = gated.PIPELINE, "fused"
+    old_aqk = util.LAUNCH["gated_fused_fwd"]["AQK"]
+    util.LAUNCH["gated_fused_fwd"]["AQK"] = aqk  # 1: the scores kernel (gated_fused_scores) runs too
     try:
         return _gated(x, **kw)
     finally:
         gated.PIPELINE = old
+        util.LAUNCH["gated_fused_fwd"]["AQK"] = old_aqk
 
 
 def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
@@ -100,7 +103,7 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
     for gate in ("scalar", "diagonal"):
         x = delta_inputs(gate, gen, T=T, K=K, V=V)
         out.append((f"gated {gate}", _gated, x, dict(chunk_size=chunk_size)))
-        out.append((f"gated fused {gate}", _gated_fused, x, dict(chunk_size=chunk_size)))
+        out.append((f"gated fused {gate}", _gated_fused, x, dict(chunk_size=chunk_size, aqk=int(gate == "diagonal"))))
     return out
 
 
@@ -175,7 +178,8 @@ def test_override_reaches_only_its_launch(gen, table, calls):
 STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd")
 #: The fused gated-linear pipeline's warps (util.LAUNCH): its forward 8 with the diagonal decay (WARPS_DIAG), its
 #: chunk kernel 8 (a whole chunk's dq, dk accumulators).
-GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8}}
+GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8},
+                     "gated_fused_scores": {4}}
 
 
 def test_state_passes_unpipelined_where_shared_memory_overflows(table):

@@ -167,12 +167,13 @@ def _diag_scores(b_q, b_kht, G, Gt, scale, C: tl.constexpr, SPAN: tl.constexpr, 
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
+def _fwd_kernel(q, k, v, g, beta, h0, A, o, h, ht, cu, offsets, scale, T, NT, H: tl.constexpr, HQ: tl.constexpr,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr, WRITE_O: tl.constexpr,
-                STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr, SPAN: tl.constexpr,
-                DT: tl.constexpr, IEEE: tl.constexpr):
-    # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]; WRITE_O 0: the states only (h, the final state)
+                A_IN: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
+                SPAN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]; WRITE_O 0: the states only (h, the final state);
+    # A_IN: the scores A from `_scores_kernel` (as this kernel would compute them, already in the operand dtype)
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -213,7 +214,18 @@ def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl
             Gt, G_last = _diag_cols(gb, m_t, last, kk, m_kk, C, H, K)
         if WRITE_O:
             b_q = tl.load(q + (r0 * HQ + i_hq) * K + off_q, mask=m_t[:, None] & m_kk[None, :], other=0.0)  # [C, BK]
-        if WRITE_O and GATE == 2:
+        if WRITE_O and A_IN:
+            if GATE == 2:
+                b_qd = _op(b_q.to(tl.float32) * scale * tl.exp(_diag_rows(gb, m_t, kk, m_kk, C, H, K)), DT, IEEE)
+            elif GATE == 1:
+                b_qd = _op(b_q.to(tl.float32) * (scale * tl.exp(G))[:, None], DT, IEEE)
+            else:
+                b_qd = _op(b_q.to(tl.float32) * scale, DT, IEEE)
+            b_A = _op(tl.load(A + (r0 * H + i_h) * C + oc[:, None] * (H * C) + oc[None, :], mask=m_t[:, None],
+                              other=0.0), DT, IEEE)
+            b_o = mm(b_qd, S, DT, IEEE) + mm(b_A, b_v, DT, IEEE)
+            tl.store(o + vb + off_v, b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_vv[None, :])
+        elif WRITE_O and GATE == 2:
             G = _diag_rows(gb, m_t, kk, m_kk, C, H, K)
             if HAS_BETA:
                 b_kht = b_kt.to(tl.float32) * b_beta[None, :]
@@ -257,6 +269,45 @@ def _fwd_kernel(q, k, v, g, beta, h0, o, h, ht, cu, offsets, scale, T, NT, H: tl
         S += mm(b_kd, b_v, DT, IEEE)
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr, HQ: tl.constexpr,
+                   K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr, HAS_BETA: tl.constexpr,
+                   IS_VARLEN: tl.constexpr, SPAN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    """A [C, C] of one chunk (the forward kernel's scores, the same operations), stored in the operand dtype
+    (`_op`: what the forward kernel casts them to before A V), for `_fwd_kernel(A_IN=True)`: computed once per
+    chunk instead of once per chunk and V block. Grid (chunk slots NT, B·H)."""
+    i_n, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_hq = i_h // (H // HQ)
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    oc = tl.arange(0, C)
+    kk = tl.arange(0, BK)
+    m_t = oc < eos - t0
+    m_kk = kk < K
+    causal = oc[:, None] >= oc[None, :]
+    last = (tl.minimum(t0 + C, eos) - 1 - t0).to(tl.int32)
+    GK: tl.constexpr = K if GATE == 2 else 1
+    gb = g + (t0 * H + i_h) * GK
+    b_q = tl.load(q + (t0 * HQ + i_hq) * K + oc[:, None] * (HQ * K) + kk[None, :], mask=m_t[:, None] & m_kk[None, :],
+                  other=0.0)  # [C, BK]
+    b_kht = tl.load(k + (t0 * HQ + i_hq) * K + oc[None, :] * (HQ * K) + kk[:, None],
+                    mask=m_kk[:, None] & m_t[None, :], other=0.0).to(tl.float32)  # [BK, C]
+    if HAS_BETA:
+        b_kht = b_kht * tl.load(beta + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)[None, :]
+    if GATE == 2:
+        G = _diag_rows(gb, m_t, kk, m_kk, C, H, K)
+        Gt, _ = _diag_cols(gb, m_t, last, kk, m_kk, C, H, K)
+        b_A = _diag_scores(b_q, b_kht, G, Gt, scale, C, SPAN, DT, IEEE)
+    else:
+        b_A = mm(_op(b_q.to(tl.float32) * scale, DT, IEEE), _op(b_kht, DT, IEEE), DT, IEEE)
+        if GATE == 1:
+            G, _ = _scalar_decay(gb, m_t, last, C, H)
+            b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+        b_A = tl.where(causal, b_A, 0.0)
+    tl.store(A + (t0 * H + i_h) * C + oc[:, None] * (H * C) + oc[None, :], _op(b_A, DT, IEEE).to(A.dtype.element_ty),
+             mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -517,6 +568,13 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     DT, IEEE = dot_dtype(k.dtype)
     cu, _, _, offsets = varlen_args(L, dev)
     BV = value_block(L)
+    A = None
+    if write_o and bool(tile("gated_fused_fwd", "AQK")):  # the scores once per chunk (`_scores_kernel`)
+        A = empty_output(L.B, L.T, L.H, L.C, dtype=k.dtype, device=dev)
+        _scores_kernel[(L.NT, L.B * L.H)](
+            q, k, g if g is not None else k, beta if beta is not None else k, A, *varlen_args(L, dev)[:3], scale,
+            L.T, H=L.H, HQ=L.Hq, K=L.K, C=L.C, BK=pow2(L.K), GATE=_gate(g), HAS_BETA=beta is not None,
+            IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE, **launch("gated_fused_scores"))
     kw = state_pass_launch("gated_fused_fwd", k.dtype, L.K)
     if write_o and _gate(g) == 2:  # the diagonal decay's scores: more live tiles (docs: sm_90 spills at 4 warps)
         kw["num_warps"] = tile("gated_fused_fwd", "WARPS_DIAG")
@@ -526,9 +584,11 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if output_final_state else None
     _fwd_kernel[(triton.cdiv(L.V, BV), L.NS * L.H)](
         q, k, v, g if g is not None else k, beta if beta is not None else k, h0 if h0 is not None else k,
-        o if o is not None else v, h if h is not None else v, ht if ht is not None else v, cu, offsets, scale,
+        A if A is not None else k, o if o is not None else v, h if h is not None else v, ht if ht is not None else v,
+        cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
-        HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, STORE_STATES=store_states,
+        HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, A_IN=A is not None,
+        STORE_STATES=store_states,
         STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE, **kw)
     return o, h, ht
 

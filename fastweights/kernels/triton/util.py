@@ -105,9 +105,11 @@ LAUNCH: dict[str, dict] = {
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
-    # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA); the chunk kernel holds a whole
-    # chunk's dq, dk accumulators (8 warps) and loops over BV tiles
-    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, WARPS_DIAG=8),  # gated_fused._fwd_kernel
+    # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A once per
+    # chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block); the chunk kernel
+    # holds a whole chunk's dq, dk accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, WARPS_DIAG=8, AQK=0),  # ._fwd_kernel
+    "gated_fused_scores": dict(num_warps=4, num_stages=1),  # gated_fused._scores_kernel (AQK = 1 only)
     "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
     "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel
     # backward
@@ -131,7 +133,7 @@ KERNEL_FN = {
     "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
     "gated_fused_fwd": "gated_fused._fwd_kernel", "gated_fused_bwd_states": "gated_fused._bwd_states_kernel",
-    "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel",
+    "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel", "gated_fused_scores": "gated_fused._scores_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

@@ -175,9 +175,22 @@ def _gates(call):
     recipe, s = call.recipe, call.shapes
     g = call.inputs.get("g")
     if recipe.retention.kind == "constant":
-        g = torch.tensor(recipe.retention.log_gammas(s.H), dtype=torch.float32,
-                         device=call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
+        g = _log_gammas(recipe.retention.log_gammas(s.H), call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
     return g, call.inputs.get("beta")
+
+
+_LOG_GAMMAS: dict = {}
+
+
+def _log_gammas(values: list, device) -> torch.Tensor:
+    """The per-head log γ [H] fp32 on `device`, made once per (values, device) and reused: building it from the
+    list on every call is a blocking host-to-device copy (a host sync before each RetNet call, which also keeps
+    the call out of a CUDA graph). Read-only: callers expand it (a view) and the kernels' glue copies."""
+    key = (tuple(values), str(device))
+    t = _LOG_GAMMAS.get(key)
+    if t is None:
+        t = _LOG_GAMMAS[key] = torch.tensor(key[0], dtype=torch.float32, device=device)
+    return t
 
 
 def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):

@@ -90,6 +90,19 @@ def _gated(x, *, chunk_size=16):
                               initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size)
 
 
+def _gated_fused(x, *, aqk=0, **kw):
+    from fastweights.kernels.triton import gated
+
+    old, gated.PIPELINE = gated.PIPELINE, "fused"
+    old_aqk = util.LAUNCH["gated_fused_fwd"]["AQK"]
+    util.LAUNCH["gated_fused_fwd"]["AQK"] = aqk  # 1: the scores kernel (gated_fused_scores) runs too
+    try:
+        return _gated(x, **kw)
+    finally:
+        gated.PIPELINE = old
+        util.LAUNCH["gated_fused_fwd"]["AQK"] = old_aqk
+
+
 def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
     """(name, fn, inputs, kw) of the chunk pipelines: the delta class with each gate (staged and fused
     forward) and Comba's decay-after (probe key, exclusive cumsum), the gated class with a scalar and a
@@ -107,6 +120,7 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
     for gate in ("scalar", "diagonal"):
         x = delta_inputs(gate, gen, T=T, K=K, V=V)
         out.append((f"gated {gate}", _gated, x, dict(chunk_size=chunk_size)))
+        out.append((f"gated fused {gate}", _gated_fused, x, dict(chunk_size=chunk_size, aqk=int(gate == "diagonal"))))
     return out
 
 
@@ -137,6 +151,9 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     assert set(calls) == set(table)
     for name, launches in calls.items():
         for _, kw in launches:
+            if name in GATED_FUSED_WARPS:  # the fused gated-linear pipeline's own defaults (fp32 inputs: 1 stage)
+                assert kw["num_warps"] in GATED_FUSED_WARPS[name] and kw["num_stages"] == 1, name
+                continue
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             warps = 8 if name == "delta_fused_grads" else 4  # (8: its [C, K] accumulators' registers)
             assert kw["num_warps"] == warps and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
@@ -179,6 +196,10 @@ def test_override_reaches_only_its_launch(gen, table, calls):
 
 STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd",
                 "delta_fused_rec", "delta_fused_rev", "delta_fused_fwd_t")
+#: The fused gated-linear pipeline's warps (util.LAUNCH): its forward 8 with the diagonal decay (WARPS_DIAG), its
+#: chunk kernel 8 (a whole chunk's dq, dk accumulators).
+GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8},
+                     "gated_fused_scores": {4}}
 
 
 def test_state_passes_unpipelined_where_shared_memory_overflows(table):

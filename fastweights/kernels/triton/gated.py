@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from . import gated_fused
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
 from .layout import Layout
@@ -24,6 +25,20 @@ from .scores import decayed_scores
 from .states import pass_states_bwd, pass_states_fwd
 
 Tensor = torch.Tensor
+
+#: "staged" (the stage kernels above) or "fused" (gated_fused.py: one sequential kernel forward; backward a
+#: states recompute, one reverse sequential kernel and one chunk-parallel kernel), for the calls the fused
+#: pipeline serves (`gated_fused.supports`: no or a scalar decay; GLA's diagonal one always runs staged).
+#: Read on each call.
+PIPELINE = "staged"
+PIPELINES = ("staged", "fused")
+
+
+def uses_fused(g, K: int, V: int, is_cuda: bool) -> bool:
+    """Whether a call runs the fused pipeline (PIPELINE, and a call `gated_fused.supports`)."""
+    if PIPELINE not in PIPELINES:
+        raise ValueError(f"gated.PIPELINE must be one of {PIPELINES}, got {PIPELINE!r}")
+    return PIPELINE == "fused" and gated_fused.supports(g, K, V, is_cuda)
 
 
 def _fold_groups(x: Tensor, L: Layout) -> Tensor:
@@ -74,7 +89,8 @@ def chunk_gated_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
                                                chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     if L.T == 0:
         return no_tokens(v, L, initial_state, output_final_state)
-    o, ht = ChunkGatedTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(),
+    fn = gated_fused.ChunkGatedFused if uses_fused(g, L.K, L.V, q.is_cuda) else ChunkGatedTriton
+    o, ht = fn.apply(q.contiguous(), k.contiguous(), v.contiguous(),
                                    g.contiguous() if g is not None else None,
                                    beta.contiguous() if beta is not None else None, initial_state, scale, L,
                                    bool(output_final_state))

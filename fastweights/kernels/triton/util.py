@@ -107,6 +107,14 @@ LAUNCH: dict[str, dict] = {
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused_bwd._states_kernel, o
+    # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
+    # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A once per
+    # chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block); the chunk kernel
+    # holds a whole chunk's dq, dk accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, WARPS_DIAG=8, AQK=0),  # ._fwd_kernel
+    "gated_fused_scores": dict(num_warps=4, num_stages=1),  # gated_fused._scores_kernel (AQK = 1 only)
+    "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
+    "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel
     # backward
     "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
     "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
@@ -133,6 +141,8 @@ KERNEL_FN = {
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
     "delta_fused_fwd_t": "delta_fused_bwd._states_kernel", "delta_fused_rec": "delta_fused_bwd._states_kernel",
     "delta_fused_rev": "delta_fused_bwd._reverse_kernel", "delta_fused_grads": "delta_fused_bwd._grads_kernel",
+    "gated_fused_fwd": "gated_fused._fwd_kernel", "gated_fused_bwd_states": "gated_fused._bwd_states_kernel",
+    "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel", "gated_fused_scores": "gated_fused._scores_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

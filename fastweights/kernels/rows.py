@@ -31,6 +31,7 @@ from functools import lru_cache
 
 import torch
 
+from ..constants import constant_log_gammas
 from ..recipe import Recipe
 from ..state import MemoryState
 from ..torch_backend import finish_state, memory_recurrent_impl
@@ -175,8 +176,7 @@ def _gates(call):
     recipe, s = call.recipe, call.shapes
     g = call.inputs.get("g")
     if recipe.retention.kind == "constant":
-        g = torch.tensor(recipe.retention.log_gammas(s.H), dtype=torch.float32,
-                         device=call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
+        g = constant_log_gammas(recipe.retention, s.H, torch.float32, call.q.device).expand(s.B, s.T, s.H)
     return g, call.inputs.get("beta")
 
 

@@ -73,14 +73,14 @@ case "$stage" in
     ;;
   pilot)
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 8 \
+    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 2 \
         --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
         | tee "$OUT/pilot.log"
     cp docs/results/mqar_ceilings_pilot.jsonl "$OUT/"
     ;;
   ceilings)
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 8 \
+    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 2 \
         --records docs/results/mqar_ceilings.jsonl --out /tmp/ceilings --progress plain 2>&1 | tee "$OUT/ceilings.log"
     cp docs/results/mqar_ceilings.jsonl "$OUT/"
     ;;

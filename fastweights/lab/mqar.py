@@ -241,6 +241,8 @@ class MQARPreset:
     lr_pilot: the name of a pilot preset whose records choose each model's lrs (`pilot_lrs`:
               its `lr_pick` best); the sweep then needs those records (`--lrs-from`).
     batch_for_len: ((max_len, batch), ...): the batch of a setting is that of the first max_len ≥ L.
+    examples_for_len: ((max_len, n), ...): the train examples of a setting, likewise (default
+              train_examples; a `train_examples` override of `make_cells` applies to every setting).
     """
 
     name: str
@@ -253,6 +255,7 @@ class MQARPreset:
     test_examples: int = 200
     batch_size: int = 64
     batch_for_len: tuple[tuple[int, int], ...] = ()
+    examples_for_len: tuple[tuple[int, int], ...] = ()
     eval_batch_size: int | None = None
     vocab_size: int = 8192
     num_heads: int = 1
@@ -280,6 +283,12 @@ class MQARPreset:
                 return b
         return self.batch_size
 
+    def examples(self, L: int) -> int:
+        for max_len, n in self.examples_for_len:
+            if L <= max_len:
+                return n
+        return self.train_examples
+
 
 def _logspace(a: float, b: float, n: int) -> tuple[float, ...]:
     return tuple(float(f"{10 ** (a + (b - a) * i / (n - 1)):.4g}") for i in range(n))
@@ -301,8 +310,13 @@ CEILING_SETTINGS: tuple[tuple[int, int], ...] = tuple((max(64, 4 * n), n) for n 
 #: H = 16 (K = 8, K' = 45). The softmax side (its KV cache grows with L) at H = 2.
 CEILING_HEADS: tuple[tuple[str, int], ...] = (("ttt_mlp", 8), ("titans", 8), ("omeganet", 8), ("atlas", 16))
 
+#: The ceilings' training (v2, after the first H100 pilot: 252 steps at L 128, 32 kv pairs learned nothing for
+#: 19 of 20 models, docs/results/gpu/r3s3_call2_*): 8 epochs of 2000 optimizer steps in all at every setting —
+#: 16,000 examples in batches of 64 up to L = 256, 8000 in 32 at L = 512, 4000 in 16 at L = 1024 — vocab 8192
+#: (Zoology's), early stop at 0.99.
 _CEILING_TRAINING = dict(
-    train_examples=4000, test_examples=500, batch_size=64, batch_for_len=((256, 64), (512, 32), (1024, 16)),
+    train_examples=16000, test_examples=500, batch_size=64, batch_for_len=((256, 64), (512, 32), (1024, 16)),
+    examples_for_len=((256, 16000), (512, 8000), (1024, 4000)),
     vocab_size=8192, num_heads=2, conv="qkv", out_gate="none", random_non_queries=True, weight_decay=0.1,
     decay_filter="matrices", warmup=0.05, grad_clip=1.0)
 
@@ -337,13 +351,15 @@ PRESETS: dict[str, MQARPreset] = {
              "Zoology's BaseConv(kernel 3) wrapper"),
     "ceilings-pilot": MQARPreset(
         name="ceilings-pilot", models=tuple(zoo_names()), d_models=(128,), settings=((128, 32),),
-        lrs=_logspace(-3.5, -1.5, 5), heads_for=CEILING_HEADS, **_CEILING_TRAINING, epochs=4,
-        note="the ceilings' lr pilot: every zoo model at d_model 128, L 128 with 32 kv pairs, 5 lrs, 4 epochs"),
+        lrs=(1e-3, 3e-3, 1e-2), heads_for=CEILING_HEADS,
+        **{**_CEILING_TRAINING, "examples_for_len": (), "train_examples": 8000}, epochs=8,
+        note="the ceilings' lr pilot: every zoo model at d_model 128, L 128 with 32 kv pairs, 3 lrs, 8 epochs of "
+             "8000 examples (1000 steps)"),
     "ceilings": MQARPreset(
         name="ceilings", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS,
-        heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", **_CEILING_TRAINING, epochs=8,
-        note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), the pilot's 2 "
-             "best lrs per model"),
+        heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", lr_pick=1, **_CEILING_TRAINING, epochs=8,
+        note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), 2000 steps a "
+             "cell, the pilot's best lr per model"),
     "ceilings-tiny": MQARPreset(
         name="ceilings-tiny",
         models=("softmax_attention", "linear_attention", "deltanet", "gated_deltanet", "ttt_linear", "ttt_mlp"),
@@ -371,7 +387,7 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
     lrs = tuple(lrs or preset.lrs)
     heads = dict(preset.heads_for)
     epochs = epochs or preset.epochs
-    n_tr = train_examples or preset.train_examples
+    n_tr = train_examples  # None: each setting's own (`MQARPreset.examples`)
     n_te = test_examples or preset.test_examples
     per_model = dict(preset.d_models_for)
     common = dict(vocab_size=preset.vocab_size, conv=preset.conv, out_gate=preset.out_gate,
@@ -384,7 +400,7 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
         groups.append((preset.name, preset.train_segments, preset.test_segments, preset.batch(L)))
     else:
         for L, n in (preset.settings if settings is None else settings):
-            groups.append((f"L{L}-kv{n}", ((L, n, n_tr),), ((L, n, n_te),), preset.batch(L)))
+            groups.append((f"L{L}-kv{n}", ((L, n, n_tr or preset.examples(L)),), ((L, n, n_te),), preset.batch(L)))
     dms_all = tuple(d_models) if d_models else None
     cells = []
     for setting, tr, te, batch in groups:
@@ -400,15 +416,22 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
     return cells
 
 
+#: A pilot cell at this accuracy has solved its setting (the lab's early stop): among such lrs, the earliest wins.
+SOLVED = 0.99
+
+
 def pilot_lrs(records: Sequence[dict], models: Sequence[str], pick: int = 2) -> dict[str, tuple[float, ...]]:
-    """Each model's `pick` best lrs in a pilot's records, ascending: ranked by best accuracy, then
-    final accuracy, then the smaller lr. A model without pilot records raises ValueError."""
+    """Each model's `pick` best lrs in a pilot's records, ascending: the lrs that solved the pilot
+    (best accuracy ≥ `SOLVED`, the early stop) first, the earlier solved the better; then the others by best
+    accuracy, then final accuracy; ties to the smaller lr. A model without pilot records raises ValueError."""
     out, missing = {}, []
     for m in models:
         by_lr: dict[float, tuple] = {}
         for r in records:
             if r.get("model") == m:
-                score = (r["accuracy"], r.get("final_accuracy", r["accuracy"]), -float(r["lr"]))
+                acc, lr = r["accuracy"], -float(r["lr"])
+                score = ((1, -r.get("best_epoch", 0), acc, lr) if acc >= SOLVED else
+                         (0, acc, r.get("final_accuracy", acc), lr))
                 by_lr[float(r["lr"])] = max(score, by_lr.get(float(r["lr"]), score))
         if not by_lr:
             missing.append(m)

@@ -288,6 +288,12 @@ def test_pilot_lrs_picks_each_models_best():
     recs = _pilot_records({"deltanet": [(1e-3, 0.5), (3e-3, 0.9), (1e-2, 0.7)],
                            "gla": [(1e-3, 0.2), (3e-3, 0.2), (1e-2, 0.1)]})
     assert mqar.pilot_lrs(recs, ["deltanet", "gla"]) == {"deltanet": (3e-3, 1e-2), "gla": (1e-3, 3e-3)}
+    # lrs that solved the pilot (≥ 0.99, the early stop) rank by the epoch they got there, before any accuracy
+    solved = _pilot_records({"kda": [(1e-3, 0.999), (3e-3, 0.991), (1e-2, 0.5)]})
+    for r, epoch in zip(solved, (6, 2, 8)):
+        r["best_epoch"] = epoch
+    assert mqar.pilot_lrs(solved, ["kda"], pick=1) == {"kda": (3e-3,)}
+    assert mqar.pilot_lrs(solved, ["kda"], pick=2) == {"kda": (1e-3, 3e-3)}
     with pytest.raises(ValueError, match="no cell of mamba2"):
         mqar.pilot_lrs(recs, ["deltanet", "mamba2"])
 
@@ -304,11 +310,14 @@ def test_ceilings_grid_heads_and_lrs():
     assert {c.model: c.num_heads for c in cells}["atlas"] == 16 and {c.model: c.num_heads for c in cells}["gla"] == 2
     assert {c.batch_size for c in cells if c.seq_len == 1024} == {16}
     assert make_cells(p, lrs=[1e-2], lrs_for=lrs)[0].lr == 1e-2  # an explicit --lrs wins
-    assert mqar.cell_steps(cells[0]) == 8 * 63  # 8 epochs of ⌈4000 / 64⌉ steps
+    # 2000 steps in every setting: 8 epochs of 16000 examples / 64 up to L = 256, 8000 / 32 at 512, 4000 / 16 at 1024
+    assert {mqar.cell_steps(c) for c in cells} == {2000}
+    assert {c.train_segments[0][2] for c in cells if c.seq_len == 512} == {8000}
+    assert make_cells(p, lrs_for=lrs, train_examples=640)[-1].train_segments[0][2] == 640  # an override: every L
     steps = {m: {"L64-B64": 10.0, "L128-B64": 10.0, "L256-B64": 10.0, "L512-B32": 10.0, "L1024-B16": 10.0}
              for m in p.models}
     est = mqar.cost_estimate([c for c in cells if c.model == "deltanet"], steps)
-    train = 2 * (4 * 504 + 8 * 125 + 8 * 250)  # 2 lrs; batch 64 up to L 256, 32 at 512, 16 at 1024
+    train = 2 * 6 * 2000  # 2 lrs, 6 settings, 2000 steps each
     evals = 2 * 8 * (4 * 8 + 16 + 32)  # ⌈500 test examples / batch⌉ every epoch
     assert est["deltanet"] == pytest.approx((train + evals / 3) * 0.01)
     # with CUDA-graphed step times: graphed steps after each cell's 3 warm-up steps and its capture
@@ -351,7 +360,7 @@ def test_ceilings_needs_its_pilot_and_records_resume_across_out_dirs(tmp_path, c
         {m: [(1e-3, 0.1), (1e-2, 0.2)] for m in PRESETS["ceilings"].models})) + "\n")
     assert mqar.main(["--preset", "ceilings", "--dry-run", "--lrs-from", str(pilot)]) == 0
     out = capsys.readouterr().out
-    assert "240 cells" in out and "lrs from the pilot: softmax_attention 0.001, 0.01" in out
+    assert "120 cells" in out and "lrs from the pilot: softmax_attention 0.01;" in out  # the best one (lr_pick 1)
     # --records: a second machine (another --out) skips what the first recorded
     records = tmp_path / "docs" / "ceil.jsonl"
     argv = ["--preset", "ceilings-tiny", "--models", "deltanet", "--kv-pairs", "2", "--seq-lens", "16",

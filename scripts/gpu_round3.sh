@@ -2,7 +2,8 @@
 # The GPU calls that issues 23, 24 and 25 still need, one stage per device call (each ≤ 10 min; every
 # result lands in $OUT as it is measured). Times first, tests last. Run from the repository root:
 #
-#   bash scripts/gpu_round3.sh peers      # 23: the op table beside SDPA, fla and FlashQLA (carry .whl .whl_qla)
+#   bash scripts/gpu_round3.sh peers      # 23: the LM step vs the transformer, then the op table beside SDPA, fla and
+#                                         #   FlashQLA (carry .whl .whl_qla; FlashQLA compiles in the background first)
 #   bash scripts/gpu_round3.sh lm         # 23 + 25: the LM step vs the transformer, grad checkpointing's memory,
 #                                         #   fla's converted checkpoints against fla's own forward (carry .whl)
 #   bash scripts/gpu_round3.sh fla        # 25: fla's converted checkpoints against fla's own forward (carry .whl)
@@ -42,6 +43,17 @@ FW="python3 -m fastweights.cli"
 case "$stage" in
   peers)
     site; env_line
+    # FlashQLA's TileLang JIT (minutes, cached on disk) compiles in the background while the LM step is timed
+    python3 -c "import torch; from fastweights.bench.speed import _flashqla_case as f
+for B, T, H, HV in ((4, 4096, 16, None), (1, 32768, 16, 32)):
+    run, _ = f('gated_deltanet', B, T, H, 128, torch.bfloat16, torch.device('cuda'), HV)
+    run().float().sum().backward()
+torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&1 &
+    warm=$!
+    A="--d-model 1024 --n-layers 8 --num-heads 8 --head-dim 128 --vocab-size 32768 --steps 6 --warmup 2 --device cuda --dtype bfloat16"
+    timeout "$(left)" $FW bench train --models gated_deltanet softmax_attention --shapes 4,4096 4,8192 1,32768 $A \
+        --out "$OUT/train" 2>&1 | tail -8
+    wait $warm; tail -2 "$OUT/flashqla_warm.log"
     S="--batch 4 --heads 16 --dim 128 --dtype bfloat16 --device cuda --repeats 20 --warmup 3 --threads 0 --keep-going"
     timeout "$(left)" $FW bench speed --models gated_deltanet deltanet kda gla mamba2 retnet comba deltaproduct \
         --forms chunk_triton --lengths 4096 $S --out "$OUT/speed_4x4096" 2>&1 | tee "$OUT/speed_4x4096.log"

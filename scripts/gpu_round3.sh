@@ -6,6 +6,8 @@
 #   bash scripts/gpu_round3.sh lm         # 23 + 25: the LM step vs the transformer, grad checkpointing's memory,
 #                                         #   fla's converted checkpoints against fla's own forward (carry .whl)
 #   bash scripts/gpu_round3.sh steps      # 24: step costs of the ceilings cells, eager and CUDA-graphed
+#   bash scripts/gpu_round3.sh graphcheck 240  # 24: the graphed lab steps' and the Newton–Schulz kernel's cuda
+#                                         #   tests, then the step costs of the models they change (≤ 4 min)
 #   bash scripts/gpu_round3.sh pilot      # 24: step costs of the ceilings cells, then the lr pilot
 #   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
@@ -19,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh peers|lm|steps|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh peers|lm|steps|graphcheck|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -60,6 +62,16 @@ case "$stage" in
     timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda --json "$OUT/steps.json" 2>&1 \
         | tee "$OUT/steps.log"
     ;;
+  graphcheck)
+    env_line
+    # train_cell(cuda_graph=True) vs eager, resume, capture fallback (RetNet and ALiBi capture now); ATLAS's kernel
+    timeout "$(( $(left) * 5 / 8 ))" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m "cuda or triton" \
+        tests/cuda/test_graph_train.py tests/kernels/test_triton_newton_schulz.py 2>&1 | tail -30 \
+        | tee "$OUT/graph_tests.log"
+    # the lab's graphed step (scripts/step_costs.py --graph times fastweights.lab.graph's own) of the changed models
+    timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda \
+        --models gated_deltanet retnet alibi atlas --json "$OUT/steps_changed.json" 2>&1 | tee "$OUT/steps_changed.log"
+    ;;
   pilot)
     env_line
     timeout 150 python3 scripts/step_costs.py --lm ceilings --device cuda --json "$OUT/steps.json" 2>&1 \
@@ -80,6 +92,6 @@ case "$stage" in
     timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
         tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
     ;;
-  *) echo "error: stage must be peers, lm, steps, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+  *) echo "error: stage must be peers, lm, steps, graphcheck, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac
 echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -29,6 +29,7 @@ the saved inputs and differentiates that — the same function, so the same grad
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import lru_cache
 
 import torch
@@ -110,10 +111,13 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     """Why the generic chunk Triton row cannot serve (None when it can): as `triton_device_supports`,
     a recipe whose mini-batch form exists (`torch_backend.generic_chunk_exists`), and Muon's optimizer:
     the row is the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the form,
-    and every other optimizer, is the torch row's)."""
+    and every other optimizer, is the torch row's). FASTWEIGHTS_NS_KERNEL=0 turns the row off (an
+    A/B measurement on the GPU)."""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
     if why is not None:
         return why
+    if os.environ.get("FASTWEIGHTS_NS_KERNEL", "1") == "0":
+        return "the Newton–Schulz kernel is turned off (FASTWEIGHTS_NS_KERNEL=0)"
     if recipe.optimizer.kind != "muon":
         return "the generic chunk Triton row kernels Muon's Newton–Schulz only (other optimizers: the torch row)"
     return None

@@ -84,3 +84,19 @@ def test_atlas_through_the_triton_row_equals_the_torch_row(monkeypatch, gen):
     for got, ref in zip((o, *gs), (ro, *rgs)):
         ref = ref.double().cpu()
         assert ((got.double().cpu() - ref).abs().max() / (1 + ref.abs().max())).item() <= ATLAS_ROW_F32
+
+
+def test_the_row_serves_muon_recipes_and_can_be_turned_off(monkeypatch):
+    from fastweights.kernels.rows import triton_generic_supports
+    from fastweights.kernels.triton.newton_schulz import precision
+
+    cuda = fw.dispatch.Target.of("cuda", torch.bfloat16, 8)
+    assert triton_generic_supports(fw.zoo.get("atlas"), cuda) is None
+    assert "Muon" in triton_generic_supports(fw.zoo.get("ttt_mlp"), cuda)
+    assert "CUDA" in triton_generic_supports(fw.zoo.get("atlas"), fw.dispatch.Target.of("cpu", torch.float32, 8))
+    monkeypatch.setenv("FASTWEIGHTS_NS_KERNEL", "0")
+    assert "FASTWEIGHTS_NS_KERNEL=0" in triton_generic_supports(fw.zoo.get("atlas"), cuda)
+    assert precision() == "ieee"
+    monkeypatch.setenv("FASTWEIGHTS_NS_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="FASTWEIGHTS_NS_PRECISION"):
+        precision()

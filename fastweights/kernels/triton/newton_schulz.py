@@ -22,11 +22,15 @@ step of the reverse sweep), with D = ∂L/∂out:
     dA_n += b dQ_n + c (dQ_n A_nᵀ + A_nᵀ dQ_n)
     dG = s² dA₀ + (ds + 2s Σ dA₀ ⊙ G) · ∂s/∂tr · I,  ∂s/∂tr = −1 / (2√tr (√tr + 1e-7)²) (0 where tr < tiny)
 
-— the reverse of the torch iteration's own autograd. fp32 throughout (tl.dot with
-input_precision "ieee": the products are fp32 FMAs, as torch's fp32 bmm without TF32).
+— the reverse of the torch iteration's own autograd. fp32 throughout: tl.dot with input_precision
+"ieee" (fp32 FMAs, as torch's fp32 bmm without TF32) unless FASTWEIGHTS_NS_PRECISION says "tf32x3"
+(three TF32 tensor-core products per dot, about fp32's accuracy) or "tf32" (one: ~1e-3 per product,
+below the tests' tolerance) — for a measurement on the GPU; `precision()` reads it per call.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -38,9 +42,18 @@ from .limits import MAX_NS_DIM
 
 Tensor = torch.Tensor
 
-__all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS"]
+__all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS", "precision"]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+_PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def precision() -> str:
+    """tl.dot's input_precision: FASTWEIGHTS_NS_PRECISION (default "ieee")."""
+    p = os.environ.get("FASTWEIGHTS_NS_PRECISION", "ieee")
+    if p not in _PRECISIONS:
+        raise ValueError(f"FASTWEIGHTS_NS_PRECISION must be one of {list(_PRECISIONS)}, got {p!r}")
+    return p
 
 
 @triton.jit
@@ -134,10 +147,10 @@ class NewtonSchulzGramFn(torch.autograd.Function):
         r, R, M, warps = _launch_args(G)
         out = empty_output(*G.shape, dtype=G.dtype, device=G.device)
         if M > 0:
-            _ns_fwd[(M,)](G, out, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=steps, R=R, PREC="ieee",
+            _ns_fwd[(M,)](G, out, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=steps, R=R, PREC=precision(),
                           num_warps=warps)
         ctx.save_for_backward(G)
-        ctx.steps = steps
+        ctx.steps, ctx.prec = steps, precision()
         return out
 
     @staticmethod
@@ -147,7 +160,7 @@ class NewtonSchulzGramFn(torch.autograd.Function):
         dG = empty_output(*G.shape, dtype=G.dtype, device=G.device)
         if M > 0:
             _ns_bwd[(M,)](G, dout.contiguous(), dG, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=ctx.steps,
-                          R=R, PREC="ieee", num_warps=warps)
+                          R=R, PREC=ctx.prec, num_warps=warps)
         return dG, None
 
 

@@ -13,8 +13,9 @@ block-diagonal):
     Q_n = aI + bA_n + cA_n²,  P_{n+1} = Q_n P_n (P₁ = Q₀),  A_{n+1} = Q_n A_n Q_n (n < steps − 1)
     out = s P_steps                                     (NS(X) = out · X)
 
-Backward (nothing saved but G; the forward is recomputed in registers, A_n and P_n once more per
-step of the reverse sweep), with D = ∂L/∂out:
+Backward (nothing saved but G: the forward is recomputed in registers — with Muon's 5 steps every
+A_n, Q_n, P_n is kept there, otherwise A_n and P_n are recomputed at each step of the reverse
+sweep), with D = ∂L/∂out:
 
     ds = Σ D ⊙ P_steps,  dP_steps = s D,  for n = steps − 1 … 0:
     dQ_n = dP_{n+1} P_nᵀ (n > 0; dQ₀ = dP₁),  dP_n = Q_nᵀ dP_{n+1}
@@ -93,6 +94,27 @@ def _ns_fwd(g_ptr, out_ptr, r, a, b, c, tiny, STEPS: tl.constexpr, R: tl.constex
 
 
 @triton.jit
+def _back(dP, dA, Q, A, P, b, c, FIRST: tl.constexpr, LAST: tl.constexpr, PREC: tl.constexpr):
+    """One step of the reverse sweep: (dP_n, dA_n) from (dP_{n+1}, dA_{n+1}) and Q_n, A_n, P_n
+    (FIRST: n = 0, P₁ = Q₀; LAST: n = steps − 1, no A_{n+1})."""
+    if FIRST:
+        dQ = dP
+    else:
+        dQ = tl.dot(dP, tl.trans(P), input_precision=PREC)
+        dP = tl.dot(tl.trans(Q), dP, input_precision=PREC)
+    if LAST:
+        dA = tl.zeros_like(dQ)
+    else:
+        AQ = tl.dot(A, Q, input_precision=PREC)
+        QA = tl.dot(Q, A, input_precision=PREC)
+        dQ += tl.dot(dA, tl.trans(AQ), input_precision=PREC) + tl.dot(tl.trans(QA), dA, input_precision=PREC)
+        dA = tl.dot(tl.dot(tl.trans(Q), dA, input_precision=PREC), tl.trans(Q), input_precision=PREC)
+    At = tl.trans(A)
+    dA += b * dQ + c * (tl.dot(dQ, At, input_precision=PREC) + tl.dot(At, dQ, input_precision=PREC))
+    return dP, dA
+
+
+@triton.jit
 def _ns_bwd(g_ptr, d_ptr, dg_ptr, r, a, b, c, tiny, STEPS: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     G, off, mask = _load(g_ptr, m, r, R)
@@ -103,11 +125,41 @@ def _ns_bwd(g_ptr, d_ptr, dg_ptr, r, a, b, c, tiny, STEPS: tl.constexpr, R: tl.c
     sq = tl.sqrt(tl.maximum(tr, tiny))
     s = 1.0 / (sq + 1e-7)
     A0 = G * (s * s)
+    if STEPS == 5:  # Muon's count: every A_n, Q_n and P_n kept in registers, one forward pass
+        Q0, P1, A1 = _step(A0, eye, eye, a, b, c, True, False, PREC)
+        Q1, P2, A2 = _step(A1, P1, eye, a, b, c, False, False, PREC)
+        Q2, P3, A3 = _step(A2, P2, eye, a, b, c, False, False, PREC)
+        Q3, P4, A4 = _step(A3, P3, eye, a, b, c, False, False, PREC)
+        Q4, P5, _ = _step(A4, P4, eye, a, b, c, False, True, PREC)
+        ds = tl.sum(tl.sum(D * P5, axis=1), axis=0)
+        dP = D * s
+        dP, dA = _back(dP, dP, Q4, A4, P4, b, c, False, True, PREC)
+        dP, dA = _back(dP, dA, Q3, A3, P3, b, c, False, False, PREC)
+        dP, dA = _back(dP, dA, Q2, A2, P2, b, c, False, False, PREC)
+        dP, dA = _back(dP, dA, Q1, A1, P1, b, c, False, False, PREC)
+        dP, dA = _back(dP, dA, Q0, A0, eye, b, c, True, False, PREC)
+    else:
+        dA = _ns_bwd_recompute(A0, D, s, eye, a, b, c, STEPS, R, PREC)
+        ds = _ns_ds(A0, D, eye, a, b, c, STEPS, PREC)
+    ds += 2.0 * s * tl.sum(tl.sum(dA * G, axis=1), axis=0)
+    dtr = tl.where(tr >= tiny, -ds / (2.0 * sq * (sq + 1e-7) * (sq + 1e-7)), 0.0)
+    dG = dA * (s * s) + dtr * eye
+    tl.store(dg_ptr + off, dG, mask=mask)
+
+
+@triton.jit
+def _ns_ds(A0, D, eye, a, b, c, STEPS: tl.constexpr, PREC: tl.constexpr):
+    """Σ D ⊙ P_steps (the forward run once more)."""
     A = A0
     P = eye
     for n in tl.static_range(STEPS):
         Q, P, A = _step(A, P, eye, a, b, c, n == 0, n == STEPS - 1, PREC)
-    ds = tl.sum(tl.sum(D * P, axis=1), axis=0)
+    return tl.sum(tl.sum(D * P, axis=1), axis=0)
+
+
+@triton.jit
+def _ns_bwd_recompute(A0, D, s, eye, a, b, c, STEPS: tl.constexpr, R: tl.constexpr, PREC: tl.constexpr):
+    """dA₀ for any step count: A_n and P_n recomputed from A₀ at each step of the reverse sweep."""
     dP = D * s
     dA = tl.zeros((R, R), dtype=tl.float32)
     for n in tl.static_range(STEPS - 1, -1, -1):
@@ -128,10 +180,7 @@ def _ns_bwd(g_ptr, d_ptr, dg_ptr, r, a, b, c, tiny, STEPS: tl.constexpr, R: tl.c
             dA = tl.dot(tl.dot(tl.trans(Q), dA, input_precision=PREC), tl.trans(Q), input_precision=PREC)
         At = tl.trans(An)
         dA += b * dQ + c * (tl.dot(dQ, At, input_precision=PREC) + tl.dot(At, dQ, input_precision=PREC))
-    ds += 2.0 * s * tl.sum(tl.sum(dA * G, axis=1), axis=0)
-    dtr = tl.where(tr >= tiny, -ds / (2.0 * sq * (sq + 1e-7) * (sq + 1e-7)), 0.0)
-    dG = dA * (s * s) + dtr * eye
-    tl.store(dg_ptr + off, dG, mask=mask)
+    return dA
 
 
 def _launch_args(G: Tensor):

@@ -14,7 +14,7 @@ imported), and registers them. `fastweights.api` imports it, so `import fastweig
     delta         parallel    torch
     delta         chunk       torch, compile, triton
     generic       recurrent   torch
-    generic       chunk       torch            (mini-batch memories only)
+    generic       chunk       torch, triton    (mini-batch memories only; triton: Muon's Newton–Schulz, ATLAS)
     mesa          recurrent, parallel, chunk   torch
     softmax       recurrent, parallel          torch
     layer         conv        torch, triton    (the short convolution)
@@ -53,6 +53,7 @@ def _register() -> None:
     # the Triton kernels (CUDA)
     register("gated_linear", "chunk", "triton", kr.gated_linear_chunk, supports=kr.triton_chunk_supports)
     register("delta", "chunk", "triton", kr.delta_chunk, supports=kr.triton_chunk_supports)
+    register("generic", "chunk", "triton", kr.generic_chunk, supports=kr.triton_generic_supports)
     register("gated_linear", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     register("delta", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     # the layer ops around the memory read

@@ -9,6 +9,8 @@
 #   bash scripts/gpu_round3.sh fla        # 25: fla's converted checkpoints against fla's own forward (carry .whl)
 #   bash scripts/gpu_round3.sh share      # 24: aggregate steps/s of 1 and 8 processes on one GPU, eager and graphed
 #   bash scripts/gpu_round3.sh steps      # 24: step costs of the ceilings cells, eager and CUDA-graphed
+#   bash scripts/gpu_round3.sh graphcheck 240  # 24: the graphed lab steps' and the Newton–Schulz kernel's cuda
+#                                         #   tests, then the step costs of the models they change (≤ 4 min)
 #   bash scripts/gpu_round3.sh pilot      # 24: the lr pilot (resumable: commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
@@ -22,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh peers|lm|fla|share|steps|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh peers|lm|fla|share|steps|graphcheck|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -83,6 +85,22 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda --json "$OUT/steps.json" 2>&1 \
         | tee "$OUT/steps.log"
     ;;
+  graphcheck)
+    env_line
+    # train_cell(cuda_graph=True) vs eager, resume, capture fallback (RetNet and ALiBi capture now); ATLAS's kernel
+    timeout "$(( $(left) * 5 / 8 ))" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m "cuda or triton" \
+        tests/cuda/test_graph_train.py tests/kernels/test_triton_newton_schulz.py 2>&1 | tail -30 \
+        | tee "$OUT/graph_tests.log"
+    # the lab's graphed step (scripts/step_costs.py --graph times fastweights.lab.graph's own) of the changed models;
+    # ATLAS also with its Newton–Schulz kernel off (the torch iteration, as before) and in TF32x3
+    S="--lm ceilings --graph --device cuda --repeats 3 --warmup 1"
+    timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models gated_deltanet retnet alibi atlas \
+        --json "$OUT/steps_changed.json" 2>&1 | tee "$OUT/steps_changed.log"
+    FASTWEIGHTS_NS_KERNEL=0 timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models atlas \
+        --json "$OUT/steps_atlas_torch_ns.json" 2>&1 | tee "$OUT/steps_atlas_torch_ns.log"
+    FASTWEIGHTS_NS_PRECISION=tf32x3 timeout "$(left)" python3 scripts/step_costs.py $S --models atlas \
+        --json "$OUT/steps_atlas_tf32x3.json" 2>&1 | tee "$OUT/steps_atlas_tf32x3.log"
+    ;;
   pilot)
     env_line
     timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 2 \
@@ -101,6 +119,6 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
         tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
     ;;
-  *) echo "error: stage must be peers, lm, fla, share, steps, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+  *) echo "error: stage must be peers, lm, fla, share, steps, graphcheck, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac
 echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -178,10 +178,37 @@ def graphed_step_ms(net, x, y, *, warmup: int, repeats: int, grad_clip=1.0, dtyp
         runner.close()
 
 
+class _Traffic(TorchDispatchMode):
+    """Counts the non-view ATen ops a step dispatches and the bytes of their tensor inputs and outputs
+    (each op's reads and writes: what a memory-bound GPU step pays), device-independent."""
+
+    VIEWS = {"view", "_unsafe_view", "reshape", "expand", "transpose", "t", "permute", "unsqueeze", "squeeze",
+             "select", "slice", "as_strided", "detach", "alias", "unflatten", "unbind", "split", "chunk",
+             "diagonal", "view_as", "flatten", "narrow", "movedim", "unfold", "lift_fresh", "_reshape_alias",
+             "split_with_sizes", "t_", "expand_as"}
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in self.VIEWS:
+            self.ops += 1
+            self.bytes += sum(t.numel() * t.element_size() for t in tree_flatten((args, kwargs or {}, out))[0]
+                              if isinstance(t, torch.Tensor))
+        return out
+
+
 def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
-               graph: bool = False) -> dict[str, dict[str, float]]:
+               graph: bool = False, batch: int | None = None, counts: bool = False) -> dict[str, dict[str, float]]:
     """{model: {"L{L}-B{batch}": ms per training step}} for the cells of an MQAR preset (with graph: also
-    {model + "+graph": ...}, the step captured in a CUDA graph, `graphed_step_ms`)."""
+    {model + "+graph": ...}, the step captured in a CUDA graph, `graphed_step_ms`). batch: instead of each
+    cell's (a CPU measurement at a smaller batch). counts: also {model + "+ops" / "+GiB" / "+GFLOP": ...},
+    the non-view ATen ops, the bytes their tensors read and write, and the FLOPs of one step."""
     import dataclasses
 
     import torch.nn.functional as F
@@ -195,10 +222,11 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
     out: dict[str, dict[str, float]] = {}
     for cell in cells:
         L, n, _ = cell.train_segments[-1]
-        key = f"L{L}-B{cell.batch_size}"
+        bs = batch or cell.batch_size
+        key = f"L{L}-B{bs}"
         if key in out.get(cell.model, {}):
             continue
-        small = dataclasses.replace(cell, train_segments=((L, n, cell.batch_size),), test_segments=((L, n, 1),))
+        small = dataclasses.replace(cell, train_segments=((L, n, bs),), test_segments=((L, n, 1),), batch_size=bs)
         (x, y), _ = cell_data(small)
         x, y = x.to(device), y.to(device)
         torch.manual_seed(0)
@@ -232,6 +260,17 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
             ms = float("nan")
         out.setdefault(cell.model, {})[key] = ms
         extra = ""
+        if counts and ms == ms:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            traffic, flops = _Traffic(), FlopCounterMode(display=False)
+            with flops, traffic:
+                step()
+            for suffix, v in (("+ops", traffic.ops), ("+GiB", traffic.bytes / 2**30),
+                              ("+GFLOP", flops.get_total_flops() / 1e9)):
+                out.setdefault(cell.model + suffix, {})[key] = v
+            gflop = flops.get_total_flops() / 1e9
+            extra += f"  {traffic.ops:6d} ops {traffic.bytes / 2**30:7.2f} GiB {gflop:8.2f} GFLOP"
         if graph and cuda and ms == ms:
             gms = graphed_step_ms(net, x, y, warmup=warmup, repeats=repeats, grad_clip=cell.grad_clip)
             out.setdefault(cell.model + "+graph", {})[key] = gms if isinstance(gms, float) else float("nan")
@@ -261,6 +300,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the Markdown table here")
     ap.add_argument("--lm", metavar="PRESET", help="time the LM training step of an MQAR preset's cells instead")
     ap.add_argument("--json", help="with --lm: write the step times here")
+    ap.add_argument("--lm-batch", type=int, help="with --lm: this batch instead of each cell's (e.g. a CPU run)")
+    ap.add_argument("--counts", action="store_true",
+                    help="with --lm: also count each step's non-view ATen ops, the bytes they read and write, and "
+                         "its FLOPs (device-independent)")
     ap.add_argument("--graph", action="store_true",
                     help="with --lm on CUDA: also time each step captured in a CUDA graph (a probe; prints why a "
                          "capture fails)")
@@ -288,7 +331,8 @@ def main(argv=None) -> int:
         from fastweights.lab.mqar import PRESETS
 
         models = a.models if a.models != fw.zoo.names() else list(PRESETS[a.lm].models)
-        res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats, graph=a.graph)
+        res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats, graph=a.graph,
+                         batch=a.lm_batch, counts=a.counts)
         if a.json:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

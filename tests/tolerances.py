@@ -230,6 +230,17 @@ NORM_F32_REL = 1e-5
 # (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷ each). Measured under the interpreter (T = 9, 24
 # draws): bf16 ≤ 7.9e-3, fp16 ≤ 7.6e-4; bounds with ≈ 2.5× and 5× room.
 NORM_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+# Muon's Newton–Schulz on Gram matrices, the Triton kernel (fp32) vs the torch iteration in float64,
+# relative per matrix, P and dG: 5 fp32 iterations of a degree-5 polynomial amplify rounding where
+# X Xᵀ is ill-conditioned. Measured over 30 seeds × r ∈ {8, 20, 32, 64} with 1 … 2r columns and
+# scales 1e-3 … 1e2: kernel ≤ 5.6e-4 (P) and ≤ 7.0e-4 (dG); the torch iteration in fp32 itself
+# ≤ 8.0e-4 and ≤ 4.9e-4 — the bound is that error level, with room.
+NS_F32_REL = 4e-3
+# ATLAS's chunk form through the Triton row (its Newton–Schulz in the kernel), fp32, vs the torch
+# row in float64, absolute over (1 + max |·|), output and every input gradient (B 2, T 40, H 2,
+# K 4): measured over 10 seeds ≤ 4.7e-6 (output) and ≤ 1.0e-4 (gradients); the torch row in fp32
+# ≤ 4.3e-6 and ≤ 1.5e-4.
+ATLAS_ROW_F32 = 1e-3
 
 # a MemoryMixer in bf16 on the GPU with its fused layer kernels vs its torch ops (same memory backend):
 # the two round to bf16 at different points (fp32 inside each fused kernel), so outputs and parameter

@@ -177,10 +177,11 @@ def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tens
     return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
-def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int):
+def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int, ns=None):
     """One weight matrix of a muon segment on the loop's flattened batch (M = B·H), from m_s = m0,
     θ_s = w0 [M, in, out], the factors h [M, N, in], dz [M, N, out] and co's tensors for this one
-    segment ([M, L, ...]).
+    segment ([M, L, ...]). ns: a kernel of `_newton_schulz_gram` (G, steps) -> P, or None from it for
+    a G it does not take (`kernels.rows.generic_chunk`); None: the torch iteration.
 
     Returns (NS polynomials [M, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
     where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
@@ -190,8 +191,10 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [M, L, r, r]
     r = G.shape[-1]
     # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
-    Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
-        else _newton_schulz_gram(G, steps)
+    Pns = ns(G, steps) if ns is not None else None
+    if Pns is None:
+        Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
+            else _newton_schulz_gram(G, steps)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
     wc = w[..., None] * co.Cm  # [M, L, N]
@@ -463,10 +466,11 @@ def _windows(x: Tensor, t0: int, S: int, L: int, c: int) -> tuple[Tensor, ...]:
 
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
                     beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState,
-                    ln: tuple[Tensor, Tensor] | None = None):
+                    ln: tuple[Tensor, Tensor] | None = None, ns=None):
     """q [B, T, H, K']; k [B, T, H, K']; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H];
     nu None | [B, T, H]; gamma None | [B, T, H]; state a complete MemoryState (compute dtype);
-    ln None | the residual LayerNorm's per-head affine (γ, β) [H, V] each.
+    ln None | the residual LayerNorm's per-head affine (γ, β) [H, V] each; ns None | a kernel of Muon's
+    Newton–Schulz on Gram matrices (`_muon_step`; the Triton row passes one).
     Returns (o [B, T, H, V], final MemoryState) — identical to reference.recurrent.memory_recurrent."""
     mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
     objective = "dot" if obj.kind == "dot" else "l2"
@@ -523,7 +527,7 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
             one = cos[si]
             if muon:
                 hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
-                steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps)
+                steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps, ns)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))

@@ -10,6 +10,8 @@ delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, de
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
                                       (DeltaNet, GDN, KDA, Comba's probe key and decay after,
                                       DeltaProduct's micro-steps: all checked on the H100, picked by "auto")
+generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
+                                      Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64)
 layer / conv / triton              →  kernels.triton.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
@@ -27,6 +29,7 @@ the saved inputs and differentiates that — the same function, so the same grad
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import lru_cache
 
 import torch
@@ -34,14 +37,15 @@ import torch
 from ..constants import constant_log_gammas
 from ..recipe import Recipe
 from ..state import MemoryState
-from ..torch_backend import finish_state, memory_recurrent_impl
+from ..torch_backend import finish_state, generic_chunk_exists, memory_recurrent_impl, minibatch_chunk_impl
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
-           "delta_prologue", "triton_chunk_supports", "triton_step_supports", "triton_conv_supports",
-           "triton_norm_supports", "triton_prologue_supports", "MAX_HEAD_DIM"]
+           "delta_prologue", "generic_chunk", "triton_generic_supports", "triton_chunk_supports",
+           "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
+           "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
-from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP
+from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -101,6 +105,38 @@ def triton_chunk_supports(recipe: Recipe, target) -> str | None:
     if C is not None and (C < 16 or C & (C - 1)):
         return f"the Triton chunk kernels take a chunk size that is a power of two ≥ 16, got {C}"
     return None
+
+
+def triton_generic_supports(recipe: Recipe, target) -> str | None:
+    """Why the generic chunk Triton row cannot serve (None when it can): as `triton_device_supports`,
+    a recipe whose mini-batch form exists (`torch_backend.generic_chunk_exists`), and Muon's optimizer:
+    the row is the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the form,
+    and every other optimizer, is the torch row's). FASTWEIGHTS_NS_KERNEL=0 turns the row off (an
+    A/B measurement on the GPU)."""
+    why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
+    if why is not None:
+        return why
+    if os.environ.get("FASTWEIGHTS_NS_KERNEL", "1") == "0":
+        return "the Newton–Schulz kernel is turned off (FASTWEIGHTS_NS_KERNEL=0)"
+    if recipe.optimizer.kind != "muon":
+        return "the generic chunk Triton row kernels Muon's Newton–Schulz only (other optimizers: the torch row)"
+    return None
+
+
+def _ns_kernel(G, steps):
+    """The Newton–Schulz kernel for an fp32 Gram side ≤ MAX_NS_DIM, else None (the torch iteration)."""
+    if G.dtype != torch.float32 or G.shape[-1] > MAX_NS_DIM:
+        return None
+    from .triton.newton_schulz import newton_schulz_gram
+
+    return newton_schulz_gram(G, steps)
+
+
+def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None):
+    """generic, chunk, on Triton: `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of
+    every token's momentum (`chunkwise.minibatch._muon_step`) in one kernel each way
+    (kernels.triton.newton_schulz); Gram sides above MAX_NS_DIM stay on the torch iteration."""
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel)
 
 
 def triton_step_supports(recipe: Recipe, target) -> str | None:

@@ -204,7 +204,7 @@ class GraphedSteps:
         if self.capture:  # warm-up: eager on a side stream, as the capture recipe does
             cur = torch.cuda.current_stream(self.device)
             self.side.wait_stream(cur)
-            with torch.cuda.stream(self.side):
+            with torch.cuda.device(self.device), torch.cuda.stream(self.side):
                 self.opt.zero_grad(set_to_none=True)
                 self.losses[s].copy_(self._body())
             cur.wait_stream(self.side)
@@ -223,12 +223,13 @@ class GraphedSteps:
         stream = torch.cuda.current_stream(self.device)
         debug = torch.cuda.get_sync_debug_mode()
         try:
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            # (the graph's entry synchronizes the device: the sync check is turned on inside it)
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                torch.cuda.set_sync_debug_mode("error")
+                try:
                     loss = self._body()
-            finally:
-                torch.cuda.set_sync_debug_mode(debug)
+                finally:
+                    torch.cuda.set_sync_debug_mode(debug)
         except Exception as e:  # noqa: BLE001 - any capture failure falls back, loudly
             clean = torch.cuda.current_stream(self.device) == stream  # capture_end ran (else it raised)
             torch.cuda.set_stream(stream)

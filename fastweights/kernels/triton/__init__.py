@@ -30,6 +30,12 @@ every path checked on the H100 and picked by "auto" on CUDA):
                       Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its
                       chunk-local cumsum (interpreter-verified; MemoryMixer calls it on CUDA)
 
+The mini-batch form's Muon step (ATLAS: `kernels.rows.generic_chunk`, the torch mini-batch form
+with this kernel; interpreter-verified):
+
+    newton_schulz.py  Newton–Schulz on every token's r × r Gram matrix (r ≤ 64), one program per
+                      matrix each way, the iteration in registers (the backward recomputes it)
+
 The layer kernels around the memory (the Triton rows of the layer ops "conv" and "norm" of the
 dispatch table, `kernels.rows`; "auto" takes them on CUDA; interpreter-verified):
 

@@ -5,3 +5,5 @@ layer-op rows' predicates (`kernels.rows`) read them before any kernel module is
 MAX_CONV_WIDTH = 8
 #: The widest group `norm.gated_rms_norm` serves (one row of G fp32 values per tile row).
 MAX_GROUP = 8192
+#: The largest Gram side r `newton_schulz.newton_schulz_gram` serves (an r × r fp32 matrix per program, in registers).
+MAX_NS_DIM = 64

@@ -91,10 +91,11 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     timeout "$(( $(left) * 5 / 8 ))" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m "cuda or triton" \
         tests/cuda/test_graph_train.py tests/kernels/test_triton_newton_schulz.py 2>&1 | tail -30 \
         | tee "$OUT/graph_tests.log"
-    # the lab's graphed step (scripts/step_costs.py --graph times fastweights.lab.graph's own) of the changed models;
-    # ATLAS also with its Newton–Schulz kernel off (the torch iteration, as before) and in TF32x3
-    S="--lm ceilings --graph --device cuda --repeats 3 --warmup 1"
-    timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models gated_deltanet retnet alibi atlas \
+    # the lab's graphed step (scripts/step_costs.py --graph times fastweights.lab.graph's own) of the changed models at
+    # the shortest and longest cells; ATLAS also with its Newton–Schulz kernel off (the torch iteration, as before)
+    # and in TF32x3
+    S="--lm ceilings --graph --device cuda --repeats 3 --warmup 1 --seq-len 64 1024"
+    timeout "$(( $(left) / 3 ))" python3 scripts/step_costs.py $S --models gated_deltanet retnet alibi atlas \
         --json "$OUT/steps_changed.json" 2>&1 | tee "$OUT/steps_changed.log"
     FASTWEIGHTS_NS_KERNEL=0 timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models atlas \
         --json "$OUT/steps_atlas_torch_ns.json" 2>&1 | tee "$OUT/steps_atlas_torch_ns.log"

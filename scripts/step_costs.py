@@ -204,11 +204,13 @@ class _Traffic(TorchDispatchMode):
 
 
 def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
-               graph: bool = False, batch: int | None = None, counts: bool = False) -> dict[str, dict[str, float]]:
+               graph: bool = False, batch: int | None = None, counts: bool = False,
+               lengths=None) -> dict[str, dict[str, float]]:
     """{model: {"L{L}-B{batch}": ms per training step}} for the cells of an MQAR preset (with graph: also
     {model + "+graph": ...}, the step captured in a CUDA graph, `graphed_step_ms`). batch: instead of each
     cell's (a CPU measurement at a smaller batch). counts: also {model + "+ops" / "+GiB" / "+GFLOP": ...},
-    the non-view ATen ops, the bytes their tensors read and write, and the FLOPs of one step."""
+    the non-view ATen ops, the bytes their tensors read and write, and the FLOPs of one step. lengths: only
+    the cells of these sequence lengths."""
     import dataclasses
 
     import torch.nn.functional as F
@@ -222,6 +224,8 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
     out: dict[str, dict[str, float]] = {}
     for cell in cells:
         L, n, _ = cell.train_segments[-1]
+        if lengths and L not in lengths:
+            continue
         bs = batch or cell.batch_size
         key = f"L{L}-B{bs}"
         if key in out.get(cell.model, {}):
@@ -301,6 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lm", metavar="PRESET", help="time the LM training step of an MQAR preset's cells instead")
     ap.add_argument("--json", help="with --lm: write the step times here")
     ap.add_argument("--lm-batch", type=int, help="with --lm: this batch instead of each cell's (e.g. a CPU run)")
+    # (with --lm, --seq-len keeps only the cells of those sequence lengths)
     ap.add_argument("--counts", action="store_true",
                     help="with --lm: also count each step's non-view ATen ops, the bytes they read and write, and "
                          "its FLOPs (device-independent)")
@@ -332,7 +337,7 @@ def main(argv=None) -> int:
 
         models = a.models if a.models != fw.zoo.names() else list(PRESETS[a.lm].models)
         res = lm_step_ms(a.lm, models, device=dev, warmup=a.warmup, repeats=a.repeats, graph=a.graph,
-                         batch=a.lm_batch, counts=a.counts)
+                         batch=a.lm_batch, counts=a.counts, lengths=a.seq_len)
         if a.json:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

@@ -4,7 +4,7 @@ backends and the registry, and no import from a lower layer into a higher one.
 
 The layers, lowest first (a module may import its own layer and those below it):
 
-    base        recipe, state, zoo, features, inputs          what a model is and what a call takes
+    base        recipe, state, zoo, features, inputs, constants   what a model is and what a call takes
     maths       reference, chunkwise                          the exact forms and the torch chunk engines
     dispatch    dispatch                                      the table's mechanism and THE RULE
     torch       torch_backend, torch_layer_ops                the plain-PyTorch rows
@@ -25,7 +25,7 @@ import fastweights
 ROOT = Path(fastweights.__file__).resolve().parent
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("recipe", "state", "zoo", "features", "inputs")),
+    ("base", ("recipe", "state", "zoo", "features", "inputs", "constants")),
     ("maths", ("reference", "chunkwise", "stability")),
     ("dispatch", ("dispatch",)),
     ("torch", ("torch_backend", "torch_layer_ops")),

@@ -288,8 +288,16 @@ def check_config(cfg_label, cfg, sizes, *, full=True) -> bool:
         cu = None if lengths is None else torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)
         for gate, beta, g_scale, what in cases(full and i == 0):
             sz = {**size, "dtype": torch.float32} if g_scale != 1.0 else size
+            case = f"{cfg_label} | {label} | {what}"
             x = inputs(gate, beta=beta, seed=len(label) + beta, g_scale=g_scale, **sz)
-            want = with_grads(lambda d, cu=cu: run_torch(d, cu), x)
+            try:
+                want = with_grads(lambda d, cu=cu: run_torch(d, cu), x)
+            except torch.cuda.OutOfMemoryError:  # the fp32 torch reference (GLA at T = 32768), not the kernels
+                log(f"check {case}: NOT CHECKED — the torch reference ran out of GPU memory")
+                RESULTS.setdefault("not_checked", []).append(case)
+                del x
+                torch.cuda.empty_cache()
+                continue
             with use("fused", cfg):
                 got = with_grads(lambda d, cu=cu: run_triton(d, cu), x)
             err = errors(got, want)
@@ -297,13 +305,14 @@ def check_config(cfg_label, cfg, sizes, *, full=True) -> bool:
             tol = TOL[sz["dtype"]]
             passed = all(v < tol for v in err.values())  # NaN fails too
             ok &= passed
-            case = f"{cfg_label} | {label} | {what}"
             RESULTS.setdefault("check", []).append({"case": case, "errors": err, "passed": passed})
             log(f"check {case}: max rel {worst} {err[worst]:.2e} (o {err['o']:.2e}, S {err['S']:.2e}) "
                 f"{'ok' if passed else '*** FAILED ***'}")
             if not passed:
                 RESULTS["failed"].append(case)
             del x, want, got
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
             save()
     return ok
 
@@ -380,7 +389,9 @@ def summary():
     tests = RESULTS.get("tests", {})
     tail = [ln for ln in str(tests.get("tail", "")).splitlines() if ln.strip()][-1:] or ["not run"]
     print("\n" + "\n".join(lines))
+    missing = RESULTS.get("not_checked", [])
     print(f"\nchecks: {'ALL PASSED' if not RESULTS['failed'] else 'FAILED: ' + '; '.join(RESULTS['failed'])}"
+          f"{' | NOT CHECKED (reference OOM): ' + '; '.join(missing) if missing else ''}"
           f" | d256: rc {RESULTS.get('d256', {}).get('rc', 'not run')} | cuda tests: {tail[0]}"
           f" | {time.time() - T_START:.0f} s", flush=True)
 

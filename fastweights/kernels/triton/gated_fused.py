@@ -27,6 +27,10 @@ for the backward stages):
    sequence's chunks; per chunk G = tl.cumsum(g) in registers, A recomputed (one [C, K]·[K, C] product per
    V block), o = Q̃ S + A V, then the update. WRITE_O = 0 (the backward's recompute) skips q, A and o and
    writes only the entering states h (`stored_state_dtype`: bf16 for bf16 inputs, as the staged path).
+   With `LAUNCH["gated_fused_fwd"]["AQK"] = 1` the scores come instead from `_scores_kernel` (chunk-parallel,
+   grid (NT, B·H): A once per chunk, stored in the operand dtype — for bf16 exactly what the forward would cast
+   it to — and read by every V block; twin: `chunkwise.common.decayed_scores`): one [C, C] tensor per token row
+   written and read, for 1/NV of the QKᵀ work (NV = 8 V blocks at B = 1, T = 32,768, H = 16). Off by default.
 2. `_bwd_states_kernel`, sequential in reverse, grid (⌈V/BV⌉, sequences·H): dS [K, BV] fp32 in registers;
    writes dh (dS_{n+1} of each chunk, bf16 for bf16 inputs) and dS_0.
 3. `_bwd_chunk_kernel`, chunk-parallel, grid (chunk slots NT, B·H), one chunk (all C rows, all K) per
@@ -556,10 +560,11 @@ def _gate(g) -> int:
 
 def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = True, store_states: bool = False,
             output_final_state: bool = False):
-    """One run of `_fwd_kernel`. q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None or the raw scalar
-    log-decay [B, T, H] (the kernel takes its chunk-local cumsum), β None or [B, T, H], h0 None or
-    [NS, H, K, V] fp32. Returns (o [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in
-    `stored_state_dtype` or None (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
+    """One run of `_fwd_kernel` (after `_scores_kernel` with LAUNCH AQK = 1 and `write_o`). q, k [B, T, H_q, K],
+    v [B, T, H, V] (one dtype), g None or the raw log-decay [B, T, H] (scalar) or [B, T, H, K] (diagonal; the
+    kernels take its chunk-local cumsum), β None or [B, T, H], h0 None or [NS, H, K, V] fp32. Returns (o
+    [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in `stored_state_dtype` or None
+    (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
     if k.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
         raise InputError(f"the fused gated-linear pipeline takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got "
                          f"K={L.K}, V={L.V} (not yet checked on the H100: scripts/gpu_gated_fused.py); the staged "

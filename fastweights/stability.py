@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from .constants import constant_log_gammas
 from .features import feature_dot
 from .inputs import InputError, Shapes
 from .recipe import Recipe
@@ -66,7 +67,7 @@ def _log_retention(recipe: Recipe, inputs: dict, s: Shapes, dtype, device) -> Te
     """log α per token: [B, T, H] (scalar, constant) or [B, T, H, K'] (diagonal); None without retention."""
     ret = recipe.retention
     if ret.kind == "constant":
-        return torch.tensor(ret.log_gammas(s.H), dtype=dtype, device=device).expand(s.B, s.T, s.H)
+        return constant_log_gammas(ret, s.H, dtype, device).expand(s.B, s.T, s.H)
     g = inputs.get("g")
     return None if g is None else g.to(dtype)
 

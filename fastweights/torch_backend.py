@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .constants import constant_log_gammas
 from .dispatch import FormNotAvailable
 from .features import apply_feature_map
 from .inputs import InputError, accepted_inputs, check_tensor, complete_state
@@ -92,7 +93,7 @@ def prepare(call) -> Prepared:
         beta = torch.ones(*((B, T, n, H) if n > 1 else (B, T, H)), dtype=cdt, device=dev)
     g = inputs.get("g")
     if recipe.retention.kind == "constant":
-        g = torch.tensor(recipe.retention.log_gammas(H), dtype=cdt, device=dev).expand(B, T, H)  # [B, T, H]
+        g = constant_log_gammas(recipe.retention, H, cdt, dev).expand(B, T, H)  # [B, T, H]
     p = inputs.get("p")
     p = apply_feature_map(fm, expand_heads(p, G, 2).to(cdt)) if p is not None else None
     lamb = inputs.get("lamb")

@@ -5,8 +5,10 @@
 #   bash scripts/gpu_round3.sh peers      # 23: the op table beside SDPA, fla and FlashQLA (carry .whl .whl_qla)
 #   bash scripts/gpu_round3.sh lm         # 23 + 25: the LM step vs the transformer, grad checkpointing's memory,
 #                                         #   fla's converted checkpoints against fla's own forward (carry .whl)
+#   bash scripts/gpu_round3.sh fla        # 25: fla's converted checkpoints against fla's own forward (carry .whl)
+#   bash scripts/gpu_round3.sh share      # 24: aggregate steps/s of 1 and 8 processes on one GPU, eager and graphed
 #   bash scripts/gpu_round3.sh steps      # 24: step costs of the ceilings cells, eager and CUDA-graphed
-#   bash scripts/gpu_round3.sh pilot      # 24: step costs of the ceilings cells, then the lr pilot
+#   bash scripts/gpu_round3.sh pilot      # 24: the lr pilot (resumable: commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
 #                                         #   workers keep the GPU busy)
@@ -19,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh peers|lm|steps|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh peers|lm|fla|share|steps|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t0) )); }
@@ -27,7 +29,7 @@ site() {  # the peers, only inside this environment
   mkdir -p /tmp/site
   [ -f .whl_qla/qla_site.tar.xz ] && tar -xJf .whl_qla/qla_site.tar.xz -C /tmp/site
   ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=/tmp/site:$PWD
 }
 env_line() {
   python3 - <<'EOF' | tee -a "$OUT/env.txt"
@@ -55,6 +57,15 @@ case "$stage" in
         --grad-checkpoint both --out "$OUT/train" 2>&1 | tee "$OUT/train_grad_ckpt.log"
     timeout "$(left)" python3 scripts/verify_fla_convert.py --device cuda --seq-len 200 2>&1 | tee "$OUT/fla_convert.log"
     ;;
+  share)
+    env_line
+    timeout "$(left)" python3 scripts/gpu_share_probe.py --models gated_deltanet ttt_mlp --workers 1 8 --seconds 5 \
+        2>&1 | tee "$OUT/share.log"
+    ;;
+  fla)
+    site; env_line
+    timeout "$(left)" python3 scripts/verify_fla_convert.py --device cuda --seq-len 200 2>&1 | tee "$OUT/fla_convert.log"
+    ;;
   steps)
     env_line
     timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda --json "$OUT/steps.json" 2>&1 \
@@ -62,8 +73,6 @@ case "$stage" in
     ;;
   pilot)
     env_line
-    timeout 150 python3 scripts/step_costs.py --lm ceilings --device cuda --json "$OUT/steps.json" 2>&1 \
-        | tee "$OUT/steps.log"
     timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 8 \
         --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
         | tee "$OUT/pilot.log"
@@ -80,6 +89,6 @@ case "$stage" in
     timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
         tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
     ;;
-  *) echo "error: stage must be peers, lm, steps, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+  *) echo "error: stage must be peers, lm, fla, share, steps, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac
 echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -1,14 +1,16 @@
-"""Compile the gated-linear fused pipeline's launches (fastweights/kernels/triton/gated_fused.py) for Hopper
-(sm_90) on a machine without a GPU, and report each launch's registers, spills and shared memory.
+"""Registers, spills and shared memory of the delta class's fused kernels, compiled for Hopper (sm_90) on a
+machine without a GPU: the stand-in driver of `scripts/ptx_equivalence.py` makes every launch compile
+(Triton → PTX → cubin, as the GPU JIT specializes it) and nothing run; each launch's PTX then goes through
+Triton's bundled `ptxas -v` for the register and spill counts. A compile error that the interpreter accepts
+(e.g. a variable redefined with another rank) fails here too.
 
-The stand-in driver of scripts/ptx_equivalence.py reports an sm_90 target, so every `kernel[grid](...)` call
-compiles exactly as the GPU JIT would (Triton → TTGIR → PTX → cubin: compile errors the interpreter accepts
-show here) and nothing is launched; then the bundled `ptxas -v` is run on each launch's PTX for its
-registers and spills.
+    python3 scripts/sm90_report.py                       # the fused forward and backward, K = V = 128
+    python3 scripts/sm90_report.py --head-dims 64 128    # other head dims
+    python3 scripts/sm90_report.py --json out.json
 
-    PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py [--dims 128 256] [--dtypes bfloat16 float32]
-        [--gates none scalar diagonal] [--json out.json]
-    FASTWEIGHTS_LAUNCH=cfg.json ... (util.load_launch: compile another launch config)
+Workload: `chunk_delta_triton` forward + backward with delta.FORWARD = "fused" and delta.BACKWARD = "fused",
+no and a scalar decay (and the diagonal one's staged backward), bf16 and fp32, a padded batch (H = H_q = 4) and
+varlen (grouped heads: H = 4, H_q = 2), the pre-pass with WU = 1 and 0; one line per distinct compiled kernel.
 """
 
 from __future__ import annotations
@@ -24,11 +26,74 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
-def _install_driver():
+def _ptxas_v(ptx: str, arch: str) -> dict:
+    """{registers, spill_stores, spill_loads, smem, stack} of each .entry in `ptx` by `ptxas -v`."""
+    import triton
+
+    ptxas = os.environ.get("TRITON_PTXAS_PATH") or os.path.join(os.path.dirname(triton.__file__), "backends",
+                                                                "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    out = {}
+    m = re.search(r"Used (\d+) registers", text)
+    out["registers"] = int(m.group(1)) if m else None
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    out["spill_stores"], out["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    m = re.search(r"(\d+) bytes stack frame", text)
+    out["stack"] = int(m.group(1)) if m else None
+    if r.returncode:
+        out["error"] = text[-2000:]
+    return out
+
+
+def _workload(head_dims, dtypes):
+    import torch
+
+    from fastweights.kernels.triton import delta, util
+    from fastweights.kernels.triton.delta import chunk_delta_triton
+
+    gen = torch.Generator().manual_seed(0)
+    delta.FORWARD, delta.BACKWARD = "fused", "fused"
+    for D in head_dims:
+        for wu in (1, 0):
+            util.LAUNCH["delta_prepass"]["WU"] = wu
+            for gate in ("none", "scalar"):
+                for dtype in [getattr(torch, d) for d in dtypes]:
+                    for varlen in (False, True):
+                        B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)  # grouped heads with varlen
+                        q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                        k = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                        v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
+                        g = (-torch.rand(B, T, H, generator=gen)).requires_grad_(True) if gate == "scalar" else None
+                        beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+                        cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
+                        S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen).requires_grad_(True)
+                        o, S = chunk_delta_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
+                                                  output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                        (o.float().sum() + S.float().sum()).backward()
+    util.LAUNCH["delta_prepass"]["WU"] = 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[128])
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver as drv
+    from triton.runtime.jit import JITFunction
 
-    class _Driver:  # the parts of the CUDA driver the JIT asks for before compiling (ptx_equivalence.py)
+    class _Driver:  # the parts of the CUDA driver the JIT asks for before compiling
         def get_current_target(self):
             return GPUTarget("cuda", 90, 32)
 
@@ -43,107 +108,41 @@ def _install_driver():
             return torch.cuda
 
     drv.set_active(_Driver())
-
-
-def _ptxas_info(ptx: str) -> dict:
-    """Registers, spill bytes (stores + loads) and static shared memory from `ptxas -v` on sm_90a."""
-    import triton
-
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    arch = re.search(r"\.target\s+(\S+)", ptx).group(1)
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        r = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(d, "k.cubin")],
-                           capture_output=True, text=True)
-    text = r.stdout + r.stderr
-    regs = re.search(r"Used (\d+) registers", text)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "spill_stores": int(spill.group(1)) if spill else None,
-            "spill_loads": int(spill.group(2)) if spill else None,
-            "ptxas_rc": r.returncode, "ptxas_tail": text[-300:] if r.returncode else ""}
-
-
-def workload(dims, dtypes, gates=("none", "scalar", "diagonal")):
-    """The fused pipeline's launches as the shipped shapes specialize them: every gate kind, β and states,
-    padded B = 4, H = 16 (the anchor's BV 32) and varlen H = 16 (BV 16, the long sequences' too), forward (with o,
-    and the states-only recompute) and backward, at head dims `dims` and input dtypes `dtypes`."""
-    import torch
-
-    from fastweights.kernels.triton import gated
-    from fastweights.kernels.triton import gated_fused as gf
-    from fastweights.kernels.triton.gated import chunk_gated_triton
-
-    gated.PIPELINE = "fused"
-    gf.FUSED_MAX_HEAD_DIM_CUDA = 256  # compile every head dim asked for
-    gen = torch.Generator().manual_seed(0)
-    for D in dims:
-        for gate in gates:
-            for dtype in dtypes:
-                for varlen in (False, True):
-                    B, T, H, Hq = (1, 200, 16, 16) if varlen else (4, 130, 16, 16)
-                    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
-                    NS = 3 if varlen else B
-                    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
-                    k = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
-                    v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
-                    g = None
-                    if gate != "none":
-                        g = (-torch.rand(B, T, H, *((D,) if gate == "diagonal" else ()), generator=gen))
-                        g.requires_grad_(True)
-                    beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
-                    S0 = torch.randn(NS, H, D, D, generator=gen).requires_grad_(True)
-                    o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
-                                              output_final_state=True, chunk_size=64, cu_seqlens=cu)
-                    (o.float().sum() + S.float().sum()).backward()
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dims", nargs="+", type=int, default=[128, 256])
-    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    ap.add_argument("--gates", nargs="+", default=["none", "scalar", "diagonal"])
-    ap.add_argument("--json")
-    a = ap.parse_args()
-    sys.path.insert(0, ROOT)
-    os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    from triton.runtime.jit import JITFunction
-
-    _install_driver()
-    records, seen = [], set()
+    seen, rows = set(), []
     run = JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
         names = self.arg_names
-        consts = {}
-        for key, val in kernel.src.constants.items():  # keyed by name (3.9) or by (index,) tuples (3.6)
-            name = names[key[0]] if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], int) else str(key)
-            consts[name] = val
-        key = (self.__name__, json.dumps({k: repr(v) for k, v in consts.items()}, sort_keys=True),
+        consts = {(names[k[0]] if isinstance(k, tuple) and len(k) == 1 else str(k)): v
+                  for k, v in kernel.src.constants.items()}
+        keep = {k: v for k, v in consts.items() if k.isupper()}
+        key = (self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
                kernel.metadata.num_warps, kernel.metadata.num_stages)
-        if key not in seen and self.__module__.endswith("gated_fused"):
+        if key not in seen:
             seen.add(key)
-            info = _ptxas_info(kernel.asm["ptx"])
-            rec = {"kernel": self.__name__, "warps": kernel.metadata.num_warps, "stages": kernel.metadata.num_stages,
-                   "shared": kernel.metadata.shared,
-                   **{k: consts[k] for k in ("K", "V", "BV", "GATE", "HAS_BETA", "WRITE_O", "IEEE", "IS_VARLEN")
-                      if k in consts}, **info}
-            records.append(rec)
-            print(json.dumps(rec, default=str), flush=True)
+            info = _ptxas_v(kernel.asm["ptx"], a.arch)
+            info.update(kernel=self.__name__, warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
+                        smem=kernel.metadata.shared,
+                        consts={k: repr(v) for k, v in keep.items() if k in (
+                            "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
+                            "H", "HQ", "STORE_STATES", "NPART")})
+            rows.append(info)
         return kernel
 
     JITFunction.run = compile_only
-    import torch
-
-    workload(a.dims, [getattr(torch, d) for d in a.dtypes], a.gates)
-    print(f"triton {triton.__version__}: {len(records)} distinct launches of gated_fused compiled for sm_90")
+    _workload(a.head_dims, a.dtypes)
+    print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
+    for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
+        c = r["consts"]
+        desc = " ".join(f"{k}={c[k]}" for k in ("K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU", "IS_VARLEN", "HQ")
+                        if k in c)
+        print(f"{r['kernel']:18s} {desc:70s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
+              f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
+              + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"triton": triton.__version__, "launches": records}, f, indent=1, default=str)
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

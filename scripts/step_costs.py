@@ -141,48 +141,41 @@ def measure(model: str, *, B: int, T: int, H: int, K: int, dtype, device, warmup
     return {"form": form, "ms": statistics.median(times), "saved": saved.bytes, "peak": peak, "ops": ops.count}
 
 
-def graphed_step_ms(net, x, y, *, warmup: int, repeats: int):
-    """The same LM step captured in one CUDA graph and replayed (a probe: can the sweep's step be graphed,
-    and what does it save?): the loss over every position with ignore_index (no boolean indexing, so no
-    host sync), AdamW with capturable=True. Returns ms (median of replays) or the capture's error line."""
-    import torch.nn.functional as F
+def graphed_step_ms(net, x, y, *, warmup: int, repeats: int, grad_clip=1.0, dtype: str = "bfloat16"):
+    """The same LM step as the lab trains it with CUDA graphs (`fastweights.lab.graph.GraphedSteps`, what
+    `train_cell(cuda_graph=True)` replays: the loss at each example's supervised positions, clipping, AdamW
+    with capturable=True), captured after its eager warm-up steps and replayed. Returns ms (median of
+    replays) or why the capture failed."""
+    from fastweights.lab import graph
+    from fastweights.lab.train import _Supervised
+    from fastweights.training.step import adamw
 
-    from fastweights.lab.train import IGNORE_INDEX
-
-    opt = torch.optim.AdamW(net.parameters(), lr=torch.tensor(1e-3, device=x.device), capturable=True)
-
-    def body():
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            logits = net(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
-        loss.backward()
-        opt.step()
-        return loss
-
+    opt = adamw(net, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1)
+    graph.set_capturable(opt, True)
+    runner = graph.GraphedSteps(_Supervised(net), opt, device=x.device, dtype=dtype, grad_clip=grad_clip,
+                                inputs=x.cpu(), labels=y.cpu(), batch=x.shape[0], steps_per_epoch=1,
+                                capture=True)
+    notes = []
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                opt.zero_grad(set_to_none=True)
-                body()
-        torch.cuda.current_stream().wait_stream(s)
-        opt.zero_grad(set_to_none=True)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            body()
+        sel = runner.epoch(torch.arange(x.shape[0]))
+        for _ in range(graph.WARMUP + 1):  # the warm-up, then the capture and its first replay
+            runner.step(0, sel[0], log=notes.append)
+        if not runner.graphed:
+            return f"not graphed: {runner.why_not()}"
         for _ in range(warmup):
-            g.replay()
+            runner.step(0, sel[0])
         times = []
         for _ in range(max(repeats, 5)):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            g.replay()
+            runner.step(0, sel[0])
             torch.cuda.synchronize()
             times.append(1e3 * (time.perf_counter() - t0))
         return statistics.median(times)
-    except Exception as e:  # noqa: BLE001 — a probe: report why the capture failed
+    except Exception as e:  # noqa: BLE001 — a probe: report why it failed
         return f"failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    finally:
+        runner.close()
 
 
 def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
@@ -240,7 +233,7 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
         out.setdefault(cell.model, {})[key] = ms
         extra = ""
         if graph and cuda and ms == ms:
-            gms = graphed_step_ms(net, x, y, warmup=warmup, repeats=repeats)
+            gms = graphed_step_ms(net, x, y, warmup=warmup, repeats=repeats, grad_clip=cell.grad_clip)
             out.setdefault(cell.model + "+graph", {})[key] = gms if isinstance(gms, float) else float("nan")
             extra = f"  graphed {gms:9.2f} ms ({ms / gms:.1f}x)" if isinstance(gms, float) else f"  graph: {gms}"
         print(f"{cell.model:<20} {key:<10} {ms:9.2f} ms  (heads {cell.num_heads}){extra}", flush=True)

@@ -5,6 +5,7 @@
 - Markers: `cuda` (needs a CUDA GPU; deselected by default, run with `pytest -m cuda` on the
   GPU machine), `triton` (runs Triton kernels: on the GPU, or on CPU tensors under
   TRITON_INTERPRET=1), `distributed` (starts several processes).
+- MKL_CBWR=COMPATIBLE (unless set): bitwise-equal computations stay bitwise equal on any x86 CPU.
 - Kernel tests (`cuda` or `triton`) run with NaN-poisoned kernel outputs
   (`fastweights.kernels.poisoned_outputs`): an element a kernel forgets to write is NaN, never
   a leftover that happens to be right.
@@ -12,8 +13,15 @@
 
 import os
 
-import pytest
-import torch
+# MKL's conditional numerical reproducibility, before torch loads MKL: two equal computations on arrays at
+# other addresses give the same bits (tests compare them with torch.equal). Without it MKL may pick code
+# paths by memory alignment: on an AMD EPYC machine a float64 LM's logits differed by 2.5e-16 between two
+# copies of one model. COMPATIBLE leaves the ISA-pinning tests (tests/lab/test_reproducible.py, which set
+# their own MKL_CBWR) their own choice.
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from fastweights.kernels import poisoned_outputs
 

@@ -132,6 +132,16 @@ MQAR_INCLUSION_FREQ = 0.05
 # standard error is ≈ 17/√8000 ≈ 0.2 (were the draws independent), so this is ~7 of them.
 MQAR_UNIFORM_GAP_MEAN = 1.5
 
+# the graphed training path run on the CPU without a capture (fastweights.lab.graph, emulated)
+# vs the eager loop, float64 weights (absolute): the same steps in another form (the loss at
+# gathered positions with ignore_index, the partial batch filled with ignored rows, a tensor lr);
+# the cross-entropy is fp32 in both and sums its positions in another order: measured ≤ 7.9e-15
+# on the weights over 4 seeds, and ≤ 3.3e-8 on the epoch losses (fp32, relative; bound as
+# RESUME_LOSS_REL). An lr one step off, a missing clip or a wrong loss mean moves the weights by
+# ≥ 1e-5 at these sizes.
+GRAPH_EMULATED_F64 = 1e-12
+GRAPH_EMULATED_LOSS_REL = 1e-6
+
 # ---------------------------------------------------------------- CUDA (tests/cuda, `pytest -m cuda`)
 # the fp32 recurrent form on CUDA vs the float64 recurrence on the CPU, relative (outputs, final
 # state, every gradient; T ≤ 300, D ≤ 128): T sequential fp32 state updates; the H100 run of
@@ -139,6 +149,20 @@ MQAR_UNIFORM_GAP_MEAN = 1.5
 # CHUNK_F32_REL, as on the CPU: measured ≤ 1.8e-6 there; bf16 at T = 65,536 to CHUNK_LOW_REL,
 # measured 2.2e-3 … 3.2e-3.)
 RECURRENT_F32_REL = 1e-5
+# CUDA-graphed training steps vs eager ones (tests/cuda/test_graph_train.py), fp32 without TF32,
+# 14 AdamW steps at lr 3e-3 with a warm-up and clipping, on the weights' change from their
+# initial values: ‖Δw_graphed − Δw_eager‖ / ‖Δw_eager‖ over all weights. The graphed step differs
+# by rounding only (the capturable AdamW's bias corrections in fp32 on the device, the loss's
+# reduction order); a norm, not a max, so that an element whose gradient is rounding noise (Adam
+# divides it by its own scale) cannot fail it alone. The same comparison on the CPU (emulated,
+# fp32) measured ≤ 3.0e-6 (RetNet, gated DeltaNet; at lr 1e-2 RetNet's training amplified rounding
+# to 4.7e-3, hence the lower lr), while an lr one step off gave 0.48–0.58, no lr schedule 0.65,
+# no clipping 0.08–0.19. Epoch losses relative.
+GRAPH_CUDA_F32_UPDATE_REL = 1e-3
+GRAPH_CUDA_F32_LOSS_REL = 1e-4
+# the same in bf16 autocast (the sweep's dtype): bf16 rounding of the activations turns the fp32
+# differences into bf16 ulps (≈ 4e-3); epoch losses relative.
+GRAPH_CUDA_BF16_LOSS_REL = 2e-2
 
 # ---------------------------------------------------------------- seam: stages, dispatch
 STAGE_F64 = 1e-12  # one chunk stage against its direct definition, float64, relative to the largest magnitude

@@ -165,6 +165,9 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
     "retnet": ("chunk_retention", None),  # its own constant per-head decays
     # k, v, β with T·n_h rows (micro-steps interleaved); not re-exported by fla.ops: module.function
     "deltaproduct": ("gated_delta_product.chunk_gated_delta_product", "scalar"),
+    # fla's Comba decays the state before reading the error (v − (D S)ᵀp), ours after (v − Sᵀp): the same work
+    # per token (a probe key p, a scalar gate), another recurrence; timed on the same inputs
+    "comba": ("comba.chunk_comba", "scalar"),
 }
 
 
@@ -186,6 +189,14 @@ def _fla_case(model, B, T, H, D, dtype, device, HV=None):
     n = k.shape[2] if k.dim() == 5 else 1  # DeltaProduct: [B, T, n_h, H, K] → fla's [B, T·n_h, H, K]
     if n > 1:
         kw["num_householder"] = n
+
+    if "p" in inp:  # Comba's probe key, fla's 4th positional argument
+        p = inp["p"]
+
+        def run():
+            return fn(q, k, v, p, **kw)[0]
+
+        return run, [x for x in inp.values() if x.requires_grad]
 
     def run():
         if n == 1:

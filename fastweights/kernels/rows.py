@@ -31,6 +31,7 @@ from functools import lru_cache
 
 import torch
 
+from ..constants import constant_log_gammas
 from ..recipe import Recipe
 from ..state import MemoryState
 from ..torch_backend import finish_state, memory_recurrent_impl
@@ -175,22 +176,8 @@ def _gates(call):
     recipe, s = call.recipe, call.shapes
     g = call.inputs.get("g")
     if recipe.retention.kind == "constant":
-        g = _log_gammas(recipe.retention.log_gammas(s.H), call.q.device).expand(s.B, s.T, s.H)  # [B, T, H]
+        g = constant_log_gammas(recipe.retention, s.H, torch.float32, call.q.device).expand(s.B, s.T, s.H)
     return g, call.inputs.get("beta")
-
-
-_LOG_GAMMAS: dict = {}
-
-
-def _log_gammas(values: list, device) -> torch.Tensor:
-    """The per-head log γ [H] fp32 on `device`, made once per (values, device) and reused: building it from the
-    list on every call is a blocking host-to-device copy (a host sync before each RetNet call, which also keeps
-    the call out of a CUDA graph). Read-only: callers expand it (a view) and the kernels' glue copies."""
-    key = (tuple(values), str(device))
-    t = _LOG_GAMMAS.get(key)
-    if t is None:
-        t = _LOG_GAMMAS[key] = torch.tensor(key[0], dtype=torch.float32, device=device)
-    return t
 
 
 def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):

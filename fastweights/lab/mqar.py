@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -184,12 +185,14 @@ def cell_data(cell: MQARCell):
 
 
 def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: str = "cpu",
-             dtype: str = "float32", checkpoint_dir=None, fresh: bool = False) -> dict:
+             dtype: str = "float32", checkpoint_dir=None, fresh: bool = False, cuda_graph: bool = False) -> dict:
     """Train one cell; the result of `train_cell` plus "state_bytes" (the model's decoding state for
     one sequence of the longest test length, fp32 memories: constant for fast-weight layers, the KV
     cache for softmax attention) and "slices" (the final model's accuracy per test segment). The
     checkpoint's name hashes the cell, the dtype and the device type, and the checkpoint records
-    them (`train_cell(signature=...)`); fresh=True discards it first."""
+    them (`train_cell(signature=...)`); fresh=True discards it first. cuda_graph: train with CUDA-graphed
+    steps (`train_cell(cuda_graph=...)`; recorded as "cuda_graph", not part of the cell or its checkpoint's
+    name)."""
     from .train import accuracy
 
     train, test = cell_data(cell)
@@ -210,7 +213,7 @@ def run_cell(cell: MQARCell, *, progress=None, desc: str | None = None, device: 
 
     res = train_cell(lm_config(cell), train, test, cell.train_config(device, dtype), checkpoint_path=ckpt,
                      progress=progress, model_fn=make, desc=desc or cell.describe(),
-                     signature=dataclasses.asdict(cell), fresh=fresh)
+                     signature=dataclasses.asdict(cell), fresh=fresh, cuda_graph=cuda_graph)
     model = box["model"]
     res["state_bytes"] = int(model.state_size(1, cell.seq_len))
     if len(cell.test_segments) > 1:
@@ -423,11 +426,20 @@ def cell_steps(cell: MQARCell) -> int:
     return cell.epochs * -(-n // cell.batch_size)
 
 
-def cost_estimate(cells: Sequence[MQARCell], step_ms: dict) -> dict[str, float]:
+def cost_estimate(cells: Sequence[MQARCell], step_ms: dict, *, graphed: bool = False,
+                  sources: dict | None = None) -> dict[str, float]:
     """Seconds per model if every cell runs all its epochs: steps × the measured ms of a training
     step of that model at the cell's (seq_len, batch), `step_ms[model]["L{L}-B{batch}"]` (what
-    `scripts/step_costs.py --lm` writes), plus the evaluations (forward only, taken as 1/3 of a
-    step per batch of test examples, every epoch)."""
+    `scripts/step_costs.py --lm` writes), plus the evaluations (forward only, taken as 1/3 of an
+    eager step per batch of test examples, every epoch).
+
+    graphed: the steps replay a CUDA graph (`train_cell(cuda_graph=True)`), at the time
+    `step_ms[model + "+graph"]["L{L}-B{batch}"]` (`step_costs.py --lm --graph`) where it was measured
+    and finite (a failed capture is NaN: that model's steps stay eager), plus per cell its
+    `graph.WARMUP` eager steps and the capture (taken as one more eager step). `sources`, when given,
+    gets {model: "graphed" | "eager"}: what each model's estimate used."""
+    from .graph import WARMUP
+
     out: dict[str, float] = {}
     for c in cells:
         L = max(s[0] for s in c.train_segments)
@@ -437,13 +449,21 @@ def cost_estimate(cells: Sequence[MQARCell], step_ms: dict) -> dict[str, float]:
         except KeyError:
             raise ValueError(f"--step-costs has no step time of {c.model} at {key}") from None
         evals = c.epochs * -(-sum(s[2] for s in c.test_segments) // (c.eval_batch_size or c.batch_size))
-        out[c.model] = out.get(c.model, 0.0) + (cell_steps(c) + evals / 3) * ms / 1e3
+        gms = step_ms.get(c.model + "+graph", {}).get(key) if graphed else None
+        if isinstance(gms, (int, float)) and math.isfinite(gms):
+            warm = min(WARMUP + 1, cell_steps(c))
+            sec = ((cell_steps(c) - warm) * gms + (warm + evals / 3) * ms) / 1e3
+        else:
+            sec = (cell_steps(c) + evals / 3) * ms / 1e3
+        if sources is not None:
+            sources[c.model] = "graphed" if gms is not None and math.isfinite(gms) else "eager"
+        out[c.model] = out.get(c.model, 0.0) + sec
     return out
 
 
 # ------------------------------------------------------------------------------------------ running
 def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtype="float32",
-                 checkpoint_dir=None, threads=None, fresh=False):
+                 checkpoint_dir=None, threads=None, fresh=False, cuda_graph=False):
     """One cell of `run_mqar`. On a CPU device the numerics are pinned first (`pin_cpu_numerics`:
     `threads` torch threads, default 1, and fixed ATen/MKL kernel choices), so that a cell's bits
     depend on (code, torch build, cell, seed) and not on the machine's cores, ISA or the number of
@@ -454,7 +474,7 @@ def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtyp
     elif threads:
         torch.set_num_threads(threads)
     res = run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
-                   fresh=fresh)
+                   fresh=fresh, cuda_graph=cuda_graph)
     if numerics is not None:
         res["cpu_numerics"] = numerics
     return res
@@ -470,19 +490,22 @@ def results_store(out, records=None) -> ResultStore:
 
 
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
-             threads: int | None = None, progress=None, fresh: bool = False, records=None) -> list[dict]:
+             threads: int | None = None, progress=None, fresh: bool = False, records=None,
+             cuda_graph: bool = False) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
     so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
     Every key and record carries the dtype and the device type (a bfloat16 run never takes the
     float32 results for its own). fresh: train every cell again (its checkpoints discarded; the
-    new records supersede the old ones)."""
+    new records supersede the old ones). cuda_graph: CUDA-graphed training steps (`train_cell`); each
+    record says whether its steps were graphed ("cuda_graph"), and the setting is no part of the keys:
+    a sweep resumed with or without graphs skips the same finished cells."""
     import functools
 
     out = Path(out)
     store = results_store(out, records)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
-                           threads=threads, fresh=fresh)
+                           threads=threads, fresh=fresh, cuda_graph=cuda_graph)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
                      device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
                      fresh=fresh)
@@ -663,6 +686,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--ddp", action="store_true", help="under torchrun: every model data-parallel over the ranks")
     g.add_argument("--spread", action="store_true", help="under torchrun: cell i on rank i %% world (default)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture each cell's training step in a CUDA graph and replay it (default: on with a CUDA "
+                        "--device; recorded per cell as cuda_graph, not part of the cell keys)")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
     p.add_argument("--fresh", action="store_true",
                    help="train every cell of this run again: its records in results.jsonl are superseded (kept in "
@@ -697,6 +723,13 @@ def _check_args(args) -> None:
         flag = "--ddp" if args.ddp else "--spread"
         raise ca.ArgError(f"{flag} runs under torchrun (WORLD_SIZE is not set): launch with "
                           f"`torchrun --nproc_per_node=N -m fastweights.cli mqar ... {flag}`, or drop {flag}")
+
+
+def cuda_graph_default(args) -> bool:
+    """--cuda-graph / --no-cuda-graph, else on for a CUDA --device."""
+    if args.cuda_graph is not None:
+        return bool(args.cuda_graph)
+    return torch.device(args.device).type == "cuda"
 
 
 def _capacity_records() -> list[dict]:
@@ -769,14 +802,18 @@ def cli_main(args) -> int:
         if args.step_costs:
             import json
 
+            graphed, sources = args.cuda_graph is not False, {}  # (a GPU run graphs its steps unless told not to)
             try:
-                est = cost_estimate(cells, json.loads(Path(args.step_costs).read_text()))
+                est = cost_estimate(cells, json.loads(Path(args.step_costs).read_text()), graphed=graphed,
+                                    sources=sources)
             except (OSError, ValueError) as e:
                 print(f"error: --step-costs {args.step_costs}: {e}", file=sys.stderr)
                 return 2
-            print("estimated seconds if every cell runs all its epochs (early stopping only shortens it):")
+            print("estimated seconds if every cell runs all its epochs (early stopping only shortens it), "
+                  + ("CUDA-graphed steps where the step costs have them (--no-cuda-graph: all eager):" if graphed
+                     else "eager steps:"))
             for m, sec in sorted(est.items(), key=lambda kv: -kv[1]):
-                print(f"  {m:<20} {sec:8.0f} s")
+                print(f"  {m:<20} {sec:8.0f} s  ({sources[m]})")
             print(f"  {'total':<20} {sum(est.values()):8.0f} s ({sum(est.values()) / 60:.1f} min)")
         return 0
     mode = "ddp" if args.ddp else "spread" if args.spread else "auto"
@@ -788,7 +825,8 @@ def cli_main(args) -> int:
     t0 = time.perf_counter()
     records, status = cliargs.run_sweep_command(
         lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
-                         threads=threads, progress=args.progress, fresh=args.fresh, records=args.records))
+                         threads=threads, progress=args.progress, fresh=args.fresh, records=args.records,
+                         cuda_graph=cuda_graph_default(args)))
     if status is not None:
         return status
     wall = time.perf_counter() - t0

@@ -37,6 +37,9 @@ report the max over the learning-rate sweep).
 The optimizer step, checkpoint writes, stop requests, the process group and the progress
 reporter are `fastweights.training`'s, shared with `fastweights train`.
 
+CUDA graphs: `train_cell(cuda_graph=True)` on a CUDA device captures one training step and
+replays it (`fastweights.lab.graph`: the same maths, the losses read every few steps).
+
 Distributed (torchrun; `fastweights.training.distributed`): `run_sweep(mode="ddp")` trains each
 model with DistributedDataParallel on all ranks (rank 0 writes); `mode="spread"` runs cell i on
 rank i % world_size, every rank appending its own records under a file lock.
@@ -70,6 +73,7 @@ from ..training.control import Interrupted, stop_on_sigint, stop_requested, trai
 from ..training.distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
 from ..training.progress import make_progress
 from ..training.step import adamw, autocast, lr_factor, optimizer_step
+from . import graph
 from .control import CellLock, worker_init
 
 # run_sweep(mode="spread") sets this: the cells of a spread sweep train alone on their rank, so
@@ -245,6 +249,19 @@ class _Supervised(nn.Module):
         rows = mask.nonzero()[:, 0]  # [P] example index of each supervised position
         return logits, labels[mask], rows
 
+    def at(self, inputs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(inputs [B, T], positions [B, m]) -> the logits at those positions [B, m, vocab]: the
+        fixed-shape form of `forward` (no data-dependent size, so a CUDA graph can capture it;
+        `fastweights.lab.graph`)."""
+        if self._lm:
+            h = self.model.embed(inputs)  # [B, T, d]
+            for block in self.model.blocks:
+                h, _ = block(h)
+            h = torch.gather(h, 1, positions.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # [B, m, d]
+            return self.model._logits(h)
+        logits = self.model(inputs)  # [B, T, vocab]
+        return torch.gather(logits, 1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
 
 def _lr_lambda(cfg: TrainConfig, total: int):
     warm, floor = cfg.warmup_steps(total), cfg.min_lr / cfg.lr
@@ -381,7 +398,7 @@ def _check_resumable(st: dict, sig: dict, path: Path) -> None:
 def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint_path=None, progress=None,
                model_fn: Callable[[Any], nn.Module] | None = None, ddp: bool | None = None,
                on_epoch: Callable[[int, dict], None] | None = None, desc: str = "cell",
-               signature: dict | None = None, fresh: bool = False) -> dict:
+               signature: dict | None = None, fresh: bool = False, cuda_graph: bool = False) -> dict:
     """Train one model and return its result.
 
     lm_config:   what `model_fn` builds the model from (default model_fn: `LM(lm_config)`).
@@ -397,6 +414,12 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                  `checkpoint_signature`); a checkpoint written with other settings is refused with
                  a TrainError naming the differing fields.
     fresh:       discard an existing checkpoint and train from the start.
+    cuda_graph:  on CUDA (not under DDP), capture one training step in a CUDA graph and replay
+                 it for every step (`fastweights.lab.graph`: the same maths; the losses are read
+                 every `graph.CHECK_EVERY` steps and at the epoch's end, so a non-finite loss
+                 stops the cell up to that many steps late; a failed capture trains on eagerly and
+                 says so). Not part of the checkpoint's signature: a checkpoint resumes in either
+                 mode.
 
     Stopping: when a stop is requested (`fastweights.training.control`: the first SIGINT under
     `stop_on_sigint`, or `request_stop()`), the cell saves its checkpoint at the current step
@@ -406,10 +429,14 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     Returns {"accuracy": best eval accuracy, "final_accuracy", "best_epoch", "epochs_run",
     "stopped_early", "history": [{"epoch", "loss", "accuracy", "lr", "seconds"}...], "params",
     "state_bytes" (model.state_size(1) when the model has one), "steps", "train_seconds",
-    "resumed_from" (epochs already done when the call started)}.
+    "resumed_from" (epochs already done when the call started), "cuda_graph" (whether this
+    call's steps were replays of a captured graph) and, when cuda_graph was asked for but not
+    used, "cuda_graph_note" (why)}.
     """
     if not isinstance(cfg, TrainConfig):
         raise TrainError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if not isinstance(cuda_graph, bool):
+        raise TrainError(f"cuda_graph must be True or False, got {cuda_graph!r}")
     x_tr, y_tr = _check_pair(train_pair, "train_pair")
     x_te, y_te = _check_pair(test_pair, "test_pair")
     prog = make_progress(progress)
@@ -458,6 +485,8 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
             raise TrainError(f"checkpoint {ckpt} holds another model ({first}): pass --fresh (fresh=True) to "
                              "discard it, or use another output directory") from None
         opt.load_state_dict(st["optimizer"])
+        if any(g.get("capturable") for g in opt.param_groups):  # (checkpoints are written in the eager form)
+            graph.set_capturable(opt, False)
         sched.load_state_dict(st["scheduler"])
         set_rng_state(st["rng"])
         history = list(st["history"])
@@ -472,10 +501,26 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                  + (f" step {start_step}" if start_step else ""))
     resumed_from = start_epoch
     stoppable = not (use_ddp and world > 1)  # (every DDP rank would have to stop at the same step)
+    runner, graph_note = None, None
+    if cuda_graph and not finished:
+        if use_ddp and world > 1:
+            graph_note = "not used under DDP"
+        elif device.type != "cuda" and not graph._EMULATE_ON_CPU:
+            graph_note = f"CUDA only (device {device})"
+        else:
+            capture = device.type == "cuda"
+            if capture:
+                graph.set_capturable(opt, True)
+            runner = graph.GraphedSteps(sup, opt, device=device, dtype=cfg.dtype, grad_clip=cfg.grad_clip,
+                                        inputs=x_tr, labels=y_tr, batch=per_rank_bs,
+                                        steps_per_epoch=steps_per_epoch, capture=capture)
+        if graph_note is not None:
+            prog.log(f"{desc}: cuda_graph: {graph_note}; training eagerly")
 
     def save(epoch_done: int, **mid):
         if ckpt is not None and rank == 0:
-            atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+            atomic_save({"model": model.state_dict(),
+                         "optimizer": opt.state_dict() if runner is None else graph.eager_state_dict(opt),
                          "scheduler": sched.state_dict(), "rng": rng_state(), "epoch": epoch_done,
                          "history": history, "best": best, "best_epoch": best_epoch, "finished": finished,
                          "stopped_early": stopped, "train_seconds": train_seconds,
@@ -485,10 +530,13 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
         saved = f"saved to {ckpt}" if ckpt is not None else "nothing saved (no checkpoint path)"
         return Interrupted(f"{desc}: stopped {where}; {saved}")
 
+    def log_line(line: str) -> None:
+        prog.log(f"{desc}: {line}")
+
     eval_bs = cfg.eval_batch_size or cfg.batch_size
     bar = None if finished else prog.bar((cfg.epochs - start_epoch) * steps_per_epoch - start_step, desc)
     epoch = start_epoch
-    with training():
+    with training(), (contextlib.nullcontext() if runner is None else contextlib.closing(runner)):
         while not finished and epoch < cfg.epochs:
             t0 = time.perf_counter()
             net.train()
@@ -497,12 +545,32 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
             mine = perm[rank::world]  # [per_rank_n] this rank's examples for the epoch
             first, (loss_sum, loss_n, carried_s) = start_step, carry
             start_step, carry = 0, (0.0, 0, 0.0)
+            selection = runner.epoch(mine) if runner is not None else None
+            read = first  # (graphed) the first step whose loss the host has not read yet
+            bad = None  # (graphed) the first step with a non-finite loss
             for s in range(first, steps_per_epoch):
+                if runner is not None and stoppable and stop_requested():  # (account for the steps run so far)
+                    loss_sum, loss_n, bad = graph.account(runner.read(read, s), read, loss_sum, loss_n)
+                    read = s
+                    if bad is not None:
+                        break
                 if stoppable and stop_requested():
                     save(epoch, step=s, loss_sum=loss_sum, loss_n=loss_n,
                          epoch_seconds=carried_s + time.perf_counter() - t0)
                     bar.close()
                     raise interrupted(f"at epoch {epoch + 1} step {s}/{steps_per_epoch}")
+                if runner is not None:
+                    runner.step(s, selection[s], log=log_line)
+                    sched.step()
+                    bar.update(1)
+                    if (s + 1 - read) >= graph.CHECK_EVERY or s + 1 == steps_per_epoch:
+                        losses = runner.read(read, s + 1)
+                        loss_sum, loss_n, bad = graph.account(losses, read, loss_sum, loss_n)
+                        read = s + 1
+                        if bad is not None:
+                            break
+                        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                    continue
                 b = mine[s * per_rank_bs:(s + 1) * per_rank_bs]
                 x, y = x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True)
                 with autocast(cfg.dtype, device):
@@ -520,6 +588,10 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
                 bar.update(1)
                 if s % 10 == 0:
                     bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
+            if bad is not None:  # (graphed: seen when the losses were read, at most CHECK_EVERY steps later)
+                prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {bad + 1} (read after step {read}); "
+                         "stopping the cell")
+                stopped = True
             if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
                 loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n],
                                                   device=device if device.type == "cuda" else "cpu")
@@ -557,7 +629,8 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
             "best_epoch": best_epoch, "epochs_run": len(history), "stopped_early": stopped,
             "history": history, "params": n_params, "state_bytes": state_bytes,
             "steps": steps_per_epoch * len(history), "train_seconds": round(train_seconds, 3),
-            "resumed_from": resumed_from}
+            "resumed_from": resumed_from, "cuda_graph": runner is not None and runner.graphed,
+            **({"cuda_graph_note": note} if (note := graph_note or (runner and runner.why_not())) else {})}
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -991,7 +1064,7 @@ def best_over(records: Iterable[dict], over: Sequence[str] = ("lr",), fields: Se
         return []
     result_keys = {"key", "accuracy", "final_accuracy", "best_epoch", "epochs_run", "stopped_early", "history",
                    "params", "state_bytes", "steps", "train_seconds", "resumed_from", "rank", "wall_seconds",
-                   "cpu_numerics"}
+                   "cpu_numerics", "cuda_graph", "cuda_graph_note"}
     if fields is None:
         fields = [k for k in records[0] if k not in result_keys and k not in over]
     def score(r):

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..constants import constant_log_gammas
 from ..recipe import Recipe
 from ..state import KVCache, compute_dtype
 
@@ -82,7 +83,7 @@ def _cumulative(recipe: Recipe, g: Tensor | None, cache: KVCache, B: int, T: int
     L = cache.length
     cdt = compute_dtype(cache.k)
     if ret.kind == "constant":  # c_i = (i + 1)·log γ_h, exact products instead of a long cumsum
-        lg = torch.tensor(ret.log_gammas(H), dtype=cdt, device=device)  # [H]
+        lg = constant_log_gammas(ret, H, cdt, device)  # [H] (cached on the device: no copy per call)
         pos = torch.arange(L + 1, L + T + 1, dtype=cdt, device=device)  # [T]
         return (pos[:, None] * lg[None, :]).expand(B, T, H)  # [B, T, H]
     if g is None:

@@ -52,6 +52,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
 from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
@@ -884,11 +885,24 @@ class MemoryMixer(nn.Module):
         return torch.cat(outs, dim=1), cache  # [B, T, H, V]
 
     def _output(self, o: Tensor, x: Tensor, z: Tensor | None = None) -> Tensor:
-        """o [B, T, H, V] -> y [B, T, d]; z: g_proj(x) when `_project` computed it."""
+        """o [B, T, H, V] -> y [B, T, d]; z: g_proj(x) when `_project` computed it.
+
+        With a norm or a gate between o and o_proj, under autograd, that stretch runs in a non-reentrant
+        checkpoint: the backward recomputes o_proj's input (the normed / gated o, H·V wide) from o and z
+        instead of keeping it (−2·H·V bytes a token in bf16: 4 KB for gated DeltaNet at d_model 1024),
+        for one more norm and o_proj matmul in the backward. z goes in contiguous: a column view of the
+        joint projection would keep all of it."""
         B, T = o.shape[:2]
         o = o.reshape(B, T, self.H * self.V)  # [B, T, H·V]
         if z is None and self.g_proj is not None:
             z = self.g_proj(x)  # [B, T, H·V]
+        if (self.o_norm is None and z is None) or not torch.is_grad_enabled():
+            return self._gated_projection(o, z)
+        return checkpoint(self._gated_projection, o, z.contiguous() if z is not None else None,
+                          use_reentrant=False, preserve_rng_state=False)
+
+    def _gated_projection(self, o: Tensor, z: Tensor | None) -> Tensor:
+        """o_proj(RMSNorm(o) [⊙ act(z)]) or o_proj(o ⊙ act(z)): o, z [B, T, H·V] -> [B, T, d]."""
         if self.o_norm is not None:
             o = self.o_norm(o, z)
         elif z is not None:

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -70,6 +71,19 @@ def _delta_fused(x, **kw):
         delta.FORWARD = old
 
 
+def _delta_fused_bwd(x, *, t_form=False, **kw):
+    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
+    from fastweights.kernels.triton import delta
+
+    old = delta.FORWARD, delta.BACKWARD, util.LAUNCH["delta_prepass"]["WU"]
+    delta.FORWARD, delta.BACKWARD = "fused", "fused"
+    util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old[2]
+    try:
+        return delta_triton(x, **kw)
+    finally:
+        delta.FORWARD, delta.BACKWARD, util.LAUNCH["delta_prepass"]["WU"] = old
+
+
 def _gated(x, *, chunk_size=16):
     d = to_dev(x)
     return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
@@ -98,6 +112,9 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
         out.append((f"delta {gate}", _delta, delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
         out.append((f"delta fused {gate}", _delta_fused, delta_inputs(gate, gen, T=T, K=K, V=V),
                     dict(chunk_size=chunk_size)))
+        if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
+            out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
+                        delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
     out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
                 dict(chunk_size=chunk_size, decay_first=False)))
     for gate in ("scalar", "diagonal"):
@@ -138,9 +155,11 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
                 assert kw["num_warps"] in GATED_FUSED_WARPS[name] and kw["num_stages"] == 1, name
                 continue
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
-            assert kw["num_warps"] == 4 and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
+            warps = 8 if name == "delta_fused_grads" else 4  # (8: its [C, K] accumulators' registers)
+            assert kw["num_warps"] == warps and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
-                                       "output_fwd", "delta_fused_fwd"):
+                                       "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
+                                       "delta_fused_fwd_t", "delta_fused_grads"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
     assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
 
@@ -175,7 +194,8 @@ def test_override_reaches_only_its_launch(gen, table, calls):
     assert util.launch("delta_states_bwd") == dict(num_warps=4, num_stages=2)
 
 
-STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd")
+STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd",
+                "delta_fused_rec", "delta_fused_rev", "delta_fused_fwd_t")
 #: The fused gated-linear pipeline's warps (util.LAUNCH): its forward 8 with the diagonal decay (WARPS_DIAG), its
 #: chunk kernel 8 (a whole chunk's dq, dk accumulators).
 GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8},

@@ -3,6 +3,7 @@ mixtures pad without leaking, the CLI writes results/table/plots and a re-run tr
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 
@@ -121,6 +122,27 @@ def test_cli_runs_writes_and_skips(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "2 already done, 0 to run here" in text and "epoch 1/1" not in text
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_cuda_graph_is_recorded_per_cell_and_no_part_of_its_key(tmp_path, capsys):
+    """--cuda-graph (default: on for a CUDA --device) reaches every cell and its record; a sweep resumed
+    with the other setting skips the same finished cells (on the CPU the cell trains eagerly and says so)."""
+    p = argparse.ArgumentParser()
+    mqar.add_arguments(p)
+    assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda"])) is True
+    assert mqar.cuda_graph_default(p.parse_args(["--device", "cpu"])) is False
+    assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda", "--no-cuda-graph"])) is False
+    out = tmp_path / "run"
+    argv = ["--models", "deltanet", "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2", "--lrs", "0.01",
+            "--epochs", "1", "--train-examples", "32", "--test-examples", "16", "--out", str(out), "--workers", "1",
+            "--progress", "plain"]
+    assert mqar.main([*argv, "--cuda-graph"]) == 0
+    assert "cuda_graph: CUDA only (device cpu); training eagerly" in capsys.readouterr().out
+    rec = json.loads((out / "results.jsonl").read_text())
+    assert rec["cuda_graph"] is False and rec["cuda_graph_note"] == "CUDA only (device cpu)"
+    assert "cuda_graph" not in rec["key"]
+    assert mqar.main([*argv, "--no-cuda-graph"]) == 0
+    assert "1 already done, 0 to run here" in capsys.readouterr().out
 
 
 def test_cli_errors(capsys):
@@ -289,6 +311,17 @@ def test_ceilings_grid_heads_and_lrs():
     train = 2 * (4 * 504 + 8 * 125 + 8 * 250)  # 2 lrs; batch 64 up to L 256, 32 at 512, 16 at 1024
     evals = 2 * 8 * (4 * 8 + 16 + 32)  # ⌈500 test examples / batch⌉ every epoch
     assert est["deltanet"] == pytest.approx((train + evals / 3) * 0.01)
+    # with CUDA-graphed step times: graphed steps after each cell's 3 warm-up steps and its capture
+    # (eager); a model whose capture failed (NaN) stays eager
+    steps["deltanet+graph"] = {k: 2.0 for k in steps["deltanet"]}
+    steps["gla+graph"] = {k: float("nan") for k in steps["gla"]}
+    sources = {}
+    est = mqar.cost_estimate([c for c in cells if c.model in ("deltanet", "gla")], steps, graphed=True,
+                             sources=sources)
+    n_cells = 2 * 6
+    assert est["deltanet"] == pytest.approx(((train - 4 * n_cells) * 2.0 + (4 * n_cells + evals / 3) * 10.0) / 1e3)
+    assert est["gla"] == pytest.approx((train + evals / 3) * 0.01)
+    assert sources == {"deltanet": "graphed", "gla": "eager"}
     with pytest.raises(ValueError, match="no step time"):
         mqar.cost_estimate(cells[:1], {})
 

@@ -51,6 +51,8 @@ from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
 from .delta_fused import fused_forward
+from .delta_fused_bwd import fused_backward, recompute_states
+from .delta_fused_bwd import supports as fused_bwd_supports
 from .delta_grads import sum_grads
 from .delta_inverse import unit_lower_inverse
 from .delta_output import chunk_outputs, chunk_outputs_bwd_local
@@ -75,11 +77,27 @@ FORWARD = "staged"
 FORWARDS = ("staged", "fused")
 
 
+#: The backward of the same calls: "staged" (the stage kernels below) or "fused" (delta_fused_bwd.py: the state
+#: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) — for no or a
+#: scalar decay with K ≤ 128 and C ≤ 64 (`delta_fused_bwd.supports`); KDA, Comba, K = 256 and C = 128 always run
+#: staged. Read when the forward runs; either forward feeds either backward (both save T).
+BACKWARD = "staged"
+BACKWARDS = ("staged", "fused")
+
+
 def uses_fused_forward(p, g, decay_first: bool) -> bool:
     """Whether a call with probe key p, gate g and decay order runs the fused forward (FORWARD, decay first, no p)."""
     if FORWARD not in FORWARDS:
         raise ValueError(f"delta.FORWARD must be one of {FORWARDS}, got {FORWARD!r}")
     return FORWARD == "fused" and p is None and (decay_first or g is None)
+
+
+def uses_fused_backward(p, g, decay_first: bool, L) -> bool:
+    """Whether a call with probe key p, gate g, decay order and layout L runs the fused backward (BACKWARD, decay
+    first, no p, `delta_fused_bwd.supports`)."""
+    if BACKWARD not in BACKWARDS:
+        raise ValueError(f"delta.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
+    return BACKWARD == "fused" and p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
 
 
 def _cumsums(g, L, excl: bool):
@@ -98,12 +116,13 @@ class ChunkDeltaTriton(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, h0, p, scale, L, output_final_state, has_beta, decay_first):
         excl = g is not None and not decay_first
         ctx.recompute = RECOMPUTE_STATES
+        ctx.fused_bwd = uses_fused_backward(p, g, decay_first, L)
         if uses_fused_forward(p, g, decay_first):
-            # T only where a gradient will be asked for; h, U (and S_T, for ∂L/∂G_last) only where the
-            # backward keeps them
+            # T only where a gradient will be asked for; h, U (and S_T, for the staged backward's ∂L/∂G_last) only
+            # where the backward keeps them
             o, Ti, h, u, ht = fused_forward(
                 q, k, v, g, beta, h0, scale, L, store_T=any(ctx.needs_input_grad), store_states=not ctx.recompute,
-                output_final_state=output_final_state or (not ctx.recompute and g is not None))
+                output_final_state=output_final_state or (not ctx.recompute and g is not None and not ctx.fused_bwd))
         else:
             r = k if p is None else p  # the read key
             G, R = _cumsums(g, L, excl)
@@ -129,6 +148,13 @@ class ChunkDeltaTriton(torch.autograd.Function):
         ctx.q_src = ctx.k_src = None
         scale, L, excl = ctx.scale, ctx.L, ctx.excl
         do = do.contiguous()
+        dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
+        if ctx.fused_bwd:
+            if ctx.recompute:
+                h, u = recompute_states(k, v, g, beta, Ti, h0, L)
+            dq, dk, dv, dg, dbeta, dh0 = fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale, L,
+                                                        need_dh0=h0 is not None)
+            return dq, dk, dv, dg, (dbeta if ctx.has_beta else None), dh0, None, None, None, None, None, None
         r = k if p is None else p
         G, R = _cumsums(g, L, excl)
         P = decayed_scores(r, k, G, None, 1.0, L, Gq=R if excl else None, strict=excl)
@@ -137,7 +163,6 @@ class ChunkDeltaTriton(torch.autograd.Function):
         if ctx.recompute:  # the forward's state pass again: the same kernel on the same inputs, bitwise the same
             h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=ctx.output_final_state or G is not None)
         del u1
-        dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         du, dA = chunk_outputs_bwd_local(A, u, do, L)
         dh, dh0, dgc = pass_states_bwd(q, k, w, G, h, ht, dht, do, du, scale, L, need_dh0=h0 is not None)
         fold = p is None and not excl and L.H == L.Hq  # r = k: the last kernel sums dk's parts (no sum pass)

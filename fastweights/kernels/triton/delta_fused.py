@@ -47,6 +47,7 @@ import triton.language as tl
 from ...inputs import InputError
 from .. import empty_output
 from .cumsum import chunk_cumsum
+from .delta_fused_bwd import states_forward, supports
 from .layout import Layout
 from .scores import decayed_scores
 from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
@@ -96,8 +97,8 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
                     HQ: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr, GATE: tl.constexpr, P_IN: tl.constexpr,
-                    STORE_T: tl.constexpr, STORE_A: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
-                    IEEE: tl.constexpr, PREC: tl.constexpr):
+                    STORE_T: tl.constexpr, STORE_A: tl.constexpr, STORE_WU: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory);
     # STORE_A (GATE 0/1): also Aqk = scale (Q Kᵀ ⊙ e^{G_i − G_j}) on j ≤ i, fp32, for the sequential kernel
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
@@ -140,24 +141,25 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
     b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
     if STORE_T:
         tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T, mask=m_t[:, None])
-    for i_v in range(0, tl.cdiv(V, BV)):
-        vv = i_v * BV + tl.arange(0, BV)
-        m = m_t[:, None] & (vv < V)[None, :]
-        off = (rows[:, None] * H + i_h) * V + vv[None, :]
-        b_v = tl.load(v + off, mask=m, other=0.0).to(tl.float32) * b_beta[:, None]
-        tl.store(u1 + off, mm(b_T, b_v, DT, IEEE).to(u1.dtype.element_ty), mask=m)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        kk = i_k * BK + tl.arange(0, BK)
-        m = m_t[:, None] & (kk < K)[None, :]
-        b_k = tl.load(k + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
-        b_k = b_k * b_beta[:, None]
-        if GATE == 2:
-            b_k = b_k * tl.exp(tl.cumsum(tl.load(g + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m,
-                                                 other=0.0).to(tl.float32), axis=0))
-        elif GATE == 1:
-            b_k = b_k * tl.exp(G)[:, None]
-        tl.store(w + (rows[:, None] * H + i_h) * K + kk[None, :], mm(b_T, b_k, DT, IEEE).to(w.dtype.element_ty),
-                 mask=m)
+    if STORE_WU:  # (not with LAUNCH["delta_prepass"]["WU"] = 0: the sequential kernel then reads T)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m = m_t[:, None] & (vv < V)[None, :]
+            off = (rows[:, None] * H + i_h) * V + vv[None, :]
+            b_v = tl.load(v + off, mask=m, other=0.0).to(tl.float32) * b_beta[:, None]
+            tl.store(u1 + off, mm(b_T, b_v, DT, IEEE).to(u1.dtype.element_ty), mask=m)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            kk = i_k * BK + tl.arange(0, BK)
+            m = m_t[:, None] & (kk < K)[None, :]
+            b_k = tl.load(k + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m, other=0.0).to(tl.float32)
+            b_k = b_k * b_beta[:, None]
+            if GATE == 2:
+                b_k = b_k * tl.exp(tl.cumsum(tl.load(g + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m,
+                                                     other=0.0).to(tl.float32), axis=0))
+            elif GATE == 1:
+                b_k = b_k * tl.exp(G)[:, None]
+            tl.store(w + (rows[:, None] * H + i_h) * K + kk[None, :],
+                     mm(b_T, b_k, DT, IEEE).to(w.dtype.element_ty), mask=m)
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -274,7 +276,9 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     DT, IEEE = dot_dtype(q.dtype)
     cu, chunk_seq, chunk_local, offsets = varlen_args(L, dev)
     P = A = None
-    aqk_in_prepass = gate != 2 and bool(tile("delta_prepass", "AQK"))
+    # U = T X in the sequential loop (delta_fused_bwd._states_kernel): the pre-pass writes T only
+    t_form = not tile("delta_prepass", "WU") and supports(g, L)
+    aqk_in_prepass = gate != 2 and not t_form and bool(tile("delta_prepass", "AQK"))
     if aqk_in_prepass:
         A = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev)
     if gate == 2:  # KDA: P and Aqk from the 16-row-block scores kernel (the per-channel decay)
@@ -282,18 +286,24 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         P = decayed_scores(k, k, G, None, 1.0, L)
         A = decayed_scores(q, k, G, None, scale, L)
         del G
-    w = empty_output(L.B, L.T, L.H, L.K, dtype=k.dtype, device=dev)
-    u1 = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev)
-    Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev) if store_T else None
+    w = empty_output(L.B, L.T, L.H, L.K, dtype=k.dtype, device=dev) if not t_form else None
+    u1 = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev) if not t_form else None
+    Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev) if store_T or t_form else None
+    if t_form:
+        w = u1 = Ti  # placeholders (not written)
     BK = min(64, pow2(L.K))
     _prepass_kernel[(L.NT, L.B * L.H)](
         q, k, v, g if g is not None else k, beta, P if P is not None else w, Ti if Ti is not None else w, w, u1,
         A if aqk_in_prepass else w, cu, chunk_seq, chunk_local, scale, L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
-        NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=store_T,
-        STORE_A=aqk_in_prepass, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
+        STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         PREC="ieee" if IEEE == 1 else "tf32x3", **launch("delta_prepass"))
     del P
+    if t_form:
+        o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
+                                     output_final_state=output_final_state, name="delta_fused_fwd_t")
+        return o, (Ti if store_T else None), h, u, ht
     BV = value_block(L)
     o = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev)
     h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=q.dtype, device=dev) if store_states else None

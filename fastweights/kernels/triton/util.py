@@ -102,8 +102,11 @@ LAUNCH: dict[str, dict] = {
     # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
     # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs)
     # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
-    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0),  # delta_fused._prepass_kernel
+    # WU 1: the pre-pass writes W and U' for the sequential kernel; 0 (no/scalar decay, K ≤ 128): it writes only T
+    # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
+    "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused_bwd._states_kernel, o
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
     # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A once per
     # chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block); the chunk kernel
@@ -120,6 +123,10 @@ LAUNCH: dict[str, dict] = {
     "qk_grads": dict(num_warps=4, num_stages=2, BC=32, BC_DIAG=16),  # qk_grads._qk_grads_kernel
     "wy_bwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_bwd_kernel
     "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
+    # the delta class's fused backward (delta_fused_bwd.py; BV, PROGRAMS as delta_fused_fwd's):
+    "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U recomputed
+    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _reverse_kernel
+    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
 }
 
 #: The Triton function of each launch site (what a profiler names its kernels).
@@ -132,6 +139,8 @@ KERNEL_FN = {
     "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
     "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
     "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
+    "delta_fused_fwd_t": "delta_fused_bwd._states_kernel", "delta_fused_rec": "delta_fused_bwd._states_kernel",
+    "delta_fused_rev": "delta_fused_bwd._reverse_kernel", "delta_fused_grads": "delta_fused_bwd._grads_kernel",
     "gated_fused_fwd": "gated_fused._fwd_kernel", "gated_fused_bwd_states": "gated_fused._bwd_states_kernel",
     "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel", "gated_fused_scores": "gated_fused._scores_kernel",
 }

@@ -69,9 +69,11 @@ CONFIGS: dict[str, tuple[dict, bool]] = {
     "chunk-4w": ({"gated_fused_bwd_chunk": {"num_warps": 4}}, False),  # 2 programs an SM instead of 1
     "keep": ({}, True),  # the forward keeps h (RECOMPUTE_STATES False)
 }
-#: The configs timed (and so checked) at each shape; "call3" only where its BV differs from the default's.
-TIMED = {"anchor": ["default", "no-prefetch", "aqk", "stages3", "fwd-8w", "chunk-4w", "keep"],
-         "long": ["default", "call3", "no-prefetch", "aqk", "stages3", "chunk-4w"]}
+#: The configs timed (and so checked) at each shape; "call3" only where its BV differs from the default's. Not
+#: timed: chunk-4w (sm_90 compile: 1,944 B spilled scalar, 4,716 B GLA, against 148 / 520 at 8 warps). stages3
+#: puts GLA's 8-warp forward at 252 KB of shared memory (> 227): its GLA check fails to compile, by design.
+TIMED = {"anchor": ["default", "no-prefetch", "aqk", "stages3", "fwd-8w", "keep"],
+         "long": ["default", "call3", "no-prefetch", "aqk", "stages3"]}
 SHAPES = {"anchor": ("B4 T4096 H16 D128", (4, 4096, 16, 128)), "long": ("B1 T32768 H16 D128", (1, 32768, 16, 128))}
 DRY_SHAPES = {"anchor": ("B2 T80 H2 D16", (2, 80, 2, 16)), "long": ("B1 T150 H2 D16", (1, 150, 2, 16))}
 #: tests/tolerances.py: TRITON_LOW_REL[bf16] (bf16 against fp32 on the same inputs) and CHUNK_LONG_F32_REL
@@ -224,6 +226,10 @@ def stage_check():
             RESULTS["failed"].append(f"check {case}: {r['error'][:200]}")
             log(f"check {case}: *** DIED *** {r['error'][:400]}")
         for row in r.get("rows", []):
+            if row.get("error"):
+                log(f"check {case:20s} {row['case']:44s} *** FAILED *** {row['error'][:300]}")
+                RESULTS["failed"].append(f"check {case} {row['case']}: {row['error'][:120]}")
+                continue
             worst = max(row["errors"], key=lambda k: row["errors"][k]) if row["errors"] else "-"
             ok = "ok" if row["passed"] else "*** FAILED ***"
             det = "" if row.get("deterministic", True) else " NOT DETERMINISTIC"
@@ -621,10 +627,16 @@ def inner_check(case, path):
         with use("staged"):
             want = fwd_grads(model, ref_in)
         del ref_in
-        with use("fused", cfg):
-            got = fwd_grads(model, inp)
-            with torch.no_grad():
-                det = torch.equal(call_model(model, inp), call_model(model, inp))
+        try:  # a config that cannot compile for one model (e.g. out of shared memory) fails that model alone
+            with use("fused", cfg):
+                got = fwd_grads(model, inp)
+                with torch.no_grad():
+                    det = torch.equal(call_model(model, inp), call_model(model, inp))
+        except Exception as e:  # a CUDA fault fails the models after it too (their context is gone)
+            out["rows"].append({"case": model, "errors": {}, "passed": False,
+                                "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            write(path, out)
+            continue
         errs = {"o": rel(got[0], want[0])}
         errs.update({f"d{k}": rel(got[1][k], want[1][k]) for k in want[1]})
         out["rows"].append({"case": model, "errors": errs, "deterministic": det,
@@ -654,7 +666,14 @@ def inner_time(case, path):
         fwd, fwdbwd = _fwd_bwd(lambda model=model, inp=inp: call_model(model, inp), tensors)
         for pipeline, cfg in [("staged", "default")] + [("fused", c) for c in plan[model]]:
             with use(pipeline, cfg):
-                ms = (_bench(fwd, torch.device(DEV), warmup, reps), _bench(fwdbwd, torch.device(DEV), warmup, reps))
+                try:
+                    ms = (_bench(fwd, torch.device(DEV), warmup, reps), _bench(fwdbwd, torch.device(DEV), warmup,
+                                                                              reps))
+                except Exception as e:  # recorded with its config; a CUDA fault ends the process at the next call
+                    out.setdefault("errors", []).append(f"{model} {pipeline} {cfg}: {type(e).__name__}: {e}"[:400])
+                    out["error"] = out["errors"][0]
+                    write(path, out)
+                    continue
                 progs = ""
                 if pipeline == "fused":
                     p = gated_fused.fused_programs(make_layout(B, T, H, H, D, D, 64, None, DEV))

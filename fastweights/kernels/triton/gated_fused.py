@@ -30,7 +30,10 @@ for the backward stages):
    With `LAUNCH["gated_fused_fwd"]["AQK"] = 1` the scores come instead from `_scores_kernel` (chunk-parallel,
    grid (NT, B·H): A once per chunk, stored in the operand dtype — for bf16 exactly what the forward would cast
    it to — and read by every V block; twin: `chunkwise.common.decayed_scores`): one [C, C] tensor per token row
-   written and read, for 1/NV of the QKᵀ work (NV = 8 V blocks at B = 1, T = 32,768, H = 16). Off by default.
+   written and read, for 1/NV of the QKᵀ work (NV = 4 V blocks at B = 1, T = 32,768, H = 16). Off by default.
+   β of chunk c+1 is loaded while chunk c is computed (`LAUNCH["gated_fused_fwd"]["PREFETCH"] = 1`): β's
+   strided 2-byte loads are not software-pipelined by Triton (q, k, v and g are, as cp.async), so loaded where
+   used each chunk would wait a global-memory round trip on the state's dependency chain.
 2. `_bwd_states_kernel`, sequential in reverse, grid (⌈V/BV⌉, sequences·H): dS [K, BV] fp32 in registers;
    writes dh (dS_{n+1} of each chunk, bf16 for bf16 inputs) and dS_0.
 3. `_bwd_chunk_kernel`, chunk-parallel, grid (chunk slots NT, B·H), one chunk (all C rows, all K) per
@@ -72,7 +75,9 @@ latency-bound (the sequential ones: 64 chunks walked per program at the anchor, 
 Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags (SPAN is a
 module constant); T and NT are not specialized, so a varlen call with another packing reuses the compiled
 kernels. BV (the sequential kernels' value columns) comes from `value_block`: the heads alone (varlen) or
-batch × heads (padded) against a program target, never from T or the packing.
+batch × heads (padded) against a program target, never from T or the packing, and not below
+LAUNCH["gated_fused_fwd"]["MIN_BV"] = 32 (`value_block`: call 3 on the H100 failed only in BV 16
+specializations; docs/kernel_notes.md).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def inner(stage: str, case: str, *, timeout: float, env: dict | None = None, pre
     cmd = (prefix or []) + [sys.executable, os.path.abspath(__file__), "--inner", stage, case, path]
     if ARGS.dry_run:
         cmd.append("--dry-run")
-    e = {**os.environ, **(env or {})}
+    e = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **(env or {})}
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
                          start_new_session=True)
     CHILDREN.add(p)
@@ -248,8 +248,10 @@ def sanitizer() -> str | None:
 def stage_check():
     first = [("check", c, {}) for c in ("anchor/staged-warm", "long/staged-warm", "long/default", "anchor/default",
                                          "small/default", "d256/default", "d256/call3")]
-    jobs = first + [("check", f"{shape}/{cfg}", {}) for shape in ("long", "anchor") for cfg in TIMED[shape]
-                    if cfg != "default"]
+    rest = [[("check", f"{shape}/{cfg}", {}) for cfg in TIMED[shape] if cfg != "default"] for shape in ("long",
+                                                                                                        "anchor")]
+    jobs = first + [job for pair in zip(*rest) for job in pair] + rest[0][len(rest[1]):] + rest[1][len(rest[0]):]
+    # long and anchor jobs alternate: fewer long-shape processes (≈ 5–10 GB of GPU memory each) at once
     if RESULTS.get("sanitizer_cmd"):  # call 3's fault reproduced: its kernels under memcheck, beside the checks
         jobs.insert(0, ("fault", "call3-long-kernels", {"CUDA_LAUNCH_BLOCKING": "1"},
                         [RESULTS["sanitizer_cmd"], "--tool", "memcheck", "--print-limit", "6"]))
@@ -465,7 +467,8 @@ def fwd_grads(model, inp, seed=7):
 def ref_grads(model, inp, seed=7):
     """(o, {input: gradient}) as `fwd_grads`, from the fp32 torch chunk form (`fw.chunk(..., backend="torch")`) on
     fp32 copies of the inputs — no Triton kernel, nothing to compile; GLA by groups of 4 heads (its diagonal-decay
-    torch form at T = 32,768 ran out of memory in call 3; heads are independent, and GLA's decay is an input)."""
+    torch form at T = 32,768 ran out of memory in call 3; heads are independent) — Mamba2's too, RetNet's not (its
+    decays are per head index)."""
     import torch
 
     import fastweights as fw
@@ -474,7 +477,8 @@ def ref_grads(model, inp, seed=7):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     r = torch.randn(leaves["v"].shape, generator=gen, device=DEV)  # = fwd_grads' draw (o has v's shape)
     H = leaves["v"].shape[2]
-    groups = [(h, min(h + 4, H)) for h in range(0, H, 4)] if model == "gla" else [(0, H)]
+    groups = [(h, min(h + 4, H)) for h in range(0, H, 4)] if model != "retnet" else [(0, H)]  # RetNet's decays
+    # depend on the head's index: its heads cannot be sliced
     outs = []
     for h0, h1 in groups:
         part = {k: v[:, :, h0:h1] for k, v in leaves.items()}  # q, k, v, g, β: heads on dim 2

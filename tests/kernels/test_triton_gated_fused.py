@@ -290,10 +290,12 @@ def test_routing(gen, monkeypatch, launched):
 
 
 def test_value_block_from_the_shapes_alone(monkeypatch):
-    """BV halves from 64 while B·H·⌈V/BV⌉ (H·⌈V/BV⌉ with varlen) is under PROGRAMS = 132, down to 16, ≤ 32 for
-    K > 128; with varlen never from the number of sequences or T."""
+    """BV halves from 64 while B·H·⌈V/BV⌉ (H·⌈V/BV⌉ with varlen) is under PROGRAMS = 132, down to MIN_BV (32 by
+    default: BV 16, the H100's fault regime, only as a launch choice), ≤ 32 for K > 128, never above the V tile;
+    with varlen never from the number of sequences or T."""
     monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "gated_fused_fwd": dict(util.LAUNCH["gated_fused_fwd"])})
     util.LAUNCH["gated_fused_fwd"].update(BV=64, PROGRAMS=132)
+    assert util.LAUNCH["gated_fused_fwd"]["MIN_BV"] == 32
 
     def lay(B, T, H, K, V, cu=None):
         return make_layout(B, T, H, H, K, V, 64, cu, "cpu")
@@ -301,12 +303,58 @@ def test_value_block_from_the_shapes_alone(monkeypatch):
     vb = gated_fused.value_block
     assert vb(lay(4, 4096, 16, 128, 128)) == 32  # 64 rows: 128 programs at BV 64 < 132 → 256 at BV 32
     assert vb(lay(8, 4096, 16, 128, 128)) == 64
-    assert vb(lay(1, 32768, 16, 128, 128)) == 16  # 16 rows: 128 programs at BV 16 (the floor)
-    assert vb(lay(64, 100, 16, 256, 256)) == 32  # K > 128: at most 32
+    assert vb(lay(1, 32768, 16, 128, 128)) == 32  # 16 rows: 64 programs at BV 32 (the floor)
+    assert vb(lay(1, 4096, 4, 256, 256)) == 32  # K > 128: at most 32 (the d256 check's shape)
+    assert vb(lay(1, 100, 2, 16, 16)) == 16  # a V tile of 16: narrower than the floor
     for cu in ([0, 5, 100], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 100], [0, 100]):
         L = lay(1, 100, 16, 128, 128, torch.tensor(cu))
-        assert vb(L) == 16
-        assert gated_fused.fused_programs(L) == {"sequential": (len(cu) - 1) * 16 * 8, "chunk": L.NT * 16, "BV": 16}
+        assert vb(L) == 32
+        assert gated_fused.fused_programs(L) == {"sequential": (len(cu) - 1) * 16 * 4, "chunk": L.NT * 16, "BV": 32}
+    util.LAUNCH["gated_fused_fwd"]["MIN_BV"] = 16  # the rule before call 3's faults
+    assert vb(lay(1, 32768, 16, 128, 128)) == 16 and vb(lay(1, 4096, 4, 256, 256)) == 16
+    assert vb(lay(4, 4096, 16, 128, 128)) == 32
+
+
+def test_bv16_regime_of_the_fault(gen, fused, monkeypatch):
+    """The launch regime of the H100's illegal memory access (B1 T32768 H16 D128, Mamba2: BV 16, eight V blocks per
+    head, one sequence, hundreds of chunks), at the interpreter's size: MIN_BV 16 (the old rule's BV 16 at 16 rows:
+    H = 2, PROGRAMS 32), K = V = 128, T = 4·64 + 37 (five chunks, the last partial), bf16 inputs, scalar decay and
+    β as Mamba2 calls it, β prefetched and not — outputs, final state and every gradient against the fp32 torch chunk
+    form; the sequential grid is 8 V blocks × 2 heads."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "gated_fused_fwd": dict(util.LAUNCH["gated_fused_fwd"])})
+    util.LAUNCH["gated_fused_fwd"].update(MIN_BV=16, PROGRAMS=32)
+    L = make_layout(1, 293, 2, 2, 128, 128, 64, None, "cpu")
+    assert gated_fused.fused_programs(L) == {"sequential": 16, "chunk": 10, "BV": 16}
+    x = _inputs("scalar", gen, B=1, T=293, H=2, K=128, V=128, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+
+    def torch_run(xd):
+        xd = {key: val.float() for key, val in xd.items()}
+        return chunk_gated(xd["q"], xd["k"], xd["v"], g=xd["g"], beta=xd["beta"], scale=0.4, initial_state=xd["S0"],
+                           output_final_state=True, chunk_size=64)
+
+    want = grads(torch_run, x, seed)
+    for prefetch in (1, 0):
+        util.LAUNCH["gated_fused_fwd"]["PREFETCH"] = prefetch
+        check(grads(_triton, x, seed, chunk_size=64), want, TRITON_LOW_REL[torch.bfloat16], f"prefetch {prefetch}")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_beta_prefetch_is_a_launch_choice(gate, gen, fused, monkeypatch):
+    """LAUNCH["gated_fused_fwd"]["PREFETCH"] 1 (β of the next chunk loaded during this one) against 0: bitwise the
+    same outputs, final states and gradients — varlen with an empty and a length-1 sequence, partial last chunks."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "gated_fused_fwd": dict(util.LAUNCH["gated_fused_fwd"])})
+    lengths = [7, 0, 40, 1, 23]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, B=1, T=sum(lengths), H=2, N=len(lengths))
+    seed = secrets.randbits(31)
+    out = {}
+    for prefetch in (0, 1):
+        util.LAUNCH["gated_fused_fwd"]["PREFETCH"] = prefetch
+        out[prefetch] = grads(_triton, x, seed, cu_seqlens=cu)
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    for name in out[0][2]:
+        assert torch.equal(out[0][2][name], out[1][2][name]), name
 
 
 def test_value_blocks_are_launch_choices(gen, fused, monkeypatch):

@@ -27,6 +27,13 @@ for the backward stages):
    sequence's chunks; per chunk G = tl.cumsum(g) in registers, A recomputed (one [C, K]·[K, C] product per
    V block), o = Q̃ S + A V, then the update. WRITE_O = 0 (the backward's recompute) skips q, A and o and
    writes only the entering states h (`stored_state_dtype`: bf16 for bf16 inputs, as the staged path).
+   With `LAUNCH["gated_fused_fwd"]["AQK"] = 1` the scores come instead from `_scores_kernel` (chunk-parallel,
+   grid (NT, B·H): A once per chunk, stored in the operand dtype — for bf16 exactly what the forward would cast
+   it to — and read by every V block; twin: `chunkwise.common.decayed_scores`): one [C, C] tensor per token row
+   written and read, for 1/NV of the QKᵀ work (NV = 4 V blocks at B = 1, T = 32,768, H = 16). Off by default.
+   β of chunk c+1 is loaded while chunk c is computed (`LAUNCH["gated_fused_fwd"]["PREFETCH"] = 1`): β's
+   strided 2-byte loads are not software-pipelined by Triton (q, k, v and g are, as cp.async), so loaded where
+   used each chunk would wait a global-memory round trip on the state's dependency chain.
 2. `_bwd_states_kernel`, sequential in reverse, grid (⌈V/BV⌉, sequences·H): dS [K, BV] fp32 in registers;
    writes dh (dS_{n+1} of each chunk, bf16 for bf16 inputs) and dS_0.
 3. `_bwd_chunk_kernel`, chunk-parallel, grid (chunk slots NT, B·H), one chunk (all C rows, all K) per
@@ -68,7 +75,9 @@ latency-bound (the sequential ones: 64 chunks walked per program at the anchor, 
 Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags (SPAN is a
 module constant); T and NT are not specialized, so a varlen call with another packing reuses the compiled
 kernels. BV (the sequential kernels' value columns) comes from `value_block`: the heads alone (varlen) or
-batch × heads (padded) against a program target, never from T or the packing.
+batch × heads (padded) against a program target, never from T or the packing, and not below
+LAUNCH["gated_fused_fwd"]["MIN_BV"] = 32 (`value_block`: call 3 on the H100 failed only in BV 16
+specializations; docs/kernel_notes.md).
 """
 
 from __future__ import annotations
@@ -171,9 +180,11 @@ def _fwd_kernel(q, k, v, g, beta, h0, A, o, h, ht, cu, offsets, scale, T, NT, H:
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                 GATE: tl.constexpr, HAS_BETA: tl.constexpr, HAS_H0: tl.constexpr, WRITE_O: tl.constexpr,
                 A_IN: tl.constexpr, STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
-                SPAN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                SPAN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, PREFETCH: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K]; WRITE_O 0: the states only (h, the final state);
-    # A_IN: the scores A from `_scores_kernel` (as this kernel would compute them, already in the operand dtype)
+    # A_IN: the scores A from `_scores_kernel` (as this kernel would compute them, already in the operand dtype);
+    # PREFETCH: β of chunk c+1 loaded while chunk c is computed (β's strided 2-byte loads are not pipelined by
+    # Triton's cp.async pipeliner: loaded where used, each chunk would wait one global-memory latency for it)
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -193,6 +204,8 @@ def _fwd_kernel(q, k, v, g, beta, h0, A, o, h, ht, cu, offsets, scale, T, NT, H:
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         S += tl.load(h0 + (i_s.to(tl.int64) * H + i_h) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    if HAS_BETA and PREFETCH:
+        b_beta_nx = tl.load(beta + bos * H + i_h + oc * H, mask=oc < eos - bos, other=0.0)  # the first chunk's β
     for c in range(0, n_chunks):  # a for loop: software-pipelined on the GPU
         if STORE_STATES:
             tl.store(h + ((slot0 + c) * H + i_h) * K * V + kv, S.to(h.dtype.element_ty), mask=m_kv)
@@ -200,12 +213,16 @@ def _fwd_kernel(q, k, v, g, beta, h0, A, o, h, ht, cu, offsets, scale, T, NT, H:
         m_t = oc < eos - r0
         gb = g + (r0 * H + i_h) * GK
         last = (tl.minimum(bos + c * C + C, eos) - 1 - bos - c * C).to(tl.int32)  # the last real row
+        if HAS_BETA:
+            if PREFETCH:  # this chunk's β (loaded one chunk ago), then the next chunk's (all masked after the last)
+                b_beta = b_beta_nx.to(tl.float32)  # [C]
+                b_beta_nx = tl.load(beta + (r0 + C) * H + i_h + oc * H, mask=oc < eos - r0 - C, other=0.0)
+            else:
+                b_beta = tl.load(beta + r0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         # operands are cast to the tensor cores' dtype as soon as they are formed (register room: S, A and
         # the [C, K] tiles of one chunk are live together); the products accumulate in fp32
         b_kt = tl.load(k + (r0 * HQ + i_hq) * K + off_kt, mask=m_kk[:, None] & m_t[None, :],
                        other=0.0)  # [BK, C] in k's dtype
-        if HAS_BETA:
-            b_beta = tl.load(beta + r0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         vb = (r0 * H + i_h) * V
         b_v = tl.load(v + vb + off_v, mask=m_t[:, None] & m_vv[None, :], other=0.0)  # [C, BV]
         if GATE == 1:
@@ -532,12 +549,19 @@ def value_block(L: Layout) -> int:
     """BV of the sequential kernels: the widest power of two ≤ LAUNCH["gated_fused_fwd"]["BV"] (≤ 32 for
     K > 128: the [K, BV] fp32 state tile's registers) whose grid has at least LAUNCH[...]["PROGRAMS"]
     programs, counting the grid's rows as B·H (padded) or H (varlen: never the packing, so a new packing
-    never compiles a new BV), down to 16."""
+    never compiles a new BV), halving down to LAUNCH[...]["MIN_BV"] (or to the V tile, if narrower).
+
+    MIN_BV is 32: every failure of the H100's call 3 (the illegal memory access at B1 T32768 H16 D128 and the
+    wrong or NaN outputs at K = V = 256) came from a BV 16 specialization of the forward (wgmma N = 16 on 32-byte
+    swizzled operand rows); BV 16 stays a launch choice (MIN_BV = 16), checked by scripts/gpu_gated_fused.py in
+    subprocesses. In the latency-bound regime where the rule would pick 16 (B·H ≤ 32) a BV 32 program walks the
+    same chain of chunks, with half as many QKᵀ recomputations in all."""
     cap = tile("gated_fused_fwd", "BV")
     bv = min(cap if L.K <= 128 else min(cap, 32), pow2(L.V))
     rows = L.H if L.varlen else L.B * L.H
     target = tile("gated_fused_fwd", "PROGRAMS")
-    while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
+    floor = tile("gated_fused_fwd", "MIN_BV")
+    while bv > floor and rows * triton.cdiv(L.V, bv) < target:
         bv //= 2
     return bv
 
@@ -556,10 +580,11 @@ def _gate(g) -> int:
 
 def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = True, store_states: bool = False,
             output_final_state: bool = False):
-    """One run of `_fwd_kernel`. q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None or the raw scalar
-    log-decay [B, T, H] (the kernel takes its chunk-local cumsum), β None or [B, T, H], h0 None or
-    [NS, H, K, V] fp32. Returns (o [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in
-    `stored_state_dtype` or None (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
+    """One run of `_fwd_kernel` (after `_scores_kernel` with LAUNCH AQK = 1 and `write_o`). q, k [B, T, H_q, K],
+    v [B, T, H, V] (one dtype), g None or the raw log-decay [B, T, H] (scalar) or [B, T, H, K] (diagonal; the
+    kernels take its chunk-local cumsum), β None or [B, T, H], h0 None or [NS, H, K, V] fp32. Returns (o
+    [B, T, H, V] in v's dtype or None (`write_o`), h [B, NT, H, K, V] in `stored_state_dtype` or None
+    (`store_states`), the final state [NS, H, K, V] fp32 or None)."""
     if k.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
         raise InputError(f"the fused gated-linear pipeline takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got "
                          f"K={L.K}, V={L.V} (not yet checked on the H100: scripts/gpu_gated_fused.py); the staged "
@@ -588,8 +613,8 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
         cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
         HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, A_IN=A is not None,
-        STORE_STATES=store_states,
-        STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE, **kw)
+        STORE_STATES=store_states, STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE,
+        PREFETCH=bool(tile("gated_fused_fwd", "PREFETCH")), **kw)
     return o, h, ht
 
 

@@ -108,10 +108,14 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
     "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused_bwd._states_kernel, o
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
-    # delta_fused_fwd, WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A once per
-    # chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block); the chunk kernel
-    # holds a whole chunk's dq, dk accumulators (8 warps) and loops over BV tiles
-    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, WARPS_DIAG=8, AQK=0),  # ._fwd_kernel
+    # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see
+    # gated_fused.value_block), WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A
+    # once per chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block),
+    # PREFETCH 1: the forward loads chunk c+1's β while it works on chunk c (0: β loaded where it is used, a
+    # global-memory round trip in every chunk's dependency chain); the chunk kernel holds a whole chunk's dq, dk
+    # accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, MIN_BV=32, WARPS_DIAG=8, AQK=0,
+                            PREFETCH=1),  # gated_fused._fwd_kernel
     "gated_fused_scores": dict(num_warps=4, num_stages=1),  # gated_fused._scores_kernel (AQK = 1 only)
     "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
     "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel

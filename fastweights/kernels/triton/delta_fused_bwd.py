@@ -93,7 +93,6 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
     m_kv = m_kk[:, None] & m_vv[None, :]
     kv = kk[:, None] * V + vv[None, :]  # a state tile  [BK, BV]
     o_k = oc[:, None] * (HQ * K) + kk[None, :]  # q, k rows of a chunk  [C, BK]
-    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # transposed  [BK, C]
     o_v = oc[:, None] * (H * V) + vv[None, :]  # v, u, o rows  [C, BV]
     o_c = oc[:, None] * (H * C) + oc[None, :]  # T rows  [C, C]
     causal = oc[:, None] >= oc[None, :]
@@ -111,8 +110,8 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
         p_k = k + (t0 * HQ + i_hq) * K
         p_v = (t0 * H + i_h) * V  # offset of the chunk's rows in v, u, o
         b_k = tl.load(p_k + o_k, mask=m_tk, other=0.0)  # [C, BK]
-        b_kt = tl.load(p_k + o_kt, mask=m_kk[:, None] & m_t[None, :], other=0.0)  # Kᵀ [BK, C]
-        b_T = tl.load(Ti + (t0 * H + i_h) * C + o_c, mask=m_t[:, None], other=0.0)  # [C, C] fp32
+        b_kt = tl.trans(b_k)  # Kᵀ [BK, C]: the same shared-memory tile read transposed by the tensor cores
+        b_T = tl.load(Ti + (t0 * H + i_h) * C + o_c, mask=m_t[:, None], other=0.0)  # [C, C]
         b_beta = tl.load(beta + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         b_x = mm(b_k, S, DT, IEEE)  # K S_n  [C, BV]
         if GATE == 1:
@@ -177,9 +176,10 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
         p_k = (t0 * HQ + i_hq) * K
         p_v = (t0 * H + i_h) * V
         b_k = tl.load(k + p_k + o_k, mask=m_t[:, None] & m_kk[None, :], other=0.0)  # [C, BK]
-        b_kt = tl.load(k + p_k + o_kt, mask=m_kt, other=0.0)  # Kᵀ [BK, C]
         b_qt = tl.load(q + p_k + o_kt, mask=m_kt, other=0.0)  # Qᵀ [BK, C]
         b_At = mm(b_k, b_qt, DT, IEEE) * scale  # Aqkᵀ before decay and mask: [j, i] = scale k_j · q_i
+        # (Kᵀ below: tl.trans of the loaded tile, a transposed view of its shared-memory copy — one load, and
+        # half the pipeline buffers, so that two programs fit an SM; never a tl.trans of an accumulator)
         b_du = mm(b_k, dS, DT, IEEE)  # K dS_{n+1}  [C, BV]
         b_do = tl.load(do + p_v + o_v, mask=m_tv, other=0.0)  # [C, BV]
         if GATE == 1:
@@ -201,7 +201,7 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
             dS = dS * tl.exp(G_last)
             b_do = b_do * tl.exp(G)[:, None]
             b_dv = b_dv * tl.exp(G)[:, None]
-        dS += mm(b_qt, b_do, DT, IEEE) - mm(b_kt, b_dv, DT, IEEE)
+        dS += mm(b_qt, b_do, DT, IEEE) - mm(tl.trans(b_k), b_dv, DT, IEEE)
     if HAS_H0:
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 
@@ -404,8 +404,8 @@ def states_forward(q, k, v, g, beta, Ti, h0, scale: float, L: Layout, *, output:
                    output_final_state: bool, name: str = "delta_fused_rec"):
     """`_states_kernel`: (o [B, T, H, V] in v's dtype or None (`output`), h [B, NT, H, K, V] (`_stored`) and
     U [B, T, H, V] (v's dtype) or None, None (`store_states`), the final state [NS, H, K, V] fp32 or None).
-    q, k [B, T, H_q, K], v [B, T, H, V], g None or [B, T, H] (raw), β [B, T, H], T [B, T, H, C] fp32 (the
-    pre-pass's or the staged inverse), h0 None or [NS, H, K, V] fp32. `name`: the launch site (util.LAUNCH)."""
+    q, k [B, T, H_q, K], v [B, T, H, V], g None or [B, T, H] (raw), β [B, T, H], T [B, T, H, C] (fp32, or the
+    inputs' dtype from the fused pre-pass), h0 None or [NS, H, K, V] fp32. `name`: the launch site (util.LAUNCH)."""
     dev = k.device
     DT, IEEE = dot_dtype(k.dtype)
     cu, _, _, offsets = varlen_args(L, dev)

@@ -273,6 +273,29 @@ def test_routing(gen, fused, launched, monkeypatch):
         _triton(_inputs("none", gen, T=5, K=8, V=8))
 
 
+def test_auto_rule(gen, monkeypatch):
+    """FORWARD = BACKWARD = "auto": no or a scalar decay run the fused forward and the fused backward; KDA the
+    staged forward (its fused one lost on the H100) and the staged backward."""
+    from fastweights.kernels.triton import delta_fused
+
+    monkeypatch.setattr(delta_mod, "FORWARD", "auto")
+    monkeypatch.setattr(delta_mod, "BACKWARD", "auto")
+    seen = []
+    for mod, name in ((delta_fused, "_prepass_kernel"), (delta_fused_bwd, "_grads_kernel")):
+        kernel = getattr(mod, name)
+
+        def spy(*args, _run=kernel.run, _name=name, **kw):
+            seen.append(_name)
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    for gate, want in (("none", ["_prepass_kernel", "_grads_kernel"]), ("scalar", ["_prepass_kernel", "_grads_kernel"]),
+                       ("diagonal", [])):
+        seen.clear()
+        grads(_triton, _inputs(gate, gen, T=20, K=8, V=8), 1)
+        assert seen == want, gate
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_varlen_packings_compile_once(gate):

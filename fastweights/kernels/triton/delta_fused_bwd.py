@@ -376,8 +376,10 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
         else:
             b_dk -= Z * b_beta[:, None]
             b_db -= kz
-        for p in range(0, NPART):
-            b_db += tl.load(dbv + p * R + p_r + oc * H, mask=m_t, other=0.0)
+        p_dbv = dbv + p_r  # (a pointer stepped by R: 64-bit addresses whatever NPART·R)
+        for _ in range(0, NPART):
+            b_db += tl.load(p_dbv + oc * H, mask=m_t, other=0.0)
+            p_dbv += R
         tl.store(dbeta + p_r + oc * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     tl.store(dk + (t0 * HQ + i_hq) * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 

@@ -523,10 +523,12 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_fused_bwd"))
     ap.add_argument("--deadline", type=float, default=470, help="seconds after which no new stage or row starts")
     ap.add_argument("--configs", nargs="*",
-                    default=["delta_fused_grads:BV=32", "delta_fused_grads:num_warps=4",
-                             "delta_fused_rev:PROGRAMS=1;delta_fused_rec:PROGRAMS=1",
-                             "delta_fused_rev:num_stages=3;delta_fused_rec:num_stages=3"],
-                    help='extra launch configs of the fused backward, each "site:key=val,...;site:..." (util.LAUNCH)')
+                    default=["delta_fused_rev:AQK=1", "delta_fused_rev:PROGRAMS=128;delta_fused_rec:PROGRAMS=128",
+                             "delta_fused_grads:BV=32", "delta_fused_rev:num_stages=3;delta_fused_rec:num_stages=3",
+                             "delta_fused_grads:num_warps=4"],
+                    help='extra launch configs of the fused backward, each "site:key=val,...;site:..." (util.LAUNCH); '
+                         'AQK=1: Aqk handed from the recompute to the reverse kernel; PROGRAMS=128: BV 64 at the '
+                         'anchor, 32 at B1 H32 (fewer, wider value blocks)')
     ap.add_argument("--workers", type=int, default=0, help="compile workers of the warm stage (0: CPUs − 2, ≤ 12)")
     ap.add_argument("--test-workers", type=int, default=3)
     ap.add_argument("--warm-worker", default=None, help=argparse.SUPPRESS)

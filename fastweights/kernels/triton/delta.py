@@ -162,10 +162,12 @@ class ChunkDeltaTriton(torch.autograd.Function):
         do = do.contiguous()
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         if ctx.fused_bwd:
+            A = None
             if ctx.recompute:
-                h, u = recompute_states(k, v, g, beta, Ti, h0, L)
+                h, u, A = recompute_states(q, k, v, g, beta, Ti, h0, scale, L)
             dq, dk, dv, dg, dbeta, dh0 = fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale, L,
-                                                        need_dh0=h0 is not None)
+                                                        need_dh0=h0 is not None, A=A)
+            del h, u, A
             return dq, dk, dv, dg, (dbeta if ctx.has_beta else None), dh0, None, None, None, None, None, None
         r = k if p is None else p
         G, R = _cumsums(g, L, excl)

@@ -280,8 +280,9 @@ def test_routing(gen, fused, launched, monkeypatch):
 
 
 def test_auto_rule(gen, monkeypatch):
-    """FORWARD = BACKWARD = "auto": no or a scalar decay run the fused forward and the fused backward; KDA the
-    staged forward (its fused one lost on the H100) and the staged backward."""
+    """FORWARD = BACKWARD = "auto" (the defaults): bf16 with no or a scalar decay runs the fused forward and the
+    fused backward; KDA the staged forward (its fused one lost on the H100) and the staged backward; fp32 inputs
+    (not timed on the GPU) the staged ones."""
     from fastweights.kernels.triton import delta_fused
 
     monkeypatch.setattr(delta_mod, "FORWARD", "auto")
@@ -295,11 +296,12 @@ def test_auto_rule(gen, monkeypatch):
             return _run(*args, **kw)
 
         monkeypatch.setattr(kernel, "run", spy)
-    for gate, want in (("none", ["_prepass_kernel", "_grads_kernel"]), ("scalar", ["_prepass_kernel", "_grads_kernel"]),
-                       ("diagonal", [])):
+    fused = ["_prepass_kernel", "_grads_kernel"]
+    for gate, dtype, want in (("none", torch.bfloat16, fused), ("scalar", torch.bfloat16, fused),
+                              ("diagonal", torch.bfloat16, []), ("scalar", torch.float32, [])):
         seen.clear()
-        grads(_triton, _inputs(gate, gen, T=20, K=8, V=8), 1)
-        assert seen == want, gate
+        grads(_triton, _inputs(gate, gen, T=20, K=16, V=16, dtype=dtype), 1)
+        assert seen == want, (gate, dtype)
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes

@@ -78,38 +78,41 @@ RECOMPUTE_STATES = True
 #: The forward of the decay-first delta rule without a probe key (DeltaNet, gated DeltaNet, KDA, DeltaProduct):
 #: "staged" (the six stage kernels above), "fused" (delta_fused.py: a chunk-parallel pre-pass and one
 #: sequential kernel with the state in registers) or "auto": fused where it was measured faster on the H100 —
-#: no or a scalar decay (KDA's fused forward lost: 3.55 vs 2.17 ms at the anchor, BENCHMARKS §1d) and, on a GPU,
-#: K, V ≤ delta_fused.FUSED_MAX_HEAD_DIM_CUDA. Comba (probe key, decay after) always runs staged. Read when the
-#: forward runs.
-FORWARD = "staged"
+#: bf16/fp16 inputs with no or a scalar decay (KDA's fused forward lost: 3.55 vs 2.17 ms at the anchor,
+#: BENCHMARKS §1d; fp32 inputs were not timed) and, on a GPU, K, V ≤ delta_fused.FUSED_MAX_HEAD_DIM_CUDA. Comba
+#: (probe key, decay after) always runs staged. Read when the forward runs.
+FORWARD = "auto"
 FORWARDS = ("staged", "fused", "auto")
 
 #: The backward of the same calls: "staged" (the stage kernels below), "fused" (delta_fused_bwd.py: the state
 #: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) or "auto" (the
-#: fused one wherever it applies). The fused backward takes no or a scalar decay with K ≤ 128 and C ≤ 64
-#: (`delta_fused_bwd.supports`); KDA, Comba, K = 256 and C = 128 always run staged. Read when the forward runs;
-#: either forward feeds either backward (both save T).
-BACKWARD = "staged"
+#: fused one wherever it applies, for bf16/fp16 inputs). The fused backward takes no or a scalar decay with
+#: K ≤ 128 and C ≤ 64 (`delta_fused_bwd.supports`); KDA, Comba, K = 256 and C = 128 always run staged. Read when
+#: the forward runs; either forward feeds either backward (both save T).
+BACKWARD = "auto"
 BACKWARDS = ("staged", "fused", "auto")
 
 
-def uses_fused_forward(p, g, decay_first: bool, L, *, cuda: bool) -> bool:
-    """Whether a call with probe key p, gate g, decay order and layout L (on a GPU: `cuda`) runs the fused forward
-    (FORWARD)."""
+def uses_fused_forward(p, g, decay_first: bool, L, x: Tensor) -> bool:
+    """Whether a call with probe key p, gate g, decay order, layout L and inputs like x (dtype, device) runs the
+    fused forward (FORWARD)."""
     if FORWARD not in FORWARDS:
         raise ValueError(f"delta.FORWARD must be one of {FORWARDS}, got {FORWARD!r}")
     takes = p is None and (decay_first or g is None)
     if FORWARD == "auto":
-        return takes and (g is None or g.dim() == 3) and (not cuda or max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA)
+        return (takes and (g is None or g.dim() == 3) and x.dtype != torch.float32
+                and (not x.is_cuda or max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA))
     return FORWARD == "fused" and takes
 
 
-def uses_fused_backward(p, g, decay_first: bool, L) -> bool:
-    """Whether a call with probe key p, gate g, decay order and layout L runs the fused backward (BACKWARD, decay
-    first, no p, `delta_fused_bwd.supports`)."""
+def uses_fused_backward(p, g, decay_first: bool, L, x: Tensor) -> bool:
+    """Whether a call with probe key p, gate g, decay order, layout L and inputs like x runs the fused backward
+    (BACKWARD, decay first, no p, `delta_fused_bwd.supports`; "auto": not for fp32 inputs)."""
     if BACKWARD not in BACKWARDS:
         raise ValueError(f"delta.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
-    return BACKWARD != "staged" and p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
+    if BACKWARD == "staged" or (BACKWARD == "auto" and x.dtype == torch.float32):
+        return False
+    return p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
 
 
 def _cumsums(g, L, excl: bool):
@@ -128,8 +131,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, h0, p, scale, L, output_final_state, has_beta, decay_first):
         excl = g is not None and not decay_first
         ctx.recompute = RECOMPUTE_STATES
-        ctx.fused_bwd = uses_fused_backward(p, g, decay_first, L)
-        if uses_fused_forward(p, g, decay_first, L, cuda=q.is_cuda):
+        ctx.fused_bwd = uses_fused_backward(p, g, decay_first, L, q)
+        if uses_fused_forward(p, g, decay_first, L, q):
             # T only where a gradient will be asked for; h, U (and S_T, for the staged backward's ∂L/∂G_last) only
             # where the backward keeps them
             o, Ti, h, u, ht = fused_forward(

@@ -338,8 +338,9 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
 def test_cuda_realistic(gate, size, dtype, gen, monkeypatch):
-    """On the GPU (Hopper + Triton 3.6), the staged forward and the fused backward against the fp32 torch chunk
-    form: outputs, final states, every gradient (K = V = 256: routed to the staged backward)."""
+    """On the GPU (Hopper + Triton 3.6), the default forward ("auto": fused for bf16, staged for fp32) and the fused
+    backward against the fp32 torch chunk form: outputs, final states, every gradient (K = V = 256: routed to the
+    staged forward and backward)."""
     monkeypatch.setattr(delta_mod, "BACKWARD", "fused")
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=dtype)

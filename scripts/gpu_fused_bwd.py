@@ -29,6 +29,7 @@ profile.txt, cuda_tests.xml):
 6. variants: each --configs launch config checked (the fused path, two sizes) then timed (the fused path).
 7. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused_bwd.py` (after the timings).
 8. table: the timing table, printed last (whatever the deadline) and written to fused_bwd.md.
+(d256, only when named in --stages: the fused forward at K = V = 256 bf16 in a subprocess, BV 16 vs 32.)
 
 Needs only torch and triton. No stage starts past --deadline seconds; a failing stage records its error and
 the next one runs.
@@ -471,21 +472,63 @@ def stage_tests():
     log("tests:", RESULTS["tests"]["rc"], "\n" + RESULTS["tests"]["tail"][-1500:])
 
 
+_D256 = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from fastweights.kernels.triton import delta, delta_fused, util
+from fastweights.kernels.triton.delta import chunk_delta_triton
+delta_fused.FUSED_MAX_HEAD_DIM_CUDA = 256
+delta.FORWARD = "fused"
+util.LAUNCH["delta_fused_fwd"]["PROGRAMS"] = int(sys.argv[2])  # 1: BV at its K > 128 cap (32); 132: 16 here
+g = torch.Generator(device="cuda").manual_seed(0)
+B, T, H, D = 1, 4096, 4, 256
+q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g, device="cuda"), dim=-1).bfloat16()
+k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g, device="cuda"), dim=-1).bfloat16()
+v = torch.randn(B, T, H, D, generator=g, device="cuda").bfloat16()
+gg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g, device="cuda") + 3)
+beta = torch.sigmoid(torch.randn(B, T, H, generator=g, device="cuda")).bfloat16()
+with torch.no_grad():
+    o, S = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64)
+    torch.cuda.synchronize()
+    delta.FORWARD = "staged"
+    o2, S2 = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64)
+print("ok", ((o.float() - o2.float()).abs().max() / o2.float().abs().max()).item())
+"""
+
+
+def stage_d256():
+    """(Not in the default stages.) The fused forward's illegal memory access at K = V = 256 bf16 (2026-11-25):
+    run in a subprocess (a fault breaks the CUDA context) with the sequential kernel's BV at 16 (the grid rule at
+    B·H = 4) and at 32 (PROGRAMS = 1): the hypothesis read from the code is the BV = 16 (N = 16) products with
+    a 256-row operand, a shape the staged passes (BV ≥ 32 at K = 256) never compiled."""
+    for programs in (132, 1):
+        try:
+            r = subprocess.run([sys.executable, "-c", _D256, ROOT, str(programs)], capture_output=True, text=True,
+                               timeout=240)
+            out = (r.stdout + r.stderr)[-1200:]
+        except subprocess.TimeoutExpired:
+            out = "timeout"
+        RESULTS.setdefault("d256", {})[f"PROGRAMS={programs}"] = out
+        log(f"d256 PROGRAMS={programs}: {out[-600:]}")
+
+
 STAGES = {"env": stage_env, "warm": stage_warm, "check": stage_check, "time": stage_time, "profile": stage_profile,
-          "variants": stage_variants, "tests": stage_tests, "table": stage_table}
+          "variants": stage_variants, "tests": stage_tests, "table": stage_table, "d256": stage_d256}
 
 
 def main():
     global ARGS, OUT, DEVICE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    ap.add_argument("--stages", nargs="+", default=[s for s in STAGES if s != "d256"], choices=list(STAGES))
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_fused_bwd"))
     ap.add_argument("--deadline", type=float, default=470, help="seconds after which no new stage or row starts")
     ap.add_argument("--configs", nargs="*",
-                    default=["delta_fused_grads:BV=32", "delta_fused_grads:num_warps=4",
-                             "delta_fused_rev:PROGRAMS=1;delta_fused_rec:PROGRAMS=1",
-                             "delta_fused_rev:num_stages=3;delta_fused_rec:num_stages=3"],
-                    help='extra launch configs of the fused backward, each "site:key=val,...;site:..." (util.LAUNCH)')
+                    default=["delta_fused_rev:AQK=1", "delta_fused_rev:PROGRAMS=128;delta_fused_rec:PROGRAMS=128",
+                             "delta_fused_grads:BV=32", "delta_fused_rev:num_stages=3;delta_fused_rec:num_stages=3",
+                             "delta_fused_grads:num_warps=4"],
+                    help='extra launch configs of the fused backward, each "site:key=val,...;site:..." (util.LAUNCH); '
+                         'AQK=1: Aqk handed from the recompute to the reverse kernel; PROGRAMS=128: BV 64 at the '
+                         'anchor, 32 at B1 H32 (fewer, wider value blocks)')
     ap.add_argument("--workers", type=int, default=0, help="compile workers of the warm stage (0: CPUs − 2, ≤ 12)")
     ap.add_argument("--test-workers", type=int, default=3)
     ap.add_argument("--warm-worker", default=None, help=argparse.SUPPRESS)

@@ -276,11 +276,12 @@ def test_bf16_inputs(gate, gen):
 def test_recomputed_states_are_bitwise_the_kept_ones(gate, final, gen, monkeypatch):
     """The backward recomputing the forward state pass (delta.RECOMPUTE_STATES, the default) gives
     bitwise the gradients of keeping h, U and S_T, and keeps none of them: only the inputs and T. (The
-    staged forward: the fused one's kept states differ from the staged recompute by rounding —
-    test_triton_delta_fused.test_kept_states.)"""
+    staged forward and backward: the fused forward's kept states differ from the staged recompute by rounding —
+    test_triton_delta_fused.test_kept_states —, and so do the fused backward's — test_triton_delta_fused_bwd.)"""
     from fastweights.kernels.triton import delta as delta_mod
 
     monkeypatch.setattr(delta_mod, "FORWARD", "staged")
+    monkeypatch.setattr(delta_mod, "BACKWARD", "staged")  # (the fused one: test_triton_delta_fused_bwd.py)
 
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)

@@ -75,11 +75,14 @@ def _staged_bwd(x, **kw):
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
-@pytest.mark.parametrize("gate, C", [("none", 64), ("scalar", 16)])
-def test_kernels_match_twins(gate, C, gen):
+@pytest.mark.parametrize("gate, C, aqk", [("none", 64, 0), ("scalar", 16, 1)])
+def test_kernels_match_twins(gate, C, aqk, gen, monkeypatch):
     """recompute_states (h, U) and fused_backward (dq, dk, dv, dβ, dg, dS_0) against the torch twins in float64 on
     the same T, dO and final-state gradient: varlen with an empty and a length-1 sequence, grouped heads
-    H_q = 1 | H = 2, strong decay (g_scale 3), chunk 16 (one sequence spans 5 chunks) and 64."""
+    H_q = 1 | H = 2, strong decay (g_scale 3), chunk 16 (one sequence spans 5 chunks) and 64; Aqk recomputed in
+    the reverse kernel (AQK 0) or handed over by the recompute (AQK 1)."""
+    monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
+    util.LAUNCH["delta_fused_rev"]["AQK"] = aqk
     lengths = [9, 0, 70, 1]
     T, H = sum(lengths), 2
     cu = torch.tensor([0] + lengths).cumsum(0)
@@ -90,9 +93,10 @@ def test_kernels_match_twins(gate, C, gen):
     L = make_layout(1, T, H, 1, 12, 10, C, cu.to(DEV), DEV)
     _, Ti, _, _, _ = fused_forward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L,
                                    output_final_state=False, store_states=False, store_T=True)
-    h, u = recompute_states(d["k"], d["v"], d.get("g"), d["beta"], Ti, d["S0"], L)
+    h, u, A = recompute_states(d["q"], d["k"], d["v"], d.get("g"), d["beta"], Ti, d["S0"], 0.4, L)
+    assert (A is not None) == bool(aqk)
     got = fused_backward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], Ti, h, u, do.float().to(DEV),
-                         dht.float().to(DEV), 0.4, L, need_dh0=True)
+                         dht.float().to(DEV), 0.4, L, need_dh0=True, A=A)
     # the twins, float64, q and k repeated per value head
     lay = torch_layout(1, T, C, cu)
     xd = {key: val.double() for key, val in x.items()}
@@ -223,15 +227,17 @@ def test_kept_states_and_t_form_forward(gate, gen, fused, monkeypatch):
 
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_value_blocks_are_launch_choices(gate, gen, fused, monkeypatch):
-    """The sequential kernels' BV (16 vs 64 at V = 40: three partial value blocks vs one, so 3 vs 1 dβ parts) and
-    the gradient kernel's V tile (16 vs 64): the same gradients."""
+    """The sequential kernels' BV (16 vs 64 at V = 40: three partial value blocks vs one, so 3 vs 1 dβ parts), the
+    gradient kernel's V tile (16 vs 64) and where Aqk comes from in the reverse kernel (handed over by the recompute,
+    each chunk's by one of three programs, vs recomputed): the same gradients."""
     monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
     x = _inputs(gate, gen, T=37, K=8, V=40)
     seed = secrets.randbits(31)
     out = {}
-    for bv in (16, 64):
+    for bv, aqk in ((16, 1), (64, 0)):
         for site in ("delta_fused_rec", "delta_fused_rev"):
             util.LAUNCH[site].update(BV=bv, PROGRAMS=1)
+        util.LAUNCH["delta_fused_rev"]["AQK"] = aqk
         util.LAUNCH["delta_fused_grads"]["BV"] = bv
         out[bv] = grads(_triton, x, seed)
     check(out[16], out[64], F32)
@@ -273,6 +279,31 @@ def test_routing(gen, fused, launched, monkeypatch):
         _triton(_inputs("none", gen, T=5, K=8, V=8))
 
 
+def test_auto_rule(gen, monkeypatch):
+    """FORWARD = BACKWARD = "auto" (the defaults): bf16 with no or a scalar decay runs the fused forward and the
+    fused backward; KDA the staged forward (its fused one lost on the H100) and the staged backward; fp32 inputs
+    (not timed on the GPU) the staged ones."""
+    from fastweights.kernels.triton import delta_fused
+
+    monkeypatch.setattr(delta_mod, "FORWARD", "auto")
+    monkeypatch.setattr(delta_mod, "BACKWARD", "auto")
+    seen = []
+    for mod, name in ((delta_fused, "_prepass_kernel"), (delta_fused_bwd, "_grads_kernel")):
+        kernel = getattr(mod, name)
+
+        def spy(*args, _run=kernel.run, _name=name, **kw):
+            seen.append(_name)
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    fused = ["_prepass_kernel", "_grads_kernel"]
+    for gate, dtype, want in (("none", torch.bfloat16, fused), ("scalar", torch.bfloat16, fused),
+                              ("diagonal", torch.bfloat16, []), ("scalar", torch.float32, [])):
+        seen.clear()
+        grads(_triton, _inputs(gate, gen, T=20, K=16, V=16, dtype=dtype), 1)
+        assert seen == want, (gate, dtype)
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_varlen_packings_compile_once(gate):
@@ -307,8 +338,9 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
 def test_cuda_realistic(gate, size, dtype, gen, monkeypatch):
-    """On the GPU (Hopper + Triton 3.6), the staged forward and the fused backward against the fp32 torch chunk
-    form: outputs, final states, every gradient (K = V = 256: routed to the staged backward)."""
+    """On the GPU (Hopper + Triton 3.6), the default forward ("auto": fused for bf16, staged for fp32) and the fused
+    backward against the fp32 torch chunk form: outputs, final states, every gradient (K = V = 256: routed to the
+    staged forward and backward)."""
     monkeypatch.setattr(delta_mod, "BACKWARD", "fused")
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=dtype)

@@ -58,17 +58,25 @@ def calls(monkeypatch):
 
 
 def _delta(x, **kw):
-    return delta_triton(x, **kw)
-
-
-def _delta_fused(x, **kw):
+    """The staged forward and backward (whatever delta.FORWARD / BACKWARD default to)."""
     from fastweights.kernels.triton import delta
 
-    old, delta.FORWARD = delta.FORWARD, "fused"
+    old, (delta.FORWARD, delta.BACKWARD) = (delta.FORWARD, delta.BACKWARD), ("staged", "staged")
     try:
         return delta_triton(x, **kw)
     finally:
-        delta.FORWARD = old
+        delta.FORWARD, delta.BACKWARD = old
+
+
+def _delta_fused(x, **kw):
+    """The fused forward and the staged backward."""
+    from fastweights.kernels.triton import delta
+
+    old, (delta.FORWARD, delta.BACKWARD) = (delta.FORWARD, delta.BACKWARD), ("fused", "staged")
+    try:
+        return delta_triton(x, **kw)
+    finally:
+        delta.FORWARD, delta.BACKWARD = old
 
 
 def _delta_fused_bwd(x, *, t_form=False, **kw):

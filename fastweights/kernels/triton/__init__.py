@@ -25,6 +25,9 @@ every path checked on the H100 and picked by "auto" on CUDA):
     delta_states.py   the delta state pass with U = U' − W S_n fused in, and its transposed pass
     delta_output.py   the output's local backward (Aqkᵀ dO, dAqk)
     delta_grads.py    the dq/dk/dG parts summed, folded over grouped heads, cast
+    delta_fused.py    the fused forward: a chunk-parallel pre-pass (P, T, W, U') and one sequential kernel
+    delta_fused_bwd.py  the fused backward: the state pass recomputed from T, the reverse pass, one
+                      chunk-parallel kernel for dq, dk, dβ, dg (no/scalar decay; twin chunkwise/delta_bwd.py)
     delta.py          glue: autograd.Function, `chunk_delta_triton` with chunk_delta's signature
     prologue.py       the layer's options in one pass: L2 norm of q and k, β = β_max·σ(b), the
                       Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its

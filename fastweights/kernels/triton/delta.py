@@ -37,6 +37,12 @@ Backward:
         sum pass runs (−0.8 GB of fp32 traffic at B=4, T=4096, H=16, K=128)
     dg = reverse cumsum(dG) + strict reverse cumsum(dR) + ∂L/∂G_last
 
+With BACKWARD "fused" (no or a scalar decay, decay first, no probe: delta_fused_bwd.py, three kernels):
+
+    h, U = delta_fused_bwd.recompute_states(k, v, g, β, T, S_0)   U = T diag(β)(V − Γ K S_n); (not if kept)
+    dq, dk, dv, dg, dβ, dS_0 = delta_fused_bwd.fused_backward(...)  the reverse pass (dh, Y = Tᵀ dU, dv), then one
+                                                                   chunk-parallel kernel for dq, dk, dβ, dg
+
 Beyond chunk_delta: q, k (p) may have H_q heads dividing v's H (value head h reads q/k head
 h // (H / H_q)); their gradients are summed over each group. The chunk size must be a power of
 two ≥ 16 (micro-steps for DeltaProduct), K and V ≤ 256.
@@ -50,7 +56,7 @@ from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
-from .delta_fused import fused_forward
+from .delta_fused import FUSED_MAX_HEAD_DIM_CUDA, fused_forward
 from .delta_fused_bwd import fused_backward, recompute_states
 from .delta_fused_bwd import supports as fused_bwd_supports
 from .delta_grads import sum_grads
@@ -70,34 +76,43 @@ Tensor = torch.Tensor
 RECOMPUTE_STATES = True
 
 #: The forward of the decay-first delta rule without a probe key (DeltaNet, gated DeltaNet, KDA, DeltaProduct):
-#: "staged" (the six stage kernels above) or "fused" (delta_fused.py: a chunk-parallel pre-pass and one
-#: sequential kernel with the state in registers). Comba (probe key, decay after) always runs staged. Read
-#: when the forward runs; the backward is the same staged one either way.
-FORWARD = "staged"
-FORWARDS = ("staged", "fused")
+#: "staged" (the six stage kernels above), "fused" (delta_fused.py: a chunk-parallel pre-pass and one
+#: sequential kernel with the state in registers) or "auto": fused where it was measured faster on the H100 —
+#: bf16/fp16 inputs with no or a scalar decay (KDA's fused forward lost: 3.55 vs 2.17 ms at the anchor,
+#: BENCHMARKS §1d; fp32 inputs were not timed) and, on a GPU, K, V ≤ delta_fused.FUSED_MAX_HEAD_DIM_CUDA. Comba
+#: (probe key, decay after) always runs staged. Read when the forward runs.
+FORWARD = "auto"
+FORWARDS = ("staged", "fused", "auto")
+
+#: The backward of the same calls: "staged" (the stage kernels below), "fused" (delta_fused_bwd.py: the state
+#: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) or "auto" (the
+#: fused one wherever it applies, for bf16/fp16 inputs). The fused backward takes no or a scalar decay with
+#: K ≤ 128 and C ≤ 64 (`delta_fused_bwd.supports`); KDA, Comba, K = 256 and C = 128 always run staged. Read when
+#: the forward runs; either forward feeds either backward (both save T).
+BACKWARD = "auto"
+BACKWARDS = ("staged", "fused", "auto")
 
 
-#: The backward of the same calls: "staged" (the stage kernels below) or "fused" (delta_fused_bwd.py: the state
-#: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) — for no or a
-#: scalar decay with K ≤ 128 and C ≤ 64 (`delta_fused_bwd.supports`); KDA, Comba, K = 256 and C = 128 always run
-#: staged. Read when the forward runs; either forward feeds either backward (both save T).
-BACKWARD = "staged"
-BACKWARDS = ("staged", "fused")
-
-
-def uses_fused_forward(p, g, decay_first: bool) -> bool:
-    """Whether a call with probe key p, gate g and decay order runs the fused forward (FORWARD, decay first, no p)."""
+def uses_fused_forward(p, g, decay_first: bool, L, x: Tensor) -> bool:
+    """Whether a call with probe key p, gate g, decay order, layout L and inputs like x (dtype, device) runs the
+    fused forward (FORWARD)."""
     if FORWARD not in FORWARDS:
         raise ValueError(f"delta.FORWARD must be one of {FORWARDS}, got {FORWARD!r}")
-    return FORWARD == "fused" and p is None and (decay_first or g is None)
+    takes = p is None and (decay_first or g is None)
+    if FORWARD == "auto":
+        return (takes and (g is None or g.dim() == 3) and x.dtype != torch.float32
+                and (not x.is_cuda or max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA))
+    return FORWARD == "fused" and takes
 
 
-def uses_fused_backward(p, g, decay_first: bool, L) -> bool:
-    """Whether a call with probe key p, gate g, decay order and layout L runs the fused backward (BACKWARD, decay
-    first, no p, `delta_fused_bwd.supports`)."""
+def uses_fused_backward(p, g, decay_first: bool, L, x: Tensor) -> bool:
+    """Whether a call with probe key p, gate g, decay order, layout L and inputs like x runs the fused backward
+    (BACKWARD, decay first, no p, `delta_fused_bwd.supports`; "auto": not for fp32 inputs)."""
     if BACKWARD not in BACKWARDS:
         raise ValueError(f"delta.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
-    return BACKWARD == "fused" and p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
+    if BACKWARD == "staged" or (BACKWARD == "auto" and x.dtype == torch.float32):
+        return False
+    return p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
 
 
 def _cumsums(g, L, excl: bool):
@@ -116,8 +131,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, h0, p, scale, L, output_final_state, has_beta, decay_first):
         excl = g is not None and not decay_first
         ctx.recompute = RECOMPUTE_STATES
-        ctx.fused_bwd = uses_fused_backward(p, g, decay_first, L)
-        if uses_fused_forward(p, g, decay_first):
+        ctx.fused_bwd = uses_fused_backward(p, g, decay_first, L, q)
+        if uses_fused_forward(p, g, decay_first, L, q):
             # T only where a gradient will be asked for; h, U (and S_T, for the staged backward's ∂L/∂G_last) only
             # where the backward keeps them
             o, Ti, h, u, ht = fused_forward(
@@ -150,10 +165,12 @@ class ChunkDeltaTriton(torch.autograd.Function):
         do = do.contiguous()
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         if ctx.fused_bwd:
+            A = None
             if ctx.recompute:
-                h, u = recompute_states(k, v, g, beta, Ti, h0, L)
+                h, u, A = recompute_states(q, k, v, g, beta, Ti, h0, scale, L)
             dq, dk, dv, dg, dbeta, dh0 = fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale, L,
-                                                        need_dh0=h0 is not None)
+                                                        need_dh0=h0 is not None, A=A)
+            del h, u, A
             return dq, dk, dv, dg, (dbeta if ctx.has_beta else None), dh0, None, None, None, None, None, None
         r = k if p is None else p
         G, R = _cumsums(g, L, excl)

@@ -7,7 +7,8 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
        P   = strict_tril(K Kᵀ ⊙ e^{G_i − G_j})             (none/scalar; KDA: read from `scores`, see below)
        T   = (I + diag(β) P)⁻¹                              (`_unit_lower_inverse`)
        W   = T diag(β)(K ⊙ e^{G}),  U' = T diag(β) V       (stored: k's and v's dtype)
-       T   stored fp32 (the backward's input) when a gradient is wanted.
+       T   stored (the backward's input) when a gradient is wanted: in the inputs' dtype — bf16 for bf16 inputs, which
+           every reader rounds it to as a tensor-core operand anyway — fp32 for fp32 inputs.
 
    B·H·NT programs: it fills the GPU at any shape.
 2. `_fused_fwd_kernel`, sequential, grid (⌈V/BV⌉, sequences·H): the state S [K, BV] fp32 in registers
@@ -140,7 +141,7 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
     b_L = tl.where(strict, b_P * b_beta[:, None], 0.0)
     b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
     if STORE_T:
-        tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T, mask=m_t[:, None])
+        tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T.to(Ti.dtype.element_ty), mask=m_t[:, None])
     if STORE_WU:  # (not with LAUNCH["delta_prepass"]["WU"] = 0: the sequential kernel then reads T)
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
@@ -264,7 +265,7 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
 
     q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None / [B, T, H] / [B, T, H, K] (the raw
     log-decay: the kernels take its chunk-local cumsum), β [B, T, H], h0 None or [NS, H, K, V] fp32.
-    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] fp32 or None (`store_T`), h [B, NT, H, K, V]
+    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
     (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
     [NS, H, K, V] fp32 or None (`output_final_state`))."""
     if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
@@ -288,7 +289,8 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         del G
     w = empty_output(L.B, L.T, L.H, L.K, dtype=k.dtype, device=dev) if not t_form else None
     u1 = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev) if not t_form else None
-    Ti = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev) if store_T or t_form else None
+    # T in the inputs' dtype for bf16/fp16 (every reader rounds it to that dtype as a tensor-core operand)
+    Ti = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=dev) if store_T or t_form else None
     if t_form:
         w = u1 = Ti  # placeholders (not written)
     BK = min(64, pow2(L.K))

@@ -76,12 +76,14 @@ def supports(g, L: Layout) -> bool:
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T, NT, H: tl.constexpr,
+def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, A, cu, offsets, scale, T, NT, H: tl.constexpr,
                    HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr, GATE: tl.constexpr, HAS_H0: tl.constexpr, OUTPUT: tl.constexpr,
-                   STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr,
-                   DT: tl.constexpr, IEEE: tl.constexpr):
+                   STORE_STATES: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_A: tl.constexpr,
+                   IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H] (the raw log-decay: its chunk-local cumsum is taken here)
+    # STORE_A: also Aqk = scale causal(Q Kᵀ ⊙ E) [B, T, H, C] for the reverse kernel, each chunk's by one of the
+    # ⌈V/BV⌉ programs of its sequence and head (chunk c by the program c mod ⌈V/BV⌉): computed once, not per block
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -93,7 +95,6 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
     m_kv = m_kk[:, None] & m_vv[None, :]
     kv = kk[:, None] * V + vv[None, :]  # a state tile  [BK, BV]
     o_k = oc[:, None] * (HQ * K) + kk[None, :]  # q, k rows of a chunk  [C, BK]
-    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # transposed  [BK, C]
     o_v = oc[:, None] * (H * V) + vv[None, :]  # v, u, o rows  [C, BV]
     o_c = oc[:, None] * (H * C) + oc[None, :]  # T rows  [C, C]
     causal = oc[:, None] >= oc[None, :]
@@ -111,8 +112,8 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
         p_k = k + (t0 * HQ + i_hq) * K
         p_v = (t0 * H + i_h) * V  # offset of the chunk's rows in v, u, o
         b_k = tl.load(p_k + o_k, mask=m_tk, other=0.0)  # [C, BK]
-        b_kt = tl.load(p_k + o_kt, mask=m_kk[:, None] & m_t[None, :], other=0.0)  # Kᵀ [BK, C]
-        b_T = tl.load(Ti + (t0 * H + i_h) * C + o_c, mask=m_t[:, None], other=0.0)  # [C, C] fp32
+        b_kt = tl.trans(b_k)  # Kᵀ [BK, C]: the same shared-memory tile read transposed by the tensor cores
+        b_T = tl.load(Ti + (t0 * H + i_h) * C + o_c, mask=m_t[:, None], other=0.0)  # [C, C]
         b_beta = tl.load(beta + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C]
         b_x = mm(b_k, S, DT, IEEE)  # K S_n  [C, BV]
         if GATE == 1:
@@ -123,6 +124,14 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
         b_u = mm(b_T, b_x, DT, IEEE)  # U_n = T X  [C, BV]
         if STORE_STATES:
             tl.store(u + p_v + o_v, b_u.to(u.dtype.element_ty), mask=m_tv)
+        if STORE_A:
+            if c % tl.num_programs(0) == i_v:
+                b_q = tl.load(q + (t0 * HQ + i_hq) * K + o_k, mask=m_tk, other=0.0)  # [C, BK]
+                b_A = mm(b_q, b_kt, DT, IEEE) * scale  # [C, C]
+                if GATE == 1:
+                    b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))  # exponent ≤ 0
+                tl.store(A + (t0 * H + i_h) * C + o_c, tl.where(causal, b_A, 0.0).to(A.dtype.element_ty),
+                         mask=m_t[:, None])
         if OUTPUT:
             b_q = tl.load(q + (t0 * HQ + i_hq) * K + o_k, mask=m_tk, other=0.0)  # [C, BK]
             b_A = mm(b_q, b_kt, DT, IEEE) * scale  # [C, C]
@@ -141,11 +150,13 @@ def _states_kernel(q, k, v, g, beta, Ti, h0, o, h, u, ht, cu, offsets, scale, T,
 
 
 @triton.jit(do_not_specialize=["T", "NT", "R"])
-def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offsets, scale, T, NT, R,
+def _reverse_kernel(q, k, v, g, beta, Ti, A, dht, do, dh, y, dv, dbv, dh0, cu, offsets, scale, T, NT, R,
                     H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, HAS_DHT: tl.constexpr,
-                    HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                    BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, A_IN: tl.constexpr,
+                    HAS_DHT: tl.constexpr, HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+                    IEEE: tl.constexpr):
     # dbv: [⌈V/BV⌉, R] fp32, R = B·T·H: Σ_v V ⊙ Y over this program's value columns, per row and head
+    # A_IN: Aqk read (transposed) from A [B, T, H, C] (the recompute's STORE_A), else recomputed here
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -177,17 +188,24 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
         p_k = (t0 * HQ + i_hq) * K
         p_v = (t0 * H + i_h) * V
         b_k = tl.load(k + p_k + o_k, mask=m_t[:, None] & m_kk[None, :], other=0.0)  # [C, BK]
-        b_kt = tl.load(k + p_k + o_kt, mask=m_kt, other=0.0)  # Kᵀ [BK, C]
         b_qt = tl.load(q + p_k + o_kt, mask=m_kt, other=0.0)  # Qᵀ [BK, C]
-        b_At = mm(b_k, b_qt, DT, IEEE) * scale  # Aqkᵀ before decay and mask: [j, i] = scale k_j · q_i
+        if A_IN:
+            b_At = tl.load(A + (t0 * H + i_h) * C + o_ct, mask=m_t[None, :], other=0.0)  # Aqkᵀ [j, i] = Aqk_ij
+        else:
+            b_At = mm(b_k, b_qt, DT, IEEE) * scale  # Aqkᵀ before decay and mask: [j, i] = scale k_j · q_i
+        # (Kᵀ below: tl.trans of the loaded tile, a transposed view of its shared-memory copy — one load, and
+        # half the pipeline buffers, so that two programs fit an SM; never a tl.trans of an accumulator)
         b_du = mm(b_k, dS, DT, IEEE)  # K dS_{n+1}  [C, BV]
         b_do = tl.load(do + p_v + o_v, mask=m_tv, other=0.0)  # [C, BV]
         if GATE == 1:
             G = tl.cumsum(tl.load(g + t0 * H + i_h + oc * H, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
             G_last = tl.sum(tl.where(oc == n_t - 1, G, 0.0), axis=0)
-            b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))  # exponent ≤ 0
+            if not A_IN:
+                b_At = b_At * tl.exp(tl.where(causal_t, G[None, :] - G[:, None], 0.0))  # exponent ≤ 0
             b_du = b_du * tl.exp(tl.where(m_t, G_last - G, 0.0))[:, None]
-        b_du += mm(tl.where(causal_t, b_At, 0.0), b_do, DT, IEEE)  # dU_n
+        if not A_IN:
+            b_At = tl.where(causal_t, b_At, 0.0)
+        b_du += mm(b_At, b_do, DT, IEEE)  # dU_n
         b_Tt = tl.load(Ti + (t0 * H + i_h) * C + o_ct, mask=m_t[None, :], other=0.0)  # Tᵀ  [C, C]
         b_y = mm(b_Tt, b_du, DT, IEEE)  # Y_n = Tᵀ dU_n  [C, BV]
         tl.store(y + p_v + o_v, b_y.to(y.dtype.element_ty), mask=m_tv)
@@ -201,7 +219,7 @@ def _reverse_kernel(q, k, v, g, beta, Ti, dht, do, dh, y, dv, dbv, dh0, cu, offs
             dS = dS * tl.exp(G_last)
             b_do = b_do * tl.exp(G)[:, None]
             b_dv = b_dv * tl.exp(G)[:, None]
-        dS += mm(b_qt, b_do, DT, IEEE) - mm(b_kt, b_dv, DT, IEEE)
+        dS += mm(b_qt, b_do, DT, IEEE) - mm(tl.trans(b_k), b_dv, DT, IEEE)
     if HAS_H0:
         tl.store(dh0 + fin + kv, dS, mask=m_kv)
 
@@ -376,8 +394,10 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
         else:
             b_dk -= Z * b_beta[:, None]
             b_db -= kz
-        for p in range(0, NPART):
-            b_db += tl.load(dbv + p * R + p_r + oc * H, mask=m_t, other=0.0)
+        p_dbv = dbv + p_r  # (a pointer stepped by R: 64-bit addresses whatever NPART·R)
+        for _ in range(0, NPART):
+            b_db += tl.load(p_dbv + oc * H, mask=m_t, other=0.0)
+            p_dbv += R
         tl.store(dbeta + p_r + oc * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     tl.store(dk + (t0 * HQ + i_hq) * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
@@ -401,11 +421,12 @@ def _stored(dtype: torch.dtype) -> torch.dtype:
 
 
 def states_forward(q, k, v, g, beta, Ti, h0, scale: float, L: Layout, *, output: bool, store_states: bool,
-                   output_final_state: bool, name: str = "delta_fused_rec"):
+                   output_final_state: bool, name: str = "delta_fused_rec", A=None):
     """`_states_kernel`: (o [B, T, H, V] in v's dtype or None (`output`), h [B, NT, H, K, V] (`_stored`) and
-    U [B, T, H, V] (v's dtype) or None, None (`store_states`), the final state [NS, H, K, V] fp32 or None).
-    q, k [B, T, H_q, K], v [B, T, H, V], g None or [B, T, H] (raw), β [B, T, H], T [B, T, H, C] fp32 (the
-    pre-pass's or the staged inverse), h0 None or [NS, H, K, V] fp32. `name`: the launch site (util.LAUNCH)."""
+    U [B, T, H, V] (v's dtype) or None, None (`store_states`), the final state [NS, H, K, V] fp32 or None);
+    with A ([B, T, H, C], q's dtype) it also writes Aqk there (STORE_A).
+    q, k [B, T, H_q, K], v [B, T, H, V], g None or [B, T, H] (raw), β [B, T, H], T [B, T, H, C] (fp32, or the
+    inputs' dtype from the fused pre-pass), h0 None or [NS, H, K, V] fp32. `name`: the launch site (util.LAUNCH)."""
     dev = k.device
     DT, IEEE = dot_dtype(k.dtype)
     cu, _, _, offsets = varlen_args(L, dev)
@@ -418,26 +439,29 @@ def states_forward(q, k, v, g, beta, Ti, h0, scale: float, L: Layout, *, output:
     _states_kernel[(triton.cdiv(L.V, BV), L.NS * L.H)](
         q if q is not None else k, k, v, g if g is not None else k, beta, Ti, h0 if h0 is not None else anyt,
         o if o is not None else anyt, h if h is not None else anyt, u if u is not None else anyt,
-        ht if ht is not None else anyt, cu, offsets, scale, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
-        BK=pow2(L.K), BV=BV, GATE=0 if g is None else 1, HAS_H0=h0 is not None, OUTPUT=output,
-        STORE_STATES=store_states, STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        **state_pass_launch(name, k.dtype, L.K))
+        ht if ht is not None else anyt, A if A is not None else anyt, cu, offsets, scale, L.T, L.NT, H=L.H, HQ=L.Hq,
+        K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=0 if g is None else 1, HAS_H0=h0 is not None, OUTPUT=output,
+        STORE_STATES=store_states, STORE_FINAL=output_final_state, STORE_A=A is not None, IS_VARLEN=L.varlen,
+        DT=DT, IEEE=IEEE, **state_pass_launch(name, k.dtype, L.K))
     return o, h, u, ht
 
 
-def recompute_states(k, v, g, beta, Ti, h0, L: Layout):
-    """The backward's recompute of the forward state pass: (h [B, NT, H, K, V], U [B, T, H, V]); see
-    `states_forward`."""
-    _, h, u, _ = states_forward(None, k, v, g, beta, Ti, h0, 1.0, L, output=False, store_states=True,
-                                output_final_state=False)
-    return h, u
+def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
+    """The backward's recompute of the forward state pass: (h [B, NT, H, K, V], U [B, T, H, V], Aqk [B, T, H, C] in
+    q's dtype or None); see `states_forward`. Aqk is written for the reverse kernel with
+    `LAUNCH["delta_fused_rev"]["AQK"] = 1` (else that kernel recomputes it, once per value block)."""
+    A = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=q.device) if tile("delta_fused_rev", "AQK") else None
+    _, h, u, _ = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=False, store_states=True,
+                                output_final_state=False, A=A)
+    return h, u, A
 
 
-def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout, *, need_dh0: bool):
+def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout, *, need_dh0: bool, A=None):
     """(dq, dk [B, T, H_q, K] in q's dtype, dv [B, T, H, V] in v's dtype, dg (g's shape and dtype) or None, dβ
     [B, T, H] in β's dtype, dS_0 [NS, H, K, V] fp32 or None (`need_dh0`)) from the inputs, T, the entering
     states h [B, NT, H, K, V] and U [B, T, H, V] (`recompute_states`, or kept by the forward), dO [B, T, H, V]
-    and the final state's gradient dht [NS, H, K, V] or None: `_reverse_kernel`, then `_grads_kernel`."""
+    and the final state's gradient dht [NS, H, K, V] or None (and Aqk from `recompute_states`, or None):
+    `_reverse_kernel`, then `_grads_kernel`."""
     dev = k.device
     DT, IEEE = dot_dtype(k.dtype)
     cu, chunk_seq, chunk_local, offsets = varlen_args(L, dev)
@@ -451,10 +475,10 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
     dbv = empty_output(NV, R, dtype=torch.float32, device=dev)
     dh0 = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if need_dh0 else None
     _reverse_kernel[(NV, L.NS * L.H)](
-        q, k, v, g if g is not None else k, beta, Ti, dht if dht is not None else dh, do, dh, y, dv, dbv,
-        dh0 if dh0 is not None else dh, cu, offsets, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
-        BK=pow2(L.K), BV=BV, GATE=gate, HAS_DHT=dht is not None, HAS_H0=need_dh0, IS_VARLEN=L.varlen, DT=DT,
-        IEEE=IEEE, **state_pass_launch("delta_fused_rev", k.dtype, L.K))
+        q, k, v, g if g is not None else k, beta, Ti, A if A is not None else Ti, dht if dht is not None else dh, do,
+        dh, y, dv, dbv, dh0 if dh0 is not None else dh, cu, offsets, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K,
+        V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None, HAS_DHT=dht is not None, HAS_H0=need_dh0,
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **state_pass_launch("delta_fused_rev", k.dtype, L.K))
     dq = empty_output(L.B, L.T, L.Hq, L.K, dtype=q.dtype, device=dev)
     dk = empty_output(L.B, L.T, L.Hq, L.K, dtype=k.dtype, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=beta.dtype, device=dev)

@@ -129,7 +129,8 @@ LAUNCH: dict[str, dict] = {
     "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
     # the delta class's fused backward (delta_fused_bwd.py; BV, PROGRAMS as delta_fused_fwd's):
     "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U recomputed
-    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _reverse_kernel
+    # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
+    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
     "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
 }
 

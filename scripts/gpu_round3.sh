@@ -11,7 +11,9 @@
 #   bash scripts/gpu_round3.sh steps      # 24: step costs of the ceilings cells, eager and CUDA-graphed
 #   bash scripts/gpu_round3.sh graphcheck 240  # 24: the graphed lab steps' and the Newton–Schulz kernel's cuda
 #                                         #   tests, then the step costs of the models they change (≤ 4 min)
-#   bash scripts/gpu_round3.sh pilot      # 24: the lr pilot (resumable: commit $OUT's records after each call)
+#   bash scripts/gpu_round3.sh diag       # 24: graph / Newton-Schulz tests one per process, small-head-dim kernels
+#   bash scripts/gpu_round3.sh pilot      # 24: the lr pilot (resumable: commit $OUT's records after each call;
+#                                         #   GRAPH=--cuda-graph for graphed steps once `diag` passes)
 #   bash scripts/gpu_round3.sh ceilings   # 24: the ceilings sweep, resumable (commit $OUT's records after each call)
 #   bash scripts/gpu_round3.sh tests      # `pytest -m cuda` on the kernels and layers (last: a killed pytest's
 #                                         #   workers keep the GPU busy)
@@ -24,10 +26,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh peers|lm|fla|share|steps|graphcheck|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh peers|lm|fla|share|steps|diag|graphcheck|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
-left() { echo $(( budget - ($(date +%s) - t0) )); }
+left() { local l=$(( budget - ($(date +%s) - t0) )); echo $(( l > 1 ? l : 1 )); }  # (timeout refuses ≤ 0)
 site() {  # the peers, only inside this environment
   mkdir -p /tmp/site
   [ -f .whl_qla/qla_site.tar.xz ] && tar -xJf .whl_qla/qla_site.tar.xz -C /tmp/site
@@ -85,6 +87,14 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     timeout "$(left)" python3 scripts/step_costs.py --lm ceilings --graph --device cuda --json "$OUT/steps.json" 2>&1 \
         | tee "$OUT/steps.log"
     ;;
+  diag)
+    env_line
+    # each graph / Newton-Schulz test in its own process (a fault kills only its own context) and the Triton
+    # chunk forms at small head dims with CUDA_LAUNCH_BLOCKING=1: which launch faults (call 4's first failure)
+    timeout "$(left)" python3 scripts/gpu_diag.py --tests tests/cuda/test_graph_train.py \
+        tests/kernels/test_triton_newton_schulz.py --models gated_deltanet deltanet mamba2 --head-dims 16 32 64 \
+        --deadline "$(( $(left) - 30 ))" --out "$OUT/diag.txt" 2>&1 | tail -60
+    ;;
   graphcheck)
     env_line
     # train_cell(cuda_graph=True) vs eager, resume, capture fallback (RetNet and ALiBi capture now); ATLAS's kernel
@@ -104,14 +114,14 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     ;;
   pilot)
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 2 \
+    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
         --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
         | tee "$OUT/pilot.log"
     cp docs/results/mqar_ceilings_pilot.jsonl "$OUT/"
     ;;
   ceilings)
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 2 \
+    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
         --records docs/results/mqar_ceilings.jsonl --out /tmp/ceilings --progress plain 2>&1 | tee "$OUT/ceilings.log"
     cp docs/results/mqar_ceilings.jsonl "$OUT/"
     ;;
@@ -120,6 +130,6 @@ torch.cuda.synchronize(); print('flashqla warm')" > "$OUT/flashqla_warm.log" 2>&
     timeout "$(left)" python3 -m pytest -q -p no:benchmark -p no:cacheprovider -m cuda tests/kernels tests/layers \
         tests/cuda -x 2>&1 | tail -40 | tee "$OUT/cuda_tests.log"
     ;;
-  *) echo "error: stage must be peers, lm, fla, share, steps, graphcheck, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
+  *) echo "error: stage must be peers, lm, fla, share, steps, diag, graphcheck, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac
 echo "stage $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/env.txt"

@@ -710,8 +710,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ddp", action="store_true", help="under torchrun: every model data-parallel over the ranks")
     g.add_argument("--spread", action="store_true", help="under torchrun: cell i on rank i %% world (default)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="capture each cell's training step in a CUDA graph and replay it (default: on with a CUDA "
-                        "--device; recorded per cell as cuda_graph, not part of the cell keys)")
+                   help="capture each cell's training step in a CUDA graph and replay it (CUDA only; default off "
+                        "until its GPU tests pass on the H100, see docs/mqar.md; recorded per cell as cuda_graph, "
+                        "not part of the cell keys)")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
     p.add_argument("--fresh", action="store_true",
                    help="train every cell of this run again: its records in results.jsonl are superseded (kept in "
@@ -748,11 +749,18 @@ def _check_args(args) -> None:
                           f"`torchrun --nproc_per_node=N -m fastweights.cli mqar ... {flag}`, or drop {flag}")
 
 
+#: Whether a CUDA run graphs its steps unless told: off. The graphed path (lab/graph.py) equals eager steps in fp32
+#: on the H100 (tests/cuda/test_graph_train.py, 4 models, 2026-11-26), but its bf16-autocast test hit an illegal
+#: memory access there and the tests after it did not run; until those tests pass on a GPU, `--cuda-graph` is an
+#: explicit request (the ceilings pilot's records of 2026-11-26 were made with it, and say so per record).
+CUDA_GRAPH_BY_DEFAULT = False
+
+
 def cuda_graph_default(args) -> bool:
-    """--cuda-graph / --no-cuda-graph, else on for a CUDA --device."""
+    """--cuda-graph / --no-cuda-graph, else `CUDA_GRAPH_BY_DEFAULT` on a CUDA --device (never on a CPU)."""
     if args.cuda_graph is not None:
         return bool(args.cuda_graph)
-    return torch.device(args.device).type == "cuda"
+    return CUDA_GRAPH_BY_DEFAULT and torch.device(args.device).type == "cuda"
 
 
 def _capacity_records() -> list[dict]:
@@ -825,7 +833,7 @@ def cli_main(args) -> int:
         if args.step_costs:
             import json
 
-            graphed, sources = args.cuda_graph is not False, {}  # (a GPU run graphs its steps unless told not to)
+            graphed, sources = cuda_graph_default(argparse.Namespace(cuda_graph=args.cuda_graph, device="cuda")), {}
             try:
                 est = cost_estimate(cells, json.loads(Path(args.step_costs).read_text()), graphed=graphed,
                                     sources=sources)

@@ -304,6 +304,25 @@ def test_auto_rule(gen, monkeypatch):
         assert seen == want, (gate, dtype)
 
 
+def test_auto_on_a_gpu_only_at_the_checked_head_dims():
+    """On a GPU "auto" takes the fused kernels only at head dims an H100 call has checked (K = V = 128 so far);
+    the others stay staged until one does. (The predicate, with a stand-in CUDA tensor: no GPU needed.)"""
+
+    class _Cuda:
+        is_cuda, dtype = True, torch.bfloat16
+
+    def lay(K, V):
+        return make_layout(2, 100, 4, 4, K, V, 64, None, "cpu")
+
+    x = _Cuda()
+    g = torch.zeros(2, 100, 4)
+    assert delta_mod.uses_fused_forward(None, g, True, lay(128, 128), x)
+    assert delta_mod.uses_fused_backward(None, g, True, lay(128, 128), x)
+    for K, V in ((64, 64), (128, 256), (16, 16)):
+        assert not delta_mod.uses_fused_forward(None, g, True, lay(K, V), x), (K, V)
+        assert not delta_mod.uses_fused_backward(None, g, True, lay(K, V), x), (K, V)
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_varlen_packings_compile_once(gate):

@@ -129,7 +129,8 @@ def test_cuda_graph_is_recorded_per_cell_and_no_part_of_its_key(tmp_path, capsys
     with the other setting skips the same finished cells (on the CPU the cell trains eagerly and says so)."""
     p = argparse.ArgumentParser()
     mqar.add_arguments(p)
-    assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda"])) is True
+    assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda"])) is mqar.CUDA_GRAPH_BY_DEFAULT is False
+    assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda", "--cuda-graph"])) is True
     assert mqar.cuda_graph_default(p.parse_args(["--device", "cpu"])) is False
     assert mqar.cuda_graph_default(p.parse_args(["--device", "cuda", "--no-cuda-graph"])) is False
     out = tmp_path / "run"

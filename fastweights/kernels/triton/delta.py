@@ -84,6 +84,14 @@ RECOMPUTE_STATES = True
 FORWARD = "auto"
 FORWARDS = ("staged", "fused", "auto")
 
+#: The head dims (K, V) at which "auto" picks the fused kernels on a GPU: the specializations the H100 has
+#: checked against the fp32 torch chunk form (2026-11-26, `scripts/gpu_fused_bwd.py`: bf16 K = V = 128 at
+#: B4 T300, B1 T1500 Hq16 H32 and B1 T32768 Hq16 H32, fp32 grouped varlen; BENCHMARKS §1e). Every other head
+#: dim compiles other kernels (BK = K, another BV) that no GPU has run yet, so "auto" keeps them staged there
+#: until a GPU call checks them (add them here then); FORWARD / BACKWARD = "fused" still runs them on request.
+#: (On the CPU, under the interpreter, every head dim is checked by the tests.)
+FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128)})
+
 #: The backward of the same calls: "staged" (the stage kernels below), "fused" (delta_fused_bwd.py: the state
 #: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) or "auto" (the
 #: fused one wherever it applies, for bf16/fp16 inputs). The fused backward takes no or a scalar decay with
@@ -101,16 +109,20 @@ def uses_fused_forward(p, g, decay_first: bool, L, x: Tensor) -> bool:
     takes = p is None and (decay_first or g is None)
     if FORWARD == "auto":
         return (takes and (g is None or g.dim() == 3) and x.dtype != torch.float32
+                and (not x.is_cuda or (L.K, L.V) in FUSED_CHECKED_HEAD_DIMS_CUDA)
                 and (not x.is_cuda or max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA))
     return FORWARD == "fused" and takes
 
 
 def uses_fused_backward(p, g, decay_first: bool, L, x: Tensor) -> bool:
     """Whether a call with probe key p, gate g, decay order, layout L and inputs like x runs the fused backward
-    (BACKWARD, decay first, no p, `delta_fused_bwd.supports`; "auto": not for fp32 inputs)."""
+    (BACKWARD, decay first, no p, `delta_fused_bwd.supports`; "auto": not for fp32 inputs, and on a GPU only at
+    the checked head dims `FUSED_CHECKED_HEAD_DIMS_CUDA`)."""
     if BACKWARD not in BACKWARDS:
         raise ValueError(f"delta.BACKWARD must be one of {BACKWARDS}, got {BACKWARD!r}")
     if BACKWARD == "staged" or (BACKWARD == "auto" and x.dtype == torch.float32):
+        return False
+    if BACKWARD == "auto" and x.is_cuda and (L.K, L.V) not in FUSED_CHECKED_HEAD_DIMS_CUDA:
         return False
     return p is None and (decay_first or g is None) and fused_bwd_supports(g, L)
 

@@ -10,6 +10,8 @@ Records (each the `results.jsonl` a run wrote, committed as it came):
     docs/results/mqar_quick_e40.jsonl   fastweights mqar --preset quick --epochs 40
     docs/results/mqar_ceilings_tiny.jsonl   fastweights mqar --preset ceilings-tiny (the CPU check of the
                                         ceilings reading; the GPU run goes beside it as mqar_ceilings.jsonl)
+    docs/results/mqar_ceilings_pilot.jsonl  fastweights mqar --preset ceilings-pilot --device cuda (the lr
+                                        pilot of the ceilings, H100, resumable: grows as sessions add cells)
 
 Each published table sits in its Markdown file between two marker lines,
 `<!-- table:NAME -->` and `<!-- /table:NAME -->`; everything between them is what `render(NAME)`
@@ -36,6 +38,7 @@ RUNS = {
     "capacity": RESULTS / "capacity.json",
     "mqar_quick_e40": RESULTS / "mqar_quick_e40.jsonl",
     "mqar_ceilings_tiny": RESULTS / "mqar_ceilings_tiny.jsonl",
+    "mqar_ceilings_pilot": RESULTS / "mqar_ceilings_pilot.jsonl",
 }
 
 #: table name -> (run, style, files that publish it)
@@ -49,6 +52,7 @@ TABLES = {
     "ceilings_tiny_text": ("mqar_ceilings_tiny", "text", ("docs/mqar.md",)),
     "ceilings_tiny_reading": ("mqar_ceilings_tiny", "ceilings", ("docs/mqar.md", "BENCHMARKS.md")),
     "ceilings_tiny_axes": ("mqar_ceilings_tiny", "four_axis", ("docs/mqar.md",)),
+    "ceilings_pilot": ("mqar_ceilings_pilot", "pilot", ("docs/mqar.md",)),
 }
 
 #: the PNGs `plot_mqar` (and, for a ceilings run, `ceilings.plot_ceilings`) draws from each run, and where
@@ -118,8 +122,13 @@ def render(name: str) -> str:
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
         return _render_capacity(name, style, records(run))
-    if style in ("ceilings", "four_axis"):
+    if style in ("ceilings", "four_axis", "pilot"):
         from fastweights.lab import ceilings
+
+        if style == "pilot":
+            from fastweights.lab.mqar import PRESETS
+
+            return ceilings.format_pilot(records(run), PRESETS["ceilings"].lr_pick)
 
         if style == "ceilings":
             return ceilings.format_ceilings(records(run), records("capacity"))

@@ -179,6 +179,31 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
     return "\n".join(lines) + "\n"
 
 
+def format_pilot(records: Sequence[dict], pick: int = 1) -> str:
+    """The lr pilot's table (Markdown): per model (zoo order) the best accuracy at each lr, with the epoch it was
+    reached in and "†" where the cell stopped on a non-finite loss, and the lr(s) `pilot_lrs` picks."""
+    from .mqar import pilot_lrs
+
+    order = {m: i for i, m in enumerate(zoo.names())}
+    models = sorted({r["model"] for r in records}, key=lambda m: order.get(m, len(order)))
+    lrs = sorted({float(r["lr"]) for r in records})
+    picked = pilot_lrs(records, models, pick)
+    head = "| model |" + "".join(f" lr {lr:g} |" for lr in lrs) + " picked |"
+    lines = [head, "|---|" + "---:|" * len(lrs) + "---|"]
+    for m in models:
+        cells = {float(r["lr"]): r for r in records if r["model"] == m}
+        row = []
+        for lr in lrs:
+            r = cells.get(lr)
+            if r is None:
+                row.append(" — |")
+                continue
+            broke = r.get("stopped_early") and r["accuracy"] < 0.99
+            row.append(f" {r['accuracy']:.3f} (ep {r['best_epoch']}){' †' if broke else ''} |")
+        lines.append(f"| {m} |" + "".join(row) + f" {', '.join(f'{x:g}' for x in picked[m])} |")
+    return "\n".join(lines) + "\n"
+
+
 def format_four_axis(records: Sequence[dict]) -> str:
     """The four-axis table (Markdown): a → b, the axes they differ on, both ceilings and kv@0.5,
     and the change (b − a; "n/a" where a ceiling could not be read)."""

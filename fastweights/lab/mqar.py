@@ -418,20 +418,28 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
 
 #: A pilot cell at this accuracy has solved its setting (the lab's early stop): among such lrs, the earliest wins.
 SOLVED = 0.99
+#: Below this best accuracy a pilot cell has learned nothing to rank by (MQAR's chance level is ~1 / 4096 at vocab
+#: 8192; a model that has not yet found the lookup sits at 0.00–0.03): its lrs rank by their last training loss.
+LEARNED = 0.05
 
 
 def pilot_lrs(records: Sequence[dict], models: Sequence[str], pick: int = 2) -> dict[str, tuple[float, ...]]:
     """Each model's `pick` best lrs in a pilot's records, ascending: the lrs that solved the pilot
     (best accuracy ≥ `SOLVED`, the early stop) first, the earlier solved the better; then the others by best
-    accuracy, then final accuracy; ties to the smaller lr. A model without pilot records raises ValueError."""
+    accuracy where it is above chance (≥ `LEARNED`), else — nothing learned yet — by the last epoch's training
+    loss (lower: further along); ties to the smaller lr. A model without pilot records raises ValueError."""
     out, missing = {}, []
     for m in models:
         by_lr: dict[float, tuple] = {}
         for r in records:
             if r.get("model") == m:
                 acc, lr = r["accuracy"], -float(r["lr"])
-                score = ((1, -r.get("best_epoch", 0), acc, lr) if acc >= SOLVED else
-                         (0, acc, r.get("final_accuracy", acc), lr))
+                hist = r.get("history") or [{}]
+                loss = hist[-1].get("loss", math.inf)
+                loss = loss if isinstance(loss, (int, float)) and math.isfinite(loss) else math.inf
+                score = ((2, -r.get("best_epoch", 0), acc, lr) if acc >= SOLVED else
+                         (1, acc, r.get("final_accuracy", acc), lr) if acc >= LEARNED else
+                         (0, -loss, acc, lr))
                 by_lr[float(r["lr"])] = max(score, by_lr.get(float(r["lr"]), score))
         if not by_lr:
             missing.append(m)

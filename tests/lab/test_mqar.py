@@ -295,6 +295,12 @@ def test_pilot_lrs_picks_each_models_best():
         r["best_epoch"] = epoch
     assert mqar.pilot_lrs(solved, ["kda"], pick=1) == {"kda": (3e-3,)}
     assert mqar.pilot_lrs(solved, ["kda"], pick=2) == {"kda": (1e-3, 3e-3)}
+    # nothing learned at any lr (accuracy at chance): the lr whose training loss went furthest down
+    flat = _pilot_records({"gated_deltanet": [(1e-3, 0.001), (3e-3, 0.011), (1e-2, 0.0)]})
+    for r, loss in zip(flat, (6.8, 4.4, 7.8)):
+        r["history"] = [{"loss": 8.9}, {"loss": loss}]
+    flat[2]["accuracy"] = 0.02  # above the others, still chance: the loss decides
+    assert mqar.pilot_lrs(flat, ["gated_deltanet"], pick=1) == {"gated_deltanet": (3e-3,)}
     with pytest.raises(ValueError, match="no cell of mamba2"):
         mqar.pilot_lrs(recs, ["deltanet", "mamba2"])
 

@@ -146,29 +146,26 @@ def _normalize_ttgir(ttgir: str) -> str:
     return re.sub(r"%[A-Za-z_0-9][\w.#]*", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), text)
 
 
+def _standin():
+    """This repository's `fastweights/kernels/triton/standin.py`, loaded by its path: `collect` imports another
+    tree's fastweights (maybe one from before the module existed), and the driver stand-in is the same for both."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fastweights", "kernels", "triton",
+                        "standin.py")
+    spec = importlib.util.spec_from_file_location("_fastweights_standin", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def collect(tree: str, out: str, workload: str = "chunk") -> None:
     sys.path.insert(0, os.path.abspath(tree))
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver as drv
     from triton.runtime.jit import JITFunction
 
-    class _Driver:  # the parts of the CUDA driver the JIT asks for before compiling
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_device_interface(self):
-            import torch
-            return torch.cuda
-
-    drv.set_active(_Driver())
+    _standin().install_sm90_driver()
     records = []
     run = JITFunction.run
 

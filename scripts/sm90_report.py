@@ -1,16 +1,23 @@
-"""Registers, spills and shared memory of the delta class's fused kernels, compiled for Hopper (sm_90) on a
-machine without a GPU: the stand-in driver of `scripts/ptx_equivalence.py` makes every launch compile
-(Triton → PTX → cubin, as the GPU JIT specializes it) and nothing run; each launch's PTX then goes through
-Triton's bundled `ptxas -v` for the register and spill counts. A compile error that the interpreter accepts
-(e.g. a variable redefined with another rank) fails here too.
+"""Registers, spills and shared memory of the fused kernels (the delta class's forward and backward, the
+gated-linear class's pipeline), compiled for Hopper (sm_90) on a machine without a GPU: the driver stand-in
+(`fastweights.kernels.triton.standin`) makes every launch compile (Triton → PTX → cubin, as the GPU JIT
+specializes it) and nothing run; each launch's PTX then goes through Triton's bundled `ptxas -v` for the register
+and spill counts. A compile error that the interpreter accepts (e.g. a variable redefined with another rank)
+fails here too.
 
-    python3 scripts/sm90_report.py                       # the fused forward and backward, K = V = 128
-    python3 scripts/sm90_report.py --head-dims 64 128    # other head dims
+    python3 scripts/sm90_report.py                                  # both pipelines, K = V = 128
+    python3 scripts/sm90_report.py --pipelines gated --head-dims 128 256 --gates none scalar diagonal
     python3 scripts/sm90_report.py --json out.json
+    FASTWEIGHTS_LAUNCH=cfg.json ...                                 # (util.load_launch: another launch config)
 
-Workload: `chunk_delta_triton` forward + backward with delta.FORWARD = "fused" and delta.BACKWARD = "fused",
-no and a scalar decay (and the diagonal one's staged backward), bf16 and fp32, a padded batch (H = H_q = 4) and
-varlen (grouped heads: H = 4, H_q = 2), the pre-pass with WU = 1 and 0; one line per distinct compiled kernel.
+Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
+register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
+refuses — each row then says so in its ERROR column.
+
+Workloads: delta — `chunk_delta_triton` forward + backward with delta.FORWARD = BACKWARD = "fused", no and a
+scalar decay, a padded batch (H = H_q = 4) and varlen (grouped heads: H = 4, H_q = 2), the pre-pass with WU = 1
+and 0; gated — `chunk_gated_triton` with gated.PIPELINE = "fused", every gate kind with β and states, padded
+B = 4, H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per distinct compiled kernel.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ def _ptxas_v(ptx: str, arch: str) -> dict:
     return out
 
 
-def _workload(head_dims, dtypes):
+def _delta_workload(head_dims, dtypes, gates):
     import torch
 
     from fastweights.kernels.triton import delta, util
@@ -62,7 +69,7 @@ def _workload(head_dims, dtypes):
     for D in head_dims:
         for wu in (1, 0):
             util.LAUNCH["delta_prepass"]["WU"] = wu
-            for gate in ("none", "scalar"):
+            for gate in [x for x in gates if x in ("none", "scalar")]:  # (the fused backward's gates)
                 for dtype in [getattr(torch, d) for d in dtypes]:
                     for varlen in (False, True):
                         B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)  # grouped heads with varlen
@@ -79,8 +86,44 @@ def _workload(head_dims, dtypes):
     util.LAUNCH["delta_prepass"]["WU"] = 1
 
 
+def _gated_workload(head_dims, dtypes, gates):
+    import torch
+
+    from fastweights.kernels.triton import gated
+    from fastweights.kernels.triton import gated_fused as gf
+    from fastweights.kernels.triton.gated import chunk_gated_triton
+
+    gated.PIPELINE = "fused"
+    gf.FUSED_MAX_HEAD_DIM_CUDA = 256  # compile every head dim asked for
+    gen = torch.Generator().manual_seed(0)
+    for D in head_dims:
+        for gate in gates:
+            for dtype in [getattr(torch, d) for d in dtypes]:
+                for varlen in (False, True):
+                    B, T, H, Hq = (1, 200, 16, 16) if varlen else (4, 130, 16, 16)
+                    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
+                    q = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                    k = torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True)
+                    v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
+                    g = None
+                    if gate != "none":
+                        g = (-torch.rand(B, T, H, *((D,) if gate == "diagonal" else ()), generator=gen))
+                        g.requires_grad_(True)
+                    beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+                    S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen).requires_grad_(True)
+                    o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
+                                              output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                    (o.float().sum() + S.float().sum()).backward()
+
+
+WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pipelines", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--gates", nargs="+", default=["none", "scalar", "diagonal"],
+                    choices=["none", "scalar", "diagonal"])
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128])
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
@@ -89,25 +132,11 @@ def main():
     sys.path.insert(0, ROOT)
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver as drv
     from triton.runtime.jit import JITFunction
 
-    class _Driver:  # the parts of the CUDA driver the JIT asks for before compiling
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
+    from fastweights.kernels.triton.standin import install_sm90_driver
 
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_device_interface(self):
-            import torch
-            return torch.cuda
-
-    drv.set_active(_Driver())
+    install_sm90_driver()
     seen, rows = set(), []
     run = JITFunction.run
 
@@ -126,17 +155,18 @@ def main():
                         smem=kernel.metadata.shared,
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
-                            "H", "HQ", "STORE_STATES", "NPART")})
+                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O")})
             rows.append(info)
         return kernel
 
     JITFunction.run = compile_only
-    _workload(a.head_dims, a.dtypes)
+    for name in a.pipelines:
+        WORKLOADS[name](a.head_dims, a.dtypes, a.gates)
     print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
     for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
         c = r["consts"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU", "IS_VARLEN", "HQ")
-                        if k in c)
+        desc = " ".join(f"{k}={c[k]}" for k in ("K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU", "IS_VARLEN", "HQ",
+                                                 "HAS_BETA", "WRITE_O") if k in c)
         print(f"{r['kernel']:18s} {desc:70s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

@@ -400,25 +400,9 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, sys.argv[1])
 import torch
 from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.runtime import driver as drv
+from fastweights.kernels.triton.standin import install_sm90_driver
 
-
-class _Driver:  # what the JIT asks the driver for before it compiles (scripts/ptx_equivalence.py)
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_device_interface(self):
-        return torch.cuda
-
-
-drv.set_active(_Driver())
+install_sm90_driver()
 keys = set()
 
 

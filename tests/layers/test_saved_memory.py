@@ -36,11 +36,11 @@ def test_gated_deltanet_layer_saved_bytes_per_token():
     hidden = LM(LMConfig(vocab_size=64, d_model=d, n_layers=1, num_heads=Hq, head_dim=K,
                          mixer="gated_deltanet")).blocks[0].mlp.w2.in_features
     bound = {
-        # one bf16 copy of x (the joint projection), the raw q and k (the prologue's input; the memory op
-        # recomputes q̂, k̂ from them), v, the per-chunk inverse T (fp32 [H, C] per token), β and g (fp32),
-        # b and a (bf16); not the chunk states h, U (recomputed); o and the gate z, which the output's
-        # checkpoint keeps for the gated norm and o_proj (`MemoryMixer._output`)
-        "MemoryMixer": bf16 * (d + 2 * qk + v) + fp32 * H * C + 2 * fp32 * H + 2 * bf16 * H + bf16 * 2 * v,
+        # one bf16 copy of x (the joint projection), the per-chunk inverse T (at most fp32 [H, C] per token), β
+        # and g (fp32), b and a (bf16); o and the gate z, which the output's checkpoint keeps for the gated norm
+        # and o_proj (`MemoryMixer._output`). Not the raw q, k, v: the prologue and the memory op recompute them
+        # from the convs' inputs (`conv.RECOMPUTE_OUTPUTS`), q̂ and k̂ from those; not the chunk states h, U.
+        "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + 2 * bf16 * H + bf16 * 2 * v,
         "ShortConv": bf16 * (2 * qk + v),  # the convolutions' inputs
         # the MLP's projections' inputs (x cast once for each of w1 and w3, w2's hidden input) and nothing of
         # the mixer: its projections of x are one matmul (its cast counted above), o_proj's input is recomputed

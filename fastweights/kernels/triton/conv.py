@@ -59,7 +59,13 @@ from .limits import MAX_CONV_WIDTH
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "MAX_CONV_WIDTH"]
+__all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
+
+#: The conv's output carries what recomputes it (`conv_source`): an op downstream that would keep the output for
+#: its backward (the delta prologue's raw q, k; the delta memory op's v) keeps that instead — the conv's own inputs,
+#: which its backward keeps anyway — and recomputes the output, bitwise (the same kernel on the same inputs), in
+#: its backward. Off: every consumer keeps its own copy of the output (A/B of memory and time).
+RECOMPUTE_OUTPUTS = True
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: launch settings (a GPU sweep may overwrite entries). Forward: BT rows × BC channels per program.
@@ -417,5 +423,47 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
         raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
                          f"{[str(t.device) for t in given]}")
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
-    return ShortConvFn.apply(_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions),
-                             activation == "silu")
+    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu")
+    y, new_tail = ShortConvFn.apply(*args)
+    if RECOMPUTE_OUTPUTS:
+        y._conv_source = _ConvSource(args, y)
+    return y, new_tail
+
+
+class _ConvSource:
+    """What recomputes a conv output bitwise: the call's arguments (the conv's backward keeps them anyway) and the
+    versions of every tensor among them and of the output, so that an in-place change since makes it invalid."""
+
+    __slots__ = ("args", "versions")
+
+    def __init__(self, args: tuple, y: Tensor):
+        self.args = args
+        self.versions = self._versions(y)
+
+    def _versions(self, y: Tensor) -> tuple:
+        return tuple(t._version for t in self.args if isinstance(t, Tensor)) + (y._version,)
+
+    def valid(self, y: Tensor) -> bool:
+        return self._versions(y) == self.versions
+
+    def recompute(self) -> Tensor:
+        with torch.no_grad():
+            return ShortConvFn.apply(*self.args)[0]
+
+
+def conv_source(t: Tensor | None):
+    """(source, size, stride, offset) when t is, unmodified, a `short_conv` output or a view of one — what
+    `conv_recompute` makes t again from — else None."""
+    if not isinstance(t, Tensor):
+        return None
+    base = t if t._base is None else t._base
+    src = getattr(base, "_conv_source", None)
+    if src is None or not src.valid(base):
+        return None
+    return src, tuple(t.size()), tuple(t.stride()), t.storage_offset()
+
+
+def conv_recompute(source) -> Tensor:
+    """t again, bitwise, from `conv_source(t)`: the conv's forward kernel on the same inputs, viewed as t was."""
+    src, size, stride, offset = source
+    return src.recompute().as_strided(size, stride, offset)

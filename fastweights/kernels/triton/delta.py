@@ -55,6 +55,7 @@ import torch
 from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from .args import check_chunk_args, no_tokens
+from .conv import conv_recompute, conv_source
 from .cumsum import chunk_cumsum
 from .delta_fused import FUSED_MAX_HEAD_DIM_CUDA, fused_forward
 from .delta_fused_bwd import fused_backward, recompute_states
@@ -160,9 +161,11 @@ class ChunkDeltaTriton(torch.autograd.Function):
             h, ht, u = pass_states_fwd(k, w, u1, G, h0, L, output_final_state=need_final)
             A = decayed_scores(q, k, G, None, scale, L)  # [B, T, H, C]
             o = chunk_outputs(q, u, G, A, h, scale, L)  # [B, T, H, V] in v's dtype
-        # q, k straight from the delta prologue: keep the raw q, k its backward keeps anyway, not q̂, k̂ too
-        ctx.q_src, ctx.k_src = l2_source(q), l2_source(k)
-        ctx.save_for_backward(None if ctx.q_src else q, None if ctx.k_src else k, v, g, beta, h0, p, Ti,
+        # q, k straight from the delta prologue: keep what recomputes q̂, k̂ (the raw q, k its backward keeps anyway,
+        # or — straight from the short conv — the conv's inputs), not q̂, k̂ too; v straight from the conv likewise
+        ctx.q_src, ctx.k_src, ctx.v_src = l2_source(q), l2_source(k), conv_source(v)
+        ctx.save_for_backward(None if ctx.q_src else q, None if ctx.k_src else k, None if ctx.v_src else v, g, beta,
+                              h0, p, Ti,
                               *((None, None, None) if ctx.recompute else (h, u, ht)))
         ctx.scale, ctx.L, ctx.output_final_state, ctx.has_beta, ctx.excl = scale, L, output_final_state, has_beta, excl
         return o, (ht if output_final_state else None)
@@ -172,7 +175,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
         q, k, v, g, beta, h0, p, Ti, h, u, ht = ctx.saved_tensors
         q = l2_recompute(*ctx.q_src) if ctx.q_src else q
         k = l2_recompute(*ctx.k_src) if ctx.k_src else k
-        ctx.q_src = ctx.k_src = None
+        v = conv_recompute(ctx.v_src) if ctx.v_src else v
+        ctx.q_src = ctx.k_src = ctx.v_src = None
         scale, L, excl = ctx.scale, ctx.L, ctx.excl
         do = do.contiguous()
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None

@@ -49,6 +49,7 @@ import triton.language as tl
 from ...chunkwise.varlen import check_cu_seqlens
 from ...inputs import InputError
 from .. import empty_output
+from .conv import conv_recompute, conv_source
 from .layout import make_layout
 from .util import chunk_span, launch, varlen_args
 
@@ -206,13 +207,18 @@ class DeltaPrologue(torch.autograd.Function):
         x = dict(q=q, k=k, b=b, a=a, A_log=A_log, dt_bias=dt_bias, qo=_out(q), ko=_out(k),
                  beta=_out(b, torch.float32), g=_out(a, torch.float32))
         _launch(x, meta, bwd=False)
-        ctx.save_for_backward(q, k, b, a, A_log, dt_bias)
+        # q, k straight from the short conv: keep what recomputes them (the conv's inputs), not a copy of them
+        ctx.q_src, ctx.k_src = conv_source(q), conv_source(k)
+        ctx.save_for_backward(None if ctx.q_src else q, None if ctx.k_src else k, b, a, A_log, dt_bias)
         ctx.meta = meta
         return x["qo"], x["ko"], x["beta"], x["g"]
 
     @staticmethod
     def backward(ctx, dqo, dko, dbeta, dg):
         q, k, b, a, A_log, dt_bias = ctx.saved_tensors
+        q = conv_recompute(ctx.q_src) if ctx.q_src and ctx.needs_input_grad[0] else q
+        k = conv_recompute(ctx.k_src) if ctx.k_src and ctx.needs_input_grad[1] else k
+        ctx.q_src = ctx.k_src = None
         meta = ctx.meta
         need = ctx.needs_input_grad
         q, k, b = (t if need[i] else None for i, t in enumerate((q, k, b)))
@@ -338,11 +344,14 @@ def l2_source(x: Tensor) -> Tensor | None:
     src = getattr(x, "_l2_source", None)
     if src is None or src[2] != x._version:
         return None
-    return src[0], src[1]
+    return conv_source(src[0]) or src[0], src[1]  # the raw x itself straight from the conv: what recomputes it
 
 
-def l2_recompute(raw: Tensor, eps: float) -> Tensor:
+def l2_recompute(raw, eps: float) -> Tensor:
     """x̂ = raw / sqrt(Σ raw² + eps) per row, by the prologue's forward kernel (no autograd): bitwise what
-    `delta_prologue` returned for raw (each row's sum is computed by one program, the same way)."""
+    `delta_prologue` returned for raw (each row's sum is computed by one program, the same way). raw: the tensor,
+    or its `conv.conv_source` (then the conv's output is recomputed first, bitwise)."""
+    if not isinstance(raw, Tensor):
+        raw = conv_recompute(raw)
     with torch.no_grad():
         return delta_prologue(raw, None, None, None, gate=None, eps=eps)[0]

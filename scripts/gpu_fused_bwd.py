@@ -238,20 +238,20 @@ def stage_env():
     log("env", env)
 
 
-def _warm_cases() -> list[tuple]:
-    """Every (cfg spec, path, model, size label, with gradient) the later stages run, as small as each
-    specialization allows (T only shortened: it is never a constexpr)."""
-    cases = []
+def _warm_groups() -> list[list[tuple]]:
+    """Every (cfg index, path, model, size label, with gradient) the later stages run, grouped by (config, model,
+    size) — the paths of one group share kernels (the staged backward, the fused forward), so one worker compiles
+    them once —, the default config's groups first (the largest)."""
+    groups = []
     for ci in range(len(configs())):
         sizes = check_sizes(full=True) if ci == 0 else check_sizes(full=False)
         for label, _, _, _ in sizes:
             for model in MODELS:
-                for path in (paths_of(model) if ci == 0 else ["fused"]):
-                    if ci > 0 and MODELS[model] == "diagonal":
-                        continue
-                    for grad in (True, False):
-                        cases.append((ci, path, model, label, grad))
-    return cases
+                if ci > 0 and MODELS[model] == "diagonal":
+                    continue
+                paths = paths_of(model) if ci == 0 else ["fused"]
+                groups.append([(ci, path, model, label, grad) for path in paths for grad in (True, False)])
+    return groups
 
 
 def _warm_one(ci, path, model, label, grad):
@@ -276,8 +276,10 @@ def _warm_one(ci, path, model, label, grad):
 
 
 def warm_worker(i: int, n: int):
-    for j, case in enumerate(_warm_cases()):
-        if j % n == i:
+    for j, group in enumerate(_warm_groups()):
+        if j % n != i:
+            continue
+        for case in group:  # (T only shortened: it is never a constexpr)
             try:
                 _warm_one(*case)
             except Exception as e:  # the main process's checks report it
@@ -287,7 +289,7 @@ def warm_worker(i: int, n: int):
 def stage_warm():
     n = ARGS.workers or max(1, min(12, (os.cpu_count() or 2) - 2))
     t = time.time()
-    cases = _warm_cases()
+    cases = [case for group in _warm_groups() for case in group]
     procs = [subprocess.Popen([sys.executable, __file__, "--warm-worker", f"{i}/{n}", "--out", OUT]
                               + (["--dry-run"] if ARGS.dry_run else []) + ["--configs", *ARGS.configs],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
@@ -558,6 +560,15 @@ def main():
         RESULTS.setdefault("stage_seconds", {})[name] = time.time() - t
         save()
     log(f"done in {time.time() - T_START:.0f} s")
+    failed = [c for c in RESULTS.get("check", []) if not c["passed"]]
+    if failed or RESULTS.get("stage_errors"):
+        log("!" * 100)
+        for c in failed:
+            log(f"CHECK FAILED: {c['path']} {c['config']} {c['model']} {c['size']}: {c['errors']}")
+        for name in RESULTS.get("stage_errors", {}):
+            log(f"STAGE FAILED: {name} (results.json: stage_errors)")
+        log("!" * 100)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

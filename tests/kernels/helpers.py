@@ -113,3 +113,77 @@ def delta_triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None, decay_first=Tr
     return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], p=d.get("p"),
                               decay_first=decay_first, scale=scale, initial_state=d["S0"], output_final_state=True,
                               chunk_size=chunk_size, cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV))
+
+
+# ---------------------------------------------------------------------------- compile keys (no recompile per packing)
+#: The head of a compile-key script, run by `compile_keys` in a subprocess without TRITON_INTERPRET (under the
+#: interpreter nothing compiles): the sm_90 driver stand-in; Triton's `jit_cache_hook`, which records each launch's
+#: compile key (the dict key of `kernel.device_caches[device][0]`, from the specialization of every argument) in
+#: `keys` and skips the compile; `packing(gen, i, max_len)`, the i-th of a series of varlen packings; `report`.
+KEYS_PREAMBLE = r'''
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, sys.argv[1])
+import torch
+from triton import knobs
+from fastweights.kernels.triton.standin import install_sm90_driver
+
+install_sm90_driver()
+keys = set()
+
+
+def hook(**kw):  # called with the compile key of every launch that would compile; True: skip the compile
+    keys.add(kw["repr"].split("[")[0] + " " + str(kw["key"]))
+    return True
+
+
+knobs.runtime.jit_cache_hook = hook
+
+
+def packing(gen, i, max_len):
+    """(lengths, T, cu_seqlens) of the i-th packing: 1 to 6 sequences of 0 .. max_len − 1 tokens; the 2nd has T a
+    multiple of 16 (its first sequence not: an int specialization would split here), the 3rd T = 1 (an int
+    argument equal to 1 would be specialized)."""
+    n = int(torch.randint(1, 7, (1,), generator=gen))
+    lengths = torch.randint(0, max_len, (n,), generator=gen).tolist()
+    if i == 1:
+        lengths = [16, 32, 0]
+    if i == 2:
+        lengths = [1]
+    T = max(1, sum(lengths))
+    lengths[-1] += T - sum(lengths)
+    return lengths, T, torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+
+
+def report(counts):  # the number of distinct compile keys after each batch, and the kernels keyed
+    print(json.dumps({"counts": counts, "kernels": sorted({key.split(" ")[0] for key in keys})}))
+'''
+
+
+def compile_keys(body: str, *args: str) -> dict:
+    """{"counts": keys after each batch, "kernels": the kernels keyed} of `KEYS_PREAMBLE + body`, run in a
+    subprocess with the repository root and `args` as its argv."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    r = subprocess.run([sys.executable, "-c", KEYS_PREAMBLE + body, root, *args], capture_output=True, text=True,
+                       timeout=600, env={key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def spy_launches(monkeypatch, module, names) -> list[str]:
+    """The names of `module`'s kernels `names` in the order they are launched (each kernel's `run` spied)."""
+    seen = []
+    for name in names:
+        kernel = getattr(module, name)
+
+        def spy(*args, _run=kernel.run, _name=name, **kw):
+            seen.append(_name)
+            return _run(*args, **kw)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    return seen

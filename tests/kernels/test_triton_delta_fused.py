@@ -9,11 +9,7 @@ are NaN-poisoned (tests/conftest.py). Inputs are fresh random each run; the seed
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,15 +21,13 @@ from fastweights.kernels.triton import delta_fused, util
 from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.delta_fused import FUSED_MAX_HEAD_DIM_CUDA, fused_forward, fused_programs, value_block
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, to_dev
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import GATES, _recurrent, _Stages
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 @pytest.fixture
@@ -302,25 +296,7 @@ def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
-_KEYS_SCRIPT = r"""
-import json, os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-sys.path.insert(0, sys.argv[1])
-import torch
-from triton import knobs
-from fastweights.kernels.triton.standin import install_sm90_driver
-
-install_sm90_driver()
-keys = set()
-
-
-def hook(**kw):  # called with the compile key of every launch that would compile; True: skip the compile
-    keys.add(kw["repr"].split("[")[0] + " " + str(kw["key"]))
-    return True
-
-
-knobs.runtime.jit_cache_hook = hook
-from fastweights.kernels.triton import delta
+_KEYS_BODY = r"""from fastweights.kernels.triton import delta
 from fastweights.kernels.triton.delta import chunk_delta_triton
 
 delta.FORWARD = "fused"
@@ -328,15 +304,7 @@ gate, dtype = sys.argv[2], getattr(torch, sys.argv[3])
 gen = torch.Generator().manual_seed(0)
 counts = []
 for i in range(20):
-    n = int(torch.randint(1, 7, (1,), generator=gen))
-    lengths = torch.randint(0, 300, (n,), generator=gen).tolist()
-    if i == 1:
-        lengths = [16, 32, 0]  # T a multiple of 16 (the first is not): an int specialization would split here
-    if i == 2:
-        lengths = [1]  # T = 1 (an int argument equal to 1 would be specialized)
-    T = max(1, sum(lengths))
-    lengths[-1] += T - sum(lengths)
-    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    lengths, T, cu = packing(gen, i, 300)
     H, Hq, K, V = 4, 2, 64, 64
     q = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
     k = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
@@ -348,7 +316,7 @@ for i in range(20):
                               chunk_size=64, cu_seqlens=cu)
     (o.float().sum() + S.sum()).backward()
     counts.append(len(keys))
-print(json.dumps({"counts": counts, "kernels": sorted({key.split(" ")[0] for key in keys})}))
+report(counts)
 """
 
 
@@ -359,10 +327,7 @@ def test_varlen_packings_compile_once(gate):
     interpreter nothing compiles, so this runs in a subprocess without it: a stand-in driver reports an
     sm_90 target, and Triton's `jit_cache_hook` records each launch's compile key (the dict key of
     `kernel.device_caches[device][0]`, from the specialization of every argument) and skips the compile."""
-    r = subprocess.run([sys.executable, "-c", _KEYS_SCRIPT, ROOT, gate, "bfloat16"], capture_output=True, text=True,
-                       timeout=600, env={key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = compile_keys(_KEYS_BODY, gate, "bfloat16")
     counts = out["counts"]
     assert {"_prepass_kernel", "_fused_fwd_kernel"} <= set(out["kernels"])
     assert counts[0] > 0 and counts == [counts[0]] * 20, counts

@@ -12,10 +12,7 @@ Inputs are fresh random each run; the seed is printed.
 
 from __future__ import annotations
 
-import json
 import secrets
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -31,11 +28,11 @@ from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.delta_fused import fused_forward
 from fastweights.kernels.triton.delta_fused_bwd import fused_backward, recompute_states, value_block
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, spy_launches, to_dev
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import _recurrent
-from tests.kernels.test_triton_delta_fused import _KEYS_SCRIPT, ROOT
+from tests.kernels.test_triton_delta_fused import _KEYS_BODY
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -54,16 +51,7 @@ def fused(monkeypatch):
 @pytest.fixture
 def launched(monkeypatch):
     """The names of the fused backward's kernels launched (their `run` spied)."""
-    seen = []
-    for name in KERNELS:
-        kernel = getattr(delta_fused_bwd, name)
-
-        def spy(*args, _run=kernel.run, _name=name, **kw):
-            seen.append(_name)
-            return _run(*args, **kw)
-
-        monkeypatch.setattr(kernel, "run", spy)
-    return seen
+    return spy_launches(monkeypatch, delta_fused_bwd, KERNELS)
 
 
 def _staged_bwd(x, **kw):
@@ -328,12 +316,8 @@ def test_auto_on_a_gpu_only_at_the_checked_head_dims():
 def test_varlen_packings_compile_once(gate):
     """20 varlen batches of different packings (test_triton_delta_fused's script, with BACKWARD = "fused") ask
     Triton for no compile key after the first batch; the fused backward's kernels are among those keyed."""
-    script = _KEYS_SCRIPT.replace('delta.FORWARD = "fused"', 'delta.FORWARD = "fused"\ndelta.BACKWARD = "fused"')
-    r = subprocess.run([sys.executable, "-c", script, ROOT, gate, "bfloat16"], capture_output=True, text=True,
-                       timeout=600, env={key: val for key, val in __import__("os").environ.items()
-                                         if key != "TRITON_INTERPRET"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    body = _KEYS_BODY.replace('delta.FORWARD = "fused"', 'delta.FORWARD = "fused"\ndelta.BACKWARD = "fused"')
+    out = compile_keys(body, gate, "bfloat16")
     counts = out["counts"]
     assert set(KERNELS) <= set(out["kernels"])
     assert counts[0] > 0 and counts == [counts[0]] * 20, counts

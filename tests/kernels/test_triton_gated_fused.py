@@ -9,11 +9,7 @@ fp32 against float64; the same checks at realistic shapes are marked `cuda`. Ker
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,13 +22,12 @@ from fastweights.kernels.triton import gated as gated_mod
 from fastweights.kernels.triton import gated_fused, util
 from fastweights.kernels.triton.gated import chunk_gated_triton
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, spy_launches, to_dev
 from tests.kernels.test_triton_gated import _inputs, _recurrent, _triton
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, EXACT_F64, F32, TRITON_LOW_REL
 
 pytestmark = pytest.mark.triton
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GATES = ["none", "scalar", "diagonal"]
 KERNELS = ("_fwd_kernel", "_bwd_states_kernel", "_bwd_chunk_kernel")
 
@@ -46,16 +41,7 @@ def fused(monkeypatch):
 @pytest.fixture
 def launched(monkeypatch):
     """The names of the fused kernels launched (their `run` spied)."""
-    seen = []
-    for name in KERNELS:
-        kernel = getattr(gated_fused, name)
-
-        def spy(*args, _run=kernel.run, _name=name, **kw):
-            seen.append(_name)
-            return _run(*args, **kw)
-
-        monkeypatch.setattr(kernel, "run", spy)
-    return seen
+    return spy_launches(monkeypatch, gated_fused, KERNELS)
 
 
 # ---------------------------------------------------------------------------- the backward's torch twin
@@ -391,25 +377,7 @@ def test_scores_kernel_is_a_launch_choice(gate, gen, fused, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
-_KEYS_SCRIPT = r"""
-import json, os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-sys.path.insert(0, sys.argv[1])
-import torch
-from triton import knobs
-from fastweights.kernels.triton.standin import install_sm90_driver
-
-install_sm90_driver()
-keys = set()
-
-
-def hook(**kw):  # called with the compile key of every launch that would compile; True: skip the compile
-    keys.add(kw["repr"].split("[")[0] + " " + str(kw["key"]))
-    return True
-
-
-knobs.runtime.jit_cache_hook = hook
-from fastweights.kernels.triton import gated
+_KEYS_BODY = r"""from fastweights.kernels.triton import gated
 from fastweights.kernels.triton.gated import chunk_gated_triton
 
 gated.PIPELINE = "fused"
@@ -418,15 +386,7 @@ gen = torch.Generator().manual_seed(0)
 counts = []
 for i in range(60):  # 20 packings of each gate kind
     gate = ("none", "scalar", "diagonal")[i // 20]
-    n = int(torch.randint(1, 7, (1,), generator=gen))
-    lengths = torch.randint(0, 200, (n,), generator=gen).tolist()
-    if i % 20 == 1:
-        lengths = [16, 32, 0]  # T a multiple of 16 (the first is not): an int specialization would split here
-    if i % 20 == 2:
-        lengths = [1]  # T = 1 (an int argument equal to 1 would be specialized)
-    T = max(1, sum(lengths))
-    lengths[-1] += T - sum(lengths)
-    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    lengths, T, cu = packing(gen, i % 20, 200)
     H, Hq, K, V = 2, 1, 32, 32
     q = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
     k = torch.randn(1, T, Hq, K).to(dtype).requires_grad_(True)
@@ -438,7 +398,7 @@ for i in range(60):  # 20 packings of each gate kind
                               chunk_size=64, cu_seqlens=cu)
     (o.float().sum() + S.sum()).backward()
     counts.append(len(keys))
-print(json.dumps({"counts": counts, "kernels": sorted({key.split(" ")[0] for key in keys})}))
+report(counts)
 """
 
 
@@ -448,11 +408,7 @@ def test_varlen_packings_compile_once():
     a diagonal one. Under the interpreter nothing compiles, so this runs in a subprocess without it: a stand-in
     driver reports an sm_90 target, and Triton's `jit_cache_hook` records each launch's compile key and skips
     the compile."""
-    r = subprocess.run([sys.executable, "-c", _KEYS_SCRIPT, ROOT, "none", "bfloat16"], capture_output=True,
-                       text=True, timeout=600,
-                       env={key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = compile_keys(_KEYS_BODY, "none", "bfloat16")
     counts = out["counts"]
     assert set(KERNELS) <= set(out["kernels"])
     assert counts[0] > 0 and counts[:20] == [counts[0]] * 20, counts  # no decay

@@ -425,7 +425,7 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
     args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu")
     y, new_tail = ShortConvFn.apply(*args)
-    if RECOMPUTE_OUTPUTS:
+    if RECOMPUTE_OUTPUTS and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
         y._conv_source = _ConvSource(args, y)
     return y, new_tail
 

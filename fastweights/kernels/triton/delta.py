@@ -110,8 +110,8 @@ def uses_fused_forward(p, g, decay_first: bool, L, x: Tensor) -> bool:
     takes = p is None and (decay_first or g is None)
     if FORWARD == "auto":
         return (takes and (g is None or g.dim() == 3) and x.dtype != torch.float32
-                and (not x.is_cuda or (L.K, L.V) in FUSED_CHECKED_HEAD_DIMS_CUDA)
-                and (not x.is_cuda or max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA))
+                and (not x.is_cuda or ((L.K, L.V) in FUSED_CHECKED_HEAD_DIMS_CUDA
+                                       and max(L.K, L.V) <= FUSED_MAX_HEAD_DIM_CUDA)))
     return FORWARD == "fused" and takes
 
 

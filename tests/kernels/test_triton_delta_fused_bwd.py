@@ -306,7 +306,9 @@ def test_auto_on_a_gpu_only_at_the_checked_head_dims():
     g = torch.zeros(2, 100, 4)
     assert delta_mod.uses_fused_forward(None, g, True, lay(128, 128), x)
     assert delta_mod.uses_fused_backward(None, g, True, lay(128, 128), x)
-    for K, V in ((64, 64), (128, 256), (16, 16)):
+    assert delta_mod.uses_fused_backward(None, g, True, lay(128, 256), x)  # the LM preset's value heads
+    assert not delta_mod.uses_fused_forward(None, g, True, lay(128, 256), x)  # V > FUSED_MAX_HEAD_DIM_CUDA
+    for K, V in ((64, 64), (256, 128), (16, 16)):
         assert not delta_mod.uses_fused_forward(None, g, True, lay(K, V), x), (K, V)
         assert not delta_mod.uses_fused_backward(None, g, True, lay(K, V), x), (K, V)
 
@@ -350,6 +352,24 @@ def test_cuda_realistic(gate, size, dtype, gen, monkeypatch):
     seed = secrets.randbits(31)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_DELTA_LOW_REL[dtype]
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed), tol, f"{size} {dtype}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("size", [(4, 2048, 8, 8, 128, 256), (1, 5000, 8, 8, 128, 256), (2, 1000, 8, 4, 128, 256)],
+                         ids=lambda s: "B{}-T{}-H{}-Hq{}-K{}-V{}".format(*s))
+@pytest.mark.parametrize("gate", GATES)
+def test_cuda_head_dims(gate, size, dtype, gen, launched):
+    """The head dims "auto" fuses beyond K = V = 128 (FUSED_CHECKED_HEAD_DIMS_CUDA: the LM preset's K 128, V 256),
+    as "auto" runs them on the GPU (the fused backward's kernels launched), against the fp32 torch chunk form:
+    outputs, final states, every gradient."""
+    B, T, H, Hq, K, V = size
+    assert (K, V) in delta_mod.FUSED_CHECKED_HEAD_DIMS_CUDA
+    x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=K, V=V, dtype=dtype)
+    seed = secrets.randbits(31)
+    ours = grads(_triton, x, seed, chunk_size=64)
+    assert set(launched) == set(KERNELS), launched
+    check(ours, grads(_torch_run, to_dev(x), seed), TRITON_DELTA_LOW_REL[dtype], f"{size} {dtype}")
 
 
 @pytest.mark.cuda

@@ -90,8 +90,11 @@ FORWARDS = ("staged", "fused", "auto")
 #: B4 T300, B1 T1500 Hq16 H32 and B1 T32768 Hq16 H32, fp32 grouped varlen; BENCHMARKS §1e). Every other head
 #: dim compiles other kernels (BK = K, another BV) that no GPU has run yet, so "auto" keeps them staged there
 #: until a GPU call checks them (add them here then); FORWARD / BACKWARD = "fused" still runs them on request.
-#: (On the CPU, under the interpreter, every head dim is checked by the tests.)
-FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128)})
+#: (On the CPU, under the interpreter, every head dim is checked by the tests.) K = 128, V = 256 (the LM
+#: preset's gated DeltaNet: value heads twice as wide) was added on 2026-11-26 with its H100 check
+#: (tests/kernels/test_triton_delta_fused_bwd.py::test_cuda_head_dims, call r3s4 1); the forward there stays
+#: staged (V > delta_fused.FUSED_MAX_HEAD_DIM_CUDA), the backward is fused.
+FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128), (128, 256)})
 
 #: The backward of the same calls: "staged" (the stage kernels below), "fused" (delta_fused_bwd.py: the state
 #: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) or "auto" (the

@@ -27,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
 mkdir -p "$OUT"
-stage="${1:?usage: gpu_round3.sh warm|peers|lm|fla|share|steps|diag|graphcheck|pilot|ceilings|tests}"
+stage="${1:?usage: gpu_round3.sh warm|peers|check|lm|fla|share|steps|diag|graphcheck|pilot|ceilings|tests}"
 budget="${2:-540}"  # seconds this stage may take
 t0=$(date +%s)
 left() { local l=$(( budget - ($(date +%s) - t0) )); echo $(( l > 1 ? l : 1 )); }  # (timeout refuses ≤ 0)
@@ -150,6 +150,27 @@ case "$stage" in
         --deselect tests/cuda/test_graph_train.py 2>&1 | grep -v "^$" | tee "$OUT/cuda_tests.log" | grep -v PASSED
     timeout "$(left)" python3 -m pytest -v -p no:benchmark -p no:cacheprovider -m cuda tests/cuda/test_graph_train.py \
         2>&1 | tee "$OUT/cuda_graph_tests.log" | grep -v PASSED
+    ;;
+  check)
+    # correctness beside the sweep: the delta class's cuda tests in 6 xdist workers (the fused backward's head
+    # dims, T = 65,536, K = V = 256), the K = 16 bf16 fault of the graph tests (gpu_diag, one case a process,
+    # CUDA_LAUNCH_BLOCKING=1), and the ceilings sweep (2 workers) for the rest of the stage
+    env_line
+    M="${MODELS:-softmax_attention linear_attention retnet mamba2 gla deltanet gated_deltanet comba deltaproduct kda ttt_linear ttt_mlp titans mesanet omeganet fox alibi deltaformer path_attention}"
+    timeout -s INT "$(( $(left) - 15 ))" $FW mqar --preset ceilings --models $M --device cuda --dtype bfloat16 \
+        --workers 2 --records docs/results/mqar_ceilings.jsonl --out runs/ceilings --progress plain \
+        > "$OUT/ceilings.log" 2>&1 &
+    sweep=$!
+    timeout "$(( $(left) / 3 ))" python3 scripts/gpu_diag.py \
+        --tests "tests/cuda/test_graph_train.py::test_graphed_steps_in_bf16_autocast" \
+        --models gated_deltanet deltanet --head-dims 16 --deadline "$(( $(left) / 3 - 20 ))" \
+        --out "$OUT/diag.txt" > "$OUT/diag.log" 2>&1 &
+    timeout "$(( $(left) - 30 ))" python3 -m pytest -v -n 6 -p no:benchmark -p no:cacheprovider -m cuda \
+        tests/kernels/test_triton_delta_fused_bwd.py tests/kernels/test_triton_delta_fused.py \
+        tests/kernels/test_triton_delta.py 2>&1 | grep -v "^$" > "$OUT/cuda_tests.log"
+    grep -c PASSED "$OUT/cuda_tests.log"; grep -E "FAILED|ERROR|passed|failed" "$OUT/cuda_tests.log" | tail -15
+    wait; cat "$OUT/diag.txt" 2>/dev/null | tail -12
+    cp docs/results/mqar_ceilings.jsonl "$OUT/"; grep -c . "$OUT/mqar_ceilings.jsonl"; tail -2 "$OUT/ceilings.log"
     ;;
   *) echo "error: stage must be warm, peers, lm, fla, share, steps, diag, graphcheck, pilot, ceilings or tests, got $stage" >&2; exit 2 ;;
 esac

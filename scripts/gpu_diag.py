@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,23 +27,28 @@ CASE = r'''
 import sys, torch
 sys.path.insert(0, {root!r})
 import fastweights as fw
-model, K, dt = {model!r}, {K}, getattr(torch, {dtype!r})
-inp = fw.example_inputs(model, batch_size=2, seq_len=200, num_heads=2, head_dim=K, head_v_dim=2 * K, dtype=dt,
+from fastweights.kernels.triton import delta
+model, K, V, dt, path = {model!r}, {K}, {V}, getattr(torch, {dtype!r}), {path!r}
+if path != "auto":
+    delta.FORWARD = delta.BACKWARD = path
+inp = fw.example_inputs(model, batch_size=2, seq_len=200, num_heads=2, head_dim=K, head_v_dim=V, dtype=torch.float32,
                         device="cuda", seed=0, requires_grad=True)
-leaves = [x for k, x in inp.items() if k != "initial_state" and isinstance(x, torch.Tensor) and x.requires_grad]
+LOW = ("q", "k", "v", "p")  # the inputs a layer hands over in the compute dtype; gates, beta stay fp32
 def run(backend, cast):
-    kw = {{k: (v.detach().to(cast).requires_grad_(True) if isinstance(v, torch.Tensor) and v.is_floating_point()
-              and k != "initial_state" else v) for k, v in inp.items()}}
-    ls = [kw[k] for k in kw if isinstance(kw[k], torch.Tensor) and kw[k].requires_grad]
+    kw = {{k: (v.detach().to(cast if k in LOW else torch.float32).requires_grad_(True)
+              if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "initial_state" else v)
+          for k, v in inp.items()}}
+    names = [k for k in kw if isinstance(kw[k], torch.Tensor) and kw[k].requires_grad]
     o, _ = fw.chunk(model, backend=backend, check_values=False, **kw)
     g = torch.cos(torch.arange(o.numel(), device=o.device, dtype=torch.float32)).view(o.shape)
     (o.float() * g).sum().backward()
     torch.cuda.synchronize()
-    return [o.detach().float()] + [x.grad.float() for x in ls]
+    return dict([("o", o.detach().float())] + [("d" + k, kw[k].grad.float()) for k in names])
 got = run("triton", dt)
 ref = run("torch", torch.float32)
-err = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(got, ref))
-print(f"max rel err {{err:.2e}}", "NaN" if any(torch.isnan(a).any() for a in got) else "")
+errs = {{n: float((got[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-30)) for n in ref}}
+print(f"max rel err {{max(errs.values()):.2e}}", " ".join(f"{{n}} {{e:.1e}}" for n, e in errs.items()),
+      "NaN" if any(torch.isnan(a).any() for a in got.values()) else "")
 '''
 
 
@@ -62,6 +68,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="*", default=[])
     ap.add_argument("--head-dims", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--v-dims", type=int, nargs="*", default=[], help="value head dims (default 2·K)")
+    ap.add_argument("--paths", nargs="+", default=["auto"], choices=["auto", "staged", "fused"],
+                    help="delta.FORWARD = delta.BACKWARD for the delta class (auto: the defaults)")
+    ap.add_argument("--workers", type=int, default=1, help="cases run in parallel processes")
     ap.add_argument("--deadline", type=float, default=300)
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/diag.txt")
     a = ap.parse_args(argv)
@@ -69,7 +79,7 @@ def main(argv=None) -> int:
     lines = []
 
     def report(line, tail=""):
-        lines.append(line + ("\n    " + "\n    ".join(tail.strip().splitlines()[-12:]) if tail else ""))
+        lines.append(line + ("\n    " + "\n    ".join(tail.strip().splitlines()[-40:]) if tail else ""))
         print(lines[-1], flush=True)
         Path(a.out).write_text("\n".join(lines) + "\n")
 
@@ -84,17 +94,23 @@ def main(argv=None) -> int:
             rc, out, sec = sh([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
                                "cuda or triton", tid], env=env, timeout=150)
             report(f"{tid}: {'ok' if rc == 0 else f'FAILED rc {rc}'} ({sec:.0f} s)", "" if rc == 0 else out)
-    for model in a.models:
-        for K in a.head_dims:
-            for dt in a.dtypes:
-                if time.time() - t_start > a.deadline:
-                    report(f"chunk {model} K={K} {dt}: not run (deadline)")
-                    continue
-                code = CASE.format(root=str(ROOT), model=model, K=K, dtype=dt)
-                rc, out, sec = sh([sys.executable, "-c", code], env=env, timeout=150)
-                last = [ln for ln in out.strip().splitlines() if ln.startswith("max rel err")]
-                report(f"chunk {model} K={K} V={2 * K} {dt}: " + (last[0] if rc == 0 and last else f"FAILED rc {rc}")
-                       + f" ({sec:.0f} s)", "" if rc == 0 else out)
+    cases = [(m, K, V, dt, path) for m in a.models for K in a.head_dims for V in (a.v_dims or [2 * K])
+             for dt in a.dtypes for path in a.paths]
+
+    def one(case):
+        model, K, V, dt, path = case
+        name = f"chunk {model} K={K} V={V} {dt} {path}"
+        if time.time() - t_start > a.deadline:
+            return name + ": not run (deadline)", ""
+        code = CASE.format(root=str(ROOT), model=model, K=K, V=V, dtype=dt, path=path)
+        rc, out, sec = sh([sys.executable, "-c", code], env=env, timeout=150)
+        last = [ln for ln in out.strip().splitlines() if ln.startswith("max rel err")]
+        return (name + ": " + (last[0] if rc == 0 and last else f"FAILED rc {rc}") + f" ({sec:.0f} s)",
+                "" if rc == 0 else out)
+
+    with ThreadPoolExecutor(max(1, a.workers)) as pool:
+        for line, tail in pool.map(one, cases):
+            report(line, tail)
     return 0
 
 

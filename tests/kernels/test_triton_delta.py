@@ -23,7 +23,9 @@ from fastweights.chunkwise.delta import wy_representation as wy_twin
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
 from fastweights.kernels.triton.cumsum import chunk_cumsum
+from fastweights.kernels.triton import delta as delta_mod
 from fastweights.kernels.triton.delta import chunk_delta_triton
+from fastweights.kernels.triton.delta import runs_in_fp32 as real_runs_in_fp32
 from fastweights.kernels.triton.delta_grads import sum_grads
 from fastweights.kernels.triton.delta_inverse import unit_lower_inverse
 from fastweights.kernels.triton.delta_output import chunk_outputs, chunk_outputs_bwd_local
@@ -271,6 +273,41 @@ def test_bf16_inputs(gate, gen):
     check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_small_head_dims_run_in_fp32_on_a_gpu(gate, gen, monkeypatch):
+    """Below LOW_PRECISION_MIN_HEAD_DIM_CUDA on a GPU (bf16 was wrong there on Hopper) a bf16 call warns and runs
+    the kernels on fp32 copies: o and every gradient in bf16, equal to the same call on fp32 inputs rounded to
+    bf16, the kernels seeing fp32 only. (On the CPU: the predicate forced; it is checked with a CUDA stand-in.)"""
+    x = _inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+    seen = []
+    real = delta_mod.ChunkDeltaTriton.apply
+    monkeypatch.setattr(delta_mod.ChunkDeltaTriton, "apply", lambda *a: seen.append(a[0].dtype) or real(*a))
+    monkeypatch.setattr(delta_mod, "runs_in_fp32", lambda q, L: q.dtype == torch.bfloat16)
+    with pytest.warns(UserWarning, match="run in fp32 at head dims K=16, V=16"):
+        got = grads(_triton, x, seed)
+    assert seen == [torch.float32]
+    assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
+    def upcast(d):  # the same call on fp32 copies by hand, its output cast back
+        o, S = _triton({key: val.float() if key in ("q", "k", "v", "p") else val for key, val in d.items()})
+        return o.to(torch.bfloat16), S
+
+    want = grads(upcast, x, seed)
+    assert torch.equal(got[0], want[0].to(torch.bfloat16)) and torch.equal(got[1], want[1])
+    for name in want[2]:
+        assert torch.equal(got[2][name], want[2][name].to(torch.bfloat16)), name
+
+    class _Cuda:
+        is_cuda, dtype = True, torch.bfloat16
+
+    def lay(K, V):
+        return make_layout(1, 10, 1, 1, K, V, 64, None, "cpu")
+
+    assert real_runs_in_fp32(_Cuda(), lay(16, 16)) and real_runs_in_fp32(_Cuda(), lay(64, 32))
+    assert not real_runs_in_fp32(_Cuda(), lay(64, 64)) and not real_runs_in_fp32(_Cuda(), lay(128, 256))
+    assert not real_runs_in_fp32(torch.zeros(1, dtype=torch.bfloat16), lay(16, 16))  # the CPU: as asked
+
+
 @pytest.mark.parametrize("final", [True, False])
 @pytest.mark.parametrize("gate", GATES)
 def test_recomputed_states_are_bitwise_the_kept_ones(gate, final, gen, monkeypatch):
@@ -378,6 +415,21 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
     return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
                        initial_state=xd["S0"], output_final_state=True, chunk_size=chunk_size,
                        cu_seqlens=cu_seqlens, inverse="solve")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("KV", [(16, 16), (16, 32), (32, 64), (64, 32)], ids=lambda d: "K{}-V{}".format(*d))
+@pytest.mark.parametrize("gate", GATES)
+def test_cuda_small_head_dims_bf16(gate, KV, gen):
+    """bf16 below LOW_PRECISION_MIN_HEAD_DIM_CUDA (wrong on Hopper in bf16: the call runs in fp32) against the fp32
+    torch chunk form on the same rounded values: outputs, final states, every gradient."""
+    K, V = KV
+    x = _inputs(gate, gen, B=2, T=300, H=2, K=K, V=V, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+    want = grads(_torch_run, to_dev(x), seed)
+    with pytest.warns(UserWarning, match="run in fp32"):
+        got = grads(_triton, x, seed, chunk_size=64)
+    check(got, want, TRITON_DELTA_LOW_REL[torch.bfloat16], f"K{K} V{V}")
 
 
 @pytest.mark.cuda

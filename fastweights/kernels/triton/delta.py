@@ -50,6 +50,8 @@ two ≥ 16 (micro-steps for DeltaProduct), K and V ≤ 256.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ...chunkwise.delta import interleave_micro_steps
@@ -95,6 +97,14 @@ FORWARDS = ("staged", "fused", "auto")
 #: (tests/kernels/test_triton_delta_fused_bwd.py::test_cuda_head_dims, call r3s4 1); the forward there stays
 #: staged (V > delta_fused.FUSED_MAX_HEAD_DIM_CUDA), the backward is fused.
 FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128), (128, 256)})
+
+#: The smallest head dim (K and V) at which the delta class's kernels take bf16 / fp16 inputs on a GPU. Below it
+#: the call runs the same kernels on fp32 copies of q, k, v (and p) and casts the output back, with a warning:
+#: on the H200 with Triton 3.6 (2026-11-26, `scripts/gpu_diag.py`, docs/results/gpu/r3s4_call7_diag.txt) bf16 at
+#: K = 16 and K = 32 gave wrong outputs and gradients (relative errors 0.1–1.4 against the fp32 torch form where
+#: fp32 inputs give 5e-7; the fused forward NaN at K = 16) and an illegal memory access in the WY backward at
+#: K = 16; K = 64 and above pass the cuda tests. (The interpreter, on the CPU, passes every head dim.)
+LOW_PRECISION_MIN_HEAD_DIM_CUDA = 64
 
 #: The backward of the same calls: "staged" (the stage kernels below), "fused" (delta_fused_bwd.py: the state
 #: pass recomputed from T, one reverse sequential kernel and one chunk-parallel gradient kernel) or "auto" (the
@@ -218,6 +228,13 @@ class ChunkDeltaTriton(torch.autograd.Function):
         return dq, dk, dv, dg, dbeta, dh0, dp, None, None, None, None, None
 
 
+def runs_in_fp32(x: Tensor, L) -> bool:
+    """Whether a call with inputs like x (dtype, device) and layout L runs on fp32 copies of its bf16 / fp16
+    inputs: on a GPU below LOW_PRECISION_MIN_HEAD_DIM_CUDA."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and min(L.K, L.V) < LOW_PRECISION_MIN_HEAD_DIM_CUDA)
+
+
 def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                        p: Tensor | None = None, decay_first: bool = True, scale: float | None,
                        initial_state: Tensor | None = None, output_final_state: bool = False,
@@ -243,6 +260,15 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
             raise InputError(f"p must have q's dtype {q.dtype}, got {p.dtype}")
     if L.T == 0:
         return no_tokens(v, L, initial_state, output_final_state)
+    if runs_in_fp32(q, L):
+        warnings.warn(f"fastweights: the delta rule's Triton kernels run in fp32 at head dims K={L.K}, V={L.V} on a "
+                      f"GPU: {q.dtype} below {LOW_PRECISION_MIN_HEAD_DIM_CUDA} gave wrong results under Triton on "
+                      "Hopper (fastweights.kernels.triton.delta.LOW_PRECISION_MIN_HEAD_DIM_CUDA)", stacklevel=2)
+        o, ht = chunk_delta_triton(q.float(), k.float(), v.float(), g=g, beta=beta,
+                                   p=p.float() if p is not None else None, decay_first=decay_first, scale=scale,
+                                   initial_state=initial_state, output_final_state=output_final_state,
+                                   chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+        return o.to(v.dtype), ht
     has_beta = beta is not None
     beta_in = beta.contiguous() if has_beta else torch.ones(L.B, L.T, L.H, dtype=torch.float32, device=q.device)
     o, ht = ChunkDeltaTriton.apply(q.contiguous(), k.contiguous(), v.contiguous(),

@@ -22,8 +22,8 @@ from fastweights.chunkwise.delta import block_unit_lower_inverse, delta_decays, 
 from fastweights.chunkwise.delta import wy_representation as wy_twin
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
-from fastweights.kernels.triton.cumsum import chunk_cumsum
 from fastweights.kernels.triton import delta as delta_mod
+from fastweights.kernels.triton.cumsum import chunk_cumsum
 from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.delta import runs_in_fp32 as real_runs_in_fp32
 from fastweights.kernels.triton.delta_grads import sum_grads

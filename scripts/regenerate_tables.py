@@ -12,6 +12,8 @@ Records (each the `results.jsonl` a run wrote, committed as it came):
                                         ceilings reading; the GPU run goes beside it as mqar_ceilings.jsonl)
     docs/results/mqar_ceilings_pilot.jsonl  fastweights mqar --preset ceilings-pilot --device cuda (the lr
                                         pilot of the ceilings, H100, resumable: grows as sessions add cells)
+    docs/results/mqar_ceilings.jsonl        fastweights mqar --preset ceilings --device cuda (the sweep,
+                                        resumable: grows as sessions add cells; rendered partial until done)
 
 Each published table sits in its Markdown file between two marker lines,
 `<!-- table:NAME -->` and `<!-- /table:NAME -->`; everything between them is what `render(NAME)`
@@ -39,6 +41,7 @@ RUNS = {
     "mqar_quick_e40": RESULTS / "mqar_quick_e40.jsonl",
     "mqar_ceilings_tiny": RESULTS / "mqar_ceilings_tiny.jsonl",
     "mqar_ceilings_pilot": RESULTS / "mqar_ceilings_pilot.jsonl",
+    "mqar_ceilings": RESULTS / "mqar_ceilings.jsonl",
 }
 
 #: table name -> (run, style, files that publish it)
@@ -53,6 +56,7 @@ TABLES = {
     "ceilings_tiny_reading": ("mqar_ceilings_tiny", "ceilings", ("docs/mqar.md", "BENCHMARKS.md")),
     "ceilings_tiny_axes": ("mqar_ceilings_tiny", "four_axis", ("docs/mqar.md",)),
     "ceilings_pilot": ("mqar_ceilings_pilot", "pilot", ("docs/mqar.md",)),
+    "ceilings_gpu_partial": ("mqar_ceilings", "ceilings_partial", ("docs/mqar.md",)),
 }
 
 #: the PNGs `plot_mqar` (and, for a ceilings run, `ceilings.plot_ceilings`) draws from each run, and where
@@ -122,7 +126,7 @@ def render(name: str) -> str:
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
         return _render_capacity(name, style, records(run))
-    if style in ("ceilings", "four_axis", "pilot"):
+    if style in ("ceilings", "ceilings_partial", "four_axis", "pilot"):
         from fastweights.lab import ceilings
 
         if style == "pilot":
@@ -132,6 +136,10 @@ def render(name: str) -> str:
 
         if style == "ceilings":
             return ceilings.format_ceilings(records(run), records("capacity"))
+        if style == "ceilings_partial":  # a sweep under way: every grid column, the open ceilings marked
+            from fastweights.lab.mqar import CEILING_SETTINGS
+
+            return ceilings.format_ceilings(records(run), records("capacity"), grid=[n for _, n in CEILING_SETTINGS])
         return ceilings.format_four_axis(records(run))
     if style == "text":  # what `fastweights mqar` prints, in a code block
         return "```\n" + format_table(records(run)) + "```\n"

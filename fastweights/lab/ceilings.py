@@ -157,25 +157,43 @@ def _fmt_half(h) -> str:
     return f"{v:.3g}" if sign == "=" else f"{sign} {v:g}"
 
 
-def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = ()) -> str:
+def open_above(row: dict, grid: Sequence[int]) -> bool:
+    """Whether a reading's ceiling is still open: a kv of `grid` above its last run kv is not run yet, and no run
+    kv has fallen below 0.9 yet (a partial run: the ceiling is at least the one shown)."""
+    run = row["accuracy"]
+    return bool(run) and any(kv > max(run) for kv in grid) and all(acc >= 0.9 for acc in run.values())
+
+
+def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = (),
+                    grid: Sequence[int] = ()) -> str:
     """The ceilings table (Markdown): per model its class, heads × head dim, the accuracy at every
     kv, the ceiling, kv@0.5, the state bytes (the softmax side's KV cache at the ceiling's length,
-    else the smallest) and the probe's prediction."""
+    else the smallest) and the probe's prediction. With `grid` (the preset's kv pairs; a partial run) every
+    grid column is shown, a cell not run yet as "·", and a ceiling or kv at 0.5 that a kv not run yet could
+    still raise as "≥ …" / "> …"; a model with no cell yet gets a row of "·"."""
     from .mqar import _fmt_bytes
 
     rows = readings(records, capacity_records)
-    kvs = sorted({kv for r in rows for kv in r["accuracy"]})
+    kvs = sorted({kv for r in rows for kv in r["accuracy"]} | set(grid))
     head = ("| model | class | H × K |" + "".join(f" kv {kv} |" for kv in kvs)
             + " ceiling (≥ 0.9) | kv at 0.5 | state | probe: pairs per head |")
     rule = "|---|---|---|" + "---:|" * len(kvs) + "---:|---:|---:|---|"
     lines = [head, rule]
+    missing = " · |" if grid else " — |"
     for r in rows:
-        accs = "".join(f" {r['accuracy'][kv]:.3f} |" if kv in r["accuracy"] else " — |" for kv in kvs)
+        accs = "".join(f" {r['accuracy'][kv]:.3f} |" if kv in r["accuracy"] else missing for kv in kvs)
         pred = ("KV cache (every pair)" if r["probe"] is None else
                 f"{_fmt_kv(None if r['predicted'] is None else round(r['predicted']))} (`{r['probe']}`)")
         state = _fmt_bytes(r["state_bytes"]) + (f" (L {r['state_len']})" if r["class"] == "softmax" else "")
+        ceil, half = _fmt_kv(r["ceiling"]), _fmt_half(r["kv_half"])
+        if grid and open_above(r, grid):
+            ceil = f"≥ {ceil}"
         lines.append(f"| {r['model']} | {r['class']} | {r['num_heads']} × {r['head_dim']} |{accs}"
-                     f" {_fmt_kv(r['ceiling'])} | {_fmt_half(r['kv_half'])} | {state} | {pred} |")
+                     f" {ceil} | {half} | {state} | {pred} |")
+    if grid:
+        for m in zoo.names():
+            if m not in {r["model"] for r in rows}:
+                lines.append(f"| {m} | {recipe_class(zoo.get(m))} | · |" + " · |" * len(kvs) + " · | · | · | · |")
     return "\n".join(lines) + "\n"
 
 

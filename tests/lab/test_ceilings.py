@@ -71,3 +71,21 @@ def test_readings_and_rendering(tmp_path):
     assert "n/a" in axes.split("linear_attention → deltanet")[1].splitlines()[0]  # "< 8" is not bracketed
     paths = cl.plot_ceilings(_records(), tmp_path)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+
+
+def test_a_partial_sweep_renders_every_grid_column_and_marks_open_ceilings():
+    """With the preset's grid (a sweep under way): kvs not run yet shown as "·", a ceiling that a kv not run yet
+    could raise as "≥", one already bracketed (a run kv below 0.9) as is, a model with no cell as a row of "·"."""
+    recs = [r for r in _records() if r["setting"] != "L256-kv64"]  # kv 8..32 run, 64 and 128 not yet
+    rows = {r["model"]: r for r in cl.readings(recs)}
+    grid = (8, 16, 32, 64, 128)
+    assert cl.open_above(rows["softmax_attention"], grid) and cl.open_above(rows["gated_deltanet"], grid)
+    assert not cl.open_above(rows["deltanet"], grid)  # 0.6 at kv 32: its ceiling, 16, is read
+    assert not cl.open_above(rows["softmax_attention"], (8, 16, 32))  # the whole grid run: nothing open
+    table = cl.format_ceilings(recs, grid=grid)
+    line = {ln.split(" | ")[0].strip("| "): ln for ln in table.splitlines()[2:]}
+    assert line["softmax_attention"].count(" · |") == 2 and "| ≥ 32 |" in line["softmax_attention"]
+    assert "| 16 |" in line["deltanet"] and "≥" not in line["deltanet"]
+    assert line["kda"].count(" · |") == 1 + 5 + 4  # no cell yet: H × K, the grid and the four readings
+    assert set(line) == set(zoo.names())
+    assert "·" not in cl.format_ceilings(recs)  # without a grid: the run's own columns, as before

@@ -47,6 +47,8 @@ EOF
   git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/env.txt" || echo "(no git)" | tee -a "$OUT/env.txt"
 }
 FW="python3 -m fastweights.cli"
+CEILING_MODELS="softmax_attention linear_attention retnet mamba2 gla deltanet gated_deltanet comba deltaproduct kda \
+ttt_linear ttt_mlp titans mesanet omeganet fox alibi deltaformer path_attention"
 # compiled kernels and autotune choices kept under the ignored runs/, which stays between calls on one warm machine
 export TRITON_CACHE_DIR="$PWD/runs/cache/triton" TILELANG_CACHE_DIR="$PWD/runs/cache/tilelang" PYTHONUNBUFFERED=1
 case "$stage" in
@@ -130,22 +132,29 @@ case "$stage" in
     ;;
   pilot)
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
+    # what is left of it: ATLAS (PILOT_ARGS="--models atlas --lrs 0.003": one lr, ≈ 5 minutes a cell eager)
+    timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot ${PILOT_ARGS:-} --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
         --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
         | tee "$OUT/pilot.log"
     cp docs/results/mqar_ceilings_pilot.jsonl "$OUT/"
     ;;
   ceilings)
+    # the 19 models with pilot records (ATLAS's pilot has not run: MODELS="atlas" after `pilot` gives it one);
+    # 4 workers share the GPU; runs/ceilings keeps a running cell's checkpoint for the next call on this machine.
+    # After the call: copy $OUT/mqar_ceilings.jsonl to docs/results/ and commit it before the next call — each
+    # call starts from the working tree's records.
     env_line
-    timeout -s INT "$(left)" $FW mqar --preset ceilings --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
-        --records docs/results/mqar_ceilings.jsonl --out /tmp/ceilings --progress plain 2>&1 | tee "$OUT/ceilings.log"
+    M="${MODELS:-$CEILING_MODELS}"
+    timeout -s INT "$(left)" $FW mqar --preset ceilings --models $M --device cuda --dtype bfloat16 --workers 4 \
+        ${GRAPH:-} --records docs/results/mqar_ceilings.jsonl --out runs/ceilings --progress plain 2>&1 \
+        | tee "$OUT/ceilings.log" | grep -E "^\[|interrupted"
     cp docs/results/mqar_ceilings.jsonl "$OUT/"
     ;;
   tests)
     # -v: a line per test as it ends, so a call that runs out still brings back what passed; the graphed-step
     # tests last (call 4's fault there ended its process)
     site; env_line
-    timeout "$(( $(left) * 4 / 5 ))" python3 -m pytest -v -p no:benchmark -p no:cacheprovider -m cuda \
+    timeout "$(( $(left) * 4 / 5 ))" python3 -m pytest -v -n 6 -p no:benchmark -p no:cacheprovider -m cuda \
         tests/kernels/test_triton_delta_fused_bwd.py tests/kernels tests/layers tests/cuda \
         --deselect tests/cuda/test_graph_train.py 2>&1 | grep -v "^$" | tee "$OUT/cuda_tests.log" | grep -v PASSED
     timeout "$(left)" python3 -m pytest -v -p no:benchmark -p no:cacheprovider -m cuda tests/cuda/test_graph_train.py \
@@ -156,7 +165,7 @@ case "$stage" in
     # dims, T = 65,536, K = V = 256), the K = 16 bf16 fault of the graph tests (gpu_diag, one case a process,
     # CUDA_LAUNCH_BLOCKING=1), and the ceilings sweep (2 workers) for the rest of the stage
     env_line
-    M="${MODELS:-softmax_attention linear_attention retnet mamba2 gla deltanet gated_deltanet comba deltaproduct kda ttt_linear ttt_mlp titans mesanet omeganet fox alibi deltaformer path_attention}"
+    M="${MODELS:-$CEILING_MODELS}"
     timeout -s INT "$(( $(left) - 15 ))" $FW mqar --preset ceilings --models $M --device cuda --dtype bfloat16 \
         --workers 2 --records docs/results/mqar_ceilings.jsonl --out runs/ceilings --progress plain \
         > "$OUT/ceilings.log" 2>&1 &

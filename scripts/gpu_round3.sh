@@ -132,7 +132,7 @@ case "$stage" in
     ;;
   pilot)
     env_line
-    # what is left of it: ATLAS (PILOT_ARGS="--models atlas --lrs 0.003": one lr, ≈ 5 minutes a cell eager)
+    # what is left of it: ATLAS (PILOT_ARGS="--models atlas --lrs 0.003": one lr, ≈ 6 minutes a cell eager: ~350 ms × 1000 steps)
     timeout -s INT "$(left)" $FW mqar --preset ceilings-pilot ${PILOT_ARGS:-} --device cuda --dtype bfloat16 --workers 2 ${GRAPH:-} \
         --records docs/results/mqar_ceilings_pilot.jsonl --out /tmp/ceilings-pilot --progress plain 2>&1 \
         | tee "$OUT/pilot.log"

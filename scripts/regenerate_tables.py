@@ -57,6 +57,7 @@ TABLES = {
     "ceilings_tiny_axes": ("mqar_ceilings_tiny", "four_axis", ("docs/mqar.md",)),
     "ceilings_pilot": ("mqar_ceilings_pilot", "pilot", ("docs/mqar.md",)),
     "ceilings_gpu_partial": ("mqar_ceilings", "ceilings_partial", ("docs/mqar.md",)),
+    "ceilings_gpu_axes_partial": ("mqar_ceilings", "four_axis_partial", ("docs/mqar.md",)),
 }
 
 #: the PNGs `plot_mqar` (and, for a ceilings run, `ceilings.plot_ceilings`) draws from each run, and where
@@ -126,7 +127,7 @@ def render(name: str) -> str:
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
         return _render_capacity(name, style, records(run))
-    if style in ("ceilings", "ceilings_partial", "four_axis", "pilot"):
+    if style in ("ceilings", "ceilings_partial", "four_axis", "four_axis_partial", "pilot"):
         from fastweights.lab import ceilings
 
         if style == "pilot":
@@ -136,11 +137,12 @@ def render(name: str) -> str:
 
         if style == "ceilings":
             return ceilings.format_ceilings(records(run), records("capacity"))
-        if style == "ceilings_partial":  # a sweep under way: every grid column, the open ceilings marked
-            from fastweights.lab.mqar import CEILING_SETTINGS
+        from fastweights.lab.mqar import CEILING_SETTINGS
 
-            return ceilings.format_ceilings(records(run), records("capacity"), grid=[n for _, n in CEILING_SETTINGS])
-        return ceilings.format_four_axis(records(run))
+        grid = [n for _, n in CEILING_SETTINGS]  # a sweep under way: every grid column, the open ceilings marked
+        if style == "ceilings_partial":
+            return ceilings.format_ceilings(records(run), records("capacity"), grid=grid)
+        return ceilings.format_four_axis(records(run), grid=grid if style == "four_axis_partial" else ())
     if style == "text":  # what `fastweights mqar` prints, in a code block
         return "```\n" + format_table(records(run)) + "```\n"
     models, ds, get = _best(run)

@@ -222,10 +222,15 @@ def format_pilot(records: Sequence[dict], pick: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_four_axis(records: Sequence[dict]) -> str:
+def format_four_axis(records: Sequence[dict], grid: Sequence[int] = ()) -> str:
     """The four-axis table (Markdown): a → b, the axes they differ on, both ceilings and kv@0.5,
-    and the change (b − a; "n/a" where a ceiling could not be read)."""
+    and the change (b − a; "n/a" where a ceiling could not be read). With `grid` (a partial run, as
+    `format_ceilings`) a ceiling a kv not run yet could still raise shows as "≥ …"."""
     rows = {r["model"]: r for r in readings(records)}
+
+    def ceil(r):
+        return ("≥ " if grid and open_above(r, grid) else "") + _fmt_kv(r["ceiling"])
+
     lines = ["| a → b | axis (others that differ) | ceiling a → b | kv at 0.5, a → b | change of kv at 0.5 |",
              "|---|---|---:|---:|---:|"]
     for a, b, axes in four_axis_pairs(list(rows)):
@@ -233,7 +238,7 @@ def format_four_axis(records: Sequence[dict]) -> str:
         axis = axes[0] if len(axes) == 1 else f"{axes[0]} (+ {', '.join(axes[1:])})"
         ha, hb = ra["kv_half"], rb["kv_half"]
         change = f"×{hb[1] / ha[1]:.2f}" if ha[0] == hb[0] == "=" else "n/a (not bracketed)"
-        lines.append(f"| {a} → {b} | {axis} | {_fmt_kv(ra['ceiling'])} → {_fmt_kv(rb['ceiling'])} | "
+        lines.append(f"| {a} → {b} | {axis} | {ceil(ra)} → {ceil(rb)} | "
                      f"{_fmt_half(ha)} → {_fmt_half(hb)} | {change} |")
     return "\n".join(lines) + "\n"
 

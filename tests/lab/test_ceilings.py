@@ -89,3 +89,6 @@ def test_a_partial_sweep_renders_every_grid_column_and_marks_open_ceilings():
     assert line["kda"].count(" · |") == 1 + 5 + 4  # no cell yet: H × K, the grid and the four readings
     assert set(line) == set(zoo.names())
     assert "·" not in cl.format_ceilings(recs)  # without a grid: the run's own columns, as before
+    axes = {ln.split(" | ")[0].strip("| "): ln for ln in cl.format_four_axis(recs, grid=grid).splitlines()[2:]}
+    assert "| 16 → ≥ 32 |" in axes["deltanet → gated_deltanet"]  # an open ceiling on one side
+    assert "≥" not in cl.format_four_axis(recs)

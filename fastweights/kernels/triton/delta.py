@@ -88,13 +88,14 @@ FORWARD = "auto"
 FORWARDS = ("staged", "fused", "auto")
 
 #: The head dims (K, V) at which "auto" picks the fused kernels on a GPU: the specializations the H100 has
-#: checked against the fp32 torch chunk form (2026-11-26, `scripts/gpu_fused_bwd.py`: bf16 K = V = 128 at
+#: checked against the fp32 torch chunk form (2026-11-26, H100, `scripts/gpu_fused_bwd.py`: bf16 K = V = 128 at
 #: B4 T300, B1 T1500 Hq16 H32 and B1 T32768 Hq16 H32, fp32 grouped varlen; BENCHMARKS §1e). Every other head
 #: dim compiles other kernels (BK = K, another BV) that no GPU has run yet, so "auto" keeps them staged there
 #: until a GPU call checks them (add them here then); FORWARD / BACKWARD = "fused" still runs them on request.
 #: (On the CPU, under the interpreter, every head dim is checked by the tests.) K = 128, V = 256 (the LM
-#: preset's gated DeltaNet: value heads twice as wide) was added on 2026-11-26 with its H100 check
-#: (tests/kernels/test_triton_delta_fused_bwd.py::test_cuda_head_dims, call r3s4 1); the forward there stays
+#: preset's gated DeltaNet: value heads twice as wide) was added on 2026-11-26 with its GPU check (H200, Triton 3.6:
+#: tests/kernels/test_triton_delta_fused_bwd.py::test_cuda_head_dims, three sizes, both gates; BENCHMARKS §1f,
+#: docs/results/gpu/r3s4_call6_cuda_tests.log; not yet run on an H100); the forward there stays
 #: staged (V > delta_fused.FUSED_MAX_HEAD_DIM_CUDA), the backward is fused.
 FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128), (128, 256)})
 

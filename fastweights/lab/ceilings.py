@@ -164,6 +164,11 @@ def open_above(row: dict, grid: Sequence[int]) -> bool:
     return bool(run) and any(kv > max(run) for kv in grid) and all(acc >= 0.9 for acc in run.values())
 
 
+def _fmt_ceiling(row: dict, grid: Sequence[int]) -> str:
+    """A reading's ceiling, "≥ …" where `grid` has a kv not run yet that could still raise it (`open_above`)."""
+    return ("≥ " if grid and open_above(row, grid) else "") + _fmt_kv(row["ceiling"])
+
+
 def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = (),
                     grid: Sequence[int] = ()) -> str:
     """The ceilings table (Markdown): per model its class, heads × head dim, the accuracy at every
@@ -185,14 +190,12 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
         pred = ("KV cache (every pair)" if r["probe"] is None else
                 f"{_fmt_kv(None if r['predicted'] is None else round(r['predicted']))} (`{r['probe']}`)")
         state = _fmt_bytes(r["state_bytes"]) + (f" (L {r['state_len']})" if r["class"] == "softmax" else "")
-        ceil, half = _fmt_kv(r["ceiling"]), _fmt_half(r["kv_half"])
-        if grid and open_above(r, grid):
-            ceil = f"≥ {ceil}"
         lines.append(f"| {r['model']} | {r['class']} | {r['num_heads']} × {r['head_dim']} |{accs}"
-                     f" {ceil} | {half} | {state} | {pred} |")
+                     f" {_fmt_ceiling(r, grid)} | {_fmt_half(r['kv_half'])} | {state} | {pred} |")
     if grid:
+        run = {r["model"] for r in rows}
         for m in zoo.names():
-            if m not in {r["model"] for r in rows}:
+            if m not in run:
                 lines.append(f"| {m} | {recipe_class(zoo.get(m))} | · |" + " · |" * len(kvs) + " · | · | · | · |")
     return "\n".join(lines) + "\n"
 
@@ -228,9 +231,6 @@ def format_four_axis(records: Sequence[dict], grid: Sequence[int] = ()) -> str:
     `format_ceilings`) a ceiling a kv not run yet could still raise shows as "≥ …"."""
     rows = {r["model"]: r for r in readings(records)}
 
-    def ceil(r):
-        return ("≥ " if grid and open_above(r, grid) else "") + _fmt_kv(r["ceiling"])
-
     lines = ["| a → b | axis (others that differ) | ceiling a → b | kv at 0.5, a → b | change of kv at 0.5 |",
              "|---|---|---:|---:|---:|"]
     for a, b, axes in four_axis_pairs(list(rows)):
@@ -238,7 +238,7 @@ def format_four_axis(records: Sequence[dict], grid: Sequence[int] = ()) -> str:
         axis = axes[0] if len(axes) == 1 else f"{axes[0]} (+ {', '.join(axes[1:])})"
         ha, hb = ra["kv_half"], rb["kv_half"]
         change = f"×{hb[1] / ha[1]:.2f}" if ha[0] == hb[0] == "=" else "n/a (not bracketed)"
-        lines.append(f"| {a} → {b} | {axis} | {ceil(ra)} → {ceil(rb)} | "
+        lines.append(f"| {a} → {b} | {axis} | {_fmt_ceiling(ra, grid)} → {_fmt_ceiling(rb, grid)} | "
                      f"{_fmt_half(ha)} → {_fmt_half(hb)} | {change} |")
     return "\n".join(lines) + "\n"
 

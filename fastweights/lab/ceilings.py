@@ -58,6 +58,43 @@ def curves(records: Sequence[dict]) -> dict[str, list[dict]]:
     return out
 
 
+#: The sweep's economy (`unreachable`): a model whose accuracy stayed below SKIP_BELOW at each of the SKIP_AFTER
+#: kv just below n in the grid is not trained at n. Its ceiling and its kv at 0.5 are read by then, and at a fixed
+#: state MQAR's accuracy falls as kv grows (Zoology): what a cell past two failures could change is only a lucky run.
+SKIP_BELOW, SKIP_AFTER = 0.5, 2
+
+
+def failed_before(accuracy: dict[int, float], kv: int, grid: Sequence[int]) -> list[tuple[int, float | None]] | None:
+    """[(k, accuracy)] for the SKIP_AFTER kv of `grid` just below `kv` when each is below SKIP_BELOW in
+    `accuracy` ({kv: best accuracy}) or is itself skipped (accuracy None) — the cell at `kv` is then skipped —
+    else None."""
+    acc: dict[int, float | None] = dict(accuracy)
+    for k in sorted(set(grid)) + [kv]:
+        below = sorted(j for j in set(grid) if j < k)[-SKIP_AFTER:]
+        failed = len(below) == SKIP_AFTER and all(j in acc and (acc[j] is None or acc[j] < SKIP_BELOW)
+                                                   for j in below)
+        if k == kv:
+            return [(j, acc[j]) for j in below] if failed else None
+        if k not in acc and failed:
+            acc[k] = None
+    return None
+
+
+def unreachable(model: str, d_model: int, kv: int, grid: Sequence[int], records: Sequence[dict]) -> str | None:
+    """Why the cell (model, d_model, kv) of a sweep over `grid` (its kv pairs) need not be trained, from the
+    records so far (best over lr per kv, `failed_before`); None when it must be trained."""
+    best: dict[int, float] = {}
+    for r in records:
+        if r["model"] == model and r["d_model"] == d_model:
+            best[kv_of(r)] = max(best.get(kv_of(r), -1.0), float(r["accuracy"]))
+    below = failed_before(best, kv, grid)
+    if below is None:
+        return None
+    return (f"accuracy below {SKIP_BELOW:g} at kv "
+            + " and ".join(f"{k} ({'skipped' if a is None else f'{a:.3f}'})" for k, a in below)
+            + f": not trained at kv {kv}")
+
+
 def ceiling(points: Sequence[tuple[int, float]], threshold: float = 0.9) -> int | None:
     """The largest kv with accuracy ≥ threshold (None when no setting reaches it)."""
     ok = [kv for kv, acc in points if acc >= threshold]
@@ -174,7 +211,7 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
     """The ceilings table (Markdown): per model its class, heads × head dim, the accuracy at every
     kv, the ceiling, kv@0.5, the state bytes (the softmax side's KV cache at the ceiling's length,
     else the smallest) and the probe's prediction. With `grid` (the preset's kv pairs; a partial run) every
-    grid column is shown, a cell not run yet as "·", and a ceiling or kv at 0.5 that a kv not run yet could
+    grid column is shown, a cell not run yet as "·", one the sweep skips (`unreachable`) as "–", and a ceiling or kv at 0.5 that a kv not run yet could
     still raise as "≥ …" / "> …"; a model with no cell yet gets a row of "·"."""
     from .mqar import _fmt_bytes
 
@@ -186,7 +223,8 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
     lines = [head, rule]
     missing = " · |" if grid else " — |"
     for r in rows:
-        accs = "".join(f" {r['accuracy'][kv]:.3f} |" if kv in r["accuracy"] else missing for kv in kvs)
+        accs = "".join(f" {r['accuracy'][kv]:.3f} |" if kv in r["accuracy"] else
+                       " – |" if grid and failed_before(r["accuracy"], kv, grid) else missing for kv in kvs)
         pred = ("KV cache (every pair)" if r["probe"] is None else
                 f"{_fmt_kv(None if r['predicted'] is None else round(r['predicted']))} (`{r['probe']}`)")
         state = _fmt_bytes(r["state_bytes"]) + (f" (L {r['state_len']})" if r["class"] == "softmax" else "")

@@ -243,6 +243,8 @@ class MQARPreset:
     batch_for_len: ((max_len, batch), ...): the batch of a setting is that of the first max_len ≥ L.
     examples_for_len: ((max_len, n), ...): the train examples of a setting, likewise (default
               train_examples; a `train_examples` override of `make_cells` applies to every setting).
+    skip_unreachable: a cell is not trained when its model stayed below 0.5 at the two kv pairs just below
+              it (`ceilings.unreachable`, asked as the cell comes up, from the records so far).
     """
 
     name: str
@@ -270,6 +272,7 @@ class MQARPreset:
     test_segments: tuple[Segment, ...] = ()
     d_models_for: tuple[tuple[str, tuple[int, ...]], ...] = ()
     heads_for: tuple[tuple[str, int], ...] = ()
+    skip_unreachable: bool = False
     lrs_for: tuple[tuple[str, tuple[float, ...]], ...] = ()
     lr_pilot: str | None = None
     lr_pick: int = 2
@@ -358,6 +361,7 @@ PRESETS: dict[str, MQARPreset] = {
     "ceilings": MQARPreset(
         name="ceilings", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS,
         heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", lr_pick=1, **_CEILING_TRAINING, epochs=8,
+        skip_unreachable=True,
         note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), 2000 steps a "
              "cell, the pilot's best lr per model"),
     "ceilings-tiny": MQARPreset(
@@ -366,7 +370,7 @@ PRESETS: dict[str, MQARPreset] = {
         d_models=(32,), settings=((16, 2), (16, 4), (32, 8)), lrs=(1e-2,), heads_for=(("ttt_mlp", 4),),
         epochs=4, train_examples=768, test_examples=64, batch_size=32, vocab_size=64, num_heads=1, conv="qkv",
         out_gate="none", random_non_queries=True, weight_decay=0.1, decay_filter="matrices", warmup=0.05,
-        grad_clip=1.0, workers=2, threads=1,
+        grad_clip=1.0, workers=2, threads=1, skip_unreachable=True,
         note="CPU check of the ceilings code path (CI): 6 models at d_model 32, kv 2..8; 2 workers × 1 thread"),
 }
 
@@ -522,7 +526,7 @@ def results_store(out, records=None) -> ResultStore:
 
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
              threads: int | None = None, progress=None, fresh: bool = False, records=None,
-             cuda_graph: bool = False) -> list[dict]:
+             cuda_graph: bool = False, skip=None) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
     so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
@@ -530,7 +534,8 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     float32 results for its own). fresh: train every cell again (its checkpoints discarded; the
     new records supersede the old ones). cuda_graph: CUDA-graphed training steps (`train_cell`); each
     record says whether its steps were graphed ("cuda_graph"), and the setting is no part of the keys:
-    a sweep resumed with or without graphs skips the same finished cells."""
+    a sweep resumed with or without graphs skips the same finished cells. skip: `run_sweep`'s (e.g.
+    `unreachable_skip`)."""
     import functools
 
     out = Path(out)
@@ -539,7 +544,15 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
                            threads=threads, fresh=fresh, cuda_graph=cuda_graph)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
                      device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
-                     fresh=fresh)
+                     fresh=fresh, skip=skip)
+
+
+def unreachable_skip(cells: Sequence[MQARCell]):
+    """`run_sweep`'s skip for a preset with `skip_unreachable`: `ceilings.unreachable` over the cells' kv grid."""
+    from .ceilings import unreachable
+
+    grid = sorted({c.num_kv_pairs for c in cells})
+    return lambda cell, records: unreachable(cell.model, cell.d_model, cell.num_kv_pairs, grid, records)
 
 
 def _fmt_bytes(b) -> str:
@@ -832,8 +845,13 @@ def cli_main(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        skip = unreachable_skip(cells) if preset.skip_unreachable else None
+        known = [r for r in results_store(args.out, args.records).records() if r.get("dtype") == args.dtype]
+        done = {(r["model"], r["d_model"], r["setting"]) for r in known}
         for c in cells:
-            print(f"{c.describe()}  heads {c.num_heads}, batch {c.batch_size}, ≤ {cell_steps(c)} steps")
+            why = skip(c, known) if skip and (c.model, c.d_model, c.setting) not in done else None
+            print(f"{c.describe()}  heads {c.num_heads}, batch {c.batch_size}, ≤ {cell_steps(c)} steps"
+                  + (f"  (skipped: {why})" if why else ""))
         print(f"{len(cells)} cells, ≤ {sum(cell_steps(c) for c in cells)} optimizer steps")
         if lrs_for:
             print("lrs from the pilot: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
@@ -865,7 +883,8 @@ def cli_main(args) -> int:
     records, status = cliargs.run_sweep_command(
         lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
                          threads=threads, progress=args.progress, fresh=args.fresh, records=args.records,
-                         cuda_graph=cuda_graph_default(args)))
+                         cuda_graph=cuda_graph_default(args),
+                         skip=unreachable_skip(cells) if preset.skip_unreachable else None))
     if status is not None:
         return status
     wall = time.perf_counter() - t0

@@ -769,7 +769,8 @@ def _json_default(o):
 
 def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], *, mode: str = "auto",
               progress=None, describe: Callable[[Any], str] | None = None, device: str = "cpu",
-              workers: int = 1, context: dict | None = None, fresh: bool = False) -> list[dict]:
+              workers: int = 1, context: dict | None = None, fresh: bool = False,
+              skip: Callable[[Any, list[dict]], str | None] | None = None) -> list[dict]:
     """Run every cell not yet in `store` and return all of the store's records for these cells.
 
     run_fn(cell, progress=Progress, desc=str) -> dict: trains one cell (typically through
@@ -782,6 +783,10 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
     settings never takes these records for its own. fresh: run every cell again, ignoring the
     records already in the store (the new ones are appended after them and supersede them);
     discarding checkpoints is `run_fn`'s part (`train_cell(fresh=True)`).
+
+    skip(cell, records) -> reason | None: asked as each cell comes up to run, with the store's records of this
+    run's context so far; a cell it gives a reason for is not trained (the reason is logged; it gets no record,
+    so a later run asks again).
 
     mode: "local" (one process), "ddp" (every rank runs every cell, the model data-parallel;
     rank 0 writes), "spread" (cell i on rank i % world_size; every rank writes its own records
@@ -860,10 +865,23 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
                 return None
         return True
 
+    def skipped(i) -> bool:
+        if skip is None:
+            return False
+        ours = [r for r in store.records(start) if all(r.get(k) == v for k, v in context.items())]
+        why = skip(cells[i], ours)
+        if why:
+            count[0] += 1
+            bar.update(1)
+            prog.log(f"{describe(cells[i])}: skipped, {why}")
+        return bool(why)
+
     def take():
         """The next cell this process may run now (its lock held), or None."""
         while queue:
             i = queue.pop(0)
+            if skipped(i):
+                continue
             got = claim(i)
             if got:
                 return i

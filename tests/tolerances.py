@@ -283,3 +283,7 @@ INIT_FROM_STEP_ABS = 1e-7  # weights after one AdamW step of lr 1e-9 vs the chec
 # 1.44e-5 (dq, dg, dp), 7 draws above 1e-5 — so CHUNK_F32_REL (1e-5) failed about one run in fifteen (CI, seed
 # 421076283997812423)
 COMBA_WIPE_F32_REL = 5e-5
+
+#: Muon's mini-batch chunk form (ATLAS) under bf16 autocast against fp32, relative L2 of the output: its Gram
+#: matrices and Newton–Schulz run in fp32, the rest in bf16 through a depth-2 MLP memory (measured 0.055–0.069).
+MUON_BF16_AUTOCAST_REL = 0.15

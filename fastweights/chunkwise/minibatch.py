@@ -188,13 +188,20 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     wide = m0.shape[-2] <= m0.shape[-1]  # NS runs on X = m (in ≤ out) or X = mᵀ, as inner.newton_schulz
     Xs, P, Q = (m0, h, dz) if wide else (m0.transpose(-1, -2), dz, h)
     M, L, N = m0.shape[0], co.Cm.shape[-2], co.Cm.shape[-1]
-    G = _muon_gram(Xs, P, Q, co.Nm, co.Cm)  # [M, L, r, r]
+    # G and its Newton–Schulz in fp32 whatever the autocast: the Gram expansion cancels, and in bf16 its rounding
+    # leaves G indefinite where ‖m_j‖ is small, so the normalized iteration overflows (ATLAS's loss was NaN at the
+    # first step of every bf16 cell on the GPU, 2026-11-27)
+    wd = torch.promote_types(m0.dtype, torch.float32)  # fp32, or fp64 for a float64 call
+    with torch.autocast(m0.device.type, enabled=False):
+        G = _muon_gram(*(t.to(wd) for t in (Xs, P, Q, co.Nm, co.Cm)))  # [M, L, r, r]
     r = G.shape[-1]
     # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
     Pns = ns(G, steps) if ns is not None else None
     if Pns is None:
-        Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
-            else _newton_schulz_gram(G, steps)
+        with torch.autocast(m0.device.type, enabled=False):
+            Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
+                else _newton_schulz_gram(G, steps)
+    Pns = Pns.to(h.dtype)  # back to the call's precision (a bf16 call without autocast multiplies in bf16)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
     wc = w[..., None] * co.Cm  # [M, L, N]

@@ -6,7 +6,7 @@ import torch
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
 from tests.helpers import make_case, max_err, run_with_grads
-from tests.tolerances import CHUNK_F64
+from tests.tolerances import CHUNK_F64, MUON_BF16_AUTOCAST_REL
 
 MINIBATCH = ["ttt_linear", "ttt_mlp", "titans", "omeganet", "atlas"]
 
@@ -128,6 +128,18 @@ def test_newton_schulz_from_the_gram_matrix_equals_newton_schulz():
         P = _newton_schulz_gram(x @ x.transpose(-1, -2), 5)
         got = P @ x if shape[-2] <= shape[-1] else (P @ x).transpose(-1, -2)
         assert (got - newton_schulz(m, 5)).abs().max().item() < CHUNK_F64
+
+
+def test_muon_under_bf16_autocast_stays_finite_and_near_fp32():
+    """ATLAS from a zero state under bf16 autocast: the Gram expansion of its Newton–Schulz, in bf16, cancelled to
+    an indefinite G and the normalized iteration overflowed (NaN at the first mini-batch boundary; every bf16
+    ceilings cell of ATLAS on the GPU). G and the iteration now run in fp32: finite, and near the fp32 run."""
+    inputs, state = make_case("atlas", T=64, B=2, H=2, K=8, V=8, dtype=torch.float32, with_state=False)
+    o32, _, _ = run_with_grads(fw.chunk, "atlas", inputs, state)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o16, s16, g16 = run_with_grads(fw.chunk, "atlas", inputs, state)
+    assert all(bool(torch.isfinite(x).all()) for x in [o16, *s16.weights, *g16])
+    assert ((o16.float() - o32).norm() / o32.norm()).item() < MUON_BF16_AUTOCAST_REL
 
 
 def test_per_token_memories_have_no_chunk_form():

@@ -92,3 +92,53 @@ def test_a_partial_sweep_renders_every_grid_column_and_marks_open_ceilings():
     axes = {ln.split(" | ")[0].strip("| "): ln for ln in cl.format_four_axis(recs, grid=grid).splitlines()[2:]}
     assert "| 16 → ≥ 32 |" in axes["deltanet → gated_deltanet"]  # an open ceiling on one side
     assert "≥" not in cl.format_four_axis(recs)
+
+
+GRID = (8, 16, 32, 64, 128, 256)
+
+
+def test_failed_before_needs_the_two_grid_kv_below_both_below_half():
+    assert cl.failed_before({8: 0.3, 16: 0.2}, 32, GRID) == [(8, 0.3), (16, 0.2)]
+    assert cl.failed_before({8: 0.5, 16: 0.2}, 32, GRID) is None  # 0.5 itself is not below
+    assert cl.failed_before({8: 0.3, 16: 0.7}, 32, GRID) is None
+    assert cl.failed_before({16: 0.2}, 32, GRID) is None  # kv 8 not recorded (yet)
+    assert cl.failed_before({8: 0.1}, 16, GRID) is None  # one grid kv below only
+    assert cl.failed_before({}, 8, GRID) is None
+    assert cl.failed_before({8: 0.1, 16: 0.1, 32: 0.1}, 64, GRID) == [(16, 0.1), (32, 0.1)]  # the last two
+
+
+def test_failed_before_chains_through_skipped_kv():
+    acc = {8: 0.3, 16: 0.2}
+    assert cl.failed_before(acc, 64, GRID) == [(16, 0.2), (32, None)]  # 32 skipped
+    assert cl.failed_before(acc, 128, GRID) == [(32, None), (64, None)]
+    assert cl.failed_before(acc, 256, GRID) == [(64, None), (128, None)]
+    assert cl.failed_before({**acc, 32: 0.6}, 64, GRID) is None  # a recorded kv 32 breaks the chain
+    assert cl.failed_before({**acc, 32: 0.6}, 256, GRID) is None
+
+
+def _rec(model, kv, acc, lr=3e-3, d_model=128):
+    return {"model": model, "d_model": d_model, "num_heads": 2, "setting": f"L{4 * kv}-kv{kv}", "lr": lr,
+            "accuracy": acc, "test_segments": [[4 * kv, kv, 100]], "state_bytes": 75000}
+
+
+def test_unreachable_takes_the_best_lr_and_only_its_model_and_width():
+    low = [_rec("deltanet", 8, 0.1), _rec("deltanet", 16, 0.3)]
+    assert cl.unreachable("deltanet", 128, 32, GRID, low) == \
+        "accuracy below 0.5 at kv 8 (0.100) and 16 (0.300): not trained at kv 32"
+    assert cl.unreachable("deltanet", 128, 64, GRID, low) == \
+        "accuracy below 0.5 at kv 16 (0.300) and 32 (skipped): not trained at kv 64"
+    assert cl.unreachable("deltanet", 128, 32, GRID, low + [_rec("deltanet", 16, 0.7, lr=1e-3)]) is None
+    assert cl.unreachable("deltanet", 128, 32, GRID, [_rec("deltanet", 16, 0.7, lr=1e-3)] + low) is None  # not the last
+    others = [_rec("gla", 8, 0.1), _rec("gla", 16, 0.1), _rec("deltanet", 8, 0.1, d_model=64),
+              _rec("deltanet", 16, 0.1, d_model=64)]
+    assert cl.unreachable("deltanet", 128, 32, GRID, others) is None
+    assert cl.unreachable("gla", 128, 32, GRID, others) is not None
+    assert cl.unreachable("deltanet", 64, 32, GRID, others) is not None
+
+
+def test_format_ceilings_marks_skipped_kv_apart_from_kv_not_run():
+    table = cl.format_ceilings(_records(), grid=GRID)  # every model run at kv 8..64
+    line = {ln.split(" | ")[0].strip("| "): ln for ln in table.splitlines()[2:]}
+    assert line["linear_attention"].count(" – |") == 2 and " · |" not in line["linear_attention"]  # 128, 256
+    assert line["deltanet"].count(" · |") == 2 and "–" not in line["deltanet"]  # 0.6 at kv 32: not skipped
+    assert "–" not in cl.format_ceilings(_records())  # without a grid nothing is skipped

@@ -315,6 +315,34 @@ def test_run_sweep_keys_by_context_and_fresh_reruns(tmp_path):
     assert len(calls) == 6 and [r["accuracy"] for r in later] == pytest.approx([0.5, 0.6])  # newest wins
 
 
+def test_run_sweep_skip_sees_this_runs_records_so_far_and_skipped_cells_get_no_record(capsys, tmp_path):
+    calls, seen = [], []
+
+    def run(cell, progress=None, desc=None):
+        calls.append(cell.name)
+        return {"accuracy": 0.5}
+
+    def skip(cell, records):
+        seen.append((cell.name, [r["name"] for r in records]))
+        if cell.name == "b":
+            return "b is out of reach"
+        return "c ran" if cell.name == "d" and any(r["name"] == "c" for r in records) else None
+
+    store = ResultStore(tmp_path / "s.jsonl")
+    cells = [_Cell2(n) for n in "abcd"]
+    f32, bf16 = {"dtype": "float32", "device": "cpu"}, {"dtype": "bfloat16", "device": "cpu"}
+    run_sweep(cells[:1], store, run, progress="none", context=bf16)  # another dtype's record of "a"
+    recs = run_sweep(cells, store, run, progress="plain", context=f32, skip=skip, describe=lambda c: c.name)
+    assert calls == ["a", "a", "c"] and [r["name"] for r in recs] == ["a", "c"]
+    assert seen == [("a", []), ("b", ["a"]), ("c", ["a"]), ("d", ["a", "c"])]  # not the bfloat16 "a"
+    assert [(r["name"], r["dtype"]) for r in store.records()] == [("a", "bfloat16"), ("a", "float32"),
+                                                                   ("c", "float32")]
+    out = capsys.readouterr().out
+    assert "b: skipped, b is out of reach" in out and "d: skipped, c ran" in out
+    run_sweep(cells, store, run, progress="none", context=f32)  # no record: a later run without skip trains them
+    assert calls[3:] == ["b", "d"]
+
+
 def test_a_pools_manager_thread_is_joined_before_concurrent_futures_exit_hook():
     """run_sweep shuts its worker pool down without waiting (Ctrl-C's line stays prompt); CPython
     3.11's exit hook of concurrent.futures then raced the manager thread closing its wake-up pipe

@@ -2,7 +2,12 @@
 # The ceilings sweep on every GPU of one machine (issue 24), one device call (≤ 10 min): resumable, run it again
 # on the next call after committing $OUT/mqar_ceilings.jsonl to docs/results/. From the repository root:
 #
-#   bash scripts/gpu_ceilings.sh [seconds]
+#   bash scripts/gpu_ceilings.sh [seconds]          # the sweep (below)
+#   STAGE=atlas bash scripts/gpu_ceilings.sh [seconds]  # ATLAS's kv 8..64, one cell a GPU (its first records,
+#       NaN from the bf16 Newton–Schulz defect, were dropped from the records; the logs keep them), its running
+#       cells' checkpoints copied into $OUT (put them under runs/ceilings/checkpoints and carry runs/ceilings to
+#       resume them on another machine), beside the budget checks: cells of the same
+#       grid at another lr or seed, into docs/results/mqar_ceilings_checks.jsonl (not the sweep's records)
 #
 # 1. The graphed path's own cuda tests (tests/cuda/test_graph_train.py) on GPU 0; while they run, the last GPU
 #    starts ATLAS's cells (eager: its step is bound by its Newton–Schulz FLOPs, graphs do not help it).
@@ -33,6 +38,36 @@ sweep() {  # sweep GPU LOG ARGS...: one process on one GPU until the budget's en
   CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 20 ))" $FW mqar --preset ceilings --device cuda \
       --dtype bfloat16 --records $REC --out runs/ceilings --progress plain "$@" > "$OUT/$log" 2>&1
 }
+if [ "${STAGE:-sweep}" = atlas ]; then
+  CHK=docs/results/mqar_ceilings_checks.jsonl
+  check() {  # check GPU LOG ARGS...: cells of the ceilings grid outside the preset's lr or seed
+    local gpu=$1 log=$2; shift 2
+    CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
+        --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
+  }
+  g=0
+  for kv in 8 16 32 64; do
+    L=$(( kv * 4 > 64 ? kv * 4 : 64 ))
+    sweep $(( g % G )) "atlas_kv$kv.log" --models atlas --lrs $ATLAS_LRS --seq-lens $L --kv-pairs $kv --workers 1 \
+        --cuda-graph &
+    g=$(( g + 1 ))
+  done
+  # is the fall past kv 64 the memory or the 2000-step budget? the softmax control at other lrs; GLA's and Mesa's
+  # kv 32 with another seed (their pilot solved that cell); gated DeltaNet's kv 64 and DeltaNet's kv 256 at other lrs
+  { check 0 chk_softmax.log --models softmax_attention --lrs 0.003 0.001 --seq-lens 512 1024 --kv-pairs 128 256 \
+        --workers 2; } &
+  { check $(( 1 % G )) chk_seed.log --models gla mesanet --seq-lens 128 --kv-pairs 32 --seed 1 --workers 2; } &
+  { check $(( 2 % G )) chk_gdn.log --models gated_deltanet --lrs 0.001 0.01 --seq-lens 256 --kv-pairs 64 \
+        --workers 2; } &
+  { check $(( 3 % G )) chk_deltanet.log --models deltanet --lrs 0.001 --seq-lens 1024 --kv-pairs 256 --workers 1; } &
+  wait
+  grep -hE "^\[|interrupted|rror" "$OUT"/atlas_kv*.log "$OUT"/chk_*.log | tail -40
+  cp $REC $CHK "$OUT/" 2>/dev/null
+  (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)  # $OUT brings back at most 8 files
+  ls -la runs/ceilings/checkpoints/ | grep atlas
+  cp runs/ceilings/checkpoints/atlas-* "$OUT/" 2>/dev/null  # ≤ 4 (one per kv), to carry back into runs/ceilings
+  exit 0
+fi
 last=$(( G - 1 ))
 sweep $last atlas.log --models atlas --lrs $ATLAS_LRS --workers 2 &
 CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -v -p no:benchmark -p no:cacheprovider -m cuda \

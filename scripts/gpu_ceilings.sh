@@ -68,6 +68,28 @@ if [ "${STAGE:-sweep}" = atlas ]; then
   cp runs/ceilings/checkpoints/atlas-* "$OUT/" 2>/dev/null  # ≤ 4 (one per kv), to carry back into runs/ceilings
   exit 0
 fi
+if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and seeds), 4 GPUs, short
+  CHK=docs/results/mqar_ceilings_checks.jsonl
+  check() {
+    local gpu=$1 log=$2; shift 2
+    CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
+        --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
+  }
+  # the models that learned nothing at kv 8: Mamba2 and TTT-MLP at other lrs, Titans at a lower one
+  { check 0 chk_mamba2.log --models mamba2 ttt_mlp --lrs 0.003 0.01 --seq-lens 64 --kv-pairs 8 --workers 3; } &
+  { check $(( 1 % G )) chk_titans.log --models titans --lrs 0.0003 --seq-lens 64 --kv-pairs 8 --workers 1; } &
+  # the first fall of the delta class at kv 64 (gated DeltaNet, KDA, Comba): another seed at the pilot's lr
+  { check $(( 1 % G )) chk_seed64.log --models gated_deltanet --seq-lens 256 --kv-pairs 64 --seed 1 --workers 1; } &
+  { check $(( 2 % G )) chk_seed64b.log --models kda comba --seq-lens 256 --kv-pairs 64 --seed 1 --workers 2; } &
+  # the softmax control's kv 128 at L 512: another seed, at the pilot's lr and at 0.003
+  { check $(( 3 % G )) chk_softmax2.log --models softmax_attention deltanet deltaformer --lrs 0.003 0.01 \
+        --seq-lens 512 --kv-pairs 128 --seed 1 --workers 3; } &
+  wait
+  grep -hE "^\[|interrupted|rror" "$OUT"/chk_*.log | tail -40
+  cp $CHK "$OUT/"
+  (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)
+  exit 0
+fi
 last=$(( G - 1 ))
 sweep $last atlas.log --models atlas --lrs $ATLAS_LRS --workers 2 &
 CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -v -p no:benchmark -p no:cacheprovider -m cuda \

@@ -75,6 +75,20 @@ if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and see
     CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
         --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
   }
+  if [ "${CHECKS:-1}" = 2 ]; then  # the curves at lr 0.003 where the pilot's lr failed: Mamba2, linear attention,
+    # ALiBi, PaTH (pilot 0.01 / 0.001)
+    { check 0 chk_mamba2_curve.log --models mamba2 --lrs 0.003 --workers 3; } &
+    { check $(( 1 % G )) chk_la_curve.log --models linear_attention --lrs 0.003 --workers 3; } &
+    { check $(( 2 % G )) chk_alibi_curve.log --models alibi --lrs 0.003 --seq-lens 256 512 1024 --kv-pairs 64 128 256 \
+        --workers 3; } &
+    { check $(( 3 % G )) chk_path_curve.log --models path_attention --lrs 0.003 --seq-lens 512 1024 \
+        --kv-pairs 128 256 --workers 3; } &
+    wait
+    grep -hE "^\[|interrupted|rror" "$OUT"/chk_*.log | tail -40
+    cp $CHK "$OUT/"
+    (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)
+    exit 0
+  fi
   # the models that learned nothing at kv 8: Mamba2 and TTT-MLP at other lrs, Titans at a lower one
   { check 0 chk_mamba2.log --models mamba2 ttt_mlp --lrs 0.003 0.01 --seq-lens 64 --kv-pairs 8 --workers 3; } &
   { check $(( 1 % G )) chk_titans.log --models titans --lrs 0.0003 --seq-lens 64 --kv-pairs 8 --workers 1; } &

@@ -79,10 +79,8 @@ if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and see
     # ALiBi, PaTH (pilot 0.01 / 0.001)
     { check 0 chk_mamba2_curve.log --models mamba2 --lrs 0.003 --workers 3; } &
     { check $(( 1 % G )) chk_la_curve.log --models linear_attention --lrs 0.003 --workers 3; } &
-    { check $(( 2 % G )) chk_alibi_curve.log --models alibi --lrs 0.003 --seq-lens 256 512 1024 --kv-pairs 64 128 256 \
-        --workers 3; } &
-    { check $(( 3 % G )) chk_path_curve.log --models path_attention --lrs 0.003 --seq-lens 512 1024 \
-        --kv-pairs 128 256 --workers 3; } &
+    { check $(( 2 % G )) chk_alibi_curve.log --models alibi --lrs 0.003 --workers 3; } &
+    { check $(( 3 % G )) chk_path_curve.log --models path_attention --lrs 0.003 --workers 3; } &
     wait
     grep -hE "^\[|interrupted|rror" "$OUT"/chk_*.log | tail -40
     cp $CHK "$OUT/"

@@ -13,7 +13,10 @@ Records (each the `results.jsonl` a run wrote, committed as it came):
     docs/results/mqar_ceilings_pilot.jsonl  fastweights mqar --preset ceilings-pilot --device cuda (the lr
                                         pilot of the ceilings, H100, resumable: grows as sessions add cells)
     docs/results/mqar_ceilings.jsonl        fastweights mqar --preset ceilings --device cuda (the sweep,
-                                        resumable: grows as sessions add cells; rendered partial until done)
+                                        resumable across machines; bash scripts/gpu_ceilings.sh)
+    docs/results/mqar_ceilings_checks.jsonl fastweights mqar --preset ceilings --device cuda --lrs/--seed ...
+                                        (cells of the same grid trained again at another lr or seed:
+                                        STAGE=atlas / STAGE=checks of scripts/gpu_ceilings.sh)
 
 Each published table sits in its Markdown file between two marker lines,
 `<!-- table:NAME -->` and `<!-- /table:NAME -->`; everything between them is what `render(NAME)`
@@ -42,6 +45,9 @@ RUNS = {
     "mqar_ceilings_tiny": RESULTS / "mqar_ceilings_tiny.jsonl",
     "mqar_ceilings_pilot": RESULTS / "mqar_ceilings_pilot.jsonl",
     "mqar_ceilings": RESULTS / "mqar_ceilings.jsonl",
+    "mqar_ceilings_checks": RESULTS / "mqar_ceilings_checks.jsonl",
+    # the best run of every cell of the grid, the sweep's or a check's (the checks' off-grid cells left out)
+    "mqar_ceilings_all": (RESULTS / "mqar_ceilings.jsonl", RESULTS / "mqar_ceilings_checks.jsonl"),
 }
 
 #: table name -> (run, style, files that publish it)
@@ -56,8 +62,12 @@ TABLES = {
     "ceilings_tiny_reading": ("mqar_ceilings_tiny", "ceilings", ("docs/mqar.md", "BENCHMARKS.md")),
     "ceilings_tiny_axes": ("mqar_ceilings_tiny", "four_axis", ("docs/mqar.md",)),
     "ceilings_pilot": ("mqar_ceilings_pilot", "pilot", ("docs/mqar.md",)),
-    "ceilings_gpu_partial": ("mqar_ceilings", "ceilings_partial", ("docs/mqar.md",)),
-    "ceilings_gpu_axes_partial": ("mqar_ceilings", "four_axis_partial", ("docs/mqar.md",)),
+    "ceilings_gpu": ("mqar_ceilings", "ceilings_grid", ("docs/mqar.md", "BENCHMARKS.md")),
+    "ceilings_gpu_costs": ("mqar_ceilings", "costs", ("docs/mqar.md",)),
+    "ceilings_gpu_checks": ("mqar_ceilings_checks", "checks", ("docs/mqar.md",)),
+    "ceilings_gpu_best": ("mqar_ceilings_all", "ceilings_grid", ("docs/mqar.md",)),
+    "ceilings_gpu_axes": ("mqar_ceilings", "four_axis_grid", ("docs/mqar.md",)),
+    "ceilings_gpu_axes_best": ("mqar_ceilings_all", "four_axis_grid", ("docs/mqar.md",)),
 }
 
 #: the PNGs `plot_mqar` (and, for a ceilings run, `ceilings.plot_ceilings`) draws from each run, and where
@@ -69,6 +79,10 @@ PLOTS = {
                        "mqar_state.png": "docs/img/mqar_e40_state.png"},
     "mqar_ceilings_tiny": {"ceilings_accuracy.png": "docs/img/mqar_ceilings_tiny_accuracy.png",
                            "ceilings_frontier.png": "docs/img/mqar_ceilings_tiny_frontier.png"},
+    "mqar_ceilings": {"ceilings_accuracy.png": "docs/img/mqar_ceilings_accuracy.png",
+                      "ceilings_frontier.png": "docs/img/mqar_ceilings_frontier.png"},
+    "mqar_ceilings_all": {"ceilings_accuracy.png": "docs/img/mqar_ceilings_best_accuracy.png",
+                          "ceilings_frontier.png": "docs/img/mqar_ceilings_best_frontier.png"},
 }
 
 
@@ -83,8 +97,18 @@ CAPACITY_COLS = [("random", 1.0, "random n=d_k"), ("random", 2.0, "random n=2d_k
 
 
 def records(run: str) -> list[dict]:
-    """The records of one run (a JSON list, or one JSON object per line)."""
+    """The records of one run (a JSON list, or one JSON object per line); a run of several files: theirs together,
+    on the ceilings grid."""
     path = RUNS[run]
+    if isinstance(path, tuple):
+        from fastweights.lab.ceilings import on_grid
+        from fastweights.lab.mqar import CEILING_SETTINGS
+
+        return on_grid([r for p in path for r in _read(p)], CEILING_SETTINGS)
+    return _read(path)
+
+
+def _read(path: Path) -> list[dict]:
     if path.suffix == ".json":
         return json.loads(path.read_text())
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -127,7 +151,7 @@ def render(name: str) -> str:
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
         return _render_capacity(name, style, records(run))
-    if style in ("ceilings", "ceilings_partial", "four_axis", "four_axis_partial", "pilot"):
+    if style in ("ceilings", "ceilings_grid", "four_axis", "four_axis_grid", "pilot", "checks", "costs"):
         from fastweights.lab import ceilings
 
         if style == "pilot":
@@ -137,12 +161,16 @@ def render(name: str) -> str:
 
         if style == "ceilings":
             return ceilings.format_ceilings(records(run), records("capacity"))
+        if style == "checks":
+            return ceilings.format_checks(records("mqar_ceilings"), records(run))
         from fastweights.lab.mqar import CEILING_SETTINGS
 
-        grid = [n for _, n in CEILING_SETTINGS]  # a sweep under way: every grid column, the open ceilings marked
-        if style == "ceilings_partial":
+        grid = [n for _, n in CEILING_SETTINGS]  # every grid column: cells skipped "–", open ceilings "≥"
+        if style == "costs":
+            return ceilings.format_costs(records(run), grid)
+        if style == "ceilings_grid":
             return ceilings.format_ceilings(records(run), records("capacity"), grid=grid)
-        return ceilings.format_four_axis(records(run), grid=grid if style == "four_axis_partial" else ())
+        return ceilings.format_four_axis(records(run), grid=grid if style == "four_axis_grid" else ())
     if style == "text":  # what `fastweights mqar` prints, in a code block
         return "```\n" + format_table(records(run)) + "```\n"
     models, ds, get = _best(run)

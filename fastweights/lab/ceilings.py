@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -210,9 +211,9 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
                     grid: Sequence[int] = ()) -> str:
     """The ceilings table (Markdown): per model its class, heads × head dim, the accuracy at every
     kv, the ceiling, kv@0.5, the state bytes (the softmax side's KV cache at the ceiling's length,
-    else the smallest) and the probe's prediction. With `grid` (the preset's kv pairs; a partial run) every
-    grid column is shown, a cell not run yet as "·", one the sweep skips (`unreachable`) as "–", and a ceiling or kv at 0.5 that a kv not run yet could
-    still raise as "≥ …" / "> …"; a model with no cell yet gets a row of "·"."""
+    else the smallest) and the probe's prediction. With `grid` (the preset's kv pairs) every grid column is
+    shown, a cell not run yet as "·", one the sweep skips (`unreachable`) as "–", and a ceiling or kv at 0.5
+    that a kv not run yet could still raise as "≥ …" / "> …"; a model with no cell yet gets a row of "·"."""
     from .mqar import _fmt_bytes
 
     rows = readings(records, capacity_records)
@@ -278,6 +279,48 @@ def format_four_axis(records: Sequence[dict], grid: Sequence[int] = ()) -> str:
         change = f"×{hb[1] / ha[1]:.2f}" if ha[0] == hb[0] == "=" else "n/a (not bracketed)"
         lines.append(f"| {a} → {b} | {axis} | {_fmt_ceiling(ra, grid)} → {_fmt_ceiling(rb, grid)} | "
                      f"{_fmt_half(ha)} → {_fmt_half(hb)} | {change} |")
+    return "\n".join(lines) + "\n"
+
+
+def on_grid(records: Sequence[dict], settings: Sequence[tuple[int, int]]) -> list[dict]:
+    """The records whose setting is one of `settings` ((L, kv) pairs: a sweep's grid)."""
+    names = {f"L{L}-kv{n}" for L, n in settings}
+    return [r for r in records if r["setting"] in names]
+
+
+def format_checks(sweep: Sequence[dict], checks: Sequence[dict]) -> str:
+    """The budget checks beside the sweep (Markdown): per cell the checks trained again at another lr or seed
+    (zoo order, then kv), the sweep's own run of it (lr, seed 0) and every check's accuracy."""
+    order = {m: i for i, m in enumerate(zoo.names())}
+    cells = sorted({(r["model"], r["setting"]) for r in checks},
+                   key=lambda c: (order.get(c[0], len(order)), int(c[1].split("kv")[1]), c[1]))
+    lines = ["| model | setting | the sweep: lr → accuracy | the checks: lr, seed → accuracy |", "|---|---|---|---|"]
+    for m, st in cells:
+        mine = [r for r in sweep if r["model"] == m and r["setting"] == st]
+        swept = ", ".join(f"{r['lr']:g} → {r['accuracy']:.3f}" for r in mine) or "not trained (skipped)"
+        runs = sorted((r for r in checks if r["model"] == m and r["setting"] == st), key=lambda r: (r["seed"], r["lr"]))
+        got = ", ".join(f"{r['lr']:g}, {r['seed']} → {r['accuracy']:.3f}" for r in runs)
+        lines.append(f"| {m} | {st} | {swept} | {got} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_costs(records: Sequence[dict], grid: Sequence[int]) -> str:
+    """What the sweep cost per model (Markdown, zoo order): the cells trained and the cells the skip rule left
+    out (`failed_before`), the optimizer steps, the wall seconds of its cells (each as run: several cells shared
+    a GPU) in all, per cell (median) and per 1000 steps (median over cells)."""
+    lines = ["| model | cells trained | skipped | steps | wall s | s per cell (median) | s per 1000 steps (median) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    tot = [0, 0, 0, 0.0]
+    for row in readings(records):
+        recs = [r for r in records if r["model"] == row["model"]]
+        skipped = sum(1 for kv in grid if kv not in row["accuracy"] and failed_before(row["accuracy"], kv, grid))
+        steps = sum(int(r["steps"]) for r in recs)
+        wall = [float(r["wall_seconds"]) for r in recs]
+        per_k = [1000 * float(r["wall_seconds"]) / int(r["steps"]) for r in recs if int(r["steps"]) > 0]
+        lines.append(f"| {row['model']} | {len(recs)} | {skipped} | {steps} | {sum(wall):.0f} | "
+                     f"{statistics.median(wall):.0f} | {statistics.median(per_k):.0f} |")
+        tot = [tot[0] + len(recs), tot[1] + skipped, tot[2] + steps, tot[3] + sum(wall)]
+    lines.append(f"| all | {tot[0]} | {tot[1]} | {tot[2]} | {tot[3]:.0f} | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -142,3 +142,33 @@ def test_format_ceilings_marks_skipped_kv_apart_from_kv_not_run():
     assert line["linear_attention"].count(" – |") == 2 and " · |" not in line["linear_attention"]  # 128, 256
     assert line["deltanet"].count(" · |") == 2 and "–" not in line["deltanet"]  # 0.6 at kv 32: not skipped
     assert "–" not in cl.format_ceilings(_records())  # without a grid nothing is skipped
+
+
+def test_on_grid_keeps_only_the_grid_settings():
+    recs = [_rec("deltanet", 8, 0.9), {**_rec("deltanet", 128, 0.9), "setting": "L1024-kv128"}]
+    assert cl.on_grid(recs, [(32, 8), (512, 128)]) == recs[:1]
+
+
+def test_format_checks_sets_each_checked_cell_beside_the_sweeps_run():
+    sweep = [_rec("deltanet", 64, 0.2, lr=1e-2), _rec("softmax_attention", 128, 0.0, lr=1e-2)]
+    checks = [{**_rec("softmax_attention", 128, 0.999), "seed": 1},
+              {**_rec("softmax_attention", 128, 0.001), "seed": 0}, {**_rec("deltanet", 256, 0.5), "seed": 0},
+              {**_rec("deltanet", 64, 0.7), "seed": 1}]
+    lines = cl.format_checks(sweep, checks).splitlines()[2:]
+    # zoo order (softmax attention first), then kv
+    assert [ln.split(" | ")[:2] for ln in lines] == [["| softmax_attention", "L512-kv128"],
+                                                    ["| deltanet", "L256-kv64"], ["| deltanet", "L1024-kv256"]]
+    assert lines[0].endswith("0.003, 0 → 0.001, 0.003, 1 → 0.999 |")  # by seed, then lr
+    assert "0.01 → 0.200" in lines[1] and "0.003, 1 → 0.700" in lines[1]
+    assert "not trained (skipped)" in lines[2]
+
+
+def test_format_costs_counts_cells_steps_seconds_and_skipped_cells():
+    recs = []
+    for kv, acc, steps, wall in ((8, 0.3, 2000, 100.0), (16, 0.2, 2000, 300.0), (32, 0.1, 1000, 50.0)):
+        recs.append({**_rec("mamba2", kv, acc), "steps": steps, "wall_seconds": wall})
+    row, total = cl.format_costs(recs, GRID).splitlines()[2:]
+    # 3 cells, kv 64..256 skipped (below 0.5 at 16 and 32, then chained), 5000 steps, 450 s, median 100 s a cell,
+    # median of 50, 150, 50 s per 1000 steps
+    assert row == "| mamba2 | 3 | 3 | 5000 | 450 | 100 | 50 |"
+    assert total == "| all | 3 | 3 | 5000 | 450 | | |"

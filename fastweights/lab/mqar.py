@@ -742,8 +742,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args, preset: MQARPreset):
+    """The (L, kv) settings the flags ask for: --kv-pairs alone on a preset whose grid has those kv takes the grid's
+    own settings of them (the ceilings' kv 128 is L 512 only); otherwise every L × kv with 4·kv ≤ L."""
     if args.seq_lens is None and args.kv_pairs is None:
         return None
+    if args.seq_lens is None and any(n in args.kv_pairs for _, n in preset.settings):
+        return [(L, n) for L, n in preset.settings if n in args.kv_pairs]
     Ls = args.seq_lens or sorted({L for L, _ in preset.settings}) or [64]
     ns = args.kv_pairs or sorted({n for _, n in preset.settings}) or [4]
     return [(L, n) for L in Ls for n in ns if 4 * n <= L]

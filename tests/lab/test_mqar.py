@@ -305,6 +305,18 @@ def test_pilot_lrs_picks_each_models_best():
         mqar.pilot_lrs(recs, ["deltanet", "mamba2"])
 
 
+def test_kv_pairs_alone_take_the_grids_own_settings():
+    """--kv-pairs without --seq-lens on the ceilings grid: the grid's L for each kv (no off-grid cell such as
+    L 1024 with 128 pairs); with --seq-lens, or on a preset whose grid lacks the kv, every L × kv that fits."""
+    import argparse
+
+    ns = argparse.Namespace
+    assert mqar._settings(ns(seq_lens=None, kv_pairs=[128, 256]), PRESETS["ceilings"]) == [(512, 128), (1024, 256)]
+    assert mqar._settings(ns(seq_lens=[1024], kv_pairs=[128]), PRESETS["ceilings"]) == [(1024, 128)]
+    assert mqar._settings(ns(seq_lens=None, kv_pairs=[4]), PRESETS["quick"]) == [(64, 4)]
+    assert mqar._settings(ns(seq_lens=None, kv_pairs=None), PRESETS["quick"]) is None
+
+
 def test_ceilings_grid_heads_and_lrs():
     from fastweights import zoo
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tests.tolerances import LOG_DECAY_GRAD_F32_REL
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -28,16 +30,17 @@ def grads(fn, x, seed, **kw):
     return o.detach(), S.detach(), dict(zip(leaves, gs))
 
 
-def check(got, want, tol, what="", grad_tols=None):
-    """Outputs, final states and every gradient of `grads` results within `tol` of each other (a gradient named
-    in `grad_tols` within its own tolerance there)."""
+def check(got, want, tol, what=""):
+    """Outputs, final states and every gradient of `grads` results within `tol` of each other; the log-decay's
+    gradient dg within max(`tol`, LOG_DECAY_GRAD_F32_REL) (it sums the others' products over the head dims, and
+    they cancel: in fp32 its rounding is above the others')."""
     o1, s1, g1 = got
     o2, s2, g2 = want
     assert rel(o1, o2) < tol, f"o {what}"
     assert rel(s1, s2) < tol, f"final state {what}"
     assert set(g1) == set(g2)
     for name in g2:
-        t = (grad_tols or {}).get(name, tol)
+        t = max(tol, LOG_DECAY_GRAD_F32_REL) if name == "g" else tol
         assert rel(g1[name], g2[name]) < t, f"d{name} {what}: {rel(g1[name], g2[name]):.3g} ≥ {t:g}"
 
 

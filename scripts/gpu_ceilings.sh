@@ -38,13 +38,18 @@ sweep() {  # sweep GPU LOG ARGS...: one process on one GPU until the budget's en
   CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 20 ))" $FW mqar --preset ceilings --device cuda \
       --dtype bfloat16 --records $REC --out runs/ceilings --progress plain "$@" > "$OUT/$log" 2>&1
 }
+CHK=docs/results/mqar_ceilings_checks.jsonl
+check() {  # check GPU LOG ARGS...: cells of the ceilings grid outside the preset's lr or seed, into $CHK
+  local gpu=$1 log=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
+      --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
+}
+bring_back() {  # the records and the logs into $OUT (at most 8 files come back: the logs in one tar)
+  grep -hE "^\[|interrupted|rror" "$OUT"/*.log | tail -40
+  cp $REC $CHK "$OUT/" 2>/dev/null
+  (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)
+}
 if [ "${STAGE:-sweep}" = atlas ]; then
-  CHK=docs/results/mqar_ceilings_checks.jsonl
-  check() {  # check GPU LOG ARGS...: cells of the ceilings grid outside the preset's lr or seed
-    local gpu=$1 log=$2; shift 2
-    CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
-        --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
-  }
   g=0
   for kv in 8 16 32 64; do
     L=$(( kv * 4 > 64 ? kv * 4 : 64 ))
@@ -61,20 +66,12 @@ if [ "${STAGE:-sweep}" = atlas ]; then
         --workers 2; } &
   { check $(( 3 % G )) chk_deltanet.log --models deltanet --lrs 0.001 --seq-lens 1024 --kv-pairs 256 --workers 1; } &
   wait
-  grep -hE "^\[|interrupted|rror" "$OUT"/atlas_kv*.log "$OUT"/chk_*.log | tail -40
-  cp $REC $CHK "$OUT/" 2>/dev/null
-  (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)  # $OUT brings back at most 8 files
+  bring_back
   ls -la runs/ceilings/checkpoints/ | grep atlas
   cp runs/ceilings/checkpoints/atlas-* "$OUT/" 2>/dev/null  # ≤ 4 (one per kv), to carry back into runs/ceilings
   exit 0
 fi
 if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and seeds), 4 GPUs, short
-  CHK=docs/results/mqar_ceilings_checks.jsonl
-  check() {
-    local gpu=$1 log=$2; shift 2
-    CUDA_VISIBLE_DEVICES=$gpu timeout -s INT "$(( $(left) - 25 ))" $FW mqar --preset ceilings --device cuda \
-        --dtype bfloat16 --records $CHK --out runs/checks --progress plain --cuda-graph "$@" > "$OUT/$log" 2>&1
-  }
   if [ "${CHECKS:-1}" = 2 ]; then  # the curves at lr 0.003 where the pilot's lr failed: Mamba2, linear attention,
     # ALiBi, PaTH (pilot 0.01 / 0.001)
     { check 0 chk_mamba2_curve.log --models mamba2 --lrs 0.003 --workers 3; } &
@@ -82,9 +79,7 @@ if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and see
     { check $(( 2 % G )) chk_alibi_curve.log --models alibi --lrs 0.003 --workers 3; } &
     { check $(( 3 % G )) chk_path_curve.log --models path_attention --lrs 0.003 --workers 3; } &
     wait
-    grep -hE "^\[|interrupted|rror" "$OUT"/chk_*.log | tail -40
-    cp $CHK "$OUT/"
-    (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)
+    bring_back
     exit 0
   fi
   # the models that learned nothing at kv 8: Mamba2 and TTT-MLP at other lrs, Titans at a lower one
@@ -97,9 +92,7 @@ if [ "${STAGE:-sweep}" = checks ]; then  # more budget checks (other lrs and see
   { check $(( 3 % G )) chk_softmax2.log --models softmax_attention deltanet deltaformer --lrs 0.003 0.01 \
         --seq-lens 512 --kv-pairs 128 --seed 1 --workers 3; } &
   wait
-  grep -hE "^\[|interrupted|rror" "$OUT"/chk_*.log | tail -40
-  cp $CHK "$OUT/"
-  (cd "$OUT" && tar -cf logs.tar *.log && rm -f *.log)
+  bring_back
   exit 0
 fi
 last=$(( G - 1 ))

@@ -84,10 +84,8 @@ def failed_before(accuracy: dict[int, float], kv: int, grid: Sequence[int]) -> l
 def unreachable(model: str, d_model: int, kv: int, grid: Sequence[int], records: Sequence[dict]) -> str | None:
     """Why the cell (model, d_model, kv) of a sweep over `grid` (its kv pairs) need not be trained, from the
     records so far (best over lr per kv, `failed_before`); None when it must be trained."""
-    best: dict[int, float] = {}
-    for r in records:
-        if r["model"] == model and r["d_model"] == d_model:
-            best[kv_of(r)] = max(best.get(kv_of(r), -1.0), float(r["accuracy"]))
+    curve = curves([r for r in records if r["model"] == model and r["d_model"] == d_model]).get(model, [])
+    best = {kv_of(r): r["accuracy"] for r in curve}
     below = failed_before(best, kv, grid)
     if below is None:
         return None

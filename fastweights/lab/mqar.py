@@ -848,9 +848,11 @@ def cli_main(args) -> int:
     except Exception as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    skip = unreachable_skip(cells) if preset.skip_unreachable else None
     if args.dry_run:
-        skip = unreachable_skip(cells) if preset.skip_unreachable else None
-        known = [r for r in results_store(args.out, args.records).records() if r.get("dtype") == args.dtype]
+        context = {"dtype": args.dtype, "device": torch.device(args.device).type}  # run_sweep's, as the run would
+        known = [r for r in results_store(args.out, args.records).records()
+                 if all(r.get(k) == v for k, v in context.items())]
         done = {(r["model"], r["d_model"], r["setting"]) for r in known}
         for c in cells:
             why = skip(c, known) if skip and (c.model, c.d_model, c.setting) not in done else None
@@ -887,8 +889,7 @@ def cli_main(args) -> int:
     records, status = cliargs.run_sweep_command(
         lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
                          threads=threads, progress=args.progress, fresh=args.fresh, records=args.records,
-                         cuda_graph=cuda_graph_default(args),
-                         skip=unreachable_skip(cells) if preset.skip_unreachable else None))
+                         cuda_graph=cuda_graph_default(args), skip=skip))
     if status is not None:
         return status
     wall = time.perf_counter() - t0

@@ -305,6 +305,25 @@ def test_pilot_lrs_picks_each_models_best():
         mqar.pilot_lrs(recs, ["deltanet", "mamba2"])
 
 
+def test_dry_run_names_the_cells_the_skip_rule_leaves_out(tmp_path, capsys):
+    """--dry-run asks the skip rule as the run would, from the records of the run's dtype and device only."""
+    import json
+
+    recs = tmp_path / "r.jsonl"
+    rows = [{"key": f"{n}|{device}", "model": "deltanet", "d_model": 32, "setting": f"L16-kv{n}", "lr": 0.01,
+             "accuracy": 0.1,
+             "test_segments": [[16, n, 64]], "dtype": "float32", "device": device}
+            for n in (2, 4) for device in ("cpu", "cuda")]
+    recs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["--preset", "ceilings-tiny", "--models", "deltanet", "--records", str(recs), "--dry-run"]
+    assert mqar.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "L32-kv8 lr=0.01" in out and "(skipped: accuracy below 0.5 at kv 2 (0.100) and 4 (0.100)" in out
+    recs.write_text("".join(json.dumps(r) + "\n" for r in rows if r["device"] == "cuda"))  # another device's
+    assert mqar.main(argv) == 0
+    assert "skipped" not in capsys.readouterr().out
+
+
 def test_kv_pairs_alone_take_the_grids_own_settings():
     """--kv-pairs without --seq-lens on the ceilings grid: the grid's L for each kv (no off-grid cell such as
     L 1024 with 128 pairs); with --seq-lens, or on a preset whose grid lacks the kv, every L × kv that fits."""

@@ -333,8 +333,8 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
+    init_distributed(cfg.device)  # before the checks that read the world: dist_info() is 0/1 until the group runs
     _check_parallel(cfg)
-    init_distributed(cfg.device)
     info = dist_info()
     device = torch.device(cfg.device)
     if device.type == "cuda" and device.index is None:

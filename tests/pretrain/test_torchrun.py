@@ -1,0 +1,78 @@
+"""`fastweights train` launched the way a user launches it: `torchrun --standalone --nproc_per_node 2 -m
+fastweights.cli train ... --parallel ddp|fsdp` on the CPU (gloo). The per-step losses equal a one-process run of
+the same global batch to float rounding, and a run saved by 2 processes resumes in 1 and the reverse.
+
+(The in-process tests of `test_distributed.py` call `train()` from a script that had already started the process
+group; this file is what caught `--parallel fsdp` being refused on every rank under torchrun.)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastweights.cli import main
+from tests.tolerances import DIST_TRAIN_F32
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--data", str(ROOT / "README.md"), "--batch-size", "4", "--seq-len", "32", "--save-every", "2",
+        "--val-every", "2", "--val-batches", "1", "--progress", "none", "--threads", "1", "--log-every", "1",
+        "--model", "d_model=16", "--model", "n_layers=2", "--model", "num_heads=2", "--model", "head_dim=8",
+        "--model", 'mixer=["gated_deltanet", "softmax_attention"]']
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _torchrun(out: Path, steps: int, parallel: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "fastweights.cli", "train", *ARGS, "--steps", str(steps), "--parallel", parallel, "--out", str(out)]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
+        pytest.skip("torchrun could not bind a port")
+    assert proc.returncode == 0, (parallel, proc.stderr[-4000:])
+
+
+def _single(out: Path, steps: int) -> None:
+    assert main(["train", *ARGS, "--steps", str(steps), "--out", str(out)]) == 0
+
+
+def _losses(out: Path) -> dict[int, float]:
+    recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, float]:
+    """One process: 2 steps, then the same run resumed to 4 (a resume with more steps follows the 4-step
+    schedule from step 2 on, so an uninterrupted 4-step run is not the reference)."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    _single(out, 2)
+    _single(out, 4)
+    return _losses(out)
+
+
+def _close(got: dict[int, float], ref: dict[int, float]) -> None:
+    assert sorted(got) == sorted(ref)
+    for s in ref:
+        assert abs(got[s] - ref[s]) <= DIST_TRAIN_F32 * abs(ref[s]), (s, got[s], ref[s])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torchrun_saves_and_one_process_resumes(tmp_path, reference, parallel):
+    """2 processes train steps 1–2 (the user's torchrun command), 1 process resumes to step 4."""
+    out = tmp_path / "run"
+    _torchrun(out, 2, parallel)
+    _single(out, 4)
+    _close(_losses(out), reference)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_one_process_saves_and_torchrun_resumes(tmp_path, reference, parallel):
+    """1 process trains steps 1–2, 2 processes (torchrun, DDP or FSDP2) resume to step 4."""
+    out = tmp_path / "run"
+    _single(out, 2)
+    _torchrun(out, 4, parallel)
+    _close(_losses(out), reference)

@@ -76,3 +76,38 @@ def test_one_process_saves_and_torchrun_resumes(tmp_path, reference, parallel):
     _single(out, 2)
     _torchrun(out, 4, parallel)
     _close(_losses(out), reference)
+
+
+MQAR = ["mqar", "--models", "deltanet", "gated_deltanet", "--d-models", "16", "--seq-lens", "16", "--kv-pairs", "2",
+        "--lrs", "0.01", "--epochs", "2", "--train-examples", "64", "--test-examples", "16", "--workers", "1",
+        "--threads", "1", "--progress", "none"]
+
+
+def _records(path: Path) -> dict[str, dict]:
+    return {r["model"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.distributed
+def test_mqar_under_torchrun_ddp_equals_one_process_and_spread_runs_each_cell_once(tmp_path):
+    """`torchrun -m fastweights.cli mqar --ddp`: every cell trained by 2 ranks on halves of each batch ends where
+    one process ends (per-epoch losses and accuracy, float rounding); `--spread`: each cell runs once."""
+    assert main([*MQAR, "--out", str(tmp_path / "one")]) == 0
+    for flag in ("--ddp", "--spread"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+               "fastweights.cli", *MQAR, flag, "--out", str(tmp_path / flag[2:])]
+        proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
+            pytest.skip("torchrun could not bind a port")
+        assert proc.returncode == 0, (flag, proc.stderr[-4000:])
+    one = _records(tmp_path / "one" / "results.jsonl")
+    ddp = _records(tmp_path / "ddp" / "results.jsonl")
+    spread = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
+    assert sorted(one) == sorted(ddp) == ["deltanet", "gated_deltanet"] and len(spread) == 2
+    for m in one:
+        a, b = one[m]["history"], ddp[m]["history"]
+        assert len(a) == len(b) == 2
+        for ea, eb in zip(a, b):
+            for key in ("train_loss", "loss"):
+                if key in ea:
+                    assert abs(ea[key] - eb[key]) <= DIST_TRAIN_F32 * abs(ea[key]), (m, key, ea, eb)
+        assert abs(one[m]["accuracy"] - ddp[m]["accuracy"]) <= 1 / 16 / 2, (m, one[m]["accuracy"], ddp[m]["accuracy"])

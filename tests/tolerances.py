@@ -295,3 +295,4 @@ MUON_BF16_AUTOCAST_REL = 0.15
 #: over 80 draws (at CHUNK_F32_REL = 1e-5 that test failed about one draw in ten); DeltaProduct at T = 1 max 6.8e-6
 #: over 40 draws and 1.43e-5 once in CI. Every other gradient stayed ≤ 2.1e-6.
 LOG_DECAY_GRAD_F32_REL = 1e-4
+CONTEXT_PARALLEL_F64_REL = 1e-10  # context-parallel spans vs one process (outputs, states, gradients), float64

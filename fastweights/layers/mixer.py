@@ -653,12 +653,17 @@ class MemoryMixer(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
-                form: str | None = None, segments: Segments | None = None) -> tuple[Tensor, MixerState | None]:
+                form: str | None = None, segments: Segments | None = None,
+                context=None) -> tuple[Tensor, MixerState | None]:
         """y [B, T, d_model] and, when output_state (or a state was given), the state after x.
 
         Uses `form` (default: the layer's training form, `self.form`); with a state, x continues
         the sequence the state ends. `segments`: the documents of x (padding, packing, per-row
-        positions; see the module doc); None: one document per row."""
+        positions; see the module doc); None: one document per row. `context`: a
+        `fastweights.distributed.ContextParallel` when x is this rank's span of sequences split over
+        ranks (segments then from `context_segments`; no state in or out)."""
+        if context is not None:
+            return self._mix_context(x, form or self.form, segments, context)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise MixerError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
         form = form or self.form
@@ -681,15 +686,35 @@ class MemoryMixer(nn.Module):
             raise MixerError(f"step takes one token x [B, 1, d_model], got {list(x.shape)}")
         return self.forward(x, state, output_state=True, form="recurrent", segments=segments)
 
-    def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool, seg: Segments | None):
+    def _mix_context(self, x: Tensor, form: str, seg: Segments | None, cp):
+        """forward under context parallelism: the convs take their halo from the previous rank, the memory
+        its state through `cp.memory` (see `fastweights.distributed.context`)."""
+        from ..distributed.context import ContextParallelError, supports
+
+        why = supports(self.recipe)
+        if why is not None:
+            raise ContextParallelError(f"context parallelism: {why}")
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise MixerError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
+        if form not in api.forms(self.recipe):
+            raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
+        if seg is not None and seg.padded:
+            raise ContextParallelError("context parallelism takes no padding (attention_mask): every span is "
+                                       "all tokens")
+        return self._mix(x, None, form, False, seg, cp)
+
+    def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool, seg: Segments | None,
+             cp=None):
         B, T, _ = x.shape
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
-        pos = state.position if state is not None else 0
+        pos = state.position if state is not None else (cp.offset if cp is not None else 0)
         tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents
 
         proj = self._project(x)  # {q, k, v[, a, b, z]}
         q, k, v = proj["q"], proj["k"], proj["v"]
+        if cp is not None:  # the convs' tails: the previous rank's last W − 1 inputs (its halo)
+            state = self._context_tails(q, k, v, cp)
         tq = tk = tv = tw = None
         # the convs get contiguous copies of the column views: a conv keeping a view for its backward
         # would keep the whole joint projection [B, T, ΣN_i] (12.3 KB a token for gated DeltaNet at
@@ -769,7 +794,9 @@ class MemoryMixer(nn.Module):
             target = api.call_target(form, q, K, V, self.config.chunk_size)
             kw["backend"] = dispatch.route(r, form, self.backends[form], target).backend
             self.routes[form] = (kw["backend"], target.device_type)
-            if (seg is not None and not seg.single) or isinstance(memory, RowStates):
+            if cp is not None:
+                o, memory = self._memory_context(fn, form, q, k, v, inputs, seg, kw, cp)
+            elif (seg is not None and not seg.single) or isinstance(memory, RowStates):
                 doc = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
                 o, memory = self._memory_by_document(fn, form, q, k, v, inputs, state.memory if state else None,
                                                      doc, output_state, kw)
@@ -784,6 +811,63 @@ class MemoryMixer(nn.Module):
             return y, None
         return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
                              kv_doc=kv_doc)
+
+    def _context_tails(self, q: Tensor, k: Tensor, v: Tensor, cp) -> MixerState:
+        """A MixerState holding only the conv tails of this rank's span: the previous rank's last W − 1
+        conv inputs of q, k, v (zeros on rank 0), all-gathered in one call (differentiable)."""
+        convs = [(name, c, x) for name, c, x in (("conv_q", self.q_conv, q), ("conv_k", self.k_conv, k),
+                                                 ("conv_v", self.v_conv, v)) if c is not None]
+        if not convs:
+            return None
+        W = convs[0][1].kernel_size - 1
+        if q.shape[1] < W:
+            from ..distributed.context import ContextParallelError
+
+            raise ContextParallelError(f"a span of {q.shape[1]} tokens is shorter than the short convolution's "
+                                       f"reach ({W} tokens): use fewer ranks or longer sequences")
+        halo = cp.halo(torch.cat([x[:, x.shape[1] - W:] for _, _, x in convs], dim=-1))  # [B, W, ΣC]
+        tails = dict(zip((name for name, _, _ in convs),
+                         halo.split([x.shape[-1] for _, _, x in convs], dim=-1)))
+        return MixerState(memory=None, conv_q=tails.get("conv_q"), conv_k=tails.get("conv_k"),
+                          conv_v=tails.get("conv_v"), conv_w=None, position=cp.offset)
+
+    def _memory_context(self, fn, form: str, q, k, v, inputs: dict, seg: Segments | None, kw: dict, cp):
+        """o [B, T, H, V] of this rank's span under context parallelism (`cp.memory`): one document per
+        row continuing the previous rank's, or the span's documents packed (seg.doc), each row's first
+        one continuing the previous rank's last unless it starts at position 0."""
+        B, T = q.shape[:2]
+        r, K = self.recipe, self.K
+        chunk = {"chunk_size": kw["chunk_size"]} if "chunk_size" in kw else {}
+
+        def backend_for(width: int) -> str:
+            target = api.call_target(form, q, K, width, self.config.chunk_size)
+            return dispatch.route(r, form, self.backends[form], target).backend
+
+        common = dict(scale=self.scale, backend_for=backend_for, **chunk)
+        if seg is None:
+            o, _ = cp.memory(fn, r, q, k, v, inputs=inputs, **common)
+            return o, None
+        continues = seg.pos[:, 0] > 0  # [B]
+        if seg.single:
+            o, _ = cp.memory(fn, r, q, k, v, inputs=inputs, continues=continues, **common)
+            return o, None
+        if form != "chunk":
+            from ..distributed.context import ContextParallelError
+
+            raise ContextParallelError(f"packed documents under context parallelism run the chunk form, not {form}")
+        n_docs = seg.doc.max(1).values + 1  # [B] documents per row (no padding: every token is in one)
+        last = n_docs.cumsum(0) - 1  # [B] index of each row's last document among all S
+        first = last - n_docs + 1  # [B]
+        lengths = torch.cat([torch.bincount(seg.doc[b]) for b in range(B)])  # [S] tokens per document
+        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])  # [S + 1]
+
+        def packed(x):  # [B, T, ...] -> [1, B·T, ...]
+            return x.reshape(1, B * T, *x.shape[2:])
+
+        toks = {name: (val if name in PER_HEAD_INPUTS else packed(val)) for name, val in inputs.items()}
+        o, _ = cp.memory(fn, r, packed(q), packed(k), packed(v), inputs=toks, continues=continues,
+                         docs=(cu, first, last), **common)
+        return o.view(B, T, *o.shape[2:]), None
 
     def _prologue_fits(self) -> bool:
         """The layer's q/k norm, β and gate are what `delta_prologue` computes: a fast-weight layer with

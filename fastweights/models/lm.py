@@ -78,11 +78,13 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config.d_model, config.hidden) if config.mlp == "swiglu" else None
 
     def forward(self, x: Tensor, state: MixerState | None = None, *, output_state: bool = False,
-                form: str | None = None, step: bool = False, segments: Segments | None = None
-                ) -> tuple[Tensor, MixerState | None]:
+                form: str | None = None, step: bool = False, segments: Segments | None = None,
+                context=None) -> tuple[Tensor, MixerState | None]:
         h = self.norm1(x)
         if step:
             h, state = self.mixer.step(h, state, segments=segments)
+        elif context is not None:
+            h, state = self.mixer(h, form=form, segments=segments, context=context)
         else:
             h, state = self.mixer(h, state, output_state=output_state, form=form, segments=segments)
         x = x + h
@@ -278,37 +280,67 @@ class LM(nn.Module):
         if x.device != w.device:
             raise GenerationError(f"{name} is on {x.device}, the model on {w.device}: move one")
 
-    def _hidden(self, h: Tensor, form: str | None, segments: Segments | None) -> Tensor:
+    def _hidden(self, h: Tensor, form: str | None, segments: Segments | None, context=None) -> Tensor:
         """The blocks over h_0 [B, T, d] (checkpointed as set)."""
         checkpointing = bool(self._checkpointed) and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if checkpointing and i in self._checkpointed:
-                h = self._checkpoint_fn(lambda x, block=block: block(x, form=form, segments=segments)[0], h)
+                h = self._checkpoint_fn(lambda x, block=block: block(x, form=form, segments=segments,
+                                                                     context=context)[0], h)
             else:
-                h, _ = block(h, form=form, segments=segments)
+                h, _ = block(h, form=form, segments=segments, context=context)
         return h
 
     def forward(self, input_ids: Tensor | None = None, *, form: str | None = None,
                 attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
+                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None) -> Tensor:
         """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form).
 
         attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
         position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself.
         inputs_embeds [B, T, d_model] instead of input_ids: the embedding's output given directly
-        (`forward(inputs_embeds=lm.embed(ids))` equals `forward(ids)`)."""
+        (`forward(inputs_embeds=lm.embed(ids))` equals `forward(ids)`).
+        context: a `fastweights.distributed.ContextParallel` — input_ids (and position_ids) are then this
+        rank's span of sequences split over the ranks (`context.shard`), and the logits are the span's, as one
+        process running the whole sequences would give them (no attention_mask or cu_seqlens)."""
         return self._logits(self.hidden(input_ids, form=form, attention_mask=attention_mask,
-                                        position_ids=position_ids, cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds))
+                                        position_ids=position_ids, cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds,
+                                        context=context))
 
     def hidden(self, input_ids: Tensor | None = None, *, form: str | None = None,
                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-               cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
+               cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None) -> Tensor:
         """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
+        if context is not None:
+            return self._hidden_context(input_ids, form, attention_mask, position_ids, cu_seqlens, inputs_embeds,
+                                        context)
         h = self._embed(input_ids, inputs_embeds, attention_mask=attention_mask)
         B, T = h.shape[:2]
         seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
                              device=h.device)
         return self._hidden(h, form, seg)
+
+    def _hidden_context(self, input_ids, form, attention_mask, position_ids, cu_seqlens, inputs_embeds, context):
+        """`hidden` of this rank's span under context parallelism (see `forward`)."""
+        from ..distributed.context import ContextParallel, ContextParallelError, supports
+
+        if not isinstance(context, ContextParallel):
+            raise ContextParallelError(f"context must be a fastweights.distributed.ContextParallel, got "
+                                       f"{type(context).__name__}")
+        if attention_mask is not None or cu_seqlens is not None:
+            raise ContextParallelError("context parallelism takes position_ids for packed documents, not "
+                                       "attention_mask or cu_seqlens")
+        for i, block in enumerate(self.blocks):
+            why = supports(block.mixer.recipe)
+            if why is not None:
+                raise ContextParallelError(f"context parallelism: layer {i}: {why}")
+        h = self._embed(input_ids, inputs_embeds)
+        B, T = h.shape[:2]
+        if context.lengths is None or context.lengths[context.rank] != T:
+            raise ContextParallelError(f"this rank's span holds {T} tokens, but the context's span lengths are "
+                                       f"{context.lengths}: cut the inputs with context.shard(x)")
+        seg = context.segments(position_ids, B, T, device=h.device)
+        return self._hidden(h, form, seg, context)
 
     def _state_segments(self, shape: tuple[int, int], device, state: LMState | None, attention_mask: Tensor | None):
         """(Segments | None, lengths after | None) of a block [B, T] continuing `state` (None: a new one)."""

@@ -40,6 +40,8 @@ _FLAGS = [  # (flag, type, help)
     ("dtype", str, "float32 or bfloat16 (autocast)"),
     ("device", str, "cpu or cuda"),
     ("parallel", str, "ddp or fsdp (FSDP2) under torchrun"),
+    ("context_parallel", int, "split each sequence over N ranks (context parallelism; the world is N × the "
+                              "data-parallel ranks)"),
     ("threads", int, "torch CPU threads"),
     ("progress", str, "auto, tqdm, plain or none"),
     ("init_from", str, "start a new run (step 0, fresh optimizer, its own --out) from the weights of a model "

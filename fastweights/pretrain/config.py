@@ -51,6 +51,8 @@ class PretrainConfig:
     dtype:       "float32" or "bfloat16" (autocast; weights and optimizer in fp32).
     device:      "cpu", "cuda"; under torchrun each rank uses cuda:LOCAL_RANK.
     parallel:    "ddp" or "fsdp" (FSDP2 `fully_shard` per block) when several processes run.
+    context_parallel: N ranks share each sequence, rank r of a group holding its r-th contiguous span
+                 (`fastweights.distributed`); the world is N × (data-parallel ranks). 1: off.
     threads:     torch CPU threads (None: torch's default).
     grad_checkpoint: gradient (activation) checkpointing per block (`LM.set_gradient_checkpointing`:
                  each block keeps its input and recomputes its activations in backward — less memory,
@@ -86,6 +88,7 @@ class PretrainConfig:
     dtype: str = "float32"
     device: str = "cpu"
     parallel: str = "ddp"
+    context_parallel: int = 1
     threads: int | None = None
     progress: str = "auto"
     grad_checkpoint: bool | None = None
@@ -97,7 +100,7 @@ class PretrainConfig:
             self.data = [str(self.data)]
         self.data = [str(d) for d in self.data]
         for name in ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_batches", "save_every",
-                     "log_every"):
+                     "log_every", "context_parallel"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigFileError(f"{name} must be a positive int, got {v!r}")

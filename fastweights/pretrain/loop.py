@@ -194,9 +194,20 @@ def _no_sync(model: nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def _loss_sum(model, batch, device, autocast) -> torch.Tensor:
+def _span(batch: dict, layout: _Layout | None) -> dict:
+    """The batch as this rank sees it: its span of every [b, T] tensor under context parallelism."""
+    if layout is None or layout.context is None:
+        return batch
+    return {k: layout.context.shard(v) for k, v in batch.items()}
+
+
+def _loss_sum(model, batch, device, autocast, layout: _Layout | None = None) -> torch.Tensor:
+    """Σ cross-entropy over the supervised tokens of `batch` (of this rank's span of it under context
+    parallelism: the spans' sums add up to the sequences')."""
+    batch = _span(batch, layout)
+    extra = {"context": layout.context} if layout is not None and layout.context is not None else {}
     with autocast():
-        logits = model(batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device))
+        logits = model(batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device), **extra)
     return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].to(device).flatten(),
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
@@ -260,19 +271,18 @@ def _plot(records: list[dict], path: Path) -> None:
 
 
 @torch.no_grad()
-def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast) -> tuple[float, int]:
-    info = dist_info()
-    per_rank = max(1, cfg.batch_size // (info.world_size * cfg.grad_accum))  # the micro-batch
+def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast, layout: _Layout) -> tuple[float, int]:
+    per_rank = max(1, cfg.batch_size // (layout.dp * cfg.grad_accum))  # the micro-batch
     n = min(len(windows), cfg.val_batches * cfg.batch_size)  # the first windows, whatever the ranks
-    n -= n % info.world_size  # every rank runs as many forwards (FSDP gathers in each one)
+    n -= n % layout.dp  # every rank runs as many forwards (FSDP gathers in each one)
     total, count = 0.0, 0
-    mine = list(range(info.rank, n, info.world_size))
+    mine = list(range(layout.dp_rank, n, layout.dp))
     was = model.training
     model.eval()
     for i in range(0, len(mine), per_rank):
         batch = windows.batch(mine[i:i + per_rank])
-        total += _loss_sum(model, batch, device, autocast).item()
-        count += int((batch["labels"] != IGNORE_INDEX).sum())
+        total += _loss_sum(model, batch, device, autocast, layout).item()
+        count += int((_span(batch, layout)["labels"] != IGNORE_INDEX).sum())
     model.train(was)
     total, count = all_reduce_sum([total, float(count)], device=_sync_device(device))
     return (total / count if count else float("nan")), int(count)
@@ -297,11 +307,49 @@ def _check_device(cfg: PretrainConfig) -> None:
 
 def _check_parallel(cfg: PretrainConfig) -> None:
     """--parallel fsdp shards the model over the processes torchrun starts; with one process there is
-    nothing to shard over, and running unsharded instead would be a silent change of what was asked."""
-    if cfg.parallel == "fsdp" and dist_info().world_size <= 1:
+    nothing to shard over, and running unsharded instead would be a silent change of what was asked.
+    --context-parallel N needs a world that N divides, and a sequence of at least N tokens."""
+    R = dist_info().world_size
+    if cfg.parallel == "fsdp" and R <= 1:
         raise ConfigFileError("--parallel fsdp shards the model over several processes, but this run has one "
                               "(not launched by torchrun, or WORLD_SIZE=1); launch it with torchrun "
                               "--nproc_per_node N, or leave out --parallel fsdp")
+    N = cfg.context_parallel
+    if N > 1 and R % N:
+        raise ConfigFileError(f"--context-parallel {N} splits each sequence over {N} ranks, but this run has {R} "
+                              f"process(es), not a multiple of {N}; launch it with torchrun --nproc_per_node "
+                              f"{N} (or a multiple), or leave out --context-parallel")
+    if N > cfg.seq_len:
+        raise ConfigFileError(f"--context-parallel {N} is more ranks than --seq-len {cfg.seq_len} has tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How the ranks share a step: dp data-parallel groups of cp ranks each; this rank is span `cp_rank` of
+    its group's sequences, its group the `dp_rank`-th of the batch. context: the ContextParallel of its group
+    (None when cp = 1)."""
+
+    dp: int
+    dp_rank: int
+    cp: int
+    context: object = None
+
+
+def _layout(cfg: PretrainConfig) -> _Layout:
+    info = dist_info()
+    N = cfg.context_parallel
+    if N == 1:
+        return _Layout(dp=info.world_size, dp_rank=info.rank, cp=1)
+    import torch.distributed as dist
+
+    from ..distributed import ContextParallel
+
+    mine = None
+    for g in range(info.world_size // N):  # every rank creates every group, in the same order
+        group = dist.new_group(list(range(g * N, (g + 1) * N)))
+        if info.rank // N == g:
+            mine = group
+    return _Layout(dp=info.world_size // N, dp_rank=info.rank // N, cp=N, context=ContextParallel(mine))
 
 
 def _together(err: Exception | None, device, cls: type[Exception] = OutputError) -> None:
@@ -354,10 +402,12 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
 def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bool) -> dict:
     info = dist_info()
     R = info.world_size
-    if cfg.batch_size % (R * cfg.grad_accum):
-        raise DataError(f"batch_size={cfg.batch_size} must be a multiple of world_size × grad_accum = "
-                        f"{R} × {cfg.grad_accum}")
-    micro = cfg.batch_size // (R * cfg.grad_accum)
+    layout = _layout(cfg)
+    if cfg.batch_size % (layout.dp * cfg.grad_accum):
+        raise DataError(f"batch_size={cfg.batch_size} must be a multiple of the data-parallel ranks × grad_accum = "
+                        f"{layout.dp} × {cfg.grad_accum}" + (f" ({R} processes / --context-parallel {layout.cp})"
+                                                            if layout.cp > 1 else ""))
+    micro = cfg.batch_size // (layout.dp * cfg.grad_accum)
     sync = functools.partial(all_reduce_sum, device=_sync_device(device))
 
     tok = load_tokenizer(cfg.tokenizer)
@@ -485,7 +535,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     def validate(step: int):
         if len(vw) == 0:
             return
-        loss, _ = _validate(model, vw, cfg, device, autocast)
+        loss, _ = _validate(model, vw, cfg, device, autocast, layout)
         write({"step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 700.0))})
 
     tokens_per_step = cfg.batch_size * cfg.seq_len
@@ -497,10 +547,10 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     try:
         with training():
             for s in range(start, cfg.steps):
-                first = s * cfg.batch_size + info.rank * (cfg.batch_size // R)
+                first = s * cfg.batch_size + layout.dp_rank * (cfg.batch_size // layout.dp)
                 batches = [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
                            for m in range(cfg.grad_accum)]
-                local = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+                local = sum(int((_span(b, layout)["labels"] != IGNORE_INDEX).sum()) for b in batches)
                 count, stop, failed = sync([float(local), float(stop_requested()), float(bool(pending))])
                 if failed:
                     _together(pending[0] if pending else None, device)
@@ -511,7 +561,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
                 total = 0.0
                 for m, batch in enumerate(batches):
                     with _no_sync(model, m == len(batches) - 1):
-                        loss = _loss_sum(model, batch, device, autocast) * (R / max(count, 1.0))
+                        loss = _loss_sum(model, batch, device, autocast, layout) * (R / max(count, 1.0))
                         loss.backward()
                     total += loss.item() / R
                 lr = training_step.optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)

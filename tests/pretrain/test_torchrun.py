@@ -111,3 +111,33 @@ def test_mqar_under_torchrun_ddp_equals_one_process_and_spread_runs_each_cell_on
                 if key in ea:
                     assert abs(ea[key] - eb[key]) <= DIST_TRAIN_F32 * abs(ea[key]), (m, key, ea, eb)
         assert abs(one[m]["accuracy"] - ddp[m]["accuracy"]) <= 1 / 16 / 2, (m, one[m]["accuracy"], ddp[m]["accuracy"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_context_parallel_under_torchrun_equals_one_process(tmp_path, parallel):
+    """`--context-parallel 2`: both ranks hold one half of every sequence (packed documents crossing the
+    boundary); the per-step losses and validation loss equal one process's to float rounding."""
+    args = [a if a != 'mixer=["gated_deltanet", "softmax_attention"]' else "mixer=gated_deltanet" for a in ARGS]
+    args = [*args, "--seq-len", "33", "--steps", "2"]
+    assert main(["train", *args, "--out", str(tmp_path / "one")]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "fastweights.cli", "train", *args, "--context-parallel", "2", "--parallel", parallel,
+           "--out", str(tmp_path / "cp")]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
+        pytest.skip("torchrun could not bind a port")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _close(_losses(tmp_path / "cp"), _losses(tmp_path / "one"))
+    val = [[json.loads(x)["val_loss"] for x in (tmp_path / d / "log.jsonl").read_text().splitlines()
+            if "val_loss" in x] for d in ("one", "cp")]
+    assert len(val[0]) == len(val[1]) >= 1
+    assert all(abs(a - b) <= DIST_TRAIN_F32 * abs(a) for a, b in zip(*val)), val
+
+
+def test_context_parallel_needs_a_world_it_divides(tmp_path, capsys):
+    """One process cannot split its sequences over 2 ranks: one line, status 2, before any work."""
+    args = [a if a != 'mixer=["gated_deltanet", "softmax_attention"]' else "mixer=gated_deltanet" for a in ARGS]
+    assert main(["train", *args, "--steps", "1", "--context-parallel", "2", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "--context-parallel 2" in err and "Traceback" not in err

@@ -46,7 +46,7 @@ case "${STAGE:-dp}" in
 dp)
   P=(--preset gpu-125m --steps "$STEPS")
   # the preset's global batch (64 × 2048) on every layout; its micro-batch (8 sequences) kept by accumulating
-  # 8 / N micro-batches on N GPUs. One GPU and 2-GPU DDP side by side on disjoint GPUs, then one at a time.
+  # 8 / N micro-batches on N GPUs; one run at a time (two runs side by side perturbed each other's times).
   run gpu1 0 1 "${P[@]}" --grad-accum 8 & run ddp2 2,3 2 "${P[@]}" --grad-accum 4 --parallel ddp; wait
   run fsdp2 0,1 2 "${P[@]}" --grad-accum 4 --parallel fsdp
   if [ "$G" -ge 4 ]; then
@@ -66,6 +66,10 @@ cp)
   run cp_t131k_gpu1 0 1 "${M[@]}" --seq-len 131072 --batch-size 4 --grad-accum 4 --grad-checkpoint
   run cp_t131k_cp$N "$ALL" "$N" "${M[@]}" --seq-len 131072 --batch-size 4 --grad-accum 4 --context-parallel "$N" \
       --grad-checkpoint
+  # the same 4 sequences with each rank's whole span in one micro-batch (131,072 tokens a rank, as one GPU's)
+  run cp_t131k_cp${N}_acc1 "$ALL" "$N" "${M[@]}" --seq-len 131072 --batch-size 4 --grad-accum 1 \
+      --context-parallel "$N" --grad-checkpoint
+  [ -n "${CP_SHORT:-}" ] && { echo "== summary"; cat "$OUT/summary.jsonl"; exit 0; }
   # T = 1,048,576 (one sequence a step): N ranks, then one GPU (expected: out of memory)
   run cp_t1m_cp$N "$ALL" "$N" "${M[@]}" --seq-len 1048576 --batch-size 1 --grad-accum 1 --context-parallel "$N" \
       --grad-checkpoint

@@ -202,6 +202,28 @@ class ContextParallel:
         doc = start.long().cumsum(1) - 1  # [B, T]
         return Segments(doc=doc, pos=pos, continues=False, single=not bool((doc != 0).any()))
 
+    def documents(self, seg) -> tuple:
+        """(cu [S + 1], first [B], last [B], tok [N1], cu1 [B + 1], row [N1]) of a span's Segments (from
+        `segments`), its tokens packed row after row: every document's boundaries, each row's first and last
+        document, the tokens of each row's first document, their boundaries and rows. Computed once per
+        Segments object (the layers of one forward share it: the reads of its sizes synchronize a GPU)."""
+        cached = getattr(self, "_documents", None)
+        if cached is not None and cached[0] is seg:
+            return cached[1]
+        B = seg.doc.shape[0]
+        n_docs = seg.doc.max(1).values + 1  # [B] documents per row (no padding: every token is in one)
+        last = n_docs.cumsum(0) - 1  # [B] index of each row's last document among all S
+        first = last - n_docs + 1  # [B]
+        lengths = torch.cat([torch.bincount(seg.doc[b]) for b in range(B)])  # [S] tokens per document
+        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])  # [S + 1]
+        n = cu[first + 1] - cu[first]  # [B] tokens of each row's first document
+        cu1 = torch.cat([n.new_zeros(1), n.cumsum(0)])  # [B + 1]
+        tok = torch.cat([torch.arange(int(a), int(b), device=cu.device)
+                         for a, b in zip(cu[first].tolist(), cu[first + 1].tolist())])  # [N1]
+        row = torch.repeat_interleave(torch.arange(B, device=cu.device), n)  # [N1]
+        self._documents = (seg, (cu, first, last, tok, cu1, row))
+        return self._documents[1]
+
     # -- what crosses a boundary
     def halo(self, tail: Tensor) -> Tensor:
         """The previous rank's `tail` [B, W, C] (its span's last W inputs), zeros on rank 0; differentiable."""
@@ -224,9 +246,8 @@ class ContextParallel:
         initial_state [B, H, K, V]: the state before rank 0's first token (None: zeros).
         continues [B] bool: whether each row's first token continues the previous rank's last document
             (None: every row does); a row that starts a document at the span's first token takes no S_in.
-        docs: packed documents inside the span, (cu [S + 1], first [B], last [B]) over the tokens packed
-            row after row into [1, B·T_r] (q, k, v and the per-token inputs given packed so); first/last:
-            each row's first and last document's index. None: one document per row.
+        docs: packed documents inside the span, `documents(seg)`'s tuple over the tokens packed row after
+            row into [1, B·T_r] (q, k, v and the per-token inputs given packed so). None: one document per row.
         backend_for(width) -> the backend for a call whose values are `width` wide (the op routes by its
             value width); None: "auto"."""
         why = supports(recipe)
@@ -252,16 +273,12 @@ class ContextParallel:
             o = o0 + torch.einsum("bthk,bhkv->bthv", ob.to(S_in.dtype), S_in).to(o0.dtype)
             return o, (S_out if output_final_state else None)
 
-        cu, first, last = docs
+        cu, first, last, tok, cu1, row = docs
         B = first.numel()
         o0, finals = fn(recipe, q, k, v, initial_state=None, output_final_state=True, cu_seqlens=cu,
                         backend=pick(v.shape[-1]), **common)  # o0 [1, N, H, V], finals [S, H, K, V]
         h = finals[last]  # [B, H, K, V]: each row's last document from zeros
         # each row's first document again, from the identity with zero values: ō and its transition
-        n = cu[first + 1] - cu[first]  # [B] tokens of each row's first document
-        cu1 = torch.cat([n.new_zeros(1), n.cumsum(0)])  # [B + 1]
-        tok = torch.cat([torch.arange(int(a), int(b), device=q.device)
-                         for a, b in zip(cu[first].tolist(), cu[first + 1].tolist())])  # [N1]
         N = q.shape[1]
         pick_t = lambda x: x.index_select(1, tok) if isinstance(x, Tensor) and x.dim() >= 2 and x.shape[1] == N \
             else x  # noqa: E731
@@ -273,7 +290,6 @@ class ContextParallel:
         single = first == last  # [B] the row's span holds one document
         A = A * (cont & single).to(A.dtype)[:, None, None, None]  # a document start inside the span: A = 0
         S_in, S_out = self.scan(A, h, initial_state)
-        row = torch.repeat_interleave(torch.arange(B, device=q.device), n)  # [N1] each token's row
         ob = ob * cont[row].to(ob.dtype)[None, :, None, None]
         corr = torch.einsum("thk,thkv->thv", ob[0].to(S_in.dtype), S_in[row]).to(o0.dtype)  # [N1, H, V]
         o = o0.index_add(1, tok, corr[None])

@@ -855,18 +855,14 @@ class MemoryMixer(nn.Module):
             from ..distributed.context import ContextParallelError
 
             raise ContextParallelError(f"packed documents under context parallelism run the chunk form, not {form}")
-        n_docs = seg.doc.max(1).values + 1  # [B] documents per row (no padding: every token is in one)
-        last = n_docs.cumsum(0) - 1  # [B] index of each row's last document among all S
-        first = last - n_docs + 1  # [B]
-        lengths = torch.cat([torch.bincount(seg.doc[b]) for b in range(B)])  # [S] tokens per document
-        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])  # [S + 1]
+        docs = cp.documents(seg)  # the packing, computed once per forward and shared by the layers
 
         def packed(x):  # [B, T, ...] -> [1, B·T, ...]
             return x.reshape(1, B * T, *x.shape[2:])
 
         toks = {name: (val if name in PER_HEAD_INPUTS else packed(val)) for name, val in inputs.items()}
         o, _ = cp.memory(fn, r, packed(q), packed(k), packed(v), inputs=toks, continues=continues,
-                         docs=(cu, first, last), **common)
+                         docs=docs, **common)
         return o.view(B, T, *o.shape[2:]), None
 
     def _prologue_fits(self) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = ["ArgError", "Parser", "flag_message", "positive", "nonnegative", "positive_numbers", "device",
-           "writable_dir", "writable_file", "zoo_names", "threads", "checkpoint_dir", "WEIGHT_FILES"]
+           "writable_dir", "file_path", "writable_file", "zoo_names", "threads", "checkpoint_dir", "WEIGHT_FILES"]
 
 
 class ArgError(ValueError):
@@ -144,11 +144,16 @@ def writable_dir(flag: str, path) -> Path:
     return p
 
 
+def file_path(flag: str, path) -> None:
+    """A path given for a file is not a directory (None: the flag was not given)."""
+    if path is not None and Path(path).is_dir():
+        raise ArgError(f"{flag} {path}: is a directory, expected a file path")
+
+
 def writable_file(flag: str, path) -> Path:
     """The file's directory is writable and the path is not a directory."""
     p = Path(path)
-    if p.is_dir():
-        raise ArgError(f"{flag} {path}: is a directory, expected a file path")
+    file_path(flag, path)
     try:
         writable_dir(flag, p.parent if str(p.parent) else ".")
     except ArgError as e:

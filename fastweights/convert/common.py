@@ -8,6 +8,9 @@ ConversionError naming the weight or field, never a silent approximation.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -16,11 +19,51 @@ from ..zoo import ZOO
 
 Tensor = torch.Tensor
 
-__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype"]
+__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype", "read_json",
+           "read_weights"]
 
 
 class ConversionError(ValueError):
     """A layer or checkpoint that cannot be converted exactly; the message names what differs."""
+
+
+def read_json(path) -> dict:
+    """The JSON object in the file `path`; ConversionError naming the file when it is missing, not
+    JSON, or not an object."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConversionError(f"{p}: no such file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{p}: not JSON ({e})") from None
+    except OSError as e:
+        raise ConversionError(f"{p}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(obj, dict):
+        raise ConversionError(f"{p}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_weights(path) -> dict[str, Tensor]:
+    """{name: tensor} of a .safetensors file or a PyTorch .bin (weights only); ConversionError naming
+    the file when it is missing, truncated or corrupt."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConversionError(f"{p}: no such file")
+    kind = "safetensors" if p.suffix == ".safetensors" else "PyTorch weights"
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(p))
+        else:
+            sd = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # (SafetensorError, torch.load's unpickling errors, OSError: a damaged file)
+        msg = (str(e).strip().splitlines() or [""])[0]
+        raise ConversionError(f"{p}: a corrupt or truncated {kind} file ({type(e).__name__}: {msg})") from None
+    if not (isinstance(sd, dict) and all(isinstance(v, Tensor) for v in sd.values())):
+        raise ConversionError(f"{p}: expected a state dict (tensor names to tensors), got {type(sd).__name__}")
+    return sd
 
 
 #: The MixerPreset fields that change what a layer computes (the others only set initial values

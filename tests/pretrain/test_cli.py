@@ -178,3 +178,28 @@ def test_a_new_or_empty_out_trains_and_an_earlier_run_resumes(tmp_path, text, ca
         assert (tmp_path / out / "checkpoint.pt").is_file()
     assert cli_main(["train", "--data", text, "--out", str(tmp_path / "empty"), *TINY, "--steps", "3"]) == 0
     assert torch.load(tmp_path / "empty" / "checkpoint.pt", weights_only=False)["step"] == 3
+
+
+def test_a_tokenizer_directory_without_a_tokenizer_names_it_and_the_files(tmp_path, text, capsys):
+    """An empty or unrelated directory (it gave a misleading message about sentencepiece) and a
+    damaged tokenizer_config.json: one line naming --tokenizer DIR, status 2, no run started."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "notes.txt").write_text("x")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer",
+                     str(tmp_path / "tok")]) == 2
+    _one_line(capsys, f"error: --tokenizer {tmp_path / 'tok'}: holds no tokenizer (none of tokenizer.json, "
+                      "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt, spiece.model); expected a "
+                      "Hugging Face tokenizer directory")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{broken")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer",
+                     str(tmp_path / "tok")]) == 2
+    _one_line(capsys, f"error: --tokenizer {tmp_path / 'tok'}: transformers cannot load a tokenizer from it (")
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
+
+
+def test_a_fastweights_checkpoint_is_a_tokenizer_directory(tmp_path):
+    from fastweights.pretrain.data import check_tokenizer, load_tokenizer
+
+    _saved_model(tmp_path / "m")  # (config.json of model_type fastweights: its byte tokenizer)
+    check_tokenizer(str(tmp_path / "m"))
+    assert load_tokenizer(str(tmp_path / "m")).vocab_size == 257

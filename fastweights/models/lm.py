@@ -497,9 +497,10 @@ class LM(nn.Module):
     @classmethod
     def from_pretrained(cls, directory, *, device=None, backend: str | None = None) -> LM:
         """Load what save_pretrained wrote (weights in their saved dtype); CheckpointError if a file
-        is missing or corrupt. The layers request the backends the checkpoint recorded; `backend`
-        ("auto" or a name) replaces them for every layer — e.g. "auto" for a checkpoint written
-        before backends were routed per call, which recorded the resolved "torch" or "triton"."""
+        is missing or corrupt, InputError if `device` is not one this machine has. The layers request
+        the backends the checkpoint recorded; `backend` ("auto" or a name) replaces them for every
+        layer — e.g. "auto" for a checkpoint written before backends were routed per call, which
+        recorded the resolved "torch" or "triton"."""
         from .checkpoint import load_pretrained
 
         return load_pretrained(cls, directory, device=device, backend=backend)

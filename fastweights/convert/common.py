@@ -19,8 +19,8 @@ from ..zoo import ZOO
 
 Tensor = torch.Tensor
 
-__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype", "read_json",
-           "read_weights"]
+__all__ = ["ConversionError", "FORWARD_FIELDS", "RUN_ARGS", "copy_weight", "check_mixer", "same_dtype",
+           "check_run_args", "read_json", "read_weights"]
 
 
 class ConversionError(ValueError):
@@ -71,6 +71,20 @@ def read_weights(path) -> dict[str, Tensor]:
 FORWARD_FIELDS = ("conv", "conv_size", "conv_bias", "qk_norm", "rope", "rope_period", "decay", "beta",
                   "beta_scale", "beta_bias", "out_norm", "out_gate", "out_gate_low_rank", "norm_before_gate",
                   "d_skip")
+
+
+#: The MemoryMixer arguments a converter passes through (how the mixer runs, not what it computes);
+#: every other one (num_heads, head_dim, conv_size, a preset field, ...) is the peer layer's.
+RUN_ARGS = ("form", "chunk_size", "backend", "layer_ops")
+
+
+def check_run_args(what: str, mixer_kwargs: dict) -> None:
+    """ConversionError naming the first argument of `mixer_kwargs` that is not one of RUN_ARGS (the
+    conversion takes the wiring from the layer, `what`)."""
+    for name in mixer_kwargs:
+        if name not in RUN_ARGS:
+            raise ConversionError(f"{name}={mixer_kwargs[name]!r}: the converted mixer takes {name} from {what}; "
+                                  f"pass only {', '.join(RUN_ARGS)} (how the mixer runs)")
 
 
 def copy_weight(dst: Tensor, src: Tensor, name: str) -> None:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inputs import InputError
+from ..inputs import InputError, check_data
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
 from ..layers.segments import RowStates, Segments
@@ -204,6 +204,7 @@ class LM(nn.Module):
         if ids.device != self.embed.weight.device:
             raise GenerationError(f"{name} is on {ids.device}, the model on {self.embed.weight.device}: move one")
         if values and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+            check_data(name, ids, hint="")
             lo, hi = torch.aminmax(ids)
             lo, hi = int(lo), int(hi)
             if lo < 0 or hi >= self.config.vocab_size:

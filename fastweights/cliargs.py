@@ -132,7 +132,11 @@ def run_sweep_command(run):
 
 
 def writable_dir(flag: str, path) -> Path:
-    """Create the directory if needed and check that a file can be written in it."""
+    """Create the directory if needed and check that a file can be written in it; an empty value
+    (which would write into the current directory) is refused."""
+    if not str(path).strip():
+        raise ArgError(f"{flag} is empty; expected a directory to write into (an empty value would write into the "
+                       "current directory)")
     p = Path(path)
     try:
         p.mkdir(parents=True, exist_ok=True)

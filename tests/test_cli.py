@@ -33,7 +33,9 @@ def test_demo_runs_every_form_and_they_agree(capsys):
     (["capacity", "--models", "foo"], "--models"), (["capacity", "--out", "/proc/version/x"], "--out"),
     (["capacity", "--json", "/proc/version/x.json"], "--json"), (["bench", "decode", "--models", "foo"], "--models"),
     (["bench", "decode", "--contexts", "0"], "--contexts"), (["bench", "decode", "--device", "tpu"], "--device"),
-    (["bench", "decode", "--out", "/proc/version/x"], "--out")])
+    (["bench", "decode", "--out", "/proc/version/x"], "--out"), (["bench", "decode", "--out", ""], "--out is empty"),
+    (["bench", "speed", "--out", ""], "--out is empty"), (["capacity", "--out", ""], "--out is empty"),
+    (["mqar", "--out", ""], "--out is empty")])
 def test_every_command_rejects_bad_values_in_one_line_before_work(argv, flag, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # (default output directories land here, if anything were written)
     t0 = time.perf_counter()

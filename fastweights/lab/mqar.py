@@ -811,6 +811,11 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
     if preset.lr_pilot is None or args.lrs:
         return None
     path = Path(args.lrs_from or f"docs/results/mqar_{preset.lr_pilot.replace('-', '_')}.jsonl")
+    if args.records is not None and Path(args.records).resolve() == path.resolve():
+        from ..cliargs import ArgError
+
+        raise ArgError(f"--records {args.records}: is the pilot's records (--lrs-from {path}), which the sweep reads "
+                       "its lrs from; its own records would be appended there: give --records another file")
     if not path.exists():
         raise ValueError(f"--lrs-from {path}: no such file. The {preset.name} preset runs each model at the "
                          f"{preset.lr_pick} best lrs of its pilot: run `fastweights mqar --preset {preset.lr_pilot} "

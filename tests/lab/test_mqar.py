@@ -437,3 +437,20 @@ def test_a_directory_where_a_file_is_expected(flag, tmp_path, capsys):
         cap = capsys.readouterr()
         assert cap.err.strip().splitlines() == [f"error: {flag} {tmp_path}: is a directory, expected a file path"]
     assert not (tmp_path / "run").exists()
+
+
+def test_records_that_are_the_pilots_are_refused(tmp_path, capsys):
+    """--records equal to the pilot's records (--lrs-from) would append the sweep's cells to the file it
+    takes its lrs from: refused, the file left as it was."""
+    pilot = tmp_path / "pilot.jsonl"
+    pilot.write_text("\n".join(json.dumps(r) for r in _pilot_records(
+        {m: [(1e-3, 0.1), (1e-2, 0.2)] for m in PRESETS["ceilings"].models})) + "\n")
+    before = pilot.read_bytes()
+    assert mqar.main(["--preset", "ceilings", "--models", "deltanet", "--lrs-from", str(pilot),
+                      "--records", str(tmp_path / "." / "pilot.jsonl"),
+                      "--out", str(tmp_path / "run")]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.strip().splitlines() == [f"error: --records {tmp_path / '.' / 'pilot.jsonl'}: is the pilot's "
+                                            f"records (--lrs-from {pilot}), which the sweep reads its lrs from; its "
+                                            "own records would be appended there: give --records another file"]
+    assert pilot.read_bytes() == before and not (tmp_path / "run").exists()

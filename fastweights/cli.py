@@ -308,10 +308,14 @@ def _check_eval_args(args: list[str]) -> None:
     and hf models are given one, `dtype`, and --device."""
     from .cliargs import ArgError, checkpoint_dir, device
 
+    # lm-eval's `run` command, named or implied (its other commands, `ls` and `validate`, load no model)
+    if not (args[:1] == ["run"] or (len(args) > 1 and args[0] not in ("ls", "validate", "run"))):
+        return
     model_args = _eval_model_args(args)
     pretrained = model_args.get("pretrained")
     model = _eval_option(args, "--model", "-M") or "hf"
-    if pretrained is None and model in ("fastweights", "hf") and _eval_option(args, "--config", "-C") is None:
+    if pretrained is None and model in ("fastweights", "hf") and _eval_option(args, "--config", "-C") is None \
+            and not {"-h", "--help"} & set(args):
         raise ArgError(f"--model_args: no pretrained=DIR; --model {model} needs the checkpoint directory (e.g. "
                        "--model_args pretrained=runs/lm/model)")
     if isinstance(pretrained, str):
@@ -320,7 +324,8 @@ def _check_eval_args(args: list[str]) -> None:
     if dtype is not None and dtype != "auto":
         import torch
 
-        if not (isinstance(getattr(torch, str(dtype), None), torch.dtype) and getattr(torch, dtype).is_floating_point):
+        named = getattr(torch, str(dtype), None)
+        if not (isinstance(named, torch.dtype) and named.is_floating_point):
             raise ArgError(f"--model_args dtype={dtype}: expected auto or a floating torch dtype (float32, bfloat16, "
                            "float16, float64)")
     device("--device", _eval_option(args, "--device"))

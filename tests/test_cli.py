@@ -191,3 +191,14 @@ def test_eval_errors_lm_eval_raises_are_one_line(raised, message, tmp_path, monk
                      "--tasks", "nosuchtask"]) == 2
     cap = capsys.readouterr()
     assert cap.err.strip().splitlines()[0].startswith(message) and len(cap.err.strip().splitlines()) == 1, cap.err
+
+
+def test_eval_hands_lm_evals_other_commands_through_unchecked(monkeypatch):
+    """`ls` and `validate` load no model: no pretrained is asked for."""
+    import fastweights.hf.harness as harness
+
+    seen = []
+    monkeypatch.setattr(harness, "main", lambda argv: seen.append(argv))
+    for argv in (["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]):
+        assert cli.main(["eval", *argv]) == 0
+    assert seen == [["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]]

@@ -87,7 +87,11 @@ def check_out_use(out, sources=()) -> None:
             raise ConfigFileError(f"--out {out}: overlaps --init-from {src}, which the run reads its model from "
                                   "(the run would write over it); give --out a directory of its own")
     if p.is_dir():
-        found = _foreign(p)
+        try:
+            found = _foreign(p)
+        except OSError as e:
+            raise ConfigFileError(f"--out {out}: cannot list what it holds ({e.strerror or e}); expected a readable "
+                                  "directory") from None
         if found is not None:
             raise ConfigFileError(f"--out {out}: {found}; expected a new or empty directory, or an earlier "
                                   f"`fastweights train` run's ({CHECKPOINT}, {LOG}, {MODEL_DIR}/) to resume")

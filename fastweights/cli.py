@@ -262,9 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _eval_pretrained(args: list[str]) -> str | None:
-    """The `pretrained` value among lm-eval's --model_args (-a): `key=val,key2=val2` tokens or one
-    JSON object; None when none is given."""
+def _eval_model_args(args: list[str]) -> dict:
+    """lm-eval's --model_args (-a) as one dict: `key=val,key2=val2` tokens or JSON objects, later
+    values winning (as lm-eval merges them)."""
     values, i = [], 0
     while i < len(args):
         a = args[i]
@@ -275,37 +275,88 @@ def _eval_pretrained(args: list[str]) -> str | None:
                 i += 1
                 values.append(args[i])
         i += 1
-    found = None
+    found = {}
     for v in values:
         try:
             obj = json.loads(v)
         except ValueError:
             obj = None
         if isinstance(obj, dict):
-            found = obj.get("pretrained", found)
+            found.update(obj)
             continue
         for item in v.split(","):
             k, eq, val = item.partition("=")
-            if eq and k.strip() == "pretrained":
-                found = val
-    return found if isinstance(found, str) else None
+            if eq:
+                found[k.strip()] = val
+    return found
+
+
+def _eval_option(args: list[str], *names: str) -> str | None:
+    """The value of one of lm-eval's single-valued options (`--device cuda`, `--device=cuda`)."""
+    value = None
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(tuple(n + "=" for n in names)):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _check_eval_args(args: list[str]) -> None:
+    """What `fastweights eval` checks before lm-eval starts (ArgError naming the argument): the
+    checkpoint directory of a local `pretrained` (`cliargs.checkpoint_dir`), that the fastweights
+    and hf models are given one, `dtype`, and --device."""
+    from .cliargs import ArgError, checkpoint_dir, device
+
+    # lm-eval's `run` command, named or implied (its other commands, `ls` and `validate`, load no model)
+    if not (args[:1] == ["run"] or (len(args) > 1 and args[0] not in ("ls", "validate", "run"))):
+        return
+    model_args = _eval_model_args(args)
+    pretrained = model_args.get("pretrained")
+    model = _eval_option(args, "--model", "-M") or "hf"
+    if pretrained is None and model in ("fastweights", "hf") and _eval_option(args, "--config", "-C") is None \
+            and not {"-h", "--help"} & set(args):
+        raise ArgError(f"--model_args: no pretrained=DIR; --model {model} needs the checkpoint directory (e.g. "
+                       "--model_args pretrained=runs/lm/model)")
+    if isinstance(pretrained, str):
+        checkpoint_dir("--model_args pretrained=", pretrained)
+    dtype = model_args.get("dtype")
+    if dtype is not None and dtype != "auto":
+        import torch
+
+        named = getattr(torch, str(dtype), None)
+        if not (isinstance(named, torch.dtype) and named.is_floating_point):
+            raise ArgError(f"--model_args dtype={dtype}: expected auto or a floating torch dtype (float32, bfloat16, "
+                           "float16, float64)")
+    device("--device", _eval_option(args, "--device"))
+
+
+def _lm_eval_error(e: Exception) -> str:
+    """One line for an error lm-eval raised (the first line of its message, with the argument it is about)."""
+    msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if isinstance(e, ValueError) and msg.startswith("Tasks not found:"):
+        return (f"--tasks: lm-eval knows no task {msg.split(':', 1)[1].strip()} (`lm-eval ls tasks` lists them; "
+                "--include_path DIR adds your own task YAMLs)")
+    return f"lm-eval stopped: {type(e).__name__}: {msg}"
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["eval"]:  # every further argument is lm-eval's (argparse cannot pass `--x` through)
-        from .cliargs import ArgError, checkpoint_dir
+        from .cliargs import ArgError
 
         try:
-            pretrained = _eval_pretrained(argv[1:])
-            if pretrained is not None:
-                checkpoint_dir("--model_args pretrained=", pretrained)
+            _check_eval_args(argv[1:])
         except ArgError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         from .hf.harness import main as harness_main
 
-        harness_main(argv[1:])
+        try:
+            harness_main(argv[1:])
+        except Exception as e:  # (lm-eval's own errors: one line, never a traceback)
+            print(f"error: {_lm_eval_error(e)}", file=sys.stderr)
+            return 2
         return 0
     args = build_parser().parse_args(argv)
     try:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = ["ArgError", "Parser", "flag_message", "positive", "nonnegative", "positive_numbers", "device",
-           "writable_dir", "writable_file", "zoo_names", "threads", "checkpoint_dir", "WEIGHT_FILES"]
+           "writable_dir", "file_path", "writable_file", "zoo_names", "threads", "checkpoint_dir", "WEIGHT_FILES"]
 
 
 class ArgError(ValueError):
@@ -132,7 +132,11 @@ def run_sweep_command(run):
 
 
 def writable_dir(flag: str, path) -> Path:
-    """Create the directory if needed and check that a file can be written in it."""
+    """Create the directory if needed and check that a file can be written in it; an empty value
+    (which would write into the current directory) is refused."""
+    if not str(path).strip():
+        raise ArgError(f"{flag} is empty; expected a directory to write into (an empty value would write into the "
+                       "current directory)")
     p = Path(path)
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -144,11 +148,16 @@ def writable_dir(flag: str, path) -> Path:
     return p
 
 
+def file_path(flag: str, path) -> None:
+    """A path given for a file is not a directory (None: the flag was not given)."""
+    if path is not None and Path(path).is_dir():
+        raise ArgError(f"{flag} {path}: is a directory, expected a file path")
+
+
 def writable_file(flag: str, path) -> Path:
     """The file's directory is writable and the path is not a directory."""
     p = Path(path)
-    if p.is_dir():
-        raise ArgError(f"{flag} {path}: is a directory, expected a file path")
+    file_path(flag, path)
     try:
         writable_dir(flag, p.parent if str(p.parent) else ".")
     except ArgError as e:
@@ -164,17 +173,39 @@ _HUB_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")  # what the Hugging Face Hub a
 
 
 def _path_like(value: str) -> bool:
-    """A value that names a local path and cannot be a Hub repo id (two slashes, a leading / . ~,
-    a backslash, characters or lengths the Hub refuses)."""
+    """A value that names a local path, not a Hub repo id: two slashes, a leading / . ~, a
+    backslash, characters or lengths the Hub refuses, or `dir/name` where dir/ is a local directory
+    (`runs/lm` beside a runs/: the Hub is not asked for a local path that is missing)."""
     return (value.startswith(("/", ".", "~")) or value.endswith("/") or not _HUB_ID.match(value)
-            or ".." in value or "--" in value or len(value) > 96)
+            or ".." in value or "--" in value or len(value) > 96
+            or ("/" in value and Path(value.split("/", 1)[0]).is_dir()))
+
+
+def _unreadable(p: Path) -> str | None:
+    """Why a checkpoint directory's config.json or safetensors weights cannot be read (None: they can)."""
+    import json
+
+    try:
+        json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"{p / 'config.json'} is not JSON ({e})"
+    if (p / "model.safetensors").is_file():
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(p / "model.safetensors"), framework="pt"):
+                pass
+        except (SafetensorError, OSError, ValueError) as e:
+            return f"{p / 'model.safetensors'} is a corrupt or truncated safetensors file ({e})"
+    return None
 
 
 def checkpoint_dir(flag: str, value: str) -> None:
     """A checkpoint directory (config.json and the weights: `LM.save_pretrained`, transformers'
-    `save_pretrained`), checked where the value is a local path: one that exists, or one that
-    cannot be a Hugging Face Hub repo id (a missing `runs/x/model`). A Hub id ("org/name") that is
-    no local path is left to the loader."""
+    `save_pretrained`, its config.json JSON and its safetensors header readable), checked where the
+    value is a local path: one that exists, or one that cannot be a Hugging Face Hub repo id (a
+    missing `runs/x/model`, or `runs/lm` where runs/ exists). A Hub id ("org/name") that is no
+    local path is left to the loader."""
     p = Path(os.path.expanduser(value))
     expected = ("expected a checkpoint directory holding config.json and the weights (model.safetensors), "
                 "such as the model/ directory of a `fastweights train` run")
@@ -185,6 +216,9 @@ def checkpoint_dir(flag: str, value: str) -> None:
     if not p.is_dir():
         raise ArgError(f"{flag}{value}: is a file; {expected}")
     if (p / "config.json").is_file() and any((p / w).is_file() for w in WEIGHT_FILES):
+        why = _unreadable(p)
+        if why is not None:
+            raise ArgError(f"{flag}{value}: {why}")
         return
     if (p / "model" / "config.json").is_file():  # (a run directory holds its own config.json: the run's settings)
         raise ArgError(f"{flag}{value}: is a `fastweights train` run directory, not a checkpoint; the run "

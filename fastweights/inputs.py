@@ -36,7 +36,8 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_dtype", "check_device",
+__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_data", "check_dtype",
+           "check_device",
            "example_inputs", "init_state", "PER_HEAD_INPUTS"]
 
 #: Inputs that are per head, not per token (no time dimension): split or pack only the others.
@@ -95,6 +96,14 @@ def _fail(msg: str):
     raise InputError(msg)
 
 
+def check_data(name: str, x: Tensor, *, hint: str = " (or pass check_values=False to trace shapes on meta)") -> None:
+    """InputError naming `name` when x is on the meta device: it holds no values to check (called
+    only where values are read; with the value checks off, meta tensors trace shapes)."""
+    if x.device.type == "meta":
+        _fail(f"{name} is on the meta device (a tensor without data), so its values cannot be checked; give it on "
+              f"cpu or cuda{hint}")
+
+
 def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None, finite=True, values=True,
                  device=None):
     """The one tensor validator: type, shape, device (when given), dtype (floating, optionally one of
@@ -111,6 +120,7 @@ def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None
         _fail(f"{name} must be a floating-point tensor, got {x.dtype}")
     if x.numel() == 0 or not values:
         return
+    check_data(name, x)
     if finite and not bool(torch.isfinite(x).all()):
         _fail(f"{name} contains non-finite values (nan or inf)")
     if low is not None and bool((x < low).any()):
@@ -164,6 +174,8 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if values and x.numel():
+            check_data(name, x)
         if values and x.numel() and not bool(torch.isfinite(x).all()):
             _fail(f"{name} contains non-finite values (nan or inf)")
     if recipe.memory.residual_ln and K != V and recipe.feature_map.kind in ("identity", "elu1", "relu"):

@@ -33,7 +33,9 @@ def test_demo_runs_every_form_and_they_agree(capsys):
     (["capacity", "--models", "foo"], "--models"), (["capacity", "--out", "/proc/version/x"], "--out"),
     (["capacity", "--json", "/proc/version/x.json"], "--json"), (["bench", "decode", "--models", "foo"], "--models"),
     (["bench", "decode", "--contexts", "0"], "--contexts"), (["bench", "decode", "--device", "tpu"], "--device"),
-    (["bench", "decode", "--out", "/proc/version/x"], "--out")])
+    (["bench", "decode", "--out", "/proc/version/x"], "--out"), (["bench", "decode", "--out", ""], "--out is empty"),
+    (["bench", "speed", "--out", ""], "--out is empty"), (["capacity", "--out", ""], "--out is empty"),
+    (["mqar", "--out", ""], "--out is empty")])
 def test_every_command_rejects_bad_values_in_one_line_before_work(argv, flag, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # (default output directories land here, if anything were written)
     t0 = time.perf_counter()
@@ -73,10 +75,14 @@ def test_argparse_errors_are_one_line_too(argv, capsys):
 
 # ------------------------------------------------------------------------------------------ eval
 def _checkpoint(d, weights=True):
+    """A directory shaped like a checkpoint: JSON config.json and a readable safetensors file."""
+    import torch
+    from safetensors.torch import save_file
+
     d.mkdir(parents=True)
     (d / "config.json").write_text("{}")
     if weights:
-        (d / "model.safetensors").write_bytes(b"")
+        save_file({"w": torch.zeros(2)}, str(d / "model.safetensors"))
     return d
 
 
@@ -124,3 +130,75 @@ def test_eval_passes_a_checkpoint_or_a_hub_id_through(tmp_path, monkeypatch):
     for value in (str(ckpt), "org/some-model"):  # (a Hub id that is no local path is the loader's to resolve)
         assert cli.main(["eval", "--model", "hf", "--model_args", f"pretrained={value}", "--tasks", "t"]) == 0
     assert [a[3] for a in seen] == [f"pretrained={ckpt}", "pretrained=org/some-model"]
+
+
+def _eval_refused(argv, message, monkeypatch, capsys):
+    import fastweights.hf.harness as harness
+
+    monkeypatch.setattr(harness, "main", lambda argv: pytest.fail("lm-eval was started on a bad argument"))
+    assert cli.main(["eval", *argv]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(message) and not cap.out and "Traceback" not in cap.err, cap.err
+
+
+def test_eval_a_missing_local_dir_name_path_never_goes_to_the_hub(tmp_path, monkeypatch, capsys):
+    """`runs/lm` beside a local runs/ is a local path: refused at once (it was looked up on the Hub)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    _eval_refused(["--model", "fastweights", "--model_args", "pretrained=runs/lm", "--tasks", "t"],
+                  "error: --model_args pretrained=runs/lm: no such directory; expected a checkpoint directory",
+                  monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("dtype", "error: --model_args dtype=int7: expected auto or a floating torch dtype (float32, bfloat16"),
+    ("no pretrained", "error: --model_args: no pretrained=DIR; --model fastweights needs the checkpoint directory"),
+    ("cuda", "error: --device cuda: this torch build sees no CUDA device"),
+    ("truncated", "error: --model_args pretrained={p}: {p}/model.safetensors is a corrupt or truncated safetensors "
+                  "file"),
+    ("config", "error: --model_args pretrained={p}: {p}/config.json is not JSON"),
+])
+def test_eval_bad_arguments_are_one_line_before_lm_eval(case, message, tmp_path, monkeypatch, capsys):
+    import torch
+
+    p = _checkpoint(tmp_path / "ckpt")
+    args = {"dtype": ["--model_args", f"pretrained={p},dtype=int7"], "no pretrained": ["-a", "dtype=float32"],
+            "cuda": ["-a", f"pretrained={p}", "--device", "cuda"]}.get(case, ["-a", f"pretrained={p}"])
+    if case == "truncated":
+        (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:20])
+    if case == "config":
+        (p / "config.json").write_text("{not json")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (the same answer on a GPU machine)
+    _eval_refused(["--model", "fastweights", *args, "--tasks", "t"], message.format(p=p), monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("raised, message", [
+    (ValueError("Tasks not found: nosuchtask"), "error: --tasks: lm-eval knows no task nosuchtask (`lm-eval ls "
+                                                "tasks` lists them"),
+    (OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection."),
+     "error: lm-eval stopped: OSError: We couldn't connect to 'https://huggingface.co' to load the files."),
+])
+def test_eval_errors_lm_eval_raises_are_one_line(raised, message, tmp_path, monkeypatch, capsys):
+    """What only lm-eval can find (its task names; the Hub): one line and status 2, not its traceback."""
+    import fastweights.hf.harness as harness
+
+    def lm_eval(argv):
+        raise raised
+
+    monkeypatch.setattr(harness, "main", lm_eval)
+    assert cli.main(["eval", "--model", "fastweights", "-a", f"pretrained={_checkpoint(tmp_path / 'c')}",
+                     "--tasks", "nosuchtask"]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.strip().splitlines()[0].startswith(message) and len(cap.err.strip().splitlines()) == 1, cap.err
+
+
+def test_eval_hands_lm_evals_other_commands_through_unchecked(monkeypatch):
+    """`ls` and `validate` load no model: no pretrained is asked for."""
+    import fastweights.hf.harness as harness
+
+    seen = []
+    monkeypatch.setattr(harness, "main", lambda argv: seen.append(argv))
+    for argv in (["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]):
+        assert cli.main(["eval", *argv]) == 0
+    assert seen == [["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]]

@@ -228,3 +228,14 @@ def test_example_inputs_dtype_and_device_are_checked():
 def test_flags_must_be_bools(flag, value):
     """output_final_state="no" was taken as True (a truthy string)."""
     _expect([flag, "must be a bool", repr(value)], **_case(), **{flag: value})
+
+
+@pytest.mark.parametrize("form", [fw.recurrent, fw.chunk, fw.parallel])
+def test_meta_inputs_are_named_where_values_are_checked(form):
+    """A meta tensor holds no values to check: an InputError naming it (it was torch's raw
+    'Tensor.item() cannot be called on meta tensors'); with check_values=False, meta traces shapes."""
+    inp = {k: v.to("meta") for k, v in _case().items()}
+    with pytest.raises(InputError, match="^q is on the meta device .*; give it on cpu or cuda .*check_values=False"):
+        form("gated_deltanet", **inp)
+    out = form("gated_deltanet", **inp, check_values=False)
+    assert out[0].device.type == "meta" and out[0].shape == _case()["v"].shape

@@ -42,6 +42,9 @@ def cli_main(args) -> int:
     try:
         if not src.is_dir():
             raise cliargs.ArgError(f"SRC {src}: no such checkpoint directory")
+        if src.resolve() == dst.resolve():
+            raise cliargs.ArgError(f"DST {dst}: is SRC {src}; the conversion would write over its source, give "
+                                   "another directory")
         if (dst / "config.json").exists() and not args.overwrite:
             raise cliargs.ArgError(f"DST {dst}: holds a checkpoint already (pass --overwrite to replace it)")
         cliargs.writable_dir("DST", dst)

@@ -8,6 +8,9 @@ ConversionError naming the weight or field, never a silent approximation.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -16,11 +19,51 @@ from ..zoo import ZOO
 
 Tensor = torch.Tensor
 
-__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype"]
+__all__ = ["ConversionError", "FORWARD_FIELDS", "RUN_ARGS", "copy_weight", "check_mixer", "same_dtype",
+           "check_run_args", "read_json", "read_weights"]
 
 
 class ConversionError(ValueError):
     """A layer or checkpoint that cannot be converted exactly; the message names what differs."""
+
+
+def read_json(path) -> dict:
+    """The JSON object in the file `path`; ConversionError naming the file when it is missing, not
+    JSON, or not an object."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConversionError(f"{p}: no such file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{p}: not JSON ({e})") from None
+    except OSError as e:
+        raise ConversionError(f"{p}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(obj, dict):
+        raise ConversionError(f"{p}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_weights(path) -> dict[str, Tensor]:
+    """{name: tensor} of a .safetensors file or a PyTorch .bin (weights only); ConversionError naming
+    the file when it is missing, truncated or corrupt."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConversionError(f"{p}: no such file")
+    kind = "safetensors" if p.suffix == ".safetensors" else "PyTorch weights"
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(p))
+        else:
+            sd = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # (SafetensorError, torch.load's unpickling errors, OSError: a damaged file)
+        msg = (str(e).strip().splitlines() or [""])[0]
+        raise ConversionError(f"{p}: a corrupt or truncated {kind} file ({type(e).__name__}: {msg})") from None
+    if not (isinstance(sd, dict) and all(isinstance(v, Tensor) for v in sd.values())):
+        raise ConversionError(f"{p}: expected a state dict (tensor names to tensors), got {type(sd).__name__}")
+    return sd
 
 
 #: The MixerPreset fields that change what a layer computes (the others only set initial values
@@ -28,6 +71,20 @@ class ConversionError(ValueError):
 FORWARD_FIELDS = ("conv", "conv_size", "conv_bias", "qk_norm", "rope", "rope_period", "decay", "beta",
                   "beta_scale", "beta_bias", "out_norm", "out_gate", "out_gate_low_rank", "norm_before_gate",
                   "d_skip")
+
+
+#: The MemoryMixer arguments a converter passes through (how the mixer runs, not what it computes);
+#: every other one (num_heads, head_dim, conv_size, a preset field, ...) is the peer layer's.
+RUN_ARGS = ("form", "chunk_size", "backend", "layer_ops")
+
+
+def check_run_args(what: str, mixer_kwargs: dict) -> None:
+    """ConversionError naming the first argument of `mixer_kwargs` that is not one of RUN_ARGS (the
+    conversion takes the wiring from the layer, `what`)."""
+    for name in mixer_kwargs:
+        if name not in RUN_ARGS:
+            raise ConversionError(f"{name}={mixer_kwargs[name]!r}: the converted mixer takes {name} from {what}; "
+                                  f"pass only {', '.join(RUN_ARGS)} (how the mixer runs)")
 
 
 def copy_weight(dst: Tensor, src: Tensor, name: str) -> None:

@@ -49,7 +49,7 @@ from ..models.config import ConfigError, LMConfig
 from ..models.lm import LM
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..zoo import ZOO, resolve
-from .common import FORWARD_FIELDS, ConversionError
+from .common import FORWARD_FIELDS, ConversionError, read_json, read_weights
 from .mamba2 import Mamba2Dims, check_mamba2_options, mamba2_state_from_mixer, mixer_state_from_mamba2
 
 Tensor = torch.Tensor
@@ -645,22 +645,26 @@ def to_fla(config: LMConfig, state_dict: dict[str, Tensor], *, fuse_norm: bool =
 # ---------------------------------------------------------------- directories
 def read_fla_checkpoint(directory) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """(config dict, state dict) of an fla (HF) checkpoint directory: config.json and
-    model.safetensors, sharded safetensors (model.safetensors.index.json) or pytorch_model.bin."""
+    model.safetensors, sharded safetensors (model.safetensors.index.json) or pytorch_model.bin.
+    A missing, damaged or inconsistent file raises ConversionError naming it."""
     d = Path(directory)
     if not (d / "config.json").is_file():
         raise ConversionError(f"{d}: no config.json (an fla checkpoint is a save_pretrained directory)")
-    config = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    from safetensors.torch import load_file
-
+    config = read_json(d / "config.json")
     if (d / "model.safetensors").is_file():
-        sd = load_file(str(d / "model.safetensors"))
+        sd = read_weights(d / "model.safetensors")
     elif (d / "model.safetensors.index.json").is_file():
-        index = json.loads((d / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        index_path = d / "model.safetensors.index.json"
+        weight_map = read_json(index_path).get("weight_map")
+        if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
+            raise ConversionError(f"{index_path}: no 'weight_map' (expected {{tensor name: shard file}})")
         sd = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            sd.update(load_file(str(d / shard)))
+        for shard in sorted(set(weight_map.values())):
+            if not (d / shard).is_file():
+                raise ConversionError(f"{index_path}: names the shard {shard}, which is not in {d}")
+            sd.update(read_weights(d / shard))
     elif (d / "pytorch_model.bin").is_file():
-        sd = torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        sd = read_weights(d / "pytorch_model.bin")
     else:
         raise ConversionError(f"{d}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
     return config, sd

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..layers.mixer import MemoryMixer
-from .common import ConversionError, check_mixer, copy_weight, same_dtype
+from .common import ConversionError, check_mixer, check_run_args, copy_weight, same_dtype
 
 __all__ = ["from_kimi_linear", "to_kimi_linear"]
 
@@ -50,7 +50,9 @@ def _dims(layer) -> tuple[int, int, int, int]:
 def from_kimi_linear(layer, **mixer_kwargs) -> MemoryMixer:
     """A MemoryMixer (zoo model `kda`) computing what `layer`, a transformers
     KimiLinearDeltaAttention, computes (no cache, no padding mask); the layer's dtype and device.
-    `mixer_kwargs` go to MemoryMixer (backend=, chunk_size=, ...)."""
+    `mixer_kwargs` go to MemoryMixer (backend=, chunk_size=, form=, layer_ops=: `common.RUN_ARGS`;
+    any other argument raises ConversionError naming it: the wiring is the layer's)."""
+    check_run_args(_WHAT, mixer_kwargs)
     d, H, K, W = _dims(layer)
     dtype, device = same_dtype(layer), layer.o_proj.weight.device
     mixer = MemoryMixer(d, "kda", H, head_dim=K, head_v_dim=K, conv_size=W, norm_eps=float(layer.layer_norm_epsilon),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..layers.mixer import MemoryMixer
-from .common import AsTransformersLayer, ConversionError, check_mixer, copy_weight, same_dtype
+from .common import AsTransformersLayer, ConversionError, check_mixer, check_run_args, copy_weight, same_dtype
 
 __all__ = ["from_qwen3_next", "to_qwen3_next", "swap_linear_attention"]
 
@@ -49,7 +49,9 @@ def from_qwen3_next(layer, **mixer_kwargs) -> MemoryMixer:
     """A MemoryMixer (zoo model `gated_deltanet`) computing what `layer`, a transformers
     Qwen3NextGatedDeltaNet, computes: y [B, T, d] equal for every x [B, T, d] (no cache, no
     padding mask). The mixer has the layer's dtype and device; `mixer_kwargs` go to MemoryMixer
-    (e.g. backend=, chunk_size=), never to the wiring."""
+    (backend=, chunk_size=, form=, layer_ops=: `common.RUN_ARGS`); the wiring is the layer's (any
+    other argument raises ConversionError naming it)."""
+    check_run_args(_WHAT, mixer_kwargs)
     d, Hk, H, K, V, W = _dims(layer)
     r = H // Hk
     dtype, device = same_dtype(layer), layer.out_proj.weight.device

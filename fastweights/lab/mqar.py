@@ -719,7 +719,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a run on any machine skips the cells recorded there and appends its own")
     p.add_argument("--lrs-from", default=None,
                    help="presets with an lr pilot (ceilings): the pilot's records, whose best lrs per model the "
-                        "sweep runs (default docs/results/mqar_<pilot>.jsonl)")
+                        "sweep runs (default docs/results/mqar_<pilot>.jsonl); refused on other presets and "
+                        "beside --lrs")
     p.add_argument("--step-costs", default=None,
                    help="with --dry-run: a JSON of measured step times (scripts/step_costs.py --lm) for a cost "
                         "estimate per model")
@@ -766,6 +767,15 @@ def _check_args(args) -> None:
     ca.positive_numbers("--lrs", args.lrs)
     ca.zoo_names("--models", args.models)
     ca.device("--device", args.device)
+    for flag, path in (("--records", args.records), ("--lrs-from", args.lrs_from), ("--step-costs", args.step_costs)):
+        ca.file_path(flag, path)
+    if args.lrs_from is not None:  # (read only by a preset with an lr pilot, and only without --lrs)
+        if args.lrs:
+            raise ca.ArgError("--lrs-from and --lrs both set the lrs; give one")
+        if PRESETS[args.preset].lr_pilot is None:
+            with_pilot = sorted(n for n, p in PRESETS.items() if p.lr_pilot is not None)
+            raise ca.ArgError(f"--lrs-from: the preset {args.preset} has no lr pilot (presets with one: "
+                              f"{', '.join(with_pilot)}); leave --lrs-from out")
     if args.step_costs is not None and not args.dry_run:
         raise ca.ArgError("--step-costs goes with --dry-run (it estimates the cost of the listed cells)")
     if (args.ddp or args.spread) and "WORLD_SIZE" not in os.environ:
@@ -801,6 +811,11 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
     if preset.lr_pilot is None or args.lrs:
         return None
     path = Path(args.lrs_from or f"docs/results/mqar_{preset.lr_pilot.replace('-', '_')}.jsonl")
+    if args.records is not None and Path(args.records).resolve() == path.resolve():
+        from ..cliargs import ArgError
+
+        raise ArgError(f"--records {args.records}: is the pilot's records (--lrs-from {path}), which the sweep reads "
+                       "its lrs from; its own records would be appended there: give --records another file")
     if not path.exists():
         raise ValueError(f"--lrs-from {path}: no such file. The {preset.name} preset runs each model at the "
                          f"{preset.lr_pick} best lrs of its pilot: run `fastweights mqar --preset {preset.lr_pilot} "

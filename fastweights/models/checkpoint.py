@@ -66,6 +66,9 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from ..inputs import check_device
+
+    device = check_device("device", device)  # (InputError naming it: not a device, or one this machine lacks)
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"{d}: no such checkpoint directory (save_pretrained writes {CONFIG_NAME} and "

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inputs import InputError
+from ..inputs import InputError, check_data
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
 from ..layers.segments import RowStates, Segments
@@ -206,6 +206,7 @@ class LM(nn.Module):
         if ids.device != self.embed.weight.device:
             raise GenerationError(f"{name} is on {ids.device}, the model on {self.embed.weight.device}: move one")
         if values and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+            check_data(name, ids, hint="")
             lo, hi = torch.aminmax(ids)
             lo, hi = int(lo), int(hi)
             if lo < 0 or hi >= self.config.vocab_size:
@@ -529,9 +530,10 @@ class LM(nn.Module):
     @classmethod
     def from_pretrained(cls, directory, *, device=None, backend: str | None = None) -> LM:
         """Load what save_pretrained wrote (weights in their saved dtype); CheckpointError if a file
-        is missing or corrupt. The layers request the backends the checkpoint recorded; `backend`
-        ("auto" or a name) replaces them for every layer — e.g. "auto" for a checkpoint written
-        before backends were routed per call, which recorded the resolved "torch" or "triton"."""
+        is missing or corrupt, InputError if `device` is not one this machine has. The layers request
+        the backends the checkpoint recorded; `backend` ("auto" or a name) replaces them for every
+        layer — e.g. "auto" for a checkpoint written before backends were routed per call, which
+        recorded the resolved "torch" or "triton"."""
         from .checkpoint import load_pretrained
 
         return load_pretrained(cls, directory, device=device, backend=backend)

@@ -17,8 +17,9 @@ import sys
 __all__ = ["add_cli", "cli_main", "config_from_args"]
 
 _FLAGS = [  # (flag, type, help)
-    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png); an existing run resumes (with a "
-                 "larger --steps it goes on to them)"),
+    ("out", str, "run directory (checkpoint.pt, model/, log.jsonl, loss.png): new, empty or an earlier run's, which "
+                 "resumes (with a larger --steps it goes on to them); never the current directory, a directory "
+                 "holding anything else (a saved model, a repository) or the --init-from directory"),
     ("tokenizer", str, "'bytes' (default) or a local Hugging Face tokenizer directory"),
     ("preset", str, "cpu (default: minutes on a CPU) or gpu-125m"),
     ("steps", int, "optimizer steps (raised on an existing run: it trains on to the new number, the learning "
@@ -122,18 +123,14 @@ def cli_main(args) -> int:
     from ..training.distributed import dist_info
     from .config import ConfigFileError
     from .data import DataError, check_tokenizer
-    from .loop import train
+    from .loop import init_sources, train
     from .rundir import OutputError, check_out_path
 
     try:
         cfg = config_from_args(args)
         check_device(args, cfg)
-        check_out_path(cfg.out)
+        check_out_path(cfg.out, init_sources(cfg.init_from))
         check_tokenizer(cfg.tokenizer)
-        if cfg.init_from is not None:
-            from .loop import init_from_dir
-
-            init_from_dir(cfg.init_from)
         if not cfg.data:
             raise ConfigFileError("data: give --data (text files, directories, .npy or .bin) or 'data' in --config")
         summary = train(cfg, fresh=args.fresh)

@@ -77,10 +77,31 @@ class Tokenizer:
                 "sha256": hashlib.sha256(definition.encode("utf-8")).hexdigest()}
 
 
+#: the files a Hugging Face tokenizer directory holds (one of them at least; save_pretrained writes
+#: tokenizer_config.json); a fastweights checkpoint's config.json names its byte tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def _fastweights_checkpoint(path: Path) -> bool:
+    try:
+        return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type") == "fastweights"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def check_tokenizer(spec: str) -> None:
-    """"bytes" or an existing directory (what `load_tokenizer` reads), without loading it."""
-    if spec != "bytes" and not Path(spec).is_dir():
+    """"bytes" or an existing directory holding a tokenizer (what `load_tokenizer` reads: one of
+    TOKENIZER_FILES, or a fastweights checkpoint's config.json), without loading it."""
+    if spec == "bytes":
+        return
+    path = Path(spec)
+    if not path.is_dir():
         raise DataError(f"--tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES) and not _fastweights_checkpoint(path):
+        raise DataError(f"--tokenizer {spec}: holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); expected "
+                        "a Hugging Face tokenizer directory (a tokenizer's save_pretrained, or a fastweights run's "
+                        "model/), or 'bytes'")
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
@@ -95,7 +116,12 @@ def load_tokenizer(spec: str) -> Tokenizer:
         raise DataError("a Hugging Face tokenizer needs transformers: pip install 'fastweights[hf]'") from None
     import fastweights.hf  # noqa: F401  (a fastweights checkpoint directory resolves to ByteTokenizer)
 
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # (transformers' errors for a damaged or incomplete directory: one line naming it)
+        msg = (str(e).strip().splitlines() or [""])[0]
+        raise DataError(f"--tokenizer {spec}: transformers cannot load a tokenizer from it ({type(e).__name__}: "
+                        f"{msg})") from None
     eos = tok.eos_token_id
     if eos is None:
         raise DataError(f"tokenizer {spec}: it has no eos_token (documents are separated by it)")

@@ -39,7 +39,9 @@ config (model fields that differ from it are refused, and so is a tokenizer with
 the model embeds).
 
 Before any work: the device is usable, `out` is a writable directory (not a file) and its disk
-holds a checkpoint (`fastweights.pretrain.rundir`). Stopping: SIGINT or SIGTERM during training
+holds a checkpoint; `out` is not empty, not the current directory, not a directory holding something
+other than an earlier run (a saved model, a repository), and does not overlap `init_from`
+(`fastweights.pretrain.rundir`). Stopping: SIGINT or SIGTERM during training
 saves a checkpoint at the next step boundary — every rank stops at the same step (the stop flag
 rides on the step's all-reduce) — and raises `Interrupted` (`fastweights train` prints one line
 and exits 130). A write that fails mid-run (a full disk) raises `OutputError` on every rank, naming
@@ -128,6 +130,14 @@ def init_from_dir(spec) -> Path:
     raise ConfigFileError(f"--init-from {spec}: {what}; expected a model directory written by save_pretrained "
                           f"({CONFIG_NAME} and {WEIGHTS_NAME}, e.g. a run's {MODEL_DIR}/) or a `fastweights train` "
                           "run directory")
+
+
+def init_sources(init_from) -> tuple[Path, ...]:
+    """The directories a run with `--init-from init_from` reads (the value, and the model directory it
+    names): its --out may not overlap them (`rundir.check_out_use`)."""
+    if init_from is None:
+        return ()
+    return (Path(init_from), init_from_dir(init_from))
 
 
 def _init_model(cfg: PretrainConfig, tok) -> tuple[PretrainConfig, LM]:
@@ -391,7 +401,7 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     err = None
     if info.is_main:  # (rank 0 writes the run directory)
         try:
-            check_out(out)
+            check_out(out, init_sources(cfg.init_from))
         except ConfigFileError as e:
             err = e
     _together(err, device, ConfigFileError)

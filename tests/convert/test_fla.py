@@ -220,3 +220,66 @@ def test_every_fla_model_type_is_covered():
     assert covered == set(fla.FLA_MODEL_TYPES)
     assert {case.split(" ")[0] for case in LAYOUTS} == set(fla.FLA_MODEL_TYPES)
     assert fw.zoo.resolve("deltaproduct").optimizer.householder_steps == 2  # the zoo's n_h the default maps to
+
+
+def _fla_dir(d, case="kda gva"):
+    from safetensors.torch import save_file
+
+    config, sd = _fla(case)
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    save_file(sd, str(d / "model.safetensors"))
+    return sd
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated safetensors", "{d}/model.safetensors: a corrupt or truncated safetensors file"),
+    ("corrupt bin", "{d}/pytorch_model.bin: a corrupt or truncated PyTorch weights file"),
+    ("index without weight_map", "{d}/model.safetensors.index.json: no 'weight_map' (expected {{tensor name: shard "
+                                 "file}})"),
+    ("index naming a missing shard", "{d}/model.safetensors.index.json: names the shard b.safetensors, which is not "
+                                     "in {d}"),
+    ("config not JSON", "{d}/config.json: not JSON"),
+])
+def test_cli_names_the_damaged_file_of_a_source(damage, message, tmp_path, capsys):
+    """A damaged fla checkpoint: one line naming the file, status 2, nothing written."""
+    from safetensors.torch import save_file
+
+    d = tmp_path / "fla"
+    sd = _fla_dir(d)
+    w = d / "model.safetensors"
+    if damage == "truncated safetensors":
+        w.write_bytes(w.read_bytes()[:-7])
+    elif damage == "corrupt bin":
+        w.unlink()
+        torch.save(sd, d / "pytorch_model.bin")
+        (d / "pytorch_model.bin").write_bytes((d / "pytorch_model.bin").read_bytes()[:200])
+    elif damage.startswith("index"):
+        w.rename(d / "a.safetensors")
+        index = {"metadata": {}} if damage == "index without weight_map" else {
+            "weight_map": {k: ("a" if i % 2 else "b") + ".safetensors" for i, k in enumerate(sorted(sd))}}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        save_file({}, str(d / "unused.safetensors"))
+    else:
+        (d / "config.json").write_text('{"model_type": "kda",')
+    assert main(["convert", "from-fla", str(d), str(tmp_path / "fw")]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: " + message.format(d=d)) and "Traceback" not in cap.err, err
+    assert not (tmp_path / "fw" / "config.json").exists()
+
+
+@pytest.mark.parametrize("direction", ["from-fla", "to-fla"])
+def test_cli_never_writes_over_its_source(direction, tmp_path, capsys):
+    d = tmp_path / "src"
+    if direction == "from-fla":
+        _fla_dir(d)
+    else:
+        random_lm(MODELS["gla"]).save_pretrained(d)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    for dst in (d, tmp_path / "." / "src"):
+        assert main(["convert", direction, str(d), str(dst), "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: DST {dst}: is SRC {d}; the conversion would write over its source, give another "
+                       "directory"], err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before

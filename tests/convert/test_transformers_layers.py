@@ -150,3 +150,17 @@ def test_mixers_without_an_exact_counterpart_raise():
         layer = kimi_layer()
         layer.o_proj.to(torch.float64)
         fc.from_kimi_linear(layer)
+
+
+@pytest.mark.parametrize("case", ["qwen3_next", "kimi_linear"])
+@pytest.mark.parametrize("kwargs, name", [({"num_heads": 2}, "num_heads"), ({"head_dim": 8}, "head_dim"),
+                                          ({"conv_size": 2}, "conv_size"), ({"out_gate": "sigmoid"}, "out_gate"),
+                                          ({"scale": 1.0}, "scale")])
+def test_a_mixer_argument_the_layer_sets_is_a_conversion_error_naming_it(case, kwargs, name):
+    """(num_heads= was a raw TypeError, a preset field such as out_gate= silently changed what the
+    converted mixer computes.) How the mixer runs (chunk_size=, backend=) passes through."""
+    make, convert, _ = CASES[case]
+    layer = make()
+    with pytest.raises(fc.ConversionError, match=f"^{name}=.*: the converted mixer takes {name} from transformers'"):
+        convert(layer, **kwargs)
+    assert convert(layer, chunk_size=4, backend="torch").config.chunk_size == 4

@@ -410,3 +410,47 @@ def test_ceilings_needs_its_pilot_and_records_resume_across_out_dirs(tmp_path, c
     assert mqar.main([*argv, "--out", str(tmp_path / "b")]) == 0
     assert "1 already done, 0 to run here" in capsys.readouterr().out
     assert len(records.read_text().splitlines()) == 1 and not (tmp_path / "a" / "results.jsonl").exists()
+
+
+def test_lrs_from_where_it_would_be_ignored_is_refused(tmp_path, capsys):
+    """--lrs-from on a preset without an lr pilot, or beside --lrs, would be ignored: one line, status 2."""
+    pilot = tmp_path / "pilot.jsonl"
+    pilot.write_text("\n".join(json.dumps(r) for r in _pilot_records(
+        {m: [(1e-3, 0.1), (1e-2, 0.2)] for m in PRESETS["ceilings"].models})) + "\n")
+    with_pilot = sorted(n for n, p in PRESETS.items() if p.lr_pilot is not None)
+    for argv, message in [
+        (["--preset", "quick"], f"error: --lrs-from: the preset quick has no lr pilot (presets with one: "
+                                f"{', '.join(with_pilot)}); leave --lrs-from out"),
+        (["--preset", "ceilings", "--lrs", "0.01"], "error: --lrs-from and --lrs both set the lrs; give one"),
+    ]:
+        assert mqar.main([*argv, "--dry-run", "--lrs-from", str(pilot), "--out", str(tmp_path / "run")]) == 2
+        cap = capsys.readouterr()
+        assert cap.err.strip().splitlines() == [message] and not cap.out
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--records", "--lrs-from"])
+def test_a_directory_where_a_file_is_expected(flag, tmp_path, capsys):
+    argv = ["--preset", "ceilings"] if flag == "--lrs-from" else ["--models", "deltanet"]
+    for dry in ([], ["--dry-run"]):
+        assert mqar.main([*argv, *dry, flag, str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+        cap = capsys.readouterr()
+        assert cap.err.strip().splitlines() == [f"error: {flag} {tmp_path}: is a directory, expected a file path"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_records_that_are_the_pilots_are_refused(tmp_path, capsys):
+    """--records equal to the pilot's records (--lrs-from) would append the sweep's cells to the file it
+    takes its lrs from: refused, the file left as it was."""
+    pilot = tmp_path / "pilot.jsonl"
+    pilot.write_text("\n".join(json.dumps(r) for r in _pilot_records(
+        {m: [(1e-3, 0.1), (1e-2, 0.2)] for m in PRESETS["ceilings"].models})) + "\n")
+    before = pilot.read_bytes()
+    assert mqar.main(["--preset", "ceilings", "--models", "deltanet", "--lrs-from", str(pilot),
+                      "--records", str(tmp_path / "." / "pilot.jsonl"),
+                      "--out", str(tmp_path / "run")]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.strip().splitlines() == [f"error: --records {tmp_path / '.' / 'pilot.jsonl'}: is the pilot's "
+                                            f"records (--lrs-from {pilot}), which the sweep reads its lrs from; its "
+                                            "own records would be appended there: give --records another file"]
+    assert pilot.read_bytes() == before and not (tmp_path / "run").exists()

@@ -102,3 +102,19 @@ def test_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="config.json: missing"):
         LM.from_pretrained(tmp_path)
     assert issubclass(CheckpointError, OSError)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "device='cuda': CUDA is not available on this machine"),
+    ("cuda:3", "device='cuda:3': CUDA is not available on this machine"),
+    ("gpu", "device='gpu' is not a device"),
+])
+def test_a_device_this_machine_lacks_is_an_input_error_naming_it(device, message, tmp_path, monkeypatch):
+    """(It was torch's raw 'Torch not compiled with CUDA enabled' after reading the files.)"""
+    from fastweights.inputs import InputError
+
+    LM(tiny_config("gated_deltanet")).save_pretrained(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (the same answer on a GPU machine)
+    with pytest.raises(InputError, match="^" + message.replace("(", r"\(")):
+        LM.from_pretrained(tmp_path, device=device)
+    assert {p.device.type for p in LM.from_pretrained(tmp_path, device="cpu").parameters()} == {"cpu"}

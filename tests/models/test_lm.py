@@ -215,6 +215,18 @@ def test_a_batch_of_zero_rows_is_an_input_error():
         lm.generate(torch.zeros(0, 5, dtype=torch.long), 3)
 
 
+def test_token_ids_on_the_meta_device_are_an_input_error_naming_them():
+    """(The vocabulary check read their values: torch's raw 'Tensor.item() cannot be called on meta tensors'.)"""
+    import fastweights as fw
+
+    with torch.device("meta"):
+        lm = LM(tiny_config("gated_deltanet"))
+    ids = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    for call in (lambda: lm(ids), lambda: lm.generate(ids, 2), lambda: lm.prefill(ids)):
+        with pytest.raises(fw.InputError, match="^input_ids is on the meta device .*; give it on cpu or cuda$"):
+            call()
+
+
 def test_step_with_another_models_state_names_the_layer():
     lm = _pair()
     ids = torch.randint(0, 32, (2, 5))

@@ -1,6 +1,8 @@
 """`fastweights train`'s command line under bad input: an --out that is a file or read-only, a device
 this machine lacks (by flag, config file or preset), a .bin token file of odd size, a disk too full
-for a checkpoint — each one line on stderr naming the flag or file, status 2, before any training."""
+for a checkpoint, an --out that would damage what it points at (the --init-from model, the current
+directory, a saved model or repository) — each one line on stderr naming the flag or file, status 2,
+before any training; a new or empty --out trains and an earlier run resumes."""
 
 import errno
 import os
@@ -107,3 +109,97 @@ def test_values_that_would_start_a_wrong_run_are_refused_before_work(argv, messa
     assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, *argv]) == 2
     _one_line(capsys, message)
     assert time.perf_counter() - t0 < 5 and not (tmp_path / "run").exists()
+
+
+def _saved_model(path):
+    from fastweights.models import LM, LMConfig
+
+    config = LMConfig(vocab_size=320, d_model=16, n_layers=1, num_heads=2, head_dim=8, mixer=["gated_deltanet"])
+    LM(config).save_pretrained(path)
+    return {p.name: p.read_bytes() for p in path.iterdir()}
+
+
+def test_a_run_never_writes_over_the_model_it_starts_from(tmp_path, text, capsys):
+    """--out equal to --init-from (a model directory or a run directory), or inside or above it:
+    refused before any work, the source left byte for byte as it was (it used to lose its config.json)."""
+    from fastweights.models import LM
+
+    before = _saved_model(tmp_path / "m")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--init-from",
+                     str(tmp_path / "m")]) == 0
+    capsys.readouterr()
+    run_files = {p.name: p.read_bytes() for p in (tmp_path / "run" / "model").iterdir()}
+    for init, out in [("m", "m"), ("m", "m/sub"), ("run", "run"), ("run/model", "run"), ("run", "run/model"),
+                      ("run/model", "run/model")]:
+        assert cli_main(["train", "--data", text, "--out", str(tmp_path / out), *TINY, "--init-from",
+                         str(tmp_path / init)]) == 2, (init, out)
+        _one_line(capsys, f"error: --out {tmp_path / out}: overlaps --init-from ")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run" / "model").iterdir()} == run_files
+    LM.from_pretrained(tmp_path / "m")
+
+
+def test_an_empty_out_or_the_current_directory_is_refused(tmp_path, text, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "config.json").write_text('{"mine": 1}')
+    monkeypatch.chdir(work)
+    assert cli_main(["train", "--data", text, "--out", "", *TINY]) == 2
+    _one_line(capsys, "error: --out is empty; expected a run directory of its own")
+    for out in (".", str(work), "../work"):
+        assert cli_main(["train", "--data", text, "--out", out, *TINY]) == 2
+        _one_line(capsys, f"error: --out {out}: is the current directory; ")
+    assert sorted(p.name for p in work.iterdir()) == ["config.json"]
+    assert (work / "config.json").read_text() == '{"mine": 1}'
+
+
+def test_an_out_holding_something_other_than_a_run_is_refused_naming_it(tmp_path, text, capsys):
+    before = _saved_model(tmp_path / "model_dir")
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "repo" / "README.md").write_text("x")
+    (tmp_path / "misc").mkdir()
+    (tmp_path / "misc" / "notes.txt").write_text("x")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    for name, found in [("model_dir", "holds config.json, model.safetensors (a saved model)"),
+                        ("repo", "holds .git, README.md (a git repository)"), ("misc", "holds notes.txt (no run)"),
+                        ("half", "holds config.json but no checkpoint.pt or log.jsonl (no run)")]:
+        assert cli_main(["train", "--data", text, "--out", str(tmp_path / name), *TINY]) == 2, name
+        _one_line(capsys, f"error: --out {tmp_path / name}: {found}; expected a new or empty directory, or an "
+                          "earlier `fastweights train` run's")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model_dir").iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "half").iterdir()) == ["config.json"]
+
+
+def test_a_new_or_empty_out_trains_and_an_earlier_run_resumes(tmp_path, text, capsys):
+    (tmp_path / "empty").mkdir()
+    for out in ("empty", "new/run"):
+        assert cli_main(["train", "--data", text, "--out", str(tmp_path / out), *TINY]) == 0, out
+        assert (tmp_path / out / "checkpoint.pt").is_file()
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "empty"), *TINY, "--steps", "3"]) == 0
+    assert torch.load(tmp_path / "empty" / "checkpoint.pt", weights_only=False)["step"] == 3
+
+
+def test_a_tokenizer_directory_without_a_tokenizer_names_it_and_the_files(tmp_path, text, capsys):
+    """An empty or unrelated directory (it gave a misleading message about sentencepiece) and a
+    damaged tokenizer_config.json: one line naming --tokenizer DIR, status 2, no run started."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "notes.txt").write_text("x")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer",
+                     str(tmp_path / "tok")]) == 2
+    _one_line(capsys, f"error: --tokenizer {tmp_path / 'tok'}: holds no tokenizer (none of tokenizer.json, "
+                      "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt, spiece.model); expected a "
+                      "Hugging Face tokenizer directory")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{broken")
+    assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer",
+                     str(tmp_path / "tok")]) == 2
+    _one_line(capsys, f"error: --tokenizer {tmp_path / 'tok'}: transformers cannot load a tokenizer from it (")
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
+
+
+def test_a_fastweights_checkpoint_is_a_tokenizer_directory(tmp_path):
+    from fastweights.pretrain.data import check_tokenizer, load_tokenizer
+
+    _saved_model(tmp_path / "m")  # (config.json of model_type fastweights: its byte tokenizer)
+    check_tokenizer(str(tmp_path / "m"))
+    assert load_tokenizer(str(tmp_path / "m")).vocab_size == 257

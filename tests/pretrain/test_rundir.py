@@ -71,3 +71,36 @@ def test_a_failed_write_leaves_the_previous_directory_and_file(tmp_path, monkeyp
         write_text(tmp_path / "log", "b\n")
     assert (tmp_path / "log").read_text() == "a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log", "model"]
+
+
+def test_an_earlier_run_with_its_temporary_files_is_a_run_and_anything_more_is_not(tmp_path):
+    """What a killed run leaves (its temporary files beside checkpoint.pt) is resumable; one file
+    more that no run writes makes the directory someone else's."""
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    for name in ("checkpoint.pt", "log.jsonl", "config.json", "loss.png", "checkpoint.pt.x1y2.tmp",
+                 ".log.jsonl.123.tmp", ".loss.123.tmp.png", ".write-test-9"):
+        (run / name).write_bytes(b"")
+    assert check_out(run) == run
+    (run / "data.txt").write_text("mine")
+    with pytest.raises(ConfigFileError, match=r"^--out .*/run: holds checkpoint.pt, config.json, data.txt, "
+                                              r"log.jsonl and 2 more \(no run\); expected a new or empty directory"):
+        check_out(run)
+    assert (run / "data.txt").read_text() == "mine"
+
+
+def test_train_refuses_an_out_that_is_its_init_from(tmp_path):
+    """The library call refuses it as the command line does, before writing anything."""
+    from fastweights.models import LM, LMConfig
+    from fastweights.pretrain import PretrainConfig, train
+
+    src = tmp_path / "m"
+    LM(LMConfig(vocab_size=320, d_model=16, n_layers=1, num_heads=2, head_dim=8, mixer="gated_deltanet")) \
+        .save_pretrained(src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 20)
+    cfg = PretrainConfig.build({"data": [str(tmp_path / "a.txt")], "out": str(src), "init_from": str(src),
+                                "steps": 1, "batch_size": 2, "seq_len": 8, "progress": "none", "threads": 1})
+    with pytest.raises(ConfigFileError, match=rf"^--out {src}: overlaps --init-from {src}, which the run reads"):
+        train(cfg)
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before

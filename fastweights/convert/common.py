@@ -16,7 +16,7 @@ from ..zoo import ZOO
 
 Tensor = torch.Tensor
 
-__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype"]
+__all__ = ["ConversionError", "FORWARD_FIELDS", "copy_weight", "check_mixer", "same_dtype", "json_float"]
 
 
 class ConversionError(ValueError):
@@ -28,6 +28,13 @@ class ConversionError(ValueError):
 FORWARD_FIELDS = ("conv", "conv_size", "conv_bias", "qk_norm", "rope", "rope_period", "decay", "beta",
                   "beta_scale", "beta_bias", "out_norm", "out_gate", "out_gate_low_rank", "norm_before_gate",
                   "d_skip")
+
+
+def json_float(x) -> float:
+    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}."""
+    if isinstance(x, dict) and set(x) == {"__float__"}:
+        return float(x["__float__"])
+    return float(x)
 
 
 def copy_weight(dst: Tensor, src: Tensor, name: str) -> None:

@@ -140,7 +140,7 @@ def test_mixers_without_an_exact_counterpart_raise():
         fc.from_mamba2(mamba2_layer(n_groups=2))
     with pytest.raises(fc.ConversionError, match="use_bias=True"):
         fc.from_mamba2(mamba2_layer(use_bias=True))
-    with pytest.raises(fc.ConversionError, match="dt_limit"):
+    with pytest.raises(fc.ConversionError, match="time_step_limit=\\(0.0, 1.0\\) clamps dt"):
         fc.from_mamba2(mamba2_layer(time_step_limit=(0.0, 1.0)))
     with pytest.raises(fc.ConversionError, match="hidden_act"):
         fc.from_qwen3_next(qwen3_next_layer(hidden_act="gelu"))

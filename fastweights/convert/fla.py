@@ -50,8 +50,15 @@ from ..models.lm import LM
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..zoo import ZOO, resolve
 from .common import FORWARD_FIELDS, ConversionError, json_float
-from .mamba2 import (Mamba2Dims, check_mamba2_options, fla_fields, mamba2_layout, mamba2_state_from_mixer,
-                     mixer_state_from_mamba2, transformers_config)
+from .mamba2 import (
+    Mamba2Dims,
+    check_mamba2_options,
+    fla_fields,
+    mamba2_layout,
+    mamba2_state_from_mixer,
+    mixer_state_from_mamba2,
+    transformers_config,
+)
 
 Tensor = torch.Tensor
 

@@ -18,6 +18,7 @@ Exact or refused: a model fla and fastweights do not share prints one line namin
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def _layers(cfg) -> str:
 def cli_main(args) -> int:
     from .. import cliargs
     from .common import ConversionError
-    from .fla import convert_from_fla, convert_to_fla, convert_to_transformers
+    from .fla import checkpoint_kind, convert_from_fla, convert_to_fla, convert_to_transformers
 
     src, dst = Path(args.src), Path(args.dst)
     try:
@@ -56,8 +57,9 @@ def cli_main(args) -> int:
         if args.direction == "from-fla":
             cfg = convert_from_fla(src, dst)
             head = "tied" if cfg.tie_word_embeddings else "untied"
-            print(f"converted the fla checkpoint {src} -> fastweights {dst}: {cfg.n_layers} layers ({_layers(cfg)}), "
-                  f"d_model {cfg.d_model}, vocab {cfg.vocab_size}, {head} head")
+            kind = checkpoint_kind(json.loads((src / "config.json").read_text(encoding="utf-8")))
+            print(f"converted the {kind} checkpoint {src} -> fastweights {dst}: {cfg.n_layers} layers "
+                  f"({_layers(cfg)}), d_model {cfg.d_model}, vocab {cfg.vocab_size}, {head} head")
         elif args.direction == "to-transformers":
             c = convert_to_transformers(src, dst)
             print(f"converted the fastweights checkpoint {src} -> transformers Mamba2ForCausalLM {dst}: "

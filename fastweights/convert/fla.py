@@ -673,9 +673,17 @@ def read_fla_checkpoint(directory) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return config, sd
 
 
+def checkpoint_kind(config: dict[str, Any]) -> str:
+    """"transformers Mamba2" for a config.json of transformers' own Mamba2Config, else "fla"."""
+    if config.get("model_type") == "mamba2" and mamba2_layout(config) == "transformers":
+        return "transformers Mamba2"
+    return "fla"
+
+
 def convert_from_fla(src, dst) -> LMConfig:
-    """Read the fla checkpoint directory `src`, write the fastweights checkpoint `dst` (`LM.from_pretrained`
-    and transformers' AutoModelForCausalLM load it). Returns its LMConfig."""
+    """Read the fla checkpoint directory `src` (or one of transformers' own Mamba2ForCausalLM: the same
+    layout), write the fastweights checkpoint `dst` (`LM.from_pretrained` and transformers'
+    AutoModelForCausalLM load it). Returns its LMConfig."""
     config, sd = read_fla_checkpoint(src)
     cfg, weights = from_fla(config, sd)
     lm = _meta_lm(cfg)

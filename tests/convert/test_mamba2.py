@@ -56,7 +56,8 @@ def test_a_transformers_mamba2_checkpoint_converts_to_the_same_logits(tmp_path, 
     model = random_mamba2(**kw)
     model.save_pretrained(tmp_path / "hf")
     assert main(["convert", "from-fla", str(tmp_path / "hf"), str(tmp_path / "fw")]) == 0
-    assert "2 layers (2 mamba2)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "converted the transformers Mamba2 checkpoint" in out and "2 layers (2 mamba2)" in out
     lm = LM.from_pretrained(tmp_path / "fw").double().eval()
     assert lm.config.norm_eps == model.config.layer_norm_epsilon
     assert lm.config.tie_word_embeddings == model.config.tie_word_embeddings

@@ -237,6 +237,10 @@ def fla_fields(config: dict[str, Any]) -> dict[str, Any]:
     limit = [json_float(x) for x in c["time_step_limit"]]
     check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"], dt_limit=limit,
                          what="transformers' Mamba2Config", dt_field="time_step_limit")
+    heads = c["expand"] * c["hidden_size"] / c["head_dim"]
+    if c["num_heads"] != heads:
+        raise ConversionError(f"transformers' Mamba2Config: num_heads={c['num_heads']} but expand·hidden_size / "
+                              f"head_dim = {heads:g} heads")
     out = {k: v for k, v in c.items() if k not in ("layer_norm_epsilon", "time_step_limit")}
     out.update(norm_eps=c["layer_norm_epsilon"], dt_limit=limit, D_has_hdim=False, rmsnorm=True,
                norm_before_gate=False)  # transformers' gated norm: gate, then norm

@@ -83,7 +83,7 @@ def _weights() -> dict:
     (dict(n_groups=2), "n_groups=2"),
     (dict(use_bias=True), "use_bias=True"),
     (dict(hidden_act="gelu"), "hidden_act='gelu'"),
-    (dict(num_heads=4), r"num_heads=4 but expand·hidden_size / head_dim = 8"),
+    (dict(num_heads=4), r"transformers' Mamba2Config: num_heads=4 but expand·hidden_size / head_dim = 8 heads"),
     (dict(dt_limit=[0.0, 1.0]), r"fields of fla's Mamba2Config \(dt_limit\) and of transformers' "
                                 r"\(layer_norm_epsilon, time_step_limit"),
 ])

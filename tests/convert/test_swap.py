@@ -1,7 +1,8 @@
 """Whole transformers models on fastweights' linear-attention layers (`swap_linear_attention`): tiny
 random Qwen3-Next and Kimi-Linear models (both in transformers 5.17 and 5.24, CI's two environments:
 imported here, so a release without one fails rather than skips) generate token-equal to themselves
-after the swap — greedy, and a left-padded batch, fp32 — with transformers' own cache and padding;
+after the swap — greedy, a left-padded batch, beam search, seeded sampling; fp32 — with transformers'
+own cache and padding;
 the cache holds the state in transformers' layout (a prefill by the original layer continues on
 ours), and the swapped layers run through fastweights' routed functional API."""
 
@@ -64,15 +65,25 @@ def test_a_swapped_model_generates_token_equal_to_the_original(name, generic):
     build, swap = MODELS[name]
     model = build()
     ids, mask = left_padded()
+    seed = int(torch.randint(0, 2**31, ()))
+
+    def generations():
+        """greedy (one prompt; the left-padded batch), beam search (cache rows reordered), sampling (seeded)."""
+        torch.manual_seed(seed)
+        return (model.generate(ids[:1], max_new_tokens=6, do_sample=False),
+                model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False),
+                model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, num_beams=2),
+                model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=True, top_k=8))
+
     with torch.no_grad():
-        want_one = model.generate(ids[:1], max_new_tokens=6, do_sample=False)
-        want = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        want = generations()
         want_logits = model(ids, attention_mask=mask).logits
         assert (fc.swap_linear_attention if generic else swap)(model) is model
         assert len(swapped_layers(model)) == 1
-        assert torch.equal(model.generate(ids[:1], max_new_tokens=6, do_sample=False), want_one)
-        assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False), want)
+        got = generations()
         got_logits = model(ids, attention_mask=mask).logits
+    for kind, a, b in zip(("greedy", "greedy, padded", "beam search", "sampling"), got, want):
+        assert torch.equal(a, b), kind
     real = mask.bool()
     assert rel_err(got_logits[real], want_logits[real]) < CONVERT_MODEL_F32_REL
     # the mixer ran fastweights' routed functional API: the chunk form for the prompt, the recurrent step after

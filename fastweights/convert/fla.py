@@ -30,6 +30,11 @@ of query heads, and the dims and preset fields LMConfig shares between layers mu
 layer exactly fla's dims and wiring. Every conversion is checked by rebuilding the other side's
 layers and comparing them field by field; a weight of the wrong shape or a missing one raises.
 
+transformers' own Mamba2ForCausalLM checkpoints have fla's Mamba2 layout (weights and model_type) with
+transformers' config fields: `from_fla` reads those by transformers' names and defaults
+(`fastweights.convert.mamba2.mamba2_layout` / `fla_fields`), and `to_transformers` /
+`convert_to_transformers` write a Mamba2 LM as a checkpoint of transformers' own class.
+
 fla is never imported: its layouts are written out here (read from fla 0.6.0's source).
 """
 

@@ -181,7 +181,8 @@ TRANSFORMERS_MAMBA2_DEFAULTS: dict[str, Any] = dict(
 
 #: Every config field of fla's Mamba2Config and of transformers' (both names where they differ) and what
 #: a conversion does with it:
-#:   "carried"   the converted model has the same value (dims, eps, conv bias, head tying, norm order);
+#:   "carried"   the converted model has the same value (dims, eps, conv bias, head tying, norm order: fla's
+#:               norm_before_gate; transformers' Mamba2 always gates first, whatever its config.json says);
 #:   "checked"   must agree with the carried fields (num_heads = expand·hidden_size / head_dim);
 #:   "refused"   converts only at the one value fastweights computes, else ConversionError naming it
 #:               (n_groups 1, no in/out bias, SiLU, dt unclamped (0, ∞), D per head, the gated RMSNorm,
@@ -209,9 +210,9 @@ MAMBA2_FIELDS: dict[str, str] = {
 # the fields only one of the two layouts has: what tells them apart
 _TRANSFORMERS_ONLY = ("layer_norm_epsilon", "time_step_limit", "time_step_rank", "time_step_min", "time_step_max",
                       "time_step_floor")
-_FLA_ONLY = ("norm_eps", "dt_limit", "rmsnorm", "D_has_hdim", "norm_before_gate", "fuse_norm", "dt_min", "dt_max",
-             "dt_init_floor", "A_init_range", "conv_init", "use_l2warp", "fuse_cross_entropy",
-             "fuse_linear_cross_entropy")
+# (not norm_before_gate: a transformers config.json may hold one too, which transformers' Mamba2 never reads)
+_FLA_ONLY = ("norm_eps", "dt_limit", "rmsnorm", "D_has_hdim", "fuse_norm", "dt_min", "dt_max", "dt_init_floor",
+             "A_init_range", "conv_init", "use_l2warp", "fuse_cross_entropy", "fuse_linear_cross_entropy")
 
 
 def mamba2_layout(config: dict[str, Any]) -> str:
@@ -243,7 +244,7 @@ def fla_fields(config: dict[str, Any]) -> dict[str, Any]:
                               f"head_dim = {heads:g} heads")
     out = {k: v for k, v in c.items() if k not in ("layer_norm_epsilon", "time_step_limit")}
     out.update(norm_eps=c["layer_norm_epsilon"], dt_limit=limit, D_has_hdim=False, rmsnorm=True,
-               norm_before_gate=False)  # transformers' gated norm: gate, then norm
+               norm_before_gate=False)  # transformers' gated norm: gate, then norm, whatever a config.json says
     return out
 
 

@@ -45,16 +45,19 @@ def rel_err(a, b) -> float:
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
-@pytest.mark.parametrize("kw", [
-    dict(layer_norm_epsilon=1e-2),  # transformers' name for the eps of every norm (fla's: norm_eps)
-    dict(tie_word_embeddings=True, use_conv_bias=False, conv_kernel=3),
+@pytest.mark.parametrize("kw,extra", [
+    (dict(layer_norm_epsilon=1e-2), {}),  # transformers' name for the eps of every norm (fla's: norm_eps)
+    (dict(tie_word_embeddings=True, use_conv_bias=False, conv_kernel=3), {}),
+    (dict(), {"norm_before_gate": True}),  # a key transformers' Mamba2 never reads: it gates first
 ])
-def test_a_transformers_mamba2_checkpoint_converts_to_the_same_logits(tmp_path, capsys, kw):
+def test_a_transformers_mamba2_checkpoint_converts_to_the_same_logits(tmp_path, capsys, kw, extra):
     """transformers' Mamba2 computes its norms and scan in fp32 and returns fp32 logits (whatever the
     model's dtype): the converted float64 LM agrees to that rounding; a field read wrongly (the eps
-    before it was read by transformers' name) is off by O(1)."""
+    before it was read by transformers' name) is off by O(1). `extra`: keys added to its config.json."""
     model = random_mamba2(**kw)
     model.save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
     assert main(["convert", "from-fla", str(tmp_path / "hf"), str(tmp_path / "fw")]) == 0
     out = capsys.readouterr().out
     assert "converted the transformers Mamba2 checkpoint" in out and "2 layers (2 mamba2)" in out

@@ -5,6 +5,12 @@
                                            transformers' AutoModelForCausalLM)
     fastweights convert to-fla SRC DST     a fastweights checkpoint -> an fla checkpoint directory (fla's
                                            AutoModelForCausalLM)
+    fastweights convert to-transformers SRC DST
+                                           a fastweights Mamba2 LM -> a checkpoint of transformers' own
+                                           Mamba2ForCausalLM (no fla or fastweights needed to load it)
+
+from-fla also reads transformers' own Mamba2 checkpoints (the same model_type and weight names as
+fla's Mamba2; their config fields are told apart and read by transformers' names and defaults).
 
 Exact or refused: a model fla and fastweights do not share prints one line naming what differs
 (exit status 2); see `fastweights.convert.fla` for the models and docs/hf.md for a worked example.
@@ -12,15 +18,18 @@ Exact or refused: a model fla and fastweights do not share prints one line namin
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 
 def add_cli(sub) -> None:
-    c = sub.add_parser("convert", help="convert checkpoints to and from flash-linear-attention (fla)",
-                       description=__doc__)
-    c.add_argument("direction", choices=["from-fla", "to-fla"],
-                   help="from-fla: fla checkpoint -> fastweights; to-fla: fastweights checkpoint -> fla")
+    c = sub.add_parser("convert", help="convert checkpoints to and from flash-linear-attention (fla) and "
+                       "transformers' Mamba2", description=__doc__)
+    c.add_argument("direction", choices=["from-fla", "to-fla", "to-transformers"],
+                   help="from-fla: fla (or transformers Mamba2) checkpoint -> fastweights; to-fla: fastweights "
+                        "checkpoint -> fla; to-transformers: fastweights Mamba2 checkpoint -> transformers' "
+                        "Mamba2ForCausalLM")
     c.add_argument("src", help="the checkpoint directory to read")
     c.add_argument("dst", help="the directory to write (created; an existing checkpoint there needs --overwrite)")
     c.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in DST")
@@ -36,7 +45,7 @@ def _layers(cfg) -> str:
 def cli_main(args) -> int:
     from .. import cliargs
     from .common import ConversionError
-    from .fla import convert_from_fla, convert_to_fla
+    from .fla import checkpoint_kind, convert_from_fla, convert_to_fla, convert_to_transformers
 
     src, dst = Path(args.src), Path(args.dst)
     try:
@@ -51,8 +60,14 @@ def cli_main(args) -> int:
         if args.direction == "from-fla":
             cfg = convert_from_fla(src, dst)
             head = "tied" if cfg.tie_word_embeddings else "untied"
-            print(f"converted the fla checkpoint {src} -> fastweights {dst}: {cfg.n_layers} layers ({_layers(cfg)}), "
-                  f"d_model {cfg.d_model}, vocab {cfg.vocab_size}, {head} head")
+            kind = checkpoint_kind(json.loads((src / "config.json").read_text(encoding="utf-8")))
+            print(f"converted the {kind} checkpoint {src} -> fastweights {dst}: {cfg.n_layers} layers "
+                  f"({_layers(cfg)}), d_model {cfg.d_model}, vocab {cfg.vocab_size}, {head} head")
+        elif args.direction == "to-transformers":
+            c = convert_to_transformers(src, dst)
+            print(f"converted the fastweights checkpoint {src} -> transformers Mamba2ForCausalLM {dst}: "
+                  f"{c['num_hidden_layers']} layers, {c['num_heads']} heads, "
+                  f"{'tied' if c['tie_word_embeddings'] else 'untied'} head")
         else:
             c = convert_to_fla(src, dst)
             attn = f" (attn layers {c['attn']['layers']})" if "attn" in c else ""

@@ -9,18 +9,21 @@ ConversionError naming the weight or field, never a silent approximation.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..layers.mixer import MemoryMixer, MixerPreset
+from ..layers.state import MixerState
+from ..state import compute_dtype
 from ..zoo import ZOO
 
 Tensor = torch.Tensor
 
 __all__ = ["ConversionError", "FORWARD_FIELDS", "RUN_ARGS", "copy_weight", "check_mixer", "same_dtype",
-           "check_run_args", "read_json", "read_weights"]
+           "check_run_args", "read_json", "read_weights", "json_float", "AsTransformersLayer", "swap_layers"]
 
 
 class ConversionError(ValueError):
@@ -87,6 +90,13 @@ def check_run_args(what: str, mixer_kwargs: dict) -> None:
                                   f"pass only {', '.join(RUN_ARGS)} (how the mixer runs)")
 
 
+def json_float(x) -> float:
+    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}."""
+    if isinstance(x, dict) and set(x) == {"__float__"}:
+        return float(x["__float__"])
+    return float(x)
+
+
 def copy_weight(dst: Tensor, src: Tensor, name: str) -> None:
     """dst ← src (in dst's dtype), after checking the shapes agree; `name` is the weight's name."""
     if tuple(dst.shape) != tuple(src.shape):
@@ -128,27 +138,105 @@ def same_dtype(module: nn.Module) -> torch.dtype:
 
 
 class AsTransformersLayer(nn.Module):
-    """A MemoryMixer standing where a transformers model calls its linear-attention layer:
-    forward(hidden_states [B, T, d], attention_mask=None, **kwargs) -> y [B, T, d].
+    """A MemoryMixer standing where a transformers model calls its linear-attention layer (Qwen3-Next's
+    `linear_attn`, Kimi-Linear's `self_attn` on its KDA layers):
+    forward(hidden_states [B, T, d], attention_mask=None, cache=None, **kwargs) -> y [B, T, d].
 
-    It runs the whole sequence in the mixer's training form. transformers' recurrent cache is not
-    kept (a cache under any of `CACHE_ARGS` raises: call the model with use_cache=False; 5.17 passes
-    it as `cache_params`, 5.24 as `cache`), and neither is padding: a mask
-    that marks any token as padding raises (an all-ones mask is accepted)."""
+    The mixer computes (its forward, and its step for one token after a cache: fastweights' functional
+    API, routed per call like every LM layer's, so Triton kernels on a GPU); transformers' padding and
+    cache are kept as the replaced layer kept them:
 
-    def __init__(self, mixer: MemoryMixer):
-        super().__init__()
-        self.mixer = mixer
+    - padding: attention_mask [B, T] (transformers' 2-D mask of its recurrent layers, 0 at padding; None
+      where there is none) zeroes the padded positions' inputs, which then run through the layer like
+      tokens — transformers' own rule (`apply_mask_to_padding_states`). Left padding is exact: a zero
+      input leaves a zero state zero (these layers have no biases before the memory).
+    - cache: the layer's state lives in transformers' cache (the argument `cache`, 5.24, or
+      `cache_params` / `past_key_values`, 5.17) at `layer_idx`, in the replaced layer's layout:
+      conv_states[0] [B, C_q + C_k + C_v, W] the conv inputs of the q, k, v channels (the last W − 1 in
+      its last columns; its first column is never read) and recurrent_states[0] [B, H, K, V] the memory
+      (fp32). So generate, beam search's reorder, a reset and transformers' own layer read it as theirs.
+      transformers' past recording (cropping the cache for assisted decoding, which transformers refuses
+      for these models too) and packed sequences (`cu_seq_lens_q`) are refused (ConversionError).
+    """
 
     #: the names transformers' decoder layers hand a layer its cache by: `cache` (5.24), `cache_params`
     #: (5.17–5.23, and Mamba2), `past_key_values` / `past_key_value` (attention layers)
     CACHE_ARGS = ("cache", "cache_params", "past_key_values", "past_key_value")
 
+    def __init__(self, mixer: MemoryMixer, layer_idx: int | None = None):
+        super().__init__()
+        if mixer.is_softmax or mixer.preset.rope or mixer.q_conv is None or mixer.v_conv is None:
+            raise ConversionError("AsTransformersLayer keeps transformers' linear-attention cache: the mixer must be a "
+                                  "fast-weight layer with short convs on q, k and v and no RoPE")
+        self.mixer = mixer
+        self.layer_idx = layer_idx
+
     def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, **kwargs) -> Tensor:
-        if any(kwargs.get(name) is not None for name in self.CACHE_ARGS):
-            raise ConversionError("a fastweights layer swapped into a transformers model does not keep "
-                                  "transformers' cache: call the model with use_cache=False")
-        if attention_mask is not None and not bool((attention_mask != 0).all()):
-            raise ConversionError("a fastweights layer swapped into a transformers model takes no padding: "
-                                  "attention_mask must be all ones (or None)")
-        return self.mixer(hidden_states)[0]
+        x = hidden_states  # [B, T, d]
+        B, T, _ = x.shape
+        if kwargs.get("cu_seq_lens_q") is not None:
+            raise ConversionError("a fastweights layer swapped into a transformers model does not take packed "
+                                  "sequences (cu_seq_lens_q): pass one sequence per row, padded")
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != (B, T):
+                raise ConversionError(f"attention_mask must be transformers' 2-D padding mask [B, T] = [{B}, {T}] "
+                                      f"(0 at padding), got {list(getattr(attention_mask, 'shape', []))}")
+            x = x * attention_mask[:, :, None].to(x.dtype)  # padding's inputs zeroed, as transformers does
+        cache = next((kwargs[n] for n in self.CACHE_ARGS if kwargs.get(n) is not None), None)
+        if cache is None:
+            return self.mixer(x)[0]
+        state = self._read(cache, x)
+        if state is None:  # the first call on this cache: the whole prompt
+            y, state = self.mixer(x, output_state=True)
+        elif T == 1:  # one decoding step, by the recurrent form (as LM.step)
+            y, state = self.mixer.step(x, state)
+        else:  # several tokens continuing the cached state
+            y, state = self.mixer(x, state)
+        self._write(cache, state)
+        return y
+
+    def _layer(self, cache):
+        if self.layer_idx is None:
+            raise ConversionError("this AsTransformersLayer was built without layer_idx: it cannot find its state in "
+                                  "transformers' cache (build it with the replaced layer's layer_idx)")
+        layer = cache.layers[self.layer_idx]
+        if getattr(layer, "record_past", False):
+            raise ConversionError("transformers' cache records past states (for cropping: assisted decoding); a "
+                                  "fastweights layer swapped into a transformers model does not keep them")
+        return layer
+
+    def _read(self, cache, x: Tensor) -> MixerState | None:
+        """The mixer's state from transformers' cache layer, or None before its first update."""
+        layer = self._layer(cache)
+        if not cache.has_previous_state(self.layer_idx):
+            return None
+        m = self.mixer
+        W = m.preset.conv_size
+        conv = layer.conv_states[0]  # [B, C, W]
+        tails = conv[:, :, conv.shape[-1] - (W - 1):].transpose(1, 2).to(x.dtype)  # [B, W − 1, C]
+        tq, tk, tv = tails.split([m.q_conv.channels, m.k_conv.channels, m.v_conv.channels], dim=-1)
+        memory = layer.recurrent_states[0].to(compute_dtype(x.dtype))  # [B, H, K, V]
+        return MixerState(memory=memory, conv_q=tq.contiguous(), conv_k=tk.contiguous(), conv_v=tv.contiguous())
+
+    def _write(self, cache, state: MixerState) -> None:
+        """The mixer's state into transformers' cache layer (its own update methods: lazily created,
+        conv inputs shifted in, the memory copied in place)."""
+        conv = torch.cat([state.conv_q, state.conv_k, state.conv_v], dim=-1).transpose(1, 2)  # [B, C, W − 1]
+        cache.update_conv_state(conv, self.layer_idx, conv_kernel_size=self.mixer.preset.conv_size)
+        cache.update_recurrent_state(state.memory, self.layer_idx)
+
+
+def swap_layers(model, converters: dict[str, Callable[..., MemoryMixer]], what: str, **mixer_kwargs):
+    """Replace, in place, every submodule of `model` whose class name is a key of `converters` by
+    AsTransformersLayer(converters[name](layer, **mixer_kwargs), layer.layer_idx); ConversionError
+    when there is none (`what` names the layers looked for). Returns the model."""
+    found = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            convert = converters.get(type(child).__name__)
+            if convert is not None:
+                setattr(module, name, AsTransformersLayer(convert(child, **mixer_kwargs), child.layer_idx))
+                found += 1
+    if not found:
+        raise ConversionError(f"{type(model).__name__} has no {what} layer to swap")
+    return model

@@ -30,6 +30,11 @@ of query heads, and the dims and preset fields LMConfig shares between layers mu
 layer exactly fla's dims and wiring. Every conversion is checked by rebuilding the other side's
 layers and comparing them field by field; a weight of the wrong shape or a missing one raises.
 
+transformers' own Mamba2ForCausalLM checkpoints have fla's Mamba2 layout (weights and model_type) with
+transformers' config fields: `from_fla` reads those by transformers' names and defaults
+(`fastweights.convert.mamba2.mamba2_layout` / `fla_fields`), and `to_transformers` /
+`convert_to_transformers` write a Mamba2 LM as a checkpoint of transformers' own class.
+
 fla is never imported: its layouts are written out here (read from fla 0.6.0's source).
 """
 
@@ -49,12 +54,21 @@ from ..models.config import ConfigError, LMConfig
 from ..models.lm import LM
 from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..zoo import ZOO, resolve
-from .common import FORWARD_FIELDS, ConversionError, read_json, read_weights
-from .mamba2 import Mamba2Dims, check_mamba2_options, mamba2_state_from_mixer, mixer_state_from_mamba2
+from .common import FORWARD_FIELDS, ConversionError, json_float, read_json, read_weights
+from .mamba2 import (
+    Mamba2Dims,
+    check_mamba2_options,
+    fla_fields,
+    mamba2_layout,
+    mamba2_state_from_mixer,
+    mixer_state_from_mamba2,
+    transformers_config,
+)
 
 Tensor = torch.Tensor
 
-__all__ = ["FLA_MODEL_TYPES", "from_fla", "to_fla", "convert_from_fla", "convert_to_fla", "read_fla_checkpoint"]
+__all__ = ["FLA_MODEL_TYPES", "from_fla", "to_fla", "convert_from_fla", "convert_to_fla", "read_fla_checkpoint",
+           "to_transformers", "convert_to_transformers"]
 
 #: fla model_type -> its ForCausalLM class name
 FLA_MODEL_TYPES = {
@@ -141,13 +155,6 @@ def _need(cond: bool, model: str, msg: str) -> None:
 def _int_dim(value: float, model: str, what: str) -> int:
     _need(abs(value - round(value)) < 1e-6 and round(value) > 0, model, f"{what} = {value} is not a positive integer")
     return int(round(value))
-
-
-def _json_float(x) -> float:
-    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}."""
-    if isinstance(x, dict) and set(x) == {"__float__"}:
-        return float(x["__float__"])
-    return float(x)
 
 
 def _gate(activation: str, model: str) -> str:
@@ -246,10 +253,13 @@ def _plan_linear(model: str, c: dict[str, Any]) -> LayerPlan:
         return LayerPlan("gla", Hq, Hq, K, V, p, names)
     if model == "mamba2":
         check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"],
-                             dt_limit=[_json_float(x) for x in c["dt_limit"]], what="fla mamba2",
+                             dt_limit=[json_float(x) for x in c["dt_limit"]], what="fla mamba2",
                              D_has_hdim=c["D_has_hdim"], rmsnorm=c["rmsnorm"])
         P, N = c["head_dim"], c["state_size"]
         H = _int_dim(c["expand"] * d / P, model, "expand·hidden_size / head_dim")
+        _need(c.get("num_heads") in (None, H), model, f"num_heads={c.get('num_heads')} but expand·hidden_size / "
+              f"head_dim = {H} heads")
+        _need(not c.get("use_l2warp", False), model, "use_l2warp=True (fla's L2-warp training term) has no counterpart")
         p = _preset(conv_size=c["conv_kernel"], conv_bias=True, qk_norm="none", decay="mamba", beta="dt",
                     out_norm="all", out_gate="swish", norm_before_gate=bool(c["norm_before_gate"]), d_skip=True)
         return LayerPlan("mamba2", 1, H, N, P, p, [])  # weights: fastweights.convert.mamba2's maps
@@ -323,6 +333,8 @@ def _filled(c: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     model = c.get("model_type")
     if model not in FLA_MODEL_TYPES:
         raise ConversionError(f"fla model_type {model!r} is not converted; supported: {', '.join(FLA_MODEL_TYPES)}")
+    if model == "mamba2" and mamba2_layout(c) == "transformers":  # transformers' own Mamba2: its names and defaults
+        c = fla_fields(c)
     return model, {**_COMMON, **_DEFAULTS[model], **c}
 
 
@@ -670,9 +682,17 @@ def read_fla_checkpoint(directory) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return config, sd
 
 
+def checkpoint_kind(config: dict[str, Any]) -> str:
+    """"transformers Mamba2" for a config.json of transformers' own Mamba2Config, else "fla"."""
+    if config.get("model_type") == "mamba2" and mamba2_layout(config) == "transformers":
+        return "transformers Mamba2"
+    return "fla"
+
+
 def convert_from_fla(src, dst) -> LMConfig:
-    """Read the fla checkpoint directory `src`, write the fastweights checkpoint `dst` (`LM.from_pretrained`
-    and transformers' AutoModelForCausalLM load it). Returns its LMConfig."""
+    """Read the fla checkpoint directory `src` (or one of transformers' own Mamba2ForCausalLM: the same
+    layout), write the fastweights checkpoint `dst` (`LM.from_pretrained` and transformers'
+    AutoModelForCausalLM load it). Returns its LMConfig."""
     config, sd = read_fla_checkpoint(src)
     cfg, weights = from_fla(config, sd)
     lm = _meta_lm(cfg)
@@ -696,3 +716,37 @@ def convert_to_fla(src, dst) -> dict[str, Any]:
     save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     return c
+
+
+# ---------------------------------------------------------------- transformers' own Mamba2 (fla's weight layout)
+def to_transformers(config: LMConfig, state_dict: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """(transformers Mamba2Config fields, state dict) of the transformers `Mamba2ForCausalLM` computing what
+    the fastweights LM computes: an LM of mamba2 layers that `to_fla` converts (n_groups 1, no MLP) and
+    whose gated norm gates first (transformers' Mamba2 has no norm_before_gate). transformers' weight
+    names are fla's; its other models have no fastweights counterpart here (ConversionError)."""
+    c, sd = to_fla(config, state_dict)
+    if c["model_type"] != "mamba2":
+        raise ConversionError(f"transformers' own classes are written for Mamba2 LMs only (Mamba2ForCausalLM); this "
+                              f"LM is fla's {c['model_type']}: convert it with to-fla (fla's classes)")
+    return transformers_config(c), sd
+
+
+def convert_to_transformers(src, dst) -> dict[str, Any]:
+    """Read the fastweights checkpoint `src`, write a checkpoint directory `dst` that transformers'
+    own `Mamba2ForCausalLM.from_pretrained` (and AutoModelForCausalLM) loads, no fastweights or fla
+    needed. Returns its Mamba2Config fields."""
+    from safetensors.torch import save_file
+    from transformers import Mamba2Config
+
+    lm = LM.from_pretrained(src)
+    fields, sd = to_transformers(lm.config, lm.state_dict())
+    try:
+        cfg = Mamba2Config(**fields)  # transformers' own validation
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"transformers' Mamba2Config refused the converted fields: {e}") from None
+    cfg.dtype = next(iter(sd.values())).dtype
+    out = Path(dst)
+    cfg.save_pretrained(out)
+    save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    return fields

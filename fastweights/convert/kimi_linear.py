@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..layers.mixer import MemoryMixer
-from .common import ConversionError, check_mixer, check_run_args, copy_weight, same_dtype
+from .common import ConversionError, check_mixer, check_run_args, copy_weight, same_dtype, swap_layers
 
-__all__ = ["from_kimi_linear", "to_kimi_linear"]
+__all__ = ["from_kimi_linear", "to_kimi_linear", "swap_linear_attention"]
 
 _WHAT = "transformers' KimiLinearDeltaAttention"
 
@@ -119,3 +119,12 @@ def to_kimi_linear(mixer: MemoryMixer, layer=None):
     copy_weight(layer.g_b_proj.weight, mixer.g_proj[1].weight, "g_b_proj.weight")
     copy_weight(layer.o_norm.weight, mixer.o_norm.weight, "o_norm.weight")
     return layer
+
+
+def swap_linear_attention(model, **mixer_kwargs):
+    """transformers' Kimi-Linear model (`KimiLinearForCausalLM`, ...) with every KimiLinearDeltaAttention
+    (the `self_attn` of its linear-attention layers) replaced, in place, by
+    `AsTransformersLayer(from_kimi_linear(layer))`: fastweights' layers keeping transformers' cache and
+    padding. Its MLA attention, MoE and MLP blocks, norms and embeddings stay transformers'. Returns the model."""
+    return swap_layers(model, {"KimiLinearDeltaAttention": from_kimi_linear}, "KimiLinearDeltaAttention",
+                       **mixer_kwargs)

@@ -15,20 +15,31 @@ head_dim = N, num_v_heads = H, head_v_dim = P. Converted exactly when G = 1 (the
 all I channels as fastweights' "all" norm does; with G > 1 Mamba2 normalizes each group of I/G
 channels with its own weights, which no preset has), the in/out projections have no bias, D is
 per head, dt_limit is (0, ∞) and the activation is SiLU; anything else raises ConversionError.
+
+Whole checkpoints come in two layouts that share `model_type: mamba2`, the class name
+`Mamba2ForCausalLM` and every weight name (`backbone.embeddings`, `backbone.layers.{i}.{norm, mixer}`,
+`backbone.norm_f`, `lm_head`), but not their config fields: fla's (`norm_eps`, `dt_limit`, fla's
+defaults) and transformers' own `Mamba2Config` (`layer_norm_epsilon`, `time_step_limit`, transformers'
+defaults, e.g. n_groups 8). `mamba2_layout` tells them apart by their fields and `fla_fields` reads
+either as fla's names; `MAMBA2_FIELDS` says what becomes of every field of both: carried into the
+LMConfig, refused unless it has the one value fastweights computes, or without effect on the
+converted model's outputs (initialization, token ids, kernel choices).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from ..layers.mixer import MemoryMixer
-from .common import ConversionError, check_mixer, copy_weight, same_dtype
+from .common import ConversionError, check_mixer, copy_weight, json_float, same_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["from_mamba2", "to_mamba2", "mixer_state_from_mamba2", "mamba2_state_from_mixer", "Mamba2Dims"]
+__all__ = ["from_mamba2", "to_mamba2", "mixer_state_from_mamba2", "mamba2_state_from_mixer", "Mamba2Dims",
+           "MAMBA2_FIELDS", "TRANSFORMERS_MAMBA2_DEFAULTS", "mamba2_layout", "fla_fields", "transformers_config"]
 
 _WHAT = "Mamba2's mixer"
 
@@ -41,7 +52,7 @@ class Mamba2Dims(tuple):
 
 
 def check_mamba2_options(*, n_groups: int, use_bias: bool, hidden_act: str, dt_limit, what: str = _WHAT,
-                         D_has_hdim: bool = False, rmsnorm: bool = True) -> None:
+                         D_has_hdim: bool = False, rmsnorm: bool = True, dt_field: str = "dt_limit") -> None:
     """ConversionError for every Mamba2 option fastweights' mamba2 preset has no counterpart for."""
     if n_groups != 1:
         raise ConversionError(f"{what}: n_groups={n_groups}; its gated RMSNorm then normalizes each of the "
@@ -50,10 +61,10 @@ def check_mamba2_options(*, n_groups: int, use_bias: bool, hidden_act: str, dt_l
     if use_bias:
         raise ConversionError(f"{what}: use_bias=True (in_proj/out_proj biases) has no counterpart")
     if str(hidden_act) not in ("silu", "swish"):
-        raise ConversionError(f"{what}: activation {hidden_act!r}; fastweights' conv and gate apply SiLU")
+        raise ConversionError(f"{what}: hidden_act={hidden_act!r}; fastweights' conv and gate apply SiLU")
     lo, hi = (float(x) for x in dt_limit)
     if lo != 0.0 or not math.isinf(hi):
-        raise ConversionError(f"{what}: dt_limit={tuple(dt_limit)} clamps dt; fastweights' mamba2 does not clamp "
+        raise ConversionError(f"{what}: {dt_field}={tuple(dt_limit)} clamps dt; fastweights' mamba2 does not clamp "
                               "(only (0, inf) converts)")
     if D_has_hdim:
         raise ConversionError(f"{what}: D_has_hdim=True (D per channel) has no counterpart (D is per head)")
@@ -114,7 +125,7 @@ def _layer_dims(layer) -> Mamba2Dims:
     if type(layer).__name__ != "Mamba2Mixer":
         raise ConversionError(f"expected transformers' Mamba2Mixer, got {type(layer).__name__}")
     check_mamba2_options(n_groups=layer.n_groups, use_bias=layer.use_bias, hidden_act=layer.activation,
-                         dt_limit=layer.time_step_limit, what="transformers' Mamba2Mixer")
+                         dt_limit=layer.time_step_limit, what="transformers' Mamba2Mixer", dt_field="time_step_limit")
     if not layer.use_conv_bias:
         raise ConversionError("transformers' Mamba2Mixer: use_conv_bias=False; fastweights' mamba2 conv has a bias "
                               "(set it to zero to convert the other way)")
@@ -158,3 +169,96 @@ def to_mamba2(mixer: MemoryMixer, layer=None):
     for key, val in mamba2_state_from_mixer(mixer.state_dict()).items():
         copy_weight(layer.get_parameter(key), val, key)
     return layer
+
+
+# ---------------------------------------------------------------- whole checkpoints: fla's and transformers' config
+#: transformers' Mamba2Config defaults (5.17 – 5.24) of the fields read here: what a field missing from a
+#: transformers config.json means (tests/convert check them against the installed class)
+TRANSFORMERS_MAMBA2_DEFAULTS: dict[str, Any] = dict(
+    num_heads=128, head_dim=64, vocab_size=32768, hidden_size=4096, state_size=128, num_hidden_layers=64,
+    layer_norm_epsilon=1e-5, expand=2, conv_kernel=4, n_groups=8, use_bias=False, use_conv_bias=True,
+    hidden_act="silu", residual_in_fp32=True, time_step_limit=(0.0, math.inf), tie_word_embeddings=False)
+
+#: Every config field of fla's Mamba2Config and of transformers' (both names where they differ) and what
+#: a conversion does with it:
+#:   "carried"   the converted model has the same value (dims, eps, conv bias, head tying, norm order: fla's
+#:               norm_before_gate; transformers' Mamba2 always gates first, whatever its config.json says);
+#:   "checked"   must agree with the carried fields (num_heads = expand·hidden_size / head_dim);
+#:   "refused"   converts only at the one value fastweights computes, else ConversionError naming it
+#:               (n_groups 1, no in/out bias, SiLU, dt unclamped (0, ∞), D per head, the gated RMSNorm,
+#:               no L2-warp training term);
+#:   "no effect" does not change the converted model's outputs: initialization (initializer_range,
+#:               rescale_prenorm_residual, the dt / A / conv init ranges), time_step_rank (transformers'
+#:               forward never reads it), the chunk of the chunked scan (rounding only), fused-kernel
+#:               switches, use_cache, the token ids (transformers' generation_config.json keeps them),
+#:               and residual_in_fp32: precision only — transformers and fla keep the residual stream in
+#:               fp32; fastweights keeps it in the parameters' dtype (fp32 parameters, or bf16 autocast
+#:               over fp32 parameters, as `fastweights train` runs, keep it in fp32 too).
+MAMBA2_FIELDS: dict[str, str] = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "head_dim", "state_size", "expand",
+                     "conv_kernel", "norm_eps", "layer_norm_epsilon", "use_conv_bias", "tie_word_embeddings",
+                     "norm_before_gate"), "carried"),
+    "num_heads": "checked",
+    **dict.fromkeys(("n_groups", "use_bias", "hidden_act", "dt_limit", "time_step_limit", "D_has_hdim", "rmsnorm",
+                     "use_l2warp"), "refused"),
+    **dict.fromkeys(("residual_in_fp32", "chunk_size", "initializer_range", "rescale_prenorm_residual",
+                     "time_step_rank", "time_step_min", "time_step_max", "time_step_floor", "dt_min", "dt_max",
+                     "dt_init_floor", "A_init_range", "conv_init", "use_cache", "pad_token_id", "bos_token_id",
+                     "eos_token_id", "fuse_norm", "fuse_cross_entropy", "fuse_linear_cross_entropy"), "no effect"),
+}
+
+# the fields only one of the two layouts has: what tells them apart
+_TRANSFORMERS_ONLY = ("layer_norm_epsilon", "time_step_limit", "time_step_rank", "time_step_min", "time_step_max",
+                      "time_step_floor")
+# (not norm_before_gate: a transformers config.json may hold one too, which transformers' Mamba2 never reads)
+_FLA_ONLY = ("norm_eps", "dt_limit", "rmsnorm", "D_has_hdim", "fuse_norm", "dt_min", "dt_max", "dt_init_floor",
+             "A_init_range", "conv_init", "use_l2warp", "fuse_cross_entropy", "fuse_linear_cross_entropy")
+
+
+def mamba2_layout(config: dict[str, Any]) -> str:
+    """"fla" or "transformers": whose Mamba2Config a `model_type: mamba2` config.json is, by its fields
+    (ConversionError when it has fields of both, or of neither: then whose defaults apply is unknown)."""
+    hf = [k for k in _TRANSFORMERS_ONLY if k in config]
+    fl = [k for k in _FLA_ONLY if k in config]
+    if hf and fl:
+        raise ConversionError(f"mamba2 config.json has fields of fla's Mamba2Config ({', '.join(fl)}) and of "
+                              f"transformers' ({', '.join(hf)}): cannot tell whose names and defaults apply")
+    if not hf and not fl:
+        raise ConversionError("mamba2 config.json has none of fla's Mamba2Config fields (norm_eps, dt_limit, ...) nor "
+                              "transformers' (layer_norm_epsilon, time_step_limit, ...): cannot tell whose defaults "
+                              "apply (fla's n_groups is 1, transformers' 8)")
+    return "transformers" if hf else "fla"
+
+
+def fla_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A transformers Mamba2Config's config.json as fla's fields (transformers' defaults filled in,
+    layer_norm_epsilon -> norm_eps, time_step_limit -> dt_limit), after refusing, by transformers'
+    names, what fastweights' mamba2 cannot compute."""
+    c = {**TRANSFORMERS_MAMBA2_DEFAULTS, **config}
+    limit = [json_float(x) for x in c["time_step_limit"]]
+    check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"], dt_limit=limit,
+                         what="transformers' Mamba2Config", dt_field="time_step_limit")
+    heads = c["expand"] * c["hidden_size"] / c["head_dim"]
+    if c["num_heads"] != heads:
+        raise ConversionError(f"transformers' Mamba2Config: num_heads={c['num_heads']} but expand·hidden_size / "
+                              f"head_dim = {heads:g} heads")
+    out = {k: v for k, v in c.items() if k not in ("layer_norm_epsilon", "time_step_limit")}
+    out.update(norm_eps=c["layer_norm_epsilon"], dt_limit=limit, D_has_hdim=False, rmsnorm=True,
+               norm_before_gate=False)  # transformers' gated norm: gate, then norm, whatever a config.json says
+    return out
+
+
+def transformers_config(c: dict[str, Any]) -> dict[str, Any]:
+    """transformers' Mamba2Config fields of the model that fla's mamba2 config `c` (as
+    `fastweights.convert.fla.to_fla` writes it: n_groups 1, integer expand) describes;
+    ConversionError for what transformers' Mamba2 cannot compute."""
+    if c.get("norm_before_gate"):
+        raise ConversionError("transformers' Mamba2 gates before its norm; this LM's mamba2 layers normalize before "
+                              "the gate (norm_before_gate=True): no transformers Mamba2Config computes it")
+    H = round(c["expand"] * c["hidden_size"] / c["head_dim"])
+    return dict(architectures=["Mamba2ForCausalLM"], vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+                num_hidden_layers=c["num_hidden_layers"], num_heads=H, head_dim=c["head_dim"],
+                state_size=c["state_size"], expand=c["expand"], conv_kernel=c["conv_kernel"], n_groups=1,
+                use_bias=False, use_conv_bias=True, hidden_act="silu", layer_norm_epsilon=c["norm_eps"],
+                residual_in_fp32=True, time_step_limit=(0.0, math.inf),
+                tie_word_embeddings=c["tie_word_embeddings"], pad_token_id=None, bos_token_id=None, eos_token_id=None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..layers.mixer import MemoryMixer
-from .common import AsTransformersLayer, ConversionError, check_mixer, check_run_args, copy_weight, same_dtype
+from .common import ConversionError, check_mixer, check_run_args, copy_weight, same_dtype, swap_layers
 
 __all__ = ["from_qwen3_next", "to_qwen3_next", "swap_linear_attention"]
 
@@ -120,14 +120,9 @@ def to_qwen3_next(mixer: MemoryMixer, layer=None):
     return layer
 
 
-def swap_linear_attention(model, **mixer_kwargs) -> int:
-    """Replace, in place, every Qwen3NextGatedDeltaNet of a transformers Qwen3-Next model
-    (`decoder_layer.linear_attn`) by `AsTransformersLayer(from_qwen3_next(layer))`: the same
-    logits from fastweights' layers (no cache, no padding). Returns how many were swapped."""
-    n = 0
-    for module in model.modules():
-        layer = getattr(module, "linear_attn", None)
-        if layer is not None and type(layer).__name__ == "Qwen3NextGatedDeltaNet":
-            module.linear_attn = AsTransformersLayer(from_qwen3_next(layer, **mixer_kwargs))
-            n += 1
-    return n
+def swap_linear_attention(model, **mixer_kwargs):
+    """transformers' Qwen3-Next model (`Qwen3NextForCausalLM`, ...) with every Qwen3NextGatedDeltaNet
+    (`decoder_layer.linear_attn`) replaced, in place, by `AsTransformersLayer(from_qwen3_next(layer))`:
+    fastweights' layers keeping transformers' cache and padding, so the model generates as before.
+    Its attention, MoE and MLP blocks, norms and embeddings stay transformers'. Returns the model."""
+    return swap_layers(model, {"Qwen3NextGatedDeltaNet": from_qwen3_next}, "Qwen3NextGatedDeltaNet", **mixer_kwargs)

@@ -166,6 +166,8 @@ def _fla(case, **changes):
     ("gla fused norm", dict(clamp_min=-1.0), "clamp_min"),
     ("mamba2 default", dict(n_groups=2), "n_groups=2"),
     ("mamba2 default", dict(dt_limit=[0.0, 2.0]), "dt_limit"),
+    ("mamba2 default", dict(num_heads=4), r"num_heads=4 but expand·hidden_size / head_dim = 8 heads"),
+    ("mamba2 default", dict(use_l2warp=True), "use_l2warp=True"),
     ("linear_attn elu", dict(norm_feature_map=True), r"1e-10.*1e-6"),
     ("linear_attn elu", dict(feature_map="hedgehog"), "learned maps"),
     ("kda gva", dict(safe_gate=True, lower_bound=-5.0), "safe_gate"),

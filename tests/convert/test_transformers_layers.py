@@ -2,7 +2,7 @@
 DeltaNet, Kimi-Linear's KDA and Mamba2's mixer. Converted layers give the same outputs (their torch
 paths compute in fp32, so fp32 to rounding), converting back gives the same weights bit for bit,
 anything without an exact counterpart raises, and a tiny Qwen3-Next model on swapped layers gives
-the same logits."""
+the same logits (generation on swapped layers: test_swap.py)."""
 
 import pytest
 import torch
@@ -112,14 +112,12 @@ def test_qwen3_next_model_on_fastweights_layers_gives_the_same_logits():
     ids = torch.randint(0, 64, (2, 21))
     with torch.no_grad():
         want = model(ids, use_cache=False).logits
-        assert fc.swap_linear_attention(model) == 3
+        assert fc.swap_linear_attention(model) is model
         assert all(isinstance(m.linear_attn, fc.AsTransformersLayer) for m in model.model.layers[:3])
+        assert [m.linear_attn.layer_idx for m in model.model.layers[:3]] == [0, 1, 2]
         got = model(ids, use_cache=False).logits
         assert rel_err(got, want) < CONVERT_MODEL_F32_REL
-        with pytest.raises(fc.ConversionError, match="use_cache=False"):
-            model(ids, use_cache=True)
-        with pytest.raises(fc.ConversionError, match="no padding"):
-            model(ids, attention_mask=torch.tensor([[0] + [1] * 20, [1] * 21]), use_cache=False)
+    # with transformers' cache and padding: tests/convert/test_swap.py
 
 
 def test_mixers_without_an_exact_counterpart_raise():
@@ -140,7 +138,7 @@ def test_mixers_without_an_exact_counterpart_raise():
         fc.from_mamba2(mamba2_layer(n_groups=2))
     with pytest.raises(fc.ConversionError, match="use_bias=True"):
         fc.from_mamba2(mamba2_layer(use_bias=True))
-    with pytest.raises(fc.ConversionError, match="dt_limit"):
+    with pytest.raises(fc.ConversionError, match="time_step_limit=\\(0.0, 1.0\\) clamps dt"):
         fc.from_mamba2(mamba2_layer(time_step_limit=(0.0, 1.0)))
     with pytest.raises(fc.ConversionError, match="hidden_act"):
         fc.from_qwen3_next(qwen3_next_layer(hidden_act="gelu"))

@@ -85,3 +85,26 @@ def test_the_transformers_layer_conversions_run():
     blocks = python_blocks(section("Layers of transformers' models"))
     assert len(blocks) == 2  # Qwen3-Next -> fastweights and back (and a whole model); fastweights -> Mamba2 and back
     run_blocks(blocks, {})
+
+
+def test_the_transformers_mamba2_conversion_runs_and_prints_what_the_doc_shows(workdir, capsys):
+    """fastweights -> transformers' own Mamba2ForCausalLM (the command's printed line as documented, the
+    logits the doc asserts) and back with from-fla, bit-identical."""
+    from fastweights.cli import main
+
+    text = section("transformers' own Mamba2")
+    blocks = python_blocks(text)
+    assert len(blocks) == 2  # the LM; transformers loading it
+    ns = {}
+    run_blocks(blocks[:1], ns)
+    commands = re.findall(r"```bash\n\$ (python -m fastweights\.cli convert .*)\n(.*)\n```", text)
+    assert [c.split()[4] for c, _ in commands] == ["to-transformers"]
+    for command, printed in commands:
+        capsys.readouterr()
+        assert main(shlex.split(command)[3:]) == 0, command
+        assert capsys.readouterr().out.strip() == printed.strip(), command
+    run_blocks(blocks[1:], ns)
+    assert main(["convert", "from-fla", "runs/mamba2-hf", "runs/mamba2-back"]) == 0
+    a, b = LM.from_pretrained("runs/mamba2"), LM.from_pretrained("runs/mamba2-back")
+    ids = torch.randint(0, 256, (2, 9))
+    assert torch.equal(a(ids), b(ids))  # "bit for bit"

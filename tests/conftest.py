@@ -45,9 +45,35 @@ def _poison_kernel_outputs(request):
         yield
 
 
+#: The packages whose tested range has a floor that CI pins in its second environment (pyproject's extras):
+#: under FASTWEIGHTS_FLOOR_TESTS=1 (`.ci/run`'s floor environment) only the tests that can see their version run —
+#: the `triton` tests (kernels under the interpreter) and every test module that names one of them.
+FLOOR_PACKAGES = ("transformers", "lm_eval", "lm-eval", "triton", "peft", "accelerate", "fastweights.hf",
+                  "fastweights.kernels", "fastweights.convert")
+
+
+def _sees_a_floor_package(item, cache: dict) -> bool:
+    if item.get_closest_marker("triton") is not None:
+        return True
+    path = str(item.fspath)
+    if path not in cache:
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError:
+            text = ""
+        cache[path] = any(name in text for name in FLOOR_PACKAGES)
+    return cache[path]
+
+
 def pytest_collection_modifyitems(config, items):
     """`cuda` tests are skipped, with the reason, where no CUDA device is present (they are also
-    deselected by default: pyproject's addopts)."""
+    deselected by default: pyproject's addopts). FASTWEIGHTS_FLOOR_TESTS=1 deselects the tests that cannot
+    see a floor package's version (`FLOOR_PACKAGES`)."""
+    if os.environ.get("FASTWEIGHTS_FLOOR_TESTS") == "1":
+        cache: dict = {}
+        keep = [it for it in items if _sees_a_floor_package(it, cache)]
+        config.hook.pytest_deselected(items=[it for it in items if not _sees_a_floor_package(it, cache)])
+        items[:] = keep
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on the GPU machine)")

@@ -34,9 +34,9 @@ from .dispatch import (
     route,
     unavailable_reason,
 )
-from .inputs import InputError, validate
+from .inputs import InputError, check_flag, check_int, validate
 from .recipe import recipe_class
-from .stability import check_finite_result, check_step_bound
+from .stability import check_finite_result, check_growth, step_bound_breach
 from .state import state_tensors
 from .zoo import resolve
 
@@ -78,16 +78,11 @@ def call_target(form: str, q: Tensor, K: int, V: int, chunk_size: int | None = N
     return Target.of(q.device, q.dtype, K, V, chunk_size if form == "chunk" else None)
 
 
-def _check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise InputError(f"{name} must be a bool (True or False), got {value!r}")
-
-
 def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state, inputs, check_values=True,
          backend="auto", **options):
     recipe = resolve(model)
-    _check_flag("output_final_state", output_final_state)
-    _check_flag("check_values", check_values)
+    check_flag("output_final_state", output_final_state)
+    check_flag("check_values", check_values)
     reason = unavailable_reason(recipe, form)
     if reason is not None:
         raise FormNotAvailable(f"the {form} form does not exist for {recipe.name}: {reason}; "
@@ -95,9 +90,10 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
     shapes = validate(recipe, q, k, v, inputs, check_values=check_values)
     scale = _check_scale(scale)
     _check_state_device(initial_state, q.device)
+    breach = None
     if check_values:
         _check_state_values(initial_state)
-        check_step_bound(recipe, shapes, k, inputs, initial_state)
+        breach = step_bound_breach(recipe, shapes, k, inputs, initial_state)  # refused only if the run diverges
     impl = route(recipe, form, backend, call_target(form, q, shapes.K, shapes.V, options.get("chunk_size")))
     default = recipe.scale if recipe.scale is not None else shapes.K ** -0.5
     call = Call(recipe=recipe, q=q, k=k, v=v, inputs=inputs, shapes=shapes,
@@ -108,8 +104,9 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
 
         return no_tokens(call, cu_seqlens=options.get("cu_seqlens"))
     result = impl.fn(call, **options)
-    if check_values:  # finite inputs (checked above) must not give a silent nan/inf
-        check_finite_result(recipe, form, result)
+    if check_values:  # finite inputs (checked above) must not give a silent nan/inf, nor a diverging memory
+        check_finite_result(recipe, form, result, breach)
+        check_growth(recipe, shapes, q, k, v, inputs, initial_state, call.scale, result, breach)
     return result
 
 
@@ -178,8 +175,7 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
         mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations; 0 skips the
             outputs' solves when only the final state is wanted) or "exact".
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise InputError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_int("chunk_size", chunk_size)
     recipe = resolve(model)
     options = {}
     if mesa_solve is not None or cg_steps is not None:

@@ -52,7 +52,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .inputs import InputError, Shapes
+from .inputs import InputError, Shapes, check_choice, check_device, check_dtype, check_int
 from .recipe import RECIPE_CLASSES, Recipe, recipe_class
 from .zoo import resolve
 
@@ -272,10 +272,19 @@ def backends(model, *, form: str = "chunk", device=None, dtype: torch.dtype | No
     dims and chunk size, in the order "auto" tries them (AUTO_ORDER first, then the rest: e.g.
     "compile", and rows "auto" passes by). The layer ops: `layer_op_backends`."""
     recipe = resolve(model)
-    if form not in FORMS:
-        raise InputError(f"form must be one of {list(FORMS)}, got {form!r}")
+    check_choice("form", form, FORMS)
+    device, dtype = _listing_device_dtype(device, dtype)
+    head_dim = check_int("head_dim", head_dim, optional=True)
+    head_v_dim = check_int("head_v_dim", head_v_dim, optional=True)
+    chunk_size = check_int("chunk_size", chunk_size, optional=True)
     return _listing(recipe_class(recipe), recipe, form,
                     Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None))
+
+
+def _listing_device_dtype(device, dtype) -> tuple[torch.device | None, torch.dtype | None]:
+    """A listing's device (any of a supported type: this machine need not have it) and dtype
+    (None or a floating torch.dtype), checked as every entry point checks them."""
+    return check_device("device", device, present=False), None if dtype is None else check_dtype("dtype", dtype)
 
 
 def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None, head_dim: int | None = None,
@@ -283,8 +292,14 @@ def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None,
                       ) -> list[str]:
     """The backends that can serve the layer op `op` ("conv", "norm", "prologue") on `device`
     (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
-    if op not in LAYER_OPS:
-        raise InputError(f"op must be one of {list(LAYER_OPS)}, got {op!r}")
+    from .torch_layer_ops import GATES
+
+    check_choice("op", op, LAYER_OPS)
+    device, dtype = _listing_device_dtype(device, dtype)
+    head_dim = check_int("head_dim", head_dim, optional=True)
+    conv_width = check_int("conv_width", conv_width, optional=True)
+    group_size = check_int("group_size", group_size, optional=True)
+    gate = check_choice("gate", gate, GATES, optional=True)
     target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
     return _listing(LAYER, None, op, target)
 
@@ -366,8 +381,7 @@ def resolve_backend(recipe: Recipe, form: str, backend: str, target: Target) -> 
 
 def layer_op(op: str, backend: str, target: Target) -> Impl:
     """The row that serves the layer op `op` for `target`, by the same rule as `route`."""
-    if op not in LAYER_OPS:
-        raise InputError(f"op must be one of {list(LAYER_OPS)}, got {op!r}")
+    check_choice("op", op, LAYER_OPS)
     return _route(LAYER, None, op, backend, target)
 
 

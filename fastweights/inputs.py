@@ -36,8 +36,8 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["InputError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_data", "check_dtype",
-           "check_device",
+__all__ = ["InputError", "InputTypeError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_data",
+           "check_dtype", "check_device", "check_positions", "check_flag", "check_int", "check_choice",
            "example_inputs", "init_state", "PER_HEAD_INPUTS"]
 
 #: Inputs that are per head, not per token (no time dimension): split or pack only the others.
@@ -46,6 +46,10 @@ PER_HEAD_INPUTS = frozenset({"lamb", "ln_weight", "ln_bias"})
 
 class InputError(ValueError):
     """Bad input to a functional form; the message names the argument and what was expected."""
+
+
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (an InputError, and a TypeError for `except TypeError`)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,16 @@ def check_tensor(name: str, x, shape: tuple, *, dtypes=None, low=None, high=None
         _fail(f"{name} must be ≥ {low}, got a minimum of {x.min().item():.4g}")
     if high is not None and bool((x > high).any()):
         _fail(f"{name} must be ≤ {high}, got a maximum of {x.max().item():.4g}")
+
+
+def check_positions(name: str, x, B: int, T: int) -> Tensor:
+    """Token positions: an integer (not bool) tensor [B, T]; InputError naming `name` otherwise.
+    Values are not read (callers that need them ≥ 0 check the tokens they use)."""
+    if not isinstance(x, Tensor) or tuple(x.shape) != (B, T) or x.is_floating_point() or x.is_complex() \
+            or x.dtype == torch.bool:
+        _fail(f"{name} must be an integer tensor [B, T] = [{B}, {T}], got "
+              f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")
+    return x
 
 
 def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True) -> Shapes:
@@ -234,15 +248,38 @@ def _check_generator(generator):
         _fail(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
 
 
+def check_flag(name: str, value) -> bool:
+    """The one check of an on/off argument: True or False only (a string such as "no", a number or
+    None is refused, never read as its truthiness); InputTypeError naming `name`."""
+    if not isinstance(value, bool):
+        raise InputTypeError(f"{name} must be a bool (True or False), got {value!r}")
+    return value
+
+
+def check_int(name: str, value, *, low: int = 1, optional: bool = False) -> int | None:
+    """The one check of a size or count: an int (not a bool) ≥ `low`, or None when `optional`."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        want = "a positive int" if low == 1 else f"an int ≥ {low}"
+        _fail(f"{name} must be {want}{' or None' if optional else ''}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices, *, optional: bool = False):
+    """The one check of a named option: one of `choices` (strings), or None when `optional`."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        _fail(f"{name} must be {'None or ' if optional else ''}one of {list(choices)}, got {value!r}")
+    return value
+
+
 def _check_dims(**dims):
     """Sizes given to init_state / example_inputs: ints, batch and length ≥ 0, the rest ≥ 1
     (head_v_dim may be None: the key dimension)."""
     for name, val in dims.items():
-        if val is None and name == "head_v_dim":
-            continue
-        low = 0 if name in ("batch_size", "seq_len") else 1
-        if isinstance(val, bool) or not isinstance(val, int) or val < low:
-            _fail(f"{name} must be an int ≥ {low}, got {val!r}")
+        check_int(name, val, low=0 if name in ("batch_size", "seq_len") else 1, optional=name == "head_v_dim")
 
 
 def check_dtype(name: str, dtype) -> torch.dtype:
@@ -255,8 +292,9 @@ def check_dtype(name: str, dtype) -> torch.dtype:
           f"got {dtype!r}")
 
 
-def check_device(name: str, device) -> torch.device | None:
-    """None, or a device (torch.device or a string such as "cpu", "cuda:0") this machine has."""
+def check_device(name: str, device, *, present: bool = True) -> torch.device | None:
+    """None, or a device (torch.device or a string such as "cpu", "cuda:0") this machine has
+    (present=False: any device of a supported type, e.g. to ask what would serve a CUDA call)."""
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
@@ -266,9 +304,9 @@ def check_device(name: str, device) -> torch.device | None:
     except (RuntimeError, ValueError):
         _fail(f"{name}={device!r} is not a device (expected e.g. 'cpu', 'cuda', 'cuda:0')")
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
+        if present and not torch.cuda.is_available():
             _fail(f"{name}={device!r}: CUDA is not available on this machine")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
+        if present and dev.index is not None and dev.index >= torch.cuda.device_count():
             _fail(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type not in ("cpu", "meta", "mps", "xpu"):
         _fail(f"{name}={device!r}: device type {dev.type!r} is not supported here (cpu or cuda)")
@@ -356,8 +394,7 @@ def example_inputs(model, *, batch_size: int = 2, seq_len: int = 16, num_heads: 
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         _fail(f"seed must be None or an int ≥ 0, got {seed!r}")
     _check_generator(generator)
-    if not isinstance(requires_grad, bool):
-        _fail(f"requires_grad must be a bool, got {requires_grad!r}")
+    check_flag("requires_grad", requires_grad)
     if generator is None:
         generator = torch.Generator(device="cpu")
         generator.manual_seed(seed if seed is not None else torch.seed() % 2**62)

@@ -15,11 +15,22 @@ retention of the tokens after j inside the mini-batch. The eigenvalues of α·I 
     λ_max(M) ≤ 1 + α          (decay after the step)
     λ_max(M) ≤ 2              (decay first, (I − M)·αS, or no retention)
 
-and a run of such steps stays bounded at any length. `check_step_bound` bounds λ_max(M) by its trace,
-Σ_j c_j β_j Σ_i γ_i‖φ(k_i)‖² — exact for the rank-1 steps of the delta rule (β‖φ(k)‖²), an upper
-bound otherwise — and raises `DivergenceError` naming beta, the step and the value. Comba's probe
-step α·I − β φ(k)φ(p)ᵀ is checked on its one moving eigenvalue, α − β φ(p)·φ(k) ≥ −1. With unit
-keys the bound reads β ≤ 2/N (1/N with the decay after), N = `Recipe.step_normalizer()`.
+and a run of such steps stays bounded at any length. `step_bound_breach` bounds λ_max(M) by its
+trace, Σ_j c_j β_j Σ_i γ_i‖φ(k_i)‖² — exact for the rank-1 steps of the delta rule (β‖φ(k)‖²), an
+upper bound otherwise — and names beta, the step and the value where it fails (`check_step_bound`
+raises `DivergenceError` with it). Comba's probe step α·I − β φ(k)φ(p)ᵀ is checked on its one moving
+eigenvalue, α − β φ(p)·φ(k) ≥ −1. With unit keys the bound reads β ≤ 2/N (1/N with the decay after),
+N = `Recipe.step_normalizer()`.
+
+The bound is sufficient, not necessary: a call is never refused for it alone. Where it fails the
+call runs, and its values decide (`check_growth`): a run whose steps cannot amplify the memory keeps
+
+    ‖S_t‖ ≤ E = ‖S_0‖ + Σ_j c_j β_j Σ_i γ_i ‖φ(k_i)‖ ‖v_i‖   (per batch row and head; / b when averaged)
+
+(the writes' norms: retention ≤ 1 only shrinks), and |o_t| ≤ scale·‖φ(q_t)‖·E. Only a run that
+breaks the bound at two or more inner steps and whose final state or outputs exceed that envelope
+— the memory demonstrably grew step after step — is refused. One inner step cannot diverge: e.g.
+OmegaNet with its inner mini-batch b ≥ T runs whatever the bound says.
 
 Memories without such a bound (MLP, residual LN, inner biases, momentum, Muon), and overflow of the
 values themselves, are caught after the call by `check_finite_result`, which names the recipe, the
@@ -28,6 +39,8 @@ tensor values: a GPU synchronization); the layers pass False.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -39,7 +52,8 @@ from .state import MemoryState, compute_dtype, state_tensors
 
 Tensor = torch.Tensor
 
-__all__ = ["DivergenceError", "step_bound_applies", "check_step_bound", "check_finite_result"]
+__all__ = ["DivergenceError", "StepBoundBreach", "step_bound_applies", "step_bound_breach", "check_step_bound",
+           "check_growth", "check_finite_result"]
 
 #: Relative slack on the bound: unit keys normalized in fp32 have ‖k‖² = 1 ± K·6e-8, and β = 2 on
 #: such keys (the delta rule's own limit) must pass.
@@ -72,9 +86,11 @@ def _log_retention(recipe: Recipe, inputs: dict, s: Shapes, dtype, device) -> Te
     return None if g is None else g.to(dtype)
 
 
-def _window_curvature(recipe: Recipe, curv: Tensor, inputs: dict, initial_state, dtype) -> Tensor:
-    """Σ_{i ∈ window(t)} γ_i‖φ(k_i)‖² per token [B, T, H], the window reaching back into the
-    initial state's window (already feature-mapped) when it carries one."""
+def _window_curvature(recipe: Recipe, curv: Tensor, inputs: dict, initial_state, dtype, *,
+                      writes: bool = False) -> Tensor:
+    """Σ_{i ∈ window(t)} γ_i‖φ(k_i)‖² per token [B, T, H] (writes=True: curv holds ‖φ(k_i)‖‖v_i‖ and
+    the sum is of γ_i‖φ(k_i)‖‖v_i‖), the window reaching back into the initial state's window
+    (already feature-mapped) when it carries one."""
     B, T, H = curv.shape
     c = recipe.objective.window
     gamma = inputs.get("gamma")
@@ -84,16 +100,41 @@ def _window_curvature(recipe: Recipe, curv: Tensor, inputs: dict, initial_state,
     prev = w.new_zeros(B, c - 1, H)
     if isinstance(initial_state, MemoryState) and initial_state.window_k is not None:
         wk, wg = initial_state.window_k.to(dtype), initial_state.window_gamma.to(dtype)
-        prev = (wk * wk).sum(-1) * wg  # [B, c − 1, H]
+        if writes:
+            prev = wk.norm(dim=-1) * initial_state.window_v.to(dtype).norm(dim=-1) * wg  # [B, c − 1, H]
+        else:
+            prev = (wk * wk).sum(-1) * wg  # [B, c − 1, H]
+    if prev.shape[0] != B:  # packed sequences (cu_seqlens): the largest row's window, an upper bound
+        prev = prev.amax(0, keepdim=True).expand(B, -1, -1)
     return torch.cat([prev, w], dim=1).unfold(1, c, 1).sum(-1)  # [B, T, H]
 
 
+@dataclass(frozen=True)
+class StepBoundBreach:
+    """Where the step bound fails. text: what fails where (names beta, the step and the value);
+    advice: how to meet it; steps: the most inner steps of one batch row and head that break it."""
+
+    text: str
+    advice: str
+    steps: int
+
+
 def check_step_bound(recipe: Recipe, shapes: Shapes, k: Tensor, inputs: dict, initial_state=None) -> None:
-    """Raise DivergenceError when some inner step of these inputs can amplify the memory (see the
-    module doc); a no-op for recipes without the bound and for empty calls."""
+    """Raise DivergenceError when some inner step of these inputs can amplify the memory (the
+    sufficient bound alone, see the module doc; the API refuses a call only by `check_growth`)."""
+    breach = step_bound_breach(recipe, shapes, k, inputs, initial_state)
+    if breach is not None:
+        raise DivergenceError(f"{breach.text}, so the step can amplify the memory and the recurrence diverge. "
+                              f"{breach.advice}, or pass check_values=False to run it anyway")
+
+
+def step_bound_breach(recipe: Recipe, shapes: Shapes, k: Tensor, inputs: dict, initial_state=None
+                      ) -> StepBoundBreach | None:
+    """Where some inner step of these inputs can amplify the memory (see the module doc), or None;
+    None for recipes without the bound and for empty calls."""
     s = shapes
     if not step_bound_applies(recipe) or s.B * s.T * s.H == 0 or torch.compiler.is_compiling():
-        return
+        return None
     dtype = compute_dtype(k)
     fm, ret, opt = recipe.feature_map, recipe.retention, recipe.optimizer
     groups = s.H // s.Hq
@@ -129,15 +170,70 @@ def check_step_bound(recipe: Recipe, shapes: Shapes, k: Tensor, inputs: dict, in
     ratio = lam / bound
     worst = ratio.max()
     if not bool(worst > 1.0 + SLACK):
-        return
+        return None
+    over = ratio > 1.0 + SLACK  # [B, T, n, H] or [B, M, H]
+    steps = int(over.flatten(1, -2).sum(1).max())  # per batch row and head
     idx = [int(i) for i in (ratio == worst).nonzero()[0]]
     value, limit = lam[tuple(idx)].item(), bound[tuple(idx)].item()
-    raise DivergenceError(
-        f"beta is too large for {recipe.name}'s inner step with these keys: {_step_text(recipe, probe)} = "
-        f"{value:.4g} exceeds {f'1 + α = {limit:.4g} (α: the retention across the step)' if decay_after else '2'} "
-        f"{where(idx, s)}, so the step can amplify the memory and the recurrence diverge. With unit keys "
-        f"(as the layers normalize them) β ≤ {(1.0 if decay_after else 2.0) / recipe.step_normalizer():.4g} "
-        f"always satisfies it; scale beta down or normalize k, or pass check_values=False to run it anyway")
+    return StepBoundBreach(
+        text=f"beta is too large for {recipe.name}'s inner step with these keys: {_step_text(recipe, probe)} = "
+             f"{value:.4g} exceeds "
+             f"{f'1 + α = {limit:.4g} (α: the retention across the step)' if decay_after else '2'} {where(idx, s)}",
+        advice=f"With unit keys (as the layers normalize them) β ≤ "
+               f"{(1.0 if decay_after else 2.0) / recipe.step_normalizer():.4g} always satisfies the bound; scale "
+               f"beta down or normalize k",
+        steps=steps)
+
+
+def check_growth(recipe: Recipe, shapes: Shapes, q: Tensor, k: Tensor, v: Tensor, inputs: dict, initial_state,
+                 scale: float, result, breach: StepBoundBreach | None) -> None:
+    """Raise DivergenceError when a run that breaks the step bound at two or more inner steps
+    produced a final state or outputs beyond the envelope E of any non-amplifying run (see the
+    module doc): the memory grew step after step. A no-op without a breach, or with one step."""
+    if breach is None or breach.steps < 2 or torch.compiler.is_compiling():
+        return
+    s, fm = shapes, recipe.feature_map
+    o, final = result
+    dtype = compute_dtype(k)
+    groups = s.H // s.Hq
+    kh = _heads(k.to(dtype), groups, 3 if s.n > 1 else 2)  # [B, T, (n,) H, K]
+    size = feature_dot(fm, kh, kh).clamp(min=0).sqrt() * v.to(dtype).norm(dim=-1)  # ‖φ(k)‖‖v‖ [B, T, (n,) H]
+    if recipe.objective.kind == "omega":
+        size = _window_curvature(recipe, size, inputs, initial_state, dtype, writes=True)  # [B, T, H]
+    beta = inputs.get("beta")
+    writes = size if beta is None else size * beta.to(dtype)
+    if s.n > 1:
+        writes = writes.sum(2)  # the micro-steps' writes  [B, T, H]
+    if recipe.optimizer.minibatch > 1 and recipe.optimizer.minibatch_average:
+        writes = writes / recipe.optimizer.minibatch
+    envelope = writes.sum(1) + _state_norm(initial_state, s.B, dtype)  # [B, H]
+    grown = []
+    if final is not None:
+        got = _state_norm(final, s.B, dtype)  # [B, H]
+        grown.append(("the final state's norm", got, envelope.expand_as(got)))
+    if isinstance(o, Tensor) and o.numel():
+        qn = feature_dot(fm, q.to(dtype), q.to(dtype)).clamp(min=0).sqrt()  # [B, T, H_q]
+        reach = scale * _heads(qn, groups, 2).amax(1) * envelope  # [B, H]
+        grown.append(("an output's norm", o.to(dtype).norm(dim=-1).amax(1), reach))
+    for what, got, limit in grown:
+        ratio = got / limit.clamp(min=torch.finfo(dtype).tiny)
+        if bool((ratio > 1.0 + SLACK).any()):
+            b, h = (int(i) for i in (ratio == ratio.max()).nonzero()[0])
+            raise DivergenceError(
+                f"{breach.text}, and this run diverged: {what} reaches {got[b, h].item():.4g} (batch {b}, head "
+                f"{h}), {ratio[b, h].item():.3g}× the most any run whose steps do not amplify the memory can "
+                f"reach with these inputs ({limit[b, h].item():.4g}). {breach.advice}; or pass check_values=False "
+                f"to get the raw result")
+
+
+def _state_norm(state, B: int, dtype) -> Tensor:
+    """‖S‖_F per batch row and head [B, H] of a bare [N, H, K', V] state or a MemoryState's first
+    weight (N ≠ B: packed sequences, the largest row for every row); 0 without a state."""
+    if state is None:
+        return torch.zeros((), dtype=dtype)
+    w = state.weights[0] if isinstance(state, MemoryState) else state
+    n = w.to(dtype).flatten(2).norm(dim=-1)  # [N, H]
+    return n if n.shape[0] == B else n.amax(0, keepdim=True)
 
 
 def _minibatch_steps(lam: Tensor, log_a: Tensor | None, b: int, average: bool, initial_state):
@@ -198,9 +294,10 @@ def _step_text(recipe: Recipe, probe: bool) -> str:
     return f"Σ_(mini-batch) c_j·β_j·{window}{avg} (c_j: the retention after token j)"
 
 
-def check_finite_result(recipe: Recipe, form: str, result) -> None:
+def check_finite_result(recipe: Recipe, form: str, result, breach: StepBoundBreach | None = None) -> None:
     """Raise DivergenceError when the output or final state of a call whose inputs were checked
-    finite holds nan or inf, naming the first position and what it means for this recipe."""
+    finite holds nan or inf, naming the first position and what it means for this recipe (the
+    step bound's breach, when the inputs broke it)."""
     if torch.compiler.is_compiling():
         return
     o, final = result
@@ -210,9 +307,11 @@ def check_finite_result(recipe: Recipe, form: str, result) -> None:
             continue
         idx = [int(i) for i in (~torch.isfinite(x)).nonzero()[0]]
         at = f" at [b, t, h, v] = {idx}" if what == "output" else ""
+        cause = _cause(recipe, x.dtype) if breach is None else \
+            f"{breach.text}, and the recurrence diverged. {breach.advice}"
         raise DivergenceError(
             f"fastweights.{form}({recipe.name!r}) produced a non-finite {what}{at} from finite inputs: "
-            f"{_cause(recipe, x.dtype)}; or pass check_values=False to get the raw result")
+            f"{cause}; or pass check_values=False to get the raw result")
 
 
 def _cause(recipe: Recipe, dtype) -> str:

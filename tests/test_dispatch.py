@@ -220,6 +220,43 @@ def test_boundary_rejects_bad_scalars_and_states():
         fw.init_state("gla", -1, 2, 4, 4)
 
 
+@pytest.mark.parametrize("kw, words", [
+    (dict(head_dim=0), "head_dim must be a positive int or None, got 0"),
+    (dict(head_dim=-8), "head_dim must be a positive int or None, got -8"),
+    (dict(head_v_dim=2.0), "head_v_dim must be a positive int or None, got 2.0"),
+    (dict(chunk_size=0), "chunk_size must be a positive int or None, got 0"),
+    (dict(chunk_size=-64), "chunk_size must be a positive int or None, got -64"),
+    (dict(chunk_size=True), "chunk_size must be a positive int or None, got True"),
+    (dict(dtype="float32"), "dtype must be a torch.dtype, e.g. torch.float32, got the string 'float32'"),
+    (dict(dtype=torch.int64), "dtype must be a floating torch.dtype"),
+    (dict(device="gpu0"), "device='gpu0' is not a device"),
+    (dict(device=0.5), "device must be None, a string such as 'cpu'"),
+])
+def test_backends_listing_validates_every_argument(kw, words):
+    """The listing answers only for a call that could exist: each argument checked as the entry
+    points check it (one validation per concept: fastweights.inputs)."""
+    with pytest.raises(fw.InputError, match="^" + words):
+        fw.backends("gla", **kw)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(conv_width=0), "conv_width must be a positive int or None, got 0"),
+    (dict(conv_width=-4), "conv_width must be a positive int or None, got -4"),
+    (dict(group_size=0), "group_size must be a positive int or None, got 0"),
+    (dict(head_dim=-1), "head_dim must be a positive int or None, got -1"),
+    (dict(gate="relu"), r"gate must be None or one of \['swish', 'sigmoid', 'gelu_tanh'\], got 'relu'"),
+    (dict(gate=1), "gate must be None or one of"),
+    (dict(dtype="bfloat16"), "dtype must be a torch.dtype, e.g. torch.bfloat16"),
+    (dict(device=torch.zeros(1)), "device must be None, a string"),
+])
+def test_layer_op_backends_validates_every_argument(kw, words):
+    with pytest.raises(fw.InputError, match="^" + words):
+        fw.layer_op_backends("norm", **kw)
+    # a device this machine lacks is a fair question: what would serve it
+    assert fw.layer_op_backends("conv", device="cuda:3", dtype=torch.float64) == ["torch"]
+    assert "torch" in fw.backends("gla", device=torch.device("cuda", 7))
+
+
 def test_options_are_checked_against_the_recipe():
     m = fw.example_inputs("mesanet", seq_len=5)
     with pytest.raises(fw.InputError, match=r"mesa_solve must be one of \['cg', 'exact'\], got 'exakt'"):

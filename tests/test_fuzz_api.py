@@ -257,3 +257,149 @@ def test_hf_model_names_every_malformed_argument(data, hf_model):
     name, make = data.draw(st.sampled_from(HF_MUTATIONS))
     kw = {"input_ids": _ids(1, 3), name: make()}
     judge("FastWeightsForCausalLM", lambda: hf_model(**kw), [name], f"{name} {kw[name]!r:.50}")
+
+
+LISTING_MUTATIONS = {
+    "form": ["kernel", 3, None, ["chunk"]], "device": ["gpu", 3.5, "tpu:0", True], "dtype": ["float32", torch.int64, 3],
+    "head_dim": [0, -8, 2.5, "64", True], "head_v_dim": [0, -1, "64"], "chunk_size": [0, -64, 64.0, "64"],
+}
+LAYER_OP_MUTATIONS = {
+    "op": ["rope", 3, None], "device": ["gpu", 2], "dtype": ["bfloat16", torch.bool], "head_dim": [0, -1, "8"],
+    "conv_width": [0, -4, 4.0, "4"], "group_size": [0, -128, "128"], "gate": ["relu", 1, "SWISH"],
+}
+
+
+@settings(SETTINGS, max_examples=30)
+@given(data=st.data())
+def test_backend_listings_name_every_malformed_argument(data):
+    """fw.backends / fw.layer_op_backends answer only for a call that could exist (issue 34)."""
+    if data.draw(st.booleans(), label="layer ops"):
+        name = data.draw(st.sampled_from(sorted(LAYER_OP_MUTATIONS)))
+        bad = data.draw(st.sampled_from(LAYER_OP_MUTATIONS[name]))
+        kw = {"op": "norm", name: bad}
+        judge("fw.layer_op_backends", lambda: fw.layer_op_backends(kw.pop("op"), **kw), [name], f"{name}={bad!r}")
+        return
+    name = data.draw(st.sampled_from(sorted(LISTING_MUTATIONS)))
+    bad = data.draw(st.sampled_from(LISTING_MUTATIONS[name]))
+    model = data.draw(st.sampled_from(MODELS))
+    judge("fw.backends", lambda: fw.backends(model, **{name: bad}), [name], f"{model}: {name}={bad!r}")
+
+
+@settings(SETTINGS, max_examples=15)
+@given(model=st.sampled_from(MODELS), form=st.sampled_from(["recurrent", "parallel", "chunk"]),
+       device=st.sampled_from([None, "cpu", "cuda"]), dtype=st.sampled_from([None, torch.float32, torch.bfloat16]),
+       head_dim=st.sampled_from([None, 16, 64, 256]), chunk_size=st.sampled_from([None, 16, 64]))
+def test_backend_listings_of_valid_calls_are_backend_names(model, form, device, dtype, head_dim, chunk_size):
+    listed = fw.backends(model, form=form, device=device, dtype=dtype, head_dim=head_dim, head_v_dim=head_dim,
+                         chunk_size=chunk_size)
+    assert all(isinstance(b, str) for b in listed) and len(set(listed)) == len(listed)
+    assert (form in fw.forms(model)) == bool(listed) or device == "cuda"
+
+
+def _layer_call(data):
+    """(entry, call, names, what) of one layer constructor or forward given one malformed argument."""
+    from fastweights.layers import GatedRMSNorm, MemoryMixer, RMSNorm, ShortConv
+
+    layer = data.draw(st.sampled_from(["ShortConv", "RMSNorm", "GatedRMSNorm", "MemoryMixer"]), label="layer")
+    x = torch.randn(2, 5, 16)
+    if layer == "ShortConv":
+        ctor = {"channels": [0, -1, 2.5, "16"], "kernel_size": [0, -4, 2.5, "4"], "bias": ["no", 1, None],
+                "activation": ["relu", 3], "backend": ["nope", 3, None]}
+        call_ = {"x": [x[..., :8], x[0], "x", x.long()], "tail": [torch.zeros(2, 2, 16), "t"],
+                 "positions": [torch.zeros(2, 5), torch.zeros(2, 4, dtype=torch.long), [0, 1]]}
+        make, run = (lambda kw: ShortConv(**{"channels": 16, **kw})), (lambda m, kw: m(**{"x": x, **kw}))
+    elif layer == "RMSNorm":
+        ctor = {"dim": [0, -16, "16"], "affine": ["no", 0], "backend": ["nope", 3]}
+        call_ = {"x": ["x", x[..., :8]]}
+        make, run = (lambda kw: RMSNorm(**{"dim": 16, **kw})), (lambda m, kw: m(**{"x": x, **kw}))
+    elif layer == "GatedRMSNorm":
+        ctor = {"group_size": [0, -4, 2.5], "activation": ["relu", 3], "norm_before_gate": ["no", None],
+                "backend": ["nope"]}
+        call_ = {"o": ["x", x[..., :12], x.long()], "z": [torch.randn(2, 5, 8), "z"]}
+        make, run = (lambda kw: GatedRMSNorm(**{"group_size": 8, **kw})), (lambda m, kw: m(**{"o": x, **kw}))
+    else:
+        model = data.draw(st.sampled_from(MODELS), label="model")
+        ctor = {"d_model": [0, -16, "16"], "num_heads": [0, -2, "2"], "head_dim": [0, -8, 2.5], "model": ["nope", 3],
+                "backend": ["nope", 3], "chunk_size": [0, -1, "64"]}
+        call_ = {"x": [x[..., :8], "x", x.long(), x[0]], "state": ["s", 3], "output_state": ["no", 1],
+                 "form": ["nope", 3]}
+        make = lambda kw: MemoryMixer(**{"d_model": 16, "model": model, "num_heads": 2, "head_dim": 8, **kw})  # noqa: E731
+        run = lambda m, kw: m(**{"x": x, **kw})  # noqa: E731
+    if data.draw(st.booleans(), label="constructor"):
+        name = data.draw(st.sampled_from(sorted(ctor)))
+        bad = data.draw(st.sampled_from(ctor[name]))
+        return layer, (lambda: make({name: bad})), [name], f"{layer}({name}={bad!r:.40})"
+    name = data.draw(st.sampled_from(sorted(call_)))
+    bad = data.draw(st.sampled_from(call_[name]))
+    module = make({})
+    return f"{layer}.forward", (lambda: run(module, {name: bad})), [name], f"{layer}.forward({name}={bad!r:.40})"
+
+
+@settings(SETTINGS, max_examples=40)
+@given(data=st.data())
+def test_layers_name_every_malformed_argument(data):
+    entry, call, names, what = _layer_call(data)
+    judge(entry, call, names, what)
+
+
+STEP_MUTATIONS = [("token_ids", lambda lm, st_: ("x", st_)), ("token_ids", lambda lm, st_: (_ids(1, 2), st_)),
+                  ("token_ids", lambda lm, st_: (_ids(3), st_)), ("state", lambda lm, st_: (_ids(1), None)),
+                  ("state", lambda lm, st_: (_ids(1), "state")), ("state", lambda lm, st_: (_ids(1), lm.init_state(2))),
+                  ("token_ids", lambda lm, st_: (torch.full((1,), 99), st_))]
+
+
+@settings(SETTINGS, max_examples=30)
+@given(data=st.data())
+def test_lm_prefill_step_and_setters_name_every_malformed_argument(data, lm):
+    from fastweights.models import sample_next
+
+    target = data.draw(st.sampled_from(["prefill", "step", "checkpointing", "sample_next"]), label="entry")
+    if target == "prefill":
+        name, bad = data.draw(st.sampled_from([
+            ("input_ids", _ids(1, 4).float()), ("input_ids", [[1, 2]]), ("state", "s"), ("state", lm.init_state(3)),
+            ("attention_mask", torch.ones(1, 7)), ("attention_mask", torch.tensor([[1, 1, 0, 0]])),
+            ("attention_mask", torch.full((1, 4), 3))]))
+        kw = {"input_ids": _ids(1, 4), name: bad}
+        judge("LM.prefill", lambda: lm.prefill(**kw), [name], f"{name}={bad!r:.50}")
+    elif target == "step":
+        name, make = data.draw(st.sampled_from(STEP_MUTATIONS))
+        _, state = lm.prefill(_ids(1, 3))
+        ids, st_ = make(lm, state)
+        names = [name, "state"]  # token_ids of another batch than the state's: either side may be named
+        judge("LM.step", lambda: lm.step(ids, st_), names, f"{name}: {ids!r:.30}, {type(st_).__name__}")
+    elif target == "checkpointing":
+        name, bad = data.draw(st.sampled_from([("enable", "no"), ("enable", None), ("enable", 1),
+                                               ("every_n_layers", 0), ("every_n_layers", "2"),
+                                               ("checkpoint_fn", "torch.utils.checkpoint")]))
+        judge("LM.set_gradient_checkpointing", lambda: lm.set_gradient_checkpointing(**{name: bad}), [name],
+              f"{name}={bad!r}")
+        assert not lm.gradient_checkpointing
+    else:
+        name, bad = data.draw(st.sampled_from([("do_sample", "no"), ("do_sample", None)]))
+        judge("sample_next", lambda: sample_next(torch.randn(2, 32), **{name: bad}), [name], f"{name}={bad!r}")
+
+
+@settings(SETTINGS, max_examples=25)
+@given(data=st.data())
+def test_lm_forward_with_any_documents_gives_logits_or_a_clear_error(data, lm):
+    """Random attention_mask / cu_seqlens / position_ids, each present or not, valid or not (padding in
+    the middle, boundaries past T, negative positions, B > 1 with cu_seqlens): finite logits of the right
+    shape, or a project error naming one of them — never a raw exception."""
+    from tests.fuzz import verdict
+
+    B, T = data.draw(st.integers(1, 2), label="B"), data.draw(st.integers(1, 6), label="T")
+    kw = {}
+    if data.draw(st.booleans(), label="attention_mask"):
+        kw["attention_mask"] = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 1), min_size=T, max_size=T),
+                                                                min_size=B, max_size=B)))
+    if data.draw(st.booleans(), label="cu_seqlens"):
+        inner = sorted(data.draw(st.lists(st.integers(0, T + 1), max_size=3)))
+        kw["cu_seqlens"] = torch.tensor([0, *inner, data.draw(st.sampled_from([T, T - 1, T + 1]))])
+    if data.draw(st.booleans(), label="position_ids"):
+        kw["position_ids"] = torch.tensor(data.draw(st.lists(st.lists(st.integers(-1, 4), min_size=T, max_size=T),
+                                                              min_size=B, max_size=B)))
+    v, detail = verdict(lambda: lm(_ids(B, T), **kw), ["attention_mask", "cu_seqlens", "position_ids", "documents"])
+    assert v in ("clear", "silent"), f"{sorted(kw)}: {v} — {detail}"
+    if v == "silent":
+        assert detail == f"returned a tensor {[B, T, 32]} torch.float32"
+        assert all_finite(lm(_ids(B, T), **kw))

@@ -40,15 +40,21 @@ def test_delta_rule_on_long_keys_raises(name):
 
 
 def test_comba_bound_is_one_plus_the_retention():
-    """Decay after the step: α·I − βkpᵀ has the eigenvalue α − β p·k ≥ −1 iff β p·k ≤ 1 + α."""
+    """Decay after the step: α·I − βkpᵀ has the eigenvalue α − β p·k ≥ −1 iff β p·k ≤ 1 + α. (The
+    bound itself; a call of one token — one step, which cannot diverge — runs past it.)"""
     x = example_inputs("comba", batch_size=1, seq_len=1, num_heads=1, seed=0, dtype=torch.float64)
     x["p"] = x["k"].clone()
     x["g"] = torch.full_like(x["g"], -0.5)  # α = e^-0.5
     q, k, v, rest = _split(x)
+    r = zoo.get("comba")
     limit = 1 + torch.tensor(-0.5).exp().item()
-    fw.recurrent("comba", q, k, v, **{**rest, "beta": torch.full_like(rest["beta"], limit * 0.999)})
+    below, above = ({**rest, "beta": torch.full_like(rest["beta"], limit * f)} for f in (0.999, 1.01))
+    check_step_bound(r, validate(r, q, k, v, below), k, below)
     with pytest.raises(DivergenceError, match=r"β·p·k = 1.6\d* exceeds 1 \+ α = 1.60"):
-        fw.recurrent("comba", q, k, v, **{**rest, "beta": torch.full_like(rest["beta"], limit * 1.01)})
+        check_step_bound(r, validate(r, q, k, v, above), k, above)
+    o, S = fw.recurrent(r, q, k, v, output_final_state=True, **above)
+    o_raw, S_raw = fw.recurrent(r, q, k, v, output_final_state=True, check_values=False, **above)
+    assert torch.equal(o, o_raw) and torch.equal(S, S_raw)
 
 
 def _minibatch_recipe(**opt):
@@ -62,7 +68,7 @@ def _minibatch_recipe(**opt):
 def test_within_the_bound_the_memory_never_grows(model):
     """Sufficiency, in float64: with v = 0 every step is S ↦ (α·I − M)S, so within the bound the state's norm
     never grows, even with every key the same (the worst case: the bound is then tight). β is set to the
-    largest value the check lets through (found by bisection on the check itself)."""
+    largest value the bound lets through (found by bisection on `check_step_bound` itself)."""
     recipe = {"minibatch": _minibatch_recipe(), "minibatch_average": _minibatch_recipe(minibatch_average=True)}.get(
         model, model)
     r = zoo.resolve(recipe)
@@ -79,8 +85,9 @@ def test_within_the_bound_the_memory_never_grows(model):
         S0 = MemoryState(weights=(torch.randn_like(S0.weights[0]),))
 
     def passes(scale):
+        inputs = {**rest, "beta": scale * torch.ones_like(rest["beta"])}
         try:
-            fw.recurrent(r, q, k, v, initial_state=S0, **{**rest, "beta": scale * torch.ones_like(rest["beta"])})
+            check_step_bound(r, validate(r, q, k, v, inputs), k, inputs, S0)
             return True
         except InputError:  # the step bound, or β ≤ 2 itself for the delta rule
             return False
@@ -134,6 +141,46 @@ def test_bound_counts_the_initial_window_and_offset():
                           window_v=s.window_v, window_gamma=torch.ones_like(s.window_gamma))
     with pytest.raises(DivergenceError, match="mini-batch of b=16 tokens from token 0"):
         check_step_bound(r, shapes, k, big, s_heavy)
+
+
+def test_omeganet_with_one_inner_mini_batch_runs_past_the_bound():
+    """The reference OmegaNet's own test inputs: inner mini-batch b ≥ T (one step), window 4, β ∈ (0, 1),
+    a random initial state. The trace bound fails (it is sufficient, not necessary), but one step cannot
+    diverge: the call runs and returns exactly what check_values=False returns."""
+    import dataclasses
+
+    from tests.helpers import random_state
+
+    base = zoo.get("omeganet")
+    r = dataclasses.replace(base, optimizer=dataclasses.replace(base.optimizer, minibatch=64))
+    assert r.objective.window == 4
+    x = example_inputs(r, batch_size=2, seq_len=48, num_heads=2, head_dim=8, dtype=torch.float64)
+    x["beta"] = torch.rand_like(x["beta"])
+    q, k, v, rest = _split(x)
+    state = random_state(r, 2, 2, 8, 8, torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()))))
+    with pytest.raises(DivergenceError, match="beta is too large for omeganet"):
+        check_step_bound(r, validate(r, q, k, v, rest), k, rest, state)
+    for form in ("recurrent", "chunk"):
+        fn = getattr(fw, form)
+        o, S = fn(r, q, k, v, initial_state=state, output_final_state=True, **rest)
+        o_raw, S_raw = fn(r, q, k, v, initial_state=state, output_final_state=True, check_values=False, **rest)
+        assert torch.equal(o, o_raw) and all(torch.equal(a, b) for a, b in zip(S.weights, S_raw.weights))
+
+
+def test_a_run_that_grows_step_after_step_is_refused_with_what_to_do():
+    """OmegaNet at its own b = 16 with β ∈ (0, 1) over 128 tokens (8 inner steps): the memory grows far past
+    what any non-amplifying run reaches; refused, naming beta, the growth and how to proceed."""
+    x = example_inputs("omeganet", seq_len=128)
+    x["beta"] = torch.rand_like(x["beta"])
+    q, k, v, rest = _split(x)
+    _, S = fw.recurrent("omeganet", q, k, v, output_final_state=True, check_values=False, **rest)
+    assert S.weights[0].norm() > 1e6  # it does diverge
+    for form in ("recurrent", "chunk"):
+        with pytest.raises(DivergenceError, match=r"^beta is too large for omeganet.*this run diverged: the final "
+                                                  r"state's norm reaches .*×.*β ≤ 0.0052.*check_values=False"):
+            getattr(fw, form)("omeganet", q, k, v, output_final_state=True, **rest)
+        with pytest.raises(DivergenceError, match=r"this run diverged: an output's norm reaches"):
+            getattr(fw, form)("omeganet", q, k, v, **rest)
 
 
 def test_bound_covers_exactly_the_linear_gd_steps():

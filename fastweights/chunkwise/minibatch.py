@@ -440,7 +440,9 @@ def compile_loop(enabled: bool = True, **options) -> None:
     factors and the end state of one segment: one compiled region instead of its ~20–40 ops);
     options go to torch.compile. The default is eager; the result is the same recurrence."""
     global _step
-    _step = torch.compile(_gd_step, **options) if enabled else _gd_step
+    from ..inputs import check_flag
+
+    _step = torch.compile(_gd_step, **options) if check_flag("enabled", enabled) else _gd_step
 
 
 def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:

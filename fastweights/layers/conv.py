@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..dispatch import Target, check_backend, promoted_dtype
+from ..inputs import InputError, check_choice, check_flag, check_int, check_positions
 from .routing import describe_routes, layer_op_row
 
 Tensor = torch.Tensor
@@ -45,10 +46,11 @@ class ShortConv(nn.Module):
     def __init__(self, channels: int, kernel_size: int = 4, bias: bool = False, activation: str | None = "silu",
                  backend: str = "auto"):
         super().__init__()
-        if kernel_size < 1:
-            raise ValueError(f"kernel_size must be ≥ 1, got {kernel_size}")
-        if activation not in ("silu", None):
-            raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+        check_int("channels", channels)
+        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
+            raise InputError(f"kernel_size must be ≥ 1 (an int), got {kernel_size!r}")
+        check_flag("bias", bias)
+        check_choice("activation", activation, ("silu",), optional=True)
         check_backend(None, "conv", backend)
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.backend = backend
@@ -67,9 +69,15 @@ class ShortConv(nn.Module):
         """x [B, T, C], tail [B, W − 1, C] or None (zeros), positions [B, T] int (each token's
         position inside its document; None: one document continuing the tail) ->
         (y [B, T, C], new tail [B, W − 1, C])."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[2] != self.channels or not x.is_floating_point():
+            raise InputError(f"x must be a floating tensor [B, T, C={self.channels}], got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")
         B, T, C = x.shape
-        if tail is not None and tuple(tail.shape) != (B, self.kernel_size - 1, C):
-            raise ValueError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got {list(tail.shape)}")
+        if tail is not None and (not isinstance(tail, Tensor) or tuple(tail.shape) != (B, self.kernel_size - 1, C)):
+            raise InputError(f"conv tail must have shape {[B, self.kernel_size - 1, C]}, got "
+                             f"{list(getattr(tail, 'shape', [])) or type(tail).__name__}")
+        if positions is not None:
+            check_positions("positions", positions, B, T)
         w, b = self.conv.weight, self.conv.bias
         target = Target.of(x.device, promoted_dtype(x, tail, w, b), conv_width=self.kernel_size)
         return layer_op_row(self.routes, "conv", self.backend, target).fn(x, w, b, tail, positions, self.activation)

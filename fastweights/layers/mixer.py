@@ -55,7 +55,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
-from ..inputs import PER_HEAD_INPUTS, accepted_inputs, init_state
+from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, init_state
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -661,11 +661,13 @@ class MemoryMixer(nn.Module):
         the sequence the state ends. `segments`: the documents of x (padding, packing, per-row
         positions; see the module doc); None: one document per row. `context`: a
         `fastweights.distributed.ContextParallel` when x is this rank's span of sequences split over
-        ranks (segments then from `context_segments`; no state in or out)."""
+        ranks (segments then from `context.segments`; no state in or out)."""
         if context is not None:
             return self._mix_context(x, form or self.form, segments, context)
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise MixerError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():
+            raise MixerError(f"x must be a floating tensor [B, T, d_model={self.d_model}], got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")
+        check_flag("output_state", output_state)
         form = form or self.form
         if form not in (("parallel", "recurrent") if self.is_softmax else tuple(api.forms(self.recipe))):
             raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
@@ -709,7 +711,8 @@ class MemoryMixer(nn.Module):
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
         pos = state.position if state is not None else (cp.offset if cp is not None else 0)
-        tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents
+        tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents (RoPE)
+        cpos = seg.conv_positions if seg is not None else None  # [B, T] how far back a conv reads
 
         proj = self._project(x)  # {q, k, v[, a, b, z]}
         q, k, v = proj["q"], proj["k"], proj["v"]
@@ -721,10 +724,10 @@ class MemoryMixer(nn.Module):
         # d_model 1024, against 8 KB of q, k, v); reading the views in place pays only once the gated
         # norm keeps its gate z as a view too (not done)
         if self.q_conv is not None:
-            q, tq = self.q_conv(q.contiguous(), state.conv_q if state is not None else None, tpos)
-            k, tk = self.k_conv(k.contiguous(), state.conv_k if state is not None else None, tpos)
+            q, tq = self.q_conv(q.contiguous(), state.conv_q if state is not None else None, cpos)
+            k, tk = self.k_conv(k.contiguous(), state.conv_k if state is not None else None, cpos)
         if self.v_conv is not None:
-            v, tv = self.v_conv(v.contiguous(), state.conv_v if state is not None else None, tpos)
+            v, tv = self.v_conv(v.contiguous(), state.conv_v if state is not None else None, cpos)
         kh = Hkv if self.is_softmax else Hq
         q = q.view(B, T, Hq, K)  # [B, T, Hq, K]
         k = k.view(B, T, n * kh, K)  # [B, T, n·Hk, K] (n = 1 except DeltaProduct)
@@ -769,7 +772,7 @@ class MemoryMixer(nn.Module):
         if self.w_proj is not None:
             w = self.w_proj(x).float() if x.dtype != torch.float64 else self.w_proj(x)
             if self.w_conv is not None:
-                w, tw = self.w_conv(w, state.conv_w if state is not None else None, tpos)
+                w, tw = self.w_conv(w, state.conv_w if state is not None else None, cpos)
             inputs["w"] = l2norm(w.view(B, T, Hkv, K))  # [B, T, Hkv, K]
 
         memory = state.memory if state is not None else self._initial_memory(B, x)

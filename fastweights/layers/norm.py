@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..dispatch import Target, check_backend, promoted_dtype
-from ..torch_layer_ops import gate_activation, l2norm
+from ..inputs import InputError, check_choice, check_flag, check_int
+from ..torch_layer_ops import GATES, gate_activation, l2norm
 from .routing import describe_routes, layer_op_row
 
 Tensor = torch.Tensor
@@ -38,12 +39,15 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float = 1e-5, affine: bool = True, backend: str = "auto"):
         super().__init__()
+        check_int("dim", dim)
+        check_flag("affine", affine)
         check_backend(None, "norm", backend)
         self.dim, self.eps, self.backend = dim, eps, backend
         self.routes: dict[str, tuple[str, str]] = {}
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_channels("x", x, self.dim, multiple=False)
         target = Target.of(x.device, promoted_dtype(x, self.weight), group_size=self.dim)
         return layer_op_row(self.routes, "norm", self.backend, target).fn(x, None, self.weight, group_size=self.dim,
                                                                          eps=self.eps)
@@ -65,7 +69,9 @@ class GatedRMSNorm(nn.Module):
     def __init__(self, group_size: int, eps: float = 1e-5, activation: GateAct = "swish",
                  norm_before_gate: bool = True, backend: str = "auto"):
         super().__init__()
-        gate_activation(activation, torch.zeros(1))  # validate the name
+        check_int("group_size", group_size)
+        check_choice("activation", activation, GATES)
+        check_flag("norm_before_gate", norm_before_gate)
         check_backend(None, "norm", backend)
         self.backend = backend
         self.routes: dict[str, tuple[str, str]] = {}
@@ -75,6 +81,10 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, o: Tensor, z: Tensor | None = None) -> Tensor:
         G = self.group_size
+        _check_channels("o", o, G, multiple=True)
+        if z is not None and (not isinstance(z, Tensor) or z.shape != o.shape or not z.is_floating_point()):
+            raise InputError(f"z must be None or a floating tensor shaped like o {list(o.shape)}, got "
+                             f"{getattr(z, 'dtype', type(z).__name__)} {list(getattr(z, 'shape', []))}")
         target = Target.of(o.device, promoted_dtype(o, z, self.weight), group_size=G,
                            gate=self.activation if z is not None else None)
         return layer_op_row(self.routes, "norm", self.backend, target).fn(
@@ -84,3 +94,12 @@ class GatedRMSNorm(nn.Module):
     def extra_repr(self) -> str:
         return (f"group_size={self.group_size}, eps={self.eps}, activation={self.activation}, "
                 f"norm_before_gate={self.norm_before_gate}, backend={self.backend}{describe_routes(self.routes)}")
+
+
+def _check_channels(name: str, x, width: int, *, multiple: bool) -> None:
+    """x: a floating tensor [..., C] with C = width (multiple=True: a multiple of it, the groups)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0 or \
+            (x.shape[-1] % width != 0 if multiple else x.shape[-1] != width) or x.shape[-1] == 0:
+        want = f"a multiple of group_size={width}" if multiple else f"{width}"
+        raise InputError(f"{name} must be a floating tensor [..., C] with C = {want}, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")

@@ -3,7 +3,9 @@ or `position_ids` restarting at 0), and per-row positions that continue a decodi
 
     doc [B, T] int64   the document of each token inside its row (0, 1, …), −1 at padding
     pos [B, T] int64   each token's position inside its document, counting the tokens a carried
-                       state already consumed (RoPE, short-convolution reach); 0 at padding
+                       state already consumed (RoPE; position_ids where given); 0 at padding
+    reach [B, T] int64 how many earlier tokens of its own document a short convolution may read
+                       (the carried state's included): pos, unless position_ids were given
 
 What every layer honours: a token attends to, convolves over and writes into the memory of its
 own document only (same row, same doc); padding is seen by nothing and its outputs are
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import InputError
+from ..inputs import InputError, check_positions
 
 Tensor = torch.Tensor
 
@@ -29,17 +31,24 @@ __all__ = ["Segments", "RowStates", "split_rows", "cat_rows", "select_rows"]
 
 @dataclass(frozen=True)
 class Segments:
-    """doc, pos [B, T] (see the module doc); continues: one document per row continuing a state;
-    single: no padding and one document per row (a memory then runs the batch as it is)."""
+    """doc, pos, reach [B, T] (see the module doc); continues: one document per row continuing a
+    state; single: no padding and one document per row (a memory then runs the batch as it is)."""
 
     doc: Tensor
     pos: Tensor
     continues: bool = False
     single: bool = False
+    reach: Tensor | None = None  # [B, T] int64; None: = pos
 
     @property
     def padded(self) -> bool:
         return bool((self.doc < 0).any())
+
+    @property
+    def conv_positions(self) -> Tensor:
+        """[B, T]: how far back a short convolution may read (the tokens of the token's own
+        document before it, a carried state's included) — `pos` unless position_ids said otherwise."""
+        return self.pos if self.reach is None else self.reach
 
     @staticmethod
     def build(B: int, T: int, *, attention_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
@@ -52,6 +61,13 @@ class Segments:
         documents, flash-attention's convention); position_ids [B, T] (a document starts where the
         position is 0, as Hugging Face's packing collators write them); offsets [B] int64: tokens
         each row's document already holds in a carried state (then the block continues it).
+
+        They combine: the documents come from cu_seqlens, else from position_ids, else one per row;
+        attention_mask then removes padding from them (a document's positions count its tokens
+        only, never its padding). Positions (RoPE) are position_ids where given, else each token's
+        index among its document's tokens (+ offsets); given beside cu_seqlens, position_ids must
+        restart at 0 exactly at each document's first token. A short convolution reads back only
+        over its own document's tokens, whatever the positions say (`conv_positions`).
         """
         if attention_mask is None and cu_seqlens is None and position_ids is None and offsets is None:
             return None
@@ -59,39 +75,65 @@ class Segments:
         if continues and cu_seqlens is not None:
             raise InputError("cu_seqlens packs new documents: it cannot continue a carried state (state=None)")
         real = _check_mask(attention_mask, B, T, device)  # [B, T] bool
-        t = torch.arange(T, device=device)
+        given = _check_position_ids(position_ids, B, T, real, device)  # [B, T] int64 or None
         if cu_seqlens is not None:
             from ..chunkwise.varlen import check_cu_seqlens
 
+            t = torch.arange(T, device=device)
             cu = torch.tensor(check_cu_seqlens(cu_seqlens, B, T), device=device)
-            doc = (torch.bucketize(t, cu[1:], right=True))[None]  # [1, T]
-            pos = (t - cu[doc[0]])[None]  # [1, T]
-        elif position_ids is not None:
-            if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != (B, T) \
-                    or position_ids.is_floating_point() or position_ids.dtype == torch.bool:
-                raise InputError(f"position_ids must be an integer tensor [B, T] = [{B}, {T}], got "
-                                 f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
-                                 f"{list(getattr(position_ids, 'shape', []))}")
-            pos = position_ids.to(device=device, dtype=torch.int64)
-            if bool((pos[real] < 0).any()):
-                raise InputError("position_ids must be ≥ 0 at every token")
-            if continues:
-                doc = torch.zeros(B, T, dtype=torch.int64, device=device)
-            else:
-                start = (pos == 0) & real
-                doc = (start.long().cumsum(1) - 1).clamp(min=0)  # [B, T]
+            seg = torch.bucketize(t, cu[1:], right=True)  # [T] the segment of each token (empty ones skipped)
+            doc = torch.cat([seg.new_zeros(1), (seg[1:] != seg[:-1]).long().cumsum(0)])[None]  # [1, T] 0, 1, …
+        elif given is not None and not continues:
+            doc = ((given == 0) & real).long().cumsum(1)  # a document starts at each position 0
         else:
-            base = offsets.to(device=device, dtype=torch.int64)[:, None] if continues else 0
-            pos = base + real.long().cumsum(1) - 1  # [B, T]
             doc = torch.zeros(B, T, dtype=torch.int64, device=device)
-        doc = torch.where(real, doc.expand(B, T), torch.full_like(doc.expand(B, T), -1))
-        pos = torch.where(real, pos.expand(B, T), torch.zeros_like(pos.expand(B, T)))
+        doc = torch.where(real, doc.clamp(min=0), torch.full_like(doc, -1))
+        doc = torch.where(real, doc - _row_min(doc, real), doc)  # every row's first document is 0
         _check_contiguous(doc)
-        return Segments(doc=doc, pos=pos, continues=continues, single=not bool((doc != 0).any()))
+        local = _index_in_document(doc)  # [B, T]
+        if continues:
+            local = torch.where(real, local + offsets.to(device=device, dtype=torch.int64)[:, None], local)
+        if given is not None and cu_seqlens is not None and \
+                not torch.equal((given == 0) & real, (local == 0) & real):
+            raise InputError("position_ids and cu_seqlens disagree: beside cu_seqlens, position_ids must be 0 "
+                             "exactly at each document's first token (or leave one of them out)")
+        pos = local if given is None else given
+        reach = None if given is None else local
+        return Segments(doc=doc, pos=pos, continues=continues, single=not bool((doc != 0).any()), reach=reach)
 
     def lengths(self) -> Tensor:
         """Tokens of each row [B] int64 (the documents' tokens, padding excluded)."""
         return (self.doc >= 0).sum(1)
+
+
+def _check_position_ids(position_ids, B: int, T: int, real: Tensor, device) -> Tensor | None:
+    """position_ids as int64 [B, T] on `device` (0 at padding), or None; InputError unless an
+    integer tensor [B, T] that is ≥ 0 at every token."""
+    if position_ids is None:
+        return None
+    pos = check_positions("position_ids", position_ids, B, T).to(device=device, dtype=torch.int64)
+    if bool((pos[real] < 0).any()):
+        raise InputError("position_ids must be ≥ 0 at every token")
+    return torch.where(real, pos, torch.zeros_like(pos))
+
+
+def _row_min(doc: Tensor, real: Tensor) -> Tensor:
+    """[B, 1]: the smallest document id of each row's tokens (0 for a row of padding only)."""
+    big = torch.iinfo(torch.int64).max
+    low = torch.where(real, doc, torch.full_like(doc, big)).min(1, keepdim=True).values
+    return torch.where(low == big, torch.zeros_like(low), low)
+
+
+def _index_in_document(doc: Tensor) -> Tensor:
+    """[B, T] int64: each token's index among its document's tokens in this block (0 at the
+    document's first token; 0 at padding). Documents are contiguous (`_check_contiguous`)."""
+    B, T = doc.shape
+    real = doc >= 0
+    seen = real.long().cumsum(1) - 1  # [B, T] index among the row's tokens
+    big = torch.iinfo(torch.int64).max
+    first = torch.full((B, T + 1), big, dtype=torch.int64, device=doc.device)  # per document id
+    first = first.scatter_reduce(1, doc.clamp(min=0), torch.where(real, seen, torch.full_like(seen, big)), "amin")
+    return torch.where(real, seen - first.gather(1, doc.clamp(min=0)), torch.zeros_like(seen))
 
 
 def _check_mask(mask, B: int, T: int, device) -> Tensor:

@@ -12,7 +12,9 @@ KV cache for softmax-side layers. `generate` = prefill + steps; `generate(use_ca
 decodes by repeated full forwards (the reference the tests hold the cache to).
 
 Documents: `forward` takes `attention_mask` [B, T] (0 = padding), `cu_seqlens` (packed
-documents, B = 1) or `position_ids` [B, T] (a document starts where the position is 0);
+documents, B = 1) and `position_ids` [B, T] (a document starts where the position is 0), alone or
+together (`Segments.build`: the documents from cu_seqlens, else position_ids; the mask removes
+padding from them; position_ids beside cu_seqlens must restart exactly at its documents);
 `prefill` takes `attention_mask` (left padding, for batched generation). No state, convolution
 tail or attention crosses a document boundary (`fastweights.layers.segments`): each document's
 logits equal those of the document run alone. After a padded prefill the LMState carries each
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inputs import InputError, check_data
+from ..inputs import InputError, InputTypeError, check_data, check_flag, check_int
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
 from ..layers.segments import RowStates, Segments
@@ -117,7 +119,7 @@ def sample_next(logits: Tensor, *, do_sample: bool = False, temperature: float =
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """The next token [B] from logits [B, vocab]: argmax, or a sample from softmax(logits / temperature)
     restricted to the top_k tokens and to the smallest set whose probability reaches top_p."""
-    if not do_sample:
+    if not check_flag("do_sample", do_sample):
         return logits.argmax(-1)
     x = logits.float() / temperature
     if top_k is not None and top_k < x.shape[-1]:
@@ -169,9 +171,12 @@ class LM(nn.Module):
         recorded: blocks 0, n, 2n, … (n = every_n_layers) keep only their input and recompute their
         activations in backward. checkpoint_fn(function, tensor) -> output: default
         `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`. Decoding (prefill, step) never
-        checkpoints. enable=False turns it off."""
-        if not isinstance(every_n_layers, int) or isinstance(every_n_layers, bool) or every_n_layers < 1:
-            raise ValueError(f"every_n_layers must be an int ≥ 1, got {every_n_layers!r}")
+        checkpoints. enable=False turns it off (a bool only: InputTypeError otherwise)."""
+        check_flag("enable", enable)
+        check_int("every_n_layers", every_n_layers)
+        if checkpoint_fn is not None and not callable(checkpoint_fn):
+            raise InputTypeError(f"checkpoint_fn must be None or a callable (function, tensor) -> output, got "
+                                 f"{type(checkpoint_fn).__name__}")
         if not enable:
             self._checkpointed, self._checkpoint_fn = frozenset(), None
             return
@@ -298,7 +303,8 @@ class LM(nn.Module):
         """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form).
 
         attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
-        position 0) or cu_seqlens [S+1] (packed documents, B = 1): each document sees only itself.
+        position 0) and cu_seqlens [S+1] (packed documents, B = 1), any of them together (see the
+        module doc): each document sees only itself.
         inputs_embeds [B, T, d_model] instead of input_ids: the embedding's output given directly
         (`forward(inputs_embeds=lm.embed(ids))` equals `forward(ids)`).
         context: a `fastweights.distributed.ContextParallel` — input_ids (and position_ids) are then this
@@ -457,8 +463,7 @@ class LM(nn.Module):
         if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
             raise GenerationError(f"top_p must lie in (0, 1] or be None, got {top_p!r}")
         for flag, value in (("do_sample", do_sample), ("use_cache", use_cache), ("cuda_graph", cuda_graph)):
-            if not isinstance(value, bool):
-                raise GenerationError(f"{flag} must be a bool, got {value!r}")
+            check_flag(flag, value)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise GenerationError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
         if cuda_graph and not use_cache:

@@ -171,3 +171,11 @@ def test_compiled_loop_body_equals_recurrent(name):
     assert max_err(s1, s2) < CHUNK_F64
     for a, b in zip(g1, g2):
         assert _close(b, a, CHUNK_F64)
+
+
+def test_compile_loop_takes_a_bool():
+    from fastweights.chunkwise import minibatch
+
+    with pytest.raises(TypeError, match="^enabled must be a bool"):
+        minibatch.compile_loop("no")
+    assert minibatch._step is minibatch._gd_step

@@ -32,3 +32,15 @@ def test_errors():
     conv = ShortConv(4, 4)
     with pytest.raises(ValueError, match="tail must have shape"):
         conv(torch.randn(1, 2, 4), torch.zeros(1, 2, 4))
+    with pytest.raises(ValueError, match="^x must be a floating tensor"):
+        conv(torch.randn(1, 2, 5))
+    with pytest.raises(ValueError, match="^x must be a floating tensor"):
+        conv(torch.randn(2, 4))
+    for bad in (torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), [0, 1]):
+        with pytest.raises(ValueError, match="^positions must be an integer tensor"):
+            conv(torch.randn(1, 2, 4), positions=bad)
+    with pytest.raises(TypeError, match="^bias must be a bool"):
+        ShortConv(4, 4, bias="no")
+    with pytest.raises(ValueError, match="^channels must be a positive int"):
+        ShortConv(0, 4)
+

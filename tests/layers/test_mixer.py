@@ -232,6 +232,10 @@ def test_overrides_and_errors():
         m(torch.randn(2, 5, 8))
     with pytest.raises(MixerError, match="one token"):
         m.step(torch.randn(2, 3, 16), m.init_state(2))
+    with pytest.raises(MixerError, match="x must be a floating tensor"):
+        m([[0.0] * 16])
+    with pytest.raises(TypeError, match="^output_state must be a bool"):
+        m(torch.randn(2, 5, 16), output_state="no")
 
 
 def test_gate_initializations():

@@ -1,5 +1,6 @@
 """Norms and RoPE: the formulas, the gated norm's two orders, RoPE's relative-position property."""
 
+import pytest
 import torch
 
 from fastweights.layers import GatedRMSNorm, RMSNorm, apply_rope, l2norm
@@ -33,3 +34,10 @@ def test_rope_depends_on_relative_position_only():
     assert torch.allclose(apply_rope(q, 7, period=4), apply_rope(q, 3))
     x = torch.randn(2, 6, 3, 8, dtype=torch.float64)  # norms are kept
     assert torch.allclose(apply_rope(x, 11).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_norm_flags_are_bools():
+    with pytest.raises(TypeError, match="^affine must be a bool"):
+        RMSNorm(8, affine="no")
+    with pytest.raises(TypeError, match="^norm_before_gate must be a bool"):
+        GatedRMSNorm(8, norm_before_gate="False")

@@ -2,6 +2,8 @@
 greedy generation equals greedy decoding by repeated full forwards, the model trains (the loss
 falls on a tiny copy task); hybrids, sampling, states and errors."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -294,3 +296,21 @@ def test_gradient_checkpointing_per_block_gives_the_same_gradients():
     assert not model.gradient_checkpointing
     with pytest.raises(ValueError, match="every_n_layers"):
         model.set_gradient_checkpointing(every_n_layers=0)
+
+
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None, [False]])
+def test_gradient_checkpointing_takes_a_bool_only(value):
+    """A string such as "no" (truthy) once turned checkpointing on: every value but True / False is refused."""
+    model = LM(tiny_config("deltanet"))
+    with pytest.raises(TypeError, match=f"^enable must be a bool \\(True or False\\), got {re.escape(repr(value))}"):
+        model.set_gradient_checkpointing(value)
+    assert not model.gradient_checkpointing
+    with pytest.raises(TypeError, match="^checkpoint_fn must be None or a callable"):
+        model.set_gradient_checkpointing(True, checkpoint_fn="torch.utils.checkpoint")
+    assert not model.gradient_checkpointing
+
+
+def test_sample_next_takes_a_bool_do_sample():
+    logits = torch.randn(2, VOCAB)
+    with pytest.raises(TypeError, match="^do_sample must be a bool"):
+        sample_next(logits, do_sample="no")

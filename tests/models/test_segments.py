@@ -5,6 +5,8 @@ A wrong boundary anywhere (a conv tap, a memory, an attention row, a RoPE positi
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fastweights as fw
 from fastweights.inputs import InputError
@@ -94,6 +96,81 @@ def test_a_second_block_continues_each_row_of_a_padded_prefill():
         assert err(logits[i], ref) < SEGMENTS_F64 and err(logits2[i], ref) < SEGMENTS_F64
     with pytest.raises(GenerationError, match="first block only"):
         model.prefill(more, state, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1] * 5]))
+
+
+SOURCE_LEN = 7  # each drawn document is a prefix of one of the model's source sequences
+
+
+@st.composite
+def layouts(draw):
+    """A random block of documents: B rows (1–2), each some documents (each a prefix of a distinct
+    source sequence, 1–7 tokens) with padding before and after; described by any combination the
+    forward takes — attention_mask (needed with padding; bool or 0/1), cu_seqlens (B = 1; padding
+    in its own segments or inside the first / last document's), position_ids (needed for several
+    documents in a row without cu_seqlens; padding's positions arbitrary)."""
+    B = draw(st.sampled_from([1, 1, 2]), label="B")  # (weighted to the packed row, where descriptions combine)
+    sources = iter(draw(st.permutations(range(4))))
+    rows = [[(next(sources), draw(st.integers(1, SOURCE_LEN))) for _ in range(draw(st.integers(1, 4 // B)))]
+            for _ in range(B)]
+    left = [draw(st.sampled_from([0, 1, 2]), label="left padding") for _ in range(B)]
+    T = max(a + sum(n for _, n in row) for a, row in zip(left, rows)) + draw(st.sampled_from([0, 1, 2]), label="right")
+    packed = any(len(row) > 1 for row in rows)
+    described = ["cu", "cu+pos", "pos"] if B == 1 else ["pos"]
+    if not packed:
+        described += ["none"]
+    by = draw(st.sampled_from(described), label="documents by")
+    padded = any(a > 0 or a + sum(n for _, n in row) < T for a, row in zip(left, rows))
+    return dict(rows=rows, left=left, T=T, cu="cu" in by, pos="pos" in by,
+                mask=draw(st.sampled_from([torch.long, torch.bool] + ([] if padded else [None])), label="mask"),
+                pad_segments=draw(st.booleans(), label="padding in its own cu_seqlens segments"))
+
+
+def build_block(layout, source):
+    """(input_ids [B, T], forward kwargs, [(row, first column, source, length)]) of a layout."""
+    rows, left, T = layout["rows"], layout["left"], layout["T"]
+    ids = torch.randint(0, VOCAB, (len(rows), T))  # padding holds random tokens: nothing may read them
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    position_ids = torch.randint(0, 4, (len(rows), T))  # padding's positions: anything
+    where = []
+    for b, row in enumerate(rows):
+        col = left[b]
+        for s, n in row:
+            ids[b, col:col + n], mask[b, col:col + n] = source[s, :n], 1
+            position_ids[b, col:col + n] = torch.arange(n)
+            where.append((b, col, s, n))
+            col += n
+    kw = {}
+    if layout["mask"] is not None:
+        kw["attention_mask"] = mask.to(layout["mask"])
+    if layout["cu"]:  # B = 1: the documents' ends; padding its own segments or inside the first / last
+        ends = list(torch.tensor([n for _, n in rows[0]]).cumsum(0) + left[0])
+        bounds = [0] + ([left[0]] if layout["pad_segments"] and left[0] else []) + ends
+        if bounds[-1] < T:
+            bounds = bounds + [T] if layout["pad_segments"] else bounds[:-1] + [T]
+        kw["cu_seqlens"] = torch.tensor(bounds)
+    if layout["pos"]:
+        kw["position_ids"] = position_ids
+    return ids, kw, where
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_random_padding_packing_and_positions_give_each_document_its_logits_alone(name):
+    """Property (hypothesis): any combination of left/right padding, packing (cu_seqlens, position_ids
+    restarting at 0, both) and positions gives every document the logits it has alone (float64)."""
+    model = LM(tiny_config(name)).double()
+    source = torch.randint(0, VOCAB, (4, SOURCE_LEN))
+    alone = model(source)  # [4, SOURCE_LEN, vocab]: a document that is a prefix has the prefix's logits
+
+    @settings(max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(layouts())
+    def check(layout):
+        ids, kw, where = build_block(layout, source)
+        out = model(ids, **kw)
+        for b, col, s, n in where:
+            assert err(out[b, col:col + n], alone[s, :n]) < SEGMENTS_F64, \
+                f"document of source {s} ({n} tokens) at row {b}, column {col}, with {sorted(kw)}"
+
+    check()
 
 
 def test_document_errors():

@@ -1,0 +1,93 @@
+"""Segments.build: the documents and positions of a block from attention_mask, cu_seqlens,
+position_ids and a carried state's offsets, alone or combined; a short convolution reading the
+positions it gives never crosses a document start nor reads padding."""
+
+import pytest
+import torch
+
+from fastweights.inputs import InputError
+from fastweights.layers import ShortConv
+from fastweights.layers.segments import Segments
+from tests.tolerances import SHORT_CONV_F64
+
+
+def conv_by_documents(conv, x, seg):
+    """(y [B, T, C] of the conv over x with the segments' conv positions, [(row, cols, y alone)])."""
+    y, _ = conv(x, None, seg.conv_positions)
+    alone = []
+    for b in range(x.shape[0]):
+        for d in seg.doc[b].unique().tolist():
+            if d < 0:
+                continue
+            cols = (seg.doc[b] == d).nonzero()[:, 0]
+            alone.append((b, cols, conv(x[b:b + 1, cols])[0][0]))
+    return y, alone
+
+
+def test_padding_beside_cu_seqlens_is_no_position():
+    """Padding inside the documents cu_seqlens marks (left padding in the first, right padding in the
+    last): positions count the tokens only, and the conv reads no padding."""
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 0]])
+    seg = Segments.build(1, 8, attention_mask=mask, cu_seqlens=torch.tensor([0, 4, 8]))
+    assert seg.doc.tolist() == [[-1, -1, 0, 0, 1, 1, 1, -1]]
+    assert seg.pos.tolist() == [[0, 0, 0, 1, 0, 1, 2, 0]]
+    conv = ShortConv(3, 4).double()
+    x = torch.randn(1, 8, 3, dtype=torch.float64)  # padding holds values: nothing may read them
+    y, alone = conv_by_documents(conv, x, seg)
+    for b, cols, ref in alone:
+        assert (y[b, cols] - ref).abs().max().item() < SHORT_CONV_F64
+
+
+def test_empty_and_padding_only_segments_of_cu_seqlens():
+    seg = Segments.build(1, 6, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]),
+                         cu_seqlens=torch.tensor([0, 1, 1, 3, 3, 6]))
+    assert seg.doc.tolist() == [[-1, 0, 0, 1, 1, 1]]
+    assert seg.pos.tolist() == [[0, 0, 1, 0, 1, 2]]
+
+
+def test_position_ids_beside_cu_seqlens_give_the_positions_or_are_refused():
+    cu = torch.tensor([0, 3, 5])
+    seg = Segments.build(1, 5, cu_seqlens=cu, position_ids=torch.tensor([[0, 1, 2, 0, 1]]))
+    assert seg.doc.tolist() == [[0, 0, 0, 1, 1]] and seg.pos.tolist() == [[0, 1, 2, 0, 1]]
+    seg = Segments.build(1, 5, cu_seqlens=cu, position_ids=torch.tensor([[0, 2, 4, 0, 3]]))  # e.g. strided
+    assert seg.pos.tolist() == [[0, 2, 4, 0, 3]] and seg.conv_positions.tolist() == [[0, 1, 2, 0, 1]]
+    for bad in ([[0, 1, 2, 3, 4]], [[0, 1, 0, 0, 1]], [[1, 2, 3, 0, 1]]):
+        with pytest.raises(InputError, match="^position_ids and cu_seqlens disagree"):
+            Segments.build(1, 5, cu_seqlens=cu, position_ids=torch.tensor(bad))
+    seg = Segments.build(1, 5, cu_seqlens=cu, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]),
+                         position_ids=torch.tensor([[7, 0, 1, 0, 1]]))  # padding's position is never read
+    assert seg.pos.tolist() == [[0, 0, 1, 0, 1]]
+
+
+def test_the_conv_reads_its_own_document_whatever_position_ids_say():
+    """A row that starts inside a document (positions 3, 4, …) and positions that jump: documents
+    start at each 0, the conv reaches back over its own document's tokens only."""
+    position_ids = torch.tensor([[3, 4, 0, 1, 0, 5, 6], [0, 1, 2, 0, 9, 9, 9]])
+    mask = torch.tensor([[1] * 7, [0, 1, 1, 1, 1, 1, 0]])  # row 1: a padding 0 is no document start
+    seg = Segments.build(2, 7, position_ids=position_ids, attention_mask=mask)
+    assert seg.doc.tolist() == [[0, 0, 1, 1, 2, 2, 2], [-1, 0, 0, 1, 1, 1, -1]]
+    assert seg.pos.tolist() == [[3, 4, 0, 1, 0, 5, 6], [0, 1, 2, 0, 9, 9, 0]]
+    conv = ShortConv(2, 4).double()
+    x = torch.randn(2, 7, 2, dtype=torch.float64)
+    y, alone = conv_by_documents(conv, x, seg)
+    assert len(alone) == 5
+    for b, cols, ref in alone:
+        assert (y[b, cols] - ref).abs().max().item() < SHORT_CONV_F64
+
+
+def test_offsets_continue_each_row():
+    seg = Segments.build(2, 4, attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+                         offsets=torch.tensor([2, 0]))
+    assert seg.continues and seg.doc.tolist() == [[-1, 0, 0, 0], [0, 0, 0, 0]]
+    assert seg.pos.tolist() == [[0, 2, 3, 4], [0, 1, 2, 3]] and seg.conv_positions.tolist() == seg.pos.tolist()
+
+
+def test_errors():
+    with pytest.raises(InputError, match="^position_ids must be an integer tensor"):
+        Segments.build(1, 3, position_ids=torch.zeros(1, 3))
+    with pytest.raises(InputError, match="^position_ids must be ≥ 0"):
+        Segments.build(1, 3, position_ids=torch.tensor([[0, -1, 2]]))
+    with pytest.raises(InputError, match="between"):
+        Segments.build(1, 4, attention_mask=torch.tensor([[1, 0, 0, 1]]), cu_seqlens=torch.tensor([0, 2, 4]))
+    with pytest.raises(InputError, match="cannot continue"):
+        Segments.build(1, 3, cu_seqlens=torch.tensor([0, 3]), offsets=torch.tensor([1]))

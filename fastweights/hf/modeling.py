@@ -46,6 +46,9 @@ __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedM
 IGNORE_INDEX = -100
 
 
+_SHARED_MODULES = frozenset({"embed", "blocks", "norm", "lm_head"})
+
+
 class FastWeightsPreTrainedModel(PreTrainedModel):
     """The LM's modules (`embed`, `blocks`, `norm`) under transformers; `.lm` is the LM itself
     (sharing every parameter), for `LM.generate`, `prefill`, `step` and `save_pretrained`."""
@@ -66,6 +69,15 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         self.post_init()
 
     supports_gradient_checkpointing = True
+
+    def __setattr__(self, name: str, value) -> None:
+        """A module set under one of the LM's names (`embed`, `blocks`, `norm`, `lm_head`) is set in the
+        LM too, so the two never diverge: PEFT (`get_peft_model`, `merge_and_unload`) replacing the head
+        by its adapter and back, `set_input_embeddings`, `set_output_embeddings`."""
+        super().__setattr__(name, value)
+        lm = self.__dict__.get("_lm")
+        if lm is not None and name in _SHARED_MODULES and isinstance(value, nn.Module):
+            setattr(lm, name, value)
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1):
@@ -99,8 +111,7 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         if not isinstance(value, nn.Embedding) or value.embedding_dim != self._lm.config.d_model:
             raise InputError(f"set_input_embeddings takes an nn.Embedding [vocab, {self._lm.config.d_model}], got "
                              f"{type(value).__name__} {list(getattr(value, 'weight', torch.empty(0)).shape)}")
-        self.embed = value
-        self._lm.embed = value
+        self.embed = value  # (and the LM's: __setattr__)
         if value.num_embeddings != self._lm.config.vocab_size:
             self._lm.config = dataclasses.replace(self._lm.config, vocab_size=value.num_embeddings)
             self.config.vocab_size = value.num_embeddings

@@ -202,8 +202,30 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             cache.activate_past_recording()
         model_kwargs[OUTPUT_STATE_FIELD] = cache
 
-    def get_output_embeddings(self):
-        return None  # the head is the embedding (tied inside the LM)
+    def get_output_embeddings(self) -> nn.Linear | None:
+        """The untied head `lm_head` [vocab, d_model] (LMConfig.tie_word_embeddings=False, fla's layout);
+        None for a tied head, which is the embedding itself (the LM reads its weight: nothing to tie).
+        `resize_token_embeddings` resizes the embedding, then (untied) this head to the same rows."""
+        return self._lm.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        """The untied head: a module with in_features = d_model and out_features = the vocabulary
+        (the embedding's rows); a tied LM has none to set."""
+        lm = self._lm
+        if lm.lm_head is None:
+            raise InputError("set_output_embeddings: this model's head is its embedding (tie_word_embeddings=True); "
+                             "resize or replace the embedding with set_input_embeddings")
+        shape = (getattr(value, "out_features", None), getattr(value, "in_features", None))
+        if not isinstance(value, nn.Module) or shape != (lm.config.vocab_size, lm.config.d_model):
+            raise InputError(f"set_output_embeddings takes a Linear [vocab_size={lm.config.vocab_size}, "
+                             f"d_model={lm.config.d_model}] (the embedding's rows), got {type(value).__name__} "
+                             f"{list(shape)}")
+        self.lm_head = value  # (and the LM's: __setattr__)
+
+    def tie_weights(self, *args, **kwargs) -> None:
+        """Nothing to tie, whatever the transformers config says: a tied head is the embedding by
+        construction (the LM reads its weight), an untied head (LMConfig.tie_word_embeddings=False) is
+        its own parameter and stays so."""
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
@@ -241,7 +263,10 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                     logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask,
                                                inputs_embeds=inputs_embeds)
                 state.update_state(after, lm, mask=block_mask, **inputs)
-            elif use_cache and cu_seqlens is None and labels is None:
+            elif use_cache and cu_seqlens is None and labels is None and not (
+                    state is None and _right_padded(attention_mask)):
+                # (a right-padded block without a cache object, e.g. scoring: no state can continue it,
+                # so none is made; the plain forward below runs it)
                 check_cache_position(cache_position, 0, T)
                 logits, after = lm.prefill(input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
                 if state is None:
@@ -260,6 +285,14 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=_tuple(hidden),
                                      **{OUTPUT_STATE_FIELD: state})
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
+
+
+def _right_padded(attention_mask: torch.Tensor | None) -> bool:
+    """Whether some row of attention_mask [B, T] has padding (0) after a token (1)."""
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] < 2:
+        return False
+    real = attention_mask.bool()
+    return bool((real[:, :-1] & ~real[:, 1:]).any())
 
 
 def _flag(value: bool | None, config, name: str) -> bool:

@@ -10,6 +10,7 @@ import transformers
 
 import fastweights as fw
 import fastweights.hf as fh
+from fastweights.hf.cache_args import OUTPUT_STATE_FIELD
 from fastweights.inputs import InputError
 from fastweights.models import LM
 from tests.models.test_lm import VOCAB, tiny_config
@@ -166,3 +167,19 @@ def test_an_untied_head_is_saved_and_loaded_by_transformers(tmp_path):
     assert torch.equal(hf.lm.lm_head.weight, lm.lm_head.weight)
     ids = torch.randint(0, 64, (2, 9))
     assert torch.equal(hf(ids).logits, lm(ids))  # the same modules and weights: the same computation
+
+
+@pytest.mark.parametrize("mixer", [("gated_deltanet", "softmax_attention"), ("mamba2",), ("ttt_linear", "fox")])
+@pytest.mark.parametrize("use_cache", [None, True])
+def test_a_right_padded_forward_scores_each_row_as_alone_without_a_cache(mixer, use_cache):
+    """Scoring code pads on the right and calls the model as it is (use_cache from the config: True):
+    the logits at the real positions are each row's alone, and no cache comes back (none could continue
+    a right-padded row; generate pads on the left)."""
+    cfg = tiny_config(mixer[0], mixer=mixer, n_layers=len(mixer), head_v_dim=8)
+    model = fh.from_lm(LM(cfg).double())
+    docs = documents([3, 7, 5])
+    ids, mask = padded(docs, left=False)
+    out = model(ids, attention_mask=mask, use_cache=use_cache)
+    assert getattr(out, OUTPUT_STATE_FIELD) is None
+    for i, d in enumerate(docs):
+        assert (out.logits[i, :len(d)] - model.lm(d[None])[0]).abs().max() < SEGMENTS_F64, f"row {i}"

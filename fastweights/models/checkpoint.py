@@ -1,5 +1,6 @@
 """Checkpoints of an LM: `config.json` (the LMConfig; zoo models by name, custom Recipes field by
-field) and `model.safetensors` (every weight, in its dtype). The same directory is a transformers
+field) and `model.safetensors` (every weight, in its dtype; `load_pretrained` also reads a sharded
+checkpoint, `model.safetensors.index.json` and the shards it names). The same directory is a transformers
 checkpoint (`"model_type": "fastweights"`, `fastweights.hf`); keys transformers adds when it
 saves (`transformers_version`, `dtype`, …) are ignored here. Files are written to a temporary
 name and renamed, so a crash never leaves a half-written checkpoint under the real names.
@@ -15,10 +16,11 @@ import torch
 
 from .config import ConfigError, LMConfig
 
-__all__ = ["CheckpointError", "save_pretrained", "load_pretrained", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = ["CheckpointError", "save_pretrained", "load_pretrained", "CONFIG_NAME", "WEIGHTS_NAME", "INDEX_NAME"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"  # a sharded checkpoint: the index and its shards instead
 FORMAT = "fastweights.LM"
 VERSION = 1
 #: the value of a checkpoint's "routing" key when its "backends" are the layers' *requested* backends
@@ -62,6 +64,23 @@ def save_pretrained(model, directory) -> None:
     _atomic_write(d / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
 
 
+def _shards(index_path: Path) -> list[Path]:
+    """The shard files an index names (`{"weight_map": {tensor name: file name}}`, as transformers'
+    `save_pretrained(max_shard_size=...)` writes it), each once, in order; every one must exist."""
+    try:
+        doc = json.loads(index_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{index_path}: corrupt JSON ({e})") from None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise CheckpointError(f"{index_path}: expected a 'weight_map' of tensor name -> shard file name")
+    files = [index_path.parent / name for name in dict.fromkeys(weight_map.values())]
+    for f in files:
+        if f.parent != index_path.parent or not f.is_file():
+            raise CheckpointError(f"{f}: missing (a shard that {index_path.name} names)")
+    return files
+
+
 def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -71,9 +90,12 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
         raise CheckpointError(f"{d}: no such checkpoint directory (save_pretrained writes {CONFIG_NAME} and "
                               f"{WEIGHTS_NAME} there)")
     cfg_path, w_path = d / CONFIG_NAME, d / WEIGHTS_NAME
+    if not w_path.is_file() and (d / INDEX_NAME).is_file():  # sharded (transformers' max_shard_size)
+        w_path = d / INDEX_NAME
     for p in (cfg_path, w_path):
         if not p.is_file():
-            raise CheckpointError(f"{p}: missing (a checkpoint holds {CONFIG_NAME} and {WEIGHTS_NAME})")
+            raise CheckpointError(f"{p}: missing (a checkpoint holds {CONFIG_NAME} and {WEIGHTS_NAME}, or "
+                                  f"{INDEX_NAME} and its shards)")
     try:
         doc = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -86,10 +108,12 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
         config = LMConfig.from_dict(doc["config"])
     except ConfigError as e:
         raise CheckpointError(f"{cfg_path}: {e}") from None
-    try:
-        tensors = load_file(str(w_path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{w_path}: corrupt or truncated safetensors file ({e})") from None
+    tensors = {}
+    for shard in (_shards(w_path) if w_path.name == INDEX_NAME else [w_path]):
+        try:
+            tensors.update(load_file(str(shard)))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{shard}: corrupt or truncated safetensors file ({e})") from None
     backends = requested_backends(doc.get("backends"), doc.get("routing"), config)
     if backend is not None:
         backends = [backend] * config.n_layers

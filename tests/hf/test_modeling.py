@@ -183,3 +183,21 @@ def test_a_right_padded_forward_scores_each_row_as_alone_without_a_cache(mixer, 
     assert getattr(out, OUTPUT_STATE_FIELD) is None
     for i, d in enumerate(docs):
         assert (out.logits[i, :len(d)] - model.lm(d[None])[0]).abs().max() < SEGMENTS_F64, f"row {i}"
+
+
+def test_a_sharded_checkpoint_loads_in_lm_from_pretrained(tmp_path):
+    """transformers' save_pretrained(max_shard_size=...) writes model.safetensors.index.json and shards;
+    LM.from_pretrained reads them all (and names a missing shard)."""
+    from fastweights.models.checkpoint import CheckpointError
+
+    lm = LM(tiny_config("gated_deltanet", mixer=("gated_deltanet", "softmax_attention")))
+    fh.from_lm(lm).save_pretrained(tmp_path, max_shard_size="8KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(shards) > 1
+    assert not (tmp_path / "model.safetensors").exists()
+    back = LM.from_pretrained(tmp_path)
+    assert back.state_dict().keys() == lm.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), lm.state_dict().values()))
+    shards[-1].unlink()
+    with pytest.raises(CheckpointError, match=shards[-1].name):
+        LM.from_pretrained(tmp_path)

@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..inputs import InputError
-from ..models.checkpoint import ROUTING
+from ..models.checkpoint import ROUTING, write_auto_module
 from ..models.lm import LM
 from .cache import FastWeightsCache
 from .cache_args import OUTPUT_STATE_FIELD, STATE_NAMES, check_cache_position, take_state
@@ -69,6 +69,17 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         self.post_init()
 
     supports_gradient_checkpointing = True
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel"):
+        """Nothing (see `FastWeightsConfig.register_for_auto_class`): the class is the installed package's."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus the file config.json's `auto_map` names (`checkpoint.AUTO_MODULE`:
+        the directory then loads with trust_remote_code=True without `import fastweights.hf`)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        write_auto_module(save_directory)
+        return out
 
     def __setattr__(self, name: str, value) -> None:
         """A module set under one of the LM's names (`embed`, `blocks`, `norm`, `lm_head`) is set in the

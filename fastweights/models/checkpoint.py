@@ -29,6 +29,27 @@ VERSION = 1
 ROUTING = "per-call"
 
 
+#: transformers' remote-code entry: `auto_map` in config.json names classes of AUTO_MODULE, a file written next
+#: to it that imports them from the installed package, so `AutoModelForCausalLM.from_pretrained(dir,
+#: trust_remote_code=True)` loads the directory without `import fastweights.hf` first (transformers imports
+#: only files inside the checkpoint directory: the file is the bridge; the code it runs is fastweights').
+AUTO_MODULE = "fastweights_auto"
+AUTO_MAP = {"AutoConfig": f"{AUTO_MODULE}.FastWeightsConfig", "AutoModel": f"{AUTO_MODULE}.FastWeightsModel",
+            "AutoModelForCausalLM": f"{AUTO_MODULE}.FastWeightsForCausalLM"}
+AUTO_SOURCE = '''"""transformers' remote-code entry of a fastweights checkpoint (config.json's auto_map names it):
+the classes come from the installed fastweights package (pip install "fastweights[hf]"); importing it
+registers them with transformers' Auto classes. Nothing else is defined or run here."""
+
+from fastweights.hf import FastWeightsConfig, FastWeightsForCausalLM, FastWeightsModel  # noqa: F401
+'''
+
+
+def write_auto_module(directory) -> None:
+    """Write AUTO_MODULE.py into a checkpoint directory (what config.json's auto_map names)."""
+    path = Path(directory) / f"{AUTO_MODULE}.py"
+    _atomic_write(path, lambda p: p.write_text(AUTO_SOURCE, encoding="utf-8"))
+
+
 class CheckpointError(OSError):
     """A checkpoint that is missing, corrupt, or does not fit its config; the message names the file."""
 
@@ -57,11 +78,13 @@ def save_pretrained(model, directory) -> None:
     d.mkdir(parents=True, exist_ok=True)
     # model_type / architectures: the same directory loads with transformers' Auto classes (fastweights.hf)
     doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends),
-           "routing": ROUTING, "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"]}
+           "routing": ROUTING, "model_type": "fastweights", "architectures": ["FastWeightsForCausalLM"],
+           "auto_map": AUTO_MAP}
     text = json.dumps(doc, indent=2, ensure_ascii=False)
     _atomic_write(d / CONFIG_NAME, lambda p: p.write_text(text, encoding="utf-8"))
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     _atomic_write(d / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    write_auto_module(d)
 
 
 def _shards(index_path: Path) -> list[Path]:

@@ -201,3 +201,31 @@ def test_a_sharded_checkpoint_loads_in_lm_from_pretrained(tmp_path):
     shards[-1].unlink()
     with pytest.raises(CheckpointError, match=shards[-1].name):
         LM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("writer", ["lm", "transformers"])
+def test_a_checkpoint_loads_with_trust_remote_code_without_importing_fastweights_hf(writer, tmp_path, monkeypatch):
+    """config.json's auto_map names fastweights_auto.py, written next to it: with fastweights.hf's Auto
+    registrations taken away (as in a process that never imported it), AutoModelForCausalLM loads the
+    directory with trust_remote_code=True; saving it again writes the same two entries, no package file."""
+    import json
+
+    from transformers import dynamic_module_utils
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    lm = LM(tiny_config("gated_deltanet", mixer=("gated_deltanet", "softmax_attention"))).double()
+    (lm.save_pretrained if writer == "lm" else fh.from_lm(lm).save_pretrained)(tmp_path / "a")
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.delitem(configuration_auto.CONFIG_MAPPING._extra_content, fh.MODEL_TYPE)
+    for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING, modeling_auto.MODEL_MAPPING):
+        monkeypatch.setattr(mapping, "_extra_content", {})
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "a")  # not without consent
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a", trust_remote_code=True, dtype=torch.float64)
+    assert isinstance(model, fh.FastWeightsForCausalLM)
+    ids = torch.randint(0, VOCAB, (2, 6))
+    assert torch.equal(model(ids).logits, lm(ids))
+    model.save_pretrained(tmp_path / "b")
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.py")) == ["fastweights_auto.py"]
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["auto_map"] == \
+        json.loads((tmp_path / "a" / "config.json").read_text())["auto_map"]

@@ -203,6 +203,7 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         the first forward fills; an assistant's records its past (its drafts get cropped), as
         transformers does for the caches it makes. Assisted decoding needs a cache before the first
         forward (it activates recording on it)."""
+        _check_cache_implementation(generation_config.cache_implementation)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache is False or model_kwargs.get("use_cache") is False:
             return
@@ -212,6 +213,13 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         if getattr(generation_config, "is_assistant", False):
             cache.activate_past_recording()
         model_kwargs[OUTPUT_STATE_FIELD] = cache
+
+    def generate(self, *args, **kwargs):
+        """transformers' generate; a cache_implementation other than the model's own state is refused
+        (checked here for "paged", which transformers diverts before any cache is made, and again where
+        the cache is made, for one set in a GenerationConfig)."""
+        _check_cache_implementation(kwargs.get("cache_implementation"))
+        return super().generate(*args, **kwargs)
 
     def get_output_embeddings(self) -> nn.Linear | None:
         """The untied head `lm_head` [vocab, d_model] (LMConfig.tie_word_embeddings=False, fla's layout);
@@ -296,6 +304,15 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=_tuple(hidden),
                                      **{OUTPUT_STATE_FIELD: state})
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
+
+
+def _check_cache_implementation(value) -> None:
+    """generate's cache_implementation: None or "dynamic" (the model's own FastWeightsCache, made by
+    `_prepare_cache_for_generation`); "static", "offloaded", "quantized", "paged", … are caches of keys and
+    values that a fixed-size memory does not have, refused rather than ignored."""
+    if value not in (None, "dynamic"):
+        raise InputError(f"cache_implementation={value!r} is not supported: a fastweights model decodes from its own "
+                         "state (FastWeightsCache, made by generate); leave cache_implementation unset")
 
 
 def _right_padded(attention_mask: torch.Tensor | None) -> bool:

@@ -86,12 +86,16 @@ def run(*, steps: int = 200, base_steps: int = 200, d_model: int = 64, T: int = 
     lora_losses = train(peft_model, train_rows, steps, 3e-3, batch, gen)
     after = evaluate(peft_model, held)
     base_kept = all(torch.equal(v, dict(peft_model.named_parameters())[k]) for k, v in frozen.items())
+    # every adapter trained: its B (zero at the start) moved
+    lora_b = [p for k, p in peft_model.named_parameters() if "lora_B" in k]
+    moved = sum(bool(p.detach().ne(0).any()) for p in lora_b)
     with torch.no_grad():
         adapted = peft_model(input_ids=held).logits
         merged = peft_model.merge_and_unload()(input_ids=held).logits
     result = dict(d_model=d_model, T=T, batch=batch, rank=rank, base_steps=base_steps, lora_steps=steps,
                   parameters=total, trainable=trainable, held_out_before=round(before, 4),
                   held_out_after=round(after, 4), base_weights_unchanged=base_kept,
+                  adapters_trained=f"{moved}/{len(lora_b)}",
                   merged_max_abs_diff=float((adapted - merged).abs().max()),
                   seconds=round(time.perf_counter() - t0, 1), base_losses=base_losses, lora_losses=lora_losses)
     if plot is not None:

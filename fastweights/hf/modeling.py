@@ -17,6 +17,10 @@ here is one format. `forward`:
     past_key_values: a FastWeightsCache (the LMState); use_cache=True returns the updated one
     position_ids [B, T] / cu_seqlens [S+1] (B = 1): packed documents, without a cache
 
+A right-padded forward without a cache object (scoring code: attention_mask with trailing zeros and
+the config's use_cache=True) runs as without a cache and returns none: no state continues a row
+past its padding (generate pads on the left).
+
 With a cache: the first call prefills (`LM.prefill`, padding removed from every layer), the later
 calls decode one token (`LM.step`, the recurrent form) or prefill a continuation; each row's
 position comes from the cache's per-row lengths, so `position_ids` are not read then.

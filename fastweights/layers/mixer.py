@@ -606,7 +606,10 @@ class MemoryMixer(nn.Module):
         bf16 once and the backward keeps that one copy (six separate projections kept six), and
         dx is the single matmul's result (fp32 accumulation inside it) instead of a sum of six.
         The views are not saved by their consumers (ShortConv, the prologue and the gated norm
-        copy them contiguous), so the joint output itself is not kept for the backward."""
+        copy them contiguous), so the joint output itself is not kept for the backward.
+        Fused only while every one of them is a plain bias-free nn.Linear without hooks (`_plain_linear`,
+        asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
+        hooks apply."""
         if not self._x_projs:
             return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         lins = [self.get_submodule(path) for _, path in self._x_projs]

@@ -302,3 +302,7 @@ MUON_BF16_AUTOCAST_REL = 0.15
 #: over 40 draws and 1.43e-5 once in CI. Every other gradient stayed ≤ 2.1e-6.
 LOG_DECAY_GRAD_F32_REL = 1e-4
 CONTEXT_PARALLEL_F64_REL = 1e-10  # context-parallel spans vs one process (outputs, states, gradients), float64
+# a LoRA-adapted model's logits vs the merged model's (merge_and_unload), and a hooked projection vs
+# the same maths in its weights, float64, relative to the largest logit: W x + s·B A x against
+# (W + s·B A) x sums the same products in another order (a few ulps).
+LORA_MERGED_F64_REL = 1e-10

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from ..models.checkpoint import FORMAT, VERSION, requested_backends
+from ..models.checkpoint import AUTO_MAP, FORMAT, VERSION, requested_backends
 from ..models.config import ConfigError, LMConfig
 
 __all__ = ["FastWeightsConfig", "MODEL_TYPE"]
@@ -54,7 +54,15 @@ class FastWeightsConfig(PretrainedConfig):
         self.backends = list(backends) if backends is not None else None
         self.routing = routing
         kwargs.setdefault("tie_word_embeddings", False)  # the LM's head reads the embedding itself
+        # loadable with trust_remote_code=True before `import fastweights.hf` (checkpoint.AUTO_MAP)
+        kwargs.setdefault("auto_map", dict(AUTO_MAP))
         super().__init__(**kwargs)
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig"):
+        """Nothing: transformers calls this after loading through `auto_map` (trust_remote_code=True), to copy
+        the class's source file into every directory it saves later; the class lives in the installed
+        package, and the file `auto_map` names (`checkpoint.AUTO_MODULE`) is written by every save."""
 
     def requested_backends(self) -> list[str] | None:
         """The backend each layer requests (None without an LMConfig): see `checkpoint.requested_backends`."""

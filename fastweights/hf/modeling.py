@@ -17,6 +17,10 @@ here is one format. `forward`:
     past_key_values: a FastWeightsCache (the LMState); use_cache=True returns the updated one
     position_ids [B, T] / cu_seqlens [S+1] (B = 1): packed documents, without a cache
 
+A right-padded forward without a cache object (scoring code: attention_mask with trailing zeros and
+the config's use_cache=True) runs as without a cache and returns none: no state continues a row
+past its padding (generate pads on the left).
+
 With a cache: the first call prefills (`LM.prefill`, padding removed from every layer), the later
 calls decode one token (`LM.step`, the recurrent form) or prefill a continuation; each row's
 position comes from the cache's per-row lengths, so `position_ids` are not read then.
@@ -35,7 +39,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..inputs import InputError
-from ..models.checkpoint import ROUTING
+from ..models.checkpoint import ROUTING, write_auto_module
 from ..models.lm import LM
 from .cache import FastWeightsCache
 from .cache_args import OUTPUT_STATE_FIELD, STATE_NAMES, check_cache_position, take_state
@@ -44,6 +48,9 @@ from .config import FastWeightsConfig
 __all__ = ["FastWeightsForCausalLM", "FastWeightsModel", "FastWeightsPreTrainedModel"]
 
 IGNORE_INDEX = -100
+
+
+_SHARED_MODULES = frozenset({"embed", "blocks", "norm", "lm_head"})
 
 
 class FastWeightsPreTrainedModel(PreTrainedModel):
@@ -66,6 +73,26 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         self.post_init()
 
     supports_gradient_checkpointing = True
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoModel"):
+        """Nothing (see `FastWeightsConfig.register_for_auto_class`): the class is the installed package's."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus the file config.json's `auto_map` names (`checkpoint.AUTO_MODULE`:
+        the directory then loads with trust_remote_code=True without `import fastweights.hf`)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        write_auto_module(save_directory)
+        return out
+
+    def __setattr__(self, name: str, value) -> None:
+        """A module set under one of the LM's names (`embed`, `blocks`, `norm`, `lm_head`) is set in the
+        LM too, so the two never diverge: PEFT (`get_peft_model`, `merge_and_unload`) replacing the head
+        by its adapter and back, `set_input_embeddings`, `set_output_embeddings`."""
+        super().__setattr__(name, value)
+        lm = self.__dict__.get("_lm")
+        if lm is not None and name in _SHARED_MODULES and isinstance(value, nn.Module):
+            setattr(lm, name, value)
 
     def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
                                     every_n_layers: int = 1):
@@ -99,8 +126,7 @@ class FastWeightsPreTrainedModel(PreTrainedModel):
         if not isinstance(value, nn.Embedding) or value.embedding_dim != self._lm.config.d_model:
             raise InputError(f"set_input_embeddings takes an nn.Embedding [vocab, {self._lm.config.d_model}], got "
                              f"{type(value).__name__} {list(getattr(value, 'weight', torch.empty(0)).shape)}")
-        self.embed = value
-        self._lm.embed = value
+        self.embed = value  # (and the LM's: __setattr__)
         if value.num_embeddings != self._lm.config.vocab_size:
             self._lm.config = dataclasses.replace(self._lm.config, vocab_size=value.num_embeddings)
             self.config.vocab_size = value.num_embeddings
@@ -181,6 +207,7 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         the first forward fills; an assistant's records its past (its drafts get cropped), as
         transformers does for the caches it makes. Assisted decoding needs a cache before the first
         forward (it activates recording on it)."""
+        _check_cache_implementation(generation_config.cache_implementation)
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache is False or model_kwargs.get("use_cache") is False:
             return
@@ -191,8 +218,37 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
             cache.activate_past_recording()
         model_kwargs[OUTPUT_STATE_FIELD] = cache
 
-    def get_output_embeddings(self):
-        return None  # the head is the embedding (tied inside the LM)
+    def generate(self, *args, **kwargs):
+        """transformers' generate; a cache_implementation other than the model's own state is refused
+        (checked here for "paged", which transformers diverts before any cache is made, and again where
+        the cache is made, for one set in a GenerationConfig)."""
+        _check_cache_implementation(kwargs.get("cache_implementation"))
+        return super().generate(*args, **kwargs)
+
+    def get_output_embeddings(self) -> nn.Linear | None:
+        """The untied head `lm_head` [vocab, d_model] (LMConfig.tie_word_embeddings=False, fla's layout);
+        None for a tied head, which is the embedding itself (the LM reads its weight: nothing to tie).
+        `resize_token_embeddings` resizes the embedding, then (untied) this head to the same rows."""
+        return self._lm.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        """The untied head: a module with in_features = d_model and out_features = the vocabulary
+        (the embedding's rows); a tied LM has none to set."""
+        lm = self._lm
+        if lm.lm_head is None:
+            raise InputError("set_output_embeddings: this model's head is its embedding (tie_word_embeddings=True); "
+                             "resize or replace the embedding with set_input_embeddings")
+        shape = (getattr(value, "out_features", None), getattr(value, "in_features", None))
+        if not isinstance(value, nn.Module) or shape != (lm.config.vocab_size, lm.config.d_model):
+            raise InputError(f"set_output_embeddings takes a Linear [vocab_size={lm.config.vocab_size}, "
+                             f"d_model={lm.config.d_model}] (the embedding's rows), got {type(value).__name__} "
+                             f"{list(shape)}")
+        self.lm_head = value  # (and the LM's: __setattr__)
+
+    def tie_weights(self, *args, **kwargs) -> None:
+        """Nothing to tie, whatever the transformers config says: a tied head is the embedding by
+        construction (the LM reads its weight), an untied head (LMConfig.tie_word_embeddings=False) is
+        its own parameter and stays so."""
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.LongTensor | None = None, past_key_values: Cache | None = None,
@@ -230,7 +286,10 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
                     logits, after = lm.prefill(input_ids, state.state, attention_mask=block_mask,
                                                inputs_embeds=inputs_embeds)
                 state.update_state(after, lm, mask=block_mask, **inputs)
-            elif use_cache and cu_seqlens is None and labels is None:
+            elif use_cache and cu_seqlens is None and labels is None and not (
+                    state is None and _right_padded(attention_mask)):
+                # (a right-padded block without a cache object, e.g. scoring: no state can continue it,
+                # so none is made; the plain forward below runs it)
                 check_cache_position(cache_position, 0, T)
                 logits, after = lm.prefill(input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds)
                 if state is None:
@@ -249,6 +308,23 @@ class FastWeightsForCausalLM(FastWeightsPreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=_tuple(hidden),
                                      **{OUTPUT_STATE_FIELD: state})
         return out if _flag(return_dict, self.config, "return_dict") else out.to_tuple()
+
+
+def _check_cache_implementation(value) -> None:
+    """generate's cache_implementation: None or "dynamic" (the model's own FastWeightsCache, made by
+    `_prepare_cache_for_generation`); "static", "offloaded", "quantized", "paged", … are caches of keys and
+    values that a fixed-size memory does not have, refused rather than ignored."""
+    if value not in (None, "dynamic"):
+        raise InputError(f"cache_implementation={value!r} is not supported: a fastweights model decodes from its own "
+                         "state (FastWeightsCache, made by generate); leave cache_implementation unset")
+
+
+def _right_padded(attention_mask: torch.Tensor | None) -> bool:
+    """Whether some row of attention_mask [B, T] has padding (0) after a token (1)."""
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] < 2:
+        return False
+    real = attention_mask.bool()
+    return bool((real[:, :-1] & ~real[:, 1:]).any())
 
 
 def _flag(value: bool | None, config, name: str) -> bool:

@@ -52,6 +52,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules import module as _torch_module
 from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
@@ -432,6 +433,16 @@ class MixerConfig:
 _PRESET_FIELDS = {f.name for f in fields(MixerPreset)}
 
 
+def _plain_linear(module: nn.Module) -> bool:
+    """Whether calling `module` is exactly F.linear(x, module.weight): an nn.Linear itself (not a
+    subclass: quantised or otherwise changed Linears), bias-free, with no forward hooks or pre-hooks
+    of its own or global ones (PEFT's LoRA replaces the Linear by its own module, so an adapted
+    projection is never plain). A few attribute reads: cheap enough to ask on every call."""
+    return (type(module) is nn.Linear and module.bias is None and not module._forward_hooks
+            and not module._forward_pre_hooks and not _torch_module._global_forward_hooks
+            and not _torch_module._global_forward_pre_hooks)
+
+
 class MemoryMixer(nn.Module):
     """Any recipe as a token mixer: x [B, T, d_model] -> y [B, T, d_model] (see the module doc).
 
@@ -595,12 +606,18 @@ class MemoryMixer(nn.Module):
         bf16 once and the backward keeps that one copy (six separate projections kept six), and
         dx is the single matmul's result (fp32 accumulation inside it) instead of a sum of six.
         The views are not saved by their consumers (ShortConv, the prologue and the gated norm
-        copy them contiguous), so the joint output itself is not kept for the backward."""
+        copy them contiguous), so the joint output itself is not kept for the backward.
+        Fused only while every one of them is a plain bias-free nn.Linear without hooks (`_plain_linear`,
+        asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
+        hooks apply."""
         if not self._x_projs:
             return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         lins = [self.get_submodule(path) for _, path in self._x_projs]
+        keys = tuple(key for key, _ in self._x_projs)
+        if not all(map(_plain_linear, lins)):  # an adapter, a quantised or hooked Linear: each runs as itself
+            return {key: lin(x) for key, lin in zip(keys, lins)}
         y = F.linear(x, torch.cat([lin.weight for lin in lins]))  # [B, T, ΣN_i]
-        return dict(zip((key for key, _ in self._x_projs), y.split([lin.out_features for lin in lins], dim=-1)))
+        return dict(zip(keys, y.split([lin.out_features for lin in lins], dim=-1)))
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int, *, dtype=None, device=None) -> MixerState:
@@ -990,7 +1007,8 @@ class MemoryMixer(nn.Module):
             o = self.o_norm(o, z)
         elif z is not None:
             o = o * gate_activation(self.preset.out_gate, z)
-        return self.o_proj(o.to(self.o_proj.weight.dtype))
+        w = getattr(self.o_proj, "weight", None)  # (a quantised Linear's weight may be an integer tensor)
+        return self.o_proj(o.to(w.dtype) if isinstance(w, Tensor) and w.is_floating_point() else o)
 
     def extra_repr(self) -> str:
         ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"

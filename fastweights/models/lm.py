@@ -243,8 +243,9 @@ class LM(nn.Module):
                                       f"({mine[i]}) for {batch} sequence(s): {why}")
 
     def _logits(self, h: Tensor) -> Tensor:
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight  # [vocab, d]
-        return F.linear(self.norm(h), head)  # [B, T, vocab]
+        if self.lm_head is not None:  # called as a module: an adapter or hook on the head applies
+            return self.lm_head(self.norm(h))  # [B, T, vocab]
+        return F.linear(self.norm(h), self.embed.weight)  # [B, T, vocab] (tied)
 
     def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids",
                attention_mask: Tensor | None = None) -> Tensor:

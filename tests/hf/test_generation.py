@@ -150,3 +150,16 @@ def test_state_arguments_that_are_not_understood_are_errors():
     with pytest.raises(InputError, match="output_attentions"):
         model(nxt, output_attentions=True)
     assert cache.get_seq_length() == 4  # nothing above touched the state
+
+
+@pytest.mark.parametrize("impl", ["static", "offloaded", "quantized", "paged", "sliding_window"])
+def test_a_cache_implementation_other_than_the_models_own_state_is_refused(impl):
+    model = fh.from_lm(hybrid(("gated_deltanet",)))
+    ids = torch.randint(0, VOCAB, (1, 4))
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with pytest.raises(InputError, match=f"cache_implementation='{impl}' is not supported"):
+        model.generate(ids, cache_implementation=impl, **kw)
+    with pytest.raises(InputError, match=f"cache_implementation='{impl}' is not supported"):  # from a config too
+        model.generate(ids, generation_config=transformers.GenerationConfig(cache_implementation=impl), **kw)
+    # unset or "dynamic": the model's own state, as before
+    assert torch.equal(model.generate(ids, cache_implementation="dynamic", **kw), model.lm.generate(ids, 2))

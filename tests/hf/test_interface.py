@@ -1,6 +1,7 @@
 """The HF interface a training or analysis script expects: output_hidden_states (HF's convention,
 L + 1 tensors), return_dict=False, the flat config fields readable and writable, and
-resize_token_embeddings (both configs follow; the old tokens' logits are unchanged)."""
+resize_token_embeddings with a tied or an untied head (both configs follow; the old tokens' logits are
+unchanged; a new id trains; the checkpoint reloads at the new size)."""
 
 import pytest
 import torch
@@ -64,22 +65,39 @@ def test_flat_config_fields_read_and_write_the_lm_config():
         fh.FastWeightsConfig().vocab_size = 10
 
 
-def test_resize_token_embeddings_keeps_the_old_tokens_and_saves_the_new_vocabulary(tmp_path):
-    model = fh.from_lm(LM(tiny_config("gated_deltanet")).double())
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_resize_token_embeddings_keeps_the_old_tokens_and_saves_the_new_vocabulary(tied, tmp_path):
+    """Tied head (the embedding) and untied head (fla's layout, what `convert from-fla` makes) alike: both
+    grow, the old tokens' logits stay, a new id trains, and the checkpoint reloads at the new size."""
+    model = fh.from_lm(LM(tiny_config("gated_deltanet", tie_word_embeddings=tied)).double())
     ids = torch.randint(0, VOCAB, (2, 5))
-    before, hidden, rows = model(ids).logits, model.lm.hidden(ids), model.lm.embed.weight.detach().clone()
+    with torch.no_grad():  # (transformers resizes the Parameters in place: a graph recorded before would not fit)
+        before, hidden, rows = model(ids).logits, model.lm.hidden(ids), model.lm.embed.weight.detach().clone()
+    head = None if tied else model.get_output_embeddings().weight.detach().clone()
     model.resize_token_embeddings(VOCAB + 6)
     assert model.config.vocab_size == model.lm.config.vocab_size == VOCAB + 6
+    if tied:
+        assert model.get_output_embeddings() is None and model.lm.lm_head is None
+    else:
+        assert model.get_output_embeddings() is model.lm.lm_head and model.lm.lm_head.weight.shape == (VOCAB + 6, 16)
+        assert torch.equal(model.lm.lm_head.weight[:VOCAB], head)
     after = model(ids).logits
     # the old tokens' rows and the hidden states are kept bit for bit; the head's matmul over a wider vocabulary
     # may round differently (the BLAS picks its kernel by the output width: 5.6e-17 seen on an AVX-512 CPU)
     assert torch.equal(model.lm.embed.weight[:VOCAB], rows) and torch.equal(model.lm.hidden(ids), hidden)
     assert after.shape == (2, 5, VOCAB + 6)
     assert float((after[..., :VOCAB] - before).abs().max()) <= EXACT_F64 * float(before.abs().max())
-    new = torch.full((1, 2), VOCAB + 5)
-    assert model(new).logits.shape == (1, 2, VOCAB + 6)  # the new ids are tokens now
+    model.tie_weights()  # nothing to tie: the tied head is the embedding, the untied one stays its own
+    assert (model.lm.lm_head is None) == tied and torch.equal(model(ids).logits, after)
+    new = torch.tensor([[1, VOCAB + 5, VOCAB + 2]])
+    assert model(new).logits.shape == (1, 3, VOCAB + 6)  # the new ids are tokens now
+    model(new, labels=new).loss.backward()  # and they train: their rows of the head get a gradient
+    grad = (model.lm.embed if tied else model.lm.lm_head).weight.grad
+    assert bool(grad[VOCAB + 2].ne(0).any()) and bool(grad[VOCAB + 5].ne(0).any())
     model.save_pretrained(tmp_path)
     back = LM.from_pretrained(tmp_path)
     assert back.config.vocab_size == VOCAB + 6 and torch.equal(back(ids), after)
+    hf = fh.FastWeightsForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    assert hf.config.vocab_size == VOCAB + 6 and torch.equal(hf(ids).logits, after)
     with pytest.raises(fw.inputs.InputError, match="nn.Embedding"):
         model.set_input_embeddings(torch.nn.Embedding(4, 3))

@@ -10,6 +10,7 @@ import transformers
 
 import fastweights as fw
 import fastweights.hf as fh
+from fastweights.hf.cache_args import OUTPUT_STATE_FIELD
 from fastweights.inputs import InputError
 from fastweights.models import LM
 from tests.models.test_lm import VOCAB, tiny_config
@@ -166,3 +167,65 @@ def test_an_untied_head_is_saved_and_loaded_by_transformers(tmp_path):
     assert torch.equal(hf.lm.lm_head.weight, lm.lm_head.weight)
     ids = torch.randint(0, 64, (2, 9))
     assert torch.equal(hf(ids).logits, lm(ids))  # the same modules and weights: the same computation
+
+
+@pytest.mark.parametrize("mixer", [("gated_deltanet", "softmax_attention"), ("mamba2",), ("ttt_linear", "fox")])
+@pytest.mark.parametrize("use_cache", [None, True])
+def test_a_right_padded_forward_scores_each_row_as_alone_without_a_cache(mixer, use_cache):
+    """Scoring code pads on the right and calls the model as it is (use_cache from the config: True):
+    the logits at the real positions are each row's alone, and no cache comes back (none could continue
+    a right-padded row; generate pads on the left)."""
+    cfg = tiny_config(mixer[0], mixer=mixer, n_layers=len(mixer), head_v_dim=8)
+    model = fh.from_lm(LM(cfg).double())
+    docs = documents([3, 7, 5])
+    ids, mask = padded(docs, left=False)
+    out = model(ids, attention_mask=mask, use_cache=use_cache)
+    assert getattr(out, OUTPUT_STATE_FIELD) is None
+    for i, d in enumerate(docs):
+        assert (out.logits[i, :len(d)] - model.lm(d[None])[0]).abs().max() < SEGMENTS_F64, f"row {i}"
+
+
+def test_a_sharded_checkpoint_loads_in_lm_from_pretrained(tmp_path):
+    """transformers' save_pretrained(max_shard_size=...) writes model.safetensors.index.json and shards;
+    LM.from_pretrained reads them all (and names a missing shard)."""
+    from fastweights.models.checkpoint import CheckpointError
+
+    lm = LM(tiny_config("gated_deltanet", mixer=("gated_deltanet", "softmax_attention")))
+    fh.from_lm(lm).save_pretrained(tmp_path, max_shard_size="8KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert (tmp_path / "model.safetensors.index.json").is_file() and len(shards) > 1
+    assert not (tmp_path / "model.safetensors").exists()
+    back = LM.from_pretrained(tmp_path)
+    assert back.state_dict().keys() == lm.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), lm.state_dict().values()))
+    shards[-1].unlink()
+    with pytest.raises(CheckpointError, match=shards[-1].name):
+        LM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("writer", ["lm", "transformers"])
+def test_a_checkpoint_loads_with_trust_remote_code_without_importing_fastweights_hf(writer, tmp_path, monkeypatch):
+    """config.json's auto_map names fastweights_auto.py, written next to it: with fastweights.hf's Auto
+    registrations taken away (as in a process that never imported it), AutoModelForCausalLM loads the
+    directory with trust_remote_code=True; saving it again writes the same two entries, no package file."""
+    import json
+
+    from transformers import dynamic_module_utils
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    lm = LM(tiny_config("gated_deltanet", mixer=("gated_deltanet", "softmax_attention"))).double()
+    (lm.save_pretrained if writer == "lm" else fh.from_lm(lm).save_pretrained)(tmp_path / "a")
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.delitem(configuration_auto.CONFIG_MAPPING._extra_content, fh.MODEL_TYPE)
+    for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING, modeling_auto.MODEL_MAPPING):
+        monkeypatch.setattr(mapping, "_extra_content", {})
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "a")  # not without consent
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a", trust_remote_code=True, dtype=torch.float64)
+    assert isinstance(model, fh.FastWeightsForCausalLM)
+    ids = torch.randint(0, VOCAB, (2, 6))
+    assert torch.equal(model(ids).logits, lm(ids))
+    model.save_pretrained(tmp_path / "b")
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.py")) == ["fastweights_auto.py"]
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["auto_map"] == \
+        json.loads((tmp_path / "a" / "config.json").read_text())["auto_map"]

@@ -25,7 +25,8 @@ def assert_same(a: LM, b: LM):
 def test_round_trip_every_zoo_model(name, tmp_path):
     model = LM(tiny_config(name))
     model.save_pretrained(tmp_path / "ckpt")
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["config.json", "model.safetensors"]
+    written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert written == ["config.json", "fastweights_auto.py", "model.safetensors"]  # (the file auto_map names)
     assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["config"]["mixer"] == name
     assert_same(model, LM.from_pretrained(tmp_path / "ckpt"))
 

@@ -169,9 +169,10 @@ def test_build_makes_the_lm_three_ways_that_run_the_same_rows(tmp_path, monkeypa
     for r in rows:
         assert not r["error"] and r["tokens_per_s"] > 0 and r["tokens_vs_base"] is not None, r
         assert r["layer_ops"] == ["triton"]
-        assert r["backends"] == (["triton", "triton"] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
+        triton = "triton (staged forward, staged backward)"  # fp32: the staged pipeline
+        assert r["backends"] == ([triton, triton] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
     out = capsys.readouterr().out
-    assert "| gated_deltanet | 1×32 | from_pretrained |" in out and "triton×2; ops triton" in out
+    assert "| gated_deltanet | 1×32 | from_pretrained |" in out and f"{triton}×2; ops triton" in out
     with pytest.raises(SystemExit, match="2"):  # argparse: not one of the choices
         cli.main(["bench", "train", *TINY, "--build", "cuda", "--out", str(tmp_path / "x")])
     with pytest.raises(ArgError, match="^--build"):

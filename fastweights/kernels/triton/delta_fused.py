@@ -18,7 +18,7 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
        o_n     = Q̃_n S_n + Aqk_n U_n,   Aqk = scale (Q Kᵀ ⊙ e^{G_i − G_j}) on j ≤ i
        S_{n+1} = e^{G_last} ⊙ S_n + K̃_nᵀ U_n
 
-   writing o, and — only where the caller keeps them for the backward (delta.RECOMPUTE_STATES = False)
+   writing o, and — only where the caller keeps them for the backward (`DeltaPipeline(recompute_states=False)`)
    — the entering states h (bf16 for bf16 inputs, as `delta_states`), U and the final state.
    Aqk is computed in the loop for no/scalar decay (one more [C, K]·[K, C] product per chunk and V
    block, no bytes), or — `LAUNCH["delta_prepass"]["AQK"] = 1` — once per chunk by the pre-pass and read

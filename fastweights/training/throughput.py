@@ -13,7 +13,7 @@ MFU (PaLM's definition) = model FLOPs per token × steady tokens/s ÷ the device
 N counts the parameters every token multiplies (every matmul weight, the tied or untied output head included;
 an untied input embedding is a lookup and is not counted); 6 = 2 FLOPs per multiply-add × (forward + a backward
 twice the forward). The mixer's own work is counted per layer: causal softmax attention H·T·(K + V) (each query
-against T/2 keys on average: QKᵀ and AV), the chunk form of the linear classes `bench.speed.chunk_flops` per token
+against T/2 keys on average: QKᵀ and AV), the chunk form of the linear classes `chunkwise.flops.chunk_flops` per token
 (the gated-linear and delta classes, n micro-steps for DeltaProduct). Other memories (MLP memories, Mesa, …) have no
 count yet: their MFU is None, not a guess. The peak is per device from `PEAK_FLOPS` (dense, without sparsity) for
 the run's compute dtype — None on the CPU or an unlisted device, and then the MFU is None too.
@@ -25,6 +25,9 @@ import time
 from collections import deque
 
 import torch
+
+from ..chunkwise.flops import chunk_flops
+from ..recipe import recipe_class
 
 __all__ = ["StepClock", "PEAK_FLOPS", "peak_flops", "model_flops_per_token", "mixer_flops_per_token", "mfu"]
 
@@ -52,8 +55,6 @@ def mixer_flops_per_token(mixer, seq_len: int) -> float | None:
     """Forward FLOPs per token of one layer's mixer beyond its projections (see the module doc): softmax
     attention H·T·(K + V) at T = seq_len, the chunk form of the gated-linear and delta classes; None for the
     memories without a count."""
-    from ..bench.speed import chunk_flops
-    from ..recipe import recipe_class
 
     if mixer.is_softmax:
         return float(mixer.H * seq_len * (mixer.K + mixer.V))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastweights.bench.speed import chunk_flops
+from fastweights.chunkwise.flops import chunk_flops
 from fastweights.models import LM, LMConfig
 from fastweights.training import throughput
 from fastweights.training.throughput import StepClock, mfu, mixer_flops_per_token, model_flops_per_token, peak_flops

@@ -13,6 +13,7 @@ from .api import (
     forms,
     layer_op_backends,
     parallel,
+    pipeline,
     recipe_class,
     recurrent,
 )
@@ -25,7 +26,8 @@ from .zoo import ZOO, UnknownModelError
 __version__ = "0.1.0"
 
 __all__ = [
-    "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "recipe_class", "FormNotAvailable",
+    "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "pipeline", "recipe_class",
+    "FormNotAvailable",
     "BackendNotAvailable",
     "InputError", "DivergenceError", "example_inputs", "init_state",
     "Recipe", "Memory", "FeatureMap", "Objective", "Optimizer", "Retention", "RecipeError",

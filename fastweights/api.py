@@ -31,6 +31,7 @@ from .dispatch import (
     backends,
     forms,
     layer_op_backends,
+    pipeline,
     route,
     unavailable_reason,
 )
@@ -42,7 +43,8 @@ from .zoo import resolve
 
 Tensor = torch.Tensor
 
-__all__ = ["recurrent", "parallel", "chunk", "call_target", "forms", "backends", "layer_op_backends", "recipe_class",
+__all__ = ["recurrent", "parallel", "chunk", "call_target", "forms", "backends", "layer_op_backends", "pipeline",
+           "recipe_class",
            "unavailable_reason", "FormNotAvailable", "BackendNotAvailable", "DISPATCH"]
 
 

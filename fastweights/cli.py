@@ -42,6 +42,31 @@ def _demo(args):
     return 0
 
 
+def _apply_launch(flag: str, path: str | None) -> None:
+    """`--launch PATH`: a swept launch table (e.g. the best_launch.json of scripts/gpu_kernels.py) applied to the
+    Triton kernels by `kernels.triton.util.load_launch` before a benchmark runs (the kernels read no environment
+    variable); ValueError naming the flag when it cannot be read or names an unknown launch site or setting."""
+    if path is None:
+        return
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError(f"{flag}: a launch table configures the Triton kernels, and triton is not installed")
+    from .kernels.triton import util
+
+    try:
+        util.load_launch(path)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot be read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} {path}: not JSON ({e})") from None
+    except KeyError as e:
+        raise ValueError(f"{flag} {path}: {e.args[0]}") from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"{flag} {path}: expected {{launch site: {{setting: integer}}}} ({e})") from None
+
+
 def _bench_speed(args):
     from . import cliargs
     from .bench.speed import check_args, run_speed
@@ -50,6 +75,7 @@ def _bench_speed(args):
         check_args(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
                    D=args.dim, dtype=args.dtype, device=args.device, chunk_size=args.chunk_size,
                    repeats=args.repeats, warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
+        _apply_launch("--launch", args.launch)
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
@@ -98,6 +124,7 @@ def _bench_train(args):
               grad_checkpoint=args.grad_checkpoint)
     try:
         check_args(**kw)
+        _apply_launch("--launch", args.launch)
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
@@ -130,6 +157,8 @@ def _capacity(args):
 
 _KEEP_GOING = ("exit 0 even when some rows failed (their errors stay in the table); by default a failed row "
                "makes the exit status 1")
+_LAUNCH = ("a launch table for the Triton kernels (JSON {launch site: {setting: int}}, e.g. the best_launch.json of "
+           "scripts/gpu_kernels.py --stages sweep-kernels), applied before the rows run (default: the shipped one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--forward-only", action="store_true")
     sp.add_argument("--out", default="runs/speed")
     sp.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
+    sp.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
     sp.set_defaults(fn=_bench_speed)
     dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
     dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
@@ -230,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "0 keeps torch's default)")
     tr.add_argument("--out", default="runs/bench/train")
     tr.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
+    tr.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
     tr.set_defaults(fn=_bench_train)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")

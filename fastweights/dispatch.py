@@ -42,6 +42,13 @@ The same call therefore always takes the same row, wherever the module that make
 DISPATCH) clears the cache. Nothing here reads a tensor or synchronizes a device.
 `backends(model, ...)` and `layer_op_backends(op, ...)` list what serves a call, in "auto"'s order;
 `rows()` lists the whole table.
+
+Pipelines. A row may run one of several named pipelines (the Triton chunk rows: staged or fused
+forward and backward, the states recomputed or kept, fp32 copies of bf16 inputs at small head dims):
+its `pipeline(recipe, target)` picks one from the same Target, a pure function of the call's facts
+(`kernels.pipelines`), and the row passes it to its kernels as an argument. `rows(pipelines=True)`
+lists every row's named pipelines, `pipeline(model, ...)` says which row and pipeline a call takes,
+and a layer's `repr` shows the last call's.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from .zoo import resolve
 
 __all__ = ["DISPATCH", "FORMS", "Form", "LAYER", "LAYER_OPS", "AUTO_ORDER", "Target", "Impl",
            "BackendNotAvailable", "FormNotAvailable", "Call", "register", "route", "resolve_backend", "layer_op",
+           "pipeline",
            "check_backend", "promoted_dtype", "backends", "layer_op_backends", "rows", "implementation",
            "unavailable_reason", "forms", "recipe_class", "RECIPE_CLASSES"]
 
@@ -156,7 +164,11 @@ class Impl:
     auto=False: the row serves only when its backend is asked for by name — "auto" passes it by
     (a kernel not yet verified on the device it targets); auto may also be a predicate on the
     recipe (`auto(recipe) -> bool`): "auto" takes the row only for the recipes it accepts (e.g. the
-    variants of a class whose kernel path has run on the GPU)."""
+    variants of a class whose kernel path has run on the GPU).
+
+    pipelines: the names of the pipelines the row can run (empty: one, unnamed); pipeline(recipe,
+    target): the one a call with `target` runs (an object whose str is one of `pipelines`; None
+    when the Target leaves a fact it needs unknown) — the same function the row's fn asks."""
 
     recipe_class: str
     form: str
@@ -164,10 +176,25 @@ class Impl:
     fn: Callable
     supports: Callable[[Recipe | None, Target], str | None] = _always
     auto: bool | Callable[[Recipe | None], bool] = True
+    pipelines: tuple[str, ...] = ()
+    pipeline: Callable[[Recipe | None, Target], object] | None = None
 
     def auto_for(self, recipe: Recipe | None) -> bool:
         """Whether "auto" may choose this row for `recipe`."""
         return self.auto(recipe) if callable(self.auto) else bool(self.auto)
+
+    def pipeline_for(self, recipe: Recipe | None, target: Target) -> str | None:
+        """The name of the pipeline a call with `target` runs on this row (None: the row has one, or the
+        Target leaves a fact it needs unknown)."""
+        if self.pipeline is None:
+            return None
+        chosen = self.pipeline(recipe, target)
+        return None if chosen is None else str(chosen)
+
+    def describe(self, recipe: Recipe | None, target: Target) -> str:
+        """'triton (fused forward, fused backward)', or the backend alone for a row of one pipeline."""
+        name = self.pipeline_for(recipe, target)
+        return self.backend if name is None else f"{self.backend} ({name})"
 
 
 #: route's answers: (class, recipe, form, backend, Target, AUTO_ORDER) -> Impl; cleared whenever a row changes.
@@ -217,10 +244,12 @@ def _forms_of(cls: str) -> tuple[str, ...]:
 
 def register(recipe_class: str, form: str, backend: str, fn: Callable,
              supports: Callable[[Recipe | None, Target], str | None] = _always, *,
-             auto: bool | Callable[[Recipe | None], bool] = True) -> Impl:
+             auto: bool | Callable[[Recipe | None], bool] = True, pipelines: tuple[str, ...] = (),
+             pipeline: Callable[[Recipe | None, Target], object] | None = None) -> Impl:
     """Add one row to DISPATCH (one row per key: registering a key twice is an error); auto=False
     keeps "auto" from choosing it (see `Impl`). recipe_class: one of RECIPE_CLASSES with a form of
-    FORMS, or LAYER with a layer op of LAYER_OPS."""
+    FORMS, or LAYER with a layer op of LAYER_OPS; pipelines / pipeline: the row's named pipelines and
+    the rule that picks one per call (see `Impl`)."""
     if recipe_class not in RECIPE_CLASSES and recipe_class != LAYER:
         raise ValueError(f"unknown recipe class {recipe_class!r}; classes are {list(RECIPE_CLASSES) + [LAYER]}")
     if form not in _forms_of(recipe_class):
@@ -230,7 +259,9 @@ def register(recipe_class: str, form: str, backend: str, fn: Callable,
     key = (recipe_class, form, backend)
     if key in DISPATCH:
         raise ValueError(f"DISPATCH already has a row for {key}")
-    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports, auto)
+    if pipeline is not None and not pipelines:
+        raise ValueError(f"the row {key} picks a pipeline per call: name its pipelines")
+    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports, auto, tuple(pipelines), pipeline)
     return impl
 
 
@@ -304,10 +335,29 @@ def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None,
     return _listing(LAYER, None, op, target)
 
 
-def rows() -> list[tuple[str, str, str]]:
+def rows(*, pipelines: bool = False) -> list[tuple]:
     """Every row of the table, (class, form, backend), by class and form: every implementation
-    choice the library makes."""
-    return sorted(DISPATCH)
+    choice the library makes. pipelines=True: (class, form, backend, pipeline) for every named
+    pipeline of each row (pipeline None for a row of one), e.g. ("delta", "chunk", "triton",
+    "fused forward, fused backward")."""
+    if not pipelines:
+        return sorted(DISPATCH)
+    return [(*key, name) for key in sorted(DISPATCH) for name in (DISPATCH[key].pipelines or (None,))]
+
+
+def pipeline(model, *, form: str = "chunk", backend: str = "auto", device=None, dtype: torch.dtype | None = None,
+             head_dim: int | None = None, head_v_dim: int | None = None,
+             chunk_size: int | None = None) -> tuple[str, str | None]:
+    """(backend, pipeline) a call of `form` of `model` takes on `device` with `dtype`, head dims and chunk
+    size (THE RULE, then the row's pipeline rule): e.g. ("triton", "staged forward, fused backward") for
+    the gpu-125m preset's gated DeltaNet in bf16 on CUDA; the pipeline is None for a row of one pipeline
+    (or when a fact it needs is not given). Raises as `route` does when no backend serves the call."""
+    recipe = resolve(model)
+    if form not in FORMS:
+        raise InputError(f"form must be one of {list(FORMS)}, got {form!r}")
+    target = Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None)
+    impl = route(recipe, form, backend, target)
+    return impl.backend, impl.pipeline_for(recipe, target)
 
 
 def _served(backend: str) -> str:

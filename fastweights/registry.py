@@ -51,9 +51,12 @@ def _register() -> None:
     register("gated_linear", "chunk", "compile", tb.linear_chunk_compiled_impl)
     register("delta", "chunk", "compile", tb.linear_chunk_compiled_impl)
     # the Triton kernels (CUDA)
-    register("gated_linear", "chunk", "triton", kr.gated_linear_chunk, supports=kr.triton_chunk_supports)
-    register("delta", "chunk", "triton", kr.delta_chunk, supports=kr.triton_chunk_supports)
-    register("generic", "chunk", "triton", kr.generic_chunk, supports=kr.triton_generic_supports)
+    register("gated_linear", "chunk", "triton", kr.gated_linear_chunk, supports=kr.triton_chunk_supports,
+             pipelines=kr.GATED_PIPELINES, pipeline=kr.gated_chunk_pipeline)
+    register("delta", "chunk", "triton", kr.delta_chunk, supports=kr.triton_chunk_supports,
+             pipelines=kr.DELTA_PIPELINES, pipeline=kr.delta_chunk_pipeline)
+    register("generic", "chunk", "triton", kr.generic_chunk, supports=kr.triton_generic_supports,
+             pipelines=kr.GENERIC_PIPELINES, pipeline=kr.generic_chunk_pipeline)
     register("gated_linear", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     register("delta", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     # the layer ops around the memory read

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .. import api, zoo
+from ..chunkwise.flops import chunk_flops
 from ..inputs import example_inputs
 
 FORMS = ("recurrent", "parallel", "chunk", "chunk_compile", "chunk_triton")
@@ -62,18 +63,6 @@ class Row:
     speedup_fwd: float | None = None  # recurrent ms / this ms, same model and T (None: no recurrent row)
     speedup_fwdbwd: float | None = None
     HV: int | None = None  # value heads when they differ from H (grouped: q, k have H heads)
-
-
-def chunk_flops(B, T, H, K, V, C=64, delta=True) -> float:
-    """Forward FLOPs of the chunk form (2 per multiply-add).
-
-    Per chunk of C tokens: QKᵀ (C²K), intra-chunk output (C²V), state read QS (CKV), state
-    update KᵀU (CKV); the delta class adds KKᵀ (C²K), the triangular solve (≈C³/3), W and U
-    (C²K + C²V) and the state read W S (CKV)."""
-    macs = C * C * K + C * C * V + 2 * C * K * V
-    if delta:
-        macs += C * C * K + C ** 3 / 3 + C * C * (K + V) + C * K * V
-    return 2.0 * macs * (T / C) * B * H
 
 
 def io_bytes(B, T, H, K, V, elem=2, gates=1, HV=None, n=1) -> float:

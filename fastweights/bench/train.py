@@ -21,8 +21,9 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
                  "—" elsewhere (no number is made up)
     params       LM.num_parameters() (each mixer keeps its preset wiring: the same d_model, layers,
                  heads and head_dim, but e.g. gated_deltanet's value heads are 2× wide)
-    backends     the backend each layer's training form ran (its mixer's `routes` after the run;
-                 "sdpa": a softmax-side layer's own attention), e.g. "triton×8", and the
+    backends     the backend each layer's training form ran (its mixer's `routes` after the run, with the
+                 named pipeline of a Triton row, `pipelines`; "sdpa": a softmax-side layer's own attention),
+                 e.g. "triton (staged forward, fused backward)×8", and the
                  backends the layer ops ran (short convs, norms, the prologue), e.g. "ops triton"
     vs softmax   this row's tokens/s and peak over the softmax_attention row of the same (B, T), when
                  that row is in the run and succeeded
@@ -240,10 +241,17 @@ def _build(cfg: LMConfig, device: torch.device, build: str) -> LM:
         return LM.from_pretrained(d).to(device)
 
 
+def _form_ran(mixer) -> str:
+    """'triton (staged forward, fused backward)', 'torch', or '—' before a call: the training form's last row."""
+    backend = mixer.routes.get(mixer.form, ("—",))[0]
+    pipeline = mixer.pipelines.get(mixer.form)
+    return f"{backend} ({pipeline})" if pipeline else backend
+
+
 def _ran(lm: LM) -> tuple[list[str], list[str]]:
     """(the backend each layer's training form ran, the distinct backends its layer ops ran), from the
     modules' `routes` after the steps."""
-    forms = [("sdpa" if b.mixer.is_softmax else b.mixer.routes.get(b.mixer.form, ("—",))[0]) for b in lm.blocks]
+    forms = [("sdpa" if b.mixer.is_softmax else _form_ran(b.mixer)) for b in lm.blocks]
     ops = sorted({route[0] for m in lm.modules() if m is not lm and isinstance(getattr(m, "routes", None), dict)
                   for key, route in m.routes.items() if key in ("conv", "norm", "prologue")})
     return forms, ops

@@ -5,11 +5,13 @@ is imported on a row's first call. Each predicate refuses what its kernels refus
 never takes a row that would raise.
 
 gated_linear / chunk / triton      →  `gated_linear_chunk` → kernels.triton.gated.chunk_gated_triton
+                                      (pipelines "staged", "fused": `gated_chunk_pipeline`)
 gated_linear / recurrent / triton  →  `linear_recurrent`   → kernels.triton.decode.fused_recurrent_step
 delta / recurrent / triton         →  `linear_recurrent`   (the delta rule, decay first or after)
 delta / chunk / triton             →  `delta_chunk`        → kernels.triton.delta.chunk_delta_triton
                                       (DeltaNet, GDN, KDA, Comba's probe key and decay after,
-                                      DeltaProduct's micro-steps: all checked on the H100, picked by "auto")
+                                      DeltaProduct's micro-steps: all checked on the H100, picked by "auto";
+                                      staged / fused forward and backward: `delta_chunk_pipeline`)
 generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
                                       Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64)
 layer / conv / triton              →  kernels.triton.conv.short_conv
@@ -29,7 +31,6 @@ the saved inputs and differentiates that — the same function, so the same grad
 from __future__ import annotations
 
 import importlib.util
-import os
 from functools import lru_cache
 
 import torch
@@ -38,9 +39,12 @@ from ..constants import constant_log_gammas
 from ..recipe import Recipe
 from ..state import MemoryState
 from ..torch_backend import finish_state, generic_chunk_exists, memory_recurrent_impl, minibatch_chunk_impl
+from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPipeline, delta_pipeline, gated_pipeline
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
-           "delta_prologue", "generic_chunk", "triton_generic_supports", "triton_chunk_supports",
+           "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
+           "gated_chunk_pipeline", "generic_chunk_pipeline", "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
+           "triton_chunk_supports",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
            "MAX_HEAD_DIM"]
 
@@ -111,32 +115,80 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     """Why the generic chunk Triton row cannot serve (None when it can): as `triton_device_supports`,
     a recipe whose mini-batch form exists (`torch_backend.generic_chunk_exists`), and Muon's optimizer:
     the row is the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the form,
-    and every other optimizer, is the torch row's). FASTWEIGHTS_NS_KERNEL=0 turns the row off (an
-    A/B measurement on the GPU)."""
+    and every other optimizer, is the torch row's). (An A/B measurement of the kernel on the GPU:
+    backend="torch" against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
     if why is not None:
         return why
-    if os.environ.get("FASTWEIGHTS_NS_KERNEL", "1") == "0":
-        return "the Newton–Schulz kernel is turned off (FASTWEIGHTS_NS_KERNEL=0)"
     if recipe.optimizer.kind != "muon":
         return "the generic chunk Triton row kernels Muon's Newton–Schulz only (other optimizers: the torch row)"
     return None
 
 
-def _ns_kernel(G, steps):
-    """The Newton–Schulz kernel for an fp32 Gram side ≤ MAX_NS_DIM, else None (the torch iteration)."""
-    if G.dtype != torch.float32 or G.shape[-1] > MAX_NS_DIM:
-        return None
-    from .triton.newton_schulz import newton_schulz_gram
-
-    return newton_schulz_gram(G, steps)
+#: The Newton–Schulz kernel's tl.dot input precision the row runs ("ieee": fp32 FMAs, as torch's fp32 bmm without
+#: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice (kernels/triton/newton_schulz).
+NS_PRECISION = "ieee"
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",)
 
 
-def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None):
+def _ns_kernel(precision: str):
+    """The Newton–Schulz of the mini-batch form: the kernel (at `precision`) for an fp32 Gram side ≤ MAX_NS_DIM,
+    else None (the torch iteration)."""
+    def ns(G, steps):
+        if G.dtype != torch.float32 or G.shape[-1] > MAX_NS_DIM:
+            return None
+        from .triton.newton_schulz import newton_schulz_gram
+
+        return newton_schulz_gram(G, steps, precision=precision)
+    return ns
+
+
+def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, ns_precision: str = NS_PRECISION):
     """generic, chunk, on Triton: `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of
     every token's momentum (`chunkwise.minibatch._muon_step`) in one kernel each way
-    (kernels.triton.newton_schulz); Gram sides above MAX_NS_DIM stay on the torch iteration."""
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel)
+    (kernels.triton.newton_schulz, tl.dot at `ns_precision`); Gram sides above MAX_NS_DIM stay on the
+    torch iteration."""
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(ns_precision))
+
+
+def generic_chunk_pipeline(recipe: Recipe, target) -> str:
+    """The pipeline the generic chunk Triton row runs (one: the torch mini-batch form, Newton–Schulz in the kernel)."""
+    return GENERIC_PIPELINES[0]
+
+
+def _gate_kind(recipe: Recipe) -> str:
+    """The gate kind the kernels see: constant retention rides as a scalar log-decay on every token."""
+    kind = recipe.retention.kind
+    return "scalar" if kind == "constant" else kind
+
+
+def delta_chunk_pipeline(recipe: Recipe, target) -> DeltaPipeline | None:
+    """The pipeline `delta_chunk` runs for a call with `target` (`kernels.pipelines.delta_pipeline` on the recipe's
+    gate kind, probe key and decay order and the Target's device, dtype, head dims and chunk size); None when the
+    Target leaves the dtype, a head dim or the chunk size unknown."""
+    t = target
+    if None in (t.dtype, t.head_k_dim, t.head_v_dim, t.chunk_size):
+        return None
+    return delta_pipeline(gate=_gate_kind(recipe), probe=bool(recipe.objective.probe),
+                          decay_first=recipe.retention.decay_first, device_type=t.device_type, dtype=t.dtype,
+                          K=t.head_k_dim, V=t.head_v_dim, C=t.chunk_size)
+
+
+def gated_chunk_pipeline(recipe: Recipe, target) -> GatedPipeline | None:
+    """The pipeline `gated_linear_chunk` runs for a call with `target` (`kernels.pipelines.gated_pipeline`); None
+    when the Target leaves the dtype or a head dim unknown."""
+    t = target
+    if None in (t.dtype, t.head_k_dim, t.head_v_dim):
+        return None
+    return gated_pipeline(gate=_gate_kind(recipe), device_type=t.device_type, dtype=t.dtype, K=t.head_k_dim,
+                          V=t.head_v_dim)
+
+
+def _call_target(call, chunk_size: int):
+    """The Target facts of a chunk call, as `api.call_target` builds them (device, q's dtype, K, V, chunk size)."""
+    from ..dispatch import Target
+
+    return Target(call.q.device.type, call.q.dtype, call.shapes.K, call.shapes.V, chunk_size)
 
 
 def triton_step_supports(recipe: Recipe, target) -> str | None:
@@ -192,7 +244,8 @@ def triton_prologue_supports(recipe, target) -> str | None:
 def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     """gated_linear, chunk, on Triton: the Call converted as torch_backend's linear chunk does
     (constant retention → per-head log γ on every token, β absent → 1, the state bare or a
-    MemoryState), but with the caller's tensors as they are (native dtype, grouped heads)."""
+    MemoryState), but with the caller's tensors as they are (native dtype, grouped heads); the
+    pipeline `gated_chunk_pipeline` picks for the call."""
     from .triton.gated import chunk_gated_triton
 
     recipe = call.recipe
@@ -202,7 +255,8 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
         S0 = S0.weights[0]
     o, S = chunk_gated_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale,
                               initial_state=S0, output_final_state=call.output_final_state,
-                              chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                              pipeline=gated_chunk_pipeline(recipe, _call_target(call, chunk_size)))
     return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
@@ -218,7 +272,8 @@ def _gates(call):
 
 def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton` (the probe key
-    p of the inputs and the recipe's decay_first passed on; DeltaProduct's k, v, β of rank 5 as they are)."""
+    p of the inputs and the recipe's decay_first passed on; DeltaProduct's k, v, β of rank 5 as they are),
+    with the pipeline `delta_chunk_pipeline` picks for the call."""
     from .triton.delta import chunk_delta_triton
 
     g, beta = _gates(call)
@@ -228,7 +283,8 @@ def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     o, S = chunk_delta_triton(call.q, call.k, call.v, g=g, beta=beta, p=call.inputs.get("p"),
                               decay_first=call.recipe.retention.decay_first, scale=call.scale, initial_state=S0,
                               output_final_state=call.output_final_state, chunk_size=chunk_size,
-                              cu_seqlens=cu_seqlens)
+                              cu_seqlens=cu_seqlens,
+                              pipeline=delta_chunk_pipeline(call.recipe, _call_target(call, chunk_size)))
     return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 

@@ -460,7 +460,9 @@ class MemoryMixer(nn.Module):
     Backends (requested, routed per call: see the module doc): `self.backend` is the training
     form's, `self.backends` maps every form the layer can run to its requested backend ("auto"
     for the forms other than the training form), `self.layer_ops` is the layer ops'. `self.routes`
-    records the backend and device type each form and layer op took on its last call.
+    records the backend and device type each form and layer op took on its last call, `self.pipelines`
+    the named pipeline of each form's row (`dispatch.Impl.pipeline`; None for a row of one); `repr`
+    shows both.
     """
 
     def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
@@ -581,6 +583,7 @@ class MemoryMixer(nn.Module):
         self.backends = {f: (cfg.backend if f == self.form else "auto") for f in have}  # requested, per form
         self.backend, self.layer_ops = cfg.backend, cfg.layer_ops
         self.routes: dict[str, tuple[str, str]] = {}
+        self.pipelines: dict[str, str | None] = {}  # per form: the named pipeline of the last call's row (a record)
 
     def _joint_projections(self) -> tuple[tuple[str, str], ...]:
         """(key, attribute path) of the bias-free nn.Linear layers reading x that `_project` runs as one
@@ -812,8 +815,10 @@ class MemoryMixer(nn.Module):
             kw = {"chunk_size": self.config.chunk_size} if form == "chunk" else {}
             # THE RULE: this call's row, from its Target (the same the op routes by); the op gets its name
             target = api.call_target(form, q, K, V, self.config.chunk_size)
-            kw["backend"] = dispatch.route(r, form, self.backends[form], target).backend
-            self.routes[form] = (kw["backend"], target.device_type)
+            row = dispatch.route(r, form, self.backends[form], target)
+            kw["backend"] = row.backend
+            self.routes[form] = (row.backend, target.device_type)
+            self.pipelines[form] = row.pipeline_for(r, target)  # e.g. "staged forward, fused backward"; None: one
             if cp is not None:
                 o, memory = self._memory_context(fn, form, q, k, v, inputs, seg, kw, cp)
             elif (seg is not None and not seg.single) or isinstance(memory, RowStates):
@@ -1014,7 +1019,7 @@ class MemoryMixer(nn.Module):
         ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"
         return (f"model={self.recipe.name}, form={self.form}, heads={self.Hq}/{self.H}"
                 f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}, "
-                f"backend={self.backend}{ops}{describe_routes(self.routes)}")
+                f"backend={self.backend}{ops}{describe_routes(self.routes, self.pipelines)}")
 
 
 class SoftmaxAttention(MemoryMixer):

@@ -20,8 +20,14 @@ def layer_op_row(routes: dict[str, tuple[str, str]], op: str, backend: str, targ
     return impl
 
 
-def describe_routes(routes: dict[str, tuple[str, str]]) -> str:
-    """'' before the first call; else ' → conv: triton on cuda, …' (the last call of each form or op)."""
+def describe_routes(routes: dict[str, tuple[str, str]], pipelines: dict[str, str | None] | None = None) -> str:
+    """'' before the first call; else ' → conv: triton on cuda, chunk: triton (staged forward, fused backward) on
+    cuda, …' (the last call of each form or op; `pipelines`: the named pipeline of a form's row, where it has one)."""
     if not routes:
         return ""
-    return " → " + ", ".join(f"{key}: {b} on {dev}" for key, (b, dev) in routes.items())
+    pipelines = pipelines or {}
+
+    def row(key, b):
+        return f"{b} ({pipelines[key]})" if pipelines.get(key) else b
+
+    return " → " + ", ".join(f"{key}: {row(key, b)} on {dev}" for key, (b, dev) in routes.items())

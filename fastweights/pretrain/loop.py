@@ -49,8 +49,12 @@ the file and the step; the last good checkpoint is left whole and named.
 
 Outputs in `out`: checkpoint.pt, model/ (`LM.save_pretrained` + the tokenizer: loads with
 `LM.from_pretrained` and `AutoModelForCausalLM`), log.jsonl (train records {step, loss, lr,
-tokens, tokens_per_s, samples: [first, end)}, validation records {step, val_loss, val_ppl}),
-loss.png (train and validation loss against step).
+tokens, tokens_per_s, tokens_per_s_steady, mfu, samples: [first, end)}, validation records {step,
+val_loss, val_ppl}), loss.png (train and validation loss against step). tokens_per_s is the running
+average since the process started (the first steps' compiles included); tokens_per_s_steady the rate
+over the last ≤ 50 steps after this process's first two (None before step 3), and mfu the model FLOPs
+utilisation at that rate (None on the CPU, an unlisted GPU, or a mixer without a FLOP count):
+`training.throughput`. The plain progress line shows both figures.
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ import math
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import torch
@@ -76,6 +79,7 @@ from ..training.checkpoint import atomic_save, rng_state, set_rng_state
 from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested, training
 from ..training.distributed import all_reduce_sum, dist_info, init_distributed, is_distributed
 from ..training.progress import make_progress
+from ..training.throughput import StepClock, mfu, model_flops_per_token, peak_flops
 from .config import ConfigFileError, PretrainConfig
 from .data import IGNORE_INDEX, DataError, Windows, data_key, data_key_diff, load_tokenizer, read_stream, split_stream
 from .rundir import (
@@ -553,7 +557,8 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     if bar is not None and start:
         bar.update(start)
     model.train()
-    t0, done = time.perf_counter(), 0
+    clock, speed = StepClock(tokens_per_step), _Speed(base, cfg, device, R)
+    clock.start()
     try:
         with training():
             for s in range(start, cfg.steps):
@@ -575,21 +580,21 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
                         loss.backward()
                     total += loss.item() / R
                 lr = training_step.optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
-                done += 1
+                clock.step()
                 step = s + 1
                 train_loss = sync([total])[0]
                 if step % cfg.log_every == 0 or step == cfg.steps:
-                    elapsed = time.perf_counter() - t0
                     rec = {"step": step, "loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
-                           "tokens_per_s": done * tokens_per_step / max(elapsed, 1e-9),
+                           "tokens_per_s": clock.running, **speed.record(clock.steady),
                            "samples": [s * cfg.batch_size, step * cfg.batch_size]}
                     write(rec)
                     if bar is not None:
                         bar.update(cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
-                        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                                        steady=_speed_text(rec))
                     elif prog.mode == "plain" and info.is_main:
                         prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
-                                 f"{rec['tokens_per_s']:.0f} tok/s")
+                                 f"{rec['tokens_per_s']:.0f} tok/s (steady {_speed_text(rec)})")
                 if step % cfg.val_every == 0 or step == cfg.steps:
                     validate(step)
                 if step % cfg.save_every == 0 or step == cfg.steps:
@@ -603,7 +608,30 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     val = next((r for r in reversed(history) if "val_loss" in r), {})
     return {"out": str(out), "steps": cfg.steps, "loss": last.get("loss"), "val_loss": val.get("val_loss"),
             "val_ppl": val.get("val_ppl"), "tokens_per_s": last.get("tokens_per_s"),
+            "tokens_per_s_steady": last.get("tokens_per_s_steady"), "mfu": last.get("mfu"),
             "parameters": base.num_parameters()}
+
+
+class _Speed:
+    """The steady-state speed fields of a train record (`training.throughput`): the model's FLOPs per token at
+    the run's seq_len and the peak of its devices (world size × one device's, None on the CPU / unlisted)."""
+
+    def __init__(self, lm: LM, cfg: PretrainConfig, device: torch.device, world_size: int):
+        self.flops = model_flops_per_token(lm, cfg.seq_len)
+        self.peak = peak_flops(device, cfg.dtype)
+        self.devices = world_size
+
+    def record(self, steady: float | None) -> dict:
+        """{"tokens_per_s_steady": tokens/s after the first steps (None before), "mfu": fraction or None}."""
+        return {"tokens_per_s_steady": steady, "mfu": mfu(steady, self.flops, self.peak, self.devices)}
+
+
+def _speed_text(rec: dict) -> str:
+    """'12345 tok/s, MFU 41.2%' / '12345 tok/s, MFU —' / '—' (the steady figure not yet known)."""
+    if rec["tokens_per_s_steady"] is None:
+        return "—"
+    util = "—" if rec["mfu"] is None else f"{100 * rec['mfu']:.1f}%"
+    return f"{rec['tokens_per_s_steady']:.0f} tok/s, MFU {util}"
 
 
 def _save_model(lm: LM, tok, directory: Path) -> None:

@@ -85,7 +85,8 @@ def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
                                                                             "--lengths"),
     (["--shapes", "1,64", "--batch", "2"], "--batch"), (["--backend", "cuda"], "--backend"),
     (["--models", "softmax_attention", "--head-dim", "15"], "--head-dim"),  # RoPE: an even head_dim
-    (["--out", "/proc/version/x"], "--out")])
+    (["--out", "/proc/version/x"], "--out"), (["--launch", "/nonexistent/best_launch.json"], "--launch"),
+    (["--launch", "{bad}"], "--launch")])
 def test_bad_arguments_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
     if "--out" not in argv:
         argv = [*argv, "--out", str(tmp_path / "x")]
@@ -168,9 +169,10 @@ def test_build_makes_the_lm_three_ways_that_run_the_same_rows(tmp_path, monkeypa
     for r in rows:
         assert not r["error"] and r["tokens_per_s"] > 0 and r["tokens_vs_base"] is not None, r
         assert r["layer_ops"] == ["triton"]
-        assert r["backends"] == (["triton", "triton"] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
+        triton = "triton (staged forward, staged backward)"  # fp32: the staged pipeline
+        assert r["backends"] == ([triton, triton] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
     out = capsys.readouterr().out
-    assert "| gated_deltanet | 1×32 | from_pretrained |" in out and "triton×2; ops triton" in out
+    assert "| gated_deltanet | 1×32 | from_pretrained |" in out and f"{triton}×2; ops triton" in out
     with pytest.raises(SystemExit, match="2"):  # argparse: not one of the choices
         cli.main(["bench", "train", *TINY, "--build", "cuda", "--out", str(tmp_path / "x")])
     with pytest.raises(ArgError, match="^--build"):
@@ -259,3 +261,22 @@ def test_peak_vs_plain_is_the_checkpointed_row_over_its_plain_row():
     assert rows[1].peak_vs_plain == pytest.approx(0.4) and rows[1].tokens_vs_plain == pytest.approx(0.8)
     assert rows[0].peak_vs_plain is None and "| gated_deltanet + grad ckpt |" in train._fmt(rows[1])
     assert train._fmt(rows[1]).endswith("| 0.80× | 0.40× |")
+
+
+def test_launch_applies_a_swept_table_before_the_rows(tmp_path, monkeypatch):
+    """--launch PATH: the table is applied to the Triton kernels' launch settings (`util.load_launch`; the kernels
+    read no environment variable) before the rows run; a table naming an unknown launch site is one line, exit 2."""
+    import copy
+
+    from fastweights.kernels.triton import util
+
+    monkeypatch.setattr(util, "LAUNCH", copy.deepcopy(util.LAUNCH))
+    table = tmp_path / "best_launch.json"
+    table.write_text(json.dumps({"wy_bwd": {"num_warps": 8}}))
+    seen = []
+    monkeypatch.setattr("fastweights.bench.train.run_train", lambda **kw: seen.append(util.launch("wy_bwd")) or [])
+    argv = ["bench", "train", "--models", "deltanet", "--d-model", "16", "--num-heads", "2", "--head-dim", "8",
+            "--lengths", "16", "--steps", "1", "--out", str(tmp_path / "out"), "--launch", str(table)]
+    assert cli.main(argv) == 0 and seen == [dict(num_warps=8, num_stages=2)]
+    table.write_text(json.dumps({"no_such_kernel": {"num_warps": 8}}))
+    assert cli.main(argv) == 2

@@ -110,14 +110,53 @@ def delta_inputs(gate, gen, *, B=1, T=37, H=1, Hq=None, K=12, V=10, N=None, g_sc
     return {key: val.to(dtype) for key, val in x.items()}
 
 
-def delta_triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None, decay_first=True):
-    """chunk_delta_triton on the inputs of `delta_inputs` (moved to DEV), with the final state."""
+def delta_triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None, decay_first=True, pipeline=None):
+    """chunk_delta_triton on the inputs of `delta_inputs` (moved to DEV), with the final state (pipeline: the
+    glue's argument; None: its default)."""
     from fastweights.kernels.triton.delta import chunk_delta_triton
 
     d = to_dev(x)
     return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], p=d.get("p"),
                               decay_first=decay_first, scale=scale, initial_state=d["S0"], output_final_state=True,
-                              chunk_size=chunk_size, cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV))
+                              chunk_size=chunk_size, cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(DEV),
+                              pipeline=pipeline)
+
+
+def force_delta_pipeline(monkeypatch, *, forward=None, backward=None, recompute_states=None):
+    """For the test: `chunk_delta_triton`'s default pipeline (what it runs when called without `pipeline=`, as these
+    tests call it) is the rule's (`kernels.pipelines.delta_pipeline`) with `forward` / `backward` set to "fused"
+    where the call's kernels take it (no probe key, the decay first or none; the backward also no diagonal decay,
+    K ≤ 128, C ≤ 64) and "staged" elsewhere, and `recompute_states` set (None: the rule's)."""
+    from fastweights.kernels.pipelines import DeltaPipeline
+    from fastweights.kernels.triton import delta as delta_mod
+    from fastweights.kernels.triton.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
+
+    rule = delta_mod.delta_pipeline
+
+    def forced(*, gate, probe, decay_first, device_type, dtype, K, V, C):
+        base = rule(gate=gate, probe=probe, decay_first=decay_first, device_type=device_type, dtype=dtype, K=K, V=V,
+                    C=C)
+        takes = not probe and (decay_first or gate == "none")
+        bwd_takes = takes and gate != "diagonal" and K <= DELTA_FUSED_BWD_MAX_K and C <= DELTA_FUSED_BWD_MAX_C
+        fwd = base.forward if forward is None else ("fused" if forward == "fused" and takes else "staged")
+        bwd = base.backward if backward is None else ("fused" if backward == "fused" and bwd_takes else "staged")
+        keep = base.recompute_states if recompute_states is None else recompute_states
+        return DeltaPipeline(fwd, bwd, keep, base.fp32)
+
+    monkeypatch.setattr(delta_mod, "delta_pipeline", forced)
+
+
+def force_gated_pipeline(monkeypatch, pipeline="fused", *, recompute_states=True):
+    """For the test: `chunk_gated_triton`'s default pipeline is `pipeline` ("fused" where
+    `kernels.pipelines.gated_fused_serves` the call, else "staged") with `recompute_states`."""
+    from fastweights.kernels.pipelines import GatedPipeline, gated_fused_serves
+    from fastweights.kernels.triton import gated as gated_mod
+
+    def forced(*, gate, device_type, dtype, K, V):
+        fused = pipeline == "fused" and gated_fused_serves(device_type, K, V)
+        return GatedPipeline("fused" if fused else "staged", recompute_states)
+
+    monkeypatch.setattr(gated_mod, "gated_pipeline", forced)
 
 
 # ---------------------------------------------------------------------------- compile keys (no recompile per packing)

@@ -9,6 +9,7 @@ row or channel the kernel forgets to write fails. Fresh random inputs every run;
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 
@@ -55,16 +56,17 @@ def _loss(outs, seed):
     return sum((o.double().cpu() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
 
 
-def _compare(x, tol, activation="silu", view=None):
+def _compare(x, tol, activation="silu", view=None, one_pass=True):
     """The kernel against the float64 twin; `view` (x's leaf -> the kernel's x, e.g. a slice of a wider
-    tensor built around x) changes only how x reaches the kernel."""
+    tensor built around x) changes only how x reaches the kernel; `one_pass`: the kernel's one_pass_backward."""
     seed = secrets.randbits(62)
     names = [n for n in ("x", "tail", "weight", "bias") if n in x]
     # the kernel
     leaves = {n: v.to(DEV).requires_grad_(True) for n, v in x.items() if n in names}
     pos = x["positions"].to(DEV) if "positions" in x else None
     xin = view(leaves["x"]) if view is not None else leaves["x"]
-    y, nt = short_conv(xin, leaves["weight"], leaves.get("bias"), leaves.get("tail"), pos, activation)
+    y, nt = short_conv(xin, leaves["weight"], leaves.get("bias"), leaves.get("tail"), pos, activation,
+                       one_pass_backward=one_pass)
     assert y.dtype == nt.dtype == x["x"].dtype and y.shape == x["x"].shape
     got = torch.autograd.grad(_loss((y, nt), seed), [leaves[n] for n in names])
     for n, gr in zip(names, got):
@@ -123,22 +125,22 @@ def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
     the new tail reaches into the old one; every option on and every option off), 23 (a partial third
     block) and 50 (three programs of 3 blocks, the last partial; those two also with two mixes of tail,
     positions, bias and SiLU); bf16 x at T = 50, W = 3 with the dpre scratch in bf16 and in fp32.
-    Both backwards: the two kernels and the one-pass (`_BWD["fused"]`, also at W = 8 and with a
+    Both backwards: the two kernels and the one-pass (`one_pass_backward`, also at W = 8 and with a
     sliced x)."""
-    monkeypatch.setitem(conv_k._BWD, "fused", fused)
+    _cmp = functools.partial(_compare, one_pass=fused)
     if fused:
         for W in (1, 2, 8):
-            _compare(_inputs(gen, T=23, W=W), CONV_F32_REL)
+            _cmp(_inputs(gen, T=23, W=W), CONV_F32_REL)
         xw = lambda x: torch.cat([x, x], dim=-1)[..., :x.shape[-1]]  # noqa: E731
-        _compare(_inputs(gen, T=23), CONV_F32_REL, view=xw)
+        _cmp(_inputs(gen, T=23), CONV_F32_REL, view=xw)
     mixes = [(True, True, True, "silu"), (False, False, False, None), (True, False, True, None),
              (False, True, False, "silu")]
     for T in (1, 2, 23, 50):
         for tail, pos, bias, act in mixes[:2] if T < 8 or (fused and T < 50) else mixes:
-            _compare(_inputs(gen, T=T, tail=tail, pos=pos, bias=bias), CONV_F32_REL, activation=act)
+            _cmp(_inputs(gen, T=T, tail=tail, pos=pos, bias=bias), CONV_F32_REL, activation=act)
     for dpre_fp32 in (False,) if fused else (False, True):
         monkeypatch.setitem(conv_k._BWD, "dpre_fp32", dpre_fp32)
-        _compare(_inputs(gen, T=50, W=3, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
+        _cmp(_inputs(gen, T=50, W=3, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
 
 
 def test_conv_strided_input(small_blocks, gen):

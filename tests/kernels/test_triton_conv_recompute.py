@@ -1,9 +1,10 @@
-"""The short conv's outputs recomputed in the backward of the ops that read them (`conv.RECOMPUTE_OUTPUTS`): the
-delta prologue keeps what recomputes its raw q, k and the delta memory op what recomputes v — the conv's own
-inputs, which the conv keeps anyway — instead of copies of the outputs. The gradients must be bitwise those of
-the ops keeping the outputs, no output of a conv may be among the tensors autograd keeps, and an output changed
-in place after the conv (its version moved) must be kept, not recomputed from stale inputs. CPU tensors under
-the interpreter: conv → prologue (L2 norm, β, Mamba gate) → the delta op, as a gated DeltaNet layer chains them."""
+"""The short conv's outputs recomputed in the backward of the ops that read them (`short_conv(...,
+recompute_outputs=True)`, the default): the delta prologue keeps what recomputes its raw q, k and the delta memory
+op what recomputes v — the conv's own inputs, which the conv keeps anyway — instead of copies of the outputs. The
+gradients must be bitwise those of the ops keeping the outputs, no output of a conv may be among the tensors
+autograd keeps, and an output changed in place after the conv (its version moved) must be kept, not recomputed
+from stale inputs. CPU tensors under the interpreter: conv → prologue (L2 norm, β, Mamba gate) → the delta op, as a
+gated DeltaNet layer chains them."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ def _leaves(gen, dtype):
                 A_log=r(H, scale=0.1), dt_bias=r(H, scale=0.1))
 
 
-def _layer(x, inplace_v=False):
-    """conv(q, k, v) → prologue → delta rule, as MemoryMixer chains them: o and the final state."""
-    q, _ = short_conv(x["xq"], x["wq"])
-    k, _ = short_conv(x["xk"], x["wk"])
-    v, _ = short_conv(x["xv"], x["wv"])
+def _layer(x, inplace_v=False, recompute=True):
+    """conv(q, k, v) → prologue → delta rule, as MemoryMixer chains them: o and the final state (`recompute`: the
+    convs' recompute_outputs)."""
+    q, _ = short_conv(x["xq"], x["wq"], recompute_outputs=recompute)
+    k, _ = short_conv(x["xk"], x["wk"], recompute_outputs=recompute)
+    v, _ = short_conv(x["xv"], x["wv"], recompute_outputs=recompute)
     if inplace_v:
         v = v.view(B, T, H, V).mul_(1.0)  # the same values, a new version: the conv's inputs no longer stand for it
     q, k, beta, g = delta_prologue(q.view(B, T, H, K), k.view(B, T, H, K), x["b"], x["a"], x["A_log"],
@@ -51,13 +53,11 @@ def _grads(x, seed, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_recomputed_conv_outputs_give_the_same_gradients_bitwise(dtype, gen, monkeypatch):
+def test_recomputed_conv_outputs_give_the_same_gradients_bitwise(dtype, gen):
     x = _leaves(gen, dtype)
     seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-    monkeypatch.setattr(conv_mod, "RECOMPUTE_OUTPUTS", True)
-    got = _grads(x, seed)
-    monkeypatch.setattr(conv_mod, "RECOMPUTE_OUTPUTS", False)
-    want = _grads(x, seed)
+    got = _grads(x, seed, recompute=True)
+    want = _grads(x, seed, recompute=False)
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), i
 
@@ -86,17 +86,15 @@ def _kept_conv_outputs(x, **kw):
     return outs, kept, (o, S)
 
 
-def test_no_conv_output_is_kept(gen, monkeypatch):
-    monkeypatch.setattr(conv_mod, "RECOMPUTE_OUTPUTS", True)
+def test_no_conv_output_is_kept(gen):
     outs, kept, _ = _kept_conv_outputs(_leaves(gen, torch.bfloat16))
     assert len(outs) == 3 and not set(outs) & kept
-    monkeypatch.setattr(conv_mod, "RECOMPUTE_OUTPUTS", False)  # the check can fail: off, the consumers keep them
-    outs, kept, _ = _kept_conv_outputs(_leaves(gen, torch.bfloat16))
+    # the check can fail: off, the consumers keep them
+    outs, kept, _ = _kept_conv_outputs(_leaves(gen, torch.bfloat16), recompute=False)
     assert set(outs) <= kept
 
 
-def test_an_output_changed_in_place_is_kept_not_recomputed(gen, monkeypatch):
-    monkeypatch.setattr(conv_mod, "RECOMPUTE_OUTPUTS", True)
+def test_an_output_changed_in_place_is_kept_not_recomputed(gen):
     x = _leaves(gen, torch.float32)
     outs, kept, _ = _kept_conv_outputs(x, inplace_v=True)
     assert outs[2] in kept and not {outs[0], outs[1]} & kept  # v (changed) kept; q, k still recomputed

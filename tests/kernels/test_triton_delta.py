@@ -22,10 +22,10 @@ from fastweights.chunkwise.delta import block_unit_lower_inverse, delta_decays, 
 from fastweights.chunkwise.delta import wy_representation as wy_twin
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
+from fastweights.kernels.pipelines import DeltaPipeline, delta_pipeline
 from fastweights.kernels.triton import delta as delta_mod
 from fastweights.kernels.triton.cumsum import chunk_cumsum
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.delta import runs_in_fp32 as real_runs_in_fp32
 from fastweights.kernels.triton.delta_grads import sum_grads
 from fastweights.kernels.triton.delta_inverse import unit_lower_inverse
 from fastweights.kernels.triton.delta_output import chunk_outputs, chunk_outputs_bwd_local
@@ -277,15 +277,14 @@ def test_bf16_inputs(gate, gen):
 def test_small_head_dims_run_in_fp32_on_a_gpu(gate, gen, monkeypatch):
     """Below LOW_PRECISION_MIN_HEAD_DIM_CUDA on a GPU (bf16 was wrong there on Hopper) a bf16 call warns and runs
     the kernels on fp32 copies: o and every gradient in bf16, equal to the same call on fp32 inputs rounded to
-    bf16, the kernels seeing fp32 only. (On the CPU: the predicate forced; it is checked with a CUDA stand-in.)"""
+    bf16, the kernels seeing fp32 only. (On the CPU: the pipeline passed; the rule is checked for a CUDA call.)"""
     x = _inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
     seed = secrets.randbits(31)
     seen = []
     real = delta_mod.ChunkDeltaTriton.apply
     monkeypatch.setattr(delta_mod.ChunkDeltaTriton, "apply", lambda *a: seen.append(a[0].dtype) or real(*a))
-    monkeypatch.setattr(delta_mod, "runs_in_fp32", lambda q, L: q.dtype == torch.bfloat16)
     with pytest.warns(UserWarning, match="run in fp32 at head dims K=16, V=16"):
-        got = grads(_triton, x, seed)
+        got = grads(_triton, x, seed, pipeline=DeltaPipeline(fp32=True))
     assert seen == [torch.float32]
     assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
     def upcast(d):  # the same call on fp32 copies by hand, its output cast back
@@ -297,42 +296,35 @@ def test_small_head_dims_run_in_fp32_on_a_gpu(gate, gen, monkeypatch):
     for name in want[2]:
         assert torch.equal(got[2][name], want[2][name].to(torch.bfloat16)), name
 
-    class _Cuda:
-        is_cuda, dtype = True, torch.bfloat16
+    def fp32(device_type, K, V):
+        return delta_pipeline(gate=gate, probe=False, decay_first=True, device_type=device_type,
+                              dtype=torch.bfloat16, K=K, V=V, C=64).fp32
 
-    def lay(K, V):
-        return make_layout(1, 10, 1, 1, K, V, 64, None, "cpu")
-
-    assert real_runs_in_fp32(_Cuda(), lay(16, 16)) and real_runs_in_fp32(_Cuda(), lay(64, 32))
-    assert not real_runs_in_fp32(_Cuda(), lay(64, 64)) and not real_runs_in_fp32(_Cuda(), lay(128, 256))
-    assert not real_runs_in_fp32(torch.zeros(1, dtype=torch.bfloat16), lay(16, 16))  # the CPU: as asked
+    assert fp32("cuda", 16, 16) and fp32("cuda", 64, 32)
+    assert not fp32("cuda", 64, 64) and not fp32("cuda", 128, 256)
+    assert not fp32("cpu", 16, 16)  # the CPU: as asked
 
 
 @pytest.mark.parametrize("final", [True, False])
 @pytest.mark.parametrize("gate", GATES)
 def test_recomputed_states_are_bitwise_the_kept_ones(gate, final, gen, monkeypatch):
-    """The backward recomputing the forward state pass (delta.RECOMPUTE_STATES, the default) gives
+    """The backward recomputing the forward state pass (the pipeline's recompute_states, the default) gives
     bitwise the gradients of keeping h, U and S_T, and keeps none of them: only the inputs and T. (The
     staged forward and backward: the fused forward's kept states differ from the staged recompute by rounding —
     test_triton_delta_fused.test_kept_states —, and so do the fused backward's — test_triton_delta_fused_bwd.)"""
-    from fastweights.kernels.triton import delta as delta_mod
-
-    monkeypatch.setattr(delta_mod, "FORWARD", "staged")
-    monkeypatch.setattr(delta_mod, "BACKWARD", "staged")  # (the fused one: test_triton_delta_fused_bwd.py)
-
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)
 
-    def run(d):
-        o, S = _triton(d)
+    def run(d, pipe):
+        o, S = _triton(d, pipeline=pipe)
         return o, (S if final else S.detach() * 0)
 
     out = {}
     for recompute in (True, False):
-        monkeypatch.setattr(delta_mod, "RECOMPUTE_STATES", recompute)
+        pipe = DeltaPipeline("staged", "staged", recompute)  # (the fused backward: test_triton_delta_fused_bwd.py)
         kept = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=kept: kept.append(t) or t, lambda t: t):
-            out[recompute] = grads(run, x, seed)
+            out[recompute] = grads(run, x, seed, pipe=pipe)
         out[recompute, "kept"] = sorted(t.numel() for t in kept)
     (o1, s1, g1), (o2, s2, g2) = out[True], out[False]
     assert torch.equal(o1, o2) and torch.equal(s1, s2) and set(g1) == set(g2)

@@ -1,5 +1,5 @@
 """The delta class's fused forward (fastweights/kernels/triton/delta_fused.py, selected by
-`delta.FORWARD = "fused"`) against its torch twins (fastweights/chunkwise/delta.py, common.py), the
+`DeltaPipeline(forward="fused")`) against its torch twins (fastweights/chunkwise/delta.py, common.py), the
 staged forward and the float64 recurrence; the backward is the staged one, fed by the fused forward.
 
 Marked `triton`: on a machine without CUDA they run on CPU tensors under TRITON_INTERPRET=1 at tiny
@@ -16,12 +16,22 @@ import torch
 
 from fastweights.chunkwise import chunk_delta
 from fastweights.inputs import InputError
+from fastweights.kernels.pipelines import DeltaPipeline
 from fastweights.kernels.triton import delta as delta_mod
 from fastweights.kernels.triton import delta_fused, util
 from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.delta_fused import FUSED_MAX_HEAD_DIM_CUDA, fused_forward, fused_programs, value_block
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import (
+    DEV,
+    check,
+    compile_keys,
+    each_sequence_alone,
+    force_delta_pipeline,
+    grads,
+    rel,
+    to_dev,
+)
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import GATES, _recurrent, _Stages
@@ -32,8 +42,8 @@ pytestmark = pytest.mark.triton
 
 @pytest.fixture
 def fused(monkeypatch):
-    """delta.FORWARD = "fused" for the test (the default may be either)."""
-    monkeypatch.setattr(delta_mod, "FORWARD", "fused")
+    """The fused forward for the test's calls (the default may be either; the backward the rule's)."""
+    force_delta_pipeline(monkeypatch, forward="fused")
 
 
 @pytest.fixture
@@ -166,9 +176,8 @@ def test_fused_equals_staged(gate, gen, monkeypatch):
     d = to_dev(_inputs(gate, gen, B=2, T=50, H=2, K=8, V=8))
     out = {}
     for fwd in ("staged", "fused"):
-        monkeypatch.setattr(delta_mod, "FORWARD", fwd)
         out[fwd] = chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), scale=None, output_final_state=True,
-                                      chunk_size=16)
+                                      chunk_size=16, pipeline=DeltaPipeline(fwd, "staged"))
     assert rel(out["fused"][0], out["staged"][0]) < F32 and rel(out["fused"][1], out["staged"][1]) < F32
 
 
@@ -187,23 +196,20 @@ def test_deltaproduct_runs_fused_and_comba_staged(gate, gen, fused, launched):
 
 
 def _staged(x, **kw):
-    old, delta_mod.FORWARD = delta_mod.FORWARD, "staged"
-    try:
-        return _triton(x, **kw)
-    finally:
-        delta_mod.FORWARD = old
+    """The staged pipeline on fp32 inputs (what the rule picks for them)."""
+    return _triton(x, pipeline=DeltaPipeline("staged", "staged"), **kw)
 
 
 @pytest.mark.parametrize("gate", GATES)
 def test_kept_states(gate, gen, fused, monkeypatch):
-    """RECOMPUTE_STATES = False: the fused forward writes h, U and S_T for the backward, which reuses them
+    """recompute_states=False: the fused forward writes h, U and S_T for the backward, which reuses them
     (three more tensors kept, of h's, U's and S_T's sizes) — gradients equal to recomputing them to fp32
     rounding (the staged recompute rounds differently from the fused kernels)."""
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)
     out = {}
     for recompute in (True, False):
-        monkeypatch.setattr(delta_mod, "RECOMPUTE_STATES", recompute)
+        force_delta_pipeline(monkeypatch, forward="fused", recompute_states=recompute)
         kept = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=kept: kept.append(t) or t, lambda t: t):
             out[recompute] = grads(_triton, x, seed)
@@ -234,11 +240,21 @@ def test_no_grad_keeps_no_inverse(gen, fused, monkeypatch):
     assert calls == [False, True] and torch.equal(o1, o2.detach())
 
 
-def test_forward_option_is_checked(gen, monkeypatch):
-    monkeypatch.setattr(delta_mod, "FORWARD", "fast")
+def test_pipeline_argument_is_checked(gen):
+    """A pipeline that is not a DeltaPipeline, or fused kernels asked for a call they do not take, raise naming the
+    argument (nothing falls back silently)."""
     d = to_dev(_inputs("scalar", gen, T=20, K=8, V=8))
-    with pytest.raises(ValueError, match="FORWARD"):
-        chunk_delta_triton(d["q"], d["k"], d["v"], g=d["g"], beta=d["beta"], scale=None, chunk_size=16)
+    with pytest.raises(InputError, match="pipeline must be a kernels.pipelines.DeltaPipeline"):
+        chunk_delta_triton(d["q"], d["k"], d["v"], g=d["g"], beta=d["beta"], scale=None, chunk_size=16,
+                           pipeline="fused")
+    p = to_dev(_inputs("scalar", gen, T=20, K=8, V=8, probe=True))
+    with pytest.raises(InputError, match="pipeline.forward='fused' takes the decay first"):
+        chunk_delta_triton(p["q"], p["k"], p["v"], g=p["g"], beta=p["beta"], p=p["p"], decay_first=False, scale=None,
+                           chunk_size=16, pipeline=DeltaPipeline("fused", "staged"))
+    diag = to_dev(_inputs("diagonal", gen, T=20, K=8, V=8))
+    with pytest.raises(InputError, match="pipeline.backward='fused' takes"):
+        chunk_delta_triton(diag["q"], diag["k"], diag["v"], g=diag["g"], beta=diag["beta"], scale=None,
+                           chunk_size=16, pipeline=DeltaPipeline("staged", "fused"))
 
 
 # ---------------------------------------------------------------------------- the grid from the shapes
@@ -296,11 +312,12 @@ def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
-_KEYS_BODY = r"""from fastweights.kernels.triton import delta
+_KEYS_BODY = r"""from fastweights.kernels.pipelines import DeltaPipeline
 from fastweights.kernels.triton.delta import chunk_delta_triton
 
-delta.FORWARD = "fused"
 gate, dtype = sys.argv[2], getattr(torch, sys.argv[3])
+BACKWARD = "staged" if gate == "diagonal" else "fused"  # the rule's, for bf16 on the CPU
+PIPE = DeltaPipeline("fused", BACKWARD)
 gen = torch.Generator().manual_seed(0)
 counts = []
 for i in range(20):
@@ -313,7 +330,7 @@ for i in range(20):
     beta = torch.rand(1, T, H).requires_grad_(True)
     S0 = torch.randn(len(lengths), H, K, V).requires_grad_(True)
     o, S = chunk_delta_triton(q, k, v, g=g, beta=beta, scale=None, initial_state=S0, output_final_state=True,
-                              chunk_size=64, cu_seqlens=cu)
+                              chunk_size=64, cu_seqlens=cu, pipeline=PIPE)
     (o.float().sum() + S.sum()).backward()
     counts.append(len(keys))
 report(counts)

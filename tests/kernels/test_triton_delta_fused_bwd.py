@@ -1,5 +1,5 @@
 """The delta class's fused backward (fastweights/kernels/triton/delta_fused_bwd.py, selected by
-`delta.BACKWARD = "fused"`) against its torch twin (fastweights/chunkwise/delta_bwd.py, itself checked against
+`DeltaPipeline(backward="fused")`) against its torch twin (fastweights/chunkwise/delta_bwd.py, itself checked against
 autograd in float64), the staged backward and the float64 recurrence: every gradient (q, k, v, g, β, S0), odd
 lengths, varlen with empty and length-1 sequences, grouped heads, chained states, bf16, both forwards (and the
 T-form forward, `LAUNCH["delta_prepass"]["WU"] = 0`), the routing of what it does not take to the staged
@@ -22,13 +22,23 @@ from fastweights.chunkwise import common as twin
 from fastweights.chunkwise.delta import block_unit_lower_inverse, delta_decays, delta_transitions, wy_representation
 from fastweights.chunkwise.delta_bwd import delta_chunk_grads, delta_states_bwd
 from fastweights.chunkwise.varlen import make_layout as torch_layout
-from fastweights.kernels.triton import delta as delta_mod
+from fastweights.kernels.pipelines import FUSED_CHECKED_HEAD_DIMS_CUDA, DeltaPipeline, delta_pipeline
 from fastweights.kernels.triton import delta_fused_bwd, util
 from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.delta_fused import fused_forward
 from fastweights.kernels.triton.delta_fused_bwd import fused_backward, recompute_states, value_block
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, spy_launches, to_dev
+from tests.kernels.helpers import (
+    DEV,
+    check,
+    compile_keys,
+    each_sequence_alone,
+    force_delta_pipeline,
+    grads,
+    rel,
+    spy_launches,
+    to_dev,
+)
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import _recurrent
@@ -43,9 +53,9 @@ KERNELS = ("_states_kernel", "_reverse_kernel", "_grads_kernel")
 
 @pytest.fixture
 def fused(monkeypatch):
-    """delta.FORWARD = delta.BACKWARD = "fused" for the test (the defaults may be either)."""
-    monkeypatch.setattr(delta_mod, "FORWARD", "fused")
-    monkeypatch.setattr(delta_mod, "BACKWARD", "fused")
+    """The fused forward and backward for the test's calls, where they take the call (the defaults may be
+    either)."""
+    force_delta_pipeline(monkeypatch, forward="fused", backward="fused")
 
 
 @pytest.fixture
@@ -55,11 +65,8 @@ def launched(monkeypatch):
 
 
 def _staged_bwd(x, **kw):
-    old, delta_mod.BACKWARD = delta_mod.BACKWARD, "staged"
-    try:
-        return _triton(x, **kw)
-    finally:
-        delta_mod.BACKWARD = old
+    """The fused forward and the staged backward."""
+    return _triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
@@ -180,27 +187,25 @@ def test_bf16_inputs(gate, gen, fused):
 def test_fused_equals_staged(gate, forward, gen, monkeypatch):
     """The fused and the staged backward agree to fp32 rounding after either forward, grouped heads, β = None
     (dβ not asked for) and no initial state, chunk 32 over T = 50."""
-    monkeypatch.setattr(delta_mod, "FORWARD", forward)
     x = _inputs(gate, gen, B=2, T=50, H=2, Hq=1, K=8, V=8)
     x.pop("S0")
     x.pop("beta")
     seed = secrets.randbits(31)
 
-    def run(d):
+    def run(d, bwd):
         d = to_dev(d)
         return chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), scale=None, output_final_state=True,
-                                  chunk_size=32)
+                                  chunk_size=32, pipeline=DeltaPipeline(forward, bwd))
 
     out = {}
     for bwd in ("staged", "fused"):
-        monkeypatch.setattr(delta_mod, "BACKWARD", bwd)
-        out[bwd] = grads(run, x, seed)
+        out[bwd] = grads(lambda d, bwd=bwd: run(d, bwd), x, seed)
     check(out["fused"], out["staged"], F32)
 
 
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_kept_states_and_t_form_forward(gate, gen, fused, monkeypatch):
-    """The backward on the states the forward kept (RECOMPUTE_STATES = False), and the T-form forward (the
+    """The backward on the states the forward kept (recompute_states=False), and the T-form forward (the
     pre-pass writes only T, LAUNCH["delta_prepass"]["WU"] = 0, each of the two), equal the default to fp32
     rounding: outputs, final states, every gradient."""
     monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_prepass": dict(util.LAUNCH["delta_prepass"])})
@@ -208,7 +213,7 @@ def test_kept_states_and_t_form_forward(gate, gen, fused, monkeypatch):
     seed = secrets.randbits(31)
     base = grads(_triton, x, seed)
     for recompute, wu in ((False, 1), (True, 0), (False, 0)):
-        monkeypatch.setattr(delta_mod, "RECOMPUTE_STATES", recompute)
+        force_delta_pipeline(monkeypatch, forward="fused", backward="fused", recompute_states=recompute)
         util.LAUNCH["delta_prepass"]["WU"] = wu
         check(grads(_triton, x, seed), base, F32, f"recompute {recompute}, WU {wu}")
 
@@ -250,7 +255,7 @@ def test_value_block_from_the_shapes_alone(monkeypatch):
 def test_routing(gen, fused, launched, monkeypatch):
     """KDA (diagonal gate), Comba (probe key, decay after), K > 128 and a chunk of 128 run the staged backward
     (no fused kernel launched) and still match the fused forward's gradients' reference; DeltaProduct (its
-    micro-steps interleaved) runs the fused one. BACKWARD is checked."""
+    micro-steps interleaved) runs the fused one. The pipeline's fields are checked."""
     seed = secrets.randbits(31)
     _triton(_inputs("diagonal", gen, T=20, K=8, V=8))
     _triton(_inputs("scalar", gen, T=20, K=8, V=8, probe=True), decay_first=False)
@@ -262,19 +267,16 @@ def test_routing(gen, fused, launched, monkeypatch):
     x = _inputs("scalar", gen, T=21, K=8, V=8, n=2)
     check(grads(_triton, x, seed), grads(_staged_bwd, x, seed), F32)
     assert launched[:3] == list(KERNELS)
-    monkeypatch.setattr(delta_mod, "BACKWARD", "fast")
-    with pytest.raises(ValueError, match="BACKWARD"):
-        _triton(_inputs("none", gen, T=5, K=8, V=8))
+    with pytest.raises(ValueError, match="backward must be one of"):
+        _triton(_inputs("none", gen, T=5, K=8, V=8), pipeline=DeltaPipeline("fused", "fast"))
 
 
 def test_auto_rule(gen, monkeypatch):
-    """FORWARD = BACKWARD = "auto" (the defaults): bf16 with no or a scalar decay runs the fused forward and the
-    fused backward; KDA the staged forward (its fused one lost on the H100) and the staged backward; fp32 inputs
-    (not timed on the GPU) the staged ones."""
+    """The rule (`kernels.pipelines.delta_pipeline`, the glue's default): bf16 with no or a scalar decay runs the
+    fused forward and the fused backward; KDA the staged forward (its fused one lost on the H100) and the staged
+    backward; fp32 inputs (not timed on the GPU) the staged ones."""
     from fastweights.kernels.triton import delta_fused
 
-    monkeypatch.setattr(delta_mod, "FORWARD", "auto")
-    monkeypatch.setattr(delta_mod, "BACKWARD", "auto")
     seen = []
     for mod, name in ((delta_fused, "_prepass_kernel"), (delta_fused_bwd, "_grads_kernel")):
         kernel = getattr(mod, name)
@@ -296,29 +298,23 @@ def test_auto_on_a_gpu_only_at_the_checked_head_dims():
     """On a GPU "auto" takes the fused kernels only at head dims an H100 call has checked (K = V = 128 so far);
     the others stay staged until one does. (The predicate, with a stand-in CUDA tensor: no GPU needed.)"""
 
-    class _Cuda:
-        is_cuda, dtype = True, torch.bfloat16
+    def rule(K, V):
+        return delta_pipeline(gate="scalar", probe=False, decay_first=True, device_type="cuda",
+                              dtype=torch.bfloat16, K=K, V=V, C=64)
 
-    def lay(K, V):
-        return make_layout(2, 100, 4, 4, K, V, 64, None, "cpu")
-
-    x = _Cuda()
-    g = torch.zeros(2, 100, 4)
-    assert delta_mod.uses_fused_forward(None, g, True, lay(128, 128), x)
-    assert delta_mod.uses_fused_backward(None, g, True, lay(128, 128), x)
-    assert delta_mod.uses_fused_backward(None, g, True, lay(128, 256), x)  # the LM preset's value heads
-    assert not delta_mod.uses_fused_forward(None, g, True, lay(128, 256), x)  # V > FUSED_MAX_HEAD_DIM_CUDA
+    assert rule(128, 128) == DeltaPipeline("fused", "fused")
+    assert rule(128, 256) == DeltaPipeline("staged", "fused")  # the LM preset's value heads; V > the fused forward's
     for K, V in ((64, 64), (256, 128), (16, 16)):
-        assert not delta_mod.uses_fused_forward(None, g, True, lay(K, V), x), (K, V)
-        assert not delta_mod.uses_fused_backward(None, g, True, lay(K, V), x), (K, V)
+        assert (rule(K, V).forward, rule(K, V).backward) == ("staged", "staged"), (K, V)
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_varlen_packings_compile_once(gate):
-    """20 varlen batches of different packings (test_triton_delta_fused's script, with BACKWARD = "fused") ask
+    """20 varlen batches of different packings (test_triton_delta_fused's script, with the fused backward) ask
     Triton for no compile key after the first batch; the fused backward's kernels are among those keyed."""
-    body = _KEYS_BODY.replace('delta.FORWARD = "fused"', 'delta.FORWARD = "fused"\ndelta.BACKWARD = "fused"')
+    body = _KEYS_BODY.replace('BACKWARD = "staged" if gate == "diagonal" else "fused"', 'BACKWARD = "fused"')
+    assert body != _KEYS_BODY
     out = compile_keys(body, gate, "bfloat16")
     counts = out["counts"]
     assert set(KERNELS) <= set(out["kernels"])
@@ -346,7 +342,7 @@ def test_cuda_realistic(gate, size, dtype, gen, monkeypatch):
     """On the GPU (Hopper + Triton 3.6), the default forward ("auto": fused for bf16, staged for fp32) and the fused
     backward against the fp32 torch chunk form: outputs, final states, every gradient (K = V = 256: routed to the
     staged forward and backward)."""
-    monkeypatch.setattr(delta_mod, "BACKWARD", "fused")
+    force_delta_pipeline(monkeypatch, backward="fused")
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=dtype)
     seed = secrets.randbits(31)
@@ -364,7 +360,7 @@ def test_cuda_head_dims(gate, size, dtype, gen, launched):
     as "auto" runs them on the GPU (the fused backward's kernels launched), against the fp32 torch chunk form:
     outputs, final states, every gradient."""
     B, T, H, Hq, K, V = size
-    assert (K, V) in delta_mod.FUSED_CHECKED_HEAD_DIMS_CUDA
+    assert (K, V) in FUSED_CHECKED_HEAD_DIMS_CUDA
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=K, V=V, dtype=dtype)
     seed = secrets.randbits(31)
     ours = grads(_triton, x, seed, chunk_size=64)

@@ -1,5 +1,5 @@
 """The gated-linear class's fused pipeline (fastweights/kernels/triton/gated_fused.py, selected by
-`gated.PIPELINE = "fused"`: no or scalar decay — linear attention, RetNet, Mamba2) against its torch twins
+`GatedPipeline("fused")`: no or scalar decay — linear attention, RetNet, Mamba2) against its torch twins
 (`chunkwise.gated.chunk_gated`, `chunkwise.gated_bwd`), the staged pipeline and the float64 recurrence.
 
 Marked `triton`: on a machine without CUDA they run on CPU tensors under TRITON_INTERPRET=1 at tiny shapes, in
@@ -18,11 +18,22 @@ from fastweights.chunkwise import chunk_gated
 from fastweights.chunkwise.gated_bwd import chunk_gated_bwd
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
+from fastweights.kernels.pipelines import GatedPipeline, gated_fused_serves
 from fastweights.kernels.triton import gated as gated_mod
 from fastweights.kernels.triton import gated_fused, util
 from fastweights.kernels.triton.gated import chunk_gated_triton
 from fastweights.kernels.triton.layout import make_layout
-from tests.kernels.helpers import DEV, check, compile_keys, each_sequence_alone, grads, rel, spy_launches, to_dev
+from tests.kernels.helpers import (
+    DEV,
+    check,
+    compile_keys,
+    each_sequence_alone,
+    force_gated_pipeline,
+    grads,
+    rel,
+    spy_launches,
+    to_dev,
+)
 from tests.kernels.test_triton_gated import _inputs, _recurrent, _triton
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, EXACT_F64, F32, TRITON_LOW_REL
 
@@ -34,8 +45,8 @@ KERNELS = ("_fwd_kernel", "_bwd_states_kernel", "_bwd_chunk_kernel")
 
 @pytest.fixture
 def fused(monkeypatch):
-    """gated.PIPELINE = "fused" for the test (the default may be either)."""
-    monkeypatch.setattr(gated_mod, "PIPELINE", "fused")
+    """The fused pipeline for the test's calls where it serves them (the default may be either)."""
+    force_gated_pipeline(monkeypatch, "fused")
 
 
 @pytest.fixture
@@ -211,9 +222,9 @@ def test_fused_equals_staged(gate, gen, monkeypatch):
     seed = secrets.randbits(31)
 
     def run(d, pipeline):
-        monkeypatch.setattr(gated_mod, "PIPELINE", pipeline)
         d = to_dev(d)
-        o, _ = chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), scale=None, chunk_size=16)
+        o, _ = chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), scale=None, chunk_size=16,
+                                  pipeline=GatedPipeline(pipeline))
         return o, torch.zeros(1), None
 
     got = grads(lambda d: run(d, "fused")[:2], x, seed)
@@ -222,13 +233,13 @@ def test_fused_equals_staged(gate, gen, monkeypatch):
 
 
 def test_kept_states(gen, fused, monkeypatch):
-    """RECOMPUTE_STATES = False: the forward writes h for the backward (one more tensor kept, h's size) and the
+    """recompute_states=False: the forward writes h for the backward (one more tensor kept, h's size) and the
     backward does not run the states-only forward — gradients bitwise those of the recompute."""
     x = _inputs("scalar", gen, B=2, T=37, H=1)
     seed = secrets.randbits(31)
     out = {}
     for recompute in (True, False):
-        monkeypatch.setattr(gated_fused, "RECOMPUTE_STATES", recompute)
+        force_gated_pipeline(monkeypatch, "fused", recompute_states=recompute)
         kept = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=kept: kept.append(t) or t, lambda t: t):
             out[recompute] = grads(_triton, x, seed)
@@ -243,33 +254,37 @@ def test_kept_states(gen, fused, monkeypatch):
 
 # ---------------------------------------------------------------------------- routing and the grid
 def test_routing(gen, monkeypatch, launched):
-    """PIPELINE "fused" runs the fused kernels for every gate kind in gated_fused.GATES, the staged ones for
-    the others and — on a GPU — for K or V > FUSED_MAX_HEAD_DIM_CUDA, where the fused forward refuses;
-    "staged" never the fused ones; another value raises."""
+    """GatedPipeline("fused") runs the fused kernels for every gate kind; on a GPU it serves K, V ≤
+    GATED_FUSED_MAX_HEAD_DIM_CUDA only (`gated_fused_serves`; beyond, the fused forward refuses and asking for it
+    raises); "staged" never runs the fused ones; anything else raises. The default (the rule): staged."""
     d = to_dev(_inputs("diagonal", gen, B=1, T=20, H=1))
-    monkeypatch.setattr(gated_mod, "PIPELINE", "fused")
-    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16)
+    fused = GatedPipeline("fused")
+    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16, pipeline=fused)
     assert launched == ["_fwd_kernel"]
-    monkeypatch.setattr(gated_fused, "GATES", (0, 1))
     launched.clear()
-    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16)
-    assert launched == []
-    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16)
+    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16, pipeline=fused)
     assert launched == ["_fwd_kernel"]
-    assert gated_fused.supports(None, 128, 128, True) and not gated_fused.supports(None, 256, 128, True)
-    assert gated_fused.supports(None, 256, 256, False) and not gated_fused.supports(d["g"], 16, 16, False)
+    launched.clear()
+    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16)
+    assert launched == []
+    assert gated_fused_serves("cuda", 128, 128) and not gated_fused_serves("cuda", 256, 128)
+    assert gated_fused_serves("cpu", 256, 256)
+    monkeypatch.setattr(gated_mod, "gated_fused_serves", lambda device_type, K, V: False)
+    with pytest.raises(InputError, match="fused gated-linear pipeline does not serve K=12, V=10"):
+        chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"], scale=None, chunk_size=16, pipeline=fused)
     if torch.cuda.is_available():
         x = to_dev(_inputs("scalar", gen, B=1, T=20, H=1, K=256, V=256))
         L = make_layout(1, 20, 1, 1, 256, 256, 64, None, DEV)
         with pytest.raises(InputError, match="K, V ≤"):
             gated_fused.forward(x["q"], x["k"], x["v"], x["g"], None, None, 0.1, L)
-    monkeypatch.setattr(gated_mod, "PIPELINE", "staged")
     launched.clear()
-    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16)
+    chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16,
+                       pipeline=GatedPipeline("staged"))
     assert launched == []
-    monkeypatch.setattr(gated_mod, "PIPELINE", "fast")
-    with pytest.raises(ValueError, match="PIPELINE"):
-        chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16)
+    with pytest.raises(ValueError, match="pipeline must be one of"):
+        GatedPipeline("fast")
+    with pytest.raises(InputError, match="pipeline must be a kernels.pipelines.GatedPipeline"):
+        chunk_gated_triton(d["q"], d["k"], d["v"], g=d["g"][..., 0], scale=None, chunk_size=16, pipeline="fused")
 
 
 def test_value_block_from_the_shapes_alone(monkeypatch):
@@ -377,10 +392,9 @@ def test_scores_kernel_is_a_launch_choice(gate, gen, fused, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
-_KEYS_BODY = r"""from fastweights.kernels.triton import gated
+_KEYS_BODY = r"""from fastweights.kernels.pipelines import GatedPipeline
 from fastweights.kernels.triton.gated import chunk_gated_triton
 
-gated.PIPELINE = "fused"
 dtype = getattr(torch, sys.argv[3])
 gen = torch.Generator().manual_seed(0)
 counts = []
@@ -395,7 +409,7 @@ for i in range(60):  # 20 packings of each gate kind
     beta = torch.rand(1, T, H).requires_grad_(True)
     S0 = torch.randn(len(lengths), H, K, V).requires_grad_(True)
     o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=None, initial_state=S0, output_final_state=True,
-                              chunk_size=64, cu_seqlens=cu)
+                              chunk_size=64, cu_seqlens=cu, pipeline=GatedPipeline("fused"))
     (o.float().sum() + S.sum()).backward()
     counts.append(len(keys))
 report(counts)

@@ -1,7 +1,7 @@
 """The per-kernel launch table `fastweights.kernels.triton.util.LAUNCH`: every launch site of the
 chunk pipelines reads its own entry, an override reaches that launch and no other, the tile keys
 (BV, BC) are pure launch choices (other values, the same results), and a swept table loads from
-JSON (`util.load_launch`, FASTWEIGHTS_LAUNCH). The GPU sweep that picks the entries is
+JSON (`util.load_launch`; no environment variable applies one). The GPU sweep that picks the entries is
 `scripts/gpu_kernels.py --stages sweep-kernels`.
 
 Marked `triton`: under the interpreter on a machine without CUDA (launch keywords are recorded,
@@ -21,6 +21,7 @@ from functools import partial
 import pytest
 import torch
 
+from fastweights.kernels.pipelines import DeltaPipeline, GatedPipeline
 from fastweights.kernels.triton import util
 from fastweights.kernels.triton.gated import chunk_gated_triton
 from fastweights.kernels.triton.prologue import delta_prologue
@@ -58,56 +59,38 @@ def calls(monkeypatch):
 
 
 def _delta(x, **kw):
-    """The staged forward and backward (whatever delta.FORWARD / BACKWARD default to)."""
-    from fastweights.kernels.triton import delta
-
-    old, (delta.FORWARD, delta.BACKWARD) = (delta.FORWARD, delta.BACKWARD), ("staged", "staged")
-    try:
-        return delta_triton(x, **kw)
-    finally:
-        delta.FORWARD, delta.BACKWARD = old
+    """The staged forward and backward (whatever the rule picks)."""
+    return delta_triton(x, pipeline=DeltaPipeline("staged", "staged"), **kw)
 
 
 def _delta_fused(x, **kw):
     """The fused forward and the staged backward."""
-    from fastweights.kernels.triton import delta
-
-    old, (delta.FORWARD, delta.BACKWARD) = (delta.FORWARD, delta.BACKWARD), ("fused", "staged")
-    try:
-        return delta_triton(x, **kw)
-    finally:
-        delta.FORWARD, delta.BACKWARD = old
+    return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
 
 
 def _delta_fused_bwd(x, *, t_form=False, **kw):
     """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
-    from fastweights.kernels.triton import delta
-
-    old = delta.FORWARD, delta.BACKWARD, util.LAUNCH["delta_prepass"]["WU"]
-    delta.FORWARD, delta.BACKWARD = "fused", "fused"
-    util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old[2]
+    old = util.LAUNCH["delta_prepass"]["WU"]
+    util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old
     try:
-        return delta_triton(x, **kw)
+        return delta_triton(x, pipeline=DeltaPipeline("fused", "fused"), **kw)
     finally:
-        delta.FORWARD, delta.BACKWARD, util.LAUNCH["delta_prepass"]["WU"] = old
+        util.LAUNCH["delta_prepass"]["WU"] = old
 
 
-def _gated(x, *, chunk_size=16):
+def _gated(x, *, chunk_size=16, pipeline=None):
     d = to_dev(x)
     return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
-                              initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size)
+                              initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size,
+                              pipeline=pipeline)
 
 
 def _gated_fused(x, *, aqk=0, **kw):
-    from fastweights.kernels.triton import gated
-
-    old, gated.PIPELINE = gated.PIPELINE, "fused"
     old_aqk = util.LAUNCH["gated_fused_fwd"]["AQK"]
     util.LAUNCH["gated_fused_fwd"]["AQK"] = aqk  # 1: the scores kernel (gated_fused_scores) runs too
     try:
-        return _gated(x, **kw)
+        return _gated(x, pipeline=GatedPipeline("fused"), **kw)
     finally:
-        gated.PIPELINE = old
         util.LAUNCH["gated_fused_fwd"]["AQK"] = old_aqk
 
 
@@ -246,15 +229,19 @@ def test_load_launch_rejects_unknown_names(table):
     assert util.launch("wy_bwd") == dict(num_warps=4, num_stages=2)  # nothing applied
 
 
-def test_launch_table_from_environment(tmp_path):
-    """FASTWEIGHTS_LAUNCH=path applies a swept table (e.g. best_launch.json) at import."""
+def test_launch_table_from_a_file(tmp_path):
+    """`util.load_launch(path)` applies a swept table (e.g. best_launch.json) from its file — the only way one is
+    applied (FASTWEIGHTS_LAUNCH, read at import, is gone: it stays unread, so the defaults hold)."""
     path = tmp_path / "best_launch.json"
     path.write_text(json.dumps({"wy_bwd": {"num_warps": 8, "num_stages": 1}, "qk_grads": {"BC": 64}}))
-    code = ("import json; from fastweights.kernels.triton import util; "
-            "print(json.dumps([util.launch('wy_bwd'), util.launch('wy_fwd'), util.tile('qk_grads', 'BC')]))")
+    code = ("import json, sys; from fastweights.kernels.triton import util; before = util.launch('wy_bwd'); "
+            "util.load_launch(sys.argv[1]); "
+            "print(json.dumps([before, util.launch('wy_bwd'), util.launch('wy_fwd'), util.tile('qk_grads', 'BC')]))")
     env = dict(os.environ, FASTWEIGHTS_LAUNCH=str(path), PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [dict(num_warps=8, num_stages=1),
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [dict(num_warps=4, num_stages=2),
+                                                              dict(num_warps=8, num_stages=1),
                                                               dict(num_warps=4, num_stages=2), 64]
 
 

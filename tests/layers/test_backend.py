@@ -92,6 +92,9 @@ def test_a_built_layer_routes_every_call_afresh(monkeypatch):
     assert {("delta", "chunk", "triton"), ("delta", "recurrent", "triton"), ("layer", "conv", "triton"),
             ("layer", "norm", "triton"), ("layer", "prologue", "triton")} == set(got)
     assert layer.routes["chunk"] == ("triton", "cpu")
+    # the Triton row's pipeline, from the call's facts (fp32: the staged kernels), in the record and in repr
+    assert layer.pipelines["chunk"] == "staged forward, staged backward" and layer.pipelines["recurrent"] is None
+    assert "chunk: triton (staged forward, staged backward) on cpu, recurrent: triton on cpu" in repr(layer)
 
 
 def test_grouped_value_heads_reach_the_op_unexpanded(monkeypatch):

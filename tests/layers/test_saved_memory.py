@@ -39,7 +39,7 @@ def test_gated_deltanet_layer_saved_bytes_per_token():
         # one bf16 copy of x (the joint projection), the per-chunk inverse T (at most fp32 [H, C] per token), β
         # and g (fp32), b and a (bf16); o and the gate z, which the output's checkpoint keeps for the gated norm
         # and o_proj (`MemoryMixer._output`). Not the raw q, k, v: the prologue and the memory op recompute them
-        # from the convs' inputs (`conv.RECOMPUTE_OUTPUTS`), q̂ and k̂ from those; not the chunk states h, U.
+        # from the convs' inputs (`short_conv(recompute_outputs=True)`), q̂ and k̂ from those; not the chunk states h, U.
         "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + 2 * bf16 * H + bf16 * 2 * v,
         "ShortConv": bf16 * (2 * qk + v),  # the convolutions' inputs
         # the MLP's projections' inputs (x cast once for each of w1 and w3, w2's hidden input) and nothing of

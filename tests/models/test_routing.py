@@ -79,8 +79,8 @@ def test_every_way_of_making_an_lm_routes_as_a_fresh_one(how, tmp_path, monkeypa
     assert got == _fresh(fake, LMConfig(**CFG))
     assert ON_GPU <= set(got) and ("delta", "chunk", "torch") not in got, got
     assert lm.backends == ("auto", "auto")  # requested, never resolved
-    assert "backend=auto → prologue: triton on cpu, chunk: triton on cpu, recurrent: triton on cpu" \
-        in repr(lm.blocks[0].mixer)
+    assert ("backend=auto → prologue: triton on cpu, chunk: triton (staged forward, staged backward) on cpu, "
+            "recurrent: triton on cpu") in repr(lm.blocks[0].mixer)  # (fp32: the staged pipeline)
 
 
 def test_the_model_fastweights_train_builds(tmp_path, monkeypatch):

@@ -282,3 +282,39 @@ def test_a_signal_saves_at_the_step_boundary_and_the_run_resumes_to_the_uninterr
     a = LM.from_pretrained(tmp / "ref" / "model").state_dict()
     b = LM.from_pretrained(tmp_path / "run" / "model").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_log_carries_the_steady_rate_and_mfu(tmp_path, monkeypatch):
+    """Each train record has tokens_per_s_steady (None for steps 1 and 2, then > 0) and mfu (None on the CPU: no
+    peak); the steady figure leaves out the first step — made 1 s slower here, as a compile would — so it is
+    well above the running one, and the plain progress line prints both."""
+    import io
+
+    from fastweights.pretrain import loop
+    from fastweights.training.progress import Progress
+
+    real, calls = loop.training_step.optimizer_step, []
+
+    def slow_first(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loop.training_step, "optimizer_step", slow_first)
+    cfg = PretrainConfig.build({"data": [str(corpus(tmp_path))], "out": str(tmp_path / "run"), "steps": 6,
+                                "batch_size": 4, "seq_len": 16, "val_every": 100, "save_every": 100, "threads": 1,
+                                "model": TINY})
+    out = io.StringIO()
+    summary = train(cfg, progress=Progress("plain", stream=out))
+    recs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    train_recs = [r for r in recs if "loss" in r]
+    assert [r["tokens_per_s_steady"] is None for r in train_recs] == [True, True, False, False, False, False]
+    assert all(r["mfu"] is None for r in train_recs) and summary["mfu"] is None
+    last = train_recs[-1]
+    assert last["tokens_per_s_steady"] == summary["tokens_per_s_steady"] > 0
+    assert 4 * 16 / last["tokens_per_s_steady"] < 0.5  # no step in the window took the first step's second
+    assert last["tokens_per_s_steady"] > 2 * last["tokens_per_s"]
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("step ")]
+    assert "(steady —)" in lines[0]
+    assert re.search(r"step 6/6 .* tok/s \(steady \d+ tok/s, MFU —\)", lines[-1]), lines[-1]

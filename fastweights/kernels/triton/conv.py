@@ -22,7 +22,7 @@ tails are contiguous.
 Forward `_conv_fwd`, grid (blocks of BT rows, blocks of BC channels, B): W shifted tile loads of x
 (W − 1 of them hit the cache) per output tile.
 
-Backward: by default in one pass (below: `_conv_bwd_fused`); with `_BWD["fused"] = False` in two
+Backward: by default in one pass (below: `_conv_bwd_fused`); with `short_conv(..., one_pass_backward=False)` in two
 kernels, each O(W) per element (the W shifted copies of dpre that dx needs come from memory):
 
     `_conv_bwd_dpre`, grid (runs of NBLK·BT rows, blocks of BC channels, B): per block of rows t,
@@ -39,7 +39,7 @@ x's dtype (bf16: 10 B vs 6 B, 1.7× the floor; at B = 4, T = 4,096, C = 2,048: 3
 3 TB/s), 7e in fp32 (bf16 x: 14 B). Per element: 2W + 1 tile loads and one exp in the first kernel,
 W in the second (the old single kernel: W² + W loads and W exps).
 
-The one-pass backward (`_BWD["fused"]`, the default; `_conv_bwd_fused`): each block recomputes dpre on
+The one-pass backward (`one_pass_backward=True`, the default; `_conv_bwd_fused`): each block recomputes dpre on
 its BT rows, the first W − 1 of them a halo owned by the previous block, and shifts dpre along the rows
 with `tl.gather` (Triton's register shuffle) to form dx: DRAM bytes x + dy + dx (the floor), W
 tap loads plus (W − 1)/BT recomputed halo rows per element. On the H100 it is the faster of the two
@@ -61,12 +61,6 @@ Tensor = torch.Tensor
 
 __all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
 
-#: The conv's output carries what recomputes it (`conv_source`): an op downstream that would keep the output for
-#: its backward (the delta prologue's raw q, k; the delta memory op's v) keeps that instead — the conv's own inputs,
-#: which its backward keeps anyway — and recomputes the output, bitwise (the same kernel on the same inputs), in
-#: its backward. Off: every consumer keeps its own copy of the output (A/B of memory and time).
-RECOMPUTE_OUTPUTS = True
-
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: launch settings (a GPU sweep may overwrite entries). Forward: BT rows × BC channels per program.
 _FWD = dict(BT=64, BC=64, num_warps=4)
@@ -76,8 +70,8 @@ _FWD = dict(BT=64, BC=64, num_warps=4)
 #: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
 #: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
 _BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False,
-            fused=True, F_BT=64, F_BC=32, F_NBLK=8, F_warps=4)
-#: fused: the one-pass backward `_conv_bwd_fused` instead (F_BT rows per block of which F_BT − W + 1
+            F_BT=64, F_BC=32, F_NBLK=8, F_warps=4)
+#: F_*: the one-pass backward `_conv_bwd_fused` (`one_pass_backward`; F_BT rows per block of which F_BT − W + 1
 #: owned, F_BC channels, F_NBLK blocks per program, F_warps): x, dy and dx only (the byte floor, plus
 #: the (W − 1)/F_BT halo), the shift by `tl.gather` (lowered through shared memory and warp shuffles);
 #: 128 registers at 32 × 32 (237 at 32 × 64). The default since the H100 sweep (`bench_conv.py --sweep`,
@@ -212,7 +206,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
                     XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
                     SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
-    """The whole backward in one pass (`_BWD["fused"]`): block k of program i_r owns the BO = BT − W + 1
+    """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
     xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
     (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
     with the shift a `tl.gather` along the rows, and sums dw, db over its own dpre rows."""
@@ -310,7 +304,7 @@ def _rows_view(x: Tensor) -> Tensor:
 
 class ShortConvFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, tail, weight, bias, positions, silu):
+    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass=True):
         B, T, C = x.shape
         W = weight.shape[-1]
         dummy = x.new_zeros(1)
@@ -328,7 +322,7 @@ class ShortConvFn(torch.autograd.Function):
         elif W > 1 and B * C > 0:  # T = 0: the tail carries over
             new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
         ctx.save_for_backward(x, tail, weight, bias, positions)
-        ctx.silu = silu
+        ctx.silu, ctx.one_pass = silu, one_pass
         return y, new_tail
 
     @staticmethod
@@ -343,7 +337,7 @@ class ShortConvFn(torch.autograd.Function):
         want_dtail = tail is not None and need[1]
         dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
         cfg = _BWD
-        fused = bool(cfg["fused"]) and T > 0
+        fused = bool(ctx.one_pass) and T > 0
         if fused:  # programs of F_NBLK blocks owning FBT − W + 1 xp rows each
             FBT = max(cfg["F_BT"], triton.next_power_of_2(2 * W))
             NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), cfg["F_NBLK"])
@@ -386,17 +380,25 @@ class ShortConvFn(torch.autograd.Function):
                 dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
         dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
         db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
-        return (dx if need[0] else None), dtail, dw, db, None, None
+        return (dx if need[0] else None), dtail, dw, db, None, None, None
 
 def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
-               positions: Tensor | None = None, activation: str | None = "silu") -> tuple[Tensor, Tensor]:
+               positions: Tensor | None = None, activation: str | None = "silu", *, recompute_outputs: bool = True,
+               one_pass_backward: bool = True) -> tuple[Tensor, Tensor]:
     """(y [B, T, C], new tail [B, W − 1, C], both in x's dtype) of `ShortConv` (see the module doc).
 
     x [B, T, C] fp32/bf16/fp16 (channels contiguous, any batch and row strides, e.g. a slice
     [..., a:a + C] of a wider projection: read in place; other layouts are copied); weight [C, 1, W]
     (nn.Conv1d's depthwise weight, W ≤ MAX_CONV_WIDTH) or [C, W]; bias [C] or None; tail
     [B, W − 1, C] or None (zeros); positions [B, T] integer (each token's position inside its
-    document) or None; activation "silu" or None. Differentiable in x, tail, weight and bias."""
+    document) or None; activation "silu" or None. Differentiable in x, tail, weight and bias.
+
+    recompute_outputs: the output carries what recomputes it (`conv_source`): an op downstream that would keep the
+    output for its backward (the delta prologue's raw q, k; the delta memory op's v) keeps that instead — the conv's
+    own inputs, which its backward keeps anyway — and recomputes the output, bitwise (the same kernel on the same
+    inputs), in its backward. False: every consumer keeps its own copy of the output (A/B of memory and time).
+    one_pass_backward: the backward in one kernel (`_conv_bwd_fused`, the faster on the H100), else the two kernels
+    (dpre into a scratch, then dx)."""
     if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype not in _DTYPES:
         raise InputError(f"x must be a 3-D [B, T, C] fp32/bf16/fp16 tensor, got "
                          f"{f'{list(x.shape)} {x.dtype}' if isinstance(x, Tensor) else type(x).__name__}")
@@ -423,9 +425,10 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
         raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
                          f"{[str(t.device) for t in given]}")
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
-    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu")
+    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
+            bool(one_pass_backward))
     y, new_tail = ShortConvFn.apply(*args)
-    if RECOMPUTE_OUTPUTS and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
+    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
         y._conv_source = _ConvSource(args, y)
     return y, new_tail
 

@@ -18,7 +18,7 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
        o_n     = Q̃_n S_n + Aqk_n U_n,   Aqk = scale (Q Kᵀ ⊙ e^{G_i − G_j}) on j ≤ i
        S_{n+1} = e^{G_last} ⊙ S_n + K̃_nᵀ U_n
 
-   writing o, and — only where the caller keeps them for the backward (delta.RECOMPUTE_STATES = False)
+   writing o, and — only where the caller keeps them for the backward (`DeltaPipeline(recompute_states=False)`)
    — the entering states h (bf16 for bf16 inputs, as `delta_states`), U and the final state.
    Aqk is computed in the loop for no/scalar decay (one more [C, K]·[K, C] product per chunk and V
    block, no bytes), or — `LAUNCH["delta_prepass"]["AQK"] = 1` — once per chunk by the pre-pass and read
@@ -50,6 +50,7 @@ from .. import empty_output
 from .cumsum import chunk_cumsum
 from .delta_fused_bwd import states_forward, supports
 from .layout import Layout
+from .limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
 from .scores import decayed_scores
 from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
@@ -254,9 +255,10 @@ def fused_programs(L: Layout) -> dict:
     return {"prepass": L.NT * L.B * L.H, "sequential": L.NS * L.H * triton.cdiv(L.V, bv), "BV": bv}
 
 
-#: Head dims the fused forward takes on a GPU: K = V = 256 (bf16) hit an illegal memory access on the H100
-#: (tests/kernels/test_triton_delta_fused.py::test_cuda_realistic, 2026-11-25); the interpreter passes it.
-FUSED_MAX_HEAD_DIM_CUDA = 128
+#: Head dims the fused forward takes on a GPU (`limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA`): K = V = 256 (bf16) hit an
+#: illegal memory access on the H100 (tests/kernels/test_triton_delta_fused.py::test_cuda_realistic, 2026-11-25); the
+#: interpreter passes it.
+FUSED_MAX_HEAD_DIM_CUDA = DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
 
 def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
@@ -271,7 +273,8 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
         raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
                          f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
-                         "2026-11-25, not found yet): set delta.FORWARD = 'staged' for these head dims")
+                         "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
+                         "head dims")
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from ...inputs import InputError
+from ..pipelines import GatedPipeline, gate_kind, gated_fused_serves, gated_pipeline
 from . import gated_fused
 from .args import check_chunk_args, no_tokens
 from .cumsum import chunk_cumsum
@@ -25,20 +27,6 @@ from .scores import decayed_scores
 from .states import pass_states_bwd, pass_states_fwd
 
 Tensor = torch.Tensor
-
-#: "staged" (the stage kernels above) or "fused" (gated_fused.py: one sequential kernel forward; backward a
-#: states recompute, one reverse sequential kernel and one chunk-parallel kernel), for the calls the fused
-#: pipeline serves (`gated_fused.supports`: no or a scalar decay; GLA's diagonal one always runs staged).
-#: Read on each call.
-PIPELINE = "staged"
-PIPELINES = ("staged", "fused")
-
-
-def uses_fused(g, K: int, V: int, is_cuda: bool) -> bool:
-    """Whether a call runs the fused pipeline (PIPELINE, and a call `gated_fused.supports`)."""
-    if PIPELINE not in PIPELINES:
-        raise ValueError(f"gated.PIPELINE must be one of {PIPELINES}, got {PIPELINE!r}")
-    return PIPELINE == "fused" and gated_fused.supports(g, K, V, is_cuda)
 
 
 def _fold_groups(x: Tensor, L: Layout) -> Tensor:
@@ -80,18 +68,30 @@ class ChunkGatedTriton(torch.autograd.Function):
 
 def chunk_gated_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                        scale: float | None, initial_state: Tensor | None = None, output_final_state: bool = False,
-                       chunk_size: int = 64, cu_seqlens: Tensor | None = None):
+                       chunk_size: int = 64, cu_seqlens: Tensor | None = None,
+                       pipeline: GatedPipeline | None = None):
     """Chunkwise gated linear attention on Triton: S_t = Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ,
     o_t = S_tᵀ(scale·q_t). Arguments and results as `fastweights.chunkwise.chunk_gated`
     (o [B, T, H, V] in v's dtype; final state [B or N, H, K, V] fp32 or None), plus grouped
-    heads: q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 accumulation)."""
+    heads: q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 accumulation).
+
+    pipeline: the stage kernels or the fused ones (`kernels.pipelines.GatedPipeline`); None: the one
+    `kernels.pipelines.gated_pipeline` picks from the call's facts (what the dispatch row passes)."""
     L, initial_state, scale = check_chunk_args(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
                                                chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     if L.T == 0:
         return no_tokens(v, L, initial_state, output_final_state)
-    fn = gated_fused.ChunkGatedFused if uses_fused(g, L.K, L.V, q.is_cuda) else ChunkGatedTriton
-    o, ht = fn.apply(q.contiguous(), k.contiguous(), v.contiguous(),
-                                   g.contiguous() if g is not None else None,
-                                   beta.contiguous() if beta is not None else None, initial_state, scale, L,
-                                   bool(output_final_state))
+    if pipeline is None:
+        pipeline = gated_pipeline(gate=gate_kind(g), device_type=q.device.type, dtype=q.dtype, K=L.K, V=L.V)
+    if not isinstance(pipeline, GatedPipeline):
+        raise InputError(f"pipeline must be a kernels.pipelines.GatedPipeline or None, got {pipeline!r}")
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous() if g is not None else None,
+            beta.contiguous() if beta is not None else None, initial_state, scale, L, bool(output_final_state))
+    if pipeline.pipeline == "fused":
+        if not gated_fused_serves(q.device.type, L.K, L.V):
+            raise InputError(f"the fused gated-linear pipeline does not serve K={L.K}, V={L.V} on {q.device.type} "
+                             "(kernels.pipelines.gated_fused_serves); pass GatedPipeline('staged')")
+        o, ht = gated_fused.ChunkGatedFused.apply(*args, pipeline.recompute_states)
+    else:
+        o, ht = ChunkGatedTriton.apply(*args)
     return o, (ht if output_final_state else None)

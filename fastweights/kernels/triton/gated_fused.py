@@ -64,9 +64,10 @@ floors at 3.0 TB/s; the V blocks' re-reads of q, k and the transposed re-loads c
 | **forward + backward** | | | **1,546** | **515** | **2,216** | **739** |
 
 The staged pipeline moves ≈ 4,931 MB (scalar) and ≈ 6,929 MB (GLA) for the same work (docs/kernels.md: 1.64
-and 2.31 ms floors). Keeping h from the forward instead of recomputing it (`RECOMPUTE_STATES = False`) writes
-134 MB more in the forward and saves 269 MB (GLA 403) in the backward, for K·V/C·2 = 512 bytes per token and
-head of saved memory: off by default (the LM memory goal), as in the delta class. Tensor-core work as executed
+and 2.31 ms floors). Keeping h from the forward instead of recomputing it
+(`GatedPipeline("fused", recompute_states=False)`) writes 134 MB more in the forward and saves 269 MB (GLA 403)
+in the backward, for K·V/C·2 = 512 bytes per token and head of saved memory: off by default (the LM memory
+goal), as in the delta class. Tensor-core work as executed
 (masked halves included), at the anchor: forward 2.4 MFLOP per (chunk, V block) at BV 32 (QKᵀ 1.05 — recomputed
 per V block —, Q̃S, AV, K̃ᵀV: 39 GFLOP), recompute and reverse pass 8.6 GFLOP each, chunk kernel 12.6 MFLOP per
 chunk (52 GFLOP): 108 GFLOP, ≈ 0.14 ms at 772 TFLOP/s — under the byte floor, so every kernel is memory- or
@@ -89,13 +90,9 @@ import triton.language as tl
 from ...inputs import InputError
 from .. import empty_output
 from .layout import Layout
+from .limits import GATED_FUSED_MAX_HEAD_DIM_CUDA as FUSED_MAX_HEAD_DIM_CUDA
 from .states import stored_state_dtype
 from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
-
-#: The backward recomputes the entering states h (one states-only run of the forward kernel) instead of the
-#: forward keeping them: −K·V/C elements per token and head of saved memory (512 bytes in bf16 at K = V = 128,
-#: C = 64) for 134 MB more traffic at the anchor. Read when the forward runs; the gradients are bitwise the same.
-RECOMPUTE_STATES = True
 
 #: The diagonal decay's fast path (GLA): a chunk whose per-channel decay spans at most SPAN nats computes its
 #: scores and their gradients as tensor-core products through the chunk's mid-range reference ρ (factors within
@@ -588,7 +585,7 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     if k.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
         raise InputError(f"the fused gated-linear pipeline takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got "
                          f"K={L.K}, V={L.V} (not yet checked on the H100: scripts/gpu_gated_fused.py); the staged "
-                         "pipeline serves these head dims (gated.uses_fused routes them there)")
+                         "pipeline serves these head dims (kernels.pipelines.gated_pipeline routes them there)")
     dev = k.device
     DT, IEEE = dot_dtype(k.dtype)
     cu, _, _, offsets = varlen_args(L, dev)
@@ -663,28 +660,16 @@ def chunk_bwd(q, k, v, g, beta, h, dh, do, scale: float, L: Layout, *, grad_dtyp
     return dq, dk, dv, dg, dbeta
 
 
-#: The gate kinds `supports` routes to the fused pipeline (0 none, 1 scalar, 2 diagonal).
-GATES = (0, 1, 2)
-
-#: Head dims the fused pipeline serves on a GPU (`uses_fused` routes wider heads to the staged one): the
-#: delta class's fused forward hit an illegal memory access at K = V = 256 on the H100 (docs/kernel_notes.md);
-#: this pipeline's kernels at 256 are checked by scripts/gpu_gated_fused.py (in a subprocess) before this rises.
-FUSED_MAX_HEAD_DIM_CUDA = 128
-
-
-def supports(g, K: int, V: int, is_cuda: bool) -> bool:
-    """Whether the fused pipeline serves a call: every gate kind (GATES), and on a GPU K, V ≤
-    FUSED_MAX_HEAD_DIM_CUDA."""
-    return _gate(g) in GATES and (not is_cuda or max(K, V) <= FUSED_MAX_HEAD_DIM_CUDA)
-
-
 class ChunkGatedFused(torch.autograd.Function):
     """The fused pipeline as one autograd node (the twin of `gated.ChunkGatedTriton`: same arguments and
-    results). Saved: the inputs, and h only with RECOMPUTE_STATES = False."""
+    results, and `recompute_states`). Saved: the inputs, and h only with recompute_states False: the backward
+    recomputes the entering states h (one states-only run of the forward kernel) instead of the forward keeping
+    them — −K·V/C elements per token and head of saved memory (512 bytes in bf16 at K = V = 128, C = 64) for 134 MB
+    more traffic at the anchor; the gradients are bitwise the same."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, L, output_final_state):
-        keep = not RECOMPUTE_STATES and any(ctx.needs_input_grad)
+    def forward(ctx, q, k, v, g, beta, h0, scale, L, output_final_state, recompute_states=True):
+        keep = not recompute_states and any(ctx.needs_input_grad)
         o, h, ht = forward(q, k, v, g, beta, h0, scale, L, store_states=keep, output_final_state=output_final_state)
         ctx.save_for_backward(q, k, v, g, beta, h0, h)
         ctx.scale, ctx.L, ctx.output_final_state = scale, L, output_final_state
@@ -695,7 +680,7 @@ class ChunkGatedFused(torch.autograd.Function):
         q, k, v, g, beta, h0, h = ctx.saved_tensors
         scale, L = ctx.scale, ctx.L
         do = do.contiguous()
-        if h is None:  # RECOMPUTE_STATES: the entering states from one states-only run of the forward kernel
+        if h is None:  # recompute_states: the entering states from one states-only run of the forward kernel
             _, h, _ = forward(q, k, v, g, beta, h0, scale, L, write_o=False, store_states=True)
         dht = dht.contiguous() if (dht is not None and ctx.output_final_state) else None
         dh, dh0 = states_bwd(q, g, do, dht, scale, L, need_dh0=h0 is not None)
@@ -704,4 +689,4 @@ class ChunkGatedFused(torch.autograd.Function):
             dq = dq.view(L.B, L.T, L.Hq, L.H // L.Hq, L.K).sum(3)
             dk = dk.view(L.B, L.T, L.Hq, L.H // L.Hq, L.K).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype) if g is not None else None,
-                dbeta.to(beta.dtype) if beta is not None else None, dh0, None, None, None)
+                dbeta.to(beta.dtype) if beta is not None else None, dh0, None, None, None, None)

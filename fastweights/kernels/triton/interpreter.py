@@ -24,6 +24,15 @@ import numpy as np
 from triton.runtime import interpreter
 
 
+def interpreting() -> bool:
+    """Whether Triton runs its interpreter (TRITON_INTERPRET=1: kernels on CPU tensors, in numpy) rather than
+    compiling. The one read of the environment in `fastweights.kernels` (tests/kernels/test_no_environment.py names
+    it): Triton's own `@triton.jit` reads the same variable when a kernel is defined, so this says what Triton does —
+    it chooses nothing of its own. Read by the shims below (applied at import) and by `util.dot_dtype` (bf16 /
+    fp16 products rounded and multiplied in fp32 under the interpreter, whose bf16 `tl.dot` is wrong)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _run_time_ranges() -> None:
     """Re-set scalar tensors' `__index__` (for the duration of each interpreted launch, as the
     interpreter does) to take the one element; nothing else of the interpreter changes."""
@@ -70,5 +79,5 @@ def apply() -> None:
     _bool_masks()
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
+if interpreting():
     apply()

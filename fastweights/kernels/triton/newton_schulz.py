@@ -24,14 +24,12 @@ sweep), with D = ∂L/∂out:
     dG = s² dA₀ + (ds + 2s Σ dA₀ ⊙ G) · ∂s/∂tr · I,  ∂s/∂tr = −1 / (2√tr (√tr + 1e-7)²) (0 where tr < tiny)
 
 — the reverse of the torch iteration's own autograd. fp32 throughout: tl.dot with input_precision
-"ieee" (fp32 FMAs, as torch's fp32 bmm without TF32) unless FASTWEIGHTS_NS_PRECISION says "tf32x3"
+"ieee" (fp32 FMAs, as torch's fp32 bmm without TF32) unless the `precision` argument says "tf32x3"
 (three TF32 tensor-core products per dot, about fp32's accuracy) or "tf32" (one: ~1e-3 per product,
-below the tests' tolerance) — for a measurement on the GPU; `precision()` reads it per call.
+below the tests' tolerance) — for a measurement on the GPU (`kernels.rows.generic_chunk(..., ns_precision=)`).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -43,18 +41,11 @@ from .limits import MAX_NS_DIM
 
 Tensor = torch.Tensor
 
-__all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS", "precision"]
+__all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS", "PRECISIONS"]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
-_PRECISIONS = ("ieee", "tf32x3", "tf32")
-
-
-def precision() -> str:
-    """tl.dot's input_precision: FASTWEIGHTS_NS_PRECISION (default "ieee")."""
-    p = os.environ.get("FASTWEIGHTS_NS_PRECISION", "ieee")
-    if p not in _PRECISIONS:
-        raise ValueError(f"FASTWEIGHTS_NS_PRECISION must be one of {list(_PRECISIONS)}, got {p!r}")
-    return p
+#: tl.dot's input precisions the kernels take (see the module doc).
+PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 
 @triton.jit
@@ -191,15 +182,15 @@ def _launch_args(G: Tensor):
 
 class NewtonSchulzGramFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, G: Tensor, steps: int) -> Tensor:
+    def forward(ctx, G: Tensor, steps: int, precision: str) -> Tensor:
         G = G.contiguous()
         r, R, M, warps = _launch_args(G)
         out = empty_output(*G.shape, dtype=G.dtype, device=G.device)
         if M > 0:
-            _ns_fwd[(M,)](G, out, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=steps, R=R, PREC=precision(),
+            _ns_fwd[(M,)](G, out, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=steps, R=R, PREC=precision,
                           num_warps=warps)
         ctx.save_for_backward(G)
-        ctx.steps, ctx.prec = steps, precision()
+        ctx.steps, ctx.prec = steps, precision
         return out
 
     @staticmethod
@@ -210,17 +201,19 @@ class NewtonSchulzGramFn(torch.autograd.Function):
         if M > 0:
             _ns_bwd[(M,)](G, dout.contiguous(), dG, r, *NS_COEFFS, torch.finfo(torch.float32).tiny, STEPS=ctx.steps,
                           R=R, PREC=ctx.prec, num_warps=warps)
-        return dG, None
+        return dG, None, None
 
 
-def newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
+def newton_schulz_gram(G: Tensor, steps: int, *, precision: str = "ieee") -> Tensor:
     """P [..., r, r] with NS(X) = P X from the Gram matrix G = X Xᵀ [..., r, r] (fp32, r ≤ MAX_NS_DIM),
     `steps` iterations: `chunkwise.minibatch._newton_schulz_gram` in one kernel each way (see the
-    module doc). Differentiable in G (first order)."""
+    module doc), tl.dot at `precision` (one of PRECISIONS). Differentiable in G (first order)."""
     if G.dtype != torch.float32:
         raise ValueError(f"newton_schulz_gram takes fp32 Gram matrices, got {G.dtype}")
     if G.dim() < 2 or G.shape[-1] != G.shape[-2] or not 1 <= G.shape[-1] <= MAX_NS_DIM:
         raise ValueError(f"G must be [..., r, r] with 1 ≤ r ≤ {MAX_NS_DIM}, got {list(G.shape)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int ≥ 1, got {steps!r}")
-    return NewtonSchulzGramFn.apply(G, steps)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    return NewtonSchulzGramFn.apply(G, steps, precision)

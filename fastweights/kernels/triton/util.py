@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from . import interpreter  # (the interpreter's shims, applied before any kernel runs)
 from .layout import Layout
 
 
@@ -64,7 +64,7 @@ def dot_dtype(dtype: torch.dtype):
     if dtype == torch.float32:
         return tl.float32, 1
     DT = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
-    return DT, (2 if os.environ.get("TRITON_INTERPRET") == "1" else 0)
+    return DT, (2 if interpreter.interpreting() else 0)
 
 
 def pow2(n: int, floor: int = 16) -> int:
@@ -202,6 +202,3 @@ def load_launch(path: str | os.PathLike | dict) -> dict:
         LAUNCH[name].update({key: int(val) for key, val in cfg.items()})
     return old
 
-
-if os.environ.get("FASTWEIGHTS_LAUNCH"):  # a swept table, applied at import (see load_launch)
-    load_launch(os.environ["FASTWEIGHTS_LAUNCH"])

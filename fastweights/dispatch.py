@@ -59,7 +59,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from .inputs import InputError, Shapes, check_choice, check_device, check_dtype, check_int
+from .inputs import GATE_ACTIVATIONS, InputError, Shapes, check_choice, check_device, check_dtype, check_int
 from .recipe import RECIPE_CLASSES, Recipe, recipe_class
 from .zoo import resolve
 
@@ -323,14 +323,12 @@ def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None,
                       ) -> list[str]:
     """The backends that can serve the layer op `op` ("conv", "norm", "prologue") on `device`
     (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
-    from .torch_layer_ops import GATES
-
     check_choice("op", op, LAYER_OPS)
     device, dtype = _listing_device_dtype(device, dtype)
     head_dim = check_int("head_dim", head_dim, optional=True)
     conv_width = check_int("conv_width", conv_width, optional=True)
     group_size = check_int("group_size", group_size, optional=True)
-    gate = check_choice("gate", gate, GATES, optional=True)
+    gate = check_choice("gate", gate, GATE_ACTIVATIONS, optional=True)
     target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
     return _listing(LAYER, None, op, target)
 

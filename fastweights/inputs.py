@@ -43,6 +43,9 @@ __all__ = ["InputError", "InputTypeError", "Shapes", "accepted_inputs", "validat
 #: Inputs that are per head, not per token (no time dimension): split or pack only the others.
 PER_HEAD_INPUTS = frozenset({"lamb", "ln_weight", "ln_bias"})
 
+#: The activations an output gate (and a gated norm) may apply: `torch_layer_ops.gate_activation`.
+GATE_ACTIVATIONS = ("swish", "sigmoid", "gelu_tanh")
+
 
 class InputError(ValueError):
     """Bad input to a functional form; the message names the argument and what was expected."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .inputs import GATE_ACTIVATIONS
 from .state import compute_dtype
 
 Tensor = torch.Tensor
@@ -28,7 +29,7 @@ Tensor = torch.Tensor
 __all__ = ["short_conv", "gated_rms_norm", "delta_prologue", "l2norm", "rms", "gate_activation", "GATES"]
 
 #: The gate activations of the gated norm.
-GATES = ("swish", "sigmoid", "gelu_tanh")
+GATES = GATE_ACTIVATIONS  # (named in fastweights.inputs, which the dispatch layer below this one may import)
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:

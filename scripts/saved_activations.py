@@ -56,7 +56,12 @@ def _saved_bytes(model: str, backend: str, *, d_model, num_heads, head_dim, voca
     with torch.device(device):
         lm = LM(cfg)
     stack: list[str] = ["LM"]
+    # a mixer's projections of x run as one matmul only while none of them is hooked (`MemoryMixer._project`,
+    # so that adapters and hooks apply): they stay unhooked, and what the joint matmul keeps counts as the mixer's
+    joint = {id(m.get_submodule(path)) for m in lm.modules() if hasattr(m, "_x_projs") for _, path in m._x_projs}
     for mod in lm.modules():
+        if id(mod) in joint:
+            continue
         label = type(mod).__name__
         mod.register_forward_pre_hook(lambda m, a, label=label: stack.append(label) and None)
         mod.register_forward_hook(lambda m, a, o: stack.pop() and None)  # a hook's return replaces the output

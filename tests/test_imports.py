@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("torch", ("torch_backend", "torch_layer_ops")),
     ("kernels", ("kernels",)),
     ("registry", ("registry", "api", "")),  # "": fastweights/__init__.py
+    ("distributed", ("distributed",)),  # context parallelism: the functional API over ranks; layers and LM use it
     ("layers", ("layers",)),
     ("models", ("models",)),
     ("training", ("training",)),  # the training step both the lab's sweeps and `fastweights train` import

@@ -44,6 +44,8 @@ EXEMPT = {
     ("lab/test_capacity.py", "acc['stream', 'linear', 256] <= 0.5"): _CAPACITY,
     ("models/test_lm.py", "sum(losses[-3:]) / 3 < 0.5 * losses[0]"):
         "training progress: the loss halves within the steps the test trains, not an error bound",
+    ("pretrain/test_loop.py", "4 * 16 / last['tokens_per_s_steady'] < 0.5"):
+        "a timing bound (no step of the steady window took the slowed first step's extra second), not an error",
     ("tasks/test_mqar.py", "gaps.mean() < 0.8 * (space - 1) / 2"):
         "the skew the power law must produce (mean gap well below the uniform mean), not an error bound",
 }

@@ -306,3 +306,5 @@ CONTEXT_PARALLEL_F64_REL = 1e-10  # context-parallel spans vs one process (outpu
 # the same maths in its weights, float64, relative to the largest logit: W x + s·B A x against
 # (W + s·B A) x sums the same products in another order (a few ulps).
 LORA_MERGED_F64_REL = 1e-10
+# a swapped Qwen3-Next's logits on CUDA (Triton's fp32 dots with TF32 operands) vs the original's, relative
+SWAP_CUDA_TF32_REL = 2e-2

@@ -180,28 +180,6 @@ class ContextParallel:
             raise ContextParallelError("the span lengths are unknown: cut the inputs with cp.shard(x) (or call "
                                        "cp.set_lengths) before the forward")
 
-    def segments(self, position_ids: Tensor | None, B: int, T: int, device=None):
-        """The documents of this rank's span [B, T] from its slice of the sequence's position_ids (a document
-        starts where the position is 0; the span's first tokens continue the previous rank's last document
-        unless their position is 0): a `Segments` whose first document of each row is doc 0, or None
-        without position_ids (one document per row, continuing)."""
-        from ..layers.segments import Segments
-
-        if position_ids is None:
-            return None
-        if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != (B, T) \
-                or position_ids.is_floating_point() or position_ids.dtype == torch.bool:
-            raise ContextParallelError(f"position_ids must be an integer tensor [B, T] = [{B}, {T}] (this rank's "
-                                       f"span), got {getattr(position_ids, 'dtype', type(position_ids).__name__)} "
-                                       f"{list(getattr(position_ids, 'shape', []))}")
-        pos = position_ids.to(device=device, dtype=torch.int64)
-        if bool((pos < 0).any()):
-            raise ContextParallelError("position_ids must be ≥ 0 at every token")
-        start = pos == 0
-        start[:, 0] = True  # the span's first token opens its first (maybe continuing) document
-        doc = start.long().cumsum(1) - 1  # [B, T]
-        return Segments(doc=doc, pos=pos, continues=False, single=not bool((doc != 0).any()))
-
     def documents(self, seg) -> tuple:
         """(cu [S + 1], first [B], last [B], tok [N1], cu1 [B + 1], row [N1]) of a span's Segments (from
         `segments`), its tokens packed row after row: every document's boundaries, each row's first and last

@@ -681,7 +681,7 @@ class MemoryMixer(nn.Module):
         the sequence the state ends. `segments`: the documents of x (padding, packing, per-row
         positions; see the module doc); None: one document per row. `context`: a
         `fastweights.distributed.ContextParallel` when x is this rank's span of sequences split over
-        ranks (segments then from `context.segments`; no state in or out)."""
+        ranks (segments then from `Segments.span`; no state in or out)."""
         if context is not None:
             return self._mix_context(x, form or self.form, segments, context)
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model or not x.is_floating_point():

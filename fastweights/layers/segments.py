@@ -101,6 +101,23 @@ class Segments:
         reach = None if given is None else local
         return Segments(doc=doc, pos=pos, continues=continues, single=not bool((doc != 0).any()), reach=reach)
 
+    @staticmethod
+    def span(position_ids: Tensor | None, B: int, T: int, device=None) -> Segments | None:
+        """The documents of one rank's span [B, T] under context parallelism (`fastweights.distributed`), from
+        its slice of the whole sequence's position_ids: a document starts where the position is 0, and the
+        span's first tokens continue the previous rank's last document unless their position is 0 — so the
+        first document of every row is doc 0 and its positions (RoPE, the conv's reach into the halo) are the
+        sequence's. None without position_ids (one document per row, continuing)."""
+        if position_ids is None:
+            return None
+        pos = check_positions("position_ids", position_ids, B, T).to(device=device, dtype=torch.int64)
+        if bool((pos < 0).any()):
+            raise InputError("position_ids must be ≥ 0 at every token")
+        start = pos == 0
+        start[:, 0] = True  # the span's first token opens its first (maybe continuing) document
+        doc = start.long().cumsum(1) - 1  # [B, T]
+        return Segments(doc=doc, pos=pos, continues=False, single=not bool((doc != 0).any()))
+
     def lengths(self) -> Tensor:
         """Tokens of each row [B] int64 (the documents' tokens, padding excluded)."""
         return (self.doc >= 0).sum(1)

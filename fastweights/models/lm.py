@@ -347,7 +347,7 @@ class LM(nn.Module):
         if context.lengths is None or context.lengths[context.rank] != T:
             raise ContextParallelError(f"this rank's span holds {T} tokens, but the context's span lengths are "
                                        f"{context.lengths}: cut the inputs with context.shard(x)")
-        seg = context.segments(position_ids, B, T, device=h.device)
+        seg = Segments.span(position_ids, B, T, device=h.device)  # the span's documents
         return self._hidden(h, form, seg, context)
 
     def _state_segments(self, shape: tuple[int, int], device, state: LMState | None, attention_mask: Tensor | None):

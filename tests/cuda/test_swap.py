@@ -6,6 +6,8 @@ where Triton picks them, hence the tolerance)."""
 import pytest
 import torch
 
+from tests.tolerances import SWAP_CUDA_TF32_REL
+
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
@@ -40,4 +42,4 @@ def test_a_swapped_qwen3_next_runs_the_triton_rows_on_cuda():
         [m.mixer.routes for m in layers]
     real = mask.bool()
     err = ((got - want)[real].abs().max() / want[real].abs().max()).item()
-    assert err < 2e-2, err
+    assert err < SWAP_CUDA_TF32_REL, err

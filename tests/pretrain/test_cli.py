@@ -161,7 +161,7 @@ def test_an_out_holding_something_other_than_a_run_is_refused_naming_it(tmp_path
     (tmp_path / "misc" / "notes.txt").write_text("x")
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text("{}")
-    for name, found in [("model_dir", "holds config.json, model.safetensors (a saved model)"),
+    for name, found in [("model_dir", "holds config.json, fastweights_auto.py, model.safetensors (a saved model)"),
                         ("repo", "holds .git, README.md (a git repository)"), ("misc", "holds notes.txt (no run)"),
                         ("half", "holds config.json but no checkpoint.pt or log.jsonl (no run)")]:
         assert cli_main(["train", "--data", text, "--out", str(tmp_path / name), *TINY]) == 2, name

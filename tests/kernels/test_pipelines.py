@@ -132,8 +132,9 @@ def test_pipeline_objects_check_their_fields():
 
 
 def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen):
-    """`rows.pinned`: within the block the row hands the pinned pipeline to the kernels (and names it), after it the
-    rule's again; a pipeline of the other class, an unknown option or class is refused (the kernels: spies)."""
+    """`rows.pinned`: within the block the row hands the pinned pipeline (the generic row: the Newton–Schulz
+    precision) to the kernels and names it, after it the rule's again; a pipeline of the other class, an unknown
+    option, precision or class is refused (the chunk kernels: spies)."""
     from fastweights.inputs import InputError
     from fastweights.kernels.triton import delta as delta_mod
     from fastweights.kernels.triton import gated as gated_mod
@@ -160,6 +161,27 @@ def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen)
         assert dispatch.DISPATCH[(cls, "chunk", "triton")] is rule
         fw.chunk(model, **x, chunk_size=16)
         assert seen[-1] != pinned and seen[-1].recompute_states
+    from fastweights.kernels.triton import newton_schulz
+
+    precisions = []
+    kernel = newton_schulz.newton_schulz_gram
+
+    def ns_spy(G, steps, *, precision):
+        precisions.append(precision)
+        return kernel(G, steps)  # (ieee: the interpreter's)
+
+    monkeypatch.setattr(newton_schulz, "newton_schulz_gram", ns_spy)
+    x = fw.example_inputs("atlas", batch_size=1, seq_len=4, num_heads=1, head_dim=8, generator=gen)
+    with rows.pinned("generic", ns_precision="tf32x3"):
+        fw.chunk("atlas", **x, chunk_size=16)
+        assert fw.pipeline("atlas", device="cuda", dtype=fp32, head_dim=8, chunk_size=16) == (
+            "triton", "Newton–Schulz kernel (tf32x3)")
+    assert precisions and set(precisions) == {"tf32x3"}
+    fw.chunk("atlas", **x, chunk_size=16)
+    assert precisions[-1] == "ieee"
+    with pytest.raises(InputError, match="ns_precision must be one of"):
+        with rows.pinned("generic", ns_precision="fp8"):
+            pass
     with pytest.raises(InputError, match="pipeline must be a kernels.pipelines.DeltaPipeline"):
         with rows.pinned("delta", pipeline=GatedPipeline("fused")):
             pass

@@ -13,8 +13,9 @@ cuda_tests.xml):
    and a length-1 sequence), every gate; outputs, final states, every gradient. Triton 3.6 on Hopper
    miscompiles some patterns: a config that fails here is reported and not timed.
 3. time: staged vs fused forward (each with the staged backward), forward and forward + backward medians
-   (CUDA events), gated_deltanet, deltanet and kda at B=4 T=4096 H=16 K=V=128 and at B=1 T=32768 with 16 q/k heads, 32 value heads,
-   bf16, q and k unit-norm, no final state; the fused grids' program counts (`delta_fused.fused_programs`).
+   (CUDA events), gated_deltanet, deltanet and kda at B=4 T=4096 H=16 K=V=128 and at B=1 T=32768 with 16
+   q/k heads, 32 value heads, bf16, q and k unit-norm, no final state; the fused grids' program counts
+   (`delta_fused.fused_programs`).
 4. graph: a varlen fused forward + backward captured in a CUDA graph and replayed (no host sync inside);
    the compiled variants of the fused kernels over 21 packings.
 5. variants: each --configs launch config checked as in 2, then timed as in 3.

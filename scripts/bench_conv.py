@@ -4,7 +4,7 @@ backend="torch"; the kernels: backend="triton"), at the gated-DeltaNet LM's conv
 
     python3 scripts/bench_conv.py --out runs/bench/conv.json                    # CUDA (< 60 s on an H100)
     python3 scripts/bench_conv.py --bwd BT=32,NBLK=8 --out /tmp/conv.json       # other launch settings
-    python3 scripts/bench_conv.py --bwd fused=1 --out /tmp/conv.json            # the one-pass backward
+    python3 scripts/bench_conv.py --bwd fused=1 --out /tmp/conv.json            # one-pass backward everywhere
     python3 scripts/bench_conv.py --sweep --out runs/bench/conv_sweep.json      # launch settings (~1 min)
     python3 scripts/bench_conv.py --device cpu --tiny --out /tmp/conv.json      # a check that it runs
 
@@ -13,19 +13,25 @@ shape, the kernels are checked against the torch twin in float64 (`ShortConv`'s 
 inputs (y, the new tail, dx, dw; and once with a tail, positions and a bias: dtail and db too) to
 1e-5, bf16 inputs to 3e-2 (tests/tolerances.py's CONV_F32_REL and CONV_LOW_REL), and bf16 x read
 as a channel slice of a wider [B, T, 3C] tensor (a fused projection); the same for the opt-in
-one-pass backward (`_BWD["fused"]`). Then each path is timed (Triton: the default two-kernel
-backward, with x sliced, with the one-pass backward; the torch ops):
+one-pass backward. Then each path is timed (Triton: the two-kernel backward, with x sliced, with the
+one-pass backward; the torch ops). The backward is an argument, `short_conv(..., one_pass_backward=)` (the
+library's default is the one-pass one), passed through the layer's Triton conv row for the block that runs
+a path: "one-pass" in a path's or check's name runs it, every other Triton path and check the two kernels
+(`--bwd fused=1`: the one-pass backward there too; `fused=` is no launch setting, it picks the backward):
 forward (no autograd), backward alone (autograd.grad of y with a fixed dy through a retained
 graph: dx and dw) and forward + backward; median of --repeats calls after --warmup, each between
 CUDA events recorded behind a ~1 ms GPU sleep (so the host's launch time is not counted). Printed
 and written to --out (JSON): ms, and GB/s of the byte floor (forward: read x, write y, 2·N·e
 bytes; backward: read x and dy, write dx, 3·N·e; both: 5·N·e; N = B·T·C, e = 2).
-No autotuning: the launch settings are the module's `_FWD` / `_BWD`, overridden by --fwd / --bwd.
+No autotuning: the launch settings are the module's `_FWD` / `_BWD`, overridden by --fwd / --bwd. --sweep
+times the two-kernel backward at each of its settings and the one-pass one at the settings marked fused=1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import platform
@@ -33,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
@@ -45,6 +52,28 @@ def _settings(text: str) -> dict:
         key, val = item.split("=")
         out[key.strip()] = int(val)
     return out
+
+
+def _one_pass(settings: dict) -> bool:
+    """The backward a --bwd / SWEEP_BWD setting asks for, its "fused" key taken out (1: one pass, 0 or absent:
+    the two kernels); the rest are launch settings of conv._BWD."""
+    return bool(settings.pop("fused", 0))
+
+
+@contextmanager
+def conv_backward(one_pass: bool):
+    """Within the block the Triton conv row (what ShortConv with backend="triton" calls) runs
+    `short_conv(..., one_pass_backward=one_pass)`; the row is put back after."""
+    from fastweights.dispatch import DISPATCH, LAYER
+    from fastweights.kernels.triton.conv import short_conv
+
+    key = (LAYER, "conv", "triton")
+    impl = DISPATCH[key]
+    DISPATCH[key] = dataclasses.replace(impl, fn=functools.partial(short_conv, one_pass_backward=one_pass))
+    try:
+        yield
+    finally:
+        DISPATCH[key] = impl
 
 
 def main(argv=None) -> int:
@@ -76,8 +105,6 @@ def main(argv=None) -> int:
     from fastweights.layers.conv import ShortConv
 
     if a.device == "cpu":  # the Triton conv row asks for CUDA: under the interpreter, let it serve the CPU
-        import dataclasses
-
         key = (LAYER, "conv", "triton")
         DISPATCH[key] = dataclasses.replace(DISPATCH[key], supports=lambda recipe, target: None)
 
@@ -92,7 +119,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     conv_k._FWD.update(_settings(a.fwd))
-    conv_k._BWD.update(_settings(a.bwd))
+    bwd = _settings(a.bwd)
+    one_pass_all = _one_pass(bwd)  # --bwd fused=1: the paths without "one-pass" in their name run it too
+    conv_k._BWD.update(bwd)
     B, T, W = a.batch, a.seq_len, a.width
     gen = torch.Generator(device=dev).manual_seed(0)  # on the device: the LM shapes are 8-100 M values
     t_start = time.perf_counter()
@@ -138,12 +167,8 @@ def main(argv=None) -> int:
             assert not xk.is_contiguous() and conv_k._rows_view(xk) is xk
         else:
             xk = x64.detach().to(dtype).requires_grad_(True)
-        before = conv_k._BWD["fused"]
-        conv_k._BWD["fused"] = one_pass or before
-        try:
+        with conv_backward(one_pass or one_pass_all):
             got = run(conv, xk, True, tail.detach().to(dtype).requires_grad_(True) if extras else None, pos)
-        finally:
-            conv_k._BWD["fused"] = before
         errs = {"y": rel(got[0], want[0])}
         if W > 1:
             errs["new_tail"] = rel(got[1], want[1])
@@ -178,8 +203,10 @@ def main(argv=None) -> int:
     def bench(C, path) -> dict:
         dtype = torch.bfloat16
         conv = on(layer(C).to(dtype), path != "torch ops")
-        before = conv_k._BWD["fused"]
-        conv_k._BWD["fused"] = path.endswith("one-pass backward") or before
+        with conv_backward(path.endswith("one-pass backward") or one_pass_all):
+            return _bench(conv, path, dtype)
+
+    def _bench(conv, path, dtype) -> dict:
         if path.endswith("sliced"):  # x: the first C channels of a [B, T, 3C] projection
             x = rnd(B, T, 3 * C, dtype=dtype)[..., :C].requires_grad_(True)
         else:
@@ -205,7 +232,6 @@ def main(argv=None) -> int:
         for key, floor in (("forward", 2 * n), ("backward", 3 * n), ("forward_backward", 5 * n)):
             res[key + "_floor_bytes"] = floor
             res[key + "_GBps"] = floor / (res[key + "_ms"] * 1e-3) / 1e9
-        conv_k._BWD["fused"] = before
         return res
 
     channels = [int(c) for c in a.channels.split(",")]
@@ -242,7 +268,7 @@ def main(argv=None) -> int:
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
            "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
            "shape": {"B": B, "T": T, "channels": channels, "W": W, "dtype": "bfloat16", "silu": True},
-           "fwd_settings": dict(conv_k._FWD), "bwd_settings": dict(conv_k._BWD),
+           "fwd_settings": dict(conv_k._FWD), "bwd_settings": dict(conv_k._BWD, fused=int(one_pass_all)),
            "warmup": a.warmup, "repeats": a.repeats, "checks_ok": ok, "checks": checks, "results": results,
            "seconds": time.perf_counter() - t_start}
     path = Path(a.out)
@@ -278,8 +304,10 @@ def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
             for cfg in grid:
                 conv_k._FWD.clear(), conv_k._FWD.update(fwd0)
                 conv_k._BWD.clear(), conv_k._BWD.update(bwd0)
-                (conv_k._FWD if which == "fwd" else conv_k._BWD).update(cfg)
-                y, _ = conv_k.short_conv(x, w)
+                over = dict(cfg)
+                one_pass = _one_pass(over)  # (the forward ignores it)
+                (conv_k._FWD if which == "fwd" else conv_k._BWD).update(over)
+                y, _ = conv_k.short_conv(x, w, one_pass_backward=one_pass)
                 dx, dw = torch.autograd.grad(y, [x, w], dy, retain_graph=True)
                 if ref is None:
                     ref = (y, dx, dw)
@@ -307,7 +335,7 @@ def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
             print(f"best C={C} {which}: {best['settings'] or 'defaults'} {best['us']:.1f} µs")
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"sweep": rows, "fwd_defaults": fwd0, "bwd_defaults": bwd0, "ok": ok,
+    path.write_text(json.dumps({"sweep": rows, "fwd_defaults": fwd0, "bwd_defaults": dict(bwd0, fused=0), "ok": ok,
                                 "seconds": time.perf_counter() - t_start}, indent=1) + "\n")
     print(f"wrote {path} ({time.perf_counter() - t_start:.1f} s)")
     return 0 if ok else 1

@@ -26,11 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 CASE = r'''
 import sys, torch
 sys.path.insert(0, {root!r})
+import contextlib, dataclasses
 import fastweights as fw
-from fastweights.kernels.triton import delta
+from fastweights.dispatch import Target, recipe_class
+from fastweights.kernels import rows
+from fastweights.kernels.pipelines import GatedPipeline
 model, K, V, dt, path = {model!r}, {K}, {V}, getattr(torch, {dtype!r}), {path!r}
-if path != "auto":
-    delta.FORWARD = delta.BACKWARD = path
+cls = recipe_class(fw.zoo.get(model))
+pin = contextlib.nullcontext()
+if path != "auto":  # the Triton chunk row runs `path` forward and backward (the delta class: fp32 copies as the rule)
+    if cls == "delta":
+        rule = rows.delta_chunk_pipeline(fw.zoo.get(model), Target("cuda", dt, K, V, 64))
+        pin = rows.pinned(cls, pipeline=dataclasses.replace(rule, forward=path, backward=path))
+    elif cls == "gated_linear":
+        pin = rows.pinned(cls, pipeline=GatedPipeline(path))
+    else:
+        sys.exit(f"--paths {{path}}: {{model}} ({{cls}} class) has no Triton pipeline to pick (delta, gated_linear)")
 inp = fw.example_inputs(model, batch_size=2, seq_len=200, num_heads=2, head_dim=K, head_v_dim=V, dtype=torch.float32,
                         device="cuda", seed=0, requires_grad=True)
 LOW = ("q", "k", "v", "p")  # the inputs a layer hands over in the compute dtype; gates, beta stay fp32
@@ -39,7 +50,8 @@ def run(backend, cast):
               if isinstance(v, torch.Tensor) and v.is_floating_point() and k != "initial_state" else v)
           for k, v in inp.items()}}
     names = [k for k in kw if isinstance(kw[k], torch.Tensor) and kw[k].requires_grad]
-    o, _ = fw.chunk(model, backend=backend, check_values=False, **kw)
+    with pin if backend == "triton" else contextlib.nullcontext():
+        o, _ = fw.chunk(model, backend=backend, check_values=False, **kw)
     g = torch.cos(torch.arange(o.numel(), device=o.device, dtype=torch.float32)).view(o.shape)
     (o.float() * g).sum().backward()
     torch.cuda.synchronize()
@@ -70,7 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--v-dims", type=int, nargs="*", default=[], help="value head dims (default 2·K)")
     ap.add_argument("--paths", nargs="+", default=["auto"], choices=["auto", "staged", "fused"],
-                    help="delta.FORWARD = delta.BACKWARD for the delta class (auto: the defaults)")
+                    help="the Triton chunk row's pipeline, forward and backward (rows.pinned): the delta class "
+                         "DeltaPipeline(path, path) (fp32 copies where the rule makes them), the gated-linear class "
+                         "GatedPipeline(path); another class refuses a path (auto: the rule's choice)")
     ap.add_argument("--workers", type=int, default=1, help="cases run in parallel processes")
     ap.add_argument("--deadline", type=float, default=300)
     ap.add_argument("--out", default=os.environ.get("OUT", ".") + "/diag.txt")

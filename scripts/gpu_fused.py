@@ -7,13 +7,15 @@ then times, then tests — staged against fused, side by side, in one process.
 Stages (each result written to $OUT as soon as it is measured: results.json, log.txt, fused.md,
 cuda_tests.xml):
 1. env: GPU, SMs, torch, triton.
-2. check: the default launch config, fused forward (+ the staged backward) against the fp32 torch
+2. check: the default launch config, fused forward (+ the staged backward: `DeltaPipeline(forward, "staged")`
+   passed to `chunk_delta_triton`, the default rule's fused backward not mixed in) against the fp32 torch
    chunk form at three sizes (the two timed specializations, and fp32 grouped heads + varlen with an empty
    and a length-1 sequence), every gate; outputs, final states, every gradient. Triton 3.6 on Hopper
    miscompiles some patterns: a config that fails here is reported and not timed.
-3. time: staged vs fused, forward and forward + backward medians (CUDA events), gated_deltanet,
-   deltanet and kda at B=4 T=4096 H=16 K=V=128 and at B=1 T=32768 with 16 q/k heads, 32 value heads,
-   bf16, q and k unit-norm, no final state; the fused grids' program counts (`delta_fused.fused_programs`).
+3. time: staged vs fused forward (each with the staged backward), forward and forward + backward medians
+   (CUDA events), gated_deltanet, deltanet and kda at B=4 T=4096 H=16 K=V=128 and at B=1 T=32768 with 16
+   q/k heads, 32 value heads, bf16, q and k unit-norm, no final state; the fused grids' program counts
+   (`delta_fused.fused_programs`).
 4. graph: a varlen fused forward + backward captured in a CUDA graph and replayed (no host sync inside);
    the compiled variants of the fused kernels over 21 packings.
 5. variants: each --configs launch config checked as in 2, then timed as in 3.
@@ -99,11 +101,14 @@ def inputs(gate, B, T, H, Hq, K, V, dtype, *, seed=0, N=None, S0=False):
     return x
 
 
-def run_triton(x, *, cu=None, final=True, scale=None):
+def run_triton(x, forward: str, *, cu=None, final=True, scale=None):
+    """chunk_delta_triton with `forward` ("staged" or "fused") and the staged backward (`DeltaPipeline`)."""
+    from fastweights.kernels.pipelines import DeltaPipeline
     from fastweights.kernels.triton.delta import chunk_delta_triton
 
     return chunk_delta_triton(x["q"], x["k"], x["v"], g=x.get("g"), beta=x["beta"], scale=scale,
-                              initial_state=x.get("S0"), output_final_state=final, chunk_size=64, cu_seqlens=cu)
+                              initial_state=x.get("S0"), output_final_state=final, chunk_size=64, cu_seqlens=cu,
+                              pipeline=DeltaPipeline(forward, "staged"))
 
 
 def run_torch(x, *, cu=None, scale=None):
@@ -163,21 +168,20 @@ def cfg_str(cfg: dict) -> str:
 
 
 class use:
-    """Within the block: delta.FORWARD = forward and util.LAUNCH updated by cfg (undone after)."""
+    """Within the block: util.LAUNCH updated by cfg (undone after). (`forward`, the pipeline's, is passed to the
+    glue by `run_triton` itself; it is kept here as the label of the block.)"""
 
     def __init__(self, forward: str, cfg: dict | None = None):
         self.forward, self.cfg = forward, cfg or {}
 
     def __enter__(self):
-        from fastweights.kernels.triton import delta, util
+        from fastweights.kernels.triton import util
 
-        self.old_fwd, delta.FORWARD = delta.FORWARD, self.forward
         self.old = util.load_launch(self.cfg)
 
     def __exit__(self, *exc):
-        from fastweights.kernels.triton import delta, util
+        from fastweights.kernels.triton import util
 
-        delta.FORWARD = self.old_fwd
         util.LAUNCH.update(self.old)
 
 
@@ -226,7 +230,7 @@ def check_config(cfg: dict, *, staged: bool) -> bool:
             tol = TOL_F32 if size["dtype"] == torch.float32 else TOL_BF16
             for fwd in ("fused", "staged") if staged else ("fused",):
                 with use(fwd, cfg):
-                    got = with_grads(partial(run_triton, cu=cu, final=states), x, final=states)
+                    got = with_grads(partial(run_triton, forward=fwd, cu=cu, final=states), x, final=states)
                 err = errors(got, want)
                 worst = max(err, key=err.get)
                 passed = all(v < tol for v in err.values())
@@ -266,10 +270,10 @@ def time_case(x, fwd: str, cfg: dict) -> tuple[float, float]:
 
     def f():
         with torch.no_grad():
-            run_triton(leaves, final=False)
+            run_triton(leaves, fwd, final=False)
 
     def fb():
-        o = run_triton(leaves, final=False)[0]
+        o = run_triton(leaves, fwd, final=False)[0]
         o.float().sum().backward()
         for t in leaves.values():
             t.grad = None
@@ -356,7 +360,7 @@ def stage_graph():
             cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(DEVICE)
             D = 16 if ARGS.dry_run else 64
             x = inputs("scalar", B=1, T=T, H=4, Hq=2, K=D, V=D, dtype=torch.bfloat16, N=n, S0=True, seed=i)
-            with_grads(lambda d, cu=cu: run_triton(d, cu=cu), x)
+            with_grads(lambda d, cu=cu: run_triton(d, "fused", cu=cu), x)
             counts.append(n_compiled())
         RESULTS["compiles_over_packings"] = counts
         log(f"graph: compiled variants after packing 1: {counts[0]}, after 21: {counts[-1]}")
@@ -370,7 +374,7 @@ def stage_graph():
         do = torch.randn(x["v"].shape, device=DEVICE, dtype=torch.bfloat16)
 
         def step():
-            o, S = run_triton(leaves, cu=cu)
+            o, S = run_triton(leaves, "fused", cu=cu)
             torch.autograd.backward([o, S], [do, torch.ones_like(S)])
             return o, S
 

@@ -4,7 +4,7 @@ check, time, profile, test — the staged, fused-forward and fused paths side by
     python3 scripts/gpu_fused_bwd.py --deadline 470          # on the H100; results under $OUT
     python3 scripts/gpu_fused_bwd.py --dry-run --deadline 200 # plumbing only: CPU, the interpreter, tiny sizes
 
-Paths (delta.FORWARD / delta.BACKWARD / LAUNCH["delta_prepass"]["WU"]):
+Paths (`DeltaPipeline(forward, backward)` passed to `chunk_delta_triton` / LAUNCH["delta_prepass"]["WU"]):
     staged     staged / staged          the stage kernels (the default before this branch)
     fused-fwd  fused / staged           the fused forward of issue 23 with the staged backward
     fused      fused / fused            the fused forward and the fused backward
@@ -29,7 +29,8 @@ profile.txt, cuda_tests.xml):
 6. variants: each --configs launch config checked (the fused path, two sizes) then timed (the fused path).
 7. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused_bwd.py` (after the timings).
 8. table: the timing table, printed last (whatever the deadline) and written to fused_bwd.md.
-(d256, only when named in --stages: the fused forward at K = V = 256 bf16 in a subprocess, BV 16 vs 32.)
+(d256, only when named in --stages: the fused forward at K = V = 256 bf16 in a subprocess, BV 16 vs 32 — refused
+while limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256: the glue takes no argument that lifts the GPU limit.)
 
 Needs only torch and triton. No stage starts past --deadline seconds; a failing stage records its error and
 the next one runs.
@@ -104,11 +105,21 @@ def inputs(gate, B, T, H, Hq, K, V, dtype, *, seed=0, N=None, S0=False):
     return x
 
 
-def run_triton(x, *, cu=None, final=True):
+def pipeline_of(path: str):
+    """The `DeltaPipeline` of a path of PATHS (its forward and backward; WU is a launch setting, `use`)."""
+    from fastweights.kernels.pipelines import DeltaPipeline
+
+    fwd, bwd, _ = PATHS[path]
+    return DeltaPipeline(fwd, bwd)
+
+
+def run_triton(x, path: str, *, cu=None, final=True):
+    """chunk_delta_triton with the path's pipeline (`pipeline_of`)."""
     from fastweights.kernels.triton.delta import chunk_delta_triton
 
     return chunk_delta_triton(x["q"], x["k"], x["v"], g=x.get("g"), beta=x["beta"], scale=None,
-                              initial_state=x.get("S0"), output_final_state=final, chunk_size=64, cu_seqlens=cu)
+                              initial_state=x.get("S0"), output_final_state=final, chunk_size=64, cu_seqlens=cu,
+                              pipeline=pipeline_of(path))
 
 
 def run_torch(x, *, cu=None):
@@ -170,24 +181,21 @@ def cfg_str(cfg: dict) -> str:
 
 
 class use:
-    """Within the block: path's delta.FORWARD, delta.BACKWARD, WU and util.LAUNCH updated by cfg (undone after)."""
+    """Within the block: the path's WU and util.LAUNCH updated by cfg (undone after). (The path's forward and
+    backward are the pipeline `run_triton` passes to the glue, `pipeline_of`.)"""
 
     def __init__(self, path: str, cfg: dict | None = None):
         self.path, self.cfg = path, cfg or {}
 
     def __enter__(self):
-        from fastweights.kernels.triton import delta, util
+        from fastweights.kernels.triton import util
 
-        self.old_mod = delta.FORWARD, delta.BACKWARD
         self.old = util.load_launch(self.cfg)
-        fwd, bwd, wu = PATHS[self.path]
-        delta.FORWARD, delta.BACKWARD = fwd, bwd
-        util.LAUNCH["delta_prepass"]["WU"] = wu
+        util.LAUNCH["delta_prepass"]["WU"] = PATHS[self.path][2]
 
     def __exit__(self, *exc):
-        from fastweights.kernels.triton import delta, util
+        from fastweights.kernels.triton import util
 
-        delta.FORWARD, delta.BACKWARD = self.old_mod
         util.LAUNCH.clear()
         util.LAUNCH.update(self.old)
 
@@ -266,12 +274,12 @@ def _warm_one(ci, path, model, label, grad):
     x = inputs(MODELS[model], S0=states, **size)
     with use(path, cfg):
         if grad:
-            with_grads(lambda d: run_triton(d, cu=cu, final=states), x, final=states)
+            with_grads(lambda d: run_triton(d, path, cu=cu, final=states), x, final=states)
             if not states:  # the timing's form: no final state (the checks' is the same here)
-                with_grads(lambda d: run_triton(d, cu=cu, final=False), x, final=False)
+                with_grads(lambda d: run_triton(d, path, cu=cu, final=False), x, final=False)
         else:
             with torch.no_grad():
-                run_triton(x, cu=cu, final=False)
+                run_triton(x, path, cu=cu, final=False)
     torch.cuda.synchronize() if DEVICE == "cuda" else None
 
 
@@ -325,7 +333,8 @@ def check_paths(paths: list[str], cfg: dict, sizes, models) -> dict:
                     continue
                 try:
                     with use(path, cfg):
-                        got = with_grads(lambda d, cu=cu, st=states: run_triton(d, cu=cu, final=st), x, final=states)
+                        got = with_grads(lambda d, cu=cu, st=states, path=path: run_triton(d, path, cu=cu, final=st),
+                                         x, final=states)
                     err = errors(got, want)
                     del got
                 except Exception as e:
@@ -358,10 +367,10 @@ def time_case(x, path: str, cfg: dict) -> tuple[float, float]:
 
     def f():
         with torch.no_grad():
-            run_triton(leaves, final=False)
+            run_triton(leaves, path, final=False)
 
     def fb():
-        o = run_triton(leaves, final=False)[0]
+        o = run_triton(leaves, path, final=False)[0]
         o.float().sum().backward()
         for t in leaves.values():
             t.grad = None
@@ -414,11 +423,11 @@ def stage_profile():
         leaves = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
         with use(path):
             for _ in range(2):
-                run_triton(leaves, final=False)[0].float().sum().backward()
+                run_triton(leaves, path, final=False)[0].float().sum().backward()
             torch.cuda.synchronize() if DEVICE == "cuda" else None
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
             with profile(activities=acts) as prof:
-                run_triton(leaves, final=False)[0].float().sum().backward()
+                run_triton(leaves, path, final=False)[0].float().sum().backward()
                 torch.cuda.synchronize() if DEVICE == "cuda" else None
         sort = "cuda_time_total" if DEVICE == "cuda" else "cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=30)
@@ -477,10 +486,9 @@ def stage_tests():
 _D256 = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from fastweights.kernels.triton import delta, delta_fused, util
+from fastweights.kernels.pipelines import DeltaPipeline
+from fastweights.kernels.triton import util
 from fastweights.kernels.triton.delta import chunk_delta_triton
-delta_fused.FUSED_MAX_HEAD_DIM_CUDA = 256
-delta.FORWARD = "fused"
 util.LAUNCH["delta_fused_fwd"]["PROGRAMS"] = int(sys.argv[2])  # 1: BV at its K > 128 cap (32); 132: 16 here
 g = torch.Generator(device="cuda").manual_seed(0)
 B, T, H, D = 1, 4096, 4, 256
@@ -489,11 +497,12 @@ k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g, device="c
 v = torch.randn(B, T, H, D, generator=g, device="cuda").bfloat16()
 gg = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g, device="cuda") + 3)
 beta = torch.sigmoid(torch.randn(B, T, H, generator=g, device="cuda")).bfloat16()
-with torch.no_grad():
-    o, S = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64)
+with torch.no_grad():  # (the fused backward takes K <= 128: staged, and no gradient is asked for)
+    o, S = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64,
+                              pipeline=DeltaPipeline("fused", "staged"))
     torch.cuda.synchronize()
-    delta.FORWARD = "staged"
-    o2, S2 = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64)
+    o2, S2 = chunk_delta_triton(q, k, v, g=gg, beta=beta, scale=None, output_final_state=True, chunk_size=64,
+                                pipeline=DeltaPipeline("staged", "staged"))
 print("ok", ((o.float() - o2.float()).abs().max() / o2.float().abs().max()).item())
 """
 
@@ -502,7 +511,19 @@ def stage_d256():
     """(Not in the default stages.) The fused forward's illegal memory access at K = V = 256 bf16 (2026-11-25):
     run in a subprocess (a fault breaks the CUDA context) with the sequential kernel's BV at 16 (the grid rule at
     B·H = 4) and at 32 (PROGRAMS = 1): the hypothesis read from the code is the BV = 16 (N = 16) products with
-    a 256-row operand, a shape the staged passes (BV ≥ 32 at K = 256) never compiled."""
+    a 256-row operand, a shape the staged passes (BV ≥ 32 at K = 256) never compiled.
+
+    Refused (the stage fails, saying why) while limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256: the fused forward
+    refuses these head dims on a GPU and the glue takes no argument that lifts the limit (it was lifted by setting a
+    module constant, which the pipelines refactor made a constant of limits.py)."""
+    from fastweights.kernels.triton.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
+
+    if DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256:
+        why = (f"d256 refused: the fused delta forward takes K, V <= {DELTA_FUSED_MAX_HEAD_DIM_CUDA} on a GPU "
+               "(limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA) and chunk_delta_triton has no argument that lifts it")
+        RESULTS["d256"] = {"refused": why}
+        log(why)
+        raise RuntimeError(why)
     for programs in (132, 1):
         try:
             r = subprocess.run([sys.executable, "-c", _D256, ROOT, str(programs)], capture_output=True, text=True,

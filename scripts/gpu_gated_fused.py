@@ -14,13 +14,16 @@ own process, several at once, writing its JSON outside $OUT; the parent merges t
    failures, kernel by kernel with CUDA_LAUNCH_BLOCKING=1 and a sync after each launch, each output against its
    fp32 torch twin (`chunkwise.chunk_gated`, `chunkwise.gated_bwd`): the call-3 kernels (MIN_BV 16, PREFETCH 0) at
    the long shape and at T = 1000 (the same compiled specialization: fault by size or by code?), with 8 warps, with
-   1 stage; the new default (BV 32); K = V = 256 likewise. Under `compute-sanitizer` too when one is installed and
-   the call-3 case faulted. Details in fault.txt.
+   1 stage; the new default (BV 32); K = V = 256 likewise — refused (logged, in results.json "refused" and the
+   summary) while limits.GATED_FUSED_MAX_HEAD_DIM_CUDA < 256: no argument lifts that limit. Under
+   `compute-sanitizer` too when one is installed and the call-3 case faulted. Details in fault.txt.
 3. check: every config that is timed, at the very shapes it is timed at (B4 T4096 H16 D128 and B1 T32768 H16 D128,
    bf16, Mamba2/RetNet/GLA through `fw.chunk` as the benchmark calls them) against the staged Triton pipeline in
    fp32 on the same inputs (outputs, every gradient; and two fused runs bitwise equal): one process per (shape,
    config). Also the default at small sizes against the fp32 torch chunk form (every gate, with and without β,
-   fp32 varlen with an empty and a length-1 sequence, GLA's exact path) and K = V = 256.
+   fp32 varlen with an empty and a length-1 sequence, GLA's exact path) and K = V = 256 (refused as in 2).
+   The pipeline is an argument: `GatedPipeline` passed to `chunk_gated_triton`, and pinned on the Triton row
+   (`rows.pinned`) for the calls through `fw.chunk`.
 4. time: per shape, one process (sequential, nothing else on the GPU): staged, then every fused config that passed
    its check at that shape for that model: forward and forward + backward medians (CUDA events, 20 reps).
 5. profile: GPU time per kernel (torch.profiler) of one forward + backward at the anchor, staged and fused default,
@@ -58,7 +61,8 @@ WORK = ""  # the inner processes' JSON files (not under $OUT)
 CHILDREN: set = set()  # running inner processes (killed with their groups if this script is stopped)
 MODELS = ("mamba2", "retnet", "gla")
 
-#: Launch configs: label -> (util.LAUNCH overrides, RECOMPUTE_STATES False?). "default" is the shipped table.
+#: Launch configs: label -> (util.LAUNCH overrides, does the forward keep h? — `GatedPipeline(recompute_states=False)`).
+#: "default" is the shipped table.
 CONFIGS: dict[str, tuple[dict, bool]] = {
     "default": ({}, False),
     "call3": ({"gated_fused_fwd": {"MIN_BV": 16, "PREFETCH": 0}}, False),  # the kernels of call 3 (BV 16 at 16 rows)
@@ -68,7 +72,7 @@ CONFIGS: dict[str, tuple[dict, bool]] = {
     "stages3": ({"gated_fused_fwd": {"num_stages": 3}, "gated_fused_bwd_states": {"num_stages": 3}}, False),
     "fwd-8w": ({"gated_fused_fwd": {"num_warps": 8}}, False),
     "chunk-4w": ({"gated_fused_bwd_chunk": {"num_warps": 4}}, False),  # 2 programs an SM instead of 1
-    "keep": ({}, True),  # the forward keeps h (RECOMPUTE_STATES False)
+    "keep": ({}, True),  # the forward keeps h (GatedPipeline("fused", recompute_states=False))
 }
 #: The configs timed (and so checked) at each shape; "call3" only where its BV differs from the default's. Not
 #: timed: chunk-4w (sm_90 compile: 1,944 B spilled scalar, 4,716 B GLA, against 148 / 520 at 8 warps). stages3
@@ -79,6 +83,29 @@ SHAPES = {"anchor": ("B4 T4096 H16 D128", (4, 4096, 16, 128)), "long": ("B1 T327
 DRY_SHAPES = {"anchor": ("B2 T80 H2 D16", (2, 80, 2, 16)), "long": ("B1 T150 H2 D16", (1, 150, 2, 16))}
 #: tests/tolerances.py: TRITON_LOW_REL[bf16] (bf16 against fp32 on the same inputs) and CHUNK_LONG_F32_REL
 TOL = {"bfloat16": 4e-2, "float32": 1e-4}
+#: The head dim of the "d256" fault and check cases (K = V; in a dry run they run at 32, but are refused as at 256).
+D256 = 256
+
+
+def refused_d256() -> str | None:
+    """Why the K = V = 256 cases cannot run (None once they can): the fused gated pipeline serves K, V ≤
+    limits.GATED_FUSED_MAX_HEAD_DIM_CUDA on a GPU, and neither the glue (`chunk_gated_triton`, which refuses) nor
+    the kernels (`gated_fused.forward`) take an argument that lifts it (it was lifted by setting gated_fused's module
+    constant, which the pipelines refactor made a constant of limits.py, read by the rule)."""
+    from fastweights.kernels.triton.limits import GATED_FUSED_MAX_HEAD_DIM_CUDA
+
+    if D256 <= GATED_FUSED_MAX_HEAD_DIM_CUDA:
+        return None
+    return (f"refused: K = V = {D256} is beyond limits.GATED_FUSED_MAX_HEAD_DIM_CUDA = "
+            f"{GATED_FUSED_MAX_HEAD_DIM_CUDA} and no argument of the glue or the kernels lifts it")
+
+
+def refuse(stage: str, cases: list[str]) -> None:
+    """Log and record (RESULTS["refused"], the summary) each case not run because of `refused_d256`."""
+    why = refused_d256()
+    for case in cases:
+        RESULTS.setdefault("refused", {})[f"{stage} {case}"] = why
+        log(f"{stage} {case}: *** {why} ***")
 
 
 # ===================================================================================== parent: plumbing
@@ -206,7 +233,9 @@ FAULT_CASES = {  # name: (shape key, launch overrides, gates)
 
 
 def stage_fault():
-    jobs = [("fault", name, {"CUDA_LAUNCH_BLOCKING": "1"}) for name in FAULT_CASES]
+    d256 = [name for name in FAULT_CASES if FAULT_CASES[name][0] == "d256"] if refused_d256() else []
+    refuse("fault", d256)
+    jobs = [("fault", name, {"CUDA_LAUNCH_BLOCKING": "1"}) for name in FAULT_CASES if name not in d256]
     res = run_many(jobs, ARGS.workers, "fault", cap=120)
     lines = []
     for (_, name), r in res.items():
@@ -246,8 +275,10 @@ def sanitizer() -> str | None:
 
 
 def stage_check():
+    d256 = ["d256/default", "d256/call3"] if refused_d256() else []
+    refuse("check", d256)
     first = [("check", c, {}) for c in ("anchor/staged-warm", "long/staged-warm", "long/default", "anchor/default",
-                                         "small/default", "d256/default", "d256/call3")]
+                                         "small/default", "d256/default", "d256/call3") if c not in d256]
     rest = [[("check", f"{shape}/{cfg}", {}) for cfg in TIMED[shape] if cfg != "default"] for shape in ("long",
                                                                                                         "anchor")]
     jobs = first + [job for pair in zip(*rest) for job in pair] + rest[0][len(rest[1]):] + rest[1][len(rest[0]):]
@@ -372,6 +403,7 @@ def summary():
     cv = ", ".join(f"{k} {'died' if v.get('error') else sum(r['passed'] for r in v.get('rows', []))}/"
                    f"{len(v.get('rows', []))}" for k, v in sorted(checks.items()))
     print(f"\nfault: {fv or 'not run'}\nchecks (passed/cases): {cv or 'not run'}\n"
+          f"refused: {'none' if not RESULTS.get('refused') else ', '.join(RESULTS['refused'])} | "
           f"failures: {'none' if not RESULTS['failed'] else '; '.join(RESULTS['failed'])[:1500]}"
           f" | tests: {RESULTS.get('tests', {}).get('rc', 'not run')} | {time.time() - T_START:.0f} s", flush=True)
 
@@ -384,24 +416,36 @@ STAGES = {"env": stage_env, "fault": stage_fault, "check": stage_check, "time": 
 DEV = "cuda"
 
 
+def gated_pipeline_of(pipeline: str, cfg: str | tuple = "default"):
+    """The `GatedPipeline` of a pipeline name and a config (CONFIGS: "keep" keeps h in the forward)."""
+    from fastweights.kernels.pipelines import GatedPipeline
+
+    _, keep = CONFIGS[cfg] if isinstance(cfg, str) else cfg
+    return GatedPipeline(pipeline, recompute_states=not keep)
+
+
 class use:
-    """Within the block: gated.PIPELINE, util.LAUNCH overrides and RECOMPUTE_STATES of a config (undone after)."""
+    """Within the block: the gated-linear Triton chunk row runs `gated_pipeline_of(pipeline, cfg)` (`rows.pinned`:
+    what `fw.chunk(..., backend="triton")` and the models call; a direct `chunk_gated_triton` call passes
+    `self.pipeline` itself) and util.LAUNCH takes the config's overrides (both undone after)."""
 
     def __init__(self, pipeline: str, cfg: str | tuple = "default"):
-        self.pipeline = pipeline
-        self.launch, self.keep = CONFIGS[cfg] if isinstance(cfg, str) else cfg
+        self.pipeline = gated_pipeline_of(pipeline, cfg)
+        self.launch, _ = CONFIGS[cfg] if isinstance(cfg, str) else cfg
 
     def __enter__(self):
-        from fastweights.kernels.triton import gated, gated_fused, util
+        from fastweights.kernels.rows import pinned
+        from fastweights.kernels.triton import util
 
-        self.old_p, gated.PIPELINE = gated.PIPELINE, self.pipeline
-        self.old_r, gated_fused.RECOMPUTE_STATES = gated_fused.RECOMPUTE_STATES, not self.keep
         self.old = util.load_launch(self.launch)
+        self.pin = pinned("gated_linear", pipeline=self.pipeline)
+        self.pin.__enter__()
+        return self
 
     def __exit__(self, *exc):
-        from fastweights.kernels.triton import gated, gated_fused, util
+        from fastweights.kernels.triton import util
 
-        gated.PIPELINE, gated_fused.RECOMPUTE_STATES = self.old_p, self.old_r
+        self.pin.__exit__(*exc)
         util.LAUNCH.update(self.old)
 
 
@@ -517,8 +561,9 @@ def inner_fault(case, path):
     B, T, H, D = {"long": (1, 32768, 16, 128), "short": (1, 1000, 16, 128), "d256": (1, 4096, 4, 256)}[shape_key]
     if ARGS.dry_run:
         B, T, H, D = {"long": (1, 150, 2, 16), "short": (1, 70, 2, 16), "d256": (1, 90, 1, 32)}[shape_key]
+    if shape_key == "d256" and refused_d256():
+        raise RuntimeError(f"fault {case}: {refused_d256()}")
     load_launch(launch)
-    gated_fused.FUSED_MAX_HEAD_DIM_CUDA = 256
     out = {"shape": [B, T, H, D], "launch": launch, "steps": [], "summary": [], "passed": True}
     L = make_layout(B, T, H, H, D, D, 64, None, DEV)
     out["programs"] = gated_fused.fused_programs(L)
@@ -641,7 +686,8 @@ def check_small_rows(sizes, cfg):
 
             def tri(d, cu=cu):
                 return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d.get("beta"), scale=0.1,
-                                          initial_state=d["S0"], output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                                          initial_state=d["S0"], output_final_state=True, chunk_size=64, cu_seqlens=cu,
+                                          pipeline=gated_pipeline_of("fused", cfg))
 
             def ref(d, cu=cu, rep=H // Hq):
                 f = {key: val.float() for key, val in d.items()}
@@ -684,8 +730,9 @@ def inner_check(case, path):
                 sizes = [(a, {**b, "B": min(b["B"], 2), "T": 40 if b.get("N") is None else b["T"], "H": 2,
                               "Hq": 1 if b.get("N") else 2, "K": 16, "V": 16}, c) for a, b, c in sizes]
         else:
-            gated_fused.FUSED_MAX_HEAD_DIM_CUDA = 256
-            D = 32 if ARGS.dry_run else 256
+            if refused_d256():
+                raise RuntimeError(f"check {case}: {refused_d256()}")
+            D = 32 if ARGS.dry_run else D256
             T = 90 if ARGS.dry_run else 4096
             sizes = [(f"bf16 B1 T{T} H4 D{D}", dict(B=1, T=T, H=4, Hq=4, K=D, V=D, dtype=torch.bfloat16), None)]
         for row in check_small_rows(sizes, cfg):

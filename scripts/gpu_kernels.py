@@ -5,8 +5,8 @@ config checked and timed, the speed table beside the peers, the decode step, a p
     python3 scripts/gpu_kernels.py --stages env sweep-kernels --models gated_deltanet --deadline 500
 
 sweep-kernels (not in the default --stages) checks and times each kernel's launch configs alone and
-writes best_launch.json (util.load_launch / FASTWEIGHTS_LAUNCH=path) and sweep_kernels.md; its
-plumbing runs on a CPU with --dry-run (the interpreter, tiny sizes, made-up times).
+writes best_launch.json (util.load_launch(path), `fastweights bench speed|train --launch path`) and
+sweep_kernels.md; its plumbing runs on a CPU with --dry-run (the interpreter, tiny sizes, made-up times).
 
 Every result lands in $OUT (or --out) as soon as it is measured, in at most eight files (what the
 device tool brings back): results.json (every stage's numbers), log.txt, cuda_tests.xml,
@@ -649,8 +649,8 @@ def stage_sweep_kernels():
     Every row lands in results.json["sweep_kernels"] as it is measured; then the default and the three
     fastest accepted configs of each kernel are timed again with the compile workers gone (`_retime`);
     at the end a table per kernel (sweep_kernels.md) and best_launch.json (launch site → config, for
-    util.load_launch / FASTWEIGHTS_LAUNCH), then, time permitting, the best table all at once: checked
-    the same way and timed against the defaults.
+    util.load_launch / `fastweights bench speed|train --launch`), then, time permitting, the best table all at
+    once: checked the same way and timed against the defaults.
 
     Compiles: each (kernel, config, model) compiles that kernel once per size (H, K, V are constexprs)
     and per variant the pipeline launches (qk_grads, wy_fwd and cumsum twice) — a few seconds each.

@@ -125,9 +125,9 @@ case "$stage" in
     S="--lm ceilings --graph --device cuda --repeats 3 --warmup 1 --seq-len 64 1024"
     timeout "$(( $(left) / 3 ))" python3 scripts/step_costs.py $S --models gated_deltanet retnet alibi atlas \
         --json "$OUT/steps_changed.json" 2>&1 | tee "$OUT/steps_changed.log"
-    FASTWEIGHTS_NS_KERNEL=0 timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models atlas \
+    timeout "$(( $(left) / 2 ))" python3 scripts/step_costs.py $S --models atlas --ns torch \
         --json "$OUT/steps_atlas_torch_ns.json" 2>&1 | tee "$OUT/steps_atlas_torch_ns.log"
-    FASTWEIGHTS_NS_PRECISION=tf32x3 timeout "$(left)" python3 scripts/step_costs.py $S --models atlas \
+    timeout "$(left)" python3 scripts/step_costs.py $S --models atlas --ns tf32x3 \
         --json "$OUT/steps_atlas_tf32x3.json" 2>&1 | tee "$OUT/steps_atlas_tf32x3.log"
     ;;
   pilot)

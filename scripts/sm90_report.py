@@ -8,16 +8,19 @@ fails here too.
     python3 scripts/sm90_report.py                                  # both pipelines, K = V = 128
     python3 scripts/sm90_report.py --pipelines gated --head-dims 128 256 --gates none scalar diagonal
     python3 scripts/sm90_report.py --json out.json
-    FASTWEIGHTS_LAUNCH=cfg.json ...                                 # (util.load_launch: another launch config)
+    python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
 refuses — each row then says so in its ERROR column.
 
-Workloads: delta — `chunk_delta_triton` forward + backward with delta.FORWARD = BACKWARD = "fused", no and a
-scalar decay, a padded batch (H = H_q = 4) and varlen (grouped heads: H = 4, H_q = 2), the pre-pass with WU = 1
-and 0; gated — `chunk_gated_triton` with gated.PIPELINE = "fused", every gate kind with β and states, padded
-B = 4, H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per distinct compiled kernel.
+Workloads: delta — `chunk_delta_triton` forward + backward with `pipeline=DeltaPipeline("fused", "fused")`, no
+and a scalar decay, a padded batch (H = H_q = 4) and varlen (grouped heads: H = 4, H_q = 2), the pre-pass with
+WU = 1 and 0 (at K > limits.DELTA_FUSED_BWD_MAX_K the fused backward does not exist: `DeltaPipeline("fused",
+"staged")`, said in a line); gated — `chunk_gated_triton` with `pipeline=GatedPipeline("fused")`, every gate kind
+with β and states, padded B = 4, H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per
+distinct compiled kernel. The tensors are CPU tensors (nothing runs), so the glue's GPU head-dim limits
+(limits.*_FUSED_MAX_HEAD_DIM_CUDA) do not apply: every head dim asked for compiles.
 """
 
 from __future__ import annotations
@@ -61,12 +64,17 @@ def _ptxas_v(ptx: str, arch: str) -> dict:
 def _delta_workload(head_dims, dtypes, gates):
     import torch
 
-    from fastweights.kernels.triton import delta, util
+    from fastweights.kernels.pipelines import DeltaPipeline
+    from fastweights.kernels.triton import util
     from fastweights.kernels.triton.delta import chunk_delta_triton
+    from fastweights.kernels.triton.limits import DELTA_FUSED_BWD_MAX_K
 
     gen = torch.Generator().manual_seed(0)
-    delta.FORWARD, delta.BACKWARD = "fused", "fused"
     for D in head_dims:
+        pipeline = DeltaPipeline("fused", "fused" if D <= DELTA_FUSED_BWD_MAX_K else "staged")
+        if pipeline.backward == "staged":
+            print(f"delta K=V={D}: the fused backward takes K <= {DELTA_FUSED_BWD_MAX_K} "
+                  f"(limits.DELTA_FUSED_BWD_MAX_K): {pipeline.name}, the staged backward's kernels listed too")
         for wu in (1, 0):
             util.LAUNCH["delta_prepass"]["WU"] = wu
             for gate in [x for x in gates if x in ("none", "scalar")]:  # (the fused backward's gates)
@@ -81,7 +89,8 @@ def _delta_workload(head_dims, dtypes, gates):
                         cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
                         S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen).requires_grad_(True)
                         o, S = chunk_delta_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
-                                                  output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                                                  output_final_state=True, chunk_size=64, cu_seqlens=cu,
+                                                  pipeline=pipeline)
                         (o.float().sum() + S.float().sum()).backward()
     util.LAUNCH["delta_prepass"]["WU"] = 1
 
@@ -89,12 +98,9 @@ def _delta_workload(head_dims, dtypes, gates):
 def _gated_workload(head_dims, dtypes, gates):
     import torch
 
-    from fastweights.kernels.triton import gated
-    from fastweights.kernels.triton import gated_fused as gf
+    from fastweights.kernels.pipelines import GatedPipeline
     from fastweights.kernels.triton.gated import chunk_gated_triton
 
-    gated.PIPELINE = "fused"
-    gf.FUSED_MAX_HEAD_DIM_CUDA = 256  # compile every head dim asked for
     gen = torch.Generator().manual_seed(0)
     for D in head_dims:
         for gate in gates:
@@ -112,7 +118,8 @@ def _gated_workload(head_dims, dtypes, gates):
                     beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
                     S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen).requires_grad_(True)
                     o, S = chunk_gated_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0,
-                                              output_final_state=True, chunk_size=64, cu_seqlens=cu)
+                                              output_final_state=True, chunk_size=64, cu_seqlens=cu,
+                                              pipeline=GatedPipeline("fused"))
                     (o.float().sum() + S.float().sum()).backward()
 
 
@@ -128,6 +135,7 @@ def main():
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--json")
+    ap.add_argument("--launch", metavar="PATH", help="a launch table (JSON) applied first (util.load_launch)")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -137,6 +145,14 @@ def main():
     from fastweights.kernels.triton.standin import install_sm90_driver
 
     install_sm90_driver()
+    if a.launch:
+        from fastweights.kernels.triton.util import load_launch
+
+        try:
+            load_launch(a.launch)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --launch {a.launch}: {e}", file=sys.stderr)
+            sys.exit(2)
     seen, rows = set(), []
     run = JITFunction.run
 

@@ -31,9 +31,11 @@ its d_model, heads, conv and gates) on a batch of its MQAR data, forward + backw
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
@@ -211,8 +213,6 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
     cell's (a CPU measurement at a smaller batch). counts: also {model + "+ops" / "+GiB" / "+GFLOP": ...},
     the non-view ATen ops, the bytes their tensors read and write, and the FLOPs of one step. lengths: only
     the cells of these sequence lengths."""
-    import dataclasses
-
     import torch.nn.functional as F
 
     from fastweights.lab.mqar import PRESETS, build_model, cell_data, make_cells
@@ -316,7 +316,41 @@ def main(argv=None) -> int:
                     help="opt in to torch.compile of the mini-batch loop body (fastweights.chunkwise."
                          "minibatch.compile_loop; gd / momentum memories); its compile time falls in the first "
                          "step, and the ATen ops and saved bytes it prints do not see inside compiled regions")
+    ap.add_argument("--ns", choices=["kernel", "tf32x3", "tf32", "torch"], default="kernel",
+                    help="the Newton–Schulz of Muon memories (ATLAS) on the generic chunk Triton row: kernel — its "
+                         "kernel as routed (ieee); tf32x3 / tf32 — the kernel at that tl.dot precision "
+                         "(rows.pinned(ns_precision=)); torch — that row refused, so 'auto' runs the torch row (the "
+                         "iteration in torch; the layer ops stay on Triton)")
     a = ap.parse_args(argv)
+    with _newton_schulz(a.ns):
+        return _main(a)
+
+
+@contextmanager
+def _newton_schulz(choice: str):
+    """Within the block, the generic chunk Triton row as --ns says (see its help); put back after."""
+    if choice == "kernel":
+        yield
+        return
+    from fastweights.kernels.rows import pinned
+
+    if choice != "torch":
+        with pinned("generic", ns_precision=choice):
+            yield
+        return
+    from fastweights.dispatch import DISPATCH
+
+    key = ("generic", "chunk", "triton")
+    impl = DISPATCH[key]
+    off = "the Newton–Schulz kernel is off (step_costs.py --ns torch)"
+    DISPATCH[key] = dataclasses.replace(impl, supports=lambda recipe, target: off)
+    try:
+        yield
+    finally:
+        DISPATCH[key] = impl
+
+
+def _main(a) -> int:
     dev = torch.device(a.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is present", file=sys.stderr)

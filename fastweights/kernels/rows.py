@@ -30,8 +30,10 @@ the saved inputs and differentiates that — the same function, so the same grad
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-from functools import lru_cache
+from contextlib import contextmanager
+from functools import lru_cache, partial
 
 import torch
 
@@ -44,7 +46,7 @@ from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPip
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
            "gated_chunk_pipeline", "generic_chunk_pipeline", "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
-           "triton_chunk_supports",
+           "triton_chunk_supports", "pinned",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
            "MAX_HEAD_DIM"]
 
@@ -156,6 +158,49 @@ def generic_chunk_pipeline(recipe: Recipe, target) -> str:
     return GENERIC_PIPELINES[0]
 
 
+#: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
+_PINNABLE = {"delta": ("pipeline", DeltaPipeline, "a kernels.pipelines.DeltaPipeline"),
+             "gated_linear": ("pipeline", GatedPipeline, "a kernels.pipelines.GatedPipeline"),
+             "generic": ("ns_precision", None, "one of the Newton–Schulz kernel's PRECISIONS")}
+
+
+@contextmanager
+def pinned(recipe_class: str, **option):
+    """Within the block, the Triton chunk row of `recipe_class` runs every call with `option` instead of its rule's
+    choice — an A/B measurement through `fw.chunk` or a model (scripts/gpu_diag.py, gpu_gated_fused.py,
+    step_costs.py): "delta" `pipeline=DeltaPipeline(...)`, "gated_linear" `pipeline=GatedPipeline(...)`, "generic"
+    `ns_precision="tf32x3"` (or "ieee", "tf32"). The row's `pipeline` names the pinned choice (a layer's repr,
+    `fastweights.pipeline`); the row is put back after (assigning DISPATCH clears the route cache). A pipeline whose
+    kernels cannot take a call raises there (the glue's error), never falls back. Yields the pinned row."""
+    from ..dispatch import DISPATCH
+    from ..inputs import InputError
+
+    if recipe_class not in _PINNABLE:
+        raise InputError(f"recipe_class must be one of {list(_PINNABLE)} (a Triton chunk row with options), "
+                         f"got {recipe_class!r}")
+    name, kind, what = _PINNABLE[recipe_class]
+    if set(option) != {name}:
+        raise InputError(f"the {recipe_class} chunk row takes one option, {name}=, got {sorted(option) or 'none'}")
+    value = option[name]
+    if kind is None:
+        from .triton.newton_schulz import PRECISIONS  # (the row needs triton anyway)
+
+        ok = value in PRECISIONS
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise InputError(f"{name} must be {what}, got {value!r}")
+    key = (recipe_class, "chunk", "triton")
+    impl = DISPATCH[key]
+    label = value if kind is not None else f"Newton–Schulz kernel ({value})"
+    DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option),
+                                              pipeline=lambda recipe, target: label)
+    try:
+        yield row
+    finally:
+        DISPATCH[key] = impl
+
+
 def _gate_kind(recipe: Recipe) -> str:
     """The gate kind the kernels see: constant retention rides as a scalar log-decay on every token."""
     kind = recipe.retention.kind
@@ -241,11 +286,11 @@ def triton_prologue_supports(recipe, target) -> str | None:
     return None
 
 
-def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
+def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, pipeline: GatedPipeline | None = None):
     """gated_linear, chunk, on Triton: the Call converted as torch_backend's linear chunk does
     (constant retention → per-head log γ on every token, β absent → 1, the state bare or a
     MemoryState), but with the caller's tensors as they are (native dtype, grouped heads); the
-    pipeline `gated_chunk_pipeline` picks for the call."""
+    pipeline `gated_chunk_pipeline` picks for the call, or `pipeline` (`pinned`: an A/B measurement)."""
     from .triton.gated import chunk_gated_triton
 
     recipe = call.recipe
@@ -256,7 +301,8 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None):
     o, S = chunk_gated_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale,
                               initial_state=S0, output_final_state=call.output_final_state,
                               chunk_size=chunk_size, cu_seqlens=cu_seqlens,
-                              pipeline=gated_chunk_pipeline(recipe, _call_target(call, chunk_size)))
+                              pipeline=pipeline if pipeline is not None else
+                              gated_chunk_pipeline(recipe, _call_target(call, chunk_size)))
     return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 
@@ -270,10 +316,10 @@ def _gates(call):
     return g, call.inputs.get("beta")
 
 
-def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
+def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, pipeline: DeltaPipeline | None = None):
     """delta, chunk, on Triton: as `gated_linear_chunk`, through `chunk_delta_triton` (the probe key
     p of the inputs and the recipe's decay_first passed on; DeltaProduct's k, v, β of rank 5 as they are),
-    with the pipeline `delta_chunk_pipeline` picks for the call."""
+    with the pipeline `delta_chunk_pipeline` picks for the call, or `pipeline` (`pinned`: an A/B measurement)."""
     from .triton.delta import chunk_delta_triton
 
     g, beta = _gates(call)
@@ -284,7 +330,8 @@ def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None):
                               decay_first=call.recipe.retention.decay_first, scale=call.scale, initial_state=S0,
                               output_final_state=call.output_final_state, chunk_size=chunk_size,
                               cu_seqlens=cu_seqlens,
-                              pipeline=delta_chunk_pipeline(call.recipe, _call_target(call, chunk_size)))
+                              pipeline=pipeline if pipeline is not None else
+                              delta_chunk_pipeline(call.recipe, _call_target(call, chunk_size)))
     return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
 
 

@@ -129,3 +129,66 @@ def test_pipeline_objects_check_their_fields():
         GatedPipeline("fast")
     kept = DeltaPipeline("fused", "staged", recompute_states=False)
     assert kept.name == "fused forward, staged backward, states kept"
+
+
+def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen):
+    """`rows.pinned`: within the block the row hands the pinned pipeline (the generic row: the Newton–Schulz
+    precision) to the kernels and names it, after it the rule's again; a pipeline of the other class, an unknown
+    option, precision or class is refused (the chunk kernels: spies)."""
+    from fastweights.inputs import InputError
+    from fastweights.kernels.triton import delta as delta_mod
+    from fastweights.kernels.triton import gated as gated_mod
+
+    seen = []
+
+    def spy(q, k, v, **kw):
+        seen.append(kw["pipeline"])
+        B, T, H, V = v.shape
+        return torch.zeros_like(v), torch.zeros(B, H, q.shape[-1], V)
+
+    monkeypatch.setattr(delta_mod, "chunk_delta_triton", spy)
+    monkeypatch.setattr(gated_mod, "chunk_gated_triton", spy)
+    FakeCuda(monkeypatch, kernels=True).install()
+    cases = (("gated_deltanet", "delta", DeltaPipeline("staged", "fused", recompute_states=False)),
+             ("gla", "gated_linear", GatedPipeline("fused", recompute_states=False)))
+    for model, cls, pinned in cases:
+        x = fw.example_inputs(model, batch_size=1, seq_len=5, num_heads=2, head_dim=16, dtype=bf16, generator=gen)
+        rule = dispatch.DISPATCH[(cls, "chunk", "triton")]
+        with rows.pinned(cls, pipeline=pinned):
+            fw.chunk(model, **x, chunk_size=16)
+            assert seen[-1] == pinned
+            assert fw.pipeline(model, device="cuda", dtype=bf16, head_dim=16, chunk_size=16) == ("triton", pinned.name)
+        assert dispatch.DISPATCH[(cls, "chunk", "triton")] is rule
+        fw.chunk(model, **x, chunk_size=16)
+        assert seen[-1] != pinned and seen[-1].recompute_states
+    from fastweights.kernels.triton import newton_schulz
+
+    precisions = []
+    kernel = newton_schulz.newton_schulz_gram
+
+    def ns_spy(G, steps, *, precision):
+        precisions.append(precision)
+        return kernel(G, steps)  # (ieee: the interpreter's)
+
+    monkeypatch.setattr(newton_schulz, "newton_schulz_gram", ns_spy)
+    x = fw.example_inputs("atlas", batch_size=1, seq_len=4, num_heads=1, head_dim=8, generator=gen)
+    with rows.pinned("generic", ns_precision="tf32x3"):
+        fw.chunk("atlas", **x, chunk_size=16)
+        assert fw.pipeline("atlas", device="cuda", dtype=fp32, head_dim=8, chunk_size=16) == (
+            "triton", "Newton–Schulz kernel (tf32x3)")
+    assert precisions and set(precisions) == {"tf32x3"}
+    fw.chunk("atlas", **x, chunk_size=16)
+    assert precisions[-1] == "ieee"
+    with pytest.raises(InputError, match="ns_precision must be one of"):
+        with rows.pinned("generic", ns_precision="fp8"):
+            pass
+    with pytest.raises(InputError, match="pipeline must be a kernels.pipelines.DeltaPipeline"):
+        with rows.pinned("delta", pipeline=GatedPipeline("fused")):
+            pass
+    with pytest.raises(InputError, match="takes one option, ns_precision="):
+        with rows.pinned("generic", pipeline=DeltaPipeline()):
+            pass
+    with pytest.raises(InputError, match="recipe_class must be one of"):
+        with rows.pinned("mesa", pipeline=DeltaPipeline()):
+            pass
+    assert dispatch.DISPATCH[("delta", "chunk", "triton")] is not None

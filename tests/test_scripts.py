@@ -1,0 +1,184 @@
+"""The scripts under scripts/ against the package they drive: none of them is run here (most need a GPU), but
+
+- every scripts/*.py imports on the CPU (its module body only: a script's work runs under `if __name__ ==
+  "__main__":`), so a name it imports from fastweights that moved fails here, not on the next GPU call;
+- no script (.py or .sh) names a kernel-module global or environment variable the pipelines refactor removed
+  (kernels/pipelines.py, docs/kernels.md "Pipelines"): setting one now does nothing, so a script that still did
+  would measure the default pipeline under another pipeline's name. REMOVED lists them, module by module; a
+  later removal adds its names here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+SHELL = sorted((ROOT / "scripts").glob("*.sh"))
+
+#: module of fastweights.kernels.triton -> names that no longer mean what they did (the argument that replaced
+#: each, docs/kernels.md "Pipelines"). "alias" marks a name still defined (a constant kept under its old name): a
+#: script must not read or set it there either — the rule reads `kernels/pipelines.py` and `triton/limits.py`.
+REMOVED: dict[str, dict[str, str]] = {
+    "delta": {
+        "FORWARD": "DeltaPipeline.forward (pipeline= of chunk_delta_triton)",
+        "FORWARDS": "pipelines.STAGES",
+        "BACKWARD": "DeltaPipeline.backward",
+        "BACKWARDS": "pipelines.STAGES",
+        "FUSED_CHECKED_HEAD_DIMS_CUDA": "pipelines.FUSED_CHECKED_HEAD_DIMS_CUDA",
+        "LOW_PRECISION_MIN_HEAD_DIM_CUDA": "alias: pipelines.LOW_PRECISION_MIN_HEAD_DIM_CUDA",
+        "runs_in_fp32": "DeltaPipeline.fp32 (pipelines.delta_pipeline)",
+        "RECOMPUTE_STATES": "DeltaPipeline.recompute_states",
+        "uses_fused_forward": "pipelines.delta_pipeline",
+        "uses_fused_backward": "pipelines.delta_pipeline",
+    },
+    "delta_fused": {"FUSED_MAX_HEAD_DIM_CUDA": "alias: limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA"},
+    "delta_fused_bwd": {"MAX_K": "alias: limits.DELTA_FUSED_BWD_MAX_K", "MAX_C": "alias: limits.DELTA_FUSED_BWD_MAX_C"},
+    "gated": {
+        "PIPELINE": "GatedPipeline.pipeline (pipeline= of chunk_gated_triton)",
+        "PIPELINES": "pipelines.STAGES",
+        "uses_fused": "pipelines.gated_pipeline",
+    },
+    "gated_fused": {
+        "supports": "pipelines.gated_fused_serves",
+        "GATES": "pipelines.gated_fused_serves (every gate kind)",
+        "FUSED_MAX_HEAD_DIM_CUDA": "alias: limits.GATED_FUSED_MAX_HEAD_DIM_CUDA",
+        "RECOMPUTE_STATES": "GatedPipeline.recompute_states",
+    },
+    "conv": {"RECOMPUTE_OUTPUTS": "short_conv(..., recompute_outputs=)"},
+    "newton_schulz": {"precision": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., ns_precision=)"},
+}
+#: Text patterns of removed names that are no module attribute: the conv's "fused" launch key (now
+#: `short_conv(..., one_pass_backward=)`) and the environment variables nothing reads any more.
+REMOVED_TEXT: dict[str, str] = {
+    r"""_BWD\s*\[\s*["']fused["']\s*\]""": 'short_conv(..., one_pass_backward=) (no _BWD["fused"])',
+    r"\bFASTWEIGHTS_NS_KERNEL\b": 'backend="torch" (or rows.pinned / a refused generic row)',
+    r"\bFASTWEIGHTS_NS_PRECISION\b": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., ns_precision=)",
+    r"\bFASTWEIGHTS_LAUNCH\b": "util.load_launch(path), fastweights bench speed|train --launch PATH",
+}
+
+_PKG = r"fastweights\.kernels\.triton"
+#: what follows `import`: a parenthesized list (over lines) or the rest of the line
+_NAMES = r"(?:\(([\w\s,]+)\)|([\w \t,]+))"
+
+
+def _imported(pattern: str, text: str):
+    """(groups before the names..., [name or "name as alias" items]) of each import matching `pattern` + names."""
+    for m in re.finditer(pattern + _NAMES, text):
+        names = m.group(m.re.groups - 1) or m.group(m.re.groups)
+        yield m.groups()[:-2], [item.strip() for item in names.split(",") if item.strip()]
+
+
+def _aliases(text: str) -> dict[str, str]:
+    """{name a script's code uses: kernel module} from its imports of fastweights.kernels.triton modules (in code
+    and in code strings: `from fastweights.kernels.triton import delta, gated_fused as gf`,
+    `import fastweights.kernels.triton.conv as conv_k`); every module is also known by its own name."""
+    out = {mod: mod for mod in REMOVED}
+    for _, items in _imported(_PKG + r"\s+import\s+", text):
+        for item in items:
+            parts = item.split()
+            if parts[0] in REMOVED:
+                out[parts[-1] if len(parts) == 3 and parts[1] == "as" else parts[0]] = parts[0]
+    for mod, alias in re.findall(r"import\s+" + _PKG + r"\.(\w+)\s+as\s+(\w+)", text):
+        if mod in REMOVED:
+            out[alias] = mod
+    return out
+
+
+def removed_names_in(text: str) -> list[str]:
+    """'delta.FORWARD (now: …)' for each removed name `text` uses: an attribute of a kernel module under any alias
+    (read or set), a name imported from one, or a REMOVED_TEXT pattern."""
+    found = []
+    for alias, mod in _aliases(text).items():
+        for name in re.findall(rf"(?<![\w.]){re.escape(alias)}\.(\w+)", text):
+            if name in REMOVED[mod]:
+                found.append(f"{mod}.{name} (now: {REMOVED[mod][name]})")
+    for (mod,), items in _imported(_PKG + r"\.(\w+)\s+import\s+", text):
+        for item in items:
+            name = item.split()[0]
+            if name in REMOVED.get(mod, {}):
+                found.append(f"{mod}.{name} (now: {REMOVED[mod][name]})")
+    for pattern, now in REMOVED_TEXT.items():
+        found += [f"{m} (now: {now})" for m in re.findall(pattern, text)]
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("path", SCRIPTS + SHELL, ids=lambda p: p.name)
+def test_no_script_names_a_removed_kernel_global(path):
+    assert removed_names_in(path.read_text()) == []
+
+
+def test_the_check_finds_removed_names_under_any_alias():
+    """The scan itself: attribute reads and writes under an alias, names imported, code inside a string, the
+    environment variables — and not a name that merely looks alike."""
+    text = '''
+from fastweights.kernels.triton import delta, gated_fused as gf
+import fastweights.kernels.triton.conv as conv_k
+from fastweights.kernels.triton.gated import PIPELINE, chunk_gated_triton
+delta.FORWARD = "fused"
+gf.FUSED_MAX_HEAD_DIM_CUDA = 256
+before = conv_k._BWD["fused"]
+CASE = "from fastweights.kernels.triton import gated\\ngated.PIPELINE = 'fused'"
+os.environ["FASTWEIGHTS_NS_PRECISION"] = "tf32x3"
+x.FORWARD = 1; my_delta.RECOMPUTE_STATES = 0; delta.chunk_delta_triton(q)
+'''
+    assert removed_names_in(text) == sorted([
+        "delta.FORWARD (now: DeltaPipeline.forward (pipeline= of chunk_delta_triton))",
+        "gated_fused.FUSED_MAX_HEAD_DIM_CUDA (now: alias: limits.GATED_FUSED_MAX_HEAD_DIM_CUDA)",
+        "gated.PIPELINE (now: GatedPipeline.pipeline (pipeline= of chunk_gated_triton))",
+        "_BWD[\"fused\"] (now: short_conv(..., one_pass_backward=) (no _BWD[\"fused\"]))",
+        "FASTWEIGHTS_NS_PRECISION (now: newton_schulz_gram(..., precision=), rows.generic_chunk(..., "
+        "ns_precision=))",
+    ])
+
+
+def test_the_removed_names_are_gone_from_their_modules():
+    """REMOVED stays true to the package: each name not marked "alias" is no attribute of its module (a name that
+    comes back would make the scan wrong, not the scripts)."""
+    for mod, names in REMOVED.items():
+        module = importlib.import_module(f"fastweights.kernels.triton.{mod}")
+        back = [name for name, now in names.items() if not now.startswith("alias") and hasattr(module, name)]
+        assert back == [], f"{mod}: {back}"
+    from fastweights.kernels.triton import conv
+
+    assert "fused" not in conv._BWD
+
+
+_IMPORT_ALL = r'''
+import importlib.util, json, sys, traceback
+errors = {}
+for path in sys.argv[2:]:
+    spec = importlib.util.spec_from_file_location("_script_" + path.rsplit("/", 1)[-1][:-3], path)
+    try:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except BaseException as e:  # SystemExit included: a script that runs at import
+        errors[path] = f"{type(e).__name__}: {e}"[:600] + "\n" + traceback.format_exc()[-1500:]
+with open(sys.argv[1], "w") as f:
+    json.dump(errors, f)
+'''
+
+
+@pytest.fixture(scope="module")
+def import_errors(tmp_path_factory) -> dict[str, str]:
+    """{script path: its error} of importing every scripts/*.py, one after another in one fresh interpreter (the
+    suite's environment: TRITON_INTERPRET=1 without a GPU; a script's import-time sys.path or environment
+    changes stay there)."""
+    out = tmp_path_factory.mktemp("scripts") / "errors.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _IMPORT_ALL, str(out), *map(str, SCRIPTS)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and out.exists(), r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_every_script_imports_without_running(path, import_errors):
+    assert str(path) not in import_errors, import_errors.get(str(path))

@@ -115,7 +115,8 @@ def test_mqar_under_torchrun_ddp_equals_one_process_and_spread_runs_each_cell_on
 def test_context_parallel_under_torchrun_equals_one_process(tmp_path):
     """`--context-parallel 2` with FSDP2 (the layout with the most collectives beside context parallelism's own):
     both ranks hold one half of every sequence (packed documents crossing the boundary); the per-step losses and
-    validation loss equal one process's to float rounding. (DDP beside context parallelism: the GPU runs of BENCHMARKS §1h.)"""
+    validation loss equal one process's to float rounding. (DDP beside context parallelism: the GPU runs of
+    BENCHMARKS §1h.)"""
     parallel = "fsdp"
     args = [a if a != 'mixer=["gated_deltanet", "softmax_attention"]' else "mixer=gated_deltanet" for a in ARGS]
     args = [*args, "--seq-len", "33", "--steps", "2"]

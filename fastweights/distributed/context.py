@@ -182,7 +182,7 @@ class ContextParallel:
 
     def documents(self, seg) -> tuple:
         """(cu [S + 1], first [B], last [B], tok [N1], cu1 [B + 1], row [N1]) of a span's Segments (from
-        `segments`), its tokens packed row after row: every document's boundaries, each row's first and last
+        `Segments.span`), its tokens packed row after row: every document's boundaries, each row's first and last
         document, the tokens of each row's first document, their boundaries and rows. Computed once per
         Segments object (the layers of one forward share it: the reads of its sizes synchronize a GPU)."""
         cached = getattr(self, "_documents", None)

@@ -99,17 +99,25 @@ def test_rows_list_the_named_pipelines():
     assert sorted({r[:3] for r in listed}) == dispatch.rows()  # every row, once or once per pipeline
 
 
-def test_the_delta_row_passes_its_pipeline_to_the_kernels(monkeypatch, gen):
-    """The row computes the pipeline from the call's Target and hands it to `chunk_delta_triton` as an argument
-    (the row run on the CPU through the fake CUDA table; the kernel replaced by a spy)."""
-    from fastweights.kernels.triton import delta as delta_mod
-
+def _pipeline_spy():
+    """(seen, spy): a stand-in for a chunk kernel's glue that records the `pipeline` it was handed and returns
+    zeros of the right shapes (o [B, T, H, V], the final state [B, H, K, V])."""
     seen = []
 
     def spy(q, k, v, **kw):
         seen.append(kw["pipeline"])
         B, T, H, V = v.shape
         return torch.zeros_like(v), torch.zeros(B, H, q.shape[-1], V)
+
+    return seen, spy
+
+
+def test_the_delta_row_passes_its_pipeline_to_the_kernels(monkeypatch, gen):
+    """The row computes the pipeline from the call's Target and hands it to `chunk_delta_triton` as an argument
+    (the row run on the CPU through the fake CUDA table; the kernel replaced by a spy)."""
+    from fastweights.kernels.triton import delta as delta_mod
+
+    seen, spy = _pipeline_spy()
 
     monkeypatch.setattr(delta_mod, "chunk_delta_triton", spy)
     FakeCuda(monkeypatch, kernels=True).install()
@@ -139,12 +147,7 @@ def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen)
     from fastweights.kernels.triton import delta as delta_mod
     from fastweights.kernels.triton import gated as gated_mod
 
-    seen = []
-
-    def spy(q, k, v, **kw):
-        seen.append(kw["pipeline"])
-        B, T, H, V = v.shape
-        return torch.zeros_like(v), torch.zeros(B, H, q.shape[-1], V)
+    seen, spy = _pipeline_spy()
 
     monkeypatch.setattr(delta_mod, "chunk_delta_triton", spy)
     monkeypatch.setattr(gated_mod, "chunk_gated_triton", spy)

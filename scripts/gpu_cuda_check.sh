@@ -4,7 +4,8 @@
 #   1. `pytest -m cuda -n ${N:-8}`; the failures grouped by their exception (junit XML under $OUT);
 #   2. the failed tests again, `--lf -n 1`: a test that fails at -n 8 and passes alone is contention between workers
 #      (its exception says which resource), one that fails alone is a defect;
-#   3. `fastweights train --preset gpu-125m` for 12 steps: the logged steady tokens/s and MFU beside the running one.
+#   3. `fastweights train --preset gpu-125m` for 12 steps: the logged steady tokens/s and MFU beside the running one
+#      (TRAIN=0 skips it).
 # From the repository root: bash scripts/gpu_cuda_check.sh [seconds for step 1]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,7 @@ if grep -q "failed" "$OUT/cuda_n$N.log"; then
   timeout 240 python3 -m pytest -m cuda --lf -n 1 -q -rf -p no:randomly > "$OUT/cuda_lf.log" 2>&1
   echo "== the failed tests alone (--lf -n 1): exit $?"; tail -15 "$OUT/cuda_lf.log"
 fi
+[ "${TRAIN:-1}" = 0 ] && exit 0   # TRAIN=0: the census only
 timeout 120 python3 -m fastweights.cli train --preset gpu-125m --steps 12 --data README.md docs BENCHMARKS.md \
     --out runs/gpu_train --progress plain --val-every 1000 --save-every 1000 --val-fraction 0.01 --fresh \
     > "$OUT/train.log" 2>&1

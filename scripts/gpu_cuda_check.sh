@@ -16,7 +16,7 @@ python3 -c "import torch, triton; print(torch.__version__, 'triton', triton.__ve
 torch.cuda.get_device_properties(0).total_memory // 2**30, 'GiB')" | tee "$OUT/env.txt"
 git rev-parse --short HEAD >> "$OUT/env.txt" 2>/dev/null
 N="${N:-8}"
-timeout "${1:-330}" python3 -m pytest -m cuda -n "$N" -q -rf -p no:randomly --junitxml="$OUT/cuda_n$N.xml" \
+timeout -s INT -k 30 "${1:-330}" python3 -m pytest -m cuda -n "$N" -q -rf -p no:randomly --durations=40 --junitxml="$OUT/cuda_n$N.xml" \
     > "$OUT/cuda_n$N.log" 2>&1
 echo "== pytest -m cuda -n $N: exit $?"; tail -3 "$OUT/cuda_n$N.log"
 python3 - "$OUT/cuda_n$N.xml" <<'PY' | tee "$OUT/census.txt"

@@ -32,7 +32,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+# --src DIR: import fastweights from DIR (an older tree timed side by side with this one)
+_src = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else os.path.join(os.path.dirname(__file__), "..")
+sys.path.insert(0, os.path.abspath(_src))
 
 from fastweights.models import LM, LMConfig  # noqa: E402
 
@@ -48,6 +50,11 @@ CLASSES = (
     ("reduction", r"reduce|sum|mean|norm"),
     ("elementwise", r"elementwise|vectorized|unrolled|pointwise"),
 )
+
+
+#: host-side calls that block on the device or stall the launch queue (synchronizations, allocator, scalar reads)
+HOST_WAITS = ("Synchronize", "cudaMalloc", "cudaFree", "aten::item", "_local_scalar_dense", "aten::nonzero",
+              "cudaMemcpy", "cudaHostAlloc", "cudaEventSynchronize")
 
 
 def _classify(name: str) -> str:
@@ -93,14 +100,19 @@ def profile_one(model, B, T, args, device) -> dict:
         if device.type == "cuda" and ev.device_type == torch.autograd.DeviceType.CUDA:
             kernels[ev.name][0] += ev.device_time / 1e3 / args.steps
             kernels[ev.name][1] += 1
+    host = collections.defaultdict(lambda: [0.0, 0])  # the host calls that wait on or stall the GPU
+    for ev in prof.key_averages():
+        if any(w in ev.key for w in HOST_WAITS):
+            host[ev.key] = [ev.cpu_time_total / 1e3 / args.steps, ev.count // args.steps]
     busy = sum(v[0] for v in kernels.values())
     by_class = collections.Counter()
     for name, (ms, _) in kernels.items():
         by_class[_classify(name)] += ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[: args.top]
-    out = dict(model=model, B=B, T=T, wall_ms=wall, busy_ms=busy, idle=1 - busy / wall if wall else None,
+    out = dict(model=model, label=args.label, B=B, T=T, wall_ms=wall, busy_ms=busy, idle=1 - busy / wall if wall else None,
                launches=sum(v[1] for v in kernels.values()) / args.steps,
                by_class={k: round(v, 3) for k, v in by_class.most_common()},
+               host={k: (round(v[0], 3), v[1]) for k, v in sorted(host.items(), key=lambda kv: -kv[1][0])},
                top=[(n[:110], round(v[0], 3), v[1] // args.steps) for n, v in top],
                params=lm.num_parameters(), routes=sorted({str(r) for m in lm.modules() for r in
                                                           [getattr(m, "routes", None)] if r}))
@@ -111,8 +123,9 @@ def profile_one(model, B, T, args, device) -> dict:
 
 
 def _fmt(r: dict) -> str:
-    lines = [f"## {r['model']} B={r['B']} T={r['T']}: wall {r['wall_ms']:.1f} ms, GPU busy {r['busy_ms']:.1f} ms "
+    lines = [f"## {r['model']}{' [' + r['label'] + ']' if r.get('label') else ''} B={r['B']} T={r['T']}: wall {r['wall_ms']:.1f} ms, GPU busy {r['busy_ms']:.1f} ms "
              f"(idle {100 * (r['idle'] or 0):.0f} %), {r['launches']:.0f} kernels a step, {r['params'] / 1e6:.1f}M params"]
+    lines.append("  host waits (ms, calls a step): " + ", ".join(f"{k} {v[0]:.1f} ({v[1]})" for k, v in r["host"].items()))
     lines.append("  by class: " + ", ".join(f"{k} {v:.1f}" for k, v in r["by_class"].items()))
     for name, ms, n in r["top"]:
         lines.append(f"  {ms:8.2f} ms  {n:5d}×  {name}")
@@ -132,6 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--src", help="import fastweights from this directory instead (an older tree, side by side)")
+    p.add_argument("--label", default="", help="a tag written into each row (e.g. 'base' for --src)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     args = p.parse_args(argv)
     if args.smoke:
@@ -150,7 +165,7 @@ def main(argv=None) -> int:
             rows.append(r)
             text = r.get("error") or _fmt(r)
             print(text if "error" not in r else f"## {model} {B}x{T}: {text}", flush=True)
-            with open(os.path.join(args.out, "lm_profile.json"), "w") as f:
+            with open(os.path.join(args.out, f"lm_profile{args.label and '_' + args.label}.json"), "w") as f:
                 json.dump(rows, f, indent=1)
             with open(os.path.join(args.out, "lm_profile.txt"), "a") as f:
                 f.write((text if "error" not in r else f"## {model} {B}x{T}: {text}") + "\n\n")

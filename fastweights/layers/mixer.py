@@ -433,6 +433,10 @@ class MixerConfig:
 _PRESET_FIELDS = {f.name for f in fields(MixerPreset)}
 
 
+#: the joint projection's output width is padded to a multiple of this (8 bf16 elements = 16 bytes: cuBLAS's aligned kernels)
+_ROW_ALIGN = 8
+
+
 def _plain_linear(module: nn.Module) -> bool:
     """Whether calling `module` is exactly F.linear(x, module.weight): an nn.Linear itself (not a
     subclass: quantised or otherwise changed Linears), bias-free, with no forward hooks or pre-hooks
@@ -610,6 +614,10 @@ class MemoryMixer(nn.Module):
         dx is the single matmul's result (fp32 accumulation inside it) instead of a sum of six.
         The views are not saved by their consumers (ShortConv, the prologue and the gated norm
         copy them contiguous), so the joint output itself is not kept for the backward.
+        The joint weight gets `pad` zero rows so that ΣN_i + pad is a multiple of _ROW_ALIGN: a row stride that is
+        not 16-byte aligned sends cuBLAS to its unaligned kernels, which ran this matmul and its two backward
+        matmuls 10–30× slower (the gpu-125m preset, ΣN = 4620: 17.5 of 76 ms of a step's GPU time on an H200,
+        scripts/gpu_lm_profile.py); the padding columns are dropped and get no gradient.
         Fused only while every one of them is a plain bias-free nn.Linear without hooks (`_plain_linear`,
         asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
         hooks apply."""
@@ -619,8 +627,11 @@ class MemoryMixer(nn.Module):
         keys = tuple(key for key, _ in self._x_projs)
         if not all(map(_plain_linear, lins)):  # an adapter, a quantised or hooked Linear: each runs as itself
             return {key: lin(x) for key, lin in zip(keys, lins)}
-        y = F.linear(x, torch.cat([lin.weight for lin in lins]))  # [B, T, ΣN_i]
-        return dict(zip(keys, y.split([lin.out_features for lin in lins], dim=-1)))
+        sizes = [lin.out_features for lin in lins]
+        pad = -sum(sizes) % _ROW_ALIGN
+        w = torch.cat([lin.weight for lin in lins] + ([lins[0].weight.new_zeros(pad, x.shape[-1])] if pad else []))
+        y = F.linear(x, w)  # [B, T, ΣN_i + pad]
+        return dict(zip(keys, y.split(sizes + ([pad] if pad else []), dim=-1)))
 
     # ------------------------------------------------------------------ states
     def init_state(self, batch_size: int, *, dtype=None, device=None) -> MixerState:

@@ -78,3 +78,19 @@ def test_x_cast_and_kept_once_under_autocast(joint):
     finally:
         layer._x_projs = keep
     assert len(kept) == (1 if joint else 6)
+
+
+@pytest.mark.parametrize("name,heads", [("gated_deltanet", 6), ("gated_deltanet", 3), ("kda", 5), ("deltaproduct", 3)])
+def test_joint_output_rows_are_16_byte_aligned(name, heads):
+    """The joint matmul's output row stride is a multiple of 8 elements (ΣN_i padded with zero rows of the weight):
+    an unaligned stride (the gpu-125m preset's ΣN = 4620) sent cuBLAS to kernels 10–30× slower on an H100/H200.
+    The views keep their widths, and the padding adds no parameter."""
+    layer = MemoryMixer(48, name, heads, head_dim=16)
+    sizes = {key: layer.get_submodule(path).out_features for key, path in layer._x_projs}
+    assert sum(sizes.values()) % 8 != 0 or heads == 3  # the shapes above include unaligned sums
+    n_params = sum(p.numel() for p in layer.parameters())
+    out = layer._project(torch.randn(2, 5, 48))
+    for key, y in out.items():
+        assert y.shape == (2, 5, sizes[key])
+        assert y.stride(1) % 8 == 0, (key, y.stride())
+    assert sum(p.numel() for p in layer.parameters()) == n_params

@@ -6,6 +6,7 @@
   GPU machine), `triton` (runs Triton kernels: on the GPU, or on CPU tensors under
   TRITON_INTERPRET=1), `distributed` (starts several processes).
 - MKL_CBWR=COMPATIBLE (unless set): bitwise-equal computations stay bitwise equal on any x86 CPU.
+- `cuda_big` tests hold a lock per GPU: xdist workers run them one at a time.
 - Kernel tests (`cuda` or `triton`) run with NaN-poisoned kernel outputs
   (`fastweights.kernels.poisoned_outputs`): an element a kernel forgets to write is NaN, never
   a leftover that happens to be right.
@@ -20,10 +21,13 @@ import os
 # their own MKL_CBWR) their own choice.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fastweights.kernels import poisoned_outputs
+from tests.helpers import exclusive
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
@@ -45,6 +49,19 @@ def _poison_kernel_outputs(request):
         yield
     if request.node.get_closest_marker("cuda") and torch.cuda.is_available():
         _release_cuda_memory()
+
+
+@pytest.fixture(autouse=True)
+def _one_big_cuda_test_at_a_time(request):
+    """`cuda_big` tests (several GiB each: the T = 4096, H = 16 realistic rows with their fp32 torch references, the
+    long-sequence ones) hold an exclusive lock on a file per GPU, so xdist workers sharing one card run them one at a
+    time: at `-n 8` on an 80 GB H100 three of them at once ran out of memory (2026-11-27, d5caabe), while alone or at
+    `-n 4` on a 139 GB H200 they pass. The other cuda tests run beside them."""
+    if request.node.get_closest_marker("cuda_big") is None or not torch.cuda.is_available():
+        yield
+        return
+    with exclusive(os.path.join(tempfile.gettempdir(), f"fastweights-cuda-big-{torch.cuda.current_device()}.lock")):
+        yield
 
 
 def _release_cuda_memory() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+
 import torch
 
 import fastweights as fw
@@ -100,3 +103,15 @@ def fresh_seed():
     seed = torch.seed()
     print(f"torch seed {seed}")
     yield seed
+
+
+@contextlib.contextmanager
+def exclusive(path: str):
+    """Hold an exclusive advisory lock (flock) on the file at `path` for the block: processes (xdist workers) that
+    enter with the same path run their blocks one at a time."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -20,7 +20,7 @@ from fastweights.state import state_tensors
 from tests.helpers import rel_err
 from tests.tolerances import CHUNK_LOW_REL
 
-pytestmark = [pytest.mark.cuda,
+pytestmark = [pytest.mark.cuda, pytest.mark.cuda_big,
               pytest.mark.skipif(not torch.cuda.is_available(),
                                  reason="needs a CUDA device: run `pytest -m cuda` on a GPU machine")]
 

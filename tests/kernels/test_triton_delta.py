@@ -428,6 +428,7 @@ def test_cuda_small_head_dims_bf16(gate, KV, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_realistic(gate, size, dtype, gen):
     """On the GPU (Hopper + Triton 3.6 is where miscompiles hide): the kernels against the fp32
     torch chunk form at realistic shapes, outputs, final states and every gradient; bf16 inputs
@@ -443,6 +444,7 @@ def test_cuda_realistic(gate, size, dtype, gen):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_grouped_varlen_realistic(gate, gen):
     """Varlen with an empty and a length-1 sequence, grouped heads (16 value heads over 4 q/k heads)."""
     lengths = [1000, 0, 1, 2047, 64, 63, 900]
@@ -461,6 +463,7 @@ def test_cuda_grouped_varlen_realistic(gate, gen):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_long_bf16(gate, gen):
     """T = 65,536 in bf16 (one sequence, 4 heads of 128): forward and every gradient against the fp32
     torch chunk form on the same rounded values."""

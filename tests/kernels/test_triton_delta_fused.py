@@ -367,6 +367,7 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_realistic(gate, size, dtype, gen, fused):
     """On the GPU (Hopper + Triton 3.6: where miscompiles hide), the fused forward and the staged backward
     against the fp32 torch chunk form: outputs, final states, every gradient."""
@@ -395,6 +396,7 @@ def test_cuda_grouped_varlen(gate, gen, fused):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_long_bf16(gate, gen, fused):
     """T = 65,536 in bf16 (one sequence, 4 heads of 128): forward and every gradient."""
     x = _inputs(gate, gen, T=65536, H=4, K=128, V=128, dtype=torch.bfloat16)

@@ -338,6 +338,7 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_realistic(gate, size, dtype, gen, monkeypatch):
     """On the GPU (Hopper + Triton 3.6), the default forward ("auto": fused for bf16, staged for fp32) and the fused
     backward against the fp32 torch chunk form: outputs, final states, every gradient (K = V = 256: routed to the
@@ -382,6 +383,7 @@ def test_cuda_grouped_varlen(gate, gen, fused):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_long_bf16(gate, gen, fused):
     """T = 65,536 in bf16 (one sequence, 4 heads of 128): forward and every gradient."""
     x = _inputs(gate, gen, T=65536, H=4, K=128, V=128, dtype=torch.bfloat16)

@@ -248,6 +248,7 @@ def test_dispatch_row_matches_torch_backend(model, gen):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("variant", ["comba", "product2"])
+@pytest.mark.cuda_big
 def test_cuda_realistic(variant, dtype, gen):
     """On the GPU, B = 2, T = 2048, H = 4, D = 128 (DeltaProduct: 4096 micro-steps), chunk 64: outputs,
     final states and every gradient against the fp32 torch chunk form (the torch row's, inverse

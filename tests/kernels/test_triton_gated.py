@@ -273,6 +273,7 @@ CUDA_SIZES = [(2, 1024, 4, 64), (4, 4096, 16, 128), (3, 1000, 8, 128), (1, 4096,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_realistic(gate, size, dtype, gen):
     """On the GPU (Hopper + Triton 3.6 is where miscompiles hide): the kernels against the fp32
     torch chunk form at realistic shapes, outputs, final states and every gradient; bf16 inputs

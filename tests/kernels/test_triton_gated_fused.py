@@ -447,6 +447,7 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.cuda_big
 def test_cuda_realistic(gate, size, dtype, gen, fused, launched):
     """On the GPU (Hopper + Triton 3.6: where miscompiles hide), the fused pipeline against the fp32 torch chunk
     form: outputs, final states, every gradient. K = V = 256 routes to the staged pipeline (checked the same)."""

@@ -1,0 +1,40 @@
+"""The suite's own machinery (tests/conftest.py, tests/helpers.py) where it decides what runs together."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import exclusive
+
+
+def test_exclusive_blocks_a_second_process_until_released(tmp_path):
+    """Two xdist workers entering `exclusive` with one path run one after the other (the cuda_big lock)."""
+    lock = str(tmp_path / "big.lock")
+    child = (f"import sys, time; sys.path.insert(0, {sys.path[0]!r}); from tests.helpers import exclusive\n"
+             "print('ready', flush=True); t0 = time.monotonic()\n"
+             f"with exclusive({lock!r}): print(time.monotonic() - t0)")
+    with exclusive(lock):
+        p = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"  # the child has imported and now asks for the lock
+        time.sleep(1.0)
+        assert p.poll() is None  # still waiting on it
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and float(out) >= 0.9
+
+
+@pytest.mark.parametrize("module,name", [("tests.kernels.test_triton_delta", "test_cuda_realistic"),
+                                         ("tests.kernels.test_triton_delta_fused", "test_cuda_long_bf16"),
+                                         ("tests.cuda.test_long_numerics",
+                                          "test_long_bf16_chunk_is_finite_and_near_fp32")])
+def test_the_gib_sized_cuda_tests_are_marked_big(module, name):
+    mod = importlib.import_module(module)
+    module_marks = getattr(mod, "pytestmark", [])
+    marks = getattr(getattr(mod, name), "pytestmark", []) + (module_marks if isinstance(module_marks, list)
+                                                              else [module_marks])
+    marks = [m.name for m in marks]
+    assert "cuda_big" in marks

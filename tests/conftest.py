@@ -21,6 +21,8 @@ import os
 # their own MKL_CBWR) their own choice.
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
+import inspect  # noqa: E402
+import re  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
@@ -76,24 +78,41 @@ def _release_cuda_memory() -> None:
     torch.cuda.empty_cache()
 
 
-#: The packages whose tested range has a floor that CI pins in its second environment (pyproject's extras):
-#: under FASTWEIGHTS_FLOOR_TESTS=1 (`.ci/run`'s floor environment) only the tests that can see their version run —
-#: the `triton` tests (kernels under the interpreter) and every test module that names one of them.
-FLOOR_PACKAGES = ("transformers", "lm_eval", "lm-eval", "triton", "peft", "accelerate", "fastweights.hf",
-                  "fastweights.kernels", "fastweights.convert")
+#: The packages whose tested range has a floor that CI pins in its second environment (pyproject's extras), as a
+#: test module names them. Under FASTWEIGHTS_FLOOR_TESTS=1 (`.ci/run`'s floor environment) only the tests that can
+#: see a floor version run: every test of a module that names one of these, and of the `triton` tests (the kernels
+#: under the interpreter) the first case of each test function — each kernel's Triton code once through Triton
+#: 3.6's language and interpreter (an API the floor lacks fails there); the other cases differ in shapes and values,
+#: which Triton's version does not decide (they run in full in the newest environment, and every kernel runs
+#: compiled by 3.6 in `pytest -m cuda` on the GPU machine).
+FLOOR_PACKAGES = ("transformers", "lm_eval", "lm-eval", "peft", "accelerate", "fastweights.hf", "fastweights.convert")
+
+
+_FLOOR_IMPORT = re.compile(r"^(import|from)\s+(" + "|".join(re.escape(n.replace("-", "_")) for n in FLOOR_PACKAGES)
+                           + r")\b", re.M)
 
 
 def _sees_a_floor_package(item, cache: dict) -> bool:
+    """Whether `item` runs in the floor environment: the first case of a `triton` test function; every test of a
+    module that imports a floor package at its top level; any other test whose own source names one."""
     if item.get_closest_marker("triton") is not None:
-        return True
+        key = (str(item.fspath), getattr(item, "originalname", item.name))
+        if key not in cache:  # the first case of this test function
+            cache[key] = item.nodeid
+        return cache[key] == item.nodeid
     path = str(item.fspath)
     if path not in cache:
         try:
-            text = open(path, encoding="utf-8").read()
+            cache[path] = bool(_FLOOR_IMPORT.search(open(path, encoding="utf-8").read()))
         except OSError:
-            text = ""
-        cache[path] = any(name in text for name in FLOOR_PACKAGES)
-    return cache[path]
+            cache[path] = False
+    if cache[path]:
+        return True
+    try:
+        source = inspect.getsource(item.obj)
+    except (TypeError, OSError, AttributeError):
+        return False
+    return any(name in source for name in FLOOR_PACKAGES)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -102,9 +121,9 @@ def pytest_collection_modifyitems(config, items):
     see a floor package's version (`FLOOR_PACKAGES`)."""
     if os.environ.get("FASTWEIGHTS_FLOOR_TESTS") == "1":
         cache: dict = {}
-        keep = [it for it in items if _sees_a_floor_package(it, cache)]
-        config.hook.pytest_deselected(items=[it for it in items if not _sees_a_floor_package(it, cache)])
-        items[:] = keep
+        floor = [_sees_a_floor_package(it, cache) for it in items]
+        config.hook.pytest_deselected(items=[it for it, f in zip(items, floor) if not f])
+        items[:] = [it for it, f in zip(items, floor) if f]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m cuda` on the GPU machine)")

@@ -43,7 +43,8 @@ CLASSES = (
     ("attention (flash/sdpa)", r"flash|fmha|attention|sdpa"),
     ("gemm", r"gemm|cutlass|sm90_xmma|sm80_xmma|nvjet|cublas|wgmma|matmul"),
     ("optimizer", r"adam|multi_tensor"),
-    ("triton: fastweights", r"^_?(fw_|_fw|chunk|delta|gated|wy|conv|rms|norm|prologue|fused|stage|scan|kkt|solve|inter|intra|state|recur)"),
+    ("triton: fastweights", r"^_?(fw_|_fw|chunk|delta|gated|wy|conv|rms|norm|prologue|fused|stage|scan|kkt|solve"
+                            r"|inter|intra|state|recur|grads|reverse|inverse|output)"),
     ("triton: other", r"^triton_|^_triton"),
     ("copy / cast", r"copy|cast|cat|memcpy|memset|fill"),
     ("softmax / loss", r"softmax|nll|log_softmax|cross_entropy"),
@@ -88,7 +89,9 @@ def profile_one(model, B, T, args, device) -> dict:
         step()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -109,7 +112,8 @@ def profile_one(model, B, T, args, device) -> dict:
     for name, (ms, _) in kernels.items():
         by_class[_classify(name)] += ms
     top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[: args.top]
-    out = dict(model=model, label=args.label, B=B, T=T, wall_ms=wall, busy_ms=busy, idle=1 - busy / wall if wall else None,
+    out = dict(model=model, label=args.label, B=B, T=T, wall_ms=wall, busy_ms=busy,
+               idle=1 - busy / wall if wall else None,
                launches=sum(v[1] for v in kernels.values()) / args.steps,
                by_class={k: round(v, 3) for k, v in by_class.most_common()},
                host={k: (round(v[0], 3), v[1]) for k, v in sorted(host.items(), key=lambda kv: -kv[1][0])},
@@ -123,9 +127,12 @@ def profile_one(model, B, T, args, device) -> dict:
 
 
 def _fmt(r: dict) -> str:
-    lines = [f"## {r['model']}{' [' + r['label'] + ']' if r.get('label') else ''} B={r['B']} T={r['T']}: wall {r['wall_ms']:.1f} ms, GPU busy {r['busy_ms']:.1f} ms "
-             f"(idle {100 * (r['idle'] or 0):.0f} %), {r['launches']:.0f} kernels a step, {r['params'] / 1e6:.1f}M params"]
-    lines.append("  host waits (ms, calls a step): " + ", ".join(f"{k} {v[0]:.1f} ({v[1]})" for k, v in r["host"].items()))
+    tag = f" [{r['label']}]" if r.get("label") else ""
+    lines = [f"## {r['model']}{tag} B={r['B']} T={r['T']}: wall {r['wall_ms']:.1f} ms, GPU busy {r['busy_ms']:.1f} ms "
+             f"(idle {100 * (r['idle'] or 0):.0f} %), {r['launches']:.0f} kernels a step, "
+             f"{r['params'] / 1e6:.1f}M params"]
+    waits = ", ".join(f"{k} {v[0]:.1f} ({v[1]})" for k, v in r["host"].items())
+    lines.append("  host waits (ms, calls a step): " + waits)
     lines.append("  by class: " + ", ".join(f"{k} {v:.1f}" for k, v in r["by_class"].items()))
     for name, ms, n in r["top"]:
         lines.append(f"  {ms:8.2f} ms  {n:5d}×  {name}")

@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..training.graphed import eager_state_dict, set_capturable  # noqa: F401 (shared with GraphedLMStep)
 from ..training.step import AUTOCAST_DTYPES
 
 __all__ = ["GraphedSteps", "supervised_slots", "set_capturable", "eager_state_dict", "capture_blocked",
@@ -86,29 +87,6 @@ def supervised_slots(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     keep = torch.arange(m)[None, :] < counts[:, None]
     targets = torch.where(keep, labels.gather(1, order), IGNORE_INDEX)
     return torch.where(keep, order, 0), targets
-
-
-def set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
-    """Every group's `capturable` flag, and the step counts where that form keeps them (on the
-    parameter's device when capturable, else on the CPU)."""
-    for group in opt.param_groups:
-        group["capturable"] = on
-    if on:  # (its warm-up steps run uncaptured by design: no "capturable=True can impair performance" warning)
-        opt._warned_capturable_if_run_uncaptured = True
-    for p, state in opt.state.items():
-        step = state.get("step")
-        if isinstance(step, torch.Tensor):
-            state["step"] = step.to(p.device if on else torch.device("cpu"))
-
-
-def eager_state_dict(opt: torch.optim.Optimizer) -> dict:
-    """opt.state_dict() in the eager form (capturable off, step counts on the CPU), whatever form
-    the optimizer runs in (the live state is not touched)."""
-    sd = opt.state_dict()
-    state = {k: {n: (v.detach().cpu() if n == "step" and isinstance(v, torch.Tensor) else v) for n, v in st.items()}
-             for k, st in sd["state"].items()}
-    groups = [{**g, "capturable": False} if "capturable" in g else dict(g) for g in sd["param_groups"]]
-    return {"state": state, "param_groups": groups}
 
 
 class GraphedSteps:

@@ -1,0 +1,193 @@
+"""One language-model optimizer step — its micro-batches' forwards and backwards, clipping, AdamW — captured once in a
+CUDA graph and replayed for every step (`GraphedLMStep`).
+
+Why: a fast-weight LM's step is launch-bound on the host. At the gpu-125m preset's shape (d_model 768, 12 layers,
+6 heads of 128, 8×2048 tokens, bf16) on an H100 the eager step took 135.1 ms and the same step replayed from one
+graph 70.7 ms (the transformer of that shape: 62.9 → 58.0 ms): the Triton launches, autograd Functions and small
+gate ops of every layer cost more host time than their GPU time (scripts/gpu_step_graph.py,
+docs/results/gpu/r4s2/call3). A replay launches the whole step at once.
+
+The maths is the eager step's, micro-batch by micro-batch:
+
+    for m in range(M):  loss_m = CE(LM(ids[m, :, :-1]), ids[m, :, 1:]) / M;  loss_m.backward()   (grads accumulate)
+    clip_grad_norm_(params, clip)  (when clip);  AdamW.step() with each group's lr read from a device tensor
+
+with bf16 autocast (cache off: a cast weight must not outlive the capture). PyTorch's whole-network recipe: WARMUP
+eager steps on a side stream, gradients set to None before the capture so that the captured first backward
+allocates them from the graph's pool (every replay overwrites them, the later micro-batches accumulate onto them),
+AdamW with capturable=True. A replay reads the token ids copied into a static buffer [M, B, T + 1] and the lrs
+copied into device scalars; the loss stays on the device.
+
+Capture safety: the capture runs under `torch.cuda.set_sync_debug_mode("error")`, so an op that would synchronize
+(`.item()`, a data-dependent shape) raises instead of corrupting the capture; a failed capture raises
+`GraphCaptureError` naming the op's message, and the caller decides (the step is never silently run another way).
+Not served: DDP/FSDP-wrapped models (their hooks communicate per bucket), varying shapes (one graph per shape).
+
+On a CPU (`capture=False`) every step runs eagerly through the same body: the maths, the accumulation and the lr
+handling are tested there against a plain loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "WARMUP"]
+
+WARMUP = 3  #: eager steps before the capture (PyTorch's recipe uses 3)
+
+
+class GraphCaptureError(RuntimeError):
+    """The step could not be captured in a CUDA graph; the message says which op refused."""
+
+
+def set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
+    """Every group's `capturable` flag, and the step counts where that form keeps them (on the
+    parameter's device when capturable, else on the CPU)."""
+    for group in opt.param_groups:
+        group["capturable"] = on
+    if on:  # (its warm-up steps run uncaptured by design: no "capturable=True can impair performance" warning)
+        opt._warned_capturable_if_run_uncaptured = True
+    for p, state in opt.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            state["step"] = step.to(p.device if on else torch.device("cpu"))
+
+
+def eager_state_dict(opt: torch.optim.Optimizer) -> dict:
+    """opt.state_dict() in the eager form (capturable off, step counts on the CPU), whatever form
+    the optimizer runs in (the live state is not touched)."""
+    sd = opt.state_dict()
+    state = {k: {n: (v.detach().cpu() if n == "step" and isinstance(v, torch.Tensor) else v) for n, v in st.items()}
+             for k, st in sd["state"].items()}
+    groups = [{**g, "capturable": False} if "capturable" in g else dict(g) for g in sd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+class GraphedLMStep:
+    """Optimizer steps of `model` (ids [B, T] -> logits [B, T, vocab]) on batches of token ids [M, B, T + 1] (M
+    micro-batches), replayed from one CUDA graph after WARMUP eager steps (see the module doc).
+
+    Args:
+        model: the LM (not DDP/FSDP-wrapped).
+        opt: its AdamW; made capturable here when capturing.
+        shape: (M, B, T + 1), the batches every step takes.
+        autocast_dtype: torch.bfloat16 / float16 for autocast, or None.
+        grad_clip: the global gradient norm's bound, or None.
+        capture: capture on CUDA; False runs every step eagerly through the same body (CPU tests).
+    """
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, shape: tuple[int, int, int], *,
+                 autocast_dtype: torch.dtype | None = torch.bfloat16, grad_clip: float | None = None,
+                 capture: bool = True):
+        if any(type(m).__name__ in ("DistributedDataParallel", "FSDPModule") or hasattr(m, "_fsdp_param_group")
+               for m in model.modules()):
+            raise GraphCaptureError("GraphedLMStep: model is wrapped for DDP/FSDP, whose hooks cannot be captured "
+                                    "here: train it eagerly")
+        if len(shape) != 3 or min(shape) < 1 or shape[2] < 2:
+            raise ValueError(f"GraphedLMStep: shape must be (micro-batches, batch, T + 1 ≥ 2), got {shape}")
+        p0 = next(model.parameters())
+        self.model, self.opt, self.shape, self.device = model, opt, tuple(shape), p0.device
+        self.autocast_dtype, self.grad_clip = autocast_dtype, grad_clip
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.capture = bool(capture) and self.device.type == "cuda"
+        self.ids = torch.zeros(self.shape, dtype=torch.long, device=self.device)
+        ldt = torch.float64 if p0.dtype == torch.float64 else torch.float32
+        self.lrs = [torch.zeros((), dtype=ldt, device=self.device) for _ in opt.param_groups]
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_loss: torch.Tensor | None = None
+        self.warm = 0
+        self.side = torch.cuda.Stream(self.device) if self.capture else None
+        if self.capture:
+            set_capturable(opt, True)
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the steps now replay a captured graph."""
+        return self.graph is not None
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype, cache_enabled=False)
+
+    def _body(self) -> torch.Tensor:
+        M = self.shape[0]
+        total = None
+        for m in range(M):
+            ids = self.ids[m]
+            with self._autocast():
+                logits = self.model(ids[:, :-1])  # [B, T, vocab]
+            logits = logits if logits.dtype == torch.float64 else logits.float()  # fp32 loss under autocast
+            loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()) / M
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        groups = self.opt.param_groups
+        floats = [g["lr"] for g in groups]
+        for g, t in zip(groups, self.lrs):
+            g["lr"] = t
+        try:
+            self.opt.step()
+        finally:
+            for g, v in zip(groups, floats):
+                g["lr"] = v
+        return total
+
+    def step(self, ids: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on ids [M, B, T + 1] (any device: copied into the static buffer) at the optimizer's
+        current group lrs; returns the mean micro-batch loss, a device scalar (no host sync)."""
+        if tuple(ids.shape) != self.shape:
+            raise ValueError(f"GraphedLMStep.step: ids must be {list(self.shape)}, got {list(ids.shape)}")
+        self.ids.copy_(ids, non_blocking=True)
+        for t, g in zip(self.lrs, self.opt.param_groups):
+            t.fill_(float(g["lr"]))
+        if self.graph is None and self.capture and self.warm >= WARMUP:
+            self._capture()
+        if self.graph is not None:
+            self.graph.replay()
+            return self.static_loss.clone()
+        if self.capture:  # warm-up: eager on a side stream, as the capture recipe does
+            cur = torch.cuda.current_stream(self.device)
+            self.side.wait_stream(cur)
+            with torch.cuda.device(self.device), torch.cuda.stream(self.side):
+                self.opt.zero_grad(set_to_none=True)
+                loss = self._body()
+            cur.wait_stream(self.side)
+        else:
+            self.opt.zero_grad(set_to_none=True)
+            loss = self._body()
+        self.warm += 1
+        return loss
+
+    def _capture(self) -> None:
+        self.opt.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream(self.device)
+        debug = torch.cuda.get_sync_debug_mode()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    loss = self._body()
+                finally:
+                    torch.cuda.set_sync_debug_mode(debug)
+        except Exception as e:
+            torch.cuda.set_stream(stream)
+            self.opt.zero_grad(set_to_none=True)
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise GraphCaptureError(f"the LM step could not be captured in a CUDA graph ({type(e).__name__}: "
+                                    f"{first}); train without the graph") from e
+        self.graph, self.static_loss = graph, loss
+
+    def close(self) -> None:
+        """Free the graph and its pool (the gradients it allocated are dropped) and make the optimizer eager again."""
+        if self.graph is not None:
+            self.opt.zero_grad(set_to_none=True)
+        self.graph = self.static_loss = None
+        if self.capture:
+            set_capturable(self.opt, False)

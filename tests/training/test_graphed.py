@@ -1,0 +1,57 @@
+"""`fastweights.training.GraphedLMStep` off a GPU (capture=False: every step eager through the graph's body):
+the micro-batch accumulation, the clipping and the per-group lrs equal a plain training loop, in float64; bad
+shapes are refused by name. The captured replays are compared with eager steps on a GPU in
+tests/cuda/test_graphed_step.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastweights.models import LM, LMConfig
+from fastweights.training.graphed import GraphedLMStep
+from fastweights.training.step import adamw
+
+
+def _lm(seed: int, mixer: str) -> LM:
+    torch.manual_seed(seed)
+    return LM(LMConfig(vocab_size=40, d_model=16, n_layers=2, num_heads=2, head_dim=8, mixer=mixer)).double()
+
+
+@pytest.mark.parametrize("mixer", ["gated_deltanet", "softmax_attention"])
+def test_steps_equal_a_plain_loop_with_accumulation_clipping_and_lrs(mixer):
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    a, b = _lm(seed, mixer), _lm(seed, mixer)
+    oa = adamw(a, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ob = adamw(b, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    M, B, T = 2, 3, 11
+    graphed = GraphedLMStep(a, oa, (M, B, T + 1), autocast_dtype=None, grad_clip=0.5, capture=False)
+    for s in range(4):
+        ids = torch.randint(0, 40, (M, B, T + 1))
+        for o in (oa, ob):  # a schedule: each step its own lrs, different per group
+            for i, g in enumerate(o.param_groups):
+                g["lr"] = 1e-2 / (s + 1) / (i + 1)
+        got = graphed.step(ids)
+        ob.zero_grad(set_to_none=True)
+        want = 0.0
+        for m in range(M):
+            loss = F.cross_entropy(b(ids[m, :, :-1]).flatten(0, 1), ids[m, :, 1:].flatten()) / M
+            loss.backward()
+            want += loss.item()
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 0.5)
+        ob.step()
+        assert abs(got.item() - want) < 1e-12
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, rtol=0, atol=1e-12), n
+    assert not graphed.graphed  # nothing was captured on the CPU
+
+
+def test_refuses_bad_shapes_by_name():
+    lm = _lm(0, "gated_deltanet")
+    opt = adamw(lm, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    with pytest.raises(ValueError, match="shape must be"):
+        GraphedLMStep(lm, opt, (2, 3), capture=False)
+    step = GraphedLMStep(lm, opt, (1, 2, 9), capture=False)
+    with pytest.raises(ValueError, match=r"ids must be \[1, 2, 9\]"):
+        step.step(torch.zeros(1, 2, 8, dtype=torch.long))

@@ -121,7 +121,7 @@ def _bench_train(args):
               lengths=args.lengths,
               steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
               threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build,
-              grad_checkpoint=args.grad_checkpoint)
+              grad_checkpoint=args.grad_checkpoint, cuda_graph=args.cuda_graph)
     try:
         check_args(**kw)
         _apply_launch("--launch", args.launch)
@@ -255,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gradient checkpointing per block in the step (as `fastweights train --grad-checkpoint`): off "
                          "(default), on (every row), or both (each model's plain row and its '+ grad ckpt' row, with "
                          "the peak memory and tokens/s against the plain one; the bare flag means both)")
+    tr.add_argument("--cuda-graph", action="store_true",
+                    help="every row's step captured once in a CUDA graph and replayed (fastweights.training."
+                         "GraphedLMStep; CUDA only): the step without the host's launch time")
     tr.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")

@@ -55,6 +55,11 @@ softmax_attention row of the same setting, and with its own plain row when that 
 plain" (the memory checkpointing saves, CUDA only) and "tokens/s vs plain" (what the recomputation
 costs).
 
+--cuda-graph: every row's step is captured once in a CUDA graph and replayed (`fastweights.training.GraphedLMStep`,
+after at least its WARMUP eager steps; CUDA only, not with --grad-checkpoint): the same maths without the host's
+launch time, which at the preset's shape is half of a gated DeltaNet step (docs/kernel_notes.md, round 4). Rows are
+labelled "+ CUDA graph" and compared with the softmax_attention row replayed the same way.
+
 Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
 same for every model.
 """
@@ -120,6 +125,7 @@ class TrainRow:
     grad_ckpt: bool = False  # gradient checkpointing per block (LM.set_gradient_checkpointing)
     peak_vs_plain: float | None = None  # a checkpointed row: this peak / the same row without checkpointing
     tokens_vs_plain: float | None = None  # a checkpointed row: this tokens/s / the same row's without
+    graph: bool = False  # the step replayed from a CUDA graph (--cuda-graph: fastweights.training.GraphedLMStep)
 
 
 def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Sequence[int] | None
@@ -170,7 +176,8 @@ _CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
-               backend="auto", layer_ops="auto", build=("device",), grad_checkpoint="off") -> list[tuple[int, int]]:
+               backend="auto", layer_ops="auto", build=("device",), grad_checkpoint="off",
+               cuda_graph=False) -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -193,6 +200,10 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
         raise ca.ArgError(f"--grad-checkpoint must be one of {', '.join(GRAD_CKPT)}, got {grad_checkpoint!r}")
     if isinstance(build, str) or not build or any(b not in BUILDS for b in build):
         raise ca.ArgError(f"--build takes one or more of {', '.join(BUILDS)}, got {build!r}")
+    if cuda_graph and grad_checkpoint != "off":
+        raise ca.ArgError("--cuda-graph is not measured with --grad-checkpoint: give one of them")
+    if cuda_graph and not str(device).startswith("cuda"):
+        raise ca.ArgError(f"--cuda-graph needs a CUDA --device, got {device!r}")
     ca.device("--device", device)
     from ..dispatch import DISPATCH
 
@@ -278,6 +289,15 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    if row.graph:  # the same step, captured after graphed.WARMUP eager ones and replayed
+        from ..training import graphed
+
+        g = graphed.GraphedLMStep(lm, opt, (1, B, T + 1), autocast_dtype=torch.bfloat16 if bf16 else None)
+        warmup = max(warmup, graphed.WARMUP + 1)
+
+        def step(ids: torch.Tensor) -> torch.Tensor:  # noqa: F811
+            return g.step(ids[None])
+
     for _ in range(warmup):
         step(batch())
     _sync(device)
@@ -312,8 +332,8 @@ def _ratio(a, b):
 def _fill_ratios(rows: list[TrainRow]) -> None:
     """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T, build)."""
     for r in rows:
-        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build, b.grad_ckpt)
-                     == (r.B, r.T, r.build, r.grad_ckpt) and not b.error), None)
+        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build, b.grad_ckpt, b.graph)
+                     == (r.B, r.T, r.build, r.grad_ckpt, r.graph) and not b.error), None)
         r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
         r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
         plain = next((b for b in rows if r.grad_ckpt and not b.grad_ckpt and not b.error
@@ -325,14 +345,14 @@ def _fill_ratios(rows: list[TrainRow]) -> None:
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
               dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
-              grad_checkpoint="off", out_dir="runs/bench/train", command=None,
+              grad_checkpoint="off", cuda_graph=False, out_dir="runs/bench/train", command=None,
               log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
     build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
     pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
                        warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
-                       layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint)
+                       layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint, cuda_graph=cuda_graph)
     ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[grad_checkpoint]
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
@@ -345,12 +365,13 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
               backend=backend, layer_ops=layer_ops)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
                                   threads=threads, out_dir=out_dir, build=build, grad_checkpoint=grad_checkpoint,
-                                  **kw)
+                                  cuda_graph=cuda_graph, **kw)
     setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
              f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
              f"built {', '.join(build)}, layer ops {layer_ops}"
-             + ("" if grad_checkpoint == "off" else f", gradient checkpointing {grad_checkpoint}"))
+             + ("" if grad_checkpoint == "off" else f", gradient checkpointing {grad_checkpoint}")
+             + (", every step replayed from a CUDA graph" if cuda_graph else ""))
     n_rows = len(pairs) * len(build) * len(models) * len(ckpts)
     log(f"bench train: {n_rows} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
     log(HEADER)
@@ -361,7 +382,7 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
             for m in models:
                 for g in ckpts:
                     row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
-                                   build=b, grad_ckpt=g)
+                                   build=b, grad_ckpt=g, graph=cuda_graph)
                     _row(row, rows, _config(m, **kw), dev, dtype == "bfloat16", steps, warmup, out_dir, command,
                          setup, log)
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
@@ -387,7 +408,8 @@ def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, 
 
 
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
-             num_heads, head_dim, backend, layer_ops="auto", build=("device",), grad_checkpoint="off") -> str:
+             num_heads, head_dim, backend, layer_ops="auto", build=("device",), grad_checkpoint="off",
+             cuda_graph=False) -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
@@ -396,7 +418,7 @@ def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, v
                     ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir),
                     ("--grad-checkpoint", grad_checkpoint)):
         parts += [flag, str(v)]
-    parts += ["--build", *build]
+    parts += ["--build", *build] + (["--cuda-graph"] if cuda_graph else [])
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -417,7 +439,7 @@ def _fmt(r: TrainRow) -> str:
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
     tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""
-    model = f"{r.model} + grad ckpt" if r.grad_ckpt else r.model
+    model = r.model + (" + grad ckpt" if r.grad_ckpt else "") + (" + CUDA graph" if r.graph else "")
     return (f"| {model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
             f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
             f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")

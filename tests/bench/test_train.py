@@ -86,7 +86,8 @@ def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
     (["--shapes", "1,64", "--batch", "2"], "--batch"), (["--backend", "cuda"], "--backend"),
     (["--models", "softmax_attention", "--head-dim", "15"], "--head-dim"),  # RoPE: an even head_dim
     (["--out", "/proc/version/x"], "--out"), (["--launch", "/nonexistent/best_launch.json"], "--launch"),
-    (["--launch", "{bad}"], "--launch")])
+    (["--launch", "{bad}"], "--launch"), (["--cuda-graph"], "--cuda-graph"),  # the default device is the CPU
+    (["--cuda-graph", "--device", "cuda", "--grad-checkpoint"], "--cuda-graph")])
 def test_bad_arguments_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
     if "--out" not in argv:
         argv = [*argv, "--out", str(tmp_path / "x")]

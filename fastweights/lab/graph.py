@@ -55,7 +55,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..training.graphed import eager_state_dict, set_capturable  # noqa: F401 (shared with GraphedLMStep)
+from ..training.graphed import (  # set_capturable, eager_state_dict: this module's API before they moved
+    CaptureFailure,
+    capture,
+    eager_state_dict,
+    set_capturable,
+    step_at,
+    warm_step,
+)
 from ..training.step import AUTOCAST_DTYPES
 
 __all__ = ["GraphedSteps", "supervised_slots", "set_capturable", "eager_state_dict", "capture_blocked",
@@ -156,15 +163,7 @@ class GraphedSteps:
         loss.backward()
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        groups = self.opt.param_groups
-        floats = [g["lr"] for g in groups]
-        for g, t in zip(groups, self.lrs):
-            g["lr"] = t
-        try:
-            self.opt.step()
-        finally:
-            for g, v in zip(groups, floats):
-                g["lr"] = v
+        step_at(self.opt, self.lrs)
         return loss.detach()
 
     def step(self, s: int, selection: torch.Tensor, log=None) -> None:
@@ -179,16 +178,8 @@ class GraphedSteps:
             self.graph.replay()
             self.losses[s].copy_(self.static_loss)
             return
-        if self.capture:  # warm-up: eager on a side stream, as the capture recipe does
-            cur = torch.cuda.current_stream(self.device)
-            self.side.wait_stream(cur)
-            with torch.cuda.device(self.device), torch.cuda.stream(self.side):
-                self.opt.zero_grad(set_to_none=True)
-                self.losses[s].copy_(self._body())
-            cur.wait_stream(self.side)
-        else:
-            self.opt.zero_grad(set_to_none=True)
-            self.losses[s].copy_(self._body())
+        self.opt.zero_grad(set_to_none=True)
+        self.losses[s].copy_(warm_step(self._body, self.side, self.device) if self.capture else self._body())
         self.warm += 1
 
     def _capture(self, log) -> None:
@@ -197,25 +188,12 @@ class GraphedSteps:
             self._give_up(f"not captured: {blocked}", log)
             return
         self.opt.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream(self.device)
-        debug = torch.cuda.get_sync_debug_mode()
         try:
-            # (the graph's entry synchronizes the device: the sync check is turned on inside it)
-            with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    loss = self._body()
-                finally:
-                    torch.cuda.set_sync_debug_mode(debug)
-        except Exception as e:  # noqa: BLE001 - any capture failure falls back, loudly
-            clean = torch.cuda.current_stream(self.device) == stream  # capture_end ran (else it raised)
-            torch.cuda.set_stream(stream)
+            graph, loss = capture(self._body, self.device)
+        except CaptureFailure as e:  # any capture failure falls back, loudly
             self.opt.zero_grad(set_to_none=True)
-            del graph
-            first = (str(e).strip().splitlines() or [""])[0][:160]
-            why = f"capture failed ({type(e).__name__}: {first})"
-            if not clean:
+            why = f"capture failed ({e})"
+            if not e.clean:
                 _BLOCKED.append(f"an earlier capture in this process failed inside the driver ({why})")
             torch.cuda.synchronize(self.device)
             self._give_up(why + "; training eagerly", log)

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "WARMUP"]
+__all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "capture", "CaptureFailure",
+           "warm_step", "step_at", "WARMUP"]
 
 WARMUP = 3  #: eager steps before the capture (PyTorch's recipe uses 3)
 
@@ -65,6 +66,62 @@ def eager_state_dict(opt: torch.optim.Optimizer) -> dict:
              for k, st in sd["state"].items()}
     groups = [{**g, "capturable": False} if "capturable" in g else dict(g) for g in sd["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+class CaptureFailure(Exception):
+    """`capture` failed: `error` is what the body or the driver raised, `clean` whether the capture stream ended
+    (False: the driver's capture itself failed, and later captures in the process are unsafe)."""
+
+    def __init__(self, error: BaseException, clean: bool):
+        super().__init__(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}")
+        self.error, self.clean = error, clean
+
+
+def capture(body, device: torch.device):
+    """(graph, body()'s result): `body` captured in a new CUDA graph on `device` under
+    `torch.cuda.set_sync_debug_mode("error")` — an op that would synchronize with the host raises in PyTorch
+    instead of invalidating the capture (the graph's entry synchronizes the device before the check turns on).
+    Raises CaptureFailure with the current stream restored."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream(device)
+    debug = torch.cuda.get_sync_debug_mode()
+    try:
+        with torch.cuda.device(device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = body()
+            finally:
+                torch.cuda.set_sync_debug_mode(debug)
+    except Exception as e:
+        clean = torch.cuda.current_stream(device) == stream  # capture_end ran (else it raised)
+        torch.cuda.set_stream(stream)
+        raise CaptureFailure(e, clean) from e
+    return graph, out
+
+
+def warm_step(body, side: torch.cuda.Stream, device: torch.device):
+    """body() run eagerly on the side stream `side`, ordered after and before the current stream's work (the
+    warm-up steps of PyTorch's capture recipe: allocator and library set-up off the capture stream)."""
+    cur = torch.cuda.current_stream(device)
+    side.wait_stream(cur)
+    with torch.cuda.device(device), torch.cuda.stream(side):
+        out = body()
+    cur.wait_stream(side)
+    return out
+
+
+def step_at(opt: torch.optim.Optimizer, lrs: list[torch.Tensor]) -> None:
+    """opt.step() with each group's lr read from the device scalar lrs[i] (a captured step reads the lr a replay
+    was given); the groups' float lrs are put back after."""
+    groups = opt.param_groups
+    floats = [g["lr"] for g in groups]
+    for g, t in zip(groups, lrs):
+        g["lr"] = t
+    try:
+        opt.step()
+    finally:
+        for g, v in zip(groups, floats):
+            g["lr"] = v
 
 
 class GraphedLMStep:
@@ -127,15 +184,7 @@ class GraphedLMStep:
             total = loss.detach() if total is None else total + loss.detach()
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        groups = self.opt.param_groups
-        floats = [g["lr"] for g in groups]
-        for g, t in zip(groups, self.lrs):
-            g["lr"] = t
-        try:
-            self.opt.step()
-        finally:
-            for g, v in zip(groups, floats):
-                g["lr"] = v
+        step_at(self.opt, self.lrs)
         return total
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
@@ -151,38 +200,19 @@ class GraphedLMStep:
         if self.graph is not None:
             self.graph.replay()
             return self.static_loss.clone()
-        if self.capture:  # warm-up: eager on a side stream, as the capture recipe does
-            cur = torch.cuda.current_stream(self.device)
-            self.side.wait_stream(cur)
-            with torch.cuda.device(self.device), torch.cuda.stream(self.side):
-                self.opt.zero_grad(set_to_none=True)
-                loss = self._body()
-            cur.wait_stream(self.side)
-        else:
-            self.opt.zero_grad(set_to_none=True)
-            loss = self._body()
+        self.opt.zero_grad(set_to_none=True)
+        loss = warm_step(self._body, self.side, self.device) if self.capture else self._body()
         self.warm += 1
         return loss
 
     def _capture(self) -> None:
         self.opt.zero_grad(set_to_none=True)  # the captured backward allocates the gradients
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.current_stream(self.device)
-        debug = torch.cuda.get_sync_debug_mode()
         try:
-            with torch.cuda.device(self.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    loss = self._body()
-                finally:
-                    torch.cuda.set_sync_debug_mode(debug)
-        except Exception as e:
-            torch.cuda.set_stream(stream)
+            self.graph, self.static_loss = capture(self._body, self.device)
+        except CaptureFailure as e:
             self.opt.zero_grad(set_to_none=True)
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise GraphCaptureError(f"the LM step could not be captured in a CUDA graph ({type(e).__name__}: "
-                                    f"{first}); train without the graph") from e
-        self.graph, self.static_loss = graph, loss
+            raise GraphCaptureError(f"the LM step could not be captured in a CUDA graph ({e}); train without the "
+                                    "graph") from e.error
 
     def close(self) -> None:
         """Free the graph and its pool (the gradients it allocated are dropped) and make the optimizer eager again."""

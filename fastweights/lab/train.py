@@ -34,8 +34,11 @@ that two processes on one store never train the same cell (`fastweights.lab.cont
 `best_over(records, over=("lr",))` keeps the best record of every configuration (the papers
 report the max over the learning-rate sweep).
 
-The optimizer step, checkpoint writes, stop requests, the process group and the progress
-reporter are `fastweights.training`'s, shared with `fastweights train`.
+The step cycle (`fastweights.training.loop.run`: the stop check at each step boundary, the
+optimizer step, the epoch's end as its evaluation and save hooks every steps_per_epoch steps), the
+optimizer step, checkpoint writes, stop requests, the process group, the DDP wrapper and the
+progress reporter are `fastweights.training`'s, shared with `fastweights train`; `train_cell`
+gives the cycle its hooks (global step s = epoch · steps_per_epoch + the step in the epoch).
 
 CUDA graphs: `train_cell(cuda_graph=True)` on a CUDA device captures one training step and
 replays it (`fastweights.lab.graph`: the same maths, the losses read every few steps).
@@ -68,11 +71,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..training import loop as training_loop
 from ..training.checkpoint import atomic_save, rng_state, set_rng_state
 from ..training.control import Interrupted, stop_on_sigint, stop_requested, training
 from ..training.distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
 from ..training.progress import make_progress
-from ..training.step import adamw, autocast, lr_factor, optimizer_step
+from ..training.step import adamw, autocast, lr_factor
 from . import graph
 from .control import CellLock, worker_init
 
@@ -459,7 +463,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     sup = _Supervised(model)
     net: nn.Module = sup
     if use_ddp and world > 1:
-        net = nn.parallel.DistributedDataParallel(sup, device_ids=[device.index] if device.type == "cuda" else None)
+        net = training_loop.wrap(sup, "ddp", device)
     opt = adamw(model, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, decay_filter=cfg.decay_filter)
 
     n_train = x_tr.shape[0]
@@ -536,92 +540,140 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     eval_bs = cfg.eval_batch_size or cfg.batch_size
     bar = None if finished else prog.bar((cfg.epochs - start_epoch) * steps_per_epoch - start_step, desc)
     epoch = start_epoch
+    # the running epoch (set as its first step's batches are asked for): its examples, its loss sums and time, and
+    # (graphed) the replays' selection, the first step whose loss the host has not read, the first non-finite one
+    mine = selection = None
+    loss_sum, loss_n, carried_s, t0, read, bad = 0.0, 0, 0.0, 0.0, 0, None
+
+    def begin(first: int) -> None:
+        nonlocal mine, selection, loss_sum, loss_n, carried_s, t0, read, bad, start_step, carry
+        t0 = time.perf_counter()
+        net.train()
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+        perm = torch.randperm(n_train, generator=g)[: per_rank_n * world]
+        mine = perm[rank::world]  # [per_rank_n] this rank's examples for the epoch
+        (loss_sum, loss_n, carried_s), read, bad = carry, first, None
+        start_step, carry = 0, (0.0, 0, 0.0)
+        selection = runner.epoch(mine) if runner is not None else None
+
+    def batches(s: int) -> list:
+        """Step s of the cell (epoch s // steps_per_epoch): [(inputs [b, T], labels [b, T])] on the device, or
+        (graphed) [the step's index in its epoch]."""
+        i = s % steps_per_epoch
+        if mine is None or i == 0:
+            begin(i)
+        if runner is not None:
+            return [i]
+        b = mine[i * per_rank_bs:(i + 1) * per_rank_bs]
+        return [(x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True))]
+
+    def boundary(s: int, micro) -> bool:
+        nonlocal loss_sum, loss_n, bad, read
+        if not (stoppable and stop_requested()):
+            return False
+        if runner is not None:  # (account for the steps run so far)
+            i = s % steps_per_epoch
+            loss_sum, loss_n, bad = graph.account(runner.read(read, i), read, loss_sum, loss_n)
+            read = i
+        return True
+
+    def interrupt(s: int) -> None:
+        if bad is not None:  # (graphed: a non-finite loss among those read; the run ends with this epoch)
+            return
+        i = s % steps_per_epoch
+        save(epoch, step=i, loss_sum=loss_sum, loss_n=loss_n, epoch_seconds=carried_s + time.perf_counter() - t0)
+        bar.close()
+        raise interrupted(f"at epoch {epoch + 1} step {i}/{steps_per_epoch}")
+
+    def loss(b) -> torch.Tensor:
+        x, y = b
+        with autocast(cfg.dtype, device):
+            logits, tgt, _ = net(x, y)
+            return F.cross_entropy(logits.float(), tgt)
+
+    def graphed_step(s: int, micro) -> tuple[list[float], None]:
+        i = micro[0]
+        runner.step(i, selection[i], log=log_line)
+        sched.step()
+        return [], None
+
+    def record(step: int, losses: list[float], lr) -> bool:
+        """The step's loss into the epoch's sums; False (the cell stops with this epoch) at a non-finite one."""
+        nonlocal loss_sum, loss_n, bad, read, stopped
+        i = (step - 1) % steps_per_epoch
+        if runner is not None:
+            bar.update(1)
+            if (i + 1 - read) >= graph.CHECK_EVERY or i + 1 == steps_per_epoch:
+                read_losses = runner.read(read, i + 1)
+                loss_sum, loss_n, bad = graph.account(read_losses, read, loss_sum, loss_n)
+                read = i + 1
+                if bad is not None:
+                    return False
+                bar.set_postfix(loss=f"{read_losses[-1]:.3f}", refresh=False)
+            return True
+        lv = losses[0]
+        if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
+            prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {i + 1}; stopping the cell")
+            stopped = True
+            return False
+        loss_sum += lv
+        loss_n += 1
+        bar.update(1)
+        if i % 10 == 0:
+            bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
+        return True
+
+    def evaluate(step: int) -> bool:
+        """The epoch's end: its mean loss, the test accuracy, the history entry; False when the cell is done."""
+        nonlocal loss_sum, loss_n, stopped, train_seconds, best, best_epoch, epoch, finished
+        if bad is not None:  # (graphed: seen when the losses were read, at most CHECK_EVERY steps later)
+            prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {bad + 1} (read after step {read}); "
+                     "stopping the cell")
+            stopped = True
+        if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
+            loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n], device=device if device.type == "cuda" else "cpu")
+        acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype,
+                       distributed=use_ddp and world > 1)
+        if not math.isfinite(acc):
+            acc = 0.0
+        seconds = carried_s + time.perf_counter() - t0
+        train_seconds += seconds
+        if acc > best:
+            best, best_epoch = acc, epoch + 1
+        entry = {"epoch": epoch + 1, "loss": loss_sum / max(1, loss_n), "accuracy": acc,
+                 "lr": sched.get_last_lr()[0], "seconds": round(seconds, 3)}
+        history.append(entry)
+        epoch += 1
+        if cfg.early_stop is not None and acc > cfg.early_stop:
+            stopped = True
+        finished = stopped or epoch >= cfg.epochs
+        bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{acc:.3f}", refresh=True)
+        prog.log(f"{desc}: epoch {epoch}/{cfg.epochs} loss {entry['loss']:.4f} acc {acc:.4f} "
+                 f"(best {best:.4f}) {seconds:.1f}s")
+        return not finished
+
+    def saved(step: int) -> None:
+        """After the epoch's end: its checkpoint, on_epoch, and a stop requested meanwhile."""
+        if ckpt is not None:
+            save(epoch)
+            if use_ddp and world > 1:
+                barrier()
+        if on_epoch is not None:
+            on_epoch(epoch, history[-1])
+        if stoppable and not finished and stop_requested():
+            bar.close()
+            raise interrupted(f"after epoch {epoch}")
+
+    total = steps_per_epoch * cfg.epochs
+    start = total if finished else start_epoch * steps_per_epoch + start_step
+    hooks = training_loop.Hooks(batches=batches, loss=loss, boundary=boundary, interrupt=interrupt,
+                                step=graphed_step if runner is not None else None, record=record,
+                                evaluate=evaluate, eval_every=steps_per_epoch, save=saved,
+                                save_every=steps_per_epoch, grad_clip=cfg.grad_clip)
     with training(), (contextlib.nullcontext() if runner is None else contextlib.closing(runner)):
-        while not finished and epoch < cfg.epochs:
-            t0 = time.perf_counter()
-            net.train()
-            g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-            perm = torch.randperm(n_train, generator=g)[: per_rank_n * world]
-            mine = perm[rank::world]  # [per_rank_n] this rank's examples for the epoch
-            first, (loss_sum, loss_n, carried_s) = start_step, carry
-            start_step, carry = 0, (0.0, 0, 0.0)
-            selection = runner.epoch(mine) if runner is not None else None
-            read = first  # (graphed) the first step whose loss the host has not read yet
-            bad = None  # (graphed) the first step with a non-finite loss
-            for s in range(first, steps_per_epoch):
-                if runner is not None and stoppable and stop_requested():  # (account for the steps run so far)
-                    loss_sum, loss_n, bad = graph.account(runner.read(read, s), read, loss_sum, loss_n)
-                    read = s
-                    if bad is not None:
-                        break
-                if stoppable and stop_requested():
-                    save(epoch, step=s, loss_sum=loss_sum, loss_n=loss_n,
-                         epoch_seconds=carried_s + time.perf_counter() - t0)
-                    bar.close()
-                    raise interrupted(f"at epoch {epoch + 1} step {s}/{steps_per_epoch}")
-                if runner is not None:
-                    runner.step(s, selection[s], log=log_line)
-                    sched.step()
-                    bar.update(1)
-                    if (s + 1 - read) >= graph.CHECK_EVERY or s + 1 == steps_per_epoch:
-                        losses = runner.read(read, s + 1)
-                        loss_sum, loss_n, bad = graph.account(losses, read, loss_sum, loss_n)
-                        read = s + 1
-                        if bad is not None:
-                            break
-                        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-                    continue
-                b = mine[s * per_rank_bs:(s + 1) * per_rank_bs]
-                x, y = x_tr[b].to(device, non_blocking=True), y_tr[b].to(device, non_blocking=True)
-                with autocast(cfg.dtype, device):
-                    logits, tgt, _ = net(x, y)
-                    loss = F.cross_entropy(logits.float(), tgt)
-                loss.backward()
-                optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
-                lv = loss.item()
-                if not math.isfinite(lv) and not (use_ddp and world > 1):  # (under DDP every rank must go on)
-                    prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {s + 1}; stopping the cell")
-                    stopped = True
-                    break
-                loss_sum += lv
-                loss_n += 1
-                bar.update(1)
-                if s % 10 == 0:
-                    bar.set_postfix(loss=f"{lv:.3f}", refresh=False)
-            if bad is not None:  # (graphed: seen when the losses were read, at most CHECK_EVERY steps later)
-                prog.log(f"{desc}: non-finite loss at epoch {epoch + 1} step {bad + 1} (read after step {read}); "
-                         "stopping the cell")
-                stopped = True
-            if use_ddp and world > 1:  # the epoch's mean loss over all ranks' batches
-                loss_sum, loss_n = all_reduce_sum([loss_sum, loss_n],
-                                                  device=device if device.type == "cuda" else "cpu")
-            acc = accuracy(sup, x_te, y_te, eval_bs, reduction=cfg.accuracy, device=device, dtype=cfg.dtype,
-                           distributed=use_ddp and world > 1)
-            if not math.isfinite(acc):
-                acc = 0.0
-            seconds = carried_s + time.perf_counter() - t0
-            train_seconds += seconds
-            if acc > best:
-                best, best_epoch = acc, epoch + 1
-            entry = {"epoch": epoch + 1, "loss": loss_sum / max(1, loss_n), "accuracy": acc,
-                     "lr": sched.get_last_lr()[0], "seconds": round(seconds, 3)}
-            history.append(entry)
-            epoch += 1
-            if cfg.early_stop is not None and acc > cfg.early_stop:
-                stopped = True
-            finished = stopped or epoch >= cfg.epochs
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{acc:.3f}", refresh=True)
-            prog.log(f"{desc}: epoch {epoch}/{cfg.epochs} loss {entry['loss']:.4f} acc {acc:.4f} "
-                     f"(best {best:.4f}) {seconds:.1f}s")
-            if ckpt is not None:
-                save(epoch)
-                if use_ddp and world > 1:
-                    barrier()
-            if on_epoch is not None:
-                on_epoch(epoch, entry)
-            if stoppable and not finished and stop_requested():
-                bar.close()
-                raise interrupted(f"after epoch {epoch}")
+        if training_loop.run(hooks, net, opt, sched, start, total) < total and not finished:
+            evaluate(0)  # (stopped mid-epoch by a non-finite loss: the epoch ends here)
+            saved(0)
     if bar is not None:
         bar.close()
     return {"accuracy": best if history else float("nan"),

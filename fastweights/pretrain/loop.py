@@ -14,7 +14,12 @@ norms, biases, gate vectors, the embedding) with lr_s = lr · (s + 1)/warm for s
 min_lr + (lr − min_lr)·½(1 + cos πt), t = (s − warm)/(steps − warm); bf16 autocast (fp32
 weights); clipping of the global grad norm.
 
-Parallelism (torchrun, `fastweights.training.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
+The step cycle — micro-batches, the optimizer step, the stop check at the step boundary, validation every
+val_every steps, a checkpoint every save_every, a record every step — is `fastweights.training.loop.run`, the
+lab's cells' own; this module gives it its hooks (the batches, the loss, the stop's all-reduce and save, the
+record, validation, the save).
+
+Parallelism (torchrun, `fastweights.training.loop.wrap`, `fastweights.training.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
 (FSDP2: `fully_shard` on every block, then on the model). Checkpoints hold full (gathered)
 model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to a
 temporary file and renamed, so a kill at any moment leaves the previous checkpoint whole.
@@ -71,13 +76,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..models import LM, LMConfig
+from ..training import loop as training_loop
 from ..training import step as training_step
 from ..training.checkpoint import atomic_save, rng_state, set_rng_state
-from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested, training
-from ..training.distributed import all_reduce_sum, dist_info, init_distributed, is_distributed
+from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested
+from ..training.distributed import Layout, all_reduce_sum, dist_info, init_distributed, rank_layout
+from ..training.loop import wrap
 from ..training.progress import make_progress
 from ..training.throughput import StepClock, mfu, model_flops_per_token, peak_flops
 from .config import ConfigFileError, PretrainConfig
@@ -173,53 +179,11 @@ def _init_model(cfg: PretrainConfig, tok) -> tuple[PretrainConfig, LM]:
     return dataclasses.replace(cfg, model=theirs), src
 
 
-def _wrap(model: nn.Module, cfg: PretrainConfig, device: torch.device) -> nn.Module:
-    if not is_distributed() or dist_info().world_size == 1:
-        return model
-    if cfg.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def _no_sync(model: nn.Module, last: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch (DDP and FSDP2)."""
-    if last:
-        return contextlib.nullcontext()
-    if hasattr(model, "no_sync"):
-        return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
-
-        @contextlib.contextmanager
-        def resync():
-            try:
-                yield
-            finally:
-                model.set_requires_gradient_sync(True)
-
-        return resync()
-    return contextlib.nullcontext()
-
-
-def _span(batch: dict, layout: _Layout | None) -> dict:
-    """The batch as this rank sees it: its span of every [b, T] tensor under context parallelism."""
-    if layout is None or layout.context is None:
-        return batch
-    return {k: layout.context.shard(v) for k, v in batch.items()}
-
-
-def _loss_sum(model, batch, device, autocast, layout: _Layout | None = None) -> torch.Tensor:
-    """Σ cross-entropy over the supervised tokens of `batch` (of this rank's span of it under context
-    parallelism: the spans' sums add up to the sequences')."""
-    batch = _span(batch, layout)
-    extra = {"context": layout.context} if layout is not None and layout.context is not None else {}
+def _loss_sum(model, batch, device, autocast, layout: Layout) -> torch.Tensor:
+    """Σ cross-entropy over the supervised tokens of `batch` ({input_ids, position_ids, labels}: [b, T] each;
+    this rank's span of it under context parallelism: the spans' sums add up to the sequences')."""
+    batch = layout.span(batch)
+    extra = {"context": layout.context} if layout.context is not None else {}
     with autocast():
         logits = model(batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device), **extra)
     return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].to(device).flatten(),
@@ -285,7 +249,7 @@ def _plot(records: list[dict], path: Path) -> None:
 
 
 @torch.no_grad()
-def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast, layout: _Layout) -> tuple[float, int]:
+def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast, layout: Layout) -> tuple[float, int]:
     per_rank = max(1, cfg.batch_size // (layout.dp * cfg.grad_accum))  # the micro-batch
     n = min(len(windows), cfg.val_batches * cfg.batch_size)  # the first windows, whatever the ranks
     n -= n % layout.dp  # every rank runs as many forwards (FSDP gathers in each one)
@@ -296,7 +260,7 @@ def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast, la
     for i in range(0, len(mine), per_rank):
         batch = windows.batch(mine[i:i + per_rank])
         total += _loss_sum(model, batch, device, autocast, layout).item()
-        count += int((_span(batch, layout)["labels"] != IGNORE_INDEX).sum())
+        count += int((layout.span(batch)["labels"] != IGNORE_INDEX).sum())
     model.train(was)
     total, count = all_reduce_sum([total, float(count)], device=_sync_device(device))
     return (total / count if count else float("nan")), int(count)
@@ -335,35 +299,6 @@ def _check_parallel(cfg: PretrainConfig) -> None:
                               f"{N} (or a multiple), or leave out --context-parallel")
     if N > cfg.seq_len:
         raise ConfigFileError(f"--context-parallel {N} is more ranks than --seq-len {cfg.seq_len} has tokens")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """How the ranks share a step: dp data-parallel groups of cp ranks each; this rank is span `cp_rank` of
-    its group's sequences, its group the `dp_rank`-th of the batch. context: the ContextParallel of its group
-    (None when cp = 1)."""
-
-    dp: int
-    dp_rank: int
-    cp: int
-    context: object = None
-
-
-def _layout(cfg: PretrainConfig) -> _Layout:
-    info = dist_info()
-    N = cfg.context_parallel
-    if N == 1:
-        return _Layout(dp=info.world_size, dp_rank=info.rank, cp=1)
-    import torch.distributed as dist
-
-    from ..distributed import ContextParallel
-
-    mine = None
-    for g in range(info.world_size // N):  # every rank creates every group, in the same order
-        group = dist.new_group(list(range(g * N, (g + 1) * N)))
-        if info.rank // N == g:
-            mine = group
-    return _Layout(dp=info.world_size // N, dp_rank=info.rank // N, cp=N, context=ContextParallel(mine))
 
 
 def _together(err: Exception | None, device, cls: type[Exception] = OutputError) -> None:
@@ -416,7 +351,7 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
 def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bool) -> dict:
     info = dist_info()
     R = info.world_size
-    layout = _layout(cfg)
+    layout = rank_layout(cfg.context_parallel)
     if cfg.batch_size % (layout.dp * cfg.grad_accum):
         raise DataError(f"batch_size={cfg.batch_size} must be a multiple of the data-parallel ranks × grad_accum = "
                         f"{layout.dp} × {cfg.grad_accum}" + (f" ({R} processes / --context-parallel {layout.cp})"
@@ -451,7 +386,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
         except ConfigFileError as e:
             err = e
     _together(err, device, ConfigFileError)
-    model = _wrap(base, cfg, device)
+    model = wrap(base, cfg.parallel, device, blocks=base.blocks)
     opt = training_step.adamw(base, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
     autocast = functools.partial(training_step.autocast, cfg.dtype, device)
@@ -558,47 +493,52 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
         bar.update(start)
     model.train()
     clock, speed = StepClock(tokens_per_step), _Speed(base, cfg, device, R)
+    count = [1.0]  # the step's supervised tokens over all ranks (set at its boundary)
+
+    def batches(s: int) -> list[dict]:
+        """Step s's grad_accum micro-batches of this rank's block of the global samples (module doc)."""
+        first = s * cfg.batch_size + layout.dp_rank * (cfg.batch_size // layout.dp)
+        return [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
+                for m in range(cfg.grad_accum)]
+
+    def boundary(s: int, batches: list[dict]) -> bool:
+        """One all-reduce: the step's token count, the stop flag, a failed log append (raised on every rank)."""
+        local = sum(int((layout.span(b)["labels"] != IGNORE_INDEX).sum()) for b in batches)
+        count[0], stop, failed = sync([float(local), float(stop_requested()), float(bool(pending))])
+        if failed:
+            _together(pending[0] if pending else None, device)
+        return bool(stop)  # (every rank sees the same sum: all stop at step s)
+
+    def interrupt(s: int):
+        if s > (saved["checkpoint"] or 0):
+            save(s)
+        raise Interrupted(_stopped(s, cfg.steps, ckpt_path, saved))
+
+    def loss(batch: dict) -> torch.Tensor:
+        return _loss_sum(model, batch, device, autocast, layout) * (R / max(count[0], 1.0))
+
+    def record(step: int, losses: list[float], lr: float):
+        s = step - 1
+        train_loss = sync([sum(v / R for v in losses)])[0]
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            rec = {"step": step, "loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
+                   "tokens_per_s": clock.running, **speed.record(clock.steady),
+                   "samples": [s * cfg.batch_size, step * cfg.batch_size]}
+            write(rec)
+            if bar is not None:
+                bar.update(cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}",
+                                steady=_speed_text(rec))
+            elif prog.mode == "plain" and info.is_main:
+                prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
+                         f"{rec['tokens_per_s']:.0f} tok/s (steady {_speed_text(rec)})")
+
+    hooks = training_loop.Hooks(batches=batches, loss=loss, boundary=boundary, interrupt=interrupt, record=record,
+                                evaluate=validate, eval_every=cfg.val_every, save=save, save_every=cfg.save_every,
+                                grad_clip=cfg.grad_clip, clock=clock)
     clock.start()
     try:
-        with training():
-            for s in range(start, cfg.steps):
-                first = s * cfg.batch_size + layout.dp_rank * (cfg.batch_size // layout.dp)
-                batches = [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
-                           for m in range(cfg.grad_accum)]
-                local = sum(int((_span(b, layout)["labels"] != IGNORE_INDEX).sum()) for b in batches)
-                count, stop, failed = sync([float(local), float(stop_requested()), float(bool(pending))])
-                if failed:
-                    _together(pending[0] if pending else None, device)
-                if stop:  # (every rank sees the same sum: all stop at step s)
-                    if s > (saved["checkpoint"] or 0):
-                        save(s)
-                    raise Interrupted(_stopped(s, cfg.steps, ckpt_path, saved))
-                total = 0.0
-                for m, batch in enumerate(batches):
-                    with _no_sync(model, m == len(batches) - 1):
-                        loss = _loss_sum(model, batch, device, autocast, layout) * (R / max(count, 1.0))
-                        loss.backward()
-                    total += loss.item() / R
-                lr = training_step.optimizer_step(opt, sched, model.parameters(), cfg.grad_clip)
-                clock.step()
-                step = s + 1
-                train_loss = sync([total])[0]
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    rec = {"step": step, "loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
-                           "tokens_per_s": clock.running, **speed.record(clock.steady),
-                           "samples": [s * cfg.batch_size, step * cfg.batch_size]}
-                    write(rec)
-                    if bar is not None:
-                        bar.update(cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
-                        bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}",
-                                        steady=_speed_text(rec))
-                    elif prog.mode == "plain" and info.is_main:
-                        prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
-                                 f"{rec['tokens_per_s']:.0f} tok/s (steady {_speed_text(rec)})")
-                if step % cfg.val_every == 0 or step == cfg.steps:
-                    validate(step)
-                if step % cfg.save_every == 0 or step == cfg.steps:
-                    save(step)
+        training_loop.run(hooks, model, opt, sched, start, cfg.steps)
     finally:
         if bar is not None:
             bar.close()

@@ -1,12 +1,15 @@
 """The training step that the lab's sweeps (`fastweights.lab.train`) and `fastweights train`
 (`fastweights.pretrain`) share; layered above the models and below both of them.
 
+* :mod:`~fastweights.training.loop` — the one training loop both drive (`run` over `Hooks`: micro-batches with
+  gradient accumulation, the optimizer step, the stop check at the step boundary, periodic evaluation and
+  saves, the per-step record) and the ranks' model wrappers (`wrap`: DDP / FSDP2, `no_sync`);
 * :mod:`~fastweights.training.step` — AdamW parameter groups, the warm-up + cosine schedule,
   autocast, the optimizer step (clip, step, clear, schedule);
 * :mod:`~fastweights.training.checkpoint` — atomic checkpoint writes and RNG states (exact resume);
 * :mod:`~fastweights.training.control` — stop requests: Ctrl-C saves and stops at a step boundary;
 * :mod:`~fastweights.training.distributed` — the process group under torchrun, rank information,
-  small all-reduces;
+  small all-reduces, how the ranks share a step (`Layout`: data and context parallelism);
 * :mod:`~fastweights.training.progress` — tqdm bars or plain log lines.
 """
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "dist_info", "init_distributed", "is_distributed", "barrier", "all_reduce_sum",
-           "destroy_distributed"]
+__all__ = ["DistInfo", "dist_info", "init_distributed", "is_distributed", "barrier", "all_reduce_sum", "Layout",
+           "rank_layout", "destroy_distributed"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,39 @@ def all_reduce_sum(values: list[float], device="cpu") -> list[float]:
 def destroy_distributed() -> None:
     if is_distributed():
         dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the ranks share a step: dp data-parallel groups of cp ranks each; this rank is span `cp_rank` of its
+    group's sequences, its group the `dp_rank`-th of the batch. context: the group's
+    `fastweights.distributed.ContextParallel` (None when cp = 1)."""
+
+    dp: int
+    dp_rank: int
+    cp: int
+    context: object = None
+
+    def span(self, batch: dict) -> dict:
+        """The batch as this rank sees it: its span of every [b, T] tensor under context parallelism."""
+        if self.context is None:
+            return batch
+        return {k: self.context.shard(v) for k, v in batch.items()}
+
+
+def rank_layout(context_parallel: int = 1) -> Layout:
+    """The Layout of this process's world with each sequence split over `context_parallel` ranks (1: plain data
+    parallelism, every rank its own share of the batch). Under context parallelism every rank creates every
+    group's sub-group, in the same order (a collective); the caller checks that the world divides."""
+    info = dist_info()
+    N = context_parallel
+    if N == 1:
+        return Layout(dp=info.world_size, dp_rank=info.rank, cp=1)
+    from ..distributed import ContextParallel
+
+    mine = None
+    for g in range(info.world_size // N):
+        group = dist.new_group(list(range(g * N, (g + 1) * N)))
+        if info.rank // N == g:
+            mine = group
+    return Layout(dp=info.world_size // N, dp_rank=info.rank // N, cp=N, context=ContextParallel(mine))

@@ -433,7 +433,8 @@ class MixerConfig:
 _PRESET_FIELDS = {f.name for f in fields(MixerPreset)}
 
 
-#: the joint projection's output width is padded to a multiple of this (8 bf16 elements = 16 bytes: cuBLAS's aligned kernels)
+#: the joint projection's output width is padded to a multiple of this (8 bf16 elements = 16 bytes: cuBLAS's
+#: aligned kernels)
 _ROW_ALIGN = 8
 
 

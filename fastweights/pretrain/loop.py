@@ -19,9 +19,9 @@ val_every steps, a checkpoint every save_every, a record every step — is `fast
 lab's cells' own; this module gives it its hooks (the batches, the loss, the stop's all-reduce and save, the
 record, validation, the save).
 
-Parallelism (torchrun, `fastweights.training.loop.wrap`, `fastweights.training.distributed`): "ddp" (DistributedDataParallel) or "fsdp"
-(FSDP2: `fully_shard` on every block, then on the model). Checkpoints hold full (gathered)
-model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to a
+Parallelism (torchrun, `fastweights.training.loop.wrap`, `fastweights.training.distributed`): "ddp"
+(DistributedDataParallel) or "fsdp" (FSDP2: `fully_shard` on every block, then on the model). Checkpoints hold full
+(gathered) model and optimizer states (`torch.distributed.checkpoint.state_dict`), written by rank 0 to a
 temporary file and renamed, so a kill at any moment leaves the previous checkpoint whole.
 Resume: the run restarts from the checkpoint's step with its model, optimizer, schedule and
 RNG states; the data order is a function of the step, so no sample is repeated or skipped, and

@@ -361,9 +361,9 @@ PRESETS: dict[str, MQARPreset] = {
     "ceilings": MQARPreset(
         name="ceilings", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS,
         heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", lr_pick=1, **_CEILING_TRAINING, epochs=8,
-        skip_unreachable=True,
+        skip_unreachable=True, lrs_for=(("atlas", (3e-3,)),),
         note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), 2000 steps a "
-             "cell, the pilot's best lr per model"),
+             "cell, the pilot's best lr per model (ATLAS, which has no pilot records, at 3e-3 as the sweep ran it)"),
     "ceilings-tiny": MQARPreset(
         name="ceilings-tiny",
         models=("softmax_attention", "linear_attention", "deltanet", "gated_deltanet", "ttt_linear", "ttt_mlp"),
@@ -719,8 +719,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a run on any machine skips the cells recorded there and appends its own")
     p.add_argument("--lrs-from", default=None,
                    help="presets with an lr pilot (ceilings): the pilot's records, whose best lrs per model the "
-                        "sweep runs (default docs/results/mqar_<pilot>.jsonl); refused on other presets and "
-                        "beside --lrs")
+                        "sweep runs (default the committed docs/results/mqar_<pilot>.jsonl of the package's "
+                        "checkout, from any directory); refused on other presets and beside --lrs")
     p.add_argument("--step-costs", default=None,
                    help="with --dry-run: a JSON of measured step times (scripts/step_costs.py --lm) for a cost "
                         "estimate per model")
@@ -802,7 +802,7 @@ def _capacity_records() -> list[dict]:
     """The capacity probe's committed records (docs/results/capacity.json), or [] outside the repository."""
     import json
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "capacity.json"
+    path = committed_results("capacity.json")
     return json.loads(path.read_text()) if path.exists() else []
 
 
@@ -810,7 +810,8 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
     """A preset with an lr pilot: each model's lrs from the pilot's records (None: --lrs given, or no pilot)."""
     if preset.lr_pilot is None or args.lrs:
         return None
-    path = Path(args.lrs_from or f"docs/results/mqar_{preset.lr_pilot.replace('-', '_')}.jsonl")
+    default = f"mqar_{preset.lr_pilot.replace('-', '_')}.jsonl"
+    path = Path(args.lrs_from) if args.lrs_from else committed_results(default)
     if args.records is not None and Path(args.records).resolve() == path.resolve():
         from ..cliargs import ArgError
 
@@ -821,7 +822,14 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
                          f"{preset.lr_pick} best lrs of its pilot: run `fastweights mqar --preset {preset.lr_pilot} "
                          f"--records {path} ...` first (or give --lrs)")
     store = ResultStore(path, required=RECORD_FIELDS)
-    return pilot_lrs(store.records(), args.models or preset.models, preset.lr_pick)
+    own = dict(preset.lrs_for)  # models with lrs of the preset's own need no pilot records
+    return pilot_lrs(store.records(), [m for m in args.models or preset.models if m not in own], preset.lr_pick)
+
+
+def committed_results(name: str) -> Path:
+    """docs/results/<name> of the checkout this package lives in, whatever the working directory (a fresh clone
+    run from anywhere finds the committed pilot and capacity records)."""
+    return Path(__file__).resolve().parents[2] / "docs" / "results" / name
 
 
 def _check_cells(cells) -> None:
@@ -877,6 +885,10 @@ def cli_main(args) -> int:
         if lrs_for:
             print("lrs from the pilot: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
                                                      for m, v in lrs_for.items()))
+        own = {m: v for m, v in preset.lrs_for if m in {c.model for c in cells} and not args.lrs}
+        if own:
+            print("lrs of the preset's own: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
+                                                          for m, v in own.items()))
         if args.step_costs:
             import json
 

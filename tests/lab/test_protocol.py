@@ -164,3 +164,23 @@ def test_v2_dry_run_from_any_directory(preset, tmp_path, monkeypatch, capsys):
 def test_followup_flags_only_on_protocol_presets(capsys):
     assert mqar.main(["--preset", "quick", "--followup-seeds", "2", "--dry-run"]) == 2
     assert "has no lr × seed protocol" in capsys.readouterr().err
+
+
+def test_cli_runs_the_protocol_and_prints_the_v2_reading(tmp_path, monkeypatch, capsys):
+    """`fastweights mqar --preset ceilings-v2-tiny`: the grid, a follow-up round for the cell below its next kv,
+    the v2 table and the claims, and the state plot (training replaced by a stand-in: the CLI's path is tested)."""
+
+    def fake_run_cell(cell, **kw):
+        low = cell.setting == "L16-kv2" and cell.seed < 2
+        return {"accuracy": 0.1 if low else 0.9 + 0.01 * random.random(), "state_bytes": 2176, "steps": 2}
+
+    monkeypatch.setattr(mqar, "run_cell", fake_run_cell)
+    argv = ["--preset", "ceilings-v2-tiny", "--models", "deltanet", "--out", str(tmp_path), "--progress", "none"]
+    assert mqar.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| deltanet | 2 × 8 | 2.1 KiB |" in out and "kv 2: +2 seeds" in out and "claim 1 ceiling grows" in out
+    assert (tmp_path / "ceilings_v2_state.png").exists()
+    recs = [r for r in mqar.results_store(tmp_path).records()]
+    assert len(recs) == 8 + 4 and {r["seed"] for r in recs if r.get("followup")} == {2, 3}
+    assert mqar.main([*argv, "--max-seeds", "2", "--followup-seeds", "0"]) == 0  # the records are read, none added
+    assert len(mqar.results_store(tmp_path).records()) == 12

@@ -117,10 +117,43 @@ class MQARCell:
         return f"{self.model} d={self.d_model} {self.setting} lr={self.lr:.3g}{seed}"
 
 
+#: Recipe variants a cell's model may name as "<zoo name>+<variant>" (`model_spec`): the zoo model with these recipe
+#: fields replaced. "poly2h": the degree-2 homogeneous polynomial feature map on q and k (K' = K(K+1)/2; claim 3 of
+#: issue 37). A variant is a model name of its own: the cell's fields (and every record's key) stay as they are.
+MODEL_VARIANTS: dict[str, dict] = {"poly2h": {"feature_map": ("polynomial", 2, True)}}
+
+
+def model_spec(name: str):
+    """The mixer spec of a cell's model: a zoo name as it is, or for "<zoo name>+<variant>" the zoo recipe with the
+    variant's fields (`MODEL_VARIANTS`) and that name."""
+    from .. import zoo
+
+    if "+" not in name:
+        return name
+    base, variant = name.split("+", 1)
+    if variant not in MODEL_VARIANTS:
+        raise ValueError(f"model {name!r}: unknown variant {variant!r} (known: {', '.join(MODEL_VARIANTS)})")
+    from ..recipe import FeatureMap
+
+    fields = dict(MODEL_VARIANTS[variant])
+    if "feature_map" in fields:
+        kind, degree, homogeneous = fields["feature_map"]
+        fields["feature_map"] = FeatureMap(kind=kind, degree=degree, homogeneous=homogeneous)
+    return dataclasses.replace(zoo.get(base), name=name, **fields)
+
+
+def model_names() -> list[str]:
+    """Every model a cell may name: the zoo's, then each variant of every fast-weight model."""
+    from .. import zoo
+
+    return zoo.names() + [f"{m}+{v}" for m in zoo.names() if not zoo.get(m).is_softmax for v in MODEL_VARIANTS]
+
+
 def lm_config(cell: MQARCell):
     from ..models import LMConfig
 
-    return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers, mixer=cell.model,
+    return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers,
+                    mixer=model_spec(cell.model),
                     num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size,
                     mixer_overrides=mixer_overrides(cell))
 
@@ -391,6 +424,12 @@ PRESETS: dict[str, MQARPreset] = {
         d_models=(32, 64, 128, 256), settings=CEILING_SETTINGS, **_V2_PROTOCOL,
         note="ceilings v2, claims 1, 2 and 4: the matrix memories at 2 heads of d_k 16, 32, 64, 128 (d_model 2·d_k), "
              "the v2 protocol (its d_model 128 cells are ceilings-v2's: one records file shares them)"),
+    "ceilings-v2-poly": MQARPreset(
+        name="ceilings-v2-poly",
+        models=("linear_attention", "linear_attention+poly2h", "deltanet", "deltanet+poly2h"),
+        d_models=(32, 64), settings=CEILING_SETTINGS, **_V2_PROTOCOL,
+        note="ceilings v2, claim 3: linear attention and DeltaNet with and without the degree-2 homogeneous feature "
+             "map at 2 heads of d_k 16 and 32, the v2 protocol (the plain models' runs are ceilings-v2-dk's)"),
     "ceilings-v2-tiny": MQARPreset(
         name="ceilings-v2-tiny", models=("deltanet", "ttt_mlp"), d_models=(16,), settings=((16, 2), (32, 4)),
         lrs=(3e-3, 1e-2), seeds=(0, 1), followup_seeds=2, max_seeds=4, epochs=1, train_examples=32, test_examples=16,
@@ -825,7 +864,7 @@ def _check_args(args) -> None:
                           f"(presets with one: {', '.join(with_seeds)})")
     ca.threads("--threads", args.threads)
     ca.positive_numbers("--lrs", args.lrs)
-    ca.zoo_names("--models", args.models)
+    ca.zoo_names("--models", args.models, allowed=model_names())
     ca.device("--device", args.device)
     for flag, path in (("--records", args.records), ("--lrs-from", args.lrs_from), ("--step-costs", args.step_costs)):
         ca.file_path(flag, path)
@@ -946,7 +985,7 @@ def _print_protocol(args, preset: MQARPreset, cells, known: list[dict]) -> None:
 def zoo_is_softmax(name: str) -> bool:
     from .. import zoo
 
-    return zoo.get(name).is_softmax
+    return zoo.get(name.split("+", 1)[0]).is_softmax
 
 
 def cli_main(args) -> int:

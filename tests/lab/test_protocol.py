@@ -184,3 +184,21 @@ def test_cli_runs_the_protocol_and_prints_the_v2_reading(tmp_path, monkeypatch, 
     assert len(recs) == 8 + 4 and {r["seed"] for r in recs if r.get("followup")} == {2, 3}
     assert mqar.main([*argv, "--max-seeds", "2", "--followup-seeds", "0"]) == 0  # the records are read, none added
     assert len(mqar.results_store(tmp_path).records()) == 12
+
+
+def test_the_polynomial_variant_of_a_model(capsys):
+    """Claim 3's models: "deltanet+poly2h" is DeltaNet with the degree-2 homogeneous feature map (K' = K(K+1)/2 in
+    its state), a model name of its own; an unknown variant is refused by --models."""
+    cell = make_cells(TINY, lrs=[1e-2], models=["deltanet+poly2h"])[0]
+    spec = mqar.model_spec(cell.model)
+    assert spec.feature_map.kind == "polynomial" and spec.feature_map.homogeneous and spec.name == "deltanet+poly2h"
+    K = V = 8
+    conv = 2 * (4 - 1) * 3 * 16 * 4
+    assert mqar.cell_state_bytes(cell) == 2 * 2 * (K * (K + 1) // 2) * V * 4 + conv
+    assert mqar.main(["--preset", "ceilings-v2-tiny", "--models", "deltanet+poly3", "--dry-run"]) == 2
+    assert "unknown model 'deltanet+poly3'" in capsys.readouterr().err
+    recs = [_record(c, 1.0 if c.num_kv_pairs < (4 if "+" in c.model else 2) else 0.0)
+            for m in ("deltanet", "deltanet+poly2h")
+            for c in make_cells(dataclasses.replace(TINY, models=(m,), settings=((16, 1), (16, 2), (32, 4))))]
+    claims = protocol.format_claims(protocol.summarize(recs))
+    assert "| deltanet → deltanet+poly2h | 8 | 1.41 → 2.83 | ×2.00 |" in claims

@@ -27,6 +27,7 @@ state bytes). `CLAIMS` maps each of the issue's claims to the presets whose reco
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -105,6 +106,20 @@ def dips(summaries: Sequence[dict], tol: float = DIP_TOL) -> dict[CellId, str]:
     return out
 
 
+def on_grid(cells: Sequence, records: Sequence[dict]) -> list[dict]:
+    """The records of the grid `cells`' runs: every field of one of the cells but the seed (a records file shared
+    with other sweeps — v1's runs at another lr or with other heads, a check — keeps those out of the readings)."""
+    if not cells:
+        return []
+    names = [f.name for f in dataclasses.fields(cells[0]) if f.name != "seed"]
+
+    def sig(fields) -> str:
+        return json.dumps([fields.get(n) for n in names], default=list)
+
+    grid = {sig(dataclasses.asdict(c)) for c in cells}
+    return [r for r in records if sig(r) in grid]
+
+
 def followup_cells(cells: Sequence, records: Sequence[dict], *, extra: int, cap: int,
                    tol: float = DIP_TOL) -> tuple[list, dict, dict[CellId, str]]:
     """(new cells, {cell: note}, {cell id: why capped}) of one follow-up round over the grid `cells` (MQARCells,
@@ -114,7 +129,7 @@ def followup_cells(cells: Sequence, records: Sequence[dict], *, extra: int, cap:
     grid: dict[CellId, list] = {}
     for c in cells:
         grid.setdefault(cell_id(c), []).append(c)
-    summary = {cell_id(s): s for s in summarize([r for r in records if cell_id(r) in grid])}
+    summary = {cell_id(s): s for s in summarize(on_grid(cells, records))}
     new, notes, capped = [], {}, {}
     for cid, why in dips(summary.values(), tol).items():
         if cid not in grid:
@@ -153,10 +168,9 @@ def run_protocol(cells: Sequence, out, *, extra: int, cap: int, tol: float = DIP
     store = results_store(out, records)
     start = store.size() if fresh else 0  # --fresh: only the runs of this invocation count
     ctx = {"dtype": dtype, "device": torch.device(device).type}
-    ids = {cell_id(c) for c in cells}
 
     def mine() -> list[dict]:
-        return [r for r in store.records(start) if cell_id(r) in ids and all(r.get(k) == v for k, v in ctx.items())]
+        return on_grid(cells, [r for r in store.records(start) if all(r.get(k) == v for k, v in ctx.items())])
 
     run_mqar(cells, out, device=device, dtype=dtype, records=records, fresh=fresh, **run_kw)
     capped, last = {}, None

@@ -63,9 +63,12 @@ def test_followup_adds_seeds_exactly_to_the_cell_with_a_dip():
     cells = _dip_cells()
     acc = {"L16-kv2": 0.95, "L32-kv4": 0.2, "L32-kv8": 0.9}
     recs = [_record(c, acc[c.setting] - 0.01 * c.seed) for c in cells]
+    recs.append(_record(dataclasses.replace(cells[0], lr=0.5, seed=7), 0.0))  # off the lr grid: not the protocol's
+    recs.append(_record(dataclasses.replace(cells[0], num_heads=1), 0.0))  # another config of the cell (v1's heads)
     new, notes, capped = protocol.followup_cells(cells, recs, extra=2, cap=4)
     assert {(c.setting, c.lr, c.seed) for c in new} == {("L32-kv4", lr, s) for lr in (3e-3, 1e-2) for s in (2, 3)}
-    assert not capped and all("kv 4" in notes[c]["reason"] and notes[c]["seeds"] == [2, 3] for c in new)
+    assert not capped and all(notes[c]["seeds"] == [2, 3] for c in new)
+    assert notes[new[0]]["reason"] == "best 0.200 at kv 4 below kv 2 (0.950) and kv 8 (0.900)"
     # a half-run seed (killed mid-round) is finished first, not skipped
     half = recs + [_record(new[0], 0.2)]
     assert {c.seed for c in protocol.followup_cells(cells, half, extra=2, cap=4)[0]} == {2, 3}

@@ -1090,7 +1090,7 @@ def cli_main(args) -> int:
 
         summaries = protocol.summarize(records)
         print(protocol.format_table(summaries))
-        print(protocol.format_claims(summaries))
+        print(protocol.format_claims(summaries, _capacity_records()))
         for (m, d, st), why in capped.items():
             print(f"follow-up capped: {m} d={d} {st}: {why}")
         pngs.append(protocol.plot_state(summaries, args.out))

@@ -279,13 +279,19 @@ def loglog_slope(points: Sequence[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
 
 
-def format_dk(summaries: Sequence[dict], models: Sequence[str], stat: str = "best") -> str:
+def format_dk(summaries: Sequence[dict], models: Sequence[str], stat: str = "best",
+              capacity_records: Sequence[dict] = ()) -> str:
     """Claim 1 (Markdown): per model the kv at 0.5 at each head dim d_k (heads fixed) and the slope of log kv at 0.5
-    against log d_k over the bracketed crossings ("=": a crossing inside the grid; bounds are shown, not fitted)."""
+    against log d_k over the bracketed crossings ("=": a crossing inside the grid; bounds are shown, not fitted), and
+    beside it the capacity probe's prediction (`ceilings.probe_ratio`: the largest n / d_k its stand-in memory
+    recalls at ≥ 0.9 — pairs per head r·d_k, a slope of 1 by construction; "—" without probe records)."""
+    from .ceilings import probe_model, probe_ratio
+
     cur = curves_of(summaries)
     dks = sorted({seq[0]["head_dim"] for (m, _), seq in cur.items() if m in models})
-    lines = ["| model | " + " | ".join(f"d_k {k}" for k in dks) + " | log–log slope (bracketed points) |",
-             "|---|" + "---:|" * len(dks) + "---:|"]
+    lines = ["| model | " + " | ".join(f"d_k {k}" for k in dks)
+             + " | log–log slope (bracketed points) | probe: pairs per head |",
+             "|---|" + "---:|" * len(dks) + "---:|---|"]
     for m in models:
         at = {seq[0]["head_dim"]: kv_half(seq, stat) for (mm, _), seq in cur.items() if mm == m}
         if not at:
@@ -293,7 +299,10 @@ def format_dk(summaries: Sequence[dict], models: Sequence[str], stat: str = "bes
         cells = " | ".join((f"{at[k][1]:.3g}" if at[k][0] == "=" else f"{at[k][0]} {at[k][1]:g}") if k in at else "·"
                            for k in dks)
         slope = loglog_slope([(k, v) for k, (sign, v) in at.items() if sign == "="])
-        lines.append(f"| {m} | {cells} | {'—' if slope is None else f'{slope:.2f}'} |")
+        probe = probe_model(m.split("+", 1)[0])
+        ratio = probe_ratio(capacity_records, probe) if probe else None
+        pred = "—" if ratio is None else f"{ratio:g}·d_k (`{probe}`)"
+        lines.append(f"| {m} | {cells} | {'—' if slope is None else f'{slope:.2f}'} | {pred} |")
     return "\n".join(lines) + "\n"
 
 
@@ -367,13 +376,14 @@ MATRIX_MEMORIES = ("linear_attention", "deltanet", "gated_deltanet", "mesanet")
 DK_MODELS = ("linear_attention", "gla", "deltanet", "gated_deltanet", "mesanet")
 
 
-def format_claims(summaries: Sequence[dict]) -> str:
-    """Every built claim's table from one set of summaries (a section per claim; those not built say so)."""
+def format_claims(summaries: Sequence[dict], capacity_records: Sequence[dict] = ()) -> str:
+    """Every built claim's table from one set of summaries (a section per claim); claim 1 with the capacity probe's
+    prediction from `capacity_records` (`fastweights capacity`'s records)."""
     parts = []
     for title, (what, presets, fn) in CLAIMS.items():
         parts.append(f"claim {title} ({what}; records of {', '.join(presets) or 'no preset yet'}):")
         if fn == "format_dk":
-            parts.append(format_dk(summaries, DK_MODELS))
+            parts.append(format_dk(summaries, DK_MODELS, capacity_records=capacity_records))
         elif fn == "format_pairs":
             parts.append(format_pairs(summaries, {"2": GATING_PAIRS, "3": POLY_PAIRS, "4": MESA_PAIRS}[title[0]]))
         elif fn == "format_equal_bytes":

@@ -140,8 +140,11 @@ def _dk_records():
 
 def test_claim_tables_and_the_state_plot(tmp_path):
     summaries = protocol.summarize(_dk_records())
-    dk = protocol.format_dk(summaries, ("deltanet", "gated_deltanet"))
-    assert "| deltanet | 16 | 32 | 64 | 1.00 |" in dk and "| gated_deltanet | 8 | 16 | 32 | 1.00 |" in dk
+    probe = [{"setting": "random", "model": "delta", "d_k": 64, "n_pairs": n, "accuracy": a}
+             for n, a in ((32, 1.0), (64, 0.95), (128, 0.4))]
+    dk = protocol.format_dk(summaries, ("deltanet", "gated_deltanet"), capacity_records=probe)
+    assert "| deltanet | 16 | 32 | 64 | 1.00 | 1·d_k (`delta`) |" in dk
+    assert "| gated_deltanet | 8 | 16 | 32 | 1.00 | — |" in dk  # no delta_decay probe records here
     pairs = protocol.format_pairs(summaries, protocol.GATING_PAIRS)
     assert "| deltanet → gated_deltanet | 16 | 32 → 16 | ×0.50 |" in pairs
     # TTT-MLP at d_k 8 holds 4·8 = 32 in 4× DeltaNet's d_k-8 state, i.e. DeltaNet's state at d_k 16 (kv 32 there)

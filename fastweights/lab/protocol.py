@@ -21,7 +21,8 @@ Reading: `format_table` (the main table: best / median per kv, the ceiling and k
 the runs and the extensions), `plot_state` (Zoology's figure: accuracy against state bytes, one curve per kv),
 `format_dk` (claim 1: kv at 0.5 against d_k with the log–log slope), `format_pairs` (claims 2, 3 and 4: a → b at each
 d_k) and `format_equal_bytes` (claim 5: each MLP memory against the matrix memories' kv at 0.5 interpolated at its
-state bytes). `CLAIMS` maps each of the issue's claims to the presets whose records it reads.
+state bytes). `CLAIMS` maps each of the issue's claims to the presets whose records it reads; `report(records,
+out)` renders them all from one records file (the runs of the v2 presets' grids in it).
 """
 
 from __future__ import annotations
@@ -391,3 +392,24 @@ def format_claims(summaries: Sequence[dict], capacity_records: Sequence[dict] = 
         else:  # pragma: no cover - every claim has its table
             parts.append("not built\n")
     return "\n".join(parts)
+
+
+#: The presets whose records the claims read (`report`).
+V2_PRESETS = ("ceilings-v2", "ceilings-v2-dk", "ceilings-v2-poly")
+
+
+def report(records_path, out, presets: Sequence[str] = V2_PRESETS, dtype: str = "bfloat16",
+           device: str = "cuda") -> str:
+    """Every v2 reading from one records file (Markdown; Zoology's plot written to `out`): the main table of
+    `presets[0]`'s grid, then the claims over the runs of every preset in `presets` (claim 5 needs `ceilings-v2`'s
+    MLP memories and `ceilings-v2-dk`'s matrix memories at once) — only the runs of the presets' grids
+    (`on_grid`) at `dtype` on `device`, so one file can hold them all beside v1's runs."""
+    from .mqar import PRESETS, _capacity_records, make_cells, results_store
+
+    recs = [r for r in results_store(Path(out), records_path).records()
+            if r.get("dtype") == dtype and r.get("device") == device]
+    main = summarize(on_grid(make_cells(PRESETS[presets[0]]), recs))
+    cells = [c for p in presets for c in make_cells(PRESETS[p])]
+    every = summarize(on_grid(cells, recs))
+    plot_state(main, out)
+    return format_table(main) + "\n" + format_claims(every, _capacity_records())

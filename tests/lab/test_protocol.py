@@ -208,3 +208,32 @@ def test_the_polynomial_variant_of_a_model(capsys):
             for c in make_cells(dataclasses.replace(TINY, models=(m,), settings=((16, 1), (16, 2), (32, 4))))]
     claims = protocol.format_claims(protocol.summarize(recs))
     assert "| deltanet → deltanet+poly2h | 8 | 1.41 → 2.83 | ×2.00 |" in claims
+
+
+def test_report_reads_every_preset_grid_from_one_records_file(tmp_path):
+    """`protocol.report`: the main table from ceilings-v2's grid, the claims from every v2 preset's runs in the same
+    file (claim 5 reads TTT-MLP from ceilings-v2 and DeltaNet's d_k sweep from ceilings-v2-dk); other runs ignored."""
+    import json
+
+    lines = []
+    ctx = {"dtype": "bfloat16", "device": "cuda"}
+    kv = {c.setting: c.num_kv_pairs for c in make_cells(PRESETS["ceilings-v2"], models=["deltanet"])}
+    cells = make_cells(PRESETS["ceilings-v2"], models=["ttt_mlp"]) + make_cells(PRESETS["ceilings-v2-dk"],
+                                                                                models=["deltanet"])
+    one = {(c.model, c.d_model): c for c in cells}
+    state = {k: mqar.cell_state_bytes(c) for k, c in one.items()}
+    for i, c in enumerate(cells):
+        half = {"ttt_mlp": 64}.get(c.model, c.d_model)  # DeltaNet's kv at 0.5 = 2·d_k
+        acc = min(1.0, max(0.0, 0.5 - 0.5 * math.log2(kv[c.setting] / half)))
+        lines.append({**_record(c, acc, state_bytes=state[(c.model, c.d_model)]), **ctx, "key": f"run {i}"})
+    v1 = make_cells(PRESETS["ceilings"], models=["ttt_mlp"], lrs=[3e-3])[0]  # 8 heads: not a v2 run
+    lines.append({**_record(v1, 1.0), **ctx, "key": "v1"})
+    (tmp_path / "v2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = protocol.report(tmp_path / "v2.jsonl", tmp_path / "plots")
+    main = text.split("claim 1")[0]  # ceilings-v2's grid: DeltaNet at d_model 128 (a run shared with the d_k sweep)
+    assert "| ttt_mlp | 2 × 64 | 1.0 MiB |" in main and "| deltanet | 2 × 64 |" in main
+    assert "| deltanet | 2 × 16 |" not in main and "| ttt_mlp | 8 × 16 |" not in text
+    assert "| deltanet | 32 | 64 | 128 | > 256 | 1.00 |" in text  # (at d_k 128 the grid's kv 256 is not below 0.5)
+    # TTT-MLP's 1.0 MiB is above DeltaNet's largest state on its d_k sweep (274 KiB): not interpolated
+    assert "| ttt_mlp | 2 × 64 | 1.0 MiB | 64 | out of range |" in text
+    assert (tmp_path / "plots" / "ceilings_v2_state.png").exists()

@@ -113,13 +113,47 @@ class MQARCell:
                            accuracy="examples", seed=self.seed, device=device, dtype=dtype)
 
     def describe(self) -> str:
-        return f"{self.model} d={self.d_model} {self.setting} lr={self.lr:.3g}"
+        seed = f" seed={self.seed}" if self.seed else ""
+        return f"{self.model} d={self.d_model} {self.setting} lr={self.lr:.3g}{seed}"
+
+
+#: Recipe variants a cell's model may name as "<zoo name>+<variant>" (`model_spec`): the zoo model with these recipe
+#: fields replaced. "poly2h": the degree-2 homogeneous polynomial feature map on q and k (K' = K(K+1)/2; claim 3 of
+#: issue 37). A variant is a model name of its own: the cell's fields (and every record's key) stay as they are.
+MODEL_VARIANTS: dict[str, dict] = {"poly2h": {"feature_map": ("polynomial", 2, True)}}
+
+
+def model_spec(name: str):
+    """The mixer spec of a cell's model: a zoo name as it is, or for "<zoo name>+<variant>" the zoo recipe with the
+    variant's fields (`MODEL_VARIANTS`) and that name."""
+    from .. import zoo
+
+    if "+" not in name:
+        return name
+    base, variant = name.split("+", 1)
+    if variant not in MODEL_VARIANTS:
+        raise ValueError(f"model {name!r}: unknown variant {variant!r} (known: {', '.join(MODEL_VARIANTS)})")
+    from ..recipe import FeatureMap
+
+    fields = dict(MODEL_VARIANTS[variant])
+    if "feature_map" in fields:
+        kind, degree, homogeneous = fields["feature_map"]
+        fields["feature_map"] = FeatureMap(kind=kind, degree=degree, homogeneous=homogeneous)
+    return dataclasses.replace(zoo.get(base), name=name, **fields)
+
+
+def model_names() -> list[str]:
+    """Every model a cell may name: the zoo's, then each variant of every fast-weight model."""
+    from .. import zoo
+
+    return zoo.names() + [f"{m}+{v}" for m in zoo.names() if not zoo.get(m).is_softmax for v in MODEL_VARIANTS]
 
 
 def lm_config(cell: MQARCell):
     from ..models import LMConfig
 
-    return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers, mixer=cell.model,
+    return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers,
+                    mixer=model_spec(cell.model),
                     num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size,
                     mixer_overrides=mixer_overrides(cell))
 
@@ -245,6 +279,11 @@ class MQARPreset:
               train_examples; a `train_examples` override of `make_cells` applies to every setting).
     skip_unreachable: a cell is not trained when its model stayed below 0.5 at the two kv pairs just below
               it (`ceilings.unreachable`, asked as the cell comes up, from the records so far).
+    seeds:    every cell trained once per seed (the lr × seed protocol, `fastweights.lab.protocol`; `--seed S`
+              shifts them by S); () = the one `--seed`.
+    followup_seeds, max_seeds: the protocol's follow-up (`protocol.run_protocol`): a cell whose accuracy along kv
+              dips below both neighbours gets `followup_seeds` more seeds (every lr of its grid) per round, until
+              its curve is monotone or it has `max_seeds` seeds; 0 = no follow-up.
     """
 
     name: str
@@ -276,6 +315,9 @@ class MQARPreset:
     lrs_for: tuple[tuple[str, tuple[float, ...]], ...] = ()
     lr_pilot: str | None = None
     lr_pick: int = 2
+    seeds: tuple[int, ...] = ()
+    followup_seeds: int = 0
+    max_seeds: int = 0
     note: str = ""
     workers: int = 1
     threads: int | None = None
@@ -324,6 +366,15 @@ _CEILING_TRAINING = dict(
     decay_filter="matrices", warmup=0.05, grad_clip=1.0)
 
 
+#: The ceilings v2 protocol's lr grid: 5 values log-spaced over 3e-4 … 3e-2 (every lr the v1 pilot and checks found
+#: best for some model — 1e-3, 3e-3, 1e-2 — within a factor 1.06 of a grid point, and one half-decade beyond each).
+LR_GRID: tuple[float, ...] = _logspace(math.log10(3e-4), math.log10(3e-2), 5)
+
+#: The v2 protocol (issue 37, `fastweights.lab.protocol`): every cell is the best of LR_GRID × 2 seeds; a cell whose
+#: best accuracy dips along kv gets 2 seeds more per round, up to 6. Every memory at d_model 128 with 2 heads of
+#: K = V = 64, the MLP memories included; no lr pilot and no skip rule (every cell of the grid is trained).
+_V2_PROTOCOL = dict(lrs=LR_GRID, seeds=(0, 1), followup_seeds=2, max_seeds=6, **_CEILING_TRAINING, epochs=8)
+
 PRESETS: dict[str, MQARPreset] = {
     "quick": MQARPreset(
         name="quick",
@@ -361,9 +412,31 @@ PRESETS: dict[str, MQARPreset] = {
     "ceilings": MQARPreset(
         name="ceilings", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS,
         heads_for=CEILING_HEADS, lr_pilot="ceilings-pilot", lr_pick=1, **_CEILING_TRAINING, epochs=8,
-        skip_unreachable=True,
+        skip_unreachable=True, lrs_for=(("atlas", (3e-3,)),),
         note="capacity ceilings: every zoo model at d_model 128, kv 8..256 at L = max(64, 4·kv), 2000 steps a "
-             "cell, the pilot's best lr per model"),
+             "cell, the pilot's best lr per model (ATLAS, which has no pilot records, at 3e-3 as the sweep ran it)"),
+    "ceilings-v2": MQARPreset(
+        name="ceilings-v2", models=tuple(zoo_names()), d_models=(128,), settings=CEILING_SETTINGS, **_V2_PROTOCOL,
+        note="ceilings v2: every zoo model at d_model 128, 2 heads of K = 64, kv 8..256 at L = max(64, 4·kv), "
+             "2000 steps a run, 5 lrs × 2 seeds a cell, +2 seeds (≤ 6) where the curve dips"),
+    "ceilings-v2-dk": MQARPreset(
+        name="ceilings-v2-dk", models=("linear_attention", "gla", "deltanet", "gated_deltanet", "mesanet"),
+        d_models=(32, 64, 128, 256), settings=CEILING_SETTINGS, **_V2_PROTOCOL,
+        note="ceilings v2, claims 1, 2 and 4: the matrix memories at 2 heads of d_k 16, 32, 64, 128 (d_model 2·d_k), "
+             "the v2 protocol (its d_model 128 cells are ceilings-v2's: one records file shares them)"),
+    "ceilings-v2-poly": MQARPreset(
+        name="ceilings-v2-poly",
+        models=("linear_attention", "linear_attention+poly2h", "deltanet", "deltanet+poly2h"),
+        d_models=(32, 64), settings=CEILING_SETTINGS, **_V2_PROTOCOL,
+        note="ceilings v2, claim 3: linear attention and DeltaNet with and without the degree-2 homogeneous feature "
+             "map at 2 heads of d_k 16 and 32, the v2 protocol (the plain models' runs are ceilings-v2-dk's)"),
+    "ceilings-v2-tiny": MQARPreset(
+        name="ceilings-v2-tiny", models=("deltanet", "ttt_mlp"), d_models=(16,), settings=((16, 2), (32, 4)),
+        lrs=(3e-3, 1e-2), seeds=(0, 1), followup_seeds=2, max_seeds=4, epochs=1, train_examples=32, test_examples=16,
+        batch_size=16, vocab_size=64, num_heads=2, conv="qkv", out_gate="none", random_non_queries=True,
+        weight_decay=0.1, decay_filter="matrices", warmup=0.05, grad_clip=1.0, workers=1, threads=1,
+        note="CPU check of the v2 protocol's code path: 2 models at d_model 16 (2 heads), kv 2 and 4, 2 lrs × 2 "
+             "seeds, one epoch of 2 steps"),
     "ceilings-tiny": MQARPreset(
         name="ceilings-tiny",
         models=("softmax_attention", "linear_attention", "deltanet", "gated_deltanet", "ttt_linear", "ttt_mlp"),
@@ -380,7 +453,9 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
                epochs: int | None = None, seed: int = 0, train_examples: int | None = None,
                test_examples: int | None = None,
                lrs_for: dict[str, Sequence[float]] | None = None) -> list[MQARCell]:
-    """The cells of a preset (with optional overrides), ordered setting → d_model → model → lr.
+    """The cells of a preset (with optional overrides), ordered setting → d_model → model → lr → seed.
+
+    Seeds: the preset's `seeds` shifted by `seed`, or `seed` alone when the preset has none.
 
     A model's lrs: `lrs` when given, else `lrs_for[model]` (e.g. `pilot_lrs` of the pilot's
     records), else the preset's `lrs_for`, else its `lrs`."""
@@ -397,7 +472,8 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
     common = dict(vocab_size=preset.vocab_size, conv=preset.conv, out_gate=preset.out_gate,
                   random_non_queries=preset.random_non_queries, epochs=epochs, weight_decay=preset.weight_decay,
                   decay_filter=preset.decay_filter, warmup=preset.warmup, grad_clip=preset.grad_clip,
-                  eval_batch_size=preset.eval_batch_size, seed=seed)
+                  eval_batch_size=preset.eval_batch_size)
+    seeds = tuple(seed + s for s in preset.seeds) or (seed,)
     groups: list[tuple[str, tuple, tuple, int]] = []
     if preset.train_segments and settings is None:
         L = max(s[0] for s in preset.train_segments)
@@ -414,9 +490,10 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
                 if d not in (dms_all or per_model.get(m, preset.d_models)):
                     continue
                 for lr in model_lrs.get(m, lrs):
-                    cells.append(MQARCell(model=m, d_model=d, setting=setting, lr=float(lr), train_segments=tr,
-                                          test_segments=te, batch_size=batch,
-                                          num_heads=heads.get(m, preset.num_heads), **common))
+                    for sd in seeds:
+                        cells.append(MQARCell(model=m, d_model=d, setting=setting, lr=float(lr), train_segments=tr,
+                                              test_segments=te, batch_size=batch, seed=sd,
+                                              num_heads=heads.get(m, preset.num_heads), **common))
     return cells
 
 
@@ -453,6 +530,14 @@ def pilot_lrs(records: Sequence[dict], models: Sequence[str], pick: int = 2) -> 
     if missing:
         raise ValueError(f"the pilot's records have no cell of {', '.join(missing)}")
     return out
+
+
+def cell_state_bytes(cell: MQARCell) -> int:
+    """The decoding state of the cell's model for one sequence of its longest test length (what `run_cell` records
+    as "state_bytes"), from the model built on the meta device: no weights are allocated."""
+    with torch.device("meta"):
+        model = build_model(cell)
+    return int(model.state_size(1, cell.seq_len))
 
 
 def cell_steps(cell: MQARCell) -> int:
@@ -498,11 +583,12 @@ def cost_estimate(cells: Sequence[MQARCell], step_ms: dict, *, graphed: bool = F
 
 # ------------------------------------------------------------------------------------------ running
 def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtype="float32",
-                 checkpoint_dir=None, threads=None, fresh=False, cuda_graph=False):
+                 checkpoint_dir=None, threads=None, fresh=False, cuda_graph=False, notes=None):
     """One cell of `run_mqar`. On a CPU device the numerics are pinned first (`pin_cpu_numerics`:
     `threads` torch threads, default 1, and fixed ATen/MKL kernel choices), so that a cell's bits
     depend on (code, torch build, cell, seed) and not on the machine's cores, ISA or the number of
-    workers; the record carries what was used ("cpu_numerics")."""
+    workers; the record carries what was used ("cpu_numerics"). notes: {cell: dict} added to the cell's record as
+    "followup" (why the protocol's follow-up trains it: `protocol.run_protocol`)."""
     numerics = None
     if torch.device(device).type == "cpu":
         numerics = pin_cpu_numerics(threads or 1)
@@ -512,6 +598,8 @@ def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtyp
                    fresh=fresh, cuda_graph=cuda_graph)
     if numerics is not None:
         res["cpu_numerics"] = numerics
+    if notes and cell in notes:
+        res["followup"] = notes[cell]
     return res
 
 
@@ -526,7 +614,7 @@ def results_store(out, records=None) -> ResultStore:
 
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
              threads: int | None = None, progress=None, fresh: bool = False, records=None,
-             cuda_graph: bool = False, skip=None) -> list[dict]:
+             cuda_graph: bool = False, skip=None, notes=None) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
     so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
@@ -535,13 +623,13 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     new records supersede the old ones). cuda_graph: CUDA-graphed training steps (`train_cell`); each
     record says whether its steps were graphed ("cuda_graph"), and the setting is no part of the keys:
     a sweep resumed with or without graphs skips the same finished cells. skip: `run_sweep`'s (e.g.
-    `unreachable_skip`)."""
+    `unreachable_skip`). notes: `_cell_runner`'s (the protocol's follow-up reasons, per cell)."""
     import functools
 
     out = Path(out)
     store = results_store(out, records)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
-                           threads=threads, fresh=fresh, cuda_graph=cuda_graph)
+                           threads=threads, fresh=fresh, cuda_graph=cuda_graph, notes=notes)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
                      device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
                      fresh=fresh, skip=skip)
@@ -712,15 +800,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-examples", type=int, default=None,
                    help="per setting (single-segment presets; a mixture keeps its own counts)")
     p.add_argument("--test-examples", type=int, default=None, help="per setting (single-segment presets)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the seed (a preset with seeds, e.g. ceilings-v2: shifts them)")
+    p.add_argument("--followup-seeds", type=int, default=None,
+                   help="protocol presets (ceilings-v2*): seeds added per round to a cell whose accuracy dips along "
+                        "kv (default: the preset's; 0: no follow-up)")
+    p.add_argument("--max-seeds", type=int, default=None,
+                   help="protocol presets: the follow-up's cap on a cell's seeds (default: the preset's)")
     p.add_argument("--out", default="runs/mqar", help="results.jsonl, checkpoints/, PNGs")
     p.add_argument("--records", default=None,
                    help="the results file (default OUT/results.jsonl); e.g. a committed docs/results/*.jsonl: "
                         "a run on any machine skips the cells recorded there and appends its own")
     p.add_argument("--lrs-from", default=None,
                    help="presets with an lr pilot (ceilings): the pilot's records, whose best lrs per model the "
-                        "sweep runs (default docs/results/mqar_<pilot>.jsonl); refused on other presets and "
-                        "beside --lrs")
+                        "sweep runs (default the committed docs/results/mqar_<pilot>.jsonl of the package's "
+                        "checkout, from any directory); refused on other presets and beside --lrs")
     p.add_argument("--step-costs", default=None,
                    help="with --dry-run: a JSON of measured step times (scripts/step_costs.py --lm) for a cost "
                         "estimate per model")
@@ -763,9 +856,15 @@ def _check_args(args) -> None:
                     ("--seq-lens", args.seq_lens), ("--kv-pairs", args.kv_pairs), ("--workers", args.workers)):
         ca.positive(flag, v)
     ca.nonnegative("--seed", args.seed)
+    ca.nonnegative("--followup-seeds", args.followup_seeds)
+    ca.positive("--max-seeds", args.max_seeds)
+    if (args.followup_seeds is not None or args.max_seeds is not None) and not PRESETS[args.preset].seeds:
+        with_seeds = sorted(n for n, p in PRESETS.items() if p.seeds)
+        raise ca.ArgError(f"--followup-seeds/--max-seeds: the preset {args.preset} has no lr × seed protocol "
+                          f"(presets with one: {', '.join(with_seeds)})")
     ca.threads("--threads", args.threads)
     ca.positive_numbers("--lrs", args.lrs)
-    ca.zoo_names("--models", args.models)
+    ca.zoo_names("--models", args.models, allowed=model_names())
     ca.device("--device", args.device)
     for flag, path in (("--records", args.records), ("--lrs-from", args.lrs_from), ("--step-costs", args.step_costs)):
         ca.file_path(flag, path)
@@ -802,7 +901,7 @@ def _capacity_records() -> list[dict]:
     """The capacity probe's committed records (docs/results/capacity.json), or [] outside the repository."""
     import json
 
-    path = Path(__file__).resolve().parents[2] / "docs" / "results" / "capacity.json"
+    path = committed_results("capacity.json")
     return json.loads(path.read_text()) if path.exists() else []
 
 
@@ -810,7 +909,8 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
     """A preset with an lr pilot: each model's lrs from the pilot's records (None: --lrs given, or no pilot)."""
     if preset.lr_pilot is None or args.lrs:
         return None
-    path = Path(args.lrs_from or f"docs/results/mqar_{preset.lr_pilot.replace('-', '_')}.jsonl")
+    default = f"mqar_{preset.lr_pilot.replace('-', '_')}.jsonl"
+    path = Path(args.lrs_from) if args.lrs_from else committed_results(default)
     if args.records is not None and Path(args.records).resolve() == path.resolve():
         from ..cliargs import ArgError
 
@@ -821,7 +921,14 @@ def _pilot_lrs(args, preset: MQARPreset) -> dict[str, tuple[float, ...]] | None:
                          f"{preset.lr_pick} best lrs of its pilot: run `fastweights mqar --preset {preset.lr_pilot} "
                          f"--records {path} ...` first (or give --lrs)")
     store = ResultStore(path, required=RECORD_FIELDS)
-    return pilot_lrs(store.records(), args.models or preset.models, preset.lr_pick)
+    own = dict(preset.lrs_for)  # models with lrs of the preset's own need no pilot records
+    return pilot_lrs(store.records(), [m for m in args.models or preset.models if m not in own], preset.lr_pick)
+
+
+def committed_results(name: str) -> Path:
+    """docs/results/<name> of the checkout this package lives in, whatever the working directory (a fresh clone
+    run from anywhere finds the committed pilot and capacity records)."""
+    return Path(__file__).resolve().parents[2] / "docs" / "results" / name
 
 
 def _check_cells(cells) -> None:
@@ -839,6 +946,46 @@ def _check_cells(cells) -> None:
                 except ValueError as e:
                     raise ValueError(f"--seq-lens/--kv-pairs: seq_len {L} with {n} kv pairs (vocab {c.vocab_size}): "
                                      f"{e}") from None
+
+
+def _followup(args, preset: MQARPreset) -> tuple[int, int]:
+    """(seeds added per follow-up round, the cap on a cell's seeds): the flags, else the preset's."""
+    extra = preset.followup_seeds if args.followup_seeds is None else args.followup_seeds
+    cap = preset.max_seeds if args.max_seeds is None else args.max_seeds
+    return extra, max(cap, len(preset.seeds))
+
+
+def _print_protocol(args, preset: MQARPreset, cells, known: list[dict]) -> None:
+    """The dry run of a protocol preset: the grid per cell, the follow-up's bound, every model's decoding state
+    and the follow-up runs the records so far already call for."""
+    from .protocol import cell_id, followup_cells
+
+    extra, cap = _followup(args, preset)
+    per_cell = len(cells) // len({cell_id(c) for c in cells})
+    lrs = sorted({c.lr for c in cells})
+    print(f"protocol: {per_cell} runs a cell ({len(lrs)} lrs {', '.join(f'{x:g}' for x in lrs)} × "
+          f"{len(preset.seeds)} seeds); a cell that dips along kv gets +{extra} seeds (every lr) per round up to "
+          f"{cap} seeds: ≤ {(cap - len(preset.seeds)) * len(lrs)} more runs a dipping cell")
+    seen = {}
+    for c in cells:
+        seen.setdefault((c.model, c.d_model, c.seq_len), c)
+    state = {}
+    for (m, d, L), c in seen.items():
+        state.setdefault((m, d), []).append(f"{_fmt_bytes(cell_state_bytes(c))}" + (f" (L {L})" if
+                                                                                     zoo_is_softmax(m) else ""))
+    print("decoding state per sequence: " + "; ".join(
+        f"{m} d={d}: {v[0] if len(set(v)) == 1 and not zoo_is_softmax(m) else ', '.join(v)}"
+        for (m, d), v in state.items()))
+    if extra:
+        new, _, capped = followup_cells(cells, known, extra=extra, cap=cap)
+        print(f"follow-up the records call for now: {len(new)} runs" + (f", {len(capped)} cell(s) capped"
+                                                                         if capped else ""))
+
+
+def zoo_is_softmax(name: str) -> bool:
+    from .. import zoo
+
+    return zoo.get(name.split("+", 1)[0]).is_softmax
 
 
 def cli_main(args) -> int:
@@ -877,6 +1024,12 @@ def cli_main(args) -> int:
         if lrs_for:
             print("lrs from the pilot: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
                                                      for m, v in lrs_for.items()))
+        own = {m: v for m, v in preset.lrs_for if m in {c.model for c in cells} and not args.lrs}
+        if own:
+            print("lrs of the preset's own: " + "; ".join(f"{m} {', '.join(f'{x:g}' for x in v)}"
+                                                          for m, v in own.items()))
+        if preset.seeds:
+            _print_protocol(args, preset, cells, known)
         if args.step_costs:
             import json
 
@@ -901,10 +1054,22 @@ def cli_main(args) -> int:
     if info.world_size > 1:
         workers = 1
     t0 = time.perf_counter()
-    records, status = cliargs.run_sweep_command(
-        lambda: run_mqar(cells, args.out, device=args.device, dtype=args.dtype, mode=mode, workers=workers,
-                         threads=threads, progress=args.progress, fresh=args.fresh, records=args.records,
-                         cuda_graph=cuda_graph_default(args), skip=skip))
+    run_kw = dict(device=args.device, dtype=args.dtype, mode=mode, workers=workers, threads=threads,
+                  progress=args.progress, fresh=args.fresh, records=args.records, cuda_graph=cuda_graph_default(args))
+    capped = {}
+    if preset.seeds:
+        from .protocol import run_protocol
+
+        extra, cap = _followup(args, preset)
+
+        def run():
+            recs, capped_ = run_protocol(cells, args.out, extra=extra, cap=cap, **run_kw)
+            capped.update(capped_)
+            return recs
+    else:
+        def run():
+            return run_mqar(cells, args.out, skip=skip, **run_kw)
+    records, status = cliargs.run_sweep_command(run)
     if status is not None:
         return status
     wall = time.perf_counter() - t0
@@ -920,6 +1085,15 @@ def cli_main(args) -> int:
         print(format_ceilings(records, _capacity_records()))
         print(format_four_axis(records))
         pngs += plot_ceilings(records, args.out)
+    if preset.seeds:  # the v2 protocol's reading: best and median per cell, the state plot, the claims
+        from . import protocol
+
+        summaries = protocol.summarize(records)
+        print(protocol.format_table(summaries))
+        print(protocol.format_claims(summaries, _capacity_records()))
+        for (m, d, st), why in capped.items():
+            print(f"follow-up capped: {m} d={d} {st}: {why}")
+        pngs.append(protocol.plot_state(summaries, args.out))
     print("plots: " + ", ".join(str(p) for p in pngs))
     print(f"results: {args.records or Path(args.out) / 'results.jsonl'}")
     print(f"sweep time: {wall:.1f} s (this invocation; finished cells are not re-run)")

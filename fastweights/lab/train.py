@@ -1134,7 +1134,7 @@ def best_over(records: Iterable[dict], over: Sequence[str] = ("lr",), fields: Se
         return []
     result_keys = {"key", "accuracy", "final_accuracy", "best_epoch", "epochs_run", "stopped_early", "history",
                    "params", "state_bytes", "steps", "train_seconds", "resumed_from", "rank", "wall_seconds",
-                   "cpu_numerics", "cuda_graph", "cuda_graph_note"}
+                   "cpu_numerics", "cuda_graph", "cuda_graph_note", "followup"}
     if fields is None:
         fields = [k for k in records[0] if k not in result_keys and k not in over]
     def score(r):

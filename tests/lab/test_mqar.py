@@ -454,3 +454,15 @@ def test_records_that_are_the_pilots_are_refused(tmp_path, capsys):
                                             f"records (--lrs-from {pilot}), which the sweep reads its lrs from; its "
                                             "own records would be appended there: give --records another file"]
     assert pilot.read_bytes() == before and not (tmp_path / "run").exists()
+
+
+def test_ceilings_dry_run_works_from_any_directory_on_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """`fastweights mqar --preset ceilings --dry-run` from a directory outside the checkout: the committed pilot is
+    found beside the package, and ATLAS (no pilot records) takes the preset's own lr instead of failing the run."""
+    from fastweights import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["mqar", "--preset", "ceilings", "--dry-run", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "120 cells" in out and "atlas d=128 L64-kv8 lr=0.003" in out
+    assert "lrs of the preset's own: atlas 0.003" in out

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
+from fastweights.bench.speed import step_times  # noqa: E402
 from fastweights.models import LM, LMConfig  # noqa: E402
 from fastweights.training.loop import no_sync, wrap  # noqa: E402
 
@@ -91,24 +92,7 @@ def one(mode: str, docs: bool, args, device, rank: int, world: int) -> dict:
 
     for _ in range(args.warmup):
         step()
-    times = []
-    for _ in range(args.steps):
-        if world > 1:
-            dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
+    times = step_times(step, device, args.steps, before=dist.barrier if world > 1 else None)
     ms = statistics.median(times)
     if world > 1:  # the slowest rank's median sets the pace
         t = torch.tensor([ms], device=device)

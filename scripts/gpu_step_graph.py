@@ -30,27 +30,8 @@ import torch.nn.functional as F
 _src = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else os.path.join(os.path.dirname(__file__), "..")
 sys.path.insert(0, os.path.abspath(_src))
 
+from fastweights.bench.speed import step_times  # noqa: E402
 from fastweights.models import LM, LMConfig  # noqa: E402
-
-
-def _time(fn, steps: int, device) -> list[float]:
-    out = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            fn()
-            out.append(1e3 * (time.perf_counter() - t0))
-    return out
 
 
 def one(model: str, B: int, T: int, args, device) -> dict:
@@ -77,7 +58,7 @@ def one(model: str, B: int, T: int, args, device) -> dict:
 
     for _ in range(args.warmup):
         eager()
-    row = dict(model=model, B=B, T=T, eager_ms=statistics.median(_time(eager, args.steps, device)))
+    row = dict(model=model, B=B, T=T, eager_ms=statistics.median(step_times(eager, device, args.steps)))
     if cuda:
         try:
             side = torch.cuda.Stream()
@@ -98,7 +79,7 @@ def one(model: str, B: int, T: int, args, device) -> dict:
 
             for _ in range(3):
                 replay()
-            row["graphed_ms"] = statistics.median(_time(replay, args.steps, device))
+            row["graphed_ms"] = statistics.median(step_times(replay, device, args.steps))
             row["graphed_loss_finite"] = bool(torch.isfinite(static_loss).item())
             row["host_share"] = 1 - row["graphed_ms"] / row["eager_ms"]
         except Exception as e:  # noqa: BLE001 — recorded, the run goes on

@@ -72,25 +72,34 @@ def io_bytes(B, T, H, K, V, elem=2, gates=1, HV=None, n=1) -> float:
     return elem * B * T * ((1 + n) * H * K + (1 + n) * HV * V) + 4 * B * T * HV * gates
 
 
-def _bench(fn, device, warmup=1, reps=5) -> float:
-    """Median milliseconds of fn()."""
-    for _ in range(warmup):
-        fn()
+def step_times(fn, device: torch.device, reps: int, before=None) -> list[float]:
+    """Milliseconds of each of `reps` calls of fn(): CUDA events around it on a GPU (the device synchronized
+    first, so each call is timed alone), a host clock elsewhere. before(): run untimed before each call (a
+    barrier, a fresh batch)."""
     times = []
-    if device.type == "cuda":
-        for _ in range(reps):
+    for _ in range(reps):
+        if before is not None:
+            before()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
             times.append(start.elapsed_time(end))
-    else:
-        for _ in range(reps):
+        else:
             t0 = time.perf_counter()
             fn()
             times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    return times
+
+
+def _bench(fn, device, warmup=1, reps=5) -> float:
+    """Median milliseconds of fn()."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(step_times(fn, device, reps))
 
 
 def _fwd_bwd(run, tensors):

@@ -66,7 +66,7 @@ from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
 from .routing import describe_routes, layer_op_row
-from .segments import RowStates, Segments, cat_rows, split_rows
+from .segments import Packing, RowStates, Segments, cat_rows, split_rows
 from .state import MixerState, state_bytes
 
 Tensor = torch.Tensor
@@ -836,7 +836,7 @@ class MemoryMixer(nn.Module):
             elif (seg is not None and not seg.single) or isinstance(memory, RowStates):
                 doc = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
                 o, memory = self._memory_by_document(fn, form, q, k, v, inputs, state.memory if state else None,
-                                                     doc, output_state, kw)
+                                                     doc, output_state, kw, seg.packing if seg is not None else None)
             else:
                 # check_values=False: the gates are in range by construction (no GPU synchronization per call)
                 o, memory = fn(r, q, k, v, scale=self.scale, initial_state=memory, output_final_state=output_state,
@@ -934,31 +934,33 @@ class MemoryMixer(nn.Module):
         return out
 
     def _memory_by_document(self, fn, form: str, q, k, v, inputs: dict, memory, doc: Tensor, output_state: bool,
-                            kw: dict):
+                            kw: dict, packing: Packing | None = None):
         """The memory read over the documents of doc [B, T] (−1: padding), each document from its
         own initial state: a row's state when the block continues one (one document per row), else
         the layer's initial memory. Padding is removed (tokens gathered into [1, N]); the gated-
         linear and delta chunk forms run every document in one varlen call, other forms one call per
-        document. `memory`: the carried state's memory, None without a state.
+        document. `memory`: the carried state's memory, None without a state. `packing`: the block's
+        documents laid end to end (`Segments.packing`, computed once per forward) when no state is carried.
         Returns (o [B, T, H, V], per-row final states or None)."""
         r = self.recipe
         B, T = doc.shape
-        real = (doc >= 0).reshape(-1)  # [B·T]
-        idx = real.nonzero()[:, 0]  # [N] flat indices of the documents' tokens
-        rows = torch.arange(B, device=doc.device)[:, None].expand(B, T).reshape(-1)[idx]  # [N]
-        key = rows * (T + 1) + doc.reshape(-1)[idx]  # [N] one value per (row, document)
         if output_state or memory is not None:  # one document per row, each from its row's state
             if bool((doc > 0).any()):
                 raise MixerError("a carried state needs one document per row (packed rows start from scratch)")
+            real = (doc >= 0).reshape(-1)  # [B·T]
+            idx = real.nonzero()[:, 0]  # [N] flat indices of the documents' tokens
+            rows = torch.arange(B, device=doc.device)[:, None].expand(B, T).reshape(-1)[idx]  # [N]
             counts = torch.bincount(rows, minlength=B)  # [B] (a row of padding only: 0)
+            cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # [B + 1]
             inits = split_rows(memory, B)
         else:
-            counts = torch.unique_consecutive(key, return_counts=True)[1]  # [S]
-            inits = [None] * len(counts)
-        cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # [S + 1]
+            packing = packing or Segments(doc=doc, pos=doc).packing
+            idx, cu = packing.idx, packing.cu  # idx None: no padding, the block is the documents end to end
+            inits = [None] * (len(cu) - 1)
 
         def packed(x):  # [B, T, ...] -> [1, N, ...]
-            return x.reshape(B * T, *x.shape[2:])[idx][None]
+            flat = x.reshape(B * T, *x.shape[2:])
+            return (flat if idx is None else flat[idx])[None]
 
         toks = {name: (val if name in PER_HEAD_INPUTS else packed(val)) for name, val in inputs.items()}
         qp, kp, vp = packed(q), packed(k), packed(v)
@@ -984,6 +986,8 @@ class MemoryMixer(nn.Module):
                 finals.append(f_s)
             o = torch.cat(outs, dim=1) if outs else vp.new_zeros(1, 0, self.H, self.V)
             final = cat_rows(finals) if output_state else None
+        if idx is None:
+            return o.reshape(B, T, *o.shape[2:]), final  # [B, T, H, V]
         out = o.new_zeros(B * T, *o.shape[2:])
         out[idx] = o[0]
         return out.view(B, T, *o.shape[2:]), final  # [B, T, H, V]

@@ -19,6 +19,7 @@ the state's) and per-row final states are defined; packed rows (several document
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -26,7 +27,20 @@ from ..inputs import InputError, check_positions
 
 Tensor = torch.Tensor
 
-__all__ = ["Segments", "RowStates", "split_rows", "cat_rows", "select_rows"]
+__all__ = ["Segments", "Packing", "RowStates", "split_rows", "cat_rows", "select_rows"]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """A block's documents laid end to end as the varlen sequences [1, N] of one call (`Segments.packing`).
+
+    idx [N] int64: the flat indices in [B·T] of the real tokens, in order; None when every token is real (no
+        padding: the documents are the block itself, reshaped, with nothing to gather or scatter).
+    cu [S + 1] int64: the documents' boundaries in [0, N] (each row's documents in order, rows one after another).
+    """
+
+    idx: Tensor | None
+    cu: Tensor
 
 
 @dataclass(frozen=True)
@@ -40,9 +54,24 @@ class Segments:
     single: bool = False
     reach: Tensor | None = None  # [B, T] int64; None: = pos
 
-    @property
+    @cached_property
     def padded(self) -> bool:
+        """Whether some token is padding (one host read, once per Segments: every layer of a forward asks)."""
         return bool((self.doc < 0).any())
+
+    @cached_property
+    def packing(self) -> Packing:
+        """The documents as one varlen call's sequences (`Packing`), computed once per Segments — once per LM
+        forward — instead of in every layer (two host reads: the padding check and the documents' count)."""
+        B, T = self.doc.shape
+        rows = torch.arange(B, device=self.doc.device)[:, None].expand(B, T).reshape(-1)  # [B·T]
+        doc = self.doc.reshape(-1)
+        idx = None
+        if self.padded:
+            idx = (doc >= 0).nonzero()[:, 0]  # [N]
+            rows, doc = rows[idx], doc[idx]
+        counts = torch.unique_consecutive(rows * (T + 1) + doc, return_counts=True)[1]  # [S] one key a document
+        return Packing(idx=idx, cu=torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
 
     @property
     def conv_positions(self) -> Tensor:

@@ -91,3 +91,23 @@ def test_errors():
         Segments.build(1, 4, attention_mask=torch.tensor([[1, 0, 0, 1]]), cu_seqlens=torch.tensor([0, 2, 4]))
     with pytest.raises(InputError, match="cannot continue"):
         Segments.build(1, 3, cu_seqlens=torch.tensor([0, 3]), offsets=torch.tensor([1]))
+
+
+def test_packed_documents_are_laid_out_once_per_forward_not_per_layer(monkeypatch):
+    """An LM forward over packed documents (position_ids) finds the documents' boundaries once (`Segments.packing`,
+    a host read), not once in each of its layers; without padding nothing is gathered or scattered."""
+    from fastweights.models import LM, LMConfig
+
+    lm = LM(LMConfig(vocab_size=32, d_model=16, n_layers=3, num_heads=2, head_dim=8, mixer="gated_deltanet"))
+    calls = []
+    real = torch.unique_consecutive
+    monkeypatch.setattr(torch, "unique_consecutive", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ids = torch.randint(0, 32, (2, 12))
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
+    lm(ids, position_ids=pos)
+    assert len(calls) == 1
+    packing = Segments.build(2, 12, position_ids=pos).packing
+    assert packing.idx is None and packing.cu.tolist() == [0, 4, 7, 12, 14, 21, 24]
+    mask = torch.ones(2, 12, dtype=torch.long).index_fill_(1, torch.tensor([11]), 0)  # the rows' last token: padding
+    padded = Segments.build(2, 12, position_ids=pos, attention_mask=mask)
+    assert padded.packing.idx.tolist() == [i for i in range(24) if i not in (11, 23)]

@@ -254,8 +254,12 @@ def pinned(recipe_class: str, **option):
     key = (recipe_class, "chunk", "triton")
     impl = DISPATCH[key]
     label = value if kind is not None else f"Newton–Schulz kernel ({value})"
-    DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option),
-                                              pipeline=lambda recipe, target: label)
+
+    def named(recipe, target):  # the generic row's TTT-Linear calls take no Newton–Schulz: still its own name
+        return impl.pipeline(recipe, target) if recipe_class == "generic" and recipe is not None \
+            and ttt_linear_kernel_serves(recipe) is None else label
+
+    DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)
     try:
         yield row
     finally:

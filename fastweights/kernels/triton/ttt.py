@@ -23,8 +23,9 @@ and the read at the queries x = scale·q, in the dual form (no per-token W is fo
 
 Forward (`_fwd_kernel`): the program keeps A, a, P, p in registers (fp32), walks the mini-batches,
 writes o and, per mini-batch, its anchor (A, a) — the only thing the backward cannot recompute cheaply
-(b·D² fp32 bytes per mini-batch); at a mini-batch end the anchor rolls, A ← A + P / b, P ← 0. It ends
-with (A, a, P, p) of the last mini-batch: the final weights are A + P / i for its i tokens (the glue).
+(D² + D fp32 values per mini-batch: 4D²/b bytes a token); at a mini-batch end the anchor rolls,
+A ← A + P / b, P ← 0. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i
+for its i tokens (the glue).
 
 Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
 gradients of (A, a) and (P, p) carried in registers; the per-(b, h) sums of dγ, dβ_ln are written as

@@ -105,11 +105,23 @@ def test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq):
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-def test_a_padded_head_dim_and_a_longer_mini_batch(gen):
-    """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns) and b = 32."""
+def test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen):
+    """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns) and b = 32; without
+    gradients (no_grad) the forward keeps no anchors and returns the same."""
+    from fastweights.kernels.triton import ttt as ttt_mod
+
+    saves = []
+    real = ttt_mod._fwd_kernel.run
+    monkeypatch.setattr(ttt_mod._fwd_kernel, "run", lambda *a, **kw: saves.append(kw["SAVE"]) or real(*a, **kw))
     x = _inputs(gen, T=41, Hq=2, D=20)
     seed = int(torch.randint(0, 2**31, (), generator=gen))
-    _agree(_run(_kernel, _fp32(x), 7, seed, b=32), _run(_twin, x, 7, seed, b=32), CHUNK_F32_REL)
+    got = _run(_kernel, _fp32(x), 7, seed, b=32)
+    _agree(got, _run(_twin, x, 7, seed, b=32), CHUNK_F32_REL)
+    with torch.no_grad():
+        o, weights, anchor, _ = _kernel(_fp32(x), 7, b=32)
+    assert saves == [True, False]
+    for a, b in zip((o, *weights, *anchor), got[0]):
+        assert torch.equal(a, b)
 
 
 def test_bf16_inputs(gen):
@@ -222,3 +234,36 @@ def _call(inp):
     q, k, v, st = d.pop("q"), d.pop("k"), d.pop("v"), d.pop("initial_state")
     return Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=1.0,
                 initial_state=st, output_final_state=True)
+
+
+def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
+    """A MemoryMixer("ttt_linear") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the
+    same layer on the torch row: output and every parameter gradient (its initial memory, the inner learning rate's
+    projection, the LayerNorm's affine) — the tensors a layer hands the row (expanded states, parameters)."""
+    from fastweights.kernels.triton import ttt as ttt_mod
+    from fastweights.layers.mixer import MemoryMixer
+
+    calls = []
+    real = ttt_mod._TTTLinear.apply
+    monkeypatch.setattr(ttt_mod._TTTLinear, "apply", lambda *a: calls.append(1) or real(*a))
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    torch.manual_seed(int(torch.randint(0, 2**31, (), generator=gen)))
+    ref = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="torch", layer_ops="torch")
+    layer = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="triton", layer_ops="torch").to(DEV)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 19, 32, generator=gen)
+    results = []
+    for mod, xx in ((ref, x), (layer, x.to(DEV))):
+        y = mod(xx)
+        y = y[0] if isinstance(y, tuple) else y
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad((y.cpu() * w).sum(), list(mod.parameters()), allow_unused=True)
+        results.append((y.detach().cpu(), grads))
+    assert len(calls) == 1
+    (y1, g1), (y2, g2) = results
+    assert rel(y2, y1) < CHUNK_F32_REL
+    for name, a, b in zip([n for n, _ in ref.named_parameters()], g2, g1):
+        assert (a is None) == (b is None), name
+        if b is not None:
+            assert rel(a, b) < CHUNK_F32_REL, name

@@ -117,7 +117,7 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 @triton.jit
 def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, scale, T, off,
                 NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-                EPS: tl.constexpr, PREC: tl.constexpr):
+                EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr):
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     c = tl.arange(0, BD)
@@ -140,9 +140,10 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
         a = a + p * (roll / BT)
         P = P * (1.0 - roll)
         p = p * (1.0 - roll)
-        ck = i_bh.to(tl.int64) * NS + s
-        tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
-        tl.store(cka + ck * D + c, a, mask=cm)
+        if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
+            ck = i_bh.to(tl.int64) * NS + s
+            tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
+            tl.store(cka + ck * D + c, a, mask=cm)
         x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
         S = _dot(x, tl.trans(kk), PREC) + 1.0
@@ -263,24 +264,26 @@ def _geometry(T: int, offset: int, b: int) -> tuple[int, int]:
 
 
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. Tensors as `_launch_args` documents; returns
-    (o [B, T, H, D] in v's dtype, A, a, P, p of the last mini-batch, fp32)."""
+    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
+    lnw, lnb [H, D], A0, P0 [B, H, D, D] and a0, p0 [B, H, D] (fp32: the anchor and the carried sums), then
+    scale, offset, the mini-batch b and save (keep the anchors for a backward). Returns (o [B, T, H, D] in
+    v's dtype, A, a, P, p of the last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b):
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save):
         B, T, Hq, D = q.shape
         H = v.shape[2]
         ns, _ = _geometry(T, offset, b)
         dev = q.device
         f32 = dict(dtype=torch.float32, device=dev)
         o = empty_output(B, T, H, D, dtype=v.dtype, device=dev)
-        ckA = empty_output(B, H, ns, D, D, **f32)
-        cka = empty_output(B, H, ns, D, **f32)
+        ckA = empty_output(*((B, H, ns, D, D) if save else (1,)), **f32)
+        cka = empty_output(*((B, H, ns, D) if save else (1,)), **f32)
         outs = [empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32),
                 empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)]
         geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=PREC)
         _fwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, scale, T, offset, ns,
-                              **geo, **TTT_LAUNCH)
+                              **geo, SAVE=save, **TTT_LAUNCH)
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka)
         ctx.geo, ctx.scale, ctx.offset, ctx.ns = geo, scale, offset, ns
         return (o, *outs)
@@ -310,7 +313,7 @@ class _TTTLinear(torch.autograd.Function):
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), dA0, da0, dP0, dp0, None, None, None)
+                dlnb.sum(0).to(lnb.dtype), dA0, da0, dP0, dp0, None, None, None, None)
 
 
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int) -> None:
@@ -367,10 +370,11 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
         A0, a0 = W, bias
         P0, p0 = torch.zeros_like(W), torch.zeros_like(bias)
     ns, last = _geometry(T, offset, minibatch)
-    o, A, a, P, p = _TTTLinear.apply(q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(),
-                                     ln_weight.contiguous(), ln_bias.contiguous(), A0.contiguous(),
-                                     a0.squeeze(2).contiguous(), P0.contiguous(), p0.squeeze(2).contiguous(),
-                                     float(scale), offset, minibatch)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), ln_weight.contiguous(),
+            ln_bias.contiguous(), A0.contiguous(), a0.squeeze(2).contiguous(), P0.contiguous(),
+            p0.squeeze(2).contiguous())
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
     return o, (A + P / last, a + p / last), (A, a), (offset + T) % minibatch
 

@@ -94,10 +94,11 @@ def _fp32(x):
     return {name: val.float() for name, val in x.items()}
 
 
-@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (41, 5, 2), (16, 0, 2), (3, 9, 1)])
+@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (41, 5, 2), (16, 0, 2), (3, 9, 1), (11, 5, 1)])
 def test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq):
     """fp32 kernels against float64: T = 37 and 41 (no multiple of 16), T = 16 (one whole mini-batch), T = 3 inside a
-    carried mini-batch (offset 9: the call ends mid-batch); grouped heads (H_q = 1, H = 2) and plain ones."""
+    carried mini-batch (offset 9: the call ends mid-batch), T = 11 completing a carried one (offset 5: the call ends
+    on the mini-batch's end); grouped heads (H_q = 1, H = 2) and plain ones."""
     x = _inputs(gen, T=T, Hq=Hq)
     seed = int(torch.randint(0, 2**31, (), generator=gen))
     got = _run(_kernel, _fp32(x), offset, seed)
@@ -185,6 +186,12 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
 
     b8 = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=8))
     assert "mini-batch b in" in triton_generic_supports(b8, cuda)
+    from fastweights.kernels import rows
+
+    with rows.pinned("generic", ns_precision="tf32x3"):  # Muon's option: a TTT-Linear call keeps its own pipeline
+        assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "TTT-Linear kernels"
+        atlas = fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)
+        assert atlas[1] == "Newton–Schulz kernel (tf32x3)"
 
 
 def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
@@ -221,6 +228,10 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         for a, b in zip(outs + list(grads), ref_outs + list(ref_grads)):
             assert rel(a, b) < CHUNK_F32_REL
     inp = fw.example_inputs("ttt_linear", batch_size=1, seq_len=8, num_heads=2, head_dim=16, device=DEV)
+    bare = {key: val for key, val in inp.items() if key not in ("beta", "ln_weight", "ln_bias")}  # the defaults
+    o1, s1 = fw.chunk("ttt_linear", backend="triton", output_final_state=True, **bare)
+    o2, s2 = DISPATCH[("generic", "chunk", "torch")].fn(_call(bare))
+    assert rel(o1, o2) < CHUNK_F32_REL and rel(s1.weights[0], s2.weights[0]) < CHUNK_F32_REL
     with pytest.raises(fw.FormNotAvailable, match="cu_seqlens"):
         DISPATCH[("generic", "chunk", "triton")].fn(_call(inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 

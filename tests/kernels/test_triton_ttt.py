@@ -2,8 +2,8 @@
 its torch twin `ttt_linear_torch` (chunkwise.minibatch, float64) and the float64 recurrence
 (reference.recurrent through `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k,
 v, the inner learning rates β, the LayerNorm's γ and β_ln, the initial weights and anchor; lengths that are
-no multiple of the mini-batch, a carried mini-batch (offset > 0), chained calls, grouped heads, fp32 and
-bf16 inputs. Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
+no multiple of the mini-batch, a carried mini-batch (offset > 0), chained calls, grouped heads, fp32, bf16
+and fp16 inputs. Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (D = 16 and 20, T ≤ 41); kernel
 outputs are NaN-poisoned (tests/conftest.py). Fresh random inputs every run; the seed is printed."""
@@ -125,15 +125,16 @@ def test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen):
         assert torch.equal(a, b)
 
 
-def test_bf16_inputs(gen):
-    """bf16 q, k, v (β, the LayerNorm's affine and the state fp32, as a layer passes them) against the float64 twin
-    on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to bf16."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(gen, dtype):
+    """bf16 / fp16 q, k, v (β, the LayerNorm's affine and the state fp32, as a layer passes them) against the
+    float64 twin on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to `dtype`."""
     x = _inputs(gen, T=37, Hq=1)
-    x.update({n: x[n].bfloat16().double() for n in ("q", "k", "v")})
+    x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = int(torch.randint(0, 2**31, (), generator=gen))
-    got = _run(_kernel, _fp32(x), 5, seed, dtype=torch.bfloat16)
-    assert got[0][0].dtype == torch.bfloat16
-    _agree(got, _run(_twin, x, 5, seed), TTT_LOW_REL[torch.bfloat16])
+    got = _run(_kernel, _fp32(x), 5, seed, dtype=dtype)
+    assert got[0][0].dtype == dtype
+    _agree(got, _run(_twin, x, 5, seed), TTT_LOW_REL[dtype])
 
 
 def test_chained_calls_equal_one_call(gen):

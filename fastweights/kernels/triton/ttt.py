@@ -165,7 +165,8 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
 def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, daout, dPout, dpout,
                 dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-                EPS: tl.constexpr, PREC: tl.constexpr):
+                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     c = tl.arange(0, BD)
@@ -185,21 +186,24 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     gpo = tl.load(dpout + bi, mask=cm, other=0.0)
     glnw = tl.zeros([BD], dtype=tl.float32)
     glnb = tl.zeros([BD], dtype=tl.float32)
-    gP = tl.zeros([BD, BD], dtype=tl.float32)
-    gp = tl.zeros([BD], dtype=tl.float32)
+    if HAS_P:
+        gP = tl.zeros([BD, BD], dtype=tl.float32)
+        gp = tl.zeros([BD], dtype=tl.float32)
     for si in range(0, NS):
         s = NS - 1 - si
         first = s == 0
         ck = i_bh.to(tl.int64) * NS + s
         A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
         a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
-        P = tl.load(P0 + st, mask=sm & first, other=0.0)  # the carried sums enter the first mini-batch only
-        p = tl.load(p0 + bi, mask=cm & first, other=0.0)
         x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
         S = _dot(x, tl.trans(kk), PREC) + 1.0
         M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
-        z = _dot(x, A, PREC) + a[None, :] + (_dot(x, P, PREC) + p[None, :]) / ipos[:, None] - _dot(M, e, PREC)
+        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
+        if HAS_P:
+            P = tl.load(P0 + st, mask=sm & first, other=0.0)  # the carried sums enter the first mini-batch only
+            p = tl.load(p0 + bi, mask=cm & first, other=0.0)
+            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
         nz, invz = _ln(z, cm, D, EPS)
         # o = x + γ ⊙ LN(z) + β_ln
         hv = (row[:, None] * H + i_h) * D + c[None, :]
@@ -207,13 +211,15 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         glnw += tl.sum(dO * nz, axis=0)
         glnb += tl.sum(dO, axis=0)
         dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
-        dzi = dz / ipos[:, None]
         # z = x A + a + (x P + p) / i − M e
-        dx = dO + _dot(dz, tl.trans(A), PREC) + _dot(dzi, tl.trans(P), PREC)
+        dx = dO + _dot(dz, tl.trans(A), PREC)
         gA += _dot(tl.trans(x), dz, PREC)
         ga += tl.sum(dz, axis=0)
-        gP = gPo + _dot(tl.trans(x), dzi, PREC)
-        gp = gpo + tl.sum(dzi, axis=0)
+        if HAS_P:
+            dzi = dz / ipos[:, None]
+            dx += _dot(dzi, tl.trans(P), PREC)
+            gP = gPo + _dot(tl.trans(x), dzi, PREC)
+            gp = gpo + tl.sum(dzi, axis=0)
         dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
         de = -_dot(tl.trans(M), dz, PREC)
         dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
@@ -249,8 +255,9 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         # into the previous mini-batch: A_s = A_{s−1} + P_end / b (its P_s is 0)
         gPo = gA / BT
         gpo = ga / BT
-    tl.store(dP0 + st, gP, mask=sm)
-    tl.store(dp0 + bi, gp, mask=cm)
+    if HAS_P:
+        tl.store(dP0 + st, gP, mask=sm)
+        tl.store(dp0 + bi, gp, mask=cm)
     tl.store(dA0 + st, gA, mask=sm)
     tl.store(da0 + bi, ga, mask=cm)
     tl.store(dlnw + bi, glnw, mask=cm)
@@ -305,15 +312,17 @@ class _TTTLinear(torch.autograd.Function):
         dv = empty_output(B, T, H, D, **f32)
         dbeta = empty_output(B, T, H, **f32)
         dlnw, dlnb = empty_output(B, H, D, **f32), empty_output(B, H, D, **f32)
-        dA0, da0, dP0, dp0 = (empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32),
-                              empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32))
+        has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        dA0, da0 = empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)
+        dP0, dp0 = (empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)) if has_p else (dA0, da0)
         _bwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, ctx.scale, T, ctx.offset, ctx.ns, **ctx.geo, **TTT_LAUNCH)
+                              dA0, da0, dP0, dp0, ctx.scale, T, ctx.offset, ctx.ns, **ctx.geo, HAS_P=has_p,
+                              **TTT_LAUNCH)
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), dA0, da0, dP0, dp0, None, None, None, None)
+                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None)
 
 
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int) -> None:

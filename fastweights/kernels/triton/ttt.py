@@ -18,8 +18,8 @@ per-token error e (rows [b, D] of one mini-batch):
 
 and the read at the queries x = scale·q, in the dual form (no per-token W is formed):
 
-    z = x A + a + (x P_0 + p_0) / i − M e,   M_ij = η_j (x_i · k_j + 1) / i  (j ≤ i)
-    o = x + γ ⊙ LN(z) + β_ln
+    z_t = x_t A + a + (x_t P_0 + p_0) / i_t − Σ_{j ≤ t} M_tj e_j,   M_tj = η_j (x_t · k_j + 1) / i_t
+    o_t = x_t + γ ⊙ LN(z_t) + β_ln                   (i_t: token t's 1-based position in its mini-batch)
 
 Forward (`_fwd_kernel`): the program keeps A, a, P, p in registers (fp32), walks the mini-batches,
 writes o and, per mini-batch, its anchor (A, a) — the only thing the backward cannot recompute cheaply
@@ -28,7 +28,8 @@ A ← A + P / b, P ← 0. It ends with (A, a, P, p) of the last mini-batch: the 
 for its i tokens (the glue).
 
 Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
-gradients of (A, a) and (P, p) carried in registers; the per-(b, h) sums of dγ, dβ_ln are written as
+gradients of (A, a) and of the mini-batch's end sums (P, p) carried in registers (P_0's own gradient only
+when the call continues a mini-batch: HAS_P); the per-(b, h) sums of dγ, dβ_ln are written as
 partials [B, H, D] and summed over B by the glue; dq, dk of grouped heads are written per value head
 and summed over the group by the glue.
 

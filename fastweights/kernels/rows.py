@@ -141,7 +141,8 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     - Muon's optimizer: the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the
       form is the torch row's); or
     - TTT-Linear (`ttt_linear_kernel_serves`) with head dims ≤ MAX_TTT_DIM: the whole inner mini-batch
-      loop in kernels.triton.ttt, forward and backward (no varlen: refused as the torch row refuses it).
+      loop in kernels.triton.ttt, forward and backward (varlen: refused as the torch row refuses it — the
+      kernels take cu_seqlens, but a MemoryState carries one offset for all sequences).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)

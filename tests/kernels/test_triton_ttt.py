@@ -155,6 +155,45 @@ def test_chained_calls_equal_one_call(gen):
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
+@pytest.mark.parametrize("offset", [0, 5])
+def test_varlen_equals_each_sequence_alone(gen, offset):
+    """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch):
+    each with its own state row and mini-batches from its own start equals the twin on that sequence alone —
+    outputs, each final state, every gradient; the final offsets are each sequence's. (The kernels serve varlen; the
+    dispatch row does not yet: a MemoryState carries one offset, and the torch row refuses it.)"""
+    lengths = [9, 0, 37, 1, 16]
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    N, T = len(lengths), sum(lengths)
+    x = _inputs(gen, B=1, T=T, Hq=1)
+    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in ("W", "b", "A", "a")})  # one state row per sequence
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+
+    def packed(leaves, off, b):
+        return ttt_linear_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
+                                 scale=SCALE, weights=(leaves["W"], leaves["b"]),
+                                 anchor=(leaves["A"], leaves["a"]) if off else None, offset=off, minibatch=b,
+                                 cu_seqlens=cu.to(DEV))
+
+    def alone(leaves, off, b):
+        outs, parts = [], []
+        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            one = {n: (val[:, s0:s1] if n in ("q", "k", "v", "beta") else val[i:i + 1] if n in "WbAa" else val)
+                   for n, val in leaves.items()}
+            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
+                outs.append(one["v"])
+                parts.append(((one["W"], one["b"]), (one["A"], one["a"]) if off else (one["W"], one["b"]), off))
+                continue
+            o, w, a, o_off = _twin(one, off, b)
+            outs.append(o)
+            parts.append((w, a, o_off))
+        cat = [torch.cat(t, dim=0) for t in zip(*[(w[0], w[1], a[0], a[1]) for w, a, _ in parts])]
+        return torch.cat(outs, dim=1), (cat[0], cat[1]), (cat[2], cat[3]), [p[2] for p in parts]
+
+    got = _run(packed, _fp32(x), offset, seed)
+    assert got[1] == [(offset + n) % 16 for n in lengths]
+    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", [(2, 300, 2, 64, 0), (1, 1000, 3, 128, 7), (4, 515, 2, 32, 11)],

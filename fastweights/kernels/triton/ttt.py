@@ -35,11 +35,16 @@ and summed over the group by the glue.
 
 `ttt_linear_triton` (glue, autograd) and `ttt_linear_torch` (its torch twin: `chunkwise.minibatch` on
 the same contract) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
-of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). No varlen (the torch chunk form
-has none either). fp32 products (tl.dot at input precision `PREC`, "ieee" by default: fp32 FMAs).
+of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
+per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
+reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
+offset, and the torch chunk form has no varlen). fp32 products (tl.dot at input precision `PREC`, "ieee" by
+default: fp32 FMAs).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -84,16 +89,17 @@ def _ln_back(n, inv, g, cm, D: tl.constexpr):
 
 
 @triton.jit
-def _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
           BD: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's rows (position r of the mini-batch is token s·b + r − off): x = scale·q, k, v [BT, BD]
-    (fp32, 0 outside the call), η [BT] (0 outside), the token rows' offsets and validity."""
+    """Mini-batch s's rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
+    s·b + r − off): x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token
+    rows' offsets and validity."""
     r = tl.arange(0, BT)
     c = tl.arange(0, BD)
     cm = c < D
     t = s * BT + r - off
     valid = (t >= 0) & (t < T)
-    row = i_b.to(tl.int64) * T + tl.where(valid, t, 0)
+    row = bos + tl.where(valid, t, 0)
     i_hq = i_h // (H // HQ)
     m = valid[:, None] & cm[None, :]
     qk_off = (row[:, None] * HQ + i_hq) * D + c[None, :]
@@ -103,6 +109,22 @@ def _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.con
     vv = tl.load(v + hv_off, mask=m, other=0.0).to(tl.float32)
     eta = tl.load(beta + row * H + i_h, mask=valid, other=0.0).to(tl.float32)
     return x, kk, vv, eta, row, valid, m
+
+
+@triton.jit
+def _sequence(i_b, T, off, NS, cu, slots, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(first row, tokens, mini-batches, first anchor slot) of sequence (batch row) i_b."""
+    if IS_VARLEN:
+        bos = tl.load(cu + i_b).to(tl.int64)
+        n = (tl.load(cu + i_b + 1).to(tl.int64) - bos).to(tl.int32)
+        ns = (off + n + BT - 1) // BT
+        slot0 = tl.load(slots + i_b).to(tl.int64)
+    else:
+        bos = i_b.to(tl.int64) * T
+        n = T
+        ns = NS
+        slot0 = i_b.to(tl.int64) * NS
+    return bos, n, ns, slot0
 
 
 @triton.jit
@@ -116,11 +138,13 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, scale, T, off,
-                NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-                EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr):
+def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, cu, slots,
+                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
     r = tl.arange(0, BT)
     cm = c < D
@@ -135,17 +159,17 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
     tri = r[:, None] >= r[None, :]
-    for s in range(0, NS):
+    for s in range(0, ns):
         roll = (s > 0) * 1.0  # a new mini-batch: the anchor becomes the previous one's end weights
         A = A + P * (roll / BT)
         a = a + p * (roll / BT)
         P = P * (1.0 - roll)
         p = p * (1.0 - roll)
         if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
-            ck = i_bh.to(tl.int64) * NS + s
+            ck = (slot0 + s) * H + i_h
             tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
             tl.store(cka + ck * D + c, a, mask=cm)
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
         S = _dot(x, tl.trans(kk), PREC) + 1.0
         M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
@@ -164,9 +188,9 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
 
 @triton.jit
 def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, daout, dPout, dpout,
-                dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, scale, T, off, NS,
+                dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
     # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
@@ -190,13 +214,14 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     if HAS_P:
         gP = tl.zeros([BD, BD], dtype=tl.float32)
         gp = tl.zeros([BD], dtype=tl.float32)
-    for si in range(0, NS):
-        s = NS - 1 - si
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    for si in range(0, ns):
+        s = ns - 1 - si
         first = s == 0
-        ck = i_bh.to(tl.int64) * NS + s
+        ck = (slot0 + s) * H + i_h
         A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
         a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, i_b, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
         S = _dot(x, tl.trans(kk), PREC) + 1.0
         M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
@@ -265,42 +290,67 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     tl.store(dlnb + bi, glnb, mask=cm)
 
 
-def _geometry(T: int, offset: int, b: int) -> tuple[int, int]:
-    """(mini-batches the call touches, tokens of the last one after the call: its i)."""
-    ns = -(-(offset + T) // b)
-    return ns, offset + T - (ns - 1) * b
+class _Plan(NamedTuple):
+    """Where the mini-batches of a call lie: R sequences (B, or N with cu_seqlens), NS mini-batches per
+    sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
+    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `last` [R] the tokens
+    of each sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+
+    R: int
+    NS: int
+    slots: int
+    first: Tensor | None
+    last: list[int]
+
+
+def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> _Plan:
+    def count(n):  # mini-batches a sequence of n tokens touches
+        return -(-(offset + n) // b)
+
+    def last(n):
+        return offset + n - (count(n) - 1) * b
+
+    if cu is None:
+        return _Plan(B, count(T), B * count(T), None, [last(T)] * B)
+    lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    counts = [count(n) for n in lengths]
+    first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
+    return _Plan(len(lengths), 0, sum(counts), first, [last(n) for n in lengths])
 
 
 class _TTTLinear(torch.autograd.Function):
     """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], A0, P0 [B, H, D, D] and a0, p0 [B, H, D] (fp32: the anchor and the carried sums), then
-    scale, offset, the mini-batch b and save (keep the anchors for a backward). Returns (o [B, T, H, D] in
-    v's dtype, A, a, P, p of the last mini-batch, fp32)."""
+    lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
+    the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
+    [N+1] on the device, or None) and the `_Plan`. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each
+    sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save):
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan):
         B, T, Hq, D = q.shape
         H = v.shape[2]
-        ns, _ = _geometry(T, offset, b)
+        R = plan.R
         dev = q.device
         f32 = dict(dtype=torch.float32, device=dev)
         o = empty_output(B, T, H, D, dtype=v.dtype, device=dev)
-        ckA = empty_output(*((B, H, ns, D, D) if save else (1,)), **f32)
-        cka = empty_output(*((B, H, ns, D) if save else (1,)), **f32)
-        outs = [empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32),
-                empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)]
-        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=PREC)
-        _fwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, scale, T, offset, ns,
-                              **geo, SAVE=save, **TTT_LAUNCH)
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka)
-        ctx.geo, ctx.scale, ctx.offset, ctx.ns = geo, scale, offset, ns
+        ckA = empty_output(*((max(plan.slots, 1), H, D, D) if save else (1,)), **f32)
+        cka = empty_output(*((max(plan.slots, 1), H, D) if save else (1,)), **f32)
+        outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
+                empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
+        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=PREC, IS_VARLEN=cu is not None)
+        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
+                              plan.NS, **geo, SAVE=save, **TTT_LAUNCH)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, dA, da, dP, dp):
-        q, k, v, beta, lnw, lnb, P0, p0, ckA, cka = ctx.saved_tensors
+        q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
         B, T, Hq, D = q.shape
         H = v.shape[2]
+        R = ctx.plan.R
         dev = q.device
         f32 = dict(dtype=torch.float32, device=dev)
 
@@ -308,26 +358,30 @@ class _TTTLinear(torch.autograd.Function):
             return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
 
         do = grad_in(do, B, T, H, D)
-        gs = [grad_in(dA, B, H, D, D), grad_in(da, B, H, D), grad_in(dP, B, H, D, D), grad_in(dp, B, H, D)]
+        gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
         dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
         dv = empty_output(B, T, H, D, **f32)
         dbeta = empty_output(B, T, H, **f32)
-        dlnw, dlnb = empty_output(B, H, D, **f32), empty_output(B, H, D, **f32)
+        dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
-        dA0, da0 = empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)
-        dP0, dp0 = (empty_output(B, H, D, D, **f32), empty_output(B, H, D, **f32)) if has_p else (dA0, da0)
-        _bwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, ctx.scale, T, ctx.offset, ctx.ns, **ctx.geo, HAS_P=has_p,
-                              **TTT_LAUNCH)
+        dA0, da0 = empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)
+        dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
+        seq = seq if seq else (dq, dq)
+        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
+                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+                              HAS_P=has_p, **TTT_LAUNCH)
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None)
+                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
+                None, None)
 
 
-def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int) -> None:
-    """InputError naming the argument the kernels cannot take (shapes and dtypes only)."""
+def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
+    """The boundaries of cu_seqlens (a list, or None), or InputError naming the argument the kernels cannot take
+    (shapes and dtypes; cu_seqlens's values)."""
+    from ...chunkwise.varlen import check_cu_seqlens
     from ...inputs import check_tensor
 
     if not isinstance(q, Tensor) or q.dim() != 4:
@@ -349,29 +403,35 @@ def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, mini
     check_tensor("beta", beta, (B, T, H), values=False)
     check_tensor("ln_weight", ln_weight, (H, D), values=False)
     check_tensor("ln_bias", ln_bias, (H, D), values=False)
+    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
+    R = B if cu is None else len(cu) - 1  # the state's rows: one per sequence
     for name, pair in (("weights", weights), ("anchor", anchor)):
         if pair is None and name == "anchor":
             continue
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise InputError(f"{name} must be a pair (W [B, H, D, D], b [B, H, 1, D])")
-        check_tensor(f"{name}[0]", pair[0], (B, H, D, D), values=False)
-        check_tensor(f"{name}[1]", pair[1], (B, H, 1, D), values=False)
+            raise InputError(f"{name} must be a pair (W [R, H, D, D], b [R, H, 1, D]), R = {R} sequences")
+        check_tensor(f"{name}[0]", pair[0], (R, H, D, D), values=False)
+        check_tensor(f"{name}[1]", pair[1], (R, H, 1, D), values=False)
     if offset and anchor is None:
         raise InputError("offset > 0 needs the anchor (the weights the mini-batch started from)")
+    return cu
 
 
 def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
-                      minibatch: int = 16):
+                      minibatch: int = 16, cu_seqlens=None):
     """TTT-Linear's chunk form on the kernels (see the module doc); differentiable in every tensor.
 
     q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
     fp32/bf16/fp16; beta [B, T, H] (the inner learning rates η); ln_weight, ln_bias [H, D] (γ, β_ln);
-    weights (W [B, H, D, D], b [B, H, 1, D]) the memory's state; anchor (same) the weights the carried
-    mini-batch started from, needed when offset > 0 (tokens of it consumed before the call); minibatch b.
-    Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last mini-batch — fp32 —
-    and the offset after the call): `chunkwise.minibatch`'s final MemoryState fields."""
-    _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch)
-    T = q.shape[1]
+    weights (W [R, H, D, D], b [R, H, 1, D]) the memory's state, one row per sequence (R = B, or N with
+    cu_seqlens: int [N+1] packing N sequences along T with B = 1, each with its own state and mini-batches
+    aligned to its own start, every one continuing its carried mini-batch by `offset` tokens); anchor (same)
+    the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the
+    call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
+    mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
+    `chunkwise.minibatch`'s final MemoryState fields."""
+    cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
+    B, T = q.shape[:2]
     W, bias = (w.float() for w in weights)
     if offset:
         A0, a0 = (w.float() for w in anchor)
@@ -379,20 +439,27 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     else:
         A0, a0 = W, bias
         P0, p0 = torch.zeros_like(W), torch.zeros_like(bias)
-    ns, last = _geometry(T, offset, minibatch)
+    plan = _plan(B, T, offset, minibatch, cu, q.device)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), ln_weight.contiguous(),
             ln_bias.contiguous(), A0.contiguous(), a0.squeeze(2).contiguous(), P0.contiguous(),
             p0.squeeze(2).contiguous())
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
-    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save)
+    cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
-    return o, (A + P / last, a + p / last), (A, a), (offset + T) % minibatch
+    last = torch.tensor(plan.last, dtype=torch.float32, device=q.device)[:, None, None, None]  # [R, 1, 1, 1]
+    if cu is None:
+        off = (offset + T) % minibatch
+    else:
+        off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
+    return o, (A + P / last, a + p / last), (A, a), off
 
 
 def ttt_linear_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
                      minibatch: int = 16):
     """The torch twin of `ttt_linear_triton` (same contract): `chunkwise.minibatch.minibatch_chunk` for the
-    recipe `ttt_linear` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded."""
+    recipe `ttt_linear` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded (no
+    cu_seqlens: the reference of a varlen call is this on each sequence alone)."""
     import dataclasses
 
     from ...chunkwise.minibatch import minibatch_chunk

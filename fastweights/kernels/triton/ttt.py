@@ -160,7 +160,7 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
     ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
     tri = r[:, None] >= r[None, :]
     for s in range(0, ns):
-        roll = (s > 0) * 1.0  # a new mini-batch: the anchor becomes the previous one's end weights
+        roll = tl.where(s > 0, 1.0, 0.0)  # a new mini-batch: the anchor becomes the previous one's end weights
         A = A + P * (roll / BT)
         a = a + p * (roll / BT)
         P = P * (1.0 - roll)

@@ -14,7 +14,8 @@ imported), and registers them. `fastweights.api` imports it, so `import fastweig
     delta         parallel    torch
     delta         chunk       torch, compile, triton
     generic       recurrent   torch
-    generic       chunk       torch, triton    (mini-batch memories only; triton: Muon's Newton–Schulz, ATLAS)
+    generic       chunk       torch, triton    (mini-batch memories only; triton: Muon's Newton–Schulz, ATLAS,
+                                               and TTT-Linear's whole inner loop)
     mesa          recurrent, parallel, chunk   torch
     softmax       recurrent, parallel          torch
     layer         conv        torch, triton    (the short convolution)

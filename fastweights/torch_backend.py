@@ -119,13 +119,19 @@ def prepare(call) -> Prepared:
 # ---------------------------------------------------------------------------- states
 def memory_state(pr: Prepared, initial_state, rows: int | None = None) -> MemoryState:
     """The initial MemoryState in the compute dtype; `rows` is its batch (B, or N sequences with varlen)."""
-    r = pr.recipe
-    B, H, Kf, V = (pr.B if rows is None else rows), pr.H, pr.Kf, pr.V
+    return initial_memory_state(pr.recipe, initial_state, pr.B if rows is None else rows, pr.H, pr.Kf, pr.V,
+                                pr.cdt, pr.q.device)
+
+
+def initial_memory_state(r: Recipe, initial_state, B: int, H: int, Kf: int, V: int, cdt: torch.dtype,
+                         device) -> MemoryState:
+    """`memory_state` from the call's facts alone (batch rows B, heads H, dims K', V, compute dtype, device):
+    the state checked, completed and cast to `cdt` (a kernel row's glue, which prepares no tensors)."""
     if initial_state is None:
         if r.uses_autodiff:
             raise InputError(f"initial_state is required for {r.name}: the initial weights of an MLP or "
                              "residual-LN memory are outer parameters (fastweights.init_state makes them)")
-        st = MemoryState(weights=(torch.zeros(B, H, Kf, V, dtype=pr.cdt, device=pr.q.device),))
+        st = MemoryState(weights=(torch.zeros(B, H, Kf, V, dtype=cdt, device=device),))
     elif isinstance(initial_state, Tensor):
         if r.memory.kind != "linear":
             raise InputError(f"initial_state for {r.name} must be a MemoryState (MLP weights), got a tensor")
@@ -150,7 +156,7 @@ def memory_state(pr: Prepared, initial_state, rows: int | None = None) -> Memory
                              f"[·, V={V}], got {[list(w.shape) for w in st.weights]}")
     if r.optimizer.minibatch > 1 and st.offset != 0 and st.anchor is None:
         raise InputError("initial_state.offset > 0 needs initial_state.anchor (the mini-batch start weights)")
-    st = state_map(st, lambda x: x.to(pr.cdt))
+    st = state_map(st, lambda x: x.to(cdt))
     return complete_state(r, st, B, H, Kf, V)
 
 

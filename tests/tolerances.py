@@ -308,3 +308,10 @@ CONTEXT_PARALLEL_F64_REL = 1e-10  # context-parallel spans vs one process (outpu
 LORA_MERGED_F64_REL = 1e-10
 # a swapped Qwen3-Next's logits on CUDA (Triton's fp32 dots with TF32 operands) vs the original's, relative
 SWAP_CUDA_TF32_REL = 2e-2
+# bf16 q, k, v into TTT-Linear's kernels (kernels/triton/ttt.py; β, the LayerNorm's affine and the state fp32)
+# against the float64 torch twin on the same rounded values, relative (outputs, final state, every gradient):
+# the kernels compute in fp32 and round o, dq, dk, dv to bf16 (the interpreter's fp32 → bf16 truncates: up to
+# 2⁻⁷ each); fp16 keeps 11 bits. Measured under the interpreter (T = 37, offset 5, D = 16): bf16 ≤ 5.2e-3 over 12
+# draws, fp16 ≤ 6.1e-4 over 8; bounds with ≈ 3× room. (The fp32 kernels against float64, held to CHUNK_F32_REL:
+# ≤ 1.04e-6 over 72 draws of the file's cases.)
+TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}

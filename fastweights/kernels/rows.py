@@ -13,7 +13,9 @@ delta / chunk / triton             →  `delta_chunk`        → kernels.triton.
                                       DeltaProduct's micro-steps: all checked on the H100, picked by "auto";
                                       staged / fused forward and backward: `delta_chunk_pipeline`)
 generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
-                                      Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64)
+                                      Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64);
+                                      TTT-Linear: `ttt_linear_chunk` → kernels.triton.ttt (the whole inner
+                                      loop, forward and backward; interpreter-verified, not yet run on a GPU)
 layer / conv / triton              →  kernels.triton.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
@@ -45,13 +47,14 @@ from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPip
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
-           "gated_chunk_pipeline", "generic_chunk_pipeline", "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
+           "gated_chunk_pipeline", "generic_chunk_pipeline", "ttt_linear_chunk", "ttt_linear_kernel_serves",
+           "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
            "triton_chunk_supports", "pinned",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
            "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
-from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM
+from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM, MAX_TTT_DIM, TTT_MINIBATCHES
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -113,24 +116,55 @@ def triton_chunk_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
+def ttt_linear_kernel_serves(recipe: Recipe) -> str | None:
+    """Why the TTT-Linear kernels (kernels.triton.ttt) cannot run `recipe` (None when they can): exactly
+    TTT-Linear's shape — a linear memory with an inner bias inside the residual LayerNorm, the l2 objective
+    (no window, no probe), TTT's averaged gd over mini-batches of b ∈ TTT_MINIBATCHES, no retention, the
+    identity feature map. A pure function of the recipe."""
+    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
+    if not (mem.kind == "linear" and mem.bias and mem.residual_ln and not mem.normalize):
+        return "the TTT-Linear kernels take a linear memory with an inner bias inside the residual LayerNorm"
+    if recipe.feature_map.kind != "identity" or recipe.retention.kind != "none":
+        return "the TTT-Linear kernels take the identity feature map and no retention"
+    if not (obj.kind == "l2" and obj.window == 1 and not obj.probe):
+        return "the TTT-Linear kernels take the l2 objective (no window, no probe key)"
+    if not (opt.kind == "gd" and opt.minibatch_average and opt.householder_steps == 1):
+        return "the TTT-Linear kernels take TTT's averaged mini-batch gd"
+    if opt.minibatch not in TTT_MINIBATCHES:
+        return f"the TTT-Linear kernels take a mini-batch b in {TTT_MINIBATCHES}, got {opt.minibatch}"
+    return None
+
+
 def triton_generic_supports(recipe: Recipe, target) -> str | None:
     """Why the generic chunk Triton row cannot serve (None when it can): as `triton_device_supports`,
-    a recipe whose mini-batch form exists (`torch_backend.generic_chunk_exists`), and Muon's optimizer:
-    the row is the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the form,
-    and every other optimizer, is the torch row's). (An A/B measurement of the kernel on the GPU:
-    backend="torch" against backend="triton".)"""
+    a recipe whose mini-batch form exists (`torch_backend.generic_chunk_exists`), and either
+    - Muon's optimizer: the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the
+      form is the torch row's); or
+    - TTT-Linear (`ttt_linear_kernel_serves`) with head dims ≤ MAX_TTT_DIM: the whole inner mini-batch
+      loop in kernels.triton.ttt, forward and backward (varlen: refused as the torch row refuses it — the
+      kernels take cu_seqlens, but a MemoryState carries one offset for all sequences).
+    Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
+    against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
     if why is not None:
         return why
-    if recipe.optimizer.kind != "muon":
-        return "the generic chunk Triton row kernels Muon's Newton–Schulz only (other optimizers: the torch row)"
+    if recipe.optimizer.kind == "muon":
+        return None
+    why = ttt_linear_kernel_serves(recipe)
+    if why is not None:
+        return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT-Linear's loop only ({why}; "
+                "other recipes: the torch row)")
+    for name, d in (("K", target.head_k_dim), ("V", target.head_v_dim)):
+        if d is not None and d > MAX_TTT_DIM:
+            return f"the TTT-Linear kernels take head dims ≤ {MAX_TTT_DIM}, got {name}={d}"
     return None
 
 
 #: The Newton–Schulz kernel's tl.dot input precision the row runs ("ieee": fp32 FMAs, as torch's fp32 bmm without
 #: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice (kernels/triton/newton_schulz).
 NS_PRECISION = "ieee"
-GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",)
+#: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel) and TTT-Linear's (the whole loop).
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", "TTT-Linear kernels")
 
 
 def _ns_kernel(precision: str):
@@ -150,12 +184,40 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, ns_precision: 
     every token's momentum (`chunkwise.minibatch._muon_step`) in one kernel each way
     (kernels.triton.newton_schulz, tl.dot at `ns_precision`); Gram sides above MAX_NS_DIM stay on the
     torch iteration."""
+    if ttt_linear_kernel_serves(call.recipe) is None:
+        return ttt_linear_chunk(call, cu_seqlens)
     return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(ns_precision))
 
 
+def ttt_linear_chunk(call, cu_seqlens=None):
+    """TTT-Linear's chunk form on its kernels (`kernels.triton.ttt.ttt_linear_triton`): the caller's q, k, v
+    as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
+    state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
+    row raises (no varlen mini-batch form yet)."""
+    from ..torch_backend import _no_varlen, initial_memory_state
+    from .triton.ttt import ttt_linear_triton
+
+    recipe, s = call.recipe, call.shapes
+    _no_varlen(recipe, cu_seqlens)
+    dev = call.q.device
+    st = initial_memory_state(recipe, call.initial_state, s.B, s.H, s.Kf, s.V, torch.float32, dev)
+    beta = call.inputs.get("beta")
+    if beta is None:
+        beta = torch.ones(s.B, s.T, s.H, dtype=torch.float32, device=dev)
+    lnw, lnb = call.inputs.get("ln_weight"), call.inputs.get("ln_bias")
+    lnw = torch.ones(s.H, s.V, dtype=torch.float32, device=dev) if lnw is None else lnw
+    lnb = torch.zeros(s.H, s.V, dtype=torch.float32, device=dev) if lnb is None else lnb
+    o, weights, anchor, offset = ttt_linear_triton(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale,
+                                                   weights=st.weights, anchor=st.anchor, offset=st.offset,
+                                                   minibatch=recipe.optimizer.minibatch)
+    final = MemoryState(weights=weights, anchor=anchor, offset=offset)
+    return o, finish_state(recipe, final, call.output_final_state)
+
+
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
-    """The pipeline the generic chunk Triton row runs (one: the torch mini-batch form, Newton–Schulz in the kernel)."""
-    return GENERIC_PIPELINES[0]
+    """The pipeline the generic chunk Triton row runs: TTT-Linear's kernels for the recipes they serve
+    (`ttt_linear_kernel_serves`), else the torch mini-batch form with Newton–Schulz in the kernel (Muon)."""
+    return GENERIC_PIPELINES[1] if ttt_linear_kernel_serves(recipe) is None else GENERIC_PIPELINES[0]
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
@@ -193,8 +255,12 @@ def pinned(recipe_class: str, **option):
     key = (recipe_class, "chunk", "triton")
     impl = DISPATCH[key]
     label = value if kind is not None else f"Newton–Schulz kernel ({value})"
-    DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option),
-                                              pipeline=lambda recipe, target: label)
+
+    def named(recipe, target):  # the generic row's TTT-Linear calls take no Newton–Schulz: still its own name
+        return impl.pipeline(recipe, target) if recipe_class == "generic" and recipe is not None \
+            and ttt_linear_kernel_serves(recipe) is None else label
+
+    DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)
     try:
         yield row
     finally:

@@ -39,6 +39,12 @@ with this kernel; interpreter-verified):
     newton_schulz.py  Newton–Schulz on every token's r × r Gram matrix (r ≤ 64), one program per
                       matrix each way, the iteration in registers (the backward recomputes it)
 
+TTT-Linear's whole inner mini-batch loop (`kernels.rows.ttt_linear_chunk`; interpreter-verified, not yet run
+on a GPU):
+
+    ttt.py            one program per (sequence, value head) walks the mini-batches with the fast weights in
+                      registers, each way (the backward recomputes each mini-batch from its stored anchor)
+
 The layer kernels around the memory (the Triton rows of the layer ops "conv" and "norm" of the
 dispatch table, `kernels.rows`; "auto" takes them on CUDA; interpreter-verified):
 

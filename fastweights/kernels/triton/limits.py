@@ -19,3 +19,7 @@ DELTA_FUSED_BWD_MAX_C = 64
 #: forward faulted at K = V = 256 on the H100; this pipeline's kernels at 256 are checked by
 #: scripts/gpu_gated_fused.py (in a subprocess) before this rises.
 GATED_FUSED_MAX_HEAD_DIM_CUDA = 128
+#: TTT-Linear's kernels (`ttt.py`): the head dim D = K = V ≤ MAX_TTT_DIM (the program keeps four [D, D] fp32
+#: tiles in registers — not yet run on a GPU), and the mini-batch b (a tile dim of tl.dot: a power of two ≥ 16).
+MAX_TTT_DIM = 128
+TTT_MINIBATCHES = (16, 32, 64)

@@ -315,3 +315,9 @@ SWAP_CUDA_TF32_REL = 2e-2
 # draws, fp16 ≤ 6.1e-4 over 8; bounds with ≈ 3× room. (The fp32 kernels against float64, held to CHUNK_F32_REL:
 # ≤ 1.04e-6 over 72 draws of the file's cases.)
 TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+# the training loop and its CUDA graph (tests/training, tests/cuda/test_graphed_step.py)
+WEIGHTS_MOVED = 1e-3  # a weight that "moved" after a few AdamW steps differs from its start by more than this
+GRAPHED_LM_F32_REL = 2e-4  # an LM's steps replayed from a CUDA graph vs eager, fp32 (kernels' reduction orders)
+GRAPHED_LM_BF16_REL = 5e-2  # the same under bf16 autocast: bf16 noise over a few steps
+LOG_SPACED = 1e-3  # an lr grid's consecutive log-ratios equal to this (lab/protocol's LR_GRID, 3 significant digits)

@@ -12,6 +12,7 @@ import pytest
 
 from fastweights.lab import mqar, protocol
 from fastweights.lab.mqar import PRESETS, make_cells
+from tests.tolerances import LOG_SPACED
 
 TINY = PRESETS["ceilings-v2-tiny"]
 
@@ -31,7 +32,7 @@ def test_the_grid_expands_to_every_lr_times_seed_run():
     lrs = sorted(v2.lrs)
     assert len(lrs) >= 4 and math.isclose(lrs[0], 3e-4) and math.isclose(lrs[-1], 3e-2)
     steps = [math.log(b / a) for a, b in zip(lrs, lrs[1:])]
-    assert max(steps) - min(steps) < 1e-3  # log-spaced
+    assert max(steps) - min(steps) < LOG_SPACED  # log-spaced
     cells = make_cells(v2)
     assert len(v2.seeds) >= 2 and len(cells) == 20 * 6 * len(lrs) * len(v2.seeds)
     # equal footing: every memory, the MLP memories included, at 2 heads of K = 64

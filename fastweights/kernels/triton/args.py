@@ -19,15 +19,9 @@ MAX_HEAD_DIM = 256
 MIN_CLAMPED_CHUNK = 64
 
 
-def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_seqlens):
-    """(Layout, the initial state as fp32 contiguous or None, the resolved scale), or InputError
-    naming the argument: q, k [B, T, H_q, K], v [B, T, H, V] with H_q | H, one dtype of fp32/bf16/
-    fp16, K, V ≤ 256, chunk_size a power of two ≥ 16, β [B, T, H], g [B, T, H(, K)], cu_seqlens
-    (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V].
-    The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 64)): never longer than
-    the sequence needs beyond the GPU chunk of 64 (the bound uses T, not the longest varlen sequence, which
-    would need a read of cu_seqlens on the host; and never below 64, so that a chunk_size ≤ 64 is never
-    changed and varlen packings of any total length compile one set of kernels)."""
+def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
+    """(B, T, H_q, H, K, V) of q, k [B, T, H_q, K] and v [B, T, H, V] with H_q | H and one dtype of fp32, bf16 or
+    fp16 — what every Triton kernel of a memory takes — or InputError naming the argument."""
     if not isinstance(q, Tensor) or q.dim() != 4:
         raise InputError(f"q must be 4-D [B, T, H_q, K], got {list(q.shape) if isinstance(q, Tensor) else q!r}")
     B, T, Hq, K = q.shape
@@ -39,6 +33,19 @@ def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_s
         raise InputError(f"v's heads H={H} must be a multiple of q's and k's H_q={Hq}")
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise InputError(f"q, k, v must share one dtype of fp32, bf16 or fp16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return B, T, Hq, H, K, V
+
+
+def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_seqlens):
+    """(Layout, the initial state as fp32 contiguous or None, the resolved scale), or InputError
+    naming the argument: q, k [B, T, H_q, K], v [B, T, H, V] with H_q | H, one dtype of fp32/bf16/
+    fp16, K, V ≤ 256, chunk_size a power of two ≥ 16, β [B, T, H], g [B, T, H(, K)], cu_seqlens
+    (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V].
+    The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 64)): never longer than
+    the sequence needs beyond the GPU chunk of 64 (the bound uses T, not the longest varlen sequence, which
+    would need a read of cu_seqlens on the host; and never below 64, so that a chunk_size ≤ 64 is never
+    changed and varlen packings of any total length compile one set of kernels)."""
+    B, T, Hq, H, K, V = check_qkv(q, k, v)
     if K > MAX_HEAD_DIM or V > MAX_HEAD_DIM:
         raise InputError(f"head dims K={K}, V={V} must be ≤ {MAX_HEAD_DIM} for the Triton kernels")
     if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16

@@ -383,17 +383,11 @@ def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, mini
     (shapes and dtypes; cu_seqlens's values)."""
     from ...chunkwise.varlen import check_cu_seqlens
     from ...inputs import check_tensor
+    from .args import check_qkv
 
-    if not isinstance(q, Tensor) or q.dim() != 4:
-        raise InputError(f"q must be 4-D [B, T, H_q, D], got {getattr(q, 'shape', q)!r}")
-    B, T, Hq, D = q.shape
-    H = v.shape[2] if isinstance(v, Tensor) and v.dim() == 4 else -1
-    check_tensor("k", k, (B, T, Hq, D), values=False)
-    check_tensor("v", v, (B, T, H, D), values=False)
-    if H % Hq:
-        raise InputError(f"v's heads H={H} must be a multiple of q's and k's H_q={Hq}")
-    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise InputError(f"q, k, v must share one dtype of fp32, bf16 or fp16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, T, Hq, H, D, V = check_qkv(q, k, v)
+    if V != D:
+        raise InputError(f"the TTT-Linear kernels take v's head dim equal to q's and k's D={D}, got {V}")
     if D > MAX_TTT_DIM:
         raise InputError(f"the TTT-Linear kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
     if minibatch not in TTT_MINIBATCHES:

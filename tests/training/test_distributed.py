@@ -1,5 +1,5 @@
 """The distributed helpers outside torchrun are no-ops of a world of one (under torchrun:
-tests/lab/test_ddp.py and tests/pretrain/test_distributed.py)."""
+tests/pretrain/test_torchrun.py and tests/pretrain/test_distributed.py)."""
 
 from fastweights.training.distributed import (
     DistInfo,

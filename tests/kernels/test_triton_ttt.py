@@ -22,7 +22,7 @@ from fastweights.kernels.triton.ttt import ttt_linear_torch, ttt_linear_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
-from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LOW_REL
+from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
 
@@ -331,8 +331,8 @@ def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
         results.append((y.detach().cpu(), grads))
     assert len(calls) == 1
     (y1, g1), (y2, g2) = results
-    assert rel(y2, y1) < CHUNK_F32_REL
+    assert rel(y2, y1) < TTT_LAYER_F32_REL  # two fp32 computations of the layer
     for name, a, b in zip([n for n, _ in ref.named_parameters()], g2, g1):
         assert (a is None) == (b is None), name
         if b is not None:
-            assert rel(a, b) < CHUNK_F32_REL, name
+            assert rel(a, b) < TTT_LAYER_F32_REL, name

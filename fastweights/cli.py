@@ -121,7 +121,7 @@ def _bench_train(args):
               lengths=args.lengths,
               steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
               threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build,
-              grad_checkpoint=args.grad_checkpoint, cuda_graph=args.cuda_graph)
+              grad_checkpoint=args.grad_checkpoint, cuda_graph=args.cuda_graph, same_params=args.same_params)
     try:
         check_args(**kw)
         _apply_launch("--launch", args.launch)
@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--cuda-graph", action="store_true",
                     help="every row's step captured once in a CUDA graph and replayed (fastweights.training."
                          "GraphedLMStep; CUDA only): the step without the host's launch time")
+    tr.add_argument("--same-params", action="store_true",
+                    help="also a softmax_attention row per other model with its MLP widened to that model's parameter "
+                         "count (within 3%%), and each row's ratios against it beside the same-shape ones")
     tr.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")

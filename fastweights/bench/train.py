@@ -60,6 +60,12 @@ after at least its WARMUP eager steps; CUDA only, not with --grad-checkpoint): t
 launch time, which at the preset's shape is half of a gated DeltaNet step (docs/kernel_notes.md, round 4). Rows are
 labelled "+ CUDA graph" and compared with the softmax_attention row replayed the same way.
 
+--same-params: after the softmax_attention row, one more softmax_attention row per other model with its SwiGLU MLP
+widened (`mlp_hidden`, a multiple of 64 at realistic widths) to that model's parameter count within 3 %
+(`same_params_config`; e.g. the gpu-125m shape's gated DeltaNet LM has 1.33× the same-shape transformer's
+parameters), labelled "softmax_attention (MLP h: params of <model>)"; every row of that model gets "vs same-params
+softmax" ratios beside the same-shape ones.
+
 Note: `LM.forward` checks that every id is below vocab_size, one host synchronization per step — the
 same for every model.
 """
@@ -82,7 +88,8 @@ import torch.nn.functional as F
 
 from ..models import LM, LMConfig
 
-__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "BASE_MODEL"]
+__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "BASE_MODEL", "same_params_config",
+           "count_parameters"]
 
 BASE_MODEL = "softmax_attention"
 """The model every row's ratios divide by (same B and T)."""
@@ -126,6 +133,10 @@ class TrainRow:
     peak_vs_plain: float | None = None  # a checkpointed row: this peak / the same row without checkpointing
     tokens_vs_plain: float | None = None  # a checkpointed row: this tokens/s / the same row's without
     graph: bool = False  # the step replayed from a CUDA graph (--cuda-graph: fastweights.training.GraphedLMStep)
+    mlp_hidden: int | None = None  # the MLP's hidden width (LMConfig.hidden)
+    matches: str = ""  # a --same-params base row: the model whose parameter count its widened MLP matches
+    tokens_vs_same: float | None = None  # this tokens/s / the same-params softmax_attention row's (same B, T)
+    peak_vs_same: float | None = None  # this peak / the same-params softmax_attention row's (same B, T)
 
 
 def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Sequence[int] | None
@@ -171,13 +182,50 @@ def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, b
                     layer_ops=layer_ops)
 
 
+MLP_MULTIPLES = (64, 32, 16, 8)
+"""--same-params: the widened MLP's hidden width is a multiple of the first of these that comes within
+SAME_PARAMS_TOL (64 at every realistic width; tensor-core friendly)."""
+
+SAME_PARAMS_TOL = 0.03
+"""--same-params: the widened transformer's parameters within this fraction of the model's."""
+
+
+def count_parameters(cfg: LMConfig) -> int:
+    """LM(cfg).num_parameters(), counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        return LM(cfg).num_parameters()
+
+
+def same_params_config(base: LMConfig, target: LMConfig) -> LMConfig:
+    """`base` (a softmax transformer's config) with its SwiGLU MLP widened (mlp_hidden, a multiple of the first of
+    MLP_MULTIPLES that can) so that its parameter count is the nearest to `target`'s; raises ValueError when no width
+    comes within SAME_PARAMS_TOL (e.g. the target smaller than the base with the narrowest MLP) or the base has no MLP.
+
+    The count is linear in the width: P(h) = P(h₀) + (h − h₀)·Δ, Δ = P(h₀ + 1) − P(h₀) (n_layers · 3 · d_model for
+    SwiGLU), so h = h₀ + (P_target − P(h₀)) / Δ rounded to the multiple."""
+    import dataclasses
+
+    if base.mlp != "swiglu":
+        raise ValueError(f"--same-params widens the transformer's SwiGLU MLP; its config has mlp={base.mlp!r}")
+    want, h0 = count_parameters(target), base.hidden
+    p0 = count_parameters(base)
+    per = count_parameters(dataclasses.replace(base, mlp_hidden=h0 + 1)) - p0
+    for m in MLP_MULTIPLES:
+        h = max(m, m * round((h0 + (want - p0) / per) / m))
+        got = p0 + (h - h0) * per
+        if abs(got - want) <= SAME_PARAMS_TOL * want:
+            return dataclasses.replace(base, mlp_hidden=h)
+    raise ValueError(f"--same-params: no MLP width brings the transformer to {want:,} parameters within "
+                     f"{SAME_PARAMS_TOL:.0%} (nearest: {got:,} at mlp_hidden={h})")
+
+
 _CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "backend", "layer_ops")
 
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
                backend="auto", layer_ops="auto", build=("device",), grad_checkpoint="off",
-               cuda_graph=False) -> list[tuple[int, int]]:
+               cuda_graph=False, same_params=False) -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -220,6 +268,18 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
             named = [f for f in _CONFIG_FLAGS if f in msg]
             flag = "--" + named[0].replace("_", "-") if named else "--models"
             raise ca.ArgError(f"{flag}: model {m} cannot be built: {msg}") from None
+    if same_params:
+        others = [m for m in dict.fromkeys(models) if m != BASE_MODEL]
+        if BASE_MODEL not in models or not others:
+            raise ca.ArgError(f"--same-params compares models with {BASE_MODEL}: --models needs it and at least "
+                              f"one other, got {' '.join(models)}")
+        kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
+                  head_dim=head_dim, backend=backend, layer_ops=layer_ops)
+        for m in others:
+            try:
+                same_params_config(_config(BASE_MODEL, **kw), _config(m, **kw))
+            except ValueError as e:
+                raise ca.ArgError(f"{e} (model {m})") from None
     return pairs
 
 
@@ -332,8 +392,14 @@ def _ratio(a, b):
 def _fill_ratios(rows: list[TrainRow]) -> None:
     """Each row's tokens/s and peak over the successful softmax_attention row of its (B, T, build)."""
     for r in rows:
-        base = next((b for b in rows if b.model == BASE_MODEL and (b.B, b.T, b.build, b.grad_ckpt, b.graph)
-                     == (r.B, r.T, r.build, r.grad_ckpt, r.graph) and not b.error), None)
+        key = (r.B, r.T, r.build, r.grad_ckpt, r.graph)
+        base = next((b for b in rows if b.model == BASE_MODEL and not b.matches and not b.error
+                     and (b.B, b.T, b.build, b.grad_ckpt, b.graph) == key), None)
+        same = next((b for b in rows if b.model == BASE_MODEL and b.matches == r.model and not b.error
+                     and (b.B, b.T, b.build, b.grad_ckpt, b.graph) == key), None)
+        r.tokens_vs_same = _ratio(r.tokens_per_s, same.tokens_per_s) if same and not r.error else None
+        r.peak_vs_same = _ratio(r.peak_bytes, same.peak_bytes) if same and not r.error else None
+        base = base if not r.matches else None  # a same-params base row is compared with no other base
         r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
         r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
         plain = next((b for b in rows if r.grad_ckpt and not b.grad_ckpt and not b.error
@@ -345,14 +411,15 @@ def _fill_ratios(rows: list[TrainRow]) -> None:
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
               dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
-              grad_checkpoint="off", cuda_graph=False, out_dir="runs/bench/train", command=None,
+              grad_checkpoint="off", cuda_graph=False, same_params=False, out_dir="runs/bench/train", command=None,
               log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
     build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
     pairs = check_args(models=models, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
                        warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
-                       layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint, cuda_graph=cuda_graph)
+                       layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint, cuda_graph=cuda_graph,
+                       same_params=same_params)
     ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[grad_checkpoint]
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
@@ -365,26 +432,32 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
               backend=backend, layer_ops=layer_ops)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
                                   threads=threads, out_dir=out_dir, build=build, grad_checkpoint=grad_checkpoint,
-                                  cuda_graph=cuda_graph, **kw)
+                                  cuda_graph=cuda_graph, same_params=same_params, **kw)
     setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
              f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
              f"built {', '.join(build)}, layer ops {layer_ops}"
              + ("" if grad_checkpoint == "off" else f", gradient checkpointing {grad_checkpoint}")
              + (", every step replayed from a CUDA graph" if cuda_graph else ""))
-    n_rows = len(pairs) * len(build) * len(models) * len(ckpts)
+    # (model, config, the model a widened transformer matches or ""): the base first, then with --same-params a
+    # widened base per other model, then the other models
+    base_cfg = _config(BASE_MODEL, **kw)
+    plan = [(m, _config(m, **kw), "") for m in models]
+    if same_params:
+        widened = [(BASE_MODEL, same_params_config(base_cfg, c), m) for m, c, _ in plan if m != BASE_MODEL]
+        plan = plan[:1] + widened + plan[1:]
+    n_rows = len(pairs) * len(build) * len(plan) * len(ckpts)
     log(f"bench train: {n_rows} rows, each {warmup} warm-up + {steps} timed steps; {setup}")
     log(HEADER)
     rows: list[TrainRow] = []
     t_start = time.perf_counter()
     for B, T in pairs:
         for b in build:
-            for m in models:
+            for m, cfg, matches in plan:
                 for g in ckpts:
                     row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
-                                   build=b, grad_ckpt=g, graph=cuda_graph)
-                    _row(row, rows, _config(m, **kw), dev, dtype == "bfloat16", steps, warmup, out_dir, command,
-                         setup, log)
+                                   build=b, grad_ckpt=g, graph=cuda_graph, mlp_hidden=cfg.hidden, matches=matches)
+                    _row(row, rows, cfg, dev, dtype == "bfloat16", steps, warmup, out_dir, command, setup, log)
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
     return rows
 
@@ -409,7 +482,7 @@ def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, 
 
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
              num_heads, head_dim, backend, layer_ops="auto", build=("device",), grad_checkpoint="off",
-             cuda_graph=False) -> str:
+             cuda_graph=False, same_params=False) -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
@@ -418,7 +491,7 @@ def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, v
                     ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir),
                     ("--grad-checkpoint", grad_checkpoint)):
         parts += [flag, str(v)]
-    parts += ["--build", *build] + (["--cuda-graph"] if cuda_graph else [])
+    parts += ["--build", *build] + (["--cuda-graph"] if cuda_graph else []) + (["--same-params"] if same_params else [])
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -439,17 +512,21 @@ def _fmt(r: TrainRow) -> str:
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
     tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""
-    model = r.model + (" + grad ckpt" if r.grad_ckpt else "") + (" + CUDA graph" if r.graph else "")
+    model = (r.model + (f" (MLP {r.mlp_hidden:,}: params of {r.matches})" if r.matches else "")
+             + (" + grad ckpt" if r.grad_ckpt else "") + (" + CUDA graph" if r.graph else ""))
     return (f"| {model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
             f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
-            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")
+            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.tokens_vs_same)} | {_x(r.peak_vs_same)} | "
+            f"{_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")
 
 
 HEADER = ("| model | B×T | build | params | backends | optimizer | step ms | tokens/s | peak GiB "
-          "| tokens/s vs softmax | peak vs softmax | tokens/s vs plain | peak vs plain |\n"
-          "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
-"""vs softmax: this row over the softmax_attention row of the same B×T, build and checkpointing; vs plain:
-a "+ grad ckpt" row over the same model's row without gradient checkpointing."""
+          "| tokens/s vs softmax | peak vs softmax | tokens/s vs same-params softmax | peak vs same-params softmax "
+          "| tokens/s vs plain | peak vs plain |\n"
+          "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+"""vs softmax: this row over the softmax_attention row of the same shape (d_model, heads, layers, MLP), B×T, build and
+checkpointing; vs same-params softmax (--same-params): over the softmax_attention row whose MLP is widened to this
+model's parameter count; vs plain: a "+ grad ckpt" row over the same model's row without gradient checkpointing."""
 
 
 def format_table(rows: Sequence[TrainRow]) -> str:

@@ -5,6 +5,7 @@ a failing row is recorded while the run goes on, --layer-ops picks the layer ops
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -281,3 +282,52 @@ def test_launch_applies_a_swept_table_before_the_rows(tmp_path, monkeypatch):
     assert cli.main(argv) == 0 and seen == [dict(num_warps=8, num_stages=2)]
     table.write_text(json.dumps({"no_such_kernel": {"num_warps": 8}}))
     assert cli.main(argv) == 2
+
+
+@pytest.mark.parametrize("d_model, n_layers, heads, head_dim, model", [
+    (768, 12, 6, 128, "gated_deltanet"), (1024, 8, 8, 128, "gated_deltanet"), (32, 2, 2, 16, "deltanet"),
+    (256, 2, 4, 64, "mamba2")])
+def test_same_params_config_widens_the_mlp_to_the_models_parameter_count(d_model, n_layers, heads, head_dim, model):
+    """The widened transformer's count is the nearest its MLP width (a multiple) allows, within the tolerance, and
+    its count really is what LM(cfg) has (counted on the meta device, checked on a real build at small sizes)."""
+    kw = dict(vocab_size=256, d_model=d_model, n_layers=n_layers, num_heads=heads, head_dim=head_dim, backend="auto")
+    base, target = train._config(train.BASE_MODEL, **kw), train._config(model, **kw)
+    cfg = train.same_params_config(base, target)
+    want, got = train.count_parameters(target), train.count_parameters(cfg)
+    m = next(m for m in train.MLP_MULTIPLES if cfg.hidden % m == 0)
+    assert abs(got - want) <= train.SAME_PARAMS_TOL * want and cfg.hidden > base.hidden
+    for other in (cfg.hidden - m, cfg.hidden + m):  # no neighbouring width of that multiple is nearer
+        near = train.count_parameters(dataclasses.replace(cfg, mlp_hidden=other))
+        assert abs(near - want) >= abs(got - want)
+    if d_model <= 32:
+        assert LM(cfg).num_parameters() == got
+    if d_model == 768:
+        assert cfg.hidden % 64 == 0
+
+
+def test_same_params_adds_a_widened_base_row_and_its_ratios(tmp_path):
+    rc = cli.main(["bench", "train", *TINY, "--models", "deltanet", "softmax_attention", "--lengths", "32",
+                   "--dtype", "float32", "--same-params", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "train.json").read_text())
+    assert "--same-params" in data["command"]
+    base, wide, dn = data["rows"]
+    assert (base["model"], base["matches"], wide["model"], wide["matches"], dn["model"]) == (
+        "softmax_attention", "", "softmax_attention", "deltanet", "deltanet")
+    assert all(not r["error"] for r in data["rows"])
+    assert wide["mlp_hidden"] > base["mlp_hidden"]
+    assert abs(wide["params"] - dn["params"]) <= train.SAME_PARAMS_TOL * dn["params"]
+    assert dn["tokens_vs_same"] == pytest.approx(dn["tokens_per_s"] / wide["tokens_per_s"])
+    assert dn["tokens_vs_base"] == pytest.approx(dn["tokens_per_s"] / base["tokens_per_s"])
+    assert wide["tokens_vs_base"] is None  # a widened base row is compared with no other base
+    md = (tmp_path / "train.md").read_text()
+    assert f"| softmax_attention (MLP {wide['mlp_hidden']:,}: params of deltanet) |" in md
+
+
+@pytest.mark.parametrize("models", [["gated_deltanet"], ["softmax_attention"]])
+def test_same_params_needs_the_base_and_another_model(models, tmp_path, capsys):
+    argv = ["bench", "train", *TINY, "--models", *models, "--same-params", "--out", str(tmp_path / "x")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --same-params"), err
+    assert not (tmp_path / "x").exists()

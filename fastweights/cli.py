@@ -121,7 +121,8 @@ def _bench_train(args):
               lengths=args.lengths,
               steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
               threads=args.threads or None, backend=args.backend, layer_ops=args.layer_ops, build=args.build,
-              grad_checkpoint=args.grad_checkpoint, cuda_graph=args.cuda_graph, same_params=args.same_params)
+              grad_checkpoint=args.grad_checkpoint, cuda_graph=args.cuda_graph, same_params=args.same_params,
+              head_v_dim=args.head_v_dim)
     try:
         check_args(**kw)
         _apply_launch("--launch", args.launch)
@@ -231,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--n-layers", type=int, default=2)
     tr.add_argument("--num-heads", type=int, default=4)
     tr.add_argument("--head-dim", type=int, default=64)
+    tr.add_argument("--head-v-dim", type=int, default=None,
+                    help="the fast-weight mixers' value head dim (default: each mixer's own, e.g. 2×head_dim for "
+                         "gated_deltanet; the gpu-125m preset sets 128); softmax_attention keeps head_dim")
     tr.add_argument("--vocab-size", type=int, default=1024)
     tr.add_argument("--batch", type=int, default=None,
                     help="sequences per step, with every --lengths entry (default 1)")

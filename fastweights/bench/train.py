@@ -20,7 +20,8 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
                  state and activations), after reset_peak_memory_stats with the previous row freed;
                  "—" elsewhere (no number is made up)
     params       LM.num_parameters() (each mixer keeps its preset wiring: the same d_model, layers,
-                 heads and head_dim, but e.g. gated_deltanet's value heads are 2× wide)
+                 heads and head_dim, but e.g. gated_deltanet's value heads are 2× wide unless --head-v-dim
+                 sets them: the gpu-125m preset's LM has --head-v-dim 128)
     backends     the backend each layer's training form ran (its mixer's `routes` after the run, with the
                  named pipeline of a Triton row, `pipelines`; "sdpa": a softmax-side layer's own attention),
                  e.g. "triton (staged forward, fused backward)×8", and the
@@ -172,14 +173,16 @@ def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Seque
     return [(batch, T) for T in dict.fromkeys(lengths)]
 
 
-def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, backend, layer_ops="auto"
-            ) -> LMConfig:
-    """The LMConfig of one row; `backend` applies to fast-weight mixers (softmax-side ones keep "auto")."""
+def _config(model: str, *, vocab_size, d_model, n_layers, num_heads, head_dim, backend, layer_ops="auto",
+            head_v_dim=None) -> LMConfig:
+    """The LMConfig of one row; `backend` and `head_v_dim` apply to fast-weight mixers (softmax-side ones keep
+    "auto" and values of head_dim)."""
     from .. import zoo
 
+    softmax = zoo.resolve(model).is_softmax
     return LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
-                    head_dim=head_dim, mixer=model, backend="auto" if zoo.resolve(model).is_softmax else backend,
-                    layer_ops=layer_ops)
+                    head_dim=head_dim, head_v_dim=None if softmax else head_v_dim, mixer=model,
+                    backend="auto" if softmax else backend, layer_ops=layer_ops)
 
 
 MLP_MULTIPLES = (64, 32, 16, 8)
@@ -219,13 +222,13 @@ def same_params_config(base: LMConfig, target: LMConfig) -> LMConfig:
                      f"{SAME_PARAMS_TOL:.0%} (nearest: {got:,} at mlp_hidden={h})")
 
 
-_CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_dim", "backend", "layer_ops")
+_CONFIG_FLAGS = ("vocab_size", "d_model", "n_layers", "num_heads", "head_v_dim", "head_dim", "backend", "layer_ops")
 
 
 def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, shapes=None, batch=None,
                lengths=None, steps=5, warmup=2, device="cpu", dtype="bfloat16", threads=None,
                backend="auto", layer_ops="auto", build=("device",), grad_checkpoint="off",
-               cuda_graph=False, same_params=False) -> list[tuple[int, int]]:
+               cuda_graph=False, same_params=False, head_v_dim=None) -> list[tuple[int, int]]:
     """Every argument checked before anything runs (`fastweights.cliargs.ArgError` naming the flag);
     returns the (B, T) pairs. Each model's LMConfig is built here, so a model the sizes cannot
     describe is refused before the first row."""
@@ -239,6 +242,7 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
                     ("--head-dim", head_dim), ("--vocab-size", vocab_size), ("--steps", steps)):
         ca.positive(flag, v, allow_none=False)
     ca.nonnegative("--warmup", warmup, allow_none=False)
+    ca.positive("--head-v-dim", head_v_dim)
     ca.threads("--threads", threads, zero_ok=True)
     if dtype not in DTYPES:
         raise ca.ArgError(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
@@ -262,7 +266,7 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
     for m in dict.fromkeys(models):
         try:
             _config(m, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
-                    head_dim=head_dim, backend=backend, layer_ops=layer_ops)
+                    head_dim=head_dim, backend=backend, layer_ops=layer_ops, head_v_dim=head_v_dim)
         except ConfigError as e:  # "LMConfig.mixer (m): RoPE needs an even head_dim, got 15" -> --head-dim
             msg = str(e).split(": ", 1)[-1] if str(e).startswith("LMConfig.mixer") else str(e)
             named = [f for f in _CONFIG_FLAGS if f in msg]
@@ -274,7 +278,7 @@ def check_args(*, models, d_model, n_layers, num_heads, head_dim, vocab_size, sh
             raise ca.ArgError(f"--same-params compares models with {BASE_MODEL}: --models needs it and at least "
                               f"one other, got {' '.join(models)}")
         kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads,
-                  head_dim=head_dim, backend=backend, layer_ops=layer_ops)
+                  head_dim=head_dim, backend=backend, layer_ops=layer_ops, head_v_dim=head_v_dim)
         for m in others:
             try:
                 same_params_config(_config(BASE_MODEL, **kw), _config(m, **kw))
@@ -411,7 +415,8 @@ def _fill_ratios(rows: list[TrainRow]) -> None:
 def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2, num_heads=4, head_dim=64,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
               dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
-              grad_checkpoint="off", cuda_graph=False, same_params=False, out_dir="runs/bench/train", command=None,
+              grad_checkpoint="off", cuda_graph=False, same_params=False, head_v_dim=None, out_dir="runs/bench/train",
+              command=None,
               log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
     build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
@@ -419,7 +424,7 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
                        vocab_size=vocab_size, shapes=shapes, batch=batch, lengths=lengths, steps=steps,
                        warmup=warmup, device=device, dtype=dtype, threads=threads, backend=backend,
                        layer_ops=layer_ops, build=build, grad_checkpoint=grad_checkpoint, cuda_graph=cuda_graph,
-                       same_params=same_params)
+                       same_params=same_params, head_v_dim=head_v_dim)
     ckpts = {"off": (False,), "on": (True,), "both": (False, True)}[grad_checkpoint]
     models = sorted(dict.fromkeys(models), key=lambda m: m != BASE_MODEL)  # the ratios' base first
     dev = torch.device(device)
@@ -429,11 +434,11 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
         torch.set_num_threads(threads)
     os.makedirs(out_dir, exist_ok=True)
     kw = dict(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, num_heads=num_heads, head_dim=head_dim,
-              backend=backend, layer_ops=layer_ops)
+              backend=backend, layer_ops=layer_ops, head_v_dim=head_v_dim)
     command = command or _command(models, pairs, steps=steps, warmup=warmup, device=device, dtype=dtype,
                                   threads=threads, out_dir=out_dir, build=build, grad_checkpoint=grad_checkpoint,
                                   cuda_graph=cuda_graph, same_params=same_params, **kw)
-    setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {vocab_size=}, {dtype} "
+    setup = (f"{d_model=}, {n_layers=}, {num_heads=}, {head_dim=}, {head_v_dim=}, {vocab_size=}, {dtype} "
              f"({'autocast over fp32 weights' if dtype == 'bfloat16' else 'fp32'}) on {dev}, torch "
              f"{torch.__version__}, {platform.machine()}, torch threads {torch.get_num_threads()}, "
              f"built {', '.join(build)}, layer ops {layer_ops}"
@@ -482,7 +487,7 @@ def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, 
 
 def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, vocab_size, d_model, n_layers,
              num_heads, head_dim, backend, layer_ops="auto", build=("device",), grad_checkpoint="off",
-             cuda_graph=False, same_params=False) -> str:
+             cuda_graph=False, same_params=False, head_v_dim=None) -> str:
     """The `fastweights bench train` command line that reproduces this run (every option explicit)."""
     parts = ["fastweights", "bench", "train", "--models", *models, "--shapes", *(f"{B},{T}" for B, T in pairs)]
     for flag, v in (("--d-model", d_model), ("--n-layers", n_layers), ("--num-heads", num_heads),
@@ -491,6 +496,8 @@ def _command(models, pairs, *, steps, warmup, device, dtype, threads, out_dir, v
                     ("--layer-ops", layer_ops), ("--threads", 0 if threads is None else threads), ("--out", out_dir),
                     ("--grad-checkpoint", grad_checkpoint)):
         parts += [flag, str(v)]
+    if head_v_dim is not None:
+        parts += ["--head-v-dim", str(head_v_dim)]
     parts += ["--build", *build] + (["--cuda-graph"] if cuda_graph else []) + (["--same-params"] if same_params else [])
     return " ".join(shlex.quote(p) for p in parts)
 

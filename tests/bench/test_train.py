@@ -88,7 +88,8 @@ def test_the_timed_step_is_an_optimizer_step(tmp_path, monkeypatch):
     (["--models", "softmax_attention", "--head-dim", "15"], "--head-dim"),  # RoPE: an even head_dim
     (["--out", "/proc/version/x"], "--out"), (["--launch", "/nonexistent/best_launch.json"], "--launch"),
     (["--launch", "{bad}"], "--launch"), (["--cuda-graph"], "--cuda-graph"),  # the default device is the CPU
-    (["--cuda-graph", "--device", "cuda", "--grad-checkpoint"], "--cuda-graph")])
+    (["--cuda-graph", "--device", "cuda", "--grad-checkpoint"], "--cuda-graph"),
+    (["--head-v-dim", "0"], "--head-v-dim")])
 def test_bad_arguments_are_one_line_before_anything_runs(argv, flag, tmp_path, capsys):
     if "--out" not in argv:
         argv = [*argv, "--out", str(tmp_path / "x")]
@@ -331,3 +332,21 @@ def test_same_params_needs_the_base_and_another_model(models, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --same-params"), err
     assert not (tmp_path / "x").exists()
+
+
+def test_head_v_dim_sets_the_fast_weight_mixers_value_heads_only(tmp_path):
+    """--head-v-dim 16 (= head_dim, as the gpu-125m preset sets it) narrows gated DeltaNet's value heads from its
+    default 2× and leaves the transformer alone; the command line reproduces it."""
+    def run(extra, out):
+        assert cli.main(["bench", "train", *TINY, "--lengths", "16", "--dtype", "float32", *extra, "--out", out]) == 0
+        data = json.loads((tmp_path / out / "train.json").read_text())
+        return data["command"], {r["model"]: r["params"] for r in data["rows"]}
+
+    cmd, narrow = run(["--head-v-dim", "16"], str(tmp_path / "a"))
+    _, default = run([], str(tmp_path / "b"))
+    assert "--head-v-dim 16" in cmd
+    assert narrow["softmax_attention"] == default["softmax_attention"]
+    assert narrow["gated_deltanet"] < default["gated_deltanet"]
+    want = LM(train._config("gated_deltanet", vocab_size=64, d_model=32, n_layers=2, num_heads=2, head_dim=16,
+                            backend="auto", head_v_dim=16)).num_parameters()
+    assert narrow["gated_deltanet"] == want

@@ -17,7 +17,8 @@ The cache holds what a later query needs: DeltaFormer caches u; PaTH caches ever
 multiplied by all Householders seen so far (k̃_j = P_{L,j} k_j for a cache of length L), so a new
 token only transforms the cache once; c is cached per position (per query head).
 
-Algorithms (exact; no switching by length):
+Algorithms (exact; no switching by length — PaTH's blocks longer than PATH_BLOCK run as sub-blocks through the
+cache, the same maths in every case):
   * dot objective, no Householder: torch SDPA over [cache; block] with a boolean causal mask,
     or a float bias mask c_i − c_j (−inf above the diagonal) when there is retention.
   * DeltaFormer: the block's u solve a unit lower-triangular system
@@ -259,6 +260,24 @@ def _path_attend(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, cache
     return o, new_keys.transpose(1, 2).to(k.dtype)  # [B, N, Hkv, K]
 
 
+PATH_BLOCK = 256
+"""PaTH's block: a longer block is run as consecutive sub-blocks of at most this many tokens, each appended to
+the cache the one before left (the same maths as a prefill in pieces; its solve costs T·T·N flops a block, so a
+whole 4,096-token prompt in one block would cost T³ ≈ 7·10¹⁰ a head, in sub-blocks 16× less)."""
+
+
+def _path_blocks(recipe: Recipe, q, k, v, *, scale, cache: KVCache, g, beta, w, doc):
+    """kv_extend of PaTH for T > PATH_BLOCK: consecutive sub-blocks, each extending the cache (o [B, T, H, V])."""
+    L, T, outs = cache.length, q.shape[1], []
+    for s in range(0, T, PATH_BLOCK):
+        e = min(T, s + PATH_BLOCK)
+        o, cache = kv_extend(recipe, q[:, s:e], k[:, s:e], v[:, s:e], scale=scale, cache=cache,
+                             g=None if g is None else g[:, s:e], beta=beta[:, s:e], w=w[:, s:e],
+                             doc=None if doc is None else doc[:, :L + e])
+        outs.append(o)
+    return torch.cat(outs, dim=1), cache
+
+
 def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, cache: KVCache,
               g: Tensor | None = None, beta: Tensor | None = None, w: Tensor | None = None,
               doc: Tensor | None = None) -> tuple[Tensor, KVCache]:
@@ -286,6 +305,8 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     if ret.kind == "householder":
         if w is None or beta is None:
             raise ValueError(f"{recipe.name} needs w [B, T, Hkv, K] and beta [B, T, Hkv]")
+        if T > PATH_BLOCK:  # sub-blocks through the cache: T·N·PATH_BLOCK flops instead of T²·N
+            return _path_blocks(recipe, q, k, v, scale=scale, cache=cache, g=g, beta=beta, w=w, doc=doc)
         o, keys = _path_attend(q, k, v, w, beta, cache, c_all, c_new, scale, groups, doc)
         return o, KVCache(k=keys, v=torch.cat([cache.v, v], dim=1), c=c_all)
     if obj.kind == "l2":

@@ -151,3 +151,32 @@ def test_in_place_appends_without_grad_are_safe_to_branch(name):
     assert (o_ref2[:, T:] - o2).abs().max().item() < EXACT_F64
     o_ref3, _ = _reference(r, q, k, v, g, beta, None, 0.5)
     assert (o_ref3[:, T + 1:] - o1b).abs().max().item() < EXACT_F64
+
+
+@pytest.mark.parametrize("name", [n for n in KV_MODELS if fw.zoo.get(n).retention.kind == "householder"])
+def test_path_blocks_longer_than_path_block_run_as_sub_blocks_exactly(name, monkeypatch):
+    """A PaTH block longer than PATH_BLOCK (set to 4 here; 256 by default) runs as sub-blocks through the cache:
+    the same outputs and cache as the reference, from an empty cache and continuing one, and with packed
+    documents (doc) the same as one unsplit block."""
+    from fastweights.layers import kv
+
+    B, T, H, Hkv, K, V = 2, 13, 2, 1, 4, 3
+    r, q, k, v, g, beta, w = _case(name, B, T, H, Hkv, K, V)
+    monkeypatch.setattr(kv, "PATH_BLOCK", 4)
+    o, cache = kv_extend(r, q, k, v, scale=0.6, cache=empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype), g=g,
+                         beta=beta, w=w)
+    o_ref, c_ref = _reference(r, q, k, v, g, beta, w, 0.6)
+    assert (o - o_ref).abs().max().item() < EXACT_F64
+    assert (cache.k.repeat_interleave(H // Hkv, 2) - c_ref.k).abs().max().item() < EXACT_F64
+    # continuing a cache of 3 tokens with 10 more (3 sub-blocks), packed documents
+    doc = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1, -1]])
+    kw = dict(scale=0.6, g=g, beta=beta, w=w)
+    first = {key: (x[:, :3] if x is not None and key != "scale" else x) for key, x in kw.items()}
+    rest = {key: (x[:, 3:] if x is not None and key != "scale" else x) for key, x in kw.items()}
+    _, c3 = kv_extend(r, q[:, :3], k[:, :3], v[:, :3], cache=empty_cache(r, B, H, Hkv, K, V, dtype=q.dtype),
+                      doc=doc[:, :3], **first)
+    o_b, c_b = kv_extend(r, q[:, 3:], k[:, 3:], v[:, 3:], cache=c3, doc=doc, **rest)
+    monkeypatch.setattr(kv, "PATH_BLOCK", 1000)
+    o_1, c_1 = kv_extend(r, q[:, 3:], k[:, 3:], v[:, 3:], cache=c3, doc=doc, **rest)
+    assert (o_b - o_1).abs().max().item() < EXACT_F64 and (c_b.k - c_1.k).abs().max().item() < EXACT_F64
+    assert torch.isfinite(o_b).all()

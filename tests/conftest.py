@@ -84,7 +84,8 @@ def _release_cuda_memory() -> None:
 #: under the interpreter) the first case of each test function — each kernel's Triton code once through Triton
 #: 3.6's language and interpreter (an API the floor lacks fails there); the other cases differ in shapes and values,
 #: which Triton's version does not decide (they run in full in the newest environment, and every kernel runs
-#: compiled by 3.6 in `pytest -m cuda` on the GPU machine).
+#: compiled by 3.6 in `pytest -m cuda` on the GPU machine). Test functions marked `variants` (launch settings, tiles,
+#: long chunks, strided inputs: kernels another test of the module already runs) are left out there too.
 FLOOR_PACKAGES = ("transformers", "lm_eval", "lm-eval", "peft", "accelerate", "fastweights.hf", "fastweights.convert")
 
 
@@ -96,6 +97,8 @@ def _sees_a_floor_package(item, cache: dict) -> bool:
     """Whether `item` runs in the floor environment: the first case of a `triton` test function; every test of a
     module that imports a floor package at its top level; any other test whose own source names one."""
     if item.get_closest_marker("triton") is not None:
+        if item.get_closest_marker("variants") is not None:  # its kernels run in another floor test of its module
+            return False
         key = (str(item.fspath), getattr(item, "originalname", item.name))
         if key not in cache:  # the first case of this test function
             cache[key] = item.nodeid

@@ -42,14 +42,17 @@ def test_the_gib_sized_cuda_tests_are_marked_big(module, name):
 
 
 def test_the_floor_environment_selects_what_can_see_a_floor_version():
-    """FASTWEIGHTS_FLOOR_TESTS=1 (CI's floor environment): one case of each triton test function; of a module that
-    imports transformers only inside some tests, exactly those tests."""
+    """FASTWEIGHTS_FLOOR_TESTS=1 (CI's floor environment): one case of each triton test function but those marked
+    `variants`; of a module that imports transformers only inside some tests, exactly those tests."""
     env = dict(os.environ, FASTWEIGHTS_FLOOR_TESTS="1")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                          "tests/kernels/test_triton_delta_fused.py", "tests/pretrain/test_loop.py"],
+                          "tests/kernels/test_triton_delta_fused.py", "tests/pretrain/test_loop.py",
+                          "tests/kernels/test_triton_gated.py"],
                          capture_output=True, text=True, timeout=300, env=env).stdout
     ids = [line for line in out.splitlines() if "::" in line]
     assert sum("::test_kernels_match_twins[" in i for i in ids) == 1, out[-2000:]
-    assert sum("::test_matches_recurrence[" in i for i in ids) == 1
+    assert sum("test_triton_delta_fused.py::test_matches_recurrence[" in i for i in ids) == 1
+    assert sum("test_triton_gated.py::test_matches_recurrence[" in i for i in ids) == 1
+    assert not any("::test_long_chunk_64" in i for i in ids)  # marked variants
     assert any("test_loop.py::test_trains_and_writes_log_curve_and_a_loadable_model" in i for i in ids)
     assert not any("test_a_run_killed_by_sigkill" in i for i in ids)  # no floor package in it

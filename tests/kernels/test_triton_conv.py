@@ -119,6 +119,7 @@ def small_blocks(monkeypatch):
         monkeypatch.setitem(conv_k._BWD, key, val)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "one_pass"])
 def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
     """Small blocks (`small_blocks`) with C = 20 (a masked second channel block): T = 1, 2 (T < W − 1:
@@ -143,6 +144,7 @@ def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
         _cmp(_inputs(gen, T=50, W=3, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
 
 
+@pytest.mark.variants
 def test_conv_strided_input(small_blocks, gen):
     """x a channel slice of a wider tensor (the q part of a fused [B, T, Cq + Ck + Cv] projection, and
     a middle part): read in place through its strides (not copied), every gradient as for a contiguous

@@ -142,6 +142,7 @@ def test_matches_recurrence(gate, T, gen):
     check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", GATES)
 def test_long_chunk_64(gate, gen):
     """T = 1,000 at the GPU's chunk size 64 (four 16-row sub-blocks per chunk, 16 chunks), against

@@ -313,6 +313,7 @@ def test_value_block_from_the_shapes_alone(monkeypatch):
     assert vb(lay(4, 4096, 16, 128, 128)) == 32
 
 
+@pytest.mark.variants
 def test_bv16_regime_of_the_fault(gen, fused, monkeypatch):
     """The launch regime of the H100's illegal memory access (B1 T32768 H16 D128, Mamba2: BV 16, eight V blocks per
     head, one sequence, hundreds of chunks), at the interpreter's size: MIN_BV 16 (the old rule's BV 16 at 16 rows:

@@ -204,6 +204,7 @@ def test_state_passes_unpipelined_where_shared_memory_overflows(table):
     assert util.launch("delta_states_bwd")["num_stages"] == 3  # the table itself unchanged
 
 
+@pytest.mark.variants
 def test_tiles_are_launch_choices(gen, table):
     """Every tile key of the table at another value (BV 16 of 32 value columns: two programs per
     state instead of one; qk_grads' BC 16 and BC_DIAG 32 at C = 32): outputs, final state and every

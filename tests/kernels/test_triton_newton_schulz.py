@@ -56,6 +56,7 @@ def test_kernel_refuses_what_it_does_not_take():
         newton_schulz_gram(torch.eye(4, device=DEV), 0)
 
 
+@pytest.mark.variants
 def test_atlas_through_the_triton_row_equals_the_torch_row(monkeypatch, gen):
     seed = int(torch.randint(0, 2**31, (), generator=gen))
     calls = []

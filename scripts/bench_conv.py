@@ -164,7 +164,8 @@ def main(argv=None) -> int:
         if sliced:
             big = torch.cat([x64.to(dtype), rnd(B, T, 2 * C, dtype=dtype)], dim=-1).requires_grad_(True)
             xk = big[..., :C]
-            assert not xk.is_contiguous() and conv_k._rows_view(xk) is xk
+            # a strided slice whose channels stay contiguous: the kernels read it in place (no copy)
+            assert not xk.is_contiguous() and xk.stride(2) == 1
         else:
             xk = x64.detach().to(dtype).requires_grad_(True)
         with conv_backward(one_pass or one_pass_all):

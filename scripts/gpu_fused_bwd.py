@@ -160,9 +160,9 @@ def errors(got, want) -> dict:
 
 
 def bench_ms(fn, warmup=3, reps=20) -> float:
-    from fastweights.bench.speed import _bench
+    from fastweights.bench.speed import median_ms
 
-    return _bench(fn, torch.device(DEVICE), warmup, reps)
+    return median_ms(fn, torch.device(DEVICE), warmup, reps)
 
 
 # ----------------------------------------------------------------------------------------- launch configs

@@ -462,14 +462,14 @@ def shape_of(key: str):
 
 
 def model_inputs(model, shape, dtype, seed=0):
-    """The benchmark's inputs of `model` (fastweights.bench.speed._inputs: example_inputs as trainable leaves)."""
+    """The benchmark's inputs of `model` (fastweights.bench.speed.bench_inputs: example_inputs as trainable leaves)."""
     import torch
 
-    from fastweights.bench.speed import _inputs
+    from fastweights.bench.speed import bench_inputs
 
     B, T, H, D = shape
     torch.manual_seed(seed)
-    inp = _inputs(model, B, T, H, D, dtype, torch.device(DEV))
+    inp = bench_inputs(model, B, T, H, D, dtype, torch.device(DEV))
     inp.pop("initial_state", None)
     return inp
 
@@ -777,7 +777,7 @@ def inner_check(case, path):
 def inner_time(case, path):
     import torch
 
-    from fastweights.bench.speed import _bench, _fwd_bwd
+    from fastweights.bench.speed import fwd_bwd, median_ms
     from fastweights.kernels.triton import gated_fused
     from fastweights.kernels.triton.layout import make_layout
 
@@ -790,11 +790,11 @@ def inner_time(case, path):
     for model in MODELS:
         inp = model_inputs(model, shape, torch.bfloat16)
         tensors = [t for t in inp.values() if t.requires_grad]
-        fwd, fwdbwd = _fwd_bwd(lambda model=model, inp=inp: call_model(model, inp), tensors)
+        fwd, fwdbwd = fwd_bwd(lambda model=model, inp=inp: call_model(model, inp), tensors)
         for pipeline, cfg in [("staged", "default")] + [("fused", c) for c in plan[model]]:
             with use(pipeline, cfg):
                 try:
-                    ms = (_bench(fwd, torch.device(DEV), warmup, reps), _bench(fwdbwd, torch.device(DEV), warmup,
+                    ms = (median_ms(fwd, torch.device(DEV), warmup, reps), median_ms(fwdbwd, torch.device(DEV), warmup,
                                                                               reps))
                 except Exception as e:  # recorded with its config; a CUDA fault ends the process at the next call
                     out.setdefault("errors", []).append(f"{model} {pipeline} {cfg}: {type(e).__name__}: {e}"[:400])
@@ -819,7 +819,7 @@ def inner_profile(case, path):
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from fastweights.bench.speed import _bench, _fwd_bwd
+    from fastweights.bench.speed import fwd_bwd, median_ms
 
     label, shape = shape_of(case)
     with open(os.path.join(os.path.dirname(path), "profile-plan.json")) as f:
@@ -829,7 +829,7 @@ def inner_profile(case, path):
     for model in MODELS:
         inp = model_inputs(model, shape, torch.bfloat16)
         tensors = [t for t in inp.values() if t.requires_grad]
-        _, fwdbwd = _fwd_bwd(lambda model=model, inp=inp: call_model(model, inp), tensors)
+        _, fwdbwd = fwd_bwd(lambda model=model, inp=inp: call_model(model, inp), tensors)
         for pipeline in ("staged", "fused"):
             if pipeline == "fused" and model not in checked:
                 continue
@@ -844,7 +844,7 @@ def inner_profile(case, path):
                         fwdbwd()
                     if DEV == "cuda":
                         torch.cuda.synchronize()
-                wall = _bench(fwdbwd, torch.device(DEV), 2, 10 if n > 1 else 1)
+                wall = median_ms(fwdbwd, torch.device(DEV), 2, 10 if n > 1 else 1)
             kern = {}
             for ev in prof.key_averages():  # the kernels themselves (device events), not the CPU ops around them
                 if getattr(ev, "device_type", None) != DeviceType.CUDA:

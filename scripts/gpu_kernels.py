@@ -58,9 +58,9 @@ def save():
 
 def bench_ms(fn, warmup=3, reps=20) -> float:
     """Median ms of fn() over `reps` calls, device events around each (`bench speed`'s timer)."""
-    from fastweights.bench.speed import _bench
+    from fastweights.bench.speed import median_ms
 
-    return _bench(fn, torch.device("cuda"), warmup, reps)
+    return median_ms(fn, torch.device("cuda"), warmup, reps)
 
 
 # ----------------------------------------------------------------------------------------- stages
@@ -320,16 +320,19 @@ def stage_lmprofile():
     into lmprofile.txt: where a layer's time goes besides the memory kernel."""
     from torch.profiler import ProfilerActivity, profile
 
-    from fastweights.bench.train import _config, _optimizer, _ran
-    from fastweights.models import LM
+    from fastweights import zoo
+    from fastweights.bench.train import backends_ran
+    from fastweights.models import LM, LMConfig
 
     lines = []
     for model in ARGS.models:
-        cfg = _config(model, vocab_size=32768, d_model=1024, n_layers=8, num_heads=8, head_dim=128,
-                      backend=ARGS.lm_backend)
+        # the `bench train` row's LMConfig: --lm-backend applies to fast-weight mixers, softmax ones keep "auto"
+        backend = "auto" if zoo.resolve(model).is_softmax else ARGS.lm_backend
+        cfg = LMConfig(vocab_size=32768, d_model=1024, n_layers=8, num_heads=8, head_dim=128, mixer=model,
+                       backend=backend, layer_ops="auto")
         with torch.device("cuda"):
             lm = LM(cfg)
-        opt, _ = _optimizer(lm, torch.device("cuda"))
+        opt = torch.optim.AdamW(lm.parameters(), lr=1e-4, fused=True)  # `bench train`'s optimizer on CUDA
         ids = torch.randint(0, cfg.vocab_size, (4, 4097), device="cuda")
 
         def step(lm=lm, opt=opt, ids=ids):
@@ -348,7 +351,7 @@ def stage_lmprofile():
                 step()
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
-        forms, ops = _ran(lm)  # what the layers ran (their routes), not what they requested
+        forms, ops = backends_ran(lm)  # what the layers ran (their routes), not what they requested
         lines.append(f"## {model} LM (2 optimizer steps, backends {sorted(set(forms))}, layer ops {ops})\n{table}\n")
         with open(os.path.join(OUT, "lmprofile.txt"), "w") as f:
             f.write("\n".join(lines))
@@ -932,8 +935,8 @@ def main():
         log(f"triton cache unpacked from {ARGS.cache}")
     warm = None
     if ARGS.warm_flashqla:
-        code = ("import torch; from fastweights.bench.speed import _flashqla_case; "
-                "run, ts = _flashqla_case('gated_deltanet', 4, 4096, 16, 128, torch.bfloat16, torch.device('cuda')); "
+        code = ("import torch; from fastweights.bench.speed import flashqla_case; "
+                "run, ts = flashqla_case('gated_deltanet', 4, 4096, 16, 128, torch.bfloat16, torch.device('cuda')); "
                 "run().float().sum().backward(); torch.cuda.synchronize(); print('flashqla warm')")
         warm = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=open(os.path.join(OUT, "warm.log"), "w"),
                                 stderr=subprocess.STDOUT)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODELS_4K = ("gated_deltanet", "deltanet", "kda", "gla", "mamba2", "retnet", "comba", "deltaproduct")
-# (impl, model, B, T, H, HV): the rows of the two speed tables (scripts/gpu_round3.sh peers)
+# (impl, model, B, T, H, HV): the rows of the two speed tables (BENCHMARKS.md §1f)
 CASES = ([(impl, m, 4, 4096, 16, None) for m in MODELS_4K for impl in ("fastweights", "fla")]
          + [("flashqla", "gated_deltanet", 4, 4096, 16, None)]
          + [(impl, "gated_deltanet", 1, 32768, 16, 32) for impl in ("fastweights", "fla", "flashqla")])
@@ -37,12 +37,12 @@ from fastweights.bench import speed
 impl, model, B, T, H, HV = {case!r}
 dev, dt = torch.device("cuda"), torch.bfloat16
 if impl == "fastweights":
-    run, tensors = speed._fastweights_case(model, "chunk_triton", B, T, H, 128, dt, dev, 64, HV)
+    run, tensors = speed.fastweights_case(model, "chunk_triton", B, T, H, 128, dt, dev, 64, HV)
 elif impl == "fla":
-    run, tensors = speed._fla_case(model, B, T, H, 128, dt, dev, HV)
+    run, tensors = speed.fla_case(model, B, T, H, 128, dt, dev, HV)
 else:
-    run, tensors = speed._flashqla_case(model, B, T, H, 128, dt, dev, HV)
-fwd, fwdbwd = speed._fwd_bwd(run, tensors)
+    run, tensors = speed.flashqla_case(model, B, T, H, 128, dt, dev, HV)
+fwd, fwdbwd = speed.fwd_bwd(run, tensors)
 fwd()
 fwdbwd()
 torch.cuda.synchronize()

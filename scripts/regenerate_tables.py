@@ -146,7 +146,7 @@ def _best(run: str) -> tuple[list[str], list[int], dict]:
 
 def render(name: str) -> str:
     """The text between the markers of table `name` (ends with a newline)."""
-    from fastweights.lab.mqar import _fmt_bytes, format_table
+    from fastweights.lab.mqar import format_bytes, format_table
 
     run, style, _ = TABLES[name]
     if style.startswith("capacity"):
@@ -177,7 +177,7 @@ def render(name: str) -> str:
     if style == "markdown_state":  # accuracy and state bytes per d_model, the preset's model order
         head = "| model |" + "".join(f" d = {d} | state |" for d in ds)
         rule = "|---|" + "---:|---:|" * len(ds)
-        rows = [f"| {m} |" + "".join(f" {get[(m, d)]['accuracy']:.3f} | {_fmt_bytes(get[(m, d)]['state_bytes'])} |"
+        rows = [f"| {m} |" + "".join(f" {get[(m, d)]['accuracy']:.3f} | {format_bytes(get[(m, d)]['state_bytes'])} |"
                                      for d in ds) for m in models]
     else:  # markdown_ranked: accuracy per d_model, best first at the smallest d_model
         models = sorted(models, key=lambda m: -get[(m, ds[0])]["accuracy"])

@@ -58,7 +58,8 @@ def _saved_bytes(model: str, backend: str, *, d_model, num_heads, head_dim, voca
     stack: list[str] = ["LM"]
     # a mixer's projections of x run as one matmul only while none of them is hooked (`MemoryMixer._project`,
     # so that adapters and hooks apply): they stay unhooked, and what the joint matmul keeps counts as the mixer's
-    joint = {id(m.get_submodule(path)) for m in lm.modules() if hasattr(m, "_x_projs") for _, path in m._x_projs}
+    joint = {id(m.get_submodule(path)) for m in lm.modules() if hasattr(m, "joint_projections")
+             for _, path in m.joint_projections}
     for mod in lm.modules():
         if id(mod) in joint:
             continue

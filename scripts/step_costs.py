@@ -149,12 +149,12 @@ def graphed_step_ms(net, x, y, *, warmup: int, repeats: int, grad_clip=1.0, dtyp
     with capturable=True), captured after its eager warm-up steps and replayed. Returns ms (median of
     replays) or why the capture failed."""
     from fastweights.lab import graph
-    from fastweights.lab.train import _Supervised
+    from fastweights.lab.train import Supervised
     from fastweights.training.step import adamw
 
     opt = adamw(net, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1)
     graph.set_capturable(opt, True)
-    runner = graph.GraphedSteps(_Supervised(net), opt, device=x.device, dtype=dtype, grad_clip=grad_clip,
+    runner = graph.GraphedSteps(Supervised(net), opt, device=x.device, dtype=dtype, grad_clip=grad_clip,
                                 inputs=x.cpu(), labels=y.cpu(), batch=x.shape[0], steps_per_epoch=1,
                                 capture=True)
     notes = []
@@ -216,7 +216,7 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
     import torch.nn.functional as F
 
     from fastweights.lab.mqar import PRESETS, build_model, cell_data, make_cells
-    from fastweights.lab.train import _Supervised
+    from fastweights.lab.train import Supervised
 
     p = PRESETS[preset]
     cells = make_cells(p, models=models, lrs=[1e-3])
@@ -236,7 +236,7 @@ def lm_step_ms(preset: str, models, *, device, warmup: int, repeats: int,
         torch.manual_seed(0)
         net = build_model(small).to(device)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-        sup = _Supervised(net)
+        sup = Supervised(net)
 
         def step(sup=sup, opt=opt, x=x, y=y):
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):

@@ -42,6 +42,9 @@ from .. import api, zoo
 from ..chunkwise.flops import chunk_flops
 from ..inputs import example_inputs
 
+__all__ = ["FORMS", "Row", "io_bytes", "step_times", "median_ms", "fwd_bwd", "bench_inputs", "fastweights_case",
+           "sdpa_case", "fla_case", "flashqla_case", "FLA_OPS", "FLASHQLA_MODELS", "check_args", "run_speed"]
+
 FORMS = ("recurrent", "parallel", "chunk", "chunk_compile", "chunk_triton")
 """The forms `bench speed` times, in the order it times them (the speed-up base first)."""
 
@@ -95,14 +98,19 @@ def step_times(fn, device: torch.device, reps: int, before=None) -> list[float]:
     return times
 
 
-def _bench(fn, device, warmup=1, reps=5) -> float:
-    """Median milliseconds of fn()."""
+def median_ms(fn, device, warmup=1, reps=5) -> float:
+    """Median milliseconds of `reps` calls of fn() (`step_times`) after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     return statistics.median(step_times(fn, device, reps))
 
 
-def _fwd_bwd(run, tensors):
+def fwd_bwd(run, tensors):
+    """A case's (run, tensors) as the two timed callables: fwd() runs it with gradients off; fwdbwd() runs it,
+    backpropagates the sum of its output and clears the gradients of `tensors`.
+
+    A case (`fastweights_case`, `sdpa_case`, `fla_case`, `flashqla_case`) is (run, tensors): run() returns
+    the op's output (e.g. o [B, T, H, V]) on inputs drawn once; tensors are those inputs' trainable leaves."""
     def fwd():
         with torch.no_grad():
             run()
@@ -116,7 +124,7 @@ def _fwd_bwd(run, tensors):
     return fwd, fwdbwd
 
 
-def _inputs(model, B, T, H, D, dtype, device, HV=None) -> dict:
+def bench_inputs(model, B, T, H, D, dtype, device, HV=None) -> dict:
     """`example_inputs` as trainable leaves; with HV value heads (grouped, HV a multiple of H) the
     inputs are drawn with HV heads and q, k (and a probe p) keep their first H heads."""
     inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=HV or H, head_dim=D, dtype=dtype,
@@ -130,8 +138,9 @@ def _inputs(model, B, T, H, D, dtype, device, HV=None) -> dict:
     return inp
 
 
-def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size, HV=None):
-    inp = _inputs(model, B, T, H, D, dtype, device, HV)
+def fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size, HV=None):
+    """The case (run, tensors) of `model` in one of FORMS on `bench_inputs` (see `fwd_bwd`)."""
+    inp = bench_inputs(model, B, T, H, D, dtype, device, HV)
     state = inp.pop("initial_state", None)
     fn = getattr(api, form.split("_")[0])
     kw = {"chunk_size": chunk_size} if form.startswith("chunk") else {}
@@ -144,7 +153,7 @@ def _fastweights_case(model, form, B, T, H, D, dtype, device, chunk_size, HV=Non
     return run, [x for x in inp.values() if x.requires_grad]
 
 
-def _sdpa_case(B, T, H, D, dtype, device):
+def sdpa_case(B, T, H, D, dtype, device):
     """Causal softmax attention with H heads (give it the value heads of a grouped row)."""
     q, k, v = (torch.randn(B, H, T, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
 
@@ -169,7 +178,8 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
 }
 
 
-def _fla_case(model, B, T, H, D, dtype, device, HV=None):
+def fla_case(model, B, T, H, D, dtype, device, HV=None):
+    """fla's op for `model` (FLA_OPS) on `bench_inputs` as a case (run, tensors); needs fla installed."""
     import fla.ops as ops  # noqa: PLC0415 — the peer, only in benchmark environments
 
     name, gate = FLA_OPS[model]
@@ -177,7 +187,7 @@ def _fla_case(model, B, T, H, D, dtype, device, HV=None):
         mod, name = name.rsplit(".", 1)
         ops = importlib.import_module(f"fla.ops.{mod}")
     fn = getattr(ops, name)
-    inp = _inputs(model, B, T, H, D, dtype, device, HV)
+    inp = bench_inputs(model, B, T, H, D, dtype, device, HV)
     q, k, v = inp["q"], inp["k"], inp["v"]
     kw = {}
     if gate is not None:
@@ -204,12 +214,12 @@ def _fla_case(model, B, T, H, D, dtype, device, HV=None):
     return run, [x for x in inp.values() if x.requires_grad]
 
 
-def _flashqla_case(model, B, T, H, D, dtype, device, HV=None):
+def flashqla_case(model, B, T, H, D, dtype, device, HV=None):
     """FlashQLA (pip `flash-qla`, TileLang): the gated delta rule on the same inputs as ours, q and k
     already L2-normalized (use_qk_l2norm_in_kernel=False: the same work as our kernel call)."""
     from flash_qla import chunk_gated_delta_rule  # noqa: PLC0415 — the peer, only in benchmark environments
 
-    inp = _inputs(model, B, T, H, D, dtype, device, HV)
+    inp = bench_inputs(model, B, T, H, D, dtype, device, HV)
     q, k, v, g = inp["q"], inp["k"], inp["v"], inp["g"]
     beta = inp["beta"]
 
@@ -304,9 +314,9 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
         t0 = time.perf_counter()
         try:
             run, tensors = make()
-            fwd, fwdbwd = _fwd_bwd(run, tensors)
-            f = _bench(fwd, device, warmup, repeats)
-            fb = _bench(fwdbwd, device, warmup, repeats) if backward else None
+            fwd, fwdbwd = fwd_bwd(run, tensors)
+            f = median_ms(fwd, device, warmup, repeats)
+            fb = median_ms(fwdbwd, device, warmup, repeats) if backward else None
             row = Row(impl, model, form, B, T, H, D, dtype, f, fb, floor_ms(model, T), HV=HV)
         except Exception as e:  # a failing peer or form is a result too
             row = Row(impl, model, form, B, T, H, D, dtype, None, None, None, f"{type(e).__name__}: {e}"[:300], HV=HV)
@@ -331,18 +341,18 @@ def run_speed(*, models, forms, lengths, B, H, D, dtype, device, out_dir, peers=
         log("note: flash-linear-attention (fla-core) is not importable here; its rows are skipped")
     for T in lengths:
         if peers and device.type == "cuda":
-            record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: _sdpa_case(B, T, HV or H, D, dt, device))
+            record("sdpa", "softmax_attention", "sdpa", T, lambda T=T: sdpa_case(B, T, HV or H, D, dt, device))
         for model in models:
             for form in forms:
                 if form.split("_")[0] not in api.forms(model):
                     continue
                 record("fastweights", model, form, T,
-                       lambda m=model, f=form, T=T: _fastweights_case(m, f, B, T, H, D, dt, device, chunk_size, HV))
+                       lambda m=model, f=form, T=T: fastweights_case(m, f, B, T, H, D, dt, device, chunk_size, HV))
             if peers and device.type == "cuda" and have_fla and model in FLA_OPS:
-                record("fla", model, "chunk", T, lambda m=model, T=T: _fla_case(m, B, T, H, D, dt, device, HV))
+                record("fla", model, "chunk", T, lambda m=model, T=T: fla_case(m, B, T, H, D, dt, device, HV))
             if peers and device.type == "cuda" and have_flashqla and model in FLASHQLA_MODELS:
                 record("flashqla", model, "chunk", T,
-                       lambda m=model, T=T: _flashqla_case(m, B, T, H, D, dt, device, HV))
+                       lambda m=model, T=T: flashqla_case(m, B, T, H, D, dt, device, HV))
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'speed.md')}")
     return rows
 

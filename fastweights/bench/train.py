@@ -89,8 +89,8 @@ import torch.nn.functional as F
 
 from ..models import LM, LMConfig
 
-__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "BASE_MODEL", "same_params_config",
-           "count_parameters"]
+__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "backends_ran", "BASE_MODEL",
+           "same_params_config", "count_parameters"]
 
 BASE_MODEL = "softmax_attention"
 """The model every row's ratios divide by (same B and T)."""
@@ -323,7 +323,7 @@ def _form_ran(mixer) -> str:
     return f"{backend} ({pipeline})" if pipeline else backend
 
 
-def _ran(lm: LM) -> tuple[list[str], list[str]]:
+def backends_ran(lm: LM) -> tuple[list[str], list[str]]:
     """(the backend each layer's training form ran, the distinct backends its layer ops ran), from the
     modules' `routes` after the steps."""
     forms = [("sdpa" if b.mixer.is_softmax else _form_ran(b.mixer)) for b in lm.blocks]
@@ -380,7 +380,7 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
             t0 = time.perf_counter()
             loss = step(ids)
             times.append(1e3 * (time.perf_counter() - t0))
-    row.backends, row.layer_ops = _ran(lm)
+    row.backends, row.layer_ops = backends_ran(lm)
     row.step_ms_all = times
     row.step_ms = statistics.median(times)
     row.tokens_per_s = B * T / (row.step_ms / 1e3)

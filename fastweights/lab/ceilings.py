@@ -212,7 +212,7 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
     else the smallest) and the probe's prediction. With `grid` (the preset's kv pairs) every grid column is
     shown, a cell not run yet as "·", one the sweep skips (`unreachable`) as "–", and a ceiling or kv at 0.5
     that a kv not run yet could still raise as "≥ …" / "> …"; a model with no cell yet gets a row of "·"."""
-    from .mqar import _fmt_bytes
+    from .mqar import format_bytes
 
     rows = readings(records, capacity_records)
     kvs = sorted({kv for r in rows for kv in r["accuracy"]} | set(grid))
@@ -226,7 +226,7 @@ def format_ceilings(records: Sequence[dict], capacity_records: Sequence[dict] = 
                        " – |" if grid and failed_before(r["accuracy"], kv, grid) else missing for kv in kvs)
         pred = ("KV cache (every pair)" if r["probe"] is None else
                 f"{_fmt_kv(None if r['predicted'] is None else round(r['predicted']))} (`{r['probe']}`)")
-        state = _fmt_bytes(r["state_bytes"]) + (f" (L {r['state_len']})" if r["class"] == "softmax" else "")
+        state = format_bytes(r["state_bytes"]) + (f" (L {r['state_len']})" if r["class"] == "softmax" else "")
         lines.append(f"| {r['model']} | {r['class']} | {r['num_heads']} × {r['head_dim']} |{accs}"
                      f" {_fmt_ceiling(r, grid)} | {_fmt_half(r['kv_half'])} | {state} | {pred} |")
     if grid:

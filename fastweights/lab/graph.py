@@ -99,7 +99,7 @@ def supervised_slots(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class GraphedSteps:
     """The training steps of one cell as replays of one captured step (see the module doc).
 
-    sup: the cell's `_Supervised` (its `at(inputs, positions)` gives the logits at positions);
+    sup: the cell's `Supervised` (its `at(inputs, positions)` gives the logits at positions);
     opt: its AdamW (set capturable by the caller when capturing); inputs, labels: the training set
     [N, T] (moved to the device once); batch: the batch size; steps_per_epoch: the steps of an
     epoch (the loss buffer's size); capture: capture on CUDA (False: every step eager through the

@@ -48,7 +48,8 @@ from ..tasks.mqar import IGNORE_INDEX, MQARConfig, make_mqar_splits
 from .train import NUMBER, ResultStore, TrainConfig, best_over, pin_cpu_numerics, run_sweep, train_cell
 
 __all__ = ["MQARCell", "MQARPreset", "PRESETS", "make_cells", "build_model", "lm_config", "cell_data", "run_cell",
-           "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main", "build_lm"]
+           "run_mqar", "format_table", "plot_mqar", "add_cli", "cli_main", "main", "build_lm",
+           "format_bytes"]
 
 Segment = tuple[int, int, int]  # (seq_len, num_kv_pairs, num_examples)
 
@@ -643,7 +644,8 @@ def unreachable_skip(cells: Sequence[MQARCell]):
     return lambda cell, records: unreachable(cell.model, cell.d_model, cell.num_kv_pairs, grid, records)
 
 
-def _fmt_bytes(b) -> str:
+def format_bytes(b) -> str:
+    """A byte count for a table: "512 B", "1.5 KiB", "2.0 MiB", ... up to GiB (one decimal above B); None -> "—"."""
     if b is None:
         return "—"
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -673,7 +675,7 @@ def format_table(records: Sequence[dict]) -> str:
                 if r is None:
                     cells.append(f"{'—':>30}")
                 else:
-                    s = f"{r['accuracy']:.3f}  {_fmt_bytes(r.get('state_bytes'))}  {r['lr']:.2g}"
+                    s = f"{r['accuracy']:.3f}  {format_bytes(r.get('state_bytes'))}  {r['lr']:.2g}"
                     cells.append(f"{s:>30}")
             lines.append(m.ljust(w) + "".join(cells))
         slices = [r for r in rows if r.get("slices")]
@@ -751,7 +753,7 @@ def plot_mqar(records: Sequence[dict], out) -> list[Path]:
             else:
                 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt_bytes(v).replace(".0 ", " ")))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v).replace(".0 ", " ")))
                 ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel(xlabel)
@@ -971,7 +973,7 @@ def _print_protocol(args, preset: MQARPreset, cells, known: list[dict]) -> None:
         seen.setdefault((c.model, c.d_model, c.seq_len), c)
     state = {}
     for (m, d, L), c in seen.items():
-        state.setdefault((m, d), []).append(f"{_fmt_bytes(cell_state_bytes(c))}" + (f" (L {L})" if
+        state.setdefault((m, d), []).append(f"{format_bytes(cell_state_bytes(c))}" + (f" (L {L})" if
                                                                                      zoo_is_softmax(m) else ""))
     print("decoding state per sequence: " + "; ".join(
         f"{m} d={d}: {v[0] if len(set(v)) == 1 and not zoo_is_softmax(m) else ', '.join(v)}"

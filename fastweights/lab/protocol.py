@@ -199,9 +199,9 @@ def _half(seq: Sequence[dict], stat: str) -> str:
 
 
 def _bytes(b) -> str:
-    from .mqar import _fmt_bytes
+    from .mqar import format_bytes
 
-    return _fmt_bytes(b)
+    return format_bytes(b)
 
 
 def format_table(summaries: Sequence[dict], tol: float = DIP_TOL) -> str:

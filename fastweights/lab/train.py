@@ -86,7 +86,7 @@ _SPREAD = contextvars.ContextVar("fastweights_spread_sweep", default=False)
 
 __all__ = ["TrainConfig", "TrainError", "Interrupted", "accuracy", "train_cell", "ResultStore", "run_sweep",
            "cell_key", "best_over", "checkpoint_signature", "signature_diff", "IGNORE_INDEX", "CPU_NUMERICS",
-           "pin_cpu_numerics", "cpu_numerics"]
+           "pin_cpu_numerics", "cpu_numerics", "Supervised"]
 
 IGNORE_INDEX = -100
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -230,7 +230,7 @@ def _check_pair(pair, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------ model glue
-class _Supervised(nn.Module):
+class Supervised(nn.Module):
     """(inputs [B, T], labels [B, T]) -> (logits [P, vocab], targets [P], rows [P]) over the P
     supervised positions. For an LM-shaped model (embed, blocks, _logits) the head is applied to
     those positions only; any other model is called as model(inputs) -> [B, T, vocab]."""
@@ -293,7 +293,7 @@ def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch
         raise TrainError(f"reduction must be 'positions' or 'examples', got {reduction!r}")
     inputs, labels = _check_pair((inputs, labels), "accuracy data")
     net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    sup = net if isinstance(net, _Supervised) else _Supervised(net)
+    sup = net if isinstance(net, Supervised) else Supervised(net)
     if device is None:
         p = next(net.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")
@@ -460,7 +460,7 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
     model = model.to(device)
     n_params = sum(p.numel() for p in model.parameters())
     state_bytes = _lm_state_bytes(model)
-    sup = _Supervised(model)
+    sup = Supervised(model)
     net: nn.Module = sup
     if use_ddp and world > 1:
         net = training_loop.wrap(sup, "ddp", device)

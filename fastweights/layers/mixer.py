@@ -467,7 +467,8 @@ class MemoryMixer(nn.Module):
     for the forms other than the training form), `self.layer_ops` is the layer ops'. `self.routes`
     records the backend and device type each form and layer op took on its last call, `self.pipelines`
     the named pipeline of each form's row (`dispatch.Impl.pipeline`; None for a row of one); `repr`
-    shows both.
+    shows both. `self.joint_projections`: the (key, attribute path) of the Linears reading x that run as
+    one matmul (`_project`; empty on the softmax side).
     """
 
     def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
@@ -583,7 +584,7 @@ class MemoryMixer(nn.Module):
                                        activation=p.out_gate if p.out_gate != "none" else "swish",
                                        norm_before_gate=p.norm_before_gate, backend=cfg.layer_ops)
         self.o_proj = nn.Linear(H * V, d, bias=False)
-        self._x_projs = self._joint_projections()
+        self.joint_projections = self._joint_projections()
         have = ("parallel", "recurrent") if self.is_softmax else tuple(api.forms(r))
         self.backends = {f: (cfg.backend if f == self.form else "auto") for f in have}  # requested, per form
         self.backend, self.layer_ops = cfg.backend, cfg.layer_ops
@@ -622,10 +623,10 @@ class MemoryMixer(nn.Module):
         Fused only while every one of them is a plain bias-free nn.Linear without hooks (`_plain_linear`,
         asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
         hooks apply."""
-        if not self._x_projs:
+        if not self.joint_projections:
             return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
-        lins = [self.get_submodule(path) for _, path in self._x_projs]
-        keys = tuple(key for key, _ in self._x_projs)
+        lins = [self.get_submodule(path) for _, path in self.joint_projections]
+        keys = tuple(key for key, _ in self.joint_projections)
         if not all(map(_plain_linear, lins)):  # an adapter, a quantised or hooked Linear: each runs as itself
             return {key: lin(x) for key, lin in zip(keys, lins)}
         sizes = [lin.out_features for lin in lins]

@@ -53,12 +53,12 @@ def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, caps
 
 def test_grouped_value_heads_reach_the_model_unexpanded(tmp_path, capsys):
     """--value-heads HV: q and k with --heads H, v, the gates and the output with HV heads, recorded per row."""
-    from fastweights.bench.speed import _inputs
+    from fastweights.bench.speed import bench_inputs
 
-    inp = _inputs("gated_deltanet", 1, 8, 2, 4, torch.float32, "cpu", HV=6)
+    inp = bench_inputs("gated_deltanet", 1, 8, 2, 4, torch.float32, "cpu", HV=6)
     assert inp["q"].shape[2] == inp["k"].shape[2] == 2 and inp["v"].shape[2] == inp["g"].shape[2] == 6
     assert all(t.is_leaf and t.requires_grad for t in (inp["q"], inp["k"], inp["v"]))
-    dp = _inputs("deltaproduct", 1, 8, 2, 4, torch.float32, "cpu", HV=4)
+    dp = bench_inputs("deltaproduct", 1, 8, 2, 4, torch.float32, "cpu", HV=4)
     assert dp["k"].shape[2:4] == (2, 2) and dp["v"].shape[2:4] == (2, 4)  # [B, T, n_h, H, D]
     rc = cli.main(["bench", "speed", "--models", "gated_deltanet", "--forms", "chunk", "--lengths", "16",
                    "--heads", "1", "--value-heads", "2", "--dim", "8", "--chunk-size", "8", "--repeats", "1",

@@ -7,7 +7,7 @@ pageable copy, a host sync in the step) falls back to eager steps, says so in th
 leaves the process able to capture and to draw CUDA random numbers.
 
 Marked `cuda`: `python3 -m pytest -m cuda tests/cuda/test_graph_train.py` on a GPU machine
-(scripts/gpu_round3.sh graphcheck)."""
+(the graphcheck stage of scripts/gpu_round3.sh, deleted after commit 8f55329)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def test_preset_grids():
 
 @pytest.mark.parametrize("name", ["zoology-fig2", "based-standard"])
 def test_gpu_presets_construct_and_step(name):
-    from fastweights.lab.train import _Supervised
+    from fastweights.lab.train import Supervised
 
     cells = make_cells(PRESETS[name])
     d_max, d_min = max(c.d_model for c in cells), min(c.d_model for c in cells)
@@ -49,7 +49,7 @@ def test_gpu_presets_construct_and_step(name):
         assert x.shape == (1, max(s[0] for s in c.train_segments))
         net = build_model(small)
         opt = torch.optim.AdamW(net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
-        logits, tgt, _ = _Supervised(net)(x, y)
+        logits, tgt, _ = Supervised(net)(x, y)
         loss = F.cross_entropy(logits, tgt)
         loss.backward()
         opt.step()
@@ -376,14 +376,14 @@ def test_ceilings_grid_heads_and_lrs():
 def test_ceilings_models_build_and_step_at_the_longest_setting():
     """Every zoo model of the ceilings preset builds with its heads and takes an optimizer step on one
     example of the longest setting (L 1024, 256 kv pairs)."""
-    from fastweights.lab.train import _Supervised
+    from fastweights.lab.train import Supervised
 
     cells = [c for c in make_cells(PRESETS["ceilings"], lrs=[1e-3]) if c.seq_len == 1024]
     for c in cells:
         small = dataclasses.replace(c, train_segments=((1024, 256, 1),), test_segments=((1024, 256, 1),))
         (x, y), _ = cell_data(small)
         net = build_model(small)
-        logits, tgt, _ = _Supervised(net)(x, y)
+        logits, tgt, _ = Supervised(net)(x, y)
         loss = F.cross_entropy(logits, tgt)
         loss.backward()
         assert torch.isfinite(loss), c.model

@@ -20,9 +20,9 @@ def rel(a, b) -> float:
 
 def _run(layer, x, joint: bool, autocast: bool):
     """(y, dx, {parameter: grad}) with the joint matmul (joint) or the separate Linears."""
-    keep = layer._x_projs
+    keep = layer.joint_projections
     if not joint:
-        layer._x_projs = ()  # `_project` then calls q/k/v_proj and the gates and g_proj their own Linears
+        layer.joint_projections = ()  # `_project` then calls q/k/v_proj and the gates and g_proj their own Linears
     layer.zero_grad(set_to_none=True)
     x = x.clone().requires_grad_(True)
     try:
@@ -31,7 +31,7 @@ def _run(layer, x, joint: bool, autocast: bool):
         g = torch.Generator().manual_seed(3)
         (y.float() * torch.randn(y.shape, generator=g)).sum().backward()
     finally:
-        layer._x_projs = keep
+        layer.joint_projections = keep
     return y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters() if p.grad is not None}
 
 
@@ -40,9 +40,9 @@ def _run(layer, x, joint: bool, autocast: bool):
                                                 (torch.float32, True, JOINT_PROJ_BF16_REL)])
 def test_joint_projection_equals_separate(name, dtype, autocast, tol):
     layer = MemoryMixer(48, name, 2, head_dim=16).to(dtype)
-    assert {key for key, _ in layer._x_projs} >= {"q", "k", "v"}
+    assert {key for key, _ in layer.joint_projections} >= {"q", "k", "v"}
     keys = set(layer.state_dict())
-    assert all(f"{path}.weight" in keys for _, path in layer._x_projs)  # the separate parameters, as before
+    assert all(f"{path}.weight" in keys for _, path in layer.joint_projections)  # the separate parameters, as before
     x = torch.randn(2, 9, 48, dtype=dtype)
     y1, dx1, g1 = _run(layer, x, True, autocast)
     y2, dx2, g2 = _run(layer, x, False, autocast)
@@ -54,7 +54,7 @@ def test_joint_projection_equals_separate(name, dtype, autocast, tol):
 
 
 def test_softmax_side_keeps_separate_projections():
-    assert MemoryMixer(48, "softmax_attention", 2, head_dim=16)._x_projs == ()
+    assert MemoryMixer(48, "softmax_attention", 2, head_dim=16).joint_projections == ()
 
 
 @pytest.mark.parametrize("joint", [True, False])
@@ -69,14 +69,14 @@ def test_x_cast_and_kept_once_under_autocast(joint):
             kept[t.untyped_storage().data_ptr()] = t
         return t
 
-    keep = layer._x_projs
+    keep = layer.joint_projections
     if not joint:
-        layer._x_projs = ()
+        layer.joint_projections = ()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
             layer(x)
     finally:
-        layer._x_projs = keep
+        layer.joint_projections = keep
     assert len(kept) == (1 if joint else 6)
 
 
@@ -86,7 +86,7 @@ def test_joint_output_rows_are_16_byte_aligned(name, heads):
     an unaligned stride (the gpu-125m preset's ΣN = 4620) sent cuBLAS to kernels 10–30× slower on an H100/H200.
     The views keep their widths, and the padding adds no parameter."""
     layer = MemoryMixer(48, name, heads, head_dim=16)
-    sizes = {key: layer.get_submodule(path).out_features for key, path in layer._x_projs}
+    sizes = {key: layer.get_submodule(path).out_features for key, path in layer.joint_projections}
     assert sum(sizes.values()) % 8 != 0 or heads == 3  # the shapes above include unaligned sums
     n_params = sum(p.numel() for p in layer.parameters())
     out = layer._project(torch.randn(2, 5, 48))

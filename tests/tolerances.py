@@ -325,3 +325,7 @@ LOG_SPACED = 1e-3  # an lr grid's consecutive log-ratios equal to this (lab/prot
 # output and every parameter gradient (two fp32 roundings of a LayerNorm-inside recurrence; measured under the
 # interpreter, T = 19, D = 16: max 1.08e-5 over 26 draws (q_proj's gradient), 99th percentile 1.9e-6)
 TTT_LAYER_F32_REL = 3e-5
+GRAPH_RUN_F32_RTOL = 1e-5  # weights after 3 fp32 steps, `train --cuda-graph`'s step body (eager on the CPU) vs the
+GRAPH_RUN_F32_ATOL = 1e-6  # plain loop (the loss summed per micro-batch then divided, vs divided per micro-batch)
+GRAPH_RUN_LOSS_REL = 1e-6  # the logged fp32 losses of those two runs, relative
+GRAPH_RUN_CUDA_BF16_REL = 2e-2  # `train --cuda-graph` vs eager in bf16 on CUDA: losses and weights after 8 steps

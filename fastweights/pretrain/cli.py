@@ -68,6 +68,12 @@ def add_cli(sub) -> None:
                    help="gradient checkpointing per block: each block recomputes its activations in backward (less "
                         "activation memory, the same gradients, about one more forward per step); recorded in the "
                         "run, so a resume keeps it unless --no-grad-checkpoint")
+    t.add_argument("--documents", default=None, metavar="{separate,joined}",
+                   help="separate (default): every layer restarts at each document of a packed window; joined: the "
+                        "window is one sequence, reading across end-of-text tokens (no varlen path)")
+    t.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None,
+                   help="replay each optimizer step from one CUDA graph (the step without the host's launch time; "
+                        "one CUDA process, --documents joined, no --grad-checkpoint)")
     for name, typ, help_ in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     t.set_defaults(fn=cli_main)
@@ -82,6 +88,9 @@ def config_from_args(args):
     flags = {name: getattr(args, name) for name, _, _ in _FLAGS if getattr(args, name) is not None}
     if getattr(args, "grad_checkpoint", None) is not None:
         flags["grad_checkpoint"] = args.grad_checkpoint
+    for name in ("documents", "cuda_graph"):
+        if getattr(args, name, None) is not None:
+            flags[name] = getattr(args, name)
     if args.data is not None:
         flags["data"] = args.data
     model = {}

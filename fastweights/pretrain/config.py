@@ -62,6 +62,15 @@ class PretrainConfig:
                  starts from those weights (fresh optimizer and schedule, step 0) and takes its
                  model config from there; `model` may only repeat the checkpoint's fields.
     text_key:    the key of each JSON object's text in .jsonl sources.
+    documents:   "separate" (default): every layer restarts at each document of a packed window (position_ids
+                 restarting after each end-of-text token: the varlen path); "joined": the window is one sequence,
+                 tokens read across the end-of-text token (GPT-2's practice; no position_ids, no varlen path).
+                 Either way the token after an end-of-text input is not supervised.
+    cuda_graph:  each optimizer step (its micro-batches, clipping, AdamW) replayed from one CUDA graph
+                 (`fastweights.training.GraphedLMStep`): the same maths without the host's launch time, which is
+                 half of an eager gated DeltaNet step at the gpu-125m shape. Needs a CUDA device, one process,
+                 documents "joined" (the varlen path reads document boundaries on the host, which a graph cannot
+                 replay) and no grad_checkpoint.
     """
 
     data: list[str] = field(default_factory=list)
@@ -94,6 +103,8 @@ class PretrainConfig:
     grad_checkpoint: bool | None = None
     init_from: str | None = None
     text_key: str = "text"
+    documents: str = "separate"
+    cuda_graph: bool = False
 
     def __post_init__(self):
         if isinstance(self.data, (str, Path)):
@@ -141,6 +152,17 @@ class PretrainConfig:
         if not isinstance(self.text_key, str) or not self.text_key:
             raise ConfigFileError(f"text_key must be a non-empty string (the JSON key of each .jsonl line's text), "
                                   f"got {self.text_key!r}")
+        if self.documents not in ("separate", "joined"):
+            raise ConfigFileError(f"documents={self.documents!r} is not one of ['separate', 'joined']")
+        if not isinstance(self.cuda_graph, bool):
+            raise ConfigFileError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
+        if self.cuda_graph:
+            why = ("documents 'joined' (packed documents take the varlen path, whose boundaries are read on the host: "
+                   "a graph cannot replay that); add --documents joined" if self.documents != "joined" else
+                   "no grad_checkpoint (not captured); leave out --grad-checkpoint" if self.grad_checkpoint else
+                   "one process per sequence; leave out --context-parallel" if self.context_parallel > 1 else None)
+            if why:
+                raise ConfigFileError(f"cuda_graph (--cuda-graph) needs {why}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigFileError(f"threads must be a positive int or None, got {self.threads!r}")
 

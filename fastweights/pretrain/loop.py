@@ -105,7 +105,7 @@ __all__ = ["train", "lr_factor"]
 # settings a resumed run must share with its checkpoint (they fix the data order and the model); "steps"
 # may grow (the run goes on to the new number of steps), never fall below the checkpoint's step
 _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "val_fraction", "steps", "lr",
-                "min_lr", "warmup", "init_from", "text_key")
+                "min_lr", "warmup", "init_from", "text_key", "documents")
 
 
 def lr_factor(cfg: PretrainConfig, step: int) -> float:
@@ -184,8 +184,10 @@ def _loss_sum(model, batch, device, autocast, layout: Layout) -> torch.Tensor:
     this rank's span of it under context parallelism: the spans' sums add up to the sequences')."""
     batch = layout.span(batch)
     extra = {"context": layout.context} if layout.context is not None else {}
+    if batch.get("position_ids") is not None:  # (documents "joined": none, the window is one sequence)
+        extra["position_ids"] = batch["position_ids"].to(device)
     with autocast():
-        logits = model(batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device), **extra)
+        logits = model(batch["input_ids"].to(device), **extra)
     return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].to(device).flatten(),
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
@@ -258,12 +260,20 @@ def _validate(model, windows: Windows, cfg: PretrainConfig, device, autocast, la
     was = model.training
     model.eval()
     for i in range(0, len(mine), per_rank):
-        batch = windows.batch(mine[i:i + per_rank])
+        batch = _windows_batch(windows, mine[i:i + per_rank], cfg)
         total += _loss_sum(model, batch, device, autocast, layout).item()
         count += int((layout.span(batch)["labels"] != IGNORE_INDEX).sum())
     model.train(was)
     total, count = all_reduce_sum([total, float(count)], device=_sync_device(device))
     return (total / count if count else float("nan")), int(count)
+
+
+def _windows_batch(windows: Windows, idx: list[int], cfg: PretrainConfig) -> dict:
+    """windows.batch(idx) ({input_ids, labels, position_ids} [len(idx), T]); documents "joined": position_ids None."""
+    batch = windows.batch(idx)
+    if cfg.documents == "joined":
+        batch["position_ids"] = None
+    return batch
 
 
 def _sync_device(device: torch.device) -> torch.device:
@@ -283,11 +293,20 @@ def _check_device(cfg: PretrainConfig) -> None:
         raise ConfigFileError(f"--device {cfg.device}: MPS is not available here; use --device cpu")
 
 
+def _check_graph(cfg: PretrainConfig) -> None:
+    """--cuda-graph captures CUDA work: a CUDA device (the config checked its other needs)."""
+    if cfg.cuda_graph and torch.device(cfg.device).type != "cuda":
+        raise ConfigFileError(f"--cuda-graph replays CUDA work: it needs --device cuda, got {cfg.device!r}")
+
+
 def _check_parallel(cfg: PretrainConfig) -> None:
     """--parallel fsdp shards the model over the processes torchrun starts; with one process there is
     nothing to shard over, and running unsharded instead would be a silent change of what was asked.
     --context-parallel N needs a world that N divides, and a sequence of at least N tokens."""
     R = dist_info().world_size
+    if cfg.cuda_graph and R > 1:
+        raise ConfigFileError(f"--cuda-graph runs one process (DDP's and FSDP's hooks communicate inside the step, "
+                              f"which the graph cannot capture); this run has {R}: leave out --cuda-graph or torchrun")
     if cfg.parallel == "fsdp" and R <= 1:
         raise ConfigFileError("--parallel fsdp shards the model over several processes, but this run has one "
                               "(not launched by torchrun, or WORLD_SIZE=1); launch it with torchrun "
@@ -330,6 +349,7 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
+    _check_graph(cfg)
     init_distributed(cfg.device)  # before the checks that read the world: dist_info() is 0/1 until the group runs
     _check_parallel(cfg)
     info = dist_info()
@@ -463,6 +483,10 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     def save(step: int):
         """Every rank calls it; `saved` changes on every rank alike (it decides collective calls)."""
         msd, osd = _full_states(model, opt)  # (a collective under FSDP)
+        if cfg.cuda_graph:  # saved as an eager run saves it, so that any run resumes it
+            from ..training.graphed import eager_form
+
+            osd = eager_form(osd)
         err = pending[0] if pending else None
         if info.is_main and err is None:
             what, now = CHECKPOINT, dict(saved)
@@ -498,7 +522,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     def batches(s: int) -> list[dict]:
         """Step s's grad_accum micro-batches of this rank's block of the global samples (module doc)."""
         first = s * cfg.batch_size + layout.dp_rank * (cfg.batch_size // layout.dp)
-        return [tw.batch([tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)])
+        return [_windows_batch(tw, [tw.order(j) for j in range(first + m * micro, first + (m + 1) * micro)], cfg)
                 for m in range(cfg.grad_accum)]
 
     def boundary(s: int, batches: list[dict]) -> bool:
@@ -533,15 +557,18 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
                 prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
                          f"{rec['tokens_per_s']:.0f} tok/s (steady {_speed_text(rec)})")
 
+    graph = _GraphStep(cfg, base, opt, sched, micro, device) if cfg.cuda_graph else None
     hooks = training_loop.Hooks(batches=batches, loss=loss, boundary=boundary, interrupt=interrupt, record=record,
                                 evaluate=validate, eval_every=cfg.val_every, save=save, save_every=cfg.save_every,
-                                grad_clip=cfg.grad_clip, clock=clock)
+                                grad_clip=cfg.grad_clip, clock=clock, step=graph)
     clock.start()
     try:
         training_loop.run(hooks, model, opt, sched, start, cfg.steps)
     finally:
         if bar is not None:
             bar.close()
+        if graph is not None:
+            graph.close()
     if start >= cfg.steps and info.is_main:
         prog.log(f"{out}: already trained for {cfg.steps} steps")
     last = next((r for r in reversed(history) if "loss" in r), {})
@@ -550,6 +577,31 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
             "val_ppl": val.get("val_ppl"), "tokens_per_s": last.get("tokens_per_s"),
             "tokens_per_s_steady": last.get("tokens_per_s_steady"), "mfu": last.get("mfu"),
             "parameters": base.num_parameters()}
+
+
+class _GraphStep:
+    """`Hooks.step` of a --cuda-graph run: the step's micro-batches stacked into [M, b, T] and run by one
+    `GraphedLMStep` (captured after its WARMUP eager steps, then replayed), the schedule advanced as
+    `training.step.optimizer_step` does. The loss is `_loss_sum`'s over the step's supervised tokens."""
+
+    def __init__(self, cfg: PretrainConfig, lm: LM, opt, sched, micro: int, device: torch.device):
+        from ..training.graphed import GraphedLMStep
+
+        dt = torch.bfloat16 if cfg.dtype == "bfloat16" else None
+        self.g = GraphedLMStep(lm, opt, (cfg.grad_accum, micro, cfg.seq_len + 1), autocast_dtype=dt,
+                               grad_clip=cfg.grad_clip, capture=device.type == "cuda")
+        self.sched = sched
+
+    def __call__(self, s: int, batches: list[dict]) -> tuple[list[float], float]:
+        x = torch.stack([b["input_ids"] for b in batches])  # [M, b, T]
+        y = torch.stack([b["labels"] for b in batches])  # [M, b, T]
+        loss = self.g.step_labeled(x, y)
+        lr = self.sched.get_last_lr()[0]
+        self.sched.step()
+        return [float(loss)], lr
+
+    def close(self) -> None:
+        self.g.close()
 
 
 class _Speed:

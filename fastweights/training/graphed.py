@@ -7,16 +7,21 @@ graph 70.7 ms (the transformer of that shape: 62.9 → 58.0 ms): the Triton laun
 gate ops of every layer cost more host time than their GPU time (scripts/gpu_step_graph.py,
 docs/results/gpu/r4s2/call3). A replay launches the whole step at once.
 
-The maths is the eager step's, micro-batch by micro-batch:
+The maths is the eager step's, micro-batch by micro-batch, on inputs x and labels y [M, B, T] (`step(ids)`: x =
+ids[..., :-1], y = ids[..., 1:]; `step_labeled(x, y)`: labels as given, IGNORE_INDEX (−100) where a token is not
+supervised):
 
-    for m in range(M):  loss_m = CE(LM(ids[m, :, :-1]), ids[m, :, 1:]) / M;  loss_m.backward()   (grads accumulate)
+    n = #(y ≠ −100) over all M micro-batches (≥ 1; counted on the device)
+    for m in range(M):  loss_m = Σ_t CE(LM(x[m])_t, y[m]_t) / n;  loss_m.backward()      (grads accumulate)
     clip_grad_norm_(params, clip)  (when clip);  AdamW.step() with each group's lr read from a device tensor
+
+(with every label supervised, n = M·B·T: each micro-batch's mean loss / M.)
 
 with bf16 autocast (cache off: a cast weight must not outlive the capture). PyTorch's whole-network recipe: WARMUP
 eager steps on a side stream, gradients set to None before the capture so that the captured first backward
 allocates them from the graph's pool (every replay overwrites them, the later micro-batches accumulate onto them),
-AdamW with capturable=True. A replay reads the token ids copied into a static buffer [M, B, T + 1] and the lrs
-copied into device scalars; the loss stays on the device.
+AdamW with capturable=True. A replay reads the inputs and labels copied into static buffers [M, B, T] and the lrs copied
+into device scalars; the loss stays on the device.
 
 Capture safety: the capture runs under `torch.cuda.set_sync_debug_mode("error")`, so an op that would synchronize
 (`.item()`, a data-dependent shape) raises instead of corrupting the capture; a failed capture raises
@@ -35,10 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "capture", "CaptureFailure",
-           "warm_step", "step_at", "WARMUP"]
+__all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "eager_form", "capture",
+           "CaptureFailure", "warm_step", "step_at", "WARMUP", "IGNORE_INDEX"]
 
 WARMUP = 3  #: eager steps before the capture (PyTorch's recipe uses 3)
+IGNORE_INDEX = -100  #: a label that is not supervised (`step_labeled`; cross_entropy's default ignore_index)
 
 
 class GraphCaptureError(RuntimeError):
@@ -61,7 +67,12 @@ def set_capturable(opt: torch.optim.Optimizer, on: bool) -> None:
 def eager_state_dict(opt: torch.optim.Optimizer) -> dict:
     """opt.state_dict() in the eager form (capturable off, step counts on the CPU), whatever form
     the optimizer runs in (the live state is not touched)."""
-    sd = opt.state_dict()
+    return eager_form(opt.state_dict())
+
+
+def eager_form(sd: dict) -> dict:
+    """An optimizer state dict ({"state": {key: {...}}, "param_groups": [...]}: torch's or torch.distributed's full
+    one) in the eager form: capturable off, step counts on the CPU (what a run without the graph loads)."""
     state = {k: {n: (v.detach().cpu() if n == "step" and isinstance(v, torch.Tensor) else v) for n, v in st.items()}
              for k, st in sd["state"].items()}
     groups = [{**g, "capturable": False} if "capturable" in g else dict(g) for g in sd["param_groups"]]
@@ -148,10 +159,12 @@ class GraphedLMStep:
             raise ValueError(f"GraphedLMStep: shape must be (micro-batches, batch, T + 1 ≥ 2), got {shape}")
         p0 = next(model.parameters())
         self.model, self.opt, self.shape, self.device = model, opt, tuple(shape), p0.device
+        M, B, T1 = self.shape
         self.autocast_dtype, self.grad_clip = autocast_dtype, grad_clip
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.capture = bool(capture) and self.device.type == "cuda"
-        self.ids = torch.zeros(self.shape, dtype=torch.long, device=self.device)
+        self.inputs = torch.zeros((M, B, T1 - 1), dtype=torch.long, device=self.device)  # [M, B, T]
+        self.labels = torch.zeros((M, B, T1 - 1), dtype=torch.long, device=self.device)  # [M, B, T]
         ldt = torch.float64 if p0.dtype == torch.float64 else torch.float32
         self.lrs = [torch.zeros((), dtype=ldt, device=self.device) for _ in opt.param_groups]
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -174,12 +187,13 @@ class GraphedLMStep:
     def _body(self) -> torch.Tensor:
         M = self.shape[0]
         total = None
+        n = (self.labels != IGNORE_INDEX).sum().clamp_min(1)  # the step's supervised tokens (a device scalar)
         for m in range(M):
-            ids = self.ids[m]
             with self._autocast():
-                logits = self.model(ids[:, :-1])  # [B, T, vocab]
+                logits = self.model(self.inputs[m])  # [B, T, vocab]
             logits = logits if logits.dtype == torch.float64 else logits.float()  # fp32 loss under autocast
-            loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()) / M
+            loss = F.cross_entropy(logits.flatten(0, 1), self.labels[m].flatten(), ignore_index=IGNORE_INDEX,
+                                   reduction="sum") / n
             loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
         if self.grad_clip is not None:
@@ -188,11 +202,27 @@ class GraphedLMStep:
         return total
 
     def step(self, ids: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on ids [M, B, T + 1] (any device: copied into the static buffer) at the optimizer's
-        current group lrs; returns the mean micro-batch loss, a device scalar (no host sync)."""
+        """One optimizer step on ids [M, B, T + 1] (any device: copied into the static buffers; every next token
+        supervised) at the optimizer's current group lrs; returns the step's mean token loss, a device scalar (no
+        host sync)."""
         if tuple(ids.shape) != self.shape:
             raise ValueError(f"GraphedLMStep.step: ids must be {list(self.shape)}, got {list(ids.shape)}")
-        self.ids.copy_(ids, non_blocking=True)
+        self.inputs.copy_(ids[..., :-1], non_blocking=True)
+        self.labels.copy_(ids[..., 1:], non_blocking=True)
+        return self._run()
+
+    def step_labeled(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on inputs and labels [M, B, T] (labels IGNORE_INDEX where not supervised); returns
+        the step's mean loss over its supervised tokens, a device scalar (no host sync)."""
+        want = [self.shape[0], self.shape[1], self.shape[2] - 1]
+        for name, x in (("inputs", inputs), ("labels", labels)):
+            if list(x.shape) != want:
+                raise ValueError(f"GraphedLMStep.step_labeled: {name} must be {want}, got {list(x.shape)}")
+        self.inputs.copy_(inputs, non_blocking=True)
+        self.labels.copy_(labels, non_blocking=True)
+        return self._run()
+
+    def _run(self) -> torch.Tensor:
         for t, g in zip(self.lrs, self.opt.param_groups):
             t.fill_(float(g["lr"]))
         if self.graph is None and self.capture and self.warm >= WARMUP:

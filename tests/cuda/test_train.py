@@ -83,3 +83,43 @@ def test_a_stop_on_cuda_saves_at_one_step_on_every_rank_and_resumes(world, tmp_p
     assert 20 <= stopped < STEPS
     assert sum("interrupted at step" in ln for ln in (out + err).splitlines()) == 1, err[-3000:]
     _check_resumes(cmd, tmp_path, env, stopped)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, monkeypatch):
+    """`fastweights train --cuda-graph --documents joined` on CUDA: the step is captured once (after WARMUP eager
+    steps) and replayed; losses and weights equal the eager run's (fp32: to the reduction order; bf16: both runs
+    round the same products, the graph's autocast keeps no cast cache); its checkpoint resumes without the graph."""
+    from fastweights.models import LM
+    from fastweights.pretrain import PretrainConfig, train
+    from fastweights.training import graphed
+    from tests.tolerances import GRAPH_RUN_CUDA_BF16_REL, GRAPH_RUN_F32_ATOL, GRAPH_RUN_F32_RTOL, GRAPH_RUN_LOSS_REL
+
+    captured = []
+    capture = graphed.GraphedLMStep._capture
+
+    def spy(self):
+        captured.append(1)
+        return capture(self)
+
+    monkeypatch.setattr(graphed.GraphedLMStep, "_capture", spy)
+
+    def cfg(out, **kw):
+        return PretrainConfig.build({"data": [str(ROOT / "README.md")], "out": str(tmp_path / out), "steps": 8,
+                                     "batch_size": 8, "grad_accum": 2, "seq_len": 64, "save_every": 4,
+                                     "val_every": 1000, "progress": "none", "device": "cuda", "dtype": dtype,
+                                     "documents": "joined", "model": {"d_model": 64, "n_layers": 2, "num_heads": 2,
+                                                                      "head_dim": 32}, **kw})
+
+    train(cfg("eager"))
+    train(cfg("graph", cuda_graph=True))
+    assert captured == [1]
+    a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
+    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=k)
+    la, lb = ([json.loads(x)["loss"] for x in (tmp_path / run / "log.jsonl").read_text().splitlines()
+               if "loss" in json.loads(x)] for run in ("eager", "graph"))
+    assert len(la) == 8 and la == pytest.approx(lb, rel=GRAPH_RUN_LOSS_REL if dtype == "float32"
+                                                 else GRAPH_RUN_CUDA_BF16_REL)
+    assert train(cfg("graph", steps=10))["steps"] == 10  # resumed eagerly from the graph run's checkpoint

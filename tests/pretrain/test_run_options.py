@@ -22,6 +22,9 @@ from tests.tolerances import (
     GRAD_CKPT_RUN_F32_ATOL,
     GRAD_CKPT_RUN_F32_RTOL,
     GRAD_CKPT_RUN_LOSS_REL,
+    GRAPH_RUN_F32_ATOL,
+    GRAPH_RUN_F32_RTOL,
+    GRAPH_RUN_LOSS_REL,
     INIT_FROM_STEP_ABS,
 )
 
@@ -254,3 +257,81 @@ def test_the_documented_padded_batch_runs_on_a_trained_model_and_at_vocab_256(tm
         assert out.shape == (2, 10)
         alone = model.generate(**tok(["A"], return_tensors="pt"), max_new_tokens=3, do_sample=False)
         assert torch.equal(out[1, 7:], alone[0, 1:])
+
+
+# ------------------------------------------------------------------------------------------ --documents, --cuda-graph
+def test_documents_joined_reads_across_end_of_text_and_separate_restarts(tmp_path, monkeypatch):
+    """--documents joined passes no position_ids (the window is one sequence: no varlen path); separate (the default)
+    passes position_ids restarting after each end-of-text; a resume with the other setting is refused."""
+    from fastweights.models import lm as lm_mod
+
+    seen = []
+    forward = lm_mod.LM.forward
+
+    def spy(self, *a, **k):
+        if torch.is_grad_enabled():
+            seen.append(k.get("position_ids"))
+        return forward(self, *a, **k)
+
+    monkeypatch.setattr(lm_mod.LM, "forward", spy)
+    train(cfg_of(tmp_path, "joined", documents="joined"))
+    assert seen and all(p is None for p in seen)
+    seen.clear()
+    train(cfg_of(tmp_path, "separate"))
+    assert seen and all(p is not None for p in seen) and any(int(p.min()) == 0 and int(p[0, -1]) < 15 for p in seen)
+    with pytest.raises(DataError, match="documents"):
+        train(cfg_of(tmp_path, "joined", documents="separate", steps=3))
+
+
+def test_cuda_graph_step_equals_the_plain_loop(tmp_path, monkeypatch):
+    """`train --cuda-graph`'s step (GraphedLMStep.step_labeled over the stacked micro-batches; eager on the CPU, the
+    same body the GPU captures) gives the plain loop's losses and weights, with accumulation, clipping, the schedule
+    and unsupervised tokens after end-of-text; its checkpoint resumes in a run without the graph."""
+    from fastweights.pretrain import loop
+
+    monkeypatch.setattr(loop, "_check_graph", lambda cfg: None)  # (the CUDA device check; the CPU runs the body)
+    kw = dict(documents="joined", steps=3, grad_accum=2, grad_clip=0.05, save_every=3)
+    train(cfg_of(tmp_path, "plain", **kw))
+    train(cfg_of(tmp_path, "graph", cuda_graph=True, **kw))
+    a, b = LM.from_pretrained(tmp_path / "plain" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=GRAPH_RUN_F32_RTOL, atol=GRAPH_RUN_F32_ATOL, msg=k)
+    la = [r["loss"] for r in log(tmp_path / "plain") if "loss" in r]
+    lb = [r["loss"] for r in log(tmp_path / "graph") if "loss" in r]
+    assert len(la) == 3 and la == pytest.approx(lb, rel=GRAPH_RUN_LOSS_REL)
+    ck = torch.load(tmp_path / "graph" / "checkpoint.pt", weights_only=False)
+    assert all(not g.get("capturable") for g in ck["optim"]["param_groups"])
+    assert train(cfg_of(tmp_path, "graph", **{**kw, "steps": 4}))["steps"] == 4  # resumed without the graph
+
+
+def test_eager_form_makes_a_capturable_optimizer_state_loadable_by_an_eager_one():
+    from fastweights.training.graphed import eager_form, set_capturable
+
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.randn(3)
+    opt.step()
+    set_capturable(opt, True)  # (as GraphedLMStep leaves it; on a GPU its step counts then live there)
+    assert opt.state_dict()["param_groups"][0]["capturable"] is True
+    sd = eager_form(opt.state_dict())
+    assert sd["param_groups"][0]["capturable"] is False and sd["state"][0]["step"].device.type == "cpu"
+    q = torch.nn.Parameter(p.detach().clone())
+    fresh = torch.optim.AdamW([q], lr=0.1)
+    fresh.load_state_dict(sd)
+    q.grad = torch.randn(3)
+    fresh.step()  # an eager AdamW steps from it
+    assert torch.isfinite(q).all()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cuda-graph"], "--documents joined"),
+    (["--cuda-graph", "--documents", "joined"], "--device cuda"),
+    (["--cuda-graph", "--documents", "joined", "--device", "cuda", "--grad-checkpoint"], "grad_checkpoint"),
+    (["--documents", "both"], "documents='both' is not one of ['separate', 'joined']"),
+])
+def test_cuda_graph_needs_are_one_line(argv, says, tmp_path, capsys):
+    args = ["train", "--data", str(corpus(tmp_path)), "--out", str(tmp_path / "run"), "--steps", "1", *argv]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -56,3 +56,32 @@ def test_refuses_bad_shapes_by_name():
     step = GraphedLMStep(lm, opt, (1, 2, 9), capture=False)
     with pytest.raises(ValueError, match=r"ids must be \[1, 2, 9\]"):
         step.step(torch.zeros(1, 2, 8, dtype=torch.long))
+
+
+def test_labeled_steps_equal_a_plain_loop_over_the_supervised_tokens():
+    """step_labeled: the loss of each micro-batch is its summed cross-entropy over the supervised labels divided by
+    the whole step's supervised count (as `fastweights train` weighs its micro-batches), float64."""
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    a, b = _lm(seed, "gated_deltanet"), _lm(seed, "gated_deltanet")
+    oa = adamw(a, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ob = adamw(b, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    M, B, T = 3, 2, 9
+    graphed = GraphedLMStep(a, oa, (M, B, T + 1), autocast_dtype=None, grad_clip=None, capture=False)
+    for _ in range(3):
+        x = torch.randint(0, 40, (M, B, T))
+        y = torch.randint(0, 40, (M, B, T))
+        y[torch.rand(M, B, T) < 0.3] = -100  # unsupervised tokens (e.g. after an end-of-text input)
+        y[1] = -100  # a micro-batch with none
+        got = graphed.step_labeled(x, y)
+        ob.zero_grad(set_to_none=True)
+        n, want = int((y != -100).sum()), 0.0
+        for m in range(M):
+            loss = F.cross_entropy(b(x[m]).flatten(0, 1), y[m].flatten(), reduction="sum") / n
+            loss.backward()
+            want += loss.item()
+        ob.step()
+        assert abs(got.item() - want) < EXACT_F64
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa - pb).abs().max() < EXACT_F64, name
+    with pytest.raises(ValueError, match=r"labels must be \[3, 2, 9\]"):
+        graphed.step_labeled(x, y[:, :, :-1])

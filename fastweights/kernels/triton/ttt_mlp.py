@@ -1,0 +1,610 @@
+"""TTT-MLP's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_mlp`) in one Triton program per
+(sequence, value head), each way: the design of `ttt.py` (TTT-Linear's kernels) for a two-layer memory.
+
+The memory (Sun et al. 2024): a 2-layer MLP inside TTT's residual LayerNorm over the value dim D (K = V = D),
+hidden width F (4D in the zoo), σ = GELU (tanh form):
+
+    f(x) = σ(x W1 + b1) W2 + b2,   M(x) = x + γ ⊙ LN(f(x)) + β_ln     (W1 [D, F], b1 [F], W2 [F, D], b2 [D])
+
+inner loss ½‖M(k) − v‖², mini-batches of b tokens aligned to the sequence start, TTT's averaged gd: every
+gradient of a mini-batch at its anchor θ₀ = (A1, a1, A2, a2), and each weight at the i-th token is
+θ₀ + P_i / i with P_i = P_0 − Σ_{j ≤ i} η_j ∇ℓ_j(θ₀) (P_0 = o (θ_s − θ₀) for the o tokens of a mini-batch
+consumed before the call, else 0), as for TTT-Linear. At the anchor, per token (rows [b, ·] of a mini-batch):
+
+    Z1 = K A1 + a1,  H = σ(Z1),  f = H A2 + a2                          [b, F], [b, F], [b, D]
+    n = LN(f),  dy = (K + β_ln − V) + γ ⊙ n,  e = LN'(γ ⊙ dy)           ∂ℓ/∂f (as TTT-Linear's e)   [b, D]
+    dz1 = (e A2ᵀ) ⊙ σ'(Z1)                                             ∂ℓ/∂Z1                       [b, F]
+    ∇_{W2} = Hᵀ e,  ∇_{b2} = Σ e,  ∇_{W1} = Kᵀ dz1,  ∇_{b1} = Σ dz1
+
+and the read at the queries x = scale·q, layer by layer in the dual form (no per-token weight is formed):
+
+    z1 = x A1 + a1 + (x P1_0 + p1_0) / i − M1 dz1,   M1_tj = [j ≤ t] η_j (x_t · k_j + 1) / i_t,   h = σ(z1)
+    z2 = h A2 + a2 + (h P2_0 + p2_0) / i − M2 e,     M2_tj = [j ≤ t] η_j (h_t · H_j + 1) / i_t
+    o  = x + γ ⊙ LN(z2) + β_ln
+
+The end sums P1 = P1_0 − Kᵀ (η ⊙ dz1), p1 = p1_0 − Σ η dz1, P2 = P2_0 − Hᵀ (η ⊙ e), p2 = p2_0 − Σ η e; the next
+anchor is θ₀ + P / b.
+
+Where the weights live. W1 and W2 are D·F fp32 each (64 KiB each at D = 64, F = 256): too large for one
+program's registers. They stay in a per-program global scratch (L2-resident: 2·D·F·4 bytes per (sequence,
+head)), and every pass over the hidden dim streams them in tiles of BF hidden units ([D, BF] of W1, [BF, D] of
+W2, each tile touched by one thread layout only). The scratch IS the anchor store of the backward: with SAVE
+(a backward is wanted) mini-batch s reads its anchor from slot s and writes the next anchor into slot s + 1
+(one slot per mini-batch: 4(2DF + F + D) bytes per mini-batch, ≈ 32D²/b bytes a token at F = 4D); without it,
+one slot per (sequence, head), rolled in place (each tile is read before it is written, by the same threads). A
+`tl.debug_barrier` separates a mini-batch's writes from the next one's reads (other threads' layouts). The
+per-token work that needs the whole hidden dim — f (sums over F), h_t · H_j (sums over F) — is accumulated over
+the tiles; everything [b, D] or [b, b] stays in registers.
+
+Forward (`_fwd_kernel`), per mini-batch: pass 1 over the tiles accumulates f; e from f in registers; pass 2
+over the tiles forms dz1, the read z1, h, accumulates z2 and h Hᵀ, and writes the next anchor's tile
+(A + P / b) — or, in the call's last mini-batch, its anchor and end sums (the glue forms the final weights
+A + P / i). Backward (`_bwd_kernel`), the mini-batches in reverse from their stored anchors: pass A (f, e),
+pass B (the read: z2, its LayerNorm), pass C (the read's and the end sums' gradients, tile by tile; the part of
+∂/∂Z1 it can finish goes to a [b, F] scratch), then e's LayerNorm backward gives ∂/∂f, and pass D finishes
+∂/∂Z1 and the gradients of W1, b1, W2 and k. The anchor gradients are accumulated in place in the dA0 outputs
+(the glue seeds them with the final anchor's gradient); an end sum's gradient is the next anchor's over b, as
+in `ttt.py`. dq, dk of grouped heads are written per value head and summed by the glue; dγ, dβ_ln as partials
+[R, H, D] summed by the glue.
+
+FLOPs and bytes per token (b tokens a mini-batch, multiply-adds counted as 2 FLOPs; F = 4D):
+- forward: ≈ 2·(2DF) [Z1 twice] + 2DF [H A2] + 2·DF [e A2ᵀ] + 2DF [x A1] + 2DF [h A2] + 2bF·2 [M1 dz1,
+  h Hᵀ] + 2·(2DF) [the end sums] + O(bD) = 18DF + 4bF ≈ 72D² + 16bD: 299 kFLOP at D = 64, b = 16.
+  Bytes: each mini-batch reads W1, W2 twice and writes them once from the scratch (6·4DF / b = 96D²/b bytes a
+  token: 24 KiB at D = 64, L2 traffic), plus the inputs (3D + 1 elements) and the output (D elements).
+- backward: passes A–D recompute the forward (≈ 18DF + 4bF) and add ≈ 22DF + 6bF for the gradients: ≈ 40DF +
+  10bF ≈ 160D² + 40bD, ≈ 700 kFLOP a token at D = 64; W1, W2 and their gradient accumulators read 4× and
+  written 2× per mini-batch (≈ 256D²/b bytes a token of L2 traffic), the [b, F] scratch once each way.
+- HBM: the anchors saved for the backward, 32D²/b bytes a token written by the forward and read by the backward
+  (8 KiB at D = 64, b = 16).
+
+Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
+no cu_seqlens (the dispatch row does not take varlen for TTT-Linear either: a MemoryState carries one offset).
+fp32 products (tl.dot at `PREC`, "ieee"). The tile widths are not swept on a GPU yet (`TTT_MLP_LAUNCH`,
+`hidden_tile`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ...inputs import InputError
+from .. import empty_output
+from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
+from .ttt import LN_EPS, PREC, _dot, _ln, _ln_back, _rows
+from .util import pow2
+
+Tensor = torch.Tensor
+
+__all__ = ["ttt_mlp_triton", "ttt_mlp_torch", "TTT_MLP_LAUNCH", "hidden_tile"]
+
+#: Launch settings of both kernels (not swept on a GPU yet).
+TTT_MLP_LAUNCH = dict(num_warps=4, num_stages=1)
+#: The most fp32 values of one [D, BF] weight tile (the hidden tile BF = this / pow2(D), within [16, pow2(F)]).
+TILE_ELEMENTS = 2048
+_C0 = 0.7978845608028654  # sqrt(2 / π)
+_A3 = 0.044715
+
+
+def hidden_tile(D: int, F: int) -> int:
+    """The hidden dim's tile BF of the kernels for head dim D and hidden width F (a power of two ≥ 16)."""
+    return max(16, min(pow2(F), TILE_ELEMENTS // pow2(D)))
+
+
+@triton.jit
+def _tanh(u):
+    u = tl.minimum(tl.maximum(u, -15.0), 15.0)  # tanh(±15) is ±1 in fp32; exp stays finite
+    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+
+
+@triton.jit
+def _gelu(z):
+    """(σ(z), σ'(z)) of GELU's tanh form, elementwise."""
+    du = _C0 * (1.0 + 3.0 * _A3 * z * z)
+    t = _tanh(_C0 * (z + _A3 * z * z * z))
+    return 0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
+
+
+@triton.jit
+def _gelu2(z):
+    """σ''(z) of GELU's tanh form: (1 − t²)(u' + z (u'' − 2 t u'²) / 2), u = c (z + a z³)."""
+    du = _C0 * (1.0 + 3.0 * _A3 * z * z)
+    t = _tanh(_C0 * (z + _A3 * z * z * z))
+    return (1.0 - t * t) * (du + 0.5 * z * (6.0 * _A3 * _C0 * z - 2.0 * t * du * du))
+
+
+@triton.jit
+def _w1_off(sl, c, fc, D: tl.constexpr, F: tl.constexpr):
+    """Offsets of a [BD, BF] tile of W1 (or of anything shaped [.., D, F]) in slot sl."""
+    return sl * (D * F) + c[:, None] * F + fc[None, :]
+
+
+@triton.jit
+def _w2_off(sl, c, fc, D: tl.constexpr, F: tl.constexpr):
+    """Offsets of a [BF, BD] tile of W2 (or of anything shaped [.., F, D]) in slot sl."""
+    return sl * (F * D) + fc[:, None] * D + c[None, :]
+
+
+@triton.jit
+def _tile(W1, b1, W2, sl, c, fc, cm, fm, D: tl.constexpr, F: tl.constexpr):
+    """(W1 [BD, BF], b1 [BF], W2 [BF, BD]) of hidden tile fc in slot sl; padding 0."""
+    A1 = tl.load(W1 + _w1_off(sl, c, fc, D, F), mask=cm[:, None] & fm[None, :], other=0.0)
+    a1 = tl.load(b1 + sl * F + fc, mask=fm, other=0.0)
+    A2 = tl.load(W2 + _w2_off(sl, c, fc, D, F), mask=fm[:, None] & cm[None, :], other=0.0)
+    return A1, a1, A2
+
+
+@triton.jit
+def _target_errors(f, kk, vv, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr):
+    """From f [BT, BD] (the memory's output before its LayerNorm): (n, 1/σ, dy, u, e) as `ttt._errors`."""
+    n, inv = _ln(f, cm, D, EPS)
+    dy = tl.where(cm[None, :], kk + lnb[None, :] - vv, 0.0) + lnw[None, :] * n
+    u = lnw[None, :] * dy
+    return n, inv, dy, u, _ln_back(n, inv, u, cm, D)
+
+
+@triton.jit
+def _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D: tl.constexpr, F: tl.constexpr, BT: tl.constexpr,
+            BD: tl.constexpr, BF: tl.constexpr, PREC: tl.constexpr):
+    """f = σ(K A1 + a1) A2 + a2 [BT, BD] at the anchor in slot cur, over the hidden tiles."""
+    f = tl.zeros([BT, BD], dtype=tl.float32)
+    for f0 in range(0, F, BF):
+        fc = f0 + tl.arange(0, BF)
+        fm = fc < F
+        A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+        Hh, _ = _gelu(_dot(kk, A1, PREC) + a1[None, :])
+        f += _dot(Hh, A2, PREC)
+    return f + tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)[None, :]
+
+
+@triton.jit
+def _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first, c, fc, cm, fm, D: tl.constexpr,
+               F: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """One hidden tile of the layer-1 side at the anchor: (Z1, H, σ'(Z1), e A2ᵀ, dz1, z1, h, σ'(z1), P1_0 tile,
+    p1_0 tile), the [BT, BF] ones and the carried sums ([BD, BF], [BF]; 0 unless HAS_P and the first
+    mini-batch)."""
+    Z1 = _dot(kk, A1, PREC) + a1[None, :]
+    Hh, dg = _gelu(Z1)
+    g1 = _dot(e, tl.trans(A2), PREC)
+    dz1 = g1 * dg
+    z1 = _dot(x, A1, PREC) + a1[None, :] - _dot(M1, dz1, PREC)
+    P1 = tl.zeros_like(A1)
+    p1 = tl.zeros_like(a1)
+    if HAS_P:  # the carried sums enter the first mini-batch only
+        P1 = tl.load(P1_0 + _w1_off(i_bh, c, fc, D, F), mask=cm[:, None] & fm[None, :] & first, other=0.0)
+        p1 = tl.load(p1_0 + i_bh * F + fc, mask=fm & first, other=0.0)
+        z1 += (_dot(x, P1, PREC) + p1[None, :]) / ipos[:, None]
+    h, dh = _gelu(z1)
+    return Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_0, P2_0, p2_0, o,
+                ck1, ckb1, ck2, ckb2, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, scale, T, off, NS,
+                H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
+                BF: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
+                HAS_P: tl.constexpr):
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos = i_b * T
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    base = i_bh  # the anchor slot of the first mini-batch (slot index · H + head): one per (b, h) without SAVE
+    if SAVE:
+        base = i_b * NS * H + i_h  # one per mini-batch
+    # the initial anchor into the first slot
+    for f0 in range(0, F, BF):
+        fc = f0 + tl.arange(0, BF)
+        fm = fc < F
+        A1, a1, A2 = _tile(W1_0, b1_0, W2_0, i_bh, c, fc, cm, fm, D, F)
+        tl.store(ck1 + _w1_off(base, c, fc, D, F), A1, mask=cm[:, None] & fm[None, :])
+        tl.store(ckb1 + base * F + fc, a1, mask=fm)
+        tl.store(ck2 + _w2_off(base, c, fc, D, F), A2, mask=fm[:, None] & cm[None, :])
+    tl.store(ckb2 + base * D + c, tl.load(b2_0 + i_bh * D + c, mask=cm, other=0.0), mask=cm)
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
+    tri = r[:, None] >= r[None, :]
+    for s in range(0, NS):
+        tl.debug_barrier()  # the previous mini-batch's (or the copy's) stores before this one's loads
+        cur = base
+        nxt = base
+        if SAVE:
+            cur = base + s * H
+            nxt = cur + H
+        first = s == 0
+        last = s == NS - 1
+        more = s < NS - 1
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
+        n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
+        M1 = tl.where(tri, (_dot(x, tl.trans(kk), PREC) + 1.0) * eta[None, :] / ipos[:, None], 0.0)
+        ee = e * eta[:, None]
+        z2 = tl.zeros([BT, BD], dtype=tl.float32)
+        S2 = tl.zeros([BT, BT], dtype=tl.float32)
+        for f0 in range(0, F, BF):
+            fc = f0 + tl.arange(0, BF)
+            fm = fc < F
+            wm1 = cm[:, None] & fm[None, :]
+            wm2 = fm[:, None] & cm[None, :]
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
+                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
+            z2 += _dot(h, A2, PREC)
+            S2 += _dot(h, tl.trans(Hh), PREC)
+            P2 = tl.zeros_like(A2)
+            if HAS_P:
+                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=wm2 & first, other=0.0)
+                z2 += _dot(h, P2, PREC) / ipos[:, None]
+            dze = dz1 * eta[:, None]
+            P1 = P1 - _dot(tl.trans(kk), dze, PREC)
+            p1 = p1 - tl.sum(dze, axis=0)
+            P2 = P2 - _dot(tl.trans(Hh), ee, PREC)
+            # the call's last mini-batch: its anchor and end sums out; else the next anchor A + P / b
+            tl.store(A1o + _w1_off(i_bh, c, fc, D, F), A1, mask=wm1 & last)
+            tl.store(a1o + i_bh * F + fc, a1, mask=fm & last)
+            tl.store(A2o + _w2_off(i_bh, c, fc, D, F), A2, mask=wm2 & last)
+            tl.store(P1o + _w1_off(i_bh, c, fc, D, F), P1, mask=wm1 & last)
+            tl.store(p1o + i_bh * F + fc, p1, mask=fm & last)
+            tl.store(P2o + _w2_off(i_bh, c, fc, D, F), P2, mask=wm2 & last)
+            tl.store(ck1 + _w1_off(nxt, c, fc, D, F), A1 + P1 / BT, mask=wm1 & more)
+            tl.store(ckb1 + nxt * F + fc, a1 + p1 / BT, mask=fm & more)
+            tl.store(ck2 + _w2_off(nxt, c, fc, D, F), A2 + P2 / BT, mask=wm2 & more)
+        a2 = tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)
+        p2 = -tl.sum(ee, axis=0)
+        z2 += a2[None, :]
+        if HAS_P:
+            p20 = tl.load(p2_0 + i_bh * D + c, mask=cm & first, other=0.0)
+            z2 += p20[None, :] / ipos[:, None]
+            p2 += p20
+        M2 = tl.where(tri, (S2 + 1.0) * eta[None, :] / ipos[:, None], 0.0)
+        z2 -= _dot(M2, e, PREC)
+        nz, _ = _ln(z2, cm, D, EPS)
+        out = x + lnw[None, :] * nz + lnb[None, :]
+        tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
+        tl.store(a2o + i_bh * D + c, a2, mask=cm & last)
+        tl.store(p2o + i_bh * D + c, p2, mask=cm & last)
+        tl.store(ckb2 + nxt * D + c, a2 + p2 / BT, mask=cm & more)
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, do,
+                dP1o, dp1o, dP2o, dp2o, gA1, ga1, gA2, ga2_ptr, dq, dk, dv, dbeta, dlnw, dlnb,
+                dP1_0, dp1_0, dP2_0, dp2_0, dZs, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
+                D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
+                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    # gA1, ga1, gA2, ga2 [R, H, ·]: the anchor's gradient, seeded with the last anchor's, accumulated in place
+    # (dA0 at the end); dZs [R·H, BT, F]: this program's scratch of ∂/∂Z1 between passes C and D
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos = i_b * T
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    glnw = tl.zeros([BD], dtype=tl.float32)
+    glnb = tl.zeros([BD], dtype=tl.float32)
+    ga2 = tl.load(ga2_ptr + i_bh * D + c, mask=cm, other=0.0)  # b2's anchor gradient: in registers
+    zs = i_bh * (BT * F) + r[:, None] * F  # + fc[None, :]: the scratch rows
+    for si in range(0, NS):
+        tl.debug_barrier()  # the previous (later) mini-batch's accumulator stores before this one's loads
+        s = NS - 1 - si
+        cur = (i_b * NS + s) * H + i_h
+        first = s == 0
+        lastmb = si == 0  # the call's last mini-batch: its end sums' gradients are the outputs'
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        # pass A: the anchor's errors
+        f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
+        n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
+        S1 = _dot(x, tl.trans(kk), PREC) + 1.0
+        M1 = tl.where(tri, S1 * eta[None, :] / ipos[:, None], 0.0)
+        ee = e * eta[:, None]
+        # pass B: the read's second layer
+        z2 = tl.zeros([BT, BD], dtype=tl.float32)
+        S2 = tl.zeros([BT, BT], dtype=tl.float32)
+        for f0 in range(0, F, BF):
+            fc = f0 + tl.arange(0, BF)
+            fm = fc < F
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
+                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
+            z2 += _dot(h, A2, PREC)
+            S2 += _dot(h, tl.trans(Hh), PREC)
+            if HAS_P:
+                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=fm[:, None] & cm[None, :] & first, other=0.0)
+                z2 += _dot(h, P2, PREC) / ipos[:, None]
+        a2 = tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)
+        z2 += a2[None, :]
+        if HAS_P:
+            p20 = tl.load(p2_0 + i_bh * D + c, mask=cm & first, other=0.0)
+            z2 += p20[None, :] / ipos[:, None]
+        S2 += 1.0
+        M2 = tl.where(tri, S2 * eta[None, :] / ipos[:, None], 0.0)
+        z2 -= _dot(M2, e, PREC)
+        nz, invz = _ln(z2, cm, D, EPS)
+        # o = x + γ ⊙ LN(z2) + β_ln
+        hv = (row[:, None] * H + i_h) * D + c[None, :]
+        dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
+        glnw += tl.sum(dO * nz, axis=0)
+        glnb += tl.sum(dO, axis=0)
+        dz2 = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
+        dx = dO
+        # z2 = h A2 + a2 + (h P2 + p2) / i − M2 e: the [BT, BT] and [BT, BD] parts
+        dM2 = -_dot(dz2, tl.trans(e), PREC)
+        de = -_dot(tl.trans(M2), dz2, PREC)
+        dS2 = tl.where(tri, dM2 * eta[None, :] / ipos[:, None], 0.0)
+        deta = tl.sum(tl.where(tri, dM2 * S2 / ipos[:, None], 0.0), axis=0)
+        # p2_end = p2 − Σ η e: its gradient (the outputs' in the last mini-batch, else the next anchor's / b)
+        gp2e = tl.load(dp2o + i_bh * D + c, mask=cm & lastmb, other=0.0)
+        gp2e = tl.where(lastmb, gp2e, ga2 / BT)
+        if HAS_P:
+            tl.store(dp2_0 + i_bh * D + c, gp2e + tl.sum(dz2 / ipos[:, None], axis=0), mask=cm & first)
+        ga2 += tl.sum(dz2, axis=0)
+        HG = tl.zeros([BT, BD], dtype=tl.float32)  # H gP2_end
+        dM1 = tl.zeros([BT, BT], dtype=tl.float32)
+        de_w = tl.zeros([BT, BD], dtype=tl.float32)  # Σ over tiles of ∂(e A2ᵀ) A2
+        dkk = tl.zeros([BT, BD], dtype=tl.float32)
+        # pass C: per hidden tile, the read's gradients and the end sums'
+        for f0 in range(0, F, BF):
+            fc = f0 + tl.arange(0, BF)
+            fm = fc < F
+            wm1 = cm[:, None] & fm[None, :]
+            wm2 = fm[:, None] & cm[None, :]
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
+                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
+            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, c, fc, cm, fm, D, F)
+            OP1, Op1, OP2 = _tile(dP1o, dp1o, dP2o, i_bh, c, fc, cm & lastmb, fm & lastmb, D, F)
+            gP1e = tl.where(lastmb, OP1, GA1 / BT)
+            gp1e = tl.where(lastmb, Op1, Ga1 / BT)
+            gP2e = tl.where(lastmb, OP2, GA2 / BT)
+            # z2's read through h: dh = dz2 A2ᵀ + (dz2 / i) P2ᵀ + dS2 H
+            dhh = _dot(dz2, tl.trans(A2), PREC) + _dot(dS2, Hh, PREC)
+            GA2 += _dot(tl.trans(h), dz2, PREC)
+            if HAS_P:
+                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=wm2 & first, other=0.0)
+                dz2i = dz2 / ipos[:, None]
+                dhh += _dot(dz2i, tl.trans(P2), PREC)
+                tl.store(dP2_0 + _w2_off(i_bh, c, fc, D, F), gP2e + _dot(tl.trans(h), dz2i, PREC), mask=wm2 & first)
+            # H: through h_t · H_j and P2_end = P2 − Hᵀ (η e)
+            dH = _dot(tl.trans(dS2), h, PREC) - _dot(ee, tl.trans(gP2e), PREC)
+            HG += _dot(Hh, gP2e, PREC)
+            # z1 = x A1 + a1 + (x P1 + p1) / i − M1 dz1
+            dz1r = dhh * dh
+            dx += _dot(dz1r, tl.trans(A1), PREC)
+            GA1 += _dot(tl.trans(x), dz1r, PREC)
+            Ga1 += tl.sum(dz1r, axis=0)
+            if HAS_P:
+                dz1ri = dz1r / ipos[:, None]
+                dx += _dot(dz1ri, tl.trans(P1), PREC)
+                tl.store(dP1_0 + _w1_off(i_bh, c, fc, D, F), gP1e + _dot(tl.trans(x), dz1ri, PREC), mask=wm1 & first)
+                tl.store(dp1_0 + i_bh * F + fc, gp1e + tl.sum(dz1ri, axis=0), mask=fm & first)
+            dM1 -= _dot(dz1r, tl.trans(dz1), PREC)
+            # P1_end = P1 − Kᵀ (η dz1), p1_end = p1 − Σ η dz1
+            kg = _dot(kk, gP1e, PREC) + gp1e[None, :]
+            ddz1 = -_dot(tl.trans(M1), dz1r, PREC) - eta[:, None] * kg
+            dkk -= _dot(dz1 * eta[:, None], tl.trans(gP1e), PREC)
+            deta -= tl.sum(dz1 * kg, axis=1)
+            # dz1 = (e A2ᵀ) ⊙ σ'(Z1), H = σ(Z1): ∂/∂Z1 but for f's term (pass D)
+            dg1 = ddz1 * dg
+            de_w += _dot(dg1, A2, PREC)
+            GA2 += _dot(tl.trans(dg1), e, PREC)
+            tl.store(dZs + zs + fc[None, :], ddz1 * g1 * _gelu2(Z1) + dH * dg, mask=fm[None, :])
+            tl.store(gA1 + _w1_off(i_bh, c, fc, D, F), GA1, mask=wm1)
+            tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
+            tl.store(gA2 + _w2_off(i_bh, c, fc, D, F), GA2, mask=wm2)
+        tl.debug_barrier()  # the scratch and the accumulators before pass D reads them
+        # e's other uses: the read (−M2ᵀ dz2, above), e A2ᵀ, P2_end and p2_end
+        kg2 = HG + gp2e[None, :]
+        de += de_w - eta[:, None] * kg2
+        deta -= tl.sum(e * kg2, axis=1)
+        # M1's scores x_t · k_j + 1
+        dS1 = tl.where(tri, dM1 * eta[None, :] / ipos[:, None], 0.0)
+        deta += tl.sum(tl.where(tri, dM1 * S1 / ipos[:, None], 0.0), axis=0)
+        dx += _dot(dS1, kk, PREC)
+        dkk += _dot(tl.trans(dS1), x, PREC)
+        # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
+        dinv = tl.sum(de * e, axis=1) / inv
+        du = _ln_back(n, inv, de, cm, D)
+        mu_un = tl.sum(u * n, axis=1) / D
+        mg_n = tl.sum(de * n, axis=1) / D
+        dn = tl.where(cm[None, :], -inv[:, None] * (de * mu_un[:, None] + mg_n[:, None] * u), 0.0)
+        ddy = lnw[None, :] * du
+        glnw += tl.sum(du * dy + ddy * n, axis=0)
+        glnb += tl.sum(ddy, axis=0)
+        dn += lnw[None, :] * ddy
+        dkk += ddy
+        df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
+        ga2 += tl.sum(df, axis=0)
+        # pass D: f = H A2 + a2, H = σ(Z1), Z1 = K A1 + a1
+        for f0 in range(0, F, BF):
+            fc = f0 + tl.arange(0, BF)
+            fm = fc < F
+            wm1 = cm[:, None] & fm[None, :]
+            wm2 = fm[:, None] & cm[None, :]
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            Hh, dg = _gelu(_dot(kk, A1, PREC) + a1[None, :])
+            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, c, fc, cm, fm, D, F)
+            dZ1 = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) + _dot(df, tl.trans(A2), PREC) * dg
+            GA2 += _dot(tl.trans(Hh), df, PREC)
+            GA1 += _dot(tl.trans(kk), dZ1, PREC)
+            Ga1 += tl.sum(dZ1, axis=0)
+            dkk += _dot(dZ1, tl.trans(A1), PREC)
+            tl.store(gA1 + _w1_off(i_bh, c, fc, D, F), GA1, mask=wm1)
+            tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
+            tl.store(gA2 + _w2_off(i_bh, c, fc, D, F), GA2, mask=wm2)
+        # per value head: the glue sums dq, dk over grouped heads
+        tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
+        tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
+        tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
+        tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
+    tl.store(ga2_ptr + i_bh * D + c, ga2, mask=cm)
+    tl.store(dlnw + i_bh * D + c, glnw, mask=cm)
+    tl.store(dlnb + i_bh * D + c, glnb, mask=cm)
+
+
+class _Geo(NamedTuple):
+    """A call's launch facts: B sequences of T tokens, NS mini-batches each, the kernels' constexprs."""
+
+    B: int
+    T: int
+    NS: int
+    constexprs: dict
+
+
+class _TTTMLP(torch.autograd.Function):
+    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
+    lnw, lnb [H, D], the anchor A1 [B, H, D, F], a1 [B, H, F], A2 [B, H, F, D], a2 [B, H, D] and the carried sums
+    P1, p1, P2, p2 (same shapes; fp32), then scale, offset, save (keep the anchors for a backward) and the `_Geo`.
+    Returns (o [B, T, H, D] in v's dtype, A1, a1, A2, a2, P1, p1, P2, p2 of the last mini-batch, fp32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, geo):
+        B, T, NS = geo.B, geo.T, geo.NS
+        H, D, F = A1.shape[1], A1.shape[2], A1.shape[3]
+        f32 = dict(dtype=torch.float32, device=q.device)
+        o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
+        slots = B * (NS if save else 1)  # the anchors: one per mini-batch, or one rolled in place
+        ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
+              empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
+        outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
+        _fwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, scale, T,
+                              offset, NS, **geo.constexprs, SAVE=save, HAS_P=offset > 0, **TTT_MLP_LAUNCH)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck)
+        ctx.geo, ctx.scale, ctx.offset = geo, scale, offset
+        return (o, *outs)
+
+    @staticmethod
+    def backward(ctx, do, *gouts):
+        q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck = ctx.saved_tensors
+        geo = ctx.geo
+        B, T, Hq, D = q.shape
+        H = v.shape[2]
+        f32 = dict(dtype=torch.float32, device=q.device)
+        shapes = [ck[0].shape[1:], ck[1].shape[1:], ck[2].shape[1:], ck[3].shape[1:]] * 2
+
+        def grad_in(g, *shape):
+            return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
+
+        do = grad_in(do, B, T, H, D)
+        g = [grad_in(t, B, *shape) for t, shape in zip(gouts, shapes)]
+        acc = [t.clone() for t in g[:4]]  # the anchor's gradient, accumulated in place by the kernel: dA0
+        has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        dP0 = [empty_output(B, *shape, **f32) for shape in shapes[4:]] if has_p else acc
+        dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
+        dbeta = empty_output(B, T, H, **f32)
+        dlnw, dlnb = empty_output(B, H, D, **f32), empty_output(B, H, D, **f32)
+        BT = geo.constexprs["BT"]
+        dZs = torch.empty(B * H, BT, shapes[0][-1], **f32)
+        _bwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
+                              dlnw, dlnb, *dP0, dZs, ctx.scale, T, ctx.offset, geo.NS, **geo.constexprs,
+                              HAS_P=has_p, **TTT_MLP_LAUNCH)
+        if Hq != H:  # grouped heads: the value heads of one q/k head summed
+            dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
+            dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
+                dlnb.sum(0).to(lnb.dtype), *acc, *(dP0 if has_p else (None,) * 4), None, None, None, None)
+
+
+def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens) -> int:
+    """The hidden width F, or InputError naming the argument the kernels cannot take."""
+    from ...inputs import check_tensor
+    from .args import check_qkv
+
+    B, T, Hq, H, D, V = check_qkv(q, k, v)
+    if V != D:
+        raise InputError(f"the TTT-MLP kernels take v's head dim equal to q's and k's D={D}, got {V}")
+    if D > MAX_TTT_DIM:
+        raise InputError(f"the TTT-MLP kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
+    if minibatch not in TTT_MINIBATCHES:
+        raise InputError(f"the TTT-MLP kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
+        raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
+    if cu_seqlens is not None:
+        raise InputError("the TTT-MLP kernels take no cu_seqlens (one sequence per batch row; varlen not written)")
+    check_tensor("beta", beta, (B, T, H), values=False)
+    check_tensor("ln_weight", ln_weight, (H, D), values=False)
+    check_tensor("ln_bias", ln_bias, (H, D), values=False)
+    F = None
+    for name, four in (("weights", weights), ("anchor", anchor)):
+        if four is None and name == "anchor":
+            continue
+        if not isinstance(four, (tuple, list)) or len(four) != 4 or not isinstance(four[0], Tensor) \
+                or four[0].dim() != 4:
+            raise InputError(f"{name} must be 4 tensors (W1 [B, H, D, F], b1 [B, H, 1, F], W2 [B, H, F, D], "
+                             f"b2 [B, H, 1, D]), B = {B}")
+        F = four[0].shape[-1] if F is None else F
+        for i, shape in enumerate(((B, H, D, F), (B, H, 1, F), (B, H, F, D), (B, H, 1, D))):
+            check_tensor(f"{name}[{i}]", four[i], shape, values=False)
+    if offset and anchor is None:
+        raise InputError("offset > 0 needs the anchor (the weights the mini-batch started from)")
+    return F
+
+
+def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
+                   minibatch: int = 16, cu_seqlens=None, tile: int | None = None):
+    """TTT-MLP's chunk form on the kernels (see the module doc); differentiable in every tensor.
+
+    q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
+    fp32/bf16/fp16; beta [B, T, H] (the inner learning rates η); ln_weight, ln_bias [H, D] (γ, β_ln); weights
+    (W1 [B, H, D, F], b1 [B, H, 1, F], W2 [B, H, F, D], b2 [B, H, 1, D]) the memory's state; anchor (same) the
+    weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the call);
+    minibatch b; cu_seqlens: refused (InputError); tile: the hidden dim's tile BF (a power of two ≥ 16; None:
+    `hidden_tile`). Returns (o [B, T, H, D] in v's dtype, end weights, anchor of the last mini-batch — 4 fp32
+    tensors each — and the offset after the call): `chunkwise.minibatch`'s final MemoryState fields."""
+    F = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
+    B, T, Hq, D = q.shape
+    if tile is not None and (tile < 16 or tile & (tile - 1)):
+        raise InputError(f"tile must be a power of two ≥ 16, got {tile!r}")
+    W = [w.float() for w in weights]
+    if T == 0:  # no token: the state as it was
+        return v, tuple(W), tuple(w.float() for w in anchor) if offset else tuple(W), offset
+    if offset:
+        A = [w.float() for w in anchor]
+        P = [offset * (w - a) for w, a in zip(W, A)]  # what the consumed tokens added, times their count
+    else:
+        A, P = W, [torch.zeros_like(w) for w in W]
+    NS = -(-(offset + T) // minibatch)
+    last = offset + T - (NS - 1) * minibatch  # tokens of the last mini-batch after the call
+    geo = _Geo(B, T, NS, dict(H=v.shape[2], HQ=Hq, D=D, F=F, BD=pow2(D), BF=tile or hidden_tile(D, F), BT=minibatch,
+                             EPS=LN_EPS, PREC=PREC))
+    flat = [t.squeeze(2) if i % 2 else t for i, t in enumerate(A)] + [t.squeeze(2) if i % 2 else t
+                                                                       for i, t in enumerate(P)]
+    args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias, *flat)]
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
+    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, geo)
+    anchor_out = [t.unsqueeze(2) if i % 2 else t for i, t in enumerate(state[:4])]
+    sums = [t.unsqueeze(2) if i % 2 else t for i, t in enumerate(state[4:])]
+    end = tuple(a + p / last for a, p in zip(anchor_out, sums))
+    return o, end, tuple(anchor_out), (offset + T) % minibatch
+
+
+def ttt_mlp_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
+                  minibatch: int = 16):
+    """The torch twin of `ttt_mlp_triton` (same contract): `chunkwise.minibatch.minibatch_chunk` for the recipe
+    `ttt_mlp` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded (no cu_seqlens)."""
+    import dataclasses
+
+    from ...chunkwise.minibatch import minibatch_chunk
+    from ...state import MemoryState, compute_dtype
+    from ...zoo import get
+
+    recipe = get("ttt_mlp")
+    recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))
+    cdt = compute_dtype(q)
+    G = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(G, dim=2).to(cdt) for x in (q, k))
+    st = MemoryState(weights=tuple(w.to(cdt) for w in weights), offset=offset,
+                     anchor=None if anchor is None else tuple(w.to(cdt) for w in anchor))
+    o, final = minibatch_chunk(recipe, q, k, v.to(cdt), scale=scale, g=None, beta=beta.to(cdt), nu=None, gamma=None,
+                               state=st, ln=(ln_weight.to(cdt), ln_bias.to(cdt)))
+    return o.to(v.dtype), final.weights, final.anchor, final.offset

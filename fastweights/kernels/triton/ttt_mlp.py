@@ -76,7 +76,7 @@ from ...inputs import InputError
 from .. import empty_output
 from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from .ttt import LN_EPS, PREC, _dot, _ln, _ln_back, _rows
+from .ttt import LN_EPS, PREC, _ln, _ln_back, _rows
 from .util import pow2
 
 Tensor = torch.Tensor
@@ -97,45 +97,40 @@ def hidden_tile(D: int, F: int) -> int:
 
 
 @triton.jit
-def _tanh(u):
-    u = tl.minimum(tl.maximum(u, -15.0), 15.0)  # tanh(±15) is ±1 in fp32; exp stays finite
-    return 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-
-
-@triton.jit
 def _gelu(z):
-    """(σ(z), σ'(z)) of GELU's tanh form, elementwise."""
+    """(σ(z), σ'(z)) of GELU's tanh form, elementwise (tanh(u) as 1 − 2 / (e^{2u} + 1), u clamped to ±15, where
+    tanh is ±1 in fp32 and the exp stays finite)."""
     du = _C0 * (1.0 + 3.0 * _A3 * z * z)
-    t = _tanh(_C0 * (z + _A3 * z * z * z))
+    u = tl.minimum(tl.maximum(_C0 * (z + _A3 * z * z * z), -15.0), 15.0)
+    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
     return 0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
 
 
 @triton.jit
 def _gelu2(z):
-    """σ''(z) of GELU's tanh form: (1 − t²)(u' + z (u'' − 2 t u'²) / 2), u = c (z + a z³)."""
+    """σ''(z) of GELU's tanh form: (1 − t²)(u' + z (u'' − 2 t u'²) / 2), u = c (z + a z³), t = tanh(u)."""
     du = _C0 * (1.0 + 3.0 * _A3 * z * z)
-    t = _tanh(_C0 * (z + _A3 * z * z * z))
+    u = tl.minimum(tl.maximum(_C0 * (z + _A3 * z * z * z), -15.0), 15.0)
+    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
     return (1.0 - t * t) * (du + 0.5 * z * (6.0 * _A3 * _C0 * z - 2.0 * t * du * du))
 
 
 @triton.jit
-def _w1_off(sl, c, fc, D: tl.constexpr, F: tl.constexpr):
-    """Offsets of a [BD, BF] tile of W1 (or of anything shaped [.., D, F]) in slot sl."""
-    return sl * (D * F) + c[:, None] * F + fc[None, :]
+def _hidden(f0, c, cm, D: tl.constexpr, F: tl.constexpr, BF: tl.constexpr):
+    """Hidden tile f0's indices fc [BF], mask fm, and within one slot the offsets o1 [BD, BF] of W1's tile (of
+    anything shaped [.., D, F]) and o2 [BF, BD] of W2's (of anything [.., F, D]) with their masks m1, m2."""
+    fc = f0 + tl.arange(0, BF)
+    fm = fc < F
+    return fc, fm, c[:, None] * F + fc[None, :], fc[:, None] * D + c[None, :], cm[:, None] & fm[None, :], \
+        fm[:, None] & cm[None, :]
 
 
 @triton.jit
-def _w2_off(sl, c, fc, D: tl.constexpr, F: tl.constexpr):
-    """Offsets of a [BF, BD] tile of W2 (or of anything shaped [.., F, D]) in slot sl."""
-    return sl * (F * D) + fc[:, None] * D + c[None, :]
-
-
-@triton.jit
-def _tile(W1, b1, W2, sl, c, fc, cm, fm, D: tl.constexpr, F: tl.constexpr):
-    """(W1 [BD, BF], b1 [BF], W2 [BF, BD]) of hidden tile fc in slot sl; padding 0."""
-    A1 = tl.load(W1 + _w1_off(sl, c, fc, D, F), mask=cm[:, None] & fm[None, :], other=0.0)
+def _tile(W1, b1, W2, sl, fc, o1, o2, m1, m2, fm, D: tl.constexpr, F: tl.constexpr):
+    """(W1 [BD, BF], b1 [BF], W2 [BF, BD]) of one hidden tile (`_hidden`) in slot sl; 0 outside the masks."""
+    A1 = tl.load(W1 + sl * (D * F) + o1, mask=m1, other=0.0)
     a1 = tl.load(b1 + sl * F + fc, mask=fm, other=0.0)
-    A2 = tl.load(W2 + _w2_off(sl, c, fc, D, F), mask=fm[:, None] & cm[None, :], other=0.0)
+    A2 = tl.load(W2 + sl * (F * D) + o2, mask=m2, other=0.0)
     return A1, a1, A2
 
 
@@ -154,31 +149,30 @@ def _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D: tl.constexpr, F: tl.constex
     """f = σ(K A1 + a1) A2 + a2 [BT, BD] at the anchor in slot cur, over the hidden tiles."""
     f = tl.zeros([BT, BD], dtype=tl.float32)
     for f0 in range(0, F, BF):
-        fc = f0 + tl.arange(0, BF)
-        fm = fc < F
-        A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
-        Hh, _ = _gelu(_dot(kk, A1, PREC) + a1[None, :])
-        f += _dot(Hh, A2, PREC)
+        fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+        A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+        Hh, _ = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
+        f += tl.dot(Hh, A2, input_precision=PREC)
     return f + tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)[None, :]
 
 
 @triton.jit
-def _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first, c, fc, cm, fm, D: tl.constexpr,
+def _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first, fc, o1, m1, fm, D: tl.constexpr,
                F: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
     """One hidden tile of the layer-1 side at the anchor: (Z1, H, σ'(Z1), e A2ᵀ, dz1, z1, h, σ'(z1), P1_0 tile,
     p1_0 tile), the [BT, BF] ones and the carried sums ([BD, BF], [BF]; 0 unless HAS_P and the first
     mini-batch)."""
-    Z1 = _dot(kk, A1, PREC) + a1[None, :]
+    Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
     Hh, dg = _gelu(Z1)
-    g1 = _dot(e, tl.trans(A2), PREC)
+    g1 = tl.dot(e, tl.trans(A2), input_precision=PREC)
     dz1 = g1 * dg
-    z1 = _dot(x, A1, PREC) + a1[None, :] - _dot(M1, dz1, PREC)
+    z1 = tl.dot(x, A1, input_precision=PREC) + a1[None, :] - tl.dot(M1, dz1, input_precision=PREC)
     P1 = tl.zeros_like(A1)
     p1 = tl.zeros_like(a1)
     if HAS_P:  # the carried sums enter the first mini-batch only
-        P1 = tl.load(P1_0 + _w1_off(i_bh, c, fc, D, F), mask=cm[:, None] & fm[None, :] & first, other=0.0)
+        P1 = tl.load(P1_0 + i_bh * (D * F) + o1, mask=m1 & first, other=0.0)
         p1 = tl.load(p1_0 + i_bh * F + fc, mask=fm & first, other=0.0)
-        z1 += (_dot(x, P1, PREC) + p1[None, :]) / ipos[:, None]
+        z1 += (tl.dot(x, P1, input_precision=PREC) + p1[None, :]) / ipos[:, None]
     h, dh = _gelu(z1)
     return Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1
 
@@ -200,12 +194,11 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p
         base = i_b * NS * H + i_h  # one per mini-batch
     # the initial anchor into the first slot
     for f0 in range(0, F, BF):
-        fc = f0 + tl.arange(0, BF)
-        fm = fc < F
-        A1, a1, A2 = _tile(W1_0, b1_0, W2_0, i_bh, c, fc, cm, fm, D, F)
-        tl.store(ck1 + _w1_off(base, c, fc, D, F), A1, mask=cm[:, None] & fm[None, :])
+        fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+        A1, a1, A2 = _tile(W1_0, b1_0, W2_0, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
+        tl.store(ck1 + base * (D * F) + o1, A1, mask=cm[:, None] & fm[None, :])
         tl.store(ckb1 + base * F + fc, a1, mask=fm)
-        tl.store(ck2 + _w2_off(base, c, fc, D, F), A2, mask=fm[:, None] & cm[None, :])
+        tl.store(ck2 + base * (F * D) + o2, A2, mask=fm[:, None] & cm[None, :])
     tl.store(ckb2 + base * D + c, tl.load(b2_0 + i_bh * D + c, mask=cm, other=0.0), mask=cm)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
@@ -224,38 +217,35 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p
         x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H, HQ, D, BD, BT)
         f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
         n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
-        M1 = tl.where(tri, (_dot(x, tl.trans(kk), PREC) + 1.0) * eta[None, :] / ipos[:, None], 0.0)
+        M1 = tl.where(tri, (tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0) * eta[None, :] / ipos[:, None], 0.0)
         ee = e * eta[:, None]
         z2 = tl.zeros([BT, BD], dtype=tl.float32)
         S2 = tl.zeros([BT, BT], dtype=tl.float32)
         for f0 in range(0, F, BF):
-            fc = f0 + tl.arange(0, BF)
-            fm = fc < F
-            wm1 = cm[:, None] & fm[None, :]
-            wm2 = fm[:, None] & cm[None, :]
-            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
             Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
-                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
-            z2 += _dot(h, A2, PREC)
-            S2 += _dot(h, tl.trans(Hh), PREC)
+                                                                first, fc, o1, wm1, fm, D, F, PREC, HAS_P)
+            z2 += tl.dot(h, A2, input_precision=PREC)
+            S2 += tl.dot(h, tl.trans(Hh), input_precision=PREC)
             P2 = tl.zeros_like(A2)
             if HAS_P:
-                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=wm2 & first, other=0.0)
-                z2 += _dot(h, P2, PREC) / ipos[:, None]
+                P2 = tl.load(P2_0 + i_bh * (F * D) + o2, mask=wm2 & first, other=0.0)
+                z2 += tl.dot(h, P2, input_precision=PREC) / ipos[:, None]
             dze = dz1 * eta[:, None]
-            P1 = P1 - _dot(tl.trans(kk), dze, PREC)
+            P1 = P1 - tl.dot(tl.trans(kk), dze, input_precision=PREC)
             p1 = p1 - tl.sum(dze, axis=0)
-            P2 = P2 - _dot(tl.trans(Hh), ee, PREC)
+            P2 = P2 - tl.dot(tl.trans(Hh), ee, input_precision=PREC)
             # the call's last mini-batch: its anchor and end sums out; else the next anchor A + P / b
-            tl.store(A1o + _w1_off(i_bh, c, fc, D, F), A1, mask=wm1 & last)
+            tl.store(A1o + i_bh * (D * F) + o1, A1, mask=wm1 & last)
             tl.store(a1o + i_bh * F + fc, a1, mask=fm & last)
-            tl.store(A2o + _w2_off(i_bh, c, fc, D, F), A2, mask=wm2 & last)
-            tl.store(P1o + _w1_off(i_bh, c, fc, D, F), P1, mask=wm1 & last)
+            tl.store(A2o + i_bh * (F * D) + o2, A2, mask=wm2 & last)
+            tl.store(P1o + i_bh * (D * F) + o1, P1, mask=wm1 & last)
             tl.store(p1o + i_bh * F + fc, p1, mask=fm & last)
-            tl.store(P2o + _w2_off(i_bh, c, fc, D, F), P2, mask=wm2 & last)
-            tl.store(ck1 + _w1_off(nxt, c, fc, D, F), A1 + P1 / BT, mask=wm1 & more)
+            tl.store(P2o + i_bh * (F * D) + o2, P2, mask=wm2 & last)
+            tl.store(ck1 + nxt * (D * F) + o1, A1 + P1 / BT, mask=wm1 & more)
             tl.store(ckb1 + nxt * F + fc, a1 + p1 / BT, mask=fm & more)
-            tl.store(ck2 + _w2_off(nxt, c, fc, D, F), A2 + P2 / BT, mask=wm2 & more)
+            tl.store(ck2 + nxt * (F * D) + o2, A2 + P2 / BT, mask=wm2 & more)
         a2 = tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)
         p2 = -tl.sum(ee, axis=0)
         z2 += a2[None, :]
@@ -264,7 +254,7 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p
             z2 += p20[None, :] / ipos[:, None]
             p2 += p20
         M2 = tl.where(tri, (S2 + 1.0) * eta[None, :] / ipos[:, None], 0.0)
-        z2 -= _dot(M2, e, PREC)
+        z2 -= tl.dot(M2, e, input_precision=PREC)
         nz, _ = _ln(z2, cm, D, EPS)
         out = x + lnw[None, :] * nz + lnb[None, :]
         tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
@@ -305,23 +295,22 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
         # pass A: the anchor's errors
         f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
         n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
-        S1 = _dot(x, tl.trans(kk), PREC) + 1.0
+        S1 = tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0
         M1 = tl.where(tri, S1 * eta[None, :] / ipos[:, None], 0.0)
         ee = e * eta[:, None]
         # pass B: the read's second layer
         z2 = tl.zeros([BT, BD], dtype=tl.float32)
         S2 = tl.zeros([BT, BT], dtype=tl.float32)
         for f0 in range(0, F, BF):
-            fc = f0 + tl.arange(0, BF)
-            fm = fc < F
-            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
             Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
-                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
-            z2 += _dot(h, A2, PREC)
-            S2 += _dot(h, tl.trans(Hh), PREC)
+                                                                first, fc, o1, wm1, fm, D, F, PREC, HAS_P)
+            z2 += tl.dot(h, A2, input_precision=PREC)
+            S2 += tl.dot(h, tl.trans(Hh), input_precision=PREC)
             if HAS_P:
-                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=fm[:, None] & cm[None, :] & first, other=0.0)
-                z2 += _dot(h, P2, PREC) / ipos[:, None]
+                P2 = tl.load(P2_0 + i_bh * (F * D) + o2, mask=fm[:, None] & cm[None, :] & first, other=0.0)
+                z2 += tl.dot(h, P2, input_precision=PREC) / ipos[:, None]
         a2 = tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)
         z2 += a2[None, :]
         if HAS_P:
@@ -329,7 +318,7 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
             z2 += p20[None, :] / ipos[:, None]
         S2 += 1.0
         M2 = tl.where(tri, S2 * eta[None, :] / ipos[:, None], 0.0)
-        z2 -= _dot(M2, e, PREC)
+        z2 -= tl.dot(M2, e, input_precision=PREC)
         nz, invz = _ln(z2, cm, D, EPS)
         # o = x + γ ⊙ LN(z2) + β_ln
         hv = (row[:, None] * H + i_h) * D + c[None, :]
@@ -339,8 +328,8 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
         dz2 = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
         dx = dO
         # z2 = h A2 + a2 + (h P2 + p2) / i − M2 e: the [BT, BT] and [BT, BD] parts
-        dM2 = -_dot(dz2, tl.trans(e), PREC)
-        de = -_dot(tl.trans(M2), dz2, PREC)
+        dM2 = -tl.dot(dz2, tl.trans(e), input_precision=PREC)
+        de = -tl.dot(tl.trans(M2), dz2, input_precision=PREC)
         dS2 = tl.where(tri, dM2 * eta[None, :] / ipos[:, None], 0.0)
         deta = tl.sum(tl.where(tri, dM2 * S2 / ipos[:, None], 0.0), axis=0)
         # p2_end = p2 − Σ η e: its gradient (the outputs' in the last mini-batch, else the next anchor's / b)
@@ -355,53 +344,53 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
         dkk = tl.zeros([BT, BD], dtype=tl.float32)
         # pass C: per hidden tile, the read's gradients and the end sums'
         for f0 in range(0, F, BF):
-            fc = f0 + tl.arange(0, BF)
-            fm = fc < F
-            wm1 = cm[:, None] & fm[None, :]
-            wm2 = fm[:, None] & cm[None, :]
-            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
+            fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
             Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh,
-                                                                first, c, fc, cm, fm, D, F, PREC, HAS_P)
-            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, c, fc, cm, fm, D, F)
-            OP1, Op1, OP2 = _tile(dP1o, dp1o, dP2o, i_bh, c, fc, cm & lastmb, fm & lastmb, D, F)
+                                                                first, fc, o1, wm1, fm, D, F, PREC, HAS_P)
+            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
+            OP1, Op1, OP2 = _tile(dP1o, dp1o, dP2o, i_bh, fc, o1, o2, wm1 & lastmb, wm2 & lastmb, fm & lastmb,
+                                  D, F)
             gP1e = tl.where(lastmb, OP1, GA1 / BT)
             gp1e = tl.where(lastmb, Op1, Ga1 / BT)
             gP2e = tl.where(lastmb, OP2, GA2 / BT)
             # z2's read through h: dh = dz2 A2ᵀ + (dz2 / i) P2ᵀ + dS2 H
-            dhh = _dot(dz2, tl.trans(A2), PREC) + _dot(dS2, Hh, PREC)
-            GA2 += _dot(tl.trans(h), dz2, PREC)
+            dhh = tl.dot(dz2, tl.trans(A2), input_precision=PREC) + tl.dot(dS2, Hh, input_precision=PREC)
+            GA2 += tl.dot(tl.trans(h), dz2, input_precision=PREC)
             if HAS_P:
-                P2 = tl.load(P2_0 + _w2_off(i_bh, c, fc, D, F), mask=wm2 & first, other=0.0)
+                P2 = tl.load(P2_0 + i_bh * (F * D) + o2, mask=wm2 & first, other=0.0)
                 dz2i = dz2 / ipos[:, None]
-                dhh += _dot(dz2i, tl.trans(P2), PREC)
-                tl.store(dP2_0 + _w2_off(i_bh, c, fc, D, F), gP2e + _dot(tl.trans(h), dz2i, PREC), mask=wm2 & first)
+                dhh += tl.dot(dz2i, tl.trans(P2), input_precision=PREC)
+                gP2 = gP2e + tl.dot(tl.trans(h), dz2i, input_precision=PREC)
+                tl.store(dP2_0 + i_bh * (F * D) + o2, gP2, mask=wm2 & first)
             # H: through h_t · H_j and P2_end = P2 − Hᵀ (η e)
-            dH = _dot(tl.trans(dS2), h, PREC) - _dot(ee, tl.trans(gP2e), PREC)
-            HG += _dot(Hh, gP2e, PREC)
+            dH = tl.dot(tl.trans(dS2), h, input_precision=PREC) - tl.dot(ee, tl.trans(gP2e), input_precision=PREC)
+            HG += tl.dot(Hh, gP2e, input_precision=PREC)
             # z1 = x A1 + a1 + (x P1 + p1) / i − M1 dz1
             dz1r = dhh * dh
-            dx += _dot(dz1r, tl.trans(A1), PREC)
-            GA1 += _dot(tl.trans(x), dz1r, PREC)
+            dx += tl.dot(dz1r, tl.trans(A1), input_precision=PREC)
+            GA1 += tl.dot(tl.trans(x), dz1r, input_precision=PREC)
             Ga1 += tl.sum(dz1r, axis=0)
             if HAS_P:
                 dz1ri = dz1r / ipos[:, None]
-                dx += _dot(dz1ri, tl.trans(P1), PREC)
-                tl.store(dP1_0 + _w1_off(i_bh, c, fc, D, F), gP1e + _dot(tl.trans(x), dz1ri, PREC), mask=wm1 & first)
+                dx += tl.dot(dz1ri, tl.trans(P1), input_precision=PREC)
+                gP1 = gP1e + tl.dot(tl.trans(x), dz1ri, input_precision=PREC)
+                tl.store(dP1_0 + i_bh * (D * F) + o1, gP1, mask=wm1 & first)
                 tl.store(dp1_0 + i_bh * F + fc, gp1e + tl.sum(dz1ri, axis=0), mask=fm & first)
-            dM1 -= _dot(dz1r, tl.trans(dz1), PREC)
+            dM1 -= tl.dot(dz1r, tl.trans(dz1), input_precision=PREC)
             # P1_end = P1 − Kᵀ (η dz1), p1_end = p1 − Σ η dz1
-            kg = _dot(kk, gP1e, PREC) + gp1e[None, :]
-            ddz1 = -_dot(tl.trans(M1), dz1r, PREC) - eta[:, None] * kg
-            dkk -= _dot(dz1 * eta[:, None], tl.trans(gP1e), PREC)
+            kg = tl.dot(kk, gP1e, input_precision=PREC) + gp1e[None, :]
+            ddz1 = -tl.dot(tl.trans(M1), dz1r, input_precision=PREC) - eta[:, None] * kg
+            dkk -= tl.dot(dz1 * eta[:, None], tl.trans(gP1e), input_precision=PREC)
             deta -= tl.sum(dz1 * kg, axis=1)
             # dz1 = (e A2ᵀ) ⊙ σ'(Z1), H = σ(Z1): ∂/∂Z1 but for f's term (pass D)
             dg1 = ddz1 * dg
-            de_w += _dot(dg1, A2, PREC)
-            GA2 += _dot(tl.trans(dg1), e, PREC)
+            de_w += tl.dot(dg1, A2, input_precision=PREC)
+            GA2 += tl.dot(tl.trans(dg1), e, input_precision=PREC)
             tl.store(dZs + zs + fc[None, :], ddz1 * g1 * _gelu2(Z1) + dH * dg, mask=fm[None, :])
-            tl.store(gA1 + _w1_off(i_bh, c, fc, D, F), GA1, mask=wm1)
+            tl.store(gA1 + i_bh * (D * F) + o1, GA1, mask=wm1)
             tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
-            tl.store(gA2 + _w2_off(i_bh, c, fc, D, F), GA2, mask=wm2)
+            tl.store(gA2 + i_bh * (F * D) + o2, GA2, mask=wm2)
         tl.debug_barrier()  # the scratch and the accumulators before pass D reads them
         # e's other uses: the read (−M2ᵀ dz2, above), e A2ᵀ, P2_end and p2_end
         kg2 = HG + gp2e[None, :]
@@ -410,8 +399,8 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
         # M1's scores x_t · k_j + 1
         dS1 = tl.where(tri, dM1 * eta[None, :] / ipos[:, None], 0.0)
         deta += tl.sum(tl.where(tri, dM1 * S1 / ipos[:, None], 0.0), axis=0)
-        dx += _dot(dS1, kk, PREC)
-        dkk += _dot(tl.trans(dS1), x, PREC)
+        dx += tl.dot(dS1, kk, input_precision=PREC)
+        dkk += tl.dot(tl.trans(dS1), x, input_precision=PREC)
         # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
         dinv = tl.sum(de * e, axis=1) / inv
         du = _ln_back(n, inv, de, cm, D)
@@ -427,21 +416,19 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
         ga2 += tl.sum(df, axis=0)
         # pass D: f = H A2 + a2, H = σ(Z1), Z1 = K A1 + a1
         for f0 in range(0, F, BF):
-            fc = f0 + tl.arange(0, BF)
-            fm = fc < F
-            wm1 = cm[:, None] & fm[None, :]
-            wm2 = fm[:, None] & cm[None, :]
-            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, c, fc, cm, fm, D, F)
-            Hh, dg = _gelu(_dot(kk, A1, PREC) + a1[None, :])
-            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, c, fc, cm, fm, D, F)
-            dZ1 = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) + _dot(df, tl.trans(A2), PREC) * dg
-            GA2 += _dot(tl.trans(Hh), df, PREC)
-            GA1 += _dot(tl.trans(kk), dZ1, PREC)
+            fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+            A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+            Hh, dg = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
+            GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
+            dZ1 = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0)
+            dZ1 += tl.dot(df, tl.trans(A2), input_precision=PREC) * dg
+            GA2 += tl.dot(tl.trans(Hh), df, input_precision=PREC)
+            GA1 += tl.dot(tl.trans(kk), dZ1, input_precision=PREC)
             Ga1 += tl.sum(dZ1, axis=0)
-            dkk += _dot(dZ1, tl.trans(A1), PREC)
-            tl.store(gA1 + _w1_off(i_bh, c, fc, D, F), GA1, mask=wm1)
+            dkk += tl.dot(dZ1, tl.trans(A1), input_precision=PREC)
+            tl.store(gA1 + i_bh * (D * F) + o1, GA1, mask=wm1)
             tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
-            tl.store(gA2 + _w2_off(i_bh, c, fc, D, F), GA2, mask=wm2)
+            tl.store(gA2 + i_bh * (F * D) + o2, GA2, mask=wm2)
         # per value head: the glue sums dq, dk over grouped heads
         tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
         tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)

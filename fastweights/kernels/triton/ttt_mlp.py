@@ -47,16 +47,22 @@ pass B (the read: z2, its LayerNorm), pass C (the read's and the end sums' gradi
 in `ttt.py`. dq, dk of grouped heads are written per value head and summed by the glue; dγ, dβ_ln as partials
 [R, H, D] summed by the glue.
 
-FLOPs and bytes per token (b tokens a mini-batch, multiply-adds counted as 2 FLOPs; F = 4D):
-- forward: ≈ 2·(2DF) [Z1 twice] + 2DF [H A2] + 2·DF [e A2ᵀ] + 2DF [x A1] + 2DF [h A2] + 2bF·2 [M1 dz1,
-  h Hᵀ] + 2·(2DF) [the end sums] + O(bD) = 18DF + 4bF ≈ 72D² + 16bD: 299 kFLOP at D = 64, b = 16.
-  Bytes: each mini-batch reads W1, W2 twice and writes them once from the scratch (6·4DF / b = 96D²/b bytes a
-  token: 24 KiB at D = 64, L2 traffic), plus the inputs (3D + 1 elements) and the output (D elements).
-- backward: passes A–D recompute the forward (≈ 18DF + 4bF) and add ≈ 22DF + 6bF for the gradients: ≈ 40DF +
-  10bF ≈ 160D² + 40bD, ≈ 700 kFLOP a token at D = 64; W1, W2 and their gradient accumulators read 4× and
-  written 2× per mini-batch (≈ 256D²/b bytes a token of L2 traffic), the [b, F] scratch once each way.
-- HBM: the anchors saved for the backward, 32D²/b bytes a token written by the forward and read by the backward
-  (8 KiB at D = 64, b = 16).
+FLOPs and bytes per token (b tokens a mini-batch, a multiply-add counted as 2 FLOPs; F = 4D in the zoo; the
+O(bD) and O(b²D) terms left out):
+- forward: pass 1 K A1, H A2 (4DF); pass 2 K A1 again, e A2ᵀ, x A1, h A2, the end sums Kᵀ(η dz1), Hᵀ(η e)
+  (12DF) and M1 dz1, h Hᵀ (4bF): 16DF + 4bF = 64D² + 16bD, 279 kFLOP at D = 64, b = 16 (of which 2DF recompute
+  pass 1's Z1 rather than keep [b, F] of it).
+- backward: passes A (4DF) and B (8DF + 4bF) recompute the forward's read, pass C 26DF + 10bF, pass D 10DF:
+  48DF + 14bF = 192D² + 56bD, 843 kFLOP at D = 64, b = 16.
+- on-chip traffic (the weights' scratch, L2-resident): per mini-batch the forward reads W1, W2 twice and writes
+  them once (3 · 8DF bytes: 24DF/b = 96D²/b bytes a token, 24 KiB at D = 64, b = 16); the backward reads them
+  4× and reads and writes their gradients' accumulators twice each (8 · 8DF: 256D²/b bytes a token, 64 KiB), plus
+  the [b, F] scratch once each way (8F bytes a token).
+- HBM: q, k, v, β in and o out (4D + 1 elements a token; dq, dk, dv, dβ likewise in the backward), and the
+  anchors saved for the backward: 4(2DF + F + D)/b ≈ 32D²/b bytes a token written by the forward and read by the
+  backward (8 KiB at D = 64, b = 16).
+The tl.dot products are fp32 ("ieee": FMAs, no tensor cores), and one program walks its sequence's T/b
+mini-batches in order: B·H programs in all (128 at B 64, H 2), so the GPU's parallelism is B·H, not B·H·T/b.
 
 Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 no cu_seqlens (the dispatch row does not take varlen for TTT-Linear either: a MemoryState carries one offset).

@@ -177,7 +177,7 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
       loop in kernels.triton.ttt, forward and backward (varlen: refused as the torch row refuses it — the
       kernels take cu_seqlens, but a MemoryState carries one offset for all sequences);
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
-      kernels.triton.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear; its kernels take none).
+      kernels.triton.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it too).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)

@@ -2,7 +2,7 @@
 torch twin `ttt_mlp_torch` (chunkwise.minibatch, float64) and the float64 recurrence (reference.recurrent through
 `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k, v, the inner learning rates β, the
 LayerNorm's γ and β_ln, the initial weights (W1, b1, W2, b2) and anchor; lengths that are no multiple of the
-mini-batch, a carried mini-batch (offset > 0), chained calls, grouped heads, several hidden tiles (and a partial
+mini-batch, a carried mini-batch (offset > 0), chained calls, varlen, grouped heads, several hidden tiles (and a partial
 one), fp32, bf16 and fp16 inputs. Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear and
 TTT-MLP with their kernels.
 
@@ -190,6 +190,45 @@ def test_chained_calls_equal_one_call(gen):
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
+@pytest.mark.parametrize("offset", [0, 5])
+def test_varlen_equals_each_sequence_alone(gen, offset):
+    """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch):
+    each with its own state row and mini-batches from its own start equals the twin on that sequence alone —
+    outputs, each final state, every gradient; the final offsets are each sequence's. (The kernels serve varlen; the
+    dispatch row does not yet: a MemoryState carries one offset, and the torch row refuses it.)"""
+    lengths = [9, 0, 20, 1, 16]
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    N, T = len(lengths), sum(lengths)
+    x = _inputs(gen, B=1, T=T, Hq=1)
+    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in STATE + ANCHOR})  # one state row per sequence
+    seed = _seed(gen)
+
+    def packed(leaves, off, b):
+        return ttt_mlp_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
+                              scale=SCALE, minibatch=b, cu_seqlens=cu.to(DEV), **_state(leaves, off))
+
+    def alone(leaves, off, b):
+        outs, parts = [], []
+        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1] if n in STATE + ANCHOR else val)
+                   for n, val in leaves.items()}
+            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
+                outs.append(one["v"])
+                w = tuple(one[n] for n in STATE)
+                parts.append((w, tuple(one[n] for n in ANCHOR) if off else w, off))
+                continue
+            o, w, a, o_off = _twin(one, off, b)
+            outs.append(o)
+            parts.append((w, a, o_off))
+        weights = tuple(torch.cat(t, dim=0) for t in zip(*[w for w, _, _ in parts]))
+        anchor = tuple(torch.cat(t, dim=0) for t in zip(*[a for _, a, _ in parts]))
+        return torch.cat(outs, dim=1), weights, anchor, [p[2] for p in parts]
+
+    got = _run(packed, _fp32(x), offset, seed)
+    assert got[1] == [(offset + n) % 16 for n in lengths]
+    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("size", [(4, 512, 2, 64, 0), (2, 300, 2, 64, 7), (1, 200, 3, 32, 11)],
@@ -223,7 +262,10 @@ def test_the_kernels_refuse_what_they_do_not_take(gen):
     with pytest.raises(InputError, match=r"weights\[2\]"):
         ttt_mlp_triton(x["q"], x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], scale=1.0,
                        weights=(x["W1"], x["b1"], x["W2"][:, :, :8], x["b2"]))
-    with pytest.raises(InputError, match="cu_seqlens"):
+    with pytest.raises(InputError, match="cu_seqlens must start at 0 and end at T=5"):
+        ttt_mlp_triton(x["q"], x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], scale=1.0,
+                       weights=tuple(x[n] for n in STATE), cu_seqlens=torch.tensor([0, 2, 4]))
+    with pytest.raises(InputError, match=r"weights\[0\]"):  # cu_seqlens of 2 sequences: 2 state rows
         ttt_mlp_triton(x["q"], x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], scale=1.0,
                        weights=tuple(x[n] for n in STATE), cu_seqlens=torch.tensor([0, 2, 5]))
     with pytest.raises(InputError, match="tile must be a power of two"):

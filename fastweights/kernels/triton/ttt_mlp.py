@@ -65,14 +65,13 @@ The tl.dot products are fp32 ("ieee": FMAs, no tensor cores), and one program wa
 mini-batches in order: B·H programs in all (128 at B 64, H 2), so the GPU's parallelism is B·H, not B·H·T/b.
 
 Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
-no cu_seqlens (the dispatch row does not take varlen for TTT-Linear either: a MemoryState carries one offset).
+varlen (`cu_seqlens`) as `ttt.py` takes it: one program per (sequence, head), each sequence's mini-batches from
+its own start, its anchors at its own slots; the dispatch row does not pass it (a MemoryState carries one offset).
 fp32 products (tl.dot at `PREC`, "ieee"). The tile widths are not swept on a GPU yet (`TTT_MLP_LAUNCH`,
 `hidden_tile`).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -82,7 +81,7 @@ from ...inputs import InputError
 from .. import empty_output
 from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from .ttt import LN_EPS, PREC, _ln, _ln_back, _rows
+from .ttt import LN_EPS, PREC, _ln, _ln_back, _plan, _rows, _sequence
 from .util import pow2
 
 Tensor = torch.Tensor
@@ -185,32 +184,44 @@ def _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first, fc, o1, 
 
 @triton.jit
 def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_0, P2_0, p2_0, o,
-                ck1, ckb1, ck2, ckb2, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, scale, T, off, NS,
+                ck1, ckb1, ck2, ckb2, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
                 BF: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
-                HAS_P: tl.constexpr):
+                HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
     i_bh = tl.program_id(0).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    bos = i_b * T
+    i_b, i_h = i_bh // H, i_bh % H  # i_b: the sequence (batch row, or cu_seqlens's)
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
     r = tl.arange(0, BT)
     cm = c < D
     base = i_bh  # the anchor slot of the first mini-batch (slot index · H + head): one per (b, h) without SAVE
     if SAVE:
-        base = i_b * NS * H + i_h  # one per mini-batch
+        base = slot0 * H + i_h  # one per mini-batch
+    some = ns > 0
+    empty = ns == 0  # a sequence of no mini-batch (varlen's empty one, no carried mini-batch): the state as it was
     # the initial anchor into the first slot
     for f0 in range(0, F, BF):
         fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
         A1, a1, A2 = _tile(W1_0, b1_0, W2_0, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
-        tl.store(ck1 + base * (D * F) + o1, A1, mask=cm[:, None] & fm[None, :])
-        tl.store(ckb1 + base * F + fc, a1, mask=fm)
-        tl.store(ck2 + base * (F * D) + o2, A2, mask=fm[:, None] & cm[None, :])
-    tl.store(ckb2 + base * D + c, tl.load(b2_0 + i_bh * D + c, mask=cm, other=0.0), mask=cm)
+        tl.store(ck1 + base * (D * F) + o1, A1, mask=wm1 & some)
+        tl.store(ckb1 + base * F + fc, a1, mask=fm & some)
+        tl.store(ck2 + base * (F * D) + o2, A2, mask=wm2 & some)
+        tl.store(A1o + i_bh * (D * F) + o1, A1, mask=wm1 & empty)
+        tl.store(a1o + i_bh * F + fc, a1, mask=fm & empty)
+        tl.store(A2o + i_bh * (F * D) + o2, A2, mask=wm2 & empty)
+        P1, p1, P2 = _tile(P1_0, p1_0, P2_0, i_bh, fc, o1, o2, wm1 & empty, wm2 & empty, fm & empty, D, F)
+        tl.store(P1o + i_bh * (D * F) + o1, P1, mask=wm1 & empty)
+        tl.store(p1o + i_bh * F + fc, p1, mask=fm & empty)
+        tl.store(P2o + i_bh * (F * D) + o2, P2, mask=wm2 & empty)
+    a2 = tl.load(b2_0 + i_bh * D + c, mask=cm, other=0.0)
+    tl.store(ckb2 + base * D + c, a2, mask=cm & some)
+    tl.store(a2o + i_bh * D + c, a2, mask=cm & empty)
+    tl.store(p2o + i_bh * D + c, tl.load(p2_0 + i_bh * D + c, mask=cm & empty, other=0.0), mask=cm & empty)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
     tri = r[:, None] >= r[None, :]
-    for s in range(0, NS):
+    for s in range(0, ns):
         tl.debug_barrier()  # the previous mini-batch's (or the copy's) stores before this one's loads
         cur = base
         nxt = base
@@ -218,9 +229,9 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p
             cur = base + s * H
             nxt = cur + H
         first = s == 0
-        last = s == NS - 1
-        more = s < NS - 1
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        last = s == ns - 1
+        more = s < ns - 1
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
         n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
         M1 = tl.where(tri, (tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0) * eta[None, :] / ipos[:, None], 0.0)
@@ -272,17 +283,19 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p
 @triton.jit
 def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, do,
                 dP1o, dp1o, dP2o, dp2o, gA1, ga1, gA2, ga2_ptr, dq, dk, dv, dbeta, dlnw, dlnb,
-                dP1_0, dp1_0, dP2_0, dp2_0, dZs, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
-                D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
-                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+                dP1_0, dp1_0, dP2_0, dp2_0, dZs, cu, slots, scale, T, off, NS, H: tl.constexpr,
+                HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
+                BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
     # gA1, ga1, gA2, ga2 [R, H, ·]: the anchor's gradient, seeded with the last anchor's, accumulated in place
     # (dA0 at the end); dZs [R·H, BT, F]: this program's scratch of ∂/∂Z1 between passes C and D
     i_bh = tl.program_id(0).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    bos = i_b * T
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
     r = tl.arange(0, BT)
     cm = c < D
+    # (a sequence of no mini-batch has no carried one either, offset 0: nothing to do but the seeded dA0)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)
@@ -291,13 +304,13 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
     glnb = tl.zeros([BD], dtype=tl.float32)
     ga2 = tl.load(ga2_ptr + i_bh * D + c, mask=cm, other=0.0)  # b2's anchor gradient: in registers
     zs = i_bh * (BT * F) + r[:, None] * F  # + fc[None, :]: the scratch rows
-    for si in range(0, NS):
+    for si in range(0, ns):
         tl.debug_barrier()  # the previous (later) mini-batch's accumulator stores before this one's loads
-        s = NS - 1 - si
-        cur = (i_b * NS + s) * H + i_h
+        s = ns - 1 - si
+        cur = (slot0 + s) * H + i_h
         first = s == 0
         lastmb = si == 0  # the call's last mini-batch: its end sums' gradients are the outputs'
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H, HQ, D, BD, BT)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         # pass A: the anchor's errors
         f = _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D, F, BT, BD, BF, PREC)
         n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
@@ -445,43 +458,38 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
     tl.store(dlnb + i_bh * D + c, glnb, mask=cm)
 
 
-class _Geo(NamedTuple):
-    """A call's launch facts: B sequences of T tokens, NS mini-batches each, the kernels' constexprs."""
-
-    B: int
-    T: int
-    NS: int
-    constexprs: dict
-
-
 class _TTTMLP(torch.autograd.Function):
     """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], the anchor A1 [B, H, D, F], a1 [B, H, F], A2 [B, H, F, D], a2 [B, H, D] and the carried sums
-    P1, p1, P2, p2 (same shapes; fp32), then scale, offset, save (keep the anchors for a backward) and the `_Geo`.
-    Returns (o [B, T, H, D] in v's dtype, A1, a1, A2, a2, P1, p1, P2, p2 of the last mini-batch, fp32)."""
+    lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2 [R, H, D] and the carried sums
+    P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset, save (keep the anchors for a
+    backward), cu (int32 [N+1] on the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns
+    (o [B, T, H, D] in v's dtype, A1, a1, A2, a2, P1, p1, P2, p2 of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, geo):
-        B, T, NS = geo.B, geo.T, geo.NS
-        H, D, F = A1.shape[1], A1.shape[2], A1.shape[3]
+    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, cu, plan, geo):
+        B, T = q.shape[:2]
+        R, H, D, F = A1.shape
         f32 = dict(dtype=torch.float32, device=q.device)
         o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
-        slots = B * (NS if save else 1)  # the anchors: one per mini-batch, or one rolled in place
+        slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
         ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
               empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
         outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
-        _fwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, scale, T,
-                              offset, NS, **geo.constexprs, SAVE=save, HAS_P=offset > 0, **TTT_MLP_LAUNCH)
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck)
-        ctx.geo, ctx.scale, ctx.offset = geo, scale, offset
+        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale, T,
+                              offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
+                              **TTT_MLP_LAUNCH)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not o))
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, *gouts):
-        q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck = ctx.saved_tensors
-        geo = ctx.geo
+        q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *rest = ctx.saved_tensors
+        ck, seq = rest[:4], rest[4:]
         B, T, Hq, D = q.shape
         H = v.shape[2]
+        R = ctx.plan.R
         f32 = dict(dtype=torch.float32, device=q.device)
         shapes = [ck[0].shape[1:], ck[1].shape[1:], ck[2].shape[1:], ck[3].shape[1:]] * 2
 
@@ -489,27 +497,30 @@ class _TTTMLP(torch.autograd.Function):
             return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
 
         do = grad_in(do, B, T, H, D)
-        g = [grad_in(t, B, *shape) for t, shape in zip(gouts, shapes)]
+        g = [grad_in(t, R, *shape) for t, shape in zip(gouts, shapes)]
         acc = [t.clone() for t in g[:4]]  # the anchor's gradient, accumulated in place by the kernel: dA0
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
-        dP0 = [empty_output(B, *shape, **f32) for shape in shapes[4:]] if has_p else acc
+        dP0 = [empty_output(R, *shape, **f32) for shape in shapes[4:]] if has_p else acc
         dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
         dbeta = empty_output(B, T, H, **f32)
-        dlnw, dlnb = empty_output(B, H, D, **f32), empty_output(B, H, D, **f32)
-        BT = geo.constexprs["BT"]
-        dZs = torch.empty(B * H, BT, shapes[0][-1], **f32)
-        _bwd_kernel[(B * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
-                              dlnw, dlnb, *dP0, dZs, ctx.scale, T, ctx.offset, geo.NS, **geo.constexprs,
-                              HAS_P=has_p, **TTT_MLP_LAUNCH)
+        dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
+        dZs = torch.empty(R * H, ctx.geo["BT"], shapes[0][-1], **f32)  # each program's [b, F] scratch
+        seq = seq if seq else (dq, dq)
+        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
+                              dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+                              HAS_P=has_p, IS_VARLEN=ctx.varlen, **TTT_MLP_LAUNCH)
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), *acc, *(dP0 if has_p else (None,) * 4), None, None, None, None)
+                dlnb.sum(0).to(lnb.dtype), *acc, *(dP0 if has_p else (None,) * 4), None, None, None, None, None,
+                None)
 
 
-def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens) -> int:
-    """The hidden width F, or InputError naming the argument the kernels cannot take."""
+def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
+    """(the hidden width F, the boundaries of cu_seqlens as a list or None), or InputError naming the argument
+    the kernels cannot take (shapes and dtypes; cu_seqlens's values)."""
+    from ...chunkwise.varlen import check_cu_seqlens
     from ...inputs import check_tensor
     from .args import check_qkv
 
@@ -522,25 +533,34 @@ def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, mini
         raise InputError(f"the TTT-MLP kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
         raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
-    if cu_seqlens is not None:
-        raise InputError("the TTT-MLP kernels take no cu_seqlens (one sequence per batch row; varlen not written)")
     check_tensor("beta", beta, (B, T, H), values=False)
     check_tensor("ln_weight", ln_weight, (H, D), values=False)
     check_tensor("ln_bias", ln_bias, (H, D), values=False)
+    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
+    R = B if cu is None else len(cu) - 1  # the state's rows: one per sequence
     F = None
     for name, four in (("weights", weights), ("anchor", anchor)):
         if four is None and name == "anchor":
             continue
         if not isinstance(four, (tuple, list)) or len(four) != 4 or not isinstance(four[0], Tensor) \
                 or four[0].dim() != 4:
-            raise InputError(f"{name} must be 4 tensors (W1 [B, H, D, F], b1 [B, H, 1, F], W2 [B, H, F, D], "
-                             f"b2 [B, H, 1, D]), B = {B}")
+            raise InputError(f"{name} must be 4 tensors (W1 [R, H, D, F], b1 [R, H, 1, F], W2 [R, H, F, D], "
+                             f"b2 [R, H, 1, D]), R = {R} sequences")
         F = four[0].shape[-1] if F is None else F
-        for i, shape in enumerate(((B, H, D, F), (B, H, 1, F), (B, H, F, D), (B, H, 1, D))):
+        for i, shape in enumerate(((R, H, D, F), (R, H, 1, F), (R, H, F, D), (R, H, 1, D))):
             check_tensor(f"{name}[{i}]", four[i], shape, values=False)
     if offset and anchor is None:
         raise InputError("offset > 0 needs the anchor (the weights the mini-batch started from)")
-    return F
+    return F, cu
+
+
+def _squeezed(four):
+    """(W1, b1, W2, b2) with the biases' singleton dim dropped ([R, H, 1, ·] → [R, H, ·]), contiguous."""
+    return [(t.squeeze(2) if i % 2 else t).contiguous() for i, t in enumerate(four)]
+
+
+def _unsqueezed(four):
+    return tuple(t.unsqueeze(2) if i % 2 else t for i, t in enumerate(four))
 
 
 def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
@@ -549,36 +569,39 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
 
     q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
     fp32/bf16/fp16; beta [B, T, H] (the inner learning rates η); ln_weight, ln_bias [H, D] (γ, β_ln); weights
-    (W1 [B, H, D, F], b1 [B, H, 1, F], W2 [B, H, F, D], b2 [B, H, 1, D]) the memory's state; anchor (same) the
-    weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the call);
-    minibatch b; cu_seqlens: refused (InputError); tile: the hidden dim's tile BF (a power of two ≥ 16; None:
-    `hidden_tile`). Returns (o [B, T, H, D] in v's dtype, end weights, anchor of the last mini-batch — 4 fp32
-    tensors each — and the offset after the call): `chunkwise.minibatch`'s final MemoryState fields."""
-    F = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
+    (W1 [R, H, D, F], b1 [R, H, 1, F], W2 [R, H, F, D], b2 [R, H, 1, D]) the memory's state, one row per sequence
+    (R = B, or N with cu_seqlens: int [N+1] packing N sequences along T with B = 1, each with its own state and
+    mini-batches aligned to its own start, every one continuing its carried mini-batch by `offset` tokens); anchor
+    (same) the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before
+    the call); minibatch b; tile: the hidden dim's tile BF (a power of two ≥ 16; None: `hidden_tile`). Returns
+    (o [B, T, H, D] in v's dtype, end weights, anchor of the last mini-batch — 4 fp32 tensors each, R rows — and
+    the offset after the call; with cu_seqlens, a list: each sequence's): `chunkwise.minibatch`'s final
+    MemoryState fields."""
+    F, cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T, Hq, D = q.shape
-    if tile is not None and (tile < 16 or tile & (tile - 1)):
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):
         raise InputError(f"tile must be a power of two ≥ 16, got {tile!r}")
     W = [w.float() for w in weights]
-    if T == 0:  # no token: the state as it was
-        return v, tuple(W), tuple(w.float() for w in anchor) if offset else tuple(W), offset
     if offset:
         A = [w.float() for w in anchor]
         P = [offset * (w - a) for w, a in zip(W, A)]  # what the consumed tokens added, times their count
     else:
         A, P = W, [torch.zeros_like(w) for w in W]
-    NS = -(-(offset + T) // minibatch)
-    last = offset + T - (NS - 1) * minibatch  # tokens of the last mini-batch after the call
-    geo = _Geo(B, T, NS, dict(H=v.shape[2], HQ=Hq, D=D, F=F, BD=pow2(D), BF=tile or hidden_tile(D, F), BT=minibatch,
-                             EPS=LN_EPS, PREC=PREC))
-    flat = [t.squeeze(2) if i % 2 else t for i, t in enumerate(A)] + [t.squeeze(2) if i % 2 else t
-                                                                       for i, t in enumerate(P)]
-    args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias, *flat)]
+    plan = _plan(B, T, offset, minibatch, cu, q.device)
+    geo = dict(H=v.shape[2], HQ=Hq, D=D, F=F, BD=pow2(D), BF=tile or hidden_tile(D, F), BT=minibatch, EPS=LN_EPS,
+               PREC=PREC)
+    args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias)] + _squeezed(A) + _squeezed(P)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
-    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, geo)
-    anchor_out = [t.unsqueeze(2) if i % 2 else t for i, t in enumerate(state[:4])]
-    sums = [t.unsqueeze(2) if i % 2 else t for i, t in enumerate(state[4:])]
-    end = tuple(a + p / last for a, p in zip(anchor_out, sums))
-    return o, end, tuple(anchor_out), (offset + T) % minibatch
+    cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
+    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
+    anchor_out, sums = _unsqueezed(state[:4]), _unsqueezed(state[4:])
+    last = torch.tensor(plan.last, dtype=torch.float32, device=q.device)
+    end = tuple(a + p / last.view((-1,) + (1,) * (a.dim() - 1)) for a, p in zip(anchor_out, sums))
+    if cu is None:
+        off = (offset + T) % minibatch
+    else:
+        off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
+    return o, end, anchor_out, off
 
 
 def ttt_mlp_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,

@@ -349,6 +349,38 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         DISPATCH[("generic", "chunk", "triton")].fn(_call(inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 
 
+def test_the_row_matches_the_official_dual_form(monkeypatch, gen):
+    """fw.chunk("ttt_mlp") through the Triton row (the fake CUDA table on the CPU: the kernels) against the
+    official TTT-MLP's mini-batch dual form (tests/reference/test_ttt.py's `official_dual`, float64), the held-out
+    reference the torch row matches: output and final weights, D = 8 (padded to 16), T = 37."""
+    from tests.reference.test_ttt import official_dual
+
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    H, T, D = 2, 37, 8
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q, k, v = rnd(H, T, D), rnd(H, T, D), rnd(H, T, D)
+    lr = torch.rand(H, T, generator=gen, dtype=torch.float64)
+    gam, bet = 1 + 0.3 * rnd(H, 1, D), 0.3 * rnd(H, 1, D)
+    weights = [rnd(H, D, 4 * D) / D ** 0.5, 0.3 * rnd(H, 1, 4 * D), rnd(H, 4 * D, D) / (4 * D) ** 0.5,
+               0.3 * rnd(H, 1, D)]
+    ref, ref_w = official_dual(q, k, v, lr, weights, gam, bet, 16, True)
+
+    def to_fw(x):  # [H, T, D] -> [1, T, H, D], fp32 on DEV
+        return x.transpose(0, 1)[None].float().to(DEV)
+
+    state = MemoryState(weights=tuple(w[None].float().to(DEV) for w in weights))
+    o, st = fw.chunk("ttt_mlp", to_fw(q), to_fw(k), to_fw(v), backend="triton", beta=lr.T[None].float().to(DEV),
+                     initial_state=state, ln_weight=gam[:, 0].float().to(DEV), ln_bias=bet[:, 0].float().to(DEV),
+                     output_final_state=True)
+    assert rel(o[0].transpose(0, 1), ref) < CHUNK_F32_REL
+    for a, b in zip(st.weights, ref_w):
+        assert rel(a[0], b) < CHUNK_F32_REL
+
+
 def _call(inp):
     from fastweights.dispatch import Call
     from fastweights.inputs import validate

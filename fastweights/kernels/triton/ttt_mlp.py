@@ -28,13 +28,15 @@ anchor is θ₀ + P / b.
 Where the weights live. W1 and W2 are D·F fp32 each (64 KiB each at D = 64, F = 256): too large for one
 program's registers. They stay in a per-program global scratch (L2-resident: 2·D·F·4 bytes per (sequence,
 head)), and every pass over the hidden dim streams them in tiles of BF hidden units ([D, BF] of W1, [BF, D] of
-W2, each tile touched by one thread layout only). The scratch IS the anchor store of the backward: with SAVE
-(a backward is wanted) mini-batch s reads its anchor from slot s and writes the next anchor into slot s + 1
-(one slot per mini-batch: 4(2DF + F + D) bytes per mini-batch, ≈ 32D²/b bytes a token at F = 4D); without it,
-one slot per (sequence, head), rolled in place (each tile is read before it is written, by the same threads). A
-`tl.debug_barrier` separates a mini-batch's writes from the next one's reads (other threads' layouts). The
-per-token work that needs the whole hidden dim — f (sums over F), h_t · H_j (sums over F) — is accumulated over
-the tiles; everything [b, D] or [b, b] stays in registers.
+W2). The scratch IS the anchor store of the backward: with SAVE (a backward is wanted) mini-batch s reads its
+anchor from slot s and writes the next anchor into slot s + 1 (one slot per mini-batch: 4(2DF + F + D) bytes
+per mini-batch, ≈ 32D²/b bytes a token at F = 4D); without it, one slot per (sequence, head), rolled in place
+(a tile is written only after it is read, and each value written depends on the one read at its place, so no
+thread overwrites a value another has yet to read). Other threads read what one wrote only in a later pass or
+mini-batch: a `tl.debug_barrier` (bar.sync: the CTA's global writes before it are visible after it) separates
+them, and the launch keeps num_stages = 1 (no software pipelining, whose prefetches could run ahead of the
+barrier). The per-token work that needs the whole hidden dim — f and h_t · H_j (sums over F) — is accumulated
+over the tiles; everything [b, D] or [b, b] stays in registers.
 
 Forward (`_fwd_kernel`), per mini-batch: pass 1 over the tiles accumulates f; e from f in registers; pass 2
 over the tiles forms dz1, the read z1, h, accumulates z2 and h Hᵀ, and writes the next anchor's tile
@@ -88,7 +90,8 @@ Tensor = torch.Tensor
 
 __all__ = ["ttt_mlp_triton", "ttt_mlp_torch", "TTT_MLP_LAUNCH", "hidden_tile"]
 
-#: Launch settings of both kernels (not swept on a GPU yet).
+#: Launch settings of both kernels (not swept on a GPU yet). num_stages stays 1: the loops re-read a scratch the
+#: previous pass wrote (see the module doc), which a pipelined prefetch could read early.
 TTT_MLP_LAUNCH = dict(num_warps=4, num_stages=1)
 #: The most fp32 values of one [D, BF] weight tile (the hidden tile BF = this / pow2(D), within [16, pow2(F)]).
 TILE_ELEMENTS = 2048

@@ -15,7 +15,9 @@ delta / chunk / triton             →  `delta_chunk`        → kernels.triton.
 generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
                                       Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64);
                                       TTT-Linear: `ttt_linear_chunk` → kernels.triton.ttt (the whole inner
-                                      loop, forward and backward; interpreter-verified, not yet run on a GPU)
+                                      loop, forward and backward; on the H100: BENCHMARKS §1j);
+                                      TTT-MLP: `ttt_mlp_chunk` → kernels.triton.ttt_mlp (the same for a
+                                      2-layer MLP memory; interpreter-verified, not yet run on a GPU)
 layer / conv / triton              →  kernels.triton.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
@@ -48,6 +50,7 @@ from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPip
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
            "gated_chunk_pipeline", "generic_chunk_pipeline", "ttt_linear_chunk", "ttt_linear_kernel_serves",
+           "ttt_mlp_chunk", "ttt_mlp_kernel_serves",
            "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
            "triton_chunk_supports", "pinned",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
@@ -116,22 +119,52 @@ def triton_chunk_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
+def _ttt_loop_serves(recipe: Recipe, kernels: str) -> str | None:
+    """Why TTT's inner loop around the memory is not what `kernels` (the TTT kernels' name) take (None when it
+    is): the l2 objective (no window, no probe), TTT's averaged gd over mini-batches of b ∈ TTT_MINIBATCHES, no
+    retention, the identity feature map."""
+    obj, opt = recipe.objective, recipe.optimizer
+    if recipe.feature_map.kind != "identity" or recipe.retention.kind != "none":
+        return f"the {kernels} kernels take the identity feature map and no retention"
+    if not (obj.kind == "l2" and obj.window == 1 and not obj.probe):
+        return f"the {kernels} kernels take the l2 objective (no window, no probe key)"
+    if not (opt.kind == "gd" and opt.minibatch_average and opt.householder_steps == 1):
+        return f"the {kernels} kernels take TTT's averaged mini-batch gd"
+    if opt.minibatch not in TTT_MINIBATCHES:
+        return f"the {kernels} kernels take a mini-batch b in {TTT_MINIBATCHES}, got {opt.minibatch}"
+    return None
+
+
 def ttt_linear_kernel_serves(recipe: Recipe) -> str | None:
     """Why the TTT-Linear kernels (kernels.triton.ttt) cannot run `recipe` (None when they can): exactly
     TTT-Linear's shape — a linear memory with an inner bias inside the residual LayerNorm, the l2 objective
     (no window, no probe), TTT's averaged gd over mini-batches of b ∈ TTT_MINIBATCHES, no retention, the
     identity feature map. A pure function of the recipe."""
-    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
+    mem = recipe.memory
     if not (mem.kind == "linear" and mem.bias and mem.residual_ln and not mem.normalize):
         return "the TTT-Linear kernels take a linear memory with an inner bias inside the residual LayerNorm"
-    if recipe.feature_map.kind != "identity" or recipe.retention.kind != "none":
-        return "the TTT-Linear kernels take the identity feature map and no retention"
-    if not (obj.kind == "l2" and obj.window == 1 and not obj.probe):
-        return "the TTT-Linear kernels take the l2 objective (no window, no probe key)"
-    if not (opt.kind == "gd" and opt.minibatch_average and opt.householder_steps == 1):
-        return "the TTT-Linear kernels take TTT's averaged mini-batch gd"
-    if opt.minibatch not in TTT_MINIBATCHES:
-        return f"the TTT-Linear kernels take a mini-batch b in {TTT_MINIBATCHES}, got {opt.minibatch}"
+    return _ttt_loop_serves(recipe, "TTT-Linear")
+
+
+def ttt_mlp_kernel_serves(recipe: Recipe) -> str | None:
+    """Why the TTT-MLP kernels (kernels.triton.ttt_mlp) cannot run `recipe` (None when they can): exactly
+    TTT-MLP's shape — a 2-layer MLP memory (any expansion) with GELU's tanh form and inner biases inside the
+    residual LayerNorm, and TTT's loop as for TTT-Linear (the l2 objective, averaged gd over mini-batches of
+    b ∈ TTT_MINIBATCHES, no retention, the identity feature map). A pure function of the recipe."""
+    mem = recipe.memory
+    if not (mem.kind == "mlp" and mem.depth == 2 and mem.activation == "gelu_tanh" and mem.bias
+            and mem.residual_ln):
+        return ("the TTT-MLP kernels take a 2-layer MLP memory (GELU, tanh form) with inner biases inside the "
+                "residual LayerNorm")
+    return _ttt_loop_serves(recipe, "TTT-MLP")
+
+
+def _ttt_kernels(recipe: Recipe) -> str | None:
+    """The name of the TTT kernels that run `recipe` ("TTT-Linear", "TTT-MLP"), or None."""
+    if ttt_linear_kernel_serves(recipe) is None:
+        return "TTT-Linear"
+    if ttt_mlp_kernel_serves(recipe) is None:
+        return "TTT-MLP"
     return None
 
 
@@ -142,7 +175,9 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
       form is the torch row's); or
     - TTT-Linear (`ttt_linear_kernel_serves`) with head dims ≤ MAX_TTT_DIM: the whole inner mini-batch
       loop in kernels.triton.ttt, forward and backward (varlen: refused as the torch row refuses it — the
-      kernels take cu_seqlens, but a MemoryState carries one offset for all sequences).
+      kernels take cu_seqlens, but a MemoryState carries one offset for all sequences);
+    - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
+      kernels.triton.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it too).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
@@ -150,21 +185,22 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
         return why
     if recipe.optimizer.kind == "muon":
         return None
-    why = ttt_linear_kernel_serves(recipe)
-    if why is not None:
-        return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT-Linear's loop only ({why}; "
-                "other recipes: the torch row)")
+    kernels = _ttt_kernels(recipe)
+    if kernels is None:
+        return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT's loops only "
+                f"({ttt_linear_kernel_serves(recipe)}; {ttt_mlp_kernel_serves(recipe)}; other recipes: the torch row)")
     for name, d in (("K", target.head_k_dim), ("V", target.head_v_dim)):
         if d is not None and d > MAX_TTT_DIM:
-            return f"the TTT-Linear kernels take head dims ≤ {MAX_TTT_DIM}, got {name}={d}"
+            return f"the {kernels} kernels take head dims ≤ {MAX_TTT_DIM}, got {name}={d}"
     return None
 
 
 #: The Newton–Schulz kernel's tl.dot input precision the row runs ("ieee": fp32 FMAs, as torch's fp32 bmm without
 #: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice (kernels/triton/newton_schulz).
 NS_PRECISION = "ieee"
-#: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel) and TTT-Linear's (the whole loop).
-GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", "TTT-Linear kernels")
+#: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
+#: whole loop).
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", "TTT-Linear kernels", "TTT-MLP kernels")
 
 
 def _ns_kernel(precision: str):
@@ -186,19 +222,17 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, ns_precision: 
     torch iteration."""
     if ttt_linear_kernel_serves(call.recipe) is None:
         return ttt_linear_chunk(call, cu_seqlens)
+    if ttt_mlp_kernel_serves(call.recipe) is None:
+        return ttt_mlp_chunk(call, cu_seqlens)
     return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(ns_precision))
 
 
-def ttt_linear_chunk(call, cu_seqlens=None):
-    """TTT-Linear's chunk form on its kernels (`kernels.triton.ttt.ttt_linear_triton`): the caller's q, k, v
-    as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
-    state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
-    row raises (no varlen mini-batch form yet)."""
-    from ..torch_backend import _no_varlen, initial_memory_state
-    from .triton.ttt import ttt_linear_triton
+def _ttt_inputs(call):
+    """(the state as a fp32 MemoryState, β, γ, β_ln) of a TTT call: β absent → 1, the LayerNorm's affine absent →
+    (1, 0)."""
+    from ..torch_backend import initial_memory_state
 
     recipe, s = call.recipe, call.shapes
-    _no_varlen(recipe, cu_seqlens)
     dev = call.q.device
     st = initial_memory_state(recipe, call.initial_state, s.B, s.H, s.Kf, s.V, torch.float32, dev)
     beta = call.inputs.get("beta")
@@ -207,6 +241,20 @@ def ttt_linear_chunk(call, cu_seqlens=None):
     lnw, lnb = call.inputs.get("ln_weight"), call.inputs.get("ln_bias")
     lnw = torch.ones(s.H, s.V, dtype=torch.float32, device=dev) if lnw is None else lnw
     lnb = torch.zeros(s.H, s.V, dtype=torch.float32, device=dev) if lnb is None else lnb
+    return st, beta, lnw, lnb
+
+
+def ttt_linear_chunk(call, cu_seqlens=None):
+    """TTT-Linear's chunk form on its kernels (`kernels.triton.ttt.ttt_linear_triton`): the caller's q, k, v
+    as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
+    state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
+    row raises (no varlen mini-batch form yet)."""
+    from ..torch_backend import _no_varlen
+    from .triton.ttt import ttt_linear_triton
+
+    recipe = call.recipe
+    _no_varlen(recipe, cu_seqlens)
+    st, beta, lnw, lnb = _ttt_inputs(call)
     o, weights, anchor, offset = ttt_linear_triton(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale,
                                                    weights=st.weights, anchor=st.anchor, offset=st.offset,
                                                    minibatch=recipe.optimizer.minibatch)
@@ -214,10 +262,28 @@ def ttt_linear_chunk(call, cu_seqlens=None):
     return o, finish_state(recipe, final, call.output_final_state)
 
 
+def ttt_mlp_chunk(call, cu_seqlens=None):
+    """TTT-MLP's chunk form on its kernels (`kernels.triton.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
+    the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
+    from ..torch_backend import _no_varlen
+    from .triton.ttt_mlp import ttt_mlp_triton
+
+    recipe = call.recipe
+    _no_varlen(recipe, cu_seqlens)
+    st, beta, lnw, lnb = _ttt_inputs(call)
+    o, weights, anchor, offset = ttt_mlp_triton(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale,
+                                                weights=st.weights, anchor=st.anchor, offset=st.offset,
+                                                minibatch=recipe.optimizer.minibatch)
+    final = MemoryState(weights=weights, anchor=anchor, offset=offset)
+    return o, finish_state(recipe, final, call.output_final_state)
+
+
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
-    """The pipeline the generic chunk Triton row runs: TTT-Linear's kernels for the recipes they serve
-    (`ttt_linear_kernel_serves`), else the torch mini-batch form with Newton–Schulz in the kernel (Muon)."""
-    return GENERIC_PIPELINES[1] if ttt_linear_kernel_serves(recipe) is None else GENERIC_PIPELINES[0]
+    """The pipeline the generic chunk Triton row runs: TTT-Linear's or TTT-MLP's kernels for the recipes they
+    serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`), else the torch mini-batch form with
+    Newton–Schulz in the kernel (Muon)."""
+    kernels = _ttt_kernels(recipe)
+    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels"
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
@@ -256,9 +322,9 @@ def pinned(recipe_class: str, **option):
     impl = DISPATCH[key]
     label = value if kind is not None else f"Newton–Schulz kernel ({value})"
 
-    def named(recipe, target):  # the generic row's TTT-Linear calls take no Newton–Schulz: still its own name
+    def named(recipe, target):  # the generic row's TTT calls take no Newton–Schulz: still their own name
         return impl.pipeline(recipe, target) if recipe_class == "generic" and recipe is not None \
-            and ttt_linear_kernel_serves(recipe) is None else label
+            and _ttt_kernels(recipe) is not None else label
 
     DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)
     try:

@@ -95,8 +95,8 @@ __all__ = ["ttt_mlp_triton", "ttt_mlp_torch", "TTT_MLP_LAUNCH", "hidden_tile"]
 TTT_MLP_LAUNCH = dict(num_warps=4, num_stages=1)
 #: The most fp32 values of one [D, BF] weight tile (the hidden tile BF = this / pow2(D), within [16, pow2(F)]).
 TILE_ELEMENTS = 2048
-_C0 = 0.7978845608028654  # sqrt(2 / π)
-_A3 = 0.044715
+_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / π) (a constexpr: a jit function reads only those globals)
+_A3 = tl.constexpr(0.044715)
 
 
 def hidden_tile(D: int, F: int) -> int:

@@ -315,6 +315,11 @@ SWAP_CUDA_TF32_REL = 2e-2
 # draws, fp16 ≤ 6.1e-4 over 8; bounds with ≈ 3× room. (The fp32 kernels against float64, held to CHUNK_F32_REL:
 # ≤ 1.04e-6 over 72 draws of the file's cases.)
 TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+# bf16 q, k, v into Mesa's chunk form on the CG kernel's row (kernels/triton/mesa_cg.py) against the torch row on
+# the same device and inputs, relative (outputs, final state, every gradient): both compute in fp32 from the same
+# rounded inputs (CG agreeing to ~1e-6) and round o, dq, dk, dv to bf16, where two fp32 values a rounding apart can
+# land one bf16 ulp apart (2⁻⁸ of the element); ≈ 2.5× room over one ulp of the largest element.
+MESA_CG_KERNEL_LOW_REL = {torch.bfloat16: 1e-2}
 
 # the training loop and its CUDA graph (tests/training, tests/cuda/test_graphed_step.py)
 WEIGHTS_MOVED = 1e-3  # a weight that "moved" after a few AdamW steps differs from its start by more than this

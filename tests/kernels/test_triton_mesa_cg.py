@@ -162,10 +162,13 @@ def test_an_explicit_triton_backend_names_the_reason(monkeypatch):
 
 
 def _mesa_run(backend, dtype, x, state, device="cpu", **kw):
-    """(outputs [o, H_T, G_T], {leaf: gradient}) of fw.chunk("mesanet") on x (cast to `dtype`, on `device`) under a
-    random float64 projection of every output (a fixed seed: the same projection for every run)."""
-    leaves = {key: val.detach().to(device, dtype).requires_grad_(True) for key, val in x.items()}
-    H0, G0 = (t.detach().to(device, dtype).requires_grad_(True) for t in state)
+    """(outputs [o, H_T, G_T], {leaf: gradient}) of fw.chunk("mesanet") on x (q, k, v cast to `dtype`, the gates,
+    λ and the state to fp32 for bf16, on `device`) under a random float64 projection of every output (a fixed seed:
+    the same projection for every run)."""
+    rest = torch.float32 if dtype == torch.bfloat16 else dtype
+    leaves = {key: val.detach().to(device, dtype if key in ("q", "k", "v") else rest).requires_grad_(True)
+              for key, val in x.items()}
+    H0, G0 = (t.detach().to(device, rest).requires_grad_(True) for t in state)
     o, st = fw.chunk("mesanet", backend=backend, initial_state=fw.MesaState(H=H0, G=G0), output_final_state=True,
                      **leaves, **kw)
     outs = [o, st.H, st.G]

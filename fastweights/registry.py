@@ -17,6 +17,7 @@ imported), and registers them. `fastweights.api` imports it, so `import fastweig
     generic       chunk       torch, triton    (mini-batch memories only; triton: Muon's Newton–Schulz, ATLAS,
                                                and TTT-Linear's whole inner loop)
     mesa          recurrent, parallel, chunk   torch
+    mesa          chunk       triton           (the torch chunk form with both CG solves in one kernel each)
     softmax       recurrent, parallel          torch
     layer         conv        torch, triton    (the short convolution)
     layer         norm        torch, triton    (the gated RMSNorm; RMSNorm: no gate, one group)
@@ -58,6 +59,8 @@ def _register() -> None:
              pipelines=kr.DELTA_PIPELINES, pipeline=kr.delta_chunk_pipeline)
     register("generic", "chunk", "triton", kr.generic_chunk, supports=kr.triton_generic_supports,
              pipelines=kr.GENERIC_PIPELINES, pipeline=kr.generic_chunk_pipeline)
+    register("mesa", "chunk", "triton", kr.mesa_chunk, supports=kr.triton_mesa_supports,
+             pipelines=kr.MESA_PIPELINES, pipeline=kr.mesa_chunk_pipeline)
     register("gated_linear", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     register("delta", "recurrent", "triton", kr.linear_recurrent, supports=kr.triton_step_supports)
     # the layer ops around the memory read

@@ -24,6 +24,11 @@ M = H_t + Λ and q* = M⁻¹q, the backward solves M u = ∂L/∂q* by the same 
 ∂L/∂q = u and ∂L/∂M = −u q*ᵀ (pushed through the matvec to H_s, k, β, g, λ). They equal the
 exact solve's gradients to CG's residual. (Differentiating through the CG iterations instead
 is unstable once CG has converged: the step sizes divide by vanishing residuals.)
+
+Both solves (and the residual) run here in torch — ~14 launches per iteration, 30 iterations, each
+way — unless a solver of the same contract is passed (`cg=`): the Triton row ("mesa", "chunk",
+"triton") passes `kernels.triton.mesa_cg.mesa_cg`, every iteration of a chunk's systems in one
+program, the same iterations to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -93,31 +98,42 @@ def _cg_flat(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tenso
 
 
 class _CGSolve(torch.autograd.Function):
-    """q* = (H_t + Λ)⁻¹ b by CG, differentiated implicitly (see the module docstring)."""
+    """q* = (H_t + Λ)⁻¹ b by CG, differentiated implicitly (see the module docstring). solver: None (the torch CG
+    here; the residual left to the caller: None) or a function (b, d, Hs, kc, A, λ, steps) -> (x, res [B, H, N, C])
+    on the same tensors (the CG kernel, `kernels.triton.mesa_cg.mesa_cg`), which runs both solves."""
 
     @staticmethod
-    def forward(ctx, b, d, Hs, kc, A, lam, steps):
-        x = _cg_flat(b, d, Hs, kc, A, lam, steps)
+    def forward(ctx, b, d, Hs, kc, A, lam, steps, solver):
+        if solver is None:
+            x, res = _cg_flat(b, d, Hs, kc, A, lam, steps), None
+        else:
+            x, res = solver(b, d, Hs, kc, A, lam, steps)
+            ctx.mark_non_differentiable(res)
         ctx.save_for_backward(x, d, Hs, kc, A, lam)
-        ctx.steps = steps
-        return x
+        ctx.steps, ctx.solver = steps, solver
+        return x, res
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, gx):
+    def backward(ctx, gx, _gres):
         x, *params = ctx.saved_tensors
-        u = _cg_flat(gx, *params, ctx.steps)  # M u = ∂L/∂q* (M symmetric)
+        if ctx.solver is None:
+            u = _cg_flat(gx, *params, ctx.steps)  # M u = ∂L/∂q* (M symmetric)
+        else:
+            u = ctx.solver(gx, *params, ctx.steps)[0]
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) for p in params]
             s = -(u * _matvec(x, *leaves)).sum()  # ∂/∂θ of −uᵀ M(θ) q*
             grads = torch.autograd.grad(s, leaves, allow_unused=True)
-        return (u, *grads, None)
+        return (u, *grads, None, None)
 
 
 def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor, lamb: Tensor,
-               H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30):
+               H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30, cg=None):
     """q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
-    H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V].
+    H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V]; cg: None (the torch CG) or a solver of the CG
+    kernel's contract, (b, d, Hs, kc, A, λ, steps) -> (x, per-token relative residual) — the Triton row's
+    `kernels.triton.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
     The chunk-boundary states run first (one small update per chunk); then every chunk's solves
@@ -157,11 +173,12 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     if solve == "exact":
         Ht = d[..., None] * Hs.unsqueeze(3) + torch.einsum("bhntj,bhnjk,bhnjl->bhntkl", A, kc, kc)
         Ht = Ht + torch.diag_embed(lamb)[None, :, None, None]
-        qs = torch.linalg.solve(Ht, qc[..., None])[..., 0]  # [B, H, N, C, K]
+        qs, res = torch.linalg.solve(Ht, qc[..., None])[..., 0], None  # [B, H, N, C, K]
     else:
-        qs = _CGSolve.apply(qc, d, Hs, kc, A, lam, cg_steps)  # [B, H, N, C, K]
+        qs, res = _CGSolve.apply(qc, d, Hs, kc, A, lam, cg_steps, cg)  # [B, H, N, C, K], None | [B, H, N, C]
     with torch.no_grad():
-        res = (_matvec(qs, d, Hs, kc, A, lam) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
+        if res is None:  # the torch solves: one more matvec (the kernel's launch computed it)
+            res = (_matvec(qs, d, Hs, kc, A, lam) - qc).norm(dim=-1) / qc.norm(dim=-1).clamp_min(1e-30)
         worst = res.max()
     o = d * (qs @ Gs) + ((qs @ kc.transpose(-1, -2)) * A) @ vc  # [B, H, N, C, V]
     o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, -1)[:, :T]

@@ -21,6 +21,8 @@ generic / chunk / triton           →  `generic_chunk`      → torch_backend's
 layer / conv / triton              →  kernels.triton.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
+mesa / chunk / triton              →  `mesa_chunk` → torch_backend's Mesa chunk form with both CG solves
+                                      in kernels.triton.mesa_cg (pipeline "CG kernel"; C ≤ 64, K ≤ 128, not float64)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, routed per call like every other). The functional form never changes the
@@ -545,3 +547,44 @@ def delta_prologue(q, k, b, a, A_log=None, dt_bias=None, *, gate="mamba", beta_m
     from .triton.prologue import delta_prologue as kernel
 
     return kernel(q, k, b, a, A_log, dt_bias, gate=gate, beta_max=beta_max, eps=eps)
+
+
+# ---------------------------------------------------------------------------- Mesa's chunk row (the CG kernel)
+from .triton.limits import MAX_CG_C, MAX_CG_K  # noqa: E402  (the Mesa row's block, kept apart)
+
+__all__ += ["mesa_chunk", "triton_mesa_supports", "mesa_chunk_pipeline", "MESA_PIPELINES"]
+
+#: The Mesa chunk row's one pipeline: torch's chunk form with both CG solves in the kernel.
+MESA_PIPELINES = ("CG kernel",)
+
+
+def triton_mesa_supports(recipe: Recipe, target) -> str | None:
+    """Why the Mesa chunk Triton row cannot serve (None when it can): as `triton_device_supports` (float64: the
+    torch row), chunks C ≤ MAX_CG_C (the chunk size bounds C = min(chunk size, T)) and a key feature dim
+    K' ≤ MAX_CG_K — the CG kernel's register tiles (`kernels.triton.mesa_cg.cg_kernel_serves`). The rest of the
+    form is the torch row's, so nothing else differs."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
+    C = target.chunk_size
+    if C is not None and C > MAX_CG_C:
+        return f"the Mesa CG kernel takes chunks C ≤ {MAX_CG_C}, got chunk_size={C}"
+    K = target.head_k_dim
+    if K is not None and recipe is not None and recipe.feature_map.out_dim(K) > MAX_CG_K:
+        return f"the Mesa CG kernel takes key dims ≤ {MAX_CG_K}, got {recipe.feature_map.out_dim(K)}"
+    return None
+
+
+def mesa_chunk_pipeline(recipe: Recipe, target) -> str:
+    """The pipeline the Mesa chunk row runs: its one, "CG kernel"."""
+    return MESA_PIPELINES[0]
+
+
+def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30):
+    """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
+    (and the residual) in `kernels.triton.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
+    solve="exact" (the check) runs the exact solve here as on the torch row."""
+    from ..torch_backend import mesa_chunk_impl
+    from .triton.mesa_cg import mesa_cg
+
+    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=mesa_cg)

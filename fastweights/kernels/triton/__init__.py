@@ -33,6 +33,12 @@ every path checked on the H100 and picked by "auto" on CUDA):
                       Mamba/KDA gate g = −exp(A_log)·softplus(a + dt_bias), optionally its
                       chunk-local cumsum (interpreter-verified; MemoryMixer calls it on CUDA)
 
+MesaNet's chunked conjugate-gradient solve (`kernels.rows.mesa_chunk`: the torch chunk form with both CG solves
+in the kernel; interpreter-verified, not yet run on a GPU):
+
+    mesa_cg.py        one program per chunk runs every CG iteration of its C systems, x, r, p and the chunk's
+                      Hs, kc, A in registers (C ≤ 64, K ≤ 128), and the per-token residual
+
 The mini-batch form's Muon step (ATLAS: `kernels.rows.generic_chunk`, the torch mini-batch form
 with this kernel; interpreter-verified):
 

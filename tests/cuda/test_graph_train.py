@@ -77,7 +77,7 @@ def _losses_close(a, b, rel):
         assert math.isclose(x["loss"], y["loss"], rel_tol=rel), (x, y)
 
 
-@pytest.mark.parametrize("model", ["gated_deltanet", "ttt_mlp", "retnet", "alibi"])
+@pytest.mark.parametrize("model", ["gated_deltanet", "ttt_mlp", "ttt_linear", "mesanet", "retnet", "alibi"])
 def test_graphed_steps_equal_eager_steps(model):
     eager = _run(model)
     graphed = _run(model, cuda_graph=True)

@@ -336,3 +336,15 @@ def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
         assert (a is None) == (b is None), name
         if b is not None:
             assert rel(a, b) < TTT_LAYER_F32_REL, name
+
+
+def test_last_counts_is_a_number_when_every_sequence_ends_alike():
+    """The glue divides the end sums by each sequence's last mini-batch count: a Python number when they agree
+    (no host-to-device copy: a CUDA graph can capture the call — TTT-MLP's copy failed the lab's capture on the
+    H100), a [R, 1, 1, 1] tensor for varlen sequences that end differently."""
+    from fastweights.kernels.triton.ttt import _last_counts, _plan
+
+    same = _last_counts(_plan(3, 37, 0, 16, None, "cpu"), 4, "cpu")
+    assert isinstance(same, float) and same == 5.0
+    mixed = _last_counts(_plan(0, 0, 0, 16, [0, 20, 53], "cpu"), 4, "cpu")
+    assert isinstance(mixed, torch.Tensor) and mixed.shape == (2, 1, 1, 1) and mixed.flatten().tolist() == [4.0, 1.0]

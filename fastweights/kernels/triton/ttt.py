@@ -318,6 +318,14 @@ def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> 
     return _Plan(len(lengths), 0, sum(counts), first, [last(n) for n in lengths])
 
 
+def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
+    """The tokens of each sequence's last mini-batch, to divide its end sums by: a Python number when every sequence
+    has the same (no host-to-device copy, so a CUDA graph can capture the call), else [R, 1, …] (dims in all)."""
+    if len(set(plan.last)) == 1:
+        return float(plan.last[0])
+    return torch.tensor(plan.last, dtype=torch.float32, device=device).view((-1,) + (1,) * (dims - 1))
+
+
 class _TTTLinear(torch.autograd.Function):
     """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
     lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
@@ -441,7 +449,7 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
     o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
-    last = torch.tensor(plan.last, dtype=torch.float32, device=q.device)[:, None, None, None]  # [R, 1, 1, 1]
+    last = _last_counts(plan, 4, q.device)  # a number, or [R, 1, 1, 1]
     if cu is None:
         off = (offset + T) % minibatch
     else:

@@ -83,7 +83,7 @@ from ...inputs import InputError
 from .. import empty_output
 from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from .ttt import LN_EPS, PREC, _ln, _ln_back, _plan, _rows, _sequence
+from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _sequence
 from .util import pow2
 
 Tensor = torch.Tensor
@@ -598,8 +598,7 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
     o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
     anchor_out, sums = _unsqueezed(state[:4]), _unsqueezed(state[4:])
-    last = torch.tensor(plan.last, dtype=torch.float32, device=q.device)
-    end = tuple(a + p / last.view((-1,) + (1,) * (a.dim() - 1)) for a, p in zip(anchor_out, sums))
+    end = tuple(a + p / _last_counts(plan, a.dim(), q.device) for a, p in zip(anchor_out, sums))
     if cu is None:
         off = (offset + T) % minibatch
     else:

@@ -386,27 +386,36 @@ class _TTTLinear(torch.autograd.Function):
                 None, None)
 
 
-def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
-    """The boundaries of cu_seqlens (a list, or None), or InputError naming the argument the kernels cannot take
-    (shapes and dtypes; cu_seqlens's values)."""
+def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, minibatch: int, cu_seqlens):
+    """The checks every TTT kernel (`name`: "TTT-Linear", "TTT-MLP") makes of its call but the weights': (H, D, cu,
+    R) — value heads, head dim, the boundaries of cu_seqlens (a list, or None) and the state's rows — or InputError
+    naming the argument (shapes and dtypes; cu_seqlens's values)."""
     from ...chunkwise.varlen import check_cu_seqlens
     from ...inputs import check_tensor
     from .args import check_qkv
 
     B, T, Hq, H, D, V = check_qkv(q, k, v)
     if V != D:
-        raise InputError(f"the TTT-Linear kernels take v's head dim equal to q's and k's D={D}, got {V}")
+        raise InputError(f"the {name} kernels take v's head dim equal to q's and k's D={D}, got {V}")
     if D > MAX_TTT_DIM:
-        raise InputError(f"the TTT-Linear kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
+        raise InputError(f"the {name} kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
     if minibatch not in TTT_MINIBATCHES:
-        raise InputError(f"the TTT-Linear kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
+        raise InputError(f"the {name} kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
         raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
     check_tensor("beta", beta, (B, T, H), values=False)
     check_tensor("ln_weight", ln_weight, (H, D), values=False)
     check_tensor("ln_bias", ln_bias, (H, D), values=False)
     cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
-    R = B if cu is None else len(cu) - 1  # the state's rows: one per sequence
+    return H, D, cu, B if cu is None else len(cu) - 1  # R: one state row per sequence
+
+
+def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
+    """The boundaries of cu_seqlens (a list, or None), or InputError naming the argument the kernels cannot take
+    (shapes and dtypes; cu_seqlens's values)."""
+    from ...inputs import check_tensor
+
+    H, D, cu, R = check_ttt_call("TTT-Linear", q, k, v, beta, ln_weight, ln_bias, offset, minibatch, cu_seqlens)
     for name, pair in (("weights", weights), ("anchor", anchor)):
         if pair is None and name == "anchor":
             continue

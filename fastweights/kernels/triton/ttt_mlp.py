@@ -82,8 +82,7 @@ import triton.language as tl
 from ...inputs import InputError
 from .. import empty_output
 from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _sequence
+from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 from .util import pow2
 
 Tensor = torch.Tensor
@@ -523,24 +522,9 @@ class _TTTMLP(torch.autograd.Function):
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
     """(the hidden width F, the boundaries of cu_seqlens as a list or None), or InputError naming the argument
     the kernels cannot take (shapes and dtypes; cu_seqlens's values)."""
-    from ...chunkwise.varlen import check_cu_seqlens
     from ...inputs import check_tensor
-    from .args import check_qkv
 
-    B, T, Hq, H, D, V = check_qkv(q, k, v)
-    if V != D:
-        raise InputError(f"the TTT-MLP kernels take v's head dim equal to q's and k's D={D}, got {V}")
-    if D > MAX_TTT_DIM:
-        raise InputError(f"the TTT-MLP kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
-    if minibatch not in TTT_MINIBATCHES:
-        raise InputError(f"the TTT-MLP kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
-        raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
-    check_tensor("beta", beta, (B, T, H), values=False)
-    check_tensor("ln_weight", ln_weight, (H, D), values=False)
-    check_tensor("ln_bias", ln_bias, (H, D), values=False)
-    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
-    R = B if cu is None else len(cu) - 1  # the state's rows: one per sequence
+    H, D, cu, R = check_ttt_call("TTT-MLP", q, k, v, beta, ln_weight, ln_bias, offset, minibatch, cu_seqlens)
     F = None
     for name, four in (("weights", weights), ("anchor", anchor)):
         if four is None and name == "anchor":

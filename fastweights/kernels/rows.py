@@ -251,31 +251,28 @@ def ttt_linear_chunk(call, cu_seqlens=None):
     as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
     state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
     row raises (no varlen mini-batch form yet)."""
-    from ..torch_backend import _no_varlen
     from .triton.ttt import ttt_linear_triton
 
-    recipe = call.recipe
-    _no_varlen(recipe, cu_seqlens)
-    st, beta, lnw, lnb = _ttt_inputs(call)
-    o, weights, anchor, offset = ttt_linear_triton(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale,
-                                                   weights=st.weights, anchor=st.anchor, offset=st.offset,
-                                                   minibatch=recipe.optimizer.minibatch)
-    final = MemoryState(weights=weights, anchor=anchor, offset=offset)
-    return o, finish_state(recipe, final, call.output_final_state)
+    return _ttt_chunk(call, cu_seqlens, ttt_linear_triton)
 
 
 def ttt_mlp_chunk(call, cu_seqlens=None):
     """TTT-MLP's chunk form on its kernels (`kernels.triton.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
     the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
-    from ..torch_backend import _no_varlen
     from .triton.ttt_mlp import ttt_mlp_triton
+
+    return _ttt_chunk(call, cu_seqlens, ttt_mlp_triton)
+
+
+def _ttt_chunk(call, cu_seqlens, kernel):
+    """A TTT chunk form through `kernel` (`ttt_linear_triton` / `ttt_mlp_triton`, one contract): (o, final state)."""
+    from ..torch_backend import _no_varlen
 
     recipe = call.recipe
     _no_varlen(recipe, cu_seqlens)
     st, beta, lnw, lnb = _ttt_inputs(call)
-    o, weights, anchor, offset = ttt_mlp_triton(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale,
-                                                weights=st.weights, anchor=st.anchor, offset=st.offset,
-                                                minibatch=recipe.optimizer.minibatch)
+    o, weights, anchor, offset = kernel(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale, weights=st.weights,
+                                        anchor=st.anchor, offset=st.offset, minibatch=recipe.optimizer.minibatch)
     final = MemoryState(weights=weights, anchor=anchor, offset=offset)
     return o, finish_state(recipe, final, call.output_final_state)
 

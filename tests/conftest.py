@@ -85,7 +85,8 @@ def _release_cuda_memory() -> None:
 #: 3.6's language and interpreter (an API the floor lacks fails there); the other cases differ in shapes and values,
 #: which Triton's version does not decide (they run in full in the newest environment, and every kernel runs
 #: compiled by 3.6 in `pytest -m cuda` on the GPU machine). Test functions marked `variants` (launch settings, tiles,
-#: long chunks, strided inputs: kernels another test of the module already runs) are left out there too.
+#: long chunks, strided inputs, recompute and compile-count choices: kernels another test of the module already runs)
+#: are left out there too.
 FLOOR_PACKAGES = ("transformers", "lm_eval", "lm-eval", "peft", "accelerate", "fastweights.hf", "fastweights.convert")
 
 

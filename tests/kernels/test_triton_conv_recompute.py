@@ -52,6 +52,7 @@ def _grads(x, seed, **kw):
     return [o.detach(), S.detach()] + list(torch.autograd.grad(loss, list(x.values())))
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_recomputed_conv_outputs_give_the_same_gradients_bitwise(dtype, gen):
     x = _leaves(gen, dtype)
@@ -86,6 +87,7 @@ def _kept_conv_outputs(x, **kw):
     return outs, kept, (o, S)
 
 
+@pytest.mark.variants
 def test_no_conv_output_is_kept(gen):
     outs, kept, _ = _kept_conv_outputs(_leaves(gen, torch.bfloat16))
     assert len(outs) == 3 and not set(outs) & kept

@@ -305,6 +305,7 @@ def test_small_head_dims_run_in_fp32_on_a_gpu(gate, gen, monkeypatch):
     assert not fp32("cpu", 16, 16)  # the CPU: as asked
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("final", [True, False])
 @pytest.mark.parametrize("gate", GATES)
 def test_recomputed_states_are_bitwise_the_kept_ones(gate, final, gen, monkeypatch):

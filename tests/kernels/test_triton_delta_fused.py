@@ -281,6 +281,7 @@ def test_value_block_from_the_shapes_alone(monkeypatch):
     assert value_block(lay(1, 32768, 32, 128, 128)) == 64
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", ["scalar", "diagonal"])
 def test_value_block_is_a_pure_launch_choice(gate, gen, fused, monkeypatch):
     """BV 16 vs 64 at V = 40 (three partial V blocks vs one): the same outputs, final state and gradients."""
@@ -294,6 +295,7 @@ def test_value_block_is_a_pure_launch_choice(gate, gen, fused, monkeypatch):
     check(out[16], out[64], F32)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", ["none", "scalar"])
 def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
     """LAUNCH["delta_prepass"]["AQK"] = 1 (the pre-pass writes Aqk, the sequential kernel reads it) against
@@ -337,6 +339,7 @@ report(counts)
 """
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", GATES)
 def test_varlen_packings_compile_once(gate):
     """20 varlen batches of different packings (numbers of sequences, lengths, T = 1, T a multiple of 16 or

@@ -218,6 +218,7 @@ def test_kept_states_and_t_form_forward(gate, gen, fused, monkeypatch):
         check(grads(_triton, x, seed), base, F32, f"recompute {recompute}, WU {wu}")
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_value_blocks_are_launch_choices(gate, gen, fused, monkeypatch):
     """The sequential kernels' BV (16 vs 64 at V = 40: three partial value blocks vs one, so 3 vs 1 dβ parts), the
@@ -309,6 +310,7 @@ def test_auto_on_a_gpu_only_at_the_checked_head_dims():
 
 
 # ---------------------------------------------------------------------------- no recompile as the packing changes
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_varlen_packings_compile_once(gate):
     """20 varlen batches of different packings (test_triton_delta_fused's script, with the fused backward) ask

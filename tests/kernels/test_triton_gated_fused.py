@@ -338,6 +338,7 @@ def test_bv16_regime_of_the_fault(gen, fused, monkeypatch):
         check(grads(_triton, x, seed, chunk_size=64), want, TRITON_LOW_REL[torch.bfloat16], f"prefetch {prefetch}")
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", GATES)
 def test_beta_prefetch_is_a_launch_choice(gate, gen, fused, monkeypatch):
     """LAUNCH["gated_fused_fwd"]["PREFETCH"] 1 (β of the next chunk loaded during this one) against 0: bitwise the
@@ -371,6 +372,7 @@ def test_value_blocks_are_launch_choices(gen, fused, monkeypatch):
     check(out[16], out[64], F32)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("gate", GATES)
 def test_scores_kernel_is_a_launch_choice(gate, gen, fused, monkeypatch):
     """LAUNCH["gated_fused_fwd"]["AQK"] = 1 (the scores once per chunk by `_scores_kernel`, read by the forward)
@@ -417,6 +419,7 @@ report(counts)
 """
 
 
+@pytest.mark.variants
 def test_varlen_packings_compile_once():
     """20 varlen batches of different packings (numbers of sequences, lengths, T = 1, T a multiple of 16 or
     not) ask Triton for no compile key after the first batch, forward and backward — for no decay, a scalar and

@@ -230,6 +230,7 @@ def test_load_launch_rejects_unknown_names(table):
     assert util.launch("wy_bwd") == dict(num_warps=4, num_stages=2)  # nothing applied
 
 
+@pytest.mark.variants
 def test_launch_table_from_a_file(tmp_path):
     """`util.load_launch(path)` applies a swept table (e.g. best_launch.json) from its file — the only way one is
     applied (FASTWEIGHTS_LAUNCH, read at import, is gone: it stays unread, so the defaults hold)."""

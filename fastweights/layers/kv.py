@@ -294,6 +294,9 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
         raise ValueError(f"query heads ({H}) must be a multiple of kv heads ({Hk})")
     groups = H // Hk
     ret, obj = recipe.retention, recipe.objective
+    if ret.kind == "householder" and T > PATH_BLOCK and w is not None and beta is not None:
+        # sub-blocks through the cache (each computes its own retention sums): T·N·PATH_BLOCK flops instead of T²·N
+        return _path_blocks(recipe, q, k, v, scale=scale, cache=cache, g=g, beta=beta, w=w, doc=doc)
     if ret.kind == "scalar" and g is None:
         raise ValueError(f"{recipe.name} needs g (log forget gate) [B, T, H]")
     c_new = _cumulative(recipe, g, cache, B, T, H, q.device)  # [B, T, H] or None
@@ -305,8 +308,6 @@ def kv_extend(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, 
     if ret.kind == "householder":
         if w is None or beta is None:
             raise ValueError(f"{recipe.name} needs w [B, T, Hkv, K] and beta [B, T, Hkv]")
-        if T > PATH_BLOCK:  # sub-blocks through the cache: T·N·PATH_BLOCK flops instead of T²·N
-            return _path_blocks(recipe, q, k, v, scale=scale, cache=cache, g=g, beta=beta, w=w, doc=doc)
         o, keys = _path_attend(q, k, v, w, beta, cache, c_all, c_new, scale, groups, doc)
         return o, KVCache(k=keys, v=torch.cat([cache.v, v], dim=1), c=c_all)
     if obj.kind == "l2":

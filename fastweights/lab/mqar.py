@@ -993,7 +993,7 @@ def zoo_is_softmax(name: str) -> bool:
 def cli_main(args) -> int:
     """`fastweights mqar`: run (or resume) a sweep, print the best-over-lr table, write the PNGs."""
     from .. import cliargs
-    from ..training.distributed import dist_info, init_distributed
+    from ..training.distributed import process_group
 
     preset = PRESETS[args.preset]
     try:
@@ -1049,57 +1049,59 @@ def cli_main(args) -> int:
                 print(f"  {m:<20} {sec:8.0f} s  ({sources[m]})")
             print(f"  {'total':<20} {sum(est.values()):8.0f} s ({sum(est.values()) / 60:.1f} min)")
         return 0
-    mode = "ddp" if args.ddp else "spread" if args.spread else "auto"
-    info = init_distributed(args.device) if ("WORLD_SIZE" in os.environ) else dist_info()
-    workers = args.workers if args.workers is not None else preset.workers
-    threads = args.threads if args.threads is not None else preset.threads
-    if info.world_size > 1:
-        workers = 1
-    t0 = time.perf_counter()
-    run_kw = dict(device=args.device, dtype=args.dtype, mode=mode, workers=workers, threads=threads,
-                  progress=args.progress, fresh=args.fresh, records=args.records, cuda_graph=cuda_graph_default(args))
-    capped = {}
-    if preset.seeds:
-        from .protocol import run_protocol
+    # (the group a torchrun launch starts is destroyed at exit: see training.distributed.process_group)
+    with process_group(args.device) as info:
+        mode = "ddp" if args.ddp else "spread" if args.spread else "auto"
+        workers = args.workers if args.workers is not None else preset.workers
+        threads = args.threads if args.threads is not None else preset.threads
+        if info.world_size > 1:
+            workers = 1
+        t0 = time.perf_counter()
+        run_kw = dict(device=args.device, dtype=args.dtype, mode=mode, workers=workers, threads=threads,
+                      progress=args.progress, fresh=args.fresh, records=args.records,
+                      cuda_graph=cuda_graph_default(args))
+        capped = {}
+        if preset.seeds:
+            from .protocol import run_protocol
 
-        extra, cap = _followup(args, preset)
+            extra, cap = _followup(args, preset)
 
-        def run():
-            recs, capped_ = run_protocol(cells, args.out, extra=extra, cap=cap, **run_kw)
-            capped.update(capped_)
-            return recs
-    else:
-        def run():
-            return run_mqar(cells, args.out, skip=skip, **run_kw)
-    records, status = cliargs.run_sweep_command(run)
-    if status is not None:
-        return status
-    wall = time.perf_counter() - t0
-    if info.rank != 0:
+            def run():
+                recs, capped_ = run_protocol(cells, args.out, extra=extra, cap=cap, **run_kw)
+                capped.update(capped_)
+                return recs
+        else:
+            def run():
+                return run_mqar(cells, args.out, skip=skip, **run_kw)
+        records, status = cliargs.run_sweep_command(run)
+        if status is not None:
+            return status
+        wall = time.perf_counter() - t0
+        if info.rank != 0:
+            return 0
+        print(f"\nMQAR, preset {preset.name}: {len(cells)} cells ({preset.note}; dtype {args.dtype}, "
+              f"device {args.device})\n")
+        print(format_table(records))
+        pngs = plot_mqar(records, args.out)
+        if preset.name in ("ceilings", "ceilings-tiny"):  # the reading: ceilings per model, four-axis pairs
+            from .ceilings import format_ceilings, format_four_axis, plot_ceilings
+
+            print(format_ceilings(records, _capacity_records()))
+            print(format_four_axis(records))
+            pngs += plot_ceilings(records, args.out)
+        if preset.seeds:  # the v2 protocol's reading: best and median per cell, the state plot, the claims
+            from . import protocol
+
+            summaries = protocol.summarize(records)
+            print(protocol.format_table(summaries))
+            print(protocol.format_claims(summaries, _capacity_records()))
+            for (m, d, st), why in capped.items():
+                print(f"follow-up capped: {m} d={d} {st}: {why}")
+            pngs.append(protocol.plot_state(summaries, args.out))
+        print("plots: " + ", ".join(str(p) for p in pngs))
+        print(f"results: {args.records or Path(args.out) / 'results.jsonl'}")
+        print(f"sweep time: {wall:.1f} s (this invocation; finished cells are not re-run)")
         return 0
-    print(f"\nMQAR, preset {preset.name}: {len(cells)} cells ({preset.note}; dtype {args.dtype}, "
-          f"device {args.device})\n")
-    print(format_table(records))
-    pngs = plot_mqar(records, args.out)
-    if preset.name in ("ceilings", "ceilings-tiny"):  # the reading: ceilings per model, four-axis pairs
-        from .ceilings import format_ceilings, format_four_axis, plot_ceilings
-
-        print(format_ceilings(records, _capacity_records()))
-        print(format_four_axis(records))
-        pngs += plot_ceilings(records, args.out)
-    if preset.seeds:  # the v2 protocol's reading: best and median per cell, the state plot, the claims
-        from . import protocol
-
-        summaries = protocol.summarize(records)
-        print(protocol.format_table(summaries))
-        print(protocol.format_claims(summaries, _capacity_records()))
-        for (m, d, st), why in capped.items():
-            print(f"follow-up capped: {m} d={d} {st}: {why}")
-        pngs.append(protocol.plot_state(summaries, args.out))
-    print("plots: " + ", ".join(str(p) for p in pngs))
-    print(f"results: {args.records or Path(args.out) / 'results.jsonl'}")
-    print(f"sweep time: {wall:.1f} s (this invocation; finished cells are not re-run)")
-    return 0
 
 
 def main(argv=None) -> int:

@@ -74,7 +74,7 @@ from torch import nn
 from ..training import loop as training_loop
 from ..training.checkpoint import atomic_save, rng_state, set_rng_state
 from ..training.control import Interrupted, stop_on_sigint, stop_requested, training
-from ..training.distributed import DistInfo, all_reduce_sum, barrier, dist_info, init_distributed, is_distributed
+from ..training.distributed import DistInfo, all_reduce_sum, barrier, dist_info, is_distributed, process_group
 from ..training.progress import make_progress
 from ..training.step import adamw, autocast, lr_factor
 from . import graph
@@ -862,7 +862,17 @@ def run_sweep(cells: Sequence, store: ResultStore, run_fn: Callable[..., dict], 
     per cell (plain)."""
     if mode not in ("auto", "local", "ddp", "spread"):
         raise TrainError(f"mode must be 'auto', 'local', 'ddp' or 'spread', got {mode!r}")
-    info = init_distributed(device) if mode != "local" else dist_info()
+    kw = dict(mode=mode, progress=progress, describe=describe, workers=workers, context=context, fresh=fresh,
+              skip=skip)
+    if mode == "local":
+        return _sweep(cells, store, run_fn, dist_info(), **kw)
+    # (a group started here under torchrun is destroyed at exit; every rank stops at one point)
+    with process_group(device, together=(Interrupted,)) as info:
+        return _sweep(cells, store, run_fn, info, **kw)
+
+
+def _sweep(cells, store: ResultStore, run_fn, info: DistInfo, *, mode, progress, describe, workers, context, fresh,
+           skip) -> list[dict]:
     if mode == "auto":
         mode = "spread" if info.world_size > 1 else "local"
     prog = make_progress(progress)

@@ -82,7 +82,7 @@ from ..training import loop as training_loop
 from ..training import step as training_step
 from ..training.checkpoint import atomic_save, rng_state, set_rng_state
 from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested
-from ..training.distributed import Layout, all_reduce_sum, dist_info, init_distributed, rank_layout
+from ..training.distributed import Layout, all_reduce_sum, dist_info, process_group, rank_layout
 from ..training.loop import wrap
 from ..training.progress import make_progress
 from ..training.throughput import StepClock, mfu, model_flops_per_token, peak_flops
@@ -350,8 +350,13 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
     _check_graph(cfg)
-    init_distributed(cfg.device)  # before the checks that read the world: dist_info() is 0/1 until the group runs
-    _check_parallel(cfg)
+    # (every rank raises these at one point: the group started here is still destroyed at exit after them)
+    with process_group(cfg.device, together=(Interrupted, ConfigFileError, DataError, OutputError)):
+        return _train_in_group(cfg, progress, fresh)
+
+
+def _train_in_group(cfg: PretrainConfig, progress, fresh: bool) -> dict:
+    _check_parallel(cfg)  # (after the group starts: dist_info() is 0/1 until it runs)
     info = dist_info()
     device = torch.device(cfg.device)
     if device.type == "cuda" and device.index is None:

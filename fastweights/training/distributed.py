@@ -19,6 +19,8 @@ no-op (rank 0 of a world of 1).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -26,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DistInfo", "dist_info", "init_distributed", "is_distributed", "barrier", "all_reduce_sum", "Layout",
-           "rank_layout", "destroy_distributed"]
+           "rank_layout", "destroy_distributed", "process_group"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,42 @@ def all_reduce_sum(values: list[float], device="cpu") -> list[float]:
 def destroy_distributed() -> None:
     if is_distributed():
         dist.destroy_process_group()
+
+
+_EXIT = {"hook": False, "clean": True}
+
+
+def _destroy_at_exit() -> None:
+    """(atexit) Destroy the group `process_group` started, unless a run in it ended on an error."""
+    if _EXIT["clean"] and is_distributed():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(device: str = "cpu", together: tuple[type[BaseException], ...] = ()):
+    """`init_distributed(device)` for the body; the group it starts is destroyed at the process's exit.
+
+    A process that exits with a gloo group still alive can abort in interpreter teardown (SIGABRT,
+    "terminate called without an active exception": gloo's threads still hold work whose tensors need
+    the GIL); that failed `torchrun ... train --parallel ddp` once in CI. So a group started here is
+    destroyed by an atexit hook, which runs while the interpreter is still whole. Not at the body's end:
+    the group must outlive it, since a script may call `train()` again and a default group started
+    anew under torchrun's rendezvous hangs. The hook is skipped once any body ends on an exception
+    not in `together` (those every rank raises at one point, e.g. `Interrupted` at a step boundary):
+    destroying a group while another rank waits in a collective can hang. A group the caller started
+    is never touched. Yields this process's DistInfo."""
+    started = not is_distributed() and _env_info().world_size > 1
+    info = init_distributed(device)
+    if started and not _EXIT["hook"]:
+        atexit.register(_destroy_at_exit)
+        _EXIT["hook"] = True
+    try:
+        yield info
+    except together:
+        raise
+    except BaseException:
+        _EXIT["clean"] = False
+        raise
 
 
 @dataclass(frozen=True)

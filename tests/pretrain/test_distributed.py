@@ -27,9 +27,12 @@ SETTINGS = dict(data=[str(ROOT / "README.md")], steps=4, batch_size=4, seq_len=3
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import atexit, json, os, sys
     import torch
     import torch.distributed as dist
+    # (registered first, so it runs last: after train()'s hook, which destroys the group it started)
+    atexit.register(lambda: open(f"{sys.argv[1]}/at-exit-rank{os.environ['RANK']}", "w").write(
+        str(dist.is_initialized())))
     torch.set_num_threads(1)
     from fastweights.pretrain import PretrainConfig, train
     out, settings = sys.argv[1], json.loads(sys.argv[2])
@@ -53,6 +56,8 @@ def test_ddp_and_fsdp2_equal_one_process_accumulating_the_same_batch(tmp_path):
     if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
         pytest.skip("torchrun could not bind a port")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # train() under torchrun started the group, kept it over the three runs, and destroyed it at exit
+    assert [(tmp_path / f"at-exit-rank{r}").read_text() for r in range(2)] == ["False", "False"]
     single = train(PretrainConfig.build({**SETTINGS, "out": str(tmp_path / "single"), "grad_accum": 2}))
     ref = load_file(tmp_path / "single" / "model" / "model.safetensors")
     scale = max(t.abs().max().item() for t in ref.values())

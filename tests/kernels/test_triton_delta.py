@@ -59,7 +59,8 @@ class _Stages:
     strong decay (g_scale 3): every forward stage on Triton, and the torch twins' tensors in float64
     on the chunk layout [B, H, N, C, ·]."""
 
-    def __init__(self, gate, gen, C):
+    def __init__(self, gate, gen, C, staged=True):
+        """staged=False: the twins' inputs only (no Triton stage runs; the fused forward's tests)."""
         lengths = [9, 0, 70, 1]  # the longest ≥ 65: the torch twins' layout keeps a chunk of 128 (it clamps
         # the chunk to the power of two ≥ the longest sequence)
         self.T, self.C, self.H, self.K, self.V = sum(lengths), C, 2, 12, 10
@@ -69,13 +70,15 @@ class _Stages:
         self.L = L = make_layout(1, self.T, 2, 1, self.K, self.V, C, self.cu.to(DEV), DEV)
         self.lay = lay = torch_layout(1, self.T, C, self.cu)
         d = self.d = to_dev(x)
-        self.G = G = chunk_cumsum(d["g"], L) if gate != "none" else None
-        self.P = decayed_scores(d["k"], d["k"], G, None, 1.0, L)
-        self.Ti = unit_lower_inverse(self.P, d["beta"], L)
-        self.w, self.u1 = wy_representation(d["k"], d["v"], G, d["beta"], self.Ti, L)
-        self.h, self.ht, self.u = pass_states_fwd(d["k"], self.w, self.u1, G, d["S0"], L, output_final_state=True)
-        self.A = decayed_scores(d["q"], d["k"], G, None, 0.4, L)
-        self.o = chunk_outputs(d["q"], self.u, G, self.A, self.h, 0.4, L)
+        if staged:
+            self.G = G = chunk_cumsum(d["g"], L) if gate != "none" else None
+            self.P = decayed_scores(d["k"], d["k"], G, None, 1.0, L)
+            self.Ti = unit_lower_inverse(self.P, d["beta"], L)
+            self.w, self.u1 = wy_representation(d["k"], d["v"], G, d["beta"], self.Ti, L)
+            self.h, self.ht, self.u = pass_states_fwd(d["k"], self.w, self.u1, G, d["S0"], L,
+                                                      output_final_state=True)
+            self.A = decayed_scores(d["q"], d["k"], G, None, 0.4, L)
+            self.o = chunk_outputs(d["q"], self.u, G, self.A, self.h, 0.4, L)
         # twins, float64
         xd = {key: val.double() for key, val in x.items()}
         self.qc = lay.to_chunks(xd["q"].repeat_interleave(2, 2) * 0.4)

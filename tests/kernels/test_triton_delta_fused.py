@@ -62,14 +62,17 @@ def launched(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
-@pytest.mark.parametrize("C", [16, 32, 64, 128])
-@pytest.mark.parametrize("gate", GATES)
+# (KDA's pre-pass reads P from the scores kernel, slow under the interpreter: its doubling code is the one the
+# other gates run at every level, so it is checked at the fewest and the most levels)
+@pytest.mark.parametrize("gate, C", [(gate, C) for gate in GATES for C in (16, 32, 64, 128)
+                                     if gate != "diagonal" or C in (16, 128)])
 def test_kernels_match_twins(gate, C, gen):
     """The pre-pass (the in-register inverse T at 1, 2, 4 and 8 diagonal blocks: 0 to 3 doubling levels, W,
     U') and the sequential kernel (the entering states h, the new values U, o, the final state) against
     the torch twins, varlen with an empty and a length-1 sequence, grouped heads H_q = 1 | H = 2, strong
-    decay (g_scale 3)."""
-    s = _Stages(gate, gen, C)
+    decay (g_scale 3). (The staged forward is held to the same twins by test_triton_delta.py and to the fused
+    one by test_fused_equals_staged: it is not run here.)"""
+    s = _Stages(gate, gen, C, staged=False)
     t = s.twins()
     d, L, lay = s.d, s.L, s.lay
     o, Ti, h, u, ht = fused_forward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L,
@@ -78,9 +81,7 @@ def test_kernels_match_twins(gate, C, gen):
     assert rel(h[0, s.used].transpose(0, 1), t["entering"][0]) < F32
     assert rel(ht, t["final"]) < F32
     assert rel(u, lay.from_chunks(t["U1"] - t["W"] @ t["entering"])) < F32
-    assert rel(o, t["o"]) < F32
-    # and the staged stages' tensors (W, U' are internal to the fused forward: checked through U and o)
-    assert rel(Ti, s.Ti) < F32 and rel(o, s.o) < F32 and rel(ht, s.ht) < F32
+    assert rel(o, t["o"]) < F32  # (W, U' are internal to the fused forward: checked through U and o)
 
 
 def test_inverse_is_exact_for_strong_coupling(gen):

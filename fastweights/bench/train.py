@@ -26,8 +26,14 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
                  named pipeline of a Triton row, `pipelines`; "sdpa": a softmax-side layer's own attention),
                  e.g. "triton (staged forward, fused backward)×8", and the
                  backends the layer ops ran (short convs, norms, the prologue), e.g. "ops triton"
-    vs softmax   this row's tokens/s and peak over the softmax_attention row of the same (B, T), when
-                 that row is in the run and succeeded
+    saved        the activations the step keeps for its backward, in bytes a token: one extra forward and
+                 loss (after the timed steps; not a checkpointed or graphed row) under
+                 `torch.autograd.graph.saved_tensors_hooks`, summing the storages of the distinct tensors
+                 autograd (and every custom autograd.Function, the Triton rows' included) saves, weights left
+                 out, over B·T. It counts what the path that ran keeps: on the CPU the softmax row's SDPA is
+                 the math path, which keeps the [T, T] scores (CUDA's flash kernel keeps O(T))
+    vs softmax   this row's tokens/s, peak and saved bytes over the softmax_attention row of the same (B, T),
+                 when that row is in the run and succeeded
 
 A row that fails (out of memory, a backend that refuses the shape, ...) is recorded with its error
 and the run goes on; the model, optimizer and batch are freed between rows. `train.md` (the command
@@ -138,6 +144,9 @@ class TrainRow:
     matches: str = ""  # a --same-params base row: the model whose parameter count its widened MLP matches
     tokens_vs_same: float | None = None  # this tokens/s / the same-params softmax_attention row's (same B, T)
     peak_vs_same: float | None = None  # this peak / the same-params softmax_attention row's (same B, T)
+    saved_per_token: float | None = None  # bytes autograd keeps for the backward, a token (`saved_bytes`)
+    saved_vs_base: float | None = None  # this saved_per_token / softmax_attention's (same B, T)
+    saved_vs_same: float | None = None  # this saved_per_token / the same-params softmax_attention row's
 
 
 def parse_shapes(shapes: Sequence[str] | None, batch: int | None, lengths: Sequence[int] | None
@@ -332,6 +341,28 @@ def backends_ran(lm: LM) -> tuple[list[str], list[str]]:
     return forms, ops
 
 
+def saved_bytes(lm: torch.nn.Module, ids: torch.Tensor, bf16: bool) -> int:
+    """Bytes autograd keeps for the backward of one training forward of `lm` on ids [B, T + 1] (the bench's loss):
+    the storages of the distinct tensors saved — by autograd's own nodes and by every custom autograd.Function
+    (`saved_tensors_hooks` sees both) — each storage counted once (views of one buffer share it) and the
+    parameters' storages left out. The graph is freed before returning."""
+    weights = {p.untyped_storage().data_ptr() for p in lm.parameters()}
+    kept: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            kept[(str(t.device), st.data_ptr())] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = lm(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    del loss, logits
+    return sum(kept.values())
+
+
 def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device, bf16: bool, steps: int,
              warmup: int) -> None:
     """Fill row's measurements (raises on failure; the caller records the error)."""
@@ -387,6 +418,8 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
     row.loss = float(loss)
     if device.type == "cuda":
         row.peak_bytes = int(torch.cuda.max_memory_allocated(device))
+    if not (row.grad_ckpt or row.graph):  # (after the peak is read: this forward is not part of a step)
+        row.saved_per_token = saved_bytes(lm, batch(), bf16) / (B * T)
 
 
 def _ratio(a, b):
@@ -403,9 +436,11 @@ def _fill_ratios(rows: list[TrainRow]) -> None:
                      and (b.B, b.T, b.build, b.grad_ckpt, b.graph) == key), None)
         r.tokens_vs_same = _ratio(r.tokens_per_s, same.tokens_per_s) if same and not r.error else None
         r.peak_vs_same = _ratio(r.peak_bytes, same.peak_bytes) if same and not r.error else None
+        r.saved_vs_same = _ratio(r.saved_per_token, same.saved_per_token) if same and not r.error else None
         base = base if not r.matches else None  # a same-params base row is compared with no other base
         r.tokens_vs_base = _ratio(r.tokens_per_s, base.tokens_per_s) if base and not r.error else None
         r.peak_vs_base = _ratio(r.peak_bytes, base.peak_bytes) if base and not r.error else None
+        r.saved_vs_base = _ratio(r.saved_per_token, base.saved_per_token) if base and not r.error else None
         plain = next((b for b in rows if r.grad_ckpt and not b.grad_ckpt and not b.error
                       and (b.model, b.B, b.T, b.build) == (r.model, r.B, r.T, r.build)), None)
         r.tokens_vs_plain = _ratio(r.tokens_per_s, plain.tokens_per_s) if plain and not r.error else None
@@ -523,14 +558,15 @@ def _fmt(r: TrainRow) -> str:
              + (" + grad ckpt" if r.grad_ckpt else "") + (" + CUDA graph" if r.graph else ""))
     return (f"| {model} | {r.B}×{r.T} | {r.build} | {num(r.params, ',')} | {backends} | {r.optimizer} | "
             f"{num(r.step_ms, '.1f')} | {num(r.tokens_per_s, tps)} | {num(peak, '.2f')} | "
-            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.tokens_vs_same)} | {_x(r.peak_vs_same)} | "
-            f"{_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")
+            f"{num(None if r.saved_per_token is None else r.saved_per_token / 1024, ',.1f')} | "
+            f"{_x(r.tokens_vs_base)} | {_x(r.peak_vs_base)} | {_x(r.saved_vs_base)} | {_x(r.tokens_vs_same)} | "
+            f"{_x(r.peak_vs_same)} | {_x(r.saved_vs_same)} | {_x(r.tokens_vs_plain)} | {_x(r.peak_vs_plain)} |{err}")
 
 
-HEADER = ("| model | B×T | build | params | backends | optimizer | step ms | tokens/s | peak GiB "
-          "| tokens/s vs softmax | peak vs softmax | tokens/s vs same-params softmax | peak vs same-params softmax "
-          "| tokens/s vs plain | peak vs plain |\n"
-          "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+HEADER = ("| model | B×T | build | params | backends | optimizer | step ms | tokens/s | peak GiB | saved KiB/token "
+          "| tokens/s vs softmax | peak vs softmax | saved vs softmax | tokens/s vs same-params softmax "
+          "| peak vs same-params softmax | saved vs same-params softmax | tokens/s vs plain | peak vs plain |\n"
+          "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 """vs softmax: this row over the softmax_attention row of the same shape (d_model, heads, layers, MLP), B×T, build and
 checkpointing; vs same-params softmax (--same-params): over the softmax_attention row whose MLP is widened to this
 model's parameter count; vs plain: a "+ grad ckpt" row over the same model's row without gradient checkpointing."""

@@ -55,7 +55,11 @@ def test_tiny_cpu_run_writes_table_and_json_with_ratios(tmp_path, capsys):
     assert gdn["tokens_vs_base"] == pytest.approx(gdn["tokens_per_s"] / base["tokens_per_s"])
     md = (tmp_path / "train.md").read_text()
     assert data["command"] in md and md.count("\n| gated_deltanet |") == 1
-    assert md.split("\n| gated_deltanet |")[1].split("\n")[0].split(" | ")[8] == f"{gdn['tokens_vs_base']:.2f}×"
+    cells = md.split("\n| gated_deltanet |")[1].split("\n")[0].split(" | ")
+    assert cells[9] == f"{gdn['tokens_vs_base']:.2f}×" and cells[8] == f"{gdn['saved_per_token'] / 1024:,.1f}"
+    for r in (base, gdn):  # the activations kept for the backward, a token (the CPU's SDPA: its math path)
+        assert r["saved_per_token"] > 0
+    assert gdn["saved_vs_base"] == pytest.approx(gdn["saved_per_token"] / base["saved_per_token"])
     assert gdn["backends"] == ["torch", "torch"] and gdn["layer_ops"] == ["torch"] and base["backends"] == ["sdpa"] * 2
 
 
@@ -232,7 +236,8 @@ def test_grad_checkpoint_both_adds_a_checkpointed_row_beside_each_plain_one(tmp_
     assert [(r["model"], r["grad_ckpt"]) for r in rows] == [
         ("softmax_attention", False), ("softmax_attention", True), ("gated_deltanet", False), ("gated_deltanet", True)]
     steps = 1 + 2  # warm-up + timed, 2 blocks each
-    assert [n for *_, n in seen] == [2 * steps, 4 * steps, 2 * steps, 4 * steps]
+    # (a plain row runs one more forward of its 2 blocks: the saved-activations count; a checkpointed row none)
+    assert [n for *_, n in seen] == [2 * steps + 2, 4 * steps, 2 * steps + 2, 4 * steps]
     for r in rows:
         assert not r["error"] and math.isfinite(r["loss"])
         if r["grad_ckpt"]:
@@ -350,3 +355,44 @@ def test_head_v_dim_sets_the_fast_weight_mixers_value_heads_only(tmp_path):
     want = LM(train._config("gated_deltanet", vocab_size=64, d_model=32, n_layers=2, num_heads=2, head_dim=16,
                             backend="auto", head_v_dim=16)).num_parameters()
     assert narrow["gated_deltanet"] == want
+
+
+class _Double(torch.autograd.Function):
+    """A custom autograd.Function (as the Triton rows are) that saves a new tensor of its own."""
+
+    @staticmethod
+    def forward(ctx, x):
+        kept = x * 2
+        ctx.save_for_backward(kept)
+        return kept.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        (kept,) = ctx.saved_tensors
+        return g * 2 + 0 * kept
+
+
+class _Toy(torch.nn.Module):
+    """ids [B, T] -> logits [B, T, V]: an embedding (keeps the ids), _Double (keeps x·2), a linear map (keeps its
+    input, the _Double output: a fresh tensor)."""
+
+    def __init__(self, vocab=16, width=8):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, width)
+        self.out = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        return self.out(_Double.apply(self.emb(ids)))
+
+
+def test_saved_bytes_counts_each_kept_storage_once_without_the_weights():
+    """Embedding: the ids (a view of the [1, T + 1] batch, whose other view is the loss's target: one storage);
+    _Double: its [T, 8] product; the linear map: its [T, 8] input; the loss: its [T, V] log-softmax (and a scalar
+    total weight). The weights' storages are not counted."""
+    T, V, W = 37, 16, 8
+    toy = _Toy(V, W)
+    ids = torch.randint(0, V, (1, T + 1))
+    want = (T + 1) * 8 + 2 * T * W * 4 + T * V * 4
+    got = train.saved_bytes(toy, ids, bf16=False)
+    assert want <= got <= want + 16, (got, want)  # (+ the loss's 0-d total weight)
+    assert got < want + V * W * 4  # the embedding's weights (the smallest) are not in it

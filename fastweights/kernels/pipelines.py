@@ -13,7 +13,7 @@ call's.
 
 The tables below are the measured facts the rule reads (moved here from the kernel modules' globals):
 `FUSED_CHECKED_HEAD_DIMS_CUDA` and `LOW_PRECISION_MIN_HEAD_DIM_CUDA` (from kernels/triton/delta.py); the head-dim
-and chunk limits of the fused kernels live in `kernels/triton/limits.py` (the kernels refuse beyond them).
+and chunk limits of the fused kernels live in `kernels/triton/common/limits.py` (the kernels refuse beyond them).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from .triton.limits import (
+from .triton.common.limits import (
     DELTA_FUSED_BWD_MAX_C,
     DELTA_FUSED_BWD_MAX_K,
     DELTA_FUSED_MAX_HEAD_DIM_CUDA,

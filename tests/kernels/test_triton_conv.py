@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.conv (the short causal depthwise conv + bias + SiLU with its tail)
+"""fastweights.kernels.triton.layer.conv (the short causal depthwise conv + bias + SiLU with its tail)
 against its torch twin `layers.conv.ShortConv.forward`, run in float64 (on the test device) on the same values (x, the
 tail, the weight and the bias rounded to x's dtype, as the kernel rounds them): y, the new tail and
 the gradients of x, the tail, the weight and the bias, of a random projection of y and the new tail.
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fastweights.inputs import InputError
-from fastweights.kernels.triton import conv as conv_k
-from fastweights.kernels.triton.conv import short_conv
+from fastweights.kernels.triton.layer import conv as conv_k
+from fastweights.kernels.triton.layer.conv import short_conv
 from fastweights.layers.conv import ShortConv
 from tests.kernels.helpers import DEV, rel
 from tests.tolerances import CONV_F32_REL, CONV_LOW_REL

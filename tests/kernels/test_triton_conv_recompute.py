@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastweights.kernels.triton import conv as conv_mod
-from fastweights.kernels.triton.conv import conv_source, short_conv
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.prologue import delta_prologue
+from fastweights.kernels.triton.layer import conv as conv_mod
+from fastweights.kernels.triton.layer.conv import conv_source, short_conv
+from fastweights.kernels.triton.layer.prologue import delta_prologue
 from tests.kernels.helpers import DEV
 
 pytestmark = pytest.mark.triton

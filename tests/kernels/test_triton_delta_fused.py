@@ -1,4 +1,4 @@
-"""The delta class's fused forward (fastweights/kernels/triton/delta_fused.py, selected by
+"""The delta class's fused forward (fastweights/kernels/triton/fused/delta_fused.py, selected by
 `DeltaPipeline(forward="fused")`) against its torch twins (fastweights/chunkwise/delta.py, common.py), the
 staged forward and the float64 recurrence; the backward is the staged one, fed by the fused forward.
 
@@ -18,10 +18,16 @@ from fastweights.chunkwise import chunk_delta
 from fastweights.inputs import InputError
 from fastweights.kernels.pipelines import DeltaPipeline
 from fastweights.kernels.triton import delta as delta_mod
-from fastweights.kernels.triton import delta_fused, util
+from fastweights.kernels.triton.common import util
+from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.delta_fused import FUSED_MAX_HEAD_DIM_CUDA, fused_forward, fused_programs, value_block
-from fastweights.kernels.triton.layout import make_layout
+from fastweights.kernels.triton.fused import delta_fused
+from fastweights.kernels.triton.fused.delta_fused import (
+    FUSED_MAX_HEAD_DIM_CUDA,
+    fused_forward,
+    fused_programs,
+    value_block,
+)
 from tests.kernels.helpers import (
     DEV,
     check,
@@ -417,7 +423,7 @@ def test_cuda_varlen_no_recompile(gen, fused):
     def compiled():
         n = 0
         for path in list(util.KERNEL_FN.values()):
-            mod, fn = path.split(".")
+            mod, fn = path.rsplit(".", 1)
             kernel = getattr(importlib.import_module(f"fastweights.kernels.triton.{mod}"), fn)
             n += sum(len(c[0]) for c in kernel.device_caches.values())
         return n

@@ -1,4 +1,4 @@
-"""The delta class's fused backward (fastweights/kernels/triton/delta_fused_bwd.py, selected by
+"""The delta class's fused backward (fastweights/kernels/triton/fused/delta_fused_bwd.py, selected by
 `DeltaPipeline(backward="fused")`) against its torch twin (fastweights/chunkwise/delta_bwd.py, itself checked against
 autograd in float64), the staged backward and the float64 recurrence: every gradient (q, k, v, g, β, S0), odd
 lengths, varlen with empty and length-1 sequences, grouped heads, chained states, bf16, both forwards (and the
@@ -23,11 +23,12 @@ from fastweights.chunkwise.delta import block_unit_lower_inverse, delta_decays, 
 from fastweights.chunkwise.delta_bwd import delta_chunk_grads, delta_states_bwd
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.kernels.pipelines import FUSED_CHECKED_HEAD_DIMS_CUDA, DeltaPipeline, delta_pipeline
-from fastweights.kernels.triton import delta_fused_bwd, util
+from fastweights.kernels.triton.common import util
+from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.delta_fused import fused_forward
-from fastweights.kernels.triton.delta_fused_bwd import fused_backward, recompute_states, value_block
-from fastweights.kernels.triton.layout import make_layout
+from fastweights.kernels.triton.fused import delta_fused_bwd
+from fastweights.kernels.triton.fused.delta_fused import fused_forward
+from fastweights.kernels.triton.fused.delta_fused_bwd import fused_backward, recompute_states, value_block
 from tests.kernels.helpers import (
     DEV,
     check,
@@ -276,7 +277,7 @@ def test_auto_rule(gen, monkeypatch):
     """The rule (`kernels.pipelines.delta_pipeline`, the glue's default): bf16 with no or a scalar decay runs the
     fused forward and the fused backward; KDA the staged forward (its fused one lost on the H100) and the staged
     backward; fp32 inputs (not timed on the GPU) the staged ones."""
-    from fastweights.kernels.triton import delta_fused
+    from fastweights.kernels.triton.fused import delta_fused
 
     seen = []
     for mod, name in ((delta_fused, "_prepass_kernel"), (delta_fused_bwd, "_grads_kernel")):

@@ -1,4 +1,4 @@
-"""The gated-linear class's fused pipeline (fastweights/kernels/triton/gated_fused.py, selected by
+"""The gated-linear class's fused pipeline (fastweights/kernels/triton/fused/gated_fused.py, selected by
 `GatedPipeline("fused")`: no or scalar decay — linear attention, RetNet, Mamba2) against its torch twins
 (`chunkwise.gated.chunk_gated`, `chunkwise.gated_bwd`), the staged pipeline and the float64 recurrence.
 
@@ -20,9 +20,10 @@ from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
 from fastweights.kernels.pipelines import GatedPipeline, gated_fused_serves
 from fastweights.kernels.triton import gated as gated_mod
-from fastweights.kernels.triton import gated_fused, util
+from fastweights.kernels.triton.common import util
+from fastweights.kernels.triton.common.layout import make_layout
+from fastweights.kernels.triton.fused import gated_fused
 from fastweights.kernels.triton.gated import chunk_gated_triton
-from fastweights.kernels.triton.layout import make_layout
 from tests.kernels.helpers import (
     DEV,
     check,

@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.interpreter: the patterns its shims make work under Triton's interpreter
+"""fastweights.kernels.triton.common.interpreter: the patterns its shims make work under Triton's interpreter
 (each failed there on some release in pyproject's range without them), run through a small kernel and
 checked element by element. On a GPU the same kernel runs compiled and must give the same numbers."""
 
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastweights.kernels.triton import interpreter  # noqa: F401  (the shims, before the kernel below is defined)
+from fastweights.kernels.triton.common import interpreter  # noqa: F401  (the shims, before the kernel below is defined)
 from tests.kernels.helpers import DEV
 from tests.tolerances import F32
 

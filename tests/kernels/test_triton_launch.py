@@ -1,4 +1,4 @@
-"""The per-kernel launch table `fastweights.kernels.triton.util.LAUNCH`: every launch site of the
+"""The per-kernel launch table `fastweights.kernels.triton.common.util.LAUNCH`: every launch site of the
 chunk pipelines reads its own entry, an override reaches that launch and no other, the tile keys
 (BV, BC) are pure launch choices (other values, the same results), and a swept table loads from
 JSON (`util.load_launch`; no environment variable applies one). The GPU sweep that picks the entries is
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from fastweights.kernels.pipelines import DeltaPipeline, GatedPipeline
-from fastweights.kernels.triton import util
+from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.gated import chunk_gated_triton
-from fastweights.kernels.triton.prologue import delta_prologue
+from fastweights.kernels.triton.layer.prologue import delta_prologue
 from tests.kernels.helpers import DEV, delta_inputs, delta_triton, grads, rel, to_dev
 from tests.tolerances import F32
 
@@ -47,7 +47,7 @@ def calls(monkeypatch):
     util.KERNEL_FN (its `run`, which `kernel[grid](...)` calls)."""
     rec: dict = {}
     for name, path in util.KERNEL_FN.items():
-        mod, fn = path.split(".")
+        mod, fn = path.rsplit(".", 1)
         kernel = getattr(importlib.import_module(f"fastweights.kernels.triton.{mod}"), fn)
 
         def spy(*args, grid, warmup, _run=kernel.run, _name=name, **kw):
@@ -236,7 +236,7 @@ def test_launch_table_from_a_file(tmp_path):
     applied (FASTWEIGHTS_LAUNCH, read at import, is gone: it stays unread, so the defaults hold)."""
     path = tmp_path / "best_launch.json"
     path.write_text(json.dumps({"wy_bwd": {"num_warps": 8, "num_stages": 1}, "qk_grads": {"BC": 64}}))
-    code = ("import json, sys; from fastweights.kernels.triton import util; before = util.launch('wy_bwd'); "
+    code = ("import json, sys; from fastweights.kernels.triton.common import util; before = util.launch('wy_bwd'); "
             "util.load_launch(sys.argv[1]); "
             "print(json.dumps([before, util.launch('wy_bwd'), util.launch('wy_fwd'), util.tile('qk_grads', 'BC')]))")
     env = dict(os.environ, FASTWEIGHTS_LAUNCH=str(path), PYTHONPATH=ROOT)

@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.mesa_cg (MesaNet's chunked conjugate-gradient solve, every iteration of a chunk's
+"""fastweights.kernels.triton.memories.mesa_cg (MesaNet's chunked conjugate-gradient solve, every iteration of a chunk's
 systems in one program) against its torch twin `mesa_cg_torch` (the torch CG of chunkwise.mesa on the same
 contract): the solutions x and every token's relative residual, on random SPD systems (λ per key), a nearly
 converged one, padded rows, 0 to 30 steps, odd C and K (padded tiles). Then the dispatch row ("mesa", "chunk",
@@ -18,8 +18,8 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels import rows
-from fastweights.kernels.triton import mesa_cg as mesa_cg_mod
-from fastweights.kernels.triton.mesa_cg import MAX_CG_C, MAX_CG_K, mesa_cg, mesa_cg_torch, mesa_cg_triton
+from fastweights.kernels.triton.memories import mesa_cg as mesa_cg_mod
+from fastweights.kernels.triton.memories.mesa_cg import MAX_CG_C, MAX_CG_K, mesa_cg, mesa_cg_torch, mesa_cg_triton
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, MESA_CG_KERNEL_LOW_REL

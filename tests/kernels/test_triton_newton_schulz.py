@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.newton_schulz (Muon's Newton–Schulz on Gram matrices, ATLAS) against its
+"""fastweights.kernels.triton.memories.newton_schulz (Muon's Newton–Schulz on Gram matrices, ATLAS) against its
 torch twin `chunkwise.minibatch._newton_schulz_gram` in float64: P and the gradient of G, for Gram
 sides that pad to 16, 32 and 64, rank-deficient and ill-scaled Gram matrices and a zero one; then
 ATLAS's chunk form through the Triton row ("generic", "chunk", "triton": the torch mini-batch form
@@ -14,7 +14,7 @@ import torch
 
 import fastweights as fw
 from fastweights.chunkwise.minibatch import _newton_schulz_gram
-from fastweights.kernels.triton.newton_schulz import newton_schulz_gram
+from fastweights.kernels.triton.memories.newton_schulz import newton_schulz_gram
 from fastweights.state import state_tensors
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV
@@ -66,7 +66,7 @@ def test_atlas_through_the_triton_row_equals_the_torch_row(monkeypatch, gen):
         calls.append(G.shape[-1])
         return real(G, steps, **kw)
 
-    monkeypatch.setattr("fastweights.kernels.triton.newton_schulz.newton_schulz_gram", counted)
+    monkeypatch.setattr("fastweights.kernels.triton.memories.newton_schulz.newton_schulz_gram", counted)
     if DEV == "cpu":
         FakeCuda(monkeypatch, kernels=True).install()
     results = {}

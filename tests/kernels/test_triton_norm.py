@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.norm (the gated output RMSNorm) against its torch twin
+"""fastweights.kernels.triton.layer.norm (the gated output RMSNorm) against its torch twin
 `layers.norm.GatedRMSNorm`, run in float64 (on the test device) on the same values: y and the gradients of o, z and the
 weight, of a random projection of y — both orders (norm-then-gate, gate-then-norm), swish and
 sigmoid gates, no gate, a group of one head or of the whole width.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fastweights.inputs import InputError
-from fastweights.kernels.triton.norm import gated_rms_norm
+from fastweights.kernels.triton.layer.norm import gated_rms_norm
 from fastweights.layers.norm import GatedRMSNorm
 from tests.kernels.helpers import DEV, rel
 from tests.tolerances import NORM_F32_REL, NORM_LOW_REL
@@ -76,7 +76,7 @@ def test_norm_every_option(gen):
 
 def test_norm_backward_program_loop(gen):
     """More row blocks than the backward's programs: each program sums dw over several blocks."""
-    from fastweights.kernels.triton import norm as mod
+    from fastweights.kernels.triton.layer import norm as mod
 
     before = mod._BWD_PROGRAMS
     mod._BWD_PROGRAMS = 3

@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.prologue (the delta layer's fused L2 norm, β and Mamba-style gate)
+"""fastweights.kernels.triton.layer.prologue (the delta layer's fused L2 norm, β and Mamba-style gate)
 against the float64 composition of the layer's own ops: `layers.norm.l2norm`, `layers.gates.BetaGate`
 and `layers.gates.MambaDecay` (their projections set to the identity, so they compute exactly the
 formulas the kernel fuses), and `chunkwise.common.chunk_cumsum` for the cumsum.
@@ -18,7 +18,7 @@ import torch
 from fastweights.chunkwise import common as twin
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
-from fastweights.kernels.triton.prologue import delta_prologue
+from fastweights.kernels.triton.layer.prologue import delta_prologue
 from fastweights.layers.gates import BetaGate, MambaDecay
 from fastweights.layers.norm import l2norm
 from tests.kernels.helpers import DEV, rel

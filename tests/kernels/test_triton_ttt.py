@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.ttt (TTT-Linear's inner mini-batch loop, forward and backward kernels) against
+"""fastweights.kernels.triton.memories.ttt (TTT-Linear's inner mini-batch loop, forward and backward kernels) against
 its torch twin `ttt_linear_torch` (chunkwise.minibatch, float64) and the float64 recurrence
 (reference.recurrent through `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k,
 v, the inner learning rates β, the LayerNorm's γ and β_ln, the initial weights and anchor; lengths that are
@@ -18,7 +18,7 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import triton_generic_supports
-from fastweights.kernels.triton.ttt import ttt_linear_torch, ttt_linear_triton
+from fastweights.kernels.triton.memories.ttt import ttt_linear_torch, ttt_linear_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
@@ -109,7 +109,7 @@ def test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq):
 def test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen):
     """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns) and b = 32; without
     gradients (no_grad) the forward keeps no anchors and returns the same."""
-    from fastweights.kernels.triton import ttt as ttt_mod
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
 
     saves = []
     real = ttt_mod._fwd_kernel.run
@@ -256,7 +256,7 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
     """fw.chunk("ttt_linear") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name),
     which runs the kernels: output, final state and every gradient (the LayerNorm's affine and the initial state's
     tensors included) equal the torch row's in float64; varlen is refused as the torch row refuses it."""
-    from fastweights.kernels.triton import ttt as ttt_mod
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
 
     calls = []
     real = ttt_mod._TTTLinear.apply
@@ -309,7 +309,7 @@ def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
     """A MemoryMixer("ttt_linear") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the
     same layer on the torch row: output and every parameter gradient (its initial memory, the inner learning rate's
     projection, the LayerNorm's affine) — the tensors a layer hands the row (expanded states, parameters)."""
-    from fastweights.kernels.triton import ttt as ttt_mod
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
     from fastweights.layers.mixer import MemoryMixer
 
     calls = []
@@ -342,7 +342,7 @@ def test_last_counts_is_a_number_when_every_sequence_ends_alike():
     """The glue divides the end sums by each sequence's last mini-batch count: a Python number when they agree
     (no host-to-device copy: a CUDA graph can capture the call — TTT-MLP's copy failed the lab's capture on the
     H100), a [R, 1, 1, 1] tensor for varlen sequences that end differently."""
-    from fastweights.kernels.triton.ttt import _last_counts, _plan
+    from fastweights.kernels.triton.memories.ttt import _last_counts, _plan
 
     same = _last_counts(_plan(3, 37, 0, 16, None, "cpu"), 4, "cpu")
     assert isinstance(same, float) and same == 5.0

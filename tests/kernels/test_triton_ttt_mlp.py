@@ -1,4 +1,4 @@
-"""fastweights.kernels.triton.ttt_mlp (TTT-MLP's inner mini-batch loop, forward and backward kernels) against its
+"""kernels.triton.memories.ttt_mlp (TTT-MLP's inner mini-batch loop, forward and backward kernels) against its
 torch twin `ttt_mlp_torch` (chunkwise.minibatch, float64) and the float64 recurrence (reference.recurrent through
 `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k, v, the inner learning rates β, the
 LayerNorm's γ and β_ln, the initial weights (W1, b1, W2, b2) and anchor; lengths that are no multiple of the
@@ -19,7 +19,7 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import triton_generic_supports, ttt_mlp_kernel_serves
-from fastweights.kernels.triton.ttt_mlp import ttt_mlp_torch, ttt_mlp_triton
+from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_torch, ttt_mlp_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
@@ -131,7 +131,7 @@ def test_a_padded_head_dim_a_partial_hidden_tile_and_a_longer_mini_batch(monkeyp
     """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns), F = 80 in tiles of 32 (the
     last one partial) and b = 32; without gradients (no_grad) the forward keeps no anchors (one slot rolled in place)
     and returns the same."""
-    from fastweights.kernels.triton import ttt_mlp as mod
+    from fastweights.kernels.triton.memories import ttt_mlp as mod
 
     saves = []
     real = mod._fwd_kernel.run
@@ -153,7 +153,7 @@ def test_a_padded_head_dim_a_partial_hidden_tile_and_a_longer_mini_batch(monkeyp
 
 def test_the_hidden_tile():
     """The glue's hidden tile BF: [D, BF] weight tiles of at most TILE_ELEMENTS fp32 values, 16 ≤ BF ≤ pow2(F)."""
-    from fastweights.kernels.triton.ttt_mlp import hidden_tile
+    from fastweights.kernels.triton.memories.ttt_mlp import hidden_tile
 
     assert [hidden_tile(D, 4 * D) for D in (16, 20, 32, 64, 128)] == [64, 64, 64, 32, 16]
     assert hidden_tile(16, 16) == 16
@@ -308,7 +308,7 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
     """fw.chunk("ttt_mlp") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name), which
     runs the kernels: output, final state and every gradient (the LayerNorm's affine and the initial state's tensors
     included) equal the torch row's in float64; varlen is refused as the torch row refuses it."""
-    from fastweights.kernels.triton import ttt_mlp as mod
+    from fastweights.kernels.triton.memories import ttt_mlp as mod
 
     calls = []
     real = mod._TTTMLP.apply
@@ -396,7 +396,7 @@ def test_a_ttt_mlp_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
     """A MemoryMixer("ttt_mlp") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the same
     layer on the torch row: output and every parameter gradient (its initial memory, the inner learning rate's
     projection, the LayerNorm's affine) — the tensors a layer hands the row (expanded states, parameters)."""
-    from fastweights.kernels.triton import ttt_mlp as mod
+    from fastweights.kernels.triton.memories import ttt_mlp as mod
     from fastweights.layers.mixer import MemoryMixer
 
     calls = []

@@ -50,11 +50,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from .limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from .util import pow2
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_TTT_DIM, TTT_MINIBATCHES
+from ..common.util import pow2
 
 Tensor = torch.Tensor
 
@@ -390,9 +390,9 @@ def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, mi
     """The checks every TTT kernel (`name`: "TTT-Linear", "TTT-MLP") makes of its call but the weights': (H, D, cu,
     R) — value heads, head dim, the boundaries of cu_seqlens (a list, or None) and the state's rows — or InputError
     naming the argument (shapes and dtypes; cu_seqlens's values)."""
-    from ...chunkwise.varlen import check_cu_seqlens
-    from ...inputs import check_tensor
-    from .args import check_qkv
+    from ....chunkwise.varlen import check_cu_seqlens
+    from ....inputs import check_tensor
+    from ..args import check_qkv
 
     B, T, Hq, H, D, V = check_qkv(q, k, v)
     if V != D:
@@ -413,7 +413,7 @@ def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, mi
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
     """The boundaries of cu_seqlens (a list, or None), or InputError naming the argument the kernels cannot take
     (shapes and dtypes; cu_seqlens's values)."""
-    from ...inputs import check_tensor
+    from ....inputs import check_tensor
 
     H, D, cu, R = check_ttt_call("TTT-Linear", q, k, v, beta, ln_weight, ln_bias, offset, minibatch, cu_seqlens)
     for name, pair in (("weights", weights), ("anchor", anchor)):
@@ -473,9 +473,9 @@ def ttt_linear_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights
     cu_seqlens: the reference of a varlen call is this on each sequence alone)."""
     import dataclasses
 
-    from ...chunkwise.minibatch import minibatch_chunk
-    from ...state import MemoryState, compute_dtype
-    from ...zoo import get
+    from ....chunkwise.minibatch import minibatch_chunk
+    from ....state import MemoryState, compute_dtype
+    from ....zoo import get
 
     recipe = get("ttt_linear")
     recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))

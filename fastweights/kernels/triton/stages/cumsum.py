@@ -18,9 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .util import chunk_span, launch, pow2, varlen_args
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import chunk_span, launch, pow2, varlen_args
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

@@ -31,10 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 from .states import _decays_t, decayed_update
-from .util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 
 @triton.jit(do_not_specialize=["T", "NT"])

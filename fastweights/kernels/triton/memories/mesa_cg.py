@@ -38,11 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from . import interpreter  # (the interpreter's shims, applied before any kernel runs)
-from .limits import MAX_CG_C, MAX_CG_K
-from .util import pow2
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_CG_C, MAX_CG_K
+from ..common.util import pow2
 
 Tensor = torch.Tensor
 
@@ -157,7 +157,7 @@ def mesa_cg_triton(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam:
 def mesa_cg_torch(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int):
     """The kernel's twin on the same contract: the torch CG of `chunkwise.mesa` (`_cg_flat`) and the relative
     residual by one more `_flat_matvec` (any dtype, any device)."""
-    from ...chunkwise.mesa import _cg_flat, _flat_matvec
+    from ....chunkwise.mesa import _cg_flat, _flat_matvec
 
     _check(b, d, Hs, kc, A, lam, steps)
     B, H, N, C, K = b.shape

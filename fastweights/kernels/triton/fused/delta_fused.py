@@ -45,14 +45,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from .cumsum import chunk_cumsum
+from ....inputs import InputError
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..stages.cumsum import chunk_cumsum
+from ..stages.scores import decayed_scores
 from .delta_fused_bwd import states_forward, supports
-from .layout import Layout
-from .limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
-from .scores import decayed_scores
-from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 BC = 16  # rows of the inverse's diagonal blocks
 

@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import dot_dtype, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 
 @triton.jit

@@ -57,10 +57,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
-from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
 
 #: The fused backward's scope (larger head dims or chunks go to the staged backward, see `supports`).
 MAX_K = DELTA_FUSED_BWD_MAX_K

@@ -79,11 +79,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.util import pow2
 from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
-from .util import pow2
 
 Tensor = torch.Tensor
 
@@ -522,7 +522,7 @@ class _TTTMLP(torch.autograd.Function):
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
     """(the hidden width F, the boundaries of cu_seqlens as a list or None), or InputError naming the argument
     the kernels cannot take (shapes and dtypes; cu_seqlens's values)."""
-    from ...inputs import check_tensor
+    from ....inputs import check_tensor
 
     H, D, cu, R = check_ttt_call("TTT-MLP", q, k, v, beta, ln_weight, ln_bias, offset, minibatch, cu_seqlens)
     F = None
@@ -596,9 +596,9 @@ def ttt_mlp_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, a
     `ttt_mlp` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded (no cu_seqlens)."""
     import dataclasses
 
-    from ...chunkwise.minibatch import minibatch_chunk
-    from ...state import MemoryState, compute_dtype
-    from ...zoo import get
+    from ....chunkwise.minibatch import minibatch_chunk
+    from ....state import MemoryState, compute_dtype
+    from ....zoo import get
 
     recipe = get("ttt_mlp")
     recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))

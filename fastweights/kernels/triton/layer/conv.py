@@ -52,10 +52,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from .limits import MAX_CONV_WIDTH
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_CONV_WIDTH
 
 Tensor = torch.Tensor
 

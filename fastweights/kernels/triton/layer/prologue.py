@@ -46,12 +46,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...chunkwise.varlen import check_cu_seqlens
-from ...inputs import InputError
-from .. import empty_output
+from ....chunkwise.varlen import check_cu_seqlens
+from ....inputs import InputError
+from ... import empty_output
+from ..common.layout import make_layout
+from ..common.util import chunk_span, launch, varlen_args
 from .conv import conv_recompute, conv_source
-from .layout import make_layout
-from .util import chunk_span, launch, varlen_args
 
 Tensor = torch.Tensor
 

@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 from .output import chunk_outputs
-from .util import chunk_span, dot_dtype, launch, mm, pow2, varlen_args
 
 __all__ = ["chunk_outputs", "chunk_outputs_bwd_local"]
 

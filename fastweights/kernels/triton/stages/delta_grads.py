@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .util import launch, pow2
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import launch, pow2
 
 BT = 32
 

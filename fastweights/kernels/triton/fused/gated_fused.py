@@ -87,12 +87,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...inputs import InputError
-from .. import empty_output
-from .layout import Layout
-from .limits import GATED_FUSED_MAX_HEAD_DIM_CUDA as FUSED_MAX_HEAD_DIM_CUDA
-from .states import stored_state_dtype
-from .util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ....inputs import InputError
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.limits import GATED_FUSED_MAX_HEAD_DIM_CUDA as FUSED_MAX_HEAD_DIM_CUDA
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..stages.states import stored_state_dtype
 
 #: The diagonal decay's fast path (GLA): a chunk whose per-channel decay spans at most SPAN nats computes its
 #: scores and their gradients as tensor-core products through the chunk's mid-range reference ρ (factors within

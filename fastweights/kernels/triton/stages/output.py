@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
 
 
 @triton.jit

@@ -35,9 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from . import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from .limits import MAX_NS_DIM
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_NS_DIM
 
 Tensor = torch.Tensor
 

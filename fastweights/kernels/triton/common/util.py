@@ -134,20 +134,25 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
 }
 
-#: The Triton function of each launch site (what a profiler names its kernels).
+#: The Triton function of each launch site (what a profiler names its kernels): its module's path under
+#: `fastweights.kernels.triton`, then the function (`path.rsplit(".", 1)`).
 KERNEL_FN = {
-    "prologue": "prologue._prologue_kernel", "cumsum": "cumsum._cumsum_kernel", "scores": "scores._scores_kernel",
-    "inverse": "delta_inverse._inverse_kernel", "wy_fwd": "delta_wy._wy_fwd_kernel",
-    "delta_states_fwd": "delta_states._delta_states_fwd_kernel", "states_fwd": "states._states_fwd_kernel",
-    "output_fwd": "output._output_fwd_kernel", "delta_prepass": "delta_fused._prepass_kernel",
-    "delta_fused_fwd": "delta_fused._fused_fwd_kernel", "output_bwd": "output._output_bwd_kernel",
-    "delta_output_bwd": "delta_output._local_bwd_kernel", "delta_states_bwd": "delta_states._delta_states_bwd_kernel",
-    "states_bwd": "states._states_bwd_kernel", "qk_grads": "qk_grads._qk_grads_kernel",
-    "wy_bwd": "delta_wy._wy_bwd_kernel", "delta_grads": "delta_grads._sum_kernel",
-    "delta_fused_fwd_t": "delta_fused_bwd._states_kernel", "delta_fused_rec": "delta_fused_bwd._states_kernel",
-    "delta_fused_rev": "delta_fused_bwd._reverse_kernel", "delta_fused_grads": "delta_fused_bwd._grads_kernel",
-    "gated_fused_fwd": "gated_fused._fwd_kernel", "gated_fused_bwd_states": "gated_fused._bwd_states_kernel",
-    "gated_fused_bwd_chunk": "gated_fused._bwd_chunk_kernel", "gated_fused_scores": "gated_fused._scores_kernel",
+    "prologue": "layer.prologue._prologue_kernel", "cumsum": "stages.cumsum._cumsum_kernel",
+    "scores": "stages.scores._scores_kernel", "inverse": "stages.delta_inverse._inverse_kernel",
+    "wy_fwd": "stages.delta_wy._wy_fwd_kernel", "delta_states_fwd": "stages.delta_states._delta_states_fwd_kernel",
+    "states_fwd": "stages.states._states_fwd_kernel", "output_fwd": "stages.output._output_fwd_kernel",
+    "delta_prepass": "fused.delta_fused._prepass_kernel", "delta_fused_fwd": "fused.delta_fused._fused_fwd_kernel",
+    "output_bwd": "stages.output._output_bwd_kernel", "delta_output_bwd": "stages.delta_output._local_bwd_kernel",
+    "delta_states_bwd": "stages.delta_states._delta_states_bwd_kernel",
+    "states_bwd": "stages.states._states_bwd_kernel", "qk_grads": "stages.qk_grads._qk_grads_kernel",
+    "wy_bwd": "stages.delta_wy._wy_bwd_kernel", "delta_grads": "stages.delta_grads._sum_kernel",
+    "delta_fused_fwd_t": "fused.delta_fused_bwd._states_kernel",
+    "delta_fused_rec": "fused.delta_fused_bwd._states_kernel",
+    "delta_fused_rev": "fused.delta_fused_bwd._reverse_kernel",
+    "delta_fused_grads": "fused.delta_fused_bwd._grads_kernel", "gated_fused_fwd": "fused.gated_fused._fwd_kernel",
+    "gated_fused_bwd_states": "fused.gated_fused._bwd_states_kernel",
+    "gated_fused_bwd_chunk": "fused.gated_fused._bwd_chunk_kernel",
+    "gated_fused_scores": "fused.gated_fused._scores_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

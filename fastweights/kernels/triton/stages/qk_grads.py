@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import empty_output
-from .layout import Layout
-from .util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
+from ... import empty_output
+from ..common.layout import Layout
+from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, tile, varlen_args
 
 # Rows per program (util.LAUNCH["qk_grads"]): BC_DIAG = 16 with diagonal decay (the diagonal block is
 # walked row by row), BC = 32 without decay or with a scalar one (each program reads the chunk's states

@@ -27,7 +27,7 @@ profile.txt, cuda_tests.xml):
 5. profile: torch.profiler of one fused fwd+bwd (and one staged) of gated DeltaNet at the anchor: the kernels'
    CUDA time, to profile.txt.
 6. variants: each --configs launch config checked (the fused path, two sizes) then timed (the fused path).
-7. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused_bwd.py` (after the timings).
+7. tests: `pytest -m cuda tests/kernels/fused/test_triton_delta_fused_bwd.py` (after the timings).
 8. table: the timing table, printed last (whatever the deadline) and written to fused_bwd.md.
 (d256, only when named in --stages: the fused forward at K = V = 256 bf16 in a subprocess, BV 16 vs 32 — refused
 while limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256: the glue takes no argument that lifts the GPU limit.)
@@ -472,7 +472,7 @@ def stage_tests():
         log("tests: skipped in a dry run")
         return
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-n", str(ARGS.test_workers),
-           "tests/kernels/test_triton_delta_fused_bwd.py", f"--junitxml={os.path.join(OUT, 'cuda_tests.xml')}"]
+           "tests/kernels/fused/test_triton_delta_fused_bwd.py", f"--junitxml={os.path.join(OUT, 'cuda_tests.xml')}"]
     left = max(30.0, ARGS.deadline + 50 - (time.time() - T_START))
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left, start_new_session=True)

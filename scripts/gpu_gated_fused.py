@@ -28,7 +28,7 @@ own process, several at once, writing its JSON outside $OUT; the parent merges t
    its check at that shape for that model: forward and forward + backward medians (CUDA events, 20 reps).
 5. profile: GPU time per kernel (torch.profiler) of one forward + backward at the anchor, staged and fused default,
    against its event time (the rest is host gaps).
-6. tests: `pytest -m cuda tests/kernels/test_triton_gated_fused.py` if time is left, in its own process group
+6. tests: `pytest -m cuda tests/kernels/fused/test_triton_gated_fused.py` if time is left, in its own process group
    (killed whole at the deadline: no worker survives into a later command).
 Files under $OUT: log.txt, results.json, table.md (also printed last), fault.txt, profile.txt, cuda_tests.txt.
 
@@ -365,7 +365,7 @@ def stage_tests():
         RESULTS["tests"] = {"rc": "skipped"}
         return
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
-           "tests/kernels/test_triton_gated_fused.py"]
+           "tests/kernels/fused/test_triton_gated_fused.py"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     CHILDREN.add(p)

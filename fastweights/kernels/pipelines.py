@@ -43,7 +43,7 @@ GateKind = Literal["none", "scalar", "diagonal"]
 #: kernels (BK = K, another BV) that no GPU has run yet, so the rule keeps them staged there until a GPU call checks
 #: them (add them here then); `DeltaPipeline(forward="fused", ...)` passed to the glue still runs them. (On the CPU,
 #: under the interpreter, every head dim is checked by the tests.) K = 128, V = 256 (the LM preset's gated DeltaNet)
-#: was added on 2026-11-26 with its GPU check (H200, Triton 3.6: tests/kernels/test_triton_delta_fused_bwd.py::
+#: was added on 2026-11-26 with its GPU check (H200, Triton 3.6: tests/kernels/fused/test_triton_delta_fused_bwd.py::
 #: test_cuda_head_dims; BENCHMARKS §1f); its forward stays staged (V > DELTA_FUSED_MAX_HEAD_DIM_CUDA), the backward
 #: is fused.
 FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128), (128, 256)})

@@ -256,8 +256,8 @@ def fused_programs(L: Layout) -> dict:
 
 
 #: Head dims the fused forward takes on a GPU (`limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA`): K = V = 256 (bf16) hit an
-#: illegal memory access on the H100 (tests/kernels/test_triton_delta_fused.py::test_cuda_realistic, 2026-11-25); the
-#: interpreter passes it.
+#: illegal memory access on the H100 (tests/kernels/fused/test_triton_delta_fused.py::test_cuda_realistic,
+#: 2026-11-25); the interpreter passes it.
 FUSED_MAX_HEAD_DIM_CUDA = DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
 

@@ -33,7 +33,7 @@ q and k in blocks of BR rows × K channels, the gate as C-row tiles (× 32 key c
 block for "kda"), cumsummed in registers.
 Varlen (`cu_seqlens`, B = 1) only changes where the chunks start (it matters for the cumsum only).
 
-Status: interpreter tests in CI, and its cuda test passed on the H100 (tests/kernels/test_triton_prologue.py).
+Status: interpreter tests in CI, and its cuda test passed on the H100 (tests/kernels/layer/test_triton_prologue.py).
 `layers.mixer.MemoryMixer` calls it (without the cumsum) for layers with qk_norm "l2", β
 "sigmoid"/"none" and a Mamba/KDA/no decay, through the "prologue" layer op of the dispatch table
 (its Triton row, `kernels.rows.delta_prologue`: "auto" on CUDA; tests/layers/test_layer_ops.py:

@@ -29,6 +29,7 @@ from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.fused import delta_fused_bwd
 from fastweights.kernels.triton.fused.delta_fused import fused_forward
 from fastweights.kernels.triton.fused.delta_fused_bwd import fused_backward, recompute_states, value_block
+from tests.kernels.fused.test_triton_delta_fused import _KEYS_BODY
 from tests.kernels.helpers import (
     DEV,
     check,
@@ -43,7 +44,6 @@ from tests.kernels.helpers import (
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import _recurrent
-from tests.kernels.test_triton_delta_fused import _KEYS_BODY
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
 
 pytestmark = pytest.mark.triton

@@ -30,7 +30,7 @@ from tests.tolerances import F32
 
 pytestmark = pytest.mark.triton
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 RECORDED = ("num_warps", "num_stages", "BV", "BC")  # launch keywords and tile constexprs
 
 

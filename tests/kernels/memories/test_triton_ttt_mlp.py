@@ -19,10 +19,11 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import triton_generic_supports, ttt_mlp_kernel_serves
-from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_torch, ttt_mlp_triton
+from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
+from tests.kernels.memories.twins import ttt_mlp_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton

@@ -33,8 +33,8 @@ when the call continues a mini-batch: HAS_P); the per-(b, h) sums of dγ, dβ_ln
 partials [B, H, D] and summed over B by the glue; dq, dk of grouped heads are written per value head
 and summed over the group by the glue.
 
-`ttt_linear_triton` (glue, autograd) and `ttt_linear_torch` (its torch twin: `chunkwise.minibatch` on
-the same contract) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
+`ttt_linear_triton` (glue, autograd) and its torch twin on the same contract (`chunkwise.minibatch`; the tests'
+tests/kernels/memories/twins.py) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
 of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
 per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
 reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
@@ -58,7 +58,7 @@ from ..common.util import pow2
 
 Tensor = torch.Tensor
 
-__all__ = ["ttt_linear_triton", "ttt_linear_torch", "TTT_LAUNCH"]
+__all__ = ["ttt_linear_triton", "TTT_LAUNCH"]
 
 #: Launch settings of both kernels (not swept on a GPU yet); PREC the tl.dot input precision.
 TTT_LAUNCH = dict(num_warps=4, num_stages=1)
@@ -464,26 +464,3 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     else:
         off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
     return o, (A + P / last, a + p / last), (A, a), off
-
-
-def ttt_linear_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
-                     minibatch: int = 16):
-    """The torch twin of `ttt_linear_triton` (same contract): `chunkwise.minibatch.minibatch_chunk` for the
-    recipe `ttt_linear` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded (no
-    cu_seqlens: the reference of a varlen call is this on each sequence alone)."""
-    import dataclasses
-
-    from ....chunkwise.minibatch import minibatch_chunk
-    from ....state import MemoryState, compute_dtype
-    from ....zoo import get
-
-    recipe = get("ttt_linear")
-    recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))
-    cdt = compute_dtype(q)
-    G = v.shape[2] // q.shape[2]
-    q, k = (x.repeat_interleave(G, dim=2).to(cdt) for x in (q, k))
-    st = MemoryState(weights=tuple(w.to(cdt) for w in weights), offset=offset,
-                     anchor=None if anchor is None else tuple(w.to(cdt) for w in anchor))
-    o, final = minibatch_chunk(recipe, q, k, v.to(cdt), scale=scale, g=None, beta=beta.to(cdt), nu=None, gamma=None,
-                               state=st, ln=(ln_weight.to(cdt), ln_bias.to(cdt)))
-    return o.to(v.dtype), final.weights, final.anchor, final.offset

@@ -87,7 +87,7 @@ from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _seque
 
 Tensor = torch.Tensor
 
-__all__ = ["ttt_mlp_triton", "ttt_mlp_torch", "TTT_MLP_LAUNCH", "hidden_tile"]
+__all__ = ["ttt_mlp_triton", "TTT_MLP_LAUNCH", "hidden_tile"]
 
 #: Launch settings of both kernels (not swept on a GPU yet). num_stages stays 1: the loops re-read a scratch the
 #: previous pass wrote (see the module doc), which a pipelined prefetch could read early.
@@ -588,25 +588,3 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     else:
         off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
     return o, end, anchor_out, off
-
-
-def ttt_mlp_torch(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
-                  minibatch: int = 16):
-    """The torch twin of `ttt_mlp_triton` (same contract): `chunkwise.minibatch.minibatch_chunk` for the recipe
-    `ttt_mlp` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded (no cu_seqlens)."""
-    import dataclasses
-
-    from ....chunkwise.minibatch import minibatch_chunk
-    from ....state import MemoryState, compute_dtype
-    from ....zoo import get
-
-    recipe = get("ttt_mlp")
-    recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))
-    cdt = compute_dtype(q)
-    G = v.shape[2] // q.shape[2]
-    q, k = (x.repeat_interleave(G, dim=2).to(cdt) for x in (q, k))
-    st = MemoryState(weights=tuple(w.to(cdt) for w in weights), offset=offset,
-                     anchor=None if anchor is None else tuple(w.to(cdt) for w in anchor))
-    o, final = minibatch_chunk(recipe, q, k, v.to(cdt), scale=scale, g=None, beta=beta.to(cdt), nu=None, gamma=None,
-                               state=st, ln=(ln_weight.to(cdt), ln_bias.to(cdt)))
-    return o.to(v.dtype), final.weights, final.anchor, final.offset

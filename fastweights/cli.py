@@ -44,7 +44,7 @@ def _demo(args):
 
 def _apply_launch(flag: str, path: str | None) -> None:
     """`--launch PATH`: a swept launch table (e.g. the best_launch.json of scripts/gpu_kernels.py) applied to the
-    Triton kernels by `kernels.triton.util.load_launch` before a benchmark runs (the kernels read no environment
+    Triton kernels by `kernels.triton.common.util.load_launch` before a benchmark runs (the kernels read no environment
     variable); ValueError naming the flag when it cannot be read or names an unknown launch site or setting."""
     if path is None:
         return
@@ -53,7 +53,7 @@ def _apply_launch(flag: str, path: str | None) -> None:
 
     if importlib.util.find_spec("triton") is None:
         raise ValueError(f"{flag}: a launch table configures the Triton kernels, and triton is not installed")
-    from .kernels.triton import util
+    from .kernels.triton.common import util
 
     try:
         util.load_launch(path)

@@ -273,7 +273,7 @@ def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None):
 
 def mesa_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30, cg=None):
     """mesa, chunk: chunk-boundary states + chunked conjugate gradient (chunkwise/mesa.py). cg: a solver of the
-    CG kernel's contract (the Triton row's `kernels.triton.mesa_cg.mesa_cg`; None: the torch CG)."""
+    CG kernel's contract (the Triton row's `kernels.triton.memories.mesa_cg.mesa_cg`; None: the torch CG)."""
     from .chunkwise.mesa import mesa_chunk
 
     _no_varlen(call.recipe, cu_seqlens)

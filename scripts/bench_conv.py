@@ -1,5 +1,5 @@
 """Micro-benchmark of the short causal depthwise convolution: the Triton kernels
-(`kernels.triton.conv.short_conv`) against the layer's torch ops (`layers.conv.ShortConv` with
+(`kernels.triton.layer.conv.short_conv`) against the layer's torch ops (`layers.conv.ShortConv` with
 backend="torch"; the kernels: backend="triton"), at the gated-DeltaNet LM's conv shapes.
 
     python3 scripts/bench_conv.py --out runs/bench/conv.json                    # CUDA (< 60 s on an H100)
@@ -65,7 +65,7 @@ def conv_backward(one_pass: bool):
     """Within the block the Triton conv row (what ShortConv with backend="triton" calls) runs
     `short_conv(..., one_pass_backward=one_pass)`; the row is put back after."""
     from fastweights.dispatch import DISPATCH, LAYER
-    from fastweights.kernels.triton.conv import short_conv
+    from fastweights.kernels.triton.layer.conv import short_conv
 
     key = (LAYER, "conv", "triton")
     impl = DISPATCH[key]
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     import torch
 
     from fastweights.dispatch import DISPATCH, LAYER
-    from fastweights.kernels.triton import conv as conv_k
+    from fastweights.kernels.triton.layer import conv as conv_k
     from fastweights.layers.conv import ShortConv
 
     if a.device == "cpu":  # the Triton conv row asks for CUDA: under the interpreter, let it serve the CPU

@@ -1,4 +1,4 @@
-"""One GPU call for the delta class's fused backward (`fastweights.kernels.triton.delta_fused_bwd`): compile,
+"""One GPU call for the delta class's fused backward (`fastweights.kernels.triton.fused.delta_fused_bwd`): compile,
 check, time, profile, test — the staged, fused-forward and fused paths side by side, in one process.
 
     python3 scripts/gpu_fused_bwd.py --deadline 470          # on the H100; results under $OUT
@@ -27,7 +27,7 @@ profile.txt, cuda_tests.xml):
 5. profile: torch.profiler of one fused fwd+bwd (and one staged) of gated DeltaNet at the anchor: the kernels'
    CUDA time, to profile.txt.
 6. variants: each --configs launch config checked (the fused path, two sizes) then timed (the fused path).
-7. tests: `pytest -m cuda tests/kernels/test_triton_delta_fused_bwd.py` (after the timings).
+7. tests: `pytest -m cuda tests/kernels/fused/test_triton_delta_fused_bwd.py` (after the timings).
 8. table: the timing table, printed last (whatever the deadline) and written to fused_bwd.md.
 (d256, only when named in --stages: the fused forward at K = V = 256 bf16 in a subprocess, BV 16 vs 32 — refused
 while limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256: the glue takes no argument that lifts the GPU limit.)
@@ -188,13 +188,13 @@ class use:
         self.path, self.cfg = path, cfg or {}
 
     def __enter__(self):
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         self.old = util.load_launch(self.cfg)
         util.LAUNCH["delta_prepass"]["WU"] = PATHS[self.path][2]
 
     def __exit__(self, *exc):
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         util.LAUNCH.clear()
         util.LAUNCH.update(self.old)
@@ -472,7 +472,7 @@ def stage_tests():
         log("tests: skipped in a dry run")
         return
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-n", str(ARGS.test_workers),
-           "tests/kernels/test_triton_delta_fused_bwd.py", f"--junitxml={os.path.join(OUT, 'cuda_tests.xml')}"]
+           "tests/kernels/fused/test_triton_delta_fused_bwd.py", f"--junitxml={os.path.join(OUT, 'cuda_tests.xml')}"]
     left = max(30.0, ARGS.deadline + 50 - (time.time() - T_START))
     try:
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left, start_new_session=True)
@@ -487,7 +487,7 @@ _D256 = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from fastweights.kernels.pipelines import DeltaPipeline
-from fastweights.kernels.triton import util
+from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.delta import chunk_delta_triton
 util.LAUNCH["delta_fused_fwd"]["PROGRAMS"] = int(sys.argv[2])  # 1: BV at its K > 128 cap (32); 132: 16 here
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -516,7 +516,7 @@ def stage_d256():
     Refused (the stage fails, saying why) while limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256: the fused forward
     refuses these head dims on a GPU and the glue takes no argument that lifts the limit (it was lifted by setting a
     module constant, which the pipelines refactor made a constant of limits.py)."""
-    from fastweights.kernels.triton.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
+    from fastweights.kernels.triton.common.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
     if DELTA_FUSED_MAX_HEAD_DIM_CUDA < 256:
         why = (f"d256 refused: the fused delta forward takes K, V <= {DELTA_FUSED_MAX_HEAD_DIM_CUDA} on a GPU "

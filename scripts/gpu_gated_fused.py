@@ -1,4 +1,4 @@
-"""One GPU call for the gated-linear class's fused pipeline (`fastweights.kernels.triton.gated_fused`, issue 23):
+"""One GPU call for the gated-linear class's fused pipeline (`fastweights.kernels.triton.fused.gated_fused`, issue 23):
 fault diagnosis, then checks at every shape that is timed, then times of only what passed, a per-kernel profile,
 the cuda tests — every GPU stage in subprocesses, so that one illegal memory access (which kills its CUDA context)
 costs one case and hides nothing else.
@@ -28,7 +28,7 @@ own process, several at once, writing its JSON outside $OUT; the parent merges t
    its check at that shape for that model: forward and forward + backward medians (CUDA events, 20 reps).
 5. profile: GPU time per kernel (torch.profiler) of one forward + backward at the anchor, staged and fused default,
    against its event time (the rest is host gaps).
-6. tests: `pytest -m cuda tests/kernels/test_triton_gated_fused.py` if time is left, in its own process group
+6. tests: `pytest -m cuda tests/kernels/fused/test_triton_gated_fused.py` if time is left, in its own process group
    (killed whole at the deadline: no worker survives into a later command).
 Files under $OUT: log.txt, results.json, table.md (also printed last), fault.txt, profile.txt, cuda_tests.txt.
 
@@ -92,7 +92,7 @@ def refused_d256() -> str | None:
     limits.GATED_FUSED_MAX_HEAD_DIM_CUDA on a GPU, and neither the glue (`chunk_gated_triton`, which refuses) nor
     the kernels (`gated_fused.forward`) take an argument that lifts it (it was lifted by setting gated_fused's module
     constant, which the pipelines refactor made a constant of limits.py, read by the rule)."""
-    from fastweights.kernels.triton.limits import GATED_FUSED_MAX_HEAD_DIM_CUDA
+    from fastweights.kernels.triton.common.limits import GATED_FUSED_MAX_HEAD_DIM_CUDA
 
     if D256 <= GATED_FUSED_MAX_HEAD_DIM_CUDA:
         return None
@@ -365,7 +365,7 @@ def stage_tests():
         RESULTS["tests"] = {"rc": "skipped"}
         return
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda", "-p", "no:cacheprovider",
-           "tests/kernels/test_triton_gated_fused.py"]
+           "tests/kernels/fused/test_triton_gated_fused.py"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     CHILDREN.add(p)
@@ -435,7 +435,7 @@ class use:
 
     def __enter__(self):
         from fastweights.kernels.rows import pinned
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         self.old = util.load_launch(self.launch)
         self.pin = pinned("gated_linear", pipeline=self.pipeline)
@@ -443,7 +443,7 @@ class use:
         return self
 
     def __exit__(self, *exc):
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         self.pin.__exit__(*exc)
         util.LAUNCH.update(self.old)
@@ -551,9 +551,9 @@ def inner_env(case, path):
 
 def inner_fault(case, path):
     """Kernel by kernel (a sync after each), each output against its fp32 torch twin; the first exception ends it."""
-    from fastweights.kernels.triton import gated_fused
-    from fastweights.kernels.triton.layout import make_layout
-    from fastweights.kernels.triton.util import load_launch
+    from fastweights.kernels.triton.common.layout import make_layout
+    from fastweights.kernels.triton.common.util import load_launch
+    from fastweights.kernels.triton.fused import gated_fused
 
     kernels_only = case.endswith("-kernels")  # under compute-sanitizer: the kernels, no twins
     name = case[: -len("-kernels")] if kernels_only else case
@@ -578,7 +578,7 @@ def _fault_gate(gate, shape, L, out, path, *, twins):
 
     from fastweights.chunkwise import chunk_gated
     from fastweights.chunkwise.gated_bwd import chunk_gated_bwd
-    from fastweights.kernels.triton import gated_fused
+    from fastweights.kernels.triton.fused import gated_fused
 
     B, T, H, D = shape
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -712,8 +712,8 @@ def inner_check(case, path):
     inputs (`ref_grads`); the fused forward run twice, bitwise equal. "staged-warm": the staged kernels compiled."""
     import torch
 
-    from fastweights.kernels.triton import gated_fused
-    from fastweights.kernels.triton.layout import make_layout
+    from fastweights.kernels.triton.common.layout import make_layout
+    from fastweights.kernels.triton.fused import gated_fused
 
     shape_key, cfg = case.split("/")
     out = {"rows": []}
@@ -778,8 +778,8 @@ def inner_time(case, path):
     import torch
 
     from fastweights.bench.speed import fwd_bwd, median_ms
-    from fastweights.kernels.triton import gated_fused
-    from fastweights.kernels.triton.layout import make_layout
+    from fastweights.kernels.triton.common.layout import make_layout
+    from fastweights.kernels.triton.fused import gated_fused
 
     with open(os.path.join(os.path.dirname(path), f"plan-{case}.json")) as f:
         plan = json.load(f)

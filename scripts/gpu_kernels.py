@@ -146,7 +146,7 @@ def _rel(a, b):
 def stage_sweep():
     """Each launch config × model × size: relative errors against the fp32 torch chunk form on the
     same (bf16-rounded) inputs, then the median fwd and fwd+bwd times at the anchor size."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     configs = [tuple(int(v) for v in c.split(",")) for c in ARGS.configs]
     sizes = [(2, 1000, 4, 64), (1, 333, 3, 128), (4, 4096, 16, 128)]
@@ -384,7 +384,7 @@ TILE_WARPS = {16: (2, 4)}  # BV = 16: a [K, 16] state tile wants few warps; othe
 
 def _set_launch(table: dict):
     """util.LAUNCH := a copy of `table` (in place: the kernels' modules read util.LAUNCH at each call)."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     util.LAUNCH.clear()
     util.LAUNCH.update(copy.deepcopy(table))
@@ -421,9 +421,9 @@ def _sweep_sizes():
 
 
 def _fn_name(name: str) -> str:
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
-    return util.KERNEL_FN[name].split(".")[1]
+    return util.KERNEL_FN[name].rsplit(".", 1)[1]
 
 
 def _kernel_us(model, x, fn: str, reps: int = 5):
@@ -432,7 +432,7 @@ def _kernel_us(model, x, fn: str, reps: int = 5):
     import fastweights as fw
 
     if ARGS.dry_run:  # a made-up time from the table (fewer warps and stages: less), to exercise the selection
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         fake = sum(7 * c["num_warps"] + 3 * c["num_stages"] + c.get("BV", 0) / 16 for c in util.LAUNCH.values())
         return float(fake), float(fake), ["(dry run)"]
@@ -485,7 +485,7 @@ def _check_config(model, sizes, tol):
 
 def _model_info(model, size):
     """(launch sites the model's triton fwd+bwd runs, tile keys it reads "name.KEY", tolerance)."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
     from tests.tolerances import TRITON_DELTA_LOW_REL, TRITON_LOW_REL
 
     util.SEEN = set()
@@ -511,10 +511,10 @@ class _launches:
     def __enter__(self):
         import importlib
 
-        from fastweights.kernels.triton import util
+        from fastweights.kernels.triton.common import util
 
         for name, fpath in util.KERNEL_FN.items():
-            mod, fn = fpath.split(".")
+            mod, fn = fpath.rsplit(".", 1)
             kernel = getattr(importlib.import_module(f"fastweights.kernels.triton.{mod}"), fn)
             self.saved.append((kernel, kernel.__dict__.get("run")))
 
@@ -540,7 +540,7 @@ def _warm_worker():
     sizes with that site's launches turned into warm-ups (compiled, not launched) and every other
     launch skipped, so the sweep process finds the binaries in TRITON_CACHE_DIR. One line per job:
     "warm ok J …" or "warm FAIL J …"."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     idx, count, path = int(ARGS.warm_worker[0]), int(ARGS.warm_worker[1]), ARGS.warm_worker[2]
     with open(path) as f:
@@ -664,7 +664,7 @@ def stage_sweep_kernels():
     sweep loads their binaries from TRITON_CACHE_DIR; each row's first_call_s shows whether it did.
     The checks and the timing take ≈ 1 s per candidate and model. What --deadline cuts off is the tail:
     the cheap kernels."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     models = ARGS.models
     small, anchor = _sweep_sizes()
@@ -833,7 +833,7 @@ def _sweep_report(order, users, default):
 
 def _check_best(models, sizes, default, tols):
     """best_launch.json all at once: the same checks, and fwd / fwd+bwd ms (bench_ms) against the defaults."""
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     with open(os.path.join(OUT, "best_launch.json")) as f:
         best = json.load(f)

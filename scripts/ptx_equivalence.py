@@ -33,18 +33,24 @@ import sys
 
 
 def _conv_workload():
-    """The short conv (`kernels.triton.conv.short_conv`) forward and backward: bf16 and fp32, with and
+    """The short conv (`kernels.triton.layer.conv.short_conv`) forward and backward: bf16 and fp32, with and
     without tail, positions, bias and SiLU, a sliced input, both backwards (`one_pass_backward=`), at the default
     launch settings. A tree whose short_conv takes no `one_pass_backward` (before the pipelines refactor, where a
-    module global picked the backward) is refused: run that tree's own copy of this script on it."""
+    module global picked the backward), or that has it at kernels/triton/conv.py (before the kernels were grouped
+    into subpackages), is refused: run that tree's own copy of this script on it."""
     import inspect
 
     import torch
 
-    from fastweights.kernels.triton.conv import short_conv
+    try:
+        from fastweights.kernels.triton.layer.conv import short_conv
+    except ModuleNotFoundError:  # a tree from before kernels/triton was grouped into subpackages (conv.py at its top)
+        print("error: this tree has no kernels/triton/layer/conv.py (a tree from before the kernels were grouped into "
+              "subpackages): run that tree's scripts/ptx_equivalence.py", file=sys.stderr)
+        raise SystemExit(2) from None
 
     if "one_pass_backward" not in inspect.signature(short_conv).parameters:
-        print("error: this tree's kernels.triton.conv.short_conv takes no one_pass_backward argument (a tree from "
+        print("error: this tree's short_conv takes no one_pass_backward argument (a tree from "
               "before the pipelines refactor): run that tree's scripts/ptx_equivalence.py", file=sys.stderr)
         raise SystemExit(2)
     gen = torch.Generator().manual_seed(0)
@@ -151,12 +157,12 @@ def _normalize_ttgir(ttgir: str) -> str:
 
 
 def _standin():
-    """This repository's `fastweights/kernels/triton/standin.py`, loaded by its path: `collect` imports another
+    """This repository's `fastweights/kernels/triton/common/standin.py`, loaded by its path: `collect` imports another
     tree's fastweights (maybe one from before the module existed), and the driver stand-in is the same for both."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fastweights", "kernels", "triton",
-                        "standin.py")
+                        "common", "standin.py")
     spec = importlib.util.spec_from_file_location("_fastweights_standin", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the fused kernels (the delta class's forward and backward, the
 gated-linear class's pipeline), compiled for Hopper (sm_90) on a machine without a GPU: the driver stand-in
-(`fastweights.kernels.triton.standin`) makes every launch compile (Triton → PTX → cubin, as the GPU JIT
+(`fastweights.kernels.triton.common.standin`) makes every launch compile (Triton → PTX → cubin, as the GPU JIT
 specializes it) and nothing run; each launch's PTX then goes through Triton's bundled `ptxas -v` for the register
 and spill counts. A compile error that the interpreter accepts (e.g. a variable redefined with another rank)
 fails here too.
@@ -65,9 +65,9 @@ def _delta_workload(head_dims, dtypes, gates):
     import torch
 
     from fastweights.kernels.pipelines import DeltaPipeline
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
+    from fastweights.kernels.triton.common.limits import DELTA_FUSED_BWD_MAX_K
     from fastweights.kernels.triton.delta import chunk_delta_triton
-    from fastweights.kernels.triton.limits import DELTA_FUSED_BWD_MAX_K
 
     gen = torch.Generator().manual_seed(0)
     for D in head_dims:
@@ -142,11 +142,11 @@ def main():
     import triton
     from triton.runtime.jit import JITFunction
 
-    from fastweights.kernels.triton.standin import install_sm90_driver
+    from fastweights.kernels.triton.common.standin import install_sm90_driver
 
     install_sm90_driver()
     if a.launch:
-        from fastweights.kernels.triton.util import load_launch
+        from fastweights.kernels.triton.common.util import load_launch
 
         try:
             load_launch(a.launch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+from pathlib import Path
 
 import torch
 
@@ -115,3 +116,20 @@ def exclusive(path: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def triton_kernel_modules() -> dict[str, str]:
+    """{module name: its dotted path} of every module under `fastweights.kernels.triton`, its subpackages walked
+    (the packages' `__init__` files left out), read off the disk: nothing is imported. Module names are unique across
+    the subpackages (asserted), so a test may name a module by its file name alone."""
+    import fastweights.kernels.triton as kt
+
+    root = Path(kt.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        dotted = ".".join((kt.__name__, *path.relative_to(root).with_suffix("").parts))
+        assert path.stem not in found, f"two kernel modules named {path.stem}: {found[path.stem]}, {dotted}"
+        found[path.stem] = dotted
+    return found

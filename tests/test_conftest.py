@@ -29,7 +29,7 @@ def test_exclusive_blocks_a_second_process_until_released(tmp_path):
 
 
 @pytest.mark.parametrize("module,name", [("tests.kernels.test_triton_delta", "test_cuda_realistic"),
-                                         ("tests.kernels.test_triton_delta_fused", "test_cuda_long_bf16"),
+                                         ("tests.kernels.fused.test_triton_delta_fused", "test_cuda_long_bf16"),
                                          ("tests.cuda.test_long_numerics",
                                           "test_long_bf16_chunk_is_finite_and_near_fp32")])
 def test_the_gib_sized_cuda_tests_are_marked_big(module, name):
@@ -46,7 +46,7 @@ def test_the_floor_environment_selects_what_can_see_a_floor_version():
     `variants`; of a module that imports transformers only inside some tests, exactly those tests."""
     env = dict(os.environ, FASTWEIGHTS_FLOOR_TESTS="1")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                          "tests/kernels/test_triton_delta_fused.py", "tests/pretrain/test_loop.py",
+                          "tests/kernels/fused/test_triton_delta_fused.py", "tests/pretrain/test_loop.py",
                           "tests/kernels/test_triton_gated.py"],
                          capture_output=True, text=True, timeout=300, env=env).stdout
     ids = [line for line in out.splitlines() if "::" in line]

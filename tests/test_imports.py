@@ -129,5 +129,5 @@ def test_the_scanner_sees_lazy_and_relative_imports():
     """What the tests above read: a function-level import counts, `from . import x` names x."""
     graph = imports()
     assert "fastweights.torch_backend" in graph["fastweights.kernels.rows"]  # module level
-    assert "fastweights.kernels.triton.conv" in graph["fastweights.kernels.rows"]  # inside a function
+    assert "fastweights.kernels.triton.layer.conv" in graph["fastweights.kernels.rows"]  # inside a function
     assert "fastweights.registry" in graph["fastweights.api"]  # from . import registry

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import triton_kernel_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
 SHELL = sorted((ROOT / "scripts").glob("*.sh"))
@@ -65,7 +67,12 @@ REMOVED_TEXT: dict[str, str] = {
     r"\bFASTWEIGHTS_LAUNCH\b": "util.load_launch(path), fastweights bench speed|train --launch PATH",
 }
 
-_PKG = r"fastweights\.kernels\.triton"
+#: {kernel module: its dotted path}; REMOVED's keys are module names (unique across the subpackages)
+MODULES = triton_kernel_modules()
+#: the subpackages of fastweights.kernels.triton (stages, fused, layer, memories, common)
+_SUBPACKAGES = sorted({d.split(".")[3] for d in MODULES.values()} - set(MODULES))
+#: the package, or one of its subpackages: what an import names before the module
+_PKG = r"fastweights\.kernels\.triton(?:\.(?:" + "|".join(_SUBPACKAGES) + r"))?"
 #: what follows `import`: a parenthesized list (over lines) or the rest of the line
 _NAMES = r"(?:\(([\w\s,]+)\)|([\w \t,]+))"
 
@@ -79,8 +86,8 @@ def _imported(pattern: str, text: str):
 
 def _aliases(text: str) -> dict[str, str]:
     """{name a script's code uses: kernel module} from its imports of fastweights.kernels.triton modules (in code
-    and in code strings: `from fastweights.kernels.triton import delta, gated_fused as gf`,
-    `import fastweights.kernels.triton.conv as conv_k`); every module is also known by its own name."""
+    and in code strings: `from fastweights.kernels.triton.fused import delta_fused, gated_fused as gf`,
+    `import fastweights.kernels.triton.layer.conv as conv_k`); every module is also known by its own name."""
     out = {mod: mod for mod in REMOVED}
     for _, items in _imported(_PKG + r"\s+import\s+", text):
         for item in items:
@@ -117,11 +124,14 @@ def test_no_script_names_a_removed_kernel_global(path):
 
 
 def test_the_check_finds_removed_names_under_any_alias():
-    """The scan itself: attribute reads and writes under an alias, names imported, code inside a string, the
-    environment variables — and not a name that merely looks alike."""
+    """The scan itself: attribute reads and writes under an alias, names imported (from the package or one of its
+    subpackages), code inside a string, the environment variables — and not a name that merely looks alike."""
     text = '''
-from fastweights.kernels.triton import delta, gated_fused as gf
-import fastweights.kernels.triton.conv as conv_k
+from fastweights.kernels.triton import delta
+from fastweights.kernels.triton.fused import delta_fused_bwd as fb, gated_fused as gf
+import fastweights.kernels.triton.layer.conv as conv_k
+from fastweights.kernels.triton.fused.delta_fused import FUSED_MAX_HEAD_DIM_CUDA
+fb.MAX_K = 64
 from fastweights.kernels.triton.gated import PIPELINE, chunk_gated_triton
 delta.FORWARD = "fused"
 gf.FUSED_MAX_HEAD_DIM_CUDA = 256
@@ -132,6 +142,8 @@ x.FORWARD = 1; my_delta.RECOMPUTE_STATES = 0; delta.chunk_delta_triton(q)
 '''
     assert removed_names_in(text) == sorted([
         "delta.FORWARD (now: DeltaPipeline.forward (pipeline= of chunk_delta_triton))",
+        "delta_fused_bwd.MAX_K (now: alias: limits.DELTA_FUSED_BWD_MAX_K)",
+        "delta_fused.FUSED_MAX_HEAD_DIM_CUDA (now: alias: limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA)",
         "gated_fused.FUSED_MAX_HEAD_DIM_CUDA (now: alias: limits.GATED_FUSED_MAX_HEAD_DIM_CUDA)",
         "gated.PIPELINE (now: GatedPipeline.pipeline (pipeline= of chunk_gated_triton))",
         "_BWD[\"fused\"] (now: short_conv(..., one_pass_backward=) (no _BWD[\"fused\"]))",
@@ -144,10 +156,10 @@ def test_the_removed_names_are_gone_from_their_modules():
     """REMOVED stays true to the package: each name not marked "alias" is no attribute of its module (a name that
     comes back would make the scan wrong, not the scripts)."""
     for mod, names in REMOVED.items():
-        module = importlib.import_module(f"fastweights.kernels.triton.{mod}")
+        module = importlib.import_module(MODULES[mod])
         back = [name for name, now in names.items() if not now.startswith("alias") and hasattr(module, name)]
         assert back == [], f"{mod}: {back}"
-    from fastweights.kernels.triton import conv
+    from fastweights.kernels.triton.layer import conv
 
     assert "fused" not in conv._BWD
 

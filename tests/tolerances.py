@@ -308,16 +308,16 @@ CONTEXT_PARALLEL_F64_REL = 1e-10  # context-parallel spans vs one process (outpu
 LORA_MERGED_F64_REL = 1e-10
 # a swapped Qwen3-Next's logits on CUDA (Triton's fp32 dots with TF32 operands) vs the original's, relative
 SWAP_CUDA_TF32_REL = 2e-2
-# bf16 q, k, v into TTT-Linear's kernels (kernels/triton/ttt.py; β, the LayerNorm's affine and the state fp32)
+# bf16 q, k, v into TTT-Linear's kernels (kernels/triton/memories/ttt.py; β, the LayerNorm's affine and the state fp32)
 # against the float64 torch twin on the same rounded values, relative (outputs, final state, every gradient):
 # the kernels compute in fp32 and round o, dq, dk, dv to bf16 (the interpreter's fp32 → bf16 truncates: up to
 # 2⁻⁷ each); fp16 keeps 11 bits. Measured under the interpreter (T = 37, offset 5, D = 16): bf16 ≤ 5.2e-3 over 12
 # draws, fp16 ≤ 6.1e-4 over 8; bounds with ≈ 3× room. (The fp32 kernels against float64, held to CHUNK_F32_REL:
-# ≤ 1.04e-6 over 72 draws of the file's cases.) TTT-MLP's kernels (kernels/triton/ttt_mlp.py, the same inputs, F = 64)
-# measured the same: bf16 ≤ 5.5e-3 over 10 draws, fp16 ≤ 5.5e-4 over 8.
+# ≤ 1.04e-6 over 72 draws of the file's cases.) TTT-MLP's kernels (kernels/triton/memories/ttt_mlp.py, the same
+# inputs, F = 64) measured the same: bf16 ≤ 5.5e-3 over 10 draws, fp16 ≤ 5.5e-4 over 8.
 TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
-# bf16 q, k, v into Mesa's chunk form on the CG kernel's row (kernels/triton/mesa_cg.py) against the torch row on
-# the same device and inputs, relative (outputs, final state, every gradient): both compute in fp32 from the same
+# bf16 q, k, v into Mesa's chunk form on the CG kernel's row (kernels/triton/memories/mesa_cg.py) against the torch
+# row on the same device and inputs, relative (outputs, final state, every gradient): both compute in fp32 from the same
 # rounded inputs (CG agreeing to ~1e-6) and round o, dq, dk, dv to bf16, where two fp32 values a rounding apart can
 # land one bf16 ulp apart (2⁻⁸ of the element); ≈ 2.5× room over one ulp of the largest element. (Under the
 # interpreter, B 2, T 40, K 16: ≤ 5.5e-5 over 6 draws — most elements round alike.)

@@ -1,5 +1,5 @@
 """The delta rule's chunk backward in closed form (decay first, no probe key; no or a scalar decay):
-the torch twin of the fused Triton backward (`fastweights/kernels/triton/delta_fused_bwd.py`), stage by
+the torch twin of the fused Triton backward (`fastweights/kernels/triton/fused/delta_fused_bwd.py`), stage by
 stage, on the chunk layout [B, H, N, C, ·] of `varlen.ChunkLayout`. The plain torch chunk form
 (`delta.chunk_delta`) is differentiated by autograd; these functions give the same gradients from
 formulas, which is what the kernels compute (tests/chunkwise/test_delta_bwd.py checks them against

@@ -1,6 +1,6 @@
 """The backward of the gated-linear chunk form (`gated.chunk_gated`) written out as stages, in plain
-PyTorch: the torch twins of the fused Triton backward (`kernels/triton/gated_fused.py`), tested against
-autograd through `chunk_gated` (tests/kernels/test_triton_gated_fused.py).
+PyTorch: the torch twins of the fused Triton backward (`kernels/triton/fused/gated_fused.py`), tested against
+autograd through `chunk_gated` (tests/kernels/fused/test_triton_gated_fused.py).
 
 Notation as in gated.py: chunks of C rows, G_i the chunk-local cumsum of g, G_L its last row, S_n the
 state entering chunk n, k̂ = βk, Q̃ = scale q ⊙ e^{G}, K̃ = k̂ ⊙ e^{G_L − G}, a = e^{G_L},

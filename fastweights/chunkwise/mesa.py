@@ -27,7 +27,7 @@ is unstable once CG has converged: the step sizes divide by vanishing residuals.
 
 Both solves (and the residual) run here in torch — ~14 launches per iteration, 30 iterations, each
 way — unless a solver of the same contract is passed (`cg=`): the Triton row ("mesa", "chunk",
-"triton") passes `kernels.triton.mesa_cg.mesa_cg`, every iteration of a chunk's systems in one
+"triton") passes `kernels.triton.memories.mesa_cg.mesa_cg`, every iteration of a chunk's systems in one
 program, the same iterations to fp32 rounding.
 """
 
@@ -100,7 +100,7 @@ def _cg_flat(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tenso
 class _CGSolve(torch.autograd.Function):
     """q* = (H_t + Λ)⁻¹ b by CG, differentiated implicitly (see the module docstring). solver: None (the torch CG
     here; the residual left to the caller: None) or a function (b, d, Hs, kc, A, λ, steps) -> (x, res [B, H, N, C])
-    on the same tensors (the CG kernel, `kernels.triton.mesa_cg.mesa_cg`), which runs both solves."""
+    on the same tensors (the CG kernel, `kernels.triton.memories.mesa_cg.mesa_cg`), which runs both solves."""
 
     @staticmethod
     def forward(ctx, b, d, Hs, kc, A, lam, steps, solver):
@@ -133,7 +133,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     """q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
     H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V]; cg: None (the torch CG) or a solver of the CG
     kernel's contract, (b, d, Hs, kc, A, λ, steps) -> (x, per-token relative residual) — the Triton row's
-    `kernels.triton.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
+    `kernels.triton.memories.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
     The chunk-boundary states run first (one small update per chunk); then every chunk's solves

@@ -13,7 +13,7 @@ call's.
 
 The tables below are the measured facts the rule reads (moved here from the kernel modules' globals):
 `FUSED_CHECKED_HEAD_DIMS_CUDA` and `LOW_PRECISION_MIN_HEAD_DIM_CUDA` (from kernels/triton/delta.py); the head-dim
-and chunk limits of the fused kernels live in `kernels/triton/limits.py` (the kernels refuse beyond them).
+and chunk limits of the fused kernels live in `kernels/triton/common/limits.py` (the kernels refuse beyond them).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from .triton.limits import (
+from .triton.common.limits import (
     DELTA_FUSED_BWD_MAX_C,
     DELTA_FUSED_BWD_MAX_K,
     DELTA_FUSED_MAX_HEAD_DIM_CUDA,
@@ -43,7 +43,7 @@ GateKind = Literal["none", "scalar", "diagonal"]
 #: kernels (BK = K, another BV) that no GPU has run yet, so the rule keeps them staged there until a GPU call checks
 #: them (add them here then); `DeltaPipeline(forward="fused", ...)` passed to the glue still runs them. (On the CPU,
 #: under the interpreter, every head dim is checked by the tests.) K = 128, V = 256 (the LM preset's gated DeltaNet)
-#: was added on 2026-11-26 with its GPU check (H200, Triton 3.6: tests/kernels/test_triton_delta_fused_bwd.py::
+#: was added on 2026-11-26 with its GPU check (H200, Triton 3.6: tests/kernels/fused/test_triton_delta_fused_bwd.py::
 #: test_cuda_head_dims; BENCHMARKS §1f); its forward stays staged (V > DELTA_FUSED_MAX_HEAD_DIM_CUDA), the backward
 #: is fused.
 FUSED_CHECKED_HEAD_DIMS_CUDA = frozenset({(128, 128), (128, 256)})

@@ -13,16 +13,17 @@ delta / chunk / triton             →  `delta_chunk`        → kernels.triton.
                                       DeltaProduct's micro-steps: all checked on the H100, picked by "auto";
                                       staged / fused forward and backward: `delta_chunk_pipeline`)
 generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
-                                      Newton–Schulz in kernels.triton.newton_schulz (ATLAS; Gram side ≤ 64);
-                                      TTT-Linear: `ttt_linear_chunk` → kernels.triton.ttt (the whole inner
+                                      Newton–Schulz in kernels.triton.memories.newton_schulz (ATLAS; Gram side ≤ 64);
+                                      TTT-Linear: `ttt_linear_chunk` → kernels.triton.memories.ttt (the whole inner
                                       loop, forward and backward; on the H100: BENCHMARKS §1j);
-                                      TTT-MLP: `ttt_mlp_chunk` → kernels.triton.ttt_mlp (the same for a
+                                      TTT-MLP: `ttt_mlp_chunk` → kernels.triton.memories.ttt_mlp (the same for a
                                       2-layer MLP memory; interpreter-verified, not yet run on a GPU)
-layer / conv / triton              →  kernels.triton.conv.short_conv
-layer / norm / triton              →  `gated_rms_norm` → kernels.triton.norm.gated_rms_norm
-layer / prologue / triton          →  `delta_prologue` → kernels.triton.prologue.delta_prologue
+layer / conv / triton              →  kernels.triton.layer.conv.short_conv
+layer / norm / triton              →  `gated_rms_norm` → kernels.triton.layer.norm.gated_rms_norm
+layer / prologue / triton          →  `delta_prologue` → kernels.triton.layer.prologue.delta_prologue
 mesa / chunk / triton              →  `mesa_chunk` → torch_backend's Mesa chunk form with both CG solves
-                                      in kernels.triton.mesa_cg (pipeline "CG kernel"; C ≤ 64, K ≤ 128, not float64)
+                                      in kernels.triton.memories.mesa_cg (pipeline "CG kernel"; C ≤ 64, K ≤ 128,
+                                      not float64)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, routed per call like every other). The functional form never changes the
@@ -59,7 +60,7 @@ __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv"
            "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
-from .triton.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM, MAX_TTT_DIM, TTT_MINIBATCHES
+from .triton.common.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM, MAX_TTT_DIM, TTT_MINIBATCHES
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -138,7 +139,7 @@ def _ttt_loop_serves(recipe: Recipe, kernels: str) -> str | None:
 
 
 def ttt_linear_kernel_serves(recipe: Recipe) -> str | None:
-    """Why the TTT-Linear kernels (kernels.triton.ttt) cannot run `recipe` (None when they can): exactly
+    """Why the TTT-Linear kernels (kernels.triton.memories.ttt) cannot run `recipe` (None when they can): exactly
     TTT-Linear's shape — a linear memory with an inner bias inside the residual LayerNorm, the l2 objective
     (no window, no probe), TTT's averaged gd over mini-batches of b ∈ TTT_MINIBATCHES, no retention, the
     identity feature map. A pure function of the recipe."""
@@ -149,7 +150,7 @@ def ttt_linear_kernel_serves(recipe: Recipe) -> str | None:
 
 
 def ttt_mlp_kernel_serves(recipe: Recipe) -> str | None:
-    """Why the TTT-MLP kernels (kernels.triton.ttt_mlp) cannot run `recipe` (None when they can): exactly
+    """Why the TTT-MLP kernels (kernels.triton.memories.ttt_mlp) cannot run `recipe` (None when they can): exactly
     TTT-MLP's shape — a 2-layer MLP memory (any expansion) with GELU's tanh form and inner biases inside the
     residual LayerNorm, and TTT's loop as for TTT-Linear (the l2 objective, averaged gd over mini-batches of
     b ∈ TTT_MINIBATCHES, no retention, the identity feature map). A pure function of the recipe."""
@@ -176,10 +177,11 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     - Muon's optimizer: the torch mini-batch form with its Newton–Schulz in a kernel (the rest of the
       form is the torch row's); or
     - TTT-Linear (`ttt_linear_kernel_serves`) with head dims ≤ MAX_TTT_DIM: the whole inner mini-batch
-      loop in kernels.triton.ttt, forward and backward (varlen: refused as the torch row refuses it — the
+      loop in kernels.triton.memories.ttt, forward and backward (varlen: refused as the torch row refuses it — the
       kernels take cu_seqlens, but a MemoryState carries one offset for all sequences);
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
-      kernels.triton.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it too).
+      kernels.triton.memories.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it
+      too).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
@@ -198,7 +200,8 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
 
 
 #: The Newton–Schulz kernel's tl.dot input precision the row runs ("ieee": fp32 FMAs, as torch's fp32 bmm without
-#: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice (kernels/triton/newton_schulz).
+#: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice
+#: (kernels/triton/memories/newton_schulz.py).
 NS_PRECISION = "ieee"
 #: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
 #: whole loop).
@@ -211,7 +214,7 @@ def _ns_kernel(precision: str):
     def ns(G, steps):
         if G.dtype != torch.float32 or G.shape[-1] > MAX_NS_DIM:
             return None
-        from .triton.newton_schulz import newton_schulz_gram
+        from .triton.memories.newton_schulz import newton_schulz_gram
 
         return newton_schulz_gram(G, steps, precision=precision)
     return ns
@@ -220,7 +223,7 @@ def _ns_kernel(precision: str):
 def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, ns_precision: str = NS_PRECISION):
     """generic, chunk, on Triton: `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of
     every token's momentum (`chunkwise.minibatch._muon_step`) in one kernel each way
-    (kernels.triton.newton_schulz, tl.dot at `ns_precision`); Gram sides above MAX_NS_DIM stay on the
+    (kernels.triton.memories.newton_schulz, tl.dot at `ns_precision`); Gram sides above MAX_NS_DIM stay on the
     torch iteration."""
     if ttt_linear_kernel_serves(call.recipe) is None:
         return ttt_linear_chunk(call, cu_seqlens)
@@ -247,19 +250,19 @@ def _ttt_inputs(call):
 
 
 def ttt_linear_chunk(call, cu_seqlens=None):
-    """TTT-Linear's chunk form on its kernels (`kernels.triton.ttt.ttt_linear_triton`): the caller's q, k, v
+    """TTT-Linear's chunk form on its kernels (`kernels.triton.memories.ttt.ttt_linear_triton`): the caller's q, k, v
     as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
     state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
     row raises (no varlen mini-batch form yet)."""
-    from .triton.ttt import ttt_linear_triton
+    from .triton.memories.ttt import ttt_linear_triton
 
     return _ttt_chunk(call, cu_seqlens, ttt_linear_triton)
 
 
 def ttt_mlp_chunk(call, cu_seqlens=None):
-    """TTT-MLP's chunk form on its kernels (`kernels.triton.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
+    """TTT-MLP's chunk form on its kernels (`kernels.triton.memories.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
     the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
-    from .triton.ttt_mlp import ttt_mlp_triton
+    from .triton.memories.ttt_mlp import ttt_mlp_triton
 
     return _ttt_chunk(call, cu_seqlens, ttt_mlp_triton)
 
@@ -310,7 +313,7 @@ def pinned(recipe_class: str, **option):
         raise InputError(f"the {recipe_class} chunk row takes one option, {name}=, got {sorted(option) or 'none'}")
     value = option[name]
     if kind is None:
-        from .triton.newton_schulz import PRECISIONS  # (the row needs triton anyway)
+        from .triton.memories.newton_schulz import PRECISIONS  # (the row needs triton anyway)
 
         ok = value in PRECISIONS
     else:
@@ -520,18 +523,18 @@ def linear_recurrent(call):
 
 
 def short_conv(x, weight, bias=None, tail=None, positions=None, activation="silu"):
-    """layer / conv on Triton: `kernels.triton.conv.short_conv` (the signature of
+    """layer / conv on Triton: `kernels.triton.layer.conv.short_conv` (the signature of
     `torch_layer_ops.short_conv`)."""
-    from .triton.conv import short_conv as kernel
+    from .triton.layer.conv import short_conv as kernel
 
     return kernel(x, weight, bias, tail, positions, activation)
 
 
 def gated_rms_norm(o, z, weight, *, group_size: int, eps: float = 1e-5, activation: str = "swish",
                    norm_before_gate: bool = True):
-    """layer / norm on Triton: `kernels.triton.norm.gated_rms_norm` (the signature of
+    """layer / norm on Triton: `kernels.triton.layer.norm.gated_rms_norm` (the signature of
     `torch_layer_ops.gated_rms_norm`; no affine weight: a weight of ones [group_size])."""
-    from .triton.norm import gated_rms_norm as kernel
+    from .triton.layer.norm import gated_rms_norm as kernel
 
     if weight is None:
         weight = torch.ones(group_size, dtype=torch.float32, device=o.device)
@@ -539,15 +542,15 @@ def gated_rms_norm(o, z, weight, *, group_size: int, eps: float = 1e-5, activati
 
 
 def delta_prologue(q, k, b, a, A_log=None, dt_bias=None, *, gate="mamba", beta_max: float = 1.0, eps: float = 1e-6):
-    """layer / prologue on Triton: `kernels.triton.prologue.delta_prologue` (the signature of
+    """layer / prologue on Triton: `kernels.triton.layer.prologue.delta_prologue` (the signature of
     `torch_layer_ops.delta_prologue`)."""
-    from .triton.prologue import delta_prologue as kernel
+    from .triton.layer.prologue import delta_prologue as kernel
 
     return kernel(q, k, b, a, A_log, dt_bias, gate=gate, beta_max=beta_max, eps=eps)
 
 
 # ---------------------------------------------------------------------------- Mesa's chunk row (the CG kernel)
-from .triton.limits import MAX_CG_C, MAX_CG_K  # noqa: E402  (the Mesa row's block, kept apart)
+from .triton.common.limits import MAX_CG_C, MAX_CG_K  # noqa: E402  (the Mesa row's block, kept apart)
 
 __all__ += ["mesa_chunk", "triton_mesa_supports", "mesa_chunk_pipeline", "MESA_PIPELINES"]
 
@@ -558,7 +561,7 @@ MESA_PIPELINES = ("CG kernel",)
 def triton_mesa_supports(recipe: Recipe, target) -> str | None:
     """Why the Mesa chunk Triton row cannot serve (None when it can): as `triton_device_supports` (float64: the
     torch row), chunks C ≤ MAX_CG_C (the chunk size bounds C = min(chunk size, T)) and a key feature dim
-    K' ≤ MAX_CG_K — the CG kernel's register tiles (`kernels.triton.mesa_cg.cg_kernel_serves`). The rest of the
+    K' ≤ MAX_CG_K — the CG kernel's register tiles (`kernels.triton.memories.mesa_cg.cg_kernel_serves`). The rest of the
     form is the torch row's, so nothing else differs."""
     why = triton_device_supports(target)
     if why is not None:
@@ -579,9 +582,9 @@ def mesa_chunk_pipeline(recipe: Recipe, target) -> str:
 
 def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30):
     """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
-    (and the residual) in `kernels.triton.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
+    (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
     solve="exact" (the check) runs the exact solve here as on the torch row."""
     from ..torch_backend import mesa_chunk_impl
-    from .triton.mesa_cg import mesa_cg
+    from .triton.memories.mesa_cg import mesa_cg
 
     return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=mesa_cg)

@@ -13,7 +13,7 @@ across a document start (every tap before it counts as the zero before the seque
 Every call runs the "conv" layer op of the dispatch table, routed from the call (device type,
 the promoted dtype of x, tail, weight and bias, the width W) and the module's requested
 `backend`: on CUDA ("auto": triton importable, fp32/bf16/fp16, W ≤ 8) the forward is one Triton
-kernel and the backward one (`kernels.triton.conv.short_conv`: taps, bias, SiLU and the tail
+kernel and the backward one (`kernels.triton.layer.conv.short_conv`: taps, bias, SiLU and the tail
 fused, fp32 arithmetic; x read in place when only its channels are contiguous, e.g. a slice of a
 fused projection); elsewhere the torch ops (`torch_layer_ops.short_conv`).
 """

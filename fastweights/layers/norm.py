@@ -9,7 +9,7 @@
 GatedRMSNorm and RMSNorm run the "norm" layer op of the dispatch table on every call, routed from
 the call (device type, the promoted dtype of o, z and the weight, the group size, the gate) and
 the module's requested `backend`: on CUDA ("auto": triton importable, fp32/bf16/fp16, group ≤ 8192,
-gate swish or sigmoid or none) one Triton kernel each way (`kernels.triton.norm.gated_rms_norm`,
+gate swish or sigmoid or none) one Triton kernel each way (`kernels.triton.layer.norm.gated_rms_norm`,
 fp32 statistics and arithmetic, the gate product not rounded to o's dtype); elsewhere the torch
 ops (`torch_layer_ops.gated_rms_norm`). RMSNorm is the same op: no gate, one group of `dim`.
 """

@@ -139,7 +139,7 @@ def test_layer_ops_torch_turns_the_layer_kernels_off(tmp_path, monkeypatch):
     """--layer-ops torch builds every row with LMConfig.layer_ops="torch": with the Triton rows serving
     CPU calls (as on CUDA) and the norm kernel made to fail, the default ("auto") run records the
     failure and the torch run does not; the setting is in the setup line and the command."""
-    from fastweights.kernels.triton import norm as triton_norm
+    from fastweights.kernels.triton.layer import norm as triton_norm
 
     def refuse(*a, **k):
         raise RuntimeError("the norm kernel ran")
@@ -276,7 +276,7 @@ def test_launch_applies_a_swept_table_before_the_rows(tmp_path, monkeypatch):
     read no environment variable) before the rows run; a table naming an unknown launch site is one line, exit 2."""
     import copy
 
-    from fastweights.kernels.triton import util
+    from fastweights.kernels.triton.common import util
 
     monkeypatch.setattr(util, "LAUNCH", copy.deepcopy(util.LAUNCH))
     table = tmp_path / "best_launch.json"

@@ -129,7 +129,7 @@ def force_delta_pipeline(monkeypatch, *, forward=None, backward=None, recompute_
     K ≤ 128, C ≤ 64) and "staged" elsewhere, and `recompute_states` set (None: the rule's)."""
     from fastweights.kernels.pipelines import DeltaPipeline
     from fastweights.kernels.triton import delta as delta_mod
-    from fastweights.kernels.triton.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
+    from fastweights.kernels.triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
     rule = delta_mod.delta_pipeline
 
@@ -170,7 +170,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, sys.argv[1])
 import torch
 from triton import knobs
-from fastweights.kernels.triton.standin import install_sm90_driver
+from fastweights.kernels.triton.common.standin import install_sm90_driver
 
 install_sm90_driver()
 keys = set()

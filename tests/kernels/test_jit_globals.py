@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import builtins
 import importlib
-import pkgutil
 import types
 
 import pytest
@@ -15,18 +14,22 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-import fastweights.kernels.triton as kt
+from tests.helpers import triton_kernel_modules
 
 #: what `@triton.jit` makes: a JITFunction, or under TRITON_INTERPRET=1 (the CPU tests) an InterpretedFunction
 JIT_TYPES = (triton.runtime.JITFunction, InterpretedFunction)
 
 
+#: {module name: dotted path} of every kernel module, the subpackages walked (stages/, fused/, layer/, ...)
+MODULES = triton_kernel_modules()
+
+
 def _jit_functions():
-    for info in pkgutil.iter_modules(kt.__path__):
-        mod = importlib.import_module(f"{kt.__name__}.{info.name}")
+    for dotted in MODULES.values():
+        mod = importlib.import_module(dotted)
         for name, obj in vars(mod).items():
             if isinstance(obj, JIT_TYPES) and obj.fn.__module__ == mod.__name__:
-                yield f"{info.name}.{name}", obj
+                yield f"{dotted.removeprefix('fastweights.kernels.triton.')}.{name}", obj
 
 
 def _bad_globals(jit) -> list[str]:
@@ -52,7 +55,10 @@ JITS = dict(_jit_functions())
 
 
 def test_the_kernel_modules_have_jit_functions():
-    assert len(JITS) > 20 and any(k.startswith("ttt_mlp.") for k in JITS)
+    """The walk sees the whole package: every subpackage's modules, and the jit functions in them."""
+    assert len(MODULES) >= 28, sorted(MODULES)
+    assert {d.split(".")[3] for d in MODULES.values()} >= {"stages", "fused", "layer", "memories", "common"}
+    assert len(JITS) > 20 and any(k.startswith("memories.ttt_mlp.") for k in JITS)
 
 
 @pytest.mark.parametrize("name", sorted(JITS))

@@ -1,7 +1,7 @@
 """No module under fastweights/kernels reads the environment (DESIGN.md, "No hidden global state": a kernel choice
 is a row or an argument, never an environment variable read at import or at call time).
 
-The one exception, named here: `kernels/triton/interpreter.py::interpreting`, which reads TRITON_INTERPRET — the
+The one exception, named here: `kernels/triton/common/interpreter.py::interpreting`, which reads TRITON_INTERPRET — the
 variable Triton's own `@triton.jit` reads to decide whether it interprets — so that the interpreter's shims and
 `util.dot_dtype` follow what Triton does; it chooses nothing of its own.
 """
@@ -17,7 +17,7 @@ KERNELS = Path(fastweights.kernels.__file__).parent
 ROOT = KERNELS.parent.parent
 
 #: (file relative to the repository, enclosing function) allowed to read the environment.
-ALLOWED = {("fastweights/kernels/triton/interpreter.py", "interpreting")}
+ALLOWED = {("fastweights/kernels/triton/common/interpreter.py", "interpreting")}
 
 _NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 

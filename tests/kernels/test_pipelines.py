@@ -164,7 +164,7 @@ def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen)
         assert dispatch.DISPATCH[(cls, "chunk", "triton")] is rule
         fw.chunk(model, **x, chunk_size=16)
         assert seen[-1] != pinned and seen[-1].recompute_states
-    from fastweights.kernels.triton import newton_schulz
+    from fastweights.kernels.triton.memories import newton_schulz
 
     precisions = []
     kernel = newton_schulz.newton_schulz_gram

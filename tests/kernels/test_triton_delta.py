@@ -24,15 +24,15 @@ from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
 from fastweights.kernels.pipelines import DeltaPipeline, delta_pipeline
 from fastweights.kernels.triton import delta as delta_mod
-from fastweights.kernels.triton.cumsum import chunk_cumsum
+from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.delta_grads import sum_grads
-from fastweights.kernels.triton.delta_inverse import unit_lower_inverse
-from fastweights.kernels.triton.delta_output import chunk_outputs, chunk_outputs_bwd_local
-from fastweights.kernels.triton.delta_states import pass_states_bwd, pass_states_fwd
-from fastweights.kernels.triton.delta_wy import wy_representation, wy_representation_bwd
-from fastweights.kernels.triton.layout import make_layout
-from fastweights.kernels.triton.scores import decayed_scores
+from fastweights.kernels.triton.stages.cumsum import chunk_cumsum
+from fastweights.kernels.triton.stages.delta_grads import sum_grads
+from fastweights.kernels.triton.stages.delta_inverse import unit_lower_inverse
+from fastweights.kernels.triton.stages.delta_output import chunk_outputs, chunk_outputs_bwd_local
+from fastweights.kernels.triton.stages.delta_states import pass_states_bwd, pass_states_fwd
+from fastweights.kernels.triton.stages.delta_wy import wy_representation, wy_representation_bwd
+from fastweights.kernels.triton.stages.scores import decayed_scores
 from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
@@ -348,7 +348,7 @@ def test_keeps_the_prologue_raw_qk(gate, gen):
     anyway) and recomputes q̂, k̂ in its backward — bitwise the gradients of keeping q̂, k̂ (a clone,
     which the op cannot trace back), and two tensors of q's size fewer kept. A q̂ changed in place
     after the prologue is not traced back (l2_source None)."""
-    from fastweights.kernels.triton.prologue import delta_prologue, l2_source
+    from fastweights.kernels.triton.layer.prologue import delta_prologue, l2_source
 
     x = _inputs(gate, gen, B=2, T=37, H=2, Hq=1, K=8, V=8)
     x["q"], x["k"] = x["q"] * 3, x["k"] * 0.5  # raw q, k: not unit rows

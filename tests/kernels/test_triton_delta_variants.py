@@ -20,12 +20,12 @@ from fastweights.chunkwise import chunk_delta
 from fastweights.chunkwise import common as twin
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.inputs import InputError
-from fastweights.kernels.triton.cumsum import chunk_cumsum
+from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.delta_grads import sum_grads
-from fastweights.kernels.triton.layout import make_layout
-from fastweights.kernels.triton.qk_grads import qk_grads
-from fastweights.kernels.triton.scores import decayed_scores
+from fastweights.kernels.triton.stages.cumsum import chunk_cumsum
+from fastweights.kernels.triton.stages.delta_grads import sum_grads
+from fastweights.kernels.triton.stages.qk_grads import qk_grads
+from fastweights.kernels.triton.stages.scores import decayed_scores
 from fastweights.recipe import Optimizer, Retention
 from tests.kernels.helpers import (
     DEV,

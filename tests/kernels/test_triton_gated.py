@@ -24,12 +24,12 @@ from fastweights.chunkwise.gated import gated_transitions, gated_writes
 from fastweights.chunkwise.varlen import make_layout as torch_layout
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
-from fastweights.kernels.triton.cumsum import chunk_cumsum
+from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.gated import chunk_gated_triton
-from fastweights.kernels.triton.layout import make_layout
-from fastweights.kernels.triton.output import chunk_outputs
-from fastweights.kernels.triton.scores import decayed_scores
-from fastweights.kernels.triton.states import pass_states_fwd
+from fastweights.kernels.triton.stages.cumsum import chunk_cumsum
+from fastweights.kernels.triton.stages.output import chunk_outputs
+from fastweights.kernels.triton.stages.scores import decayed_scores
+from fastweights.kernels.triton.stages.states import pass_states_fwd
 from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_LOW_REL
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fastweights as fw
-from fastweights.kernels.triton import conv as conv_k
-from fastweights.kernels.triton import norm as norm_k
-from fastweights.kernels.triton import prologue as prologue_k
+from fastweights.kernels.triton.layer import conv as conv_k
+from fastweights.kernels.triton.layer import norm as norm_k
+from fastweights.kernels.triton.layer import prologue as prologue_k
 from fastweights.layers import MemoryMixer
 from fastweights.layers.segments import Segments
 from fastweights.state import state_tensors

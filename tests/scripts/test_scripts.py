@@ -25,9 +25,9 @@ PY = sorted(SCRIPTS.glob("*.py"))
 SH = sorted(SCRIPTS.glob("*.sh"))
 
 #: Private names a script may still reach, with the reason. bench_conv.py's --fwd / --bwd / --sweep set the short
-#: conv's launch settings, module dicts of kernels/triton/conv.py, until they become public launch settings.
-PRIVATE_ALLOWED = {("bench_conv.py", "fastweights.kernels.triton.conv._FWD"),
-                   ("bench_conv.py", "fastweights.kernels.triton.conv._BWD")}
+#: conv's launch settings, module dicts of kernels/triton/layer/conv.py, until they become public launch settings.
+PRIVATE_ALLOWED = {("bench_conv.py", "fastweights.kernels.triton.layer.conv._FWD"),
+                   ("bench_conv.py", "fastweights.kernels.triton.layer.conv._BWD")}
 
 _LOADED: dict[Path, object] = {}
 

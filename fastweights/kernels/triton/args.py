@@ -8,7 +8,7 @@ import torch
 from ...chunkwise.common import gate_kind
 from ...chunkwise.varlen import check_cu_seqlens, effective_chunk_size
 from ...inputs import InputError, check_tensor
-from .layout import Layout, make_layout
+from .common.layout import Layout, make_layout
 
 Tensor = torch.Tensor
 

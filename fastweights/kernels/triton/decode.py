@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ...inputs import InputError
 from .. import empty_output
-from .util import pow2
+from .common.util import pow2
 
 #: Launch settings of the step kernel, pinned (the GPU session sweeps them: docs/kernels.md):
 #: block_v value columns of the state per program, num_warps, num_stages.

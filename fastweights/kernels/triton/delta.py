@@ -62,19 +62,19 @@ from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from ..pipelines import LOW_PRECISION_MIN_HEAD_DIM_CUDA, DeltaPipeline, delta_pipeline, gate_kind
 from .args import check_chunk_args, no_tokens
-from .conv import conv_recompute, conv_source
-from .cumsum import chunk_cumsum
-from .delta_fused import fused_forward
-from .delta_fused_bwd import fused_backward, recompute_states
-from .delta_fused_bwd import supports as fused_bwd_supports
-from .delta_grads import sum_grads
-from .delta_inverse import unit_lower_inverse
-from .delta_output import chunk_outputs, chunk_outputs_bwd_local
-from .delta_states import pass_states_bwd, pass_states_fwd
-from .delta_wy import wy_representation, wy_representation_bwd
-from .prologue import l2_recompute, l2_source
-from .qk_grads import qk_grads
-from .scores import decayed_scores
+from .fused.delta_fused import fused_forward
+from .fused.delta_fused_bwd import fused_backward, recompute_states
+from .fused.delta_fused_bwd import supports as fused_bwd_supports
+from .layer.conv import conv_recompute, conv_source
+from .layer.prologue import l2_recompute, l2_source
+from .stages.cumsum import chunk_cumsum
+from .stages.delta_grads import sum_grads
+from .stages.delta_inverse import unit_lower_inverse
+from .stages.delta_output import chunk_outputs, chunk_outputs_bwd_local
+from .stages.delta_states import pass_states_bwd, pass_states_fwd
+from .stages.delta_wy import wy_representation, wy_representation_bwd
+from .stages.qk_grads import qk_grads
+from .stages.scores import decayed_scores
 
 Tensor = torch.Tensor
 

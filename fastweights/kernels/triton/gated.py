@@ -17,14 +17,14 @@ import torch
 
 from ...inputs import InputError
 from ..pipelines import GatedPipeline, gate_kind, gated_fused_serves, gated_pipeline
-from . import gated_fused
 from .args import check_chunk_args, no_tokens
-from .cumsum import chunk_cumsum
-from .layout import Layout
-from .output import chunk_outputs, chunk_outputs_bwd
-from .qk_grads import qk_grads
-from .scores import decayed_scores
-from .states import pass_states_bwd, pass_states_fwd
+from .common.layout import Layout
+from .fused import gated_fused
+from .stages.cumsum import chunk_cumsum
+from .stages.output import chunk_outputs, chunk_outputs_bwd
+from .stages.qk_grads import qk_grads
+from .stages.scores import decayed_scores
+from .stages.states import pass_states_bwd, pass_states_fwd
 
 Tensor = torch.Tensor
 

@@ -1,0 +1,209 @@
+"""Small @triton.jit helpers shared by the stage kernels, and launch helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreter  # (the interpreter's shims, applied before any kernel runs)
+from .layout import Layout
+
+
+@triton.jit
+def chunk_span(i_n, i_b, T, C: tl.constexpr, cu, chunk_seq, chunk_local, IS_VARLEN: tl.constexpr):
+    """(t0, eos) of chunk slot i_n of batch row i_b: its first token and the end of its sequence
+    (rows t0 + i with t0 + i < eos are real tokens). An unused varlen slot gets eos = t0 (no row)."""
+    if IS_VARLEN:
+        seq = tl.load(chunk_seq + i_n)
+        c = tl.load(chunk_local + i_n)
+        s = tl.maximum(seq, 0)
+        bos = tl.load(cu + s).to(tl.int64)
+        eos = tl.load(cu + s + 1).to(tl.int64)
+        t0 = bos + c.to(tl.int64) * C
+        eos = tl.where(seq >= 0, eos, t0)
+    else:
+        t0 = i_b.to(tl.int64) * T + i_n.to(tl.int64) * C
+        eos = i_b.to(tl.int64) * T + T
+    return t0, eos
+
+
+@triton.jit
+def seq_span(i_s, T, C: tl.constexpr, NT, cu, offsets, IS_VARLEN: tl.constexpr):
+    """(bos, eos, number of chunks, first chunk slot in the per-chunk arrays) of sequence i_s."""
+    if IS_VARLEN:
+        bos = tl.load(cu + i_s).to(tl.int64)
+        eos = tl.load(cu + i_s + 1).to(tl.int64)
+        slot0 = tl.load(offsets + i_s).to(tl.int64)
+    else:
+        bos = i_s.to(tl.int64) * T
+        eos = bos + T
+        slot0 = i_s.to(tl.int64) * NT
+    n_chunks = (eos - bos + C - 1) // C
+    return bos, eos, n_chunks, slot0
+
+
+@triton.jit
+def mm(a, b, DT: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b with fp32 accumulation. IEEE = 1: fp32 operands in full precision; 0: operands cast to
+    DT (the inputs' bf16/fp16) for the tensor cores; 2 (interpreter only, whose bf16 tl.dot is
+    wrong in Triton 3.6): operands rounded to DT, then an fp32 product — the same numbers as 0."""
+    if IEEE == 1:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE == 2:
+        return tl.dot(a.to(DT).to(tl.float32), b.to(DT).to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a.to(DT), b.to(DT))
+
+
+def dot_dtype(dtype: torch.dtype):
+    """(DT, IEEE) constexprs of `mm` for inputs of `dtype` (see `mm`)."""
+    if dtype == torch.float32:
+        return tl.float32, 1
+    DT = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+    return DT, (2 if interpreter.interpreting() else 0)
+
+
+def pow2(n: int, floor: int = 16) -> int:
+    """The tile size covering n (≥ 16: tl.dot's smallest)."""
+    return max(floor, triton.next_power_of_2(n))
+
+
+def varlen_args(L: Layout, device):
+    """(cu, chunk_seq, chunk_local, offsets) pointers, placeholders without varlen."""
+    if L.varlen:
+        return L.cu, L.chunk_seq, L.chunk_local, L.offsets
+    d = torch.zeros(1, dtype=torch.int32, device=device)
+    return d, d, d, d
+
+
+#: Launch settings of every kernel launch site, by a stable stage name, pinned (no autotuning: on
+#: Triton 3.6 + Hopper each config must be checked against the reference, see docs/kernels.md;
+#: `scripts/gpu_kernels.py --stages sweep-kernels` checks and times each kernel's candidates alone).
+#: num_warps / num_stages go to the launch; the upper-case keys are the tile constexprs the wrapper
+#: takes from here (pure launch choices, any power of two ≥ 16 that the wrapper's rule allows):
+#: BV the value columns per program (delta_states_*: capped at 32 for K > 128, register room for the
+#: [K, BV] fp32 state tile), BC / BC_DIAG the query rows per qk_grads program without / with
+#: diagonal decay. 4 warps × 2 stages everywhere: checked and timed on the H100 against 8 warps
+#: globally, which was slower for every gate (docs/kernel_notes.md).
+LAUNCH: dict[str, dict] = {
+    # forward, in pipeline order
+    "prologue": dict(num_warps=4, num_stages=2),  # prologue._prologue_kernel (forward and backward)
+    "cumsum": dict(num_warps=4, num_stages=2),  # cumsum._cumsum_kernel (forward G, backward reverse dg)
+    "scores": dict(num_warps=4, num_stages=2),  # scores._scores_kernel (Aqk, and the delta class's P)
+    "inverse": dict(num_warps=4, num_stages=2),  # delta_inverse._inverse_kernel
+    "wy_fwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_fwd_kernel (forward, backward's recompute of W)
+    "delta_states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # delta_states._delta_states_fwd_kernel
+    "states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_fwd_kernel (gated class)
+    "output_fwd": dict(num_warps=4, num_stages=2, BV=64),  # output._output_fwd_kernel
+    # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
+    # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs)
+    # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
+    # WU 1: the pre-pass writes W and U' for the sequential kernel; 0 (no/scalar decay, K ≤ 128): it writes only T
+    # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
+    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused._fused_fwd_kernel
+    "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # delta_fused_bwd._states_kernel, o
+    # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
+    # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see
+    # gated_fused.value_block), WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A
+    # once per chunk by gated_fused._scores_kernel, read by the forward (0: recomputed there per V block),
+    # PREFETCH 1: the forward loads chunk c+1's β while it works on chunk c (0: β loaded where it is used, a
+    # global-memory round trip in every chunk's dependency chain); the chunk kernel holds a whole chunk's dq, dk
+    # accumulators (8 warps) and loops over BV tiles
+    "gated_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, MIN_BV=32, WARPS_DIAG=8, AQK=0,
+                            PREFETCH=1),  # gated_fused._fwd_kernel
+    "gated_fused_scores": dict(num_warps=4, num_stages=1),  # gated_fused._scores_kernel (AQK = 1 only)
+    "gated_fused_bwd_states": dict(num_warps=4, num_stages=2),  # gated_fused._bwd_states_kernel
+    "gated_fused_bwd_chunk": dict(num_warps=8, num_stages=1, BV=64),  # gated_fused._bwd_chunk_kernel
+    # backward
+    "output_bwd": dict(num_warps=4, num_stages=2),  # output._output_bwd_kernel (gated class)
+    "delta_output_bwd": dict(num_warps=4, num_stages=2),  # delta_output._local_bwd_kernel
+    "delta_states_bwd": dict(num_warps=4, num_stages=2, BV=64),  # delta_states._delta_states_bwd_kernel
+    "states_bwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_bwd_kernel (gated class)
+    "qk_grads": dict(num_warps=4, num_stages=2, BC=32, BC_DIAG=16),  # qk_grads._qk_grads_kernel
+    "wy_bwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_bwd_kernel
+    "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
+    # the delta class's fused backward (delta_fused_bwd.py; BV, PROGRAMS as delta_fused_fwd's):
+    "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U recomputed
+    # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
+    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
+    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
+}
+
+#: The Triton function of each launch site (what a profiler names its kernels): its module's path under
+#: `fastweights.kernels.triton`, then the function (`path.rsplit(".", 1)`).
+KERNEL_FN = {
+    "prologue": "layer.prologue._prologue_kernel", "cumsum": "stages.cumsum._cumsum_kernel",
+    "scores": "stages.scores._scores_kernel", "inverse": "stages.delta_inverse._inverse_kernel",
+    "wy_fwd": "stages.delta_wy._wy_fwd_kernel", "delta_states_fwd": "stages.delta_states._delta_states_fwd_kernel",
+    "states_fwd": "stages.states._states_fwd_kernel", "output_fwd": "stages.output._output_fwd_kernel",
+    "delta_prepass": "fused.delta_fused._prepass_kernel", "delta_fused_fwd": "fused.delta_fused._fused_fwd_kernel",
+    "output_bwd": "stages.output._output_bwd_kernel", "delta_output_bwd": "stages.delta_output._local_bwd_kernel",
+    "delta_states_bwd": "stages.delta_states._delta_states_bwd_kernel",
+    "states_bwd": "stages.states._states_bwd_kernel", "qk_grads": "stages.qk_grads._qk_grads_kernel",
+    "wy_bwd": "stages.delta_wy._wy_bwd_kernel", "delta_grads": "stages.delta_grads._sum_kernel",
+    "delta_fused_fwd_t": "fused.delta_fused_bwd._states_kernel",
+    "delta_fused_rec": "fused.delta_fused_bwd._states_kernel",
+    "delta_fused_rev": "fused.delta_fused_bwd._reverse_kernel",
+    "delta_fused_grads": "fused.delta_fused_bwd._grads_kernel", "gated_fused_fwd": "fused.gated_fused._fwd_kernel",
+    "gated_fused_bwd_states": "fused.gated_fused._bwd_states_kernel",
+    "gated_fused_bwd_chunk": "fused.gated_fused._bwd_chunk_kernel",
+    "gated_fused_scores": "fused.gated_fused._scores_kernel",
+}
+
+#: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys
+#: read (scripts/gpu_kernels.py, tests).
+SEEN: set | None = None
+
+
+def launch(name: str) -> dict:
+    """The launch keyword arguments (num_warps, num_stages, …) of launch site `name`; its tile
+    keys (upper case, see LAUNCH) are read with `tile`."""
+    if SEEN is not None:
+        SEEN.add(name)
+    return {key: val for key, val in LAUNCH[name].items() if not key[:1].isupper()}
+
+
+def state_pass_launch(name: str, dtype: torch.dtype, K: int) -> dict:
+    """`launch(name)` for a sequential state pass, whose `for` loop over the chunks Triton software-
+    pipelines: the next chunk's tiles are staged in shared memory num_stages − 1 times over. With fp32
+    inputs or K > 128 those tiles outgrow the H100's 227 KB (fp32, diagonal decay, K = 128: 246 KB;
+    fp32, K = 256: 336 KB — seen on the H100), so those passes run unpipelined (num_stages = 1)."""
+    kw = launch(name)
+    if dtype == torch.float32 or K > 128:
+        kw["num_stages"] = 1
+    return kw
+
+
+def tile(name: str, key: str) -> int:
+    """Tile constexpr `key` of launch site `name` (see LAUNCH)."""
+    if SEEN is not None:
+        SEEN.add(f"{name}.{key}")
+    return int(LAUNCH[name][key])
+
+
+def load_launch(path: str | os.PathLike | dict) -> dict:
+    """Update LAUNCH from a JSON file {name: {key: value}} (or such a dict), e.g. the `best_launch.json`
+    of `scripts/gpu_kernels.py --stages sweep-kernels`; a listed site takes the listed keys, the rest
+    keep theirs. Unknown names or keys raise KeyError (a stale file must not pass silently).
+    Returns the table before the update, for `LAUNCH.update(old)` to undo it."""
+    if isinstance(path, dict):
+        table = path
+    else:
+        with open(path) as f:
+            table = json.load(f)
+    for name, cfg in table.items():  # all checked before any is applied
+        if name not in LAUNCH:
+            raise KeyError(f"unknown launch site {name!r} (known: {sorted(LAUNCH)})")
+        for key in cfg:
+            if key not in LAUNCH[name]:
+                raise KeyError(f"launch site {name!r} has no setting {key!r} (has: {sorted(LAUNCH[name])})")
+    old = {name: dict(cfg) for name, cfg in LAUNCH.items()}
+    for name, cfg in table.items():
+        LAUNCH[name].update({key: int(val) for key, val in cfg.items()})
+    return old
+

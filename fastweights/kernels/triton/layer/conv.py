@@ -1,0 +1,472 @@
+"""The short causal depthwise convolution of the layers (`layers.conv.ShortConv`) in Triton: one
+pass forward, two backward; taps, bias and SiLU fused, the carried tail read and the new tail written.
+
+With xp = cat(tail, x) along time ([B, W − 1 + T, C]; xp_s = tail_s for s < W − 1, else
+x_{s−W+1}) and the tap reach ρ_{t,i} = [p_t ≥ W − 1 − i] (1 without `positions`; always 1 for
+the last tap i = W − 1, the token itself):
+
+    pre_t = Σ_{i<W} w_{c,i} xp_{t+i} ρ_{t,i} + b_c,   y_t = SiLU(pre_t) (or pre_t)   [B, T, C]
+    new tail = xp_{T..T+W−2}                                                       [B, W − 1, C]
+
+Backward (pre recomputed from x and the tail; nothing but the inputs is saved), with
+dpre_t = dy_t · SiLU'(pre_t), SiLU'(u) = σ(u)(1 + u(1 − σ(u))):
+
+    dxp_s = Σ_i dpre_{s−i} w_i ρ_{s−i,i}  (0 ≤ s − i < T)  + dnew_tail_{s−T}  (s ≥ T)
+    dx = dxp_{W−1..}, dtail = dxp_{..W−2},  dw_{c,i} = Σ_{b,t} dpre_t xp_{t+i} ρ_{t,i},  db_c = Σ_{b,t} dpre_t
+
+Arithmetic in fp32; x, the tail, w and b are first rounded to x's dtype (the torch twin computes in
+x's dtype). x may be a view whose channels are contiguous but whose rows are not (a slice of a
+wider projection [B, T, C' > C]): its batch and row strides go into the kernels; y, dx and the
+tails are contiguous.
+
+Forward `_conv_fwd`, grid (blocks of BT rows, blocks of BC channels, B): W shifted tile loads of x
+(W − 1 of them hit the cache) per output tile.
+
+Backward: by default in one pass (below: `_conv_bwd_fused`); with `short_conv(..., one_pass_backward=False)` in two
+kernels, each O(W) per element (the W shifted copies of dpre that dx needs come from memory):
+
+    `_conv_bwd_dpre`, grid (runs of NBLK·BT rows, blocks of BC channels, B): per block of rows t,
+        pre from W tap loads, dpre once (one sigmoid), written to a scratch [B, T, C] (x's dtype,
+        fp32 with `dpre_fp32`), and dw_i += Σ_t dpre_t xp_{t+i} ρ_{t,i} (the W taps reloaded, cache
+        hits), db += Σ_t dpre_t, summed in registers over the program's NBLK blocks; one partial
+        row per program (B·⌈T/(NBLK·BT)⌉ rows, summed by torch; deterministic, no atomics).
+    `_conv_bwd_dx`, grid (blocks of DX_BT xp rows, blocks of DX_BC channels, B): dxp_s from W
+        shifted dpre loads (W − 1 hit the cache), plus the new tail's gradient; dx and dtail written.
+
+DRAM bytes per element (e = x's element size, d = the scratch's): the floor is read x, dy and write
+dx = 3e; these kernels move x + dy + d (first) + d + dx (second) = 3e + 2d: 5e with the scratch in
+x's dtype (bf16: 10 B vs 6 B, 1.7× the floor; at B = 4, T = 4,096, C = 2,048: 336 MB, ~115 µs at
+3 TB/s), 7e in fp32 (bf16 x: 14 B). Per element: 2W + 1 tile loads and one exp in the first kernel,
+W in the second (the old single kernel: W² + W loads and W exps).
+
+The one-pass backward (`one_pass_backward=True`, the default; `_conv_bwd_fused`): each block recomputes dpre on
+its BT rows, the first W − 1 of them a halo owned by the previous block, and shifts dpre along the rows
+with `tl.gather` (Triton's register shuffle) to form dx: DRAM bytes x + dy + dx (the floor), W
+tap loads plus (W − 1)/BT recomputed halo rows per element. On the H100 it is the faster of the two
+(190 vs 394 µs at B = 4, T = 4,096, C = 1,024, bf16) but still ≈ 6× the byte floor (see `_BWD`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_CONV_WIDTH
+
+Tensor = torch.Tensor
+
+__all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: launch settings (a GPU sweep may overwrite entries). Forward: BT rows × BC channels per program.
+_FWD = dict(BT=64, BC=64, num_warps=4)
+#: Backward: the dpre kernel's BT rows × BC channels per block, NBLK blocks per program, num_warps;
+#: the dx kernel's DX_BT × DX_BC and DX_warps; dpre_fp32: the scratch in fp32 (else x's dtype).
+#: Chosen from ptxas's register counts for sm_90 (compiled on a CPU machine, not yet timed), bf16,
+#: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
+#: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
+_BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False,
+            F_BT=64, F_BC=32, F_NBLK=8, F_warps=4)
+#: F_*: the one-pass backward `_conv_bwd_fused` (`one_pass_backward`; F_BT rows per block of which F_BT − W + 1
+#: owned, F_BC channels, F_NBLK blocks per program, F_warps): x, dy and dx only (the byte floor, plus
+#: the (W − 1)/F_BT halo), the shift by `tl.gather` (lowered through shared memory and warp shuffles);
+#: 128 registers at 32 × 32 (237 at 32 × 64). The default since the H100 sweep (`bench_conv.py --sweep`,
+#: B=4, T=4096, W=4, bf16): one-pass at F_BT 64 190 µs (C=1024) / 345 µs (C=2048), the two kernels at
+#: their defaults 394 / 746 µs, their best 236 / 448 µs (BT 16, NBLK 8) — all still 6× over the byte
+#: floor (30 / 60 µs).
+
+
+@triton.jit
+def _xp(x, tail, i_b, s, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W1: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """xp[i_b, s, cols] as fp32 (0 outside [0, W − 1 + T)), rounded to x's dtype: [BT, BC].
+    x [B, T, C] with strides (sxb, sxt, 1); the tail [B, W − 1, C] contiguous."""
+    in_x = (s >= W1) & (s < T + W1)
+    v = tl.load(x + i_b * sxb + (s - W1)[:, None] * sxt + cols[None, :], mask=in_x[:, None] & mc[None, :],
+                other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        in_t = (s >= 0) & (s < W1)
+        vt = tl.load(tail + (i_b * W1 + s)[:, None] * C + cols[None, :], mask=in_t[:, None] & mc[None, :],
+                     other=0.0).to(XDT).to(tl.float32)
+        v = tl.where(in_t[:, None], vt, v)
+    return v
+
+
+@triton.jit
+def _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i: tl.constexpr, XDT: tl.constexpr, W: tl.constexpr,
+         HAS_TAIL: tl.constexpr, HAS_POS: tl.constexpr):
+    """(xp_{t+i} ρ_{t,i} [BT, BC], w_i [BC]) of tap i at output rows t (positions p)."""
+    v = _xp(x, tail, i_b, t + i, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    if HAS_POS and i < W - 1:
+        v = tl.where((p >= W - 1 - i)[:, None], v, 0.0)
+    wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    return v, wi
+
+
+@triton.jit
+def _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+         BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
+         HAS_POS: tl.constexpr):
+    """pre at rows t [BT] × cols [BC] (positions p [BT])."""
+    acc = tl.zeros((BT, BC), dtype=tl.float32)
+    for i in tl.static_range(W):
+        v, wi = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
+        acc += v * wi[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=mc, other=0.0).to(XDT).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _positions(pos, i_b, t, T, HAS_POS: tl.constexpr):
+    """p_t [BT] (0 outside [0, T) and without positions)."""
+    p = tl.zeros_like(t)
+    if HAS_POS:
+        p = tl.load(pos + i_b * T + t, mask=(t >= 0) & (t < T), other=0)
+    return p
+
+
+@triton.jit
+def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+              BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    t = i_t * BT + tl.arange(0, BT).to(tl.int64)
+    p = _positions(pos, i_b, t, T, HAS_POS)
+    acc = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(y + (i_b * T + t)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty),
+             mask=(t < T)[:, None] & mc[None, :])
+    if W > 1:
+        if i_t == 0:  # new tail = xp rows T .. T + W − 2
+            j = tl.arange(0, BW).to(tl.int64)
+            v = _xp(x, tail, i_b, T + j, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+            tl.store(new_tail + (i_b * (W - 1) + j)[:, None] * C + cols[None, :], v.to(new_tail.dtype.element_ty),
+                     mask=(j < W - 1)[:, None] & mc[None, :])
+
+
+@triton.jit
+def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_POS: tl.constexpr, SILU: tl.constexpr):
+    """(the positions p_t, dpre_t = dy_t · SILU'(pre_t) [BT, BC] fp32, 0 outside the rows mt) at rows t,
+    pre recomputed from its W taps — both backwards' first step."""
+    p = _positions(pos, i_b, t, T, HAS_POS)
+    pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
+    g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+                other=0.0).to(tl.float32)
+    if SILU:
+        sg = 1.0 / (1.0 + tl.exp(-pre))
+        g = g * sg * (1.0 + pre * (1.0 - sg))
+    return p, tl.where(mt[:, None], g, 0.0)
+
+
+@triton.jit
+def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb, sxt, XDT: tl.constexpr,
+                   W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NBLK: tl.constexpr,
+                   HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+    """dpre [B, T, C] (contiguous, dpre's dtype) of output rows [i_r·NBLK·BT, +NBLK·BT) ∩ [0, T), and
+    this program's partial sums dw_part[i_b·NR + i_r, cols, :W], db_part[i_b·NR + i_r, cols]."""
+    i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NR = tl.num_programs(0)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    j = tl.arange(0, BW)
+    dw_acc = tl.zeros((BW, BC), dtype=tl.float32)  # [taps, channels]: the reduced rows' layout
+    db_acc = tl.zeros((BC,), dtype=tl.float32)
+    t0 = i_r * (NBLK * BT)
+    for k in range(NBLK):
+        ts = t0 + k * BT
+        if ts < T:  # the program's blocks that start before T
+            t = ts + tl.arange(0, BT).to(tl.int64)
+            mt = t < T
+            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+                              HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
+            tl.store(dpre + (i_b * T + t)[:, None] * C + cols[None, :], g.to(dpre.dtype.element_ty),
+                     mask=mt[:, None] & mc[None, :])
+            if HAS_BIAS:
+                db_acc += tl.sum(g, axis=0)
+            for i in tl.static_range(W):  # the taps again (cache hits): dw_i += Σ_t g_t xp_{t+i} ρ_{t,i}
+                v, _ = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
+                dw_acc += tl.where((j == i)[:, None], tl.sum(g * v, axis=0)[None, :], 0.0)
+    part = i_b * NR + i_r
+    tl.store(dw_part + (part * C + cols)[None, :] * W + j[:, None], dw_acc, mask=(j < W)[:, None] & mc[None, :])
+    if HAS_BIAS:
+        tl.store(db_part + part * C + cols, db_acc, mask=mc)
+
+
+@triton.jit
+def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, sxb, sxt,
+                    XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
+                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
+    """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
+    xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
+    (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
+    with the shift a `tl.gather` along the rows, and sums dw, db over its own dpre rows."""
+    BO: tl.constexpr = BT - (W - 1)
+    i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NR = tl.num_programs(0)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    j = tl.arange(0, BW)
+    r = tl.arange(0, BT)
+    dw_acc = tl.zeros((BW, BC), dtype=tl.float32)
+    db_acc = tl.zeros((BC,), dtype=tl.float32)
+    for k in range(NBLK):
+        u0 = (i_r * NBLK + k) * BO
+        if u0 < T + W - 1:  # the program's blocks that start inside xp
+            t = u0 - (W - 1) + r.to(tl.int64)  # dpre rows of the block, and (the same numbers) its xp rows s
+            mt = (t >= 0) & (t < T)
+            own = r >= W - 1
+            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+                              HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
+            go = tl.where(own[:, None], g, 0.0)
+            if HAS_BIAS:
+                db_acc += tl.sum(go, axis=0)
+            dxp = tl.zeros((BT, BC), dtype=tl.float32)
+            for i in tl.static_range(W):
+                v, wi = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
+                dw_acc += tl.where((j == i)[:, None], tl.sum(go * v, axis=0)[None, :], 0.0)
+                gi = g * wi[None, :]
+                if HAS_POS and i < W - 1:
+                    gi = tl.where((p >= W - 1 - i)[:, None], gi, 0.0)
+                if i == 0:
+                    dxp += gi
+                else:  # row r takes row r − i (rows r < i: clamped, not owned)
+                    src = tl.maximum(r - i, 0)
+                    dxp += tl.gather(gi, tl.broadcast_to(src[:, None], (BT, BC)), 0)
+            if HAS_DNT:
+                if W > 1:
+                    m_n = (t >= T) & (t < T + W - 1)
+                    dxp += tl.load(dnt + (i_b * (W - 1) + t - T)[:, None] * C + cols[None, :],
+                                   mask=m_n[:, None] & mc[None, :], other=0.0).to(tl.float32)
+            in_x = own & (t >= W - 1) & (t < T + W - 1)
+            tl.store(dx + (i_b * T + t - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+                     mask=in_x[:, None] & mc[None, :])
+            if DTAIL:
+                in_t = own & (t >= 0) & (t < W - 1)
+                tl.store(dtail + (i_b * (W - 1) + t)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
+                         mask=in_t[:, None] & mc[None, :])
+    part = i_b * NR + i_r
+    tl.store(dw_part + (part * C + cols)[None, :] * W + j[:, None], dw_acc, mask=(j < W)[:, None] & mc[None, :])
+    if HAS_BIAS:
+        tl.store(db_part + part * C + cols, db_acc, mask=mc)
+
+
+@triton.jit
+def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, HAS_POS: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
+    """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1, dtail rows s."""
+    i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    cols = i_c * BC + tl.arange(0, BC)
+    mc = cols < C
+    s = i_s * BT + tl.arange(0, BT).to(tl.int64)  # rows of xp
+    dxp = tl.zeros((BT, BC), dtype=tl.float32)
+    for i in tl.static_range(W):  # tap i of output rows t = s − i
+        t = s - i
+        mt = (t >= 0) & (t < T)
+        g = tl.load(dpre + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+                    other=0.0).to(tl.float32)
+        if HAS_POS and i < W - 1:
+            p = _positions(pos, i_b, t, T, HAS_POS)
+            g = tl.where((p >= W - 1 - i)[:, None], g, 0.0)
+        wi = tl.load(w + cols * W + i, mask=mc, other=0.0).to(XDT).to(tl.float32)
+        dxp += g * wi[None, :]
+    if HAS_DNT:
+        if W > 1:
+            m_n = (s >= T) & (s < T + W - 1)
+            dxp += tl.load(dnt + (i_b * (W - 1) + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
+                           other=0.0).to(tl.float32)
+    in_x = (s >= W - 1) & (s < T + W - 1)
+    tl.store(dx + (i_b * T + s - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+             mask=in_x[:, None] & mc[None, :])
+    if DTAIL:
+        in_t = (s >= 0) & (s < W - 1)
+        tl.store(dtail + (i_b * (W - 1) + s)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
+                 mask=in_t[:, None] & mc[None, :])
+
+
+def _tl_dtype(dtype):
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
+def _rows_view(x: Tensor) -> Tensor:
+    """x itself when its channels are contiguous (any batch and row strides), else a contiguous copy."""
+    return x if x.stride(2) == 1 or x.shape[2] <= 1 else x.contiguous()
+
+
+class ShortConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass=True):
+        B, T, C = x.shape
+        W = weight.shape[-1]
+        dummy = x.new_zeros(1)
+        y = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+        new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
+        has_tail = tail is not None and W > 1
+        if B * T * C > 0:
+            grid = (triton.cdiv(T, _FWD["BT"]), triton.cdiv(C, _FWD["BC"]), B)
+            _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                            positions if positions is not None else dummy, y, new_tail if W > 1 else dummy, T, C,
+                            x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+                            BW=triton.next_power_of_2(max(W - 1, 1)), BT=_FWD["BT"], BC=_FWD["BC"],
+                            HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+                            num_warps=_FWD["num_warps"])
+        elif W > 1 and B * C > 0:  # T = 0: the tail carries over
+            new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+        ctx.save_for_backward(x, tail, weight, bias, positions)
+        ctx.silu, ctx.one_pass = silu, one_pass
+        return y, new_tail
+
+    @staticmethod
+    def backward(ctx, dy, dnt):
+        x, tail, weight, bias, positions = ctx.saved_tensors
+        B, T, C = x.shape
+        W = weight.shape[-1]
+        need = ctx.needs_input_grad
+        dummy = x.new_zeros(1)
+        has_tail = tail is not None and W > 1
+        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+        want_dtail = tail is not None and need[1]
+        dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
+        cfg = _BWD
+        fused = bool(ctx.one_pass) and T > 0
+        if fused:  # programs of F_NBLK blocks owning FBT − W + 1 xp rows each
+            FBT = max(cfg["F_BT"], triton.next_power_of_2(2 * W))
+            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), cfg["F_NBLK"])
+        else:
+            NR = triton.cdiv(T, cfg["NBLK"] * cfg["BT"])  # output rows per dpre program
+        dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
+        db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
+        has_dnt = dnt is not None and W > 1
+        if B * C > 0 and T > 0 and fused:
+            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
+            _conv_bwd_fused[(NR, triton.cdiv(C, cfg["F_BC"]), B)](
+                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                positions if positions is not None else dummy, dy, dnt.contiguous() if has_dnt else dummy, dx,
+                dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+                T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
+                BT=FBT, BC=cfg["F_BC"], NBLK=cfg["F_NBLK"], HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+                HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
+                num_warps=cfg["F_warps"])
+        elif B * C > 0 and T > 0:
+            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
+            dpre = empty_output(B, T, C, dtype=torch.float32 if cfg["dpre_fp32"] else x.dtype, device=x.device)
+            _conv_bwd_dpre[(NR, triton.cdiv(C, cfg["BC"]), B)](
+                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                positions if positions is not None else dummy, dy, dpre, dw_part,
+                db_part if db_part is not None else dummy, T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype),
+                W=W, BW=triton.next_power_of_2(W), BT=cfg["BT"], BC=cfg["BC"], NBLK=cfg["NBLK"],
+                HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=ctx.silu,
+                num_warps=cfg["num_warps"])
+            _conv_bwd_dx[(triton.cdiv(T + W - 1, cfg["DX_BT"]), triton.cdiv(C, cfg["DX_BC"]), B)](
+                dpre, weight, positions if positions is not None else dummy,
+                dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
+                XDT=_tl_dtype(x.dtype), W=W, BT=cfg["DX_BT"], BC=cfg["DX_BC"], HAS_POS=positions is not None,
+                HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, num_warps=cfg["DX_warps"])
+        else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
+            dx.zero_()
+            dw_part.zero_()
+            if db_part is not None:
+                db_part.zero_()
+            if dtail is not None:
+                dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
+        dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
+        db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
+        return (dx if need[0] else None), dtail, dw, db, None, None, None
+
+def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
+               positions: Tensor | None = None, activation: str | None = "silu", *, recompute_outputs: bool = True,
+               one_pass_backward: bool = True) -> tuple[Tensor, Tensor]:
+    """(y [B, T, C], new tail [B, W − 1, C], both in x's dtype) of `ShortConv` (see the module doc).
+
+    x [B, T, C] fp32/bf16/fp16 (channels contiguous, any batch and row strides, e.g. a slice
+    [..., a:a + C] of a wider projection: read in place; other layouts are copied); weight [C, 1, W]
+    (nn.Conv1d's depthwise weight, W ≤ MAX_CONV_WIDTH) or [C, W]; bias [C] or None; tail
+    [B, W − 1, C] or None (zeros); positions [B, T] integer (each token's position inside its
+    document) or None; activation "silu" or None. Differentiable in x, tail, weight and bias.
+
+    recompute_outputs: the output carries what recomputes it (`conv_source`): an op downstream that would keep the
+    output for its backward (the delta prologue's raw q, k; the delta memory op's v) keeps that instead — the conv's
+    own inputs, which its backward keeps anyway — and recomputes the output, bitwise (the same kernel on the same
+    inputs), in its backward. False: every consumer keeps its own copy of the output (A/B of memory and time).
+    one_pass_backward: the backward in one kernel (`_conv_bwd_fused`, the faster on the H100), else the two kernels
+    (dpre into a scratch, then dx)."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype not in _DTYPES:
+        raise InputError(f"x must be a 3-D [B, T, C] fp32/bf16/fp16 tensor, got "
+                         f"{f'{list(x.shape)} {x.dtype}' if isinstance(x, Tensor) else type(x).__name__}")
+    B, T, C = x.shape
+    if not isinstance(weight, Tensor) or weight.dim() not in (2, 3) or weight.shape[0] != C \
+            or (weight.dim() == 3 and weight.shape[1] != 1):
+        raise InputError(f"weight must be [C, 1, W] or [C, W] with C = {C}, got "
+                         f"{list(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    W = weight.shape[-1]
+    if not 1 <= W <= MAX_CONV_WIDTH:
+        raise InputError(f"the kernel width W must be 1..{MAX_CONV_WIDTH}, got {W}")
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (C,)):
+        raise InputError(f"bias must be [C] = {[C]} or None, got {list(bias.shape)}")
+    if tail is not None and (not isinstance(tail, Tensor) or tuple(tail.shape) != (B, W - 1, C)):
+        raise InputError(f"tail must be [B, W − 1, C] = {[B, W - 1, C]} or None, got {list(tail.shape)}")
+    if positions is not None and (not isinstance(positions, Tensor) or tuple(positions.shape) != (B, T)
+                                  or positions.is_floating_point() or positions.is_complex()):
+        got = f"{list(positions.shape)} {positions.dtype}" if isinstance(positions, Tensor) else repr(positions)
+        raise InputError(f"positions must be an integer [B, T] = {[B, T]} tensor or None, got {got}")
+    if activation not in ("silu", None):
+        raise InputError(f"activation must be 'silu' or None, got {activation!r}")
+    given = [t for t in (x, weight, bias, tail, positions) if t is not None]
+    if any(t.device != x.device for t in given):
+        raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
+                         f"{[str(t.device) for t in given]}")
+    c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
+    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
+            bool(one_pass_backward))
+    y, new_tail = ShortConvFn.apply(*args)
+    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
+        y._conv_source = _ConvSource(args, y)
+    return y, new_tail
+
+
+class _ConvSource:
+    """What recomputes a conv output bitwise: the call's arguments (the conv's backward keeps them anyway) and the
+    versions of every tensor among them and of the output, so that an in-place change since makes it invalid."""
+
+    __slots__ = ("args", "versions")
+
+    def __init__(self, args: tuple, y: Tensor):
+        self.args = args
+        self.versions = self._versions(y)
+
+    def _versions(self, y: Tensor) -> tuple:
+        return tuple(t._version for t in self.args if isinstance(t, Tensor)) + (y._version,)
+
+    def valid(self, y: Tensor) -> bool:
+        return self._versions(y) == self.versions
+
+    def recompute(self) -> Tensor:
+        with torch.no_grad():
+            return ShortConvFn.apply(*self.args)[0]
+
+
+def conv_source(t: Tensor | None):
+    """(source, size, stride, offset) when t is, unmodified, a `short_conv` output or a view of one — what
+    `conv_recompute` makes t again from — else None."""
+    if not isinstance(t, Tensor):
+        return None
+    base = t if t._base is None else t._base
+    src = getattr(base, "_conv_source", None)
+    if src is None or not src.valid(base):
+        return None
+    return src, tuple(t.size()), tuple(t.stride()), t.storage_offset()
+
+
+def conv_recompute(source) -> Tensor:
+    """t again, bitwise, from `conv_source(t)`: the conv's forward kernel on the same inputs, viewed as t was."""
+    src, size, stride, offset = source
+    return src.recompute().as_strided(size, stride, offset)

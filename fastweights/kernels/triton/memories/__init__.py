@@ -1,0 +1,17 @@
+"""The kernels of the memories beyond the two linear classes: a deep or solved memory's whole inner loop
+in one program, each way.
+
+    ttt.py            TTT-Linear's inner mini-batch loop (`kernels.rows.ttt_linear_chunk`; interpreter-verified,
+                      not yet run on a GPU): one program per (sequence, value head) walks the mini-batches with
+                      the fast weights in registers, each way (the backward recomputes each mini-batch from its
+                      stored anchor)
+    ttt_mlp.py        TTT-MLP's, the same design for a two-layer memory (`kernels.rows.ttt_mlp_chunk`)
+    mesa_cg.py        MesaNet's chunked conjugate-gradient solve (`kernels.rows.mesa_chunk`: the torch chunk form
+                      with both CG solves in the kernel; interpreter-verified, not yet run on a GPU): one program
+                      per chunk runs every CG iteration of its C systems, x, r, p and the chunk's Hs, kc, A in
+                      registers (C ≤ 64, K ≤ 128), and the per-token residual
+    newton_schulz.py  the mini-batch form's Muon step (ATLAS: `kernels.rows.generic_chunk`, the torch mini-batch
+                      form with this kernel; interpreter-verified): Newton–Schulz on every token's r × r Gram
+                      matrix (r ≤ 64), one program per matrix each way, the iteration in registers (the backward
+                      recomputes it)
+"""

@@ -1,0 +1,177 @@
+"""MesaNet's chunked conjugate-gradient solve (`chunkwise.mesa._cg_flat`) in one Triton program per chunk: every
+CG iteration of a chunk's C systems in one launch, each way (the backward's solve is the same kernel).
+
+Per chunk m (M = B·H·N chunks, the batch, heads and chunks flattened; h = head of m), for every token t of it:
+
+    (H_t + Λ) x_t = b_t,   (H_t + Λ) x = d_t (x Hsᵀ) + Σ_{j≤t} A_tj (k_j · x) k_j + λ ⊙ x
+
+— on all C rows at once: Y = d ⊙ (X Hsᵀ) + ((X kcᵀ) ⊙ A) kc + λ ⊙ X (the torch form's `_flat_matvec`). From
+x₀ = 0 it runs exactly `steps` iterations of the torch CG (`chunkwise.mesa._cg`; no early stop, the same
+guards):
+
+    Ap = op(p);  α = rr / (p·Ap + 1e-30);  x += α p;  r −= α Ap;  rr' = r·r;  p = r + (rr' / (rr + 1e-30)) p
+
+per row, then one more matvec for the per-token relative residual ‖op(x_t) − b_t‖ / max(‖b_t‖, 1e-30) (what
+`mesa_chunk` reports; the torch path computes it by a separate pass). A padded token (b_t = 0) gets α = 0: x_t = 0,
+residual 0, as in the torch form.
+
+Layout (fp32, contiguous): b, kc, x [M, C, K]; d [M, C]; Hs [M, K, K] (symmetric, read as Hsᵀ as the torch form
+does); A [M, C, C] (lower-triangular decays × β); λ [H, K] (head h = (m // N) mod H); res [M, C]. The program
+keeps x, r, p, Ap [C, K] and Hsᵀ, kc, A in registers (fp32; C ≤ MAX_CG_C = 64, K ≤ MAX_CG_K = 128, each padded to
+a power of two ≥ 16 — tl.dot's tile — and masked: padded rows and columns stay 0), products by tl.dot "ieee"
+(fp32 FMAs, as torch's fp32 bmm without TF32). At C = 64, K = 128 that is ~230 KiB of fp32 per program: the
+compiler spills part of it (to L1/L2-resident local memory); K = 64 fits.
+
+Cost per chunk and solve (s = steps):
+    FLOPs  (s + 1)·(2CK² + 4C²K + ~12CK)   (C = K = 64, s = 30: 4.9e7)
+    bytes  4·(2CK + K² + C² + C + K) read + 4·(CK + C) written   (C = K = 64: 66 KiB + 16.6 KiB)
+against the torch form's ~14 launches per iteration, each a round trip of [M, C, K] through GPU memory.
+
+`mesa_cg_triton` (the kernel), `mesa_cg_torch` (its twin: the torch CG on the same contract) and `mesa_cg` (the
+glue: the kernel on CUDA tensors or under the interpreter, the twin elsewhere) take and return the same tensors.
+Differentiation is the caller's (`chunkwise.mesa._CGSolve`: implicit, the backward solve by the same function).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_CG_C, MAX_CG_K
+from ..common.util import pow2
+
+Tensor = torch.Tensor
+
+__all__ = ["mesa_cg", "mesa_cg_triton", "mesa_cg_torch", "cg_kernel_serves", "MAX_CG_C", "MAX_CG_K"]
+
+#: tl.dot's input precision ("ieee": fp32 FMAs, what the torch CG computes).
+PREC = "ieee"
+
+
+@triton.jit
+def _matvec(X, d, HsT, kc, A, lam, PREC: tl.constexpr):
+    """d ⊙ (X Hsᵀ) + ((X kcᵀ) ⊙ A) kc + λ ⊙ X for X [BC, BK] (the torch form's `_flat_matvec`)."""
+    y = lam[None, :] * X + tl.dot(d[:, None] * X, HsT, input_precision=PREC)
+    s = tl.dot(X, tl.trans(kc), input_precision=PREC) * A
+    return y + tl.dot(s, kc, input_precision=PREC)
+
+
+@triton.jit
+def _cg_kernel(b_ptr, d_ptr, hs_ptr, k_ptr, a_ptr, lam_ptr, x_ptr, res_ptr, N, H, C, K, steps,
+               BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    h = (m // N) % H
+    rc = tl.arange(0, BC)
+    rk = tl.arange(0, BK)
+    mc = rc < C
+    mk = rk < K
+    ck = mc[:, None] & mk[None, :]
+    off = m * C * K + rc[:, None] * K + rk[None, :]
+    b = tl.load(b_ptr + off, mask=ck, other=0.0)
+    kc = tl.load(k_ptr + off, mask=ck, other=0.0)
+    # Hsᵀ[i, j] = Hs[j, i]
+    HsT = tl.load(hs_ptr + m * K * K + rk[None, :] * K + rk[:, None], mask=mk[:, None] & mk[None, :], other=0.0)
+    A = tl.load(a_ptr + m * C * C + rc[:, None] * C + rc[None, :], mask=mc[:, None] & mc[None, :], other=0.0)
+    d = tl.load(d_ptr + m * C + rc, mask=mc, other=0.0)
+    lam = tl.load(lam_ptr + h * K + rk, mask=mk, other=0.0)
+
+    x = tl.zeros((BC, BK), dtype=tl.float32)
+    r = b
+    p = b
+    rr = tl.sum(r * r, axis=1)
+    for _ in range(steps):
+        Ap = _matvec(p, d, HsT, kc, A, lam, PREC)
+        alpha = rr / (tl.sum(p * Ap, axis=1) + 1e-30)
+        x = x + alpha[:, None] * p
+        r = r - alpha[:, None] * Ap
+        rr_new = tl.sum(r * r, axis=1)
+        p = r + (rr_new / (rr + 1e-30))[:, None] * p
+        rr = rr_new
+    e = _matvec(x, d, HsT, kc, A, lam, PREC) - b
+    res = tl.sqrt(tl.sum(e * e, axis=1)) / tl.maximum(tl.sqrt(tl.sum(b * b, axis=1)), 1e-30)
+    tl.store(x_ptr + off, x, mask=ck)
+    tl.store(res_ptr + m * C + rc, res, mask=mc)
+
+
+def cg_kernel_serves(C: int, K: int, dtype: torch.dtype) -> str | None:
+    """Why the CG kernel cannot solve chunks of C tokens with K-wide keys in `dtype` (None when it can): fp32 (the
+    float64 checks stay on the torch CG), C ≤ MAX_CG_C, K ≤ MAX_CG_K (its register tiles)."""
+    if dtype != torch.float32:
+        return f"the Mesa CG kernel solves in fp32, not {dtype}"
+    if C > MAX_CG_C:
+        return f"the Mesa CG kernel takes chunks C ≤ {MAX_CG_C}, got {C}"
+    if K > MAX_CG_K:
+        return f"the Mesa CG kernel takes key dims K ≤ {MAX_CG_K}, got {K}"
+    return None
+
+
+def _flat(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor):
+    """The contract's tensors (b, kc [B, H, N, C, K]; d [B, H, N, C, 1]; Hs [B, H, N, K, K]; A [B, H, N, C, C];
+    λ [1, H, 1, 1, K], any broadcastable views) as the kernel reads them: contiguous [M, ...] and λ [H, K]."""
+    B, H, N, C, K = b.shape
+    M = B * H * N
+    flat = (b.reshape(M, C, K), d.expand(B, H, N, C, 1).reshape(M, C), Hs.reshape(M, K, K),
+            kc.reshape(M, C, K), A.expand(B, H, N, C, C).reshape(M, C, C), lam.expand(1, H, 1, 1, K).reshape(H, K))
+    return tuple(t.contiguous() for t in flat)
+
+
+def _check(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int) -> None:
+    if b.dim() != 5:
+        raise InputError(f"b must be [B, H, N, C, K], got {list(b.shape)}")
+    B, H, N, C, K = b.shape
+    for name, t, shape in (("kc", kc, (B, H, N, C, K)), ("Hs", Hs, (B, H, N, K, K))):
+        if tuple(t.shape) != shape:
+            raise InputError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    for name, t, shape in (("d", d, (B, H, N, C, 1)), ("A", A, (B, H, N, C, C)), ("lam", lam, (1, H, 1, 1, K))):
+        if t.dim() != 5 or any(s not in (1, w) for s, w in zip(t.shape, shape)):
+            raise InputError(f"{name} must broadcast to {list(shape)}, got {list(t.shape)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise InputError(f"steps must be an int ≥ 0, got {steps!r}")
+
+
+def mesa_cg_triton(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int):
+    """(x [B, H, N, C, K], res [B, H, N, C]): `steps` CG iterations of (H_t + Λ) x_t = b_t for every token of every
+    chunk in one launch, and each token's relative residual (see the module doc). b, kc [B, H, N, C, K]; d
+    [B, H, N, C, 1]; Hs [B, H, N, K, K]; A [B, H, N, C, C]; λ [1, H, 1, 1, K]; fp32, C ≤ MAX_CG_C, K ≤ MAX_CG_K.
+    Not differentiable itself (the caller's implicit backward solves again)."""
+    _check(b, d, Hs, kc, A, lam, steps)
+    B, H, N, C, K = b.shape
+    why = cg_kernel_serves(C, K, b.dtype)
+    if why is not None:
+        raise InputError(why)
+    bf, df, Hf, kf, Af, lf = _flat(*(t.detach().to(torch.float32) for t in (b, d, Hs, kc, A, lam)))
+    M = B * H * N
+    x = empty_output(M, C, K, dtype=torch.float32, device=b.device)
+    res = empty_output(M, C, dtype=torch.float32, device=b.device)
+    if M > 0 and C > 0 and K > 0:
+        BC, BK = pow2(C), pow2(K)
+        _cg_kernel[(M,)](bf, df, Hf, kf, Af, lf, x, res, N, H, C, K, steps, BC=BC, BK=BK, PREC=PREC,
+                         num_warps=4 if BK <= 64 else 8)
+    return x.view(B, H, N, C, K), res.view(B, H, N, C)
+
+
+def mesa_cg_torch(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int):
+    """The kernel's twin on the same contract: the torch CG of `chunkwise.mesa` (`_cg_flat`) and the relative
+    residual by one more `_flat_matvec` (any dtype, any device)."""
+    from ....chunkwise.mesa import _cg_flat, _flat_matvec
+
+    _check(b, d, Hs, kc, A, lam, steps)
+    B, H, N, C, K = b.shape
+    with torch.no_grad():
+        x = _cg_flat(b, d, Hs, kc, A, lam, steps)
+        b3 = b.reshape(-1, C, K)
+        e = _flat_matvec(d, Hs, kc, A, lam)(x.reshape(-1, C, K)) - b3
+        res = e.norm(dim=-1) / b3.norm(dim=-1).clamp_min(1e-30)
+    return x, res.view(B, H, N, C)
+
+
+def mesa_cg(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int):
+    """The glue: `mesa_cg_triton` on CUDA tensors or under Triton's interpreter (CPU tensors in the tests), else
+    `mesa_cg_torch` (same contract, same results to fp32 rounding)."""
+    if b.is_cuda or interpreter.interpreting():
+        return mesa_cg_triton(b, d, Hs, kc, A, lam, steps)
+    return mesa_cg_torch(b, d, Hs, kc, A, lam, steps)

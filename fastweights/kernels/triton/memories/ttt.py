@@ -1,0 +1,466 @@
+"""TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in one Triton
+program per (sequence, value head), each way.
+
+The memory (Sun et al. 2024): a linear map with an inner bias inside a residual LayerNorm over the
+value dim D (K = V = D), M(x) = x + γ ⊙ LN(x W + b) + β_ln (γ, β_ln [H, D]: outer parameters, not
+trained by the inner loop); inner loss ½‖M(k) − v‖², mini-batches of b tokens aligned to the sequence
+start, TTT's averaged gd: within a mini-batch every gradient is taken at its start (the anchor A, a)
+and the weights at its i-th token are
+
+    W_i = A + P_i / i,   P_i = P_0 − Σ_{j ≤ i} η_j k_jᵀ e_j,   b_i = a + p_i / i,   p_i = p_0 − Σ_{j ≤ i} η_j e_j
+
+(η the per-token inner learning rate, the call's β; e_j = ∂ℓ_j/∂f at the anchor, f = k_j A + a;
+P_0 = o (W_s − A) carries the o tokens of the mini-batch consumed before this call; 0 otherwise). The
+per-token error e (rows [b, D] of one mini-batch):
+
+    f = K A + a,  n = LN(f),  s = 1/σ(f),  dy = (K + β_ln − V) + γ ⊙ n,  u = γ ⊙ dy
+    e = s ⊙ (u − mean(u) − n ⊙ mean(u ⊙ n))                                  (LayerNorm's backward)
+
+and the read at the queries x = scale·q, in the dual form (no per-token W is formed):
+
+    z_t = x_t A + a + (x_t P_0 + p_0) / i_t − Σ_{j ≤ t} M_tj e_j,   M_tj = η_j (x_t · k_j + 1) / i_t
+    o_t = x_t + γ ⊙ LN(z_t) + β_ln                   (i_t: token t's 1-based position in its mini-batch)
+
+Forward (`_fwd_kernel`): the program keeps A, a, P, p in registers (fp32), walks the mini-batches,
+writes o and, per mini-batch, its anchor (A, a) — the only thing the backward cannot recompute cheaply
+(D² + D fp32 values per mini-batch: 4D²/b bytes a token); at a mini-batch end the anchor rolls,
+A ← A + P / b, P ← 0. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i
+for its i tokens (the glue).
+
+Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
+gradients of (A, a) and of the mini-batch's end sums (P, p) carried in registers (P_0's own gradient only
+when the call continues a mini-batch: HAS_P); the per-(b, h) sums of dγ, dβ_ln are written as
+partials [B, H, D] and summed over B by the glue; dq, dk of grouped heads are written per value head
+and summed over the group by the glue.
+
+`ttt_linear_triton` (glue, autograd) and its torch twin on the same contract (`chunkwise.minibatch`; the tests'
+tests/kernels/memories/twins.py) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
+of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
+per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
+reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
+offset, and the torch chunk form has no varlen). fp32 products (tl.dot at input precision `PREC`, "ieee" by
+default: fp32 FMAs).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.limits import MAX_TTT_DIM, TTT_MINIBATCHES
+from ..common.util import pow2
+
+Tensor = torch.Tensor
+
+__all__ = ["ttt_linear_triton", "TTT_LAUNCH"]
+
+#: Launch settings of both kernels (not swept on a GPU yet); PREC the tl.dot input precision.
+TTT_LAUNCH = dict(num_warps=4, num_stages=1)
+PREC = "ieee"
+LN_EPS = 1e-6  # inner.LN_EPS
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _ln(f, cm, D: tl.constexpr, EPS: tl.constexpr):
+    """(LN(f), 1/σ) over the D valid columns (cm) of the rows of f [R, BD]; padded columns 0."""
+    mu = tl.sum(f, axis=1) / D
+    fc = tl.where(cm[None, :], f - mu[:, None], 0.0)
+    inv = 1.0 / tl.sqrt(tl.sum(fc * fc, axis=1) / D + EPS)
+    return fc * inv[:, None], inv
+
+
+@triton.jit
+def _ln_back(n, inv, g, cm, D: tl.constexpr):
+    """LayerNorm's backward s (g − mean(g) − n mean(g ⊙ n)) row-wise; padded columns 0."""
+    m1 = tl.sum(g, axis=1) / D
+    m2 = tl.sum(g * n, axis=1) / D
+    return tl.where(cm[None, :], inv[:, None] * (g - m1[:, None] - n * m2[:, None]), 0.0)
+
+
+@triton.jit
+def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+          BD: tl.constexpr, BT: tl.constexpr):
+    """Mini-batch s's rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
+    s·b + r − off): x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token
+    rows' offsets and validity."""
+    r = tl.arange(0, BT)
+    c = tl.arange(0, BD)
+    cm = c < D
+    t = s * BT + r - off
+    valid = (t >= 0) & (t < T)
+    row = bos + tl.where(valid, t, 0)
+    i_hq = i_h // (H // HQ)
+    m = valid[:, None] & cm[None, :]
+    qk_off = (row[:, None] * HQ + i_hq) * D + c[None, :]
+    hv_off = (row[:, None] * H + i_h) * D + c[None, :]
+    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
+    kk = tl.load(k + qk_off, mask=m, other=0.0).to(tl.float32)
+    vv = tl.load(v + hv_off, mask=m, other=0.0).to(tl.float32)
+    eta = tl.load(beta + row * H + i_h, mask=valid, other=0.0).to(tl.float32)
+    return x, kk, vv, eta, row, valid, m
+
+
+@triton.jit
+def _sequence(i_b, T, off, NS, cu, slots, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(first row, tokens, mini-batches, first anchor slot) of sequence (batch row) i_b."""
+    if IS_VARLEN:
+        bos = tl.load(cu + i_b).to(tl.int64)
+        n = (tl.load(cu + i_b + 1).to(tl.int64) - bos).to(tl.int32)
+        ns = (off + n + BT - 1) // BT
+        slot0 = tl.load(slots + i_b).to(tl.int64)
+    else:
+        bos = i_b.to(tl.int64) * T
+        n = T
+        ns = NS
+        slot0 = i_b.to(tl.int64) * NS
+    return bos, n, ns, slot0
+
+
+@triton.jit
+def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+    """The inner gradient's factors at the anchor: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
+    f = _dot(kk, A, PREC) + a[None, :]
+    n, inv = _ln(f, cm, D, EPS)
+    dy = tl.where(cm[None, :], kk + lnb[None, :] - vv, 0.0) + lnw[None, :] * n
+    u = lnw[None, :] * dy
+    return n, inv, dy, u, _ln_back(n, inv, u, cm, D)
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, cu, slots,
+                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]  # [BD, BD] of one (b, h) state
+    bi = i_bh.to(tl.int64) * D + c
+    A = tl.load(A0 + st, mask=sm, other=0.0)
+    a = tl.load(a0 + bi, mask=cm, other=0.0)
+    P = tl.load(P0 + st, mask=sm, other=0.0)
+    p = tl.load(p0 + bi, mask=cm, other=0.0)
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
+    tri = r[:, None] >= r[None, :]
+    for s in range(0, ns):
+        roll = tl.where(s > 0, 1.0, 0.0)  # a new mini-batch: the anchor becomes the previous one's end weights
+        A = A + P * (roll / BT)
+        a = a + p * (roll / BT)
+        P = P * (1.0 - roll)
+        p = p * (1.0 - roll)
+        if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
+            ck = (slot0 + s) * H + i_h
+            tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
+            tl.store(cka + ck * D + c, a, mask=cm)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+        n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
+        S = _dot(x, tl.trans(kk), PREC) + 1.0
+        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
+        z = _dot(x, A, PREC) + a[None, :] + (_dot(x, P, PREC) + p[None, :]) / ipos[:, None] - _dot(M, e, PREC)
+        nz, invz = _ln(z, cm, D, EPS)
+        out = x + lnw[None, :] * nz + lnb[None, :]
+        tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
+        ee = e * eta[:, None]
+        P = P - _dot(tl.trans(kk), ee, PREC)
+        p = p - tl.sum(ee, axis=0)
+    tl.store(Aout + st, A, mask=sm)
+    tl.store(aout + bi, a, mask=cm)
+    tl.store(Pout + st, P, mask=sm)
+    tl.store(pout + bi, p, mask=cm)
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, daout, dPout, dpout,
+                dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
+                H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]
+    bi = i_bh.to(tl.int64) * D + c
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    # gradients of the carried state: gA, ga (the anchor, passed through), gPo, gpo (the mini-batch's end sums)
+    gA = tl.load(dAout + st, mask=sm, other=0.0)
+    ga = tl.load(daout + bi, mask=cm, other=0.0)
+    gPo = tl.load(dPout + st, mask=sm, other=0.0)
+    gpo = tl.load(dpout + bi, mask=cm, other=0.0)
+    glnw = tl.zeros([BD], dtype=tl.float32)
+    glnb = tl.zeros([BD], dtype=tl.float32)
+    if HAS_P:
+        gP = tl.zeros([BD, BD], dtype=tl.float32)
+        gp = tl.zeros([BD], dtype=tl.float32)
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    for si in range(0, ns):
+        s = ns - 1 - si
+        first = s == 0
+        ck = (slot0 + s) * H + i_h
+        A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
+        a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+        n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
+        S = _dot(x, tl.trans(kk), PREC) + 1.0
+        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
+        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
+        if HAS_P:
+            P = tl.load(P0 + st, mask=sm & first, other=0.0)  # the carried sums enter the first mini-batch only
+            p = tl.load(p0 + bi, mask=cm & first, other=0.0)
+            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
+        nz, invz = _ln(z, cm, D, EPS)
+        # o = x + γ ⊙ LN(z) + β_ln
+        hv = (row[:, None] * H + i_h) * D + c[None, :]
+        dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
+        glnw += tl.sum(dO * nz, axis=0)
+        glnb += tl.sum(dO, axis=0)
+        dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
+        # z = x A + a + (x P + p) / i − M e
+        dx = dO + _dot(dz, tl.trans(A), PREC)
+        gA += _dot(tl.trans(x), dz, PREC)
+        ga += tl.sum(dz, axis=0)
+        if HAS_P:
+            dzi = dz / ipos[:, None]
+            dx += _dot(dzi, tl.trans(P), PREC)
+            gP = gPo + _dot(tl.trans(x), dzi, PREC)
+            gp = gpo + tl.sum(dzi, axis=0)
+        dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
+        de = -_dot(tl.trans(M), dz, PREC)
+        dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
+        deta = tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0)
+        dx += _dot(dS, kk, PREC)
+        dkk = _dot(tl.trans(dS), x, PREC)
+        # the mini-batch's end sums: P_end = P − kᵀ (η ⊙ e), p_end = p − Σ η e
+        kg = _dot(kk, gPo, PREC) + gpo[None, :]
+        dkk -= _dot(e * eta[:, None], tl.trans(gPo), PREC)
+        de -= eta[:, None] * kg
+        deta -= tl.sum(e * kg, axis=1)
+        # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
+        dinv = tl.sum(de * e, axis=1) / inv
+        du = _ln_back(n, inv, de, cm, D)
+        mu_un = tl.sum(u * n, axis=1) / D
+        mg_n = tl.sum(de * n, axis=1) / D
+        dn = tl.where(cm[None, :], -inv[:, None] * (de * mu_un[:, None] + mg_n[:, None] * u), 0.0)
+        ddy = lnw[None, :] * du
+        glnw += tl.sum(du * dy + ddy * n, axis=0)
+        glnb += tl.sum(ddy, axis=0)
+        dn += lnw[None, :] * ddy
+        dkk += ddy
+        df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
+        # f = k A + a
+        dkk += _dot(df, tl.trans(A), PREC)
+        gA += _dot(tl.trans(kk), df, PREC)
+        ga += tl.sum(df, axis=0)
+        # per value head: the glue sums dq, dk over grouped heads
+        tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
+        tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
+        tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
+        tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
+        # into the previous mini-batch: A_s = A_{s−1} + P_end / b (its P_s is 0)
+        gPo = gA / BT
+        gpo = ga / BT
+    if HAS_P:
+        tl.store(dP0 + st, gP, mask=sm)
+        tl.store(dp0 + bi, gp, mask=cm)
+    tl.store(dA0 + st, gA, mask=sm)
+    tl.store(da0 + bi, ga, mask=cm)
+    tl.store(dlnw + bi, glnw, mask=cm)
+    tl.store(dlnb + bi, glnb, mask=cm)
+
+
+class _Plan(NamedTuple):
+    """Where the mini-batches of a call lie: R sequences (B, or N with cu_seqlens), NS mini-batches per
+    sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
+    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `last` [R] the tokens
+    of each sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+
+    R: int
+    NS: int
+    slots: int
+    first: Tensor | None
+    last: list[int]
+
+
+def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> _Plan:
+    def count(n):  # mini-batches a sequence of n tokens touches
+        return -(-(offset + n) // b)
+
+    def last(n):
+        return offset + n - (count(n) - 1) * b
+
+    if cu is None:
+        return _Plan(B, count(T), B * count(T), None, [last(T)] * B)
+    lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    counts = [count(n) for n in lengths]
+    first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
+    return _Plan(len(lengths), 0, sum(counts), first, [last(n) for n in lengths])
+
+
+def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
+    """The tokens of each sequence's last mini-batch, to divide its end sums by: a Python number when every sequence
+    has the same (no host-to-device copy, so a CUDA graph can capture the call), else [R, 1, …] (dims in all)."""
+    if len(set(plan.last)) == 1:
+        return float(plan.last[0])
+    return torch.tensor(plan.last, dtype=torch.float32, device=device).view((-1,) + (1,) * (dims - 1))
+
+
+class _TTTLinear(torch.autograd.Function):
+    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
+    lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
+    the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
+    [N+1] on the device, or None) and the `_Plan`. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each
+    sequence's last mini-batch, fp32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan):
+        B, T, Hq, D = q.shape
+        H = v.shape[2]
+        R = plan.R
+        dev = q.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        o = empty_output(B, T, H, D, dtype=v.dtype, device=dev)
+        ckA = empty_output(*((max(plan.slots, 1), H, D, D) if save else (1,)), **f32)
+        cka = empty_output(*((max(plan.slots, 1), H, D) if save else (1,)), **f32)
+        outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
+                empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
+        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=PREC, IS_VARLEN=cu is not None)
+        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
+                              plan.NS, **geo, SAVE=save, **TTT_LAUNCH)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
+        return (o, *outs)
+
+    @staticmethod
+    def backward(ctx, do, dA, da, dP, dp):
+        q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
+        B, T, Hq, D = q.shape
+        H = v.shape[2]
+        R = ctx.plan.R
+        dev = q.device
+        f32 = dict(dtype=torch.float32, device=dev)
+
+        def grad_in(g, *shape):
+            return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
+
+        do = grad_in(do, B, T, H, D)
+        gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
+        dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
+        dv = empty_output(B, T, H, D, **f32)
+        dbeta = empty_output(B, T, H, **f32)
+        dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
+        has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        dA0, da0 = empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)
+        dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
+        seq = seq if seq else (dq, dq)
+        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
+                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+                              HAS_P=has_p, **TTT_LAUNCH)
+        if Hq != H:  # grouped heads: the value heads of one q/k head summed
+            dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
+            dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
+                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
+                None, None)
+
+
+def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, minibatch: int, cu_seqlens):
+    """The checks every TTT kernel (`name`: "TTT-Linear", "TTT-MLP") makes of its call but the weights': (H, D, cu,
+    R) — value heads, head dim, the boundaries of cu_seqlens (a list, or None) and the state's rows — or InputError
+    naming the argument (shapes and dtypes; cu_seqlens's values)."""
+    from ....chunkwise.varlen import check_cu_seqlens
+    from ....inputs import check_tensor
+    from ..args import check_qkv
+
+    B, T, Hq, H, D, V = check_qkv(q, k, v)
+    if V != D:
+        raise InputError(f"the {name} kernels take v's head dim equal to q's and k's D={D}, got {V}")
+    if D > MAX_TTT_DIM:
+        raise InputError(f"the {name} kernels take head dims D ≤ {MAX_TTT_DIM}, got {D}")
+    if minibatch not in TTT_MINIBATCHES:
+        raise InputError(f"the {name} kernels take a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
+        raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
+    check_tensor("beta", beta, (B, T, H), values=False)
+    check_tensor("ln_weight", ln_weight, (H, D), values=False)
+    check_tensor("ln_bias", ln_bias, (H, D), values=False)
+    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
+    return H, D, cu, B if cu is None else len(cu) - 1  # R: one state row per sequence
+
+
+def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
+    """The boundaries of cu_seqlens (a list, or None), or InputError naming the argument the kernels cannot take
+    (shapes and dtypes; cu_seqlens's values)."""
+    from ....inputs import check_tensor
+
+    H, D, cu, R = check_ttt_call("TTT-Linear", q, k, v, beta, ln_weight, ln_bias, offset, minibatch, cu_seqlens)
+    for name, pair in (("weights", weights), ("anchor", anchor)):
+        if pair is None and name == "anchor":
+            continue
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InputError(f"{name} must be a pair (W [R, H, D, D], b [R, H, 1, D]), R = {R} sequences")
+        check_tensor(f"{name}[0]", pair[0], (R, H, D, D), values=False)
+        check_tensor(f"{name}[1]", pair[1], (R, H, 1, D), values=False)
+    if offset and anchor is None:
+        raise InputError("offset > 0 needs the anchor (the weights the mini-batch started from)")
+    return cu
+
+
+def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
+                      minibatch: int = 16, cu_seqlens=None):
+    """TTT-Linear's chunk form on the kernels (see the module doc); differentiable in every tensor.
+
+    q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
+    fp32/bf16/fp16; beta [B, T, H] (the inner learning rates η); ln_weight, ln_bias [H, D] (γ, β_ln);
+    weights (W [R, H, D, D], b [R, H, 1, D]) the memory's state, one row per sequence (R = B, or N with
+    cu_seqlens: int [N+1] packing N sequences along T with B = 1, each with its own state and mini-batches
+    aligned to its own start, every one continuing its carried mini-batch by `offset` tokens); anchor (same)
+    the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the
+    call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
+    mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
+    `chunkwise.minibatch`'s final MemoryState fields."""
+    cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
+    B, T = q.shape[:2]
+    W, bias = (w.float() for w in weights)
+    if offset:
+        A0, a0 = (w.float() for w in anchor)
+        P0, p0 = offset * (W - A0), offset * (bias - a0)  # what the consumed tokens added, times their count
+    else:
+        A0, a0 = W, bias
+        P0, p0 = torch.zeros_like(W), torch.zeros_like(bias)
+    plan = _plan(B, T, offset, minibatch, cu, q.device)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), ln_weight.contiguous(),
+            ln_bias.contiguous(), A0.contiguous(), a0.squeeze(2).contiguous(), P0.contiguous(),
+            p0.squeeze(2).contiguous())
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
+    cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan)
+    a, p = a.unsqueeze(2), p.unsqueeze(2)
+    last = _last_counts(plan, 4, q.device)  # a number, or [R, 1, 1, 1]
+    if cu is None:
+        off = (offset + T) % minibatch
+    else:
+        off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
+    return o, (A + P / last, a + p / last), (A, a), off

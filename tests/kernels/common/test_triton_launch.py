@@ -1,0 +1,275 @@
+"""The per-kernel launch table `fastweights.kernels.triton.common.util.LAUNCH`: every launch site of the
+chunk pipelines reads its own entry, an override reaches that launch and no other, the tile keys
+(BV, BC) are pure launch choices (other values, the same results), and a swept table loads from
+JSON (`util.load_launch`; no environment variable applies one). The GPU sweep that picks the entries is
+`scripts/gpu_kernels.py --stages sweep-kernels`.
+
+Marked `triton`: under the interpreter on a machine without CUDA (launch keywords are recorded,
+not acted on there), at tiny shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+
+import pytest
+import torch
+
+from fastweights.kernels.pipelines import DeltaPipeline, GatedPipeline
+from fastweights.kernels.triton.common import util
+from fastweights.kernels.triton.gated import chunk_gated_triton
+from fastweights.kernels.triton.layer.prologue import delta_prologue
+from tests.kernels.helpers import DEV, delta_inputs, delta_triton, grads, rel, to_dev
+from tests.tolerances import F32
+
+pytestmark = pytest.mark.triton
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+RECORDED = ("num_warps", "num_stages", "BV", "BC")  # launch keywords and tile constexprs
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """util.LAUNCH as a private copy for this test (overrides are undone after it)."""
+    monkeypatch.setattr(util, "LAUNCH", copy.deepcopy(util.LAUNCH))
+    return util.LAUNCH
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """{launch site name: [(grid, {keyword: value}) of each launch]}, recorded at every kernel of
+    util.KERNEL_FN (its `run`, which `kernel[grid](...)` calls)."""
+    rec: dict = {}
+    for name, path in util.KERNEL_FN.items():
+        mod, fn = path.rsplit(".", 1)
+        kernel = getattr(importlib.import_module(f"fastweights.kernels.triton.{mod}"), fn)
+
+        def spy(*args, grid, warmup, _run=kernel.run, _name=name, **kw):
+            rec.setdefault(_name, []).append((tuple(grid), {key: kw[key] for key in RECORDED if key in kw}))
+            return _run(*args, grid=grid, warmup=warmup, **kw)
+
+        monkeypatch.setattr(kernel, "run", spy)
+    return rec
+
+
+def _delta(x, **kw):
+    """The staged forward and backward (whatever the rule picks)."""
+    return delta_triton(x, pipeline=DeltaPipeline("staged", "staged"), **kw)
+
+
+def _delta_fused(x, **kw):
+    """The fused forward and the staged backward."""
+    return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
+
+
+def _delta_fused_bwd(x, *, t_form=False, **kw):
+    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
+    old = util.LAUNCH["delta_prepass"]["WU"]
+    util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old
+    try:
+        return delta_triton(x, pipeline=DeltaPipeline("fused", "fused"), **kw)
+    finally:
+        util.LAUNCH["delta_prepass"]["WU"] = old
+
+
+def _gated(x, *, chunk_size=16, pipeline=None):
+    d = to_dev(x)
+    return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
+                              initial_state=d["S0"], output_final_state=True, chunk_size=chunk_size,
+                              pipeline=pipeline)
+
+
+def _gated_fused(x, *, aqk=0, **kw):
+    old_aqk = util.LAUNCH["gated_fused_fwd"]["AQK"]
+    util.LAUNCH["gated_fused_fwd"]["AQK"] = aqk  # 1: the scores kernel (gated_fused_scores) runs too
+    try:
+        return _gated(x, pipeline=GatedPipeline("fused"), **kw)
+    finally:
+        util.LAUNCH["gated_fused_fwd"]["AQK"] = old_aqk
+
+
+def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
+    """(name, fn, inputs, kw) of the chunk pipelines: the delta class with each gate (staged and fused
+    forward) and Comba's decay-after (probe key, exclusive cumsum), the gated class with a scalar and a
+    diagonal gate."""
+    out = []
+    for gate in ("none", "scalar", "diagonal"):
+        out.append((f"delta {gate}", _delta, delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
+        out.append((f"delta fused {gate}", _delta_fused, delta_inputs(gate, gen, T=T, K=K, V=V),
+                    dict(chunk_size=chunk_size)))
+        if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
+            out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
+                        delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
+    out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
+                dict(chunk_size=chunk_size, decay_first=False)))
+    for gate in ("scalar", "diagonal"):
+        x = delta_inputs(gate, gen, T=T, K=K, V=V)
+        out.append((f"gated {gate}", _gated, x, dict(chunk_size=chunk_size)))
+        out.append((f"gated fused {gate}", _gated_fused, x, dict(chunk_size=chunk_size, aqk=int(gate == "diagonal"))))
+    return out
+
+
+def _prologue(gen):
+    """The delta prologue forward and backward (L2 norms, β, the KDA gate with its cumsum)."""
+    x = {"q": torch.randn(1, 20, 2, 16, generator=gen), "k": torch.randn(1, 20, 2, 16, generator=gen),
+         "b": torch.randn(1, 20, 2, generator=gen), "a": torch.randn(1, 20, 2, 16, generator=gen)}
+    leaves = {n: v.to(DEV).requires_grad_(True) for n, v in x.items()}
+    A_log, dt_bias = torch.zeros(2, device=DEV), torch.zeros(32, device=DEV)
+    out = delta_prologue(leaves["q"], leaves["k"], leaves["b"], leaves["a"], A_log, dt_bias, gate="kda")
+    sum(o.float().sum() for o in out).backward()
+
+
+def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
+    """The delta and gated pipelines (forward and backward, every gate) and the prologue launch
+    every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's defaults:
+    4 warps, 2 stages, BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
+    monkeypatch.setattr(util, "SEEN", set())
+    seed = 1
+    for _, fn, x, kw in _pipelines(gen):
+        grads(fn, x, seed, **kw)
+    _prologue(gen)
+    assert set(util.KERNEL_FN) == set(table)
+    sites = {s for s in util.SEEN if "." not in s}
+    assert sites == set(table), f"never launched: {set(table) - sites}"
+    tiles = {f"{name}.{key}" for name, cfg in table.items() for key in cfg if key[:1].isupper()}
+    assert util.SEEN - sites == tiles  # every tile key is read
+    assert set(calls) == set(table)
+    for name, launches in calls.items():
+        for _, kw in launches:
+            if name in GATED_FUSED_WARPS:  # the fused gated-linear pipeline's own defaults (fp32 inputs: 1 stage)
+                assert kw["num_warps"] in GATED_FUSED_WARPS[name] and kw["num_stages"] == 1, name
+                continue
+            # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
+            warps = 8 if name == "delta_fused_grads" else 4  # (8: its [C, K] accumulators' registers)
+            assert kw["num_warps"] == warps and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
+            if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
+                                       "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
+                                       "delta_fused_fwd_t", "delta_fused_grads"):
+                assert kw["BV"] == 16, name  # min(64, V = 16)
+    assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
+
+
+def test_override_reaches_only_its_launch(gen, table, calls):
+    """One entry changed (the delta backward state pass: 8 warps, 3 stages, BV 16 at V = 32): that
+    kernel's launches change (keywords, and the grid's V tiles), every other launch is as before,
+    the forward's results are bit-equal and the gradients equal up to the order of the ∂L/∂G_last sum."""
+    x = delta_inputs("scalar", gen, T=20, K=16, V=32)
+    seed = 3
+    before = grads(_delta, x, seed)
+    calls_before = copy.deepcopy(calls)
+    calls.clear()
+    old = util.load_launch({"delta_states_bwd": {"num_warps": 8, "num_stages": 3, "BV": 16}})
+    assert old["delta_states_bwd"] == dict(num_warps=4, num_stages=2, BV=64)
+    assert util.launch("delta_states_bwd") == dict(num_warps=8, num_stages=3)
+    assert util.launch("delta_states_fwd") == dict(num_warps=4, num_stages=2)
+    after = grads(_delta, x, seed)
+    assert set(calls) == set(calls_before)
+    for name in calls:
+        if name != "delta_states_bwd":
+            assert calls[name] == calls_before[name], name
+    (grid0, kw0), = calls_before["delta_states_bwd"]
+    (grid1, kw1), = calls["delta_states_bwd"]
+    # num_stages: 1 for these fp32 inputs whatever the table says (util.state_pass_launch)
+    assert kw0 == dict(num_warps=4, num_stages=1, BV=32) and kw1 == dict(num_warps=8, num_stages=1, BV=16)
+    assert grid1[0] == 2 * grid0[0] and grid1[1:] == grid0[1:]
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    for n in before[2]:
+        assert rel(after[2][n], before[2][n]) < F32, n
+    table.update(old)
+    assert util.launch("delta_states_bwd") == dict(num_warps=4, num_stages=2)
+
+
+STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd",
+                "delta_fused_rec", "delta_fused_rev", "delta_fused_fwd_t")
+#: The fused gated-linear pipeline's warps (util.LAUNCH): its forward 8 with the diagonal decay (WARPS_DIAG), its
+#: chunk kernel 8 (a whole chunk's dq, dk accumulators).
+GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8},
+                     "gated_fused_scores": {4}}
+
+
+def test_state_passes_unpipelined_where_shared_memory_overflows(table):
+    """The state passes keep the table's num_stages for bf16/fp16 inputs with K ≤ 128 and run with
+    num_stages 1 for fp32 inputs or K > 128 (their staged chunk tiles outgrow 227 KB on an H100)."""
+    util.load_launch({"delta_states_bwd": {"num_stages": 3}})
+    assert util.state_pass_launch("delta_states_bwd", torch.bfloat16, 128)["num_stages"] == 3
+    assert util.state_pass_launch("delta_states_bwd", torch.float16, 64)["num_stages"] == 3
+    assert util.state_pass_launch("delta_states_bwd", torch.float32, 128)["num_stages"] == 1
+    assert util.state_pass_launch("delta_states_bwd", torch.bfloat16, 256)["num_stages"] == 1
+    assert util.launch("delta_states_bwd")["num_stages"] == 3  # the table itself unchanged
+
+
+@pytest.mark.variants
+def test_tiles_are_launch_choices(gen, table):
+    """Every tile key of the table at another value (BV 16 of 32 value columns: two programs per
+    state instead of one; qk_grads' BC 16 and BC_DIAG 32 at C = 32): outputs, final state and every
+    gradient as with the defaults (fp32, only summation orders differ), all pipelines."""
+    cases = _pipelines(gen, K=32, V=32, T=40, chunk_size=32)
+    seed = 5
+    want = [grads(fn, x, seed, **kw) for _, fn, x, kw in cases]
+    other = {name: {key: (16 if key in ("BV", "BC") else 32) for key in cfg if key[:1].isupper()}
+             for name, cfg in table.items()}
+    util.load_launch({name: cfg for name, cfg in other.items() if cfg})
+    for (what, fn, x, kw), w in zip(cases, want):
+        got = grads(fn, x, seed, **kw)
+        assert rel(got[0], w[0]) < F32 and rel(got[1], w[1]) < F32, what
+        for n in w[2]:
+            assert rel(got[2][n], w[2][n]) < F32, f"d{n} {what}"
+
+
+def test_load_launch_rejects_unknown_names(table):
+    with pytest.raises(KeyError, match="unknown launch site"):
+        util.load_launch({"no_such_kernel": {"num_warps": 8}})
+    with pytest.raises(KeyError, match="has no setting"):
+        util.load_launch({"wy_bwd": {"num_warps": 8}, "cumsum": {"BV": 32}})
+    assert util.launch("wy_bwd") == dict(num_warps=4, num_stages=2)  # nothing applied
+
+
+@pytest.mark.variants
+def test_launch_table_from_a_file(tmp_path):
+    """`util.load_launch(path)` applies a swept table (e.g. best_launch.json) from its file — the only way one is
+    applied (FASTWEIGHTS_LAUNCH, read at import, is gone: it stays unread, so the defaults hold)."""
+    path = tmp_path / "best_launch.json"
+    path.write_text(json.dumps({"wy_bwd": {"num_warps": 8, "num_stages": 1}, "qk_grads": {"BC": 64}}))
+    code = ("import json, sys; from fastweights.kernels.triton.common import util; before = util.launch('wy_bwd'); "
+            "util.load_launch(sys.argv[1]); "
+            "print(json.dumps([before, util.launch('wy_bwd'), util.launch('wy_fwd'), util.tile('qk_grads', 'BC')]))")
+    env = dict(os.environ, FASTWEIGHTS_LAUNCH=str(path), PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [dict(num_warps=4, num_stages=2),
+                                                              dict(num_warps=8, num_stages=1),
+                                                              dict(num_warps=4, num_stages=2), 64]
+
+
+def test_sweep_plan_names_the_table():
+    """scripts/gpu_kernels.py's sweep-kernels plan: its order lists every launch site of the table once,
+    its tile options are tile keys of the table, every candidate is a full config of its site (the
+    default first), and gated DeltaNet's plan is the 117 candidates its docstring counts."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_kernels", os.path.join(ROOT, "scripts", "gpu_kernels.py"))
+    gk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gk)
+    gk.ARGS = argparse.Namespace(sweep_limit=0)
+    assert sorted(gk.SWEEP_ORDER) == sorted(util.LAUNCH)
+    assert set(gk.HEAVY) <= set(gk.SWEEP_ORDER)
+    for name, opts in gk.TILE_OPTIONS.items():
+        for opt in opts:
+            assert set(opt) <= {key for key in util.LAUNCH[name] if key[:1].isupper()}, name
+    gdn_tiles = {"delta_states_fwd.BV", "delta_states_bwd.BV", "output_fwd.BV", "qk_grads.BC"}
+    gdn_sites = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_fwd", "delta_output_bwd",
+                 "wy_fwd", "scores", "inverse", "delta_grads", "cumsum")
+    total = 0
+    for name in gdn_sites:
+        cands = gk._candidates(name, util.LAUNCH[name], gdn_tiles)
+        assert cands[0] == util.LAUNCH[name] and all(set(c) == set(util.LAUNCH[name]) for c in cands)
+        assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)
+        total += len(cands)
+    assert total == 117

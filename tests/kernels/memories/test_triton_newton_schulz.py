@@ -1,0 +1,103 @@
+"""fastweights.kernels.triton.memories.newton_schulz (Muon's Newton–Schulz on Gram matrices, ATLAS) against its
+torch twin `chunkwise.minibatch._newton_schulz_gram` in float64: P and the gradient of G, for Gram
+sides that pad to 16, 32 and 64, rank-deficient and ill-scaled Gram matrices and a zero one; then
+ATLAS's chunk form through the Triton row ("generic", "chunk", "triton": the torch mini-batch form
+with the kernel) against the torch row in float64, output and input gradients.
+
+Marked `triton`: under TRITON_INTERPRET=1 on a machine without CUDA (the kernel on the GPU: `pytest
+-m triton` there); outputs are NaN-poisoned. Fresh random inputs every run; the seed is printed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastweights as fw
+from fastweights.chunkwise.minibatch import _newton_schulz_gram
+from fastweights.kernels.triton.memories.newton_schulz import newton_schulz_gram
+from fastweights.state import state_tensors
+from tests.fake_cuda import FakeCuda
+from tests.kernels.helpers import DEV
+from tests.tolerances import ATLAS_ROW_F32, NS_F32_REL
+
+pytestmark = pytest.mark.triton
+
+
+def _per_matrix_rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).abs().amax((-2, -1)) / b.abs().amax((-2, -1)).clamp_min(1e-300)).max().item()
+
+
+@pytest.mark.parametrize("r, steps", [(8, 5), (32, 5), (45, 5), (20, 3)])
+def test_kernel_equals_the_torch_iteration_with_its_gradient(gen, r, steps):
+    """Muon's 5 steps (the backward keeps every iterate in registers) and another count (it recomputes them)."""
+    # columns from 1 (rank one) to 2r, scales 1e-3 … 1e2, and one zero Gram matrix (tr = 0)
+    Xs = [torch.randn(r, int(c), generator=gen, dtype=torch.float64) * scale
+          for c, scale in zip(torch.randint(1, 2 * r, (5,), generator=gen), torch.logspace(-3, 2, 5).tolist())]
+    G = torch.stack([x @ x.T for x in Xs] + [torch.zeros(r, r, dtype=torch.float64)]).view(2, 3, r, r)
+    D = torch.randn(G.shape, generator=gen, dtype=torch.float64)
+    Gk = G.float().to(DEV).requires_grad_(True)
+    out = newton_schulz_gram(Gk, steps)
+    assert out.shape == G.shape and out.dtype == torch.float32
+    (out.double().cpu() * D).sum().backward()
+    Gr = G.clone().requires_grad_(True)
+    ref = _newton_schulz_gram(Gr, steps)
+    (ref * D).sum().backward()
+    assert _per_matrix_rel(out, ref) <= NS_F32_REL
+    assert _per_matrix_rel(Gk.grad, Gr.grad) <= NS_F32_REL
+
+
+def test_kernel_refuses_what_it_does_not_take():
+    with pytest.raises(ValueError, match="fp32"):
+        newton_schulz_gram(torch.eye(4, dtype=torch.float64, device=DEV), 5)
+    with pytest.raises(ValueError, match=r"1 ≤ r ≤ 64"):
+        newton_schulz_gram(torch.eye(65, device=DEV), 5)
+    with pytest.raises(ValueError, match="steps"):
+        newton_schulz_gram(torch.eye(4, device=DEV), 0)
+
+
+@pytest.mark.variants
+def test_atlas_through_the_triton_row_equals_the_torch_row(monkeypatch, gen):
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    calls = []
+    real = newton_schulz_gram
+
+    def counted(G, steps, **kw):
+        calls.append(G.shape[-1])
+        return real(G, steps, **kw)
+
+    monkeypatch.setattr("fastweights.kernels.triton.memories.newton_schulz.newton_schulz_gram", counted)
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    results = {}
+    for backend, dtype, device in (("torch", torch.float64, "cpu"), ("triton", torch.float32, DEV)):
+        inp = fw.example_inputs("atlas", batch_size=2, seq_len=20, num_heads=2, head_dim=4, dtype=dtype,
+                                device=device, seed=seed, requires_grad=True)
+        leaves = [x for k, x in inp.items() if k != "initial_state" and x.requires_grad]
+        for x in state_tensors(inp["initial_state"]):
+            x.requires_grad_(True)
+            leaves.append(x)
+        o, _ = fw.chunk("atlas", backend=backend, check_values=False, **inp)
+        proj = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        gs = torch.autograd.grad((o.double().cpu() * proj).sum(), leaves)
+        results[backend] = (o, gs)
+    assert sorted(set(calls)) == [4, 15]  # both weights of the MLP memory (K' = 15, hidden 16, V = 4): r 15 and 4
+    (o, gs), (ro, rgs) = results["triton"], results["torch"]
+    for got, ref in zip((o, *gs), (ro, *rgs)):
+        ref = ref.double().cpu()
+        assert ((got.double().cpu() - ref).abs().max() / (1 + ref.abs().max())).item() <= ATLAS_ROW_F32
+
+
+def test_the_row_serves_muon_recipes_whatever_the_environment(monkeypatch):
+    """The row serves Muon recipes on CUDA; no environment variable turns it off (the A/B is backend="torch"), and
+    the kernel's tl.dot precision is an argument, checked."""
+    from fastweights.kernels.rows import triton_generic_supports
+
+    cuda = fw.dispatch.Target.of("cuda", torch.bfloat16, 8)
+    monkeypatch.setenv("FASTWEIGHTS_NS_KERNEL", "0")  # (once read here: now nothing reads it)
+    assert triton_generic_supports(fw.zoo.get("atlas"), cuda) is None
+    assert "Muon" in triton_generic_supports(fw.zoo.get("titans"), cuda)  # neither Muon nor TTT: the torch row
+    assert "CUDA" in triton_generic_supports(fw.zoo.get("atlas"), fw.dispatch.Target.of("cpu", torch.float32, 8))
+    G = torch.eye(4).expand(2, 4, 4).to(DEV)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        newton_schulz_gram(G, 5, precision="fp8")

@@ -590,11 +590,7 @@ def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtyp
     depend on (code, torch build, cell, seed) and not on the machine's cores, ISA or the number of
     workers; the record carries what was used ("cpu_numerics"). notes: {cell: dict} added to the cell's record as
     "followup" (why the protocol's follow-up trains it: `protocol.run_protocol`)."""
-    numerics = None
-    if torch.device(device).type == "cpu":
-        numerics = pin_cpu_numerics(threads or 1)
-    elif threads:
-        torch.set_num_threads(threads)
+    numerics = _numerics(device, threads)
     res = run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
                    fresh=fresh, cuda_graph=cuda_graph)
     if numerics is not None:
@@ -613,9 +609,68 @@ def results_store(out, records=None) -> ResultStore:
     return ResultStore(Path(records) if records is not None else Path(out) / "results.jsonl", required=RECORD_FIELDS)
 
 
+def _numerics(device, threads) -> dict | None:
+    """`_cell_runner`'s pinning: the CPU numerics (returned, for the record), or the thread count on a GPU."""
+    if torch.device(device).type == "cpu":
+        return pin_cpu_numerics(threads or 1)
+    if threads:
+        torch.set_num_threads(threads)
+    return None
+
+
+def _group_runner(cells: Sequence[MQARCell], on_result, *, progress=None, device="cpu", dtype="float32",
+                  threads=None, notes=None) -> None:
+    """The lr × seed variants `cells` of one cell trained together (`stack.train_stacked`); on_result(j, result)
+    as cells[j] finishes, its result completed as `run_cell` and `_cell_runner` complete train_cell's
+    ("state_bytes", "slices", "cpu_numerics", "followup")."""
+    from .stack import train_stacked
+    from .train import accuracy
+
+    numerics = _numerics(device, threads)
+    data = [cell_data(c) for c in cells]
+    first = cells[0]
+
+    def done(j: int, res: dict, model) -> None:
+        cell, (_, test) = cells[j], data[j]
+        res["state_bytes"] = int(model.state_size(1, cell.seq_len))
+        if len(cell.test_segments) > 1:
+            slices, start = {}, 0
+            for L, n, N in cell.test_segments:
+                slices[f"L{L}-kv{n}"] = accuracy(model, test[0][start:start + N], test[1][start:start + N],
+                                                 cell.eval_batch_size or cell.batch_size, reduction="examples")
+                start += N
+            res["slices"] = slices
+        if numerics is not None:
+            res["cpu_numerics"] = numerics
+        if notes and cell in notes:
+            res["followup"] = notes[cell]
+        on_result(j, res)
+
+    desc = f"{first.model} d={first.d_model} {first.setting} ×{len(cells)}"
+    train_stacked(lm_config(first), [(tr, te, c.train_config(device, dtype)) for c, (tr, te) in zip(cells, data)],
+                  model_fn=lambda _cfg: build_model(first), on_result=done, progress=progress, desc=desc)
+
+
+_SUPPORT: dict[str, str | None] = {}
+
+
+def stack_support(cell: MQARCell, device="cpu", dtype="float32") -> str | None:
+    """None when the cell's model trains stacked (`stack.stack_support`, probed once per model config, dtype
+    and device type in this process), else why not."""
+    import json
+
+    from .stack import stack_support as probe
+
+    key = json.dumps([dataclasses.asdict(lm_config(cell)), dtype, torch.device(device).type], default=str)
+    if key not in _SUPPORT:
+        _SUPPORT[key] = probe(lambda _cfg: build_model(cell), lm_config(cell), dtype=dtype, device=device,
+                              seq_len=min(16, cell.seq_len))
+    return _SUPPORT[key]
+
+
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
              threads: int | None = None, progress=None, fresh: bool = False, records=None,
-             cuda_graph: bool = False, skip=None, notes=None) -> list[dict]:
+             cuda_graph: bool = False, skip=None, notes=None, stack: bool | None = None) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
     so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
@@ -624,16 +679,32 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     new records supersede the old ones). cuda_graph: CUDA-graphed training steps (`train_cell`); each
     record says whether its steps were graphed ("cuda_graph"), and the setting is no part of the keys:
     a sweep resumed with or without graphs skips the same finished cells. skip: `run_sweep`'s (e.g.
-    `unreachable_skip`). notes: `_cell_runner`'s (the protocol's follow-up reasons, per cell)."""
+    `unreachable_skip`). notes: `_cell_runner`'s (the protocol's follow-up reasons, per cell).
+    stack: train the lr × seed variants of each cell together (`stack.run_stacked_sweep`: the same records; a
+    model that does not stack trains cell by cell, and says so; no checkpoints, no CUDA graphs for a stacked
+    group); None (default): stacked unless mode is "ddp" or workers > 1 (those keep one cell per model/worker);
+    True with either is refused."""
     import functools
 
     out = Path(out)
     store = results_store(out, records)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
                            threads=threads, fresh=fresh, cuda_graph=cuda_graph, notes=notes)
+    context = {"dtype": dtype, "device": torch.device(device).type}
+    if stack is None:
+        stack = mode != "ddp" and workers <= 1
+    elif stack and (mode == "ddp" or workers > 1):
+        raise ValueError("stack=True trains a cell's variants in one process: not with mode 'ddp' or workers > 1 "
+                         f"(got mode {mode!r}, workers {workers}); pass --no-stack")
+    if stack:
+        from .stack import run_stacked_sweep
+
+        group = functools.partial(_group_runner, device=device, dtype=dtype, threads=threads, notes=notes)
+        return run_stacked_sweep(list(cells), store, run_fn=fn, run_group=group, mode=mode, progress=progress,
+                                 stackable=functools.partial(stack_support, device=device, dtype=dtype),
+                                 describe=MQARCell.describe, device=device, context=context, fresh=fresh, skip=skip)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
-                     device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
-                     fresh=fresh, skip=skip)
+                     device=device, workers=workers, context=context, fresh=fresh, skip=skip)
 
 
 def unreachable_skip(cells: Sequence[MQARCell]):

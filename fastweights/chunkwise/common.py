@@ -26,8 +26,8 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores", "exp",
-           "pass_states", "chunk_outputs", "initial_state_or_zeros"]
+__all__ = ["under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum",
+           "decayed_scores", "exp", "pass_states", "chunk_outputs", "initial_state_or_zeros"]
 
 
 def gate_kind(g: Tensor | None, B: int, T: int, H: int, K: int) -> str:
@@ -165,6 +165,12 @@ LOG2E = 1.4426950408889634
 """log₂ e: e^d = 2^{d·log₂ e}."""
 
 
+def under_functorch() -> bool:
+    """Whether a torch.func transform (vmap, grad) is running: a recompute checkpoint is skipped there (its
+    saved-tensor hooks are not supported by `torch.func.grad`; the maths are the same, only memory differs)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _exp_(d: Tensor) -> Tensor:
     """e^d, in place on a freshly computed d (no autograd), as 2^{d·log₂ e}: the same value to
     rounding (rounding d·log₂ e changes the result by a relative eps·|d|, the size of the rounding
@@ -178,11 +184,15 @@ class _Exp(torch.autograd.Function):
     """e^d as `_exp_` with exp's own backward, grad · e^d (differentiable again: e^d is saved as
     this function's output)."""
 
+    generate_vmap_rule = True  # (torch.func transforms: a stacked run vmaps the training step, `lab.stack`)
+
     @staticmethod
-    def forward(ctx, d):
-        out = (d * LOG2E).exp2_()  # [same shape as d]
-        ctx.save_for_backward(out)
-        return out
+    def forward(d):
+        return (d * LOG2E).exp2_()  # [same shape as d]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad):

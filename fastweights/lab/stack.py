@@ -95,7 +95,9 @@ class StackedAdamW:
     def __init__(self, params: dict[str, torch.Tensor], lrs: torch.Tensor, *, betas: tuple[float, float],
                  weight_decay: dict[str, float], eps: float = 1e-8):
         self.params, self.betas, self.eps, self.weight_decay = params, tuple(betas), float(eps), dict(weight_decay)
-        self.lrs = lrs.to(torch.float64)  # [V]
+        if lrs.dtype != torch.float64:
+            raise TrainError(f"StackedAdamW: lrs must be float64 (as AdamW's python floats), got {lrs.dtype}")
+        self.lrs = lrs  # [V]
         self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
         self.steps = 0
@@ -224,7 +226,8 @@ def train_stacked(lm_config, variants, *, model_fn: Callable[[Any], nn.Module] |
     wd = {names[id(p)]: g["weight_decay"] for g in param_groups(models[0], cfg0.weight_decay, cfg0.decay_filter)
           for p in g["params"]}
     params, buffers = _stacked_state(models)
-    opt = StackedAdamW(params, torch.tensor([cfg.lr for _, _, cfg in variants], device=device), betas=cfg0.betas,
+    opt = StackedAdamW(params, torch.tensor([cfg.lr for _, _, cfg in variants], dtype=torch.float64,
+                                                 device=device), betas=cfg0.betas,
                        weight_decay=wd)
     n_params = sum(p.numel() for p in models[0].parameters())
     state_bytes = _lm_state_bytes(models[0])

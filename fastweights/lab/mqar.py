@@ -668,6 +668,13 @@ def stack_support(cell: MQARCell, device="cpu", dtype="float32") -> str | None:
     return _SUPPORT[key]
 
 
+def stack_group(cell: MQARCell) -> str:
+    """The cells of one group key are the lr × seed variants of one cell (`stack.group_key`)."""
+    from .stack import group_key
+
+    return group_key(cell)
+
+
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
              threads: int | None = None, progress=None, fresh: bool = False, records=None,
              cuda_graph: bool = False, skip=None, notes=None, stack: bool | None = None) -> list[dict]:
@@ -693,6 +700,12 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     context = {"dtype": dtype, "device": torch.device(device).type}
     if stack is None:
         stack = mode != "ddp" and workers <= 1
+        if not stack and len({stack_group(c) for c in cells}) < len(cells):
+            from ..training.progress import make_progress
+
+            make_progress(progress).log(f"sweep: the lr × seed variants train one cell at a time "
+                                        f"({'mode ddp' if mode == 'ddp' else f'{workers} workers'}; stacking needs "
+                                        "one process per group)")
     elif stack and (mode == "ddp" or workers > 1):
         raise ValueError("stack=True trains a cell's variants in one process: not with mode 'ddp' or workers > 1 "
                          f"(got mode {mode!r}, workers {workers}); pass --no-stack")
@@ -901,6 +914,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture each cell's training step in a CUDA graph and replay it (CUDA only; default off "
                         "until its GPU tests pass on the H100, see docs/mqar.md; recorded per cell as cuda_graph, "
                         "not part of the cell keys)")
+    p.add_argument("--stack", action=argparse.BooleanOptionalAction, default=None,
+                   help="train the lr × seed variants of each cell together in one process (torch.func over "
+                        "stacked parameters, `fastweights.lab.stack`; the same records; a model that does not stack "
+                        "trains cell by cell and says so). Default: on, except with --ddp or --workers > 1")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
     p.add_argument("--fresh", action="store_true",
                    help="train every cell of this run again: its records in results.jsonl are superseded (kept in "
@@ -1078,6 +1095,9 @@ def cli_main(args) -> int:
         _check_cells(cells)
         for c in cells[:1]:
             c.train_config(args.device, args.dtype)
+        if args.stack and (args.ddp or (args.workers if args.workers is not None else preset.workers) > 1):
+            raise ValueError("--stack trains a cell's variants in one process: not with --ddp or --workers > 1 "
+                             "(pass --workers 1, or --no-stack)")
         if not args.dry_run:
             cliargs.writable_dir("--out", args.out)
     except Exception as e:
@@ -1130,7 +1150,7 @@ def cli_main(args) -> int:
         t0 = time.perf_counter()
         run_kw = dict(device=args.device, dtype=args.dtype, mode=mode, workers=workers, threads=threads,
                       progress=args.progress, fresh=args.fresh, records=args.records,
-                      cuda_graph=cuda_graph_default(args))
+                      cuda_graph=cuda_graph_default(args), stack=args.stack)
         capped = {}
         if preset.seeds:
             from .protocol import run_protocol

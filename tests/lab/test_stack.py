@@ -198,3 +198,13 @@ def test_the_protocol_reads_the_same_stacked_or_not(tmp_path):
         assert a["best"] == pytest.approx(b["best"], abs=STACKED_F64)
         assert a["median"] == pytest.approx(b["median"], abs=STACKED_F64)
 
+
+
+def test_cli_refuses_stack_beside_workers(tmp_path, capsys):
+    """`--stack` trains a group in one process: beside `--workers 2` it is one line and status 2, before any work."""
+    from fastweights.cli import main
+
+    assert main(["mqar", "--preset", "ceilings-v2-tiny", "--stack", "--workers", "2", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stack" in err[0] and "--no-stack" in err[0]
+    assert not (tmp_path / "results.jsonl").exists()

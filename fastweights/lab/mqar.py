@@ -712,6 +712,8 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     if stack:
         from .stack import run_stacked_sweep
 
+        _numerics(device, threads)  # (before the first kernel: `stack_support` probes a model before any group trains)
+
         group = functools.partial(_group_runner, device=device, dtype=dtype, threads=threads, notes=notes)
         return run_stacked_sweep(list(cells), store, run_fn=fn, run_group=group, mode=mode, progress=progress,
                                  stackable=functools.partial(stack_support, device=device, dtype=dtype),

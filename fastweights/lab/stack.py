@@ -33,12 +33,13 @@ Returned per variant: train_cell's result keys ("accuracy", "final_accuracy", "b
 False) and, in `models`, the trained nn.Module (its final weights).
 
 Which models stack: those whose training forward runs under `torch.func` transforms (`stack_support`). Measured
-with the zoo on CPU (torch paths): softmax_attention, fox, alibi, deltaformer and path_attention stack; the
-fast-weight memories do not — their torch chunk paths use custom autograd.Functions without a vmap rule
-(`chunkwise.common._Exp`, `_DiagonalScores`, `chunkwise.delta._SolveUnitLowerInverse`, `chunkwise.mesa._CGSolve`,
-`chunkwise.varlen._ContiguousGrad`: vmap needs `setup_context` and a vmap rule), and the MLP memories (ttt_*,
-titans, omeganet, atlas) recompute under a non-reentrant checkpoint, whose saved-tensor hooks `torch.func.grad`
-does not support. Those cells train one at a time (`run_stacked_sweep` says so per group).
+with the zoo on CPU (torch paths): every zoo model but MesaNet. What it took: the chunk paths' `_Exp` and
+`_ContiguousGrad` are in torch.func's form (`setup_context`, `generate_vmap_rule`); under torch.func the
+recompute checkpoints (the mixer's gated output projection, the mini-batch memories' Newton–Schulz) are skipped
+(`chunkwise.common.under_functorch`: saved-tensor hooks are not supported by `torch.func.grad`) and the diagonal
+decay's scores (GLA, KDA) take a functional form (`chunkwise.common._diagonal_scores_functional`: its written-out
+backward, `_DiagonalScores`, has no vmap rule). MesaNet's implicit-gradient CG solve (`chunkwise.mesa._CGSolve`)
+has none either: its cells train one at a time (`run_stacked_sweep` says so per group).
 
 Not here (train_cell has them): checkpoints (a killed stacked group loses the running group's unfinished variants
 — the finished ones are recorded — and a re-run trains the missing variants again from the start), DDP, CUDA

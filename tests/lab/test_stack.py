@@ -171,8 +171,11 @@ def test_a_killed_stacked_group_keeps_its_records_and_resumes_the_missing(tmp_pa
 
 
 def test_records_of_a_stacked_sweep_are_the_unstacked_ones(tmp_path):
-    """The same keys and fields as a sweep of train_cell runs; a model that does not stack trains one at a time."""
-    cells = _variants(_cell(epochs=1), _draw_variants(2)) + _variants(_cell("mesanet", epochs=1), _draw_variants(2))
+    """The same keys and fields as a sweep of train_cell runs (GLA, stacked); a model that does not stack (MesaNet)
+    trains one at a time."""
+    gla = _cell("gla", epochs=1, setting="L48-kv4", train_segments=((48, 4, 32),), test_segments=((48, 4, 16),),
+                chunk_size=48, vocab_size=64)  # (a diagonal decay over 3 blocks of 16 rows: the functional form)
+    cells = _variants(gla, _draw_variants(2)) + _variants(_cell("mesanet", epochs=1), _draw_variants(2))
     assert mqar.stack_support(cells[0]) is None and "setup_context" in mqar.stack_support(cells[2])
     on = mqar.run_mqar(cells, tmp_path / "on", dtype=DTYPE, progress="none", stack=True)
     off = mqar.run_mqar(cells, tmp_path / "off", dtype=DTYPE, progress="none", stack=False)
@@ -180,6 +183,7 @@ def test_records_of_a_stacked_sweep_are_the_unstacked_ones(tmp_path):
     for a, b in zip(on, off):
         assert set(a) == set(b)
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=STACKED_F64)
+        assert a["history"][-1]["loss"] == pytest.approx(b["history"][-1]["loss"], rel=STACKED_LOSS_REL)
 
 
 def test_the_protocol_reads_the_same_stacked_or_not(tmp_path):

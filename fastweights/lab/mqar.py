@@ -647,8 +647,16 @@ def _group_runner(cells: Sequence[MQARCell], on_result, *, progress=None, device
         on_result(j, res)
 
     desc = f"{first.model} d={first.d_model} {first.setting} ×{len(cells)}"
-    train_stacked(lm_config(first), [(tr, te, c.train_config(device, dtype)) for c, (tr, te) in zip(cells, data)],
-                  model_fn=lambda _cfg: build_model(first), on_result=done, progress=progress, desc=desc)
+    cfg = stacked_lm_config(first)
+    train_stacked(cfg, [(tr, te, c.train_config(device, dtype)) for c, (tr, te) in zip(cells, data)],
+                  model_fn=build_lm, on_result=done, progress=progress, desc=desc)
+
+
+def stacked_lm_config(cell: MQARCell):
+    """The cell's LMConfig with every layer on the torch backend (training form and layer ops): a stacked run
+    vmaps the training step, which the Triton/CUDA rows' kernels do not support. The same parameters as
+    `lm_config`'s model (the backend is routing only); on a CPU "auto" is the torch backend already."""
+    return dataclasses.replace(lm_config(cell), backend="torch", layer_ops="torch")
 
 
 _SUPPORT: dict[str, str | None] = {}
@@ -661,10 +669,10 @@ def stack_support(cell: MQARCell, device="cpu", dtype="float32") -> str | None:
 
     from .stack import stack_support as probe
 
-    key = json.dumps([dataclasses.asdict(lm_config(cell)), dtype, torch.device(device).type], default=str)
+    cfg = stacked_lm_config(cell)
+    key = json.dumps([dataclasses.asdict(cfg), dtype, torch.device(device).type], default=str)
     if key not in _SUPPORT:
-        _SUPPORT[key] = probe(lambda _cfg: build_model(cell), lm_config(cell), dtype=dtype, device=device,
-                              seq_len=min(16, cell.seq_len))
+        _SUPPORT[key] = probe(build_lm, cfg, dtype=dtype, device=device, seq_len=min(16, cell.seq_len))
     return _SUPPORT[key]
 
 

@@ -22,7 +22,7 @@ DTYPE = "float64"
 
 
 def _cell(model="deltanet", **kw) -> mqar.MQARCell:
-    base = dict(model=model, d_model=16, setting="L16-kv2", lr=3e-3, train_segments=((16, 2, 40),),
+    base = dict(model=model, d_model=16, setting="L16-kv2", lr=3e-3, train_segments=((16, 2, 24),),
                 test_segments=((16, 2, 16),), vocab_size=32, num_heads=2, epochs=2, batch_size=16, conv="qkv",
                 out_gate="none", grad_clip=1.0, warmup=0.2, decay_filter="matrices", chunk_size=8)
     return mqar.MQARCell(**{**base, **kw})
@@ -187,9 +187,9 @@ def test_records_of_a_stacked_sweep_are_the_unstacked_ones(tmp_path):
 
 
 def test_the_protocol_reads_the_same_stacked_or_not(tmp_path):
-    """ceilings-v2-tiny's grid (DeltaNet and TTT-MLP, 2 lrs × 2 seeds at two kv), stacked and not: the same
-    summaries (best and median, their lr and seed, the seeds)."""
-    cells = mqar.make_cells(mqar.PRESETS["ceilings-v2-tiny"], seed=random.randrange(10))
+    """ceilings-v2-tiny's grid for TTT-MLP (2 lrs × 2 seeds at two kv), stacked and not: the same summaries (best
+    and median, their lr and seed, the seeds)."""
+    cells = mqar.make_cells(mqar.PRESETS["ceilings-v2-tiny"], models=["ttt_mlp"], seed=random.randrange(10))
     reads = []
     for stacked in (True, False):
         recs, _ = protocol.run_protocol(cells, tmp_path / str(stacked), extra=0, cap=2, dtype=DTYPE,
@@ -212,3 +212,17 @@ def test_cli_refuses_stack_beside_workers(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--stack" in err[0] and "--no-stack" in err[0]
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_stacked_group_builds_its_model_on_the_torch_backend():
+    """vmap runs torch ops, not the Triton/CUDA rows' kernels: a stacked group's model requests the torch backend
+    for every layer's training form and layer ops, and is initialised as the cell's own model."""
+    cell = _cell("gated_deltanet")
+    cfg = mqar.stacked_lm_config(cell)
+    seed = random.randrange(1000)
+    torch.manual_seed(seed)
+    ours = mqar.build_lm(cfg)
+    torch.manual_seed(seed)
+    theirs = mqar.build_model(cell)
+    assert ours.backends == ("torch",) * cell.n_layers and cfg.layer_ops == "torch"
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))

@@ -18,7 +18,9 @@ v in every layer — the Based sweep wraps every mixer in a short conv) or "none
 
 Training: `fastweights.lab.train.train_cell` (AdamW, cosine, evaluation every epoch, early stop
 at 0.99, Zoology's per-example accuracy). The papers report the best accuracy over the learning
-rate sweep; so does the table (`best_over`).
+rate sweep; so does the table (`best_over`). The cells of a sweep that differ only in lr and seed
+train together in one process (`fastweights.lab.stack`, `run_mqar(stack=...)`, `--no-stack`): the
+same records, each as train_cell gives it alone.
 
 Outputs in --out: results.jsonl (one record per cell; a re-run skips finished cells),
 checkpoints/ (per-epoch, for resumption), mqar_d_model.png (accuracy vs d_model) and

@@ -233,12 +233,13 @@ def train_stacked(lm_config, variants, *, model_fn: Callable[[Any], nn.Module] |
     n_params = sum(p.numel() for p in models[0].parameters())
     state_bytes = _lm_state_bytes(models[0])
 
-    # data: every variant's train set on the device with its supervised slots, padded to one m
+    # data: every variant's train set (on the host, as train_cell's: a step's batches are copied over) with its
+    # supervised slots, padded to one m
     slots = [supervised_slots(tr[1]) for tr, _, _ in variants]
     m = max(s[0].shape[1] for s in slots)
-    xs = [tr[0].to(device) for tr, _, _ in variants]  # V × [N, T]
-    pos = [F.pad(p, (0, m - p.shape[1])).to(device) for p, _ in slots]  # V × [N, m]
-    tgt = [F.pad(t, (0, m - t.shape[1]), value=IGNORE_INDEX).to(device) for _, t in slots]  # V × [N, m]
+    xs = [tr[0] for tr, _, _ in variants]  # V × [N, T]
+    pos = [F.pad(p, (0, m - p.shape[1])) for p, _ in slots]  # V × [N, m]
+    tgt = [F.pad(t, (0, m - t.shape[1]), value=IGNORE_INDEX) for _, t in slots]  # V × [N, m]
     n_train = xs[0].shape[0]
     bs = cfg0.batch_size
     steps_per_epoch = math.ceil(n_train / bs)
@@ -304,10 +305,9 @@ def train_stacked(lm_config, variants, *, model_fn: Callable[[Any], nn.Module] |
                     bar.close()
                     raise Interrupted(f"{desc}: stopped at epoch {epoch + 1} step {i}/{steps_per_epoch}; "
                                       f"{sum(r is not None for r in results)} of {V} variants finished")
-                idx = [perms[v][i * bs:(i + 1) * bs].to(device) for v in live]
-                x = torch.stack([xs[v][b] for v, b in zip(live, idx)])  # [V', b, T]
-                p = torch.stack([pos[v][b] for v, b in zip(live, idx)])  # [V', b, m]
-                t = torch.stack([tgt[v][b] for v, b in zip(live, idx)])  # [V', b, m]
+                idx = [perms[v][i * bs:(i + 1) * bs] for v in live]
+                x, p, t = (torch.stack([src[v][b] for v, b in zip(live, idx)]).to(device, non_blocking=True)
+                           for src in (xs, pos, tgt))  # [V', b, T], [V', b, m], [V', b, m]
                 grads, losses = grad_fn(opt.params, buffers, x, p, t)
                 step = epoch * steps_per_epoch + i
                 if cfg0.grad_clip is not None:

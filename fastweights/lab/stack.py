@@ -227,9 +227,8 @@ def train_stacked(lm_config, variants, *, model_fn: Callable[[Any], nn.Module] |
     wd = {names[id(p)]: g["weight_decay"] for g in param_groups(models[0], cfg0.weight_decay, cfg0.decay_filter)
           for p in g["params"]}
     params, buffers = _stacked_state(models)
-    opt = StackedAdamW(params, torch.tensor([cfg.lr for _, _, cfg in variants], dtype=torch.float64,
-                                                 device=device), betas=cfg0.betas,
-                       weight_decay=wd)
+    lrs = torch.tensor([cfg.lr for _, _, cfg in variants], dtype=torch.float64, device=device)  # [V]
+    opt = StackedAdamW(params, lrs, betas=cfg0.betas, weight_decay=wd)
     n_params = sum(p.numel() for p in models[0].parameters())
     state_bytes = _lm_state_bytes(models[0])
 

@@ -142,6 +142,18 @@ MQAR_UNIFORM_GAP_MEAN = 1.5
 GRAPH_EMULATED_F64 = 1e-12
 GRAPH_EMULATED_LOSS_REL = 1e-6
 
+# the lr × seed variants of a cell trained stacked (fastweights.lab.stack: vmap over stacked parameters, a
+# vectorised AdamW) vs each trained alone by train_cell, float64 weights (absolute, also on the accuracies and the
+# schedule's lrs): the same steps; the vmapped matmuls and the loss at gathered positions sum in another order,
+# and the cross-entropy is fp32 in both (train_cell's logits.float()). Measured ≤ 1.8e-15 on the weights
+# (DeltaNet, softmax attention, 1–6 steps, lr ≤ 1e-2); the lrs rounded to fp32 (a bug found by this bound) moved
+# them by 3e-11 after one step and 1e-7 after six.
+STACKED_F64 = 1e-12
+STACKED_LOSS_REL = 1e-6  # the epoch losses (fp32 cross-entropy, relative; as GRAPH_EMULATED_LOSS_REL)
+# StackedAdamW vs torch.optim.AdamW per variant, float64 (absolute, unit-scale weights, 5 steps): the same
+# update in another association (the lr times the step's factor in float64 as AdamW's python floats).
+STACKED_ADAMW_F64 = 1e-14
+
 # ---------------------------------------------------------------- CUDA (tests/cuda, `pytest -m cuda`)
 # the fp32 recurrent form on CUDA vs the float64 recurrence on the CPU, relative (outputs, final
 # state, every gradient; T ≤ 300, D ≤ 128): T sequential fp32 state updates; the H100 run of

@@ -26,8 +26,8 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum", "decayed_scores", "exp",
-           "pass_states", "chunk_outputs", "initial_state_or_zeros"]
+__all__ = ["under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum",
+           "decayed_scores", "exp", "pass_states", "chunk_outputs", "initial_state_or_zeros"]
 
 
 def gate_kind(g: Tensor | None, B: int, T: int, H: int, K: int) -> str:
@@ -165,6 +165,12 @@ LOG2E = 1.4426950408889634
 """log₂ e: e^d = 2^{d·log₂ e}."""
 
 
+def under_functorch() -> bool:
+    """Whether a torch.func transform (vmap, grad) is running: a recompute checkpoint is skipped there (its
+    saved-tensor hooks are not supported by `torch.func.grad`; the maths are the same, only memory differs)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 def _exp_(d: Tensor) -> Tensor:
     """e^d, in place on a freshly computed d (no autograd), as 2^{d·log₂ e}: the same value to
     rounding (rounding d·log₂ e changes the result by a relative eps·|d|, the size of the rounding
@@ -178,11 +184,15 @@ class _Exp(torch.autograd.Function):
     """e^d as `_exp_` with exp's own backward, grad · e^d (differentiable again: e^d is saved as
     this function's output)."""
 
+    generate_vmap_rule = True  # (torch.func transforms: a stacked run vmaps the training step, `lab.stack`)
+
     @staticmethod
-    def forward(ctx, d):
-        out = (d * LOG2E).exp2_()  # [same shape as d]
-        ctx.save_for_backward(out)
-        return out
+    def forward(d):
+        return (d * LOG2E).exp2_()  # [same shape as d]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad):
@@ -241,9 +251,37 @@ def _diagonal_scores(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool)
     Exponentials are `_exp_` (2^{d·log₂ e}). No host synchronization, no data-dependent branch;
     once differentiable.
     """
+    if under_functorch():
+        return _diagonal_scores_functional(x, y, gx, gy, strict)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, y, gx, gy))):
         return _diagonal_forward(x, y, gx, gy, strict, gx is gy, keep=False)[0]
     return _DiagonalScores.apply(x, y, gx, gy, strict, gx is gy)
+
+
+def _diagonal_scores_functional(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool) -> Tensor:
+    """`_diagonal_scores` without in-place writes or a written-out backward, for torch.func transforms (a stacked
+    run vmaps the training step: `lab.stack`); the same P to rounding, differentiated by autograd. Per query
+    block s of c = DIAGONAL_BLOCK rows: against every earlier row, the level-c product of `_diagonal_scores`
+    (ρ = gx of the block's first row, every exponent ≤ 0); inside the c×c diagonal block, the masked sum
+    Σ_d x_id y_jd e^{gx_id − gy_jd} over [..., c, c, K] (exponent ≤ 0 on the mask, 0 off it): c·C·K a chunk of
+    memory, not C·C·K."""
+    *batch, C, K = x.shape
+    c = min(DIAGONAL_BLOCK, 1 << max(C - 1, 0).bit_length())
+    size = -(-C // c) * c
+    xp, yp, gxp, gyp = _pad_rows(x, y, gx, gy, size)  # [..., size, K]
+    ar = torch.arange(c, device=x.device)
+    mask = (ar[:, None] > ar[None, :]) if strict else (ar[:, None] >= ar[None, :])  # [c, c]
+    rows = []
+    for lo in range(0, size, c):
+        xq, gq = xp[..., lo:lo + c, :], gxp[..., lo:lo + c, :]  # [..., c, K]
+        d = torch.where(mask[..., None], gq[..., :, None, :] - gyp[..., None, lo:lo + c, :], 0.0)  # [..., c, c, K]
+        blocks = [torch.where(mask, (xq[..., :, None, :] * yp[..., None, lo:lo + c, :] * exp(d)).sum(-1), 0.0)]
+        if lo:
+            rho = gq[..., :1, :]  # [..., 1, K]
+            yk = yp[..., :lo, :] * exp(rho - gyp[..., :lo, :])  # [..., lo, K]
+            blocks.insert(0, (xq * exp(gq - rho)) @ yk.transpose(-1, -2))  # [..., c, lo]
+        rows.append(torch.nn.functional.pad(torch.cat(blocks, dim=-1), (0, size - lo - c)))  # [..., c, size]
+    return torch.cat(rows, dim=-2)[..., :C, :C]
 
 
 def _diagonal_forward(x: Tensor, y: Tensor, gx: Tensor, gy: Tensor, strict: bool, same: bool, keep: bool):

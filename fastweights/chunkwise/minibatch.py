@@ -52,6 +52,7 @@ from torch.utils.checkpoint import checkpoint
 from ..recipe import Memory, Optimizer, Recipe
 from ..reference import inner
 from ..state import MemoryState
+from .common import under_functorch
 
 Tensor = torch.Tensor
 
@@ -199,7 +200,8 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     Pns = ns(G, steps) if ns is not None else None
     if Pns is None:
         with torch.autocast(m0.device.type, enabled=False):
-            Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) if G.requires_grad \
+            Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) \
+                if G.requires_grad and not under_functorch() \
                 else _newton_schulz_gram(G, steps)
     Pns = Pns.to(h.dtype)  # back to the call's precision (a bf16 call without autocast multiplies in bf16)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)

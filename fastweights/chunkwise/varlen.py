@@ -36,9 +36,15 @@ __all__ = ["ChunkLayout", "make_layout", "scan_chunks", "check_cu_seqlens", "num
 class _ContiguousGrad(torch.autograd.Function):
     """Identity forward; the backward returns its gradient contiguous."""
 
+    generate_vmap_rule = True  # (torch.func transforms: `lab.stack`)
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(x):
         return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, grad):

@@ -18,7 +18,9 @@ v in every layer — the Based sweep wraps every mixer in a short conv) or "none
 
 Training: `fastweights.lab.train.train_cell` (AdamW, cosine, evaluation every epoch, early stop
 at 0.99, Zoology's per-example accuracy). The papers report the best accuracy over the learning
-rate sweep; so does the table (`best_over`).
+rate sweep; so does the table (`best_over`). The cells of a sweep that differ only in lr and seed
+train together in one process (`fastweights.lab.stack`, `run_mqar(stack=...)`, `--no-stack`): the
+same records, each as train_cell gives it alone.
 
 Outputs in --out: results.jsonl (one record per cell; a re-run skips finished cells),
 checkpoints/ (per-epoch, for resumption), mqar_d_model.png (accuracy vs d_model) and
@@ -590,11 +592,7 @@ def _cell_runner(cell: MQARCell, *, progress=None, desc=None, device="cpu", dtyp
     depend on (code, torch build, cell, seed) and not on the machine's cores, ISA or the number of
     workers; the record carries what was used ("cpu_numerics"). notes: {cell: dict} added to the cell's record as
     "followup" (why the protocol's follow-up trains it: `protocol.run_protocol`)."""
-    numerics = None
-    if torch.device(device).type == "cpu":
-        numerics = pin_cpu_numerics(threads or 1)
-    elif threads:
-        torch.set_num_threads(threads)
+    numerics = _numerics(device, threads)
     res = run_cell(cell, progress=progress, desc=desc, device=device, dtype=dtype, checkpoint_dir=checkpoint_dir,
                    fresh=fresh, cuda_graph=cuda_graph)
     if numerics is not None:
@@ -613,9 +611,83 @@ def results_store(out, records=None) -> ResultStore:
     return ResultStore(Path(records) if records is not None else Path(out) / "results.jsonl", required=RECORD_FIELDS)
 
 
+def _numerics(device, threads) -> dict | None:
+    """`_cell_runner`'s pinning: the CPU numerics (returned, for the record), or the thread count on a GPU."""
+    if torch.device(device).type == "cpu":
+        return pin_cpu_numerics(threads or 1)
+    if threads:
+        torch.set_num_threads(threads)
+    return None
+
+
+def _group_runner(cells: Sequence[MQARCell], on_result, *, progress=None, device="cpu", dtype="float32",
+                  threads=None, notes=None) -> None:
+    """The lr × seed variants `cells` of one cell trained together (`stack.train_stacked`); on_result(j, result)
+    as cells[j] finishes, its result completed as `run_cell` and `_cell_runner` complete train_cell's
+    ("state_bytes", "slices", "cpu_numerics", "followup")."""
+    from .stack import train_stacked
+    from .train import accuracy
+
+    numerics = _numerics(device, threads)
+    data = [cell_data(c) for c in cells]
+    first = cells[0]
+
+    def done(j: int, res: dict, model) -> None:
+        cell, (_, test) = cells[j], data[j]
+        res["state_bytes"] = int(model.state_size(1, cell.seq_len))
+        if len(cell.test_segments) > 1:
+            slices, start = {}, 0
+            for L, n, N in cell.test_segments:
+                slices[f"L{L}-kv{n}"] = accuracy(model, test[0][start:start + N], test[1][start:start + N],
+                                                 cell.eval_batch_size or cell.batch_size, reduction="examples")
+                start += N
+            res["slices"] = slices
+        if numerics is not None:
+            res["cpu_numerics"] = numerics
+        if notes and cell in notes:
+            res["followup"] = notes[cell]
+        on_result(j, res)
+
+    desc = f"{first.model} d={first.d_model} {first.setting} ×{len(cells)}"
+    cfg = stacked_lm_config(first)
+    train_stacked(cfg, [(tr, te, c.train_config(device, dtype)) for c, (tr, te) in zip(cells, data)],
+                  model_fn=build_lm, on_result=done, progress=progress, desc=desc)
+
+
+def stacked_lm_config(cell: MQARCell):
+    """The cell's LMConfig with every layer on the torch backend (training form and layer ops): a stacked run
+    vmaps the training step, which the Triton/CUDA rows' kernels do not support. The same parameters as
+    `lm_config`'s model (the backend is routing only); on a CPU "auto" is the torch backend already."""
+    return dataclasses.replace(lm_config(cell), backend="torch", layer_ops="torch")
+
+
+_SUPPORT: dict[str, str | None] = {}
+
+
+def stack_support(cell: MQARCell, device="cpu", dtype="float32") -> str | None:
+    """None when the cell's model trains stacked (`stack.stack_support`, probed once per model config, dtype
+    and device type in this process), else why not."""
+    import json
+
+    from .stack import stack_support as probe
+
+    cfg = stacked_lm_config(cell)
+    key = json.dumps([dataclasses.asdict(cfg), dtype, torch.device(device).type], default=str)
+    if key not in _SUPPORT:
+        _SUPPORT[key] = probe(build_lm, cfg, dtype=dtype, device=device, seq_len=min(16, cell.seq_len))
+    return _SUPPORT[key]
+
+
+def stack_group(cell: MQARCell) -> str:
+    """The cells of one group key are the lr × seed variants of one cell (`stack.group_key`)."""
+    from .stack import group_key
+
+    return group_key(cell)
+
+
 def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", mode="auto", workers: int = 1,
              threads: int | None = None, progress=None, fresh: bool = False, records=None,
-             cuda_graph: bool = False, skip=None, notes=None) -> list[dict]:
+             cuda_graph: bool = False, skip=None, notes=None, stack: bool | None = None) -> list[dict]:
     """Run (or resume) the cells, writing out/results.jsonl (or `records`: e.g. a committed file,
     so that a run on another machine skips the cells recorded there) and out/checkpoints/; returns the
     records of these cells. workers > 1: that many local processes (threads each), cell by cell.
@@ -624,16 +696,40 @@ def run_mqar(cells: Sequence[MQARCell], out, *, device="cpu", dtype="float32", m
     new records supersede the old ones). cuda_graph: CUDA-graphed training steps (`train_cell`); each
     record says whether its steps were graphed ("cuda_graph"), and the setting is no part of the keys:
     a sweep resumed with or without graphs skips the same finished cells. skip: `run_sweep`'s (e.g.
-    `unreachable_skip`). notes: `_cell_runner`'s (the protocol's follow-up reasons, per cell)."""
+    `unreachable_skip`). notes: `_cell_runner`'s (the protocol's follow-up reasons, per cell).
+    stack: train the lr × seed variants of each cell together (`stack.run_stacked_sweep`: the same records; a
+    model that does not stack trains cell by cell, and says so; no checkpoints, no CUDA graphs for a stacked
+    group); None (default): stacked unless mode is "ddp" or workers > 1 (those keep one cell per model/worker);
+    True with either is refused."""
     import functools
 
     out = Path(out)
     store = results_store(out, records)
     fn = functools.partial(_cell_runner, device=device, dtype=dtype, checkpoint_dir=str(out / "checkpoints"),
                            threads=threads, fresh=fresh, cuda_graph=cuda_graph, notes=notes)
+    context = {"dtype": dtype, "device": torch.device(device).type}
+    if stack is None:
+        stack = mode != "ddp" and workers <= 1
+        if not stack and len({stack_group(c) for c in cells}) < len(cells):
+            from ..training.progress import make_progress
+
+            make_progress(progress).log(f"sweep: the lr × seed variants train one cell at a time "
+                                        f"({'mode ddp' if mode == 'ddp' else f'{workers} workers'}; stacking needs "
+                                        "one process per group)")
+    elif stack and (mode == "ddp" or workers > 1):
+        raise ValueError("stack=True trains a cell's variants in one process: not with mode 'ddp' or workers > 1 "
+                         f"(got mode {mode!r}, workers {workers}); pass --no-stack")
+    if stack:
+        from .stack import run_stacked_sweep
+
+        _numerics(device, threads)  # (before the first kernel: `stack_support` probes a model before any group trains)
+
+        group = functools.partial(_group_runner, device=device, dtype=dtype, threads=threads, notes=notes)
+        return run_stacked_sweep(list(cells), store, run_fn=fn, run_group=group, mode=mode, progress=progress,
+                                 stackable=functools.partial(stack_support, device=device, dtype=dtype),
+                                 describe=MQARCell.describe, device=device, context=context, fresh=fresh, skip=skip)
     return run_sweep(list(cells), store, fn, mode=mode, progress=progress, describe=MQARCell.describe,
-                     device=device, workers=workers, context={"dtype": dtype, "device": torch.device(device).type},
-                     fresh=fresh, skip=skip)
+                     device=device, workers=workers, context=context, fresh=fresh, skip=skip)
 
 
 def unreachable_skip(cells: Sequence[MQARCell]):
@@ -830,6 +926,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture each cell's training step in a CUDA graph and replay it (CUDA only; default off "
                         "until its GPU tests pass on the H100, see docs/mqar.md; recorded per cell as cuda_graph, "
                         "not part of the cell keys)")
+    p.add_argument("--stack", action=argparse.BooleanOptionalAction, default=None,
+                   help="train the lr × seed variants of each cell together in one process (torch.func over "
+                        "stacked parameters, `fastweights.lab.stack`; the same records; a model that does not stack "
+                        "trains cell by cell and says so). Default: on, except with --ddp or --workers > 1")
     p.add_argument("--progress", default="auto", choices=["auto", "tqdm", "plain", "none"])
     p.add_argument("--fresh", action="store_true",
                    help="train every cell of this run again: its records in results.jsonl are superseded (kept in "
@@ -1007,6 +1107,9 @@ def cli_main(args) -> int:
         _check_cells(cells)
         for c in cells[:1]:
             c.train_config(args.device, args.dtype)
+        if args.stack and (args.ddp or (args.workers if args.workers is not None else preset.workers) > 1):
+            raise ValueError("--stack trains a cell's variants in one process: not with --ddp or --workers > 1 "
+                             "(pass --workers 1, or --no-stack)")
         if not args.dry_run:
             cliargs.writable_dir("--out", args.out)
     except Exception as e:
@@ -1059,7 +1162,7 @@ def cli_main(args) -> int:
         t0 = time.perf_counter()
         run_kw = dict(device=args.device, dtype=args.dtype, mode=mode, workers=workers, threads=threads,
                       progress=args.progress, fresh=args.fresh, records=args.records,
-                      cuda_graph=cuda_graph_default(args))
+                      cuda_graph=cuda_graph_default(args), stack=args.stack)
         capped = {}
         if preset.seeds:
             from .protocol import run_protocol

@@ -3,7 +3,8 @@ that re-seeds the cells whose curve along kv dips, and the tables and plots of t
 
 A *cell* is (model, d_model, setting); its *runs* are the records of its lr × seed grid (`MQARCell.lr`,
 `MQARCell.seed`), each a record of the sweep's results file like any other (`run_sweep`, `ResultStore`: a killed
-sweep loses no finished run, and a re-run trains only what is missing).
+sweep loses no finished run, and a re-run trains only what is missing). A cell's runs train together, stacked
+(`stack.run_stacked_sweep`; `run_protocol(stack=False)`, `--no-stack`: one at a time), with the same records.
 
     summarize(records)    per cell: best (max over every complete run), median (the median over seeds at each lr,
                           the best lr's), the lr and seed of each, the lrs and seeds, the runs, the state bytes, and
@@ -160,7 +161,8 @@ def run_protocol(cells: Sequence, out, *, extra: int, cap: int, tol: float = DIP
                  dtype: str = "float32", records=None, fresh: bool = False, log=print, **run_kw) -> tuple[list, dict]:
     """Run the grid `cells` (`mqar.run_mqar`, resumable), then follow-up rounds (`followup_cells`) until no cell
     dips or every dip is capped; returns (the records of the grid's cells and of their follow-up runs, {cell id:
-    why capped}). `extra` = 0: the grid alone. run_kw: `run_mqar`'s (mode, workers, threads, progress, cuda_graph).
+    why capped}). `extra` = 0: the grid alone. run_kw: `run_mqar`'s (mode, workers, threads, progress, cuda_graph,
+    stack).
     A re-run after a kill finds the same rounds from the records and trains only the runs missing."""
     import torch
 

@@ -56,6 +56,7 @@ from torch.nn.modules import module as _torch_module
 from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
+from ..chunkwise.common import under_functorch
 from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, init_state
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
@@ -1018,7 +1019,7 @@ class MemoryMixer(nn.Module):
         o = o.reshape(B, T, self.H * self.V)  # [B, T, H·V]
         if z is None and self.g_proj is not None:
             z = self.g_proj(x)  # [B, T, H·V]
-        if (self.o_norm is None and z is None) or not torch.is_grad_enabled():
+        if (self.o_norm is None and z is None) or not torch.is_grad_enabled() or under_functorch():
             return self._gated_projection(o, z)
         return checkpoint(self._gated_projection, o, z.contiguous() if z is not None else None,
                           use_reentrant=False, preserve_rng_state=False)

@@ -198,3 +198,32 @@ def test_varlen_layout_chunk_follows_the_longest_sequence():
     layout = make_layout(1, 19, 4096, cu)
     assert layout.chunk_size == 16
     assert layout.ranges == ((0, 1), (1, 1), (1, 2), (2, 3))
+
+
+@pytest.mark.parametrize("C", [64, 24, 7])
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("rate", [0.05, 60.0])
+def test_decayed_scores_diagonal_under_torch_func(C, strict, rate, gen):
+    """Under torch.func (vmap over stacked variants, grad: what a stacked lab run does, `lab.stack`) the diagonal
+    path takes its functional form: the direct sum's values and gradients, for every variant, whatever the decay."""
+    V, B, H, N, K = 2, 1, 2, 2, 5
+    x, y, w = (torch.randn(V, B, H, N, C, K if i < 2 else C, generator=gen, dtype=torch.float64) for i in range(3))
+    g = -rate * torch.rand(V, B, H, N, C, K, generator=gen, dtype=torch.float64)
+    G = torch.stack([chunk_cumsum(gv) for gv in g])
+    excl = torch.cat([torch.zeros_like(G.narrow(4, 0, 1)), G.narrow(4, 0, C - 1)], dim=4)
+    gx = excl if strict else G
+
+    def loss(fn, x, y, gx, G, w):
+        return (fn(x, y, gx, G, strict) * w).sum()
+
+    def ours(x, y, gx, G, strict):
+        return decayed_scores(x, y, gx, G, strict=strict)
+
+    got = torch.func.vmap(torch.func.grad_and_value(lambda *a: loss(ours, *a), argnums=(0, 1, 2, 3)))(x, y, gx, G, w)
+    for v in range(V):
+        leaves = [t[v].clone().requires_grad_() for t in (x, y, gx, G)]
+        ref = loss(_direct_scores, *leaves, w[v])
+        d = torch.autograd.grad(ref, leaves, allow_unused=True, materialize_grads=True)
+        assert abs(got[1][v].item() - ref.item()) < DECAYED_SCORES_F64_REL * max(1.0, abs(ref.item()))
+        for a, b in zip(got[0], d):
+            assert torch.isfinite(a[v]).all() and _rel_err(a[v], b) < DECAYED_SCORES_GRAD_F64_REL

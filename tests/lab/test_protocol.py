@@ -99,7 +99,8 @@ def test_run_protocol_records_the_followup_and_resumes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mqar, "run_cell", fake_run_cell)
     cells = _dip_cells()
-    recs, capped = protocol.run_protocol(cells, tmp_path, extra=2, cap=6, progress="none", log=lambda *_: None)
+    recs, capped = protocol.run_protocol(cells, tmp_path, extra=2, cap=6, progress="none", log=lambda *_: None,
+                                         stack=False)  # (the stand-in replaces one cell's training)
     assert len(trained) == len(cells) + 4 and not capped
     extended = [r for r in recs if r.get("followup")]
     assert {(r["setting"], r["seed"]) for r in extended} == {("L32-kv4", 2), ("L32-kv4", 3)} and len(extended) == 4
@@ -110,7 +111,8 @@ def test_run_protocol_records_the_followup_and_resumes(tmp_path, monkeypatch):
     table = protocol.format_table(list(rows.values()))
     assert "kv 4: +2 seeds" in table and "| deltanet | 2 × 8 |" in table
     trained.clear()
-    again, _ = protocol.run_protocol(cells, tmp_path, extra=2, cap=6, progress="none", log=lambda *_: None)
+    again, _ = protocol.run_protocol(cells, tmp_path, extra=2, cap=6, progress="none", log=lambda *_: None,
+                                     stack=False)
     assert trained == [] and len(again) == len(recs)
 
 
@@ -182,7 +184,8 @@ def test_cli_runs_the_protocol_and_prints_the_v2_reading(tmp_path, monkeypatch, 
         return {"accuracy": 0.1 if low else 0.9 + 0.01 * random.random(), "state_bytes": 2176, "steps": 2}
 
     monkeypatch.setattr(mqar, "run_cell", fake_run_cell)
-    argv = ["--preset", "ceilings-v2-tiny", "--models", "deltanet", "--out", str(tmp_path), "--progress", "none"]
+    argv = ["--preset", "ceilings-v2-tiny", "--models", "deltanet", "--out", str(tmp_path), "--progress", "none",
+            "--no-stack"]  # (the stand-in replaces one cell's training)
     assert mqar.main(argv) == 0
     out = capsys.readouterr().out
     assert "| deltanet | 2 × 8 | 2.1 KiB |" in out and "kv 2: +2 seeds" in out and "claim 1 ceiling grows" in out

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     out, workers = sys.argv[1], int(sys.argv[2])
     cells = make_cells(PRESETS["quick"], models=["gla"], d_models=[16], settings=[(32, 4)], lrs=[1e-2, 3e-3],
                        epochs=1, train_examples=96, test_examples=32)
-    recs = run_mqar(cells, out, workers=workers, threads=None, progress="none")
+    recs = run_mqar(cells, out, workers=workers, threads=None, progress="none", stack=False)  # (one cell a process)
     print(json.dumps([{"lr": r["lr"], "accuracy": r["accuracy"], "cpu_numerics": r.get("cpu_numerics"),
                        "history": [{k: v for k, v in h.items() if k != "seconds"} for h in r["history"]]}
                       for r in recs]))

@@ -141,3 +141,28 @@ def test_context_parallel_needs_a_world_it_divides(tmp_path, capsys):
     assert main(["train", *args, "--steps", "1", "--context-parallel", "2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--context-parallel 2" in err and "Traceback" not in err
+
+
+@pytest.mark.distributed
+def test_mqar_spread_gives_each_rank_whole_stacked_groups(tmp_path):
+    """`--spread` with 2 lrs per model: each rank trains whole groups (a model's lr variants, stacked) and every
+    run is recorded once, as one process trains it."""
+    i = MQAR.index("--lrs")
+    args = [*MQAR[:i], "--lrs", "0.003", "0.01", *MQAR[i + 2:]]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "fastweights.cli", *args, "--spread", "--out", str(tmp_path / "spread")]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
+        pytest.skip("torchrun could not bind a port")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, spread = ({(r["model"], r["lr"]): r for r in map(json.loads, (tmp_path / d / "results.jsonl").read_text()
+                                                            .splitlines())} for d in ("one", "spread"))
+    lines = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and sorted(one) == sorted(spread)
+    assert {r["rank"] for r in spread.values()} == {0, 1}
+    for k in one:
+        assert spread[k]["accuracy"] == one[k]["accuracy"], k
+        assert abs(spread[k]["history"][-1]["loss"] - one[k]["history"][-1]["loss"]) <= \
+            DIST_TRAIN_F32 * abs(one[k]["history"][-1]["loss"]), k
+        assert len({spread[(k[0], lr)]["rank"] for lr in (0.003, 0.01)}) == 1  # a model's variants on one rank

@@ -81,34 +81,41 @@ MQAR = ["mqar", "--models", "deltanet", "gated_deltanet", "--d-models", "16", "-
         "--threads", "1", "--progress", "none"]
 
 
-def _records(path: Path) -> dict[str, dict]:
-    return {r["model"]: r for r in map(json.loads, path.read_text().splitlines())}
+def _records(path: Path) -> dict[tuple[str, float], dict]:
+    return {(r["model"], r["lr"]): r for r in map(json.loads, path.read_text().splitlines())}
 
 
 @pytest.mark.distributed
-def test_mqar_under_torchrun_ddp_equals_one_process_and_spread_runs_each_cell_once(tmp_path):
+def test_mqar_under_torchrun_ddp_equals_one_process_and_spread_runs_whole_stacked_groups(tmp_path):
     """`torchrun -m fastweights.cli mqar --ddp`: every cell trained by 2 ranks on halves of each batch ends where
-    one process ends (per-epoch losses and accuracy, float rounding); `--spread`: each cell runs once."""
-    assert main([*MQAR, "--out", str(tmp_path / "one")]) == 0
+    one process ends (per-epoch losses and accuracy, float rounding); `--spread` with 2 lrs per model: each rank
+    trains whole groups (a model's lr variants, stacked), every run is recorded once, as one process trains it."""
+    i = MQAR.index("--lrs")
+    args = [*MQAR[:i], "--lrs", "0.003", "0.01", *MQAR[i + 2:]]
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
     for flag in ("--ddp", "--spread"):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-               "fastweights.cli", *MQAR, flag, "--out", str(tmp_path / flag[2:])]
+               "fastweights.cli", *args, flag, "--out", str(tmp_path / flag[2:])]
         proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
             pytest.skip("torchrun could not bind a port")
         assert proc.returncode == 0, (flag, proc.stderr[-4000:])
-    one = _records(tmp_path / "one" / "results.jsonl")
-    ddp = _records(tmp_path / "ddp" / "results.jsonl")
-    spread = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
-    assert sorted(one) == sorted(ddp) == ["deltanet", "gated_deltanet"] and len(spread) == 2
-    for m in one:
-        a, b = one[m]["history"], ddp[m]["history"]
-        assert len(a) == len(b) == 2
-        for ea, eb in zip(a, b):
-            for key in ("train_loss", "loss"):
-                if key in ea:
-                    assert abs(ea[key] - eb[key]) <= DIST_TRAIN_F32 * abs(ea[key]), (m, key, ea, eb)
-        assert abs(one[m]["accuracy"] - ddp[m]["accuracy"]) <= 1 / 16 / 2, (m, one[m]["accuracy"], ddp[m]["accuracy"])
+    one, ddp, spread = (_records(tmp_path / d / "results.jsonl") for d in ("one", "ddp", "spread"))
+    assert sorted(one) == sorted(ddp) == sorted(spread) == [(m, lr) for m in ("deltanet", "gated_deltanet")
+                                                            for lr in (0.003, 0.01)]
+    assert len((tmp_path / "spread" / "results.jsonl").read_text().splitlines()) == 4  # each run once
+    assert {r["rank"] for r in spread.values()} == {0, 1}
+    for k in one:
+        for other in (ddp, spread):
+            a, b = one[k]["history"], other[k]["history"]
+            assert len(a) == len(b) == 2
+            for ea, eb in zip(a, b):
+                for key in ("train_loss", "loss"):
+                    if key in ea:
+                        assert abs(ea[key] - eb[key]) <= DIST_TRAIN_F32 * abs(ea[key]), (k, key, ea, eb)
+            assert abs(one[k]["accuracy"] - other[k]["accuracy"]) <= 1 / 16 / 2, (k, one[k]["accuracy"],
+                                                                                  other[k]["accuracy"])
+        assert len({spread[(k[0], lr)]["rank"] for lr in (0.003, 0.01)}) == 1  # a model's variants on one rank
 
 
 @pytest.mark.distributed
@@ -141,28 +148,3 @@ def test_context_parallel_needs_a_world_it_divides(tmp_path, capsys):
     assert main(["train", *args, "--steps", "1", "--context-parallel", "2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--context-parallel 2" in err and "Traceback" not in err
-
-
-@pytest.mark.distributed
-def test_mqar_spread_gives_each_rank_whole_stacked_groups(tmp_path):
-    """`--spread` with 2 lrs per model: each rank trains whole groups (a model's lr variants, stacked) and every
-    run is recorded once, as one process trains it."""
-    i = MQAR.index("--lrs")
-    args = [*MQAR[:i], "--lrs", "0.003", "0.01", *MQAR[i + 2:]]
-    assert main([*args, "--out", str(tmp_path / "one")]) == 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "fastweights.cli", *args, "--spread", "--out", str(tmp_path / "spread")]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
-        pytest.skip("torchrun could not bind a port")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    one, spread = ({(r["model"], r["lr"]): r for r in map(json.loads, (tmp_path / d / "results.jsonl").read_text()
-                                                            .splitlines())} for d in ("one", "spread"))
-    lines = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and sorted(one) == sorted(spread)
-    assert {r["rank"] for r in spread.values()} == {0, 1}
-    for k in one:
-        assert spread[k]["accuracy"] == one[k]["accuracy"], k
-        assert abs(spread[k]["history"][-1]["loss"] - one[k]["history"][-1]["loss"]) <= \
-            DIST_TRAIN_F32 * abs(one[k]["history"][-1]["loss"]), k
-        assert len({spread[(k[0], lr)]["rank"] for lr in (0.003, 0.01)}) == 1  # a model's variants on one rank

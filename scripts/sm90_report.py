@@ -9,6 +9,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines gated --head-dims 128 256 --gates none scalar diagonal
     python3 scripts/sm90_report.py --json out.json
     python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
+    python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # TTT-Linear's, TTT-MLP's
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -49,6 +50,8 @@ def _ptxas_v(ptx: str, arch: str) -> dict:
         r = subprocess.run([ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True)
     text = r.stdout + r.stderr
+    if os.environ.get("SM90_RAW"):
+        print(text)
     out = {}
     m = re.search(r"Used (\d+) registers", text)
     out["registers"] = int(m.group(1)) if m else None
@@ -123,12 +126,39 @@ def _gated_workload(head_dims, dtypes, gates):
                     (o.float().sum() + S.float().sum()).backward()
 
 
-WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload}
+def _memories_workload(head_dims, dtypes, gates, warps=None):
+    """TTT-Linear's and TTT-MLP's kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D; warps:
+    their launch's num_warps (None: TTT_LAUNCH's / TTT_MLP_LAUNCH's)."""
+    import torch
+
+    from fastweights.kernels.triton.memories import ttt, ttt_mlp
+
+    gen = torch.Generator().manual_seed(0)
+    for launch in (ttt.TTT_LAUNCH, ttt_mlp.TTT_MLP_LAUNCH):
+        if warps is not None:
+            launch["num_warps"] = warps
+    B, T, H = 2, 40, 2
+    for D in head_dims:
+        for dtype in [getattr(torch, d) for d in dtypes]:
+            q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))
+            beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+            lnw, lnb = torch.ones(H, D, requires_grad=True), torch.zeros(H, D, requires_grad=True)
+            lin = (torch.randn(B, H, D, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
+            out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin)
+            out[0].float().sum().backward()
+            F = 4 * D
+            mlp = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.zeros(B, H, 1, F),
+                   torch.randn(B, H, F, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
+            out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp)
+            out[0].float().sum().backward()
+
+
+WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pipelines", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--pipelines", nargs="+", default=["delta", "gated"], choices=list(WORKLOADS))
     ap.add_argument("--gates", nargs="+", default=["none", "scalar", "diagonal"],
                     choices=["none", "scalar", "diagonal"])
     ap.add_argument("--head-dims", nargs="+", type=int, default=[128])
@@ -136,6 +166,7 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--json")
     ap.add_argument("--launch", metavar="PATH", help="a launch table (JSON) applied first (util.load_launch)")
+    ap.add_argument("--warps", type=int, help="the memories workload's num_warps (default: the modules' launch)")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -167,23 +198,25 @@ def main():
         if key not in seen:
             seen.add(key)
             info = _ptxas_v(kernel.asm["ptx"], a.arch)
-            info.update(kernel=self.__name__, warps=kernel.metadata.num_warps, stages=kernel.metadata.num_stages,
+            module = self.fn.__module__.rsplit(".", 1)[-1]
+            info.update(kernel=f"{module}.{self.__name__}", warps=kernel.metadata.num_warps,
+                        stages=kernel.metadata.num_stages,
                         smem=kernel.metadata.shared,
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
-                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O")})
+                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF")})
             rows.append(info)
         return kernel
 
     JITFunction.run = compile_only
     for name in a.pipelines:
-        WORKLOADS[name](a.head_dims, a.dtypes, a.gates)
+        WORKLOADS[name](a.head_dims, a.dtypes, a.gates, **({"warps": a.warps} if name == "memories" else {}))
     print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
     for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
         c = r["consts"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU", "IS_VARLEN", "HQ",
-                                                 "HAS_BETA", "WRITE_O") if k in c)
-        print(f"{r['kernel']:18s} {desc:70s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
+        desc = " ".join(f"{k}={c[k]}" for k in ("D", "F", "BF", "K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU",
+                                                 "IS_VARLEN", "HQ", "HAS_BETA", "WRITE_O") if k in c)
+        print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))
     if a.json:

@@ -101,8 +101,8 @@ _EXIT = {"hook": False, "clean": True}
 
 def _destroy_at_exit() -> None:
     """(atexit) Destroy the group `process_group` started, unless a run in it ended on an error."""
-    if _EXIT["clean"] and is_distributed():
-        dist.destroy_process_group()
+    if _EXIT["clean"]:
+        destroy_distributed()
 
 
 @contextlib.contextmanager

@@ -353,7 +353,9 @@ def saved_bytes(lm: torch.nn.Module, ids: torch.Tensor, bf16: bool) -> int:
         st = t.untyped_storage()
         if st.data_ptr() not in weights:
             kept[(str(t.device), st.data_ptr())] = st.nbytes()
-        return t
+        # detached: a saved output packed as itself would hold its own grad_fn, a cycle through autograd's C++
+        # nodes that gc cannot free (the whole forward's activations stayed allocated into the next bench row)
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=bf16):

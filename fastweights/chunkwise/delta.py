@@ -73,14 +73,19 @@ __all__ = ["chunk_delta", "unit_lower_inverse", "block_unit_lower_inverse", "sol
 
 class _SolveUnitLowerInverse(torch.autograd.Function):
     """T = (I + strict_tril(L))⁻¹ by one triangular solve against the identity; backward
-    dL = strict_tril(−Tᵀ dT Tᵀ), two matmuls."""
+    dL = strict_tril(−Tᵀ dT Tᵀ), two matmuls. In torch.func's form (`setup_context`, `generate_vmap_rule`): the
+    torch backend takes this inverse on CUDA, and a stacked lab run vmaps the training step there (`lab.stack`)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, L):
+    def forward(L):
         eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand(L.shape)  # [..., C, C]
-        T = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)  # [..., C, C]
-        ctx.save_for_backward(T)
-        return T
+        return torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)  # [..., C, C]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, dT):

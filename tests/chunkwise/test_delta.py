@@ -311,3 +311,40 @@ def test_unit_lower_inverses_and_their_gradients(C):
         T = inverse(L)
         assert (T @ A - torch.eye(C, dtype=torch.float64)).abs().max().item() < UNIT_LOWER_INVERSE_F64
         assert torch.autograd.gradcheck(inverse, (L.clone().requires_grad_(True),))
+
+
+def test_unit_lower_inverses_run_under_vmap_and_grad():
+    """The torch backend takes the "solve" inverse on CUDA, and a stacked lab run (`lab.stack`) vmaps the training
+    step there: both inverses' per-sample gradients under torch.func equal their one-at-a-time gradients (a
+    Function without `setup_context` was refused, so every stacked gated DeltaNet cell trained alone on the GPU)."""
+    from fastweights.chunkwise.delta import block_unit_lower_inverse, solve_unit_lower_inverse
+
+    L = torch.randn(4, 3, 6, 6, dtype=torch.float64) * 0.3  # 4 stacked variants of [3, C, C]
+    W = torch.randn(3, 6, 6, dtype=torch.float64)
+    for inverse in (block_unit_lower_inverse, solve_unit_lower_inverse):
+        def loss(x):
+            return (inverse(x) * W).sum()
+
+        got = torch.func.vmap(torch.func.grad(loss))(L)
+        want = torch.stack([torch.autograd.grad(loss(x), x)[0] for x in L.clone().requires_grad_(True).unbind(0)])
+        assert torch.allclose(got, want, rtol=0, atol=UNIT_LOWER_INVERSE_F64), inverse.__name__
+
+
+def test_every_autograd_function_of_the_torch_paths_is_in_torch_funcs_form():
+    """A stacked lab run vmaps the torch paths (`lab.stack`): every autograd.Function of `fastweights.chunkwise` has
+    `setup_context` (torch.func refuses the old `forward(ctx, ...)` form), but for the two `lab.stack` names:
+    MesaNet's CG solve (MesaNet does not stack) and the diagonal scores (a functional form runs under torch.func)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import fastweights.chunkwise as cw
+
+    found = []
+    for info in pkgutil.iter_modules(cw.__path__):
+        mod = importlib.import_module(f"{cw.__name__}.{info.name}")
+        found += [obj for obj in vars(mod).values() if inspect.isclass(obj) and obj.__module__ == mod.__name__
+                  and issubclass(obj, torch.autograd.Function)]
+    assert len(found) >= 4
+    old_form = sorted(f.__qualname__ for f in found if f.setup_context is torch.autograd.Function.setup_context)
+    assert old_form == ["_CGSolve", "_DiagonalScores"], old_form

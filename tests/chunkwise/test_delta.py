@@ -322,7 +322,7 @@ def test_unit_lower_inverses_run_under_vmap_and_grad():
     L = torch.randn(4, 3, 6, 6, dtype=torch.float64) * 0.3  # 4 stacked variants of [3, C, C]
     W = torch.randn(3, 6, 6, dtype=torch.float64)
     for inverse in (block_unit_lower_inverse, solve_unit_lower_inverse):
-        def loss(x):
+        def loss(x, inverse=inverse):
             return (inverse(x) * W).sum()
 
         got = torch.func.vmap(torch.func.grad(loss))(L)

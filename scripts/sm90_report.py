@@ -128,15 +128,16 @@ def _gated_workload(head_dims, dtypes, gates):
 
 def _memories_workload(head_dims, dtypes, gates, warps=None):
     """TTT-Linear's and TTT-MLP's kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D; warps:
-    their launch's num_warps (None: TTT_LAUNCH's / TTT_MLP_LAUNCH's)."""
+    their launch's num_warps (None: util.LAUNCH's "ttt_*" sites')."""
     import torch
 
+    from fastweights.kernels.triton.common.util import load_launch
     from fastweights.kernels.triton.memories import ttt, ttt_mlp
 
     gen = torch.Generator().manual_seed(0)
-    for launch in (ttt.TTT_LAUNCH, ttt_mlp.TTT_MLP_LAUNCH):
-        if warps is not None:
-            launch["num_warps"] = warps
+    if warps is not None:
+        load_launch({site: {"num_warps": warps} for site in ("ttt_linear_fwd", "ttt_linear_bwd", "ttt_mlp_fwd",
+                                                             "ttt_mlp_bwd")})
     B, T, H = 2, 40, 2
     for D in head_dims:
         for dtype in [getattr(torch, d) for d in dtypes]:

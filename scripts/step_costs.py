@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", choices=["kernel", "tf32x3", "tf32", "torch"], default="kernel",
                     help="the Newton–Schulz of Muon memories (ATLAS) on the generic chunk Triton row: kernel — its "
                          "kernel as routed (ieee); tf32x3 / tf32 — the kernel at that tl.dot precision "
-                         "(rows.pinned(ns_precision=)); torch — that row refused, so 'auto' runs the torch row (the "
+                         "(rows.pinned(precision=)); torch — that row refused, so 'auto' runs the torch row (the "
                          "iteration in torch; the layer ops stay on Triton)")
     a = ap.parse_args(argv)
     with _newton_schulz(a.ns):
@@ -336,7 +336,7 @@ def _newton_schulz(choice: str):
     from fastweights.kernels.rows import pinned
 
     if choice != "torch":
-        with pinned("generic", ns_precision=choice):
+        with pinned("generic", precision=choice):
             yield
         return
     from fastweights.dispatch import DISPATCH

@@ -56,14 +56,17 @@ REMOVED: dict[str, dict[str, str]] = {
         "RECOMPUTE_STATES": "GatedPipeline.recompute_states",
     },
     "conv": {"RECOMPUTE_OUTPUTS": "short_conv(..., recompute_outputs=)"},
-    "newton_schulz": {"precision": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., ns_precision=)"},
+    "newton_schulz": {"precision": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., precision=)"},
+    "ttt": {"TTT_LAUNCH": 'util.LAUNCH["ttt_linear_fwd"], ["ttt_linear_bwd"]',
+            "PREC": "ttt_linear_triton(..., precision=), rows.generic_chunk(..., precision=)"},
+    "ttt_mlp": {"TTT_MLP_LAUNCH": 'util.LAUNCH["ttt_mlp_fwd"], ["ttt_mlp_bwd"]'},
 }
 #: Text patterns of removed names that are no module attribute: the conv's "fused" launch key (now
 #: `short_conv(..., one_pass_backward=)`) and the environment variables nothing reads any more.
 REMOVED_TEXT: dict[str, str] = {
     r"""_BWD\s*\[\s*["']fused["']\s*\]""": 'short_conv(..., one_pass_backward=) (no _BWD["fused"])',
     r"\bFASTWEIGHTS_NS_KERNEL\b": 'backend="torch" (or rows.pinned / a refused generic row)',
-    r"\bFASTWEIGHTS_NS_PRECISION\b": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., ns_precision=)",
+    r"\bFASTWEIGHTS_NS_PRECISION\b": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., precision=)",
     r"\bFASTWEIGHTS_LAUNCH\b": "util.load_launch(path), fastweights bench speed|train --launch PATH",
 }
 
@@ -148,7 +151,7 @@ x.FORWARD = 1; my_delta.RECOMPUTE_STATES = 0; delta.chunk_delta_triton(q)
         "gated.PIPELINE (now: GatedPipeline.pipeline (pipeline= of chunk_gated_triton))",
         "_BWD[\"fused\"] (now: short_conv(..., one_pass_backward=) (no _BWD[\"fused\"]))",
         "FASTWEIGHTS_NS_PRECISION (now: newton_schulz_gram(..., precision=), rows.generic_chunk(..., "
-        "ns_precision=))",
+        "precision=))",
     ])
 
 

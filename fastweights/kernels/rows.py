@@ -199,13 +199,13 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
-#: The Newton–Schulz kernel's tl.dot input precision the row runs ("ieee": fp32 FMAs, as torch's fp32 bmm without
-#: TF32); `generic_chunk(..., ns_precision="tf32x3")` is the measurement's other choice
-#: (kernels/triton/memories/newton_schulz.py).
-NS_PRECISION = "ieee"
+#: The tl.dot input precision of the generic row's kernels (the Newton–Schulz kernel, TTT-Linear's and TTT-MLP's):
+#: "ieee" (fp32 FMAs, as torch's fp32 bmm without TF32); `generic_chunk(..., precision="tf32x3")` (or "tf32") is
+#: the measurement's other choice (kernels.triton.common.util.DOT_PRECISIONS).
+PRECISION = "ieee"
 #: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
 #: whole loop).
-GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", "TTT-Linear kernels", "TTT-MLP kernels")
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({PRECISION})", "TTT-Linear kernels", "TTT-MLP kernels")
 
 
 def _ns_kernel(precision: str):
@@ -220,16 +220,16 @@ def _ns_kernel(precision: str):
     return ns
 
 
-def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, ns_precision: str = NS_PRECISION):
-    """generic, chunk, on Triton: `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of
-    every token's momentum (`chunkwise.minibatch._muon_step`) in one kernel each way
-    (kernels.triton.memories.newton_schulz, tl.dot at `ns_precision`); Gram sides above MAX_NS_DIM stay on the
-    torch iteration."""
+def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str = PRECISION):
+    """generic, chunk, on Triton: TTT-Linear's and TTT-MLP's recipes on their loop kernels, every other one on
+    `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
+    (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
+    above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision`."""
     if ttt_linear_kernel_serves(call.recipe) is None:
-        return ttt_linear_chunk(call, cu_seqlens)
+        return ttt_linear_chunk(call, cu_seqlens, precision=precision)
     if ttt_mlp_kernel_serves(call.recipe) is None:
-        return ttt_mlp_chunk(call, cu_seqlens)
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(ns_precision))
+        return ttt_mlp_chunk(call, cu_seqlens, precision=precision)
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision))
 
 
 def _ttt_inputs(call):
@@ -249,33 +249,35 @@ def _ttt_inputs(call):
     return st, beta, lnw, lnb
 
 
-def ttt_linear_chunk(call, cu_seqlens=None):
+def ttt_linear_chunk(call, cu_seqlens=None, precision: str = PRECISION):
     """TTT-Linear's chunk form on its kernels (`kernels.triton.memories.ttt.ttt_linear_triton`): the caller's q, k, v
     as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
     state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
     row raises (no varlen mini-batch form yet)."""
     from .triton.memories.ttt import ttt_linear_triton
 
-    return _ttt_chunk(call, cu_seqlens, ttt_linear_triton)
+    return _ttt_chunk(call, cu_seqlens, ttt_linear_triton, precision)
 
 
-def ttt_mlp_chunk(call, cu_seqlens=None):
+def ttt_mlp_chunk(call, cu_seqlens=None, precision: str = PRECISION):
     """TTT-MLP's chunk form on its kernels (`kernels.triton.memories.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
     the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
     from .triton.memories.ttt_mlp import ttt_mlp_triton
 
-    return _ttt_chunk(call, cu_seqlens, ttt_mlp_triton)
+    return _ttt_chunk(call, cu_seqlens, ttt_mlp_triton, precision)
 
 
-def _ttt_chunk(call, cu_seqlens, kernel):
-    """A TTT chunk form through `kernel` (`ttt_linear_triton` / `ttt_mlp_triton`, one contract): (o, final state)."""
+def _ttt_chunk(call, cu_seqlens, kernel, precision):
+    """A TTT chunk form through `kernel` (`ttt_linear_triton` / `ttt_mlp_triton`, one contract; tl.dot at
+    `precision`): (o, final state)."""
     from ..torch_backend import _no_varlen
 
     recipe = call.recipe
     _no_varlen(recipe, cu_seqlens)
     st, beta, lnw, lnb = _ttt_inputs(call)
     o, weights, anchor, offset = kernel(call.q, call.k, call.v, beta, lnw, lnb, scale=call.scale, weights=st.weights,
-                                        anchor=st.anchor, offset=st.offset, minibatch=recipe.optimizer.minibatch)
+                                        anchor=st.anchor, offset=st.offset, minibatch=recipe.optimizer.minibatch,
+                                        precision=precision)
     final = MemoryState(weights=weights, anchor=anchor, offset=offset)
     return o, finish_state(recipe, final, call.output_final_state)
 
@@ -291,7 +293,7 @@ def generic_chunk_pipeline(recipe: Recipe, target) -> str:
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
 _PINNABLE = {"delta": ("pipeline", DeltaPipeline, "a kernels.pipelines.DeltaPipeline"),
              "gated_linear": ("pipeline", GatedPipeline, "a kernels.pipelines.GatedPipeline"),
-             "generic": ("ns_precision", None, "one of the Newton–Schulz kernel's PRECISIONS")}
+             "generic": ("precision", None, "one of the generic row's tl.dot precisions (util.DOT_PRECISIONS)")}
 
 
 @contextmanager
@@ -299,7 +301,7 @@ def pinned(recipe_class: str, **option):
     """Within the block, the Triton chunk row of `recipe_class` runs every call with `option` instead of its rule's
     choice — an A/B measurement through `fw.chunk` or a model (scripts/gpu_diag.py, gpu_gated_fused.py,
     step_costs.py): "delta" `pipeline=DeltaPipeline(...)`, "gated_linear" `pipeline=GatedPipeline(...)`, "generic"
-    `ns_precision="tf32x3"` (or "ieee", "tf32"). The row's `pipeline` names the pinned choice (a layer's repr,
+    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP). The row's `pipeline` names the pinned choice (a layer's repr,
     `fastweights.pipeline`); the row is put back after (assigning DISPATCH clears the route cache). A pipeline whose
     kernels cannot take a call raises there (the glue's error), never falls back. Yields the pinned row."""
     from ..dispatch import DISPATCH
@@ -313,9 +315,9 @@ def pinned(recipe_class: str, **option):
         raise InputError(f"the {recipe_class} chunk row takes one option, {name}=, got {sorted(option) or 'none'}")
     value = option[name]
     if kind is None:
-        from .triton.memories.newton_schulz import PRECISIONS  # (the row needs triton anyway)
+        from .triton.common.util import DOT_PRECISIONS  # (the row needs triton anyway)
 
-        ok = value in PRECISIONS
+        ok = value in DOT_PRECISIONS
     else:
         ok = isinstance(value, kind)
     if not ok:
@@ -324,9 +326,10 @@ def pinned(recipe_class: str, **option):
     impl = DISPATCH[key]
     label = value if kind is not None else f"Newton–Schulz kernel ({value})"
 
-    def named(recipe, target):  # the generic row's TTT calls take no Newton–Schulz: still their own name
-        return impl.pipeline(recipe, target) if recipe_class == "generic" and recipe is not None \
-            and _ttt_kernels(recipe) is not None else label
+    def named(recipe, target):  # the generic row's TTT calls: their kernels at the pinned precision
+        if recipe_class == "generic" and recipe is not None and _ttt_kernels(recipe) is not None:
+            return f"{impl.pipeline(recipe, target)} ({value})"
+        return label
 
     DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)
     try:

@@ -175,20 +175,20 @@ def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen)
 
     monkeypatch.setattr(newton_schulz, "newton_schulz_gram", ns_spy)
     x = fw.example_inputs("atlas", batch_size=1, seq_len=4, num_heads=1, head_dim=8, generator=gen)
-    with rows.pinned("generic", ns_precision="tf32x3"):
+    with rows.pinned("generic", precision="tf32x3"):
         fw.chunk("atlas", **x, chunk_size=16)
         assert fw.pipeline("atlas", device="cuda", dtype=fp32, head_dim=8, chunk_size=16) == (
             "triton", "Newton–Schulz kernel (tf32x3)")
     assert precisions and set(precisions) == {"tf32x3"}
     fw.chunk("atlas", **x, chunk_size=16)
     assert precisions[-1] == "ieee"
-    with pytest.raises(InputError, match="ns_precision must be one of"):
-        with rows.pinned("generic", ns_precision="fp8"):
+    with pytest.raises(InputError, match="precision must be one of"):
+        with rows.pinned("generic", precision="fp8"):
             pass
     with pytest.raises(InputError, match="pipeline must be a kernels.pipelines.DeltaPipeline"):
         with rows.pinned("delta", pipeline=GatedPipeline("fused")):
             pass
-    with pytest.raises(InputError, match="takes one option, ns_precision="):
+    with pytest.raises(InputError, match="takes one option, precision="):
         with rows.pinned("generic", pipeline=DeltaPipeline()):
             pass
     with pytest.raises(InputError, match="recipe_class must be one of"):

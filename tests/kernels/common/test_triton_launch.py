@@ -125,15 +125,32 @@ def _prologue(gen):
     sum(o.float().sum() for o in out).backward()
 
 
+def _memories(gen):
+    """TTT-Linear's and TTT-MLP's loop kernels forward and backward (D 16, b 16, T 20)."""
+    from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
+    from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
+
+    B, T, H, D = 1, 20, 2, 16
+    q, k, v = (torch.randn(B, T, H, D, generator=gen).to(DEV).requires_grad_(True) for _ in range(3))
+    beta = torch.rand(B, T, H, generator=gen).to(DEV).requires_grad_(True)
+    lnw, lnb = torch.ones(H, D, device=DEV), torch.zeros(H, D, device=DEV)
+    lin = (torch.randn(B, H, D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
+    ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=lin)[0].sum().backward()
+    mlp = (torch.randn(B, H, D, 4 * D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, 4 * D, device=DEV),
+           torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
+    ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
+
+
 def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
-    """The delta and gated pipelines (forward and backward, every gate) and the prologue launch
-    every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's defaults:
-    4 warps, 2 stages, BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
+    """The delta and gated pipelines (forward and backward, every gate), the prologue and the TTT memories' loops
+    launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's defaults:
+    4 warps, 2 stages (1 for the TTT loops), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
     monkeypatch.setattr(util, "SEEN", set())
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
         grads(fn, x, seed, **kw)
     _prologue(gen)
+    _memories(gen)
     assert set(util.KERNEL_FN) == set(table)
     sites = {s for s in util.SEEN if "." not in s}
     assert sites == set(table), f"never launched: {set(table) - sites}"
@@ -147,7 +164,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
                 continue
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             warps = 8 if name == "delta_fused_grads" else 4  # (8: its [C, K] accumulators' registers)
-            assert kw["num_warps"] == warps and kw["num_stages"] == (1 if name in STATE_PASSES else 2), name
+            stages = 1 if name in STATE_PASSES or name.startswith("ttt_") else 2  # (the TTT loops: a scratch)
+            assert kw["num_warps"] == warps and kw["num_stages"] == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
                                        "delta_fused_fwd_t", "delta_fused_grads"):

@@ -247,8 +247,9 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
     assert "mini-batch b in" in triton_generic_supports(b8, cuda)
     from fastweights.kernels import rows
 
-    with rows.pinned("generic", ns_precision="tf32x3"):  # Muon's option: a TTT-Linear call keeps its own pipeline
-        assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "TTT-Linear kernels"
+    with rows.pinned("generic", precision="tf32x3"):  # the row's kernels at that tl.dot precision
+        assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
+            "TTT-Linear kernels (tf32x3)"
         atlas = fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)
         assert atlas[1] == "Newton–Schulz kernel (tf32x3)"
 

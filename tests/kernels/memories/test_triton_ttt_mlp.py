@@ -301,8 +301,9 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
     assert "TTT-Linear" in titans and "TTT-MLP" in titans
     from fastweights.kernels import rows
 
-    with rows.pinned("generic", ns_precision="tf32x3"):  # Muon's option: a TTT-MLP call keeps its own pipeline
-        assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "TTT-MLP kernels"
+    with rows.pinned("generic", precision="tf32x3"):  # the row's kernels at that tl.dot precision
+        assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
+            "TTT-MLP kernels (tf32x3)"
 
 
 def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):

@@ -132,7 +132,27 @@ LAUNCH: dict[str, dict] = {
     # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
     "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
     "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
+    # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
+    # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
+    "ttt_linear_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt._fwd_kernel
+    "ttt_linear_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt._bwd_kernel
+    "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
+    "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel
 }
+
+#: tl.dot's input precisions a kernel with a `precision` argument takes: "ieee" (fp32 FMAs, as torch's fp32 matmul
+#: without TF32), "tf32x3" (three TF32 tensor-core products per dot, about fp32's accuracy), "tf32" (one: ~1e-3
+#: relative per product).
+DOT_PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def check_precision(precision) -> str:
+    """`precision` if it is one of DOT_PRECISIONS, else InputError naming it."""
+    if precision not in DOT_PRECISIONS:
+        from ....inputs import InputError
+
+        raise InputError(f"precision must be one of {list(DOT_PRECISIONS)}, got {precision!r}")
+    return precision
 
 #: The Triton function of each launch site (what a profiler names its kernels): its module's path under
 #: `fastweights.kernels.triton`, then the function (`path.rsplit(".", 1)`).
@@ -153,6 +173,8 @@ KERNEL_FN = {
     "gated_fused_bwd_states": "fused.gated_fused._bwd_states_kernel",
     "gated_fused_bwd_chunk": "fused.gated_fused._bwd_chunk_kernel",
     "gated_fused_scores": "fused.gated_fused._scores_kernel",
+    "ttt_linear_fwd": "memories.ttt._fwd_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
+    "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

@@ -26,7 +26,7 @@ sweep), with D = ∂L/∂out:
 — the reverse of the torch iteration's own autograd. fp32 throughout: tl.dot with input_precision
 "ieee" (fp32 FMAs, as torch's fp32 bmm without TF32) unless the `precision` argument says "tf32x3"
 (three TF32 tensor-core products per dot, about fp32's accuracy) or "tf32" (one: ~1e-3 per product,
-below the tests' tolerance) — for a measurement on the GPU (`kernels.rows.generic_chunk(..., ns_precision=)`).
+below the tests' tolerance) — for a measurement on the GPU (`kernels.rows.generic_chunk(..., precision=)`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import triton.language as tl
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_NS_DIM
+from ..common.util import DOT_PRECISIONS, check_precision
 
 Tensor = torch.Tensor
 
@@ -45,7 +46,7 @@ __all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS", "PRECISIONS"]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 #: tl.dot's input precisions the kernels take (see the module doc).
-PRECISIONS = ("ieee", "tf32x3", "tf32")
+PRECISIONS = DOT_PRECISIONS
 
 
 @triton.jit
@@ -214,6 +215,5 @@ def newton_schulz_gram(G: Tensor, steps: int, *, precision: str = "ieee") -> Ten
         raise ValueError(f"G must be [..., r, r] with 1 ≤ r ≤ {MAX_NS_DIM}, got {list(G.shape)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int ≥ 1, got {steps!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    check_precision(precision)
     return NewtonSchulzGramFn.apply(G, steps, precision)

@@ -38,8 +38,9 @@ tests/kernels/memories/twins.py) take and return the same tensors. Tile: the min
 of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
 per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
 reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
-offset, and the torch chunk form has no varlen). fp32 products (tl.dot at input precision `PREC`, "ieee" by
-default: fp32 FMAs).
+offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's `precision` (util.DOT_PRECISIONS:
+"ieee", fp32 FMAs, by default; "tf32x3" or "tf32" on the tensor cores). Launch settings: util.LAUNCH's "ttt_linear_fwd",
+"ttt_linear_bwd".
 """
 
 from __future__ import annotations
@@ -54,15 +55,14 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_MINIBATCHES
-from ..common.util import pow2
+from ..common.util import check_precision, launch, pow2
 
 Tensor = torch.Tensor
 
-__all__ = ["ttt_linear_triton", "TTT_LAUNCH"]
+__all__ = ["ttt_linear_triton", "PRECISION"]
 
-#: Launch settings of both kernels (not swept on a GPU yet); PREC the tl.dot input precision.
-TTT_LAUNCH = dict(num_warps=4, num_stages=1)
-PREC = "ieee"
+#: The kernels' default tl.dot input precision (the `precision` argument; util.DOT_PRECISIONS).
+PRECISION = "ieee"
 LN_EPS = 1e-6  # inner.LN_EPS
 
 
@@ -330,11 +330,11 @@ class _TTTLinear(torch.autograd.Function):
     """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
     lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
     the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
-    [N+1] on the device, or None) and the `_Plan`. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each
+    [N+1] on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each
     sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan):
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan, precision):
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R = plan.R
@@ -345,10 +345,10 @@ class _TTTLinear(torch.autograd.Function):
         cka = empty_output(*((max(plan.slots, 1), H, D) if save else (1,)), **f32)
         outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
                 empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
-        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=PREC, IS_VARLEN=cu is not None)
+        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
-                              plan.NS, **geo, SAVE=save, **TTT_LAUNCH)
+                              plan.NS, **geo, SAVE=save, **launch("ttt_linear_fwd"))
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
@@ -377,13 +377,13 @@ class _TTTLinear(torch.autograd.Function):
         seq = seq if seq else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
                               dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
-                              HAS_P=has_p, **TTT_LAUNCH)
+                              HAS_P=has_p, **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
                 dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
-                None, None)
+                None, None, None)
 
 
 def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, minibatch: int, cu_seqlens):
@@ -429,7 +429,7 @@ def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, mini
 
 
 def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
-                      minibatch: int = 16, cu_seqlens=None):
+                      minibatch: int = 16, cu_seqlens=None, precision: str = PRECISION):
     """TTT-Linear's chunk form on the kernels (see the module doc); differentiable in every tensor.
 
     q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
@@ -440,7 +440,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the
     call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
     mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
-    `chunkwise.minibatch`'s final MemoryState fields."""
+    `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (util.DOT_PRECISIONS)."""
+    check_precision(precision)
     cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T = q.shape[:2]
     W, bias = (w.float() for w in weights)
@@ -456,7 +457,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
             p0.squeeze(2).contiguous())
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan)
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan,
+                                     precision)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
     last = _last_counts(plan, 4, q.device)  # a number, or [R, 1, 1, 1]
     if cu is None:

@@ -69,8 +69,9 @@ mini-batches in order: B·H programs in all (128 at B 64, H 2), so the GPU's par
 Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 varlen (`cu_seqlens`) as `ttt.py` takes it: one program per (sequence, head), each sequence's mini-batches from
 its own start, its anchors at its own slots; the dispatch row does not pass it (a MemoryState carries one offset).
-fp32 products (tl.dot at `PREC`, "ieee"). The tile widths are not swept on a GPU yet (`TTT_MLP_LAUNCH`,
-`hidden_tile`).
+fp32 operands; tl.dot at the call's `precision` (util.DOT_PRECISIONS; "ieee" by default). Launch settings:
+util.LAUNCH's "ttt_mlp_fwd", "ttt_mlp_bwd" (num_stages stays 1: the loops re-read a scratch the previous pass wrote,
+which a pipelined prefetch could read early); the hidden tile: `hidden_tile`.
 """
 
 from __future__ import annotations
@@ -82,16 +83,13 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.util import pow2
-from .ttt import LN_EPS, PREC, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
+from ..common.util import check_precision, launch, pow2
+from .ttt import LN_EPS, PRECISION, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
 Tensor = torch.Tensor
 
-__all__ = ["ttt_mlp_triton", "TTT_MLP_LAUNCH", "hidden_tile"]
+__all__ = ["ttt_mlp_triton", "hidden_tile"]
 
-#: Launch settings of both kernels (not swept on a GPU yet). num_stages stays 1: the loops re-read a scratch the
-#: previous pass wrote (see the module doc), which a pipelined prefetch could read early.
-TTT_MLP_LAUNCH = dict(num_warps=4, num_stages=1)
 #: The most fp32 values of one [D, BF] weight tile (the hidden tile BF = this / pow2(D), within [16, pow2(F)]).
 TILE_ELEMENTS = 2048
 _C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / π) (a constexpr: a jit function reads only those globals)
@@ -480,7 +478,7 @@ class _TTTMLP(torch.autograd.Function):
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale, T,
                               offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
-                              **TTT_MLP_LAUNCH)
+                              **launch("ttt_mlp_fwd"))
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not o))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
         return (o, *outs)
@@ -510,7 +508,7 @@ class _TTTMLP(torch.autograd.Function):
         seq = seq if seq else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
                               dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
-                              HAS_P=has_p, IS_VARLEN=ctx.varlen, **TTT_MLP_LAUNCH)
+                              HAS_P=has_p, IS_VARLEN=ctx.varlen, **launch("ttt_mlp_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
@@ -551,7 +549,7 @@ def _unsqueezed(four):
 
 
 def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, anchor=None, offset: int = 0,
-                   minibatch: int = 16, cu_seqlens=None, tile: int | None = None):
+                   minibatch: int = 16, cu_seqlens=None, tile: int | None = None, precision: str = PRECISION):
     """TTT-MLP's chunk form on the kernels (see the module doc); differentiable in every tensor.
 
     q, k: [B, T, H_q, D]; v: [B, T, H, D] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
@@ -563,7 +561,8 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     the call); minibatch b; tile: the hidden dim's tile BF (a power of two ≥ 16; None: `hidden_tile`). Returns
     (o [B, T, H, D] in v's dtype, end weights, anchor of the last mini-batch — 4 fp32 tensors each, R rows — and
     the offset after the call; with cu_seqlens, a list: each sequence's): `chunkwise.minibatch`'s final
-    MemoryState fields."""
+    MemoryState fields. precision: tl.dot's input precision (util.DOT_PRECISIONS)."""
+    check_precision(precision)
     F, cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T, Hq, D = q.shape
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):
@@ -576,7 +575,7 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
         A, P = W, [torch.zeros_like(w) for w in W]
     plan = _plan(B, T, offset, minibatch, cu, q.device)
     geo = dict(H=v.shape[2], HQ=Hq, D=D, F=F, BD=pow2(D), BF=tile or hidden_tile(D, F), BT=minibatch, EPS=LN_EPS,
-               PREC=PREC)
+               PREC=precision)
     args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias)] + _squeezed(A) + _squeezed(P)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)

@@ -1,0 +1,239 @@
+"""The deep memories' loop kernels (TTT-Linear, TTT-MLP) on one GPU: each launch variant — tl.dot precision
+("ieee", "tf32x3", "tf32": `rows.pinned("generic", precision=)`) × num_warps (util.LAUNCH's "ttt_*" sites) —
+compiled, checked and timed beside gated DeltaNet and fla's `chunk_ttt_linear` (issue 36).
+
+    python3 scripts/gpu_memories.py --out runs/memories                       # every phase
+    python3 scripts/gpu_memories.py --phases check time --variants ieee:4 tf32x3:8
+
+Phases, in order (each writes its own file under --out, so a killed call keeps what it did):
+  compile  one process per variant (in parallel, each its own Triton cache entries) runs each model's kernels once
+           at every timed shape's constexprs (D, H) on a few tokens: the timing phase then finds them compiled;
+  check    per variant and model: `fw.chunk(..., backend="triton")` against the torch row in float64 on the same
+           fp32 inputs (B 2, T 75 — odd, a ragged last mini-batch — H 2, D 64 and 128): the largest relative error of
+           the output, the final state and every input's gradient (NaN counts as an error of inf);
+  time     `fw.chunk` forward and forward + backward per (shape, model, variant), bf16, median of --repeats after one
+           warm call (bench.speed's cases), with gated DeltaNet's Triton row and fla's `chunk_ttt_linear` (when fla
+           is importable; the peer, installed only on the GPU machine) on the same inputs in the same process.
+
+Shapes: issue 36's small one (B 64, T 512, H 2, K = V = 64) and the LM's (B 4, T 4096, H 16, K = V = 128).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+SHAPES = {"small": (64, 512, 2, 64), "lm": (4, 4096, 16, 128)}
+MODELS = ("ttt_linear", "ttt_mlp")
+SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_mlp_fwd", "ttt_mlp_bwd")}
+
+
+def _variant(text: str) -> tuple[str, int]:
+    """"precision:warps" → (precision, warps)."""
+    prec, _, warps = text.partition(":")
+    return prec, int(warps or 4)
+
+
+def _apply(variant):
+    """A context: the generic row pinned at the variant's precision, the TTT launch sites at its warps."""
+    import contextlib
+
+    from fastweights.kernels import rows
+    from fastweights.kernels.triton.common.util import LAUNCH, load_launch
+
+    prec, warps = variant
+
+    @contextlib.contextmanager
+    def ctx():
+        old = load_launch({s: {"num_warps": warps} for pair in SITES.values() for s in pair})
+        try:
+            with rows.pinned("generic", precision=prec):
+                yield
+        finally:
+            LAUNCH.update(old)
+    return ctx()
+
+
+def _inputs(model, B, T, H, D, dtype, device, seed=0):
+    """`fw.example_inputs` drawn in fp32 on the CPU (the same values for every dtype), as trainable leaves of `dtype`
+    on `device`; the initial MemoryState moved there (fp32, or float64 for a float64 reference)."""
+    import torch
+
+    import fastweights as fw
+    from fastweights.state import state_map
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    inp = fw.example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=torch.float32,
+                            generator=gen)
+    sdt = torch.float64 if dtype == torch.float64 else torch.float32
+    out = {}
+    for name, x in inp.items():
+        if isinstance(x, torch.Tensor):
+            out[name] = x.detach().to(device=device, dtype=dtype).requires_grad_(True)
+        else:
+            out[name] = state_map(x, lambda t: t.detach().to(device=device, dtype=sdt))
+    return out
+
+
+def _run(model, inp, backend):
+    import torch
+
+    import fastweights as fw
+
+    state = inp.get("initial_state")
+    kw = {k: v for k, v in inp.items() if k != "initial_state"}
+    o, S = fw.chunk(model, initial_state=state, output_final_state=True, backend=backend, check_values=False, **kw)
+    leaves = [v for v in kw.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    w = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(o.device)
+    weights = [t for t in (S.weights if S is not None else ()) if isinstance(t, torch.Tensor)]
+    loss = (o.double() * w).sum() + sum((t.double() ** 2).sum() * 1e-3 for t in weights)
+    grads = torch.autograd.grad(loss, leaves)
+    return o.detach(), [t.detach() for t in weights], [g.detach() for g in grads]
+
+
+def compile_one(variant_text: str) -> None:
+    """(the compile phase's worker) every model's kernels once at each timed shape's constexprs."""
+    import torch
+
+    variant = _variant(variant_text)
+    with _apply(variant):
+        for model in MODELS:
+            for (_, _, H, D) in SHAPES.values():
+                inp = _inputs(model, 1, 20, H, D, torch.bfloat16, "cuda")
+                _run(model, inp, "triton")
+    torch.cuda.synchronize()
+
+
+def phase_compile(variants, out):
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, __file__, "--compile-one", v], cwd=ROOT) for v in variants]
+    codes = [p.wait() for p in procs]
+    line = f"compile: {len(variants)} variants in {time.perf_counter() - t0:.0f} s, exit codes {codes}"
+    print(line, flush=True)
+    with open(os.path.join(out, "compile.txt"), "w") as f:
+        f.write(line + "\n")
+
+
+def _rel(a, b):
+    import torch
+
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def phase_check(variants, out):
+    import torch
+
+    rows = []
+    for D in (64, 128):
+        for model in MODELS:
+            ref_in = _inputs(model, 2, 75, 2, D, torch.float64, "cuda", seed=D)
+            ref = _run(model, ref_in, "torch")
+            for variant in variants:
+                inp = _inputs(model, 2, 75, 2, D, torch.float32, "cuda", seed=D)
+                try:
+                    with _apply(variant):
+                        got = _run(model, inp, "triton")
+                    errs = {"o": _rel(got[0], ref[0]),
+                            "state": max((_rel(a, b) for a, b in zip(got[1], ref[1])), default=0.0),
+                            "grads": max(_rel(a, b) for a, b in zip(got[2], ref[2]))}
+                    row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", **errs)
+                except Exception as e:  # a variant that fails is a result
+                    row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", error=str(e)[:300])
+                rows.append(row)
+                print("check", json.dumps(row), flush=True)
+    with open(os.path.join(out, "check.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def _fla_ttt_case(B, T, H, D, device):
+    """fla's chunk_ttt_linear on inputs of our ttt_linear's shapes (q, k, v, the LN's affine, η per token)."""
+    import torch
+    from fla.ops.ttt import chunk_ttt_linear  # noqa: PLC0415 — the peer, only in benchmark environments
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def leaf(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device, torch.bfloat16).requires_grad_(True)
+
+    q, k, v = (leaf(B, T, H, D) for _ in range(3))
+    w, b = leaf(H, D), leaf(H, D, scale=0.1)
+    eta = (torch.rand(B, T, H, 1, generator=g) * 0.1).to(device, torch.bfloat16).requires_grad_(True)
+
+    def run():
+        return chunk_ttt_linear(q, k, v, w, b, eta, chunk_size=16)[0]
+
+    return run, [q, k, v, w, b, eta]
+
+
+def phase_time(variants, out, repeats):
+    import importlib.util
+
+    import torch
+
+    from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
+
+    have_fla = importlib.util.find_spec("fla") is not None
+    rows = []
+
+    def record(shape, model, impl, make):  # make(B, T, H, D) -> a case (run, leaves)
+        try:
+            run, leaves = make(*SHAPES[shape])
+            fwd, fb = fwd_bwd(run, leaves)
+            row = dict(shape=shape, model=model, impl=impl, fwd_ms=median_ms(fwd, torch.device("cuda"), 1, repeats),
+                       fwdbwd_ms=median_ms(fb, torch.device("cuda"), 1, repeats))
+        except Exception as e:
+            row = dict(shape=shape, model=model, impl=impl, error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        print("time", json.dumps(row), flush=True)
+        with open(os.path.join(out, "time.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        torch.cuda.empty_cache()
+
+    def ours(model):
+        return lambda B, T, H, D: fastweights_case(model, "chunk_triton", B, T, H, D, torch.bfloat16, "cuda", 64)
+
+    for shape in SHAPES:
+        record(shape, "gated_deltanet", "triton", ours("gated_deltanet"))
+        if have_fla:
+            record(shape, "ttt_linear", "fla chunk_ttt_linear", lambda B, T, H, D: _fla_ttt_case(B, T, H, D, "cuda"))
+        for model in MODELS:
+            for variant in variants:
+                # the pin and the launch table are process state: the variant holds around the whole row
+                with _apply(variant):
+                    record(shape, model, f"{variant[0]}:{variant[1]}", ours(model))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/memories")
+    ap.add_argument("--phases", nargs="+", default=["compile", "check", "time"], choices=["compile", "check", "time"])
+    ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
+                    help="precision:num_warps of the TTT kernels")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    if a.compile_one:
+        return compile_one(a.compile_one)
+    os.makedirs(a.out, exist_ok=True)
+    variants = [_variant(v) for v in a.variants]
+    for phase in a.phases:
+        if phase == "compile":
+            phase_compile(a.variants, a.out)
+        elif phase == "check":
+            phase_check(variants, a.out)
+        else:
+            phase_time(variants, a.out, a.repeats)
+
+
+if __name__ == "__main__":
+    main()

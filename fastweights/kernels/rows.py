@@ -60,7 +60,16 @@ __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv"
            "MAX_HEAD_DIM"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
-from .triton.common.limits import MAX_CONV_WIDTH, MAX_GROUP, MAX_NS_DIM, MAX_TTT_DIM, TTT_MINIBATCHES
+from .triton.common.limits import (
+    MAX_CONV_WIDTH,
+    MAX_GROUP,
+    MAX_NS_DIM,
+    MAX_TTT_DIM,
+    NS_PRECISION,
+    TTT_LINEAR_PRECISION,
+    TTT_MINIBATCHES,
+    TTT_MLP_PRECISION,
+)
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -199,16 +208,17 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
-#: The tl.dot input precision of the generic row's kernels (the Newton–Schulz kernel, TTT-Linear's and TTT-MLP's):
-#: "ieee" (fp32 FMAs, as torch's fp32 bmm without TF32); `generic_chunk(..., precision="tf32x3")` (or "tf32") is
-#: the measurement's other choice (kernels.triton.common.util.DOT_PRECISIONS).
-PRECISION = "ieee"
+#: The tl.dot input precision of each of the generic row's kernels (limits: TTT-Linear "tf32x3", TTT-MLP and the
+#: Newton–Schulz kernel "ieee", with the measurements); `generic_chunk(..., precision=)` (one of
+#: limits.DOT_PRECISIONS, e.g. through `pinned("generic", precision=)`) runs every kernel of the row at another.
+PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION}
 #: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
-#: whole loop).
-GENERIC_PIPELINES = (f"Newton–Schulz kernel ({PRECISION})", "TTT-Linear kernels", "TTT-MLP kernels")
+#: whole loop), each named with its kernels' precision.
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", f"TTT-Linear kernels ({TTT_LINEAR_PRECISION})",
+                     f"TTT-MLP kernels ({TTT_MLP_PRECISION})")
 
 
-def _ns_kernel(precision: str):
+def _ns_kernel(precision: str = NS_PRECISION):
     """The Newton–Schulz of the mini-batch form: the kernel (at `precision`) for an fp32 Gram side ≤ MAX_NS_DIM,
     else None (the torch iteration)."""
     def ns(G, steps):
@@ -220,16 +230,17 @@ def _ns_kernel(precision: str):
     return ns
 
 
-def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str = PRECISION):
+def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str | None = None):
     """generic, chunk, on Triton: TTT-Linear's and TTT-MLP's recipes on their loop kernels, every other one on
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
-    above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision`."""
+    above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
+    PRECISIONS)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
-        return ttt_linear_chunk(call, cu_seqlens, precision=precision)
+        return ttt_linear_chunk(call, cu_seqlens, precision=precision or TTT_LINEAR_PRECISION)
     if ttt_mlp_kernel_serves(call.recipe) is None:
-        return ttt_mlp_chunk(call, cu_seqlens, precision=precision)
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision))
+        return ttt_mlp_chunk(call, cu_seqlens, precision=precision or TTT_MLP_PRECISION)
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision or NS_PRECISION))
 
 
 def _ttt_inputs(call):
@@ -249,7 +260,7 @@ def _ttt_inputs(call):
     return st, beta, lnw, lnb
 
 
-def ttt_linear_chunk(call, cu_seqlens=None, precision: str = PRECISION):
+def ttt_linear_chunk(call, cu_seqlens=None, precision: str = TTT_LINEAR_PRECISION):
     """TTT-Linear's chunk form on its kernels (`kernels.triton.memories.ttt.ttt_linear_triton`): the caller's q, k, v
     as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
     state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
@@ -259,7 +270,7 @@ def ttt_linear_chunk(call, cu_seqlens=None, precision: str = PRECISION):
     return _ttt_chunk(call, cu_seqlens, ttt_linear_triton, precision)
 
 
-def ttt_mlp_chunk(call, cu_seqlens=None, precision: str = PRECISION):
+def ttt_mlp_chunk(call, cu_seqlens=None, precision: str = TTT_MLP_PRECISION):
     """TTT-MLP's chunk form on its kernels (`kernels.triton.memories.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
     the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
     from .triton.memories.ttt_mlp import ttt_mlp_triton
@@ -287,13 +298,13 @@ def generic_chunk_pipeline(recipe: Recipe, target) -> str:
     serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`), else the torch mini-batch form with
     Newton–Schulz in the kernel (Muon)."""
     kernels = _ttt_kernels(recipe)
-    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels"
+    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({PRECISIONS[kernels]})"
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
 _PINNABLE = {"delta": ("pipeline", DeltaPipeline, "a kernels.pipelines.DeltaPipeline"),
              "gated_linear": ("pipeline", GatedPipeline, "a kernels.pipelines.GatedPipeline"),
-             "generic": ("precision", None, "one of the generic row's tl.dot precisions (util.DOT_PRECISIONS)")}
+             "generic": ("precision", None, "one of the generic row's tl.dot precisions (limits.DOT_PRECISIONS)")}
 
 
 @contextmanager
@@ -301,9 +312,10 @@ def pinned(recipe_class: str, **option):
     """Within the block, the Triton chunk row of `recipe_class` runs every call with `option` instead of its rule's
     choice — an A/B measurement through `fw.chunk` or a model (scripts/gpu_diag.py, gpu_gated_fused.py,
     step_costs.py): "delta" `pipeline=DeltaPipeline(...)`, "gated_linear" `pipeline=GatedPipeline(...)`, "generic"
-    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP). The row's `pipeline` names the pinned choice (a layer's repr,
-    `fastweights.pipeline`); the row is put back after (assigning DISPATCH clears the route cache). A pipeline whose
-    kernels cannot take a call raises there (the glue's error), never falls back. Yields the pinned row."""
+    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP). The row's
+    `pipeline` names the pinned choice (a layer's repr, `fastweights.pipeline`); the row is put back after (assigning
+    DISPATCH clears the route cache). A pipeline whose kernels cannot take a call raises there (the glue's error),
+    never falls back. Yields the pinned row."""
     from ..dispatch import DISPATCH
     from ..inputs import InputError
 
@@ -315,7 +327,7 @@ def pinned(recipe_class: str, **option):
         raise InputError(f"the {recipe_class} chunk row takes one option, {name}=, got {sorted(option) or 'none'}")
     value = option[name]
     if kind is None:
-        from .triton.common.util import DOT_PRECISIONS  # (the row needs triton anyway)
+        from .triton.common.limits import DOT_PRECISIONS
 
         ok = value in DOT_PRECISIONS
     else:
@@ -328,7 +340,7 @@ def pinned(recipe_class: str, **option):
 
     def named(recipe, target):  # the generic row's TTT calls: their kernels at the pinned precision
         if recipe_class == "generic" and recipe is not None and _ttt_kernels(recipe) is not None:
-            return f"{impl.pipeline(recipe, target)} ({value})"
+            return f"{_ttt_kernels(recipe)} kernels ({value})"
         return label
 
     DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)

@@ -234,8 +234,8 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
     cuda = Target.of("cuda", torch.bfloat16, 64, 64)
     recipe = fw.zoo.get("ttt_linear")
     assert triton_generic_supports(recipe, cuda) is None
-    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64) == ("triton",
-                                                                                           "TTT-Linear kernels")
+    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
+        "triton", "TTT-Linear kernels (tf32x3)")
     assert fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)[1].startswith("Newton–Schulz")
     assert "head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16, 256, 256))
     assert "TTT-Linear" in triton_generic_supports(fw.zoo.get("titans"), cuda)  # another loop: the torch row

@@ -285,8 +285,10 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
     cuda = Target.of("cuda", torch.bfloat16, 64, 64)
     recipe = fw.zoo.get("ttt_mlp")
     assert ttt_mlp_kernel_serves(recipe) is None and triton_generic_supports(recipe, cuda) is None
-    assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64) == ("triton", "TTT-MLP kernels")
-    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "TTT-Linear kernels"
+    assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
+        "triton", "TTT-MLP kernels (ieee)")
+    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
+        "TTT-Linear kernels (tf32x3)"
     assert "TTT-MLP kernels take head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16,
                                                                                               256, 256))
     assert "CUDA" in triton_generic_supports(recipe, Target.of("cpu", torch.float32, 64, 64))

@@ -1,6 +1,7 @@
-"""Shape limits of the kernels (conv.py, norm.py, newton_schulz.py, the fused pipelines), importable without triton:
-the Triton rows' predicates and the pipeline rule (`kernels.rows`, `kernels.pipelines`) read them before any kernel
-module is imported; the kernels refuse beyond them."""
+"""Shape limits of the kernels (conv.py, norm.py, newton_schulz.py, the fused pipelines) and the memories' kernels'
+default tl.dot precisions, importable without triton: the Triton rows' predicates, the pipeline rule and the rows'
+names (`kernels.rows`, `kernels.pipelines`) read them before any kernel module is imported; the kernels refuse
+beyond the limits."""
 
 #: The widest short convolution `conv.short_conv` serves (its backward unrolls W taps twice per block).
 MAX_CONV_WIDTH = 8
@@ -27,3 +28,16 @@ TTT_MINIBATCHES = (16, 32, 64)
 #: chunk's x, r, p, Ap [C, K], Hs [K, K], kc and A in fp32 registers; padded to powers of two ≥ 16).
 MAX_CG_C = 64
 MAX_CG_K = 128
+
+#: tl.dot's input precisions a kernel with a `precision` argument takes: "ieee" (fp32 FMAs, as torch's fp32 matmul
+#: without TF32), "tf32x3" (three TF32 tensor-core products per dot, about fp32's accuracy), "tf32" (one: ~1e-3
+#: relative per product).
+DOT_PRECISIONS = ("ieee", "tf32x3", "tf32")
+#: Each memory kernel's default precision (its glue's `precision=`; the generic row's, unless pinned). Measured on an
+#: H200 (scripts/gpu_memories.py, BENCHMARKS §1m): TTT-Linear at tf32x3 is as close to float64 as at ieee (≈ 3e-7
+#: relative on o, states and gradients) and 5.3× faster at B 64, T 512, H 2, D 64 (12.05 → 2.26 ms fwd + bwd), 13×
+#: at B 4, T 4096, H 16, D 128 (483.7 → 36.1 ms): the ieee dots' FMA operands spilled. TTT-MLP is slower at tf32x3
+#: (14.1 → 19.0–24.6 ms): ieee. The Newton–Schulz kernel: ieee (not measured against the others yet).
+TTT_LINEAR_PRECISION = "tf32x3"
+TTT_MLP_PRECISION = "ieee"
+NS_PRECISION = "ieee"

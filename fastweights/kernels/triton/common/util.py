@@ -134,20 +134,17 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
     # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
-    "ttt_linear_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt._fwd_kernel
-    "ttt_linear_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt._bwd_kernel
+    # (TTT-Linear at 8 warps: its [D, D] weight's registers; 2.7× faster than 4 at tf32x3, H200, BENCHMARKS §1m)
+    "ttt_linear_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt._fwd_kernel
+    "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel
 }
 
-#: tl.dot's input precisions a kernel with a `precision` argument takes: "ieee" (fp32 FMAs, as torch's fp32 matmul
-#: without TF32), "tf32x3" (three TF32 tensor-core products per dot, about fp32's accuracy), "tf32" (one: ~1e-3
-#: relative per product).
-DOT_PRECISIONS = ("ieee", "tf32x3", "tf32")
-
-
 def check_precision(precision) -> str:
     """`precision` if it is one of DOT_PRECISIONS, else InputError naming it."""
+    from .limits import DOT_PRECISIONS
+
     if precision not in DOT_PRECISIONS:
         from ....inputs import InputError
 

@@ -37,8 +37,8 @@ import triton.language as tl
 
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import MAX_NS_DIM
-from ..common.util import DOT_PRECISIONS, check_precision
+from ..common.limits import DOT_PRECISIONS, MAX_NS_DIM, NS_PRECISION
+from ..common.util import check_precision
 
 Tensor = torch.Tensor
 
@@ -205,7 +205,7 @@ class NewtonSchulzGramFn(torch.autograd.Function):
         return dG, None, None
 
 
-def newton_schulz_gram(G: Tensor, steps: int, *, precision: str = "ieee") -> Tensor:
+def newton_schulz_gram(G: Tensor, steps: int, *, precision: str = NS_PRECISION) -> Tensor:
     """P [..., r, r] with NS(X) = P X from the Gram matrix G = X Xᵀ [..., r, r] (fp32, r ≤ MAX_NS_DIM),
     `steps` iterations: `chunkwise.minibatch._newton_schulz_gram` in one kernel each way (see the
     module doc), tl.dot at `precision` (one of PRECISIONS). Differentiable in G (first order)."""

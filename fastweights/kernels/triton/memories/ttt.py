@@ -38,9 +38,9 @@ tests/kernels/memories/twins.py) take and return the same tensors. Tile: the min
 of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
 per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
 reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
-offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's `precision` (util.DOT_PRECISIONS:
-"ieee", fp32 FMAs, by default; "tf32x3" or "tf32" on the tensor cores). Launch settings: util.LAUNCH's "ttt_linear_fwd",
-"ttt_linear_bwd".
+offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's `precision`
+(limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs; "tf32").
+Launch settings: util.LAUNCH's "ttt_linear_fwd", "ttt_linear_bwd".
 """
 
 from __future__ import annotations
@@ -54,15 +54,15 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import MAX_TTT_DIM, TTT_MINIBATCHES
+from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES
 from ..common.util import check_precision, launch, pow2
 
 Tensor = torch.Tensor
 
 __all__ = ["ttt_linear_triton", "PRECISION"]
 
-#: The kernels' default tl.dot input precision (the `precision` argument; util.DOT_PRECISIONS).
-PRECISION = "ieee"
+#: The kernels' default tl.dot input precision (the `precision` argument; limits.DOT_PRECISIONS; why: limits).
+PRECISION = TTT_LINEAR_PRECISION
 LN_EPS = 1e-6  # inner.LN_EPS
 
 
@@ -330,8 +330,8 @@ class _TTTLinear(torch.autograd.Function):
     """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
     lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
     the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
-    [N+1] on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each
-    sequence's last mini-batch, fp32)."""
+    [N+1] on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P,
+    p of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan, precision):
@@ -440,7 +440,7 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the
     call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
     mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
-    `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (util.DOT_PRECISIONS)."""
+    `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS)."""
     check_precision(precision)
     cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T = q.shape[:2]

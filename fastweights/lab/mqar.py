@@ -62,6 +62,9 @@ class MQARCell:
 
     setting: panel label, "L{seq_len}-kv{n}" for a single segment, else the sweep's name.
     train_segments, test_segments: ((seq_len, num_kv_pairs, num_examples), ...).
+    head_dim: every mixer's key and value head dim, K = V (None: each zoo preset's own — e.g. gated DeltaNet's keys
+              of 0.75·d_model/H and values twice that; left out of the cell's key when None, so the records of
+              sweeps made before the field existed keep theirs).
     """
 
     model: str
@@ -87,6 +90,7 @@ class MQARCell:
     early_stop: float | None = 0.99
     chunk_size: int = 64
     seed: int = 0
+    head_dim: int | None = dataclasses.field(default=None, metadata={"key": "omit if None"})
 
     def __post_init__(self):
         if self.conv not in ("preset", "qkv", "none"):
@@ -158,6 +162,7 @@ def lm_config(cell: MQARCell):
     return LMConfig(vocab_size=cell.vocab_size, d_model=cell.d_model, n_layers=cell.n_layers,
                     mixer=model_spec(cell.model),
                     num_heads=cell.num_heads, mlp="none", chunk_size=cell.chunk_size,
+                    head_dim=cell.head_dim, head_v_dim=cell.head_dim,
                     mixer_overrides=mixer_overrides(cell))
 
 
@@ -272,8 +277,10 @@ class MQARPreset:
     settings: ((seq_len, num_kv_pairs), ...) — each a single train/test segment of
               train_examples/test_examples — or, with `train_segments`, one mixture setting.
     d_models_for: per-model d_model grids overriding d_models.
-    heads_for: per-model num_heads overriding num_heads (head dims are d_model / num_heads: the
-              ceilings preset picks them so that the state sizes are comparable).
+    heads_for: per-model num_heads overriding num_heads (the ceilings preset picks them so that the state sizes
+              are comparable).
+    equal_heads: every mixer at key and value head dims K = V = d_model / num_heads (`MQARCell.head_dim`; the v2
+              presets' equal footing); False: each zoo preset's own head dims.
     lrs_for: per-model lr sets overriding lrs.
     lr_pilot: the name of a pilot preset whose records choose each model's lrs (`pilot_lrs`:
               its `lr_pick` best); the sweep then needs those records (`--lrs-from`).
@@ -314,6 +321,7 @@ class MQARPreset:
     test_segments: tuple[Segment, ...] = ()
     d_models_for: tuple[tuple[str, tuple[int, ...]], ...] = ()
     heads_for: tuple[tuple[str, int], ...] = ()
+    equal_heads: bool = False
     skip_unreachable: bool = False
     lrs_for: tuple[tuple[str, tuple[float, ...]], ...] = ()
     lr_pilot: str | None = None
@@ -376,7 +384,8 @@ LR_GRID: tuple[float, ...] = _logspace(math.log10(3e-4), math.log10(3e-2), 5)
 #: The v2 protocol (issue 37, `fastweights.lab.protocol`): every cell is the best of LR_GRID × 2 seeds; a cell whose
 #: best accuracy dips along kv gets 2 seeds more per round, up to 6. Every memory at d_model 128 with 2 heads of
 #: K = V = 64, the MLP memories included; no lr pilot and no skip rule (every cell of the grid is trained).
-_V2_PROTOCOL = dict(lrs=LR_GRID, seeds=(0, 1), followup_seeds=2, max_seeds=6, **_CEILING_TRAINING, epochs=8)
+_V2_PROTOCOL = dict(lrs=LR_GRID, seeds=(0, 1), followup_seeds=2, max_seeds=6, **_CEILING_TRAINING, epochs=8,
+                    equal_heads=True)
 
 PRESETS: dict[str, MQARPreset] = {
     "quick": MQARPreset(
@@ -437,7 +446,7 @@ PRESETS: dict[str, MQARPreset] = {
         name="ceilings-v2-tiny", models=("deltanet", "ttt_mlp"), d_models=(16,), settings=((16, 2), (32, 4)),
         lrs=(3e-3, 1e-2), seeds=(0, 1), followup_seeds=2, max_seeds=4, epochs=1, train_examples=32, test_examples=16,
         batch_size=16, vocab_size=64, num_heads=2, conv="qkv", out_gate="none", random_non_queries=True,
-        weight_decay=0.1, decay_filter="matrices", warmup=0.05, grad_clip=1.0, workers=1, threads=1,
+        weight_decay=0.1, decay_filter="matrices", warmup=0.05, grad_clip=1.0, workers=1, threads=1, equal_heads=True,
         note="CPU check of the v2 protocol's code path: 2 models at d_model 16 (2 heads), kv 2 and 4, 2 lrs × 2 "
              "seeds, one epoch of 2 steps"),
     "ceilings-tiny": MQARPreset(
@@ -494,9 +503,10 @@ def make_cells(preset: MQARPreset, *, models: Sequence[str] | None = None, d_mod
                     continue
                 for lr in model_lrs.get(m, lrs):
                     for sd in seeds:
+                        H = heads.get(m, preset.num_heads)
                         cells.append(MQARCell(model=m, d_model=d, setting=setting, lr=float(lr), train_segments=tr,
-                                              test_segments=te, batch_size=batch, seed=sd,
-                                              num_heads=heads.get(m, preset.num_heads), **common))
+                                              test_segments=te, batch_size=batch, seed=sd, num_heads=H,
+                                              head_dim=d // H if preset.equal_heads else None, **common))
     return cells
 
 

@@ -73,7 +73,8 @@ def summarize(records: Sequence[dict]) -> list[dict]:
                "partial_seeds": [s for s in seeds if s not in complete], "runs": len(runs),
                "state_bytes": any_rec.get("state_bytes"), "best": None, "best_lr": None, "best_seed": None,
                "median": None, "median_lr": None}
-        row["head_dim"] = row["d_model"] // row["num_heads"]
+        # the cell's K = V, or "preset" (each zoo preset's own head dims: not d_model / H for every mixer)
+        row["head_dim"] = int(any_rec["head_dim"]) if any_rec.get("head_dim") is not None else "preset"
         notes = [r["followup"] for r in runs.values() if r.get("followup")]
         row["extended"] = [n for i, n in enumerate(notes) if n not in notes[:i]]
         if complete:
@@ -290,7 +291,7 @@ def format_dk(summaries: Sequence[dict], models: Sequence[str], stat: str = "bes
     recalls at ≥ 0.9 — pairs per head r·d_k, a slope of 1 by construction; "—" without probe records)."""
     from .ceilings import probe_model, probe_ratio
 
-    cur = curves_of(summaries)
+    cur = {c: seq for c, seq in curves_of(summaries).items() if isinstance(seq[0]["head_dim"], int)}  # (K = V set)
     dks = sorted({seq[0]["head_dim"] for (m, _), seq in cur.items() if m in models})
     lines = ["| model | " + " | ".join(f"d_k {k}" for k in dks)
              + " | log–log slope (bracketed points) | probe: pairs per head |",
@@ -313,7 +314,7 @@ def format_pairs(summaries: Sequence[dict], pairs: Sequence[tuple[str, str]], st
     """Claims 2, 3 and 4 (Markdown): per pair a → b and head dim d_k, both kv at 0.5 and their ratio b / a where both
     are bracketed."""
     cur = curves_of(summaries)
-    by = {(m, seq[0]["head_dim"]): seq for (m, _), seq in cur.items()}
+    by = {(m, seq[0]["head_dim"]): seq for (m, _), seq in cur.items() if isinstance(seq[0]["head_dim"], int)}
     lines = ["| a → b | d_k | kv at 0.5, a → b | b / a |", "|---|---:|---:|---:|"]
     for a, b in pairs:
         for dk in sorted({k for m, k in by if m in (a, b)}):

@@ -687,9 +687,14 @@ def train_cell(lm_config, train_pair, test_pair, cfg: TrainConfig, *, checkpoint
 
 # ------------------------------------------------------------------------------------------ results
 def cell_key(cell) -> str:
-    """A stable string key of a cell: the JSON of its fields (sorted), with its type name."""
+    """A stable string key of a cell: the JSON of its fields (sorted), with its type name. A dataclass field with
+    metadata {"key": "omit if None"} is left out while it is None (a field added later keeps the keys of the records
+    made before it)."""
     if dataclasses.is_dataclass(cell):
         fields = dataclasses.asdict(cell)
+        for f in dataclasses.fields(cell):
+            if f.metadata.get("key") == "omit if None" and fields[f.name] is None:
+                del fields[f.name]
         name = type(cell).__name__
     elif isinstance(cell, dict):
         fields, name = dict(cell), "dict"

@@ -35,8 +35,21 @@ def test_the_grid_expands_to_every_lr_times_seed_run():
     assert max(steps) - min(steps) < LOG_SPACED  # log-spaced
     cells = make_cells(v2)
     assert len(v2.seeds) >= 2 and len(cells) == 20 * 6 * len(lrs) * len(v2.seeds)
-    # equal footing: every memory, the MLP memories included, at 2 heads of K = 64
-    assert {(c.num_heads, c.d_model // c.num_heads) for c in cells} == {(2, 64)}
+    # equal footing: every memory, the MLP memories included, built at 2 heads of K = V = 64 (the zoo presets' own
+    # head dims differ: gated DeltaNet's keys are 0.75·d/H with values twice that, GLA's d/(2H), Mamba2's values 2K)
+    assert {(c.num_heads, c.head_dim) for c in cells} == {(2, 64)}
+    import torch
+
+    from fastweights.lab.mqar import lm_config
+    from fastweights.models import LM
+
+    built = {}
+    for c in cells:
+        if c.model not in built:
+            with torch.device("meta"):
+                lm = LM(lm_config(c))
+            built[c.model] = {(b.mixer.config.num_heads, b.mixer.K, b.mixer.V) for b in lm.blocks}
+    assert len(built) == 20 and all(dims == {(2, 64, 64)} for dims in built.values()), built
 
 
 def test_best_and_median_per_cell_from_records():
@@ -241,3 +254,27 @@ def test_report_reads_every_preset_grid_from_one_records_file(tmp_path):
     # TTT-MLP's 1.0 MiB is above DeltaNet's largest state on its d_k sweep (274 KiB): not interpolated
     assert "| ttt_mlp | 2 × 64 | 1.0 MiB | 64 | out of range |" in text
     assert (tmp_path / "plots" / "ceilings_v2_state.png").exists()
+
+
+def test_head_dim_joins_the_cell_key_only_when_set():
+    """`MQARCell.head_dim` (the v2 presets' K = V) is left out of the key while None, so the cells of the sweeps made
+    before it existed keep their keys — every committed ceilings record is found again by its cell — and a set head
+    dim is part of the key."""
+    import json
+    import os
+
+    from fastweights.lab.mqar import MQARCell
+    from fastweights.lab.train import cell_key
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "mqar_ceilings.jsonl")
+    names = {f.name for f in dataclasses.fields(MQARCell)}
+    with open(path) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+    assert len(recs) > 50
+    for r in recs:
+        cell = MQARCell(**{k: (tuple(map(tuple, v)) if k.endswith("segments") else v)
+                           for k, v in r.items() if k in names})
+        assert cell.head_dim is None and r["key"].startswith(cell_key(cell) + "|"), r["key"]
+    v2 = make_cells(PRESETS["ceilings-v2"])[0]
+    assert json.loads(cell_key(v2)[len("MQARCell"):])["head_dim"] == 64
+    assert cell_key(v2) != cell_key(dataclasses.replace(v2, head_dim=None))

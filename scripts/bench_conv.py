@@ -23,7 +23,8 @@ graph: dx and dw) and forward + backward; median of --repeats calls after --warm
 CUDA events recorded behind a ~1 ms GPU sleep (so the host's launch time is not counted). Printed
 and written to --out (JSON): ms, and GB/s of the byte floor (forward: read x, write y, 2·N·e
 bytes; backward: read x and dy, write dx, 3·N·e; both: 5·N·e; N = B·T·C, e = 2).
-No autotuning: the launch settings are the module's `_FWD` / `_BWD`, overridden by --fwd / --bwd. --sweep
+No autotuning: the launch settings are util.LAUNCH's conv sites ("conv_fwd", "conv_bwd_fused", "conv_bwd_dpre",
+"conv_bwd_dx"), overridden by --fwd / --bwd in this script's own key names (FWD_KEYS, BWD_KEYS). --sweep
 times the two-kernel backward at each of its settings and the one-pass one at the settings marked fused=1.
 """
 
@@ -56,8 +57,47 @@ def _settings(text: str) -> dict:
 
 def _one_pass(settings: dict) -> bool:
     """The backward a --bwd / SWEEP_BWD setting asks for, its "fused" key taken out (1: one pass, 0 or absent:
-    the two kernels); the rest are launch settings of conv._BWD."""
+    the two kernels); the rest are launch settings (BWD_KEYS)."""
     return bool(settings.pop("fused", 0))
+
+
+#: The conv's launch sites in util.LAUNCH, and the --fwd / --bwd (and SWEEP_*) keys → (site, setting).
+CONV_SITES = ("conv_fwd", "conv_bwd_fused", "conv_bwd_dpre", "conv_bwd_dx")
+FWD_KEYS = {k: ("conv_fwd", k) for k in ("BT", "BC", "num_warps")}
+BWD_KEYS = {**{k: ("conv_bwd_dpre", k) for k in ("BT", "BC", "NBLK", "num_warps")},
+            "dpre_fp32": ("conv_bwd_dpre", "DPRE_FP32"), "DX_BT": ("conv_bwd_dx", "BT"),
+            "DX_BC": ("conv_bwd_dx", "BC"), "DX_warps": ("conv_bwd_dx", "num_warps"),
+            "F_BT": ("conv_bwd_fused", "BT"), "F_BC": ("conv_bwd_fused", "BC"), "F_NBLK": ("conv_bwd_fused", "NBLK"),
+            "F_warps": ("conv_bwd_fused", "num_warps")}
+
+
+def apply_settings(over: dict, keys: dict) -> None:
+    """util.LAUNCH's conv entries set from settings in this script's key names (`keys`: FWD_KEYS or BWD_KEYS);
+    an unknown key raises KeyError naming it."""
+    from fastweights.kernels.triton.common.util import load_launch
+
+    table: dict = {}
+    for key, val in over.items():
+        if key not in keys:
+            raise KeyError(f"unknown launch setting {key!r} (known: {sorted(keys)})")
+        site, name = keys[key]
+        table.setdefault(site, {})[name] = val
+    load_launch(table)
+
+
+def conv_launch() -> dict:
+    """The conv's launch sites as they are now ({site: settings})."""
+    from fastweights.kernels.triton.common.util import LAUNCH
+
+    return {site: dict(LAUNCH[site]) for site in CONV_SITES}
+
+
+def restore_launch(saved: dict) -> None:
+    from fastweights.kernels.triton.common.util import LAUNCH
+
+    for site, cfg in saved.items():
+        LAUNCH[site].clear()
+        LAUNCH[site].update(cfg)
 
 
 @contextmanager
@@ -85,8 +125,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=25)
-    ap.add_argument("--fwd", default="", help="overrides of conv._FWD, e.g. BT=64,BC=128,num_warps=8")
-    ap.add_argument("--bwd", default="", help="overrides of conv._BWD, e.g. BT=32,NBLK=8,DX_BC=128,dpre_fp32=1")
+    ap.add_argument("--fwd", default="",
+                    help="overrides of the forward's launch (FWD_KEYS), e.g. BT=64,BC=128,num_warps=8")
+    ap.add_argument("--bwd", default="", help="overrides of the backward's launches (BWD_KEYS), e.g. "
+                                              "BT=32,NBLK=8,DX_BC=128,dpre_fp32=1 (fused=1: the one-pass backward)")
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the paths: time the Triton forward and backward at a fixed list of launch "
                          "settings (each checked against the module's defaults first)")
@@ -118,10 +160,14 @@ def main(argv=None) -> int:
         print("error: --device cuda but no CUDA device is present (use --device cpu --tiny to check the script)",
               file=sys.stderr)
         return 2
-    conv_k._FWD.update(_settings(a.fwd))
     bwd = _settings(a.bwd)
     one_pass_all = _one_pass(bwd)  # --bwd fused=1: the paths without "one-pass" in their name run it too
-    conv_k._BWD.update(bwd)
+    try:
+        apply_settings(_settings(a.fwd), FWD_KEYS)
+        apply_settings(bwd, BWD_KEYS)
+    except KeyError as e:
+        print(f"error: --fwd/--bwd: {e.args[0]}", file=sys.stderr)
+        return 2
     B, T, W = a.batch, a.seq_len, a.width
     gen = torch.Generator(device=dev).manual_seed(0)  # on the device: the LM shapes are 8-100 M values
     t_start = time.perf_counter()
@@ -269,7 +315,7 @@ def main(argv=None) -> int:
     out = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
            "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
            "shape": {"B": B, "T": T, "channels": channels, "W": W, "dtype": "bfloat16", "silu": True},
-           "fwd_settings": dict(conv_k._FWD), "bwd_settings": dict(conv_k._BWD, fused=int(one_pass_all)),
+           "launch": conv_launch(), "one_pass_backward_everywhere": int(one_pass_all),
            "warmup": a.warmup, "repeats": a.repeats, "checks_ok": ok, "checks": checks, "results": results,
            "seconds": time.perf_counter() - t_start}
     path = Path(a.out)
@@ -294,7 +340,7 @@ def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
     y, dx and dw within 1e-2 of the defaults' (the same maths; dw summed in another order), then the
     median µs; the best of each printed and written to --out."""
     B, T, W = a.batch, a.seq_len, a.width
-    fwd0, bwd0 = dict(conv_k._FWD), dict(conv_k._BWD)
+    saved = conv_launch()
     rows, ok = [], True
     for C in channels:
         x = rnd(B, T, C, dtype=torch.bfloat16).requires_grad_(True)
@@ -303,11 +349,10 @@ def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
         ref = None
         for which, grid in (("fwd", SWEEP_FWD), ("bwd", SWEEP_BWD)):
             for cfg in grid:
-                conv_k._FWD.clear(), conv_k._FWD.update(fwd0)
-                conv_k._BWD.clear(), conv_k._BWD.update(bwd0)
+                restore_launch(saved)
                 over = dict(cfg)
                 one_pass = _one_pass(over)  # (the forward ignores it)
-                (conv_k._FWD if which == "fwd" else conv_k._BWD).update(over)
+                apply_settings(over, FWD_KEYS if which == "fwd" else BWD_KEYS)
                 y, _ = conv_k.short_conv(x, w, one_pass_backward=one_pass)
                 dx, dw = torch.autograd.grad(y, [x, w], dy, retain_graph=True)
                 if ref is None:
@@ -328,15 +373,14 @@ def sweep(a, channels, rnd, rel, timer, conv_k, torch, t_start) -> int:
                              "max_rel_err_vs_defaults": max(errs), "ok": good})
                 print(f"C={C} {which} {str(cfg or 'defaults'):50s} {us:7.1f} µs {floor / us / 1e3:6.0f} GB/s"
                       + ("" if good else f"  MISMATCH {max(errs):.1e}"))
-    conv_k._FWD.clear(), conv_k._FWD.update(fwd0)
-    conv_k._BWD.clear(), conv_k._BWD.update(bwd0)
+    restore_launch(saved)
     for C in channels:
         for which in ("fwd", "bwd"):
             best = min((r for r in rows if r["C"] == C and r["kernel"] == which and r["ok"]), key=lambda r: r["us"])
             print(f"best C={C} {which}: {best['settings'] or 'defaults'} {best['us']:.1f} µs")
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"sweep": rows, "fwd_defaults": fwd0, "bwd_defaults": dict(bwd0, fused=0), "ok": ok,
+    path.write_text(json.dumps({"sweep": rows, "launch_defaults": saved, "ok": ok,
                                 "seconds": time.perf_counter() - t_start}, indent=1) + "\n")
     print(f"wrote {path} ({time.perf_counter() - t_start:.1f} s)")
     return 0 if ok else 1

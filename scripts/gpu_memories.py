@@ -132,7 +132,7 @@ def _rel(a, b):
 def phase_check(variants, out):
     import torch
 
-    rows = []
+    results = []
     for D in (64, 128):
         for model in MODELS:
             ref_in = _inputs(model, 2, 75, 2, D, torch.float64, "cuda", seed=D)
@@ -148,10 +148,10 @@ def phase_check(variants, out):
                     row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", **errs)
                 except Exception as e:  # a variant that fails is a result
                     row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", error=str(e)[:300])
-                rows.append(row)
+                results.append(row)
                 print("check", json.dumps(row), flush=True)
     with open(os.path.join(out, "check.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump(results, f, indent=1)
 
 
 def _fla_ttt_case(B, T, H, D, device):
@@ -182,7 +182,7 @@ def phase_time(variants, out, repeats):
     from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
 
     have_fla = importlib.util.find_spec("fla") is not None
-    rows = []
+    results = []
 
     def record(shape, model, impl, make):  # make(B, T, H, D) -> a case (run, leaves)
         try:
@@ -192,10 +192,10 @@ def phase_time(variants, out, repeats):
                        fwdbwd_ms=median_ms(fb, torch.device("cuda"), 1, repeats))
         except Exception as e:
             row = dict(shape=shape, model=model, impl=impl, error=f"{type(e).__name__}: {e}"[:300])
-        rows.append(row)
+        results.append(row)
         print("time", json.dumps(row), flush=True)
         with open(os.path.join(out, "time.json"), "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(results, f, indent=1)
         torch.cuda.empty_cache()
 
     def ours(model):

@@ -55,7 +55,9 @@ REMOVED: dict[str, dict[str, str]] = {
         "FUSED_MAX_HEAD_DIM_CUDA": "alias: limits.GATED_FUSED_MAX_HEAD_DIM_CUDA",
         "RECOMPUTE_STATES": "GatedPipeline.recompute_states",
     },
-    "conv": {"RECOMPUTE_OUTPUTS": "short_conv(..., recompute_outputs=)"},
+    "conv": {"RECOMPUTE_OUTPUTS": "short_conv(..., recompute_outputs=)",
+             "_FWD": 'util.LAUNCH["conv_fwd"]',
+             "_BWD": 'util.LAUNCH["conv_bwd_fused"], ["conv_bwd_dpre"], ["conv_bwd_dx"]'},
     "newton_schulz": {"precision": "newton_schulz_gram(..., precision=), rows.generic_chunk(..., precision=)"},
     "ttt": {"TTT_LAUNCH": 'util.LAUNCH["ttt_linear_fwd"], ["ttt_linear_bwd"]',
             "PREC": "ttt_linear_triton(..., precision=), rows.generic_chunk(..., precision=)"},
@@ -144,6 +146,7 @@ os.environ["FASTWEIGHTS_NS_PRECISION"] = "tf32x3"
 x.FORWARD = 1; my_delta.RECOMPUTE_STATES = 0; delta.chunk_delta_triton(q)
 '''
     assert removed_names_in(text) == sorted([
+        'conv._BWD (now: util.LAUNCH["conv_bwd_fused"], ["conv_bwd_dpre"], ["conv_bwd_dx"])',
         "delta.FORWARD (now: DeltaPipeline.forward (pipeline= of chunk_delta_triton))",
         "delta_fused_bwd.MAX_K (now: alias: limits.DELTA_FUSED_BWD_MAX_K)",
         "delta_fused.FUSED_MAX_HEAD_DIM_CUDA (now: alias: limits.DELTA_FUSED_MAX_HEAD_DIM_CUDA)",
@@ -162,9 +165,9 @@ def test_the_removed_names_are_gone_from_their_modules():
         module = importlib.import_module(MODULES[mod])
         back = [name for name, now in names.items() if not now.startswith("alias") and hasattr(module, name)]
         assert back == [], f"{mod}: {back}"
-    from fastweights.kernels.triton.layer import conv
+    from fastweights.kernels.triton.common.util import LAUNCH
 
-    assert "fused" not in conv._BWD
+    assert not any("fused" in LAUNCH[site] for site in LAUNCH if site.startswith("conv_"))
 
 
 _IMPORT_ALL = r'''

@@ -24,10 +24,9 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 PY = sorted(SCRIPTS.glob("*.py"))
 SH = sorted(SCRIPTS.glob("*.sh"))
 
-#: Private names a script may still reach, with the reason. bench_conv.py's --fwd / --bwd / --sweep set the short
-#: conv's launch settings, module dicts of kernels/triton/layer/conv.py, until they become public launch settings.
-PRIVATE_ALLOWED = {("bench_conv.py", "fastweights.kernels.triton.layer.conv._FWD"),
-                   ("bench_conv.py", "fastweights.kernels.triton.layer.conv._BWD")}
+#: Private names a script may still reach, with the reason (none since the short conv's launch settings joined
+#: util.LAUNCH).
+PRIVATE_ALLOWED: set[tuple[str, str]] = set()
 
 _LOADED: dict[Path, object] = {}
 

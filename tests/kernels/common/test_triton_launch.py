@@ -141,16 +141,28 @@ def _memories(gen):
     ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
 
 
+def _conv(gen):
+    """The short conv forward and both backwards (the one-pass and the two kernels)."""
+    from fastweights.kernels.triton.layer.conv import short_conv
+
+    for one_pass in (True, False):
+        x = torch.randn(1, 20, 8, generator=gen).to(DEV).requires_grad_(True)
+        w = torch.randn(8, 4, generator=gen).to(DEV).requires_grad_(True)
+        short_conv(x, w, one_pass_backward=one_pass)[0].sum().backward()
+
+
 def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     """The delta and gated pipelines (forward and backward, every gate), the prologue and the TTT memories' loops
-    launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's defaults:
-    4 warps, 2 stages (1 for the TTT loops), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
+    and the short conv launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's
+    defaults: 4 warps, 2 stages (1 for the TTT loops; the conv's Triton default, none passed), BV 64 (or V), qk_grads'
+    BC 32 (scalar / no gate) and 16 (diagonal)."""
     monkeypatch.setattr(util, "SEEN", set())
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
         grads(fn, x, seed, **kw)
     _prologue(gen)
     _memories(gen)
+    _conv(gen)
     assert set(util.KERNEL_FN) == set(table)
     sites = {s for s in util.SEEN if "." not in s}
     assert sites == set(table), f"never launched: {set(table) - sites}"
@@ -166,7 +178,9 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd") else 4
             stages = 1 if name in STATE_PASSES or name.startswith("ttt_") else 2  # (the TTT loops: a scratch)
-            assert kw["num_warps"] == warps and kw["num_stages"] == stages, name
+            if name.startswith("conv_"):
+                stages = None  # (Triton's default)
+            assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
                                        "delta_fused_fwd_t", "delta_fused_grads"):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fastweights.inputs import InputError
+from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.layer import conv as conv_k
 from fastweights.kernels.triton.layer.conv import short_conv
 from fastweights.layers.conv import ShortConv
@@ -113,10 +114,11 @@ def small_blocks(monkeypatch):
     block and a block past T), 16 channels per block; the dx kernel's 16 rows × 32 channels; the
     one-pass backward's 16-row blocks (13 rows owned at W = 4, 3 blocks per program: T = 50 has 2
     programs, the second partial), 16 channels."""
-    monkeypatch.setitem(conv_k._FWD, "BT", 16)
-    monkeypatch.setitem(conv_k._FWD, "BC", 16)
-    for key, val in dict(BT=8, BC=16, NBLK=3, DX_BT=16, DX_BC=32, F_BT=16, F_BC=16, F_NBLK=3).items():
-        monkeypatch.setitem(conv_k._BWD, key, val)
+    table = {"conv_fwd": dict(BT=16, BC=16), "conv_bwd_dpre": dict(BT=8, BC=16, NBLK=3),
+             "conv_bwd_dx": dict(BT=16, BC=32), "conv_bwd_fused": dict(BT=16, BC=16, NBLK=3)}
+    for site, keys in table.items():
+        for key, val in keys.items():
+            monkeypatch.setitem(util.LAUNCH[site], key, val)
 
 
 @pytest.mark.variants
@@ -140,7 +142,7 @@ def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
         for tail, pos, bias, act in mixes[:2] if T < 8 or (fused and T < 50) else mixes:
             _cmp(_inputs(gen, T=T, tail=tail, pos=pos, bias=bias), CONV_F32_REL, activation=act)
     for dpre_fp32 in (False,) if fused else (False, True):
-        monkeypatch.setitem(conv_k._BWD, "dpre_fp32", dpre_fp32)
+        monkeypatch.setitem(util.LAUNCH["conv_bwd_dpre"], "DPRE_FP32", int(dpre_fp32))
         _cmp(_inputs(gen, T=50, W=3, dtype=torch.bfloat16), CONV_LOW_REL[torch.bfloat16])
 
 

@@ -139,6 +139,15 @@ LAUNCH: dict[str, dict] = {
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel
+    # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
+    # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
+    # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK
+    # blocks a program; the two-kernel backward's dpre kernel (BT × BC × NBLK; DPRE_FP32 1: its scratch in fp32,
+    # else x's dtype; 8 × 128 tiles: 80 registers for sm_90, 64 × 64 took 255) and dx kernel (BT × BC)
+    "conv_fwd": dict(num_warps=4, BT=64, BC=64),  # layer.conv._conv_fwd
+    "conv_bwd_fused": dict(num_warps=4, BT=64, BC=32, NBLK=8),  # layer.conv._conv_bwd_fused
+    "conv_bwd_dpre": dict(num_warps=4, BT=8, BC=128, NBLK=16, DPRE_FP32=0),  # layer.conv._conv_bwd_dpre
+    "conv_bwd_dx": dict(num_warps=4, BT=16, BC=128),  # layer.conv._conv_bwd_dx
 }
 
 def check_precision(precision) -> str:
@@ -172,6 +181,8 @@ KERNEL_FN = {
     "gated_fused_scores": "fused.gated_fused._scores_kernel",
     "ttt_linear_fwd": "memories.ttt._fwd_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
+    "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
+    "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

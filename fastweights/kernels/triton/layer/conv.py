@@ -43,7 +43,7 @@ The one-pass backward (`one_pass_backward=True`, the default; `_conv_bwd_fused`)
 its BT rows, the first W − 1 of them a halo owned by the previous block, and shifts dpre along the rows
 with `tl.gather` (Triton's register shuffle) to form dx: DRAM bytes x + dy + dx (the floor), W
 tap loads plus (W − 1)/BT recomputed halo rows per element. On the H100 it is the faster of the two
-(190 vs 394 µs at B = 4, T = 4,096, C = 1,024, bf16) but still ≈ 6× the byte floor (see `_BWD`).
+(190 vs 394 µs at B = 4, T = 4,096, C = 1,024, bf16) but still ≈ 6× the byte floor (the launch settings below).
 """
 
 from __future__ import annotations
@@ -56,28 +56,22 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_CONV_WIDTH
+from ..common.util import launch, tile
 
 Tensor = torch.Tensor
 
 __all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: launch settings (a GPU sweep may overwrite entries). Forward: BT rows × BC channels per program.
-_FWD = dict(BT=64, BC=64, num_warps=4)
-#: Backward: the dpre kernel's BT rows × BC channels per block, NBLK blocks per program, num_warps;
-#: the dx kernel's DX_BT × DX_BC and DX_warps; dpre_fp32: the scratch in fp32 (else x's dtype).
-#: Chosen from ptxas's register counts for sm_90 (compiled on a CPU machine, not yet timed), bf16,
-#: W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
-#: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128). `bench_conv.py --sweep` times others.
-_BWD = dict(BT=8, BC=128, NBLK=16, num_warps=4, DX_BT=16, DX_BC=128, DX_warps=4, dpre_fp32=False,
-            F_BT=64, F_BC=32, F_NBLK=8, F_warps=4)
-#: F_*: the one-pass backward `_conv_bwd_fused` (`one_pass_backward`; F_BT rows per block of which F_BT − W + 1
-#: owned, F_BC channels, F_NBLK blocks per program, F_warps): x, dy and dx only (the byte floor, plus
-#: the (W − 1)/F_BT halo), the shift by `tl.gather` (lowered through shared memory and warp shuffles);
-#: 128 registers at 32 × 32 (237 at 32 × 64). The default since the H100 sweep (`bench_conv.py --sweep`,
-#: B=4, T=4096, W=4, bf16): one-pass at F_BT 64 190 µs (C=1024) / 345 µs (C=2048), the two kernels at
-#: their defaults 394 / 746 µs, their best 236 / 448 µs (BT 16, NBLK 8) — all still 6× over the byte
-#: floor (30 / 60 µs).
+#: Launch settings: util.LAUNCH's "conv_fwd", "conv_bwd_fused" (the one-pass backward), "conv_bwd_dpre" and
+#: "conv_bwd_dx" (the two-kernel backward). Chosen from ptxas's register counts for sm_90 (compiled on a CPU
+#: machine), bf16, W = 4: the dpre kernel holds the W tap tiles and their addresses across a block (64 × 64 tiles:
+#: 255 registers; 8 × 128: 80, no spills), the dx kernel 56 (16 × 128); the one-pass backward reads x, dy and dx
+#: only (the byte floor, plus the (W − 1)/BT halo), the shift by `tl.gather` (lowered through shared memory and
+#: warp shuffles): 128 registers at 32 × 32 (237 at 32 × 64). The one-pass backward is the default since the H100
+#: sweep (`scripts/bench_conv.py --sweep`, B=4, T=4096, W=4, bf16): at BT 64 190 µs (C=1024) / 345 µs (C=2048),
+#: the two kernels at their defaults 394 / 746 µs, their best 236 / 448 µs (BT 16, NBLK 8) — all still 6× over the
+#: byte floor (30 / 60 µs).
 
 
 @triton.jit
@@ -312,13 +306,14 @@ class ShortConvFn(torch.autograd.Function):
         new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
         has_tail = tail is not None and W > 1
         if B * T * C > 0:
-            grid = (triton.cdiv(T, _FWD["BT"]), triton.cdiv(C, _FWD["BC"]), B)
+            BT, BC = tile("conv_fwd", "BT"), tile("conv_fwd", "BC")
+            grid = (triton.cdiv(T, BT), triton.cdiv(C, BC), B)
             _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
                             positions if positions is not None else dummy, y, new_tail if W > 1 else dummy, T, C,
                             x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
-                            BW=triton.next_power_of_2(max(W - 1, 1)), BT=_FWD["BT"], BC=_FWD["BC"],
+                            BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
                             HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
-                            num_warps=_FWD["num_warps"])
+                            **launch("conv_fwd"))
         elif W > 1 and B * C > 0:  # T = 0: the tail carries over
             new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
         ctx.save_for_backward(x, tail, weight, bias, positions)
@@ -336,41 +331,44 @@ class ShortConvFn(torch.autograd.Function):
         dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
         want_dtail = tail is not None and need[1]
         dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
-        cfg = _BWD
         fused = bool(ctx.one_pass) and T > 0
-        if fused:  # programs of F_NBLK blocks owning FBT − W + 1 xp rows each
-            FBT = max(cfg["F_BT"], triton.next_power_of_2(2 * W))
-            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), cfg["F_NBLK"])
+        site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
+        BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
+        if fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
+            FBT = max(BT, triton.next_power_of_2(2 * W))
+            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
         else:
-            NR = triton.cdiv(T, cfg["NBLK"] * cfg["BT"])  # output rows per dpre program
+            NR = triton.cdiv(T, NBLK * BT)  # output rows per dpre program
         dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
         db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
         has_dnt = dnt is not None and W > 1
         if B * C > 0 and T > 0 and fused:
             dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            _conv_bwd_fused[(NR, triton.cdiv(C, cfg["F_BC"]), B)](
+            _conv_bwd_fused[(NR, triton.cdiv(C, BC), B)](
                 x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
                 positions if positions is not None else dummy, dy, dnt.contiguous() if has_dnt else dummy, dx,
                 dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
                 T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
-                BT=FBT, BC=cfg["F_BC"], NBLK=cfg["F_NBLK"], HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+                BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
                 HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-                num_warps=cfg["F_warps"])
+                **launch("conv_bwd_fused"))
         elif B * C > 0 and T > 0:
             dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            dpre = empty_output(B, T, C, dtype=torch.float32 if cfg["dpre_fp32"] else x.dtype, device=x.device)
-            _conv_bwd_dpre[(NR, triton.cdiv(C, cfg["BC"]), B)](
+            fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
+            dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
+            _conv_bwd_dpre[(NR, triton.cdiv(C, BC), B)](
                 x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
                 positions if positions is not None else dummy, dy, dpre, dw_part,
                 db_part if db_part is not None else dummy, T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype),
-                W=W, BW=triton.next_power_of_2(W), BT=cfg["BT"], BC=cfg["BC"], NBLK=cfg["NBLK"],
+                W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
                 HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=ctx.silu,
-                num_warps=cfg["num_warps"])
-            _conv_bwd_dx[(triton.cdiv(T + W - 1, cfg["DX_BT"]), triton.cdiv(C, cfg["DX_BC"]), B)](
+                **launch("conv_bwd_dpre"))
+            DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
+            _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
                 dpre, weight, positions if positions is not None else dummy,
                 dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
-                XDT=_tl_dtype(x.dtype), W=W, BT=cfg["DX_BT"], BC=cfg["DX_BC"], HAS_POS=positions is not None,
-                HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, num_warps=cfg["DX_warps"])
+                XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
+                HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
         else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
             dx.zero_()
             dw_part.zero_()

@@ -154,32 +154,12 @@ def phase_check(variants, out):
         json.dump(results, f, indent=1)
 
 
-def _fla_ttt_case(B, T, H, D, device):
-    """fla's chunk_ttt_linear on inputs of our ttt_linear's shapes (q, k, v, the LN's affine, η per token)."""
-    import torch
-    from fla.ops.ttt import chunk_ttt_linear  # noqa: PLC0415 — the peer, only in benchmark environments
-
-    g = torch.Generator(device="cpu").manual_seed(0)
-
-    def leaf(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device, torch.bfloat16).requires_grad_(True)
-
-    q, k, v = (leaf(B, T, H, D) for _ in range(3))
-    w, b = leaf(H, D), leaf(H, D, scale=0.1)
-    eta = (torch.rand(B, T, H, 1, generator=g) * 0.1).to(device, torch.bfloat16).requires_grad_(True)
-
-    def run():
-        return chunk_ttt_linear(q, k, v, w, b, eta, chunk_size=16)[0]
-
-    return run, [q, k, v, w, b, eta]
-
-
 def phase_time(variants, out, repeats):
     import importlib.util
 
     import torch
 
-    from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
+    from fastweights.bench.speed import fastweights_case, fla_case, fwd_bwd, median_ms
 
     have_fla = importlib.util.find_spec("fla") is not None
     results = []
@@ -204,7 +184,8 @@ def phase_time(variants, out, repeats):
     for shape in SHAPES:
         record(shape, "gated_deltanet", "triton", ours("gated_deltanet"))
         if have_fla:
-            record(shape, "ttt_linear", "fla chunk_ttt_linear", lambda B, T, H, D: _fla_ttt_case(B, T, H, D, "cuda"))
+            record(shape, "ttt_linear", "fla chunk_ttt_linear",
+                   lambda B, T, H, D: fla_case("ttt_linear", B, T, H, D, torch.bfloat16, "cuda"))
         for model in MODELS:
             for variant in variants:
                 # the pin and the launch table are process state: the variant holds around the whole row

@@ -175,6 +175,9 @@ FLA_OPS = {  # our model name -> (fla function name, gate kind)
     # fla's Comba decays the state before reading the error (v − (D S)ᵀp), ours after (v − Sᵀp): the same work
     # per token (a probe key p, a scalar gate), another recurrence; timed on the same inputs
     "comba": ("comba.chunk_comba", "scalar"),
+    # TTT-Linear (issue 36's peer): fla's chunk kernels take the LayerNorm's affine (w, b [H, V]) and η [B, T, H, 1];
+    # mini-batches of 16 tokens (fla's chunk_size), as the zoo's recipe
+    "ttt_linear": ("ttt.chunk_ttt_linear", None),
 }
 
 
@@ -197,6 +200,14 @@ def fla_case(model, B, T, H, D, dtype, device, HV=None):
     n = k.shape[2] if k.dim() == 5 else 1  # DeltaProduct: [B, T, n_h, H, K] → fla's [B, T·n_h, H, K]
     if n > 1:
         kw["num_householder"] = n
+
+    if model == "ttt_linear":  # q, k, v, w, b, η [B, T, H, 1]; the initial state fla's zeros
+        w, b, eta = inp["ln_weight"], inp["ln_bias"], inp["beta"]
+
+        def run():
+            return fn(q, k, v, w, b, eta.unsqueeze(-1), chunk_size=16)[0]
+
+        return run, [x for x in (q, k, v, w, b, eta) if x.requires_grad]
 
     if "p" in inp:  # Comba's probe key, fla's 4th positional argument
         p = inp["p"]

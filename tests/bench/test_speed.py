@@ -89,3 +89,36 @@ def test_a_failed_row_fails_the_run_unless_keep_going(keep_going, tmp_path, caps
         assert rc == 1
         assert cap.err.strip().startswith("error: 1 of 2 rows failed") and "gla chunk_triton T=8" in cap.err
         assert "--keep-going" in cap.err
+
+
+def test_fla_ttt_linear_case_passes_fla_its_arguments(monkeypatch):
+    """The TTT-Linear peer row (fla's `chunk_ttt_linear`, a stand-in module here: fla is no dependency): q, k, v as
+    ours, the LayerNorm's affine as w, b [H, D], η = our β as [B, T, H, 1], mini-batches of 16; the output is fla's
+    first return value and the trainable leaves include every input fla differentiates."""
+    import sys
+    import types
+
+    import torch
+
+    from fastweights.bench import speed
+
+    seen = {}
+
+    def chunk_ttt_linear(q, k, v, w, b, eta, chunk_size=16, **kw):
+        seen.update(q=q, k=k, v=v, w=w, b=b, eta=eta, chunk_size=chunk_size, kw=kw)
+        return q * 2, None
+
+    fla, ops, ttt = (types.ModuleType(n) for n in ("fla", "fla.ops", "fla.ops.ttt"))
+    ttt.chunk_ttt_linear = chunk_ttt_linear
+    fla.ops, ops.ttt = ops, ttt
+    for name, mod in (("fla", fla), ("fla.ops", ops), ("fla.ops.ttt", ttt)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    B, T, H, D = 2, 5, 3, 4
+    run, leaves = speed.fla_case("ttt_linear", B, T, H, D, torch.float32, "cpu")
+    o = run()
+    assert seen["q"].shape == seen["k"].shape == seen["v"].shape == (B, T, H, D)
+    assert seen["w"].shape == seen["b"].shape == (H, D) and seen["eta"].shape == (B, T, H, 1)
+    assert seen["chunk_size"] == 16 and not seen["kw"]
+    assert torch.equal(o, seen["q"] * 2)
+    assert any(t is seen["eta"]._base or t.data_ptr() == seen["eta"].data_ptr() for t in leaves)
+    assert {id(seen[n]) for n in ("q", "k", "v", "w", "b")} <= {id(t) for t in leaves}

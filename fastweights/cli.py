@@ -79,10 +79,11 @@ def _bench_speed(args):
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
-    rows = run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
-                     D=args.dim, dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
-                     chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
-                     warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
+    with _pinned_precision(args.precision):
+        rows = run_speed(models=args.models, forms=args.forms, lengths=args.lengths, B=args.batch, H=args.heads,
+                         D=args.dim, dtype=args.dtype, device=args.device, out_dir=args.out, peers=not args.no_peers,
+                         chunk_size=args.chunk_size, backward=not args.forward_only, repeats=args.repeats,
+                         warmup=args.warmup, threads=args.threads, value_heads=args.value_heads)
     failed = [f"{r.model} {r.form} T={r.T}: {r.error}" for r in rows if r.error and r.impl == "fastweights"]
     return _failed_rows(failed, len([r for r in rows if r.impl == "fastweights"]), args.keep_going)
 
@@ -129,7 +130,8 @@ def _bench_train(args):
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:
         return _fail(e)
-    rows = run_train(**kw, out_dir=args.out)
+    with _pinned_precision(args.precision):
+        rows = run_train(**kw, out_dir=args.out)
     failed = [f"{r.model} {r.B}×{r.T}: {r.error}" for r in rows if r.error]
     return _failed_rows(failed, len(rows), args.keep_going)
 
@@ -160,6 +162,20 @@ _KEEP_GOING = ("exit 0 even when some rows failed (their errors stay in the tabl
                "makes the exit status 1")
 _LAUNCH = ("a launch table for the Triton kernels (JSON {launch site: {setting: int}}, e.g. the best_launch.json of "
            "scripts/gpu_kernels.py --stages sweep-kernels), applied before the rows run (default: the shipped one)")
+_PRECISION = ("tl.dot's input precision of the generic Triton row's kernels (TTT-Linear, TTT-MLP, Newton–Schulz): "
+              "ieee (fp32 FMAs), tf32x3 (three TF32 tensor-core products, about fp32's accuracy) or tf32 (~1e-3); "
+              "default: each kernel's own (kernels.rows.PRECISIONS)")
+
+
+def _pinned_precision(precision: str | None):
+    """`--precision`: the generic row pinned at it for the run (`kernels.rows.pinned`), or nothing pinned."""
+    import contextlib
+
+    if precision is None:
+        return contextlib.nullcontext()
+    from .kernels import rows
+
+    return rows.pinned("generic", precision=precision)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/speed")
     sp.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     sp.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
+    sp.add_argument("--precision", default=None, choices=["ieee", "tf32x3", "tf32"], help=_PRECISION)
     sp.set_defaults(fn=_bench_speed)
     dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
     dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
@@ -271,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", default="runs/bench/train")
     tr.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     tr.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
+    tr.add_argument("--precision", default=None, choices=["ieee", "tf32x3", "tf32"], help=_PRECISION)
     tr.set_defaults(fn=_bench_train)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")

@@ -409,3 +409,29 @@ def test_saved_bytes_frees_the_graph_it_measured():
     gc.collect()
     alive = [t for t in gc.get_objects() if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     assert not alive, [t.grad_fn for t in alive]
+
+
+def test_precision_pins_the_generic_rows_kernels_for_the_run(tmp_path, monkeypatch):
+    """--precision P (bench train and bench speed): the generic row runs every kernel at P for the whole run — the
+    pipeline the rows report says so — and is put back after; an unknown precision is one line, exit 2."""
+    import fastweights as fw
+
+    def ran(**kw):
+        seen.append(fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1])
+        return []
+
+    seen: list = []
+    monkeypatch.setattr("fastweights.bench.train.run_train", ran)
+    monkeypatch.setattr("fastweights.bench.speed.run_speed", ran)
+    train_argv = ["bench", "train", "--models", "deltanet", "--d-model", "16", "--num-heads", "2", "--head-dim", "8",
+                  "--lengths", "16", "--steps", "1", "--out", str(tmp_path / "out")]
+    speed_argv = ["bench", "speed", "--models", "ttt_linear", "--lengths", "16", "--out", str(tmp_path / "speed")]
+    assert cli.main(train_argv + ["--precision", "ieee"]) == 0
+    assert cli.main(speed_argv + ["--precision", "tf32"]) == 0
+    assert cli.main(speed_argv) == 0
+    assert seen == ["TTT-Linear kernels (ieee)", "TTT-Linear kernels (tf32)", "TTT-Linear kernels (tf32x3)"]
+    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
+        "TTT-Linear kernels (tf32x3)"
+    with pytest.raises(SystemExit) as e:
+        cli.main(speed_argv + ["--precision", "fp8"])
+    assert e.value.code == 2

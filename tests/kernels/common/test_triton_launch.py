@@ -238,6 +238,7 @@ def test_state_passes_unpipelined_where_shared_memory_overflows(table):
 
 
 @pytest.mark.variants
+@pytest.mark.variants  # (launch choices: the newest environment holds them; the floor runs the defaults)
 def test_tiles_are_launch_choices(gen, table):
     """Every tile key of the table at another value (BV 16 of 32 value columns: two programs per
     state instead of one; qk_grads' BC 16 and BC_DIAG 32 at C = 32): outputs, final state and every

@@ -154,6 +154,21 @@ def file_path(flag: str, path) -> None:
         raise ArgError(f"{flag} {path}: is a directory, expected a file path")
 
 
+def records_file(flag: str, path) -> None:
+    """A results file a sweep appends its records to: new, empty, or already holding sweep records — never another
+    file (a saved model's config.json, notes), which an append would damage (None: the flag was not given)."""
+    if path is None:
+        return
+    file_path(flag, path)
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > 0:
+        from .lab.train import ResultStore
+
+        if not ResultStore(p).records():
+            raise ArgError(f"{flag} {path}: the file exists and holds no sweep records (a results file is JSON lines "
+                           f"with a \"key\"); give a new path or an existing results file")
+
+
 def writable_file(flag: str, path) -> Path:
     """The file's directory is writable and the path is not a directory."""
     p = Path(path)

@@ -980,6 +980,7 @@ def _check_args(args) -> None:
     ca.device("--device", args.device)
     for flag, path in (("--records", args.records), ("--lrs-from", args.lrs_from), ("--step-costs", args.step_costs)):
         ca.file_path(flag, path)
+    ca.records_file("--records", args.records)  # appended to: never a file of another kind
     if args.lrs_from is not None:  # (read only by a preset with an lr pilot, and only without --lrs)
         if args.lrs:
             raise ca.ArgError("--lrs-from and --lrs both set the lrs; give one")

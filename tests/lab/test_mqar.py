@@ -466,3 +466,26 @@ def test_ceilings_dry_run_works_from_any_directory_on_a_fresh_clone(tmp_path, mo
     out = capsys.readouterr().out
     assert "120 cells" in out and "atlas d=128 L64-kv8 lr=0.003" in out
     assert "lrs of the preset's own: atlas 0.003" in out
+
+
+def test_records_that_are_another_kind_of_file_are_refused(tmp_path, capsys):
+    """--records appends to its file: an existing file that holds no sweep record (a saved model's config.json, notes)
+    is refused with one line, exit 2, and left as it was; a new path, an empty file and a records file are taken."""
+    cfg = tmp_path / "model" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text('{"d_model": 16}\n')
+    notes = tmp_path / "notes.md"
+    notes.write_text("# notes\n")
+    argv = ["--preset", "ceilings-tiny", "--models", "deltanet", "--kv-pairs", "2", "--seq-lens", "16", "--dry-run"]
+    for path in (cfg, notes):
+        before = path.read_bytes()
+        assert mqar.main(argv + ["--records", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "--records" in err and "holds no sweep records" in err and len(err.strip().splitlines()) == 1
+        assert path.read_bytes() == before
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"key": "MQARCell{}", "model": "deltanet"}) + "\n")
+    for path in (tmp_path / "new.jsonl", empty, good):
+        assert mqar.main(argv + ["--records", str(path)]) == 0

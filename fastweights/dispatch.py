@@ -303,13 +303,19 @@ def backends(model, *, form: str = "chunk", device=None, dtype: torch.dtype | No
     dims and chunk size, in the order "auto" tries them (AUTO_ORDER first, then the rest: e.g.
     "compile", and rows "auto" passes by). The layer ops: `layer_op_backends`."""
     recipe = resolve(model)
+    return _listing(recipe_class(recipe), recipe, form, _call_target(form, device, dtype, head_dim, head_v_dim,
+                                                                     chunk_size))
+
+
+def _call_target(form, device, dtype, head_dim, head_v_dim, chunk_size) -> Target:
+    """The Target of a listed or asked-about call (`backends`, `pipeline`), every fact checked as the entry points
+    check it (InputError naming the argument)."""
     check_choice("form", form, FORMS)
     device, dtype = _listing_device_dtype(device, dtype)
     head_dim = check_int("head_dim", head_dim, optional=True)
     head_v_dim = check_int("head_v_dim", head_v_dim, optional=True)
     chunk_size = check_int("chunk_size", chunk_size, optional=True)
-    return _listing(recipe_class(recipe), recipe, form,
-                    Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None))
+    return Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None)
 
 
 def _listing_device_dtype(device, dtype) -> tuple[torch.device | None, torch.dtype | None]:
@@ -351,9 +357,7 @@ def pipeline(model, *, form: str = "chunk", backend: str = "auto", device=None, 
     the gpu-125m preset's gated DeltaNet in bf16 on CUDA; the pipeline is None for a row of one pipeline
     (or when a fact it needs is not given). Raises as `route` does when no backend serves the call."""
     recipe = resolve(model)
-    if form not in FORMS:
-        raise InputError(f"form must be one of {list(FORMS)}, got {form!r}")
-    target = Target.of(device, dtype, head_dim, head_v_dim, chunk_size if form == "chunk" else None)
+    target = _call_target(form, device, dtype, head_dim, head_v_dim, chunk_size)
     impl = route(recipe, form, backend, target)
     return impl.backend, impl.pipeline_for(recipe, target)
 

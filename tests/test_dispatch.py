@@ -232,11 +232,13 @@ def test_boundary_rejects_bad_scalars_and_states():
     (dict(device="gpu0"), "device='gpu0' is not a device"),
     (dict(device=0.5), "device must be None, a string such as 'cpu'"),
 ])
-def test_backends_listing_validates_every_argument(kw, words):
-    """The listing answers only for a call that could exist: each argument checked as the entry
-    points check it (one validation per concept: fastweights.inputs)."""
+@pytest.mark.parametrize("ask", ["backends", "pipeline"])
+def test_backends_listing_validates_every_argument(kw, words, ask):
+    """The listing — and `fw.pipeline`, which answered ("torch", None) for chunk_size=0 (r4s5 sweep) — answers only
+    for a call that could exist: each argument checked as the entry points check it (one validation per concept:
+    fastweights.inputs)."""
     with pytest.raises(fw.InputError, match="^" + words):
-        fw.backends("gla", **kw)
+        getattr(fw, ask)("gla", **kw)
 
 
 @pytest.mark.parametrize("kw, words", [

@@ -202,8 +202,9 @@ def _agree(got, want, tol, what):
 
 def test_fw_chunk_runs_both_solves_in_the_kernel(monkeypatch, gen):
     """fw.chunk("mesanet", backend="triton") on a (fake, on the CPU) CUDA device takes the row (as "auto" does,
-    test_the_mesa_row_serves_cuda_...), whose forward and backward solves each run the kernel once; output, final state and every gradient (q, k, v, g, β, λ, H0, G0)
-    equal the torch row's (fp32, the torch CG) and the float64 exact solve's. T = 37 (a padded last chunk of 16)."""
+    test_the_mesa_row_serves_cuda_...), whose forward and backward solves each run the kernel once; output, final
+    state and every gradient (q, k, v, g, β, λ, H0, G0) equal the torch row's (fp32, the torch CG) and the float64
+    exact solve's. T = 37 (a padded last chunk of 16)."""
     calls = []
     real = mesa_cg_mod.mesa_cg_triton
     monkeypatch.setattr(mesa_cg_mod, "mesa_cg_triton", lambda *a: calls.append(1) or real(*a))

@@ -141,7 +141,8 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, cu, slots,
                 scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                 BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
-                IS_VARLEN: tl.constexpr):
+                IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read and end sums
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
@@ -151,20 +152,16 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
     sm = cm[:, None] & cm[None, :]
     st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]  # [BD, BD] of one (b, h) state
     bi = i_bh.to(tl.int64) * D + c
-    A = tl.load(A0 + st, mask=sm, other=0.0)
+    A = tl.load(A0 + st, mask=sm, other=0.0)  # the anchor: the only [BD, BD] tile carried over the mini-batches
     a = tl.load(a0 + bi, mask=cm, other=0.0)
-    P = tl.load(P0 + st, mask=sm, other=0.0)
-    p = tl.load(p0 + bi, mask=cm, other=0.0)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
     tri = r[:, None] >= r[None, :]
+    none = ns == 0  # an empty sequence (varlen): its end sums are the carried ones
+    tl.store(Pout + st, tl.load(P0 + st, mask=sm & none, other=0.0), mask=sm & none)
+    tl.store(pout + bi, tl.load(p0 + bi, mask=cm & none, other=0.0), mask=cm & none)
     for s in range(0, ns):
-        roll = tl.where(s > 0, 1.0, 0.0)  # a new mini-batch: the anchor becomes the previous one's end weights
-        A = A + P * (roll / BT)
-        a = a + p * (roll / BT)
-        P = P * (1.0 - roll)
-        p = p * (1.0 - roll)
         if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
             ck = (slot0 + s) * H + i_h
             tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
@@ -173,17 +170,30 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
         S = _dot(x, tl.trans(kk), PREC) + 1.0
         M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
-        z = _dot(x, A, PREC) + a[None, :] + (_dot(x, P, PREC) + p[None, :]) / ipos[:, None] - _dot(M, e, PREC)
+        ee = e * eta[:, None]
+        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
+        pend = -tl.sum(ee, axis=0)  # this mini-batch's end sum of the bias: p_0 − Σ η e
+        if HAS_P:  # the carried sums P_0, p_0: the first mini-batch's only (0 after)
+            P = tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
+            p = tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
+            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
+            pend += p
         nz, invz = _ln(z, cm, D, EPS)
         out = x + lnw[None, :] * nz + lnb[None, :]
         tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
-        ee = e * eta[:, None]
-        P = P - _dot(tl.trans(kk), ee, PREC)
-        p = p - tl.sum(ee, axis=0)
+        if s == ns - 1:  # the call's last mini-batch: its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
+            Pend = -_dot(tl.trans(kk), ee, PREC)
+            if HAS_P:
+                Pend += P
+            tl.store(Pout + st, Pend, mask=sm)
+            tl.store(pout + bi, pend, mask=cm)
+        else:  # the next anchor A + P_end / b, accumulated into A (no [BD, BD] tile of P_end)
+            A = tl.dot(tl.trans(kk), ee * (-1.0 / BT), acc=A, input_precision=PREC)
+            if HAS_P:
+                A += P * (1.0 / BT)
+            a = a + pend / BT
     tl.store(Aout + st, A, mask=sm)
     tl.store(aout + bi, a, mask=cm)
-    tl.store(Pout + st, P, mask=sm)
-    tl.store(pout + bi, p, mask=cm)
 
 
 @triton.jit
@@ -191,7 +201,10 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
                 dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                 EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
-    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read.
+    # The anchor's gradient gA [BD, BD] is accumulated in place in dA0 (the glue seeds it with dAout): no [BD, BD]
+    # tile is carried over the mini-batches — each one holds its anchor A and, for a while, its end sums' gradient
+    # (dPout for the call's last mini-batch, else the next anchor's gradient over b: dA0 / b as it stands).
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     c = tl.arange(0, BD)
@@ -204,20 +217,15 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)
     tri = r[:, None] >= r[None, :]
-    # gradients of the carried state: gA, ga (the anchor, passed through), gPo, gpo (the mini-batch's end sums)
-    gA = tl.load(dAout + st, mask=sm, other=0.0)
-    ga = tl.load(daout + bi, mask=cm, other=0.0)
-    gPo = tl.load(dPout + st, mask=sm, other=0.0)
+    ga = tl.load(daout + bi, mask=cm, other=0.0)  # the anchor bias's gradient (a vector: carried)
     gpo = tl.load(dpout + bi, mask=cm, other=0.0)
     glnw = tl.zeros([BD], dtype=tl.float32)
     glnb = tl.zeros([BD], dtype=tl.float32)
-    if HAS_P:
-        gP = tl.zeros([BD, BD], dtype=tl.float32)
-        gp = tl.zeros([BD], dtype=tl.float32)
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     for si in range(0, ns):
         s = ns - 1 - si
         first = s == 0
+        tl.debug_barrier()  # the previous (later) mini-batch's dA0 stores before this one's loads
         ck = (slot0 + s) * H + i_h
         A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
         a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
@@ -239,22 +247,25 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
         # z = x A + a + (x P + p) / i − M e
         dx = dO + _dot(dz, tl.trans(A), PREC)
-        gA += _dot(tl.trans(x), dz, PREC)
-        ga += tl.sum(dz, axis=0)
-        if HAS_P:
-            dzi = dz / ipos[:, None]
-            dx += _dot(dzi, tl.trans(P), PREC)
-            gP = gPo + _dot(tl.trans(x), dzi, PREC)
-            gp = gpo + tl.sum(dzi, axis=0)
         dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
         de = -_dot(tl.trans(M), dz, PREC)
         dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
         deta = tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0)
         dx += _dot(dS, kk, PREC)
         dkk = _dot(tl.trans(dS), x, PREC)
-        # the mini-batch's end sums: P_end = P − kᵀ (η ⊙ e), p_end = p − Σ η e
-        kg = _dot(kk, gPo, PREC) + gpo[None, :]
-        dkk -= _dot(e * eta[:, None], tl.trans(gPo), PREC)
+        # the mini-batch's end sums: P_end = P − kᵀ (η ⊙ e), p_end = p − Σ η e; their gradient G: dPout for the
+        # call's last mini-batch, else the next anchor's (A_{s+1} = A_s + P_end / b): dA0 / b as it stands
+        if si == 0:
+            G = tl.load(dPout + st, mask=sm, other=0.0)
+        else:
+            G = tl.load(dA0 + st, mask=sm, other=0.0) * (1.0 / BT)
+        kg = _dot(kk, G, PREC) + gpo[None, :]
+        dkk -= _dot(e * eta[:, None], tl.trans(G), PREC)
+        if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
+            dzi = dz / ipos[:, None]
+            dx += _dot(dzi, tl.trans(P), PREC)
+            tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm & first)
+            tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm & first)
         de -= eta[:, None] * kg
         deta -= tl.sum(e * kg, axis=1)
         # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
@@ -271,20 +282,19 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
         # f = k A + a
         dkk += _dot(df, tl.trans(A), PREC)
-        gA += _dot(tl.trans(kk), df, PREC)
-        ga += tl.sum(df, axis=0)
+        tl.debug_barrier()  # every thread's read of dA0 (G) before it is written
+        gA = tl.load(dA0 + st, mask=sm, other=0.0)
+        gA = tl.dot(tl.trans(x), dz, acc=gA, input_precision=PREC)
+        gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
+        tl.store(dA0 + st, gA, mask=sm)
+        ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
         # per value head: the glue sums dq, dk over grouped heads
         tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
         tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
         tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
         tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
-        # into the previous mini-batch: A_s = A_{s−1} + P_end / b (its P_s is 0)
-        gPo = gA / BT
+        # into the previous mini-batch: its end sums' bias gradient
         gpo = ga / BT
-    if HAS_P:
-        tl.store(dP0 + st, gP, mask=sm)
-        tl.store(dp0 + bi, gp, mask=cm)
-    tl.store(dA0 + st, gA, mask=sm)
     tl.store(da0 + bi, ga, mask=cm)
     tl.store(dlnw + bi, glnw, mask=cm)
     tl.store(dlnb + bi, glnb, mask=cm)
@@ -348,7 +358,7 @@ class _TTTLinear(torch.autograd.Function):
         geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
-                              plan.NS, **geo, SAVE=save, **launch("ttt_linear_fwd"))
+                              plan.NS, **geo, SAVE=save, HAS_P=offset > 0, **launch("ttt_linear_fwd"))
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
@@ -372,7 +382,8 @@ class _TTTLinear(torch.autograd.Function):
         dbeta = empty_output(B, T, H, **f32)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
-        dA0, da0 = empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)
+        dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
+        da0 = empty_output(R, H, D, **f32)
         dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
         seq = seq if seq else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,

@@ -6,6 +6,8 @@ compiled, checked and timed beside gated DeltaNet and fla's `chunk_ttt_linear` (
     python3 scripts/gpu_memories.py --phases check time --variants ieee:4 tf32x3:8
 
 Phases, in order (each writes its own file under --out, so a killed call keeps what it did):
+  warm     fla's `chunk_ttt_linear` once per shape, one process per shape in parallel (fla autotunes for minutes on its
+           first call; run with TRITON_CACHE_AUTOTUNING=1 so the time phase reads the tuned configs from the cache);
   compile  one process per variant (in parallel, each its own Triton cache entries) runs each model's kernels once
            at every timed shape's constexprs (D, H) on a few tokens: the timing phase then finds them compiled;
   check    per variant and model: `fw.chunk(..., backend="triton")` against the torch row in float64 on the same
@@ -97,6 +99,27 @@ def _run(model, inp, backend):
     return o.detach(), [t.detach() for t in weights], [g.detach() for g in grads]
 
 
+def warm_one(shape: str) -> None:
+    """(the warm phase's worker) fla's chunk_ttt_linear forward + backward once at `shape`."""
+    import torch
+
+    from fastweights.bench.speed import fla_case, fwd_bwd
+
+    run, leaves = fla_case("ttt_linear", *SHAPES[shape], torch.bfloat16, "cuda")
+    fwd_bwd(run, leaves)[1]()
+    torch.cuda.synchronize()
+
+
+def phase_warm(out):
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, __file__, "--warm-one", s], cwd=ROOT) for s in SHAPES]
+    codes = [p.wait() for p in procs]
+    line = f"warm: fla chunk_ttt_linear at {list(SHAPES)} in {time.perf_counter() - t0:.0f} s, exit codes {codes}"
+    print(line, flush=True)
+    with open(os.path.join(out, "warm.txt"), "w") as f:
+        f.write(line + "\n")
+
+
 def compile_one(variant_text: str) -> None:
     """(the compile phase's worker) every model's kernels once at each timed shape's constexprs."""
     import torch
@@ -112,7 +135,8 @@ def compile_one(variant_text: str) -> None:
 
 def phase_compile(variants, out):
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, __file__, "--compile-one", v], cwd=ROOT) for v in variants]
+    procs = [subprocess.Popen([sys.executable, __file__, "--compile-one", v, "--models", *MODELS,
+                               "--shapes", *SHAPES], cwd=ROOT) for v in variants]
     codes = [p.wait() for p in procs]
     line = f"compile: {len(variants)} variants in {time.perf_counter() - t0:.0f} s, exit codes {codes}"
     print(line, flush=True)
@@ -150,8 +174,8 @@ def phase_check(variants, out):
                     row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", error=str(e)[:300])
                 results.append(row)
                 print("check", json.dumps(row), flush=True)
-    with open(os.path.join(out, "check.json"), "w") as f:
-        json.dump(results, f, indent=1)
+                with open(os.path.join(out, "check.json"), "w") as f:  # after each row: a killed call keeps it
+                    json.dump(results, f, indent=1)
 
 
 def phase_time(variants, out, repeats):
@@ -194,21 +218,31 @@ def phase_time(variants, out, repeats):
 
 
 def main():
+    global MODELS, SHAPES  # narrowed to the run's selection (--models, --shapes) for every phase
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/memories")
-    ap.add_argument("--phases", nargs="+", default=["compile", "check", "time"], choices=["compile", "check", "time"])
+    ap.add_argument("--phases", nargs="+", default=["compile", "check", "time"],
+                    choices=["warm", "compile", "check", "time"])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
                     help="precision:num_warps of the TTT kernels")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
+    ap.add_argument("--warm-one", metavar="SHAPE", help=argparse.SUPPRESS)
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
+    MODELS, SHAPES = tuple(a.models), {s: SHAPES[s] for s in a.shapes}
     if a.compile_one:
         return compile_one(a.compile_one)
+    if a.warm_one:
+        return warm_one(a.warm_one)
     os.makedirs(a.out, exist_ok=True)
     variants = [_variant(v) for v in a.variants]
     for phase in a.phases:
-        if phase == "compile":
+        if phase == "warm":
+            phase_warm(a.out)
+        elif phase == "compile":
             phase_compile(a.variants, a.out)
         elif phase == "check":
             phase_check(variants, a.out)

@@ -89,15 +89,19 @@ def accumulate(hooks: Hooks, model: nn.Module, opt: torch.optim.Optimizer, sched
                micro: Sequence[Any]) -> tuple[list[float], float]:
     """One optimizer step over the micro-batches `micro`: backward of hooks.loss(b) for each (the gradient sync of
     DDP / FSDP2 skipped on all but the last), then `training.step.optimizer_step` (clip to hooks.grad_clip, step,
-    clear, schedule). Returns ([loss(b).item() for b in micro], the learning rate the step used)."""
+    clear, schedule). Returns ([loss(b).item() for b in micro], the learning rate the step used).
+
+    The losses are read once, after the optimizer step is queued: one host–device sync a step, not one a
+    micro-batch (a sync empties the queue of launches the host had built up ahead of the GPU, and a
+    launch-bound fast-weight LM then waits on the host at every micro-batch's start)."""
     losses = []
     for m, b in enumerate(micro):
         with no_sync(model, m == len(micro) - 1):
             loss = hooks.loss(b)
             loss.backward()
-        losses.append(loss.item())
+        losses.append(loss.detach())
     lr = training_step.optimizer_step(opt, sched, model.parameters(), hooks.grad_clip)
-    return losses, lr
+    return torch.stack(losses).tolist(), lr
 
 
 def run(hooks: Hooks, model: nn.Module, opt: torch.optim.Optimizer, sched, start: int, steps: int) -> int:

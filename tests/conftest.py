@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from fastweights.kernels import poisoned_outputs
-from tests.helpers import exclusive
+from tests.helpers import one_of_slots
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
@@ -56,14 +56,23 @@ def _poison_kernel_outputs(request):
 @pytest.fixture(autouse=True)
 def _one_big_cuda_test_at_a_time(request):
     """`cuda_big` tests (several GiB each: the T = 4096, H = 16 realistic rows with their fp32 torch references, the
-    long-sequence ones) hold an exclusive lock on a file per GPU, so xdist workers sharing one card run them one at a
-    time: at `-n 8` on an 80 GB H100 three of them at once ran out of memory (2026-11-27, d5caabe), while alone or at
-    `-n 4` on a 139 GB H200 they pass. The other cuda tests run beside them."""
+    long-sequence ones) hold one of `big_cuda_slots()` locks per GPU, so xdist workers sharing one card run at most
+    that many at once: at `-n 8` on an 80 GB H100 three of them at once ran out of memory (2026-11-27, d5caabe),
+    while alone or at `-n 4` on a 139 GB H200 they pass. One slot on the H200 made tests/kernels outlast a 600 s
+    call (13 tests in 379 s, r4s6 call 2): they queue for the lock. The other cuda tests run beside them."""
     if request.node.get_closest_marker("cuda_big") is None or not torch.cuda.is_available():
         yield
         return
-    with exclusive(os.path.join(tempfile.gettempdir(), f"fastweights-cuda-big-{torch.cuda.current_device()}.lock")):
+    gpu = torch.cuda.current_device()
+    prefix = os.path.join(tempfile.gettempdir(), f"fastweights-cuda-big-{gpu}.lock")
+    with one_of_slots(prefix, big_cuda_slots(torch.cuda.get_device_properties(gpu).total_memory)):
         yield
+
+
+def big_cuda_slots(total_memory: int) -> int:
+    """How many `cuda_big` tests share a GPU of `total_memory` bytes: one per 45 GiB (an 80 GB H100: 1; a 141 GB
+    H200: 3), at least one."""
+    return max(1, total_memory // (45 * 2**30))
 
 
 def _release_cuda_memory() -> None:

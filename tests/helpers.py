@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import time
 from pathlib import Path
 
 import torch
@@ -107,15 +108,29 @@ def fresh_seed():
 
 
 @contextlib.contextmanager
-def exclusive(path: str):
-    """Hold an exclusive advisory lock (flock) on the file at `path` for the block: processes (xdist workers) that
-    enter with the same path run their blocks one at a time."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def one_of_slots(prefix: str, n: int, poll: float = 0.2):
+    """Hold one of `n` exclusive advisory locks (files `prefix`.0 … `prefix`.{n-1}) for the block: at most n
+    processes (xdist workers) sharing the prefix run their blocks at once; the others wait (polling every `poll`
+    s). Yields the slot's index."""
+    if n < 1:
+        raise ValueError(f"n must be ≥ 1, got {n}")
+    files = [open(f"{prefix}.{i}", "a") for i in range(n)]
+    try:
+        while True:
+            for i, f in enumerate(files):
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                try:
+                    yield i
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+                return
+            time.sleep(poll)
+    finally:
+        for f in files:
+            f.close()
 
 
 def triton_kernel_modules() -> dict[str, str]:

@@ -10,22 +10,33 @@ import time
 
 import pytest
 
-from tests.helpers import exclusive
+from tests.helpers import one_of_slots
 
 
-def test_exclusive_blocks_a_second_process_until_released(tmp_path):
-    """Two xdist workers entering `exclusive` with one path run one after the other (the cuda_big lock)."""
-    lock = str(tmp_path / "big.lock")
-    child = (f"import sys, time; sys.path.insert(0, {sys.path[0]!r}); from tests.helpers import exclusive\n"
+def test_slots_let_n_processes_in_and_block_the_next_until_one_is_released(tmp_path):
+    """At most n xdist workers hold one of `one_of_slots`'s n locks (the cuda_big slots): with both of two held,
+    another process waits until one is released, then takes that one."""
+    prefix = str(tmp_path / "big.lock")
+    child = (f"import sys, time; sys.path.insert(0, {sys.path[0]!r}); from tests.helpers import one_of_slots\n"
              "print('ready', flush=True); t0 = time.monotonic()\n"
-             f"with exclusive({lock!r}): print(time.monotonic() - t0)")
-    with exclusive(lock):
+             f"with one_of_slots({prefix!r}, 2, poll=0.05) as i: print(i, time.monotonic() - t0)")
+    with one_of_slots(prefix, 2) as a, one_of_slots(prefix, 2) as b:
+        assert {a, b} == {0, 1}
         p = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "ready"  # the child has imported and now asks for the lock
+        assert p.stdout.readline().strip() == "ready"  # the child has imported and now asks for a slot
         time.sleep(1.0)
-        assert p.poll() is None  # still waiting on it
+        assert p.poll() is None  # still waiting: both slots are held
+        released = b
     out, _ = p.communicate(timeout=60)
-    assert p.returncode == 0 and float(out) >= 0.9
+    slot, waited = out.split()
+    assert p.returncode == 0 and float(waited) >= 0.9 and int(slot) in (a, released)
+
+
+def test_big_cuda_slots_follow_the_card_memory():
+    """One cuda_big test at a time on an 80 GB H100 (three at once ran out of memory), three on a 141 GB H200."""
+    from tests.conftest import big_cuda_slots
+
+    assert big_cuda_slots(79 * 2**30) == 1 and big_cuda_slots(139 * 2**30) == 3 and big_cuda_slots(8 * 2**30) == 1
 
 
 @pytest.mark.parametrize("module,name", [("tests.kernels.test_triton_delta", "test_cuda_realistic"),

@@ -180,6 +180,7 @@ def _pinned_precision(precision: str | None):
 
 def build_parser() -> argparse.ArgumentParser:
     from .cliargs import Parser
+    from .kernels.triton.common.limits import DOT_PRECISIONS  # (imports no triton)
 
     p = Parser(prog="fastweights", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -218,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/speed")
     sp.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     sp.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
-    sp.add_argument("--precision", default=None, choices=["ieee", "tf32x3", "tf32"], help=_PRECISION)
+    sp.add_argument("--precision", default=None, choices=DOT_PRECISIONS, help=_PRECISION)
     sp.set_defaults(fn=_bench_speed)
     dc = bsub.add_parser("decode", help="decode tokens/s and state memory vs context: a linear LM against softmax")
     dc.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])
@@ -288,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", default="runs/bench/train")
     tr.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     tr.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
-    tr.add_argument("--precision", default=None, choices=["ieee", "tf32x3", "tf32"], help=_PRECISION)
+    tr.add_argument("--precision", default=None, choices=DOT_PRECISIONS, help=_PRECISION)
     tr.set_defaults(fn=_bench_train)
     cp = sub.add_parser("capacity", help="training-free capacity probe: recall vs n/d_k per memory (table, PNG, JSON)")
     cp.add_argument("--d-k", type=int, default=64, help="key (= value) dimension")

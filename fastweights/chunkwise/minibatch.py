@@ -178,6 +178,12 @@ def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tens
     return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
+def _muon_ns(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor, steps: int) -> Tensor:
+    """The Newton–Schulz polynomials [M, L, r, r] of every token's momentum, from its Gram matrix
+    (`_muon_gram`'s arguments, then `_newton_schulz_gram`)."""
+    return _newton_schulz_gram(_muon_gram(Xs, P, Q, Nm, Cm), steps)
+
+
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int, ns=None):
     """One weight matrix of a muon segment on the loop's flattened batch (M = B·H), from m_s = m0,
     θ_s = w0 [M, in, out], the factors h [M, N, in], dz [M, N, out] and co's tensors for this one
@@ -193,16 +199,17 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     # leaves G indefinite where ‖m_j‖ is small, so the normalized iteration overflows (ATLAS's loss was NaN at the
     # first step of every bf16 cell on the GPU, 2026-11-27)
     wd = torch.promote_types(m0.dtype, torch.float32)  # fp32, or fp64 for a float64 call
+    r = min(m0.shape[-2], m0.shape[-1])
     with torch.autocast(m0.device.type, enabled=False):
-        G = _muon_gram(*(t.to(wd) for t in (Xs, P, Q, co.Nm, co.Cm)))  # [M, L, r, r]
-    r = G.shape[-1]
-    # NS(X_j) = P_j X_j; its ~4·steps r × r products per token are recomputed in the backward, not kept
-    Pns = ns(G, steps) if ns is not None else None
-    if Pns is None:
-        with torch.autocast(m0.device.type, enabled=False):
-            Pns = checkpoint(_newton_schulz_gram, G, steps, use_reentrant=False) \
-                if G.requires_grad and not under_functorch() \
-                else _newton_schulz_gram(G, steps)
+        gram_in = tuple(t.to(wd) for t in (Xs, P, Q, co.Nm, co.Cm))
+        Pns = ns(_muon_gram(*gram_in), steps) if ns is not None else None
+        if Pns is None:
+            # NS(X_j) = P_j X_j: the Gram matrices and the ~4·steps r × r products per token are recomputed in the
+            # backward from the segment's factors; only P [M, L, r, r] is kept (keeping G and the Gram expansion's
+            # terms too held ~4 more [M, L, r, r] a segment: ATLAS, r = 256, needed 6.5 GB at B 1, T 512, H 2)
+            Pns = checkpoint(_muon_ns, *gram_in, steps, use_reentrant=False) \
+                if torch.is_grad_enabled() and any(t.requires_grad for t in gram_in) and not under_functorch() \
+                else _muon_ns(*gram_in, steps)
     Pns = Pns.to(h.dtype)  # back to the call's precision (a bf16 call without autocast multiplies in bf16)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]

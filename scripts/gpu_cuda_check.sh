@@ -8,8 +8,11 @@
 #      (TRAIN=0 skips it).
 # From the repository root: bash scripts/gpu_cuda_check.sh [seconds for step 1]
 # The whole suite does not fit one 600 s device call: PART=1 runs tests/kernels, PART=2 the rest (tests/cuda, tests/layers,
-# ...), one call each on the same commit (PART unset: everything). Keep N ≤ 8 on an 80 GB H100: at -n 14, 45 of 152 tests
-# ran out of device memory (round 4, third session).
+# ...), one call each on the same commit (PART unset: everything); PART="tests/..." runs those paths (pytest arguments).
+# tests/kernels alone outlasted a call in round 4's sixth session (202 cuda tests, 143 of them cuda_big, each 20–90 s
+# at realistic shapes): split it, e.g. PART="tests/kernels/fused" (106 cuda tests) and
+# PART="tests/kernels --ignore=tests/kernels/fused" (96). Keep N ≤ 8 on an 80 GB H100: at -n 14, 45 of 152 tests ran
+# out of device memory (round 4, third session).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu}"
@@ -23,7 +26,8 @@ case "${PART:-}" in
   1) paths=(tests/kernels) ;;
   2) paths=(tests --ignore=tests/kernels) ;;
   "") paths=() ;;
-  *) echo "PART must be 1, 2 or unset, got ${PART}" >&2; exit 2 ;;
+  tests/*) read -r -a paths <<< "$PART" ;;  # e.g. PART="tests/kernels/fused" or "tests/kernels --ignore=tests/kernels/fused"
+  *) echo "PART must be 1, 2, test paths (tests/...) or unset, got ${PART}" >&2; exit 2 ;;
 esac
 timeout -s INT -k 30 "${1:-330}" python3 -m pytest -m cuda -n "$N" -q -rf -p no:randomly --durations=40 --junitxml="$OUT/cuda_n$N.xml" \
     ${paths[@]+"${paths[@]}"} > "$OUT/cuda_n$N.log" 2>&1

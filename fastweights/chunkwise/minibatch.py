@@ -206,7 +206,8 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
         if Pns is None:
             # NS(X_j) = P_j X_j: the Gram matrices and the ~4·steps r × r products per token are recomputed in the
             # backward from the segment's factors; only P [M, L, r, r] is kept (keeping G and the Gram expansion's
-            # terms too held ~4 more [M, L, r, r] a segment: ATLAS, r = 256, needed 6.5 GB at B 1, T 512, H 2)
+            # terms too held more [M, L, r, r] a segment: ATLAS's saved tensors at B 1, T 128, H 2, K 64, r = 256 were
+            # 487 MiB, now 323)
             Pns = checkpoint(_muon_ns, *gram_in, steps, use_reentrant=False) \
                 if torch.is_grad_enabled() and any(t.requires_grad for t in gram_in) and not under_functorch() \
                 else _muon_ns(*gram_in, steps)
@@ -218,8 +219,9 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
         side = (torch.bmm(Pns.reshape(M, L * r, r), h.transpose(1, 2)).view(M, L, r, N) * wc.unsqueeze(-2)).sum(1)
         update = torch.baddbmm(torch.bmm((wn * Pns).sum(1), m0), side, dz)
     else:  # NS(m_j) = m_j P_jᵀ = N_j m_s P_jᵀ + hᵀ diag(Cm_j) dz P_jᵀ
-        Pt = Pns.permute(0, 3, 1, 2).reshape(M, r, L * r)  # [M, b, (j, a)] = P_j[a, b]: the P_jᵀ side by side
-        side = (torch.bmm(dz, Pt).view(M, N, L, r) * wc.transpose(1, 2).unsqueeze(-1)).sum(2)  # [M, N, out]
+        # Σ_j diag(wc_j) dz P_jᵀ as one bmm over (M, j): Pns's transpose is a view (no [M, L, r, r] copy kept)
+        wdz = (wc.unsqueeze(-1) * dz.unsqueeze(1)).reshape(M * L, N, r)  # [M·L, N, out]
+        side = torch.bmm(wdz, Pns.reshape(M * L, r, r).transpose(1, 2)).view(M, L, N, r).sum(1)  # [M, N, out]
         Pns = Pns.transpose(-1, -2)  # NS(m_j) = NS(X_j)ᵀ = m_j P_jᵀ
         update = torch.baddbmm(torch.bmm(m0, (wn * Pns).sum(1)), h.transpose(1, 2), side)
     end = co.Da[..., -1, None, None] * w0 + update
@@ -267,8 +269,8 @@ def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon:
 
     B, H = x.shape[:2]
 
-    def stack(xs):  # the loop's [B·H, ...] records -> [B, H, S, ...]
-        return torch.stack(xs, dim=1).unflatten(0, (B, H))
+    def stack(xs):  # the loop's [B·H, ...] records -> [B, H, S, ...] (one segment: a view, no copy)
+        return (xs[0].unsqueeze(1) if len(xs) == 1 else torch.stack(xs, dim=1)).unflatten(0, (B, H))
 
     n_layers = len(segs[0].h)
     hin = x
@@ -454,6 +456,15 @@ def compile_loop(enabled: bool = True, **options) -> None:
     _step = torch.compile(_gd_step, **options) if check_flag("enabled", enabled) else _gd_step
 
 
+def _segment_rows(co: _Coefficients, a: int, e: int) -> _Coefficients:
+    """co's tensors [B, H, S, ...] narrowed to segments a … e − 1 (views)."""
+    def cut(x):
+        return None if x is None else x[:, :, a:e]
+
+    return _Coefficients(bases=[(name, cut(coef)) for name, coef in co.bases],
+                         **{f: cut(getattr(co, f)) for f in ("C", "Cm", "Nm", "Da", "Wns")})
+
+
 def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:
     """co's tensors [B, H, S, L, ...] as S per-segment _Coefficients on the loop's flattened batch:
     muon keeps every row ([B·H, L, ...]); gd and momentum only need the last ([B·H, ...])."""
@@ -563,12 +574,17 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
 
     weights, momentum, anchor = unflat(weights), unflat(momentum), unflat(anchor)
     # the readout: every segment of a group at once
+    # (muon: one segment at a time — stacking a group's per-token P [.., L, r, r] and start weights would keep a
+    # second copy of each for the backward: ATLAS's saved tensors 323 → 179 MiB at B 1, T 128, H 2, K 64)
     outs = []
     for gi, (first, S, L) in enumerate(groups):
         t0 = segments[first][0]
         x = scale * q[:, t0:t0 + S * L].reshape(B, S, L, H, Kf).permute(0, 3, 1, 2, 4)  # [B, H, S, L, K']
-        o = _read(mem, records[first:first + S], coefs[gi], x, muon, ln)  # [B, H, S, L, V]
-        outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, S * L, H, -1))
+        parts = [(0, S)] if not muon else [(si, si + 1) for si in range(S)]
+        for a, e in parts:
+            co = coefs[gi] if (a, e) == (0, S) else _segment_rows(coefs[gi], a, e)
+            o = _read(mem, records[first + a:first + e], co, x[:, :, a:e], muon, ln)  # [B, H, e − a, L, V]
+            outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, (e - a) * L, H, -1))
     win = {}
     if c > 1:
         win = dict(window_k=k_all[:, -(c - 1):], window_v=v_all[:, -(c - 1):], window_gamma=g_all[:, -(c - 1):])

@@ -178,10 +178,12 @@ def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tens
     return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
-def _muon_ns(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor, steps: int) -> Tensor:
+def _muon_ns(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor, steps: int, ns=None) -> Tensor:
     """The Newton–Schulz polynomials [M, L, r, r] of every token's momentum, from its Gram matrix
-    (`_muon_gram`'s arguments, then `_newton_schulz_gram`)."""
-    return _newton_schulz_gram(_muon_gram(Xs, P, Q, Nm, Cm), steps)
+    (`_muon_gram`'s arguments): by the kernel `ns` where it takes G, else `_newton_schulz_gram`."""
+    G = _muon_gram(Xs, P, Q, Nm, Cm)
+    Pns = ns(G, steps) if ns is not None else None
+    return _newton_schulz_gram(G, steps) if Pns is None else Pns
 
 
 def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int, ns=None):
@@ -202,15 +204,14 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     r = min(m0.shape[-2], m0.shape[-1])
     with torch.autocast(m0.device.type, enabled=False):
         gram_in = tuple(t.to(wd) for t in (Xs, P, Q, co.Nm, co.Cm))
-        Pns = ns(_muon_gram(*gram_in), steps) if ns is not None else None
-        if Pns is None:
-            # NS(X_j) = P_j X_j: the Gram matrices and the ~4·steps r × r products per token are recomputed in the
-            # backward from the segment's factors; only P [M, L, r, r] is kept (keeping G and the Gram expansion's
-            # terms too held more [M, L, r, r] a segment: ATLAS's saved tensors at B 1, T 128, H 2, K 64, r = 256 were
-            # 487 MiB, now 323)
-            Pns = checkpoint(_muon_ns, *gram_in, steps, use_reentrant=False) \
-                if torch.is_grad_enabled() and any(t.requires_grad for t in gram_in) and not under_functorch() \
-                else _muon_ns(*gram_in, steps)
+        # NS(X_j) = P_j X_j: the Gram matrices and the ~4·steps r × r products per token are recomputed in the
+        # backward from the segment's factors; only P [M, L, r, r] is kept (keeping G and the Gram expansion's terms
+        # too held more [M, L, r, r] a segment: ATLAS's saved tensors at B 1, T 128, H 2, K 64, r = 256 were 487 MiB,
+        # now 323). `ns` (a kernel, or None for a G it does not take) decides from G's shape and dtype alone, so the
+        # recompute takes the same path.
+        Pns = checkpoint(_muon_ns, *gram_in, steps, ns, use_reentrant=False) \
+            if torch.is_grad_enabled() and any(t.requires_grad for t in gram_in) and not under_functorch() \
+            else _muon_ns(*gram_in, steps, ns)
     Pns = Pns.to(h.dtype)  # back to the call's precision (a bf16 call without autocast multiplies in bf16)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]

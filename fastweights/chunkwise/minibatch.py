@@ -457,6 +457,22 @@ def compile_loop(enabled: bool = True, **options) -> None:
     _step = torch.compile(_gd_step, **options) if check_flag("enabled", enabled) else _gd_step
 
 
+_CHAIN = {"every": 0}
+
+
+def checkpoint_chain(every: int = 0) -> None:
+    """Keep the memory's state only every `every` mini-batches for the backward (0: off, the default).
+
+    The mini-batch form keeps each segment's start weights (and momentum) for the backward: S = T / b of them, which
+    for a wide MLP memory is what fills a GPU (ATLAS at B 4, T 4096, H 16, K 128: ≈ 1.1 GB a segment, 256 segments).
+    With `every` = k the loop and readout of each run of k segments are recomputed in the backward from the state at
+    its start (`torch.utils.checkpoint`): the states kept fall to S / k, plus k of one block while it is recomputed,
+    for one more forward of the loop (k ≈ √S balances the two). The result is the same recurrence, to rounding."""
+    from ..inputs import check_int
+
+    _CHAIN["every"] = check_int("every", every, low=0)
+
+
 def _segment_rows(co: _Coefficients, a: int, e: int) -> _Coefficients:
     """co's tensors [B, H, S, ...] narrowed to segments a … e − 1 (views)."""
     def cut(x):
@@ -542,50 +558,66 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         res_all = k_all - v_all if ln is None else k_all + ln[1] - v_all  # x + β_ln − v: y − v = res + γ_ln ⊙ n
     else:
         res_all = -v_all
-    # the mini-batch loop: anchor gradients' factors, then the segment's end state
-    records: list[_Segment] = []
-    offset = offset0
-    for gi, (first, S, L) in enumerate(groups):
+    def unflat(ts):
+        return None if ts is None else tuple(t.unflatten(0, (B, H)) for t in ts)
+
+    def block(gi: int, a: int, e: int, weights, momentum, anchor, offset: int):
+        """Segments a … e − 1 of group gi: the mini-batch loop (anchor gradients' factors, then each segment's end
+        state), then their readout. Returns (o [B, (e − a)·L, H, V], weights, momentum, anchor, offset)."""
+        first, S, L = groups[gi]
         t0 = segments[first][0]
-        xs = _windows(k_all, t0, S, L, c)
-        rs = _windows(res_all, t0, S, L, c)
-        gs = _windows(g_all.unsqueeze(-1), t0, S, L, c) if gamma_given and objective != "dot" else [None] * S
-        cos = _loop_coefficients(coefs[gi], muon, S)
-        for si in range(S):
+        records: list[_Segment] = []
+        for si in range(a, e):
             if offset == 0:
                 anchor = weights
-            one = cos[si]
+            one = cos[gi][si]
             if muon:
-                hs, dzs = _factors(mem, objective, anchor, xs[si], rs[si], gs[si], ln3)
+                hs, dzs = _factors(mem, objective, anchor, xs[gi][si], rs[gi][si], gs[gi][si], ln3)
                 steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps, ns)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))
                 weights, momentum = tuple(s[1] for s in steps), tuple(s[2] for s in steps)
             else:
-                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[si], rs[si], gs[si],
-                                              ln3, one)
+                hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[gi][si], rs[gi][si],
+                                              gs[gi][si], ln3, one)
                 records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
                                         h=hs, dz=dzs))
                 weights, momentum = w_end, m_end
             offset = (offset + segments[first + si][1]) % b
+        # the readout: the block's segments at once (muon: one at a time — stacking their per-token P [.., L, r, r]
+        # and start weights would keep a second copy of each for the backward: ATLAS's saved tensors 323 → 179 MiB
+        # at B 1, T 128, H 2, K 64)
+        x = scale * q[:, t0 + a * L:t0 + e * L].reshape(B, e - a, L, H, Kf).permute(0, 3, 1, 2, 4)  # [B, H, n, L, K']
+        outs = []
+        for u, w in ([(a, e)] if not muon else [(si, si + 1) for si in range(a, e)]):
+            co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
+            o = _read(mem, records[u - a:w - a], co, x[:, :, u - a:w - a], muon, ln)  # [B, H, w − u, L, V]
+            outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, (w - u) * L, H, -1))
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], weights, momentum, anchor, offset
 
-    def unflat(ts):
-        return None if ts is None else tuple(t.unflatten(0, (B, H)) for t in ts)
-
-    weights, momentum, anchor = unflat(weights), unflat(momentum), unflat(anchor)
-    # the readout: every segment of a group at once
-    # (muon: one segment at a time — stacking a group's per-token P [.., L, r, r] and start weights would keep a
-    # second copy of each for the backward: ATLAS's saved tensors 323 → 179 MiB at B 1, T 128, H 2, K 64)
-    outs = []
+    # what needs no state, per group: each segment's keys, targets and pair weights (views), the coefficients' rows
+    xs, rs, gs, cos = [], [], [], []
     for gi, (first, S, L) in enumerate(groups):
         t0 = segments[first][0]
-        x = scale * q[:, t0:t0 + S * L].reshape(B, S, L, H, Kf).permute(0, 3, 1, 2, 4)  # [B, H, S, L, K']
-        parts = [(0, S)] if not muon else [(si, si + 1) for si in range(S)]
-        for a, e in parts:
-            co = coefs[gi] if (a, e) == (0, S) else _segment_rows(coefs[gi], a, e)
-            o = _read(mem, records[first + a:first + e], co, x[:, :, a:e], muon, ln)  # [B, H, e − a, L, V]
-            outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, (e - a) * L, H, -1))
+        xs.append(_windows(k_all, t0, S, L, c))
+        rs.append(_windows(res_all, t0, S, L, c))
+        gs.append(_windows(g_all.unsqueeze(-1), t0, S, L, c) if gamma_given and objective != "dot" else [None] * S)
+        cos.append(_loop_coefficients(coefs[gi], muon, S))
+    every = _CHAIN["every"]
+    chained = every > 0 and torch.is_grad_enabled() and not under_functorch()
+    outs = []
+    offset = offset0
+    for gi, (_, S, _) in enumerate(groups):
+        for a in range(0, S, every if chained else S):
+            e = min(S, a + every) if chained else S
+            if chained:  # only the state at the block's start is kept; the block is recomputed in the backward
+                o, weights, momentum, anchor, offset = checkpoint(block, gi, a, e, weights, momentum, anchor, offset,
+                                                                  use_reentrant=False)
+            else:
+                o, weights, momentum, anchor, offset = block(gi, a, e, weights, momentum, anchor, offset)
+            outs.append(o)
+    weights, momentum, anchor = unflat(weights), unflat(momentum), unflat(anchor)
     win = {}
     if c > 1:
         win = dict(window_k=k_all[:, -(c - 1):], window_v=v_all[:, -(c - 1):], window_gamma=g_all[:, -(c - 1):])

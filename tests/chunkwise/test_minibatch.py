@@ -210,3 +210,59 @@ def test_muon_keeps_one_newton_schulz_polynomial_a_token_and_no_stacked_copies()
     per_token_p = sum(min(i, e) ** 2 for i, e in shapes) * B * H * T * 4
     per_segment_w = 2 * sum(i * e for i, e in shapes) * B * H * 4 * segments  # the start weights and momentum
     assert saved <= 2 * (per_token_p + per_segment_w), (saved, per_token_p, per_segment_w)
+
+
+@pytest.mark.parametrize("name", MINIBATCH)
+def test_checkpoint_chain_equals_the_unchained_form(name):
+    """`checkpoint_chain(k)` (the loop and readout of every k segments recomputed in the backward from the state at
+    their start) gives the same outputs, final state and gradients as the default, and as the recurrence (float64;
+    T 45: a carried state's offset, then segments of 16, a ragged tail; k 2: blocks that cut the groups)."""
+    from fastweights.chunkwise import minibatch
+
+    inputs, state = make_case(name, T=45)
+    o1, s1, g1 = run_with_grads(fw.chunk, name, inputs, state)
+    o0, s0, g0 = run_with_grads(fw.recurrent, name, inputs, state)
+    minibatch.checkpoint_chain(2)
+    try:
+        o2, s2, g2 = run_with_grads(fw.chunk, name, inputs, state)
+    finally:
+        minibatch.checkpoint_chain(0)
+    assert _close(o2, o1, CHUNK_F64) and _close(o2, o0, CHUNK_F64)
+    assert max_err(s1, s2) < CHUNK_F64 and max_err(s0, s2) < CHUNK_F64
+    for a, b, c in zip(g1, g2, g0):
+        assert _close(b, a, CHUNK_F64) and _close(b, c, CHUNK_F64)
+
+
+def test_checkpoint_chain_keeps_the_states_of_the_blocks_only():
+    """With k = 4 the forward keeps the state at the start of every 4th segment (held by the checkpoint, not through
+    autograd's saved tensors: added here from the state's size) and the inputs, not every segment's state and
+    factors: Titans' kept bytes at T 256 (16 segments) fall below half of the unchained form's saved bytes."""
+    from fastweights.chunkwise import minibatch
+
+    inputs, state = make_case("titans", T=256, B=1, H=2, K=16, V=16, dtype=torch.float32)
+    out = {}
+
+    def run():
+        out["o"], out["S"] = fw.chunk("titans", initial_state=state, output_final_state=True, check_values=False,
+                                      **inputs)
+
+    full = _saved_bytes(run)
+    k = 4
+    minibatch.checkpoint_chain(k)
+    try:
+        chained = _saved_bytes(run)
+    finally:
+        minibatch.checkpoint_chain(0)
+    S = out["S"]
+    state_bytes = sum(t.numel() * t.element_size() for t in (*S.weights, *(S.momentum or ())))
+    blocks = -(-256 // 16 // k) + 1  # (a carried offset may add a partial first segment)
+    assert chained + blocks * state_bytes < 0.5 * full, (chained, blocks * state_bytes, full)
+
+
+def test_checkpoint_chain_takes_a_count():
+    from fastweights.chunkwise import minibatch
+
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises((TypeError, ValueError), match="^every must be an int ≥ 0"):
+            minibatch.checkpoint_chain(bad)
+    assert minibatch._CHAIN["every"] == 0

@@ -35,7 +35,9 @@ each segment's keys, its l2 target x + β_ln − v, the pair weights) is compute
 before it and cut into per-segment views, one op per group; inside it B·H is one batch dim, so
 every product is one bmm / baddbmm (a bias or a start term folded in), and σ'(z) ⊙ grad is the
 activation's own backward op. `compile_loop` opts in to torch.compile of the gd / momentum loop
-body; the default is eager.
+body; the default is eager. `checkpoint_chain(k)` keeps the state for the backward only every k
+segments (each block's loop and readout recomputed): the per-segment states are what fills a GPU for
+a wide MLP memory.
 
 Mini-batches stay aligned to the sequence start; a state with offset > 0 continues its mini-batch
 from the carried anchor θ₀. The result equals `recurrent` with the same b exactly (float64 to

@@ -13,6 +13,9 @@ Phases, in order (each writes its own file under --out, so a killed call keeps w
   check    per variant and model: `fw.chunk(..., backend="triton")` against the torch row in float64 on the same
            fp32 inputs (B 2, T 75 — odd, a ragged last mini-batch — H 2, D 64 and 128): the largest relative error of
            the output, the final state and every input's gradient (NaN counts as an error of inf);
+  peak     Titans, OmegaNet and ATLAS (`fw.chunk`, the rows "auto" picks) at each shape: forward + backward ms and
+           torch.cuda.max_memory_allocated, with and without `minibatch.checkpoint_chain(k)` (--chain k), one process
+           per (model, shape, k) so an out-of-memory row is a result and frees everything;
   time     `fw.chunk` forward and forward + backward per (shape, model, variant), bf16, median of --repeats after one
            warm call (bench.speed's cases), with gated DeltaNet's Triton row and fla's `chunk_ttt_linear` (when fla
            is importable; the peer, installed only on the GPU machine) on the same inputs in the same process.
@@ -153,6 +156,50 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+PEAK_MODELS = ("titans", "omeganet", "atlas")
+
+
+def peak_one(spec: str) -> None:
+    """(the peak phase's worker) "model:shape:k": one fwd+bwd row, printed as one JSON line."""
+    import torch
+
+    from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
+    from fastweights.chunkwise import minibatch
+
+    model, shape, k = spec.split(":")
+    row = dict(model=model, shape=shape, chain=int(k))
+    try:
+        minibatch.checkpoint_chain(int(k))
+        run, leaves = fastweights_case(model, "chunk", *SHAPES[shape], torch.bfloat16, "cuda", 64)
+        _, fb = fwd_bwd(run, leaves)
+        fb()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        row["fwdbwd_ms"] = median_ms(fb, torch.device("cuda"), 1, 3)
+        row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    except torch.OutOfMemoryError as e:
+        row["error"] = f"out of memory: {str(e).splitlines()[0][:200]}"
+    except Exception as e:  # a row that fails is a result
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    print("PEAK " + json.dumps(row), flush=True)
+
+
+def phase_peak(out, chains):
+    results = []
+    for model in PEAK_MODELS:
+        for shape in SHAPES:
+            for k in chains:
+                p = subprocess.run([sys.executable, __file__, "--peak-one", f"{model}:{shape}:{k}"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=900)
+                rows = [json.loads(line[5:]) for line in p.stdout.splitlines() if line.startswith("PEAK ")]
+                row = rows[0] if rows else dict(model=model, shape=shape, chain=k,
+                                                error=f"exit {p.returncode}: {p.stderr[-300:]}")
+                results.append(row)
+                print("peak", json.dumps(row), flush=True)
+                with open(os.path.join(out, "peak.json"), "w") as f:
+                    json.dump(results, f, indent=1)
+
+
 def phase_check(variants, out):
     import torch
 
@@ -222,7 +269,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/memories")
     ap.add_argument("--phases", nargs="+", default=["compile", "check", "time"],
-                    choices=["warm", "compile", "check", "time"])
+                    choices=["warm", "compile", "check", "time", "peak"])
+    ap.add_argument("--chain", nargs="+", type=int, default=[0, 4],
+                    help="the peak phase's checkpoint_chain values (0: off)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
@@ -230,6 +279,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
     ap.add_argument("--warm-one", metavar="SHAPE", help=argparse.SUPPRESS)
+    ap.add_argument("--peak-one", metavar="SPEC", help=argparse.SUPPRESS)
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     MODELS, SHAPES = tuple(a.models), {s: SHAPES[s] for s in a.shapes}
@@ -237,11 +287,15 @@ def main():
         return compile_one(a.compile_one)
     if a.warm_one:
         return warm_one(a.warm_one)
+    if a.peak_one:
+        return peak_one(a.peak_one)
     os.makedirs(a.out, exist_ok=True)
     variants = [_variant(v) for v in a.variants]
     for phase in a.phases:
         if phase == "warm":
             phase_warm(a.out)
+        elif phase == "peak":
+            phase_peak(a.out, a.chain)
         elif phase == "compile":
             phase_compile(a.variants, a.out)
         elif phase == "check":

@@ -57,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
 from ..chunkwise.common import under_functorch
-from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, init_state
+from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, check_like, init_state
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -68,7 +68,7 @@ from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
 from .routing import describe_routes, layer_op_row
 from .segments import Packing, RowStates, Segments, cat_rows, split_rows
-from .state import MixerState, state_bytes
+from .state import MixerState, state_bytes, state_tensors
 
 Tensor = torch.Tensor
 
@@ -707,6 +707,9 @@ class MemoryMixer(nn.Module):
             raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
         if state is not None and not isinstance(state, MixerState):
             raise MixerError(f"state must be a MixerState, got {type(state).__name__}")
+        if state is not None and not torch.compiler.is_compiling():  # (under compile: the guards)
+            for path, t in state_tensors(state):
+                check_like(path, t, x, "x", dtype=False)
         if segments is not None and (not isinstance(segments, Segments) or tuple(segments.doc.shape) != x.shape[:2]):
             raise MixerError(f"segments must be a Segments over x's [B, T] = {list(x.shape[:2])}")
         output_state = output_state or state is not None
@@ -741,6 +744,7 @@ class MemoryMixer(nn.Module):
 
     def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool, seg: Segments | None,
              cp=None):
+        check_like("x", x, self.q_proj.weight, "the layer's parameters")
         B, T, _ = x.shape
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n

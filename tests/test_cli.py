@@ -202,3 +202,19 @@ def test_eval_hands_lm_evals_other_commands_through_unchecked(monkeypatch):
     for argv in (["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]):
         assert cli.main(["eval", *argv]) == 0
     assert seen == [["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]]
+
+
+def test_python_dash_m_fastweights_is_the_console_script(monkeypatch):
+    """`python -m fastweights` ran nothing: 'fastweights' is a package and cannot be directly executed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(cli.__file__).resolve().parents[1])
+    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    got = subprocess.run([sys.executable, "-m", "fastweights", "--help"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == cli.build_parser().format_help()

@@ -197,6 +197,16 @@ def test_a_tokenizer_directory_without_a_tokenizer_names_it_and_the_files(tmp_pa
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
 
 
+def test_an_empty_tokenizer_is_refused_not_read_as_the_current_directory(tmp_path, text, capsys, monkeypatch):
+    """--tokenizer '' was the current directory: a tokenizer saved there was taken without a word."""
+    _saved_model(tmp_path / "m")  # a directory holding a tokenizer, made the current directory
+    monkeypatch.chdir(tmp_path / "m")
+    for blank in ("", "  "):
+        assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer", blank]) == 2
+        _one_line(capsys, "error: --tokenizer is empty; expected 'bytes' or a local tokenizer directory")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_fastweights_checkpoint_is_a_tokenizer_directory(tmp_path):
     from fastweights.pretrain.data import check_tokenizer, load_tokenizer
 

@@ -313,7 +313,15 @@ def check_device(name: str, device, *, present: bool = True) -> torch.device | N
             _fail(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type not in ("cpu", "meta", "mps", "xpu"):
         _fail(f"{name}={device!r}: device type {dev.type!r} is not supported here (cpu or cuda)")
+    elif present and dev.type in ("mps", "xpu") and not _has_device_type(dev.type):
+        _fail(f"{name}={device!r}: this torch build sees no {dev.type} device")
     return dev
+
+
+def _has_device_type(kind: str) -> bool:
+    """Whether this machine has an mps or xpu device (torch.backends.mps / torch.xpu)."""
+    module = torch.backends.mps if kind == "mps" else getattr(torch, "xpu", None)
+    return bool(module is not None and module.is_available())
 
 
 #: the dtypes torch.autocast casts to its compute dtype (float64 and the rest it leaves as they are)

@@ -345,10 +345,13 @@ class MixerConfig:
         self._check_preset(r, p)
         try:  # the names only: whether a backend serves a device is each call's question
             dispatch.check_backend(r, self.resolved_form, self.backend)
-            for op in dispatch.LAYER_OPS:
-                dispatch.check_backend(None, op, self.layer_ops)
         except dispatch.BackendNotAvailable as e:
             raise MixerError(str(e)) from None
+        try:
+            for op in dispatch.LAYER_OPS:
+                dispatch.check_backend(None, op, self.layer_ops)
+        except dispatch.BackendNotAvailable as e:  # (its message speaks of "backend": say which argument)
+            raise MixerError(f"layer_ops: {e}") from None
 
     @staticmethod
     def _check_preset(r: Recipe, p: MixerPreset):

@@ -49,6 +49,9 @@ def cli_main(args) -> int:
 
     src, dst = Path(args.src), Path(args.dst)
     try:
+        for flag, value in (("SRC", args.src), ("DST", args.dst)):
+            if not value.strip():  # (Path("") is the current directory)
+                raise cliargs.ArgError(f"{flag} is empty; expected a checkpoint directory")
         if not src.is_dir():
             raise cliargs.ArgError(f"SRC {src}: no such checkpoint directory")
         if src.resolve() == dst.resolve():

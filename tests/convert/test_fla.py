@@ -307,6 +307,23 @@ def test_cli_names_integer_weights(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("direction", ["from-fla", "to-fla"])
+def test_cli_refuses_an_empty_src_or_dst(direction, tmp_path, capsys, monkeypatch):
+    """DST '' converted into the current directory (exit 0), writing config.json and model.safetensors there."""
+    src = tmp_path / "src"
+    if direction == "from-fla":
+        _fla_dir(src)
+    else:
+        random_lm(MODELS["gla"]).save_pretrained(src)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    for argv, flag in (([str(src), ""], "DST"), (["  ", "out"], "SRC")):
+        assert main(["convert", direction, *argv]) == 2
+        cap = capsys.readouterr()
+        assert cap.err.strip().splitlines() == [f"error: {flag} is empty; expected a checkpoint directory"], cap.err
+    assert not list((tmp_path / "cwd").iterdir())
+
+
+@pytest.mark.parametrize("direction", ["from-fla", "to-fla"])
 def test_cli_never_writes_over_its_source(direction, tmp_path, capsys):
     d = tmp_path / "src"
     if direction == "from-fla":

@@ -57,7 +57,16 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
 from ..chunkwise.common import under_functorch
-from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, check_like, init_state
+from ..inputs import (
+    PER_HEAD_INPUTS,
+    accepted_inputs,
+    check_device,
+    check_dtype,
+    check_flag,
+    check_int,
+    check_like,
+    init_state,
+)
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -644,7 +653,9 @@ class MemoryMixer(nn.Module):
         """The state before any token: the memory a decode would carry (zeros; the MLP memory's
         initial weights; an empty KV cache) and zero conv tails."""
         w = self.q_proj.weight
-        dtype, device = dtype or w.dtype, device or w.device
+        check_int("batch_size", batch_size, low=0)
+        dtype = w.dtype if dtype is None else check_dtype("dtype", dtype)
+        device = w.device if device is None else check_device("device", device)
         B, r = batch_size, self.recipe
         if r.is_softmax:
             memory = empty_cache(r, B, self.H, self.Hkv, self.K, self.V, dtype=dtype, device=device,
@@ -670,6 +681,7 @@ class MemoryMixer(nn.Module):
         """Bytes of the recurrent state for `batch_size` sequences (memory in fp32, conv tails in the
         parameters' dtype). Fast-weight memories: constant. Softmax side: the KV cache after
         `seq_len` tokens (k, v in the parameters' dtype, c in fp32)."""
+        check_int("seq_len", seq_len, low=0)
         st = self.init_state(batch_size, device="meta")
         size = state_bytes(st)
         if self.is_softmax:
@@ -749,6 +761,8 @@ class MemoryMixer(nn.Module):
              cp=None):
         check_like("x", x, self.q_proj.weight, "the layer's parameters")
         B, T, _ = x.shape
+        if B == 0 or T == 0:
+            raise MixerError(f"x must hold at least one sequence and one position, got shape {list(x.shape)}")
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
         pos = state.position if state is not None else (cp.offset if cp is not None else 0)

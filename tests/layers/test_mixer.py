@@ -260,6 +260,23 @@ def test_inputs_on_another_device_or_dtype_are_named():
         meta(x)
 
 
+@pytest.mark.parametrize("name", ["gated_deltanet", "softmax_attention"])
+def test_empty_inputs_and_bad_state_arguments_are_named(name):
+    """x with no sequence or no position was torch's raw 'cannot reshape tensor of 0 elements'; init_state(dtype=
+    "float32") torch's 'zeros(): argument dtype must be torch.dtype'; state_size(seq_len=-5) was answered."""
+    m = MemoryMixer(16, name, 2, head_dim=8)
+    for shape in ((2, 0, 16), (0, 3, 16)):
+        with pytest.raises(MixerError, match=rf"^x must hold at least one sequence and one position, got shape "
+                                             rf"\{list(shape)}"):
+            m(torch.randn(*shape))
+    with pytest.raises(fw.InputError, match="^dtype must be a torch.dtype, e.g. torch.float32, got the string"):
+        m.init_state(2, dtype="float32")
+    with pytest.raises(fw.InputError, match="^batch_size must be an int ≥ 0, got -1"):
+        m.init_state(-1)
+    with pytest.raises(fw.InputError, match="^seq_len must be an int ≥ 0, got -5"):
+        m.state_size(2, -5)
+
+
 def test_autocast_takes_inputs_it_casts_and_names_those_it_does_not():
     """Under bf16 autocast a float32 layer computes in bf16: x in float32, bfloat16 or float16 is cast to bf16
     by the first matmul (the same output for the same values); float64, which autocast never casts, is named."""

@@ -201,8 +201,9 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     acc = accepted_inputs(recipe)
     for name in inputs:
         if name not in acc:
-            extra = f"; {recipe.name} takes {', '.join(acc) or 'no further inputs'}"
-            _fail(f"unexpected input {name!r}{extra}")
+            other = _FORM_ARGUMENTS.get(name)
+            where = f" (an argument of fastweights.{other} only, not of this form)" if other else ""
+            _fail(f"unexpected input {name!r}{where}; {recipe.name} takes {', '.join(acc) or 'no further inputs'}")
     for name, required in acc.items():
         if required and inputs.get(name) is None:
             _fail(f"{recipe.name} requires the input {name!r} ({_INPUT_DOC[name]})")
@@ -232,6 +233,10 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
             check_tensor(name, inputs[name], (H, V), values=values, device=q.device)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf, Hq=Hq)
 
+
+#: keyword arguments of one form that reach another form as unexpected inputs: the form that takes them
+_FORM_ARGUMENTS = {"cu_seqlens": "chunk", "chunk_size": "chunk", "mesa_solve": "chunk", "cg_steps": "chunk",
+                   "inner_grad": "recurrent"}
 
 _INPUT_DOC = {
     "g": "log-retention, fp32, ≤ 0: [B, T, H] scalar or [B, T, H, K] diagonal",

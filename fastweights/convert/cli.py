@@ -24,8 +24,11 @@ from pathlib import Path
 
 
 def add_cli(sub) -> None:
+    import argparse
+
     c = sub.add_parser("convert", help="convert checkpoints to and from flash-linear-attention (fla) and "
-                       "transformers' Mamba2", description=__doc__)
+                       "transformers' Mamba2", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # (the doc's columns kept)
     c.add_argument("direction", choices=["from-fla", "to-fla", "to-transformers"],
                    help="from-fla: fla (or transformers Mamba2) checkpoint -> fastweights; to-fla: fastweights "
                         "checkpoint -> fla; to-transformers: fastweights Mamba2 checkpoint -> transformers' "

@@ -337,3 +337,13 @@ def test_cli_never_writes_over_its_source(direction, tmp_path, capsys):
         assert err == [f"error: DST {dst}: is SRC {d}; the conversion would write over its source, give another "
                        "directory"], err
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_help_keeps_the_commands_on_their_own_lines(capsys):
+    """`fastweights convert --help` reflowed the module doc's table of commands into one paragraph."""
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "--help"])
+    assert e.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for direction in ("from-fla SRC DST", "to-fla SRC DST", "to-transformers SRC DST"):
+        assert any(ln.strip().startswith(f"fastweights convert {direction}") for ln in lines), direction

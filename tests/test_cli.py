@@ -158,13 +158,17 @@ def test_eval_a_missing_local_dir_name_path_never_goes_to_the_hub(tmp_path, monk
     ("truncated", "error: --model_args pretrained={p}: {p}/model.safetensors is a corrupt or truncated safetensors "
                   "file"),
     ("config", "error: --model_args pretrained={p}: {p}/config.json is not JSON"),
+    # backend= was dropped without a word; device= gave lm-eval's "got multiple values for keyword argument 'device'"
+    ("backend", "error: --model_args backend=triton: the fastweights model is a causal LM (lm-eval's backend"),
+    ("device", "error: --model_args device=cpu: give the device once, as --device cpu"),
 ])
 def test_eval_bad_arguments_are_one_line_before_lm_eval(case, message, tmp_path, monkeypatch, capsys):
     import torch
 
     p = _checkpoint(tmp_path / "ckpt")
     args = {"dtype": ["--model_args", f"pretrained={p},dtype=int7"], "no pretrained": ["-a", "dtype=float32"],
-            "cuda": ["-a", f"pretrained={p}", "--device", "cuda"]}.get(case, ["-a", f"pretrained={p}"])
+            "cuda": ["-a", f"pretrained={p}", "--device", "cuda"], "backend": ["-a", f"pretrained={p},backend=triton"],
+            "device": ["-a", f"pretrained={p},device=cpu"]}.get(case, ["-a", f"pretrained={p}"])
     if case == "truncated":
         (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:20])
     if case == "config":

@@ -388,6 +388,14 @@ def _check_eval_args(args: list[str]) -> None:
         if not (isinstance(named, torch.dtype) and named.is_floating_point):
             raise ArgError(f"--model_args dtype={dtype}: expected auto or a floating torch dtype (float32, bfloat16, "
                            "float16, float64)")
+    if model == "fastweights":
+        backend = model_args.get("backend")
+        if backend is not None and backend != "causal":  # (the harness passes lm-eval backend="causal" itself)
+            raise ArgError(f"--model_args backend={backend}: the fastweights model is a causal LM (lm-eval's backend "
+                           "'causal', the only one it takes); the kernels' backend is routed per call (auto)")
+        if "device" in model_args:  # (lm-eval passes --device as the model's device: both gave a TypeError)
+            raise ArgError(f"--model_args device={model_args['device']}: give the device once, as --device "
+                           f"{model_args['device']}")
     device("--device", _eval_option(args, "--device"))
 
 

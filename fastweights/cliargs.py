@@ -149,7 +149,9 @@ def writable_dir(flag: str, path) -> Path:
 
 
 def file_path(flag: str, path) -> None:
-    """A path given for a file is not a directory (None: the flag was not given)."""
+    """A path given for a file is neither empty nor a directory (None: the flag was not given)."""
+    if path is not None and not str(path).strip():
+        raise ArgError(f"{flag} is empty; expected a file path")
     if path is not None and Path(path).is_dir():
         raise ArgError(f"{flag} {path}: is a directory, expected a file path")
 

@@ -37,7 +37,7 @@ from .state import KVCache, MemoryState, MesaState, compute_dtype
 Tensor = torch.Tensor
 
 __all__ = ["InputError", "InputTypeError", "Shapes", "accepted_inputs", "validate", "check_tensor", "check_data",
-           "check_dtype", "check_device", "check_positions", "check_flag", "check_int", "check_choice",
+           "check_dtype", "check_device", "check_like", "check_positions", "check_flag", "check_int", "check_choice",
            "example_inputs", "init_state", "PER_HEAD_INPUTS"]
 
 #: Inputs that are per head, not per token (no time dimension): split or pack only the others.
@@ -201,8 +201,9 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
     acc = accepted_inputs(recipe)
     for name in inputs:
         if name not in acc:
-            extra = f"; {recipe.name} takes {', '.join(acc) or 'no further inputs'}"
-            _fail(f"unexpected input {name!r}{extra}")
+            other = _FORM_ARGUMENTS.get(name)
+            where = f" (an argument of fastweights.{other} only, not of this form)" if other else ""
+            _fail(f"unexpected input {name!r}{where}; {recipe.name} takes {', '.join(acc) or 'no further inputs'}")
     for name, required in acc.items():
         if required and inputs.get(name) is None:
             _fail(f"{recipe.name} requires the input {name!r} ({_INPUT_DOC[name]})")
@@ -232,6 +233,10 @@ def validate(recipe: Recipe, q, k, v, inputs: dict, *, check_values: bool = True
             check_tensor(name, inputs[name], (H, V), values=values, device=q.device)
     return Shapes(B=B, T=T, H=H, K=K, V=V, n=n, Kf=Kf, Hq=Hq)
 
+
+#: keyword arguments of one form that reach another form as unexpected inputs: the form that takes them
+_FORM_ARGUMENTS = {"cu_seqlens": "chunk", "chunk_size": "chunk", "mesa_solve": "chunk", "cg_steps": "chunk",
+                   "inner_grad": "recurrent"}
 
 _INPUT_DOC = {
     "g": "log-retention, fp32, ≤ 0: [B, T, H] scalar or [B, T, H, K] diagonal",
@@ -313,7 +318,46 @@ def check_device(name: str, device, *, present: bool = True) -> torch.device | N
             _fail(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif dev.type not in ("cpu", "meta", "mps", "xpu"):
         _fail(f"{name}={device!r}: device type {dev.type!r} is not supported here (cpu or cuda)")
+    elif present and dev.type in ("mps", "xpu") and not _has_device_type(dev.type):
+        _fail(f"{name}={device!r}: this torch build sees no {dev.type} device")
     return dev
+
+
+def _has_device_type(kind: str) -> bool:
+    """Whether this machine has an mps or xpu device (torch.backends.mps / torch.xpu)."""
+    module = torch.backends.mps if kind == "mps" else getattr(torch, "xpu", None)
+    return bool(module is not None and module.is_available())
+
+
+#: the dtypes torch.autocast casts to its compute dtype (float64 and the rest it leaves as they are)
+_AUTOCAST_CAST = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _computed_in(x: Tensor) -> torch.dtype:
+    """The dtype a matmul computes x in: under torch.autocast for x's device type, the autocast dtype for
+    the dtypes autocast casts (float32, float16, bfloat16); otherwise x's own."""
+    dev = x.device.type
+    if x.dtype in _AUTOCAST_CAST and torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def check_like(name: str, x: Tensor, like: Tensor, owner: str, *, dtype: bool = True) -> None:
+    """The one check that input x can meet a module's parameter `like` in one computation: on
+    like's device, and in like's dtype — or, under torch.autocast, in a dtype autocast computes as it
+    computes like (a float32 module fed bfloat16 under bf16 autocast is fine; float64 is never cast).
+    InputError (device) or InputTypeError (dtype) naming `name` and `owner` (e.g. "the layer's
+    parameters"); dtype=False: the device only. Skipped while torch.compile traces (its guards cover
+    device and dtype)."""
+    if torch.compiler.is_compiling():
+        return
+    if x.device != like.device:
+        _fail(f"{name} is on {x.device}, {owner} on {like.device}: move one (e.g. {name}.to({str(like.device)!r}))")
+    if dtype and x.dtype != like.dtype and _computed_in(x) != _computed_in(like):
+        ac = _computed_in(like) != like.dtype
+        raise InputTypeError(f"{name} is {x.dtype}, {owner} {like.dtype}"
+                             f"{f' (computed in {_computed_in(like)} under torch.autocast)' if ac else ''}: "
+                             f"convert one (e.g. {name}.to({like.dtype}))")
 
 
 def _mlp_dims(recipe: Recipe, K: int, V: int) -> list[tuple[int, int]]:

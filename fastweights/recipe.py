@@ -378,6 +378,13 @@ class Recipe:
                           ("optimizer", Optimizer), ("retention", Retention)):
             if not isinstance(getattr(self, attr), cls):
                 raise RecipeError(f"recipe.{attr} must be a {cls.__name__}, got {type(getattr(self, attr)).__name__}")
+        if not isinstance(self.name, str) or not self.name:
+            raise RecipeError(f"recipe.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.citation, str):
+            raise RecipeError(f"recipe.citation must be a string, got {self.citation!r}")
+        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, (int, float))
+                                       or not (math.isfinite(self.scale) and self.scale > 0)):
+            raise RecipeError(f"recipe.scale must be a finite number > 0 or None (K^-0.5), got {self.scale!r}")
         mem, fm, obj, opt, ret = self.memory, self.feature_map, self.objective, self.optimizer, self.retention
         # -- the softmax side: an unbounded cache read through the exp kernel
         if mem.kind == "kv":

@@ -158,13 +158,17 @@ def test_eval_a_missing_local_dir_name_path_never_goes_to_the_hub(tmp_path, monk
     ("truncated", "error: --model_args pretrained={p}: {p}/model.safetensors is a corrupt or truncated safetensors "
                   "file"),
     ("config", "error: --model_args pretrained={p}: {p}/config.json is not JSON"),
+    # backend= was dropped without a word; device= gave lm-eval's "got multiple values for keyword argument 'device'"
+    ("backend", "error: --model_args backend=triton: the fastweights model is a causal LM (lm-eval's backend"),
+    ("device", "error: --model_args device=cpu: give the device once, as --device cpu"),
 ])
 def test_eval_bad_arguments_are_one_line_before_lm_eval(case, message, tmp_path, monkeypatch, capsys):
     import torch
 
     p = _checkpoint(tmp_path / "ckpt")
     args = {"dtype": ["--model_args", f"pretrained={p},dtype=int7"], "no pretrained": ["-a", "dtype=float32"],
-            "cuda": ["-a", f"pretrained={p}", "--device", "cuda"]}.get(case, ["-a", f"pretrained={p}"])
+            "cuda": ["-a", f"pretrained={p}", "--device", "cuda"], "backend": ["-a", f"pretrained={p},backend=triton"],
+            "device": ["-a", f"pretrained={p},device=cpu"]}.get(case, ["-a", f"pretrained={p}"])
     if case == "truncated":
         (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:20])
     if case == "config":
@@ -202,3 +206,19 @@ def test_eval_hands_lm_evals_other_commands_through_unchecked(monkeypatch):
     for argv in (["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]):
         assert cli.main(["eval", *argv]) == 0
     assert seen == [["ls", "tasks"], ["validate", "--tasks", "t"], ["--help"]]
+
+
+def test_python_dash_m_fastweights_is_the_console_script(monkeypatch):
+    """`python -m fastweights` ran nothing: 'fastweights' is a package and cannot be directly executed."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(cli.__file__).resolve().parents[1])
+    env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    got = subprocess.run([sys.executable, "-m", "fastweights", "--help"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == cli.build_parser().format_help()

@@ -239,3 +239,14 @@ def test_meta_inputs_are_named_where_values_are_checked(form):
         form("gated_deltanet", **inp)
     out = form("gated_deltanet", **inp, check_values=False)
     assert out[0].device.type == "meta" and out[0].shape == _case()["v"].shape
+
+
+@pytest.mark.parametrize("form, kw, other", [(fw.recurrent, "cu_seqlens", "chunk"),
+                                             (fw.parallel, "chunk_size", "chunk"),
+                                             (fw.chunk, "inner_grad", "recurrent")])
+def test_another_forms_argument_says_which_form_takes_it(form, kw, other):
+    """fw.recurrent(..., cu_seqlens=...) said only "unexpected input 'cu_seqlens'; gated_deltanet takes g, beta"."""
+    value = torch.tensor([0, 10]) if kw == "cu_seqlens" else 4 if kw == "chunk_size" else "closed"
+    with pytest.raises(InputError, match=rf"^unexpected input '{kw}' \(an argument of fastweights.{other} only, not "
+                                         r"of this form\); gated_deltanet takes g, beta$"):
+        form("gated_deltanet", **_case(), **{kw: value})

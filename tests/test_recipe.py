@@ -113,3 +113,17 @@ def test_step_normalizer_counts_what_one_step_sums():
     assert zoo.get("deltanet").step_normalizer() == 1
     assert zoo.get("omeganet").step_normalizer() == 16 * 4 * 3  # b · c · ‖φ(k)‖² (1 + 1 + 1 for unit k)
     assert zoo.get("ttt_linear").step_normalizer() == 1  # the averaged mini-batch counts once
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("name", 3, "recipe.name must be a non-empty string, got 3"),
+    ("name", "", "recipe.name must be a non-empty string, got ''"),
+    ("citation", 5, "recipe.citation must be a string, got 5"),
+    ("scale", -1.0, r"recipe.scale must be a finite number > 0 or None \(K\^-0.5\), got -1.0"),
+    ("scale", "x", r"recipe.scale must be a finite number > 0 or None \(K\^-0.5\), got 'x'"),
+])
+def test_name_citation_and_scale_are_checked(field, value, message):
+    """Recipe(name=3), Recipe(scale=-1.0) and Recipe(scale='x') were accepted (a negative default scale flips every
+    query; 'x' failed deep inside a call)."""
+    with pytest.raises(RecipeError, match="^" + message + "$"):
+        Recipe(**{field: value})

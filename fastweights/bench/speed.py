@@ -256,6 +256,9 @@ def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, re
     for f in forms:
         if f not in FORMS:
             raise ca.ArgError(f"--forms: unknown form {f!r}; forms: {', '.join(FORMS)}")
+    if not any(f.split("_")[0] in api.forms(m) for m in models for f in forms):
+        raise ca.ArgError(f"no row to run: {', '.join(models)} ha{'s' if len(models) == 1 else 've'} no "
+                          f"{'/'.join(forms)} form (check --models and --forms)")
     if not lengths:
         raise ca.ArgError("--lengths needs at least one sequence length")
     for flag, v in (("--lengths", list(lengths)), ("--batch", B), ("--heads", H), ("--dim", D),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import InputError
+from ..inputs import InputError, check_data
 
 Tensor = torch.Tensor
 
@@ -123,6 +123,7 @@ def check_cu_seqlens(cu_seqlens, B: int, T: int) -> list[int]:
         raise InputError(f"cu_seqlens must have an integer dtype, got {cu_seqlens.dtype}")
     if B != 1:
         raise InputError(f"with cu_seqlens the sequences are packed along T and the batch must be 1, got B={B}")
+    check_data("cu_seqlens", cu_seqlens, hint=" (its boundaries are read on the host, check_values or not)")
     cu = [int(x) for x in cu_seqlens.tolist()]
     if cu[0] != 0 or cu[-1] != T:
         raise InputError(f"cu_seqlens must start at 0 and end at T={T}, got {cu[0]} … {cu[-1]}")

@@ -24,8 +24,11 @@ from pathlib import Path
 
 
 def add_cli(sub) -> None:
+    import argparse
+
     c = sub.add_parser("convert", help="convert checkpoints to and from flash-linear-attention (fla) and "
-                       "transformers' Mamba2", description=__doc__)
+                       "transformers' Mamba2", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # (the doc's columns kept)
     c.add_argument("direction", choices=["from-fla", "to-fla", "to-transformers"],
                    help="from-fla: fla (or transformers Mamba2) checkpoint -> fastweights; to-fla: fastweights "
                         "checkpoint -> fla; to-transformers: fastweights Mamba2 checkpoint -> transformers' "
@@ -49,6 +52,9 @@ def cli_main(args) -> int:
 
     src, dst = Path(args.src), Path(args.dst)
     try:
+        for flag, value in (("SRC", args.src), ("DST", args.dst)):
+            if not value.strip():  # (Path("") is the current directory)
+                raise cliargs.ArgError(f"{flag} is empty; expected a checkpoint directory")
         if not src.is_dir():
             raise cliargs.ArgError(f"SRC {src}: no such checkpoint directory")
         if src.resolve() == dst.resolve():

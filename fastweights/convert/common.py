@@ -90,11 +90,17 @@ def check_run_args(what: str, mixer_kwargs: dict) -> None:
                                   f"pass only {', '.join(RUN_ARGS)} (how the mixer runs)")
 
 
-def json_float(x) -> float:
-    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}."""
-    if isinstance(x, dict) and set(x) == {"__float__"}:
-        return float(x["__float__"])
-    return float(x)
+def json_float(x, name: str = "a config field") -> float:
+    """A float from config.json: transformers writes ±inf and nan as {"__float__": "Infinity"}; a number
+    or that form only (ConversionError naming `name` otherwise: a string such as "1" is not read)."""
+    if isinstance(x, dict) and set(x) == {"__float__"} and isinstance(x["__float__"], str):
+        try:
+            return float(x["__float__"])
+        except ValueError:
+            pass
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    raise ConversionError(f"{name} holds {x!r}, expected a number")
 
 
 def copy_weight(dst: Tensor, src: Tensor, name: str) -> None:

@@ -56,6 +56,7 @@ from ..recipe import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from ..zoo import ZOO, resolve
 from .common import FORWARD_FIELDS, ConversionError, json_float, read_json, read_weights
 from .mamba2 import (
+    TRANSFORMERS_MAMBA2_DEFAULTS,
     Mamba2Dims,
     check_mamba2_options,
     fla_fields,
@@ -253,7 +254,7 @@ def _plan_linear(model: str, c: dict[str, Any]) -> LayerPlan:
         return LayerPlan("gla", Hq, Hq, K, V, p, names)
     if model == "mamba2":
         check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"],
-                             dt_limit=[json_float(x) for x in c["dt_limit"]], what="fla mamba2",
+                             dt_limit=[json_float(x, "dt_limit") for x in c["dt_limit"]], what="fla mamba2",
                              D_has_hdim=c["D_has_hdim"], rmsnorm=c["rmsnorm"])
         P, N = c["head_dim"], c["state_size"]
         H = _int_dim(c["expand"] * d / P, model, "expand·hidden_size / head_dim")
@@ -334,8 +335,41 @@ def _filled(c: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if model not in FLA_MODEL_TYPES:
         raise ConversionError(f"fla model_type {model!r} is not converted; supported: {', '.join(FLA_MODEL_TYPES)}")
     if model == "mamba2" and mamba2_layout(c) == "transformers":  # transformers' own Mamba2: its names and defaults
+        _check_field_types("transformers' Mamba2Config", {**TRANSFORMERS_MAMBA2_DEFAULTS, **c},
+                           TRANSFORMERS_MAMBA2_DEFAULTS)
         c = fla_fields(c)
-    return model, {**_COMMON, **_DEFAULTS[model], **c}
+    c = {**_COMMON, **_DEFAULTS[model], **c}
+    _check_field_types(f"fla {model} config", c, {**_COMMON, **_DEFAULTS[model]})
+    return model, c
+
+
+#: fields fla types Optional although their default is not None
+_NULLABLE = frozenset({"hidden_ratio"})
+
+
+def _check_field_types(what: str, c: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Every field of config `c` with a default holds the JSON type of its default (a bool for a bool, a
+    number for a number, a string for a string, a list for a tuple; null only where the default is);
+    vocab_size, hidden_size and num_hidden_layers are positive integers. ConversionError naming the field."""
+    for key, default in defaults.items():
+        v = c[key]
+        if default is None or (v is None and key in _NULLABLE):
+            continue
+        if isinstance(default, bool):
+            ok, want = isinstance(v, bool), "true or false"
+        elif isinstance(default, (int, float)):
+            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        elif isinstance(default, str):
+            ok, want = isinstance(v, str), "a string"
+        else:
+            ok, want = isinstance(v, (list, tuple)), "a list"
+        if not ok:
+            raise ConversionError(f"{what}: {key}={v!r}, expected {want}")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers"):
+        v = c.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConversionError(f"{what}: {key}={v!r}, expected a positive integer"
+                                  f"{' (the field is missing)' if key not in c else ''}")
 
 
 def _layer_plans(model: str, c: dict[str, Any]) -> list[LayerPlan]:
@@ -345,7 +379,14 @@ def _layer_plans(model: str, c: dict[str, Any]) -> list[LayerPlan]:
     specs = [] if attn is None else ([attn] if isinstance(attn, dict) else list(attn))
     by_layer: dict[int, dict] = {}
     for s in specs:
-        for i in s["layers"]:
+        layers = s.get("layers") if isinstance(s, dict) else None
+        _need(isinstance(layers, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers),
+              model, f"attn must be {{'layers': [layer indices], 'num_heads': ..., ...}} (or a list of them), "
+              f"got {s!r}")
+        heads = s.get("num_heads")
+        _need(isinstance(heads, int) and not isinstance(heads, bool) and heads > 0, model,
+              f"attn's num_heads={heads!r}, expected a positive integer")
+        for i in layers:
             _need(0 <= i < n and i not in by_layer, model, f"attn layer {i} is out of range or given twice")
             by_layer[i] = s
     _need(model != "mamba2" or not by_layer, model, "hybrid attn layers in a Mamba2 model are not converted")
@@ -414,7 +455,8 @@ def _lm_config(model: str, c: dict[str, Any], plans: list[LayerPlan]) -> LMConfi
         _need(c["hidden_act"] == "swish", model, f"hidden_act={c['hidden_act']!r}: the MLP must be SwiGLU ('swish')")
         hidden = c.get("intermediate_size")
         if hidden is None:  # fla's GatedMLP: 2/3·hidden_ratio·d rounded up to a multiple of 256
-            hidden = int(c["hidden_size"] * c["hidden_ratio"] * 2 / 3)
+            ratio = 4 if c["hidden_ratio"] is None else c["hidden_ratio"]  # (fla's GatedMLP: None -> 4)
+            hidden = int(c["hidden_size"] * ratio * 2 / 3)
             hidden = 256 * ((hidden + 255) // 256)
         mlp = "swiglu"
     H = own.H if own is not None else None
@@ -513,8 +555,10 @@ def _check_shapes(lm: LM, sd: dict[str, Tensor]) -> None:
         raise ConversionError(f"converted weights do not fit the LM: missing {missing[:8]}, unexpected {extra[:8]}")
     for k, v in want.items():
         if tuple(v.shape) != tuple(sd[k].shape):
-            raise ConversionError(f"{k}: the converted weight has shape {list(sd[k].shape)}, the LM's is "
-                                  f"{list(v.shape)}")
+            raise ConversionError(f"{k}: the converted weight has shape {list(sd[k].shape)}, the LM the config "
+                                  f"describes {list(v.shape)} (do the config's dims match the weights?)")
+        if not sd[k].is_floating_point():
+            raise ConversionError(f"{k}: the converted weight is {sd[k].dtype}, expected a floating dtype")
 
 
 # ---------------------------------------------------------------- fastweights -> fla
@@ -663,6 +707,10 @@ def read_fla_checkpoint(directory) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if not (d / "config.json").is_file():
         raise ConversionError(f"{d}: no config.json (an fla checkpoint is a save_pretrained directory)")
     config = read_json(d / "config.json")
+    try:
+        _layer_plans(*_filled(config))  # model_type, the fields' types, the layers: named with the file
+    except ConversionError as e:
+        raise ConversionError(f"{d / 'config.json'}: {e}") from None
     if (d / "model.safetensors").is_file():
         sd = read_weights(d / "model.safetensors")
     elif (d / "model.safetensors.index.json").is_file():

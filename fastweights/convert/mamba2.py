@@ -235,7 +235,7 @@ def fla_fields(config: dict[str, Any]) -> dict[str, Any]:
     layer_norm_epsilon -> norm_eps, time_step_limit -> dt_limit), after refusing, by transformers'
     names, what fastweights' mamba2 cannot compute."""
     c = {**TRANSFORMERS_MAMBA2_DEFAULTS, **config}
-    limit = [json_float(x) for x in c["time_step_limit"]]
+    limit = [json_float(x, "time_step_limit") for x in c["time_step_limit"]]
     check_mamba2_options(n_groups=c["n_groups"], use_bias=c["use_bias"], hidden_act=c["hidden_act"], dt_limit=limit,
                          what="transformers' Mamba2Config", dt_field="time_step_limit")
     heads = c["expand"] * c["hidden_size"] / c["head_dim"]

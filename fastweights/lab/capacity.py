@@ -650,7 +650,7 @@ def cli_main(args) -> int:
         cliargs.nonnegative("--seed", args.seed)
         cliargs.positive("--trials", args.trials)
         check_arguments(d_k=args.d_k, settings=settings, models=models, trials=args.trials)
-        if args.json:
+        if args.json is not None:  # ('' too: refused, never read as "not given")
             cliargs.writable_file("--json", args.json)
         cliargs.writable_dir("--out", args.out)
     except ValueError as e:

@@ -57,7 +57,16 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import api, dispatch
 from ..chunkwise.common import under_functorch
-from ..inputs import PER_HEAD_INPUTS, accepted_inputs, check_flag, init_state
+from ..inputs import (
+    PER_HEAD_INPUTS,
+    accepted_inputs,
+    check_device,
+    check_dtype,
+    check_flag,
+    check_int,
+    check_like,
+    init_state,
+)
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -68,7 +77,7 @@ from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
 from .rotary import apply_rope
 from .routing import describe_routes, layer_op_row
 from .segments import Packing, RowStates, Segments, cat_rows, split_rows
-from .state import MixerState, state_bytes
+from .state import MixerState, state_bytes, state_tensors
 
 Tensor = torch.Tensor
 
@@ -345,10 +354,13 @@ class MixerConfig:
         self._check_preset(r, p)
         try:  # the names only: whether a backend serves a device is each call's question
             dispatch.check_backend(r, self.resolved_form, self.backend)
-            for op in dispatch.LAYER_OPS:
-                dispatch.check_backend(None, op, self.layer_ops)
         except dispatch.BackendNotAvailable as e:
             raise MixerError(str(e)) from None
+        try:
+            for op in dispatch.LAYER_OPS:
+                dispatch.check_backend(None, op, self.layer_ops)
+        except dispatch.BackendNotAvailable as e:  # (its message speaks of "backend": say which argument)
+            raise MixerError(f"layer_ops: {e}") from None
 
     @staticmethod
     def _check_preset(r: Recipe, p: MixerPreset):
@@ -641,7 +653,9 @@ class MemoryMixer(nn.Module):
         """The state before any token: the memory a decode would carry (zeros; the MLP memory's
         initial weights; an empty KV cache) and zero conv tails."""
         w = self.q_proj.weight
-        dtype, device = dtype or w.dtype, device or w.device
+        check_int("batch_size", batch_size, low=0)
+        dtype = w.dtype if dtype is None else check_dtype("dtype", dtype)
+        device = w.device if device is None else check_device("device", device)
         B, r = batch_size, self.recipe
         if r.is_softmax:
             memory = empty_cache(r, B, self.H, self.Hkv, self.K, self.V, dtype=dtype, device=device,
@@ -667,6 +681,7 @@ class MemoryMixer(nn.Module):
         """Bytes of the recurrent state for `batch_size` sequences (memory in fp32, conv tails in the
         parameters' dtype). Fast-weight memories: constant. Softmax side: the KV cache after
         `seq_len` tokens (k, v in the parameters' dtype, c in fp32)."""
+        check_int("seq_len", seq_len, low=0)
         st = self.init_state(batch_size, device="meta")
         size = state_bytes(st)
         if self.is_softmax:
@@ -707,6 +722,9 @@ class MemoryMixer(nn.Module):
             raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
         if state is not None and not isinstance(state, MixerState):
             raise MixerError(f"state must be a MixerState, got {type(state).__name__}")
+        if state is not None and not torch.compiler.is_compiling():  # (under compile: the guards)
+            for path, t in state_tensors(state):
+                check_like(path, t, x, "x", dtype=False)
         if segments is not None and (not isinstance(segments, Segments) or tuple(segments.doc.shape) != x.shape[:2]):
             raise MixerError(f"segments must be a Segments over x's [B, T] = {list(x.shape[:2])}")
         output_state = output_state or state is not None
@@ -741,7 +759,10 @@ class MemoryMixer(nn.Module):
 
     def _mix(self, x: Tensor, state: MixerState | None, form: str, output_state: bool, seg: Segments | None,
              cp=None):
+        check_like("x", x, self.q_proj.weight, "the layer's parameters")
         B, T, _ = x.shape
+        if B == 0 or T == 0:
+            raise MixerError(f"x must hold at least one sequence and one position, got shape {list(x.shape)}")
         r, p = self.recipe, self.preset
         Hq, H, Hkv, K, V, n = self.Hq, self.H, self.Hkv, self.K, self.V, self.n
         pos = state.position if state is not None else (cp.offset if cp is not None else 0)

@@ -15,7 +15,7 @@ from ..state import KVCache, MemoryState, MesaState
 
 Tensor = torch.Tensor
 
-__all__ = ["MixerState", "state_bytes"]
+__all__ = ["MixerState", "state_bytes", "state_tensors"]
 
 
 @dataclass
@@ -42,19 +42,20 @@ class MixerState:
     kv_doc: Tensor | None = None
 
 
+def state_tensors(state, prefix: str = "state"):
+    """(path, tensor) of every tensor of a state, e.g. ("state.memory.weights[0]", S): its dataclass
+    fields and tuples walked in order."""
+    if isinstance(state, Tensor):
+        yield prefix, state
+    elif isinstance(state, tuple):
+        for i, y in enumerate(state):
+            yield from state_tensors(y, f"{prefix}[{i}]")
+    elif is_dataclass(state) and not isinstance(state, type):
+        for f in fields(state):
+            yield from state_tensors(getattr(state, f.name), f"{prefix}.{f.name}")
+
+
 def state_bytes(state) -> int:
     """Bytes held by every tensor of a state (each tensor counted once)."""
-    seen: dict[int, int] = {}
-
-    def visit(x):
-        if isinstance(x, Tensor):
-            seen.setdefault(id(x), x.numel() * x.element_size())
-        elif isinstance(x, tuple):
-            for y in x:
-                visit(y)
-        elif is_dataclass(x) and not isinstance(x, type):
-            for f in fields(x):
-                visit(getattr(x, f.name))
-
-    visit(state)
+    seen = {id(x): x.numel() * x.element_size() for _, x in state_tensors(state)}
     return sum(seen.values())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..inputs import InputError
 from .config import ConfigError, LMConfig
 
 __all__ = ["CheckpointError", "save_pretrained", "load_pretrained", "CONFIG_NAME", "WEIGHTS_NAME", "INDEX_NAME"]
@@ -104,6 +105,16 @@ def _shards(index_path: Path) -> list[Path]:
     return files
 
 
+def _check_backend_name(backend) -> None:
+    """None, "auto" or the name of a backend this installation has (whether it serves each layer is
+    the layer's check); InputError naming `backend` otherwise, before any file is read."""
+    from ..dispatch import DISPATCH
+
+    known = sorted({b for (_, _, b) in DISPATCH})
+    if backend is not None and (not isinstance(backend, str) or backend not in ("auto", *known)):
+        raise InputError(f"backend must be None, 'auto' or one of {known}, got {backend!r}")
+
+
 def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -111,6 +122,9 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
     from ..inputs import check_device
 
     device = check_device("device", device)  # (InputError naming it: not a device, or one this machine lacks)
+    _check_backend_name(backend)
+    if isinstance(directory, str) and not directory.strip():  # (Path("") is the current directory)
+        raise CheckpointError("the checkpoint directory is empty (''); expected a directory save_pretrained wrote")
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"{d}: no such checkpoint directory (save_pretrained writes {CONFIG_NAME} and "
@@ -151,7 +165,9 @@ def load_pretrained(cls, directory, *, device=None, backend: str | None = None):
                               f"{config.n_layers}: backends missing or extra for layers {lo}…{hi - 1}")
     try:
         model = cls(config, backends=tuple(backends))
-    except ValueError as e:  # a recorded backend this installation does not know
+    except ValueError as e:  # a recorded backend this installation does not know, or the one asked for
+        if backend is not None:
+            raise InputError(f"backend={backend!r}: {e}") from None
         raise CheckpointError(f"{cfg_path}: {e}") from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inputs import InputError, InputTypeError, check_data, check_flag, check_int
+from ..inputs import InputError, InputTypeError, check_data, check_flag, check_int, check_like
 from ..layers.mixer import MemoryMixer
 from ..layers.norm import RMSNorm
 from ..layers.segments import RowStates, Segments
@@ -208,8 +208,7 @@ class LM(nn.Module):
             raise GenerationError(f"{name} must hold at least one sequence (a batch of 0 rows: {list(ids.shape)})")
         if ids.shape[1] == 0:
             raise GenerationError(f"{name} must hold at least one token")
-        if ids.device != self.embed.weight.device:
-            raise GenerationError(f"{name} is on {ids.device}, the model on {self.embed.weight.device}: move one")
+        check_like(name, ids, self.embed.weight, "the model", dtype=False)
         if values and not (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
             check_data(name, ids, hint="")
             lo, hi = torch.aminmax(ids)
@@ -250,10 +249,9 @@ class LM(nn.Module):
     def _embed(self, input_ids: Tensor | None, inputs_embeds: Tensor | None, name: str = "input_ids",
                attention_mask: Tensor | None = None) -> Tensor:
         """h_0 [B, T, d_model]: Embed(input_ids), or inputs_embeds as given (exactly one of the two;
-        checked: ids as `_check_ids`, embeddings a floating tensor [B, T, d_model] in the
-        embedding's dtype, on its device). Padding positions (attention_mask [B, T] == 0) are never
-        read: their ids may be anything (a tokenizer's pad id past the vocabulary, e.g. the byte
-        tokenizer's 256 with a 256-token model); one outside the vocabulary is embedded as id 0."""
+        checked: ids as `_check_ids`, embeddings as `_check_embeds`). Padding positions (attention_mask
+        [B, T] == 0) are never read: their ids may be anything (a tokenizer's pad id past the vocabulary,
+        e.g. the byte tokenizer's 256 with a 256-token model); one outside the vocabulary is embedded as id 0."""
         if isinstance(attention_mask, Tensor) and isinstance(input_ids, Tensor) and \
                 attention_mask.shape == input_ids.shape:
             outside = (input_ids < 0) | (input_ids >= self.config.vocab_size)
@@ -282,10 +280,9 @@ class LM(nn.Module):
                                   f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}")
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise GenerationError(f"{name} must hold at least one sequence and one position, got {list(x.shape)}")
-        if x.dtype != w.dtype:
+        if x.dtype != w.dtype:  # also under autocast: the residual stream keeps the embedding's dtype
             raise GenerationError(f"{name} is {x.dtype}, the model's embedding {w.dtype}: convert one")
-        if x.device != w.device:
-            raise GenerationError(f"{name} is on {x.device}, the model on {w.device}: move one")
+        check_like(name, x, w, "the model's embedding", dtype=False)
 
     def _hidden(self, h: Tensor, form: str | None, segments: Segments | None, context=None) -> Tensor:
         """The blocks over h_0 [B, T, d] (checkpointed as set)."""

@@ -109,7 +109,14 @@ class PretrainConfig:
     def __post_init__(self):
         if isinstance(self.data, (str, Path)):
             self.data = [str(self.data)]
+        if not isinstance(self.data, (list, tuple)) or not all(isinstance(d, (str, Path)) for d in self.data):
+            raise ConfigFileError(f"data must be a path or a list of paths (strings), got {self.data!r}")
         self.data = [str(d) for d in self.data]
+        if isinstance(self.out, Path):
+            self.out = str(self.out)
+        for name, what in (("out", "a run directory"), ("tokenizer", "'bytes' or a tokenizer directory")):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigFileError(f"{name} must be a string ({what}), got {getattr(self, name)!r}")
         for name in ("seq_len", "batch_size", "grad_accum", "steps", "val_every", "val_batches", "save_every",
                      "log_every", "context_parallel"):
             v = getattr(self, name)

@@ -95,6 +95,8 @@ def check_tokenizer(spec: str) -> None:
     TOKENIZER_FILES, or a fastweights checkpoint's config.json), without loading it."""
     if spec == "bytes":
         return
+    if not spec.strip():  # (Path("") is the current directory: a tokenizer found there would be taken)
+        raise DataError("--tokenizer is empty; expected 'bytes' or a local tokenizer directory")
     path = Path(spec)
     if not path.is_dir():
         raise DataError(f"--tokenizer must be 'bytes' or a local tokenizer directory, got {spec!r} (not a directory)")

@@ -51,6 +51,16 @@ def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, caps
     assert not (tmp_path / "x").exists()
 
 
+def test_models_without_any_of_the_forms_are_refused_not_an_empty_table(tmp_path, capsys):
+    """softmax_attention has no chunk form: the run wrote a table of 0 rows and exited 0."""
+    assert cli.main(["bench", "speed", "--models", "softmax_attention", "--forms", "chunk", "chunk_compile",
+                     "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: no row to run: softmax_attention has no chunk/chunk_compile form (check --models and "
+                   "--forms)"], err
+    assert not (tmp_path / "x").exists()
+
+
 def test_grouped_value_heads_reach_the_model_unexpanded(tmp_path, capsys):
     """--value-heads HV: q and k with --heads H, v, the gates and the output with HV heads, recorded per row."""
     from fastweights.bench.speed import bench_inputs

@@ -128,6 +128,16 @@ def test_bad_cu_seqlens_are_named():
                  initial_state=torch.zeros(1, 2, 8, 8), **x)
 
 
+@pytest.mark.parametrize("check_values", [True, False])
+def test_cu_seqlens_on_the_meta_device_is_named(check_values):
+    """Its boundaries are read on the host whatever check_values says: it was torch's raw NotImplementedError
+    'Cannot copy out of meta tensor; no data!'."""
+    x = fw.example_inputs("gated_deltanet", batch_size=1, seq_len=10)
+    with pytest.raises(fw.InputError, match=r"^cu_seqlens is on the meta device .*give it on cpu or cuda \(its "
+                                            r"boundaries are read on the host"):
+        fw.chunk("gated_deltanet", cu_seqlens=torch.tensor([0, 4, 10], device="meta"), check_values=check_values, **x)
+
+
 def test_compile_backend_matches_eager():
     inputs, state = make_case("gated_deltanet", T=20)
     inputs = {k: x.detach() for k, x in inputs.items()}

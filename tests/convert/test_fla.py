@@ -271,6 +271,58 @@ def test_cli_names_the_damaged_file_of_a_source(damage, message, tmp_path, capsy
     assert not (tmp_path / "fw" / "config.json").exists()
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_hidden_layers=None), "fla kda config: num_hidden_layers=None, expected a number"),
+    (dict(num_hidden_layers=1.5), "fla kda config: num_hidden_layers=1.5, expected a positive integer"),
+    (dict(vocab_size=None), "fla kda config: vocab_size=None, expected a positive integer"),
+    (dict(num_heads="2"), "fla kda config: num_heads='2', expected a number"),
+    (dict(use_short_conv="yes"), "fla kda config: use_short_conv='yes', expected true or false"),
+    (dict(attn={"layers": "0"}), "fla kda: attn must be {'layers': [layer indices]"),
+    (dict(attn={"layers": [0]}), "fla kda: attn's num_heads=None, expected a positive integer"),
+])
+def test_cli_names_config_fields_of_the_wrong_type(changes, message, tmp_path, capsys):
+    """A config.json field of the wrong JSON type (null layers, a string for a number or a bool, a malformed attn):
+    one line naming config.json and the field, status 2 (was a raw TypeError from deep in the converter)."""
+    d = tmp_path / "fla"
+    _fla_dir(d)
+    (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), **changes}))
+    assert main(["convert", "from-fla", str(d), str(tmp_path / "fw")]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {d}/config.json: {message}"), err
+    assert "Traceback" not in cap.err and not (tmp_path / "fw" / "config.json").exists()
+
+
+def test_cli_names_integer_weights(tmp_path, capsys):
+    """Integer weights (a damaged or quantised file): one line naming the weight (was torch's raw load_state_dict
+    RuntimeError, status 1)."""
+    from safetensors.torch import save_file
+
+    d = tmp_path / "fla"
+    sd = _fla_dir(d)
+    save_file({k: v.to(torch.int32) for k, v in sd.items()}, str(d / "model.safetensors"))
+    assert main(["convert", "from-fla", str(d), str(tmp_path / "fw")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("is torch.int32, expected a floating dtype"), err
+
+
+@pytest.mark.parametrize("direction", ["from-fla", "to-fla"])
+def test_cli_refuses_an_empty_src_or_dst(direction, tmp_path, capsys, monkeypatch):
+    """DST '' converted into the current directory (exit 0), writing config.json and model.safetensors there."""
+    src = tmp_path / "src"
+    if direction == "from-fla":
+        _fla_dir(src)
+    else:
+        random_lm(MODELS["gla"]).save_pretrained(src)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    for argv, flag in (([str(src), ""], "DST"), (["  ", "out"], "SRC")):
+        assert main(["convert", direction, *argv]) == 2
+        cap = capsys.readouterr()
+        assert cap.err.strip().splitlines() == [f"error: {flag} is empty; expected a checkpoint directory"], cap.err
+    assert not list((tmp_path / "cwd").iterdir())
+
+
 @pytest.mark.parametrize("direction", ["from-fla", "to-fla"])
 def test_cli_never_writes_over_its_source(direction, tmp_path, capsys):
     d = tmp_path / "src"
@@ -285,3 +337,13 @@ def test_cli_never_writes_over_its_source(direction, tmp_path, capsys):
         assert err == [f"error: DST {dst}: is SRC {d}; the conversion would write over its source, give another "
                        "directory"], err
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def test_help_keeps_the_commands_on_their_own_lines(capsys):
+    """`fastweights convert --help` reflowed the module doc's table of commands into one paragraph."""
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "--help"])
+    assert e.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for direction in ("from-fla SRC DST", "to-fla SRC DST", "to-transformers SRC DST"):
+        assert any(ln.strip().startswith(f"fastweights convert {direction}") for ln in lines), direction

@@ -95,6 +95,17 @@ def test_transformers_mamba2_fields_without_a_counterpart_are_refused_by_name(ch
         fla.from_fla(_hf_config(**changes), _weights())
 
 
+@pytest.mark.parametrize("changes,match", [
+    (dict(expand="2"), r"^transformers' Mamba2Config: expand='2', expected a number$"),  # was a raw TypeError
+    (dict(n_groups="1"), r"^transformers' Mamba2Config: n_groups='1', expected a number$"),
+    (dict(time_step_limit="x"), r"^transformers' Mamba2Config: time_step_limit='x', expected a list$"),
+    (dict(time_step_limit=[0.0, "x"]), r"^time_step_limit holds 'x', expected a number$"),  # was float()'s ValueError
+])
+def test_transformers_mamba2_fields_of_the_wrong_type_are_named(changes, match):
+    with pytest.raises(ConversionError, match=match):
+        fla.from_fla(_hf_config(**changes), _weights())
+
+
 def test_a_mamba2_config_of_neither_layout_is_refused():
     c = {k: v for k, v in _hf_config().items() if k in ("model_type", "vocab_size", "hidden_size", "head_dim",
                                                         "state_size", "expand", "num_hidden_layers")}

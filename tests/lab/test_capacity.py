@@ -208,3 +208,11 @@ def test_cli_writes_table_png_and_json(tmp_path, capsys):
 def test_cli_reports_a_bad_model(capsys, tmp_path):
     assert cli.main(["capacity", "--d-k", "16", "--models", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_cli_refuses_an_empty_json_path(blank, capsys, tmp_path):
+    """--json '' was read as "not given": the probe ran and no JSON was written, without a word."""
+    assert cli.main(["capacity", "--d-k", "16", "--models", "linear", "--out", str(tmp_path), "--json", blank]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.strip().splitlines() == ["error: --json is empty; expected a file path"] and not cap.out

@@ -49,8 +49,10 @@ def test_the_requested_backend_is_stored_and_the_routes_shown():
         MemoryMixer(32, "mesanet", 2, backend="compile")
     with pytest.raises(MixerError, match="unknown backend 'trition'"):
         MemoryMixer(32, "gla", 2, backend="trition")
-    with pytest.raises(MixerError, match="backend='compile' serves .*; it has no conv layer op"):
+    with pytest.raises(MixerError, match="^layer_ops: backend='compile' serves .*; it has no conv layer op"):
         MemoryMixer(32, "gla", 2, layer_ops="compile")
+    with pytest.raises(MixerError, match="^layer_ops: unknown backend 'bogus'"):  # (the argument was not named)
+        MemoryMixer(32, "gla", 2, layer_ops="bogus")
     with pytest.raises(MixerError, match="backend must be 'auto' or a backend name"):
         MemoryMixer(32, "gla", 2, backend=3)
 

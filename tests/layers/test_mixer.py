@@ -238,6 +238,58 @@ def test_overrides_and_errors():
         m(torch.randn(2, 5, 16), output_state="no")
 
 
+def test_inputs_on_another_device_or_dtype_are_named():
+    """x, or a state tensor, on another device or in a dtype the layer cannot compute with: one line naming it
+    (was torch's raw RuntimeError from inside the projection or the memory)."""
+    m = MemoryMixer(16, "gated_deltanet", 2, head_dim=8)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(fw.InputError, match=r"^x is on meta, the layer's parameters on cpu: move one"):
+        m(x.to("meta"))
+    for dt in (torch.float64, torch.bfloat16):
+        with pytest.raises(TypeError, match=rf"^x is {dt}, the layer's parameters torch.float32: convert one"):
+            m(x.to(dt))
+    with pytest.raises(fw.InputError, match=r"^state.memory is on meta, x on cpu: move one"):
+        m(x, m.init_state(2, device="meta"))
+    kv = MemoryMixer(16, "softmax_attention", 2, head_dim=8)
+    with pytest.raises(fw.InputError, match=r"^state.memory.k is on meta, x on cpu"):
+        kv(x, kv.init_state(2, device="meta"))
+    with torch.device("meta"):  # a meta layer still traces shapes on meta inputs
+        meta = MemoryMixer(16, "gated_deltanet", 2, head_dim=8)
+    assert meta(x.to("meta"))[0].shape == x.shape
+    with pytest.raises(fw.InputError, match=r"^x is on cpu, the layer's parameters on meta"):
+        meta(x)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "softmax_attention"])
+def test_empty_inputs_and_bad_state_arguments_are_named(name):
+    """x with no sequence or no position was torch's raw 'cannot reshape tensor of 0 elements'; init_state(dtype=
+    "float32") torch's 'zeros(): argument dtype must be torch.dtype'; state_size(seq_len=-5) was answered."""
+    m = MemoryMixer(16, name, 2, head_dim=8)
+    for shape in ((2, 0, 16), (0, 3, 16)):
+        with pytest.raises(MixerError, match=rf"^x must hold at least one sequence and one position, got shape "
+                                             rf"\{list(shape)}"):
+            m(torch.randn(*shape))
+    with pytest.raises(fw.InputError, match="^dtype must be a torch.dtype, e.g. torch.float32, got the string"):
+        m.init_state(2, dtype="float32")
+    with pytest.raises(fw.InputError, match="^batch_size must be an int ≥ 0, got -1"):
+        m.init_state(-1)
+    with pytest.raises(fw.InputError, match="^seq_len must be an int ≥ 0, got -5"):
+        m.state_size(2, -5)
+
+
+def test_autocast_takes_inputs_it_casts_and_names_those_it_does_not():
+    """Under bf16 autocast a float32 layer computes in bf16: x in float32, bfloat16 or float16 is cast to bf16
+    by the first matmul (the same output for the same values); float64, which autocast never casts, is named."""
+    m = MemoryMixer(16, "gated_deltanet", 2, head_dim=8)
+    x = torch.randn(2, 5, 16).bfloat16()  # values exact in every half dtype below
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ys = [m(x.to(dt))[0] for dt in (torch.bfloat16, torch.float32)]
+        with pytest.raises(TypeError, match=r"^x is torch.float64, the layer's parameters torch.float32 \(computed "
+                                            r"in torch.bfloat16 under torch.autocast\)"):
+            m(x.double())
+    assert all(y.dtype == torch.bfloat16 for y in ys) and torch.equal(ys[0], ys[1])
+
+
 def test_gate_initializations():
     gdn = MemoryMixer(16, "gated_deltanet", 4, head_dim=8)
     a_floor, a_max, dt_floor, dt_max = 1e-4, 16, 1e-4, 0.1  # MambaDecay's initial ranges (layers/gates.py)

@@ -2,6 +2,7 @@
 (weights, config, logits, dtype), and a clear CheckpointError for missing or corrupt files."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -109,6 +110,7 @@ def test_clear_errors(tmp_path):
     ("cuda", "device='cuda': CUDA is not available on this machine"),
     ("cuda:3", "device='cuda:3': CUDA is not available on this machine"),
     ("gpu", "device='gpu' is not a device"),
+    ("mps", "device='mps': this torch build sees no mps device"),  # (was torch's raw RuntimeError)
 ])
 def test_a_device_this_machine_lacks_is_an_input_error_naming_it(device, message, tmp_path, monkeypatch):
     """(It was torch's raw 'Torch not compiled with CUDA enabled' after reading the files.)"""
@@ -116,6 +118,24 @@ def test_a_device_this_machine_lacks_is_an_input_error_naming_it(device, message
 
     LM(tiny_config("gated_deltanet")).save_pretrained(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (the same answer on a GPU machine)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     with pytest.raises(InputError, match="^" + message.replace("(", r"\(")):
         LM.from_pretrained(tmp_path, device=device)
     assert {p.device.type for p in LM.from_pretrained(tmp_path, device="cpu").parameters()} == {"cpu"}
+
+
+def test_a_bad_backend_or_an_empty_directory_is_named_as_the_argument(tmp_path, monkeypatch):
+    """backend='bogus' was blamed on config.json ('fw/config.json: unknown backend'), backend=3 read as a
+    damaged 'backends' list of the file; '' was the current directory."""
+    from fastweights.inputs import InputError
+
+    LM(tiny_config("gated_deltanet")).save_pretrained(tmp_path / "m")
+    for backend in ("bogus", 3, ["torch"]):
+        with pytest.raises(InputError, match=r"^backend must be None, 'auto' or one of \['compile', 'torch', "
+                                             rf"'triton'\], got {re.escape(repr(backend))}$"):
+            LM.from_pretrained(tmp_path / "m", backend=backend)
+    assert set(LM.from_pretrained(tmp_path / "m", backend="torch").backends) == {"torch"}
+    LM(tiny_config("gated_deltanet")).save_pretrained(tmp_path / "cwd")  # a checkpoint in the current directory
+    monkeypatch.chdir(tmp_path / "cwd")
+    with pytest.raises(CheckpointError, match=r"^the checkpoint directory is empty \(''\)"):
+        LM.from_pretrained("")

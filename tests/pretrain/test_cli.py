@@ -197,6 +197,33 @@ def test_a_tokenizer_directory_without_a_tokenizer_names_it_and_the_files(tmp_pa
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())
 
 
+def test_an_empty_tokenizer_is_refused_not_read_as_the_current_directory(tmp_path, text, capsys, monkeypatch):
+    """--tokenizer '' was the current directory: a tokenizer saved there was taken without a word."""
+    _saved_model(tmp_path / "m")  # a directory holding a tokenizer, made the current directory
+    monkeypatch.chdir(tmp_path / "m")
+    for blank in ("", "  "):
+        assert cli_main(["train", "--data", text, "--out", str(tmp_path / "run"), *TINY, "--tokenizer", blank]) == 2
+        _one_line(capsys, "error: --tokenizer is empty; expected 'bytes' or a local tokenizer directory")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("tokenizer = 5", "tokenizer must be a string ('bytes' or a tokenizer directory), got 5"),
+    ("data = 5", "data must be a path or a list of paths (strings), got 5"),
+    ("data = [true]", "data must be a path or a list of paths (strings), got [True]"),
+    ("out = 5", "out must be a string (a run directory), got 5"),
+])
+def test_config_file_settings_of_the_wrong_type_are_one_line(setting, message, tmp_path, capsys):
+    """`tokenizer = 5` and `data = 5` in --config were raw tracebacks (AttributeError, TypeError)."""
+    (tmp_path / "c.toml").write_text(setting + "\n", encoding="utf-8")
+    argv = ["train", "--config", str(tmp_path / "c.toml"), *TINY]
+    argv += [] if setting.startswith("data") else ["--data", str(tmp_path / "missing.txt")]
+    argv += [] if setting.startswith("out") else ["--out", str(tmp_path / "run")]
+    assert cli_main(argv) == 2
+    _one_line(capsys, f"error: {message}")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_fastweights_checkpoint_is_a_tokenizer_directory(tmp_path):
     from fastweights.pretrain.data import check_tokenizer, load_tokenizer
 

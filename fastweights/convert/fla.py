@@ -720,6 +720,9 @@ def read_fla_checkpoint(directory) -> tuple[dict[str, Any], dict[str, Tensor]]:
             raise ConversionError(f"{index_path}: no 'weight_map' (expected {{tensor name: shard file}})")
         sd = {}
         for shard in sorted(set(weight_map.values())):
+            if Path(shard).is_absolute() or Path(shard).name != shard:  # a shard is a file of the checkpoint itself
+                raise ConversionError(f"{index_path}: names the shard {shard!r}, which is not a file name in {d} "
+                                      "(a shard lies beside the index)")
             if not (d / shard).is_file():
                 raise ConversionError(f"{index_path}: names the shard {shard}, which is not in {d}")
             sd.update(read_weights(d / shard))

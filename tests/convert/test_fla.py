@@ -241,6 +241,8 @@ def _fla_dir(d, case="kda gva"):
                                  "file}})"),
     ("index naming a missing shard", "{d}/model.safetensors.index.json: names the shard b.safetensors, which is not "
                                      "in {d}"),
+    ("index naming a shard outside", "{d}/model.safetensors.index.json: names the shard '../outside.safetensors', "
+                                     "which is not a file name in {d}"),
     ("config not JSON", "{d}/config.json: not JSON"),
 ])
 def test_cli_names_the_damaged_file_of_a_source(damage, message, tmp_path, capsys):
@@ -256,6 +258,10 @@ def test_cli_names_the_damaged_file_of_a_source(damage, message, tmp_path, capsy
         w.unlink()
         torch.save(sd, d / "pytorch_model.bin")
         (d / "pytorch_model.bin").write_bytes((d / "pytorch_model.bin").read_bytes()[:200])
+    elif damage == "index naming a shard outside":  # a complete checkpoint, but outside the directory: not read
+        w.rename(tmp_path / "outside.safetensors")
+        (d / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {k: "../outside.safetensors" for k in sd}}))
     elif damage.startswith("index"):
         w.rename(d / "a.safetensors")
         index = {"metadata": {}} if damage == "index without weight_map" else {

@@ -131,6 +131,14 @@ def run_sweep_command(run):
         return None, 2
 
 
+def under_torchrun(flag: str, command: str) -> None:
+    """A flag that only means something among several ranks (`flag` as the user wrote it, e.g. "--ddp" or "--mode
+    ddp") refused outside torchrun (WORLD_SIZE unset): one process would run it alone without a word."""
+    if "WORLD_SIZE" not in os.environ:
+        raise ArgError(f"{flag} runs under torchrun (WORLD_SIZE is not set): launch with "
+                       f"`torchrun --nproc_per_node=N -m fastweights.cli {command} ... {flag}`, or drop {flag}")
+
+
 def writable_dir(flag: str, path) -> Path:
     """Create the directory if needed and check that a file can be written in it; an empty value
     (which would write into the current directory) is refused."""

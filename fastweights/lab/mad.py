@@ -689,6 +689,8 @@ def cli_main(args) -> int:
         cliargs.positive_numbers("--wds", args.wds, allow_zero=True)
         cliargs.zoo_names("--models", args.models)
         cliargs.device("--device", args.device)
+        if args.mode in ("ddp", "spread"):
+            cliargs.under_torchrun(f"--mode {args.mode}", "mad")
         cfg = preset(name, **overrides)
         cliargs.preset_device(name, cfg.device, args.device)
         cliargs.writable_dir("--out", cfg.out)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -990,10 +989,8 @@ def _check_args(args) -> None:
                               f"{', '.join(with_pilot)}); leave --lrs-from out")
     if args.step_costs is not None and not args.dry_run:
         raise ca.ArgError("--step-costs goes with --dry-run (it estimates the cost of the listed cells)")
-    if (args.ddp or args.spread) and "WORLD_SIZE" not in os.environ:
-        flag = "--ddp" if args.ddp else "--spread"
-        raise ca.ArgError(f"{flag} runs under torchrun (WORLD_SIZE is not set): launch with "
-                          f"`torchrun --nproc_per_node=N -m fastweights.cli mqar ... {flag}`, or drop {flag}")
+    if args.ddp or args.spread:
+        ca.under_torchrun("--ddp" if args.ddp else "--spread", "mqar")
 
 
 #: Whether a CUDA run graphs its steps unless told: off. The graphed path (lab/graph.py) equals eager steps in fp32

@@ -157,8 +157,11 @@ def test_cli_parses_and_runs(tmp_path, capsys):
 @pytest.mark.parametrize("argv, flag", [(["--device", "tpu"], "--device"), (["--threads", "-2"], "--threads"),
                                         (["--lrs", "nan"], "--lrs"), (["--epochs", "0"], "--epochs"),
                                         (["--models", "foo"], "--models"), (["--out", "/proc/version/x"], "--out"),
-                                        (["--preset", "gpu"], "--preset gpu")])
-def test_cli_rejects_bad_values_in_one_line(argv, flag, tmp_path, capsys):
+                                        (["--preset", "gpu"], "--preset gpu"),
+                                        (["--mode", "ddp"], "--mode ddp runs under torchrun"),
+                                        (["--mode", "spread"], "--mode spread runs under torchrun")])
+def test_cli_rejects_bad_values_in_one_line(argv, flag, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     if torch.cuda.is_available() and flag == "--preset gpu":
         pytest.skip("the gpu preset runs here")
     p = lab.add_cli(argparse.ArgumentParser().add_subparsers(dest="command"))

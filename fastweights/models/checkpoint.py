@@ -75,7 +75,12 @@ def requested_backends(backends, routing, config: LMConfig):
 def save_pretrained(model, directory) -> None:
     from safetensors.torch import save_file
 
+    if isinstance(directory, str) and not directory:
+        raise CheckpointError("save_pretrained: the directory is empty (''); expected a directory to write "
+                              "(give '.' for the current one)")
     d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"save_pretrained: {d} is a file; expected a directory to write the checkpoint into")
     d.mkdir(parents=True, exist_ok=True)
     # model_type / architectures: the same directory loads with transformers' Auto classes (fastweights.hf)
     doc = {"format": FORMAT, "version": VERSION, "config": model.config.to_dict(), "backends": list(model.backends),

@@ -124,6 +124,21 @@ def test_a_device_this_machine_lacks_is_an_input_error_naming_it(device, message
     assert {p.device.type for p in LM.from_pretrained(tmp_path, device="cpu").parameters()} == {"cpu"}
 
 
+def test_save_pretrained_onto_a_file_or_an_empty_name_is_refused_and_writes_nothing(tmp_path, monkeypatch):
+    """save_pretrained('a_file') raised Python's FileExistsError from mkdir; '' wrote into the current directory."""
+    lm = LM(tiny_config("gated_deltanet"))
+    (tmp_path / "a_file").write_text("notes")
+    with pytest.raises(CheckpointError, match="^save_pretrained: .*a_file is a file; expected a directory"):
+        lm.save_pretrained(tmp_path / "a_file")
+    assert (tmp_path / "a_file").read_text() == "notes"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"^save_pretrained: the directory is empty \(''\)"):
+        lm.save_pretrained("")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    lm.save_pretrained(".")  # the current directory, said so
+    assert (tmp_path / "config.json").is_file()
+
+
 def test_a_bad_backend_or_an_empty_directory_is_named_as_the_argument(tmp_path, monkeypatch):
     """backend='bogus' was blamed on config.json ('fw/config.json: unknown backend'), backend=3 read as a
     damaged 'backends' list of the file; '' was the current directory."""

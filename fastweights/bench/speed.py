@@ -272,6 +272,9 @@ def check_args(*, models, forms, lengths, B, H, D, dtype, device, chunk_size, re
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ca.ArgError(f"--dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
     ca.device("--device", device)
+    if "chunk_triton" in forms and torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ca.ArgError(f"--forms chunk_triton runs the Triton kernels: it needs --device cuda, got {device!r} "
+                          "(or TRITON_INTERPRET=1 to run them in Triton's interpreter on CPU tensors)")
 
 
 def _ordered(forms) -> list[str]:

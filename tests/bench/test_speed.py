@@ -51,6 +51,18 @@ def test_bad_arguments_are_one_line_before_any_timing(argv, flag, tmp_path, caps
     assert not (tmp_path / "x").exists()
 
 
+def test_triton_rows_on_a_cpu_without_the_interpreter_are_refused_not_failed_row_by_row(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """--forms chunk_triton --device cpu (the interpreter off) failed every row and exited 1."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert cli.main(["bench", "speed", "--models", "deltanet", "--forms", "chunk", "chunk_triton", "--device", "cpu",
+                     "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --forms chunk_triton runs the Triton kernels: it needs "
+                                               "--device cuda, got 'cpu'"), err
+    assert not (tmp_path / "x").exists()
+
+
 def test_models_without_any_of_the_forms_are_refused_not_an_empty_table(tmp_path, capsys):
     """softmax_attention has no chunk form: the run wrote a table of 0 rows and exited 0."""
     assert cli.main(["bench", "speed", "--models", "softmax_attention", "--forms", "chunk", "chunk_compile",

@@ -179,10 +179,12 @@ def _pinned_precision(precision: str | None):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .cliargs import Parser
     from .kernels.triton.common.limits import DOT_PRECISIONS  # (imports no triton)
 
     p = Parser(prog="fastweights", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fastweights {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     z = sub.add_parser("zoo", help="the four-axis table of every zoo model")
     z.add_argument("--json", action="store_true", help="print a JSON list (name, axes, citation)")

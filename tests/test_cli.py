@@ -222,3 +222,13 @@ def test_python_dash_m_fastweights_is_the_console_script(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     assert got.returncode == 0, got.stderr
     assert got.stdout == cli.build_parser().format_help()
+
+
+def test_version_is_the_package_version(capsys):
+    """`fastweights --version` said "invalid choice"; it prints the installed package's version and exits 0."""
+    import fastweights
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fastweights {fastweights.__version__}"

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("layers", ("layers",)),
     ("models", ("models",)),
     ("training", ("training",)),  # the training step both the lab's sweeps and `fastweights train` import
-    ("apps", ("hf", "lab", "pretrain", "bench", "tasks", "cli", "cliargs", "demo", "convert")),
+    ("apps", ("hf", "lab", "pretrain", "bench", "tasks", "cli", "cliargs", "demo", "convert", "__main__")),
 ]
 
 #: Modules between which no circle may run (the issue-21 triangle was dispatch → torch_backend → dispatch,

@@ -348,3 +348,9 @@ GRAPH_RUN_F32_RTOL = 1e-5  # weights after 3 fp32 steps, `train --cuda-graph`'s 
 GRAPH_RUN_F32_ATOL = 1e-6  # plain loop (the loss summed per micro-batch then divided, vs divided per micro-batch)
 GRAPH_RUN_LOSS_REL = 1e-6  # the logged fp32 losses of those two runs, relative
 GRAPH_RUN_CUDA_BF16_REL = 2e-2  # `train --cuda-graph` vs eager in bf16 on CUDA: losses and weights after 8 steps
+# the mini-batch form's memory (tests/chunkwise/test_minibatch.py): bytes autograd keeps, as a multiple of what must be
+# kept. Muon (ATLAS, B 1, T 32, H 1, K 32): ≤ 2 × (one Newton–Schulz polynomial a token + each segment's start weights
+# and momentum) — 1.5× measured, 4.5× before its Gram checkpoint and unstacked readout. `checkpoint_chain(4)` (Titans,
+# T 256): the kept bytes (saved tensors + the blocks' start states) ≤ half the unchained form's (0.04–0.1× measured).
+MUON_SAVED_OVER_NEEDED = 2.0
+CHAIN_KEPT_OVER_UNCHAINED = 0.5

@@ -722,16 +722,20 @@ class MemoryMixer(nn.Module):
             raise MixerError(f"form={form!r} does not exist for {self.recipe.name}")
         if state is not None and not isinstance(state, MixerState):
             raise MixerError(f"state must be a MixerState, got {type(state).__name__}")
-        if state is not None and not torch.compiler.is_compiling():  # (under compile: the guards)
-            for path, t in state_tensors(state):
-                check_like(path, t, x, "x", dtype=False)
         if segments is not None and (not isinstance(segments, Segments) or tuple(segments.doc.shape) != x.shape[:2]):
             raise MixerError(f"segments must be a Segments over x's [B, T] = {list(x.shape[:2])}")
         output_state = output_state or state is not None
         if segments is not None and output_state and not segments.continues and bool((segments.doc > 0).any()):
             raise MixerError("a state after packed documents (several per row) is not defined: output_state "
                              "needs one document per row")
-        return self._mix(x, state, form, output_state, segments)
+        try:
+            return self._mix(x, state, form, output_state, segments)
+        except RuntimeError:
+            # a state tensor on another device than x is named here, once torch has refused it: walking the state's
+            # tensors on every call cost 14–30 µs a layer, a decoding step's hot path
+            for path, t in state_tensors(state) if state is not None else ():
+                check_like(path, t, x, "x", dtype=False)
+            raise
 
     def step(self, x: Tensor, state: MixerState, *, segments: Segments | None = None
              ) -> tuple[Tensor, MixerState]:

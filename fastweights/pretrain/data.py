@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 __all__ = ["DataError", "Tokenizer", "load_tokenizer", "check_tokenizer", "read_stream", "split_stream", "Windows",
-           "TEXT_SUFFIXES", "JSONL_SUFFIX", "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff"]
+           "TEXT_SUFFIXES", "JSONL_SUFFIX", "BYTE_EOS", "IGNORE_INDEX", "source_files", "data_key", "data_key_diff",
+           "save_byte_tokenizer"]
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
 JSONL_SUFFIX = ".jsonl"
@@ -75,6 +76,28 @@ class Tokenizer:
                 [sorted(self.hf.get_vocab().items()), sorted(map(str, self.hf.all_special_tokens))])
         return {"name": self.name, "vocab_size": self.vocab_size, "eos_id": self.eos_id,
                 "sha256": hashlib.sha256(definition.encode("utf-8")).hexdigest()}
+
+
+#: what `fastweights.hf.ByteTokenizer().save_pretrained(dir)` writes (the same under transformers 5.17 and 5.24;
+#: tests/hf/test_tokenizer.py holds these to what the installed transformers writes), so a run saves its byte
+#: tokenizer without importing transformers (≈ 4 s a process) and without it installed
+_BYTE_TOKENIZER_FILES = {
+    "added_tokens.json": '{\n  "<|endoftext|>": 256\n}\n',
+    "bytes.json": '{"bytes": 256}',
+    "tokenizer_config.json": json.dumps({
+        "added_tokens_decoder": {"256": {"content": "<|endoftext|>", "lstrip": False, "normalized": False,
+                                         "rstrip": False, "single_word": False, "special": True}},
+        "backend": "custom", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "model_max_length": int(1e30), "pad_token": "<|endoftext|>", "padding_side": "left",
+        "tokenizer_class": "ByteTokenizer"}, indent=2) + "\n",
+}
+
+
+def save_byte_tokenizer(directory: Path) -> None:
+    """Write the byte tokenizer's files into `directory` (an existing directory): what
+    `fastweights.hf.ByteTokenizer().save_pretrained(directory)` writes, without transformers."""
+    for name, text in _BYTE_TOKENIZER_FILES.items():
+        (Path(directory) / name).write_text(text, encoding="utf-8")
 
 
 #: the files a Hugging Face tokenizer directory holds (one of them at least; save_pretrained writes

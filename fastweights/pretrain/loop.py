@@ -87,7 +87,17 @@ from ..training.loop import wrap
 from ..training.progress import make_progress
 from ..training.throughput import StepClock, mfu, model_flops_per_token, peak_flops
 from .config import ConfigFileError, PretrainConfig
-from .data import IGNORE_INDEX, DataError, Windows, data_key, data_key_diff, load_tokenizer, read_stream, split_stream
+from .data import (
+    IGNORE_INDEX,
+    DataError,
+    Windows,
+    data_key,
+    data_key_diff,
+    load_tokenizer,
+    read_stream,
+    save_byte_tokenizer,
+    split_stream,
+)
 from .rundir import (
     CHECKPOINT,
     LOG,
@@ -641,15 +651,12 @@ def _speed_text(rec: dict) -> str:
 
 
 def _save_model(lm: LM, tok, directory: Path) -> None:
-    """`LM.save_pretrained` and the tokenizer (ByteTokenizer for bytes, when transformers is here)."""
+    """`LM.save_pretrained` and the tokenizer (for bytes, ByteTokenizer's files, written without transformers)."""
     lm.save_pretrained(directory)
     if tok.hf is not None:
         tok.hf.save_pretrained(directory)
     else:
-        with contextlib.suppress(ImportError):
-            from ..hf import ByteTokenizer
-
-            ByteTokenizer().save_pretrained(directory)
+        save_byte_tokenizer(directory)
 
 
 def _kept(ckpt_path: Path, saved: dict) -> str:

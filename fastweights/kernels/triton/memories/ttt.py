@@ -55,7 +55,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES
-from ..common.util import check_precision, launch, pow2
+from ..common.util import check_precision, launch, pow2, tile
 
 Tensor = torch.Tensor
 
@@ -89,11 +89,11 @@ def _ln_back(n, inv, g, cm, D: tl.constexpr):
 
 
 @triton.jit
-def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
-          BD: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
-    s·b + r − off): x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token
-    rows' offsets and validity."""
+def _tokens(k, v, beta, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+            BT: tl.constexpr):
+    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
+    s·b + r − off): k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token rows' offsets, their
+    validity, the [BT, BD] mask and the q/k element offsets."""
     r = tl.arange(0, BT)
     c = tl.arange(0, BD)
     cm = c < D
@@ -104,10 +104,19 @@ def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.con
     m = valid[:, None] & cm[None, :]
     qk_off = (row[:, None] * HQ + i_hq) * D + c[None, :]
     hv_off = (row[:, None] * H + i_h) * D + c[None, :]
-    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
     kk = tl.load(k + qk_off, mask=m, other=0.0).to(tl.float32)
     vv = tl.load(v + hv_off, mask=m, other=0.0).to(tl.float32)
     eta = tl.load(beta + row * H + i_h, mask=valid, other=0.0).to(tl.float32)
+    return kk, vv, eta, row, valid, m, qk_off
+
+
+@triton.jit
+def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+          BD: tl.constexpr, BT: tl.constexpr):
+    """Mini-batch s's rows (`_tokens`) with the queries: x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence),
+    η [BT] (0 outside), the token rows' offsets and validity."""
+    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, T, off, H, HQ, D, BD, BT)
+    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
     return x, kk, vv, eta, row, valid, m
 
 
@@ -128,9 +137,8 @@ def _sequence(i_b, T, off, NS, cu, slots, BT: tl.constexpr, IS_VARLEN: tl.conste
 
 
 @triton.jit
-def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
-    """The inner gradient's factors at the anchor: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
-    f = _dot(kk, A, PREC) + a[None, :]
+def _errors_at(f, kk, vv, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr):
+    """The inner gradient's factors at f = k A + a [BT, BD]: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
     n, inv = _ln(f, cm, D, EPS)
     dy = tl.where(cm[None, :], kk + lnb[None, :] - vv, 0.0) + lnw[None, :] * n
     u = lnw[None, :] * dy
@@ -138,16 +146,22 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, cu, slots,
-                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
-                IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
-    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read and end sums
+def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+    """The inner gradient's factors at the anchor: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
+    return _errors_at(_dot(kk, A, PREC) + a[None, :], kk, vv, lnw, lnb, cm, D, EPS)
+
+
+@triton.jit
+def _state_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, Aout, aout, Pout, pout, cu, slots, T, off,
+                  NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                  EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    """The forward's sequential pass, grid (R·H,): the anchors (A, a) of every mini-batch into (ckA, cka), then the
+    last one's (A, a, P, p) into the outputs. Per mini-batch only the recurrence: f = k A + a, e, A ← A − kᵀ(η e)/b."""
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's end sums
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
-    r = tl.arange(0, BT)
     cm = c < D
     sm = cm[:, None] & cm[None, :]
     st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]  # [BD, BD] of one (b, h) state
@@ -156,31 +170,21 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
     a = tl.load(a0 + bi, mask=cm, other=0.0)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
-    tri = r[:, None] >= r[None, :]
     none = ns == 0  # an empty sequence (varlen): its end sums are the carried ones
     tl.store(Pout + st, tl.load(P0 + st, mask=sm & none, other=0.0), mask=sm & none)
     tl.store(pout + bi, tl.load(p0 + bi, mask=cm & none, other=0.0), mask=cm & none)
     for s in range(0, ns):
-        if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
-            ck = (slot0 + s) * H + i_h
-            tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
-            tl.store(cka + ck * D + c, a, mask=cm)
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+        ck = (slot0 + s) * H + i_h  # the anchors the readout and the backward recompute from
+        tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
+        tl.store(cka + ck * D + c, a, mask=cm)
+        kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, Tn, off, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
-        S = _dot(x, tl.trans(kk), PREC) + 1.0
-        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
         ee = e * eta[:, None]
-        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
         pend = -tl.sum(ee, axis=0)  # this mini-batch's end sum of the bias: p_0 − Σ η e
         if HAS_P:  # the carried sums P_0, p_0: the first mini-batch's only (0 after)
             P = tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
             p = tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
-            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
             pend += p
-        nz, invz = _ln(z, cm, D, EPS)
-        out = x + lnw[None, :] * nz + lnb[None, :]
-        tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
         if s == ns - 1:  # the call's last mini-batch: its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
             Pend = -_dot(tl.trans(kk), ee, PREC)
             if HAS_P:
@@ -194,6 +198,62 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
             a = a + pend / BT
     tl.store(Aout + st, A, mask=sm)
     tl.store(aout + bi, a, mask=cm)
+
+
+@triton.jit
+def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, slots, seq_of, scale, T, off, NS,
+                    H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    HAS_P: tl.constexpr):
+    """The forward's parallel readout, grid (anchor slots, H): o of one mini-batch of one value head from its stored
+    anchor (A, a) — e recomputed (f = k A + a), z in the dual form, o = x + γ ⊙ LN(z) + β_ln. A is read in [BK, BD]
+    row blocks, each used by both x A and k A (no [BD, BD] tile in registers)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    if IS_VARLEN:  # the slot's sequence (seq_of, from the host) and its mini-batch within it
+        i_b = tl.load(seq_of + i_slot)
+    else:
+        i_b = i_slot // NS
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    s = (i_slot - slot0).to(tl.int32)
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
+    tri = r[:, None] >= r[None, :]
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    ck = i_slot.to(tl.int64) * H + i_h
+    a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
+    # x A and k A over row blocks of A: x[:, j] and k[:, j] reloaded as [BT, BK] columns (L1/L2 hits)
+    i_hq = i_h // (H // HQ)
+    xa = tl.zeros([BT, BD], dtype=tl.float32)
+    ka = tl.zeros([BT, BD], dtype=tl.float32)
+    for j0 in range(0, BD, BK):
+        j = j0 + tl.arange(0, BK)
+        jm = j < D
+        qk_off = (row[:, None] * HQ + i_hq) * D + j[None, :]
+        mj = valid[:, None] & jm[None, :]
+        xj = tl.load(q + qk_off, mask=mj, other=0.0).to(tl.float32) * scale
+        kj = tl.load(k + qk_off, mask=mj, other=0.0).to(tl.float32)
+        Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+        xa = tl.dot(xj, Aj, acc=xa, input_precision=PREC)
+        ka = tl.dot(kj, Aj, acc=ka, input_precision=PREC)
+    n, inv, dy, u, e = _errors_at(ka + a[None, :], kk, vv, lnw, lnb, cm, D, EPS)
+    S = _dot(x, tl.trans(kk), PREC) + 1.0
+    M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
+    z = xa + a[None, :] - _dot(M, e, PREC)
+    if HAS_P:  # the carried sums P_0, p_0 of the sequence enter its first mini-batch's read only
+        if s == 0:
+            st = ((i_b.to(tl.int64) * H + i_h) * D + c[:, None]) * D + c[None, :]
+            sm = cm[:, None] & cm[None, :]
+            P = tl.load(P0 + st, mask=sm, other=0.0)
+            p = tl.load(p0 + (i_b.to(tl.int64) * H + i_h) * D + c, mask=cm, other=0.0)
+            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
+    nz, invz = _ln(z, cm, D, EPS)
+    out = x + lnw[None, :] * nz + lnb[None, :]
+    tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -303,13 +363,15 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
 class _Plan(NamedTuple):
     """Where the mini-batches of a call lie: R sequences (B, or N with cu_seqlens), NS mini-batches per
     sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
-    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `last` [R] the tokens
-    of each sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `seq_of` each slot's sequence
+    (int32 [slots] on the device, or None; the readout's grid runs over the slots), `last` [R] the tokens of each
+    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
 
     R: int
     NS: int
     slots: int
     first: Tensor | None
+    seq_of: Tensor | None
     last: list[int]
 
 
@@ -321,11 +383,12 @@ def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> 
         return offset + n - (count(n) - 1) * b
 
     if cu is None:
-        return _Plan(B, count(T), B * count(T), None, [last(T)] * B)
+        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B)
     lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
     counts = [count(n) for n in lengths]
     first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
-    return _Plan(len(lengths), 0, sum(counts), first, [last(n) for n in lengths])
+    seq_of = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32, device=device)
+    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths])
 
 
 def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
@@ -336,30 +399,60 @@ def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
     return torch.tensor(plan.last, dtype=torch.float32, device=device).view((-1,) + (1,) * (dims - 1))
 
 
+def _geo(q, v, b: int, cu, precision: str) -> dict:
+    """The constexprs every TTT-Linear kernel takes: heads, head dim and its tile, the mini-batch, LN's ε, tl.dot's
+    precision, varlen."""
+    Hq, D = q.shape[2:]
+    return dict(H=v.shape[2], HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
+
+
+def _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, *, T: int, offset: int, cu, plan: _Plan, geo: dict):
+    """`_state_kernel`: (ckA [slots, H, D, D], cka [slots, H, D]: every mini-batch's anchor, fp32; A, a, P, p of each
+    sequence's last mini-batch, [R, H, D, D] / [R, H, D] fp32). Arguments as `_TTTLinear`'s; geo: the kernels'
+    shared constexprs."""
+    R, H, D = plan.R, geo["H"], geo["D"]
+    f32 = dict(dtype=torch.float32, device=k.device)
+    ckA = empty_output(max(plan.slots, 1), H, D, D, **f32)
+    cka = empty_output(max(plan.slots, 1), H, D, **f32)
+    outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
+            empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
+    seq = (cu if cu is not None else ckA, plan.first if plan.first is not None else ckA)
+    _state_kernel[(R * H,)](k, v, beta, lnw, lnb, A0, a0, P0, p0, ckA, cka, *outs, *seq, T, offset, plan.NS, **geo,
+                            HAS_P=offset > 0, **launch("ttt_linear_fwd"))
+    return ckA, cka, *outs
+
+
+def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int, offset: int, cu, plan: _Plan,
+             geo: dict):
+    """`_readout_kernel`: o [B, T, H, D] in v's dtype, every mini-batch read in parallel from its anchor in (ckA,
+    cka) (`_state_pass`'s). Arguments as `_TTTLinear`'s."""
+    B, H = q.shape[0], geo["H"]
+    o = empty_output(B, T, H, geo["D"], dtype=v.dtype, device=q.device)
+    if plan.slots:
+        seq = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
+        BK = min(tile("ttt_linear_readout", "BK"), geo["BD"])
+        _readout_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, o, *seq, scale, T, offset,
+                                         plan.NS, **geo, BK=BK, HAS_P=offset > 0, **launch("ttt_linear_readout"))
+    return o
+
+
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
-    the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
-    [N+1] on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P,
-    p of each sequence's last mini-batch, fp32)."""
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H,
+    D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried
+    sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None),
+    the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last
+    mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan, precision):
-        B, T, Hq, D = q.shape
-        H = v.shape[2]
-        R = plan.R
-        dev = q.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        o = empty_output(B, T, H, D, dtype=v.dtype, device=dev)
-        ckA = empty_output(*((max(plan.slots, 1), H, D, D) if save else (1,)), **f32)
-        cka = empty_output(*((max(plan.slots, 1), H, D) if save else (1,)), **f32)
-        outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
-                empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
-        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
-                              plan.NS, **geo, SAVE=save, HAS_P=offset > 0, **launch("ttt_linear_fwd"))
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):
+        T = q.shape[1]
+        geo = _geo(q, v, b, cu, precision)
+        ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
+                                      geo=geo)
+        o = _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, scale=scale, T=T, offset=offset, cu=cu, plan=plan,
+                     geo=geo)
+        seq = (cu, plan.first) if cu is not None else ()
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq)
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
 
@@ -394,7 +487,7 @@ class _TTTLinear(torch.autograd.Function):
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
                 dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
-                None, None, None)
+                None, None)
 
 
 def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, minibatch: int, cu_seqlens):
@@ -466,10 +559,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     args = (q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), ln_weight.contiguous(),
             ln_bias.contiguous(), A0.contiguous(), a0.squeeze(2).contiguous(), P0.contiguous(),
             p0.squeeze(2).contiguous())
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan,
-                                     precision)
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, cu_dev, plan, precision)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
     last = _last_counts(plan, 4, q.device)  # a number, or [R, 1, 1, 1]
     if cu is None:

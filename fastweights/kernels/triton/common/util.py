@@ -136,9 +136,10 @@ LAUNCH: dict[str, dict] = {
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
     # (TTT-Linear at 8 warps: its [D, D] weight's registers; 2.7× faster than 4 at tf32x3, H200, BENCHMARKS §1m)
     # TTT-Linear's forward: the sequential state pass (one program per sequence and head) and the parallel readout
-    # (one per mini-batch and head; BK: the rows of the anchor A read at a time for x A and k A, ≤ D's tile)
+    # (one per mini-batch and head; BK: the rows of the anchor A read at a time for x A and k A, ≤ D's tile; 2 stages:
+    # the next block's loads in flight; sm_90, D 128: 255 registers and no spill at BK 32, spills from BK 64 on)
     "ttt_linear_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt._state_kernel
-    "ttt_linear_readout": dict(num_warps=4, num_stages=1, BK=32),  # memories.ttt._readout_kernel
+    "ttt_linear_readout": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._readout_kernel
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel

@@ -1,5 +1,5 @@
-"""TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in one Triton
-program per (sequence, value head), each way.
+"""TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in Triton: a sequential
+program per (sequence, value head) each way, and the forward's read of the queries in parallel over the mini-batches.
 
 The memory (Sun et al. 2024): a linear map with an inner bias inside a residual LayerNorm over the
 value dim D (K = V = D), M(x) = x + γ ⊙ LN(x W + b) + β_ln (γ, β_ln [H, D]: outer parameters, not
@@ -21,11 +21,26 @@ and the read at the queries x = scale·q, in the dual form (no per-token W is fo
     z_t = x_t A + a + (x_t P_0 + p_0) / i_t − Σ_{j ≤ t} M_tj e_j,   M_tj = η_j (x_t · k_j + 1) / i_t
     o_t = x_t + γ ⊙ LN(z_t) + β_ln                   (i_t: token t's 1-based position in its mini-batch)
 
-Forward (`_fwd_kernel`): the program keeps A, a, P, p in registers (fp32), walks the mini-batches,
-writes o and, per mini-batch, its anchor (A, a) — the only thing the backward cannot recompute cheaply
-(D² + D fp32 values per mini-batch: 4D²/b bytes a token); at a mini-batch end the anchor rolls,
-A ← A + P / b, P ← 0. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i
-for its i tokens (the glue).
+Forward, two launches (the structure of the delta-class kernels and of fla's `chunk_ttt_linear`):
+
+1. `_state_kernel`, sequential, grid (R·H,): one program per (sequence, value head) keeps the anchor (A, a) in
+   registers (fp32) and walks the mini-batches computing only what the recurrence needs — f = K A + a, e by
+   LayerNorm's backward, the roll A ← A − kᵀ(η ⊙ e) / b (+ P_0 / b after the first mini-batch of a call with offset
+   > 0), a likewise — and stores each mini-batch's anchor (A, a) at its slot: (D² + D)·4 bytes a mini-batch (66 KB at
+   D 128), 4D²/b bytes a token. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i for
+   its i tokens (the glue). Per mini-batch 4bD² dot FLOPs on the sequential path (K A, kᵀ(η e)); the single-kernel
+   forward before it also read out the queries there: 6bD² + 4b²D.
+2. `_readout_kernel`, parallel, grid (anchor slots, H): one program per (mini-batch, value head) loads its anchor,
+   recomputes e from it (f = K A + a) and computes z in the dual form and o = x + γ ⊙ LN(z) + β_ln; the first
+   mini-batch of a sequence adds (x P_0 + p_0) / i when the call continues one. A is read in [BK, D] row blocks
+   (util.LAUNCH "ttt_linear_readout" BK), each used by both x A and K A: no [D, D] tile in registers. e is recomputed
+   rather than stored by the state pass: storing it would cost b·D·4 bytes a mini-batch written and read again
+   (8 KB at b 16, D 128: +20 % on the readout's ≈ 82 KB of anchor, q, k, v and o with bf16 inputs) to save one
+   [b, D]×[D, D] product (2bD² FLOPs, 0.5 MFLOP) in a kernel that is bound by those bytes, and the backward
+   recomputes e from the anchor anyway.
+
+The anchors (ckA, cka) are what the backward reads, as before; they are written on every call now (also without
+gradients: a workspace of 4D²/b bytes a token, freed after the readout).
 
 Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
 gradients of (A, a) and of the mini-batch's end sums (P, p) carried in registers (P_0's own gradient only
@@ -35,12 +50,13 @@ and summed over the group by the glue.
 
 `ttt_linear_triton` (glue, autograd) and its torch twin on the same contract (`chunkwise.minibatch`; the tests'
 tests/kernels/memories/twins.py) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
-of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
-per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
-reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
-offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's `precision`
-(limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs; "tf32").
-Launch settings: util.LAUNCH's "ttt_linear_fwd", "ttt_linear_bwd".
+of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one sequential program
+per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue reads
+cu_seqlens on the host to place them, and each slot's sequence for the readout's grid); the dispatch row does not pass
+it yet (a MemoryState carries one offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's
+`precision` (limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs;
+"tf32").
+Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd".
 """
 
 from __future__ import annotations
@@ -244,13 +260,18 @@ def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, sl
     S = _dot(x, tl.trans(kk), PREC) + 1.0
     M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
     z = xa + a[None, :] - _dot(M, e, PREC)
-    if HAS_P:  # the carried sums P_0, p_0 of the sequence enter its first mini-batch's read only
+    if HAS_P:  # the carried sums P_0, p_0 of the sequence enter its first mini-batch's read only (in row blocks)
         if s == 0:
-            st = ((i_b.to(tl.int64) * H + i_h) * D + c[:, None]) * D + c[None, :]
-            sm = cm[:, None] & cm[None, :]
-            P = tl.load(P0 + st, mask=sm, other=0.0)
-            p = tl.load(p0 + (i_b.to(tl.int64) * H + i_h) * D + c, mask=cm, other=0.0)
-            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
+            sh = i_b.to(tl.int64) * H + i_h
+            xp = tl.load(p0 + sh * D + c, mask=cm, other=0.0)[None, :] + tl.zeros([BT, BD], dtype=tl.float32)
+            for j0 in range(0, BD, BK):
+                j = j0 + tl.arange(0, BK)
+                jm = j < D
+                mj = valid[:, None] & jm[None, :]
+                xj = tl.load(q + (row[:, None] * HQ + i_hq) * D + j[None, :], mask=mj, other=0.0).to(tl.float32)
+                Pj = tl.load(P0 + sh * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+                xp = tl.dot(xj * scale, Pj, acc=xp, input_precision=PREC)
+            z += xp / ipos[:, None]
     nz, invz = _ln(z, cm, D, EPS)
     out = x + lnw[None, :] * nz + lnb[None, :]
     tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)

@@ -259,6 +259,30 @@ def test_the_readout_alone_equals_its_twin_on_random_anchors(gen, offset):
 
 
 @pytest.mark.parametrize("offset", [0, 5])
+def test_the_backward_pre_pass_alone_gives_dq(gen, offset):
+    """`_bwd_read` (the backward's parallel pre-pass) on random anchors gives the whole dq — the queries enter only
+    the readout — equal to the gradient of the primal-form readout twin under a random do, grouped heads summed; the
+    carried sums (offset 5) enter the first mini-batch's."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+    from tests.kernels.memories.twins import ttt_linear_readout_torch
+
+    x, P0, p0, f, plan, geo = _split_inputs(gen, offset)
+    NS, H, D = plan.NS, 2, 16
+    A = torch.randn(2, NS, H, D, D, generator=gen, dtype=torch.float64) / D ** 0.5
+    a = 0.1 * torch.randn(2, NS, H, D, generator=gen, dtype=torch.float64)
+    do = torch.randn(2, 37, H, D, generator=gen, dtype=torch.float64)
+    ckA, cka = (t.float().reshape(-1, *t.shape[2:]).contiguous().to(DEV) for t in (A, a))
+    dq = ttt_mod._bwd_read(f["q"], f["k"], f["v"], f["beta"], f["lnw"], f["lnb"], P0.float().to(DEV),
+                           p0.float().to(DEV), ckA, cka, do.float().to(DEV), scale=SCALE, T=37, offset=offset,
+                           cu=None, plan=plan, geo=geo)[0]
+    q = x["q"].clone().requires_grad_(True)
+    o = ttt_linear_readout_torch(q, x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], (A, a), (P0, p0), scale=SCALE,
+                                 offset=offset, minibatch=16)
+    want, = torch.autograd.grad((o * do).sum(), q)
+    assert rel(dq.sum(2, keepdim=True), want) < CHUNK_F32_REL
+
+
+@pytest.mark.parametrize("offset", [0, 5])
 def test_the_state_pass_stores_every_mini_batch_anchor(gen, offset):
     """`_state_pass` (the forward's sequential kernel) stores mini-batch s's anchor in slot b·NS + s: the first the
     initial anchor, each later one the twin's weights after the tokens before it (a call ending on that mini-batch's

@@ -217,28 +217,28 @@ def _state_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, Aout, 
 
 
 @triton.jit
-def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, slots, seq_of, scale, T, off, NS,
-                    H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-                    BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
-                    HAS_P: tl.constexpr):
-    """The forward's parallel readout, grid (anchor slots, H): o of one mini-batch of one value head from its stored
-    anchor (A, a) — e recomputed (f = k A + a), z in the dual form, o = x + γ ⊙ LN(z) + β_ln. A is read in [BK, BD]
-    row blocks, each used by both x A and k A (no [BD, BD] tile in registers)."""
-    i_slot = tl.program_id(0)
-    i_h = tl.program_id(1)
-    if IS_VARLEN:  # the slot's sequence (seq_of, from the host) and its mini-batch within it
+def _slot(i_slot, T, off, NS, cu, slots, seq_of, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(sequence, its first row, its tokens, the mini-batch within it) of anchor slot i_slot."""
+    if IS_VARLEN:  # the slot's sequence (seq_of, from the host)
         i_b = tl.load(seq_of + i_slot)
     else:
         i_b = i_slot // NS
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
-    s = (i_slot - slot0).to(tl.int32)
+    return i_b, bos, Tn, (i_slot - slot0).to(tl.int32)
+
+
+@triton.jit
+def _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h, bos, Tn, s, scale, off, H: tl.constexpr,
+          HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+          EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """Mini-batch s (anchor slot i_slot) of value head i_h read from its stored anchor (A, a): e recomputed (f = k A
+    + a), z in the dual form. Returns (x, k [BT, BD], η [BT], rows, validity, mask, e, S, M, LN(z) [BT, BD], 1/σ(z)).
+    A is read in [BK, BD] row blocks, each used by both x A and k A (no [BD, BD] tile in registers)."""
     c = tl.arange(0, BD)
     r = tl.arange(0, BT)
     cm = c < D
     ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
     tri = r[:, None] >= r[None, :]
-    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
     ck = i_slot.to(tl.int64) * H + i_h
     a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
@@ -273,15 +273,95 @@ def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, sl
                 xp = tl.dot(xj * scale, Pj, acc=xp, input_precision=PREC)
             z += xp / ipos[:, None]
     nz, invz = _ln(z, cm, D, EPS)
+    return x, kk, eta, row, valid, m, e, S, M, nz, invz
+
+
+@triton.jit
+def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, slots, seq_of, scale, T, off, NS,
+                    H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    HAS_P: tl.constexpr):
+    """The forward's parallel readout, grid (anchor slots, H): o = x + γ ⊙ LN(z) + β_ln of one mini-batch of one value
+    head from its stored anchor (`_read`)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    cm = c < D
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
+                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
+                                                         HAS_P)
     out = x + lnw[None, :] * nz + lnb[None, :]
     tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, daout, dPout, dpout,
-                dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
+def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb, cu,
+                     slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                     BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    """The backward's parallel pre-pass, grid (anchor slots, H): the readout's own gradients of one mini-batch of one
+    value head from its stored anchor (`_read` recomputed) — dq whole (x enters nothing else), the readout's parts of
+    dk (dSᵀ x) and dη, the per-slot partials of dγ, dβ_ln, and for the reverse pass dz and the readout's part of de
+    (−Mᵀ dz), [BT, D] each into the scratches dzs, des (fp32, slot-major like the anchors)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
+                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
+                                                         HAS_P)
+    ck = i_slot.to(tl.int64) * H + i_h
+    # o = x + γ ⊙ LN(z) + β_ln
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
+    tl.store(glnw + ck * D + c, tl.sum(dO * nz, axis=0), mask=cm)
+    tl.store(glnb + ck * D + c, tl.sum(dO, axis=0), mask=cm)
+    dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
+    # z = x A + a + (x P + p) / i − M e
+    dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
+    dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
+    tl.store(dbeta + row * H + i_h, tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0), mask=valid)
+    tl.store(dk + hv, _dot(tl.trans(dS), x, PREC), mask=m)
+    sc = (ck * BT + r[:, None]) * D + c[None, :]
+    tl.store(dzs + sc, dz, mask=cm[None, :])
+    tl.store(des + sc, -_dot(tl.trans(M), dz, PREC), mask=cm[None, :])
+    # dx = dO + dz Aᵀ + dS k (+ (dz / i) P_0ᵀ in a continued call's first mini-batch), in [BT, BK] column blocks
+    i_hq = i_h // (H // HQ)
+    sh = i_b.to(tl.int64) * H + i_h
+    for j0 in range(0, BD, BK):
+        j = j0 + tl.arange(0, BK)
+        jm = j < D
+        mj = valid[:, None] & jm[None, :]
+        kj = tl.load(k + (row[:, None] * HQ + i_hq) * D + j[None, :], mask=mj, other=0.0).to(tl.float32)
+        Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+        hj = (row[:, None] * H + i_h) * D + j[None, :]
+        dxj = tl.load(do + hj, mask=mj, other=0.0).to(tl.float32) + _dot(dS, kj, PREC)
+        dxj = tl.dot(dz, tl.trans(Aj), acc=dxj, input_precision=PREC)
+        if HAS_P:  # (P_0 read only by the sequence's first mini-batch: 0 elsewhere)
+            Pj = tl.load(P0 + sh * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :] & (s == 0),
+                         other=0.0)
+            dxj = tl.dot(dz / ipos[:, None], tl.trans(Pj), acc=dxj, input_precision=PREC)
+        tl.store(dq + hj, (dxj * scale).to(dq.dtype.element_ty), mask=mj)
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAout, daout, dPout, dpout,
+                dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                 EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The backward's reverse sequential pass, grid (R·H,), after `_bwd_read_kernel`: per mini-batch only what chains
+    through the anchors — e recomputed (f = k A + a), its gradient de = (the readout's, read) − η (k G + g_p), the
+    LayerNorm's backward to df, then gA += xᵀ dz + kᵀ df, ga += Σ dz + Σ df — and the parts of dk, dη (added to the
+    pre-pass's), dv, dγ, dβ_ln that come through e."""
     # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read.
     # The anchor's gradient gA [BD, BD] is accumulated in place in dA0 (the glue seeds it with dAout): no [BD, BD]
     # tile is carried over the mini-batches — each one holds its anchor A and, for a while, its end sums' gradient
@@ -297,7 +377,6 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)
-    tri = r[:, None] >= r[None, :]
     ga = tl.load(daout + bi, mask=cm, other=0.0)  # the anchor bias's gradient (a vector: carried)
     gpo = tl.load(dpout + bi, mask=cm, other=0.0)
     glnw = tl.zeros([BD], dtype=tl.float32)
@@ -312,28 +391,12 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
         x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
-        S = _dot(x, tl.trans(kk), PREC) + 1.0
-        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
-        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
-        if HAS_P:
-            P = tl.load(P0 + st, mask=sm & first, other=0.0)  # the carried sums enter the first mini-batch only
-            p = tl.load(p0 + bi, mask=cm & first, other=0.0)
-            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
-        nz, invz = _ln(z, cm, D, EPS)
-        # o = x + γ ⊙ LN(z) + β_ln
+        sc = (ck * BT + r[:, None]) * D + c[None, :]
+        dz = tl.load(dzs + sc, mask=cm[None, :], other=0.0)  # the pre-pass's: z's gradient, the readout's part of de
+        de = tl.load(des + sc, mask=cm[None, :], other=0.0)
         hv = (row[:, None] * H + i_h) * D + c[None, :]
-        dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
-        glnw += tl.sum(dO * nz, axis=0)
-        glnb += tl.sum(dO, axis=0)
-        dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
-        # z = x A + a + (x P + p) / i − M e
-        dx = dO + _dot(dz, tl.trans(A), PREC)
-        dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
-        de = -_dot(tl.trans(M), dz, PREC)
-        dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
-        deta = tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0)
-        dx += _dot(dS, kk, PREC)
-        dkk = _dot(tl.trans(dS), x, PREC)
+        dkk = tl.load(dk + hv, mask=m, other=0.0)  # the pre-pass's parts of dk, dη
+        deta = tl.load(dbeta + row * H + i_h, mask=valid, other=0.0)
         # the mini-batch's end sums: P_end = P − kᵀ (η ⊙ e), p_end = p − Σ η e; their gradient G: dPout for the
         # call's last mini-batch, else the next anchor's (A_{s+1} = A_s + P_end / b): dA0 / b as it stands
         if si == 0:
@@ -344,7 +407,6 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         dkk -= _dot(e * eta[:, None], tl.trans(G), PREC)
         if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
             dzi = dz / ipos[:, None]
-            dx += _dot(dzi, tl.trans(P), PREC)
             tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm & first)
             tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm & first)
         de -= eta[:, None] * kg
@@ -369,8 +431,7 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
         tl.store(dA0 + st, gA, mask=sm)
         ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
-        # per value head: the glue sums dq, dk over grouped heads
-        tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
+        # per value head: the glue sums dk over grouped heads
         tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
         tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
         tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
@@ -457,8 +518,30 @@ def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int,
     return o
 
 
+def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T: int, offset: int, cu, plan: _Plan,
+              geo: dict):
+    """`_bwd_read_kernel`: the readout's own gradients of every mini-batch in parallel from the anchors in (ckA, cka)
+    and do [B, T, H, D] (fp32): (dq whole, dk's and dη's readout parts [B, T, H, D] / [B, T, H] — per value head,
+    fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's and dβ_ln's parts [slots, H, D]). Arguments as
+    `_TTTLinear`'s."""
+    B, H, D = q.shape[0], geo["H"], geo["D"]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
+    dbeta = empty_output(B, T, H, **f32)
+    n = max(plan.slots, 1)
+    dzs, des = empty_output(n, H, geo["BT"], D, **f32), empty_output(n, H, geo["BT"], D, **f32)
+    glnw, glnb = empty_output(n, H, D, **f32), empty_output(n, H, D, **f32)
+    if plan.slots:
+        seq = (cu, plan.first, plan.seq_of) if cu is not None else (dq, dq, dq)
+        BK = min(tile("ttt_linear_bwd_read", "BK"), geo["BD"])
+        _bwd_read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des,
+                                          glnw, glnb, *seq, scale, T, offset, plan.NS, **geo, BK=BK,
+                                          HAS_P=offset > 0, **launch("ttt_linear_bwd_read"))
+    return dq, dk, dbeta, dzs, des, glnw[:plan.slots], glnb[:plan.slots]
+
+
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H,
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H,
     D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried
     sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None),
     the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last
@@ -482,7 +565,7 @@ class _TTTLinear(torch.autograd.Function):
         q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
         B, T, Hq, D = q.shape
         H = v.shape[2]
-        R = ctx.plan.R
+        R, plan, geo = ctx.plan.R, ctx.plan, ctx.geo
         dev = q.device
         f32 = dict(dtype=torch.float32, device=dev)
 
@@ -491,23 +574,26 @@ class _TTTLinear(torch.autograd.Function):
 
         do = grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
-        dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
         dv = empty_output(B, T, H, D, **f32)
-        dbeta = empty_output(B, T, H, **f32)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
+                                                        scale=ctx.scale, T=T, offset=ctx.offset,
+                                                        cu=seq[0] if seq else None, plan=plan, geo=geo)
         dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
         da0 = empty_output(R, H, D, **f32)
         dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
         seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw, dlnb,
+                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
                               HAS_P=has_p, **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
+        dlnw = dlnw.sum(0) + glnw.sum(0)
+        dlnb = dlnb.sum(0) + glnb.sum(0)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.to(lnw.dtype),
+                dlnb.to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
                 None, None)
 
 

@@ -168,6 +168,26 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 
 
 @triton.jit
+def _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H: tl.constexpr,
+                 HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr,
+                 PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """One mini-batch s of the state pass: its anchor (A, a) stored at its slot, then (k [BT, BD], η ⊙ e [BT, BD], the
+    end sum of the bias p_0 − Σ η e [BD]) — p_0 (HAS_P) the first mini-batch's only."""
+    c = tl.arange(0, BD)
+    cm = c < D
+    ck = (slot0 + s) * H + i_h  # the anchors the readout and the backward recompute from
+    tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=cm[:, None] & cm[None, :])
+    tl.store(cka + ck * D + c, a, mask=cm)
+    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, Tn, off, H, HQ, D, BD, BT)
+    n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
+    ee = e * eta[:, None]
+    pend = -tl.sum(ee, axis=0)
+    if HAS_P:
+        pend += tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
+    return kk, ee, pend
+
+
+@triton.jit
 def _state_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, Aout, aout, Pout, pout, cu, slots, T, off,
                   NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                   EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
@@ -186,34 +206,30 @@ def _state_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, Aout, 
     a = tl.load(a0 + bi, mask=cm, other=0.0)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    none = ns == 0  # an empty sequence (varlen): its end sums are the carried ones
-    tl.store(Pout + st, tl.load(P0 + st, mask=sm & none, other=0.0), mask=sm & none)
-    tl.store(pout + bi, tl.load(p0 + bi, mask=cm & none, other=0.0), mask=cm & none)
-    for s in range(0, ns):
-        ck = (slot0 + s) * H + i_h  # the anchors the readout and the backward recompute from
-        tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
-        tl.store(cka + ck * D + c, a, mask=cm)
-        kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, Tn, off, H, HQ, D, BD, BT)
-        n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
-        ee = e * eta[:, None]
-        pend = -tl.sum(ee, axis=0)  # this mini-batch's end sum of the bias: p_0 − Σ η e
-        if HAS_P:  # the carried sums P_0, p_0: the first mini-batch's only (0 after)
-            P = tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
-            p = tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
-            pend += p
-        if s == ns - 1:  # the call's last mini-batch: its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
-            Pend = -_dot(tl.trans(kk), ee, PREC)
-            if HAS_P:
-                Pend += P
-            tl.store(Pout + st, Pend, mask=sm)
-            tl.store(pout + bi, pend, mask=cm)
-        else:  # the next anchor A + P_end / b, accumulated into A (no [BD, BD] tile of P_end)
-            A = tl.dot(tl.trans(kk), ee * (-1.0 / BT), acc=A, input_precision=PREC)
-            if HAS_P:
-                A += P * (1.0 / BT)
-            a = a + pend / BT
-    tl.store(Aout + st, A, mask=sm)
-    tl.store(aout + bi, a, mask=cm)
+    for s in range(0, ns - 1):  # every mini-batch but the last: the next anchor A + P_end / b accumulated into A
+        kk, ee, pend = _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H, HQ,
+                                    D, BD, BT, EPS, PREC, HAS_P)
+        A = tl.dot(tl.trans(kk), ee * (-1.0 / BT), acc=A, input_precision=PREC)
+        if HAS_P:
+            if s == 0:
+                A += tl.load(P0 + st, mask=sm, other=0.0) * (1.0 / BT)
+        a = a + pend / BT
+    if ns > 0:  # the call's last mini-batch (peeled: A is stored before its end sums' [BD, BD] tile is formed)
+        s = ns - 1
+        kk, ee, pend = _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H, HQ,
+                                    D, BD, BT, EPS, PREC, HAS_P)
+        tl.store(Aout + st, A, mask=sm)
+        tl.store(aout + bi, a, mask=cm)
+        Pend = -_dot(tl.trans(kk), ee, PREC)  # its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
+        if HAS_P:
+            Pend += tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
+        tl.store(Pout + st, Pend, mask=sm)
+        tl.store(pout + bi, pend, mask=cm)
+    else:  # an empty sequence (varlen): its state and end sums are the carried ones
+        tl.store(Aout + st, A, mask=sm)
+        tl.store(aout + bi, a, mask=cm)
+        tl.store(Pout + st, tl.load(P0 + st, mask=sm, other=0.0), mask=sm)
+        tl.store(pout + bi, tl.load(p0 + bi, mask=cm, other=0.0), mask=cm)
 
 
 @triton.jit
@@ -406,9 +422,10 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAo
         kg = _dot(kk, G, PREC) + gpo[None, :]
         dkk -= _dot(e * eta[:, None], tl.trans(G), PREC)
         if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
-            dzi = dz / ipos[:, None]
-            tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm & first)
-            tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm & first)
+            if first:
+                dzi = dz / ipos[:, None]
+                tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm)
+                tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm)
         de -= eta[:, None] * kg
         deta -= tl.sum(e * kg, axis=1)
         # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
@@ -423,14 +440,15 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAo
         dn += lnw[None, :] * ddy
         dkk += ddy
         df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
-        # f = k A + a
-        dkk += _dot(df, tl.trans(A), PREC)
+        # f = k A + a (A read again here rather than kept from the top: one [BD, BD] tile live at a time)
         tl.debug_barrier()  # every thread's read of dA0 (G) before it is written
         gA = tl.load(dA0 + st, mask=sm, other=0.0)
         gA = tl.dot(tl.trans(x), dz, acc=gA, input_precision=PREC)
         gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
         tl.store(dA0 + st, gA, mask=sm)
         ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
+        A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
+        dkk += _dot(df, tl.trans(A), PREC)
         # per value head: the glue sums dk over grouped heads
         tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
         tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
@@ -541,11 +559,11 @@ def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T:
 
 
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H,
-    D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried
-    sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None),
-    the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last
-    mini-batch, fp32)."""
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B,
+    T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the
+    anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on
+    the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
+    each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):

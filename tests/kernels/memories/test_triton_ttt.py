@@ -3,7 +3,9 @@ its torch twin `ttt_linear_torch` (chunkwise.minibatch, float64) and the float64
 (reference.recurrent through `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k,
 v, the inner learning rates β, the LayerNorm's γ and β_ln, the initial weights and anchor; lengths that are
 no multiple of the mini-batch, a carried mini-batch (offset > 0), chained calls, grouped heads, fp32, bf16
-and fp16 inputs. Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
+and fp16 inputs. The split launches alone: the state pass's per-mini-batch anchors against the twin's weights, the
+readout and the backward's pre-pass on random anchors against the primal-form readout twin (`ttt_linear_readout_torch`).
+Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (D = 16 and 20, T ≤ 41); kernel
 outputs are NaN-poisoned (tests/conftest.py). Fresh random inputs every run; the seed is printed."""

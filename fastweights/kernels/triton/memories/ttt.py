@@ -1,5 +1,6 @@
 """TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in Triton: a sequential
-program per (sequence, value head) each way, and the forward's read of the queries in parallel over the mini-batches.
+program per (sequence, value head) each way for the recurrence through the anchors, and the read of the queries (and its
+gradients) in parallel over the mini-batches.
 
 The memory (Sun et al. 2024): a linear map with an inner bias inside a residual LayerNorm over the
 value dim D (K = V = D), M(x) = x + γ ⊙ LN(x W + b) + β_ln (γ, β_ln [H, D]: outer parameters, not
@@ -42,11 +43,26 @@ Forward, two launches (the structure of the delta-class kernels and of fla's `ch
 The anchors (ckA, cka) are what the backward reads, as before; they are written on every call now (also without
 gradients: a workspace of 4D²/b bytes a token, freed after the readout).
 
-Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
-gradients of (A, a) and of the mini-batch's end sums (P, p) carried in registers (P_0's own gradient only
-when the call continues a mini-batch: HAS_P); the per-(b, h) sums of dγ, dβ_ln are written as
-partials [B, H, D] and summed over B by the glue; dq, dk of grouped heads are written per value head
-and summed over the group by the glue.
+Backward, two launches likewise:
+
+1. `_bwd_read_kernel`, parallel, grid (anchor slots, H): per (mini-batch, value head) the readout recomputed from its
+   anchor (`_read`, as the forward's) and its own gradients: dz (LN(z)'s backward of γ ⊙ do), dq whole (x enters
+   only the readout: do + dz Aᵀ + dS k, + (dz / i) P_0ᵀ in a continued call's first mini-batch, in [BT, BK] column
+   blocks of A), the readout's parts of dk (dSᵀ x) and dη, per-slot partials of dγ, dβ_ln, and — for the reverse pass
+   — dz and the readout's part of e's gradient (−Mᵀ dz) into two scratches [slots, H, b, D] fp32: 2·b·D·4 bytes a
+   mini-batch (16 KB at b 16, D 128; 256 MiB at B 4, T 4096, H 16), a quarter of the anchors it reads. Nothing D×D
+   is stored: the readout's term of the anchor's gradient, xᵀ dz, is formed by the reverse pass from dz.
+2. `_bwd_kernel`, sequential, grid (R·H,): the mini-batches in reverse, each from its stored anchor: e recomputed
+   (f = k A + a), de = (the pre-pass's) − η (k G + g_p) with G the end sums' gradient (dPout for the call's last
+   mini-batch, else the next anchor's gradient over b), LayerNorm's backward to df, gA += xᵀ dz + kᵀ df, ga += Σ dz +
+   Σ df, and dk's (−(η e) Gᵀ, + ddy, + df Aᵀ), dη's and dv's parts through e (added to the pre-pass's in place);
+   P_0's own gradient when the call continues a mini-batch (HAS_P). The anchor's gradient gA [D, D] is accumulated in
+   place in dA0 (seeded by the glue with dAout's), the bias's ga carried in registers. Per mini-batch 12bD² dot FLOPs
+   on the sequential path (k A, k G, (η e) Gᵀ, df Aᵀ, xᵀ dz, kᵀ df); the single reverse kernel before it also
+   recomputed the readout there: 16bD² + 12b²D.
+
+The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
+are written per value head and summed over the group by the glue.
 
 `ttt_linear_triton` (glue, autograd) and its torch twin on the same contract (`chunkwise.minibatch`; the tests'
 tests/kernels/memories/twins.py) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
@@ -56,7 +72,8 @@ cu_seqlens on the host to place them, and each slot's sequence for the readout's
 it yet (a MemoryState carries one offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's
 `precision` (limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs;
 "tf32").
-Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd".
+Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd_read",
+"ttt_linear_bwd" (the reverse pass).
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ def _gated_workload(head_dims, dtypes, gates):
 
 
 def _memories_workload(head_dims, dtypes, gates, warps=None):
-    """TTT-Linear's and TTT-MLP's kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D; warps:
+    """TTT-Linear's and TTT-MLP's kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D (TTT-Linear
+    also with a carried mini-batch, offset 5, and varlen with grouped heads); warps:
     their launch's num_warps (None: util.LAUNCH's "ttt_*" sites')."""
     import torch
 
@@ -146,6 +147,15 @@ def _memories_workload(head_dims, dtypes, gates, warps=None):
             lnw, lnb = torch.ones(H, D, requires_grad=True), torch.zeros(H, D, requires_grad=True)
             lin = (torch.randn(B, H, D, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
             out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin)
+            out[0].float().sum().backward()
+            # a carried mini-batch (offset > 0: HAS_P) and varlen with grouped heads (H_q = 1)
+            out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin, anchor=lin, offset=5)
+            out[0].float().sum().backward()
+            cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
+            packed = (q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
+                      v.reshape(1, B * T, H, D), beta.reshape(1, B * T, H))
+            three = tuple(torch.cat([w, w[:1]]) for w in lin)  # one state row per sequence
+            out = ttt.ttt_linear_triton(*packed, lnw, lnb, scale=0.1, weights=three, cu_seqlens=cu)
             out[0].float().sum().backward()
             F = 4 * D
             mlp = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.zeros(B, H, 1, F),
@@ -205,7 +215,7 @@ def main():
                         smem=kernel.metadata.shared,
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
-                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF")})
+                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P")})
             rows.append(info)
         return kernel
 
@@ -215,8 +225,8 @@ def main():
     print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
     for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
         c = r["consts"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("D", "F", "BF", "K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU",
-                                                 "IS_VARLEN", "HQ", "HAS_BETA", "WRITE_O") if k in c)
+        desc = " ".join(f"{k}={c[k]}" for k in ("D", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU",
+                                                 "IS_VARLEN", "HQ", "HAS_P", "HAS_BETA", "WRITE_O") if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

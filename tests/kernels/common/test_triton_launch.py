@@ -154,8 +154,8 @@ def _conv(gen):
 def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     """The delta and gated pipelines (forward and backward, every gate), the prologue and the TTT memories' loops
     and the short conv launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's
-    defaults: 4 warps, 2 stages (1 for the TTT loops; the conv's Triton default, none passed), BV 64 (or V), qk_grads'
-    BC 32 (scalar / no gate) and 16 (diagonal)."""
+    defaults: 4 warps, 2 stages (1 for the TTT loops but TTT-Linear's parallel ones; the conv's Triton default, none
+    passed), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
     monkeypatch.setattr(util, "SEEN", set())
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
@@ -177,7 +177,9 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd") else 4
-            stages = 1 if name in STATE_PASSES or name.startswith("ttt_") else 2  # (the TTT loops: a scratch)
+            # (the TTT loops: a scratch; TTT-Linear's parallel kernels pipeline their anchor's row blocks)
+            parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read")
+            stages = 1 if name in STATE_PASSES or name.startswith("ttt_") and not parallel else 2
             if name.startswith("conv_"):
                 stages = None  # (Triton's default)
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name

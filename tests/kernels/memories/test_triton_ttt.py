@@ -3,7 +3,9 @@ its torch twin `ttt_linear_torch` (chunkwise.minibatch, float64) and the float64
 (reference.recurrent through `fw.recurrent`): outputs, final weights and anchor, and every gradient — q, k,
 v, the inner learning rates β, the LayerNorm's γ and β_ln, the initial weights and anchor; lengths that are
 no multiple of the mini-batch, a carried mini-batch (offset > 0), chained calls, grouped heads, fp32, bf16
-and fp16 inputs. Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
+and fp16 inputs. The split launches alone: the state pass's per-mini-batch anchors against the twin's weights, the
+readout and the backward's pre-pass on random anchors against the primal-form readout twin (`ttt_linear_readout_torch`).
+Then the dispatch row ("generic", "chunk", "triton") that serves TTT-Linear with them.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (D = 16 and 20, T ≤ 41); kernel
 outputs are NaN-poisoned (tests/conftest.py). Fresh random inputs every run; the seed is printed."""
@@ -108,20 +110,31 @@ def test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq):
 
 
 def test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen):
-    """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns) and b = 32; without
-    gradients (no_grad) the forward keeps no anchors and returns the same."""
+    """D = 20 (padded to a 32-wide tile: the LayerNorms must see only the D real columns) and b = 32, the readout
+    reading the anchor in 16-row blocks (util.LAUNCH's BK: two blocks, the second partly padding); without gradients
+    (no_grad) the same two launches (the state pass, then the readout over every mini-batch and head) return the
+    same."""
+    import copy
+
+    from fastweights.kernels.triton.common import util
     from fastweights.kernels.triton.memories import ttt as ttt_mod
 
-    saves = []
-    real = ttt_mod._fwd_kernel.run
-    monkeypatch.setattr(ttt_mod._fwd_kernel, "run", lambda *a, **kw: saves.append(kw["SAVE"]) or real(*a, **kw))
+    monkeypatch.setattr(util, "LAUNCH", copy.deepcopy(util.LAUNCH))
+    util.LAUNCH["ttt_linear_readout"]["BK"] = 16
+    grids = []
+    for kern in (ttt_mod._state_kernel, ttt_mod._readout_kernel):
+        real = kern.run
+        monkeypatch.setattr(kern, "run", lambda *a, _r=real, _n=kern.__name__, **kw: grids.append(
+            (_n, tuple(kw["grid"]), kw.get("BK"))) or _r(*a, **kw))
     x = _inputs(gen, T=41, Hq=2, D=20)
     seed = int(torch.randint(0, 2**31, (), generator=gen))
     got = _run(_kernel, _fp32(x), 7, seed, b=32)
     _agree(got, _run(_twin, x, 7, seed, b=32), CHUNK_F32_REL)
     with torch.no_grad():
         o, weights, anchor, _ = _kernel(_fp32(x), 7, b=32)
-    assert saves == [True, False]
+    # (7 + 41 tokens: 2 mini-batches of 32; H = 2)
+    launches = [("_state_kernel", (2,), None), ("_readout_kernel", (2, 2), 16)]
+    assert grids == launches * 2
     for a, b in zip((o, *weights, *anchor), got[0]):
         assert torch.equal(a, b)
 
@@ -211,6 +224,90 @@ def test_cuda_realistic(gen, size, dtype):
     got = _run(_kernel, _fp32(x), offset, seed, dtype=dtype)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TTT_LOW_REL[dtype]
     _agree(got, _run(_twin, x, offset, seed), tol)
+
+
+def _split_inputs(gen, offset):
+    """Float64 inputs (B 2, T 37, grouped heads H_q 1 → H 2, D 16, b 16) with a carried mini-batch's sums (P_0, p_0
+    as the glue forms them; zero without an offset), and the forward's plan and constexprs, fp32 tensors."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+
+    x = _inputs(gen, B=2, T=37, Hq=1)
+    P0 = offset * (x["W"] - x["A"]) if offset else torch.zeros_like(x["W"])
+    p0 = (offset * (x["b"] - x["a"]) if offset else torch.zeros_like(x["b"])).squeeze(2)
+    f = {n: val.float().contiguous().to(DEV) for n, val in x.items()}
+    plan = ttt_mod._plan(2, 37, offset, 16, None, DEV)
+    geo = ttt_mod._geo(f["q"], f["v"], 16, None, ttt_mod.PRECISION)
+    return x, P0, p0, f, plan, geo
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_readout_alone_equals_its_twin_on_random_anchors(gen, offset):
+    """`_readout` (the forward's parallel kernel) on random anchors — one per mini-batch, no recurrence between them —
+    against the primal-form twin (each token's own weights A + P_i / i, e by autograd): every mini-batch is read
+    from its own stored anchor alone, the carried sums (offset 5) enter only the first."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+    from tests.kernels.memories.twins import ttt_linear_readout_torch
+
+    x, P0, p0, f, plan, geo = _split_inputs(gen, offset)
+    NS, H, D = plan.NS, 2, 16
+    A = torch.randn(2, NS, H, D, D, generator=gen, dtype=torch.float64) / D ** 0.5
+    a = 0.1 * torch.randn(2, NS, H, D, generator=gen, dtype=torch.float64)
+    ckA, cka = (t.float().reshape(-1, *t.shape[2:]).contiguous().to(DEV) for t in (A, a))  # slot b·NS + s
+    o = ttt_mod._readout(f["q"], f["k"], f["v"], f["beta"], f["lnw"], f["lnb"], P0.float().to(DEV),
+                         p0.float().to(DEV), ckA, cka, scale=SCALE, T=37, offset=offset, cu=None, plan=plan, geo=geo)
+    want = ttt_linear_readout_torch(x["q"], x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], (A, a), (P0, p0),
+                                    scale=SCALE, offset=offset, minibatch=16)
+    assert rel(o, want) < CHUNK_F32_REL
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_backward_pre_pass_alone_gives_dq(gen, offset):
+    """`_bwd_read` (the backward's parallel pre-pass) on random anchors gives the whole dq — the queries enter only
+    the readout — equal to the gradient of the primal-form readout twin under a random do, grouped heads summed; the
+    carried sums (offset 5) enter the first mini-batch's."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+    from tests.kernels.memories.twins import ttt_linear_readout_torch
+
+    x, P0, p0, f, plan, geo = _split_inputs(gen, offset)
+    NS, H, D = plan.NS, 2, 16
+    A = torch.randn(2, NS, H, D, D, generator=gen, dtype=torch.float64) / D ** 0.5
+    a = 0.1 * torch.randn(2, NS, H, D, generator=gen, dtype=torch.float64)
+    do = torch.randn(2, 37, H, D, generator=gen, dtype=torch.float64)
+    ckA, cka = (t.float().reshape(-1, *t.shape[2:]).contiguous().to(DEV) for t in (A, a))
+    dq = ttt_mod._bwd_read(f["q"], f["k"], f["v"], f["beta"], f["lnw"], f["lnb"], P0.float().to(DEV),
+                           p0.float().to(DEV), ckA, cka, do.float().to(DEV), scale=SCALE, T=37, offset=offset,
+                           cu=None, plan=plan, geo=geo)[0]
+    q = x["q"].clone().requires_grad_(True)
+    o = ttt_linear_readout_torch(q, x["k"], x["v"], x["beta"], x["lnw"], x["lnb"], (A, a), (P0, p0), scale=SCALE,
+                                 offset=offset, minibatch=16)
+    want, = torch.autograd.grad((o * do).sum(), q)
+    assert rel(dq.sum(2, keepdim=True), want) < CHUNK_F32_REL
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_state_pass_stores_every_mini_batch_anchor(gen, offset):
+    """`_state_pass` (the forward's sequential kernel) stores mini-batch s's anchor in slot b·NS + s: the first the
+    initial anchor, each later one the twin's weights after the tokens before it (a call ending on that mini-batch's
+    start); its end outputs (A, a, P, p) give the twin's final weights A + P / i."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+
+    x, P0, p0, f, plan, geo = _split_inputs(gen, offset)
+    A0, a0 = (f["A"], f["a"]) if offset else (f["W"], f["b"])
+    ckA, cka, A, a, P, p = ttt_mod._state_pass(f["k"], f["v"], f["beta"], f["lnw"], f["lnb"], A0, a0.squeeze(2),
+                                               P0.float().to(DEV), p0.float().to(DEV), T=37, offset=offset, cu=None,
+                                               plan=plan, geo=geo)
+    ckA, cka = ckA.view(2, plan.NS, 2, 16, 16), cka.view(2, plan.NS, 2, 16)
+    assert rel(ckA[:, 0], A0) < CHUNK_F32_REL and rel(cka[:, 0], a0.squeeze(2)) < CHUNK_F32_REL
+    for s in range(1, plan.NS):
+        n = 16 * s - offset  # the tokens before mini-batch s
+        part = {name: (val[:, :n] if name in ("q", "k", "v", "beta") else val) for name, val in x.items()}
+        _, (W, bias), _, off = _twin(part, offset)
+        assert off == 0
+        assert rel(ckA[:, s], W) < CHUNK_F32_REL, s
+        assert rel(cka[:, s], bias.squeeze(2)) < CHUNK_F32_REL, s
+    _, (W, bias), _, _ = _twin(x, offset)
+    last = (offset + 37) - 16 * (plan.NS - 1)
+    assert rel(A + P / last, W) < CHUNK_F32_REL and rel(a + p / last, bias.squeeze(2)) < CHUNK_F32_REL
 
 
 def test_the_kernels_refuse_what_they_do_not_take(gen):

@@ -135,7 +135,14 @@ LAUNCH: dict[str, dict] = {
     # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
     # (TTT-Linear at 8 warps: its [D, D] weight's registers; 2.7× faster than 4 at tf32x3, H200, BENCHMARKS §1m)
-    "ttt_linear_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt._fwd_kernel
+    # TTT-Linear's forward: the sequential state pass (one program per sequence and head) and the parallel readout
+    # (one per mini-batch and head; BK: the rows of the anchor A read at a time for x A and k A, ≤ D's tile; 2 stages:
+    # the next block's loads in flight; sm_90, D 128: 255 registers and no spill at BK 32, spills from BK 64 on)
+    "ttt_linear_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt._state_kernel
+    "ttt_linear_readout": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._readout_kernel
+    # TTT-Linear's backward: the parallel pre-pass (the readout's own gradients; BK as the readout's) and the reverse
+    # sequential pass
+    "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel
@@ -179,7 +186,8 @@ KERNEL_FN = {
     "gated_fused_bwd_states": "fused.gated_fused._bwd_states_kernel",
     "gated_fused_bwd_chunk": "fused.gated_fused._bwd_chunk_kernel",
     "gated_fused_scores": "fused.gated_fused._scores_kernel",
-    "ttt_linear_fwd": "memories.ttt._fwd_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
+    "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
+    "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",

@@ -1,5 +1,6 @@
-"""TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in one Triton
-program per (sequence, value head), each way.
+"""TTT-Linear's inner mini-batch loop (`chunkwise.minibatch` for the recipe `ttt_linear`) in Triton: a sequential
+program per (sequence, value head) each way for the recurrence through the anchors, and the read of the queries (and its
+gradients) in parallel over the mini-batches.
 
 The memory (Sun et al. 2024): a linear map with an inner bias inside a residual LayerNorm over the
 value dim D (K = V = D), M(x) = x + γ ⊙ LN(x W + b) + β_ln (γ, β_ln [H, D]: outer parameters, not
@@ -21,26 +22,58 @@ and the read at the queries x = scale·q, in the dual form (no per-token W is fo
     z_t = x_t A + a + (x_t P_0 + p_0) / i_t − Σ_{j ≤ t} M_tj e_j,   M_tj = η_j (x_t · k_j + 1) / i_t
     o_t = x_t + γ ⊙ LN(z_t) + β_ln                   (i_t: token t's 1-based position in its mini-batch)
 
-Forward (`_fwd_kernel`): the program keeps A, a, P, p in registers (fp32), walks the mini-batches,
-writes o and, per mini-batch, its anchor (A, a) — the only thing the backward cannot recompute cheaply
-(D² + D fp32 values per mini-batch: 4D²/b bytes a token); at a mini-batch end the anchor rolls,
-A ← A + P / b, P ← 0. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i
-for its i tokens (the glue).
+Forward, two launches (the structure of the delta-class kernels and of fla's `chunk_ttt_linear`):
 
-Backward (`_bwd_kernel`): the mini-batches in reverse, each recomputed from its stored anchor, with the
-gradients of (A, a) and of the mini-batch's end sums (P, p) carried in registers (P_0's own gradient only
-when the call continues a mini-batch: HAS_P); the per-(b, h) sums of dγ, dβ_ln are written as
-partials [B, H, D] and summed over B by the glue; dq, dk of grouped heads are written per value head
-and summed over the group by the glue.
+1. `_state_kernel`, sequential, grid (R·H,): one program per (sequence, value head) keeps the anchor (A, a) in
+   registers (fp32) and walks the mini-batches computing only what the recurrence needs — f = K A + a, e by
+   LayerNorm's backward, the roll A ← A − kᵀ(η ⊙ e) / b (+ P_0 / b after the first mini-batch of a call with offset
+   > 0), a likewise — and stores each mini-batch's anchor (A, a) at its slot: (D² + D)·4 bytes a mini-batch (66 KB at
+   D 128), 4D²/b bytes a token. It ends with (A, a, P, p) of the last mini-batch: the final weights are A + P / i for
+   its i tokens (the glue). Per mini-batch 4bD² dot FLOPs on the sequential path (K A, kᵀ(η e)); the single-kernel
+   forward before it also read out the queries there: 6bD² + 4b²D.
+2. `_readout_kernel`, parallel, grid (anchor slots, H): one program per (mini-batch, value head) loads its anchor,
+   recomputes e from it (f = K A + a) and computes z in the dual form and o = x + γ ⊙ LN(z) + β_ln; the first
+   mini-batch of a sequence adds (x P_0 + p_0) / i when the call continues one. A is read in [BK, D] row blocks
+   (util.LAUNCH "ttt_linear_readout" BK), each used by both x A and K A: no [D, D] tile in registers. e is recomputed
+   rather than stored by the state pass: storing it would cost b·D·4 bytes a mini-batch written and read again
+   (8 KB at b 16, D 128: +20 % on the readout's ≈ 82 KB of anchor, q, k, v and o with bf16 inputs) to save one
+   [b, D]×[D, D] product (2bD² FLOPs, 0.5 MFLOP) in a kernel that is bound by those bytes, and the backward
+   recomputes e from the anchor anyway.
+
+The anchors (ckA, cka) are what the backward reads, as before; they are written on every call now (also without
+gradients: a workspace of 4D²/b bytes a token, freed after the readout).
+
+Backward, two launches likewise:
+
+1. `_bwd_read_kernel`, parallel, grid (anchor slots, H): per (mini-batch, value head) the readout recomputed from its
+   anchor (`_read`, as the forward's) and its own gradients: dz (LN(z)'s backward of γ ⊙ do), dq whole (x enters
+   only the readout: do + dz Aᵀ + dS k, + (dz / i) P_0ᵀ in a continued call's first mini-batch, in [BT, BK] column
+   blocks of A), the readout's parts of dk (dSᵀ x) and dη, per-slot partials of dγ, dβ_ln, and — for the reverse pass
+   — dz and the readout's part of e's gradient (−Mᵀ dz) into two scratches [slots, H, b, D] fp32: 2·b·D·4 bytes a
+   mini-batch (16 KB at b 16, D 128; 256 MiB at B 4, T 4096, H 16), a quarter of the anchors it reads. Nothing D×D
+   is stored: the readout's term of the anchor's gradient, xᵀ dz, is formed by the reverse pass from dz.
+2. `_bwd_kernel`, sequential, grid (R·H,): the mini-batches in reverse, each from its stored anchor: e recomputed
+   (f = k A + a), de = (the pre-pass's) − η (k G + g_p) with G the end sums' gradient (dPout for the call's last
+   mini-batch, else the next anchor's gradient over b), LayerNorm's backward to df, gA += xᵀ dz + kᵀ df, ga += Σ dz +
+   Σ df, and dk's (−(η e) Gᵀ, + ddy, + df Aᵀ), dη's and dv's parts through e (added to the pre-pass's in place);
+   P_0's own gradient when the call continues a mini-batch (HAS_P). The anchor's gradient gA [D, D] is accumulated in
+   place in dA0 (seeded by the glue with dAout's), the bias's ga carried in registers. Per mini-batch 12bD² dot FLOPs
+   on the sequential path (k A, k G, (η e) Gᵀ, df Aᵀ, xᵀ dz, kᵀ df); the single reverse kernel before it also
+   recomputed the readout there: 16bD² + 12b²D.
+
+The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
+are written per value head and summed over the group by the glue.
 
 `ttt_linear_triton` (glue, autograd) and its torch twin on the same contract (`chunkwise.minibatch`; the tests'
 tests/kernels/memories/twins.py) take and return the same tensors. Tile: the mini-batch b is one tile dim (b a power
-of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one program
-per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue
-reads cu_seqlens on the host to place them); the dispatch row does not pass it yet (a MemoryState carries one
-offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's `precision`
-(limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs; "tf32").
-Launch settings: util.LAUNCH's "ttt_linear_fwd", "ttt_linear_bwd".
+of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM). Varlen (`cu_seqlens`): one sequential program
+per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue reads
+cu_seqlens on the host to place them, and each slot's sequence for the readout's grid); the dispatch row does not pass
+it yet (a MemoryState carries one offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's
+`precision` (limits.DOT_PRECISIONS: "tf32x3" by default, three TF32 tensor-core products per dot; "ieee" fp32 FMAs;
+"tf32").
+Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd_read",
+"ttt_linear_bwd" (the reverse pass).
 """
 
 from __future__ import annotations
@@ -55,7 +88,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES
-from ..common.util import check_precision, launch, pow2
+from ..common.util import check_precision, launch, pow2, tile
 
 Tensor = torch.Tensor
 
@@ -89,11 +122,11 @@ def _ln_back(n, inv, g, cm, D: tl.constexpr):
 
 
 @triton.jit
-def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
-          BD: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
-    s·b + r − off): x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token
-    rows' offsets and validity."""
+def _tokens(k, v, beta, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+            BT: tl.constexpr):
+    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
+    s·b + r − off): k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token rows' offsets, their
+    validity, the [BT, BD] mask and the q/k element offsets."""
     r = tl.arange(0, BT)
     c = tl.arange(0, BD)
     cm = c < D
@@ -104,10 +137,19 @@ def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.con
     m = valid[:, None] & cm[None, :]
     qk_off = (row[:, None] * HQ + i_hq) * D + c[None, :]
     hv_off = (row[:, None] * H + i_h) * D + c[None, :]
-    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
     kk = tl.load(k + qk_off, mask=m, other=0.0).to(tl.float32)
     vv = tl.load(v + hv_off, mask=m, other=0.0).to(tl.float32)
     eta = tl.load(beta + row * H + i_h, mask=valid, other=0.0).to(tl.float32)
+    return kk, vv, eta, row, valid, m, qk_off
+
+
+@triton.jit
+def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+          BD: tl.constexpr, BT: tl.constexpr):
+    """Mini-batch s's rows (`_tokens`) with the queries: x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence),
+    η [BT] (0 outside), the token rows' offsets and validity."""
+    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, T, off, H, HQ, D, BD, BT)
+    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
     return x, kk, vv, eta, row, valid, m
 
 
@@ -128,9 +170,8 @@ def _sequence(i_b, T, off, NS, cu, slots, BT: tl.constexpr, IS_VARLEN: tl.conste
 
 
 @triton.jit
-def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
-    """The inner gradient's factors at the anchor: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
-    f = _dot(kk, A, PREC) + a[None, :]
+def _errors_at(f, kk, vv, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr):
+    """The inner gradient's factors at f = k A + a [BT, BD]: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
     n, inv = _ln(f, cm, D, EPS)
     dy = tl.where(cm[None, :], kk + lnb[None, :] - vv, 0.0) + lnw[None, :] * n
     u = lnw[None, :] * dy
@@ -138,16 +179,42 @@ def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Aout, aout, Pout, pout, cu, slots,
-                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, SAVE: tl.constexpr,
-                IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
-    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read and end sums
+def _errors(kk, vv, A, a, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr):
+    """The inner gradient's factors at the anchor: (n, 1/σ, dy, u, e), each [BT, BD] (1/σ [BT])."""
+    return _errors_at(_dot(kk, A, PREC) + a[None, :], kk, vv, lnw, lnb, cm, D, EPS)
+
+
+@triton.jit
+def _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H: tl.constexpr,
+                 HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr,
+                 PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """One mini-batch s of the state pass: its anchor (A, a) stored at its slot, then (k [BT, BD], η ⊙ e [BT, BD], the
+    end sum of the bias p_0 − Σ η e [BD]) — p_0 (HAS_P) the first mini-batch's only."""
+    c = tl.arange(0, BD)
+    cm = c < D
+    ck = (slot0 + s) * H + i_h  # the anchors the readout and the backward recompute from
+    tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=cm[:, None] & cm[None, :])
+    tl.store(cka + ck * D + c, a, mask=cm)
+    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, Tn, off, H, HQ, D, BD, BT)
+    n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
+    ee = e * eta[:, None]
+    pend = -tl.sum(ee, axis=0)
+    if HAS_P:
+        pend += tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
+    return kk, ee, pend
+
+
+@triton.jit
+def _state_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, Aout, aout, Pout, pout, cu, slots, T, off,
+                  NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                  EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    """The forward's sequential pass, grid (R·H,): the anchors (A, a) of every mini-batch into (ckA, cka), then the
+    last one's (A, a, P, p) into the outputs. Per mini-batch only the recurrence: f = k A + a, e, A ← A − kᵀ(η e)/b."""
+    # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's end sums
     i_bh = tl.program_id(0)
     i_b, i_h = i_bh // H, i_bh % H
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
-    r = tl.arange(0, BT)
     cm = c < D
     sm = cm[:, None] & cm[None, :]
     st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]  # [BD, BD] of one (b, h) state
@@ -156,51 +223,178 @@ def _fwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, o, ckA, cka, Ao
     a = tl.load(a0 + bi, mask=cm, other=0.0)
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
-    tri = r[:, None] >= r[None, :]
-    none = ns == 0  # an empty sequence (varlen): its end sums are the carried ones
-    tl.store(Pout + st, tl.load(P0 + st, mask=sm & none, other=0.0), mask=sm & none)
-    tl.store(pout + bi, tl.load(p0 + bi, mask=cm & none, other=0.0), mask=cm & none)
-    for s in range(0, ns):
-        if SAVE:  # the anchors the backward recomputes from (not kept when no gradient is wanted)
-            ck = (slot0 + s) * H + i_h
-            tl.store(ckA + ck * D * D + (c[:, None] * D + c[None, :]), A, mask=sm)
-            tl.store(cka + ck * D + c, a, mask=cm)
-        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
-        n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
-        S = _dot(x, tl.trans(kk), PREC) + 1.0
-        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
-        ee = e * eta[:, None]
-        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
-        pend = -tl.sum(ee, axis=0)  # this mini-batch's end sum of the bias: p_0 − Σ η e
-        if HAS_P:  # the carried sums P_0, p_0: the first mini-batch's only (0 after)
-            P = tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
-            p = tl.load(p0 + bi, mask=cm & (s == 0), other=0.0)
-            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
-            pend += p
-        nz, invz = _ln(z, cm, D, EPS)
-        out = x + lnw[None, :] * nz + lnb[None, :]
-        tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
-        if s == ns - 1:  # the call's last mini-batch: its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
-            Pend = -_dot(tl.trans(kk), ee, PREC)
-            if HAS_P:
-                Pend += P
-            tl.store(Pout + st, Pend, mask=sm)
-            tl.store(pout + bi, pend, mask=cm)
-        else:  # the next anchor A + P_end / b, accumulated into A (no [BD, BD] tile of P_end)
-            A = tl.dot(tl.trans(kk), ee * (-1.0 / BT), acc=A, input_precision=PREC)
-            if HAS_P:
-                A += P * (1.0 / BT)
-            a = a + pend / BT
-    tl.store(Aout + st, A, mask=sm)
-    tl.store(aout + bi, a, mask=cm)
+    for s in range(0, ns - 1):  # every mini-batch but the last: the next anchor A + P_end / b accumulated into A
+        kk, ee, pend = _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H, HQ,
+                                    D, BD, BT, EPS, PREC, HAS_P)
+        A = tl.dot(tl.trans(kk), ee * (-1.0 / BT), acc=A, input_precision=PREC)
+        if HAS_P:
+            if s == 0:
+                A += tl.load(P0 + st, mask=sm, other=0.0) * (1.0 / BT)
+        a = a + pend / BT
+    if ns > 0:  # the call's last mini-batch (peeled: A is stored before its end sums' [BD, BD] tile is formed)
+        s = ns - 1
+        kk, ee, pend = _anchor_step(k, v, beta, p0, ckA, cka, A, a, lnw, lnb, slot0, s, bos, Tn, off, i_h, bi, H, HQ,
+                                    D, BD, BT, EPS, PREC, HAS_P)
+        tl.store(Aout + st, A, mask=sm)
+        tl.store(aout + bi, a, mask=cm)
+        Pend = -_dot(tl.trans(kk), ee, PREC)  # its end sums P_0 − kᵀ(η e) out (the glue forms A + P / i)
+        if HAS_P:
+            Pend += tl.load(P0 + st, mask=sm & (s == 0), other=0.0)
+        tl.store(Pout + st, Pend, mask=sm)
+        tl.store(pout + bi, pend, mask=cm)
+    else:  # an empty sequence (varlen): its state and end sums are the carried ones
+        tl.store(Aout + st, A, mask=sm)
+        tl.store(aout + bi, a, mask=cm)
+        tl.store(Pout + st, tl.load(P0 + st, mask=sm, other=0.0), mask=sm)
+        tl.store(pout + bi, tl.load(p0 + bi, mask=cm, other=0.0), mask=cm)
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, daout, dPout, dpout,
-                dq, dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
+def _slot(i_slot, T, off, NS, cu, slots, seq_of, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """(sequence, its first row, its tokens, the mini-batch within it) of anchor slot i_slot."""
+    if IS_VARLEN:  # the slot's sequence (seq_of, from the host)
+        i_b = tl.load(seq_of + i_slot)
+    else:
+        i_b = i_slot // NS
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    return i_b, bos, Tn, (i_slot - slot0).to(tl.int32)
+
+
+@triton.jit
+def _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h, bos, Tn, s, scale, off, H: tl.constexpr,
+          HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+          EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """Mini-batch s (anchor slot i_slot) of value head i_h read from its stored anchor (A, a): e recomputed (f = k A
+    + a), z in the dual form. Returns (x, k [BT, BD], η [BT], rows, validity, mask, e, S, M, LN(z) [BT, BD], 1/σ(z)).
+    A is read in [BK, BD] row blocks, each used by both x A and k A (no [BD, BD] tile in registers)."""
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    ipos = (r + 1).to(tl.float32)  # i: 1-based position in the mini-batch
+    tri = r[:, None] >= r[None, :]
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    ck = i_slot.to(tl.int64) * H + i_h
+    a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
+    # x A and k A over row blocks of A: x[:, j] and k[:, j] reloaded as [BT, BK] columns (L1/L2 hits)
+    i_hq = i_h // (H // HQ)
+    xa = tl.zeros([BT, BD], dtype=tl.float32)
+    ka = tl.zeros([BT, BD], dtype=tl.float32)
+    for j0 in range(0, BD, BK):
+        j = j0 + tl.arange(0, BK)
+        jm = j < D
+        qk_off = (row[:, None] * HQ + i_hq) * D + j[None, :]
+        mj = valid[:, None] & jm[None, :]
+        xj = tl.load(q + qk_off, mask=mj, other=0.0).to(tl.float32) * scale
+        kj = tl.load(k + qk_off, mask=mj, other=0.0).to(tl.float32)
+        Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+        xa = tl.dot(xj, Aj, acc=xa, input_precision=PREC)
+        ka = tl.dot(kj, Aj, acc=ka, input_precision=PREC)
+    n, inv, dy, u, e = _errors_at(ka + a[None, :], kk, vv, lnw, lnb, cm, D, EPS)
+    S = _dot(x, tl.trans(kk), PREC) + 1.0
+    M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
+    z = xa + a[None, :] - _dot(M, e, PREC)
+    if HAS_P:  # the carried sums P_0, p_0 of the sequence enter its first mini-batch's read only (in row blocks)
+        if s == 0:
+            sh = i_b.to(tl.int64) * H + i_h
+            xp = tl.load(p0 + sh * D + c, mask=cm, other=0.0)[None, :] + tl.zeros([BT, BD], dtype=tl.float32)
+            for j0 in range(0, BD, BK):
+                j = j0 + tl.arange(0, BK)
+                jm = j < D
+                mj = valid[:, None] & jm[None, :]
+                xj = tl.load(q + (row[:, None] * HQ + i_hq) * D + j[None, :], mask=mj, other=0.0).to(tl.float32)
+                Pj = tl.load(P0 + sh * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+                xp = tl.dot(xj * scale, Pj, acc=xp, input_precision=PREC)
+            z += xp / ipos[:, None]
+    nz, invz = _ln(z, cm, D, EPS)
+    return x, kk, eta, row, valid, m, e, S, M, nz, invz
+
+
+@triton.jit
+def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, slots, seq_of, scale, T, off, NS,
+                    H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+                    HAS_P: tl.constexpr):
+    """The forward's parallel readout, grid (anchor slots, H): o = x + γ ⊙ LN(z) + β_ln of one mini-batch of one value
+    head from its stored anchor (`_read`)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    cm = c < D
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
+                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
+                                                         HAS_P)
+    out = x + lnw[None, :] * nz + lnb[None, :]
+    tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb, cu,
+                     slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                     BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    """The backward's parallel pre-pass, grid (anchor slots, H): the readout's own gradients of one mini-batch of one
+    value head from its stored anchor (`_read` recomputed) — dq whole (x enters nothing else), the readout's parts of
+    dk (dSᵀ x) and dη, the per-slot partials of dγ, dβ_ln, and for the reverse pass dz and the readout's part of de
+    (−Mᵀ dz), [BT, D] each into the scratches dzs, des (fp32, slot-major like the anchors)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
+                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
+                                                         HAS_P)
+    ck = i_slot.to(tl.int64) * H + i_h
+    # o = x + γ ⊙ LN(z) + β_ln
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
+    tl.store(glnw + ck * D + c, tl.sum(dO * nz, axis=0), mask=cm)
+    tl.store(glnb + ck * D + c, tl.sum(dO, axis=0), mask=cm)
+    dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
+    # z = x A + a + (x P + p) / i − M e
+    dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
+    dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
+    tl.store(dbeta + row * H + i_h, tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0), mask=valid)
+    tl.store(dk + hv, _dot(tl.trans(dS), x, PREC), mask=m)
+    sc = (ck * BT + r[:, None]) * D + c[None, :]
+    tl.store(dzs + sc, dz, mask=cm[None, :])
+    tl.store(des + sc, -_dot(tl.trans(M), dz, PREC), mask=cm[None, :])
+    # dx = dO + dz Aᵀ + dS k (+ (dz / i) P_0ᵀ in a continued call's first mini-batch), in [BT, BK] column blocks
+    i_hq = i_h // (H // HQ)
+    sh = i_b.to(tl.int64) * H + i_h
+    for j0 in range(0, BD, BK):
+        j = j0 + tl.arange(0, BK)
+        jm = j < D
+        mj = valid[:, None] & jm[None, :]
+        kj = tl.load(k + (row[:, None] * HQ + i_hq) * D + j[None, :], mask=mj, other=0.0).to(tl.float32)
+        Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
+        hj = (row[:, None] * H + i_h) * D + j[None, :]
+        dxj = tl.load(do + hj, mask=mj, other=0.0).to(tl.float32) + _dot(dS, kj, PREC)
+        dxj = tl.dot(dz, tl.trans(Aj), acc=dxj, input_precision=PREC)
+        if HAS_P:  # (P_0 read only by the sequence's first mini-batch: 0 elsewhere)
+            Pj = tl.load(P0 + sh * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :] & (s == 0),
+                         other=0.0)
+            dxj = tl.dot(dz / ipos[:, None], tl.trans(Pj), acc=dxj, input_precision=PREC)
+        tl.store(dq + hj, (dxj * scale).to(dq.dtype.element_ty), mask=mj)
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAout, daout, dPout, dpout,
+                dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                 EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The backward's reverse sequential pass, grid (R·H,), after `_bwd_read_kernel`: per mini-batch only what chains
+    through the anchors — e recomputed (f = k A + a), its gradient de = (the readout's, read) − η (k G + g_p), the
+    LayerNorm's backward to df, then gA += xᵀ dz + kᵀ df, ga += Σ dz + Σ df — and the parts of dk, dη (added to the
+    pre-pass's), dv, dγ, dβ_ln that come through e."""
     # HAS_P (offset > 0): the call continues a mini-batch, whose sums (P0, p0) enter the first one's read.
     # The anchor's gradient gA [BD, BD] is accumulated in place in dA0 (the glue seeds it with dAout): no [BD, BD]
     # tile is carried over the mini-batches — each one holds its anchor A and, for a while, its end sums' gradient
@@ -216,7 +410,6 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     ipos = (r + 1).to(tl.float32)
-    tri = r[:, None] >= r[None, :]
     ga = tl.load(daout + bi, mask=cm, other=0.0)  # the anchor bias's gradient (a vector: carried)
     gpo = tl.load(dpout + bi, mask=cm, other=0.0)
     glnw = tl.zeros([BD], dtype=tl.float32)
@@ -231,28 +424,12 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
         x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
         n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
-        S = _dot(x, tl.trans(kk), PREC) + 1.0
-        M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
-        z = _dot(x, A, PREC) + a[None, :] - _dot(M, e, PREC)
-        if HAS_P:
-            P = tl.load(P0 + st, mask=sm & first, other=0.0)  # the carried sums enter the first mini-batch only
-            p = tl.load(p0 + bi, mask=cm & first, other=0.0)
-            z += (_dot(x, P, PREC) + p[None, :]) / ipos[:, None]
-        nz, invz = _ln(z, cm, D, EPS)
-        # o = x + γ ⊙ LN(z) + β_ln
+        sc = (ck * BT + r[:, None]) * D + c[None, :]
+        dz = tl.load(dzs + sc, mask=cm[None, :], other=0.0)  # the pre-pass's: z's gradient, the readout's part of de
+        de = tl.load(des + sc, mask=cm[None, :], other=0.0)
         hv = (row[:, None] * H + i_h) * D + c[None, :]
-        dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
-        glnw += tl.sum(dO * nz, axis=0)
-        glnb += tl.sum(dO, axis=0)
-        dz = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
-        # z = x A + a + (x P + p) / i − M e
-        dx = dO + _dot(dz, tl.trans(A), PREC)
-        dM = -_dot(dz, tl.trans(e), PREC)  # [BT, BT]
-        de = -_dot(tl.trans(M), dz, PREC)
-        dS = tl.where(tri, dM * eta[None, :] / ipos[:, None], 0.0)
-        deta = tl.sum(tl.where(tri, dM * S / ipos[:, None], 0.0), axis=0)
-        dx += _dot(dS, kk, PREC)
-        dkk = _dot(tl.trans(dS), x, PREC)
+        dkk = tl.load(dk + hv, mask=m, other=0.0)  # the pre-pass's parts of dk, dη
+        deta = tl.load(dbeta + row * H + i_h, mask=valid, other=0.0)
         # the mini-batch's end sums: P_end = P − kᵀ (η ⊙ e), p_end = p − Σ η e; their gradient G: dPout for the
         # call's last mini-batch, else the next anchor's (A_{s+1} = A_s + P_end / b): dA0 / b as it stands
         if si == 0:
@@ -262,10 +439,10 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         kg = _dot(kk, G, PREC) + gpo[None, :]
         dkk -= _dot(e * eta[:, None], tl.trans(G), PREC)
         if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
-            dzi = dz / ipos[:, None]
-            dx += _dot(dzi, tl.trans(P), PREC)
-            tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm & first)
-            tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm & first)
+            if first:
+                dzi = dz / ipos[:, None]
+                tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm)
+                tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm)
         de -= eta[:, None] * kg
         deta -= tl.sum(e * kg, axis=1)
         # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
@@ -280,16 +457,16 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
         dn += lnw[None, :] * ddy
         dkk += ddy
         df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
-        # f = k A + a
-        dkk += _dot(df, tl.trans(A), PREC)
+        # f = k A + a (A read again here rather than kept from the top: one [BD, BD] tile live at a time)
         tl.debug_barrier()  # every thread's read of dA0 (G) before it is written
         gA = tl.load(dA0 + st, mask=sm, other=0.0)
         gA = tl.dot(tl.trans(x), dz, acc=gA, input_precision=PREC)
         gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
         tl.store(dA0 + st, gA, mask=sm)
         ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
-        # per value head: the glue sums dq, dk over grouped heads
-        tl.store(dq + hv, (dx * scale).to(dq.dtype.element_ty), mask=m)
+        A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
+        dkk += _dot(df, tl.trans(A), PREC)
+        # per value head: the glue sums dk over grouped heads
         tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
         tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
         tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
@@ -303,13 +480,15 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dAout, da
 class _Plan(NamedTuple):
     """Where the mini-batches of a call lie: R sequences (B, or N with cu_seqlens), NS mini-batches per
     sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
-    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `last` [R] the tokens
-    of each sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+    all, `first` the first slot of each sequence (int64 [N] on the device, or None), `seq_of` each slot's sequence
+    (int32 [slots] on the device, or None; the readout's grid runs over the slots), `last` [R] the tokens of each
+    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
 
     R: int
     NS: int
     slots: int
     first: Tensor | None
+    seq_of: Tensor | None
     last: list[int]
 
 
@@ -321,11 +500,12 @@ def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> 
         return offset + n - (count(n) - 1) * b
 
     if cu is None:
-        return _Plan(B, count(T), B * count(T), None, [last(T)] * B)
+        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B)
     lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
     counts = [count(n) for n in lengths]
     first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
-    return _Plan(len(lengths), 0, sum(counts), first, [last(n) for n in lengths])
+    seq_of = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32, device=device)
+    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths])
 
 
 def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
@@ -336,30 +516,82 @@ def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
     return torch.tensor(plan.last, dtype=torch.float32, device=device).view((-1,) + (1,) * (dims - 1))
 
 
+def _geo(q, v, b: int, cu, precision: str) -> dict:
+    """The constexprs every TTT-Linear kernel takes: heads, head dim and its tile, the mini-batch, LN's ε, tl.dot's
+    precision, varlen."""
+    Hq, D = q.shape[2:]
+    return dict(H=v.shape[2], HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
+
+
+def _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, *, T: int, offset: int, cu, plan: _Plan, geo: dict):
+    """`_state_kernel`: (ckA [slots, H, D, D], cka [slots, H, D]: every mini-batch's anchor, fp32; A, a, P, p of each
+    sequence's last mini-batch, [R, H, D, D] / [R, H, D] fp32). Arguments as `_TTTLinear`'s; geo: the kernels'
+    shared constexprs."""
+    R, H, D = plan.R, geo["H"], geo["D"]
+    f32 = dict(dtype=torch.float32, device=k.device)
+    ckA = empty_output(max(plan.slots, 1), H, D, D, **f32)
+    cka = empty_output(max(plan.slots, 1), H, D, **f32)
+    outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
+            empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
+    seq = (cu if cu is not None else ckA, plan.first if plan.first is not None else ckA)
+    _state_kernel[(R * H,)](k, v, beta, lnw, lnb, A0, a0, P0, p0, ckA, cka, *outs, *seq, T, offset, plan.NS, **geo,
+                            HAS_P=offset > 0, **launch("ttt_linear_fwd"))
+    return ckA, cka, *outs
+
+
+def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int, offset: int, cu, plan: _Plan,
+             geo: dict):
+    """`_readout_kernel`: o [B, T, H, D] in v's dtype, every mini-batch read in parallel from its anchor in (ckA,
+    cka) (`_state_pass`'s). Arguments as `_TTTLinear`'s."""
+    B, H = q.shape[0], geo["H"]
+    o = empty_output(B, T, H, geo["D"], dtype=v.dtype, device=q.device)
+    if plan.slots:
+        seq = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
+        BK = min(tile("ttt_linear_readout", "BK"), geo["BD"])
+        _readout_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, o, *seq, scale, T, offset,
+                                         plan.NS, **geo, BK=BK, HAS_P=offset > 0, **launch("ttt_linear_readout"))
+    return o
+
+
+def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T: int, offset: int, cu, plan: _Plan,
+              geo: dict):
+    """`_bwd_read_kernel`: the readout's own gradients of every mini-batch in parallel from the anchors in (ckA, cka)
+    and do [B, T, H, D] (fp32): (dq whole, dk's and dη's readout parts [B, T, H, D] / [B, T, H] — per value head,
+    fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's and dβ_ln's parts [slots, H, D]). Arguments as
+    `_TTTLinear`'s."""
+    B, H, D = q.shape[0], geo["H"], geo["D"]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
+    dbeta = empty_output(B, T, H, **f32)
+    n = max(plan.slots, 1)
+    dzs, des = empty_output(n, H, geo["BT"], D, **f32), empty_output(n, H, geo["BT"], D, **f32)
+    glnw, glnb = empty_output(n, H, D, **f32), empty_output(n, H, D, **f32)
+    if plan.slots:
+        seq = (cu, plan.first, plan.seq_of) if cu is not None else (dq, dq, dq)
+        BK = min(tile("ttt_linear_bwd_read", "BK"), geo["BD"])
+        _bwd_read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des,
+                                          glnw, glnb, *seq, scale, T, offset, plan.NS, **geo, BK=BK,
+                                          HAS_P=offset > 0, **launch("ttt_linear_bwd_read"))
+    return dq, dk, dbeta, dzs, des, glnw[:plan.slots], glnb[:plan.slots]
+
+
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of
-    the R sequences), then scale, offset, the mini-batch b, save (keep the anchors for a backward), cu (int32
-    [N+1] on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P,
-    p of each sequence's last mini-batch, fp32)."""
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B,
+    T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the
+    anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on
+    the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
+    each sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, save, cu, plan, precision):
-        B, T, Hq, D = q.shape
-        H = v.shape[2]
-        R = plan.R
-        dev = q.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        o = empty_output(B, T, H, D, dtype=v.dtype, device=dev)
-        ckA = empty_output(*((max(plan.slots, 1), H, D, D) if save else (1,)), **f32)
-        cka = empty_output(*((max(plan.slots, 1), H, D) if save else (1,)), **f32)
-        outs = [empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32),
-                empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)]
-        geo = dict(H=H, HQ=Hq, D=D, BD=pow2(D), BT=b, EPS=LN_EPS, PREC=precision, IS_VARLEN=cu is not None)
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A0, a0, P0, p0, o, ckA, cka, *outs, *seq, scale, T, offset,
-                              plan.NS, **geo, SAVE=save, HAS_P=offset > 0, **launch("ttt_linear_fwd"))
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *(t for t in seq if t is not o))
+    def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):
+        T = q.shape[1]
+        geo = _geo(q, v, b, cu, precision)
+        ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
+                                      geo=geo)
+        o = _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, scale=scale, T=T, offset=offset, cu=cu, plan=plan,
+                     geo=geo)
+        seq = (cu, plan.first) if cu is not None else ()
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq)
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
 
@@ -368,7 +600,7 @@ class _TTTLinear(torch.autograd.Function):
         q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
         B, T, Hq, D = q.shape
         H = v.shape[2]
-        R = ctx.plan.R
+        R, plan, geo = ctx.plan.R, ctx.plan, ctx.geo
         dev = q.device
         f32 = dict(dtype=torch.float32, device=dev)
 
@@ -377,24 +609,27 @@ class _TTTLinear(torch.autograd.Function):
 
         do = grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
-        dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
         dv = empty_output(B, T, H, D, **f32)
-        dbeta = empty_output(B, T, H, **f32)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
+                                                        scale=ctx.scale, T=T, offset=ctx.offset,
+                                                        cu=seq[0] if seq else None, plan=plan, geo=geo)
         dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
         da0 = empty_output(R, H, D, **f32)
         dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
         seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *gs, dq, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw, dlnb,
+                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
                               HAS_P=has_p, **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
-                dlnb.sum(0).to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
-                None, None, None)
+        dlnw = dlnw.sum(0) + glnw.sum(0)
+        dlnb = dlnb.sum(0) + glnb.sum(0)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.to(lnw.dtype),
+                dlnb.to(lnb.dtype), dA0, da0, *((dP0, dp0) if has_p else (None, None)), None, None, None, None,
+                None, None)
 
 
 def check_ttt_call(name: str, q, k, v, beta, ln_weight, ln_bias, offset: int, minibatch: int, cu_seqlens):
@@ -466,10 +701,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     args = (q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), ln_weight.contiguous(),
             ln_bias.contiguous(), A0.contiguous(), a0.squeeze(2).contiguous(), P0.contiguous(),
             p0.squeeze(2).contiguous())
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, save, cu_dev, plan,
-                                     precision)
+    o, A, a, P, p = _TTTLinear.apply(*args, float(scale), offset, minibatch, cu_dev, plan, precision)
     a, p = a.unsqueeze(2), p.unsqueeze(2)
     last = _last_counts(plan, 4, q.device)  # a number, or [R, 1, 1, 1]
     if cu is None:

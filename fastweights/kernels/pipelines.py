@@ -168,7 +168,14 @@ def gated_pipeline(*, gate: GateKind, device_type: str, dtype: torch.dtype, K: i
     return GatedPipeline("staged")
 
 
-def gated_fused_serves(device_type: str, K: int, V: int) -> bool:
-    """Whether the fused gated-linear pipeline serves a call: every gate kind, on a GPU K, V ≤
-    GATED_FUSED_MAX_HEAD_DIM_CUDA (its kernels beyond are unchecked: an illegal memory access at 256 on the H100)."""
-    return device_type != "cuda" or max(K, V) <= GATED_FUSED_MAX_HEAD_DIM_CUDA
+def gated_fused_serves(device_type: str, K: int, V: int, *, gate: GateKind, dtype: torch.dtype) -> bool:
+    """Whether the fused gated-linear pipeline serves a call. On the CPU (the interpreter): everything. On a GPU:
+    K, V ≤ GATED_FUSED_MAX_HEAD_DIM_CUDA (an illegal memory access at 256 on the H100), and not 16-bit inputs with no
+    or a scalar decay — on an H200 (Triton 3.6, 2026-11-28, docs/results/gpu/r4s7/call4) their outputs were wrong in
+    bf16 at every checked shape (B2 T1024 H4 D64 to B1 T65536 H4 D128) and a graph-captured varlen call hit an illegal
+    memory access, while fp32 and the diagonal decay passed: refused until a GPU check passes again."""
+    if device_type != "cuda":
+        return True
+    if max(K, V) > GATED_FUSED_MAX_HEAD_DIM_CUDA:
+        return False
+    return not (dtype in (torch.bfloat16, torch.float16) and gate in ("none", "scalar"))

@@ -153,7 +153,7 @@ def force_gated_pipeline(monkeypatch, pipeline="fused", *, recompute_states=True
     from fastweights.kernels.triton import gated as gated_mod
 
     def forced(*, gate, device_type, dtype, K, V):
-        fused = pipeline == "fused" and gated_fused_serves(device_type, K, V)
+        fused = pipeline == "fused" and gated_fused_serves(device_type, K, V, gate=gate, dtype=dtype)
         return GatedPipeline("fused" if fused else "staged", recompute_states)
 
     monkeypatch.setattr(gated_mod, "gated_pipeline", forced)

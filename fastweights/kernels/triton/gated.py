@@ -88,9 +88,11 @@ def chunk_gated_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
     args = (q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous() if g is not None else None,
             beta.contiguous() if beta is not None else None, initial_state, scale, L, bool(output_final_state))
     if pipeline.pipeline == "fused":
-        if not gated_fused_serves(q.device.type, L.K, L.V):
-            raise InputError(f"the fused gated-linear pipeline does not serve K={L.K}, V={L.V} on {q.device.type} "
-                             "(kernels.pipelines.gated_fused_serves); pass GatedPipeline('staged')")
+        kind = gate_kind(g)
+        if not gated_fused_serves(q.device.type, L.K, L.V, gate=kind, dtype=q.dtype):
+            raise InputError(f"the fused gated-linear pipeline does not serve K={L.K}, V={L.V}, {kind} decay, "
+                             f"{q.dtype} on {q.device.type} (kernels.pipelines.gated_fused_serves); pass "
+                             "GatedPipeline('staged')")
         o, ht = gated_fused.ChunkGatedFused.apply(*args, pipeline.recompute_states)
     else:
         o, ht = ChunkGatedTriton.apply(*args)

@@ -96,7 +96,7 @@ def test_ctrl_c_under_torchrun_saves_once_and_every_rank_exits_130_at_one_step(t
     script = tmp_path / "job.py"
     script.write_text(STOP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    steps = 100
+    steps = 40
     args = ["--data", str(ROOT / "README.md"), "--steps", str(steps), "--batch-size", "4", "--seq-len", "16",
             "--save-every", "1000", "--val-every", "1000", "--progress", "plain", "--threads", "1",
             "--model", "d_model=16", "--model", "n_layers=1", "--model", "num_heads=2", "--model", "head_dim=8"]

@@ -65,52 +65,6 @@ def test_trains_and_writes_log_curve_and_a_loadable_model(tmp_path):
     assert (run / "log.jsonl").read_text().count("\n") == len(recs)
 
 
-def test_a_run_killed_by_sigkill_resumes_to_the_uninterrupted_weights(tmp_path):
-    data = corpus(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    steps = 60
-    args = ["--data", str(data), "--steps", str(steps), "--batch-size", "4", "--seq-len", "16", "--save-every", "5",
-            "--val-every", "20", "--threads", "1", "--progress", "plain", "--lr", "1e-2"]
-    for k, v in TINY.items():
-        args += ["--model", f"{k}={json.dumps(v)}"]
-
-    def start(out):
-        return subprocess.Popen([sys.executable, "-m", "fastweights.cli", "train", *args, "--out", str(out)],
-                                env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    ref = start(tmp_path / "ref")
-    assert ref.wait(timeout=300) == 0, ref.stderr.read()[-3000:]
-
-    victim = start(tmp_path / "run")
-    log = tmp_path / "run" / "log.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and victim.poll() is None:
-        lines = log.read_text().splitlines() if log.exists() else []
-        if any(json.loads(x).get("step", 0) >= 8 for x in lines[:-1]):  # past the checkpoint at step 5
-            victim.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
-    killed_at = max(json.loads(x)["step"] for x in log.read_text().splitlines()[:-1])
-    assert killed_at < steps
-
-    resumed = start(tmp_path / "run")
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err[-3000:]
-    resumed_at = re.search(r"resuming .* at step (\d+)", out)
-    assert resumed_at and 0 < int(resumed_at.group(1)) <= killed_at and int(resumed_at.group(1)) % 5 == 0, out[:500]
-
-    recs = [json.loads(x) for x in log.read_text().splitlines()]
-    train_recs = [r for r in recs if "loss" in r]
-    assert [r["step"] for r in train_recs] == list(range(1, steps + 1))  # each step once
-    assert [r["samples"] for r in train_recs] == [[4 * s, 4 * s + 4] for s in range(steps)]  # no sample twice
-    ref_recs = [json.loads(x) for x in (tmp_path / "ref" / "log.jsonl").read_text().splitlines()]
-    assert [r.get("loss", r.get("val_loss")) for r in recs] == [r.get("loss", r.get("val_loss")) for r in ref_recs]
-    a = LM.from_pretrained(tmp_path / "ref" / "model").state_dict()
-    b = LM.from_pretrained(tmp_path / "run" / "model").state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_settings_from_preset_file_and_flags(tmp_path, capsys):
     (tmp_path / "c.toml").write_text('steps = 7\nlr = 0.01\n[model]\nd_model = 32\n', encoding="utf-8")
     (tmp_path / "c.json").write_text(json.dumps({"steps": 9, "model": {"n_layers": 1}}), encoding="utf-8")
@@ -227,11 +181,12 @@ def test_a_full_disk_mid_run_keeps_the_last_good_checkpoint_and_says_so(tmp_path
 SIGNAL_STEPS = 40
 
 
-def _signal_run(tmp, out) -> subprocess.Popen:
-    """`fastweights train` in a subprocess on tmp/text, no checkpoint due before its last step."""
+def _signal_run(tmp, out, save_every=100) -> subprocess.Popen:
+    """`fastweights train` in a subprocess on tmp/text (by default no checkpoint due before its last step)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     args = ["--data", str(tmp / "text"), "--steps", str(SIGNAL_STEPS), "--batch-size", "4", "--seq-len", "16",
-            "--save-every", "100", "--val-every", "20", "--threads", "1", "--progress", "plain", "--lr", "1e-2"]
+            "--save-every", str(save_every), "--val-every", "20", "--threads", "1", "--progress", "plain",
+            "--lr", "1e-2"]
     for k, v in TINY.items():
         args += ["--model", f"{k}={json.dumps(v)}"]
     return subprocess.Popen([sys.executable, "-m", "fastweights.cli", "train", *args, "--out", str(out)],
@@ -277,6 +232,41 @@ def test_a_signal_saves_at_the_step_boundary_and_the_run_resumes_to_the_uninterr
     assert f"resuming {tmp_path / 'run'} at step {stopped}" in out
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert [r["step"] for r in recs if "loss" in r] == list(range(1, steps + 1))
+    ref_recs = [json.loads(x) for x in (tmp / "ref" / "log.jsonl").read_text().splitlines()]
+    assert [r.get("loss", r.get("val_loss")) for r in recs] == [r.get("loss", r.get("val_loss")) for r in ref_recs]
+    a = LM.from_pretrained(tmp / "ref" / "model").state_dict()
+    b = LM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_killed_by_sigkill_resumes_to_the_uninterrupted_weights(signal_reference, tmp_path):
+    """kill -9 past the checkpoint at step 5: the same command resumes from it and ends where the uninterrupted run
+    (the module's reference, which saved nothing on the way: saving does not change a run) ends, every sample once."""
+    tmp, steps = signal_reference, SIGNAL_STEPS
+    start = functools.partial(_signal_run, tmp, save_every=5)
+    victim = start(tmp_path / "run")
+    log = tmp_path / "run" / "log.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and victim.poll() is None:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if any(json.loads(x).get("step", 0) >= 8 for x in lines[:-1]):  # past the checkpoint at step 5
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert victim.wait(timeout=60) == -signal.SIGKILL, "the run ended before it could be killed"
+    killed_at = max(json.loads(x)["step"] for x in log.read_text().splitlines()[:-1])
+    assert killed_at < steps
+
+    resumed = start(tmp_path / "run")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    resumed_at = re.search(r"resuming .* at step (\d+)", out)
+    assert resumed_at and 0 < int(resumed_at.group(1)) <= killed_at and int(resumed_at.group(1)) % 5 == 0, out[:500]
+
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    train_recs = [r for r in recs if "loss" in r]
+    assert [r["step"] for r in train_recs] == list(range(1, steps + 1))  # each step once
+    assert [r["samples"] for r in train_recs] == [[4 * s, 4 * s + 4] for s in range(steps)]  # no sample twice
     ref_recs = [json.loads(x) for x in (tmp / "ref" / "log.jsonl").read_text().splitlines()]
     assert [r.get("loss", r.get("val_loss")) for r in recs] == [r.get("loss", r.get("val_loss")) for r in ref_recs]
     a = LM.from_pretrained(tmp / "ref" / "model").state_dict()

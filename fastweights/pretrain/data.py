@@ -81,15 +81,15 @@ class Tokenizer:
 #: what `fastweights.hf.ByteTokenizer().save_pretrained(dir)` writes (the same under transformers 5.17 and 5.24;
 #: tests/hf/test_tokenizer.py holds these to what the installed transformers writes), so a run saves its byte
 #: tokenizer without importing transformers (≈ 4 s a process) and without it installed
+_EOS_TOKEN = "<|endoftext|>"  # the end-of-text token's text (id BYTE_EOS; the ids below it are the 256 bytes)
 _BYTE_TOKENIZER_FILES = {
-    "added_tokens.json": '{\n  "<|endoftext|>": 256\n}\n',
-    "bytes.json": '{"bytes": 256}',
+    "added_tokens.json": json.dumps({_EOS_TOKEN: BYTE_EOS}, indent=2) + "\n",
+    "bytes.json": json.dumps({"bytes": BYTE_EOS}),
     "tokenizer_config.json": json.dumps({
-        "added_tokens_decoder": {"256": {"content": "<|endoftext|>", "lstrip": False, "normalized": False,
-                                         "rstrip": False, "single_word": False, "special": True}},
-        "backend": "custom", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "model_max_length": int(1e30), "pad_token": "<|endoftext|>", "padding_side": "left",
-        "tokenizer_class": "ByteTokenizer"}, indent=2) + "\n",
+        "added_tokens_decoder": {str(BYTE_EOS): {"content": _EOS_TOKEN, "lstrip": False, "normalized": False,
+                                                 "rstrip": False, "single_word": False, "special": True}},
+        "backend": "custom", "bos_token": _EOS_TOKEN, "eos_token": _EOS_TOKEN, "model_max_length": int(1e30),
+        "pad_token": _EOS_TOKEN, "padding_side": "left", "tokenizer_class": "ByteTokenizer"}, indent=2) + "\n",
 }
 
 

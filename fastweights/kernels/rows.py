@@ -66,9 +66,11 @@ from .triton.common.limits import (
     MAX_NS_DIM,
     MAX_TTT_DIM,
     NS_PRECISION,
+    TTT_BF16_PRECISION,
     TTT_LINEAR_PRECISION,
     TTT_MINIBATCHES,
     TTT_MLP_PRECISION,
+    ttt_precision,
 )
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -208,14 +210,16 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     return None
 
 
-#: The tl.dot input precision of each of the generic row's kernels (limits: TTT-Linear "tf32x3", TTT-MLP and the
-#: Newton–Schulz kernel "ieee", with the measurements); `generic_chunk(..., precision=)` (one of
+#: The tl.dot input precision of each of the generic row's kernels for fp32 and fp16 inputs (limits: TTT-Linear
+#: "tf32x3", TTT-MLP and the Newton–Schulz kernel "ieee", with the measurements); the TTT kernels take bf16 inputs at
+#: TTT_BF16_PRECISION ("tf32": `limits.ttt_precision`, why there). `generic_chunk(..., precision=)` (one of
 #: limits.DOT_PRECISIONS, e.g. through `pinned("generic", precision=)`) runs every kernel of the row at another.
 PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION}
 #: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
-#: whole loop), each named with its kernels' precision.
+#: whole loop) at their fp32/fp16 and their bf16 precision, each named with its kernels' precision.
 GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", f"TTT-Linear kernels ({TTT_LINEAR_PRECISION})",
-                     f"TTT-MLP kernels ({TTT_MLP_PRECISION})")
+                     f"TTT-Linear kernels ({TTT_BF16_PRECISION})", f"TTT-MLP kernels ({TTT_MLP_PRECISION})",
+                     f"TTT-MLP kernels ({TTT_BF16_PRECISION})")
 
 
 def _ns_kernel(precision: str = NS_PRECISION):
@@ -235,11 +239,11 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
     above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
-    PRECISIONS)."""
+    PRECISIONS; the TTT kernels' by q's dtype, `limits.ttt_precision`)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
-        return ttt_linear_chunk(call, cu_seqlens, precision=precision or TTT_LINEAR_PRECISION)
+        return ttt_linear_chunk(call, cu_seqlens, precision=precision or ttt_precision("TTT-Linear", call.q.dtype))
     if ttt_mlp_kernel_serves(call.recipe) is None:
-        return ttt_mlp_chunk(call, cu_seqlens, precision=precision or TTT_MLP_PRECISION)
+        return ttt_mlp_chunk(call, cu_seqlens, precision=precision or ttt_precision("TTT-MLP", call.q.dtype))
     return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision or NS_PRECISION))
 
 
@@ -260,7 +264,7 @@ def _ttt_inputs(call):
     return st, beta, lnw, lnb
 
 
-def ttt_linear_chunk(call, cu_seqlens=None, precision: str = TTT_LINEAR_PRECISION):
+def ttt_linear_chunk(call, cu_seqlens=None, precision: str | None = None):
     """TTT-Linear's chunk form on its kernels (`kernels.triton.memories.ttt.ttt_linear_triton`): the caller's q, k, v
     as they are (native dtype, grouped heads), β absent → 1, the LayerNorm's affine absent → (1, 0), the
     state a MemoryState (weights (W, b), anchor, offset; fp32). cu_seqlens: FormNotAvailable, as the torch
@@ -270,7 +274,7 @@ def ttt_linear_chunk(call, cu_seqlens=None, precision: str = TTT_LINEAR_PRECISIO
     return _ttt_chunk(call, cu_seqlens, ttt_linear_triton, precision)
 
 
-def ttt_mlp_chunk(call, cu_seqlens=None, precision: str = TTT_MLP_PRECISION):
+def ttt_mlp_chunk(call, cu_seqlens=None, precision: str | None = None):
     """TTT-MLP's chunk form on its kernels (`kernels.triton.memories.ttt_mlp.ttt_mlp_triton`), as `ttt_linear_chunk`:
     the state a MemoryState (weights (W1, b1, W2, b2), anchor, offset; fp32); cu_seqlens: FormNotAvailable."""
     from .triton.memories.ttt_mlp import ttt_mlp_triton
@@ -280,7 +284,7 @@ def ttt_mlp_chunk(call, cu_seqlens=None, precision: str = TTT_MLP_PRECISION):
 
 def _ttt_chunk(call, cu_seqlens, kernel, precision):
     """A TTT chunk form through `kernel` (`ttt_linear_triton` / `ttt_mlp_triton`, one contract; tl.dot at
-    `precision`): (o, final state)."""
+    `precision`; None: the kernel's default for q's dtype): (o, final state)."""
     from ..torch_backend import _no_varlen
 
     recipe = call.recipe
@@ -296,9 +300,9 @@ def _ttt_chunk(call, cu_seqlens, kernel, precision):
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
     """The pipeline the generic chunk Triton row runs: TTT-Linear's or TTT-MLP's kernels for the recipes they
     serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`), else the torch mini-batch form with
-    Newton–Schulz in the kernel (Muon)."""
+    Newton–Schulz in the kernel (Muon); the TTT kernels named with their precision for the call's dtype."""
     kernels = _ttt_kernels(recipe)
-    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({PRECISIONS[kernels]})"
+    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({ttt_precision(kernels, target.dtype)})"
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).

@@ -420,7 +420,7 @@ def test_precision_pins_the_generic_rows_kernels_for_the_run(tmp_path, monkeypat
     import fastweights as fw
 
     def ran(**kw):
-        seen.append(fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1])
+        seen.append(fw.pipeline("ttt_linear", device="cuda", dtype=torch.float32, head_dim=64)[1])
         return []
 
     seen: list = []
@@ -433,7 +433,7 @@ def test_precision_pins_the_generic_rows_kernels_for_the_run(tmp_path, monkeypat
     assert cli.main(speed_argv + ["--precision", "tf32"]) == 0
     assert cli.main(speed_argv) == 0
     assert seen == ["TTT-Linear kernels (ieee)", "TTT-Linear kernels (tf32)", "TTT-Linear kernels (tf32x3)"]
-    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
+    assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.float32, head_dim=64)[1] == \
         "TTT-Linear kernels (tf32x3)"
     with pytest.raises(SystemExit) as e:
         cli.main(speed_argv + ["--precision", "fp8"])

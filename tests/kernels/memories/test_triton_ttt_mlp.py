@@ -161,14 +161,20 @@ def test_the_hidden_tile():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_inputs(gen, dtype):
+def test_low_precision_inputs(gen, dtype, monkeypatch):
     """bf16 / fp16 q, k, v (β, the LayerNorm's affine and the state fp32, as a layer passes them) against the
-    float64 twin on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to `dtype`."""
+    float64 twin on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to `dtype`;
+    tl.dot's default precision follows the inputs (bf16: one TF32 product; fp16: ieee, `limits.ttt_precision`)."""
+    from fastweights.kernels.triton.memories import ttt_mlp as mlp_mod
+
+    precisions, apply = [], mlp_mod._TTTMLP.apply
+    monkeypatch.setattr(mlp_mod._TTTMLP, "apply", lambda *a: precisions.append(a[-1]["PREC"]) or apply(*a))
     x = _inputs(gen, T=37, Hq=1)
     x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = _seed(gen)
     got = _run(_kernel, _fp32(x), 5, seed, dtype=dtype)
     assert got[0][0].dtype == dtype
+    assert precisions == ["tf32" if dtype == torch.bfloat16 else "ieee"]
     _agree(got, _run(_twin, x, 5, seed), TTT_LOW_REL[dtype])
 
 
@@ -285,10 +291,13 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
     cuda = Target.of("cuda", torch.bfloat16, 64, 64)
     recipe = fw.zoo.get("ttt_mlp")
     assert ttt_mlp_kernel_serves(recipe) is None and triton_generic_supports(recipe, cuda) is None
+    # tl.dot's precision follows the inputs (limits.ttt_precision): bf16 one TF32 product, fp32 and fp16 the kernel's own
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
-        "triton", "TTT-MLP kernels (ieee)")
+        "triton", "TTT-MLP kernels (tf32)")
+    assert [fw.pipeline("ttt_mlp", device="cuda", dtype=dt, head_dim=64)[1] for dt in (torch.float32, torch.float16)] \
+        == ["TTT-MLP kernels (ieee)"] * 2
     assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == \
-        "TTT-Linear kernels (tf32x3)"
+        "TTT-Linear kernels (tf32)"
     assert "TTT-MLP kernels take head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16,
                                                                                               256, 256))
     assert "CUDA" in triton_generic_supports(recipe, Target.of("cpu", torch.float32, 64, 64))

@@ -339,7 +339,8 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
     assert triton_generic_supports(recipe, cuda) is None
     assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
         "triton", "TTT-Linear kernels (tf32)")  # bf16 inputs: one TF32 product per dot (limits.ttt_precision)
-    assert [fw.pipeline("ttt_linear", device="cuda", dtype=dt, head_dim=64)[1] for dt in (torch.float32, torch.float16)] \
+    wider = (torch.float32, torch.float16)
+    assert [fw.pipeline("ttt_linear", device="cuda", dtype=dt, head_dim=64)[1] for dt in wider] \
         == ["TTT-Linear kernels (tf32x3)"] * 2
     assert fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)[1].startswith("Newton–Schulz")
     assert "head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16, 256, 256))

@@ -291,7 +291,7 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
     cuda = Target.of("cuda", torch.bfloat16, 64, 64)
     recipe = fw.zoo.get("ttt_mlp")
     assert ttt_mlp_kernel_serves(recipe) is None and triton_generic_supports(recipe, cuda) is None
-    # tl.dot's precision follows the inputs (limits.ttt_precision): bf16 one TF32 product, fp32 and fp16 the kernel's own
+    # tl.dot's precision follows the inputs (limits.ttt_precision): bf16 one TF32 product, fp32 and fp16 the kernel's
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
         "triton", "TTT-MLP kernels (tf32)")
     assert [fw.pipeline("ttt_mlp", device="cuda", dtype=dt, head_dim=64)[1] for dt in (torch.float32, torch.float16)] \

@@ -687,8 +687,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     the weights the carried mini-batch started from, needed when offset > 0 (tokens of it consumed before the
     call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
     mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
-    `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS; None: `limits.ttt_precision`
-    for q's dtype)."""
+    `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS;
+    None: `limits.ttt_precision` for q's dtype)."""
     precision = check_precision(ttt_precision("TTT-Linear", q.dtype) if precision is None else precision)
     cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T = q.shape[:2]

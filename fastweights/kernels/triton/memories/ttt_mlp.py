@@ -69,8 +69,8 @@ mini-batches in order: B·H programs in all (128 at B 64, H 2), so the GPU's par
 Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 varlen (`cu_seqlens`) as `ttt.py` takes it: one program per (sequence, head), each sequence's mini-batches from
 its own start, its anchors at its own slots; the dispatch row does not pass it (a MemoryState carries one offset).
-fp32 operands; tl.dot at the call's `precision` (limits.DOT_PRECISIONS; by default `limits.ttt_precision("TTT-MLP", q.dtype)`: "ieee"
-for fp32 and fp16 inputs, "tf32" for bf16). Launch settings:
+fp32 operands; tl.dot at the call's `precision` (limits.DOT_PRECISIONS; by default
+`limits.ttt_precision("TTT-MLP", q.dtype)`: "ieee" for fp32 and fp16 inputs, "tf32" for bf16). Launch settings:
 util.LAUNCH's "ttt_mlp_fwd", "ttt_mlp_bwd" (num_stages stays 1: the loops re-read a scratch the previous pass wrote,
 which a pipelined prefetch could read early); the hidden tile: `hidden_tile`.
 """

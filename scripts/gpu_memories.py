@@ -11,8 +11,9 @@ Phases, in order (each writes its own file under --out, so a killed call keeps w
   compile  one process per variant (in parallel, each its own Triton cache entries) runs each model's kernels once
            at every timed shape's constexprs (D, H) on a few tokens: the timing phase then finds them compiled;
   check    per variant and model: `fw.chunk(..., backend="triton")` against the torch row in float64 on the same
-           fp32 inputs (B 2, T 75 — odd, a ragged last mini-batch — H 2, D 64 and 128): the largest relative error of
-           the output, the final state and every input's gradient (NaN counts as an error of inf);
+           inputs (B 2, T --check-len (75: odd, a ragged last mini-batch), H 2, D 64 and 128; q, k, v in
+           --check-dtype, the reference on the same rounded values): the largest relative error of the output, the
+           final state and every input's gradient (NaN counts as an error of inf);
   peak     Titans, OmegaNet and ATLAS (`fw.chunk`, the rows "auto" picks) at each shape: forward + backward ms and
            torch.cuda.max_memory_allocated, with and without `minibatch.checkpoint_chain(k)` (--chain k), one process
            per (model, shape, k) so an out-of-memory row is a result and frees everything;
@@ -202,28 +203,41 @@ def phase_peak(out, chains):
                     json.dump(results, f, indent=1)
 
 
-def phase_check(variants, out):
+def _rounded(inp, dtype, like):
+    """`inp` with q, k, v rounded to `dtype` and stored as `like` (trainable leaves): the same rounded values for the
+    kernels' low-precision run and the float64 reference."""
+    out = dict(inp)
+    for name in ("q", "k", "v"):
+        out[name] = inp[name].detach().to(dtype).to(like).requires_grad_(True)
+    return out
+
+
+def phase_check(variants, out, dtype_name="float32", T=75):
+    """Per D, model and variant: the Triton row against the torch row in float64 on the same inputs (q, k, v
+    rounded to `dtype_name` for both; the kernels get them in that dtype, the other tensors fp32), B 2, T, H 2."""
     import torch
 
+    dtype = getattr(torch, dtype_name)
     results = []
     for D in (64, 128):
         for model in MODELS:
-            ref_in = _inputs(model, 2, 75, 2, D, torch.float64, "cuda", seed=D)
+            ref_in = _rounded(_inputs(model, 2, T, 2, D, torch.float64, "cuda", seed=D), dtype, torch.float64)
             ref = _run(model, ref_in, "torch")
             for variant in variants:
-                inp = _inputs(model, 2, 75, 2, D, torch.float32, "cuda", seed=D)
+                inp = _rounded(_inputs(model, 2, T, 2, D, torch.float32, "cuda", seed=D), dtype, dtype)
                 try:
                     with _apply(variant):
                         got = _run(model, inp, "triton")
                     errs = {"o": _rel(got[0], ref[0]),
                             "state": max((_rel(a, b) for a, b in zip(got[1], ref[1])), default=0.0),
                             "grads": max(_rel(a, b) for a, b in zip(got[2], ref[2]))}
-                    row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", **errs)
+                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=f"{variant[0]}:{variant[1]}", **errs)
                 except Exception as e:  # a variant that fails is a result
-                    row = dict(model=model, D=D, variant=f"{variant[0]}:{variant[1]}", error=str(e)[:300])
+                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=f"{variant[0]}:{variant[1]}",
+                               error=str(e)[:300])
                 results.append(row)
-                print("check", json.dumps(row), flush=True)
-                with open(os.path.join(out, "check.json"), "w") as f:  # after each row: a killed call keeps it
+                print("check", json.dumps(row), flush=True)  # after each row: a killed call keeps it
+                with open(os.path.join(out, f"check_{dtype_name}_T{T}.json"), "w") as f:
                     json.dump(results, f, indent=1)
 
 
@@ -279,6 +293,9 @@ def main():
     ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
                     help="precision:num_warps of the TTT kernels")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the check phase's q, k, v dtype (the float64 reference takes the same rounded values)")
+    ap.add_argument("--check-len", type=int, default=75, help="the check phase's sequence length T")
     ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
     ap.add_argument("--warm-one", metavar="SHAPE", help=argparse.SUPPRESS)
     ap.add_argument("--peak-one", metavar="SPEC", help=argparse.SUPPRESS)
@@ -301,7 +318,7 @@ def main():
         elif phase == "compile":
             phase_compile(a.variants, a.out)
         elif phase == "check":
-            phase_check(variants, a.out)
+            phase_check(variants, a.out, a.check_dtype, a.check_len)
         else:
             phase_time(variants, a.out, a.repeats)
 

@@ -187,9 +187,9 @@ def peak_one(spec: str) -> None:
     print("PEAK " + json.dumps(row), flush=True)
 
 
-def phase_peak(out, chains):
+def phase_peak(out, chains, models=PEAK_MODELS):
     results = []
-    for model in PEAK_MODELS:
+    for model in models:
         for shape in SHAPES:
             for k in chains:
                 p = subprocess.run([sys.executable, __file__, "--peak-one", f"{model}:{shape}:{k}"], cwd=ROOT,
@@ -289,6 +289,8 @@ def main():
     ap.add_argument("--chain", nargs="+", type=int, default=[0, 4],
                     help="the peak phase's checkpoint_chain values (0: off)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--peak-models", nargs="+", default=list(PEAK_MODELS), choices=list(PEAK_MODELS),
+                    help="the peak phase's models")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
                     help="precision:num_warps of the TTT kernels")
@@ -314,7 +316,7 @@ def main():
         if phase == "warm":
             phase_warm(a.out)
         elif phase == "peak":
-            phase_peak(a.out, a.chain)
+            phase_peak(a.out, a.chain, a.peak_models)
         elif phase == "compile":
             phase_compile(a.variants, a.out)
         elif phase == "check":

@@ -87,7 +87,7 @@ def test_labeled_steps_equal_a_plain_loop_over_the_supervised_tokens():
         graphed.step_labeled(x, y[:, :, :-1])
 
 
-def _packed_positions(M: int, B: int, T: int) -> torch.Tensor:
+def random_packed_positions(M: int, B: int, T: int) -> torch.Tensor:
     """position_ids [M, B, T] as `pretrain.data.pack` writes them for random end-of-text tokens (each row's first
     document cut at a random position; some documents of length 1)."""
     from fastweights.pretrain.data import pack
@@ -116,7 +116,7 @@ def test_packed_documents_steps_equal_a_plain_loop_over_the_exact_packing():
                             max_documents=B * T)
     for _ in range(3):
         x, y = torch.randint(0, 40, (M, B, T)), torch.randint(0, 40, (M, B, T))
-        pos = _packed_positions(M, B, T)
+        pos = random_packed_positions(M, B, T)
         got = graphed.step_labeled(x, y, pos)
         ob.zero_grad(set_to_none=True)
         want = 0.0

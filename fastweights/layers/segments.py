@@ -197,11 +197,11 @@ def _bounded_packing(doc: Tensor, capacity: int) -> Packing:
     B, T = doc.shape
     start = torch.ones_like(doc, dtype=torch.bool)
     start[:, 1:] = doc[:, 1:] != doc[:, :-1]
-    rank = start.reshape(-1).long().cumsum(0) - 1  # [B·T] each token's document among the block's
+    rank = start.reshape(-1).long().cumsum(0) - 1  # [B·T] each token's document among the block's (non-decreasing)
     torch._assert_async(rank[-1] < capacity, f"a block holds more documents than max_documents={capacity}")
-    counts = torch.zeros(capacity, dtype=torch.int64, device=doc.device)
-    counts.index_add_(0, rank.clamp(max=capacity - 1), torch.ones_like(rank))  # [capacity] tokens of each
-    return Packing(idx=None, cu=torch.cat([counts.new_zeros(1), counts.cumsum(0)]), capacity=capacity)
+    s = torch.arange(capacity + 1, dtype=torch.int64, device=doc.device)
+    cu = torch.searchsorted(rank, s)  # [capacity + 1] the first token of document s (B·T past the last one)
+    return Packing(idx=None, cu=cu, capacity=capacity)
 
 
 def count_documents(position_ids: Tensor) -> Tensor:

@@ -619,13 +619,15 @@ class _GraphStep:
         dt = torch.bfloat16 if cfg.dtype == "bfloat16" else None
         self.g = GraphedLMStep(lm, opt, (cfg.grad_accum, micro, cfg.seq_len + 1), autocast_dtype=dt,
                                grad_clip=cfg.grad_clip, capture=device.type == "cuda", max_documents=max_documents)
-        self.sched = sched
+        self.sched, self.pin = sched, device.type == "cuda"
 
     def __call__(self, s: int, batches: list[dict]) -> tuple[list[float], float]:
-        x = torch.stack([b["input_ids"] for b in batches])  # [M, b, T]
-        y = torch.stack([b["labels"] for b in batches])  # [M, b, T]
-        pos = torch.stack([b["position_ids"] for b in batches]) if self.g.max_documents is not None else None
-        loss = self.g.step_labeled(x, y, pos)
+        def stacked(key):  # [M, b, T]; pinned on CUDA: its copy into the static buffer then does not wait on the GPU
+            t = torch.stack([b[key] for b in batches])
+            return t.pin_memory() if self.pin else t
+
+        pos = stacked("position_ids") if self.g.max_documents is not None else None
+        loss = self.g.step_labeled(stacked("input_ids"), stacked("labels"), pos)
         lr = self.sched.get_last_lr()[0]
         self.sched.step()
         return [float(loss)], lr

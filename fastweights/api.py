@@ -81,7 +81,7 @@ def call_target(form: str, q: Tensor, K: int, V: int, chunk_size: int | None = N
 
 
 def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state, inputs, check_values=True,
-         backend="auto", **options):
+         backend="auto", check_cu_seqlens=True, **options):
     recipe = resolve(model)
     check_flag("output_final_state", output_final_state)
     check_flag("check_values", check_values)
@@ -100,7 +100,7 @@ def _run(form: str, model, q, k, v, *, scale, initial_state, output_final_state,
     default = recipe.scale if recipe.scale is not None else shapes.K ** -0.5
     call = Call(recipe=recipe, q=q, k=k, v=v, inputs=inputs, shapes=shapes,
                 scale=default if scale is None else scale, initial_state=initial_state,
-                output_final_state=bool(output_final_state))
+                output_final_state=bool(output_final_state), check_cu_seqlens=check_cu_seqlens)
     if shapes.T == 0 or shapes.B == 0:  # no token never reaches a backend: empty output, the state unchanged
         from .torch_backend import no_tokens
 
@@ -161,7 +161,7 @@ MESA_SOLVES = ("cg", "exact")
 def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale: float | None = None,
           initial_state=None, output_final_state: bool = False, cu_seqlens: Tensor | None = None,
           backend: str = "auto", check_values: bool = True, mesa_solve: str | None = None,
-          cg_steps: int | None = None, **inputs):
+          cg_steps: int | None = None, check_cu_seqlens: bool = True, **inputs):
     """The chunkwise-parallel training form: same signature and results as `recurrent`.
 
     Args (beyond `recurrent`'s):
@@ -176,8 +176,15 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
             "triton". `fastweights.backends(model, ...)` lists what serves a call.
         mesa_solve, cg_steps (Mesa only): "cg" (default, `cg_steps` = 30 iterations; 0 skips the
             outputs' solves when only the final state is wanted) or "exact".
+        check_cu_seqlens: False: cu_seqlens is valid by construction (a `Segments.build(max_documents=)`
+            packing: starts at 0, non-decreasing, ends at T), so the Triton kernels do not read it on the host
+            (a CUDA graph can capture the call); the torch backends lay the chunks out on the host and read it
+            anyway. Only with cu_seqlens: an invalid one given with False is read out of bounds by the kernels.
     """
     check_int("chunk_size", chunk_size)
+    check_flag("check_cu_seqlens", check_cu_seqlens)
+    if not check_cu_seqlens and cu_seqlens is None:
+        raise InputError("check_cu_seqlens=False says cu_seqlens was built valid: it needs cu_seqlens")
     recipe = resolve(model)
     options = {}
     if mesa_solve is not None or cg_steps is not None:
@@ -194,4 +201,4 @@ def chunk(model, q: Tensor, k: Tensor, v: Tensor, *, chunk_size: int = 64, scale
             options["cg_steps"] = cg_steps
     return _run("chunk", recipe, q, k, v, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, inputs=inputs, check_values=check_values, backend=backend,
-                chunk_size=chunk_size, cu_seqlens=cu_seqlens, **options)
+                chunk_size=chunk_size, cu_seqlens=cu_seqlens, check_cu_seqlens=check_cu_seqlens, **options)

@@ -148,3 +148,46 @@ def triton_kernel_modules() -> dict[str, str]:
         assert path.stem not in found, f"two kernel modules named {path.stem}: {found[path.stem]}, {dotted}"
         found[path.stem] = dotted
     return found
+
+
+class HostRead(AssertionError):
+    """A tensor's value was read on the host inside `no_host_reads`."""
+
+
+@contextlib.contextmanager
+def no_host_reads(monkeypatch):
+    """Inside: every Python-level read of a tensor's values on the host raises HostRead — `.item()`, `.tolist()`,
+    `.numpy()`, bool/int/float/index conversions, and the ops whose output shape follows the data (`nonzero`,
+    `unique`, `unique_consecutive`, `masked_select`) — what a CUDA graph cannot capture, checked structurally on
+    the CPU. Triton's interpreter reads its launches' tensors on the host (a compiled launch does not): reads inside
+    an interpreted launch are allowed."""
+    from triton.runtime import interpreter
+
+    state = {"on": True}
+
+    def refuse(name, orig):
+        def guarded(*args, **kwargs):
+            if state["on"]:
+                raise HostRead(f"{name} read a tensor on the host")
+            return orig(*args, **kwargs)
+        return guarded
+
+    for name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique",
+                 "unique_consecutive", "masked_select"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}", getattr(torch.Tensor, name)))
+    for name in ("nonzero", "unique", "unique_consecutive", "masked_select"):
+        monkeypatch.setattr(torch, name, refuse(f"torch.{name}", getattr(torch, name)))
+    launch = interpreter.GridExecutor.__call__
+
+    def interpreted(self, *args, **kwargs):
+        was, state["on"] = state["on"], False
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            state["on"] = was
+
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", interpreted)
+    try:
+        yield
+    finally:
+        state["on"] = False

@@ -373,3 +373,31 @@ def test_the_table_is_what_the_registry_registers():
         DISPATCH.clear()
         DISPATCH.update(before)
     assert dispatch.rows() == sorted(DISPATCH) and ("layer", "prologue", "triton") in dispatch.rows()
+
+
+def test_check_cu_seqlens_false_needs_cu_seqlens_and_reaches_the_triton_glue(monkeypatch):
+    """chunk(check_cu_seqlens=False): refused without cu_seqlens or as a non-bool; the torch row gives what it gives
+    with the check (it lays the chunks out on the host anyway); the Triton row passes it to its glue, which then
+    does not read cu_seqlens (`kernels.triton.args.check_chunk_args`)."""
+    from fastweights.kernels.triton import delta
+    from tests.fake_cuda import FakeCuda
+
+    x = fw.example_inputs("gated_deltanet", batch_size=1, seq_len=6)
+    cu = torch.tensor([0, 2, 6, 6])
+    with pytest.raises(fw.InputError, match="check_cu_seqlens=False says cu_seqlens was built valid: it needs"):
+        fw.chunk("gated_deltanet", check_cu_seqlens=False, **x)
+    with pytest.raises(fw.InputError, match="check_cu_seqlens must be"):
+        fw.chunk("gated_deltanet", cu_seqlens=cu, check_cu_seqlens="no", **x)
+    want = fw.chunk("gated_deltanet", cu_seqlens=cu, **x)[0]
+    assert torch.equal(fw.chunk("gated_deltanet", cu_seqlens=cu, check_cu_seqlens=False, **x)[0], want)
+    seen = []
+
+    def glue(*args, check_cu_seqlens=True, **kwargs):
+        seen.append(check_cu_seqlens)
+        return want, None
+
+    monkeypatch.setattr(delta, "chunk_delta_triton", glue)
+    FakeCuda(monkeypatch, kernels=True).install()
+    for check in (True, False):
+        fw.chunk("gated_deltanet", cu_seqlens=cu, check_cu_seqlens=check, backend="triton", **x)
+    assert seen == [True, False]

@@ -188,6 +188,12 @@ GROWTH_PER_TOKEN = 10.0
 # ---- documents (padding, packing), transformers, lm-eval, pretraining (tests/models/test_segments.py, tests/hf,
 # tests/pretrain)
 SEGMENTS_F64 = 1e-10  # a document in a padded / packed batch vs the document alone, float64 (max |Δlogit|)
+# the capture-safe packing (max_documents: cu_seqlens padded with empty sequences) vs the exact one, float64: logits
+# and gradients (rows of one document each run the varlen path instead of the batched one: other roundings)
+MAX_DOCUMENTS_F64 = 1e-10
+# the same packing on the Triton kernels (interpreter, fp32, max_documents) vs the torch rows' exact packing: fp32
+# sums in other orders over a one-layer LM (max |Δ| of logits; of gradients relative to 1 + their largest)
+MAX_DOCUMENTS_TRITON_F32 = 1e-4
 # transformers' beam scores: it casts every step's logits to float32 (generation/utils.py) and sums the log-probs
 # there; Σ of n ≤ 8 log-probs of |Σ| ≲ 30 against the float64 sum: a few float32 roundings of the running sum
 BEAM_SCORE_F32 = 2e-5

@@ -453,7 +453,7 @@ def gated_linear_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, pipeline:
         S0 = S0.weights[0]
     o, S = chunk_gated_triton(call.q, call.k, call.v, g=g, beta=beta, scale=call.scale,
                               initial_state=S0, output_final_state=call.output_final_state,
-                              chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens, check_cu_seqlens=call.check_cu_seqlens,
                               pipeline=pipeline if pipeline is not None else
                               gated_chunk_pipeline(recipe, _call_target(call, chunk_size)))
     return o, (finish_state(recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)
@@ -482,7 +482,7 @@ def delta_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, pipeline: DeltaP
     o, S = chunk_delta_triton(call.q, call.k, call.v, g=g, beta=beta, p=call.inputs.get("p"),
                               decay_first=call.recipe.retention.decay_first, scale=call.scale, initial_state=S0,
                               output_final_state=call.output_final_state, chunk_size=chunk_size,
-                              cu_seqlens=cu_seqlens,
+                              cu_seqlens=cu_seqlens, check_cu_seqlens=call.check_cu_seqlens,
                               pipeline=pipeline if pipeline is not None else
                               delta_chunk_pipeline(call.recipe, _call_target(call, chunk_size)))
     return o, (finish_state(call.recipe, MemoryState(weights=(S,)), True) if call.output_final_state else None)

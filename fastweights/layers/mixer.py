@@ -967,7 +967,9 @@ class MemoryMixer(nn.Module):
         the layer's initial memory. Padding is removed (tokens gathered into [1, N]); the gated-
         linear and delta chunk forms run every document in one varlen call, other forms one call per
         document. `memory`: the carried state's memory, None without a state. `packing`: the block's
-        documents laid end to end (`Segments.packing`, computed once per forward) when no state is carried.
+        documents laid end to end (`Segments.packing`, computed once per forward) when no state is carried; a
+        packing with a capacity (`Segments.build(max_documents=)`) is valid by construction, so the varlen call
+        does not read its cu_seqlens on the host (capture-safe; the per-document forms still do).
         Returns (o [B, T, H, V], per-row final states or None)."""
         r = self.recipe
         B, T = doc.shape
@@ -994,8 +996,9 @@ class MemoryMixer(nn.Module):
         varlen = form == "chunk" and api.recipe_class(r) in ("gated_linear", "delta") \
             and not isinstance(memory, RowStates)
         if varlen:  # sequence s starts from row s of the carried memory (S = B), or from zeros
+            built = packing is not None and packing.capacity is not None  # valid by construction: not read
             o, final = fn(r, qp, kp, vp, scale=self.scale, initial_state=memory, output_final_state=output_state,
-                          check_values=False, cu_seqlens=cu, **toks, **kw)
+                          check_values=False, cu_seqlens=cu, check_cu_seqlens=not built, **toks, **kw)
         else:  # one call per document
             outs, finals = [], []
             bounds = cu.tolist()

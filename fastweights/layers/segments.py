@@ -14,6 +14,16 @@ them), so "the last W − 1 inputs of my document" is a column window cut at `po
 
 `continues`: the block extends a carried state, so every row holds exactly one document (doc 0,
 the state's) and per-row final states are defined; packed rows (several documents) have none.
+
+`max_documents` (capture-safe packing): built from position_ids with a static bound on the block's
+documents, a Segments reads nothing on the host and has no shape that depends on the data, so a
+CUDA graph can capture the forward and backward over it. Its packing's cu_seqlens has max_documents + 1
+entries, the documents' boundaries followed by empty sequences (each a no-op in every varlen kernel);
+the memory always runs the varlen path (`single` is False even when every row holds one document).
+The values are not checked there: the caller vouches that position_ids are ≥ 0 and that the block
+holds at most max_documents documents (`check_documents`, which `training.GraphedLMStep` runs on the
+host batch before copying it into the graph's buffers). A cu_seqlens built this way is valid by
+construction (starts at 0, non-decreasing, ends at B·T), so the kernels may skip reading it.
 """
 
 from __future__ import annotations
@@ -23,11 +33,12 @@ from functools import cached_property
 
 import torch
 
-from ..inputs import InputError, check_positions
+from ..inputs import InputError, check_int, check_positions
 
 Tensor = torch.Tensor
 
-__all__ = ["Segments", "Packing", "RowStates", "split_rows", "cat_rows", "select_rows"]
+__all__ = ["Segments", "Packing", "RowStates", "split_rows", "cat_rows", "select_rows", "check_documents",
+           "count_documents"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,7 @@ class Packing:
 
     idx: Tensor | None
     cu: Tensor
+    capacity: int | None = None  # cu has capacity + 1 entries, valid by construction (`Segments.build(max_documents=)`)
 
 
 @dataclass(frozen=True)
@@ -53,16 +65,21 @@ class Segments:
     continues: bool = False
     single: bool = False
     reach: Tensor | None = None  # [B, T] int64; None: = pos
+    max_documents: int | None = None  # the capture-safe packing's bound (see the module doc); None: exact packing
 
     @cached_property
     def padded(self) -> bool:
-        """Whether some token is padding (one host read, once per Segments: every layer of a forward asks)."""
-        return bool((self.doc < 0).any())
+        """Whether some token is padding (one host read, once per Segments: every layer of a forward asks;
+        none with max_documents, which takes no padding)."""
+        return False if self.max_documents is not None else bool((self.doc < 0).any())
 
     @cached_property
     def packing(self) -> Packing:
         """The documents as one varlen call's sequences (`Packing`), computed once per Segments — once per LM
-        forward — instead of in every layer (two host reads: the padding check and the documents' count)."""
+        forward — instead of in every layer (two host reads: the padding check and the documents' count; none
+        with max_documents: `_bounded_packing`)."""
+        if self.max_documents is not None:
+            return _bounded_packing(self.doc, self.max_documents)
         B, T = self.doc.shape
         rows = torch.arange(B, device=self.doc.device)[:, None].expand(B, T).reshape(-1)  # [B·T]
         doc = self.doc.reshape(-1)
@@ -82,7 +99,7 @@ class Segments:
     @staticmethod
     def build(B: int, T: int, *, attention_mask: Tensor | None = None, cu_seqlens: Tensor | None = None,
               position_ids: Tensor | None = None, offsets: Tensor | None = None,
-              device=None) -> Segments | None:
+              device=None, max_documents: int | None = None) -> Segments | None:
         """The segments of a block [B, T], or None when it is one unpadded document per row starting
         at position 0 (the plain path).
 
@@ -97,7 +114,13 @@ class Segments:
         index among its document's tokens (+ offsets); given beside cu_seqlens, position_ids must
         restart at 0 exactly at each document's first token. A short convolution reads back only
         over its own document's tokens, whatever the positions say (`conv_positions`).
+
+        max_documents: the capture-safe packing (see the module doc): position_ids only (no attention_mask,
+        cu_seqlens or offsets), its values not read — the caller checked them (`check_documents`).
         """
+        if max_documents is not None:
+            return Segments._bounded(B, T, position_ids, device, max_documents,
+                                     other=attention_mask is not None or cu_seqlens is not None or offsets is not None)
         if attention_mask is None and cu_seqlens is None and position_ids is None and offsets is None:
             return None
         continues = offsets is not None
@@ -147,9 +170,60 @@ class Segments:
         doc = start.long().cumsum(1) - 1  # [B, T]
         return Segments(doc=doc, pos=pos, continues=False, single=not bool((doc != 0).any()))
 
+    @staticmethod
+    def _bounded(B: int, T: int, position_ids, device, max_documents, *, other: bool) -> Segments:
+        """`build` with max_documents: the documents of position_ids [B, T] (one starts where the position is
+        0, and at every row's first token), computed on the device without reading a value."""
+        check_int("max_documents", max_documents, low=1)
+        if position_ids is None or other:
+            raise InputError("max_documents bounds the documents of position_ids (packed documents restarting at "
+                             "position 0): give position_ids, and no attention_mask, cu_seqlens or carried state")
+        pos = check_positions("position_ids", position_ids, B, T).to(device=device, dtype=torch.int64)
+        start = pos == 0
+        start[:, 0] = True  # every row's first token opens its first document
+        doc = start.long().cumsum(1) - 1  # [B, T] 0, 1, … (no padding)
+        return Segments(doc=doc, pos=pos, reach=_index_in_document(doc), max_documents=max_documents)
+
     def lengths(self) -> Tensor:
         """Tokens of each row [B] int64 (the documents' tokens, padding excluded)."""
         return (self.doc >= 0).sum(1)
+
+
+def _bounded_packing(doc: Tensor, capacity: int) -> Packing:
+    """The packing of doc [B, T] (no padding) with cu [capacity + 1]: the documents' boundaries in [0, B·T], then
+    empty sequences (cu = B·T) up to the capacity; computed on the device, no host read, static shapes. A block of
+    more than `capacity` documents is refused by a device-side assertion (the caller checks it on the host first:
+    `check_documents`)."""
+    B, T = doc.shape
+    start = torch.ones_like(doc, dtype=torch.bool)
+    start[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    rank = start.reshape(-1).long().cumsum(0) - 1  # [B·T] each token's document among the block's (non-decreasing)
+    torch._assert_async(rank[-1] < capacity, f"a block holds more documents than max_documents={capacity}")
+    s = torch.arange(capacity + 1, dtype=torch.int64, device=doc.device)
+    cu = torch.searchsorted(rank, s)  # [capacity + 1] the first token of document s (B·T past the last one)
+    return Packing(idx=None, cu=cu, capacity=capacity)
+
+
+def count_documents(position_ids: Tensor) -> Tensor:
+    """[...] int64: the documents of each block of position_ids [..., B, T] (a document starts where the position is
+    0 and at every row's first token; the rows of a block laid end to end, as the packing does)."""
+    return (position_ids[..., 1:] == 0).sum((-1, -2)) + position_ids.shape[-2]
+
+
+def check_documents(position_ids, max_documents: int, name: str = "position_ids") -> None:
+    """What `Segments.build(max_documents=)` does not read, checked on the host: position_ids an integer tensor
+    [..., B, T] ≥ 0 whose every block [B, T] holds at most max_documents documents; InputError naming `name`."""
+    check_int("max_documents", max_documents, low=1)
+    if not isinstance(position_ids, Tensor) or position_ids.dim() < 2 or position_ids.is_floating_point() \
+            or position_ids.is_complex() or position_ids.dtype == torch.bool:
+        raise InputError(f"{name} must be an integer tensor [..., B, T], got "
+                         f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                         f"{list(getattr(position_ids, 'shape', []))}")
+    if position_ids.numel() and int(position_ids.min()) < 0:
+        raise InputError(f"{name} must be ≥ 0 at every token")
+    most = int(count_documents(position_ids).max()) if position_ids.numel() else 0
+    if most > max_documents:
+        raise InputError(f"{name}: a block holds {most} documents, more than max_documents={max_documents}")
 
 
 def _check_position_ids(position_ids, B: int, T: int, real: Tensor, device) -> Tensor | None:

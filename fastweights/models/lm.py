@@ -297,7 +297,8 @@ class LM(nn.Module):
 
     def forward(self, input_ids: Tensor | None = None, *, form: str | None = None,
                 attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None) -> Tensor:
+                cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None,
+                max_documents: int | None = None) -> Tensor:
         """logits [B, T, vocab]; `form` forces one form on every layer (default: each layer's training form).
 
         attention_mask [B, T] (1: token, 0: padding), position_ids [B, T] (a document starts at
@@ -307,22 +308,31 @@ class LM(nn.Module):
         (`forward(inputs_embeds=lm.embed(ids))` equals `forward(ids)`).
         context: a `fastweights.distributed.ContextParallel` — input_ids (and position_ids) are then this
         rank's span of sequences split over the ranks (`context.shard`), and the logits are the span's, as one
-        process running the whole sequences would give them (no attention_mask or cu_seqlens)."""
+        process running the whole sequences would give them (no attention_mask or cu_seqlens).
+        max_documents: with position_ids alone, a static bound on the documents of the whole block [B, T]: the
+        documents are packed without reading a value on the host and with shapes that do not depend on them, so
+        a CUDA graph can capture the forward and backward (`training.GraphedLMStep`); the caller checks the
+        bound and position_ids ≥ 0 on its host batch (`layers.segments.check_documents`). The same logits as
+        without it, up to rounding (the memories always run the varlen path then)."""
         return self._logits(self.hidden(input_ids, form=form, attention_mask=attention_mask,
                                         position_ids=position_ids, cu_seqlens=cu_seqlens, inputs_embeds=inputs_embeds,
-                                        context=context))
+                                        context=context, max_documents=max_documents))
 
     def hidden(self, input_ids: Tensor | None = None, *, form: str | None = None,
                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-               cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None) -> Tensor:
+               cu_seqlens: Tensor | None = None, inputs_embeds: Tensor | None = None, context=None,
+               max_documents: int | None = None) -> Tensor:
         """The last block's output h_L [B, T, d_model] (before the final norm); arguments as `forward`."""
+        if context is not None and max_documents is not None:
+            raise InputError("max_documents packs one process's block; context parallelism takes position_ids "
+                             "without it")
         if context is not None:
             return self._hidden_context(input_ids, form, attention_mask, position_ids, cu_seqlens, inputs_embeds,
                                         context)
         h = self._embed(input_ids, inputs_embeds, attention_mask=attention_mask)
         B, T = h.shape[:2]
         seg = Segments.build(B, T, attention_mask=attention_mask, cu_seqlens=cu_seqlens, position_ids=position_ids,
-                             device=h.device)
+                             device=h.device, max_documents=max_documents)
         return self._hidden(h, form, seg)
 
     def _hidden_context(self, input_ids, form, attention_mask, position_ids, cu_seqlens, inputs_embeds, context):

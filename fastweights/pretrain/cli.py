@@ -73,7 +73,7 @@ def add_cli(sub) -> None:
                         "window is one sequence, reading across end-of-text tokens (no varlen path)")
     t.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None,
                    help="replay each optimizer step from one CUDA graph (the step without the host's launch time; "
-                        "one CUDA process, --documents joined, no --grad-checkpoint)")
+                        "one CUDA process, no --grad-checkpoint)")
     for name, typ, help_ in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     t.set_defaults(fn=cli_main)

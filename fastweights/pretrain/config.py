@@ -68,9 +68,10 @@ class PretrainConfig:
                  Either way the token after an end-of-text input is not supervised.
     cuda_graph:  each optimizer step (its micro-batches, clipping, AdamW) replayed from one CUDA graph
                  (`fastweights.training.GraphedLMStep`): the same maths without the host's launch time, which is
-                 half of an eager gated DeltaNet step at the gpu-125m shape. Needs a CUDA device, one process,
-                 documents "joined" (the varlen path reads document boundaries on the host, which a graph cannot
-                 replay) and no grad_checkpoint.
+                 half of an eager gated DeltaNet step at the gpu-125m shape. Needs a CUDA device, one process
+                 and no grad_checkpoint. With documents "separate" each micro-batch's documents are packed into
+                 a fixed number of varlen sequences (the most any micro-batch of the training windows holds:
+                 `Windows.max_documents`), so the graph replays them without reading a boundary on the host.
     """
 
     data: list[str] = field(default_factory=list)
@@ -164,9 +165,7 @@ class PretrainConfig:
         if not isinstance(self.cuda_graph, bool):
             raise ConfigFileError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
         if self.cuda_graph:
-            why = ("documents 'joined' (packed documents take the varlen path, whose boundaries are read on the host: "
-                   "a graph cannot replay that); add --documents joined" if self.documents != "joined" else
-                   "no grad_checkpoint (not captured); leave out --grad-checkpoint" if self.grad_checkpoint else
+            why = ("no grad_checkpoint (not captured); leave out --grad-checkpoint" if self.grad_checkpoint else
                    "one process per sequence; leave out --context-parallel" if self.context_parallel > 1 else None)
             if why:
                 raise ConfigFileError(f"cuda_graph (--cuda-graph) needs {why}")

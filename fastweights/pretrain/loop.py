@@ -581,7 +581,10 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
                 prog.log(f"step {step}/{cfg.steps} loss {train_loss:.4f} lr {lr:.2e} "
                          f"{rec['tokens_per_s']:.0f} tok/s (steady {_speed_text(rec)})")
 
-    graph = _GraphStep(cfg, base, opt, sched, micro, device) if cfg.cuda_graph else None
+    graph = None
+    if cfg.cuda_graph:  # packed documents: a micro-batch of `micro` windows holds at most micro × the most of one
+        docs = micro * tw.max_documents() if cfg.documents == "separate" else None
+        graph = _GraphStep(cfg, base, opt, sched, micro, device, docs)
     hooks = training_loop.Hooks(batches=batches, loss=loss, boundary=boundary, interrupt=interrupt, record=record,
                                 evaluate=validate, eval_every=cfg.val_every, save=save, save_every=cfg.save_every,
                                 grad_clip=cfg.grad_clip, clock=clock, step=graph)
@@ -606,20 +609,25 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
 class _GraphStep:
     """`Hooks.step` of a --cuda-graph run: the step's micro-batches stacked into [M, b, T] and run by one
     `GraphedLMStep` (captured after its WARMUP eager steps, then replayed), the schedule advanced as
-    `training.step.optimizer_step` does. The loss is `_loss_sum`'s over the step's supervised tokens."""
+    `training.step.optimizer_step` does. The loss is `_loss_sum`'s over the step's supervised tokens. Documents
+    "separate": the micro-batches' position_ids go in too, each packed into max_documents varlen sequences."""
 
-    def __init__(self, cfg: PretrainConfig, lm: LM, opt, sched, micro: int, device: torch.device):
+    def __init__(self, cfg: PretrainConfig, lm: LM, opt, sched, micro: int, device: torch.device,
+                 max_documents: int | None = None):
         from ..training.graphed import GraphedLMStep
 
         dt = torch.bfloat16 if cfg.dtype == "bfloat16" else None
         self.g = GraphedLMStep(lm, opt, (cfg.grad_accum, micro, cfg.seq_len + 1), autocast_dtype=dt,
-                               grad_clip=cfg.grad_clip, capture=device.type == "cuda")
-        self.sched = sched
+                               grad_clip=cfg.grad_clip, capture=device.type == "cuda", max_documents=max_documents)
+        self.sched, self.pin = sched, device.type == "cuda"
 
     def __call__(self, s: int, batches: list[dict]) -> tuple[list[float], float]:
-        x = torch.stack([b["input_ids"] for b in batches])  # [M, b, T]
-        y = torch.stack([b["labels"] for b in batches])  # [M, b, T]
-        loss = self.g.step_labeled(x, y)
+        def stacked(key):  # [M, b, T]; pinned on CUDA: its copy into the static buffer then does not wait on the GPU
+            t = torch.stack([b[key] for b in batches])
+            return t.pin_memory() if self.pin else t
+
+        pos = stacked("position_ids") if self.g.max_documents is not None else None
+        loss = self.g.step_labeled(stacked("input_ids"), stacked("labels"), pos)
         lr = self.sched.get_last_lr()[0]
         self.sched.step()
         return [float(loss)], lr

@@ -23,6 +23,13 @@ allocates them from the graph's pool (every replay overwrites them, the later mi
 AdamW with capturable=True. A replay reads the inputs and labels copied into static buffers [M, B, T] and the lrs copied
 into device scalars; the loss stays on the device.
 
+Packed documents (`max_documents`): with position_ids [M, B, T] (a document starts where the position is 0, as
+`pretrain.data.pack` writes them) each micro-batch's forward packs its documents into a fixed number of varlen
+sequences, max_documents, the rest empty (`Segments.build(max_documents=)`: no host read, no data-dependent
+shape). What that packing does not read is checked on the host batch before it is copied into the static buffer
+(`check_documents`: positions ≥ 0, at most max_documents documents in every micro-batch) — from CPU tensors, as
+the loader gives them, that check costs no device synchronization.
+
 Capture safety: the capture runs under `torch.cuda.set_sync_debug_mode("error")`, so an op that would synchronize
 (`.item()`, a data-dependent shape) raises instead of corrupting the capture; a failed capture raises
 `GraphCaptureError` naming the op's message, and the caller decides (the step is never silently run another way).
@@ -39,6 +46,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..inputs import check_int
+from ..layers.segments import check_documents
 
 __all__ = ["GraphedLMStep", "GraphCaptureError", "set_capturable", "eager_state_dict", "eager_form", "capture",
            "CaptureFailure", "warm_step", "step_at", "WARMUP", "IGNORE_INDEX"]
@@ -146,11 +156,13 @@ class GraphedLMStep:
         autocast_dtype: torch.bfloat16 / float16 for autocast, or None.
         grad_clip: the global gradient norm's bound, or None.
         capture: capture on CUDA; False runs every step eagerly through the same body (CPU tests).
+        max_documents: packed documents: every step then takes position_ids [M, B, T], and each micro-batch
+            [B, T] holds at most this many documents (see the module doc); None: one sequence per row.
     """
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, shape: tuple[int, int, int], *,
                  autocast_dtype: torch.dtype | None = torch.bfloat16, grad_clip: float | None = None,
-                 capture: bool = True):
+                 capture: bool = True, max_documents: int | None = None):
         if any(type(m).__name__ in ("DistributedDataParallel", "FSDPModule") or hasattr(m, "_fsdp_param_group")
                for m in model.modules()):
             raise GraphCaptureError("GraphedLMStep: model is wrapped for DDP/FSDP, whose hooks cannot be captured "
@@ -165,6 +177,9 @@ class GraphedLMStep:
         self.capture = bool(capture) and self.device.type == "cuda"
         self.inputs = torch.zeros((M, B, T1 - 1), dtype=torch.long, device=self.device)  # [M, B, T]
         self.labels = torch.zeros((M, B, T1 - 1), dtype=torch.long, device=self.device)  # [M, B, T]
+        self.max_documents = check_int("max_documents", max_documents, optional=True)
+        self.positions = None if max_documents is None else \
+            torch.zeros((M, B, T1 - 1), dtype=torch.long, device=self.device)  # [M, B, T]
         ldt = torch.float64 if p0.dtype == torch.float64 else torch.float32
         self.lrs = [torch.zeros((), dtype=ldt, device=self.device) for _ in opt.param_groups]
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -189,8 +204,10 @@ class GraphedLMStep:
         total = None
         n = (self.labels != IGNORE_INDEX).sum().clamp_min(1)  # the step's supervised tokens (a device scalar)
         for m in range(M):
+            docs = {} if self.positions is None else {"position_ids": self.positions[m],
+                                                      "max_documents": self.max_documents}
             with self._autocast():
-                logits = self.model(self.inputs[m])  # [B, T, vocab]
+                logits = self.model(self.inputs[m], **docs)  # [B, T, vocab]
             logits = logits if logits.dtype == torch.float64 else logits.float()  # fp32 loss under autocast
             loss = F.cross_entropy(logits.flatten(0, 1), self.labels[m].flatten(), ignore_index=IGNORE_INDEX,
                                    reduction="sum") / n
@@ -201,26 +218,44 @@ class GraphedLMStep:
         step_at(self.opt, self.lrs)
         return total
 
-    def step(self, ids: torch.Tensor) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One optimizer step on ids [M, B, T + 1] (any device: copied into the static buffers; every next token
         supervised) at the optimizer's current group lrs; returns the step's mean token loss, a device scalar (no
-        host sync)."""
+        host sync). position_ids [M, B, T]: with max_documents, and only then."""
         if tuple(ids.shape) != self.shape:
             raise ValueError(f"GraphedLMStep.step: ids must be {list(self.shape)}, got {list(ids.shape)}")
+        self._positions("step", position_ids)
         self.inputs.copy_(ids[..., :-1], non_blocking=True)
         self.labels.copy_(ids[..., 1:], non_blocking=True)
         return self._run()
 
-    def step_labeled(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def step_labeled(self, inputs: torch.Tensor, labels: torch.Tensor,
+                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One optimizer step on inputs and labels [M, B, T] (labels IGNORE_INDEX where not supervised); returns
-        the step's mean loss over its supervised tokens, a device scalar (no host sync)."""
+        the step's mean loss over its supervised tokens, a device scalar (no host sync). position_ids [M, B, T]:
+        with max_documents, and only then."""
         want = [self.shape[0], self.shape[1], self.shape[2] - 1]
         for name, x in (("inputs", inputs), ("labels", labels)):
             if list(x.shape) != want:
                 raise ValueError(f"GraphedLMStep.step_labeled: {name} must be {want}, got {list(x.shape)}")
+        self._positions("step_labeled", position_ids)
         self.inputs.copy_(inputs, non_blocking=True)
         self.labels.copy_(labels, non_blocking=True)
         return self._run()
+
+    def _positions(self, method: str, position_ids: torch.Tensor | None) -> None:
+        """position_ids [M, B, T] checked on the host (`check_documents`) and copied into the static buffer."""
+        if (position_ids is None) != (self.positions is None):
+            raise ValueError(f"GraphedLMStep.{method}: position_ids [M, B, T] come with max_documents, and only "
+                             f"then (max_documents={self.max_documents}, position_ids "
+                             f"{'missing' if position_ids is None else 'given'})")
+        if position_ids is None:
+            return
+        if list(position_ids.shape) != list(self.positions.shape):
+            raise ValueError(f"GraphedLMStep.{method}: position_ids must be {list(self.positions.shape)}, got "
+                             f"{list(position_ids.shape)}")
+        check_documents(position_ids, self.max_documents)
+        self.positions.copy_(position_ids, non_blocking=True)
 
     def _run(self) -> torch.Tensor:
         for t, g in zip(self.lrs, self.opt.param_groups):

@@ -165,9 +165,10 @@ def test_chunk_32_and_grouped_heads(gate, gen):
 
 @pytest.mark.parametrize("gate", GATES)
 def test_varlen(gate, gen):
-    """Packed sequences (with an empty and a length-1 one) equal each sequence run alone by the
-    recurrence: outputs, the final state of each, and every gradient."""
-    lengths = [7, 0, 33, 1, 16]
+    """Packed sequences (with an empty and a length-1 one, and trailing empty ones as `Segments.build(max_documents=)`
+    pads cu_seqlens) equal each sequence run alone by the recurrence: outputs, the final state of each (an empty
+    sequence's: its initial state), and every gradient."""
+    lengths = [7, 0, 33, 1, 16, 0, 0]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     x = _inputs(gate, gen, B=1, T=sum(lengths), H=1, N=len(lengths))
     seed = secrets.randbits(31)

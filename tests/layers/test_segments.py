@@ -111,3 +111,75 @@ def test_packed_documents_are_laid_out_once_per_forward_not_per_layer(monkeypatc
     mask = torch.ones(2, 12, dtype=torch.long).index_fill_(1, torch.tensor([11]), 0)  # the rows' last token: padding
     padded = Segments.build(2, 12, position_ids=pos, attention_mask=mask)
     assert padded.packing.idx.tolist() == [i for i in range(24) if i not in (11, 23)]
+
+
+# ----------------------------------------------------------------------------- max_documents: the capture-safe packing
+def packed_positions(rows: list[list[int]], starts: list[int]) -> torch.Tensor:
+    """position_ids [B, T] of rows given as their documents' lengths (each row's sum = T); starts[b]: the position
+    row b's first document starts at (> 0: a window that cut a document, as `pretrain.data.pack` writes it)."""
+    out = []
+    for lengths, s in zip(rows, starts):
+        out.append(torch.cat([torch.arange(L) + (s if i == 0 else 0) for i, L in enumerate(lengths)]))
+    return torch.stack(out)
+
+
+LAYOUTS = {  # B rows of T tokens each: (documents' lengths per row, the first document's start per row)
+    "one document": ([[9]], [4]),
+    "length-1 documents": ([[1] * 6, [1] * 6], [0, 3]),
+    "mixed": ([[3, 1, 1, 4], [2, 5, 2], [9]], [2, 0, 0]),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_max_documents_gives_the_exact_segments_and_packing_then_empty_sequences(layout):
+    """Segments.build(max_documents=) over position_ids: the exact build's documents, positions and conv reach;
+    its packing the exact one's boundaries followed by empty sequences up to the bound (B·T repeated), no
+    gather (no padding). The bound may be the exact count."""
+    rows, starts = LAYOUTS[layout]
+    pos = packed_positions(rows, starts)
+    B, T = pos.shape
+    exact = Segments.build(B, T, position_ids=pos)
+    S = sum(len(r) for r in rows)
+    for extra in (0, 3):
+        seg = Segments.build(B, T, position_ids=pos, max_documents=S + extra)
+        assert torch.equal(seg.doc, exact.doc) and torch.equal(seg.pos, exact.pos)
+        assert torch.equal(seg.conv_positions, exact.conv_positions)
+        assert not seg.single and not seg.padded and not seg.continues
+        pk = seg.packing
+        assert pk.idx is None and pk.capacity == S + extra and pk.cu.dtype == exact.packing.cu.dtype
+        assert pk.cu.tolist() == exact.packing.cu.tolist() + [B * T] * extra
+
+
+def test_max_documents_reads_no_value_on_the_host(monkeypatch):
+    """The build and its packing read nothing on the host (the exact build does: the guard catches it)."""
+    from tests.helpers import HostRead, no_host_reads
+
+    pos = packed_positions(*LAYOUTS["mixed"])
+    with no_host_reads(monkeypatch):
+        seg = Segments.build(*pos.shape, position_ids=pos, max_documents=12)
+        cu = seg.packing.cu
+        with pytest.raises(HostRead):
+            _ = Segments.build(*pos.shape, position_ids=pos).packing
+    assert cu.shape == (13,)
+
+
+def test_check_documents_and_the_bound_refuse_by_name():
+    from fastweights.layers.segments import check_documents, count_documents
+
+    pos = packed_positions(*LAYOUTS["mixed"])  # 4 + 3 + 1 documents
+    assert count_documents(pos).item() == 8
+    assert count_documents(torch.stack([pos, torch.zeros_like(pos)])).tolist() == [8, 27]
+    check_documents(pos, 8)
+    with pytest.raises(InputError, match=r"position_ids: a block holds 8 documents, more than max_documents=7"):
+        check_documents(pos, 7)
+    with pytest.raises(InputError, match="position_ids must be ≥ 0"):
+        check_documents(pos - 1, 8)
+    with pytest.raises(InputError, match="max_documents must be a positive int"):
+        check_documents(pos, 0)
+    with pytest.raises(InputError, match="integer tensor"):
+        check_documents(pos.float(), 8)
+    with pytest.raises(RuntimeError, match="more documents than max_documents=7"):  # (unchecked: a device assert)
+        _ = Segments.build(*pos.shape, position_ids=pos, max_documents=7).packing
+    for kw in ({}, {"attention_mask": torch.ones_like(pos)}, {"offsets": torch.zeros(3, dtype=torch.long)}):
+        with pytest.raises(InputError, match="max_documents bounds the documents of position_ids"):
+            Segments.build(*pos.shape, max_documents=8, **({"position_ids": pos} if kw else {}), **kw)

@@ -12,7 +12,7 @@ import fastweights as fw
 from fastweights.inputs import InputError
 from fastweights.models import LM, GenerationError
 from tests.models.test_lm import VOCAB, tiny_config
-from tests.tolerances import SEGMENTS_F64
+from tests.tolerances import MAX_DOCUMENTS_F64, SEGMENTS_F64
 
 ZOO = fw.zoo.names()
 
@@ -201,3 +201,71 @@ def test_a_hybrid_with_grouped_value_heads_honours_documents():
     for i, (d, (a, b)) in enumerate(zip(docs, [(0, 6), (6, 9), (9, 18)])):
         assert err(out[i, ids.shape[1] - len(d):], alone[i]) < SEGMENTS_F64
         assert err(packed[a:b], alone[i]) < SEGMENTS_F64
+
+
+# ----------------------------------------------------------------------------- max_documents: the capture-safe packing
+def _logits_and_grads(model, ids, **kw):
+    model.zero_grad(set_to_none=True)
+    out = model(ids, **kw)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_max_documents_gives_the_exact_packings_logits_and_gradients(name):
+    """LM.forward(position_ids, max_documents=N) — the documents packed into N varlen sequences, the rest empty —
+    gives the logits and parameter gradients of the exact packing: a block of one document, a block of length-1
+    documents, a mixed block with cut first documents; N above the count (trailing empty sequences; N equal to it
+    gives the same packing without them: tests/layers/test_segments.py)."""
+    from tests.layers.test_segments import LAYOUTS, packed_positions
+
+    model = LM(tiny_config(name)).double()
+    for layout, (rows, starts) in LAYOUTS.items():
+        pos = packed_positions(rows, starts)
+        ids = torch.randint(0, VOCAB, tuple(pos.shape))
+        want, want_g = _logits_and_grads(model, ids, position_ids=pos)
+        got, got_g = _logits_and_grads(model, ids, position_ids=pos, max_documents=sum(len(r) for r in rows) + 3)
+        assert err(got, want) < MAX_DOCUMENTS_F64, layout
+        assert got_g.keys() == want_g.keys()
+        for n in want_g:
+            assert err(got_g[n], want_g[n]) < MAX_DOCUMENTS_F64, (layout, n)
+
+
+def test_max_documents_errors():
+    model = LM(tiny_config("gated_deltanet")).double()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    pos = torch.tensor([[0, 1, 0, 1, 2, 0]])
+    with pytest.raises(InputError, match="max_documents bounds the documents of position_ids"):
+        model(ids, max_documents=3)
+    with pytest.raises(InputError, match="max_documents bounds the documents of position_ids"):
+        model(ids, position_ids=pos, attention_mask=torch.ones_like(pos), max_documents=3)
+    with pytest.raises(InputError, match="max_documents must be a positive int"):
+        model(ids, position_ids=pos, max_documents=0)
+
+
+@pytest.mark.triton
+def test_max_documents_runs_the_triton_kernels_without_a_host_read(monkeypatch):
+    """The packed path a CUDA graph captures, structurally on the CPU: a gated DeltaNet LM on its Triton rows
+    (`FakeCuda`, kernels under TRITON_INTERPRET=1) runs forward and backward over max_documents' packing — the
+    layer ops, the staged delta kernels on cu_seqlens with trailing empty sequences — with every host read of a
+    tensor refused (`no_host_reads`; the ids' range check is the capture's to skip, so the embeddings go in);
+    its logits and gradients are the torch rows' over the exact packing."""
+    from tests.fake_cuda import FakeCuda
+    from tests.helpers import no_host_reads
+    from tests.layers.test_segments import packed_positions
+    from tests.tolerances import MAX_DOCUMENTS_TRITON_F32
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    model = LM(tiny_config("gated_deltanet", n_layers=1, num_heads=1, head_dim=16, chunk_size=16))
+    pos = packed_positions([[1, 1, 1, 5], [3, 5]], [2, 0])  # 6 documents, 2 of them cut, 3 of length 1
+    ids = torch.randint(0, VOCAB, tuple(pos.shape))
+    want, want_g = _logits_and_grads(model, ids, position_ids=pos)
+    fake = FakeCuda(monkeypatch, kernels=True).install()
+    model.zero_grad(set_to_none=True)
+    with no_host_reads(monkeypatch):
+        out = model(inputs_embeds=model.embed(ids), position_ids=pos, max_documents=8)
+        (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(1))).sum().backward()
+    assert ("delta", "chunk", "triton") in fake.take()
+    assert err(out.detach(), want) < MAX_DOCUMENTS_TRITON_F32
+    for n, p in model.named_parameters():
+        assert err(p.grad, want_g[n]) < MAX_DOCUMENTS_TRITON_F32 * (1 + want_g[n].abs().max().item()), n

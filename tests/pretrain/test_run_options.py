@@ -283,14 +283,26 @@ def test_documents_joined_reads_across_end_of_text_and_separate_restarts(tmp_pat
         train(cfg_of(tmp_path, "joined", documents="separate", steps=3))
 
 
-def test_cuda_graph_step_equals_the_plain_loop(tmp_path, monkeypatch):
+@pytest.mark.parametrize("documents", ["joined", "separate"])
+def test_cuda_graph_step_equals_the_plain_loop(documents, tmp_path, monkeypatch):
     """`train --cuda-graph`'s step (GraphedLMStep.step_labeled over the stacked micro-batches; eager on the CPU, the
     same body the GPU captures) gives the plain loop's losses and weights, with accumulation, clipping, the schedule
-    and unsupervised tokens after end-of-text; its checkpoint resumes in a run without the graph."""
+    and unsupervised tokens after end-of-text; its checkpoint resumes in a run without the graph. Documents
+    "separate": the graph's step packs each micro-batch's documents into max_documents varlen sequences (micro-batch
+    rows × the most documents a training window holds), the plain loop packs them exactly."""
     from fastweights.pretrain import loop
+    from fastweights.training import graphed
 
     monkeypatch.setattr(loop, "_check_graph", lambda cfg: None)  # (the CUDA device check; the CPU runs the body)
-    kw = dict(documents="joined", steps=3, grad_accum=2, grad_clip=0.05, save_every=3)
+    bounds = []
+    init = graphed.GraphedLMStep.__init__
+
+    def spy(self, *args, **kwargs):
+        bounds.append(kwargs.get("max_documents"))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(graphed.GraphedLMStep, "__init__", spy)
+    kw = dict(documents=documents, steps=3, grad_accum=2, grad_clip=0.05, save_every=3)
     train(cfg_of(tmp_path, "plain", **kw))
     train(cfg_of(tmp_path, "graph", cuda_graph=True, **kw))
     a, b = LM.from_pretrained(tmp_path / "plain" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
@@ -302,6 +314,37 @@ def test_cuda_graph_step_equals_the_plain_loop(tmp_path, monkeypatch):
     ck = torch.load(tmp_path / "graph" / "checkpoint.pt", weights_only=False)
     assert all(not g.get("capturable") for g in ck["optim"]["param_groups"])
     assert train(cfg_of(tmp_path, "graph", **{**kw, "steps": 4}))["steps"] == 4  # resumed without the graph
+    if documents == "joined":
+        assert bounds == [None]
+    else:  # batch_size 4 over grad_accum 2: micro-batches of 2 windows
+        windows = loop.Windows(*_train_stream(cfg_of(tmp_path, "graph", **kw)))
+        assert bounds == [2 * windows.max_documents()] and windows.max_documents() > 1
+
+
+def _train_stream(cfg):
+    """(the training stream, seq_len, eos id) of a run's config, as `pretrain.loop` splits it."""
+    from fastweights.pretrain.data import split_stream
+
+    tok = load_tokenizer(cfg.tokenizer)
+    train_stream, _ = split_stream(read_stream(cfg.data, tok, cfg.text_key), cfg.val_fraction, tok.eos_id)
+    return train_stream, cfg.seq_len, tok.eos_id
+
+
+def test_cuda_graph_takes_packed_documents_and_refuses_what_it_cannot_capture(tmp_path, monkeypatch):
+    """--cuda-graph with documents "separate" (the default) is accepted; grad_checkpoint, context parallelism and
+    several processes are still refused, each naming what to leave out."""
+    from fastweights.pretrain import loop
+    from fastweights.training.distributed import DistInfo
+
+    assert cfg_of(tmp_path, cuda_graph=True).documents == "separate"
+    assert cfg_of(tmp_path, cuda_graph=True, documents="separate").cuda_graph
+    with pytest.raises(ConfigFileError, match=r"cuda_graph \(--cuda-graph\) needs no grad_checkpoint"):
+        cfg_of(tmp_path, cuda_graph=True, grad_checkpoint=True)
+    with pytest.raises(ConfigFileError, match="leave out --context-parallel"):
+        cfg_of(tmp_path, cuda_graph=True, context_parallel=2)
+    monkeypatch.setattr(loop, "dist_info", lambda: DistInfo(0, 2, 0))
+    with pytest.raises(ConfigFileError, match="--cuda-graph runs one process"):
+        loop._check_parallel(cfg_of(tmp_path, cuda_graph=True))
 
 
 def test_eager_form_makes_a_capturable_optimizer_state_loadable_by_an_eager_one():
@@ -324,8 +367,9 @@ def test_eager_form_makes_a_capturable_optimizer_state_loadable_by_an_eager_one(
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--cuda-graph"], "--documents joined"),
+    (["--cuda-graph"], "--device cuda"),
     (["--cuda-graph", "--documents", "joined"], "--device cuda"),
+    (["--cuda-graph", "--device", "cuda", "--context-parallel", "2"], "--context-parallel"),
     (["--cuda-graph", "--documents", "joined", "--device", "cuda", "--grad-checkpoint"], "grad_checkpoint"),
     (["--documents", "both"], "documents='both' is not one of ['separate', 'joined']"),
 ])

@@ -85,3 +85,59 @@ def test_labeled_steps_equal_a_plain_loop_over_the_supervised_tokens():
         assert (pa - pb).abs().max() < EXACT_F64, name
     with pytest.raises(ValueError, match=r"labels must be \[3, 2, 9\]"):
         graphed.step_labeled(x, y[:, :, :-1])
+
+
+def random_packed_positions(M: int, B: int, T: int) -> torch.Tensor:
+    """position_ids [M, B, T] as `pretrain.data.pack` writes them for random end-of-text tokens (each row's first
+    document cut at a random position; some documents of length 1)."""
+    from fastweights.pretrain.data import pack
+
+    x = torch.randint(1, 40, (M * B, T + 1))
+    x[torch.rand(M * B, T + 1) < 0.3] = 0  # end-of-text id 0
+    pos = pack(x, 0)["position_ids"]  # [M·B, T]
+    first = ((pos == 0) & (torch.arange(T) > 0)).cumsum(1) == 0  # the tokens of each row's first document
+    return (pos + first * torch.randint(0, 5, (M * B, 1))).view(M, B, T)
+
+
+def test_packed_documents_steps_equal_a_plain_loop_over_the_exact_packing():
+    """max_documents: the steps take position_ids [M, B, T] (copied into a static buffer, each micro-batch's
+    documents packed into max_documents varlen sequences) and equal a plain loop whose forwards take the same
+    position_ids through the exact packing, in float64; position_ids missing, unasked for, or over the bound
+    are refused by name."""
+    from fastweights.inputs import InputError
+    from fastweights.layers.segments import count_documents
+
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    a, b = _lm(seed, "gated_deltanet"), _lm(seed, "gated_deltanet")
+    oa = adamw(a, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    ob = adamw(b, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    M, B, T = 2, 2, 9
+    graphed = GraphedLMStep(a, oa, (M, B, T + 1), autocast_dtype=None, grad_clip=0.5, capture=False,
+                            max_documents=B * T)
+    for _ in range(3):
+        x, y = torch.randint(0, 40, (M, B, T)), torch.randint(0, 40, (M, B, T))
+        pos = random_packed_positions(M, B, T)
+        got = graphed.step_labeled(x, y, pos)
+        ob.zero_grad(set_to_none=True)
+        want = 0.0
+        for m in range(M):
+            loss = F.cross_entropy(b(x[m], position_ids=pos[m]).flatten(0, 1), y[m].flatten(),
+                                   reduction="sum") / (M * B * T)
+            loss.backward()
+            want += loss.item()
+        torch.nn.utils.clip_grad_norm_(b.parameters(), 0.5)
+        ob.step()
+        assert abs(got.item() - want) < EXACT_F64
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa - pb).abs().max() < EXACT_F64, name
+    ids = torch.randint(0, 40, (M, B, T + 1))
+    with pytest.raises(ValueError, match="position_ids .* come with max_documents, and only then"):
+        graphed.step(ids)
+    with pytest.raises(ValueError, match=r"position_ids must be \[2, 2, 9\]"):
+        graphed.step(ids, pos[:, :, :-1])
+    few = int(count_documents(pos).max()) - 1
+    tight = GraphedLMStep(a, oa, (M, B, T + 1), autocast_dtype=None, capture=False, max_documents=few)
+    with pytest.raises(InputError, match=f"more than max_documents={few}"):
+        tight.step(ids, pos)
+    with pytest.raises(ValueError, match="position_ids .* come with max_documents, and only then"):
+        GraphedLMStep(a, oa, (M, B, T + 1), capture=False).step(ids, pos)

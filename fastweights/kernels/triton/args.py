@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ...chunkwise.common import gate_kind
-from ...chunkwise.varlen import check_cu_seqlens, effective_chunk_size
+from ...chunkwise.varlen import check_cu_seqlens as validate_cu_seqlens
+from ...chunkwise.varlen import effective_chunk_size
 from ...inputs import InputError, check_tensor
 from .common.layout import Layout, make_layout
 
@@ -36,11 +37,12 @@ def check_qkv(q, k, v) -> tuple[int, int, int, int, int, int]:
     return B, T, Hq, H, K, V
 
 
-def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_seqlens):
+def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_seqlens, check_cu_seqlens=True):
     """(Layout, the initial state as fp32 contiguous or None, the resolved scale), or InputError
     naming the argument: q, k [B, T, H_q, K], v [B, T, H, V] with H_q | H, one dtype of fp32/bf16/
     fp16, K, V ≤ 256, chunk_size a power of two ≥ 16, β [B, T, H], g [B, T, H(, K)], cu_seqlens
-    (not read while a CUDA graph is being captured), initial_state [B or N, H, K, V].
+    (not read while a CUDA graph is being captured, nor with check_cu_seqlens=False: valid by construction,
+    `Segments.build(max_documents=)`), initial_state [B or N, H, K, V].
     The layout's chunk is min(chunk_size, the smallest power of two ≥ max(T, 64)): never longer than
     the sequence needs beyond the GPU chunk of 64 (the bound uses T, not the longest varlen sequence, which
     would need a read of cu_seqlens on the host; and never below 64, so that a chunk_size ≤ 64 is never
@@ -54,8 +56,8 @@ def check_chunk_args(q, k, v, *, g, beta, scale, initial_state, chunk_size, cu_s
     if beta is not None:
         check_tensor("beta", beta, (B, T, H), values=False)
     gate_kind(g, B, T, H, K)
-    if cu_seqlens is not None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        check_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
+    if cu_seqlens is not None and check_cu_seqlens and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        validate_cu_seqlens(cu_seqlens, B, T)  # validation reads the boundaries; skipped while capturing a graph
     C = effective_chunk_size(chunk_size, max(T, MIN_CLAMPED_CHUNK))
     L = make_layout(B, T, H, Hq, K, V, C, cu_seqlens, q.device)
     if initial_state is not None:

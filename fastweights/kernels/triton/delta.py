@@ -181,7 +181,7 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
                        p: Tensor | None = None, decay_first: bool = True, scale: float | None,
                        initial_state: Tensor | None = None, output_final_state: bool = False,
                        chunk_size: int = 64, cu_seqlens: Tensor | None = None,
-                       pipeline: DeltaPipeline | None = None):
+                       pipeline: DeltaPipeline | None = None, check_cu_seqlens: bool = True):
     """Chunkwise delta rule on Triton, o_t = S_tᵀ(scale·q_t), D_t = Diag(exp g_t) (identity without g):
 
         decay_first=True   S_t = (I − β_t k_t k_tᵀ) D_t S_{t−1} + β_t k_t v_tᵀ      (DeltaNet, GDN, KDA)
@@ -194,13 +194,16 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
 
     pipeline: which kernels run (`kernels.pipelines.DeltaPipeline`: staged or fused forward and backward, the
     states recomputed or kept, fp32 copies of bf16 / fp16 inputs); None: the one `kernels.pipelines.delta_pipeline`
-    picks from the call's facts (what the dispatch row passes)."""
+    picks from the call's facts (what the dispatch row passes). check_cu_seqlens=False: cu_seqlens valid by
+    construction, not read on the host (`check_chunk_args`)."""
     if isinstance(k, Tensor) and k.dim() == 5:
         return _delta_product(q, k, v, g=g, beta=beta, p=p, decay_first=decay_first, scale=scale,
                               initial_state=initial_state, output_final_state=output_final_state,
-                              chunk_size=chunk_size, cu_seqlens=cu_seqlens, pipeline=pipeline)
+                              chunk_size=chunk_size, cu_seqlens=cu_seqlens, pipeline=pipeline,
+                              check_cu_seqlens=check_cu_seqlens)
     L, initial_state, scale = check_chunk_args(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-                                               chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                                               chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                                               check_cu_seqlens=check_cu_seqlens)
     if p is not None:
         check_tensor("p", p, tuple(q.shape), values=False)
         if p.dtype != q.dtype:
@@ -219,7 +222,8 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
         o, ht = chunk_delta_triton(q.float(), k.float(), v.float(), g=g, beta=beta,
                                    p=p.float() if p is not None else None, decay_first=decay_first, scale=scale,
                                    initial_state=initial_state, output_final_state=output_final_state,
-                                   chunk_size=chunk_size, cu_seqlens=cu_seqlens, pipeline=pipeline)
+                                   chunk_size=chunk_size, cu_seqlens=cu_seqlens, pipeline=pipeline,
+                                   check_cu_seqlens=check_cu_seqlens)
         return o.to(v.dtype), ht
     _check_pipeline(pipeline, p, g, decay_first, L)
     has_beta = beta is not None
@@ -232,12 +236,13 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
 
 
 def _delta_product(q, k, v, *, g, beta, p, decay_first, scale, initial_state, output_final_state, chunk_size,
-                   cu_seqlens, pipeline):
+                   cu_seqlens, pipeline, check_cu_seqlens=True):
     """n Householder micro-steps per token (`interleave_micro_steps`, which checks the shapes), the
     output of each token picked from its last micro-step's row."""
     n = k.shape[2]
     q_il, k_il, v_il, beta_il, g_il, cu_il = interleave_micro_steps(q, k, v, beta, g, p, cu_seqlens)
     o, final = chunk_delta_triton(q_il, k_il, v_il, g=g_il, beta=beta_il, decay_first=decay_first, scale=scale,
                                   initial_state=initial_state, output_final_state=output_final_state,
-                                  chunk_size=chunk_size, cu_seqlens=cu_il, pipeline=pipeline)
+                                  chunk_size=chunk_size, cu_seqlens=cu_il, pipeline=pipeline,
+                                  check_cu_seqlens=check_cu_seqlens)
     return o.unflatten(1, (-1, n))[:, :, -1], final  # [B, T, H, V]

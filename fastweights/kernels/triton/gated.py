@@ -69,16 +69,18 @@ class ChunkGatedTriton(torch.autograd.Function):
 def chunk_gated_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None, beta: Tensor | None = None,
                        scale: float | None, initial_state: Tensor | None = None, output_final_state: bool = False,
                        chunk_size: int = 64, cu_seqlens: Tensor | None = None,
-                       pipeline: GatedPipeline | None = None):
+                       pipeline: GatedPipeline | None = None, check_cu_seqlens: bool = True):
     """Chunkwise gated linear attention on Triton: S_t = Diag(exp g_t) S_{t−1} + β_t k_t v_tᵀ,
     o_t = S_tᵀ(scale·q_t). Arguments and results as `fastweights.chunkwise.chunk_gated`
     (o [B, T, H, V] in v's dtype; final state [B or N, H, K, V] fp32 or None), plus grouped
     heads: q, k [B, T, H_q, K] with H_q | H. Inputs fp32, bf16 or fp16 (fp32 accumulation).
 
     pipeline: the stage kernels or the fused ones (`kernels.pipelines.GatedPipeline`); None: the one
-    `kernels.pipelines.gated_pipeline` picks from the call's facts (what the dispatch row passes)."""
+    `kernels.pipelines.gated_pipeline` picks from the call's facts (what the dispatch row passes).
+    check_cu_seqlens=False: cu_seqlens valid by construction, not read on the host (`check_chunk_args`)."""
     L, initial_state, scale = check_chunk_args(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
-                                               chunk_size=chunk_size, cu_seqlens=cu_seqlens)
+                                               chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                                               check_cu_seqlens=check_cu_seqlens)
     if L.T == 0:
         return no_tokens(v, L, initial_state, output_final_state)
     if pipeline is None:

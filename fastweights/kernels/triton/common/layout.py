@@ -5,7 +5,9 @@ A padded batch [B, T]: chunk slot n of batch row b covers tokens [b·T + n·C, m
 Varlen (`cu_seqlens` [S+1], B = 1): sequence s has ⌈L_s / C⌉ chunks starting at slot
 offsets[s] = Σ_{s' < s} ⌈L_s' / C⌉. The number of slots must be known on the host to size the
 launch grid, so it is the bound NT = ⌈T / C⌉ + S (each sequence adds at most one partial
-chunk); slots past offsets[S] get sequence −1 and every load and store of their programs is masked.
+chunk); slots past offsets[S] get sequence −1: `util.chunk_span` gives them no token, and the chunk kernels'
+programs on them exit at once (the layer prologue's run masked: it writes per-slot partial sums). Empty
+sequences (cu[s] = cu[s + 1]: `Segments.build(max_documents=)` pads cu_seqlens with them) add only such slots.
 Per-chunk arrays (the states) have NT slots per batch row; the unused ones are never written or read.
 """
 

@@ -107,6 +107,9 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     oc = tl.arange(0, C)
     rows = t0 + oc
     m_t = rows < eos

@@ -255,6 +255,9 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
     i_n, i_bq = tl.program_id(0), tl.program_id(1)
     i_b, i_hq = i_bq // HQ, i_bq % HQ
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     n_t = tl.minimum(eos - t0, C).to(tl.int32)  # real rows (0 in an unused varlen slot: h, dh never written)
     oc = tl.arange(0, C)

@@ -296,6 +296,9 @@ def _scores_kernel(q, k, g, beta, A, cu, chunk_seq, chunk_local, scale, T, H: tl
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     oc = tl.arange(0, C)
     kk = tl.arange(0, BK)
     m_t = oc < eos - t0
@@ -378,6 +381,9 @@ def _bwd_chunk_kernel(q, k, v, g, beta, h, dh, do, dq, dk, dv, dg, dbeta, cu, ch
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     oc = tl.arange(0, C)
     kk = tl.arange(0, BK)

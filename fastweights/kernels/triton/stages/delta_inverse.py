@@ -37,6 +37,9 @@ def _inverse_kernel(P, beta, Ti, cu, chunk_seq, chunk_local, T, H: tl.constexpr,
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     oi = tl.arange(0, BC)
     # phase 1: the NB diagonal blocks at once, as [NB, BC, BC] (block s, row i, column j), by forward
     # substitution over the rows i (BC − 1 steps for all blocks together); zeros above them

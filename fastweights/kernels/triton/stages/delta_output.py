@@ -34,6 +34,9 @@ def _local_bwd_kernel(A, u, do, du, dA, cu, chunk_seq, chunk_local, T, H: tl.con
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos
     oc = tl.arange(0, C)

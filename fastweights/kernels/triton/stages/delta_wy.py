@@ -47,6 +47,9 @@ def _wy_fwd_kernel(k, v, g, beta, Ti, w, u, cu, chunk_seq, chunk_local, T, H: tl
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos
     oc = tl.arange(0, C)
@@ -83,6 +86,9 @@ def _wy_bwd_kernel(k, v, g, beta, Ti, P, h, du, dv, dk, dbeta, dg, dP, cu, chunk
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos

@@ -51,6 +51,9 @@ def _output_fwd_kernel(q, v, g, A, h, o, cu, chunk_seq, chunk_local, scale, T, N
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos
@@ -80,6 +83,9 @@ def _output_bwd_kernel(k, v, g, beta, A, dh, do, dv, dA, cu, chunk_seq, chunk_lo
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     rows = t0 + tl.arange(0, C)
     m_t = rows < eos

@@ -76,6 +76,9 @@ def _qk_grads_kernel(q, k, v, g, gq, beta, h, dh, do, dA, dq, dk, dbeta, dg, dgq
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     slot = i_b.to(tl.int64) * NT + i_n
     t_last = tl.maximum(tl.minimum(t0 + C, eos) - 1, t0)  # an unused varlen slot (no row) still reads in bounds
     oi = tl.arange(0, BC)

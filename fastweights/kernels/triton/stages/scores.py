@@ -44,6 +44,9 @@ def _scores_kernel(q, k, g, gq, beta, A, cu, chunk_seq, chunk_local, scale, T, H
     i_b, i_h = i_bh // H, i_bh % H
     i_hq = i_h // (H // HQ)
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load
+            return
     oi = tl.arange(0, BC)
     ok = tl.arange(0, BK)
     m_k = ok < K

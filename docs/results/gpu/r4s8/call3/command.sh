@@ -16,7 +16,7 @@ timeout 90 python3 -m fastweights.cli bench train --models gated_deltanet --d-mo
   --head-dim 128 --head-v-dim 128 --vocab-size 256 --shapes 8,2048 --steps 5 --warmup 2 --device cuda --dtype bfloat16 \
   --cuda-graph --out $W/bench > $W/bench.log 2>&1
 echo "== bench: exit $? at $SECONDS s"; grep "^|" $W/bench.log | cut -c1-200
-timeout 100 python3 scripts/gpu_memories.py --out $W/mlp --phases compile time --models ttt_mlp --repeats 10 \
+timeout 120 python3 scripts/gpu_memories.py --out $W/mlp --phases compile time --models ttt_mlp --repeats 10 \
   --variants tf32:4 tf32:8 ieee:8 > $W/mlp.log 2>&1
 echo "== mlp: exit $? at $SECONDS s"; grep '^time' $W/mlp.log | cut -c1-200
 timeout -s INT -k 15 $(left) python3 -m pytest -m cuda -n 4 -q -rf -p no:randomly tests/cuda/test_graphed_step.py \

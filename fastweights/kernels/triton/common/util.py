@@ -144,8 +144,11 @@ LAUNCH: dict[str, dict] = {
     # sequential pass
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
-    "ttt_mlp_fwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._fwd_kernel
-    "ttt_mlp_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp._bwd_kernel
+    # TTT-MLP at 8 warps (H200, BENCHMARKS §1p): at tf32 (bf16 inputs) B 4, T 4096, H 16, D 128 fwd+bwd 309 → 266 ms,
+    # B 64, T 512, H 2, D 64 8.41 → 8.35; at ieee (fp32/fp16) 13.95 → 13.47 ms; sm_90 spills fall (D 64 bwd 1,564 →
+    # 1,024 B, fwd 304 → 108 B)
+    "ttt_mlp_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._fwd_kernel
+    "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
     # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK

@@ -335,7 +335,7 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
         "triton", "TTT-Linear kernels (tf32x3)")
     assert fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)[1].startswith("Newton–Schulz")
     assert "head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16, 256, 256))
-    assert "TTT-Linear" in triton_generic_supports(fw.zoo.get("titans"), cuda)  # another loop: the torch row
+    assert "TTT-Linear" in triton_generic_supports(fw.zoo.get("omeganet"), cuda)  # another loop: the torch row
     assert "CUDA" in triton_generic_supports(recipe, Target.of("cpu", torch.float32, 64, 64))
     assert "float64" in triton_generic_supports(recipe, Target.of("cuda", torch.float64, 64, 64))
     import dataclasses

@@ -299,8 +299,9 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
         assert "2-layer MLP memory (GELU, tanh form)" in why
     b8 = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=8))
     assert "TTT-MLP kernels take a mini-batch b in" in triton_generic_supports(b8, cuda)
-    titans = triton_generic_supports(fw.zoo.get("titans"), cuda)  # an MLP memory of another loop: the torch row
-    assert "TTT-Linear" in titans and "TTT-MLP" in titans
+    b2 = dataclasses.replace(fw.zoo.get("titans"), memory=dataclasses.replace(mem, residual_ln=False))
+    other = triton_generic_supports(b2, cuda)  # an MLP memory with biases in Titans' loop: the torch row
+    assert "TTT-Linear" in other and "TTT-MLP" in other and "Titans" in other
     from fastweights.kernels import rows
 
     with rows.pinned("generic", precision="tf32x3"):  # the row's kernels at that tl.dot precision

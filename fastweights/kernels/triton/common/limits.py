@@ -37,7 +37,9 @@ DOT_PRECISIONS = ("ieee", "tf32x3", "tf32")
 #: H200 (scripts/gpu_memories.py, BENCHMARKS §1m): TTT-Linear at tf32x3 is as close to float64 as at ieee (≈ 3e-7
 #: relative on o, states and gradients) and 5.3× faster at B 64, T 512, H 2, D 64 (12.05 → 2.26 ms fwd + bwd), 13×
 #: at B 4, T 4096, H 16, D 128 (483.7 → 36.1 ms): the ieee dots' FMA operands spilled. TTT-MLP is slower at tf32x3
-#: (14.1 → 19.0–24.6 ms): ieee. The Newton–Schulz kernel: ieee (not measured against the others yet).
+#: (14.1 → 19.0–24.6 ms): ieee. The Newton–Schulz kernel: ieee (not measured against the others yet). Titans'
+#: kernel (`memories/titans.py`, the K, V limits and mini-batches of TTT's): ieee, as TTT-MLP's (not yet run on a GPU).
 TTT_LINEAR_PRECISION = "tf32x3"
 TTT_MLP_PRECISION = "ieee"
+TITANS_PRECISION = "ieee"
 NS_PRECISION = "ieee"

@@ -18,8 +18,8 @@ generic / chunk / triton           →  `generic_chunk`      → torch_backend's
                                       loop, forward and backward; on the H100: BENCHMARKS §1j);
                                       TTT-MLP: `ttt_mlp_chunk` → kernels.triton.memories.ttt_mlp (the same for a
                                       2-layer MLP memory; interpreter-verified, not yet run on a GPU);
-                                      Titans: `titans_chunk` → kernels.triton.memories.titans (its loop's forward;
-                                      calls that need gradients: the torch mini-batch form)
+                                      Titans: `titans_chunk` → kernels.triton.memories.titans (its loop, forward
+                                      and backward; interpreter-verified, not yet run on a GPU)
 layer / conv / triton              →  kernels.triton.layer.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.layer.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.layer.prologue.delta_prologue
@@ -218,9 +218,8 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
       kernels.triton.memories.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it
       too);
-    - Titans (`titans_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its loop's forward in
-      kernels.triton.memories.titans; a call that needs gradients runs on the torch mini-batch form (`titans_chunk`:
-      the kernel has no backward yet); varlen refused as for TTT.
+    - Titans (`titans_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
+      kernels.triton.memories.titans, forward and backward (varlen refused as for TTT).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
@@ -245,7 +244,7 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
 PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION,
               "Titans": TITANS_PRECISION}
 #: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's, TTT-MLP's and
-#: Titans' (the whole loop; Titans' forward only), each named with its kernels' precision.
+#: Titans' (the whole loop), each named with its kernels' precision.
 GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", f"TTT-Linear kernels ({TTT_LINEAR_PRECISION})",
                      f"TTT-MLP kernels ({TTT_MLP_PRECISION})", f"Titans kernels ({TITANS_PRECISION})")
 
@@ -263,8 +262,7 @@ def _ns_kernel(precision: str = NS_PRECISION):
 
 
 def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str | None = None):
-    """generic, chunk, on Triton: TTT-Linear's, TTT-MLP's and Titans' recipes on their loop kernels (Titans' calls
-    that need gradients on the torch form: `titans_chunk`), every other one on
+    """generic, chunk, on Triton: TTT-Linear's, TTT-MLP's and Titans' recipes on their loop kernels, every other one on
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
     above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
@@ -328,31 +326,15 @@ def _ttt_chunk(call, cu_seqlens, kernel, precision):
     return o, finish_state(recipe, final, call.output_final_state)
 
 
-def _needs_grad(call) -> bool:
-    """Whether autograd records the call: grad enabled and a tensor of it (q, k, v, an input, the initial state's)
-    that requires a gradient."""
-    if not torch.is_grad_enabled():
-        return False
-    tensors = [call.q, call.k, call.v, *call.inputs.values()]
-    st = call.initial_state
-    if isinstance(st, MemoryState):
-        tensors += [*st.weights, *(st.momentum or ()), *(st.anchor or ())]
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
 def titans_chunk(call, cu_seqlens=None, precision: str = TITANS_PRECISION):
-    """Titans' chunk form on its kernel (`kernels.triton.memories.titans.titans_triton`, forward only): the caller's
-    q, k, v as they are (native dtype, grouped heads), β absent → 1, the state a MemoryState (weights (W1, W2),
-    momentum, anchor, offset; fp32). A call that needs gradients (`_needs_grad`) runs on the torch mini-batch form
-    (`torch_backend.minibatch_chunk_impl`): the kernel has no backward yet. cu_seqlens: FormNotAvailable, as the torch
-    row raises."""
+    """Titans' chunk form on its kernels (`kernels.triton.memories.titans.titans_triton`): the caller's q, k, v as they
+    are (native dtype, grouped heads), β absent → 1, the state a MemoryState (weights (W1, W2), momentum, anchor,
+    offset; fp32). cu_seqlens: FormNotAvailable, as the torch row raises (no varlen mini-batch form yet)."""
     from ..torch_backend import _no_varlen, initial_memory_state
     from .triton.memories.titans import titans_triton
 
     recipe, s = call.recipe, call.shapes
     _no_varlen(recipe, cu_seqlens)
-    if _needs_grad(call):
-        return minibatch_chunk_impl(call)
     dev = call.q.device
     st = initial_memory_state(recipe, call.initial_state, s.B, s.H, s.Kf, s.V, torch.float32, dev)
     beta = call.inputs.get("beta")
@@ -368,8 +350,8 @@ def titans_chunk(call, cu_seqlens=None, precision: str = TITANS_PRECISION):
 
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
     """The pipeline the generic chunk Triton row runs: TTT-Linear's, TTT-MLP's or Titans' kernels for the recipes
-    they serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`, `titans_kernel_serves`; Titans' calls that need
-    gradients: the torch form), else the torch mini-batch form with Newton–Schulz in the kernel (Muon)."""
+    they serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`, `titans_kernel_serves`), else the torch mini-batch
+    form with Newton–Schulz in the kernel (Muon)."""
     kernels = _ttt_kernels(recipe)
     return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({PRECISIONS[kernels]})"
 

@@ -126,7 +126,7 @@ def _prologue(gen):
 
 
 def _memories(gen):
-    """TTT-Linear's and TTT-MLP's loop kernels forward and backward, Titans' forward (D 16, b 16, T 20)."""
+    """TTT-Linear's, TTT-MLP's and Titans' loop kernels forward and backward (D 16, b 16, T 20)."""
     from fastweights.kernels.triton.memories.titans import titans_triton
     from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
     from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
@@ -141,8 +141,7 @@ def _memories(gen):
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
     ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
     g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
-    with torch.no_grad():  # Titans' loop kernel: forward only
-        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2])
+    titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2])[0].sum().backward()
 
 
 def _conv(gen):

@@ -1,9 +1,10 @@
-"""kernels.triton.memories.titans (Titans' inner mini-batch loop, the forward kernel) against its torch twin
-`titans_torch` (chunkwise.minibatch, float64) and the float64 recurrence (reference.recurrent through `fw.recurrent`):
-outputs, final weights, momentum and anchor; lengths that are no multiple of the mini-batch, a carried mini-batch
-(offset > 0), chained calls, varlen (an empty and a length-1 sequence), grouped heads, unequal and padded head dims,
-several hidden tiles (and a partial one), fp32 and bf16 inputs. Then the dispatch row ("generic", "chunk", "triton"):
-Titans' calls without gradients on the kernel, those that need gradients on the torch mini-batch form.
+"""kernels.triton.memories.titans (Titans' inner mini-batch loop, forward and backward kernels) against its torch
+twin `titans_torch` (chunkwise.minibatch, float64, differentiated by autograd) and the float64 recurrence
+(reference.recurrent through `fw.recurrent`): outputs, final weights, momentum and anchor, and every gradient — q, k,
+v, the retention, step and momentum gates, the initial weights, momentum and anchor; lengths that are no multiple of
+the mini-batch, a carried mini-batch (offset > 0), chained calls, varlen (an empty and a length-1 sequence), grouped
+heads, unequal and padded head dims, several hidden tiles (and a partial one), fp32 and bf16 inputs. Then the dispatch
+row ("generic", "chunk", "triton") that serves Titans with its kernels.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (K, V ≤ 20, F = 4K, T ≤ 41); kernel outputs
 are NaN-poisoned (tests/conftest.py). Fresh random inputs every run."""
@@ -34,6 +35,7 @@ STATE = ("W1", "W2")
 MOMENTUM = ("M1", "M2")
 ANCHOR = ("A1", "A2")
 SEQ = ("q", "k", "v", "g", "beta", "nu")
+NAMES = SEQ + STATE + MOMENTUM + ANCHOR
 
 
 def _inputs(gen, *, B=1, T=37, Hq=1, H=2, K=16, V=16):
@@ -82,16 +84,40 @@ def _recurrence(x, offset):
 
 
 def _fp32(x):
-    return {name: val.float().to(DEV) for name, val in x.items()}
+    return {name: val.float() for name, val in x.items()}
+
+
+def _run(fn, x, offset, seed, dtype=None):
+    """(outputs [o, end W1, W2, M1, M2, anchor W1, W2], final offset, {name: gradient}) of `fn(leaves, offset)` on x
+    (q, k, v cast to `dtype`; every tensor moved to DEV) under a random float64 projection of every output drawn from
+    `seed`; the anchor is an input only with offset > 0."""
+    leaves = {}
+    for name, val in x.items():
+        val = val.to(dtype) if dtype is not None and name in ("q", "k", "v") else val
+        leaves[name] = val.to(DEV).requires_grad_(True)
+    o, weights, momentum, anchor, off = fn(leaves, offset)
+    outs = [o, *weights, *momentum, *anchor]
+    g = torch.Generator().manual_seed(seed)
+    loss = sum((t.double().cpu() * torch.randn(t.shape, generator=g, dtype=torch.float64)).sum() for t in outs)
+    used = [n for n in NAMES if offset or n not in ANCHOR]
+    grads = torch.autograd.grad(loss, [leaves[n] for n in used])
+    return [t.detach().double().cpu() for t in outs], off, {n: t.double().cpu() for n, t in zip(used, grads)}
 
 
 def _agree(got, want, tol):
-    """got, want: (o, weights, momentum, anchor, offset) — every tensor within `tol` (relative), the offsets equal."""
-    assert got[4] == want[4]
-    names = ["o", "W1_T", "W2_T", "M1_T", "M2_T", "anchor W1", "anchor W2"]
-    for name, a, b in zip(names, [got[0], *got[1], *got[2], *got[3]], [want[0], *want[1], *want[2], *want[3]]):
-        assert a.shape == b.shape, name
-        assert rel(a.double().cpu(), b.double().cpu()) < tol, f"{name}: {rel(a.double().cpu(), b.double().cpu()):.3g}"
+    """got, want: `_run`'s — every tensor within `tol` (relative), the offsets equal."""
+    (o1, off1, g1), (o2, off2, g2) = got, want
+    assert off1 == off2
+    assert len(o1) == len(o2) == 7
+    for name, a, b in zip(("o", "W1_T", "W2_T", "M1_T", "M2_T", "anchor W1", "anchor W2"), o1, o2):
+        assert a.shape == b.shape and rel(a, b) < tol, f"{name}: {rel(a, b):.3g}"
+    assert set(g1) == set(g2)
+    for name in g2:
+        assert rel(g1[name], g2[name]) < tol, f"d{name}: {rel(g1[name], g2[name]):.3g}"
+
+
+def _seed(gen):
+    return int(torch.randint(0, 2**31, (), generator=gen))
 
 
 @pytest.mark.parametrize("T, offset, Hq, tile", [(37, 0, 1, 32), (41, 5, 2, 32), (16, 0, 2, None), (3, 9, 1, 32),
@@ -100,22 +126,32 @@ def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile)
     """fp32 kernel against float64: T = 37 and 41 (no multiple of 16), T = 16 (one whole mini-batch), T = 3 inside a
     carried mini-batch (offset 9: the call ends mid-batch), T = 11 completing a carried one (offset 5: the call ends on
     the mini-batch's end); grouped heads (H_q = 1, H = 2) and plain ones; the hidden dim F = 64 in two tiles, four, or
-    the glue's own (one)."""
+    the glue's own (one). Outputs, final state and every gradient."""
     x = _inputs(gen, T=T, Hq=Hq)
-    with torch.no_grad():
-        got = _kernel(_fp32(x), offset, tile=tile)
-    assert got[0].dtype == torch.float32 and all(t.dtype == torch.float32 for t in (*got[1], *got[2], *got[3]))
-    _agree(got, _twin(x, offset), CHUNK_F32_REL)
-    _agree(got, _recurrence(x, offset), CHUNK_F32_REL)
+    seed = _seed(gen)
+    got = _run(lambda leaves, off: _kernel(leaves, off, tile=tile), _fp32(x), offset, seed)
+    _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(gen):
+def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, gen):
     """K = 20 (padded to a 32-wide tile), V = 12 (padded to 16), F = 80 in tiles of 32 (the last one partial),
-    b = 32 with a carried mini-batch of 7 tokens, grouped heads."""
+    b = 32 with a carried mini-batch of 7 tokens, grouped heads; without gradients (no_grad) the forward keeps no
+    start states (SAVE off) and returns the same."""
+    from fastweights.kernels.triton.memories import titans as mod
+
+    saves = []
+    real = mod._fwd_kernel.run
+    monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: saves.append(kw["SAVE"]) or real(*a, **kw))
     x = _inputs(gen, T=41, Hq=1, H=2, K=20, V=12)
+    seed = _seed(gen)
+    got = _run(lambda leaves, off: _kernel(leaves, off, b=32), _fp32(x), 7, seed)
+    _agree(got, _run(lambda leaves, off: _twin(leaves, off, b=32), x, 7, seed), CHUNK_F32_REL)
     with torch.no_grad():
-        got = _kernel(_fp32(x), 7, b=32)
-    _agree(got, _twin(x, 7, b=32), CHUNK_F32_REL)
+        o, weights, momentum, anchor, _ = _kernel(_fp32(x), 7, b=32)
+    assert saves == [True, False]
+    for a, b in zip((o, *weights, *momentum, *anchor), got[0]):
+        assert torch.equal(a.double().cpu(), b)
 
 
 def test_the_hidden_tile():
@@ -127,67 +163,76 @@ def test_the_hidden_tile():
 
 def test_bf16_inputs(gen):
     """bf16 q, k, v (the gates and the state fp32, as a layer passes them) against the float64 twin on the same
-    rounded values: the kernel computes in fp32 and rounds o to bf16."""
+    rounded values: the kernel computes in fp32 and rounds o, dq, dk, dv to bf16."""
     x = _inputs(gen, T=37, Hq=1)
     x.update({n: x[n].to(torch.bfloat16).double() for n in ("q", "k", "v")})
-    inp = _fp32(x)
-    inp.update({n: x[n].to(torch.bfloat16).to(DEV) for n in ("q", "k", "v")})
-    with torch.no_grad():
-        got = _kernel(inp, 5)
-    assert got[0].dtype == torch.bfloat16
-    _agree(got, _twin(x, 5), TITANS_LOW_REL)
+    seed = _seed(gen)
+    dtypes = []
+
+    def kernel(leaves, off):
+        out = _kernel(leaves, off)
+        dtypes.append(out[0].dtype)
+        return out
+
+    got = _run(kernel, _fp32(x), 5, seed, dtype=torch.bfloat16)
+    assert dtypes == [torch.bfloat16]
+    _agree(got, _run(_twin, x, 5, seed), TITANS_LOW_REL)
 
 
 def test_chained_calls_equal_one_call(gen):
     """T = 41 as 21 + 20 tokens (the second call continues the mini-batch the first left at 5 tokens), the state —
-    weights, momentum, anchor, offset — passed between the calls: outputs and final state equal one call's."""
+    weights, momentum, anchor, offset — passed between the calls: outputs, final state and every gradient of the chain
+    equal one call's."""
     x = _inputs(gen, T=41, Hq=1)
-    leaves = _fp32(x)
-    with torch.no_grad():
+    seed = _seed(gen)
+
+    def chained(leaves, offset):
         first = {n: (val[:, :21] if n in SEQ else val) for n, val in leaves.items()}
-        o1, w1, m1, a1, off1 = _kernel(first, 0)
+        o1, w1, m1, a1, off1 = _kernel(first, offset)
         assert off1 == 5
         second = {n: (val[:, 21:] if n in SEQ else val) for n, val in leaves.items()}
         second.update({**dict(zip(STATE, w1)), **dict(zip(MOMENTUM, m1)), **dict(zip(ANCHOR, a1))})
         o2, w2, m2, a2, off2 = _kernel(second, off1)
-    _agree((torch.cat([o1, o2], dim=1), w2, m2, a2, off2), _twin(x, 0), CHUNK_F32_REL)
+        return torch.cat([o1, o2], dim=1), w2, m2, a2, off2
+
+    _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("offset", [0, 5])
 def test_varlen_equals_each_sequence_alone(gen, offset):
-    """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch): each
-    with its own state row and mini-batches from its own start equals the twin on that sequence alone — outputs and
-    each final state; the final offsets are each sequence's. (The dispatch row does not pass varlen: a MemoryState
-    carries one offset, and the torch row refuses it.)"""
-    lengths = [9, 0, 20, 1, 16]
+    """cu_seqlens packing 4 sequences (an empty one, a length-1 one, one past a mini-batch), one head: each
+    with its own state row and mini-batches from its own start equals the twin on that sequence alone — outputs, each
+    final state, every gradient; the final offsets are each sequence's. (The dispatch row does not pass varlen: a
+    MemoryState carries one offset, and the torch row refuses it.)"""
+    lengths = [9, 0, 20, 1]
     cu = torch.tensor([0] + lengths).cumsum(0)
     N, T = len(lengths), sum(lengths)
-    x = _inputs(gen, B=1, T=T, Hq=1)
-    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in STATE + MOMENTUM + ANCHOR})  # one state row per sequence
-    with torch.no_grad():
-        got = _kernel(_fp32(x), offset, cu_seqlens=cu.to(DEV))
-    assert got[4] == [(offset + n) % 16 for n in lengths]
-    outs, parts = [], []
-    for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1]) for n, val in x.items()}
-        if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
-            outs.append(one["v"])
-            st = _state(one, offset)
-            parts.append((st["weights"], st["momentum"], st["anchor"] if offset else st["weights"]))
-            continue
-        o, w, m, a, _ = _twin(one, offset)
-        outs.append(o)
-        parts.append((w, m, a))
-    want = [torch.cat(outs, dim=1)] + [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts]))
-                                       for i in range(3)]
-    _agree(got, (*want, got[4]), CHUNK_F32_REL)
+    x = _inputs(gen, B=1, T=T, Hq=1, H=1)
+    x.update({n: _inputs(gen, B=N, T=1, Hq=1, H=1)[n] for n in STATE + MOMENTUM + ANCHOR})  # one state row per sequence
+    seed = _seed(gen)
+
+    def alone(leaves, off):
+        outs, parts = [], []
+        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1]) for n, val in leaves.items()}
+            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
+                outs.append(one["v"])
+                st = _state(one, off)
+                parts.append((st["weights"], st["momentum"], st["anchor"] if off else st["weights"], off))
+                continue
+            o, w, m, a, o_off = _twin(one, off)
+            outs.append(o)
+            parts.append((w, m, a, o_off))
+        cat = [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts])) for i in range(3)]
+        return torch.cat(outs, dim=1), *cat, [p[3] for p in parts]
+
+    got = _run(lambda leaves, off: _kernel(leaves, off, cu_seqlens=cu.to(DEV)), _fp32(x), offset, seed)
+    assert got[1] == [(offset + n) % 16 for n in lengths]
+    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
 
 
 def test_the_kernel_refuses_what_it_does_not_take(gen):
     x = _fp32(_inputs(gen, T=5, Hq=1))
-    with pytest.raises(InputError, match="no backward yet"):
-        _kernel({**x, "beta": x["beta"].requires_grad_(True)}, 0)
-    x["beta"] = x["beta"].detach()
     with pytest.raises(InputError, match="mini-batch b in"):
         _kernel(x, 0, b=8)
     with pytest.raises(InputError, match="offset > 0 needs the anchor"):
@@ -241,16 +286,17 @@ def test_the_generic_row_serves_titans_on_cuda_and_refuses_other_shapes():
         assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "Titans kernels (tf32x3)"
 
 
-def test_fw_chunk_runs_the_kernel_without_gradients_and_the_torch_form_with_them(monkeypatch, gen):
-    """fw.chunk("titans") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name): a call
-    under no_grad runs the kernel and equals the torch row's in float64 (output and final state); a call whose
-    inputs need gradients runs the torch mini-batch form (the kernel has no backward) and its gradients equal the
-    torch row's; varlen is refused as the torch row refuses it."""
+def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
+    """fw.chunk("titans") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name), which
+    runs the kernels — a call under no_grad the forward alone, one whose inputs need gradients the backward too:
+    output, final state and every gradient (the gates' included) equal the torch row's in float64; varlen is refused as
+    the torch row refuses it."""
     from fastweights.kernels.triton.memories import titans as mod
 
     calls = []
-    real = mod._fwd_kernel.run
-    monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for kernel in (mod._fwd_kernel, mod._bwd_kernel):
+        real = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, _real=real, _k=kernel, **kw: calls.append(_k) or _real(*a, **kw))
     fake = FakeCuda(monkeypatch, kernels=True).install() if DEV == "cpu" else None
     seed = int(torch.randint(0, 2**31, (), generator=gen))
 
@@ -273,7 +319,7 @@ def test_fw_chunk_runs_the_kernel_without_gradients_and_the_torch_form_with_them
         for backend in ("triton", "auto"):
             before = len(calls)
             outs, grads = run(backend, torch.float32, DEV, grad)
-            assert len(calls) == before + (0 if grad else 1), (backend, grad)
+            assert calls[before:] == [mod._fwd_kernel] + [mod._bwd_kernel] * grad, (backend, grad)
             assert len(outs) == len(ref_outs) == 7 and len(grads) == len(ref_grads)
             for a, b in zip(outs + grads, ref_outs + ref_grads):
                 assert rel(a.double().cpu(), b) < CHUNK_F32_REL

@@ -1,6 +1,7 @@
 """Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in one Triton program per
 (sequence, value head): the design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in
-hidden tiles) for Titans' memory and optimizer. Forward only so far (see "Status" below).
+hidden tiles) for Titans' memory and optimizer, each way (the backward walks the mini-batches in reverse from their
+stored start states).
 
 The memory (Behrouz et al. 2024, the zoo's `titans`): a 2-layer MLP without biases or residual LayerNorm, hidden
 width F (4K in the zoo), σ = GELU (erf form, σ(z) = z Φ(z), σ'(z) = Φ(z) + z φ(z)):
@@ -57,10 +58,35 @@ state's output tensors, which the kernel first fills with the initial state and 
 mini-batch — each tile of W1 [K, BF], M1, W2 [BF, V], M2 is rewritten in the same iteration that read it, after the
 read (as `ttt_mlp.py`'s rolled slot; a `tl.debug_barrier` between mini-batches, num_stages = 1). The carried anchor
 (offset > 0) is read from its own input in the first mini-batch only; the last mini-batch's anchor is written out.
+With SAVE (a backward is wanted) the forward also copies each mini-batch's start state θ_s, m_s into its slot (one
+per mini-batch: 16·K·F bytes at K = V), which the backward reads back.
 
 Forward (`_fwd_kernel`), per mini-batch: the coefficients from the gates ([b, b] in registers); pass 1 over the
 hidden tiles accumulates f (then e); pass 2 recomputes Z, forms dz, the read's z1 and h, accumulates o's two start
 terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; o from the accumulators.
+
+Backward (`_bwd_kernel`), the mini-batches in reverse, from the gradients Ḡ_e = (W̄1_e, W̄2_e, M̄1_e, M̄2_e) of a
+segment's end state (the final state's, then each later segment's start's; kept in place, [R·H, ·]) and ō [b, V]:
+
+    o:    Ā += rowsum(ō ⊙ h W2_s),  c̄ += rowsum(ō ⊙ h M2_s),  C̄ += (ō eᵀ) ∘ (h Hdᵀ),  ē = (C ∘ h Hdᵀ)ᵀ ō,
+          h̄ = (A ⊙ ō) W2_sᵀ + (c ⊙ ō) M2_sᵀ + ((ō eᵀ) ∘ C) Hd,  Hd̄ = ((ō eᵀ) ∘ C)ᵀ h,
+          W̄2_s = hᵀ (A ⊙ ō),  M̄2_s = hᵀ (c ⊙ ō);   z̄1 = h̄ ⊙ σ'(z1), then the same for z1 with X, W1_s, M1_s,
+          (C ∘ X Kᵀ) dz (X̄, K̄ through X Kᵀ; dz̄ = (C ∘ X Kᵀ)ᵀ z̄1; C̄ += (z̄1 dzᵀ) ∘ X Kᵀ);
+    end:  W̄1_s += A_L W̄1_e,  M̄1_s += c_L W̄1_e + N_L M̄1_e  (and layer 2);  Ā_L = ⟨W̄_e, W_s⟩, c̄_L = ⟨W̄_e, M_s⟩,
+          N̄_L = ⟨M̄_e, M_s⟩ (both layers);  the rank-1 terms: K̄ += diag(C_L) dz W̄1_eᵀ + diag(Cm_L) dz M̄1_eᵀ,
+          dz̄ += C_L ⊙ K W̄1_e + Cm_L ⊙ K M̄1_e,  C̄_L = rowsum(dz ⊙ K W̄1_e) + rowsum(e ⊙ Hd W̄2_e)  (Cm̄_L the same
+          with M̄_e), Hd̄, ē likewise from layer 2;
+    anchor: ḡ1 = dz̄ ⊙ σ'(Z), ē += ḡ1 U2, Ū2 = ḡ1ᵀ e;  f̄ = ē (e = f − V: V̄ = −ē);  Hd̄ += f̄ U2ᵀ, Ū2 += Hdᵀ f̄;
+          Z̄ = Hd̄ ⊙ σ'(Z) + dz̄ ⊙ (e U2ᵀ) ⊙ σ''(Z);  Ū1 = Kᵀ Z̄,  K̄ += Z̄ U1ᵀ  — Ū into θ̄_s (or into the carried
+          anchor's gradient);
+    gates: C = R_A Cm and c = R_A N back to R̄_A, Cm̄, N̄; then log A, log N (R's entries are exps of differences,
+          A = e^{log A}, N = e^{log N}) and β (Cm = −R_N diag(β)); log a, log ν by the reverse cumsum (ν̄ = (log ν)̄ / ν).
+
+Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
+(per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start
+state's gradients written over the end's), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the
+carried anchor's). The final anchor's gradient joins the last mini-batch's start weights' (or the carried anchor's).
+dq, dk of grouped heads are written per value head and summed by the glue.
 
 FLOPs and bytes per token (K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the O(bD) and O(b²D) terms left
 out):
@@ -70,18 +96,22 @@ out):
 - on-chip traffic (the state's scratch, L2-resident): per mini-batch pass 1 reads U1, U2 (8DF bytes), pass 2 reads
   W1, W2, M1, M2 (the anchor is W_s's tile, read once) and writes them (32DF): 40DF/b = 160D²/b bytes a token,
   40 KiB at D = 64, b = 16.
-- HBM: q, k, v in and o out (2K + 2V elements a token), the three gates (3 a token); the state read and written
-  once per call.
+- backward: pass A 4DF, pass B (the read again) 12DF + 4bF, pass C 44DF + 10bF, pass D 10DF: 70DF + 14bF =
+  280D² + 56bD, 1.20 MFLOP at D = 64, b = 16 (2.7× the forward).
+- backward on-chip traffic: per mini-batch the start state read 3× and the anchor 3× (as the start weights' tile:
+  read again), the state's gradients read twice and written twice (pass D: W1, W2 only), the [b, F] scratch once each
+  way: ≈ 112DF/b = 448D²/b bytes a token (112 KiB at D = 64, b = 16).
+- HBM: q, k, v in and o out (2K + 2V elements a token), the three gates (3 a token), and their gradients likewise in
+  the backward; the state read and written once per call; the start states saved for the backward, 16DF/b =
+  64D²/b bytes a token written by the forward and read by the backward (16 KiB at D = 64, b = 16).
 The tl.dot products are fp32 at the call's `precision` ("ieee" by default: FMAs, no tensor cores); one program
 walks its sequence's T/b mini-batches in order, B·H programs in all.
 
 Limits: K, V ≤ MAX_TTT_DIM (each padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 varlen (`cu_seqlens`: one program per (sequence, head), each sequence's mini-batches from its own start); grouped
 heads (value head h reads q/k head h // (H / H_q)).
-
-Status: forward only — `titans_triton` refuses a call that needs gradients (InputError), and the generic row
-(`kernels.rows.titans_chunk`) runs such calls on the torch mini-batch form. The backward (reverse over the
-mini-batches from per-mini-batch stored θ_s, m_s: 16DF bytes a mini-batch) is not written yet.
+fp32 operands. Launch settings: util.LAUNCH's "titans_fwd", "titans_bwd" (num_stages 1: the loops re-read what a
+previous pass wrote); the hidden tile: `hidden_tile`. Interpreter-verified; not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -185,26 +215,66 @@ def _hidden(f0, ck, ckm, cv, cvm, DK: tl.constexpr, DV: tl.constexpr, F: tl.cons
 
 
 @triton.jit
-def _anchor(A1_0, A2_0, W1, W2, i_bh, carried, fresh, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr,
+def _anchor(A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr,
             F: tl.constexpr):
-    """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]): the carried anchor's when `carried` (the first mini-batch of
-    a call with offset > 0), else the running weights' (each read from one place only)."""
-    U1 = tl.load(A1_0 + i_bh * (DK * F) + o1, mask=m1 & carried, other=0.0) \
-        + tl.load(W1 + i_bh * (DK * F) + o1, mask=m1 & fresh, other=0.0)
-    U2 = tl.load(A2_0 + i_bh * (F * DV) + o2, mask=m2 & carried, other=0.0) \
-        + tl.load(W2 + i_bh * (F * DV) + o2, mask=m2 & fresh, other=0.0)
+    """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]): the carried anchor's (row i_a of A1_0, A2_0) when `carried`
+    (the first mini-batch of a call with offset > 0), else the segment's start weights' (row i_w of W1, W2); each
+    read from one place only."""
+    U1 = tl.load(A1_0 + i_a * (DK * F) + o1, mask=m1 & carried, other=0.0) \
+        + tl.load(W1 + i_w * (DK * F) + o1, mask=m1 & fresh, other=0.0)
+    U2 = tl.load(A2_0 + i_a * (F * DV) + o2, mask=m2 & carried, other=0.0) \
+        + tl.load(W2 + i_w * (F * DV) + o2, mask=m2 & fresh, other=0.0)
     return U1, U2
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1, W2, M1, M2, A1o, A2o, cu, slots,
-                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
-                PREC: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr):
-    # W1, W2, M1, M2 [R·H, ·]: the final state's outputs, the running state (filled with the initial one first)
+def _state_tiles(W1, W2, M1, M2, i_w, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr):
+    """One hidden tile of (W1, M1) [BDK, BF] and (W2, M2) [BF, BDV] at row i_w; 0 outside the masks."""
+    p1 = i_w * (DK * F) + o1
+    p2 = i_w * (F * DV) + o2
+    return tl.load(W1 + p1, mask=m1, other=0.0), tl.load(M1 + p1, mask=m1, other=0.0), \
+        tl.load(W2 + p2, mask=m2, other=0.0), tl.load(M2 + p2, mask=m2, other=0.0)
+
+
+@triton.jit
+def _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
+    """One hidden tile of the anchor's side and the read's first layer: (Z, Hd, σ'(Z), e U2ᵀ, dz, X W1_s, X M1_s,
+    h, σ'(z1)), each [BT, BF]."""
+    Z = tl.dot(kk, U1, input_precision=PREC)
+    Hd, dg = _gelu(Z)
+    g1 = tl.dot(e, tl.trans(U2), input_precision=PREC)
+    dz = g1 * dg
+    P1 = tl.dot(x, w1, input_precision=PREC)
+    Q1 = tl.dot(x, mm1, input_precision=PREC)
+    h, dh = _gelu(At[:, None] * P1 + ct[:, None] * Q1 + tl.dot(X1, dz, input_precision=PREC))
+    return Z, Hd, dg, g1, dz, P1, Q1, h, dh
+
+
+@triton.jit
+def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, ck, ckm, cv, cvm, DK: tl.constexpr,
+            DV: tl.constexpr, F: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr,
+            PREC: tl.constexpr):
+    """e = M_θ₀(K) − V [BT, BDV] at the anchor (`_anchor`), over the hidden tiles; 0 outside the rows and columns."""
+    f = tl.zeros([BT, BDV], dtype=tl.float32)
+    for f0 in range(0, F, BF):
+        fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
+        U1, U2 = _anchor(A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+        Hd, _ = _gelu(tl.dot(kk, U1, input_precision=PREC))
+        f += tl.dot(Hd, U2, input_precision=PREC)
+    return tl.where(mv, f - vv, 0.0)
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1, W2, M1, M2, A1o, A2o,
+                sw1, sw2, sm1, sm2, cu, slots, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
+                DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+                BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr, SAVE: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
+    # W1, W2, M1, M2 [R·H, ·]: the final state's outputs, the running state (filled with the initial one first);
+    # with SAVE, sw1, sw2, sm1, sm2 [slots·H, ·]: every mini-batch's start state, for the backward
     i_bh = tl.program_id(0).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H  # i_b: the sequence (batch row, or cu_seqlens's)
-    bos, Tn, ns, _ = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     ck = tl.arange(0, BDK)
     cv = tl.arange(0, BDV)
     ckm = ck < DK
@@ -228,40 +298,34 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
         fresh = carried == 0
         last = s == ns - 1
         x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK, DV,
-                                                BDK, BDV, BT)
+                                                       BDK, BDV, BT)
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
-        # pass 1: f at the anchor, then e = ∂ℓ/∂f
-        f = tl.zeros([BT, BDV], dtype=tl.float32)
-        for f0 in range(0, F, BF):
-            fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
-            U1, U2 = _anchor(A1_0, A2_0, W1, W2, i_bh, carried, fresh, o1, o2, m1, m2, DK, DV, F)
-            Hd, _ = _gelu(tl.dot(kk, U1, input_precision=PREC))
-            f += tl.dot(Hd, U2, input_precision=PREC)
-        e = tl.where(mv, f - vv, 0.0)
+        # pass 1: e = ∂ℓ/∂f at the anchor
+        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, W1, W2, i_bh, carried, fresh, ck, ckm, cv, cvm, DK, DV, F, BT, BDV,
+                    BF, PREC)
         X1 = C * tl.dot(x, tl.trans(kk), input_precision=PREC)  # C ∘ X Kᵀ
         zW = tl.zeros([BT, BDV], dtype=tl.float32)  # h W2_s
         zM = tl.zeros([BT, BDV], dtype=tl.float32)  # h M2_s
         S2 = tl.zeros([BT, BT], dtype=tl.float32)  # h Hdᵀ
         eC = e * C_L[:, None]
         eM = e * Cm_L[:, None]
+        slot = (slot0 + s) * H + i_h
         # pass 2: per hidden tile, dz, the read's first layer, o's accumulators, and the tile's end state
         for f0 in range(0, F, BF):
             fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
             p1 = i_bh * (DK * F) + o1
             p2 = i_bh * (F * DV) + o2
-            w1 = tl.load(W1 + p1, mask=m1, other=0.0)
-            mm1 = tl.load(M1 + p1, mask=m1, other=0.0)
-            w2 = tl.load(W2 + p2, mask=m2, other=0.0)
-            mm2 = tl.load(M2 + p2, mask=m2, other=0.0)
+            w1, mm1, w2, mm2 = _state_tiles(W1, W2, M1, M2, i_bh, o1, o2, m1, m2, DK, DV, F)
+            if SAVE:
+                tl.store(sw1 + slot * (DK * F) + o1, w1, mask=m1)
+                tl.store(sm1 + slot * (DK * F) + o1, mm1, mask=m1)
+                tl.store(sw2 + slot * (F * DV) + o2, w2, mask=m2)
+                tl.store(sm2 + slot * (F * DV) + o2, mm2, mask=m2)
             U1, U2 = w1, w2
             if HAS_A:
                 U1 = tl.where(carried, tl.load(A1_0 + p1, mask=m1 & carried, other=0.0), w1)
                 U2 = tl.where(carried, tl.load(A2_0 + p2, mask=m2 & carried, other=0.0), w2)
-            Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
-            dz = tl.dot(e, tl.trans(U2), input_precision=PREC) * dg
-            z1 = At[:, None] * tl.dot(x, w1, input_precision=PREC) \
-                + ct[:, None] * tl.dot(x, mm1, input_precision=PREC) + tl.dot(X1, dz, input_precision=PREC)
-            h, _ = _gelu(z1)
+            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
             zW += tl.dot(h, w2, input_precision=PREC)
             zM += tl.dot(h, mm2, input_precision=PREC)
             S2 += tl.dot(h, tl.trans(Hd), input_precision=PREC)
@@ -276,6 +340,268 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
             tl.store(M2 + p2, N_L * mm2 + tl.dot(HT, eM, input_precision=PREC), mask=m2)
         out = At[:, None] * zW + ct[:, None] * zM + tl.dot(C * S2, e, input_precision=PREC)
         tl.store(o + (row[:, None] * H + i_h) * DV + cv[None, :], out.to(o.dtype.element_ty), mask=mv)
+
+
+@triton.jit
+def _gelu2(z):
+    """σ''(z) of GELU's erf form: φ(z) (2 − z²)."""
+    return tl.exp(-0.5 * z * z) * _RSQRT2PI * (2.0 - z * z)
+
+
+@triton.jit
+def _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L, dCm_L, BT: tl.constexpr,
+                       PREC: tl.constexpr):
+    """`_coefficients`'s backward: from the gradients of A_t, c_t [BT], C [BT, BT], A_L, N_L, c_L (scalars) and C_L,
+    Cm_L [BT] to those of the gates: (d log a, dβ, dν) [BT]."""
+    r = tl.arange(0, BT)
+    tri = r[:, None] >= r[None, :]
+    end = r == BT - 1
+    la = tl.sum(tl.where(tri, lg[None, :], 0.0), axis=1)
+    ln = tl.sum(tl.where(tri, tl.log(tl.maximum(nn, _TINY))[None, :], 0.0), axis=1)
+    Ra = tl.where(tri & valid[None, :], tl.exp(tl.where(tri, la[:, None] - la[None, :], 0.0)), 0.0)
+    Rn = tl.where(tri, tl.exp(tl.where(tri, ln[:, None] - ln[None, :], 0.0)), 0.0)
+    Cm = -eta[None, :] * Rn
+    Nt = tl.exp(ln)
+    At = tl.exp(la)
+    # the last rows: C_L, Cm_L, A_L, N_L, c_L
+    dC = dC + tl.where(end[:, None], dC_L[None, :], 0.0)
+    dCm = tl.where(end[:, None], dCm_L[None, :], 0.0)
+    dAt = dAt + tl.where(end, dA_L, 0.0)
+    dct = dct + tl.where(end, dc_L, 0.0)
+    # C = R_A Cm,  c_t = Σ_u (R_A)_tu N_u
+    dRa = tl.dot(dC, tl.trans(Cm), input_precision=PREC) + dct[:, None] * Nt[None, :]
+    dCm += tl.dot(tl.trans(Ra), dC, input_precision=PREC)
+    dNt = tl.where(end, dN_L, 0.0) + tl.sum(Ra * dct[:, None], axis=0)
+    # R_A = mask · exp(log A_t − log A_u), A_t = exp(log A_t)
+    GRa = dRa * Ra
+    dla = tl.sum(GRa, axis=1) - tl.sum(GRa, axis=0) + dAt * At
+    # Cm_tj = −β_j (R_N)_tj, R_N = mask · exp(log N_t − log N_j), N_t = exp(log N_t)
+    dbeta = -tl.sum(dCm * Rn, axis=0)
+    GRn = dCm * Cm
+    dln = tl.sum(GRn, axis=1) - tl.sum(GRn, axis=0) + dNt * Nt
+    # the inclusive cumsums: Σ_{t ≥ τ}
+    dlg = tl.sum(tl.where(tri, dla[:, None], 0.0), axis=0)
+    dnu = tl.where(nn > _TINY, tl.sum(tl.where(tri, dln[:, None], 0.0), axis=0) / nn, 0.0)
+    return dlg, dbeta, dnu
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, GW2, GM1, GM2, GA1, GA2,
+                dq, dk, dv, dg_ptr, dbeta, dnu, dZs, cu, slots, scale, T, off, NS, H: tl.constexpr,
+                HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr,
+                BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
+    # GW1, GW2, GM1, GM2 [R·H, ·]: seeded with the final state's gradients, rewritten in place mini-batch by
+    # mini-batch (in reverse) to the gradients of each one's start state: at the end, the initial state's. GA1, GA2:
+    # seeded with the final anchor's gradient; the last mini-batch moves it to its start weights' unless its anchor is
+    # the carried one, whose gradient they accumulate. dZs [R·H, BT, F]: ∂/∂Z between passes C and D.
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    ck = tl.arange(0, BDK)
+    cv = tl.arange(0, BDV)
+    ckm = ck < DK
+    cvm = cv < DV
+    r = tl.arange(0, BT)
+    zs = i_bh * (BT * F) + r[:, None] * F  # + fc[None, :]: the scratch rows
+    for si in range(0, ns):
+        tl.debug_barrier()  # the previous (later) mini-batch's gradient stores before this one's loads
+        s = ns - 1 - si
+        slot = (slot0 + s) * H + i_h
+        carried = s < 0
+        if HAS_A:
+            carried = s == 0
+        fresh = carried == 0
+        lastmb = si == 0
+        x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK, DV,
+                                                       BDK, BDV, BT)
+        At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
+        # pass A: e at the anchor
+        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, ck, ckm, cv, cvm, DK, DV, F, BT,
+                    BDV, BF, PREC)
+        S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
+        X1 = C * S1
+        # pass B: the read's sums over the hidden dim, h W2_s, h M2_s, h Hdᵀ
+        P2 = tl.zeros([BT, BDV], dtype=tl.float32)
+        Q2 = tl.zeros([BT, BDV], dtype=tl.float32)
+        S2 = tl.zeros([BT, BT], dtype=tl.float32)
+        for f0 in range(0, F, BF):
+            fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
+            w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+            P2 += tl.dot(h, w2, input_precision=PREC)
+            Q2 += tl.dot(h, mm2, input_precision=PREC)
+            S2 += tl.dot(h, tl.trans(Hd), input_precision=PREC)
+        # o = A ⊙ P2 + c ⊙ Q2 + (C ∘ S2) e
+        dO = tl.load(do + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
+        dAt = tl.sum(dO * P2, axis=1)
+        dct = tl.sum(dO * Q2, axis=1)
+        Ee = tl.dot(dO, tl.trans(e), input_precision=PREC)  # do_t · e_j
+        dC = Ee * S2
+        dS2 = Ee * C
+        de = tl.dot(tl.trans(C * S2), dO, input_precision=PREC)
+        Ado = At[:, None] * dO
+        cdo = ct[:, None] * dO
+        eC = e * C_L[:, None]
+        eM = e * Cm_L[:, None]
+        D1 = tl.zeros([BT, BT], dtype=tl.float32)  # dz1 dzᵀ
+        dX = tl.zeros([BT, BDK], dtype=tl.float32)
+        dK = tl.zeros([BT, BDK], dtype=tl.float32)
+        HG2 = tl.zeros([BT, BDV], dtype=tl.float32)  # Hd GW2_e
+        HM2 = tl.zeros([BT, BDV], dtype=tl.float32)  # Hd GM2_e
+        dC_L = tl.zeros([BT], dtype=tl.float32)
+        dCm_L = tl.zeros([BT], dtype=tl.float32)
+        sAL = tl.zeros([BF], dtype=tl.float32)  # per hidden unit, summed after the loop: dA_L, dc_L, dN_L
+        scL = tl.zeros([BF], dtype=tl.float32)
+        sNL = tl.zeros([BF], dtype=tl.float32)
+        # pass C: per hidden tile, the read's and the end state's gradients; the start state's gradient but for the
+        # anchor's f-side (pass D)
+        for f0 in range(0, F, BF):
+            fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
+            p1 = i_bh * (DK * F) + o1
+            p2 = i_bh * (F * DV) + o2
+            w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            gw1, gm1, gw2, gm2 = _state_tiles(GW1, GW2, GM1, GM2, i_bh, o1, o2, m1, m2, DK, DV, F)
+            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+            # the read's second layer through h, and Hd's uses but f's
+            dz1 = (tl.dot(Ado, tl.trans(w2), input_precision=PREC) + tl.dot(cdo, tl.trans(mm2), input_precision=PREC)
+                   + tl.dot(dS2, Hd, input_precision=PREC)) * dh
+            dHd = tl.dot(tl.trans(dS2), h, input_precision=PREC) + tl.dot(eC, tl.trans(gw2), input_precision=PREC) \
+                + tl.dot(eM, tl.trans(gm2), input_precision=PREC)
+            HG2 += tl.dot(Hd, gw2, input_precision=PREC)
+            HM2 += tl.dot(Hd, gm2, input_precision=PREC)
+            # the read's first layer z1 = A ⊙ X W1_s + c ⊙ X M1_s + (C ∘ X Kᵀ) dz
+            dAt += tl.sum(dz1 * P1, axis=1)
+            dct += tl.sum(dz1 * Q1, axis=1)
+            Adz1 = At[:, None] * dz1
+            cdz1 = ct[:, None] * dz1
+            dX += tl.dot(Adz1, tl.trans(w1), input_precision=PREC) + tl.dot(cdz1, tl.trans(mm1), input_precision=PREC)
+            D1 += tl.dot(dz1, tl.trans(dz), input_precision=PREC)
+            # dz's uses: the read, W1_e and M1_e
+            KG1 = tl.dot(kk, gw1, input_precision=PREC)
+            KM1 = tl.dot(kk, gm1, input_precision=PREC)
+            ddz = tl.dot(tl.trans(X1), dz1, input_precision=PREC) + C_L[:, None] * KG1 + Cm_L[:, None] * KM1
+            dC_L += tl.sum(KG1 * dz, axis=1)
+            dCm_L += tl.sum(KM1 * dz, axis=1)
+            dK += tl.dot(dz * C_L[:, None], tl.trans(gw1), input_precision=PREC) \
+                + tl.dot(dz * Cm_L[:, None], tl.trans(gm1), input_precision=PREC)
+            # dz = (e U2ᵀ) ⊙ σ'(Z), Hd = σ(Z)
+            dg1 = ddz * dg
+            de += tl.dot(dg1, U2, input_precision=PREC)
+            dU2 = tl.dot(tl.trans(dg1), e, input_precision=PREC)
+            tl.store(dZs + zs + fc[None, :], ddz * g1 * _gelu2(Z) + dHd * dg, mask=fm[None, :])
+            # the end state's scalars
+            sAL += tl.sum(gw1 * w1, axis=0) + tl.sum(gw2 * w2, axis=1)
+            scL += tl.sum(gw1 * mm1, axis=0) + tl.sum(gw2 * mm2, axis=1)
+            sNL += tl.sum(gm1 * mm1, axis=0) + tl.sum(gm2 * mm2, axis=1)
+            # the start state's gradients (the anchor's f-side in pass D); the final anchor's gradient moves to the
+            # last mini-batch's start weights when they are its anchor
+            ga1 = tl.load(GA1 + p1, mask=m1 & lastmb & fresh, other=0.0)
+            ga2 = tl.load(GA2 + p2, mask=m2 & lastmb & fresh, other=0.0)
+            tl.store(GA1 + p1, tl.zeros_like(ga1), mask=m1 & lastmb & fresh)
+            tl.store(GA2 + p2, tl.zeros_like(ga2), mask=m2 & lastmb & fresh)
+            tl.store(GW1 + p1, A_L * gw1 + tl.dot(tl.trans(x), Adz1, input_precision=PREC) + ga1, mask=m1)
+            tl.store(GM1 + p1, c_L * gw1 + N_L * gm1 + tl.dot(tl.trans(x), cdz1, input_precision=PREC), mask=m1)
+            tl.store(GW2 + p2, A_L * gw2 + tl.dot(tl.trans(h), Ado, input_precision=PREC) + ga2
+                     + tl.where(fresh, dU2, 0.0), mask=m2)
+            tl.store(GM2 + p2, c_L * gw2 + N_L * gm2 + tl.dot(tl.trans(h), cdo, input_precision=PREC), mask=m2)
+            if HAS_A:
+                tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
+        tl.debug_barrier()  # the scratch and the gradients' stores before pass D reads them
+        de += C_L[:, None] * HG2 + Cm_L[:, None] * HM2
+        dC_L += tl.sum(HG2 * e, axis=1)
+        dCm_L += tl.sum(HM2 * e, axis=1)
+        dC += D1 * S1
+        dS1 = D1 * C
+        dX += tl.dot(dS1, kk, input_precision=PREC)
+        dK += tl.dot(tl.trans(dS1), x, input_precision=PREC)
+        df = tl.where(mv, de, 0.0)  # e = f − V
+        # pass D: f = Hd U2, Hd = σ(Z), Z = K U1 — the anchor's gradient (the start weights', or the carried one's)
+        for f0 in range(0, F, BF):
+            fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
+            p1 = i_bh * (DK * F) + o1
+            p2 = i_bh * (F * DV) + o2
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
+            dZ = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) \
+                + tl.dot(df, tl.trans(U2), input_precision=PREC) * dg
+            dU1 = tl.dot(tl.trans(kk), dZ, input_precision=PREC)
+            dU2 = tl.dot(tl.trans(Hd), df, input_precision=PREC)
+            dK += tl.dot(dZ, tl.trans(U1), input_precision=PREC)
+            tl.store(GW1 + p1, tl.load(GW1 + p1, mask=m1 & fresh, other=0.0) + dU1, mask=m1 & fresh)
+            tl.store(GW2 + p2, tl.load(GW2 + p2, mask=m2 & fresh, other=0.0) + dU2, mask=m2 & fresh)
+            if HAS_A:
+                tl.store(GA1 + p1, tl.load(GA1 + p1, mask=m1 & carried, other=0.0) + dU1, mask=m1 & carried)
+                tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
+        dlg, dbt, dnv = _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, tl.sum(sAL, axis=0),
+                                           tl.sum(sNL, axis=0), tl.sum(scL, axis=0), dC_L, dCm_L, BT, PREC)
+        # per value head: the glue sums dq, dk over grouped heads
+        hk = (row[:, None] * H + i_h) * DK + ck[None, :]
+        mk = valid[:, None] & ckm[None, :]
+        tl.store(dq + hk, (dX * scale).to(dq.dtype.element_ty), mask=mk)
+        tl.store(dk + hk, dK.to(dk.dtype.element_ty), mask=mk)
+        tl.store(dv + (row[:, None] * H + i_h) * DV + cv[None, :], (-df).to(dv.dtype.element_ty), mask=mv)
+        gate = row * H + i_h
+        tl.store(dg_ptr + gate, dlg.to(dg_ptr.dtype.element_ty), mask=valid)
+        tl.store(dbeta + gate, dbt.to(dbeta.dtype.element_ty), mask=valid)
+        tl.store(dnu + gate, dnv.to(dnu.dtype.element_ty), mask=valid)
+
+
+class _Titans(torch.autograd.Function):
+    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, K], v [B, T, H, V], g, beta, nu [B, T, H],
+    the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] / [R, H, F, V], fp32; the anchor is the weights
+    themselves when offset is 0), then scale, offset, save (keep every mini-batch's start state for a backward), cu
+    (int32 [N+1] on the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns (o [B, T, H, V] in v's
+    dtype, the end W1, W2, M1, M2 and the last mini-batch's anchor A1, A2, fp32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, save, cu, plan, geo):
+        B, T = q.shape[:2]
+        R, H = W1.shape[:2]
+        f32 = dict(dtype=torch.float32, device=q.device)
+        o = empty_output(B, T, H, v.shape[-1], dtype=v.dtype, device=q.device)
+        outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
+        n = max(plan.slots, 1)
+        slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)] if save else [o] * 4
+        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+        _fwd_kernel[(R * H,)](q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, o, *outs, *slots, *seq, scale, T, offset,
+                              plan.NS, **geo, HAS_A=offset > 0, SAVE=save, IS_VARLEN=cu is not None,
+                              **launch("titans_fwd"))
+        if save:
+            ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, *(t for t in seq if t is not o))
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
+        return (o, *outs)
+
+    @staticmethod
+    def backward(ctx, do, *gouts):
+        q, k, v, g, beta, nu, A1, A2, *rest = ctx.saved_tensors
+        slots, seq = rest[:4], rest[4:]
+        B, T, Hq, K = q.shape
+        H, V = v.shape[2:]
+        R = ctx.plan.R
+        f32 = dict(dtype=torch.float32, device=q.device)
+        shapes = [(R, H, K, A1.shape[-1]), (R, H, A1.shape[-1], V)] * 3
+
+        def grad_in(t, shape):  # a fresh fp32 buffer: the kernel rewrites it in place
+            return torch.zeros(shape, **f32) if t is None else t.to(torch.float32, copy=True).contiguous()
+
+        do = torch.zeros(B, T, H, V, **f32) if do is None else do.contiguous()
+        G = [grad_in(t, shape) for t, shape in zip(gouts, shapes)]  # W1, W2, M1, M2, then the anchor's A1, A2
+        dq, dk = (empty_output(B, T, H, K, **f32) for _ in range(2))
+        dv = empty_output(B, T, H, V, **f32)
+        dg, dbeta, dnu = (empty_output(B, T, H, **f32) for _ in range(3))
+        dZs = torch.empty(R * H, ctx.geo["BT"], A1.shape[-1], **f32)  # each program's [b, F] scratch
+        seq = seq if seq else (dq, dq)
+        _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, do, *G, dq, dk, dv, dg, dbeta, dnu, dZs, *seq,
+                              ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo, HAS_A=ctx.offset > 0,
+                              IS_VARLEN=ctx.varlen, **launch("titans_bwd"))
+        if Hq != H:  # grouped heads: the value heads of one q/k head summed
+            dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
+            dk = dk.view(B, T, Hq, H // Hq, K).sum(3)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
+                dnu.to(nu.dtype), *G, None, None, None, None, None, None)
 
 
 def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibatch: int, cu_seqlens):
@@ -314,8 +640,7 @@ def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibat
 
 def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anchor=None, offset: int = 0,
                   minibatch: int = 16, cu_seqlens=None, tile: int | None = None, precision: str = PRECISION):
-    """Titans' chunk form on the kernel (see the module doc); forward only: a call that needs gradients (grad enabled
-    and an input that requires one) is refused.
+    """Titans' chunk form on the kernels (see the module doc); differentiable in every tensor.
 
     q, k: [B, T, H_q, K]; v: [B, T, H, V] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
     fp32/bf16/fp16; g (log retention, ≤ 0), beta (the step β), nu (the momentum decay ν) [B, T, H]; weights
@@ -331,23 +656,15 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
     H, K, V, F, cu, R = _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset, minibatch, cu_seqlens)
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):
         raise InputError(f"tile must be a power of two ≥ 16, got {tile!r}")
-    state = [*weights, *momentum, *(anchor if offset else weights)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, g, beta, nu, *state)):
-        raise InputError("the Titans kernel has no backward yet: call it under torch.no_grad() or on tensors that "
-                         "need no gradient (the generic row runs such calls on the torch mini-batch form)")
+    state = [t.float() for t in (*weights, *momentum, *(anchor if offset else weights))]
     B, T, Hq, _ = q.shape
     plan = _plan(B, T, offset, minibatch, cu, q.device)
-    f32 = dict(dtype=torch.float32, device=q.device)
-    o = empty_output(B, T, H, V, dtype=v.dtype, device=q.device)
-    outs = [empty_output(R, H, K, F, **f32), empty_output(R, H, F, V, **f32), empty_output(R, H, K, F, **f32),
-            empty_output(R, H, F, V, **f32), empty_output(R, H, K, F, **f32), empty_output(R, H, F, V, **f32)]
-    W1, W2, M1, M2, A1, A2 = (t.float().contiguous() for t in state)
+    args = [t.contiguous() for t in (q, k, v, g, beta, nu, *state)]
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no start state is kept
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    seq = (cu_dev if cu_dev is not None else o, plan.first if plan.first is not None else o)
-    args = [t.contiguous() for t in (q, k, v, g, beta, nu)]
-    _fwd_kernel[(R * H,)](*args, W1, W2, M1, M2, A1, A2, o, *outs, *seq, float(scale), T, offset, plan.NS, H=H, HQ=Hq,
-                          DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), BF=tile or hidden_tile(K, V, F), BT=minibatch,
-                          PREC=precision, HAS_A=offset > 0, IS_VARLEN=cu is not None, **launch("titans_fwd"))
+    geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), BF=tile or hidden_tile(K, V, F), BT=minibatch,
+               PREC=precision)
+    o, *outs = _Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
     if cu is None:
         off = (offset + T) % minibatch
     else:

@@ -26,7 +26,7 @@ from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
 from tests.kernels.memories.twins import titans_torch
-from tests.tolerances import CHUNK_F32_REL, TITANS_LAYER_F32_REL, TITANS_LOW_REL
+from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TITANS_LAYER_F32_REL, TITANS_LOW_REL
 
 pytestmark = pytest.mark.triton
 
@@ -120,10 +120,10 @@ def _seed(gen):
     return int(torch.randint(0, 2**31, (), generator=gen))
 
 
-@pytest.mark.parametrize("T, offset, Hq, tile", [(37, 0, 1, 32), (41, 5, 2, 32), (16, 0, 2, None), (3, 9, 1, 32),
+@pytest.mark.parametrize("T, offset, Hq, tile", [(37, 0, 1, 32), (23, 5, 2, 32), (16, 0, 2, None), (3, 9, 1, 32),
                                                 (11, 5, 1, 16)])
 def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile):
-    """fp32 kernel against float64: T = 37 and 41 (no multiple of 16), T = 16 (one whole mini-batch), T = 3 inside a
+    """fp32 kernels against float64: T = 37 and 23 (no multiple of 16), T = 16 (one whole mini-batch), T = 3 inside a
     carried mini-batch (offset 9: the call ends mid-batch), T = 11 completing a carried one (offset 5: the call ends on
     the mini-batch's end); grouped heads (H_q = 1, H = 2) and plain ones; the hidden dim F = 64 in two tiles, four, or
     the glue's own (one). Outputs, final state and every gradient."""
@@ -229,6 +229,24 @@ def test_varlen_equals_each_sequence_alone(gen, offset):
     got = _run(lambda leaves, off: _kernel(leaves, off, cu_seqlens=cu.to(DEV)), _fp32(x), offset, seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
     _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [(4, 512, 2, 64, 0), (2, 300, 2, 64, 7), (1, 200, 3, 32, 11)],
+                         ids=lambda s: "B{}-T{}-H{}-D{}-off{}".format(*s))
+def test_cuda_realistic(gen, size, dtype):
+    """On the GPU: the kernels (their own hidden tile) against the float64 twin at realistic shapes, outputs, final
+    state and every gradient; bf16 inputs against the twin on the same rounded values. (Not run yet: written for the
+    GPU session's `pytest -m cuda`.)"""
+    B, T, H, D, offset = size
+    x = _inputs(gen, B=B, T=T, Hq=H, H=H, K=D, V=D)
+    if dtype != torch.float32:
+        x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
+    seed = _seed(gen)
+    got = _run(lambda leaves, off: _kernel(leaves, off, tile=None), _fp32(x), offset, seed, dtype=dtype)
+    tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TITANS_LOW_REL
+    _agree(got, _run(_twin, x, offset, seed), tol)
 
 
 def test_the_kernel_refuses_what_it_does_not_take(gen):

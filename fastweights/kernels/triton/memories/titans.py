@@ -215,15 +215,21 @@ def _hidden(f0, ck, ckm, cv, cvm, DK: tl.constexpr, DV: tl.constexpr, F: tl.cons
 
 
 @triton.jit
-def _anchor(A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr,
-            F: tl.constexpr):
-    """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]): the carried anchor's (row i_a of A1_0, A2_0) when `carried`
-    (the first mini-batch of a call with offset > 0), else the segment's start weights' (row i_w of W1, W2); each
-    read from one place only."""
-    U1 = tl.load(A1_0 + i_a * (DK * F) + o1, mask=m1 & carried, other=0.0) \
-        + tl.load(W1 + i_w * (DK * F) + o1, mask=m1 & fresh, other=0.0)
-    U2 = tl.load(A2_0 + i_a * (F * DV) + o2, mask=m2 & carried, other=0.0) \
-        + tl.load(W2 + i_w * (F * DV) + o2, mask=m2 & fresh, other=0.0)
+def _anchor(A1_0, A2_0, i_a, W1, W2, i_w, s, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr,
+            HAS_A: tl.constexpr):
+    """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]) in mini-batch s: the carried anchor's (row i_a of A1_0, A2_0)
+    in the first mini-batch of a call with offset > 0 (HAS_A), else the segment's start weights' (row i_w of W1, W2).
+    (A branch, not a select between two masked loads: sm_90 at K = 128 spilled 17.7 KB with the select.)"""
+    if HAS_A:
+        if s == 0:
+            U1 = tl.load(A1_0 + i_a * (DK * F) + o1, mask=m1, other=0.0)
+            U2 = tl.load(A2_0 + i_a * (F * DV) + o2, mask=m2, other=0.0)
+        else:
+            U1 = tl.load(W1 + i_w * (DK * F) + o1, mask=m1, other=0.0)
+            U2 = tl.load(W2 + i_w * (F * DV) + o2, mask=m2, other=0.0)
+    else:
+        U1 = tl.load(W1 + i_w * (DK * F) + o1, mask=m1, other=0.0)
+        U2 = tl.load(W2 + i_w * (F * DV) + o2, mask=m2, other=0.0)
     return U1, U2
 
 
@@ -251,14 +257,14 @@ def _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
 
 
 @triton.jit
-def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, ck, ckm, cv, cvm, DK: tl.constexpr,
-            DV: tl.constexpr, F: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr,
-            PREC: tl.constexpr):
+def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, s, ck, ckm, cv, cvm, DK: tl.constexpr, DV: tl.constexpr,
+            F: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, PREC: tl.constexpr,
+            HAS_A: tl.constexpr):
     """e = M_θ₀(K) − V [BT, BDV] at the anchor (`_anchor`), over the hidden tiles; 0 outside the rows and columns."""
     f = tl.zeros([BT, BDV], dtype=tl.float32)
     for f0 in range(0, F, BF):
         fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
-        U1, U2 = _anchor(A1_0, A2_0, i_a, W1, W2, i_w, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+        U1, U2 = _anchor(A1_0, A2_0, i_a, W1, W2, i_w, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
         Hd, _ = _gelu(tl.dot(kk, U1, input_precision=PREC))
         f += tl.dot(Hd, U2, input_precision=PREC)
     return tl.where(mv, f - vv, 0.0)
@@ -292,17 +298,13 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
         tl.store(A2o + p2, tl.load(A2_0 + p2, mask=m2 & empty, other=0.0), mask=m2 & empty)
     for s in range(0, ns):
         tl.debug_barrier()  # the previous mini-batch's (or the copy's) stores before this one's loads
-        carried = s < 0  # the first mini-batch of a call with offset > 0: its anchor is the carried one
-        if HAS_A:
-            carried = s == 0
-        fresh = carried == 0
         last = s == ns - 1
         x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK, DV,
                                                        BDK, BDV, BT)
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
         # pass 1: e = ∂ℓ/∂f at the anchor
-        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, W1, W2, i_bh, carried, fresh, ck, ckm, cv, cvm, DK, DV, F, BT, BDV,
-                    BF, PREC)
+        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, W1, W2, i_bh, s, ck, ckm, cv, cvm, DK, DV, F, BT, BDV, BF,
+                    PREC, HAS_A)
         X1 = C * tl.dot(x, tl.trans(kk), input_precision=PREC)  # C ∘ X Kᵀ
         zW = tl.zeros([BT, BDV], dtype=tl.float32)  # h W2_s
         zM = tl.zeros([BT, BDV], dtype=tl.float32)  # h M2_s
@@ -323,8 +325,9 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
                 tl.store(sm2 + slot * (F * DV) + o2, mm2, mask=m2)
             U1, U2 = w1, w2
             if HAS_A:
-                U1 = tl.where(carried, tl.load(A1_0 + p1, mask=m1 & carried, other=0.0), w1)
-                U2 = tl.where(carried, tl.load(A2_0 + p2, mask=m2 & carried, other=0.0), w2)
+                if s == 0:  # the carried anchor (a branch, as `_anchor`'s)
+                    U1 = tl.load(A1_0 + p1, mask=m1, other=0.0)
+                    U2 = tl.load(A2_0 + p2, mask=m2, other=0.0)
             Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
             zW += tl.dot(h, w2, input_precision=PREC)
             zM += tl.dot(h, mm2, input_precision=PREC)
@@ -417,8 +420,8 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
                                                        BDK, BDV, BT)
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
         # pass A: e at the anchor
-        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, ck, ckm, cv, cvm, DK, DV, F, BT,
-                    BDV, BF, PREC)
+        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, s, ck, ckm, cv, cvm, DK, DV, F, BT, BDV, BF,
+                    PREC, HAS_A)
         S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
         X1 = C * S1
         # pass B: the read's sums over the hidden dim, h W2_s, h M2_s, h Hdᵀ
@@ -428,7 +431,7 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
         for f0 in range(0, F, BF):
             fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
             w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
-            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
             Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
             P2 += tl.dot(h, w2, input_precision=PREC)
             Q2 += tl.dot(h, mm2, input_precision=PREC)
@@ -462,7 +465,7 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
             p1 = i_bh * (DK * F) + o1
             p2 = i_bh * (F * DV) + o2
             w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
-            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
             gw1, gm1, gw2, gm2 = _state_tiles(GW1, GW2, GM1, GM2, i_bh, o1, o2, m1, m2, DK, DV, F)
             Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
             # the read's second layer through h, and Hd's uses but f's
@@ -523,7 +526,7 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
             fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
             p1 = i_bh * (DK * F) + o1
             p2 = i_bh * (F * DV) + o2
-            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, carried, fresh, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
             Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
             dZ = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) \
                 + tl.dot(df, tl.trans(U2), input_precision=PREC) * dg

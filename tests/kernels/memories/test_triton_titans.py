@@ -3,8 +3,8 @@ twin `titans_torch` (chunkwise.minibatch, float64, differentiated by autograd) a
 (reference.recurrent through `fw.recurrent`): outputs, final weights, momentum and anchor, and every gradient — q, k,
 v, the retention, step and momentum gates, the initial weights, momentum and anchor; lengths that are no multiple of
 the mini-batch, a carried mini-batch (offset > 0), chained calls, varlen (an empty and a length-1 sequence), grouped
-heads, unequal and padded head dims, several hidden tiles (and a partial one), fp32 and bf16 inputs. Then the dispatch
-row ("generic", "chunk", "triton") that serves Titans with its kernels.
+heads, unequal and padded head dims, several hidden tiles (and a partial one), fp32, bf16 and fp16 inputs. Then the
+dispatch row ("generic", "chunk", "triton") that serves Titans with its kernels.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (K, V ≤ 20, F = 4K, T ≤ 41); kernel outputs
 are NaN-poisoned (tests/conftest.py). Fresh random inputs every run."""
@@ -161,11 +161,12 @@ def test_the_hidden_tile():
     assert hidden_tile(16, 128, 64) == 16 and hidden_tile(16, 16, 16) == 16
 
 
-def test_bf16_inputs(gen):
-    """bf16 q, k, v (the gates and the state fp32, as a layer passes them) against the float64 twin on the same
-    rounded values: the kernel computes in fp32 and rounds o, dq, dk, dv to bf16."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_inputs(gen, dtype):
+    """bf16 / fp16 q, k, v (the gates and the state fp32, as a layer passes them) against the float64 twin on the same
+    rounded values: the kernels compute in fp32 and round o, dq, dk, dv to `dtype`."""
     x = _inputs(gen, T=37, Hq=1)
-    x.update({n: x[n].to(torch.bfloat16).double() for n in ("q", "k", "v")})
+    x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = _seed(gen)
     dtypes = []
 
@@ -174,9 +175,9 @@ def test_bf16_inputs(gen):
         dtypes.append(out[0].dtype)
         return out
 
-    got = _run(kernel, _fp32(x), 5, seed, dtype=torch.bfloat16)
-    assert dtypes == [torch.bfloat16]
-    _agree(got, _run(_twin, x, 5, seed), TITANS_LOW_REL)
+    got = _run(kernel, _fp32(x), 5, seed, dtype=dtype)
+    assert dtypes == [dtype]
+    _agree(got, _run(_twin, x, 5, seed), TITANS_LOW_REL[dtype])
 
 
 def test_chained_calls_equal_one_call(gen):
@@ -245,7 +246,7 @@ def test_cuda_realistic(gen, size, dtype):
         x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = _seed(gen)
     got = _run(lambda leaves, off: _kernel(leaves, off, tile=None), _fp32(x), offset, seed, dtype=dtype)
-    tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TITANS_LOW_REL
+    tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TITANS_LOW_REL[dtype]
     _agree(got, _run(_twin, x, offset, seed), tol)
 
 

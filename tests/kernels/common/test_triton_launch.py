@@ -179,7 +179,9 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
                 continue
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
-            warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd") else 4
+            # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH)
+            warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
+                                  "titans_bwd") else 4
             # (the TTT loops: a scratch; TTT-Linear's parallel kernels pipeline their anchor's row blocks)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2

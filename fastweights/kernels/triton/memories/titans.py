@@ -110,8 +110,9 @@ walks its sequence's T/b mini-batches in order, B·H programs in all.
 Limits: K, V ≤ MAX_TTT_DIM (each padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 varlen (`cu_seqlens`: one program per (sequence, head), each sequence's mini-batches from its own start); grouped
 heads (value head h reads q/k head h // (H / H_q)).
-fp32 operands. Launch settings: util.LAUNCH's "titans_fwd", "titans_bwd" (num_stages 1: the loops re-read what a
-previous pass wrote); the hidden tile: `hidden_tile`. Interpreter-verified; not yet run on a GPU.
+fp32 operands. Launch settings: util.LAUNCH's "titans_fwd", "titans_bwd" (8 warps: at 4, sm_90's ptxas builds the
+fp32 forward at K = 128 with 32 registers and ~17 KB of spills; num_stages 1: the loops re-read what a previous pass
+wrote); the hidden tile: `hidden_tile`. Interpreter-verified; not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ def _anchor(A1_0, A2_0, i_a, W1, W2, i_w, s, o1, o2, m1, m2, DK: tl.constexpr, D
             HAS_A: tl.constexpr):
     """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]) in mini-batch s: the carried anchor's (row i_a of A1_0, A2_0)
     in the first mini-batch of a call with offset > 0 (HAS_A), else the segment's start weights' (row i_w of W1, W2).
-    (A branch, not a select between two masked loads: sm_90 at K = 128 spilled 17.7 KB with the select.)"""
+    (A branch, not a select between two masked loads: one read in flight; sm_90's build of the select at K = 128,
+    4 warps, bf16 spilled 17.7 KB.)"""
     if HAS_A:
         if s == 0:
             U1 = tl.load(A1_0 + i_a * (DK * F) + o1, mask=m1, other=0.0)

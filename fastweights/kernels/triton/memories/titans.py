@@ -95,7 +95,7 @@ out):
   26DF + 4bF = 104D² + 16bD, 442 kFLOP at D = 64, b = 16 (of which 2DF recompute pass 1's Z rather than keep it).
 - on-chip traffic (the state's scratch, L2-resident): per mini-batch pass 1 reads U1, U2 (8DF bytes), pass 2 reads
   W1, W2, M1, M2 (the anchor is W_s's tile, read once) and writes them (32DF): 40DF/b = 160D²/b bytes a token,
-  40 KiB at D = 64, b = 16.
+  40 KiB at D = 64, b = 16 (with SAVE, 16DF more written a mini-batch: the start state's copy, to HBM below).
 - backward: pass A 4DF, pass B (the read again) 12DF + 4bF, pass C 44DF + 10bF, pass D 10DF: 70DF + 14bF =
   280D² + 56bD, 1.20 MFLOP at D = 64, b = 16 (2.7× the forward).
 - backward on-chip traffic: per mini-batch the start state read 3× and the anchor 3× (as the start weights' tile:

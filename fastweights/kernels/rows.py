@@ -178,8 +178,8 @@ def titans_kernel_serves(recipe: Recipe) -> str | None:
     """Why the Titans kernel (kernels.triton.memories.titans) cannot run `recipe` (None when it can): exactly Titans'
     shape — a 2-layer MLP memory (any expansion) with GELU's erf form, no inner bias, no residual LayerNorm; the l2
     objective (no window, no probe); the momentum optimizer over mini-batches of b ∈ TTT_MINIBATCHES; scalar
-    retention (decay first or not: the same recurrence when every gradient is taken at the mini-batch's anchor); the
-    identity feature map. A pure function of the recipe."""
+    retention (decayed after the gradient: a recipe with b > 1 takes no other order); the identity feature map. A pure
+    function of the recipe."""
     mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
     if not (mem.kind == "mlp" and mem.depth == 2 and mem.activation == "gelu" and not mem.bias
             and not mem.residual_ln):

@@ -14,8 +14,8 @@ retention, per token t (gates a_t = exp(g_t) the retention, ν_t the momentum de
     m_t = ν_t m_{t−1} − β_t ∇ℓ_t(θ₀),     θ_t = a_t θ_{t−1} + m_t        (`reference.recurrent`)
 
 with every gradient of a mini-batch (b tokens aligned to the sequence start) taken at its anchor θ₀, the weights
-it started from. decay_first=False (the zoo's) decays θ after the gradient is taken; as the gradient is taken at
-θ₀, not at θ_{t−1}, the order is immaterial for b > 1: decay_first=True is the same recurrence.
+it started from. decay_first=False (the zoo's, and the only order a recipe with b > 1 takes: `recipe.Recipe` refuses
+decay_first=True there) decays θ after the gradient is taken.
 
 One mini-batch ("segment": the L ≤ b tokens of one mini-batch inside the call, rows t = 1 … L) from its start
 state θ_s = (W1_s, W2_s), m_s = (M1_s, M2_s) and anchor θ₀ = (U1, U2) (θ₀ = θ_s unless the segment continues a

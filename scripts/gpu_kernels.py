@@ -369,8 +369,8 @@ SWEEP_ORDER = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "ou
                "cumsum", "prologue", "delta_fused_fwd", "delta_prepass", "delta_fused_rev", "delta_fused_grads",
                "delta_fused_rec", "delta_fused_fwd_t", "gated_fused_fwd", "gated_fused_bwd_states",
                "gated_fused_bwd_chunk", "gated_fused_scores", "ttt_linear_fwd", "ttt_linear_readout",
-               "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "conv_fwd", "conv_bwd_fused",
-               "conv_bwd_dpre", "conv_bwd_dx")
+               "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "titans_fwd", "titans_bwd",
+               "conv_fwd", "conv_bwd_fused", "conv_bwd_dpre", "conv_bwd_dx")
 #: The dear kernels get every num_warps ∈ {2, 4, 8} × num_stages ∈ {1, 2, 3} at their default tiles, and
 #: each other tile value (TILE_OPTIONS) with TILE_WARPS × {1, 2, 3} stages.
 HEAVY = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_fwd", "states_bwd", "states_fwd",

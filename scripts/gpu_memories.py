@@ -1,5 +1,5 @@
-"""The deep memories' loop kernels (TTT-Linear, TTT-MLP) on one GPU: each launch variant — tl.dot precision
-("ieee", "tf32x3", "tf32": `rows.pinned("generic", precision=)`) × num_warps (the sequential "ttt_*" sites, SITES) —
+"""The deep memories' loop kernels (TTT-Linear, TTT-MLP, Titans) on one GPU: each launch variant — tl.dot precision
+("ieee", "tf32x3", "tf32": `rows.pinned("generic", precision=)`) × num_warps (the sequential loop sites, SITES) —
 compiled, checked and timed beside gated DeltaNet and fla's `chunk_ttt_linear` (issue 36).
 
     python3 scripts/gpu_memories.py --out runs/memories                       # every phase
@@ -36,10 +36,11 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SHAPES = {"small": (64, 512, 2, 64), "lm": (4, 4096, 16, 128)}
-MODELS = ("ttt_linear", "ttt_mlp")
+MODELS = ("ttt_linear", "ttt_mlp", "titans")
 #: The sequential loop kernels' launch sites, whose num_warps a variant sets (TTT-Linear's parallel readout and backward
 #: pre-pass, "ttt_linear_readout" and "ttt_linear_bwd_read", keep util.LAUNCH's: scripts/gpu_kernels.py sweeps them)
-SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_mlp_fwd", "ttt_mlp_bwd")}
+SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_mlp_fwd", "ttt_mlp_bwd"),
+         "titans": ("titans_fwd", "titans_bwd")}
 
 
 def _variant(text: str) -> tuple[str, int]:
@@ -49,7 +50,7 @@ def _variant(text: str) -> tuple[str, int]:
 
 
 def _apply(variant):
-    """A context: the generic row pinned at the variant's precision, the TTT launch sites at its warps."""
+    """A context: the generic row pinned at the variant's precision, the loop kernels' launch sites at its warps."""
     import contextlib
 
     from fastweights.kernels import rows

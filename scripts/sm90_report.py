@@ -9,7 +9,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines gated --head-dims 128 256 --gates none scalar diagonal
     python3 scripts/sm90_report.py --json out.json
     python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
-    python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # TTT-Linear's, TTT-MLP's
+    python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # the loop kernels
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -127,18 +127,18 @@ def _gated_workload(head_dims, dtypes, gates):
 
 
 def _memories_workload(head_dims, dtypes, gates, warps=None):
-    """TTT-Linear's and TTT-MLP's kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D (TTT-Linear
-    also with a carried mini-batch, offset 5, and varlen with grouped heads); warps:
-    their launch's num_warps (None: util.LAUNCH's "ttt_*" sites')."""
+    """TTT-Linear's, TTT-MLP's and Titans' kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D
+    (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads); warps: their
+    launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites')."""
     import torch
 
     from fastweights.kernels.triton.common.util import load_launch
-    from fastweights.kernels.triton.memories import ttt, ttt_mlp
+    from fastweights.kernels.triton.memories import titans, ttt, ttt_mlp
 
     gen = torch.Generator().manual_seed(0)
     if warps is not None:
         load_launch({site: {"num_warps": warps} for site in ("ttt_linear_fwd", "ttt_linear_bwd", "ttt_mlp_fwd",
-                                                             "ttt_mlp_bwd")})
+                                                             "ttt_mlp_bwd", "titans_fwd", "titans_bwd")})
     B, T, H = 2, 40, 2
     for D in head_dims:
         for dtype in [getattr(torch, d) for d in dtypes]:
@@ -161,6 +161,16 @@ def _memories_workload(head_dims, dtypes, gates, warps=None):
             mlp = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.zeros(B, H, 1, F),
                    torch.randn(B, H, F, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
             out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp)
+            out[0].float().sum().backward()
+            g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+            W, M = (mlp[0], mlp[2]), (mlp[0] * 0.1, mlp[2] * 0.1)
+            for offset in (0, 5):  # HAS_A: the carried anchor
+                out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
+                                           anchor=W if offset else None, offset=offset)
+                out[0].float().sum().backward()
+            three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
+            out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
+                                       weights=three[0], momentum=three[1], cu_seqlens=cu)
             out[0].float().sum().backward()
 
 
@@ -215,7 +225,8 @@ def main():
                         smem=kernel.metadata.shared,
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
-                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P")})
+                            "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
+                            "DK", "DV", "HAS_A", "SAVE")})
             rows.append(info)
         return kernel
 
@@ -225,8 +236,9 @@ def main():
     print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
     for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
         c = r["consts"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("D", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT", "STORE_WU",
-                                                 "IS_VARLEN", "HQ", "HAS_P", "HAS_BETA", "WRITE_O") if k in c)
+        desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
+                                                 "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
+                                                 "WRITE_O") if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

@@ -360,3 +360,14 @@ GRAPH_RUN_CUDA_BF16_REL = 2e-2  # `train --cuda-graph` vs eager in bf16 on CUDA:
 # T 256): the kept bytes (saved tensors + the blocks' start states) ≤ half the unchained form's (0.04–0.1× measured).
 MUON_SAVED_OVER_NEEDED = 2.0
 CHAIN_KEPT_OVER_UNCHAINED = 0.5
+# bf16 q, k, v into Titans' kernels (kernels/triton/memories/titans.py; the gates and the state fp32) against the
+# float64 torch twin on the same rounded values, relative (output, final weights, momentum, anchor, every gradient):
+# the kernels compute in fp32 and round o, dq, dk, dv to bf16 (the interpreter's fp32 → bf16 truncates: up to 2⁻⁷).
+# Measured under the interpreter (T = 37, offset 5, K = V = 16): bf16 outputs ≤ 6.4e-3 over 10 draws, outputs and
+# gradients ≤ 5.9e-3 over 8; fp16 (11 bits) outputs and gradients ≤ 1.0e-3 over 8; bounds with ≈ 3× room. (The fp32
+# kernels against float64, held to CHUNK_F32_REL: ≤ 2.8e-6 over 8 draws at T = 41, offset 5, grouped heads.)
+TITANS_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
+# a Titans layer with its memory on the Triton kernels vs the same layer on the torch row, both fp32, relative,
+# output and every parameter gradient (measured under the interpreter, T = 19, K = V = 16: max 1.43e-5 over 30 draws
+# (nu's projection bias: a sum over every token's momentum decay), the rest ≤ 8.7e-6), with TTT_LAYER_F32_REL's room
+TITANS_LAYER_F32_REL = 4e-5

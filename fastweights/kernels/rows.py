@@ -17,7 +17,9 @@ generic / chunk / triton           →  `generic_chunk`      → torch_backend's
                                       TTT-Linear: `ttt_linear_chunk` → kernels.triton.memories.ttt (the whole inner
                                       loop, forward and backward; on the H100: BENCHMARKS §1j);
                                       TTT-MLP: `ttt_mlp_chunk` → kernels.triton.memories.ttt_mlp (the same for a
-                                      2-layer MLP memory; interpreter-verified, not yet run on a GPU)
+                                      2-layer MLP memory; interpreter-verified, not yet run on a GPU);
+                                      Titans: `titans_chunk` → kernels.triton.memories.titans (its loop, forward
+                                      and backward; interpreter-verified, not yet run on a GPU)
 layer / conv / triton              →  kernels.triton.layer.conv.short_conv
 layer / norm / triton              →  `gated_rms_norm` → kernels.triton.layer.norm.gated_rms_norm
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.layer.prologue.delta_prologue
@@ -53,7 +55,7 @@ from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPip
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
            "gated_chunk_pipeline", "generic_chunk_pipeline", "ttt_linear_chunk", "ttt_linear_kernel_serves",
-           "ttt_mlp_chunk", "ttt_mlp_kernel_serves",
+           "ttt_mlp_chunk", "ttt_mlp_kernel_serves", "titans_chunk", "titans_kernel_serves",
            "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
            "triton_chunk_supports", "pinned",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
@@ -61,16 +63,17 @@ __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv"
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
 from .triton.common.limits import (
+    LOOP_BF16_PRECISION,
     MAX_CONV_WIDTH,
     MAX_GROUP,
     MAX_NS_DIM,
     MAX_TTT_DIM,
     NS_PRECISION,
-    TTT_BF16_PRECISION,
+    TITANS_PRECISION,
     TTT_LINEAR_PRECISION,
     TTT_MINIBATCHES,
     TTT_MLP_PRECISION,
-    ttt_precision,
+    loop_precision,
 )
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -173,12 +176,36 @@ def ttt_mlp_kernel_serves(recipe: Recipe) -> str | None:
     return _ttt_loop_serves(recipe, "TTT-MLP")
 
 
+def titans_kernel_serves(recipe: Recipe) -> str | None:
+    """Why the Titans kernel (kernels.triton.memories.titans) cannot run `recipe` (None when it can): exactly Titans'
+    shape — a 2-layer MLP memory (any expansion) with GELU's erf form, no inner bias, no residual LayerNorm; the l2
+    objective (no window, no probe); the momentum optimizer over mini-batches of b ∈ TTT_MINIBATCHES; scalar
+    retention (decayed after the gradient: a recipe with b > 1 takes no other order); the identity feature map. A pure
+    function of the recipe."""
+    mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
+    if not (mem.kind == "mlp" and mem.depth == 2 and mem.activation == "gelu" and not mem.bias
+            and not mem.residual_ln):
+        return ("the Titans kernel takes a 2-layer MLP memory (GELU, erf form) without inner biases or residual "
+                "LayerNorm")
+    if recipe.feature_map.kind != "identity" or recipe.retention.kind != "scalar":
+        return "the Titans kernel takes the identity feature map and scalar retention"
+    if not (obj.kind == "l2" and obj.window == 1 and not obj.probe):
+        return "the Titans kernel takes the l2 objective (no window, no probe key)"
+    if not (opt.kind == "momentum" and opt.householder_steps == 1):
+        return "the Titans kernel takes the momentum optimizer"
+    if opt.minibatch not in TTT_MINIBATCHES:
+        return f"the Titans kernel takes a mini-batch b in {TTT_MINIBATCHES}, got {opt.minibatch}"
+    return None
+
+
 def _ttt_kernels(recipe: Recipe) -> str | None:
-    """The name of the TTT kernels that run `recipe` ("TTT-Linear", "TTT-MLP"), or None."""
+    """The name of the loop kernels that run `recipe` ("TTT-Linear", "TTT-MLP", "Titans"), or None."""
     if ttt_linear_kernel_serves(recipe) is None:
         return "TTT-Linear"
     if ttt_mlp_kernel_serves(recipe) is None:
         return "TTT-MLP"
+    if titans_kernel_serves(recipe) is None:
+        return "Titans"
     return None
 
 
@@ -192,7 +219,9 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
       kernels take cu_seqlens, but a MemoryState carries one offset for all sequences);
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
       kernels.triton.memories.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it
-      too).
+      too);
+    - Titans (`titans_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
+      kernels.triton.memories.titans, forward and backward (varlen refused as for TTT).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
@@ -202,8 +231,9 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
         return None
     kernels = _ttt_kernels(recipe)
     if kernels is None:
-        return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT's loops only "
-                f"({ttt_linear_kernel_serves(recipe)}; {ttt_mlp_kernel_serves(recipe)}; other recipes: the torch row)")
+        return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT's and Titans' loops only "
+                f"({ttt_linear_kernel_serves(recipe)}; {ttt_mlp_kernel_serves(recipe)}; "
+                f"{titans_kernel_serves(recipe)}; other recipes: the torch row)")
     for name, d in (("K", target.head_k_dim), ("V", target.head_v_dim)):
         if d is not None and d > MAX_TTT_DIM:
             return f"the {kernels} kernels take head dims ≤ {MAX_TTT_DIM}, got {name}={d}"
@@ -211,15 +241,17 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
 
 
 #: The tl.dot input precision of each of the generic row's kernels for fp32 and fp16 inputs (limits: TTT-Linear
-#: "tf32x3", TTT-MLP and the Newton–Schulz kernel "ieee", with the measurements); the TTT kernels take bf16 inputs at
-#: TTT_BF16_PRECISION ("tf32": `limits.ttt_precision`, why there). `generic_chunk(..., precision=)` (one of
-#: limits.DOT_PRECISIONS, e.g. through `pinned("generic", precision=)`) runs every kernel of the row at another.
-PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION}
-#: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's and TTT-MLP's (the
-#: whole loop) at their fp32/fp16 and their bf16 precision, each named with its kernels' precision.
-GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})", f"TTT-Linear kernels ({TTT_LINEAR_PRECISION})",
-                     f"TTT-Linear kernels ({TTT_BF16_PRECISION})", f"TTT-MLP kernels ({TTT_MLP_PRECISION})",
-                     f"TTT-MLP kernels ({TTT_BF16_PRECISION})")
+#: "tf32x3", TTT-MLP, Titans and the Newton–Schulz kernel "ieee", with the measurements); the loop kernels (TTT-Linear,
+#: TTT-MLP, Titans) take bf16 inputs at LOOP_BF16_PRECISION ("tf32": `limits.loop_precision`, why there).
+#: `generic_chunk(..., precision=)` (one of limits.DOT_PRECISIONS, e.g. through `pinned("generic", precision=)`) runs
+#: every kernel of the row at another.
+PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION,
+              "Titans": TITANS_PRECISION}
+#: The generic row's pipelines: Muon's (the torch form, Newton–Schulz in a kernel), TTT-Linear's, TTT-MLP's and
+#: Titans' (the whole loop) at their fp32/fp16 and their bf16 precision, each named with its kernels' precision.
+GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",
+                     *(f"{name} kernels ({prec})" for name in ("TTT-Linear", "TTT-MLP", "Titans")
+                       for prec in dict.fromkeys((PRECISIONS[name], LOOP_BF16_PRECISION))))
 
 
 def _ns_kernel(precision: str = NS_PRECISION):
@@ -235,15 +267,17 @@ def _ns_kernel(precision: str = NS_PRECISION):
 
 
 def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str | None = None):
-    """generic, chunk, on Triton: TTT-Linear's and TTT-MLP's recipes on their loop kernels, every other one on
+    """generic, chunk, on Triton: TTT-Linear's, TTT-MLP's and Titans' recipes on their loop kernels, every other one on
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
     above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
-    PRECISIONS; the TTT kernels' by q's dtype, `limits.ttt_precision`)."""
+    PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
-        return ttt_linear_chunk(call, cu_seqlens, precision=precision or ttt_precision("TTT-Linear", call.q.dtype))
+        return ttt_linear_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-Linear", call.q.dtype))
     if ttt_mlp_kernel_serves(call.recipe) is None:
-        return ttt_mlp_chunk(call, cu_seqlens, precision=precision or ttt_precision("TTT-MLP", call.q.dtype))
+        return ttt_mlp_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-MLP", call.q.dtype))
+    if titans_kernel_serves(call.recipe) is None:
+        return titans_chunk(call, cu_seqlens, precision=precision or loop_precision("Titans", call.q.dtype))
     return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision or NS_PRECISION))
 
 
@@ -297,12 +331,34 @@ def _ttt_chunk(call, cu_seqlens, kernel, precision):
     return o, finish_state(recipe, final, call.output_final_state)
 
 
+def titans_chunk(call, cu_seqlens=None, precision: str | None = None):
+    """Titans' chunk form on its kernels (`kernels.triton.memories.titans.titans_triton`): the caller's q, k, v as they
+    are (native dtype, grouped heads), β absent → 1, the state a MemoryState (weights (W1, W2), momentum, anchor,
+    offset; fp32). cu_seqlens: FormNotAvailable, as the torch row raises (no varlen mini-batch form yet)."""
+    from ..torch_backend import _no_varlen, initial_memory_state
+    from .triton.memories.titans import titans_triton
+
+    recipe, s = call.recipe, call.shapes
+    _no_varlen(recipe, cu_seqlens)
+    dev = call.q.device
+    st = initial_memory_state(recipe, call.initial_state, s.B, s.H, s.Kf, s.V, torch.float32, dev)
+    beta = call.inputs.get("beta")
+    if beta is None:
+        beta = torch.ones(s.B, s.T, s.H, dtype=torch.float32, device=dev)
+    o, weights, momentum, anchor, offset = titans_triton(
+        call.q, call.k, call.v, call.inputs["g"], beta, call.inputs["nu"], scale=call.scale, weights=st.weights,
+        momentum=st.momentum, anchor=st.anchor, offset=st.offset, minibatch=recipe.optimizer.minibatch,
+        precision=precision)
+    final = MemoryState(weights=weights, momentum=momentum, anchor=anchor, offset=offset)
+    return o, finish_state(recipe, final, call.output_final_state)
+
+
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
-    """The pipeline the generic chunk Triton row runs: TTT-Linear's or TTT-MLP's kernels for the recipes they
-    serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`), else the torch mini-batch form with
-    Newton–Schulz in the kernel (Muon); the TTT kernels named with their precision for the call's dtype."""
+    """The pipeline the generic chunk Triton row runs: TTT-Linear's, TTT-MLP's or Titans' kernels for the recipes
+    they serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`, `titans_kernel_serves`), else the torch mini-batch
+    form with Newton–Schulz in the kernel (Muon); the loop kernels named with their precision for the call's dtype."""
     kernels = _ttt_kernels(recipe)
-    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({ttt_precision(kernels, target.dtype)})"
+    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({loop_precision(kernels, target.dtype)})"
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
@@ -316,10 +372,10 @@ def pinned(recipe_class: str, **option):
     """Within the block, the Triton chunk row of `recipe_class` runs every call with `option` instead of its rule's
     choice — an A/B measurement through `fw.chunk` or a model (scripts/gpu_diag.py, gpu_gated_fused.py,
     step_costs.py): "delta" `pipeline=DeltaPipeline(...)`, "gated_linear" `pipeline=GatedPipeline(...)`, "generic"
-    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP). The row's
-    `pipeline` names the pinned choice (a layer's repr, `fastweights.pipeline`); the row is put back after (assigning
-    DISPATCH clears the route cache). A pipeline whose kernels cannot take a call raises there (the glue's error),
-    never falls back. Yields the pinned row."""
+    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP, Titans). The
+    row's `pipeline` names the pinned choice (a layer's repr, `fastweights.pipeline`); the row is put back after
+    (assigning DISPATCH clears the route cache). A pipeline whose kernels cannot take a call raises there (the glue's
+    error), never falls back. Yields the pinned row."""
     from ..dispatch import DISPATCH
     from ..inputs import InputError
 

@@ -126,7 +126,8 @@ def _prologue(gen):
 
 
 def _memories(gen):
-    """TTT-Linear's and TTT-MLP's loop kernels forward and backward (D 16, b 16, T 20)."""
+    """TTT-Linear's, TTT-MLP's and Titans' loop kernels forward and backward (D 16, b 16, T 20)."""
+    from fastweights.kernels.triton.memories.titans import titans_triton
     from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
     from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
 
@@ -139,6 +140,8 @@ def _memories(gen):
     mlp = (torch.randn(B, H, D, 4 * D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, 4 * D, device=DEV),
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
     ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
+    g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
+    titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2])[0].sum().backward()
 
 
 def _conv(gen):
@@ -152,8 +155,8 @@ def _conv(gen):
 
 
 def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
-    """The delta and gated pipelines (forward and backward, every gate), the prologue and the TTT memories' loops
-    and the short conv launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's
+    """The delta and gated pipelines (forward and backward, every gate), the prologue, the TTT memories' and Titans'
+    loops and the short conv launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's
     defaults: 4 warps, 2 stages (1 for the TTT loops but TTT-Linear's parallel ones; the conv's Triton default, none
     passed), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
     monkeypatch.setattr(util, "SEEN", set())
@@ -176,10 +179,12 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
                 continue
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
-            warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd") else 4
+            # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p)
+            warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
+                                  "titans_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd") else 4
             # (the TTT loops: a scratch; TTT-Linear's parallel kernels pipeline their anchor's row blocks)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read")
-            stages = 1 if name in STATE_PASSES or name.startswith("ttt_") and not parallel else 2
+            stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
             if name.startswith("conv_"):
                 stages = None  # (Triton's default)
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name

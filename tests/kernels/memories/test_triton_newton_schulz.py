@@ -96,7 +96,7 @@ def test_the_row_serves_muon_recipes_whatever_the_environment(monkeypatch):
     cuda = fw.dispatch.Target.of("cuda", torch.bfloat16, 8)
     monkeypatch.setenv("FASTWEIGHTS_NS_KERNEL", "0")  # (once read here: now nothing reads it)
     assert triton_generic_supports(fw.zoo.get("atlas"), cuda) is None
-    assert "Muon" in triton_generic_supports(fw.zoo.get("titans"), cuda)  # neither Muon nor TTT: the torch row
+    assert "Muon" in triton_generic_supports(fw.zoo.get("omeganet"), cuda)  # no Muon, no loop kernel: the torch row
     assert "CUDA" in triton_generic_supports(fw.zoo.get("atlas"), fw.dispatch.Target.of("cpu", torch.float32, 8))
     G = torch.eye(4).expand(2, 4, 4).to(DEV)
     with pytest.raises(ValueError, match="precision must be one of"):

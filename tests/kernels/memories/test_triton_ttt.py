@@ -143,7 +143,7 @@ def test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen):
 def test_low_precision_inputs(gen, dtype, monkeypatch):
     """bf16 / fp16 q, k, v (β, the LayerNorm's affine and the state fp32, as a layer passes them) against the
     float64 twin on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to `dtype`;
-    tl.dot's default precision follows the inputs (bf16: one TF32 product; fp16: tf32x3, `limits.ttt_precision`)."""
+    tl.dot's default precision follows the inputs (bf16: one TF32 product; fp16: tf32x3, `limits.loop_precision`)."""
     from fastweights.kernels.triton.memories import ttt as ttt_mod
 
     precisions, apply = [], ttt_mod._TTTLinear.apply
@@ -338,13 +338,13 @@ def test_the_generic_row_serves_ttt_linear_on_cuda_and_refuses_the_rest():
     recipe = fw.zoo.get("ttt_linear")
     assert triton_generic_supports(recipe, cuda) is None
     assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
-        "triton", "TTT-Linear kernels (tf32)")  # bf16 inputs: one TF32 product per dot (limits.ttt_precision)
+        "triton", "TTT-Linear kernels (tf32)")  # bf16 inputs: one TF32 product per dot (limits.loop_precision)
     wider = (torch.float32, torch.float16)
     assert [fw.pipeline("ttt_linear", device="cuda", dtype=dt, head_dim=64)[1] for dt in wider] \
         == ["TTT-Linear kernels (tf32x3)"] * 2
     assert fw.pipeline("atlas", device="cuda", dtype=torch.float32, head_dim=8)[1].startswith("Newton–Schulz")
     assert "head dims ≤ 128" in triton_generic_supports(recipe, Target.of("cuda", torch.bfloat16, 256, 256))
-    assert "TTT-Linear" in triton_generic_supports(fw.zoo.get("titans"), cuda)  # another loop: the torch row
+    assert "TTT-Linear" in triton_generic_supports(fw.zoo.get("omeganet"), cuda)  # another loop: the torch row
     assert "CUDA" in triton_generic_supports(recipe, Target.of("cpu", torch.float32, 64, 64))
     assert "float64" in triton_generic_supports(recipe, Target.of("cuda", torch.float64, 64, 64))
     import dataclasses

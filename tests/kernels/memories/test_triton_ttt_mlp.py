@@ -164,7 +164,7 @@ def test_the_hidden_tile():
 def test_low_precision_inputs(gen, dtype, monkeypatch):
     """bf16 / fp16 q, k, v (β, the LayerNorm's affine and the state fp32, as a layer passes them) against the
     float64 twin on the same rounded values: the kernels compute in fp32 and round o and dq, dk, dv to `dtype`;
-    tl.dot's default precision follows the inputs (bf16: one TF32 product; fp16: ieee, `limits.ttt_precision`)."""
+    tl.dot's default precision follows the inputs (bf16: one TF32 product; fp16: ieee, `limits.loop_precision`)."""
     from fastweights.kernels.triton.memories import ttt_mlp as mlp_mod
 
     precisions, apply = [], mlp_mod._TTTMLP.apply
@@ -291,7 +291,7 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
     cuda = Target.of("cuda", torch.bfloat16, 64, 64)
     recipe = fw.zoo.get("ttt_mlp")
     assert ttt_mlp_kernel_serves(recipe) is None and triton_generic_supports(recipe, cuda) is None
-    # tl.dot's precision follows the inputs (limits.ttt_precision): bf16 one TF32 product, fp32 and fp16 the kernel's
+    # tl.dot's precision follows the inputs (limits.loop_precision): bf16 one TF32 product, fp32 and fp16 the kernel's
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=torch.bfloat16, head_dim=64) == (
         "triton", "TTT-MLP kernels (tf32)")
     assert [fw.pipeline("ttt_mlp", device="cuda", dtype=dt, head_dim=64)[1] for dt in (torch.float32, torch.float16)] \
@@ -308,8 +308,9 @@ def test_the_generic_row_serves_ttt_mlp_on_cuda_and_refuses_the_rest():
         assert "2-layer MLP memory (GELU, tanh form)" in why
     b8 = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=8))
     assert "TTT-MLP kernels take a mini-batch b in" in triton_generic_supports(b8, cuda)
-    titans = triton_generic_supports(fw.zoo.get("titans"), cuda)  # an MLP memory of another loop: the torch row
-    assert "TTT-Linear" in titans and "TTT-MLP" in titans
+    b2 = dataclasses.replace(fw.zoo.get("titans"), memory=dataclasses.replace(mem, residual_ln=False))
+    other = triton_generic_supports(b2, cuda)  # an MLP memory with biases in Titans' loop: the torch row
+    assert "TTT-Linear" in other and "TTT-MLP" in other and "Titans" in other
     from fastweights.kernels import rows
 
     with rows.pinned("generic", precision="tf32x3"):  # the row's kernels at that tl.dot precision

@@ -1,5 +1,6 @@
-"""The torch twins of the TTT kernels (`kernels.triton.memories.ttt.ttt_linear_triton`, `ttt_mlp.ttt_mlp_triton`), on
-the kernels' own contract: only the tests need them (the torch row runs `chunkwise.minibatch` itself)."""
+"""The torch twins of the loop kernels (`kernels.triton.memories.ttt.ttt_linear_triton`, `ttt_mlp.ttt_mlp_triton`,
+`titans.titans_triton`), on the kernels' own contract: only the tests need them (the torch row runs
+`chunkwise.minibatch` itself)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,20 @@ def ttt_linear_readout_torch(q, k, v, beta, ln_weight, ln_bias, anchors, carried
         z = torch.einsum("bnhd,bnhde->bnhe", xx, W) + bias
         o[:, t0:t1] = xx + ln_weight * F.layer_norm(z, (D,), eps=eps) + ln_bias
     return o
+
+
+def titans_torch(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anchor=None, offset: int = 0,
+                 minibatch: int = 16):
+    """The torch twin of `titans.titans_triton` (same contract, no cu_seqlens): `chunkwise.minibatch.minibatch_chunk`
+    for the zoo recipe `titans` with mini-batch b, in fp32 (float64 for float64 inputs), grouped heads expanded.
+    Returns (o in v's dtype, final weights, momentum, anchor, offset)."""
+    recipe = get("titans")
+    recipe = dataclasses.replace(recipe, optimizer=dataclasses.replace(recipe.optimizer, minibatch=minibatch))
+    cdt = compute_dtype(q)
+    G = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(G, dim=2).to(cdt) for x in (q, k))
+    st = MemoryState(weights=tuple(w.to(cdt) for w in weights), momentum=tuple(m.to(cdt) for m in momentum),
+                     offset=offset, anchor=None if anchor is None else tuple(w.to(cdt) for w in anchor))
+    o, final = minibatch_chunk(recipe, q, k, v.to(cdt), scale=scale, g=g.to(cdt), beta=beta.to(cdt), nu=nu.to(cdt),
+                               gamma=None, state=st)
+    return o.to(v.dtype), final.weights, final.momentum, final.anchor, final.offset

@@ -37,26 +37,29 @@ DOT_PRECISIONS = ("ieee", "tf32x3", "tf32")
 #: H200 (scripts/gpu_memories.py, BENCHMARKS §1m): TTT-Linear at tf32x3 is as close to float64 as at ieee (≈ 3e-7
 #: relative on o, states and gradients) and 5.3× faster at B 64, T 512, H 2, D 64 (12.05 → 2.26 ms fwd + bwd), 13×
 #: at B 4, T 4096, H 16, D 128 (483.7 → 36.1 ms): the ieee dots' FMA operands spilled. TTT-MLP is slower at tf32x3
-#: (14.1 → 19.0–24.6 ms): ieee. The Newton–Schulz kernel: ieee (not measured against the others yet).
+#: (14.1 → 19.0–24.6 ms): ieee. The Newton–Schulz kernel: ieee (not measured against the others yet). Titans'
+#: kernel (`memories/titans.py`, the K, V limits and mini-batches of TTT's): ieee, as TTT-MLP's (not yet run on a GPU).
 TTT_LINEAR_PRECISION = "tf32x3"
 TTT_MLP_PRECISION = "ieee"
+TITANS_PRECISION = "ieee"
 NS_PRECISION = "ieee"
-#: The TTT kernels' default for bf16 inputs: one TF32 product per dot. TF32 keeps 10 mantissa bits (relative rounding
-#: 2⁻¹¹ ≈ 4.9e-4), bf16 7 (2⁻⁸ ≈ 3.9e-3): the dot rounds 8× finer than the inputs it is handed, so its error sits
-#: under theirs (fp32 inputs at tf32: ≈ 7e-4 relative on o, states and gradients at D 64–128, BENCHMARKS §1m; the bf16
-#: cuda tests hold it to TTT_LOW_REL on realistic shapes; with bf16 inputs at T 1000 the fp32 final state moves by
-#: ≤ 6.8e-4 relative, o and the gradients not beyond bf16's own error, BENCHMARKS §1p), while fp16 (10 mantissa bits,
-#: as TF32) and fp32 inputs keep the defaults above. It is 1.6× (TTT-Linear, B 4, T 4096, H 16, D 128: 14.5 → 9.1 ms
-#: fwd + bwd) to 1.7× (TTT-MLP at 8 warps, B 64, T 512, H 2, D 64: 13.9 → 8.0 ms) faster on an H200 (§1p).
-TTT_BF16_PRECISION = "tf32"
-#: The TTT kernels' fp32/fp16 defaults by name (`kernels.rows`' pipeline names: "TTT-Linear", "TTT-MLP").
-_TTT_PRECISIONS = {"TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION}
+#: The loop kernels' (TTT-Linear, TTT-MLP, Titans) default for bf16 inputs: one TF32 product per dot. TF32 keeps 10
+#: mantissa bits (relative rounding 2⁻¹¹ ≈ 4.9e-4), bf16 7 (2⁻⁸ ≈ 3.9e-3): the dot rounds 8× finer than the inputs it is
+#: handed, so its error sits under theirs (fp32 inputs at tf32: ≈ 7e-4 relative on o, states and gradients at D 64–128,
+#: BENCHMARKS §1m; the bf16 cuda tests hold it to TTT_LOW_REL on realistic shapes; with bf16 inputs at T 1000 the fp32
+#: final state moves by ≤ 6.8e-4 relative, o and the gradients not beyond bf16's own error, BENCHMARKS §1p), while fp16
+#: (10 mantissa bits, as TF32) and fp32 inputs keep the defaults above. It is 1.6× (TTT-Linear, B 4, T 4096, H 16, D
+#: 128: 14.5 → 9.1 ms fwd + bwd) to 1.7× (TTT-MLP at 8 warps, B 64, T 512, H 2, D 64: 13.9 → 8.0 ms) faster on an H200
+#: (§1p).
+LOOP_BF16_PRECISION = "tf32"
+#: The loop kernels' fp32/fp16 defaults by name (`kernels.rows`' pipeline names).
+_LOOP_PRECISIONS = {"TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION, "Titans": TITANS_PRECISION}
 
 
-def ttt_precision(kernels: str, dtype) -> str:
-    """The default tl.dot precision of the TTT kernels named `kernels` ("TTT-Linear" or "TTT-MLP") for q, k, v of
-    `dtype` (a torch dtype): TTT_BF16_PRECISION for bfloat16, else the kernels' own (TTT_LINEAR_PRECISION,
-    TTT_MLP_PRECISION)."""
+def loop_precision(kernels: str, dtype) -> str:
+    """The default tl.dot precision of the loop kernels named `kernels` ("TTT-Linear", "TTT-MLP" or "Titans") for q,
+    k, v of `dtype` (a torch dtype): LOOP_BF16_PRECISION for bfloat16, else the kernels' own (TTT_LINEAR_PRECISION,
+    TTT_MLP_PRECISION, TITANS_PRECISION)."""
     if str(dtype) == "torch.bfloat16":
-        return TTT_BF16_PRECISION
-    return _TTT_PRECISIONS[kernels]
+        return LOOP_BF16_PRECISION
+    return _LOOP_PRECISIONS[kernels]

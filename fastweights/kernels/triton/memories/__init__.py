@@ -6,6 +6,8 @@ in one program, each way.
                       the fast weights in registers, each way (the backward recomputes each mini-batch from its
                       stored anchor)
     ttt_mlp.py        TTT-MLP's, the same design for a two-layer memory (`kernels.rows.ttt_mlp_chunk`)
+    titans.py         Titans' (a two-layer MLP memory, momentum and scalar retention: `kernels.rows.titans_chunk`),
+                      the same design, each way (interpreter-verified, not yet run on a GPU)
     mesa_cg.py        MesaNet's chunked conjugate-gradient solve (`kernels.rows.mesa_chunk`: the torch chunk form
                       with both CG solves in the kernel; interpreter-verified, not yet run on a GPU): one program
                       per chunk runs every CG iteration of its C systems, x, r, p and the chunk's Hs, kc, A in

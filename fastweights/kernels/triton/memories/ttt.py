@@ -70,7 +70,7 @@ of two, 16 ≤ b ≤ 64), D padded to a power of two ≥ 16 (D ≤ MAX_TTT_DIM).
 per (sequence, head), each sequence's mini-batches from its own start, its anchors at its own slots (the glue reads
 cu_seqlens on the host to place them, and each slot's sequence for the readout's grid); the dispatch row does not pass
 it yet (a MemoryState carries one offset, and the torch chunk form has no varlen). fp32 operands; tl.dot at the call's
-`precision` (limits.DOT_PRECISIONS: by default `limits.ttt_precision("TTT-Linear", q.dtype)` — "tf32x3", three TF32
+`precision` (limits.DOT_PRECISIONS: by default `limits.loop_precision("TTT-Linear", q.dtype)` — "tf32x3", three TF32
 tensor-core products per dot, for fp32 and fp16 inputs; "tf32", one, for bf16 inputs; "ieee" fp32 FMAs on request).
 Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd_read",
 "ttt_linear_bwd" (the reverse pass).
@@ -87,14 +87,14 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, ttt_precision
+from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
 from ..common.util import check_precision, launch, pow2, tile
 
 Tensor = torch.Tensor
 
 __all__ = ["ttt_linear_triton", "PRECISION"]
 
-#: The kernels' default tl.dot input precision for fp32 and fp16 inputs (bf16: limits.TTT_BF16_PRECISION; the
+#: The kernels' default tl.dot input precision for fp32 and fp16 inputs (bf16: limits.LOOP_BF16_PRECISION; the
 #: `precision` argument; limits.DOT_PRECISIONS; why: limits).
 PRECISION = TTT_LINEAR_PRECISION
 LN_EPS = 1e-6  # inner.LN_EPS
@@ -688,8 +688,8 @@ def ttt_linear_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weight
     call); minibatch b. Returns (o [B, T, H, D] in v's dtype, end weights (W, b), anchor (W, b) of the last
     mini-batch — fp32, R rows — and the offset after the call; with cu_seqlens, a list: each sequence's):
     `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS;
-    None: `limits.ttt_precision` for q's dtype)."""
-    precision = check_precision(ttt_precision("TTT-Linear", q.dtype) if precision is None else precision)
+    None: `limits.loop_precision` for q's dtype)."""
+    precision = check_precision(loop_precision("TTT-Linear", q.dtype) if precision is None else precision)
     cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T = q.shape[:2]
     W, bias = (w.float() for w in weights)

@@ -70,7 +70,7 @@ Limits: D ≤ MAX_TTT_DIM (padded to a power of two ≥ 16), F any width (tiles 
 varlen (`cu_seqlens`) as `ttt.py` takes it: one program per (sequence, head), each sequence's mini-batches from
 its own start, its anchors at its own slots; the dispatch row does not pass it (a MemoryState carries one offset).
 fp32 operands; tl.dot at the call's `precision` (limits.DOT_PRECISIONS; by default
-`limits.ttt_precision("TTT-MLP", q.dtype)`: "ieee" for fp32 and fp16 inputs, "tf32" for bf16). Launch settings:
+`limits.loop_precision("TTT-MLP", q.dtype)`: "ieee" for fp32 and fp16 inputs, "tf32" for bf16). Launch settings:
 util.LAUNCH's "ttt_mlp_fwd", "ttt_mlp_bwd" (num_stages stays 1: the loops re-read a scratch the previous pass wrote,
 which a pipelined prefetch could read early); the hidden tile: `hidden_tile`.
 """
@@ -84,7 +84,7 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import TTT_MLP_PRECISION, ttt_precision
+from ..common.limits import TTT_MLP_PRECISION, loop_precision
 from ..common.util import check_precision, launch, pow2
 from .ttt import LN_EPS, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
@@ -92,7 +92,7 @@ Tensor = torch.Tensor
 
 __all__ = ["ttt_mlp_triton", "hidden_tile", "PRECISION"]
 
-#: The kernels' default tl.dot input precision for fp32 and fp16 inputs (bf16: limits.TTT_BF16_PRECISION; the
+#: The kernels' default tl.dot input precision for fp32 and fp16 inputs (bf16: limits.LOOP_BF16_PRECISION; the
 #: `precision` argument; limits.DOT_PRECISIONS; why: limits).
 PRECISION = TTT_MLP_PRECISION
 
@@ -567,9 +567,9 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     the call); minibatch b; tile: the hidden dim's tile BF (a power of two ≥ 16; None: `hidden_tile`). Returns
     (o [B, T, H, D] in v's dtype, end weights, anchor of the last mini-batch — 4 fp32 tensors each, R rows — and
     the offset after the call; with cu_seqlens, a list: each sequence's): `chunkwise.minibatch`'s final
-    MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS; None: `limits.ttt_precision` for
+    MemoryState fields. precision: tl.dot's input precision (limits.DOT_PRECISIONS; None: `limits.loop_precision` for
     q's dtype)."""
-    precision = check_precision(ttt_precision("TTT-MLP", q.dtype) if precision is None else precision)
+    precision = check_precision(loop_precision("TTT-MLP", q.dtype) if precision is None else precision)
     F, cu = _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset, minibatch, cu_seqlens)
     B, T, Hq, D = q.shape
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):

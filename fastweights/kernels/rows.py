@@ -63,12 +63,12 @@ __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv"
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
 from .triton.common.limits import (
-    LOOP_BF16_PRECISION,
     MAX_CONV_WIDTH,
     MAX_GROUP,
     MAX_NS_DIM,
     MAX_TTT_DIM,
     NS_PRECISION,
+    TITANS_MAX_DIM,
     TITANS_PRECISION,
     TTT_LINEAR_PRECISION,
     TTT_MINIBATCHES,
@@ -220,7 +220,8 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
       kernels.triton.memories.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it
       too);
-    - Titans (`titans_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
+    - Titans (`titans_kernel_serves`) with head dims ≤ TITANS_MAX_DIM (above it the torch row is faster): its whole
+      inner loop in
       kernels.triton.memories.titans, forward and backward (varlen refused as for TTT).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
@@ -234,15 +235,16 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
         return (f"the generic chunk Triton row kernels Muon's Newton–Schulz and TTT's and Titans' loops only "
                 f"({ttt_linear_kernel_serves(recipe)}; {ttt_mlp_kernel_serves(recipe)}; "
                 f"{titans_kernel_serves(recipe)}; other recipes: the torch row)")
+    widest = TITANS_MAX_DIM if kernels == "Titans" else MAX_TTT_DIM
     for name, d in (("K", target.head_k_dim), ("V", target.head_v_dim)):
-        if d is not None and d > MAX_TTT_DIM:
-            return f"the {kernels} kernels take head dims ≤ {MAX_TTT_DIM}, got {name}={d}"
+        if d is not None and d > widest:
+            return f"the {kernels} kernels take head dims ≤ {widest}, got {name}={d}"
     return None
 
 
 #: The tl.dot input precision of each of the generic row's kernels for fp32 and fp16 inputs (limits: TTT-Linear
 #: "tf32x3", TTT-MLP, Titans and the Newton–Schulz kernel "ieee", with the measurements); the loop kernels (TTT-Linear,
-#: TTT-MLP, Titans) take bf16 inputs at LOOP_BF16_PRECISION ("tf32": `limits.loop_precision`, why there).
+#: TTT-MLP; not Titans) take bf16 inputs at LOOP_BF16_PRECISION ("tf32": `limits.loop_precision`, why there).
 #: `generic_chunk(..., precision=)` (one of limits.DOT_PRECISIONS, e.g. through `pinned("generic", precision=)`) runs
 #: every kernel of the row at another.
 PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION,
@@ -251,7 +253,7 @@ PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISIO
 #: Titans' (the whole loop) at their fp32/fp16 and their bf16 precision, each named with its kernels' precision.
 GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",
                      *(f"{name} kernels ({prec})" for name in ("TTT-Linear", "TTT-MLP", "Titans")
-                       for prec in dict.fromkeys((PRECISIONS[name], LOOP_BF16_PRECISION))))
+                       for prec in dict.fromkeys(loop_precision(name, dt) for dt in (torch.float32, torch.bfloat16))))
 
 
 def _ns_kernel(precision: str = NS_PRECISION):

@@ -43,7 +43,7 @@ TTT_LINEAR_PRECISION = "tf32x3"
 TTT_MLP_PRECISION = "ieee"
 TITANS_PRECISION = "ieee"
 NS_PRECISION = "ieee"
-#: The loop kernels' (TTT-Linear, TTT-MLP, Titans) default for bf16 inputs: one TF32 product per dot. TF32 keeps 10
+#: The TTT loop kernels' (TTT-Linear, TTT-MLP) default for bf16 inputs: one TF32 product per dot. TF32 keeps 10
 #: mantissa bits (relative rounding 2⁻¹¹ ≈ 4.9e-4), bf16 7 (2⁻⁸ ≈ 3.9e-3): the dot rounds 8× finer than the inputs it is
 #: handed, so its error sits under theirs (fp32 inputs at tf32: ≈ 7e-4 relative on o, states and gradients at D 64–128,
 #: BENCHMARKS §1m; the bf16 cuda tests hold it to TTT_LOW_REL on realistic shapes; with bf16 inputs at T 1000 the fp32
@@ -54,12 +54,20 @@ NS_PRECISION = "ieee"
 LOOP_BF16_PRECISION = "tf32"
 #: The loop kernels' fp32/fp16 defaults by name (`kernels.rows`' pipeline names).
 _LOOP_PRECISIONS = {"TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECISION, "Titans": TITANS_PRECISION}
+#: The loop kernels that take bf16 inputs at LOOP_BF16_PRECISION. Not Titans: with bf16 q, k, v at T 1000 its kernels
+#: at tf32 moved the fp32 final state by 3.4–3.5e-2 relative against float64 (ieee: 2.9e-6), o and the gradients by
+#: 2.7–4.4e-3 (ieee: 1.6–2.5e-3) — H200, BENCHMARKS §1p: its momentum carries the dots' rounding on.
+LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
+#: The widest head dim (K and V) at which the generic row runs Titans on its kernels: at D 128 (B 4, T 4096, H 16) its
+#: kernels took 720 ms fwd + bwd against the torch mini-batch form's 585 ms (H200, bf16, BENCHMARKS §1p); at D 64 (B 64,
+#: T 512, H 2) 17.9 ms against 58.8. Above it the row refuses (auto: the torch row).
+TITANS_MAX_DIM = 64
 
 
 def loop_precision(kernels: str, dtype) -> str:
     """The default tl.dot precision of the loop kernels named `kernels` ("TTT-Linear", "TTT-MLP" or "Titans") for q,
-    k, v of `dtype` (a torch dtype): LOOP_BF16_PRECISION for bfloat16, else the kernels' own (TTT_LINEAR_PRECISION,
-    TTT_MLP_PRECISION, TITANS_PRECISION)."""
-    if str(dtype) == "torch.bfloat16":
+    k, v of `dtype` (a torch dtype): LOOP_BF16_PRECISION for bfloat16 where `kernels` is in LOOP_BF16_KERNELS, else
+    the kernels' own (TTT_LINEAR_PRECISION, TTT_MLP_PRECISION, TITANS_PRECISION)."""
+    if str(dtype) == "torch.bfloat16" and kernels in LOOP_BF16_KERNELS:
         return LOOP_BF16_PRECISION
     return _LOOP_PRECISIONS[kernels]

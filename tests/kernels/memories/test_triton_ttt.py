@@ -24,6 +24,7 @@ from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
+from tests.kernels.memories.layers import layer_on_kernels_equals_torch
 from tests.kernels.memories.twins import ttt_linear_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
@@ -417,33 +418,9 @@ def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
     """A MemoryMixer("ttt_linear") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the
     same layer on the torch row: output and every parameter gradient (its initial memory, the inner learning rate's
     projection, the LayerNorm's affine) — the tensors a layer hands the row (expanded states, parameters)."""
-    from fastweights.kernels.triton.memories import ttt as ttt_mod
-    from fastweights.layers.mixer import MemoryMixer
+    from fastweights.kernels.triton.memories import ttt as mod
 
-    calls = []
-    real = ttt_mod._TTTLinear.apply
-    monkeypatch.setattr(ttt_mod._TTTLinear, "apply", lambda *a: calls.append(1) or real(*a))
-    if DEV == "cpu":
-        FakeCuda(monkeypatch, kernels=True).install()
-    torch.manual_seed(int(torch.randint(0, 2**31, (), generator=gen)))
-    ref = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="torch", layer_ops="torch")
-    layer = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="triton", layer_ops="torch").to(DEV)
-    layer.load_state_dict(ref.state_dict())
-    x = torch.randn(1, 19, 32, generator=gen)
-    results = []
-    for mod, xx in ((ref, x), (layer, x.to(DEV))):
-        y = mod(xx)
-        y = y[0] if isinstance(y, tuple) else y
-        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
-        grads = torch.autograd.grad((y.cpu() * w).sum(), list(mod.parameters()), allow_unused=True)
-        results.append((y.detach().cpu(), grads))
-    assert len(calls) == 1
-    (y1, g1), (y2, g2) = results
-    assert rel(y2, y1) < TTT_LAYER_F32_REL  # two fp32 computations of the layer
-    for name, a, b in zip([n for n, _ in ref.named_parameters()], g2, g1):
-        assert (a is None) == (b is None), name
-        if b is not None:
-            assert rel(a, b) < TTT_LAYER_F32_REL, name
+    layer_on_kernels_equals_torch(monkeypatch, gen, "ttt_linear", mod._TTTLinear, TTT_LAYER_F32_REL)
 
 
 def test_last_counts_is_a_number_when_every_sequence_ends_alike():

@@ -23,6 +23,7 @@ from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
+from tests.kernels.memories.layers import layer_on_kernels_equals_torch
 from tests.kernels.memories.twins import ttt_mlp_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
@@ -411,29 +412,5 @@ def test_a_ttt_mlp_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
     layer on the torch row: output and every parameter gradient (its initial memory, the inner learning rate's
     projection, the LayerNorm's affine) — the tensors a layer hands the row (expanded states, parameters)."""
     from fastweights.kernels.triton.memories import ttt_mlp as mod
-    from fastweights.layers.mixer import MemoryMixer
 
-    calls = []
-    real = mod._TTTMLP.apply
-    monkeypatch.setattr(mod._TTTMLP, "apply", lambda *a: calls.append(1) or real(*a))
-    if DEV == "cpu":
-        FakeCuda(monkeypatch, kernels=True).install()
-    torch.manual_seed(_seed(gen))
-    ref = MemoryMixer(32, "ttt_mlp", 2, head_dim=16, backend="torch", layer_ops="torch")
-    layer = MemoryMixer(32, "ttt_mlp", 2, head_dim=16, backend="triton", layer_ops="torch").to(DEV)
-    layer.load_state_dict(ref.state_dict())
-    x = torch.randn(1, 19, 32, generator=gen)
-    results = []
-    for mod_, xx in ((ref, x), (layer, x.to(DEV))):
-        y = mod_(xx)
-        y = y[0] if isinstance(y, tuple) else y
-        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
-        grads = torch.autograd.grad((y.cpu() * w).sum(), list(mod_.parameters()), allow_unused=True)
-        results.append((y.detach().cpu(), grads))
-    assert len(calls) == 1
-    (y1, g1), (y2, g2) = results
-    assert rel(y2, y1) < TTT_LAYER_F32_REL  # two fp32 computations of the layer
-    for name, a, b in zip([n for n, _ in ref.named_parameters()], g2, g1):
-        assert (a is None) == (b is None), name
-        if b is not None:
-            assert rel(a, b) < TTT_LAYER_F32_REL, name
+    layer_on_kernels_equals_torch(monkeypatch, gen, "ttt_mlp", mod._TTTMLP, TTT_LAYER_F32_REL)

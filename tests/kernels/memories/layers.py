@@ -1,0 +1,41 @@
+"""The memory kernels' layer check, shared by their test files: a MemoryMixer on the Triton row against the same
+layer on the torch row."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.fake_cuda import FakeCuda
+from tests.kernels.helpers import DEV, rel
+
+
+def layer_on_kernels_equals_torch(monkeypatch, gen, model: str, function, tol: float) -> None:
+    """MemoryMixer(32, `model`, 2 heads of 16) whose memory runs on the Triton row (the fake CUDA table on the CPU)
+    against the same layer on the torch row, x [1, 19, 32]: the output and every parameter gradient within `tol`
+    (two fp32 computations), and the kernels' autograd `function` (e.g. ttt._TTTLinear) applied exactly once."""
+    from fastweights.layers.mixer import MemoryMixer
+
+    calls = []
+    real = function.apply
+    monkeypatch.setattr(function, "apply", lambda *a: calls.append(1) or real(*a))
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    torch.manual_seed(int(torch.randint(0, 2**31, (), generator=gen)))
+    ref = MemoryMixer(32, model, 2, head_dim=16, backend="torch", layer_ops="torch")
+    layer = MemoryMixer(32, model, 2, head_dim=16, backend="triton", layer_ops="torch").to(DEV)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 19, 32, generator=gen)
+    results = []
+    for mod, xx in ((ref, x), (layer, x.to(DEV))):
+        y = mod(xx)
+        y = y[0] if isinstance(y, tuple) else y
+        w = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+        grads = torch.autograd.grad((y.cpu() * w).sum(), list(mod.parameters()), allow_unused=True)
+        results.append((y.detach().cpu(), grads))
+    assert len(calls) == 1
+    (y1, g1), (y2, g2) = results
+    assert rel(y2, y1) < tol
+    for name, a, b in zip([n for n, _ in ref.named_parameters()], g2, g1):
+        assert (a is None) == (b is None), name
+        if b is not None:
+            assert rel(a, b) < tol, name

@@ -337,17 +337,20 @@ class Windows:
             self._perm = {e: np.random.default_rng([self.seed, e]).permutation(self.count)}
         return int(self._perm[e][r])
 
-    def max_documents(self) -> int:
-        """The most documents any window's inputs hold: 1 + its end-of-text tokens before the last input (`pack`
-        starts a document after each), so b windows hold at most b × this (one pass over the stream, 16M tokens at
-        a time)."""
-        most, T = 0, self.T
+    def documents(self) -> np.ndarray:
+        """[count] int64: the documents each window's inputs hold, 1 + its end-of-text tokens before the last input
+        (`pack` starts a document after each; one pass over the stream, 16M tokens at a time)."""
+        T, out = self.T, np.ones(self.count, dtype=np.int64)
         per = max(1, (1 << 24) // T)  # windows a pass
         for a in range(0, self.count, per):
             b = min(self.count, a + per)
             x = np.asarray(self.stream[a * T:b * T]).reshape(b - a, T)[:, :T - 1]
-            most = max(most, int((x == self.eos_id).sum(1).max()))
-        return most + 1
+            out[a:b] += (x == self.eos_id).sum(1)
+        return out
+
+    def max_documents(self) -> int:
+        """The most documents any window's inputs hold (`documents`), so b windows hold at most b × this."""
+        return int(self.documents().max(initial=1))
 
     def batch(self, samples) -> dict[str, torch.Tensor]:
         """input_ids, labels, position_ids [len(samples), T] of the given window indices."""

@@ -132,15 +132,15 @@ def test_the_data_key_holds_the_tokenizer_identity(tmp_path):
 
 
 def test_windows_max_documents_is_the_most_any_window_packs():
-    """Windows.max_documents: the most documents `pack` makes of one window's inputs (a document starts after every
-    end-of-text input but the last: the token it starts is the window's label only)."""
+    """Windows.documents / max_documents: the documents (the most) `pack` makes of each window's inputs (a document
+    starts after every end-of-text input but the last: the token it starts is the window's label only)."""
     from fastweights.layers.segments import count_documents
 
     stream = np.random.randint(1, 9, 301)
     stream[np.random.rand(301) < 0.2] = 0  # end-of-text id 0
     w = Windows(stream, 16, 0)
-    want = max(int(count_documents(w.batch([i])["position_ids"])) for i in range(len(w)))
-    assert w.max_documents() == want
+    each = [int(count_documents(w.batch([i])["position_ids"])) for i in range(len(w))]
+    assert w.documents().tolist() == each and w.max_documents() == max(each)
     last = np.ones(33, dtype=np.int64)
     last[15] = 0  # window 0's last input: no document starts in the window
     assert Windows(last, 16, 0).max_documents() == 1

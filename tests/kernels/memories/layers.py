@@ -1,5 +1,5 @@
-"""The memory kernels' layer check, shared by their test files: a MemoryMixer on the Triton row against the same
-layer on the torch row."""
+"""What the memory kernels' test files share: a `fw.example_inputs` dict as the row's Call (`row_call`), and a
+MemoryMixer on the Triton row against the same layer on the torch row (`layer_on_kernels_equals_torch`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,20 @@ import torch
 
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
+
+
+def row_call(model: str, inp: dict):
+    """The dispatch Call of `fw.example_inputs(model, ...)`'s dict (scale 1, the final state asked for): what the
+    generic chunk row's function takes."""
+    import fastweights as fw
+    from fastweights.dispatch import Call
+    from fastweights.inputs import validate
+
+    recipe = fw.zoo.get(model)
+    d = dict(inp)
+    q, k, v, st = d.pop("q"), d.pop("k"), d.pop("v"), d.pop("initial_state")
+    return Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=1.0,
+                initial_state=st, output_final_state=True)
 
 
 def layer_on_kernels_equals_torch(monkeypatch, gen, model: str, function, tol: float) -> None:

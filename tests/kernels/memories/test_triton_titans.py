@@ -25,7 +25,7 @@ from fastweights.kernels.triton.memories.titans import hidden_tile, titans_trito
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
-from tests.kernels.memories.layers import layer_on_kernels_equals_torch
+from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import titans_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TITANS_LAYER_F32_REL, TITANS_LOW_REL
 
@@ -362,18 +362,8 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         assert ("generic", "chunk", "triton") in fake.calls
     inp = fw.example_inputs("titans", batch_size=1, seq_len=8, num_heads=2, head_dim=16, device=DEV)
     with pytest.raises(fw.FormNotAvailable, match="cu_seqlens"):
-        DISPATCH[("generic", "chunk", "triton")].fn(_call(inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
-
-
-def _call(inp):
-    from fastweights.dispatch import Call
-    from fastweights.inputs import validate
-
-    recipe = fw.zoo.get("titans")
-    d = dict(inp)
-    q, k, v, st = d.pop("q"), d.pop("k"), d.pop("v"), d.pop("initial_state")
-    return Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=1.0,
-                initial_state=st, output_final_state=True)
+        row = DISPATCH[("generic", "chunk", "triton")]
+        row.fn(row_call("titans", inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 
 
 def test_a_titans_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):

@@ -24,7 +24,7 @@ from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
-from tests.kernels.memories.layers import layer_on_kernels_equals_torch
+from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import ttt_linear_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
@@ -397,21 +397,11 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
     inp = fw.example_inputs("ttt_linear", batch_size=1, seq_len=8, num_heads=2, head_dim=16, device=DEV)
     bare = {key: val for key, val in inp.items() if key not in ("beta", "ln_weight", "ln_bias")}  # the defaults
     o1, s1 = fw.chunk("ttt_linear", backend="triton", output_final_state=True, **bare)
-    o2, s2 = DISPATCH[("generic", "chunk", "torch")].fn(_call(bare))
+    o2, s2 = DISPATCH[("generic", "chunk", "torch")].fn(row_call("ttt_linear", bare))
     assert rel(o1, o2) < CHUNK_F32_REL and rel(s1.weights[0], s2.weights[0]) < CHUNK_F32_REL
     with pytest.raises(fw.FormNotAvailable, match="cu_seqlens"):
-        DISPATCH[("generic", "chunk", "triton")].fn(_call(inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
-
-
-def _call(inp):
-    from fastweights.dispatch import Call
-    from fastweights.inputs import validate
-
-    recipe = fw.zoo.get("ttt_linear")
-    d = dict(inp)
-    q, k, v, st = d.pop("q"), d.pop("k"), d.pop("v"), d.pop("initial_state")
-    return Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=1.0,
-                initial_state=st, output_final_state=True)
+        row = DISPATCH[("generic", "chunk", "triton")]
+        row.fn(row_call("ttt_linear", inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 
 
 def test_a_ttt_linear_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):

@@ -23,7 +23,7 @@ from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
-from tests.kernels.memories.layers import layer_on_kernels_equals_torch
+from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import ttt_mlp_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
@@ -356,12 +356,13 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
     inp = fw.example_inputs("ttt_mlp", batch_size=1, seq_len=8, num_heads=2, head_dim=16, device=DEV)
     bare = {key: val for key, val in inp.items() if key not in ("beta", "ln_weight", "ln_bias")}  # the defaults
     o1, s1 = fw.chunk("ttt_mlp", backend="triton", output_final_state=True, **bare)
-    o2, s2 = DISPATCH[("generic", "chunk", "torch")].fn(_call(bare))
+    o2, s2 = DISPATCH[("generic", "chunk", "torch")].fn(row_call("ttt_mlp", bare))
     assert rel(o1, o2) < CHUNK_F32_REL
     for a, b in zip(s1.weights, s2.weights):
         assert rel(a, b) < CHUNK_F32_REL
     with pytest.raises(fw.FormNotAvailable, match="cu_seqlens"):
-        DISPATCH[("generic", "chunk", "triton")].fn(_call(inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
+        row = DISPATCH[("generic", "chunk", "triton")]
+        row.fn(row_call("ttt_mlp", inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 
 
 def test_the_row_matches_the_official_dual_form(monkeypatch, gen):
@@ -394,17 +395,6 @@ def test_the_row_matches_the_official_dual_form(monkeypatch, gen):
     assert rel(o[0].transpose(0, 1), ref) < CHUNK_F32_REL
     for a, b in zip(st.weights, ref_w):
         assert rel(a[0], b) < CHUNK_F32_REL
-
-
-def _call(inp):
-    from fastweights.dispatch import Call
-    from fastweights.inputs import validate
-
-    recipe = fw.zoo.get("ttt_mlp")
-    d = dict(inp)
-    q, k, v, st = d.pop("q"), d.pop("k"), d.pop("v"), d.pop("initial_state")
-    return Call(recipe=recipe, q=q, k=k, v=v, inputs=d, shapes=validate(recipe, q, k, v, d), scale=1.0,
-                initial_state=st, output_final_state=True)
 
 
 def test_a_ttt_mlp_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):

@@ -57,7 +57,8 @@ Outputs in `out`: checkpoint.pt, model/ (`LM.save_pretrained` + the tokenizer: l
 tokens, tokens_per_s, tokens_per_s_steady, mfu, samples: [first, end)}, validation records {step,
 val_loss, val_ppl}), loss.png (train and validation loss against step). tokens_per_s is the running
 average since the process started (the first steps' compiles included); tokens_per_s_steady the rate
-over the last ≤ 50 steps after this process's first two (None before step 3), and mfu the model FLOPs
+over the last ≤ 50 steps after this process's first `steady_skip(cfg)` (two; with --cuda-graph also the graph's
+eager warm-up steps and its capture: the figure is the replayed steps'; None before then), and mfu the model FLOPs
 utilisation at that rate (None on the CPU, an unlisted GPU, or a mixer without a FLOP count):
 `training.throughput`. The plain progress line shows both figures.
 """
@@ -112,7 +113,7 @@ from .rundir import (
     write_text,
 )
 
-__all__ = ["train", "lr_factor"]
+__all__ = ["train", "lr_factor", "steady_skip"]
 # settings a resumed run must share with its checkpoint (they fix the data order and the model); "steps"
 # may grow (the run goes on to the new number of steps), never fall below the checkpoint's step
 _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "val_fraction", "steps", "lr",
@@ -123,6 +124,17 @@ def lr_factor(cfg: PretrainConfig, step: int) -> float:
     """lr_step / lr of the run: linear warm-up over warmup_steps, then a cosine to min_lr at the last
     step (`fastweights.training.step.lr_factor`)."""
     return training_step.lr_factor(step, total=cfg.steps, warmup=cfg.warmup_steps(), floor=cfg.min_lr / cfg.lr)
+
+
+def steady_skip(cfg: PretrainConfig) -> int:
+    """The first steps of a process the steady tokens/s leaves out: 2 (the compiles and autotuning), and with
+    cuda_graph the graph's WARMUP eager steps and the step that captures it (its rate is neither the eager nor the
+    replayed one: counting them read 228k for a step that replays at 311k, r4s9 call 1)."""
+    if not cfg.cuda_graph:
+        return 2
+    from ..training.graphed import WARMUP
+
+    return WARMUP + 1
 
 
 def _lm_config(cfg: PretrainConfig, tok) -> LMConfig:
@@ -541,7 +553,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     if bar is not None and start:
         bar.update(start)
     model.train()
-    clock, speed = StepClock(tokens_per_step), _Speed(base, cfg, device, R)
+    clock, speed = StepClock(tokens_per_step, skip=steady_skip(cfg)), _Speed(base, cfg, device, R)
     count = [1.0]  # the step's supervised tokens over all ranks (set at its boundary)
 
     def batches(s: int) -> list[dict]:

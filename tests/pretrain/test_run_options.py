@@ -324,6 +324,24 @@ def test_cuda_graph_step_equals_the_plain_loop(documents, tmp_path, monkeypatch)
         assert bounds == [max(packed)] and max(packed) > 1
 
 
+def test_steady_rate_leaves_out_the_graphs_warm_up_and_capture(tmp_path, monkeypatch):
+    """The steady tokens/s of a --cuda-graph run starts after the graph's WARMUP eager steps and its capture step (the
+    replayed steps' rate), a plain run's after its first two steps: the log's first steady figure is at step
+    skip + 1."""
+    from fastweights.pretrain import loop
+    from fastweights.training import graphed
+
+    monkeypatch.setattr(loop, "_check_graph", lambda cfg: None)  # (the CUDA device check; the CPU runs the body)
+    steps = graphed.WARMUP + 3
+    for name, graph, skip in (("plain", False, 2), ("graph", True, graphed.WARMUP + 1)):
+        cfg = cfg_of(tmp_path, name, cuda_graph=graph, steps=steps, save_every=steps)
+        assert loop.steady_skip(cfg) == skip
+        train(cfg)
+        steady = [r["tokens_per_s_steady"] for r in log(tmp_path / name) if "loss" in r]
+        assert len(steady) == steps
+        assert all(v is None for v in steady[:skip]) and all(v is not None and v > 0 for v in steady[skip:]), steady
+
+
 def _train_stream(cfg):
     """(the training stream, seq_len, eos id) of a run's config, as `pretrain.loop` splits it."""
     from fastweights.pretrain.data import split_stream

@@ -16,8 +16,9 @@ median and min), on fresh windows each replay:
     separate-1   M 1, B 8, packed documents (the varlen cost without the accumulation)
 
 tokens/s = M·B·T / step time. Then (`--profile`) one eager micro-batch of "bench" and of "separate-1" under
-torch.profiler: GPU time by kernel name, the top rows of each and their difference (kernel durations do not depend
-on the replay). Writes train_gap.json under --out ($OUT by default).
+torch.profiler, and the same for the transformer of the preset's shape (softmax_attention; --profile-mixers): GPU
+time by kernel name and by class (GEMMs, attention, the conv, norms, the memory's kernels, copies and casts, ...;
+kernel durations do not depend on the replay). Writes train_gap.json under --out ($OUT by default).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from fastweights.bench.speed import step_times  # noqa: E402
-from fastweights.models import LM  # noqa: E402
+from fastweights.models import LM, LMConfig  # noqa: E402
 from fastweights.pretrain import loop as ploop  # noqa: E402
 from fastweights.pretrain.config import PretrainConfig  # noqa: E402
 from fastweights.pretrain.data import Windows, load_tokenizer, read_stream, split_stream  # noqa: E402
@@ -96,13 +97,31 @@ def case(name: str, cfg, tok, tw, M: int, B: int, docs: bool, args, device) -> d
     return row
 
 
-def profile(name: str, cfg, tok, tw, docs: bool, device) -> dict:
-    """GPU µs by kernel name over one eager micro-batch (forward + backward, bf16 autocast) of B 8."""
+#: kernel-name fragments → class (first match wins), for the profiles' by-class sums
+CLASSES = (("gemm", ("nvjet", "gemm", "cutlass", "splitKreduce", "sm90_xmma")),
+           ("attention", ("flash", "fmha", "attn")), ("conv", ("_conv_",)), ("norm", ("_norm_", "rms", "layer_norm")),
+           ("prologue", ("_prologue",)), ("copies and casts", ("copy", "Cat", "cat_")),
+           ("elementwise", ("elementwise", "Functor", "silu", "where")), ("reductions", ("reduce",)))
+
+
+def kernel_class(name: str) -> str:
+    for cls, keys in CLASSES:
+        if any(k in name for k in keys):
+            return cls
+    return "memory kernels" if name.startswith("_") else "other"  # (our Triton kernels' names start with _)
+
+
+def profile(name: str, cfg, tok, tw, docs: bool, device, mixer: str | None = None) -> dict:
+    """GPU µs by kernel name over one eager micro-batch (forward + backward, bf16 autocast) of B 8, and by class
+    (`kernel_class`). mixer: another mixer in the preset's LM (the transformer of its shape: softmax_attention)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
     torch.manual_seed(0)
-    lm = LM(ploop._lm_config(cfg, tok)).to(device)
+    lcfg = ploop._lm_config(cfg, tok)
+    if mixer is not None:
+        lcfg = LMConfig.from_dict({**lcfg.to_dict(), "mixer": mixer})
+    lm = LM(lcfg).to(device)
     b = {k: v.to(device) for k, v in windows(tw, cfg, 1, 8, 0).items()}
     N = most_documents(tw, 1, 8, 4) if docs else None
     kw = {"position_ids": b["position_ids"][0], "max_documents": N} if docs else {}
@@ -124,17 +143,25 @@ def profile(name: str, cfg, tok, tw, docs: bool, device) -> dict:
         t = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0) or 0
         if t and e.device_type.name == "CUDA":
             by[e.key] = by.get(e.key, 0.0) + t
-    return dict(case=name, total_us=sum(by.values()), kernels=sorted(by.items(), key=lambda kv: -kv[1])[:40])
+    classes: dict[str, float] = {}
+    for k, v in by.items():
+        classes[kernel_class(k)] = classes.get(kernel_class(k), 0.0) + v
+    return dict(case=name, mixer=lcfg.mixer, total_us=sum(by.values()),
+                classes=dict(sorted(classes.items(), key=lambda kv: -kv[1])),
+                kernels=sorted(by.items(), key=lambda kv: -kv[1])[:40])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "runs/train_gap"))
     p.add_argument("--data", nargs="+", default=["README.md", "docs", "BENCHMARKS.md"])
-    p.add_argument("--cases", nargs="+", default=["bench", "joined", "separate", "separate-1"])
+    p.add_argument("--cases", nargs="*", default=["bench", "joined", "separate", "separate-1"])
+    p.add_argument("--profile-only", action="store_true", help="no timed cases: the profiles alone")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-mixers", nargs="*", default=["softmax_attention"],
+                   help="other mixers profiled in the preset's LM beside its own (the transformer of its shape)")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -150,7 +177,7 @@ def main(argv=None) -> int:
             json.dump(rows, f, indent=1)
 
     micro = cfg.batch_size // cfg.grad_accum
-    for name in args.cases:
+    for name in ([] if args.profile_only else args.cases):
         M, docs = shapes[name]
         M = M if M == 1 else cfg.grad_accum
         try:
@@ -163,10 +190,13 @@ def main(argv=None) -> int:
         if device.type == "cuda":  # the case's model, optimizer and graph are gone with its frame
             torch.cuda.empty_cache()
     if args.profile:
-        for name, docs in (("bench", False), ("separate-1", True)):
-            r = profile(name, cfg, tok, tw, docs, device)
+        for name, docs, mixer in (("bench", False, None), ("separate-1", True, None),
+                                  ("bench", False, "softmax_attention")):
+            if mixer is not None and mixer not in args.profile_mixers:
+                continue
+            r = profile(name, cfg, tok, tw, docs, device, mixer)
             rows.append(r)
-            print(json.dumps({"case": r["case"], "total_us": r["total_us"], "top": r["kernels"][:12]}), flush=True)
+            print(json.dumps({k: r[k] for k in ("case", "mixer", "total_us", "classes")}), flush=True)
             save()
     return 0
 

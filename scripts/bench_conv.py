@@ -68,7 +68,7 @@ BWD_KEYS = {**{k: ("conv_bwd_dpre", k) for k in ("BT", "BC", "NBLK", "num_warps"
             "dpre_fp32": ("conv_bwd_dpre", "DPRE_FP32"), "DX_BT": ("conv_bwd_dx", "BT"),
             "DX_BC": ("conv_bwd_dx", "BC"), "DX_warps": ("conv_bwd_dx", "num_warps"),
             "F_BT": ("conv_bwd_fused", "BT"), "F_BC": ("conv_bwd_fused", "BC"), "F_NBLK": ("conv_bwd_fused", "NBLK"),
-            "F_warps": ("conv_bwd_fused", "num_warps")}
+            "F_warps": ("conv_bwd_fused", "num_warps"), "F_DWACC": ("conv_bwd_fused", "DW_ACC")}
 
 
 def apply_settings(over: dict, keys: dict) -> None:
@@ -332,6 +332,8 @@ SWEEP_BWD = [{}, dict(NBLK=8), dict(NBLK=32), dict(BC=64), dict(BT=16, num_warps
              dict(BT=32, BC=64, NBLK=4, num_warps=8), dict(DX_BT=32), dict(DX_BT=32, DX_BC=64, DX_warps=8),
              dict(DX_BT=64, DX_BC=64), dict(dpre_fp32=1), dict(fused=1), dict(fused=1, F_BT=16),
              dict(fused=1, F_BT=64), dict(fused=1, F_BC=64, F_warps=8), dict(fused=1, F_BT=16, F_BC=64),
+             dict(fused=1, F_DWACC=1), dict(fused=1, F_DWACC=1, F_BC=64), dict(fused=1, F_DWACC=1, F_NBLK=16),
+             dict(fused=1, F_DWACC=1, F_BT=32, F_BC=64),
              dict(fused=1, F_NBLK=16)]
 
 

@@ -174,7 +174,27 @@ def _memories_workload(head_dims, dtypes, gates, warps=None):
             out[0].float().sum().backward()
 
 
-WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload}
+def _conv_workload(head_dims, dtypes, gates):
+    """The short conv (layer/conv.py) forward and one-pass backward at the layers' shape (W = 4, SiLU, C = 768),
+    its dw summed per block and over the program's blocks (LAUNCH["conv_bwd_fused"]["DW_ACC"] 0 and 1)."""
+    import torch
+
+    from fastweights.kernels.triton.common import util
+    from fastweights.kernels.triton.layer.conv import short_conv
+
+    gen = torch.Generator().manual_seed(0)
+    for acc in (0, 1):
+        util.LAUNCH["conv_bwd_fused"]["DW_ACC"] = acc
+        for dtype in [getattr(torch, d) for d in dtypes]:
+            x = torch.randn(2, 300, 768, generator=gen).to(dtype).requires_grad_(True)
+            w = torch.randn(768, 1, 4, generator=gen).requires_grad_(True)
+            y, _ = short_conv(x, w, activation="silu")
+            y.float().sum().backward()
+    util.LAUNCH["conv_bwd_fused"]["DW_ACC"] = 0
+
+
+WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
+             "conv": _conv_workload}
 
 
 def main():
@@ -226,7 +246,7 @@ def main():
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
-                            "DK", "DV", "HAS_A", "SAVE")})
+                            "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK")})
             rows.append(info)
         return kernel
 
@@ -238,7 +258,7 @@ def main():
         c = r["consts"]
         desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
-                                                 "WRITE_O") if k in c)
+                                                 "WRITE_O", "BT", "BC", "NBLK", "DW_ACC") if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

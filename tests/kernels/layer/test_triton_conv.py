@@ -122,14 +122,17 @@ def small_blocks(monkeypatch):
 
 
 @pytest.mark.variants
-@pytest.mark.parametrize("fused", [False, True], ids=["two_kernels", "one_pass"])
-def test_conv_blocks_programs_and_tails(small_blocks, fused, gen, monkeypatch):
+@pytest.mark.parametrize("fused,dw_acc", [(False, 0), (True, 0), (True, 1)],
+                         ids=["two_kernels", "one_pass", "one_pass_dw_acc"])
+def test_conv_blocks_programs_and_tails(small_blocks, fused, dw_acc, gen, monkeypatch):
     """Small blocks (`small_blocks`) with C = 20 (a masked second channel block): T = 1, 2 (T < W − 1:
     the new tail reaches into the old one; every option on and every option off), 23 (a partial third
     block) and 50 (three programs of 3 blocks, the last partial; those two also with two mixes of tail,
     positions, bias and SiLU); bf16 x at T = 50, W = 3 with the dpre scratch in bf16 and in fp32.
     Both backwards: the two kernels and the one-pass (`one_pass_backward`, also at W = 8 and with a
-    sliced x)."""
+    sliced x); the one-pass one with dw summed per block and with dw's products summed over the program's blocks
+    (LAUNCH["conv_bwd_fused"]["DW_ACC"]; W ≤ 4 takes it, W = 8 the per-block sums)."""
+    monkeypatch.setitem(util.LAUNCH["conv_bwd_fused"], "DW_ACC", dw_acc)
     _cmp = functools.partial(_compare, one_pass=fused)
     if fused:
         for W in (1, 2, 8):

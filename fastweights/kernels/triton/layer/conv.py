@@ -199,11 +199,14 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
 def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, sxb, sxt,
                     XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
-                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
+                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr):
     """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
     xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
     (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
-    with the shift a `tl.gather` along the rows, and sums dw, db over its own dpre rows."""
+    with the shift a `tl.gather` along the rows, and sums dw, db over its own dpre rows. DW_ACC (W ≤ 4): the
+    products dpre_t xp_{t+i} ρ are summed elementwise into one [BT, BC] tile per tap over the program's NBLK
+    blocks and reduced over the rows once at the end (one cross-warp reduction per tap a program instead of one
+    per tap and block)."""
     BO: tl.constexpr = BT - (W - 1)
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
@@ -213,6 +216,10 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
     r = tl.arange(0, BT)
     dw_acc = tl.zeros((BW, BC), dtype=tl.float32)
     db_acc = tl.zeros((BC,), dtype=tl.float32)
+    a0 = tl.zeros((BT, BC), dtype=tl.float32)  # DW_ACC: tap i's elementwise sums (W ≤ 4)
+    a1 = tl.zeros((BT, BC), dtype=tl.float32)
+    a2 = tl.zeros((BT, BC), dtype=tl.float32)
+    a3 = tl.zeros((BT, BC), dtype=tl.float32)
     for k in range(NBLK):
         u0 = (i_r * NBLK + k) * BO
         if u0 < T + W - 1:  # the program's blocks that start inside xp
@@ -227,7 +234,17 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
             dxp = tl.zeros((BT, BC), dtype=tl.float32)
             for i in tl.static_range(W):
                 v, wi = _tap(x, tail, w, i_b, t, p, cols, mc, T, C, sxb, sxt, i, XDT, W, HAS_TAIL, HAS_POS)
-                dw_acc += tl.where((j == i)[:, None], tl.sum(go * v, axis=0)[None, :], 0.0)
+                if DW_ACC:
+                    if i == 0:
+                        a0 += go * v
+                    elif i == 1:
+                        a1 += go * v
+                    elif i == 2:
+                        a2 += go * v
+                    else:
+                        a3 += go * v
+                else:
+                    dw_acc += tl.where((j == i)[:, None], tl.sum(go * v, axis=0)[None, :], 0.0)
                 gi = g * wi[None, :]
                 if HAS_POS and i < W - 1:
                     gi = tl.where((p >= W - 1 - i)[:, None], gi, 0.0)
@@ -248,6 +265,14 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
                 in_t = own & (t >= 0) & (t < W - 1)
                 tl.store(dtail + (i_b * (W - 1) + t)[:, None] * C + cols[None, :], dxp.to(dtail.dtype.element_ty),
                          mask=in_t[:, None] & mc[None, :])
+    if DW_ACC:
+        dw_acc = tl.where((j == 0)[:, None], tl.sum(a0, axis=0)[None, :], 0.0)
+        if W > 1:
+            dw_acc += tl.where((j == 1)[:, None], tl.sum(a1, axis=0)[None, :], 0.0)
+        if W > 2:
+            dw_acc += tl.where((j == 2)[:, None], tl.sum(a2, axis=0)[None, :], 0.0)
+        if W > 3:
+            dw_acc += tl.where((j == 3)[:, None], tl.sum(a3, axis=0)[None, :], 0.0)
     part = i_b * NR + i_r
     tl.store(dw_part + (part * C + cols)[None, :] * W + j[:, None], dw_acc, mask=(j < W)[:, None] & mc[None, :])
     if HAS_BIAS:
@@ -351,7 +376,7 @@ class ShortConvFn(torch.autograd.Function):
                 T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
                 BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
                 HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-                **launch("conv_bwd_fused"))
+                DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, **launch("conv_bwd_fused"))
         elif B * C > 0 and T > 0:
             dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
             fp32 = tile("conv_bwd_dpre", "DPRE_FP32")

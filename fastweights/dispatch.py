@@ -15,8 +15,8 @@ Data flows  recipe → `recipe_class` → (class, form) → backend → implemen
 Classes and forms
     recipe classes (`RECIPE_CLASSES`) × forms ("recurrent", "parallel", "chunk"): the memory read;
     fn(call: Call, **options) -> (o, final state).
-    the "layer" class × the layer ops ("conv", "norm", "prologue"): the short convolution, the
-    (gated) RMSNorm and the delta layer's q/k/β/gate prologue around the memory read; fn has the
+    the "layer" class × the layer ops ("conv", "norm", "prologue", "rope"): the short convolution, the
+    (gated) RMSNorm, the delta layer's q/k/β/gate prologue around the memory read and the rotary embedding; fn has the
     op's own signature, the same for every backend of the op (`fastweights.torch_layer_ops`).
 
 Backends
@@ -74,7 +74,7 @@ FORMS: tuple[Form, ...] = ("recurrent", "parallel", "chunk")
 
 #: The class of the layer ops, and its forms (the ops).
 LAYER = "layer"
-LAYER_OPS: tuple[str, ...] = ("conv", "norm", "prologue")
+LAYER_OPS: tuple[str, ...] = ("conv", "norm", "prologue", "rope")
 
 #: The order in which "auto" tries the backends; "compile" is absent (it needs a compile step).
 #: "triton" goes first: its rows passed `pytest -m "cuda or triton"` on an H100 with PyTorch 2.11
@@ -328,7 +328,7 @@ def _listing_device_dtype(device, dtype) -> tuple[torch.device | None, torch.dty
 def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None, head_dim: int | None = None,
                       conv_width: int | None = None, group_size: int | None = None, gate: str | None = None
                       ) -> list[str]:
-    """The backends that can serve the layer op `op` ("conv", "norm", "prologue") on `device`
+    """The backends that can serve the layer op `op` ("conv", "norm", "prologue", "rope") on `device`
     (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
     check_choice("op", op, LAYER_OPS)
     device, dtype = _listing_device_dtype(device, dtype)

@@ -71,6 +71,8 @@ def _register() -> None:
     register(LAYER, "conv", "triton", kr.short_conv, supports=kr.triton_conv_supports)
     register(LAYER, "norm", "triton", kr.gated_rms_norm, supports=kr.triton_norm_supports)
     register(LAYER, "prologue", "triton", kr.delta_prologue, supports=kr.triton_prologue_supports)
+    register(LAYER, "rope", "torch", tops.rope)
+    register(LAYER, "rope", "triton", kr.rope, supports=kr.triton_rope_supports)
 
 
 _register()

@@ -11,6 +11,8 @@
     prologue  delta_prologue(q, k, b, a, A_log, dt_bias, *, gate, beta_max, eps) -> (q̂, k̂, β, g)
               the delta layer's L2 norm of q and k, β = β_max·σ(b) and the Mamba/KDA gate
               g = −exp(A_log)·softplus(a + dt_bias) (`layers.mixer.MemoryMixer`)
+    rope      rope(x, start, *, base, period, positions) -> y
+              the rotary embedding of q and k, rotate-half layout (`layers.rotary`: the maths)
 
 Precision: the statistics and gates in fp32 (fp64 for fp64 inputs), the results cast back to
 the input's dtype as each docstring says — the layers' results on the CPU are these, bit for bit.
@@ -26,7 +28,7 @@ from .state import compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "gated_rms_norm", "delta_prologue", "l2norm", "rms", "gate_activation", "GATES"]
+__all__ = ["short_conv", "gated_rms_norm", "delta_prologue", "rope", "l2norm", "rms", "gate_activation", "GATES"]
 
 #: The gate activations of the gated norm.
 GATES = GATE_ACTIVATIONS  # (named in fastweights.inputs, which the dispatch layer below this one may import)
@@ -128,3 +130,27 @@ def delta_prologue(q: Tensor, k: Tensor, b: Tensor | None, a: Tensor | None, A_l
         A = A_log.to(dt.dtype).exp()  # [H]
         g = -A * dt if gate == "mamba" else -A[:, None] * dt
     return l2norm(q, eps), l2norm(k, eps), beta, g
+
+
+def rope(x: Tensor, start: int, *, base: float = 10000.0, period: int | None = None,
+               positions: Tensor | None = None) -> Tensor:
+    """RoPE (`layers.rotary`'s maths): x [B, T, H, D] rotated for positions start, …, start + T − 1, or for
+    `positions` [B, T] (int, per token: padded and packed batches) when given; mod period when given. Computed in
+    fp32 (fp64 for fp64 x), returned in x's dtype."""
+    B, T, H, D = x.shape
+    if D % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got {D}")
+    half = D // 2
+    cdt = compute_dtype(x)
+    if positions is None:
+        pos = torch.arange(start, start + T, device=x.device, dtype=torch.int64)[None]  # [1, T]
+    else:
+        pos = positions.to(device=x.device, dtype=torch.int64)  # [B, T]
+    if period is not None:
+        pos = pos % period
+    inv = base ** (-torch.arange(half, device=x.device, dtype=cdt) * 2.0 / D)  # [D/2]
+    ang = pos.to(cdt)[..., None] * inv  # [1 or B, T, D/2]
+    cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]  # [1 or B, T, 1, D/2]
+    xf = x.to(cdt)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

@@ -193,8 +193,22 @@ def _conv_workload(head_dims, dtypes, gates):
     util.LAUNCH["conv_bwd_fused"]["DW_ACC"] = 0
 
 
+def _rope_workload(head_dims, dtypes, gates):
+    """RoPE (layer/rope.py) forward and backward, x [2, 300, 6, D], with and without positions and a period."""
+    import torch
+
+    from fastweights.kernels.triton.layer.rope import rope
+
+    for D in head_dims:
+        for dtype in [getattr(torch, d) for d in dtypes]:
+            x = torch.randn(2, 300, 6, D).to(dtype).requires_grad_(True)
+            rope(x, 0).float().sum().backward()
+            pos = torch.arange(300).repeat(2, 1)
+            rope(x, 0, positions=pos, period=16).float().sum().backward()
+
+
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
-             "conv": _conv_workload}
+             "conv": _conv_workload, "rope": _rope_workload}
 
 
 def main():
@@ -246,7 +260,8 @@ def main():
                         consts={k: repr(v) for k, v in keep.items() if k in (
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
-                            "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK")})
+                            "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
+                            "HAS_PERIOD", "SIGN")})
             rows.append(info)
         return kernel
 
@@ -258,7 +273,8 @@ def main():
         c = r["consts"]
         desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
-                                                 "WRITE_O", "BT", "BC", "NBLK", "DW_ACC") if k in c)
+                                                 "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
+                                                 "HAS_PERIOD", "SIGN") if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

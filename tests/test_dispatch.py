@@ -331,7 +331,7 @@ def test_routes_are_cached_per_target_and_a_changed_row_clears_the_cache(monkeyp
 
 
 def test_layer_ops_are_rows_listed_like_the_forms():
-    """conv, norm and prologue: a torch row (any device) and a Triton row whose predicate refuses what
+    """conv, norm, prologue and rope: a torch row (any device) and a Triton row whose predicate refuses what
     its kernel refuses; `layer_op_backends` lists them as `backends` lists the forms."""
     assert all(fw.layer_op_backends(op) == ["torch"] for op in LAYER_OPS)  # the CPU
     cuda = dict(device="cuda", dtype=torch.bfloat16)
@@ -341,6 +341,9 @@ def test_layer_ops_are_rows_listed_like_the_forms():
         assert fw.layer_op_backends("conv", conv_width=4, **cuda) == ["triton", "torch"]
         assert fw.layer_op_backends("norm", group_size=128, gate="swish", **cuda) == ["triton", "torch"]
         assert fw.layer_op_backends("prologue", head_dim=128, **cuda) == ["triton", "torch"]
+        assert fw.layer_op_backends("rope", head_dim=128, **cuda) == ["triton", "torch"]
+    assert fw.layer_op_backends("rope", head_dim=7, **cuda) == ["torch"]  # an even head dim
+    assert fw.layer_op_backends("rope", device="cuda", dtype=torch.float64) == ["torch"]
     assert fw.layer_op_backends("conv", conv_width=9, **cuda) == ["torch"]  # W ≤ 8
     assert fw.layer_op_backends("norm", group_size=8193, **cuda) == ["torch"]  # G ≤ 8192
     assert fw.layer_op_backends("norm", gate="gelu_tanh", **cuda) == ["torch"]
@@ -352,7 +355,7 @@ def test_layer_ops_are_rows_listed_like_the_forms():
     with pytest.raises(fw.BackendNotAvailable, match="backend='compile' serves .*; it has no norm layer op"):
         dispatch.check_backend(None, "norm", "compile")
     with pytest.raises(fw.InputError, match="op must be one of"):
-        fw.layer_op_backends("rope")
+        fw.layer_op_backends("alibi")
     assert dispatch.promoted_dtype(torch.zeros(1, dtype=torch.bfloat16), None, torch.zeros(1),
                                    torch.zeros(1, dtype=torch.int64)) == torch.float32
     assert dispatch.promoted_dtype(torch.zeros(1), torch.zeros(1, dtype=torch.float64)) == torch.float64

@@ -240,6 +240,18 @@ CONV_F32_REL = 1e-5
 # scratch (x's dtype). Measured under the interpreter (T = 3 and 65, 12 draws): bf16 ≤ 1.5e-2 (1.3e-2
 # with an fp32 scratch), fp16 ≤ 9.5e-4; bounds with ≈ 2× and 4× room.
 CONV_LOW_REL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+# the Triton RoPE (layer/rope.py) with fp32 x vs its torch twin in fp32 (the same angles fp32(p)·θ), relative, y and
+# dx: cos/sin to an ulp or two and one FMA order. Measured under the interpreter (8 draws × 2 shapes × 2 periods,
+# positions ≤ 317): ≤ 1.3e-7.
+ROPE_F32_REL = 2e-6
+# ... vs the twin in float64: the fp32 angle p·θ rounds to ≈ p·2⁻²⁴ rad. Measured as above: ≤ 1.5e-6.
+ROPE_F64_REL = 2e-5
+# a mixer with RoPE on the Triton row vs its torch layer ops, fp32, outputs and every parameter gradient (the rest of
+# the layer the same ops: the rotation's ulps carried through attention or retention and the projections)
+ROPE_LAYER_F32_REL = 2e-5
+# bf16 / fp16 x vs the fp32 twin on the same rounded values: y and dx rounded to x's dtype (the interpreter's
+# fp32 → bf16 truncates: up to 2⁻⁷). Measured as above: bf16 ≤ 1.03e-2, fp16 ≤ 7.9e-4; bounds with ≈ 2.5× room.
+ROPE_LOW_REL = {torch.bfloat16: 2.5e-2, torch.float16: 2e-3}
 # the Triton gated RMSNorm with fp32 inputs vs its torch twin in float64, relative, y and every
 # gradient: a G-term fp32 sum of squares per row, dw summed over the rows in fp32. Measured under the
 # interpreter (T = 9, 24 draws over orders, gates and groups): ≤ 2.5e-7.

@@ -607,6 +607,23 @@ def short_conv(x, weight, bias=None, tail=None, positions=None, activation="silu
     return kernel(x, weight, bias, tail, positions, activation)
 
 
+def rope(x, start: int, *, base: float = 10000.0, period: int | None = None, positions=None):
+    """layer / rope on Triton: `kernels.triton.layer.rope.rope` (the signature of `torch_layer_ops.rope`)."""
+    from .triton.layer.rope import rope as kernel
+
+    return kernel(x, start, base=base, period=period, positions=positions)
+
+
+def triton_rope_supports(recipe, target) -> str | None:
+    """Why `rope` cannot serve (None when it can): as `triton_device_supports`, and an even head dim."""
+    why = triton_device_supports(target)
+    if why is not None:
+        return why
+    if target.head_k_dim is not None and target.head_k_dim % 2:
+        return f"RoPE takes an even head dim, got {target.head_k_dim}"
+    return None
+
+
 def gated_rms_norm(o, z, weight, *, group_size: int, eps: float = 1e-5, activation: str = "swish",
                    norm_before_gate: bool = True):
     """layer / norm on Triton: `kernels.triton.layer.norm.gated_rms_norm` (the signature of

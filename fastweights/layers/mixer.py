@@ -45,6 +45,7 @@ softmax side. Head dims K = head_dim, V = head_v_dim.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal
@@ -807,8 +808,9 @@ class MemoryMixer(nn.Module):
         elif p.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
         if p.rope:
-            q = apply_rope(q, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
-            k = apply_rope(k, pos, base=self.config.rope_theta, period=p.rope_period, positions=tpos)
+            rope = functools.partial(apply_rope, base=self.config.rope_theta, period=p.rope_period, positions=tpos,
+                                     backend=self.layer_ops, routes=self.routes)
+            q, k = rope(q, pos), rope(k, pos)
 
         dt = None
         if self.decay is not None and not prologue:

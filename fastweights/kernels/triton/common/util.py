@@ -162,6 +162,8 @@ LAUNCH: dict[str, dict] = {
     "conv_bwd_fused": dict(num_warps=4, BT=64, BC=32, NBLK=8, DW_ACC=0),  # layer.conv._conv_bwd_fused (DW_ACC: W ≤ 4)
     "conv_bwd_dpre": dict(num_warps=4, BT=8, BC=128, NBLK=16, DPRE_FP32=0),  # layer.conv._conv_bwd_dpre
     "conv_bwd_dx": dict(num_warps=4, BT=16, BC=128),  # layer.conv._conv_bwd_dx
+    # RoPE (layer/rope.py): BR tokens × one head a program, forward and backward alike
+    "rope": dict(num_warps=4, BR=32),  # layer.rope._rope_kernel
 }
 
 def check_precision(precision) -> str:
@@ -199,6 +201,7 @@ KERNEL_FN = {
     "titans_fwd": "memories.titans._fwd_kernel", "titans_bwd": "memories.titans._bwd_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",
+    "rope": "layer.rope._rope_kernel",
 }
 
 #: Set to a set() to collect the names of the launch sites that run, and "name.KEY" of the tile keys

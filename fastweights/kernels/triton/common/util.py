@@ -161,7 +161,9 @@ LAUNCH: dict[str, dict] = {
     # blocks a program; the two-kernel backward's dpre kernel (BT × BC × NBLK; DPRE_FP32 1: its scratch in fp32,
     # else x's dtype; 8 × 128 tiles: 80 registers for sm_90, 64 × 64 took 255) and dx kernel (BT × BC)
     "conv_fwd": dict(num_warps=4, BT=64, BC=64),  # layer.conv._conv_fwd
-    "conv_bwd_fused": dict(num_warps=4, BT=64, BC=32, NBLK=8, DW_ACC=0),  # layer.conv._conv_bwd_fused (DW_ACC: W ≤ 4)
+    # DW_ACC 1 (W ≤ 4): dw's products summed per tap over the program's blocks, reduced once (H200, r4s9 call 5,
+    # bench_conv --sweep: 189.6 → 127.1 µs at C 1024, 346.4 → 232.0 at C 2048; 0: one reduction per block)
+    "conv_bwd_fused": dict(num_warps=4, BT=64, BC=32, NBLK=8, DW_ACC=1),  # layer.conv._conv_bwd_fused
     "conv_bwd_dpre": dict(num_warps=4, BT=8, BC=128, NBLK=16, DPRE_FP32=0),  # layer.conv._conv_bwd_dpre
     "conv_bwd_dx": dict(num_warps=4, BT=16, BC=128),  # layer.conv._conv_bwd_dx
     # RoPE (layer/rope.py): BR tokens × one head a program, forward and backward alike

@@ -73,7 +73,7 @@ def most_documents(tw: Windows, M: int, B: int, steps: int) -> int:
 
 def case(name: str, cfg, tok, tw, M: int, B: int, docs: bool, args, device) -> dict:
     torch.manual_seed(0)
-    lm = LM(ploop._lm_config(cfg, tok)).to(device)
+    lm = LM(ploop.run_lm_config(cfg, tok)).to(device)
     opt = training_step.adamw(lm, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
     n_steps = args.warmup + args.steps + 2
     N = most_documents(tw, M, B, n_steps) if docs else None
@@ -121,7 +121,7 @@ def profile(name: str, cfg, tok, tw, docs: bool, device, mixer: str | None = Non
     from torch.profiler import profile as prof
 
     torch.manual_seed(0)
-    lcfg = ploop._lm_config(cfg, tok)
+    lcfg = ploop.run_lm_config(cfg, tok)
     if mixer is not None:
         lcfg = LMConfig.from_dict({**lcfg.to_dict(), "mixer": mixer})
     lm = LM(lcfg).to(device)

@@ -113,7 +113,7 @@ from .rundir import (
     write_text,
 )
 
-__all__ = ["train", "lr_factor", "steady_skip"]
+__all__ = ["train", "lr_factor", "steady_skip", "run_lm_config"]
 # settings a resumed run must share with its checkpoint (they fix the data order and the model); "steps"
 # may grow (the run goes on to the new number of steps), never fall below the checkpoint's step
 _RESUME_KEYS = ("data", "tokenizer", "model", "seq_len", "batch_size", "seed", "val_fraction", "steps", "lr",
@@ -137,7 +137,9 @@ def steady_skip(cfg: PretrainConfig) -> int:
     return WARMUP + 1
 
 
-def _lm_config(cfg: PretrainConfig, tok) -> LMConfig:
+def run_lm_config(cfg: PretrainConfig, tok) -> LMConfig:
+    """The LMConfig a `fastweights train` run of `cfg` builds with tokenizer `tok`: the model fields, vocab_size the
+    tokenizer's rounded up to a multiple of 64 unless given (DataError when given smaller)."""
     fields = dict(cfg.model)
     fields.setdefault("vocab_size", -(-tok.vocab_size // 64) * 64)
     if fields["vocab_size"] < tok.vocab_size:
@@ -428,7 +430,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     if len(tw) == 0:
         raise DataError(f"data: {len(train_stream)} training tokens hold no window of seq_len + 1 = "
                         f"{cfg.seq_len + 1} tokens; give more text or a smaller seq_len")
-    lm_config = _lm_config(cfg, tok)
+    lm_config = run_lm_config(cfg, tok)
 
     torch.manual_seed(cfg.seed)
     base = LM(lm_config)

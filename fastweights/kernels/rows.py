@@ -661,7 +661,11 @@ def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", c
     """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
     (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
     solve="exact" (the check) runs the exact solve here as on the torch row."""
+    import functools
+
     from ..torch_backend import mesa_chunk_impl
+    from .triton.common.limits import mesa_cg_precision
     from .triton.memories.mesa_cg import mesa_cg
 
-    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=mesa_cg)
+    cg = functools.partial(mesa_cg, precision=mesa_cg_precision(call.q.dtype))
+    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=cg)

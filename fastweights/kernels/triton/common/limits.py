@@ -64,6 +64,19 @@ LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
 TITANS_MAX_DIM = 64
 
 
+#: MesaNet's CG kernel's tl.dot precision for fp32/fp16 q, k, v ("ieee": the torch CG's fp32 products) and for bf16
+#: ones (MESA_CG_BF16_PRECISION): see `mesa_cg_precision` and docs/kernel_notes.md ("MesaNet's CG at the LM shape").
+MESA_CG_PRECISION = "ieee"
+MESA_CG_BF16_PRECISION = "tf32"
+
+
+def mesa_cg_precision(dtype) -> str:
+    """The CG kernel's tl.dot precision for a Mesa call whose q, k, v are `dtype` (a torch dtype): one TF32 product
+    per dot for bfloat16 (TF32's 10 mantissa bits round 8× finer than bf16's 7: the solve's error sits under the
+    inputs' own, measured against float64 in tests/kernels/memories/test_triton_mesa_cg.py), else "ieee"."""
+    return MESA_CG_BF16_PRECISION if str(dtype) == "torch.bfloat16" else MESA_CG_PRECISION
+
+
 def loop_precision(kernels: str, dtype) -> str:
     """The default tl.dot precision of the loop kernels named `kernels` ("TTT-Linear", "TTT-MLP" or "Titans") for q,
     k, v of `dtype` (a torch dtype): LOOP_BF16_PRECISION for bfloat16 where `kernels` is in LOOP_BF16_KERNELS, else

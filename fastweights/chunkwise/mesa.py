@@ -27,8 +27,8 @@ is unstable once CG has converged: the step sizes divide by vanishing residuals.
 
 Both solves (and the residual) run here in torch — ~14 launches per iteration, 30 iterations, each
 way — unless a solver of the same contract is passed (`cg=`): the Triton row ("mesa", "chunk",
-"triton") passes `kernels.triton.memories.mesa_cg.mesa_cg`, every iteration of a chunk's systems in one
-program, the same iterations to fp32 rounding.
+"triton") passes `kernels.triton.memories.mesa_cg.mesa_cg`, every iteration of every chunk's systems in one
+launch, the same iterations to fp32 rounding ("ieee"; bf16 calls at "tf32": the row's precision).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     `kernels.triton.memories.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
-    The chunk-boundary states run first (one small update per chunk); then every chunk's solves
+    The chunk-boundary states run first (`chunk_states`: one decay-weighted product); then every chunk's solves
     and outputs run at once, the chunks a batch dimension, so CG's `cg_steps` iterations run once
     for the whole sequence. A last partial chunk is padded with β = 0, g = 0, q = 0 tokens: they
     write nothing, and their outputs are dropped."""

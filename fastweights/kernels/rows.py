@@ -25,7 +25,7 @@ layer / norm / triton              →  `gated_rms_norm` → kernels.triton.laye
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.layer.prologue.delta_prologue
 mesa / chunk / triton              →  `mesa_chunk` → torch_backend's Mesa chunk form with both CG solves
                                       in kernels.triton.memories.mesa_cg (pipeline "CG kernel"; C ≤ 64, K ≤ 128,
-                                      not float64)
+                                      not float64; tl.dot at TF32 for bf16 q, k, v)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, routed per call like every other). The functional form never changes the
@@ -659,8 +659,9 @@ def mesa_chunk_pipeline(recipe: Recipe, target) -> str:
 
 def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30):
     """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
-    (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
-    solve="exact" (the check) runs the exact solve here as on the torch row."""
+    (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration,
+    its tl.dot at `limits.mesa_cg_precision(q's dtype)` ("tf32" for bf16, else "ieee"). solve="exact" (the check)
+    runs the exact solve here as on the torch row."""
     import functools
 
     from ..torch_backend import mesa_chunk_impl

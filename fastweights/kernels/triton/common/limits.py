@@ -24,8 +24,8 @@ GATED_FUSED_MAX_HEAD_DIM_CUDA = 128
 #: tiles in registers — not yet run on a GPU), and the mini-batch b (a tile dim of tl.dot: a power of two ≥ 16).
 MAX_TTT_DIM = 128
 TTT_MINIBATCHES = (16, 32, 64)
-#: MesaNet's CG kernel (`mesa_cg.py`): chunks of C ≤ MAX_CG_C tokens, key dims K ≤ MAX_CG_K (the program keeps the
-#: chunk's x, r, p, Ap [C, K], Hs [K, K], kc and A in fp32 registers; padded to powers of two ≥ 16).
+#: MesaNet's CG kernel (`mesa_cg.py`): chunks of C ≤ MAX_CG_C tokens, key dims K ≤ MAX_CG_K (a program keeps its
+#: rows' x, r, p, Ap [BR, K] and the chunk's Hs [K, K], kc [C, K] on chip; padded to powers of two ≥ 16).
 MAX_CG_C = 64
 MAX_CG_K = 128
 

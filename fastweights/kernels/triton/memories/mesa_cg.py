@@ -1,13 +1,15 @@
-"""MesaNet's chunked conjugate-gradient solve (`chunkwise.mesa._cg_flat`) in one Triton program per chunk: every
-CG iteration of a chunk's C systems in one launch, each way (the backward's solve is the same kernel).
+"""MesaNet's chunked conjugate-gradient solve (`chunkwise.mesa._cg_flat`) in one Triton launch per solve: every
+CG iteration of a chunk's C systems in programs of BR rows each (the backward's solve is the same kernel).
 
 Per chunk m (M = B·H·N chunks, the batch, heads and chunks flattened; h = head of m), for every token t of it:
 
     (H_t + Λ) x_t = b_t,   (H_t + Λ) x = d_t (x Hsᵀ) + Σ_{j≤t} A_tj (k_j · x) k_j + λ ⊙ x
 
-— on all C rows at once: Y = d ⊙ (X Hsᵀ) + ((X kcᵀ) ⊙ A) kc + λ ⊙ X (the torch form's `_flat_matvec`). From
-x₀ = 0 it runs exactly `steps` iterations of the torch CG (`chunkwise.mesa._cg`; no early stop, the same
-guards):
+Row t's system reads only its own x_t, d_t, A[t, :] and the chunk's shared Hs and kc, so the C rows split over
+⌈C / BR⌉ programs (grid M × ⌈C / BR⌉; BR = CG_LAUNCH["rows"], 16 by default), each computing on its BR rows
+Y = d ⊙ (X Hsᵀ) + ((X kcᵀ) ⊙ A) kc + λ ⊙ X (the torch form's `_flat_matvec`); kc rows past the block's last row
+(A_tj = 0 there) are not read. From x₀ = 0 it runs exactly `steps` iterations of the torch CG (`chunkwise.mesa._cg`;
+no early stop, the same guards):
 
     Ap = op(p);  α = rr / (p·Ap + 1e-30);  x += α p;  r −= α Ap;  rr' = r·r;  p = r + (rr' / (rr + 1e-30)) p
 
@@ -16,15 +18,19 @@ per row, then one more matvec for the per-token relative residual ‖op(x_t) −
 residual 0, as in the torch form.
 
 Layout (fp32, contiguous): b, kc, x [M, C, K]; d [M, C]; Hs [M, K, K] (symmetric, read as Hsᵀ as the torch form
-does); A [M, C, C] (lower-triangular decays × β); λ [H, K] (head h = (m // N) mod H); res [M, C]. The program
-keeps x, r, p, Ap [C, K] and Hsᵀ, kc, A in registers (fp32; C ≤ MAX_CG_C = 64, K ≤ MAX_CG_K = 128, each padded to
-a power of two ≥ 16 — tl.dot's tile — and masked: padded rows and columns stay 0), products by tl.dot "ieee"
-(fp32 FMAs, as torch's fp32 bmm without TF32). At C = 64, K = 128 that is ~230 KiB of fp32 per program: the
-compiler spills part of it (to L1/L2-resident local memory); K = 64 fits.
+does); A [M, C, C] (lower-triangular decays × β); λ [H, K] (head h = (m // N) mod H); res [M, C]. A program keeps
+x, r, p, Ap, b [BR, K] and Hsᵀ [K, K], kc [C, K], A [BR, C] on chip (C ≤ MAX_CG_C = 64, K ≤ MAX_CG_K = 128, each
+padded to a power of two ≥ 16 — tl.dot's tile — and masked: padded rows and columns stay 0); CG_LAUNCH["stream"]
+re-reads Hsᵀ and kc every iteration instead (L1/L2-resident). Products by tl.dot at `precision`: "ieee" (fp32 FMAs,
+as torch's fp32 bmm without TF32: fp32 calls), "tf32" (one TF32 tensor-core product: bf16 calls,
+`limits.mesa_cg_precision`; under the interpreter its operands are rounded to TF32 first, the GPU's numbers) or
+"tf32x3". sm_90 (Triton 3.6's ptxas, `scripts/sm90_report.py --pipelines mesa`): at K = 128 the one-program-per-
+chunk kernel before this split spilled 45.8 KB a thread (32 registers); 16 rows at "tf32" spill nothing (164
+registers at 8 warps), "ieee" 0.5 KB — docs/kernel_notes.md, "MesaNet's CG at the LM shape".
 
-Cost per chunk and solve (s = steps):
-    FLOPs  (s + 1)·(2CK² + 4C²K + ~12CK)   (C = K = 64, s = 30: 4.9e7)
-    bytes  4·(2CK + K² + C² + C + K) read + 4·(CK + C) written   (C = K = 64: 66 KiB + 16.6 KiB)
+Cost per chunk and solve (s = steps; the ⌈C / BR⌉ programs together, full tiles):
+    FLOPs  (s + 1)·(2CK² + 4C²K + ~12CK)   (C = K = 64, s = 30: 4.9e7; C = 64, K = 128: 1.3e8)
+    bytes  4·(⌈C / BR⌉(K² + CK) + 2CK + C² + C + K) read (Hs and kc once per program) + 4·(CK + C) written
 against the torch form's ~14 launches per iteration, each a round trip of [M, C, K] through GPU memory.
 
 `mesa_cg_triton` (the kernel), `mesa_cg_torch` (its twin: the torch CG on the same contract) and `mesa_cg` (the
@@ -51,7 +57,7 @@ __all__ = ["mesa_cg", "mesa_cg_triton", "mesa_cg_torch", "cg_kernel_serves", "MA
 #: The launch: rows of a chunk per program (a power of two ≥ 16, tl.dot's tile; capped by the chunk's padded C),
 #: whether Hsᵀ and kc are re-read every iteration (True) or held in registers (False), and num_warps by the key tile
 #: (BK ≤ 64, else). Measured on an H200 (docs/kernel_notes.md, "MesaNet's CG at the LM shape").
-CG_LAUNCH = {"rows": 16, "stream": False, "warps_k64": 4, "warps_k128": 4}
+CG_LAUNCH = {"rows": 16, "stream": False, "warps_k64": 4, "warps_k128": 8}
 
 
 @triton.jit

@@ -296,6 +296,10 @@ def test_bf16_calls_solve_at_tf32_within_the_inputs_error(monkeypatch, gen, T, K
     assert calls == ["tf32", "tf32"]  # the forward's and the backward's solves
     assert max(got.values()) < MESA_CG_TF32_BF16_REL, got
     assert max(got.values()) < MESA_CG_TF32_ROW_RATIO * max(ref.values()), (got, ref)
+    with rows.pinned("mesa", precision="ieee") as row:  # an A/B run: the row's solves at another precision
+        assert row.pipeline(fw.zoo.get("mesanet"), None) == "CG kernel (ieee)"
+        pinned = _errors(_mesa_run("triton", torch.bfloat16, x, state, device=DEV, chunk_size=64), exact)
+    assert calls[2:] == ["ieee", "ieee"] and max(pinned.values()) < MESA_CG_TF32_BF16_REL
 
 
 def test_chained_states_on_the_row_equal_one_call(monkeypatch, gen):

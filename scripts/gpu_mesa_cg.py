@@ -7,7 +7,7 @@ time goes, and its error against the float64 exact solve.
     python3 scripts/gpu_mesa_cg.py --phases chunk --launch '{"rows": 16, "stream": false, "warps_k128": 4}'
 
 Phases (each writes its JSON under --out):
-  kernel  per variant "rows:stream:precision:warps": ms of one solve (M = B·H·N chunks of C = 64, K; 30 steps;
+  kernel  per variant "rows:stream:precision:warps[:causal]": ms of one solve (M = B·H·N chunks of C = 64, K; 30 steps;
           median of --repeats after a warm call) and the largest relative error of x (rows of b ≠ 0) against the
           float64 exact solve of the same (bf16-rounded) system, beside the float64 solve's own change when its
           inputs are rounded to bf16 (the inputs' error: what the kernel's error is read against);
@@ -32,9 +32,12 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-VARIANTS = ["64:0:ieee:8", "16:0:ieee:4", "16:0:tf32:4", "16:1:tf32:4", "32:0:tf32:4", "32:1:tf32:4",
-            "64:0:tf32:4", "64:1:tf32:4", "64:1:tf32:8", "16:0:tf32x3:4", "16:1:tf32x3:4", "32:1:tf32x3:4",
-            "64:1:tf32x3:8", "16:1:ieee:4", "32:0:tf32:8", "16:0:tf32:8"]
+#: "rows:stream:precision:warps[:causal]" (causal 1 by default: `mesa_cg.launches`). The first: the kernel before the
+#: split (one program per chunk, ieee, 8 warps at K 128); then the defaults (16 rows, tf32 at 8 warps for K 128, 4 for
+#: K 64; ieee for fp32 calls) and their neighbours.
+VARIANTS = ["64:0:ieee:8", "16:0:tf32:8", "16:0:tf32:4", "16:0:tf32:8:0", "32:0:tf32:8", "32:1:tf32:8",
+            "16:1:tf32:4", "16:1:tf32:8", "32:0:tf32:4", "16:0:ieee:8", "16:0:ieee:4", "16:0:tf32x3:8",
+            "16:0:tf32:2"]
 
 
 def system(M, C, K, gen, dtype=torch.float64):
@@ -91,8 +94,9 @@ def phase_kernel(a, out):
     res["inputs_bf16_err"] = inputs_err
     print(f"M {M}, K {a.head_dim}: float64 solve moved by bf16 inputs: {inputs_err:.3g}", flush=True)
     for v in a.variants:
-        rows, stream, prec, warps = v.split(":")
-        mod.CG_LAUNCH.update(rows=int(rows), stream=bool(int(stream)), warps_k64=int(warps), warps_k128=int(warps))
+        rows, stream, prec, warps, causal = (v + ":1").split(":")[:5]
+        mod.CG_LAUNCH.update(rows=int(rows), stream=bool(int(stream)), warps_k64=int(warps), warps_k128=int(warps),
+                             causal=bool(int(causal)))
         try:
             x, r = mod.mesa_cg_triton(*[t.cuda() for t in small], 30, prec)
             err = rel(x.cpu(), want)
@@ -148,7 +152,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/mesa")
     p.add_argument("--phases", nargs="+", default=["kernel", "chunk"])
-    p.add_argument("--variants", nargs="+", default=VARIANTS, help="rows:stream(0/1):precision:warps")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, help="rows:stream(0/1):precision:warps[:causal(0/1)]")
     p.add_argument("--launch", default=None, help="JSON update of mesa_cg.CG_LAUNCH for the chunk phase")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=4096)
@@ -166,8 +170,9 @@ def main():
         if launch is None and os.path.exists(kj):  # the fastest tf32 variant of the kernel phase
             ks = {v: r for v, r in json.load(open(kj)).items() if isinstance(r, dict) and "ms" in r and ":tf32:" in v}
             if ks:
-                rows, stream, _, warps = min(ks, key=lambda v: ks[v]["ms"]).split(":")
-                launch = dict(rows=int(rows), stream=bool(int(stream)), warps_k64=int(warps), warps_k128=int(warps))
+                rows, stream, _, warps, causal = (min(ks, key=lambda v: ks[v]["ms"]) + ":1").split(":")[:5]
+                launch = dict(rows=int(rows), stream=bool(int(stream)), warps_k64=int(warps), warps_k128=int(warps),
+                              causal=bool(int(causal)))
         if launch:
             mod.CG_LAUNCH.update(launch)
         print("CG_LAUNCH", mod.CG_LAUNCH, flush=True)

@@ -110,16 +110,17 @@ def test_odd_chunks_and_key_dims_are_padded(gen, C, K):
         assert rel(x1, x2) < CHUNK_F32_REL and (r1.cpu() - r2).abs().max().item() < CHUNK_F32_REL
 
 
-@pytest.mark.parametrize("launch", [dict(rows=16, stream=False), dict(rows=16, stream=True), dict(rows=32, stream=True),
-                                    dict(rows=64, stream=False)])
+@pytest.mark.parametrize("launch", [dict(rows=16, stream=False, causal=True), dict(rows=16, stream=True, causal=False),
+                                    dict(rows=32, stream=True, causal=True), dict(rows=64, stream=False, causal=False),
+                                    dict(rows=16, stream=False, causal=False)])
 @pytest.mark.parametrize("C, K", [(64, 24), (33, 16), (50, 40)])
 def test_the_rows_of_a_chunk_split_over_programs(gen, monkeypatch, launch, C, K):
-    """Every launch variant (CG_LAUNCH: 16, 32 or 64 rows of a chunk per program — a grid of B·H·N × ⌈C / rows⌉ —
-    Hsᵀ and kc held or re-read each iteration) solves each row's system alone: x and the residuals equal the twin's,
-    a last row block cut by C (33, 50) included, and the rows of kc a block leaves unread (j > its last row) change
-    nothing."""
-    monkeypatch.setitem(mesa_cg_mod.CG_LAUNCH, "rows", launch["rows"])
-    monkeypatch.setitem(mesa_cg_mod.CG_LAUNCH, "stream", launch["stream"])
+    """Every launch variant (CG_LAUNCH: 16, 32 or 64 rows of a chunk per program — B·H·N × ⌈C / rows⌉ programs —
+    Hsᵀ and kc held or re-read each iteration, the row blocks' kc tiles cut at their last row or not) solves each
+    row's system alone: x and the residuals equal the twin's, a last row block cut by C (33, 50) included, and the rows
+    of kc a block leaves unread or unmultiplied (j > its last row) change nothing."""
+    for key, val in launch.items():
+        monkeypatch.setitem(mesa_cg_mod.CG_LAUNCH, key, val)
     grids = []
     real = mesa_cg_mod._cg_kernel
     monkeypatch.setattr(mesa_cg_mod, "_cg_kernel", type("Spy", (), {"__getitem__": lambda s, g: grids.append(g) or
@@ -128,7 +129,11 @@ def test_the_rows_of_a_chunk_split_over_programs(gen, monkeypatch, launch, C, K)
     x1, r1 = mesa_cg_triton(*_on(DEV, args), 30)
     x2, r2 = mesa_cg_torch(*args, 30)
     rows = min(launch["rows"], 64 if C > 32 else 32)
-    assert grids == [(2 * 2, -(-C // rows))]
+    blocks = -(-C // rows)
+    tiles = [min(64, max(16, 1 << ((b + 1) * rows - 1).bit_length())) for b in range(blocks)]
+    want = [(t, tiles.count(t)) for t in dict.fromkeys(tiles)] if launch["causal"] else [(64, blocks)]
+    assert [(BC, n) for _, n, BC in mesa_cg_mod.launches(C, rows, launch["causal"])] == want
+    assert grids == [(2 * 2, n) for _, n in want]
     assert rel(x1, x2) < CHUNK_F32_REL and (r1.cpu() - r2).abs().max().item() < CHUNK_F32_REL
     assert rel(x1, _exact(_system_f64(args))) < CHUNK_F32_REL
 

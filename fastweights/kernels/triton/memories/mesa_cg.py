@@ -1,5 +1,6 @@
-"""MesaNet's chunked conjugate-gradient solve (`chunkwise.mesa._cg_flat`) in one Triton launch per solve: every
-CG iteration of a chunk's C systems in programs of BR rows each (the backward's solve is the same kernel).
+"""MesaNet's chunked conjugate-gradient solve (`chunkwise.mesa._cg_flat`) in one Triton launch per kc tile size (at
+most three at C = 64): every CG iteration of a chunk's C systems in programs of BR rows each (the backward's solve is
+the same kernel).
 
 Per chunk m (M = B·H·N chunks, the batch, heads and chunks flattened; h = head of m), for every token t of it:
 
@@ -8,8 +9,10 @@ Per chunk m (M = B·H·N chunks, the batch, heads and chunks flattened; h = head
 Row t's system reads only its own x_t, d_t, A[t, :] and the chunk's shared Hs and kc, so the C rows split over
 ⌈C / BR⌉ programs (grid M × ⌈C / BR⌉; BR = CG_LAUNCH["rows"], 16 by default), each computing on its BR rows
 Y = d ⊙ (X Hsᵀ) + ((X kcᵀ) ⊙ A) kc + λ ⊙ X (the torch form's `_flat_matvec`); kc rows past the block's last row
-(A_tj = 0 there) are not read. From x₀ = 0 it runs exactly `steps` iterations of the torch CG (`chunkwise.mesa._cg`;
-no early stop, the same guards):
+(A_tj = 0 there) are not read, and with CG_LAUNCH["causal"] not multiplied either: the row blocks launch grouped by
+the power-of-two kc tile that covers their rows (`launches`; C = 64, 16 rows: tiles 16, 32, 64, 64 in 3 launches).
+From x₀ = 0 it runs exactly `steps` iterations of the torch CG (`chunkwise.mesa._cg`; no early stop, the same
+guards):
 
     Ap = op(p);  α = rr / (p·Ap + 1e-30);  x += α p;  r −= α Ap;  rr' = r·r;  p = r + (rr' / (rr + 1e-30)) p
 
@@ -28,7 +31,8 @@ as torch's fp32 bmm without TF32: fp32 calls), "tf32" (one TF32 tensor-core prod
 chunk kernel before this split spilled 45.8 KB a thread (32 registers); 16 rows at "tf32" spill nothing (164
 registers at 8 warps), "ieee" 0.5 KB — docs/kernel_notes.md, "MesaNet's CG at the LM shape".
 
-Cost per chunk and solve (s = steps; the ⌈C / BR⌉ programs together, full tiles):
+Cost per chunk and solve (s = steps; the ⌈C / BR⌉ programs together, full tiles; causal: the 4C²K term × 0.69 at
+C = 64, BR = 16):
     FLOPs  (s + 1)·(2CK² + 4C²K + ~12CK)   (C = K = 64, s = 30: 4.9e7; C = 64, K = 128: 1.3e8)
     bytes  4·(⌈C / BR⌉(K² + CK) + 2CK + C² + C + K) read (Hs and kc once per program) + 4·(CK + C) written
 against the torch form's ~14 launches per iteration, each a round trip of [M, C, K] through GPU memory.
@@ -52,12 +56,14 @@ from ..common.util import pow2
 
 Tensor = torch.Tensor
 
-__all__ = ["mesa_cg", "mesa_cg_triton", "mesa_cg_torch", "cg_kernel_serves", "MAX_CG_C", "MAX_CG_K"]
+__all__ = ["mesa_cg", "mesa_cg_triton", "mesa_cg_torch", "cg_kernel_serves", "launches", "CG_LAUNCH", "MAX_CG_C",
+           "MAX_CG_K"]
 
 #: The launch: rows of a chunk per program (a power of two ≥ 16, tl.dot's tile; capped by the chunk's padded C),
-#: whether Hsᵀ and kc are re-read every iteration (True) or held in registers (False), and num_warps by the key tile
-#: (BK ≤ 64, else). Measured on an H200 (docs/kernel_notes.md, "MesaNet's CG at the LM shape").
-CG_LAUNCH = {"rows": 16, "stream": False, "warps_k64": 4, "warps_k128": 8}
+#: whether Hsᵀ and kc are re-read every iteration (True) or held in registers (False), whether the row blocks take
+#: kc tiles cut at their last row (`launches`), and num_warps by the key tile (BK ≤ 64, else). Chosen from sm_90
+#: register counts, not timed yet (docs/kernel_notes.md, "MesaNet's CG at the LM shape"; scripts/gpu_mesa_cg.py).
+CG_LAUNCH = {"rows": 16, "stream": False, "causal": True, "warps_k64": 4, "warps_k128": 8}
 
 
 @triton.jit
@@ -86,12 +92,12 @@ def _matvec(X, d, HsT, kc, A, lam, PREC: tl.constexpr, EMU: tl.constexpr):
 
 
 @triton.jit
-def _cg_kernel(b_ptr, d_ptr, hs_ptr, k_ptr, a_ptr, lam_ptr, x_ptr, res_ptr, N, H, C, K, steps,
+def _cg_kernel(b_ptr, d_ptr, hs_ptr, k_ptr, a_ptr, lam_ptr, x_ptr, res_ptr, N, H, C, K, steps, blk0,
                BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, EMU: tl.constexpr,
                STREAM: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     h = (m // N) % H
-    r0 = tl.program_id(1) * BR  # this program's rows r0 … r0 + BR − 1 of the chunk
+    r0 = (blk0 + tl.program_id(1)) * BR  # this program's rows r0 … r0 + BR − 1 of the chunk (r0 + BR ≤ BC)
     rt = r0 + tl.arange(0, BR)
     rc = tl.arange(0, BC)
     rk = tl.arange(0, BK)
@@ -99,7 +105,7 @@ def _cg_kernel(b_ptr, d_ptr, hs_ptr, k_ptr, a_ptr, lam_ptr, x_ptr, res_ptr, N, H
     mk = rk < K
     tk = mt[:, None] & mk[None, :]
     off = m * C * K + rt[:, None] * K + rk[None, :]
-    # kc rows j < min(C, r0 + BR): the later rows meet A_tj = 0 (j > t) in these rows' systems — left unread
+    # kc rows j < min(C, r0 + BR) ≤ BC: the later rows meet A_tj = 0 (j > t) in these rows' systems — left unread
     k_off = k_ptr + m * C * K + rc[:, None] * K + rk[None, :]
     k_mask = ((rc < C) & (rc < r0 + BR))[:, None] & mk[None, :]
     h_off = hs_ptr + m * K * K + rk[None, :] * K + rk[:, None]  # Hsᵀ[i, j] = Hs[j, i]
@@ -172,6 +178,24 @@ def _check(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor,
         raise InputError(f"steps must be an int ≥ 0, got {steps!r}")
 
 
+def launches(C: int, BR: int, causal: bool) -> list[tuple[int, int, int]]:
+    """The CG kernel's launches for chunks of C rows in blocks of BR: (first row block, blocks, kc tile BC) each.
+    causal: row block i reads kc rows < (i + 1)·BR only (A_tj = 0 for j > t), so the blocks are grouped by the
+    smallest power-of-two tile covering them (BR 16, C 64: tiles 16, 32, 64, 64 — three launches, 31% of the
+    X kcᵀ and (·) kc products left out); else one launch with the whole chunk's tile."""
+    nb = -(-C // BR)
+    if not causal:
+        return [(0, nb, pow2(C))]
+    out: list[tuple[int, int, int]] = []
+    for blk in range(nb):
+        BC = min(pow2(C), pow2((blk + 1) * BR))
+        if out and out[-1][2] == BC:
+            out[-1] = (out[-1][0], out[-1][1] + 1, BC)
+        else:
+            out.append((blk, 1, BC))
+    return out
+
+
 def mesa_cg_triton(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, steps: int,
                    precision: str = MESA_CG_PRECISION):
     """(x [B, H, N, C, K], res [B, H, N, C]): `steps` CG iterations of (H_t + Λ) x_t = b_t for every token of every
@@ -191,13 +215,13 @@ def mesa_cg_triton(b: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam:
     x = empty_output(M, C, K, dtype=torch.float32, device=b.device)
     res = empty_output(M, C, dtype=torch.float32, device=b.device)
     if M > 0 and C > 0 and K > 0:
-        BC, BK = pow2(C), pow2(K)
-        BR = min(BC, pow2(CG_LAUNCH["rows"]))
+        BK = pow2(K)
+        BR = min(pow2(C), pow2(CG_LAUNCH["rows"]))
         emu = precision == "tf32" and interpreter.interpreting()
         warps = CG_LAUNCH["warps_k64" if BK <= 64 else "warps_k128"]
-        _cg_kernel[(M, triton.cdiv(C, BR))](bf, df, Hf, kf, Af, lf, x, res, N, H, C, K, steps, BR=BR, BC=BC, BK=BK,
-                                            PREC=precision, EMU=emu, STREAM=bool(CG_LAUNCH["stream"]),
-                                            num_warps=warps)
+        for blk0, count, BC in launches(C, BR, bool(CG_LAUNCH["causal"])):
+            _cg_kernel[(M, count)](bf, df, Hf, kf, Af, lf, x, res, N, H, C, K, steps, blk0, BR=BR, BC=BC, BK=BK,
+                                   PREC=precision, EMU=emu, STREAM=bool(CG_LAUNCH["stream"]), num_warps=warps)
     return x.view(B, H, N, C, K), res.view(B, H, N, C)
 
 

@@ -26,7 +26,7 @@ x, r, p, Ap, b [BR, K] and Hsᵀ [K, K], kc [C, K], A [BR, C] on chip (C ≤ MAX
 padded to a power of two ≥ 16 — tl.dot's tile — and masked: padded rows and columns stay 0); CG_LAUNCH["stream"]
 re-reads Hsᵀ and kc every iteration instead (L1/L2-resident). Products by tl.dot at `precision`: "ieee" (fp32 FMAs,
 as torch's fp32 bmm without TF32: fp32 calls), "tf32" (one TF32 tensor-core product: bf16 calls,
-`limits.mesa_cg_precision`; under the interpreter its operands are rounded to TF32 first, the GPU's numbers) or
+`limits.mesa_cg_precision`; under the interpreter its operands are rounded to TF32 first: TF32's error) or
 "tf32x3". sm_90 (Triton 3.6's ptxas, `scripts/sm90_report.py --pipelines mesa`): at K = 128 the one-program-per-
 chunk kernel before this split spilled 45.8 KB a thread (32 registers); 16 rows at "tf32" spill nothing (164
 registers at 8 warps), "ieee" 0.5 KB — docs/kernel_notes.md, "MesaNet's CG at the LM shape".
@@ -68,7 +68,8 @@ CG_LAUNCH = {"rows": 16, "stream": False, "causal": True, "warps_k64": 4, "warps
 
 @triton.jit
 def _tf32(x):
-    """x (fp32) rounded to TF32's 10 mantissa bits (to nearest): what a "tf32" tl.dot multiplies on the GPU."""
+    """x (fp32) rounded to TF32's 10 mantissa bits (to nearest, ties away: cvt.rna.tf32's rounding; a tensor core
+    handed raw fp32 bits truncates instead — the same order of error, up to 2× per operand)."""
     bits = x.to(tl.int32, bitcast=True)
     return ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
 
@@ -76,7 +77,7 @@ def _tf32(x):
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr, EMU: tl.constexpr):
     """tl.dot(a, b) at PREC; EMU (the interpreter, whose dot ignores the precision): "tf32" as operands rounded to
-    TF32, then an fp32 product — the GPU's numbers to the accumulation order."""
+    TF32, then an fp32 product — TF32's error, not bit-for-bit the GPU's numbers (`_tf32`)."""
     if EMU:
         return tl.dot(_tf32(a), _tf32(b), input_precision="ieee")
     else:

@@ -338,7 +338,7 @@ TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 # x against the float64 exact solve, as a fraction of how far the float64 solve itself moves when its inputs are
 # rounded to bf16 (the error a bf16 call carries before any solve). Measured under the interpreter (TF32 emulated by
 # operand rounding, C = 64, K = 64, 3 draws): tf32 1.0–2.0e-4 against bf16 inputs' 3.3–4.3e-3 (≤ 0.05 of it); ieee
-# 2–3e-7. Bound: ≈ 4× room.
+# 2–3e-7; TF32 by truncation (what a tensor core handed raw fp32 bits may do) 2.1–2.7e-4, ≤ 0.07. Bound: ≈ 4× room.
 MESA_CG_TF32_OF_BF16 = 0.25
 # bf16 q, k, v through the row (tf32 solves) against the float64 exact solve: o, final states, every gradient, each
 # relative — the bf16 inputs' and outputs' own rounding dominates. Measured under the interpreter (T 150/130, K 32/128,

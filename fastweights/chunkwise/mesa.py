@@ -121,11 +121,42 @@ class _CGSolve(torch.autograd.Function):
             u = _cg_flat(gx, *params, ctx.steps)  # M u = ∂L/∂q* (M symmetric)
         else:
             u = ctx.solver(gx, *params, ctx.steps)[0]
-        with torch.enable_grad():
-            leaves = [p.detach().requires_grad_(True) for p in params]
-            s = -(u * _matvec(x, *leaves)).sum()  # ∂/∂θ of −uᵀ M(θ) q*
-            grads = torch.autograd.grad(s, leaves, allow_unused=True)
-        return (u, *grads, None, None)
+        return (u, *_matvec_grads(x, u, *params, needs=ctx.needs_input_grad[1:6]), None, None)
+
+
+def _matvec_grads(x: Tensor, u: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, needs=(True,) * 5):
+    """∂/∂(d, Hs, kc, A, λ) of s = −Σ u ⊙ M(θ) x, M(θ) x = `_matvec(x, d, Hs, kc, A, lam)`, written out (six bmm and a
+    few products on the chunks flattened — what autograd through the broadcast 5-d products computed, with fewer
+    passes over [B, H, N, C, K]): with X = x kcᵀ, U = u kcᵀ [C, C] per chunk,
+
+        ∂d = −Σ_k u ⊙ (x Hsᵀ)     ∂Hs = −(d ⊙ u)ᵀ x     ∂A = −U ⊙ X
+        ∂kc = −((U ⊙ A)ᵀ x + (X ⊙ A)ᵀ u)     ∂λ = −Σ u ⊙ x
+
+    each summed to its input's (broadcast) shape; None where `needs` says no gradient is wanted. x, u, kc
+    [B, H, N, C, K]; d [B, H, N, C, 1]; Hs [B, H, N, K, K]; A [B, H, N, C, C]; λ [1, H, 1, 1, K] (or broadcastable)."""
+    B, H, N, C, K = x.shape
+    M = B * H * N
+    x3, k3 = x.reshape(M, C, K), kc.reshape(M, C, K)
+    n3 = -u.reshape(M, C, K)  # −u: the one sign, carried by every product below
+    d3 = d.expand(B, H, N, C, 1).reshape(M, C, 1)
+    A3 = A.expand(B, H, N, C, C).reshape(M, C, C)
+    gd = gHs = gk = gA = glam = None
+    if needs[0]:
+        xH = torch.bmm(x3, Hs.reshape(M, K, K).transpose(1, 2))  # x Hsᵀ
+        gd = (n3 * xH).sum(-1, keepdim=True).view(B, H, N, C, 1).sum_to_size(d.shape)
+    if needs[1]:
+        gHs = torch.bmm((d3 * n3).transpose(1, 2), x3).view(B, H, N, K, K)
+    if needs[2] or needs[3]:
+        kT = k3.transpose(1, 2)
+        X, U = torch.bmm(x3, kT), torch.bmm(n3, kT)  # [M, C, C]: x kcᵀ and −u kcᵀ
+        if needs[3]:
+            gA = (U * X).view(B, H, N, C, C).sum_to_size(A.shape)
+        if needs[2]:
+            gk = torch.bmm((U * A3).transpose(1, 2), x3)
+            gk = torch.baddbmm(gk, (X * A3).transpose(1, 2), n3).view(B, H, N, C, K)
+    if needs[4]:
+        glam = (n3.view(B, H, N, C, K) * x).sum_to_size(lam.shape)
+    return gd, gHs, gk, gA, glam
 
 
 def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):

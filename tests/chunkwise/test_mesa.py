@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fastweights as fw
-from fastweights.chunkwise.mesa import chunk_states, mesa_chunk
+from fastweights.chunkwise.mesa import _matvec, _matvec_grads, chunk_states, mesa_chunk
 from tests.helpers import make_case, max_err, run_with_grads
 from tests.tolerances import (
     CHUNK_F64,
@@ -135,3 +135,22 @@ def test_chunk_states_equal_the_sequential_recurrence(scale):
     f32 = chunk_states(*(t.float() for t in (a, dH, dG, H0, G0)))
     for x, y in zip(f32, want):
         assert ((x.double() - y).norm() / y.norm()).item() < MESA_STATES_F32_REL
+
+
+def test_the_implicit_backwards_matvec_gradients_equal_autograd():
+    """The CG solve's backward pushes −uᵀ M(θ) q* to (d, Hs, kc, A, λ) by hand (`_matvec_grads`): equal to autograd
+    through `_matvec` (float64, a non-symmetric Hs so its orientation shows, λ broadcast over batch and chunks), and
+    None for what is not asked."""
+    gen = torch.Generator().manual_seed(0)
+    B, H, N, C, K = 2, 3, 2, 5, 4
+    x, u, kc = (torch.randn(B, H, N, C, K, generator=gen, dtype=torch.float64) for _ in range(3))
+    d = torch.rand(B, H, N, C, 1, generator=gen, dtype=torch.float64)
+    Hs = torch.randn(B, H, N, K, K, generator=gen, dtype=torch.float64)
+    A = torch.randn(B, H, N, C, C, generator=gen, dtype=torch.float64).tril()
+    lam = torch.rand(1, H, 1, 1, K, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (d, Hs, kc, A, lam)]
+    want = torch.autograd.grad(-(u * _matvec(x, *leaves)).sum(), leaves)
+    got = _matvec_grads(x, u, d, Hs, kc, A, lam)
+    for name, a, b in zip(("d", "Hs", "kc", "A", "lam"), got, want):
+        assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() < EXACT_F64, name
+    assert _matvec_grads(x, u, d, Hs, kc, A, lam, needs=(False, True, False, True, False))[::2] == (None, None, None)

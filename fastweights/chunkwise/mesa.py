@@ -168,7 +168,7 @@ def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
 
     — [N + 1, N] decay weights (masked before the exp: every exponent used is ≤ 0; P summed in float64) times the N
     chunks' updates flattened, in H0's dtype with autocast off (the states carry the sum of N updates: no bf16 rounding
-    of it).
+    of it); the start states and the end state by separate products, so each comes out contiguous.
     a [B, H, N]; dH [B, H, N, K, K]; dG [B, H, N, K, V]; H0 [B, H, K, K]; G0 [B, H, K, V].
     Returns (Hs [B, H, N, K, K], Gs [B, H, N, K, V], H_end [B, H, K, K], G_end [B, H, K, V]), in H0's dtype."""
     B, H, N, K, V = dG.shape
@@ -179,12 +179,18 @@ def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
         P = torch.cat([a.new_zeros(B, H, 1), a.double().cumsum(-1)], dim=-1)  # [B, H, N + 1]
         mask = torch.ones(N + 1, N, dtype=torch.bool, device=a.device).tril(-1)  # m < n
         L = torch.where(mask, P[..., :, None] - P[..., None, 1:], float("-inf")).exp().to(dtype)  # [B, H, N + 1, N]
-        dS = torch.cat([dH.to(dtype).reshape(B, H, N, K * K), dG.to(dtype).reshape(B, H, N, K * V)], dim=-1)
-        S0 = torch.cat([H0.reshape(B, H, 1, K * K), G0.to(dtype).reshape(B, H, 1, K * V)], dim=-1)
-        S0 = P.exp().to(dtype).reshape(B * H, N + 1, 1) * S0.reshape(B * H, 1, -1)  # exp(P_n) S_0
-        S = torch.baddbmm(S0, L.reshape(B * H, N + 1, N), dS.reshape(B * H, N, -1)).view(B, H, N + 1, -1)
-    Hs, Gs = S[..., :K * K].unflatten(-1, (K, K)), S[..., K * K:].unflatten(-1, (K, V))
-    return Hs[:, :, :N], Gs[:, :, :N], Hs[:, :, N], Gs[:, :, N]
+        L = L.reshape(B * H, N + 1, N)
+        E = P.exp().to(dtype).reshape(B * H, N + 1, 1)  # exp(P_n), S_0's weight
+
+        def states(dS, S0, n):  # [B·H, rows, n] products, each its own contiguous tensor (no slices to differentiate)
+            S0 = S0.to(dtype).reshape(B * H, 1, n)
+            dS = dS.to(dtype).reshape(B * H, N, n)
+            return (torch.baddbmm(E[:, :N] * S0, L[:, :N], dS).view(B, H, N, n),
+                    torch.baddbmm(E[:, N:] * S0, L[:, N:], dS).view(B, H, n))
+
+        Hs, H_end = states(dH, H0, K * K)
+        Gs, G_end = states(dG, G0, K * V)
+    return Hs.view(B, H, N, K, K), Gs.view(B, H, N, K, V), H_end.view(B, H, K, K), G_end.view(B, H, K, V)
 
 
 def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor, lamb: Tensor,
@@ -210,7 +216,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
         if pad:
             x = torch.cat([x, x.new_zeros((B, pad) + x.shape[2:])], dim=1)
         x = x.view((B, N, C) + x.shape[2:])
-        return x.permute((0, 3, 1, 2) + tuple(range(4, x.dim())))
+        return x.permute((0, 3, 1, 2) + tuple(range(4, x.dim()))).contiguous()  # (one copy, not one per product)
 
     kc, vc, qc, bc = chunks(k), chunks(v), scale * chunks(q), chunks(beta)  # [B, H, N, C, ·], bc [B, H, N, C]
     cum = chunks(g).cumsum(-1) if g is not None else torch.zeros_like(bc)  # [B, H, N, C]

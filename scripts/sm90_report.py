@@ -10,6 +10,7 @@ fails here too.
     python3 scripts/sm90_report.py --json out.json
     python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
     python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # the loop kernels
+    python3 scripts/sm90_report.py --pipelines mesa --head-dims 64 128 --dtypes float32  # Mesa's CG variants
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -207,8 +208,36 @@ def _rope_workload(head_dims, dtypes, gates):
             rope(x, 0, positions=pos, period=16).float().sum().backward()
 
 
+#: MesaNet's CG kernel's launch variants (rows per program, Hsᵀ/kc streamed, tl.dot precision, num_warps): the first
+#: is the kernel before issue 36's split (one program per chunk, fp32 FMAs, 4 warps at K ≤ 64, 8 at 128).
+MESA_VARIANTS = ("64:0:ieee:old", "16:0:tf32:4", "16:1:tf32:4", "32:0:tf32:4", "32:1:tf32:4", "64:1:tf32:4",
+                 "64:1:tf32:8", "16:0:ieee:4", "16:1:ieee:4", "16:1:tf32x3:4", "16:0:tf32:8", "32:1:tf32:8")
+
+
+def _mesa_workload(head_dims, dtypes, gates, variants=MESA_VARIANTS):
+    """MesaNet's CG kernel (`kernels/triton/memories/mesa_cg.py`, C = 64) at each launch variant
+    "rows:stream:precision:warps" (warps "old": 4 at K ≤ 64, 8 above)."""
+    import torch
+
+    from fastweights.kernels.triton.memories import mesa_cg as mod
+
+    gen = torch.Generator().manual_seed(0)
+    old = dict(mod.CG_LAUNCH)
+    for D in head_dims:
+        C, Hh, N = 64, 2, 2
+        args = [torch.randn(1, Hh, N, C, D, generator=gen), torch.rand(1, Hh, N, C, 1, generator=gen),
+                torch.randn(1, Hh, N, D, D, generator=gen), torch.randn(1, Hh, N, C, D, generator=gen),
+                torch.rand(1, Hh, N, C, C, generator=gen), torch.rand(1, Hh, 1, 1, D, generator=gen)]
+        for v in variants:
+            rows, stream, prec, warps = v.split(":")
+            w = (4 if D <= 64 else 8) if warps == "old" else int(warps)
+            mod.CG_LAUNCH.update(rows=int(rows), stream=bool(int(stream)), warps_k64=w, warps_k128=w)
+            mod.mesa_cg_triton(*args, 30, prec)
+    mod.CG_LAUNCH.update(old)
+
+
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
-             "conv": _conv_workload, "rope": _rope_workload}
+             "conv": _conv_workload, "rope": _rope_workload, "mesa": _mesa_workload}
 
 
 def main():
@@ -261,7 +290,7 @@ def main():
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
-                            "HAS_PERIOD", "SIGN")})
+                            "HAS_PERIOD", "SIGN", "PREC", "STREAM")})
             rows.append(info)
         return kernel
 
@@ -274,7 +303,7 @@ def main():
         desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
-                                                 "HAS_PERIOD", "SIGN") if k in c)
+                                                 "HAS_PERIOD", "SIGN", "PREC", "STREAM") if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

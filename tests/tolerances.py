@@ -36,6 +36,11 @@ MESA_CG_RESIDUAL = 1e-8
 # Mesa with bf16 q, k, v vs fp32, absolute over (1 + max |o|): the solve amplifies the inputs'
 # bf16 rounding by the system's condition number.
 MESA_BF16 = 0.05
+# Mesa's chunk-boundary states in closed form (chunkwise.mesa.chunk_states: exp(P_n − P_{m+1}) weights, one product)
+# in fp32 vs the sequential recurrence in float64, relative (states, N = 64 chunks, per-chunk log-decays up to −10):
+# measured ≤ 1.4e-7 over 3 decay scales, as the fp32 recurrence itself (≤ 2.1e-7). ≈ 7× room — tight enough to
+# catch P summed in fp32 (7e-6 at decays ≈ −5 a chunk: |P| ≈ 320 cancels in P_n − P_{m+1}).
+MESA_STATES_F32_REL = 1e-6
 
 # ---------------------------------------------------------------- reference forms (tests/reference)
 # fp32 recurrent vs float64 recurrent at T = 6, absolute over (1 + max |o|): every zoo recipe,
@@ -346,12 +351,19 @@ SWAP_CUDA_TF32_REL = 2e-2
 # ≤ 1.04e-6 over 72 draws of the file's cases.) TTT-MLP's kernels (kernels/triton/memories/ttt_mlp.py, the same
 # inputs, F = 64) measured the same: bf16 ≤ 5.5e-3 over 10 draws, fp16 ≤ 5.5e-4 over 8.
 TTT_LOW_REL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
-# bf16 q, k, v into Mesa's chunk form on the CG kernel's row (kernels/triton/memories/mesa_cg.py) against the torch
-# row on the same device and inputs, relative (outputs, final state, every gradient): both compute in fp32 from the same
-# rounded inputs (CG agreeing to ~1e-6) and round o, dq, dk, dv to bf16, where two fp32 values a rounding apart can
-# land one bf16 ulp apart (2⁻⁸ of the element); ≈ 2.5× room over one ulp of the largest element. (Under the
-# interpreter, B 2, T 40, K 16: ≤ 5.5e-5 over 6 draws — most elements round alike.)
-MESA_CG_KERNEL_LOW_REL = {torch.bfloat16: 1e-2}
+# The CG kernel at tl.dot "tf32" (the row's precision for bf16 q, k, v: limits.mesa_cg_precision) on fp32 systems,
+# x against the float64 exact solve, as a fraction of how far the float64 solve itself moves when its inputs are
+# rounded to bf16 (the error a bf16 call carries before any solve). Measured under the interpreter (TF32 emulated by
+# operand rounding, C = 64, K = 64, 3 draws): tf32 1.0–2.0e-4 against bf16 inputs' 3.3–4.3e-3 (≤ 0.05 of it); ieee
+# 2–3e-7; TF32 by truncation (what a tensor core handed raw fp32 bits may do) 2.1–2.7e-4, ≤ 0.07. Bound: ≈ 4× room.
+MESA_CG_TF32_OF_BF16 = 0.25
+# bf16 q, k, v through the row (tf32 solves) against the float64 exact solve: o, final states, every gradient, each
+# relative — the bf16 inputs' and outputs' own rounding dominates. Measured under the interpreter (T 150/130, K 32/128,
+# 5 draws): ≤ 5.0e-3, the same as the torch row's fp32 CG on the same inputs (its max over the quantities ≤ 5.04e-3;
+# the row's max / the torch row's max ≤ 1.0, per quantity ≤ 1.6 on dH0). Bounds: ≈ 3× room, and the row's largest
+# error within MESA_CG_TF32_ROW_RATIO of the torch row's.
+MESA_CG_TF32_BF16_REL = 1.5e-2
+MESA_CG_TF32_ROW_RATIO = 1.25
 
 # the training loop and its CUDA graph (tests/training, tests/cuda/test_graphed_step.py)
 WEIGHTS_MOVED = 1e-3  # a weight that "moved" after a few AdamW steps differs from its start by more than this

@@ -27,8 +27,8 @@ is unstable once CG has converged: the step sizes divide by vanishing residuals.
 
 Both solves (and the residual) run here in torch — ~14 launches per iteration, 30 iterations, each
 way — unless a solver of the same contract is passed (`cg=`): the Triton row ("mesa", "chunk",
-"triton") passes `kernels.triton.memories.mesa_cg.mesa_cg`, every iteration of a chunk's systems in one
-program, the same iterations to fp32 rounding.
+"triton") passes `kernels.triton.memories.mesa_cg.mesa_cg`, every iteration of every chunk's systems in one
+launch, the same iterations to fp32 rounding ("ieee"; bf16 calls at "tf32": the row's precision).
 """
 
 from __future__ import annotations
@@ -121,11 +121,76 @@ class _CGSolve(torch.autograd.Function):
             u = _cg_flat(gx, *params, ctx.steps)  # M u = ∂L/∂q* (M symmetric)
         else:
             u = ctx.solver(gx, *params, ctx.steps)[0]
-        with torch.enable_grad():
-            leaves = [p.detach().requires_grad_(True) for p in params]
-            s = -(u * _matvec(x, *leaves)).sum()  # ∂/∂θ of −uᵀ M(θ) q*
-            grads = torch.autograd.grad(s, leaves, allow_unused=True)
-        return (u, *grads, None, None)
+        return (u, *_matvec_grads(x, u, *params, needs=ctx.needs_input_grad[1:6]), None, None)
+
+
+def _matvec_grads(x: Tensor, u: Tensor, d: Tensor, Hs: Tensor, kc: Tensor, A: Tensor, lam: Tensor, needs=(True,) * 5):
+    """∂/∂(d, Hs, kc, A, λ) of s = −Σ u ⊙ M(θ) x, M(θ) x = `_matvec(x, d, Hs, kc, A, lam)`, written out (six bmm and a
+    few products on the chunks flattened — what autograd through the broadcast 5-d products computed, with fewer
+    passes over [B, H, N, C, K]): with X = x kcᵀ, U = u kcᵀ [C, C] per chunk,
+
+        ∂d = −Σ_k u ⊙ (x Hsᵀ)     ∂Hs = −(d ⊙ u)ᵀ x     ∂A = −U ⊙ X
+        ∂kc = −((U ⊙ A)ᵀ x + (X ⊙ A)ᵀ u)     ∂λ = −Σ u ⊙ x
+
+    each summed to its input's (broadcast) shape; None where `needs` says no gradient is wanted. x, u, kc
+    [B, H, N, C, K]; d [B, H, N, C, 1]; Hs [B, H, N, K, K]; A [B, H, N, C, C]; λ [1, H, 1, 1, K] (or broadcastable)."""
+    B, H, N, C, K = x.shape
+    M = B * H * N
+    x3, k3 = x.reshape(M, C, K), kc.reshape(M, C, K)
+    n3 = -u.reshape(M, C, K)  # −u: the one sign, carried by every product below
+    d3 = d.expand(B, H, N, C, 1).reshape(M, C, 1)
+    A3 = A.expand(B, H, N, C, C).reshape(M, C, C)
+    gd = gHs = gk = gA = glam = None
+    if needs[0]:
+        xH = torch.bmm(x3, Hs.reshape(M, K, K).transpose(1, 2))  # x Hsᵀ
+        gd = (n3 * xH).sum(-1, keepdim=True).view(B, H, N, C, 1).sum_to_size(d.shape)
+    if needs[1]:
+        gHs = torch.bmm((d3 * n3).transpose(1, 2), x3).view(B, H, N, K, K)
+    if needs[2] or needs[3]:
+        kT = k3.transpose(1, 2)
+        X, U = torch.bmm(x3, kT), torch.bmm(n3, kT)  # [M, C, C]: x kcᵀ and −u kcᵀ
+        if needs[3]:
+            gA = (U * X).view(B, H, N, C, C).sum_to_size(A.shape)
+        if needs[2]:
+            gk = torch.bmm((U * A3).transpose(1, 2), x3)
+            gk = torch.baddbmm(gk, (X * A3).transpose(1, 2), n3).view(B, H, N, C, K)
+    if needs[4]:
+        glam = (n3.view(B, H, N, C, K) * x).sum_to_size(lam.shape)
+    return gd, gHs, gk, gA, glam
+
+
+def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
+    """The chunk-boundary states of the recurrence S_{n+1} = exp(a_n) S_n + dS_n (S = H and G, S_0 = H0, G0) in
+    closed form, as one product instead of N sequential updates (2N launches each way on a GPU, and their autograd):
+    with P_n = Σ_{l<n} a_l (a ≤ 0: the chunks' total log-decays, so P never rises),
+
+        S_n = exp(P_n) S_0 + Σ_{m<n} exp(P_n − P_{m+1}) dS_m,   n = 0 … N
+
+    — [N + 1, N] decay weights (masked before the exp: every exponent used is ≤ 0; P summed in float64) times the N
+    chunks' updates flattened, in H0's dtype with autocast off (the states carry the sum of N updates: no bf16 rounding
+    of it); the start states and the end state by separate products, so each comes out contiguous.
+    a [B, H, N]; dH [B, H, N, K, K]; dG [B, H, N, K, V]; H0 [B, H, K, K]; G0 [B, H, K, V].
+    Returns (Hs [B, H, N, K, K], Gs [B, H, N, K, V], H_end [B, H, K, K], G_end [B, H, K, V]), in H0's dtype."""
+    B, H, N, K, V = dG.shape
+    dtype = H0.dtype
+    with torch.autocast(a.device.type, enabled=False):
+        # P in float64 (B·H·(N + 1) numbers): P_n − P_{m+1} cancels two sums that reach |P| ≈ 400 at T 4096 — in fp32
+        # their rounding (|P|·6e-8) put up to 7e-6 of relative error into the states (tests/chunkwise/test_mesa.py)
+        P = torch.cat([a.new_zeros(B, H, 1), a.double().cumsum(-1)], dim=-1)  # [B, H, N + 1]
+        mask = torch.ones(N + 1, N, dtype=torch.bool, device=a.device).tril(-1)  # m < n
+        L = torch.where(mask, P[..., :, None] - P[..., None, 1:], float("-inf")).exp().to(dtype)  # [B, H, N + 1, N]
+        L = L.reshape(B * H, N + 1, N)
+        E = P.exp().to(dtype).reshape(B * H, N + 1, 1)  # exp(P_n), S_0's weight
+
+        def states(dS, S0, n):  # [B·H, rows, n] products, each its own contiguous tensor (no slices to differentiate)
+            S0 = S0.to(dtype).reshape(B * H, 1, n)
+            dS = dS.to(dtype).reshape(B * H, N, n)
+            return (torch.baddbmm(E[:, :N] * S0, L[:, :N], dS).view(B, H, N, n),
+                    torch.baddbmm(E[:, N:] * S0, L[:, N:], dS).view(B, H, n))
+
+        Hs, H_end = states(dH, H0, K * K)
+        Gs, G_end = states(dG, G0, K * V)
+    return Hs.view(B, H, N, K, K), Gs.view(B, H, N, K, V), H_end.view(B, H, K, K), G_end.view(B, H, K, V)
 
 
 def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor, lamb: Tensor,
@@ -136,7 +201,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     `kernels.triton.memories.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
-    The chunk-boundary states run first (one small update per chunk); then every chunk's solves
+    The chunk-boundary states run first (`chunk_states`: one decay-weighted product); then every chunk's solves
     and outputs run at once, the chunks a batch dimension, so CG's `cg_steps` iterations run once
     for the whole sequence. A last partial chunk is padded with β = 0, g = 0, q = 0 tokens: they
     write nothing, and their outputs are dropped."""
@@ -151,7 +216,7 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
         if pad:
             x = torch.cat([x, x.new_zeros((B, pad) + x.shape[2:])], dim=1)
         x = x.view((B, N, C) + x.shape[2:])
-        return x.permute((0, 3, 1, 2) + tuple(range(4, x.dim())))
+        return x.permute((0, 3, 1, 2) + tuple(range(4, x.dim()))).contiguous()  # (one copy, not one per product)
 
     kc, vc, qc, bc = chunks(k), chunks(v), scale * chunks(q), chunks(beta)  # [B, H, N, C, ·], bc [B, H, N, C]
     cum = chunks(g).cumsum(-1) if g is not None else torch.zeros_like(bc)  # [B, H, N, C]
@@ -160,15 +225,9 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     d = cum.exp()[..., None]  # [B, H, N, C, 1]
     # chunk-boundary states: (H_s, G_s) at the start of every chunk, and at the end
     w = (cum[..., -1:] - cum).exp() * bc  # [B, H, N, C]
-    last = cum[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
     kw = (kc * w[..., None]).transpose(-1, -2)  # [B, H, N, K, C]
     dH, dG = kw @ kc, kw @ vc  # [B, H, N, K, K], [B, H, N, K, V]
-    Hs, Gs = [symmetric_part(H0)], [G0]
-    for n in range(N):
-        Hs.append(last[:, :, n] * Hs[-1] + dH[:, :, n])
-        Gs.append(last[:, :, n] * Gs[-1] + dG[:, :, n])
-    H_end, G_end = Hs.pop(), Gs.pop()
-    Hs, Gs = torch.stack(Hs, dim=2), torch.stack(Gs, dim=2)  # [B, H, N, K, ·]
+    Hs, Gs, H_end, G_end = chunk_states(cum[..., -1], dH, dG, symmetric_part(H0), G0)
     lam = lamb[None, :, None, None, :]  # [1, H, 1, 1, K]
     if solve == "exact":
         Ht = d[..., None] * Hs.unsqueeze(3) + torch.einsum("bhntj,bhnjk,bhnjl->bhntkl", A, kc, kc)

@@ -25,7 +25,7 @@ layer / norm / triton              →  `gated_rms_norm` → kernels.triton.laye
 layer / prologue / triton          →  `delta_prologue` → kernels.triton.layer.prologue.delta_prologue
 mesa / chunk / triton              →  `mesa_chunk` → torch_backend's Mesa chunk form with both CG solves
                                       in kernels.triton.memories.mesa_cg (pipeline "CG kernel"; C ≤ 64, K ≤ 128,
-                                      not float64)
+                                      not float64; tl.dot at TF32 for bf16 q, k, v)
 
 The recurrent rows are what a layer's decoding step runs on CUDA (`MemoryMixer.step` uses the
 recurrent form, routed per call like every other). The functional form never changes the
@@ -366,7 +366,8 @@ def generic_chunk_pipeline(recipe: Recipe, target) -> str:
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
 _PINNABLE = {"delta": ("pipeline", DeltaPipeline, "a kernels.pipelines.DeltaPipeline"),
              "gated_linear": ("pipeline", GatedPipeline, "a kernels.pipelines.GatedPipeline"),
-             "generic": ("precision", None, "one of the generic row's tl.dot precisions (limits.DOT_PRECISIONS)")}
+             "generic": ("precision", None, "one of the generic row's tl.dot precisions (limits.DOT_PRECISIONS)"),
+             "mesa": ("precision", None, "one of the CG kernel's tl.dot precisions (limits.DOT_PRECISIONS)")}
 
 
 @contextmanager
@@ -374,7 +375,8 @@ def pinned(recipe_class: str, **option):
     """Within the block, the Triton chunk row of `recipe_class` runs every call with `option` instead of its rule's
     choice — an A/B measurement through `fw.chunk` or a model (scripts/gpu_diag.py, gpu_gated_fused.py,
     step_costs.py): "delta" `pipeline=DeltaPipeline(...)`, "gated_linear" `pipeline=GatedPipeline(...)`, "generic"
-    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP, Titans). The
+    `precision="tf32x3"` (or "ieee", "tf32": its kernels' tl.dot — Newton–Schulz, TTT-Linear, TTT-MLP, Titans), "mesa"
+    `precision=` (the CG kernel's tl.dot, both solves). The
     row's `pipeline` names the pinned choice (a layer's repr, `fastweights.pipeline`); the row is put back after
     (assigning DISPATCH clears the route cache). A pipeline whose kernels cannot take a call raises there (the glue's
     error), never falls back. Yields the pinned row."""
@@ -398,7 +400,7 @@ def pinned(recipe_class: str, **option):
         raise InputError(f"{name} must be {what}, got {value!r}")
     key = (recipe_class, "chunk", "triton")
     impl = DISPATCH[key]
-    label = value if kind is not None else f"Newton–Schulz kernel ({value})"
+    label = value if kind is not None else f"{'CG' if recipe_class == 'mesa' else 'Newton–Schulz'} kernel ({value})"
 
     def named(recipe, target):  # the generic row's TTT calls: their kernels at the pinned precision
         if recipe_class == "generic" and recipe is not None and _ttt_kernels(recipe) is not None:
@@ -674,11 +676,18 @@ def mesa_chunk_pipeline(recipe: Recipe, target) -> str:
     return MESA_PIPELINES[0]
 
 
-def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30):
+def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30,
+               precision: str | None = None):
     """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
-    (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration.
-    solve="exact" (the check) runs the exact solve here as on the torch row."""
+    (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration,
+    its tl.dot at `precision` (None: `limits.mesa_cg_precision(q's dtype)`, "tf32" for bf16, else "ieee";
+    `pinned("mesa", precision=)` sets it for A/B runs). solve="exact" (the check) runs the exact solve here as on the
+    torch row."""
+    import functools
+
     from ..torch_backend import mesa_chunk_impl
+    from .triton.common.limits import mesa_cg_precision
     from .triton.memories.mesa_cg import mesa_cg
 
-    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=mesa_cg)
+    cg = functools.partial(mesa_cg, precision=precision or mesa_cg_precision(call.q.dtype))
+    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=cg)

@@ -192,6 +192,9 @@ def test_a_pinned_row_runs_the_pinned_pipeline_and_is_put_back(monkeypatch, gen)
         with rows.pinned("generic", pipeline=DeltaPipeline()):
             pass
     with pytest.raises(InputError, match="recipe_class must be one of"):
+        with rows.pinned("softmax", pipeline=DeltaPipeline()):
+            pass
+    with pytest.raises(InputError, match="takes one option, precision="):  # Mesa's CG row: its precision
         with rows.pinned("mesa", pipeline=DeltaPipeline()):
             pass
     assert dispatch.DISPATCH[("delta", "chunk", "triton")] is not None

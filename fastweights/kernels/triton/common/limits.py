@@ -24,8 +24,8 @@ GATED_FUSED_MAX_HEAD_DIM_CUDA = 128
 #: tiles in registers — not yet run on a GPU), and the mini-batch b (a tile dim of tl.dot: a power of two ≥ 16).
 MAX_TTT_DIM = 128
 TTT_MINIBATCHES = (16, 32, 64)
-#: MesaNet's CG kernel (`mesa_cg.py`): chunks of C ≤ MAX_CG_C tokens, key dims K ≤ MAX_CG_K (the program keeps the
-#: chunk's x, r, p, Ap [C, K], Hs [K, K], kc and A in fp32 registers; padded to powers of two ≥ 16).
+#: MesaNet's CG kernel (`mesa_cg.py`): chunks of C ≤ MAX_CG_C tokens, key dims K ≤ MAX_CG_K (a program keeps its
+#: rows' x, r, p, Ap [BR, K] and the chunk's Hs [K, K], kc [C, K] on chip; padded to powers of two ≥ 16).
 MAX_CG_C = 64
 MAX_CG_K = 128
 
@@ -62,6 +62,19 @@ LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
 #: kernels took 720 ms fwd + bwd against the torch mini-batch form's 585 ms (H200, bf16, BENCHMARKS §1p); at D 64 (B 64,
 #: T 512, H 2) 17.9 ms against 58.8. Above it the row refuses (auto: the torch row).
 TITANS_MAX_DIM = 64
+
+
+#: MesaNet's CG kernel's tl.dot precision for fp32/fp16 q, k, v ("ieee": the torch CG's fp32 products) and for bf16
+#: ones (MESA_CG_BF16_PRECISION): see `mesa_cg_precision` and docs/kernel_notes.md ("MesaNet's CG at the LM shape").
+MESA_CG_PRECISION = "ieee"
+MESA_CG_BF16_PRECISION = "tf32"
+
+
+def mesa_cg_precision(dtype) -> str:
+    """The CG kernel's tl.dot precision for a Mesa call whose q, k, v are `dtype` (a torch dtype): one TF32 product
+    per dot for bfloat16 (TF32's 10 mantissa bits round 8× finer than bf16's 7: the solve's error sits under the
+    inputs' own, measured against float64 in tests/kernels/memories/test_triton_mesa_cg.py), else "ieee"."""
+    return MESA_CG_BF16_PRECISION if str(dtype) == "torch.bfloat16" else MESA_CG_PRECISION
 
 
 def loop_precision(kernels: str, dtype) -> str:

@@ -140,20 +140,22 @@ def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile)
 
 def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, gen):
     """K = 20 (padded to a 32-wide tile), V = 12 (padded to 16), F = 80 in tiles of 32 (the last one partial),
-    b = 32 with a carried mini-batch of 7 tokens, grouped heads; without gradients (no_grad) the forward keeps no
-    start states (SAVE off) and returns the same."""
+    b = 32 with a carried mini-batch of 7 tokens, grouped heads; without gradients (no_grad) the forward (its state
+    pass and readout, no backward kernel) returns the same."""
     from fastweights.kernels.triton.memories import titans as mod
 
-    saves = []
-    real = mod._fwd_kernel.run
-    monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: saves.append(kw["SAVE"]) or real(*a, **kw))
+    calls = []
+    for kernel in (mod._state_kernel, mod._readout_kernel, mod._bwd_read_kernel, mod._bwd_kernel):
+        real = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, _real=real, _k=kernel, **kw: calls.append(_k) or _real(*a, **kw))
     x = _inputs(gen, T=41, Hq=1, H=2, K=20, V=12)
     seed = _seed(gen)
     got = _run(lambda leaves, off: _kernel(leaves, off, b=32), _fp32(x), 7, seed)
     _agree(got, _run(lambda leaves, off: _twin(leaves, off, b=32), x, 7, seed), CHUNK_F32_REL)
     with torch.no_grad():
         o, weights, momentum, anchor, _ = _kernel(_fp32(x), 7, b=32)
-    assert saves == [True, False]
+    assert calls == [mod._state_kernel, mod._readout_kernel, mod._bwd_read_kernel, mod._bwd_kernel,
+                     mod._state_kernel, mod._readout_kernel]
     for a, b in zip((o, *weights, *momentum, *anchor), got[0]):
         assert torch.equal(a.double().cpu(), b)
 
@@ -329,7 +331,7 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
     from fastweights.kernels.triton.memories import titans as mod
 
     calls = []
-    for kernel in (mod._fwd_kernel, mod._bwd_kernel):
+    for kernel in (mod._state_kernel, mod._readout_kernel, mod._bwd_read_kernel, mod._bwd_kernel):
         real = kernel.run
         monkeypatch.setattr(kernel, "run", lambda *a, _real=real, _k=kernel, **kw: calls.append(_k) or _real(*a, **kw))
     fake = FakeCuda(monkeypatch, kernels=True).install() if DEV == "cpu" else None
@@ -354,7 +356,8 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         for backend in ("triton", "auto"):
             before = len(calls)
             outs, grads = run(backend, torch.float32, DEV, grad)
-            assert calls[before:] == [mod._fwd_kernel] + [mod._bwd_kernel] * grad, (backend, grad)
+            assert calls[before:] == [mod._state_kernel, mod._readout_kernel] \
+                + [mod._bwd_read_kernel, mod._bwd_kernel] * grad, (backend, grad)
             assert len(outs) == len(ref_outs) == 7 and len(grads) == len(ref_grads)
             for a, b in zip(outs + grads, ref_outs + ref_grads):
                 assert rel(a.double().cpu(), b) < CHUNK_F32_REL

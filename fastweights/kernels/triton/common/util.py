@@ -151,7 +151,9 @@ LAUNCH: dict[str, dict] = {
     "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
-    "titans_fwd": dict(num_warps=8, num_stages=1),  # memories.titans._fwd_kernel (its state rewritten in place)
+    "titans_fwd": dict(num_warps=8, num_stages=1),  # memories.titans._state_kernel (its state rewritten in place)
+    "titans_readout": dict(num_warps=8, num_stages=1),  # memories.titans._readout_kernel (parallel over mini-batches)
+    "titans_bwd_read": dict(num_warps=8, num_stages=1),  # memories.titans._bwd_read_kernel (parallel)
     "titans_bwd": dict(num_warps=8, num_stages=1),  # memories.titans._bwd_kernel (its gradients rewritten in place)
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
@@ -196,7 +198,8 @@ KERNEL_FN = {
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
-    "titans_fwd": "memories.titans._fwd_kernel", "titans_bwd": "memories.titans._bwd_kernel",
+    "titans_fwd": "memories.titans._state_kernel", "titans_readout": "memories.titans._readout_kernel",
+    "titans_bwd_read": "memories.titans._bwd_read_kernel", "titans_bwd": "memories.titans._bwd_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",
 }

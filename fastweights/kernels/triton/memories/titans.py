@@ -1,7 +1,7 @@
-"""Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in one Triton program per
-(sequence, value head): the design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in
-hidden tiles) for Titans' memory and optimizer, each way (the backward walks the mini-batches in reverse from their
-stored start states).
+"""Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in Triton: a sequential program per
+(sequence, value head) each way for the recurrence through the start states (the design of `ttt_mlp.py`: the MLP's
+weights in a per-program global scratch streamed in hidden tiles), and the read of the queries and its gradients in
+parallel over the mini-batches (the split of `ttt.py`, TTT-Linear's kernels).
 
 The memory (Behrouz et al. 2024, the zoo's `titans`): a 2-layer MLP without biases or residual LayerNorm, hidden
 width F (4K in the zoo), σ = GELU (erf form, σ(z) = z Φ(z), σ'(z) = Φ(z) + z φ(z)):
@@ -54,16 +54,23 @@ unchanged, and row b's are the segment's last token's. (log ν is clamped at fp3
 `minibatch._log` clamps at the compute dtype's.)
 
 Where the weights live: θ and m (4·K·F·4 bytes per (sequence, head): 256 KiB at K = V = 64, F = 256) in the final
-state's output tensors, which the kernel first fills with the initial state and then updates in place, mini-batch by
-mini-batch — each tile of W1 [K, BF], M1, W2 [BF, V], M2 is rewritten in the same iteration that read it, after the
-read (as `ttt_mlp.py`'s rolled slot; a `tl.debug_barrier` between mini-batches, num_stages = 1). The carried anchor
+state's output tensors, which the state pass first fills with the initial state and then updates in place,
+mini-batch by mini-batch — each tile of W1 [K, BF], M1, W2 [BF, V], M2 is rewritten in the same iteration that read
+it (as `ttt_mlp.py`'s rolled slot; a `tl.debug_barrier` between mini-batches, num_stages = 1). The carried anchor
 (offset > 0) is read from its own input in the first mini-batch only; the last mini-batch's anchor is written out.
-With SAVE (a backward is wanted) the forward also copies each mini-batch's start state θ_s, m_s into its slot (one
-per mini-batch: 16·K·F bytes at K = V), which the backward reads back.
+On every call the state pass also copies each mini-batch's start state θ_s, m_s into its slot and stores its e
+[b, V] (16·K·F + 4·b·V bytes a mini-batch at K = V: 1 MiB at D = 128): what the readout reads (a workspace of a call
+without gradients, freed after it) and the backward reads back.
 
-Forward (`_fwd_kernel`), per mini-batch: the coefficients from the gates ([b, b] in registers); pass 1 over the
-hidden tiles accumulates f (then e); pass 2 recomputes Z, forms dz, the read's z1 and h, accumulates o's two start
-terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; o from the accumulators.
+Forward, two launches:
+
+1. `_state_kernel`, sequential, grid (R·H,), per mini-batch: the coefficients from the gates ([b, b] in registers);
+   pass 1 over the hidden tiles accumulates f (then e, stored); pass 2 saves the tile's start state, recomputes Z,
+   forms dz and rewrites the tile's W1, M1, W2, M2 to the segment's end. No query is read: 16DF dot FLOPs a token
+   on the sequential path (the single forward kernel before it: 26DF + 4bF).
+2. `_readout_kernel`, parallel, grid (slots, H): one program per (mini-batch, value head) reads its start state and
+   e, recomputes Z, dz per tile and forms the read's z1, h, o's two start terms and h Hdᵀ (pass 2's read); o from
+   the accumulators. 12DF + 4bF a token.
 
 Backward (`_bwd_kernel`), the mini-batches in reverse, from the gradients Ḡ_e = (W̄1_e, W̄2_e, M̄1_e, M̄2_e) of a
 segment's end state (the final state's, then each later segment's start's; kept in place, [R·H, ·]) and ō [b, V]:
@@ -82,14 +89,23 @@ segment's end state (the final state's, then each later segment's start's; kept 
     gates: C = R_A Cm and c = R_A N back to R̄_A, Cm̄, N̄; then log A, log N (R's entries are exps of differences,
           A = e^{log A}, N = e^{log N}) and β (Cm = −R_N diag(β)); log a, log ν by the reverse cumsum (ν̄ = (log ν)̄ / ν).
 
-Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
-(per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start
-state's gradients written over the end's), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the
-carried anchor's). The final anchor's gradient joins the last mini-batch's start weights' (or the carried anchor's).
-dq, dk of grouped heads are written per value head and summed by the glue.
+Two launches. `_bwd_read_kernel`, parallel, grid (slots, H), per (mini-batch, value head), the "o" line and z1's:
+pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C (per hidden tile: z̄1, X̄ and the
+coefficients' read terms); it writes dq whole, K̄'s read part (through X Kᵀ) into dk, and per slot the read's dz̄
+and Hd̄ terms, z̄1 and h ([b, F] each: 4·b·F·4 bytes a mini-batch, 128 KiB at D = 128), ē's read term [b, V] and Ā,
+c̄ [b], C̄ [b, b]. Then `_bwd_kernel`, sequential, grid (R·H,), the mini-batches in reverse from e (stored by the
+forward): pass C (per hidden tile: the "end" and "anchor" lines but f̄'s side, with the pre-pass's dz̄ and Hd̄ added;
+∂/∂Z but its f̄ term to a [b, F] scratch; the start state's gradients written over the end's, their read terms
+W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s += (A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h),
+pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the gates'
+backward (with the pre-pass's Ā, c̄, C̄) and dk completed. The final anchor's gradient joins the last mini-batch's
+start weights' (or the carried anchor's). dq, dk of grouped heads are written per value head and summed by the glue.
+Dot FLOPs a token on the sequential path: 42DF (pass C 32DF, pass D 10DF; the single reverse kernel before it:
+70DF + 14bF); the pre-pass 28DF + 10bF.
 
-FLOPs and bytes per token (K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the O(bD) and O(b²D) terms left
-out):
+FLOPs and bytes per token of the single kernels the split replaced (the work is the same but for the recomputations:
+the readout's and the pre-pass's Z, dz; K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the O(bD) and O(b²D)
+terms left out):
 - forward: pass 1 K U1, Hd U2 (4DF); pass 2 K U1 again, e U2ᵀ, X W1_s, X M1_s, h W2_s, h M2_s and the four end
   updates Kᵀ(C_L dz), Kᵀ(Cm_L dz), Hdᵀ(C_L e), Hdᵀ(Cm_L e) (22DF), (C ∘ XKᵀ) dz and h Hdᵀ (4bF):
   26DF + 4bF = 104D² + 16bD, 442 kFLOP at D = 64, b = 16 (of which 2DF recompute pass 1's Z rather than keep it).
@@ -105,15 +121,17 @@ out):
   the backward; the state read and written once per call; the start states saved for the backward, 16DF/b =
   64D²/b bytes a token written by the forward and read by the backward (16 KiB at D = 64, b = 16).
 The tl.dot products are fp32 at the call's `precision` (by default `limits.loop_precision("Titans", q.dtype)`: "ieee",
-FMAs, for fp32 and fp16 inputs; one TF32 product for bf16); one program
-walks its sequence's T/b mini-batches in order, B·H programs in all.
+FMAs, at every input dtype: `limits.LOOP_BF16_KERNELS`); one sequential program walks its sequence's T/b
+mini-batches in order, B·H programs in all, each parallel kernel (slots, H) programs.
 
 Limits: K, V ≤ MAX_TTT_DIM (each padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
-varlen (`cu_seqlens`: one program per (sequence, head), each sequence's mini-batches from its own start); grouped
-heads (value head h reads q/k head h // (H / H_q)).
-fp32 operands. Launch settings: util.LAUNCH's "titans_fwd", "titans_bwd" (8 warps: at 4, sm_90's ptxas builds the
-fp32 forward at K = 128 with 32 registers and ~17 KB of spills; num_stages 1: the loops re-read what a previous pass
-wrote); the hidden tile: `hidden_tile`. Interpreter-verified; not yet run on a GPU.
+varlen (`cu_seqlens`: one sequential program per (sequence, head), each sequence's mini-batches from its own start,
+its slots from the host's `ttt._Plan`, the parallel kernels' slot → sequence map likewise); grouped heads (value head
+h reads q/k head h // (H / H_q)).
+fp32 operands. Launch settings: util.LAUNCH's "titans_fwd" (the state pass), "titans_readout", "titans_bwd_read",
+"titans_bwd" (the reverse pass; 8 warps: at 4, sm_90's ptxas built the single forward kernel at K = 128 with 32
+registers and ~17 KB of spills; num_stages 1: the loops re-read what a previous pass wrote); the hidden tile:
+`hidden_tile`. docs/kernel_notes.md has the sm_90 counts and the H200 times.
 """
 
 from __future__ import annotations
@@ -126,7 +144,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision
-from ..common.util import check_precision, launch, pow2
+from ..common.util import check_precision, launch, pow2, tile
 from .ttt import _plan, _sequence, _slot
 
 Tensor = torch.Tensor
@@ -145,9 +163,17 @@ _RSQRT2PI = tl.constexpr(0.3989422804014327)  # 1 / √(2π)
 _TINY = tl.constexpr(1.1754943508222875e-38)  # fp32's smallest normal: log ν's clamp
 
 
-def hidden_tile(K: int, V: int, F: int) -> int:
-    """The hidden dim's tile BF of the kernel for head dims K, V and hidden width F (a power of two ≥ 16)."""
-    return max(16, min(pow2(F), TILE_ELEMENTS // pow2(max(K, V))))
+def hidden_tile(K: int, V: int, F: int, elements: int = TILE_ELEMENTS) -> int:
+    """The hidden dim's tile BF for head dims K, V and hidden width F (a power of two ≥ 16): [max(K, V), BF] tiles of
+    at most `elements` fp32 values (each kernel's launch site's TILE, util.LAUNCH; by default TILE_ELEMENTS)."""
+    return max(16, min(pow2(F), elements // pow2(max(K, V))))
+
+
+def _site(geo: dict, name: str) -> dict:
+    """The constexprs and launch settings of launch site `name`: geo with its hidden tile BF (the call's `tile`, else
+    `hidden_tile` at the site's TILE) and util.LAUNCH's settings."""
+    BF = geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"], tile(name, "TILE"))
+    return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **launch(name)}
 
 
 @triton.jit
@@ -691,11 +717,11 @@ class _Titans(torch.autograd.Function):
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         flags = dict(HAS_A=offset > 0, IS_VARLEN=cu is not None)
         _state_kernel[(R * H,)](k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, *seq, T, offset,
-                                plan.NS, **geo, **flags, **launch("titans_fwd"))
+                                plan.NS, **flags, **_site(geo, "titans_fwd"))
         if plan.slots:
             pseq = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
             _readout_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, o, *pseq, scale, T, offset,
-                                             plan.NS, **geo, **flags, **launch("titans_readout"))
+                                             plan.NS, **flags, **_site(geo, "titans_readout"))
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, es)
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.cu = geo, scale, offset, plan, cu
@@ -729,13 +755,13 @@ class _Titans(torch.autograd.Function):
         if plan.slots:
             pseq = (cu, plan.first, plan.seq_of) if cu is not None else (dq, dq, dq)
             _bwd_read_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, dq, dk, *scratch, des,
-                                              dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS, **geo,
-                                              **flags, **launch("titans_bwd_read"))
+                                              dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS,
+                                              **flags, **_site(geo, "titans_bwd_read"))
         dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
         seq = (cu, plan.first) if cu is not None else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs, *scratch,
-                              des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo, **flags,
-                              **launch("titans_bwd"))
+                              des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, **flags,
+                              **_site(geo, "titans_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)
@@ -800,7 +826,7 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
     plan = _plan(B, T, offset, minibatch, cu, q.device)
     args = [t.contiguous() for t in (q, k, v, g, beta, nu, *state)]
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), BF=tile or hidden_tile(K, V, F), BT=minibatch,
+    geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), TILE=tile, BT=minibatch,
                PREC=precision)
     o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, geo)
     if cu is None:

@@ -37,10 +37,10 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SHAPES = {"small": (64, 512, 2, 64), "lm": (4, 4096, 16, 128)}
 MODELS = ("ttt_linear", "ttt_mlp", "titans")
-#: The sequential loop kernels' launch sites, whose num_warps a variant sets (TTT-Linear's parallel readout and backward
-#: pre-pass, "ttt_linear_readout" and "ttt_linear_bwd_read", keep util.LAUNCH's: scripts/gpu_kernels.py sweeps them)
+#: The sequential loop kernels' launch sites, whose num_warps a variant sets (TTT-Linear's and Titans' parallel readouts
+#: and backward pre-passes keep util.LAUNCH's: scripts/gpu_kernels.py sweeps them)
 SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_mlp_fwd", "ttt_mlp_bwd"),
-         "titans": ("titans_fwd", "titans_bwd")}
+         "titans": ("titans_fwd", "titans_bwd", "titans_single_fwd", "titans_single_bwd")}
 
 
 def _variant(text: str) -> tuple[str, int]:

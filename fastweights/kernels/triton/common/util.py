@@ -153,6 +153,9 @@ LAUNCH: dict[str, dict] = {
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
     # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at
     # 4 warps and 2 stages: H200, bf16, B 4, T 4096, H 16, D 128: readout 33.6 → 18.1 ms, backward pre-pass 118 → 67
+    "titans_single_fwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._fwd_kernel (the single pipeline)
+    "titans_single_bwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._bwd_kernel
+    # the split pipeline (16 warps for the reverse pass: 365 → 605 ms at D 128; TILE 4096 there: 562 ms)
     "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)
     "titans_readout": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._readout_kernel (parallel)
     "titans_bwd_read": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._bwd_read_kernel (parallel)
@@ -200,7 +203,9 @@ KERNEL_FN = {
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
-    "titans_fwd": "memories.titans._state_kernel", "titans_readout": "memories.titans._readout_kernel",
+    "titans_single_fwd": "memories.titans_single._fwd_kernel",
+    "titans_single_bwd": "memories.titans_single._bwd_kernel", "titans_fwd": "memories.titans._state_kernel",
+    "titans_readout": "memories.titans._readout_kernel",
     "titans_bwd_read": "memories.titans._bwd_read_kernel", "titans_bwd": "memories.titans._bwd_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",

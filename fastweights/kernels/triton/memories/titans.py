@@ -143,8 +143,9 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision
+from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
 from ..common.util import check_precision, launch, pow2, tile
+from . import titans_single
 from .ttt import _plan, _sequence, _slot
 
 Tensor = torch.Tensor
@@ -804,7 +805,8 @@ def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibat
 
 
 def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anchor=None, offset: int = 0,
-                  minibatch: int = 16, cu_seqlens=None, tile: int | None = None, precision: str | None = None):
+                  minibatch: int = 16, cu_seqlens=None, tile: int | None = None, precision: str | None = None,
+                  pipeline: str | None = None):
     """Titans' chunk form on the kernels (see the module doc); differentiable in every tensor.
 
     q, k: [B, T, H_q, K]; v: [B, T, H, V] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
@@ -816,11 +818,14 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
     two ≥ 16; None: `hidden_tile`). Returns (o [B, T, H, V] in v's dtype, end weights, end momentum, anchor of the
     last mini-batch — 2 fp32 tensors each, R rows — and the offset after the call; with cu_seqlens, a list: each
     sequence's): `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision
-    (limits.DOT_PRECISIONS; None: `limits.loop_precision` for q's dtype)."""
+    (limits.DOT_PRECISIONS; None: `limits.loop_precision` for q's dtype). pipeline: "split" (this module's kernels)
+    or "single" (`titans_single`'s); None: `limits.titans_pipeline` of K, V."""
     precision = check_precision(loop_precision("Titans", q.dtype) if precision is None else precision)
     H, K, V, F, cu, R = _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset, minibatch, cu_seqlens)
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):
         raise InputError(f"tile must be a power of two ≥ 16, got {tile!r}")
+    if pipeline not in (None, "single", "split"):
+        raise InputError(f"pipeline must be 'single', 'split' or None, got {pipeline!r}")
     state = [t.float() for t in (*weights, *momentum, *(anchor if offset else weights))]
     B, T, Hq, _ = q.shape
     plan = _plan(B, T, offset, minibatch, cu, q.device)
@@ -828,7 +833,12 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
     geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), TILE=tile, BT=minibatch,
                PREC=precision)
-    o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, geo)
+    if (pipeline or titans_pipeline(K, V)) == "single":
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no start state is kept
+        geo = {**{key: val for key, val in geo.items() if key != "TILE"}, "BF": tile or hidden_tile(K, V, F)}
+        o, *outs = titans_single._Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
+    else:
+        o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, geo)
     if cu is None:
         off = (offset + T) % minibatch
     else:

@@ -1,7 +1,9 @@
 """Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in one Triton program per
-(sequence, value head): the design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in
-hidden tiles) for Titans' memory and optimizer, each way (the backward walks the mini-batches in reverse from their
-stored start states).
+(sequence, value head) each way: the "single" pipeline, which `titans.titans_triton` runs at head dims ≤
+limits.TITANS_SINGLE_MAX_DIM (`limits.titans_pipeline`; wider ones take `titans.py`'s split pipeline). Its glue
+(checks, plan) is `titans.titans_triton`'s; this module holds the kernels and their autograd Function `_Titans`.
+The design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in hidden tiles) for Titans'
+memory and optimizer, each way (the backward walks the mini-batches in reverse from their stored start states).
 
 The memory (Behrouz et al. 2024, the zoo's `titans`): a 2-layer MLP without biases or residual LayerNorm, hidden
 width F (4K in the zoo), σ = GELU (erf form, σ(z) = z Φ(z), σ'(z) = Φ(z) + z φ(z)):
@@ -105,15 +107,16 @@ out):
   the backward; the state read and written once per call; the start states saved for the backward, 16DF/b =
   64D²/b bytes a token written by the forward and read by the backward (16 KiB at D = 64, b = 16).
 The tl.dot products are fp32 at the call's `precision` (by default `limits.loop_precision("Titans", q.dtype)`: "ieee",
-FMAs, for fp32 and fp16 inputs; one TF32 product for bf16); one program
+FMAs, at every input dtype); one program
 walks its sequence's T/b mini-batches in order, B·H programs in all.
 
 Limits: K, V ≤ MAX_TTT_DIM (each padded to a power of two ≥ 16), F any width (tiles masked), b ∈ TTT_MINIBATCHES;
 varlen (`cu_seqlens`: one program per (sequence, head), each sequence's mini-batches from its own start); grouped
 heads (value head h reads q/k head h // (H / H_q)).
-fp32 operands. Launch settings: util.LAUNCH's "titans_fwd", "titans_bwd" (8 warps: at 4, sm_90's ptxas builds the
-fp32 forward at K = 128 with 32 registers and ~17 KB of spills; num_stages 1: the loops re-read what a previous pass
-wrote); the hidden tile: `hidden_tile`. Interpreter-verified; not yet run on a GPU.
+fp32 operands. Launch settings: util.LAUNCH's "titans_single_fwd", "titans_single_bwd" (8 warps: at 4, sm_90's
+ptxas builds the fp32 forward at K = 128 with 32 registers and ~17 KB of spills; num_stages 1: the loops re-read what
+a previous pass wrote); the hidden tile: `titans.hidden_tile` at TILE_ELEMENTS. Timed on an H200:
+docs/kernel_notes.md.
 """
 
 from __future__ import annotations
@@ -122,16 +125,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision
-from ..common.util import check_precision, launch, pow2
-from .ttt import _plan, _sequence
+from ..common.limits import TITANS_PRECISION
+from ..common.util import launch
+from .ttt import _sequence
 
 Tensor = torch.Tensor
 
-__all__ = ["titans_triton", "hidden_tile", "PRECISION"]
+__all__ = ["PRECISION"]
 
 #: The kernel's default tl.dot input precision for fp32 and fp16 inputs (bf16: limits.LOOP_BF16_PRECISION; the
 #: `precision` argument; limits.DOT_PRECISIONS).
@@ -143,11 +145,6 @@ TILE_ELEMENTS = 2048
 _RSQRT2 = tl.constexpr(0.7071067811865476)  # 1 / √2 (a constexpr: a jit function reads only those globals)
 _RSQRT2PI = tl.constexpr(0.3989422804014327)  # 1 / √(2π)
 _TINY = tl.constexpr(1.1754943508222875e-38)  # fp32's smallest normal: log ν's clamp
-
-
-def hidden_tile(K: int, V: int, F: int) -> int:
-    """The hidden dim's tile BF of the kernel for head dims K, V and hidden width F (a power of two ≥ 16)."""
-    return max(16, min(pow2(F), TILE_ELEMENTS // pow2(max(K, V))))
 
 
 @triton.jit
@@ -575,7 +572,7 @@ class _Titans(torch.autograd.Function):
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         _fwd_kernel[(R * H,)](q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, o, *outs, *slots, *seq, scale, T, offset,
                               plan.NS, **geo, HAS_A=offset > 0, SAVE=save, IS_VARLEN=cu is not None,
-                              **launch("titans_fwd"))
+                              **launch("titans_single_fwd"))
         if save:
             ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, *(t for t in seq if t is not o))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
@@ -603,77 +600,9 @@ class _Titans(torch.autograd.Function):
         seq = seq if seq else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, do, *G, dq, dk, dv, dg, dbeta, dnu, dZs, *seq,
                               ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo, HAS_A=ctx.offset > 0,
-                              IS_VARLEN=ctx.varlen, **launch("titans_bwd"))
+                              IS_VARLEN=ctx.varlen, **launch("titans_single_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
                 dnu.to(nu.dtype), *G, None, None, None, None, None, None)
-
-
-def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibatch: int, cu_seqlens):
-    """(H, K, V, F, cu: the boundaries of cu_seqlens as a list or None, R: the state's rows), or InputError naming
-    the argument the kernel cannot take (shapes and dtypes; cu_seqlens's values)."""
-    from ....chunkwise.varlen import check_cu_seqlens
-    from ....inputs import check_tensor
-    from ..args import check_qkv
-
-    B, T, Hq, H, K, V = check_qkv(q, k, v)
-    for name, d in (("K", K), ("V", V)):
-        if d > MAX_TTT_DIM:
-            raise InputError(f"the Titans kernel takes head dims ≤ {MAX_TTT_DIM}, got {name}={d}")
-    if minibatch not in TTT_MINIBATCHES:
-        raise InputError(f"the Titans kernel takes a mini-batch b in {TTT_MINIBATCHES}, got {minibatch!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < minibatch:
-        raise InputError(f"offset must be an int in [0, {minibatch}), got {offset!r}")
-    for name, gate in (("g", g), ("beta", beta), ("nu", nu)):
-        check_tensor(name, gate, (B, T, H), values=False)
-    cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T)
-    R = B if cu is None else len(cu) - 1
-    F = None
-    for name, pair in (("weights", weights), ("momentum", momentum), ("anchor", anchor)):
-        if pair is None and name == "anchor":
-            continue
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], Tensor) \
-                or pair[0].dim() != 4:
-            raise InputError(f"{name} must be 2 tensors (W1 [R, H, K, F], W2 [R, H, F, V]), R = {R} sequences")
-        F = pair[0].shape[-1] if F is None else F
-        check_tensor(f"{name}[0]", pair[0], (R, H, K, F), values=False)
-        check_tensor(f"{name}[1]", pair[1], (R, H, F, V), values=False)
-    if offset and anchor is None:
-        raise InputError("offset > 0 needs the anchor (the weights the mini-batch started from)")
-    return H, K, V, F, cu, R
-
-
-def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anchor=None, offset: int = 0,
-                  minibatch: int = 16, cu_seqlens=None, tile: int | None = None, precision: str | None = None):
-    """Titans' chunk form on the kernels (see the module doc); differentiable in every tensor.
-
-    q, k: [B, T, H_q, K]; v: [B, T, H, V] (H_q | H: value head h reads q/k head h // (H / H_q)), one dtype of
-    fp32/bf16/fp16; g (log retention, ≤ 0), beta (the step β), nu (the momentum decay ν) [B, T, H]; weights
-    (W1 [R, H, K, F], W2 [R, H, F, V]) and momentum (same) the memory's state, one row per sequence (R = B, or N with
-    cu_seqlens: int [N+1] packing N sequences along T with B = 1, each with its own state and mini-batches aligned to
-    its own start, every one continuing its carried mini-batch by `offset` tokens); anchor (same) the weights the
-    carried mini-batch started from, needed when offset > 0; minibatch b; tile: the hidden dim's tile BF (a power of
-    two ≥ 16; None: `hidden_tile`). Returns (o [B, T, H, V] in v's dtype, end weights, end momentum, anchor of the
-    last mini-batch — 2 fp32 tensors each, R rows — and the offset after the call; with cu_seqlens, a list: each
-    sequence's): `chunkwise.minibatch`'s final MemoryState fields. precision: tl.dot's input precision
-    (limits.DOT_PRECISIONS; None: `limits.loop_precision` for q's dtype)."""
-    precision = check_precision(loop_precision("Titans", q.dtype) if precision is None else precision)
-    H, K, V, F, cu, R = _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset, minibatch, cu_seqlens)
-    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 16 or tile & (tile - 1)):
-        raise InputError(f"tile must be a power of two ≥ 16, got {tile!r}")
-    state = [t.float() for t in (*weights, *momentum, *(anchor if offset else weights))]
-    B, T, Hq, _ = q.shape
-    plan = _plan(B, T, offset, minibatch, cu, q.device)
-    args = [t.contiguous() for t in (q, k, v, g, beta, nu, *state)]
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no start state is kept
-    cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), BF=tile or hidden_tile(K, V, F), BT=minibatch,
-               PREC=precision)
-    o, *outs = _Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
-    if cu is None:
-        off = (offset + T) % minibatch
-    else:
-        off = [(offset + e - s) % minibatch for s, e in zip(cu[:-1], cu[1:])]
-    return o, tuple(outs[:2]), tuple(outs[2:4]), tuple(outs[4:]), off

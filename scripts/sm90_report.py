@@ -10,6 +10,7 @@ fails here too.
     python3 scripts/sm90_report.py --json out.json
     python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
     python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # the loop kernels
+    python3 scripts/sm90_report.py --pipelines memories --memories titans --head-dims 64 128 --dtypes bfloat16
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -145,8 +146,9 @@ MEMORIES = ("ttt_linear", "ttt_mlp", "titans")
 
 def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
     """TTT-Linear's, TTT-MLP's and Titans' kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D
-    (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads); warps: their
-    launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites'); models: which of MEMORIES."""
+    (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads; Titans in both its
+    pipelines); warps: their launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites'); models: which of
+    MEMORIES."""
     import torch
 
     from fastweights.kernels.triton.common.util import load_launch
@@ -156,7 +158,8 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
     if warps is not None:
         load_launch({site: {"num_warps": warps} for site in ("ttt_linear_fwd", "ttt_linear_bwd", "ttt_mlp_fwd",
                                                              "ttt_mlp_bwd", "titans_fwd", "titans_readout",
-                                                             "titans_bwd_read", "titans_bwd")})
+                                                             "titans_bwd_read", "titans_bwd", "titans_single_fwd",
+                                                             "titans_single_bwd")})
     B, T, H = 2, 40, 2
     for D in head_dims:
         for dtype in [getattr(torch, d) for d in dtypes]:
@@ -179,14 +182,15 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
                 continue
             g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
             W, M = (mlp[0], mlp[2]), (mlp[0] * 0.1, mlp[2] * 0.1)
-            for offset in (0, 5):  # HAS_A: the carried anchor
-                out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
-                                           anchor=W if offset else None, offset=offset)
-                out[0].float().sum().backward()
             three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
-            out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
-                                       weights=three[0], momentum=three[1], cu_seqlens=cu)
-            out[0].float().sum().backward()
+            for pipeline in ("single", "split"):  # both of Titans' pipelines at every head dim
+                for offset in (0, 5):  # HAS_A: the carried anchor
+                    out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
+                                               anchor=W if offset else None, offset=offset, pipeline=pipeline)
+                    out[0].float().sum().backward()
+                out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
+                                           weights=three[0], momentum=three[1], cu_seqlens=cu, pipeline=pipeline)
+                out[0].float().sum().backward()
 
 
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload}

@@ -1,7 +1,9 @@
 """Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in Triton: a sequential program per
 (sequence, value head) each way for the recurrence through the start states (the design of `ttt_mlp.py`: the MLP's
 weights in a per-program global scratch streamed in hidden tiles), and the read of the queries and its gradients in
-parallel over the mini-batches (the split of `ttt.py`, TTT-Linear's kernels).
+parallel over the mini-batches (the split of `ttt.py`, TTT-Linear's kernels). `titans_triton` is the glue of both of
+Titans' pipelines: this "split" one and the "single" one of `titans_single.py` (one sequential program per (sequence,
+head) each way, doing the reads too), chosen by `limits.titans_pipeline` from the head dims (or its `pipeline=`).
 
 The memory (Behrouz et al. 2024, the zoo's `titans`): a 2-layer MLP without biases or residual LayerNorm, hidden
 width F (4K in the zoo), σ = GELU (erf form, σ(z) = z Φ(z), σ'(z) = Φ(z) + z φ(z)):
@@ -128,10 +130,12 @@ Limits: K, V ≤ MAX_TTT_DIM (each padded to a power of two ≥ 16), F any width
 varlen (`cu_seqlens`: one sequential program per (sequence, head), each sequence's mini-batches from its own start,
 its slots from the host's `ttt._Plan`, the parallel kernels' slot → sequence map likewise); grouped heads (value head
 h reads q/k head h // (H / H_q)).
-fp32 operands. Launch settings: util.LAUNCH's "titans_fwd" (the state pass), "titans_readout", "titans_bwd_read",
-"titans_bwd" (the reverse pass; 8 warps: at 4, sm_90's ptxas built the single forward kernel at K = 128 with 32
-registers and ~17 KB of spills; num_stages 1: the loops re-read what a previous pass wrote); the hidden tile:
-`hidden_tile`. docs/kernel_notes.md has the sm_90 counts and the H200 times.
+fp32 operands. Launch settings: util.LAUNCH's "titans_fwd" (the state pass) and "titans_bwd" (the reverse pass) at 8
+warps, 1 stage (at 4 warps sm_90's ptxas built the single forward kernel at K = 128 with 32 registers and ~17 KB of
+spills; the loops re-read what a previous pass wrote), "titans_readout" and "titans_bwd_read" at 4 warps, 2 stages
+(their loads pipelined: read-only); each site's TILE sets its hidden tile (`hidden_tile`). This pipeline runs where
+`limits.titans_pipeline` says "split" (head dims > 64; the single kernels, `titans_single.py`, below):
+docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def main():
         consts = {(names[k[0]] if isinstance(k, tuple) and len(k) == 1 else str(k)): v
                   for k, v in kernel.src.constants.items()}
         keep = {k: v for k, v in consts.items() if k.isupper()}
-        key = (self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
+        key = (self.fn.__module__, self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
                kernel.metadata.num_warps, kernel.metadata.num_stages)
         if key not in seen:
             seen.add(key)

@@ -145,6 +145,21 @@ def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile,
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
+@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (23, 5, 2)])
+def test_the_split_with_the_read_terms_in_the_pre_pass(monkeypatch, gen, T, offset, Hq):
+    """The split pipeline's READ_TERMS launch option (util.LAUNCH "titans_bwd": the pre-pass writes the start state
+    gradient's read terms, the reverse pass adds them) against the float64 twin and the default's result."""
+    from fastweights.kernels.triton.common import util
+
+    x = _inputs(gen, T=T, Hq=Hq)
+    seed = _seed(gen)
+    base = _run(lambda leaves, off: _kernel(leaves, off, pipeline="split"), _fp32(x), offset, seed)
+    monkeypatch.setitem(util.LAUNCH, "titans_bwd", {**util.LAUNCH["titans_bwd"], "READ_TERMS": 1})
+    got = _run(lambda leaves, off: _kernel(leaves, off, pipeline="split"), _fp32(x), offset, seed)
+    _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, base, CHUNK_F32_REL)
+
+
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, gen, pipeline):
     """K = 20 (padded to a 32-wide tile), V = 12 (padded to 16), F = 80 in tiles of 32 (the last one partial),

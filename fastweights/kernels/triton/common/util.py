@@ -159,7 +159,9 @@ LAUNCH: dict[str, dict] = {
     "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)
     "titans_readout": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._readout_kernel (parallel)
     "titans_bwd_read": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._bwd_read_kernel (parallel)
-    "titans_bwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._bwd_kernel (gradients in place)
+    # READ_TERMS 1: the pre-pass writes the start gradient's read terms (a start state's size a mini-batch) and the
+    # reverse pass adds them (4 of its 21 dots a hidden tile off the sequential path; untimed, so 0)
+    "titans_bwd": dict(num_warps=8, num_stages=1, TILE=2048, READ_TERMS=0),  # memories.titans._bwd_kernel
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
     # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK

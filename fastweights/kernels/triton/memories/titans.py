@@ -433,16 +433,18 @@ def _readout_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, o,
 
 
 @triton.jit
-def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, dq, dk, zr, hr, z1s, hs, des,
-                     dAs, dcs, dCs, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
-                     DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-                     BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
-                     IS_VARLEN: tl.constexpr):
+def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, dq, dk, zr, hr, z1s, hs, R1, RM1,
+                     R2, RM2, des, dAs, dcs, dCs, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr,
+                     HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr,
+                     BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, RT: tl.constexpr):
     """The backward's parallel pre-pass, grid (anchor slots, H): the read's own gradients of one mini-batch of one
     value head from its stored start state and e. Writes dq whole and the read's part of dk (dq, dk [B, T, H, K],
     per value head), and per slot: the read's parts of ∂/∂dz (zr) and ∂/∂Hd (hr), the read's dz1 = ∂/∂z1 (z1s) and
     h (hs) [BT, F] — the reverse pass forms the start state's read terms xᵀ(A ⊙ dz1), hᵀ(A ⊙ ō) from them —, the
-    read's part of ē (des [BT, DV]) and of the coefficients' gradients Ā, c̄ [BT] (dAs, dcs) and C̄ [BT, BT] (dCs)."""
+    read's part of ē (des [BT, DV]) and of the coefficients' gradients Ā, c̄ [BT] (dAs, dcs) and C̄ [BT, BT] (dCs).
+    With RT the read's terms of the start state's gradient themselves, Xᵀ(A ⊙ z̄1), Xᵀ(c ⊙ z̄1) [K, F] and
+    (A ⊙ h)ᵀ ō, (c ⊙ h)ᵀ ō [F, V] (R1, RM1, R2, RM2: a start state's size a slot), instead of z̄1 and h."""
     i_slot = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
@@ -500,8 +502,15 @@ def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, d
         fs = zs + fc[None, :]
         tl.store(zr + fs, tl.dot(tl.trans(X1), dz1, input_precision=PREC), mask=fm[None, :])
         tl.store(hr + fs, tl.dot(tl.trans(dS2), h, input_precision=PREC), mask=fm[None, :])
-        tl.store(z1s + fs, dz1, mask=fm[None, :])
-        tl.store(hs + fs, h, mask=fm[None, :])
+        if RT:  # the start state's read terms, off the reverse pass
+            xT = tl.trans(x)
+            tl.store(R1 + slot * (DK * F) + o1, tl.dot(xT, At[:, None] * dz1, input_precision=PREC), mask=m1)
+            tl.store(RM1 + slot * (DK * F) + o1, tl.dot(xT, ct[:, None] * dz1, input_precision=PREC), mask=m1)
+            tl.store(R2 + slot * (F * DV) + o2, tl.dot(tl.trans(h), Ado, input_precision=PREC), mask=m2)
+            tl.store(RM2 + slot * (F * DV) + o2, tl.dot(tl.trans(h), cdo, input_precision=PREC), mask=m2)
+        else:
+            tl.store(z1s + fs, dz1, mask=fm[None, :])
+            tl.store(hs + fs, h, mask=fm[None, :])
     dC += D1 * S1
     dS1 = D1 * C
     dX += tl.dot(dS1, kk, input_precision=PREC)
@@ -561,10 +570,10 @@ def _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L,
 
 @triton.jit
 def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW1, GW2, GM1, GM2, GA1, GA2,
-                dk, dv, dg_ptr, dbeta, dnu, dZs, zr, hr, z1s, hs, des, dAs, dcs, dCs, cu, slots, scale, T, off, NS,
-                H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr,
-                BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr):
+                dk, dv, dg_ptr, dbeta, dnu, dZs, zr, hr, z1s, hs, R1, RM1, R2, RM2, des, dAs, dcs, dCs, cu, slots,
+                scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
+                PREC: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr, RT: tl.constexpr):
     # The reverse sequential pass, grid (R·H,), after `_bwd_read_kernel`. GW1, GW2, GM1, GM2 [R·H, ·]: seeded with the
     # final state's gradients, rewritten in place mini-batch by mini-batch (in reverse) to the gradients of each one's
     # start state: at the end, the initial state's. GA1, GA2: seeded with the final anchor's gradient; the last
@@ -648,17 +657,26 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW
             # the start state's gradients (the read's terms from the pre-pass's dz1 and h; the anchor's f-side in
             # pass D); the final anchor's gradient moves to the last mini-batch's start weights when they are its
             # anchor
-            dz1 = tl.load(z1s + fs, mask=fm[None, :], other=0.0)
-            h = tl.load(hs + fs, mask=fm[None, :], other=0.0)
+            if RT:  # the pre-pass's read terms
+                r1 = tl.load(R1 + slot * (DK * F) + o1, mask=m1, other=0.0)
+                rm1 = tl.load(RM1 + slot * (DK * F) + o1, mask=m1, other=0.0)
+                r2 = tl.load(R2 + slot * (F * DV) + o2, mask=m2, other=0.0)
+                rm2 = tl.load(RM2 + slot * (F * DV) + o2, mask=m2, other=0.0)
+            else:
+                dz1 = tl.load(z1s + fs, mask=fm[None, :], other=0.0)
+                h = tl.load(hs + fs, mask=fm[None, :], other=0.0)
+                r1 = tl.dot(tl.trans(Ax), dz1, input_precision=PREC)
+                rm1 = tl.dot(tl.trans(cx), dz1, input_precision=PREC)
+                r2 = tl.dot(tl.trans(h), Ado, input_precision=PREC)
+                rm2 = tl.dot(tl.trans(h), cdo, input_precision=PREC)
             ga1 = tl.load(GA1 + p1, mask=m1 & lastmb & fresh, other=0.0)
             ga2 = tl.load(GA2 + p2, mask=m2 & lastmb & fresh, other=0.0)
             tl.store(GA1 + p1, tl.zeros_like(ga1), mask=m1 & lastmb & fresh)
             tl.store(GA2 + p2, tl.zeros_like(ga2), mask=m2 & lastmb & fresh)
-            tl.store(GW1 + p1, A_L * gw1 + tl.dot(tl.trans(Ax), dz1, input_precision=PREC) + ga1, mask=m1)
-            tl.store(GM1 + p1, c_L * gw1 + N_L * gm1 + tl.dot(tl.trans(cx), dz1, input_precision=PREC), mask=m1)
-            tl.store(GW2 + p2, A_L * gw2 + tl.dot(tl.trans(h), Ado, input_precision=PREC) + ga2
-                     + tl.where(fresh, dU2, 0.0), mask=m2)
-            tl.store(GM2 + p2, c_L * gw2 + N_L * gm2 + tl.dot(tl.trans(h), cdo, input_precision=PREC), mask=m2)
+            tl.store(GW1 + p1, A_L * gw1 + r1 + ga1, mask=m1)
+            tl.store(GM1 + p1, c_L * gw1 + N_L * gm1 + rm1, mask=m1)
+            tl.store(GW2 + p2, A_L * gw2 + r2 + ga2 + tl.where(fresh, dU2, 0.0), mask=m2)
+            tl.store(GM2 + p2, c_L * gw2 + N_L * gm2 + rm2, mask=m2)
             if HAS_A:
                 tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
         tl.debug_barrier()  # the scratch and the gradients' stores before pass D reads them
@@ -752,20 +770,24 @@ class _Titans(torch.autograd.Function):
         dv = empty_output(B, T, H, V, **f32)
         dg, dbeta, dnu = (empty_output(B, T, H, **f32) for _ in range(3))
         n = max(plan.slots, 1)
-        scratch = [empty_output(n, H, BT, F, **f32) for _ in range(4)]  # the read's ∂/∂dz, ∂/∂Hd, dz1 and h
+        RT = bool(tile("titans_bwd", "READ_TERMS"))
+        # the read's ∂/∂dz, ∂/∂Hd, then dz1 and h [slots, H, BT, F] — or (RT) the start gradient's read terms
+        scratch = [empty_output(n, H, BT, F, **f32) for _ in range(2 if RT else 4)]
+        terms = [empty_output(n, H, *t.shape[2:], **f32) for t in slots] if RT else [dq] * 4
+        scratch += [dq] * 2 if RT else []
         des = empty_output(n, H, BT, V, **f32)
         dAs, dcs = (empty_output(n, H, BT, **f32) for _ in range(2))
         dCs = empty_output(n, H, BT, BT, **f32)
         flags = dict(HAS_A=ctx.offset > 0, IS_VARLEN=cu is not None)
         if plan.slots:
             pseq = (cu, plan.first, plan.seq_of) if cu is not None else (dq, dq, dq)
-            _bwd_read_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, dq, dk, *scratch, des,
-                                              dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS,
+            _bwd_read_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, dq, dk, *scratch, *terms,
+                                              des, dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS, RT=RT,
                                               **flags, **_site(geo, "titans_bwd_read"))
         dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
         seq = (cu, plan.first) if cu is not None else (dq, dq)
         _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs, *scratch,
-                              des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, **flags,
+                              *terms, des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, RT=RT, **flags,
                               **_site(geo, "titans_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)

@@ -75,7 +75,8 @@ Forward, two launches:
    the accumulators. 12DF + 4bF a token.
 
 Backward (the maths; which kernel does what: below), the mini-batches in reverse, from the gradients
-Ḡ_e = (W̄1_e, W̄2_e, M̄1_e, M̄2_e) of a segment's end state (the final state's, then each later segment's start's; kept in place, [R·H, ·]) and ō [b, V]:
+Ḡ_e = (W̄1_e, W̄2_e, M̄1_e, M̄2_e) of a segment's end state (the final state's, then each later segment's start's;
+kept in place, [R·H, ·]) and ō [b, V]:
 
     o:    Ā += rowsum(ō ⊙ h W2_s),  c̄ += rowsum(ō ⊙ h M2_s),  C̄ += (ō eᵀ) ∘ (h Hdᵀ),  ē = (C ∘ h Hdᵀ)ᵀ ō,
           h̄ = (A ⊙ ō) W2_sᵀ + (c ⊙ ō) M2_sᵀ + ((ō eᵀ) ∘ C) Hd,  Hd̄ = ((ō eᵀ) ∘ C)ᵀ h,
@@ -97,9 +98,9 @@ coefficients' read terms); it writes dq whole, K̄'s read part (through X Kᵀ) 
 and Hd̄ terms, z̄1 and h ([b, F] each: 4·b·F·4 bytes a mini-batch, 128 KiB at D = 128), ē's read term [b, V] and Ā,
 c̄ [b], C̄ [b, b] (with util.LAUNCH "titans_bwd" READ_TERMS 1, untimed: the start gradient's read terms below
 instead of z̄1 and h, a start state's size a mini-batch). Then `_bwd_kernel`, sequential, grid (R·H,), the
-mini-batches in reverse from e (stored by the forward): pass C (per hidden tile: the "end" and "anchor" lines but f̄'s side, with the pre-pass's dz̄ and Hd̄ added;
-∂/∂Z but its f̄ term to a [b, F] scratch; the start state's gradients written over the end's, their read terms
-W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s += (A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h),
+mini-batches in reverse from e (stored by the forward): pass C (per hidden tile: the "end" and "anchor" lines but
+f̄'s side, with the pre-pass's dz̄ and Hd̄ added; ∂/∂Z but its f̄ term to a [b, F] scratch; the start state's
+gradients written over the end's, their read terms W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s += (A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h),
 pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the gates'
 backward (with the pre-pass's Ā, c̄, C̄) and dk completed. The final anchor's gradient joins the last mini-batch's
 start weights' (or the carried anchor's). dq, dk of grouped heads are written per value head and summed by the glue.

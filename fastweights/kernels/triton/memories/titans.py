@@ -100,8 +100,8 @@ c̄ [b], C̄ [b, b] (with util.LAUNCH "titans_bwd" READ_TERMS 1, untimed: the st
 instead of z̄1 and h, a start state's size a mini-batch). Then `_bwd_kernel`, sequential, grid (R·H,), the
 mini-batches in reverse from e (stored by the forward): pass C (per hidden tile: the "end" and "anchor" lines but
 f̄'s side, with the pre-pass's dz̄ and Hd̄ added; ∂/∂Z but its f̄ term to a [b, F] scratch; the start state's
-gradients written over the end's, their read terms W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s += (A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h),
-pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the gates'
+gradients written over the end's, their read terms W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s +=
+(A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the gates'
 backward (with the pre-pass's Ā, c̄, C̄) and dk completed. The final anchor's gradient joins the last mini-batch's
 start weights' (or the carried anchor's). dq, dk of grouped heads are written per value head and summed by the glue.
 Dot FLOPs a token on the sequential path: 42DF (pass C 32DF, pass D 10DF; the single reverse kernel before it:

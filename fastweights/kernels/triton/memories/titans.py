@@ -92,22 +92,22 @@ kept in place, [R·H, ·]) and ō [b, V]:
     gates: C = R_A Cm and c = R_A N back to R̄_A, Cm̄, N̄; then log A, log N (R's entries are exps of differences,
           A = e^{log A}, N = e^{log N}) and β (Cm = −R_N diag(β)); log a, log ν by the reverse cumsum (ν̄ = (log ν)̄ / ν).
 
-Two launches. `_bwd_read_kernel`, parallel, grid (slots, H), per (mini-batch, value head), the "o" line and z1's:
-pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C (per hidden tile: z̄1, X̄ and the
-coefficients' read terms); it writes dq whole, K̄'s read part (through X Kᵀ) into dk, and per slot the read's dz̄
-and Hd̄ terms, z̄1 and h ([b, F] each: 4·b·F·4 bytes a mini-batch, 128 KiB at D = 128), ē's read term [b, V] and Ā,
-c̄ [b], C̄ [b, b] (with util.LAUNCH "titans_bwd" READ_TERMS 1, untimed: the start gradient's read terms below
-instead of z̄1 and h, a start state's size a mini-batch). Then `_bwd_kernel`, sequential, grid (R·H,), the
-mini-batches in reverse from e (stored by the forward): pass C (per hidden tile: the "end" and "anchor" lines but
-f̄'s side, with the pre-pass's dz̄ and Hd̄ added; ∂/∂Z but its f̄ term to a [b, F] scratch; the start state's
-gradients written over the end's, their read terms W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s +=
-(A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's z̄1 and h), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the gates'
-backward (with the pre-pass's Ā, c̄, C̄) and dk completed. The final anchor's gradient joins the last mini-batch's
-start weights' (or the carried anchor's). dq, dk of grouped heads are written per value head and summed by the glue.
-Dot FLOPs a token on the sequential path: 42DF (pass C 32DF, pass D 10DF; the single reverse kernel before it:
-70DF + 14bF); the pre-pass 28DF + 10bF.
+Two launches. `_bwd_read_kernel`, parallel, grid (slots, H), per (mini-batch, value head), the "o" line and z1's: pass
+B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C (per hidden tile: z̄1, X̄ and the coefficients'
+read terms); it writes dq whole, K̄'s read part (through X Kᵀ) into dk, and per slot the read's dz̄ and Hd̄ terms, z̄1
+and h ([b, F] each: 4·b·F·4 bytes a mini-batch, 128 KiB at D = 128), ē's read term [b, V] and Ā, c̄ [b], C̄ [b, b]
+(with util.LAUNCH "titans_bwd" READ_TERMS 1, untimed: the start gradient's read terms below instead of z̄1 and h, a
+start state's size a mini-batch). Then `_bwd_kernel`, sequential, grid (R·H,), the mini-batches in reverse from e
+(stored by the forward): pass C (per hidden tile: the "end" and "anchor" lines but f̄'s side, with the pre-pass's dz̄
+and Hd̄ added; ∂/∂Z but its f̄ term to a [b, F] scratch; the start state's gradients written over the end's, their
+read terms W̄1_s += Xᵀ(A ⊙ z̄1), M̄1_s += Xᵀ(c ⊙ z̄1), W̄2_s += (A ⊙ h)ᵀ ō, M̄2_s += (c ⊙ h)ᵀ ō from the pre-pass's
+z̄1 and h), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the carried anchor's), then the
+gates' backward (with the pre-pass's Ā, c̄, C̄) and dk completed. The final anchor's gradient joins the last
+mini-batch's start weights' (or the carried anchor's). dq, dk of grouped heads are written per value head and summed
+by the glue. Dot FLOPs a token on the sequential path: 42DF (pass C 32DF, pass D 10DF; the single reverse kernel
+before it: 70DF + 14bF); the pre-pass 28DF + 10bF.
 
-FLOPs and bytes per token of the single kernels the split replaced (the work is the same but for the recomputations:
+FLOPs and bytes per token of the single kernels (`titans_single.py`; the split does the same work but for its recomputations:
 the readout's and the pre-pass's Z, dz; K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the O(bD) and O(b²D)
 terms left out):
 - forward: pass 1 K U1, Hd U2 (4DF); pass 2 K U1 again, e U2ᵀ, X W1_s, X M1_s, h W2_s, h M2_s and the four end

@@ -107,9 +107,9 @@ mini-batch's start weights' (or the carried anchor's). dq, dk of grouped heads a
 by the glue. Dot FLOPs a token on the sequential path: 42DF (pass C 32DF, pass D 10DF; the single reverse kernel
 before it: 70DF + 14bF); the pre-pass 28DF + 10bF.
 
-FLOPs and bytes per token of the single kernels (`titans_single.py`; the split does the same work but for its recomputations:
-the readout's and the pre-pass's Z, dz; K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the O(bD) and O(b²D)
-terms left out):
+FLOPs and bytes per token of the single kernels (`titans_single.py`; the split does the same work but for its
+recomputations: the readout's and the pre-pass's Z, dz; K = V = D, F = 4D as the zoo's; a multiply-add 2 FLOPs; the
+O(bD) and O(b²D) terms left out):
 - forward: pass 1 K U1, Hd U2 (4DF); pass 2 K U1 again, e U2ᵀ, X W1_s, X M1_s, h W2_s, h M2_s and the four end
   updates Kᵀ(C_L dz), Kᵀ(Cm_L dz), Hdᵀ(C_L e), Hdᵀ(Cm_L e) (22DF), (C ∘ XKᵀ) dz and h Hdᵀ (4bF):
   26DF + 4bF = 104D² + 16bD, 442 kFLOP at D = 64, b = 16 (of which 2DF recompute pass 1's Z rather than keep it).

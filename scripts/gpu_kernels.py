@@ -369,8 +369,9 @@ SWEEP_ORDER = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "ou
                "cumsum", "prologue", "delta_fused_fwd", "delta_prepass", "delta_fused_rev", "delta_fused_grads",
                "delta_fused_rec", "delta_fused_fwd_t", "gated_fused_fwd", "gated_fused_bwd_states",
                "gated_fused_bwd_chunk", "gated_fused_scores", "ttt_linear_fwd", "ttt_linear_readout",
-               "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "titans_fwd", "titans_bwd",
-               "conv_fwd", "conv_bwd_fused", "conv_bwd_dpre", "conv_bwd_dx")
+               "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "titans_single_fwd",
+               "titans_single_bwd", "titans_fwd", "titans_readout", "titans_bwd_read", "titans_bwd", "conv_fwd",
+               "conv_bwd_fused", "conv_bwd_dpre", "conv_bwd_dx")
 #: The dear kernels get every num_warps ∈ {2, 4, 8} × num_stages ∈ {1, 2, 3} at their default tiles, and
 #: each other tile value (TILE_OPTIONS) with TILE_WARPS × {1, 2, 3} stages.
 HEAVY = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_fwd", "states_bwd", "states_fwd",
@@ -382,7 +383,9 @@ TILE_OPTIONS = {"delta_states_bwd": ({"BV": 32}, {"BV": 16}), "delta_states_fwd"
                 "states_bwd": ({"BV": 32},), "states_fwd": ({"BV": 32},), "output_fwd": ({"BV": 32},),
                 "qk_grads": ({"BC": 16}, {"BC": 64}, {"BC_DIAG": 32}),
                 "ttt_linear_readout": ({"BK": 16}, {"BK": 64}, {"BK": 128}),
-                "ttt_linear_bwd_read": ({"BK": 16}, {"BK": 64}, {"BK": 128})}
+                "ttt_linear_bwd_read": ({"BK": 16}, {"BK": 64}, {"BK": 128}),
+                "titans_readout": ({"TILE": 1024}, {"TILE": 4096}), "titans_bwd_read": ({"TILE": 1024}, {"TILE": 4096}),
+                "titans_fwd": ({"TILE": 1024}, {"TILE": 4096}), "titans_bwd": ({"TILE": 1024}, {"TILE": 4096})}
 TILE_WARPS = {16: (2, 4)}  # BV = 16: a [K, 16] state tile wants few warps; other tiles 4 and 8 warps
 
 

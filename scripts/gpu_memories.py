@@ -37,10 +37,10 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SHAPES = {"small": (64, 512, 2, 64), "lm": (4, 4096, 16, 128)}
 MODELS = ("ttt_linear", "ttt_mlp", "titans")
-#: The sequential loop kernels' launch sites, whose num_warps a variant sets (TTT-Linear's parallel readout and backward
-#: pre-pass, "ttt_linear_readout" and "ttt_linear_bwd_read", keep util.LAUNCH's: scripts/gpu_kernels.py sweeps them)
+#: The sequential loop kernels' launch sites, whose num_warps a variant sets (TTT-Linear's and Titans' parallel readouts
+#: and backward pre-passes keep util.LAUNCH's: scripts/gpu_kernels.py sweeps them)
 SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_mlp_fwd", "ttt_mlp_bwd"),
-         "titans": ("titans_fwd", "titans_bwd")}
+         "titans": ("titans_fwd", "titans_bwd", "titans_single_fwd", "titans_single_bwd")}
 
 
 def _variant(text: str) -> tuple[str, int]:
@@ -141,10 +141,11 @@ def compile_one(variant_text: str) -> None:
     torch.cuda.synchronize()
 
 
-def phase_compile(variants, out):
+def phase_compile(variants, out, launch=None):
     t0 = time.perf_counter()
+    extra = ["--launch", launch] if launch else []
     procs = [subprocess.Popen([sys.executable, __file__, "--compile-one", v, "--models", *MODELS,
-                               "--shapes", *SHAPES], cwd=ROOT) for v in variants]
+                               "--shapes", *SHAPES, *extra], cwd=ROOT) for v in variants]
     codes = [p.wait() for p in procs]
     line = f"compile: {len(variants)} variants in {time.perf_counter() - t0:.0f} s, exit codes {codes}"
     print(line, flush=True)
@@ -300,12 +301,18 @@ def main():
     ap.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the check phase's q, k, v dtype (the float64 reference takes the same rounded values)")
     ap.add_argument("--check-len", type=int, default=75, help="the check phase's sequence length T")
+    ap.add_argument("--launch", metavar="PATH", help="a launch table (JSON, util.load_launch) applied first, e.g. "
+                    '{"titans_bwd": {"READ_TERMS": 1}} (a variant still sets the sequential sites\' warps)')
     ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
     ap.add_argument("--warm-one", metavar="SHAPE", help=argparse.SUPPRESS)
     ap.add_argument("--peak-one", metavar="SPEC", help=argparse.SUPPRESS)
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     MODELS, SHAPES = tuple(a.models), {s: SHAPES[s] for s in a.shapes}
+    if a.launch:
+        from fastweights.kernels.triton.common.util import load_launch
+
+        load_launch(a.launch)
     if a.compile_one:
         return compile_one(a.compile_one)
     if a.warm_one:
@@ -320,7 +327,7 @@ def main():
         elif phase == "peak":
             phase_peak(a.out, a.chain, a.peak_models)
         elif phase == "compile":
-            phase_compile(a.variants, a.out)
+            phase_compile(a.variants, a.out, a.launch)
         elif phase == "check":
             phase_check(variants, a.out, a.check_dtype, a.check_len)
         else:

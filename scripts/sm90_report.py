@@ -11,6 +11,7 @@ fails here too.
     python3 scripts/sm90_report.py --launch cfg.json                # another launch config (util.load_launch)
     python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # the loop kernels
     python3 scripts/sm90_report.py --pipelines mesa --head-dims 64 128 --dtypes float32  # Mesa's CG variants
+    python3 scripts/sm90_report.py --pipelines memories --memories titans --head-dims 64 128 --dtypes bfloat16
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -127,10 +128,28 @@ def _gated_workload(head_dims, dtypes, gates):
                     (o.float().sum() + S.float().sum()).backward()
 
 
-def _memories_workload(head_dims, dtypes, gates, warps=None):
+def _ttt_linear(ttt, q, k, v, beta, lnw, lnb, lin, packed, cu):
+    """TTT-Linear's calls of the memories workload: plain, a carried mini-batch (offset > 0: HAS_P), varlen with
+    grouped heads (H_q = 1)."""
+    import torch
+
+    out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin)
+    out[0].float().sum().backward()
+    out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin, anchor=lin, offset=5)
+    out[0].float().sum().backward()
+    three = tuple(torch.cat([w, w[:1]]) for w in lin)  # one state row per sequence
+    out = ttt.ttt_linear_triton(*packed, lnw, lnb, scale=0.1, weights=three, cu_seqlens=cu)
+    out[0].float().sum().backward()
+
+
+MEMORIES = ("ttt_linear", "ttt_mlp", "titans")
+
+
+def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
     """TTT-Linear's, TTT-MLP's and Titans' kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D
-    (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads); warps: their
-    launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites')."""
+    (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads; Titans in both its
+    pipelines); warps: their launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites'); models: which of
+    MEMORIES."""
     import torch
 
     from fastweights.kernels.triton.common.util import load_launch
@@ -139,7 +158,9 @@ def _memories_workload(head_dims, dtypes, gates, warps=None):
     gen = torch.Generator().manual_seed(0)
     if warps is not None:
         load_launch({site: {"num_warps": warps} for site in ("ttt_linear_fwd", "ttt_linear_bwd", "ttt_mlp_fwd",
-                                                             "ttt_mlp_bwd", "titans_fwd", "titans_bwd")})
+                                                             "ttt_mlp_bwd", "titans_fwd", "titans_readout",
+                                                             "titans_bwd_read", "titans_bwd", "titans_single_fwd",
+                                                             "titans_single_bwd")})
     B, T, H = 2, 40, 2
     for D in head_dims:
         for dtype in [getattr(torch, d) for d in dtypes]:
@@ -147,32 +168,30 @@ def _memories_workload(head_dims, dtypes, gates, warps=None):
             beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
             lnw, lnb = torch.ones(H, D, requires_grad=True), torch.zeros(H, D, requires_grad=True)
             lin = (torch.randn(B, H, D, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
-            out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin)
-            out[0].float().sum().backward()
-            # a carried mini-batch (offset > 0: HAS_P) and varlen with grouped heads (H_q = 1)
-            out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin, anchor=lin, offset=5)
-            out[0].float().sum().backward()
             cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
             packed = (q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
                       v.reshape(1, B * T, H, D), beta.reshape(1, B * T, H))
-            three = tuple(torch.cat([w, w[:1]]) for w in lin)  # one state row per sequence
-            out = ttt.ttt_linear_triton(*packed, lnw, lnb, scale=0.1, weights=three, cu_seqlens=cu)
-            out[0].float().sum().backward()
+            if "ttt_linear" in models:
+                _ttt_linear(ttt, q, k, v, beta, lnw, lnb, lin, packed, cu)
             F = 4 * D
             mlp = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.zeros(B, H, 1, F),
                    torch.randn(B, H, F, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
-            out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp)
-            out[0].float().sum().backward()
+            if "ttt_mlp" in models:
+                out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp)
+                out[0].float().sum().backward()
+            if "titans" not in models:
+                continue
             g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
             W, M = (mlp[0], mlp[2]), (mlp[0] * 0.1, mlp[2] * 0.1)
-            for offset in (0, 5):  # HAS_A: the carried anchor
-                out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
-                                           anchor=W if offset else None, offset=offset)
-                out[0].float().sum().backward()
             three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
-            out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
-                                       weights=three[0], momentum=three[1], cu_seqlens=cu)
-            out[0].float().sum().backward()
+            for pipeline in ("single", "split"):  # both of Titans' pipelines at every head dim
+                for offset in (0, 5):  # HAS_A: the carried anchor
+                    out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
+                                               anchor=W if offset else None, offset=offset, pipeline=pipeline)
+                    out[0].float().sum().backward()
+                out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
+                                           weights=three[0], momentum=three[1], cu_seqlens=cu, pipeline=pipeline)
+                out[0].float().sum().backward()
 
 
 def _conv_workload(head_dims, dtypes, gates):
@@ -251,6 +270,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--launch", metavar="PATH", help="a launch table (JSON) applied first (util.load_launch)")
     ap.add_argument("--warps", type=int, help="the memories workload's num_warps (default: the modules' launch)")
+    ap.add_argument("--memories", nargs="+", default=list(MEMORIES), choices=MEMORIES,
+                    help="the memories workload's models (default: all)")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -277,7 +298,7 @@ def main():
         consts = {(names[k[0]] if isinstance(k, tuple) and len(k) == 1 else str(k)): v
                   for k, v in kernel.src.constants.items()}
         keep = {k: v for k, v in consts.items() if k.isupper()}
-        key = (self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
+        key = (self.fn.__module__, self.__name__, json.dumps({k: repr(v) for k, v in sorted(keep.items())}),
                kernel.metadata.num_warps, kernel.metadata.num_stages)
         if key not in seen:
             seen.add(key)
@@ -296,7 +317,8 @@ def main():
 
     JITFunction.run = compile_only
     for name in a.pipelines:
-        WORKLOADS[name](a.head_dims, a.dtypes, a.gates, **({"warps": a.warps} if name == "memories" else {}))
+        WORKLOADS[name](a.head_dims, a.dtypes, a.gates,
+                        **({"warps": a.warps, "models": a.memories} if name == "memories" else {}))
     print(f"triton {triton.__version__}, {a.arch}: {len(rows)} distinct compiled kernels")
     for r in sorted(rows, key=lambda r: (r["kernel"], str(r["consts"]))):
         c = r["consts"]

@@ -74,6 +74,7 @@ from .triton.common.limits import (
     TTT_MINIBATCHES,
     TTT_MLP_PRECISION,
     loop_precision,
+    titans_pipeline,
 )
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -220,9 +221,9 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
     - TTT-MLP (`ttt_mlp_kernel_serves`) with head dims ≤ MAX_TTT_DIM: its whole inner loop in
       kernels.triton.memories.ttt_mlp, forward and backward (varlen refused, as for TTT-Linear, whose kernels take it
       too);
-    - Titans (`titans_kernel_serves`) with head dims ≤ TITANS_MAX_DIM (above it the torch row is faster): its whole
-      inner loop in
-      kernels.triton.memories.titans, forward and backward (varlen refused as for TTT).
+    - Titans (`titans_kernel_serves`) with head dims ≤ TITANS_MAX_DIM: its whole inner loop in
+      kernels.triton.memories.titans, forward and backward, as one sequential program per (sequence, head) each way
+      at head dims ≤ TITANS_SINGLE_MAX_DIM, else split (`limits.titans_pipeline`; varlen refused as for TTT).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)
@@ -253,7 +254,9 @@ PRECISIONS = {"Newton–Schulz": NS_PRECISION, "TTT-Linear": TTT_LINEAR_PRECISIO
 #: Titans' (the whole loop) at their fp32/fp16 and their bf16 precision, each named with its kernels' precision.
 GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",
                      *(f"{name} kernels ({prec})" for name in ("TTT-Linear", "TTT-MLP", "Titans")
-                       for prec in dict.fromkeys(loop_precision(name, dt) for dt in (torch.float32, torch.bfloat16))))
+                       for prec in dict.fromkeys(loop_precision(name, dt) for dt in (torch.float32, torch.bfloat16))),
+                     *(f"Titans kernels ({prec}, split)" for prec in dict.fromkeys(
+                         loop_precision("Titans", dt) for dt in (torch.float32, torch.bfloat16))))
 
 
 def _ns_kernel(precision: str = NS_PRECISION):
@@ -358,9 +361,20 @@ def titans_chunk(call, cu_seqlens=None, precision: str | None = None):
 def generic_chunk_pipeline(recipe: Recipe, target) -> str:
     """The pipeline the generic chunk Triton row runs: TTT-Linear's, TTT-MLP's or Titans' kernels for the recipes
     they serve (`ttt_linear_kernel_serves`, `ttt_mlp_kernel_serves`, `titans_kernel_serves`), else the torch mini-batch
-    form with Newton–Schulz in the kernel (Muon); the loop kernels named with their precision for the call's dtype."""
+    form with Newton–Schulz in the kernel (Muon); the loop kernels named with their precision for the call's dtype, and
+    Titans' with ", split" where its head dims take the split pipeline (`limits.titans_pipeline`)."""
     kernels = _ttt_kernels(recipe)
-    return GENERIC_PIPELINES[0] if kernels is None else f"{kernels} kernels ({loop_precision(kernels, target.dtype)})"
+    if kernels is None:
+        return GENERIC_PIPELINES[0]
+    return _loop_name(kernels, target, loop_precision(kernels, target.dtype))
+
+
+def _loop_name(kernels: str, target, precision: str) -> str:
+    """The name of the loop kernels `kernels` at `precision` for a call with `target`: "{kernels} kernels
+    ({precision})", Titans' with ", split" where the target's head dims take its split pipeline."""
+    dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None] if target is not None else []
+    split = kernels == "Titans" and bool(dims) and titans_pipeline(max(dims), max(dims)) == "split"
+    return f"{kernels} kernels ({precision}{', split' if split else ''})"
 
 
 #: What `pinned` may fix on each Triton chunk row: option -> (the type or values it takes, what that is).
@@ -404,7 +418,7 @@ def pinned(recipe_class: str, **option):
 
     def named(recipe, target):  # the generic row's TTT calls: their kernels at the pinned precision
         if recipe_class == "generic" and recipe is not None and _ttt_kernels(recipe) is not None:
-            return f"{_ttt_kernels(recipe)} kernels ({value})"
+            return _loop_name(_ttt_kernels(recipe), target, value)
         return label
 
     DISPATCH[key] = row = dataclasses.replace(impl, fn=partial(impl.fn, **option), pipeline=named)

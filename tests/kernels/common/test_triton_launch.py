@@ -141,7 +141,9 @@ def _memories(gen):
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
     ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
     g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
-    titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2])[0].sum().backward()
+    for pipeline in ("single", "split"):  # Titans' two pipelines (limits.titans_pipeline)
+        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
+                      pipeline=pipeline)[0].sum().backward()
 
 
 def _conv(gen):
@@ -181,9 +183,10 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
-                                  "titans_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd") else 4
-            # (the TTT loops: a scratch; TTT-Linear's parallel kernels pipeline their anchor's row blocks)
-            parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read")
+                                  "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
+                                  "ttt_mlp_bwd") else 4
+            # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
+            parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
             if name.startswith("conv_"):
                 stages = None  # (Triton's default)

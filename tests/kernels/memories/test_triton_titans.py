@@ -21,6 +21,7 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import titans_kernel_serves, triton_generic_supports
+from fastweights.kernels.triton.common.limits import titans_pipeline
 from fastweights.kernels.triton.memories.titans import hidden_tile, titans_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
@@ -66,12 +67,17 @@ def _state(x, offset):
                 anchor=tuple(x[n] for n in ANCHOR) if offset else None, offset=offset)
 
 
-def _kernel(x, offset, b=16, tile=32, cu_seqlens=None):
-    """The kernel on fp32 copies of x's gates and state (q, k, v as given), hidden tiles of 32 unless `tile` says
-    otherwise (None: the glue's own, `hidden_tile`)."""
+def _kernel(x, offset, b=16, tile=32, cu_seqlens=None, pipeline=None):
+    """The kernels on fp32 copies of x's gates and state (q, k, v as given), hidden tiles of 32 unless `tile` says
+    otherwise (None: the glue's own, `hidden_tile`); `pipeline` "single" or "split" (None: the glue's choice,
+    `limits.titans_pipeline`)."""
     st = _state({n: val.float() for n, val in x.items()}, offset)
     return titans_triton(x["q"], x["k"], x["v"], *(x[n].float() for n in ("g", "beta", "nu")), scale=SCALE,
-                         minibatch=b, tile=tile, cu_seqlens=cu_seqlens, **st)
+                         minibatch=b, tile=tile, cu_seqlens=cu_seqlens, pipeline=pipeline, **st)
+
+
+#: Both of Titans' kernel pipelines: one sequential program per (sequence, head) each way, and the split one
+PIPELINES = ("single", "split")
 
 
 def _twin(x, offset, b=16):
@@ -126,34 +132,56 @@ def _seed(gen):
 
 @pytest.mark.parametrize("T, offset, Hq, tile", [(37, 0, 1, 32), (23, 5, 2, 32), (16, 0, 2, None), (3, 9, 1, 32),
                                                 (11, 5, 1, 16)])
-def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_kernel_equals_the_twin_and_the_recurrence(gen, T, offset, Hq, tile, pipeline):
     """fp32 kernels against float64: T = 37 and 23 (no multiple of 16), T = 16 (one whole mini-batch), T = 3 inside a
     carried mini-batch (offset 9: the call ends mid-batch), T = 11 completing a carried one (offset 5: the call ends on
     the mini-batch's end); grouped heads (H_q = 1, H = 2) and plain ones; the hidden dim F = 64 in two tiles, four, or
     the glue's own (one). Outputs, final state and every gradient."""
     x = _inputs(gen, T=T, Hq=Hq)
     seed = _seed(gen)
-    got = _run(lambda leaves, off: _kernel(leaves, off, tile=tile), _fp32(x), offset, seed)
+    got = _run(lambda leaves, off: _kernel(leaves, off, tile=tile, pipeline=pipeline), _fp32(x), offset, seed)
     _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, gen):
-    """K = 20 (padded to a 32-wide tile), V = 12 (padded to 16), F = 80 in tiles of 32 (the last one partial),
-    b = 32 with a carried mini-batch of 7 tokens, grouped heads; without gradients (no_grad) the forward keeps no
-    start states (SAVE off) and returns the same."""
-    from fastweights.kernels.triton.memories import titans as mod
+@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (23, 5, 2)])
+def test_the_split_with_the_read_terms_in_the_pre_pass(monkeypatch, gen, T, offset, Hq):
+    """The split pipeline's READ_TERMS launch option (util.LAUNCH "titans_bwd": the pre-pass writes the start state
+    gradient's read terms, the reverse pass adds them) against the float64 twin and the default's result."""
+    from fastweights.kernels.triton.common import util
 
-    saves = []
-    real = mod._fwd_kernel.run
-    monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: saves.append(kw["SAVE"]) or real(*a, **kw))
+    x = _inputs(gen, T=T, Hq=Hq)
+    seed = _seed(gen)
+    base = _run(lambda leaves, off: _kernel(leaves, off, pipeline="split"), _fp32(x), offset, seed)
+    monkeypatch.setitem(util.LAUNCH, "titans_bwd", {**util.LAUNCH["titans_bwd"], "READ_TERMS": 1})
+    got = _run(lambda leaves, off: _kernel(leaves, off, pipeline="split"), _fp32(x), offset, seed)
+    _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, base, CHUNK_F32_REL)
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, gen, pipeline):
+    """K = 20 (padded to a 32-wide tile), V = 12 (padded to 16), F = 80 in tiles of 32 (the last one partial),
+    b = 32 with a carried mini-batch of 7 tokens, grouped heads; without gradients (no_grad) the forward (its state
+    pass and readout; the single pipeline's one kernel without saving start states) returns the same."""
+    from fastweights.kernels.triton.memories import titans as mod
+    from fastweights.kernels.triton.memories import titans_single as one
+
+    calls = []
+    for kernel in (mod._state_kernel, mod._readout_kernel, mod._bwd_read_kernel, mod._bwd_kernel, one._fwd_kernel,
+                   one._bwd_kernel):
+        real = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, _real=real, _k=kernel, **kw: calls.append(_k) or _real(*a, **kw))
     x = _inputs(gen, T=41, Hq=1, H=2, K=20, V=12)
     seed = _seed(gen)
-    got = _run(lambda leaves, off: _kernel(leaves, off, b=32), _fp32(x), 7, seed)
+    got = _run(lambda leaves, off: _kernel(leaves, off, b=32, pipeline=pipeline), _fp32(x), 7, seed)
     _agree(got, _run(lambda leaves, off: _twin(leaves, off, b=32), x, 7, seed), CHUNK_F32_REL)
     with torch.no_grad():
-        o, weights, momentum, anchor, _ = _kernel(_fp32(x), 7, b=32)
-    assert saves == [True, False]
+        o, weights, momentum, anchor, _ = _kernel(_fp32(x), 7, b=32, pipeline=pipeline)
+    fwd = [mod._state_kernel, mod._readout_kernel] if pipeline == "split" else [one._fwd_kernel]
+    bwd = [mod._bwd_read_kernel, mod._bwd_kernel] if pipeline == "split" else [one._bwd_kernel]
+    assert calls == fwd + bwd + fwd
     for a, b in zip((o, *weights, *momentum, *anchor), got[0]):
         assert torch.equal(a.double().cpu(), b)
 
@@ -166,21 +194,23 @@ def test_the_hidden_tile():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_inputs(gen, dtype, monkeypatch):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_low_precision_inputs(gen, dtype, monkeypatch, pipeline):
     """bf16 / fp16 q, k, v (the gates and the state fp32, as a layer passes them) against the float64 twin on the same
     rounded values: the kernels compute in fp32 and round o, dq, dk, dv to `dtype`; tl.dot's default precision follows
     the loop kernels' rule (`limits.loop_precision`: ieee for Titans at every dtype)."""
-    from fastweights.kernels.triton.memories import titans as titans_mod
+    from fastweights.kernels.triton.memories import titans, titans_single
 
-    precisions, apply = [], titans_mod._Titans.apply
-    monkeypatch.setattr(titans_mod._Titans, "apply", lambda *a: precisions.append(a[-1]["PREC"]) or apply(*a))
+    fn = (titans if pipeline == "split" else titans_single)._Titans
+    precisions, apply = [], fn.apply
+    monkeypatch.setattr(fn, "apply", lambda *a: precisions.append(a[-1]["PREC"]) or apply(*a))
     x = _inputs(gen, T=37, Hq=1)
     x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = _seed(gen)
     dtypes = []
 
     def kernel(leaves, off):
-        out = _kernel(leaves, off)
+        out = _kernel(leaves, off, pipeline=pipeline)
         dtypes.append(out[0].dtype)
         return out
 
@@ -190,7 +220,8 @@ def test_low_precision_inputs(gen, dtype, monkeypatch):
     _agree(got, _run(_twin, x, 5, seed), TITANS_LOW_REL[dtype])
 
 
-def test_chained_calls_equal_one_call(gen):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_chained_calls_equal_one_call(gen, pipeline):
     """T = 41 as 21 + 20 tokens (the second call continues the mini-batch the first left at 5 tokens), the state —
     weights, momentum, anchor, offset — passed between the calls: outputs, final state and every gradient of the chain
     equal one call's."""
@@ -199,18 +230,19 @@ def test_chained_calls_equal_one_call(gen):
 
     def chained(leaves, offset):
         first = {n: (val[:, :21] if n in SEQ else val) for n, val in leaves.items()}
-        o1, w1, m1, a1, off1 = _kernel(first, offset)
+        o1, w1, m1, a1, off1 = _kernel(first, offset, pipeline=pipeline)
         assert off1 == 5
         second = {n: (val[:, 21:] if n in SEQ else val) for n, val in leaves.items()}
         second.update({**dict(zip(STATE, w1)), **dict(zip(MOMENTUM, m1)), **dict(zip(ANCHOR, a1))})
-        o2, w2, m2, a2, off2 = _kernel(second, off1)
+        o2, w2, m2, a2, off2 = _kernel(second, off1, pipeline=pipeline)
         return torch.cat([o1, o2], dim=1), w2, m2, a2, off2
 
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("offset", [0, 5])
-def test_varlen_equals_each_sequence_alone(gen, offset):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_varlen_equals_each_sequence_alone(gen, offset, pipeline):
     """cu_seqlens packing 4 sequences (an empty one, a length-1 one, one past a mini-batch), one head: each
     with its own state row and mini-batches from its own start equals the twin on that sequence alone — outputs, each
     final state, every gradient; the final offsets are each sequence's. (The dispatch row does not pass varlen: a
@@ -237,16 +269,18 @@ def test_varlen_equals_each_sequence_alone(gen, offset):
         cat = [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts])) for i in range(3)]
         return torch.cat(outs, dim=1), *cat, [p[3] for p in parts]
 
-    got = _run(lambda leaves, off: _kernel(leaves, off, cu_seqlens=cu.to(DEV)), _fp32(x), offset, seed)
+    got = _run(lambda leaves, off: _kernel(leaves, off, cu_seqlens=cu.to(DEV), pipeline=pipeline), _fp32(x), offset,
+               seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
     _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("size", [(4, 512, 2, 64, 0), (2, 300, 2, 64, 7), (1, 200, 3, 32, 11)],
+@pytest.mark.parametrize("size", [(4, 512, 2, 64, 0), (2, 300, 2, 64, 7), (1, 200, 3, 32, 11), (2, 300, 2, 128, 5)],
                          ids=lambda s: "B{}-T{}-H{}-D{}-off{}".format(*s))
-def test_cuda_realistic(gen, size, dtype):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_cuda_realistic(gen, size, dtype, pipeline):
     """On the GPU: the kernels (their own hidden tile) against the float64 twin at realistic shapes, outputs, final
     state and every gradient; bf16 inputs against the twin on the same rounded values. (Not run yet: written for the
     GPU session's `pytest -m cuda`.)"""
@@ -255,7 +289,8 @@ def test_cuda_realistic(gen, size, dtype):
     if dtype != torch.float32:
         x.update({n: x[n].to(dtype).double() for n in ("q", "k", "v")})
     seed = _seed(gen)
-    got = _run(lambda leaves, off: _kernel(leaves, off, tile=None), _fp32(x), offset, seed, dtype=dtype)
+    got = _run(lambda leaves, off: _kernel(leaves, off, tile=None, pipeline=pipeline), _fp32(x), offset, seed,
+               dtype=dtype)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TITANS_LOW_REL[dtype]
     want = _run(_twin, x, offset, seed)
     assert torch.isfinite(want[0][0]).all()  # a memory that stayed bounded: a comparison, not NaN against NaN
@@ -282,6 +317,8 @@ def test_the_kernel_refuses_what_it_does_not_take(gen):
                       cu_seqlens=torch.tensor([0, 2, 4]))
     with pytest.raises(InputError, match="tile must be a power of two"):
         _kernel(x, 0, tile=24)
+    with pytest.raises(InputError, match="pipeline must be"):
+        _kernel(x, 0, pipeline="fused")
     big = torch.zeros(1, 2, 1, 130)
     gate = torch.zeros(1, 2, 1)
     with pytest.raises(InputError, match="head dims ≤ 128, got K=130"):
@@ -299,10 +336,12 @@ def test_the_generic_row_serves_titans_on_cuda_and_refuses_other_shapes():
     assert [fw.pipeline("titans", device="cuda", dtype=dt, head_dim=64)[1] for dt in (torch.float32, torch.bfloat16,
                                                                                       torch.float16)] \
         == ["Titans kernels (ieee)"] * 3
-    # the row's reach (limits.TITANS_MAX_DIM: at 128 the torch row was faster on an H200); auto then takes the torch row
-    assert "Titans kernels take head dims ≤ 64, got K=128" in triton_generic_supports(
-        recipe, Target.of("cuda", torch.bfloat16, 128, 128))
-    assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=128)[0] == "torch"
+    # the row's reach (limits.TITANS_MAX_DIM); above 64 the split pipeline (limits.titans_pipeline), named so
+    assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=128)[1] == "Titans kernels (ieee, split)"
+    assert "Titans kernels take head dims ≤ 128, got K=256" in triton_generic_supports(
+        recipe, Target.of("cuda", torch.bfloat16, 256, 256))
+    assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=256)[0] == "torch"
+    assert [titans_pipeline(d, d) for d in (16, 64, 65, 128)] == ["single", "single", "split", "split"]
     mem, opt = recipe.memory, recipe.optimizer
     others = {"GELU, erf form": dataclasses.replace(recipe, memory=dataclasses.replace(mem, activation="gelu_tanh")),
               "without inner biases": dataclasses.replace(recipe, memory=dataclasses.replace(mem, bias=True)),
@@ -319,17 +358,29 @@ def test_the_generic_row_serves_titans_on_cuda_and_refuses_other_shapes():
 
     with rows.pinned("generic", precision="tf32x3"):  # the row's kernels at that tl.dot precision
         assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=64)[1] == "Titans kernels (tf32x3)"
+        assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=128)[1] \
+            == "Titans kernels (tf32x3, split)"
 
 
-def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen, pipeline):
     """fw.chunk("titans") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name), which
     runs the kernels — a call under no_grad the forward alone, one whose inputs need gradients the backward too:
     output, final state and every gradient (the gates' included) equal the torch row's in float64; varlen is refused as
-    the torch row refuses it."""
+    the torch row refuses it. Head dim 16: the single pipeline, or the split one with limits.TITANS_SINGLE_MAX_DIM
+    lowered under it (the interpreter at D 128 is slow)."""
+    from fastweights.kernels.triton.common import limits
     from fastweights.kernels.triton.memories import titans as mod
+    from fastweights.kernels.triton.memories import titans_single as one
 
+    if pipeline == "split":
+        monkeypatch.setattr(limits, "TITANS_SINGLE_MAX_DIM", 8)
+    fwd = [mod._state_kernel, mod._readout_kernel] if pipeline == "split" else [one._fwd_kernel]
+    bwd = [mod._bwd_read_kernel, mod._bwd_kernel] if pipeline == "split" else [one._bwd_kernel]
+    assert fw.pipeline("titans", device="cuda", dtype=torch.float32, head_dim=16)[1] \
+        == "Titans kernels (ieee" + (", split)" if pipeline == "split" else ")")
     calls = []
-    for kernel in (mod._fwd_kernel, mod._bwd_kernel):
+    for kernel in fwd + bwd:
         real = kernel.run
         monkeypatch.setattr(kernel, "run", lambda *a, _real=real, _k=kernel, **kw: calls.append(_k) or _real(*a, **kw))
     fake = FakeCuda(monkeypatch, kernels=True).install() if DEV == "cpu" else None
@@ -354,7 +405,7 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         for backend in ("triton", "auto"):
             before = len(calls)
             outs, grads = run(backend, torch.float32, DEV, grad)
-            assert calls[before:] == [mod._fwd_kernel] + [mod._bwd_kernel] * grad, (backend, grad)
+            assert calls[before:] == fwd + bwd * grad, (backend, grad)
             assert len(outs) == len(ref_outs) == 7 and len(grads) == len(ref_grads)
             for a, b in zip(outs + grads, ref_outs + ref_grads):
                 assert rel(a.double().cpu(), b) < CHUNK_F32_REL
@@ -366,10 +417,16 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen):
         row.fn(row_call("titans", inp), cu_seqlens=torch.tensor([0, 3, 8], device=DEV))
 
 
-def test_a_titans_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen):
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_titans_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen, pipeline):
     """A MemoryMixer("titans") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the same
     layer on the torch row: output and every parameter gradient (its initial memory, the gates' projections) — the
-    tensors a layer hands the row (expanded states, gates from its projections)."""
-    from fastweights.kernels.triton.memories import titans as mod
+    tensors a layer hands the row (expanded states, gates from its projections). Head dim 16: the single pipeline, or
+    the split one with limits.TITANS_SINGLE_MAX_DIM lowered under it."""
+    from fastweights.kernels.triton.common import limits
+    from fastweights.kernels.triton.memories import titans, titans_single
 
-    layer_on_kernels_equals_torch(monkeypatch, gen, "titans", mod._Titans, TITANS_LAYER_F32_REL)
+    if pipeline == "split":
+        monkeypatch.setattr(limits, "TITANS_SINGLE_MAX_DIM", 8)
+    fn = (titans if pipeline == "split" else titans_single)._Titans
+    layer_on_kernels_equals_torch(monkeypatch, gen, "titans", fn, TITANS_LAYER_F32_REL)

@@ -58,10 +58,22 @@ _LOOP_PRECISIONS = {"TTT-Linear": TTT_LINEAR_PRECISION, "TTT-MLP": TTT_MLP_PRECI
 #: at tf32 moved the fp32 final state by 3.4–3.5e-2 relative against float64 (ieee: 2.9e-6), o and the gradients by
 #: 2.7–4.4e-3 (ieee: 1.6–2.5e-3) — H200, BENCHMARKS §1p: its momentum carries the dots' rounding on.
 LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
-#: The widest head dim (K and V) at which the generic row runs Titans on its kernels: at D 128 (B 4, T 4096, H 16) its
-#: kernels took 720 ms fwd + bwd against the torch mini-batch form's 585 ms (H200, bf16, BENCHMARKS §1p); at D 64 (B 64,
-#: T 512, H 2) 17.9 ms against 58.8. Above it the row refuses (auto: the torch row).
-TITANS_MAX_DIM = 64
+#: The widest head dim (K and V) at which the generic row runs Titans on its kernels. At D 128 (B 4, T 4096, H 16, bf16,
+#: H200) the split pipeline (`titans_pipeline`) takes 540 ms fwd + bwd against the torch row's 603 ms, timed in one
+#: process (the single kernels before it: 722 ms); at D 64 (B 64, T 512, H 2) the single kernels 17.6 ms against 57.7
+#: (docs/kernel_notes.md, round 4 ninth session). Above it the row refuses (auto: the torch row).
+TITANS_MAX_DIM = 128
+#: The widest head dim at which Titans' kernels run as one program per (sequence, head) each way
+#: (`memories/titans_single.py`); wider ones split the state walk from the reads (`memories/titans.py`). H200, bf16:
+#: at B 64, T 512, H 2, D 64 single 17.6 ms fwd + bwd, split 19.0; at B 4, T 4096, H 16, D 128 single 722, split 540.
+TITANS_SINGLE_MAX_DIM = 64
+
+
+def titans_pipeline(K: int, V: int) -> str:
+    """Which of Titans' kernel pipelines a call with head dims K, V runs: "single" (one sequential program per
+    (sequence, head) each way) at max(K, V) ≤ TITANS_SINGLE_MAX_DIM, else "split" (a sequential state pass and a
+    parallel readout; a parallel pre-pass and a reverse sequential pass)."""
+    return "single" if max(K, V) <= TITANS_SINGLE_MAX_DIM else "split"
 
 
 #: MesaNet's CG kernel's tl.dot precision for fp32/fp16 q, k, v ("ieee": the torch CG's fp32 products) and for bf16

@@ -153,8 +153,17 @@ LAUNCH: dict[str, dict] = {
     "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
-    "titans_fwd": dict(num_warps=8, num_stages=1),  # memories.titans._fwd_kernel (its state rewritten in place)
-    "titans_bwd": dict(num_warps=8, num_stages=1),  # memories.titans._bwd_kernel (its gradients rewritten in place)
+    # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at
+    # 4 warps and 2 stages: H200, bf16, B 4, T 4096, H 16, D 128: readout 33.6 → 18.1 ms, backward pre-pass 118 → 67
+    "titans_single_fwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._fwd_kernel (the single pipeline)
+    "titans_single_bwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._bwd_kernel
+    # the split pipeline (16 warps for the reverse pass: 365 → 605 ms at D 128; TILE 4096 there: 562 ms)
+    "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)
+    "titans_readout": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._readout_kernel (parallel)
+    "titans_bwd_read": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._bwd_read_kernel (parallel)
+    # READ_TERMS 1: the pre-pass writes the start gradient's read terms (a start state's size a mini-batch) and the
+    # reverse pass adds them (4 of its 21 dots a hidden tile off the sequential path; untimed, so 0)
+    "titans_bwd": dict(num_warps=8, num_stages=1, TILE=2048, READ_TERMS=0),  # memories.titans._bwd_kernel
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
     # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK
@@ -202,7 +211,10 @@ KERNEL_FN = {
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
-    "titans_fwd": "memories.titans._fwd_kernel", "titans_bwd": "memories.titans._bwd_kernel",
+    "titans_single_fwd": "memories.titans_single._fwd_kernel",
+    "titans_single_bwd": "memories.titans_single._bwd_kernel", "titans_fwd": "memories.titans._state_kernel",
+    "titans_readout": "memories.titans._readout_kernel",
+    "titans_bwd_read": "memories.titans._bwd_read_kernel", "titans_bwd": "memories.titans._bwd_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",
     "rope": "layer.rope._rope_kernel",

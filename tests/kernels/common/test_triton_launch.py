@@ -147,20 +147,23 @@ def _memories(gen):
 
 
 def _conv(gen):
-    """The short conv forward and both backwards (the one-pass and the two kernels)."""
+    """The short conv forward and both backwards (the one-pass and the two kernels), and RoPE forward and backward."""
     from fastweights.kernels.triton.layer.conv import short_conv
+    from fastweights.kernels.triton.layer.rope import rope
 
     for one_pass in (True, False):
         x = torch.randn(1, 20, 8, generator=gen).to(DEV).requires_grad_(True)
         w = torch.randn(8, 4, generator=gen).to(DEV).requires_grad_(True)
         short_conv(x, w, one_pass_backward=one_pass)[0].sum().backward()
+    x = torch.randn(1, 20, 2, 8, generator=gen).to(DEV).requires_grad_(True)
+    rope(x, 3).sum().backward()
 
 
 def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     """The delta and gated pipelines (forward and backward, every gate), the prologue, the TTT memories' and Titans'
-    loops and the short conv launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH, with today's
-    defaults: 4 warps, 2 stages (1 for the TTT loops but TTT-Linear's parallel ones; the conv's Triton default, none
-    passed), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
+    loops, the short conv and RoPE launch every kernel of util.KERNEL_FN, each under its own name in util.LAUNCH,
+    with today's defaults: 4 warps, 2 stages (1 for the TTT loops but TTT-Linear's parallel ones; the conv's and
+    RoPE's Triton default, none passed), BV 64 (or V), qk_grads' BC 32 (scalar / no gate) and 16 (diagonal)."""
     monkeypatch.setattr(util, "SEEN", set())
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
@@ -188,8 +191,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
-            if name.startswith("conv_"):
-                stages = None  # (Triton's default)
+            if name.startswith("conv_") or name == "rope":
+                stages = None  # (Triton's default: a single pass, nothing to pipeline)
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",

@@ -246,7 +246,8 @@ def value_block(L: Layout) -> int:
     eagerly."""
     cap = tile("delta_fused_fwd", "BV")
     bv = min(cap if L.K <= 128 else min(cap, 32), pow2(L.V))
-    rows = (L.NS * L.H if tile("delta_fused_fwd", "VARLEN_ROWS") else L.H) if L.varlen else L.B * L.H
+    slots = tile("delta_fused_fwd", "VARLEN_ROWS")  # (read on every call: one launch table for all layouts)
+    rows = (L.NS * L.H if slots else L.H) if L.varlen else L.B * L.H
     target = tile("delta_fused_fwd", "PROGRAMS")
     while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
         bv //= 2

@@ -411,7 +411,8 @@ def value_block(L: Layout, name: str) -> int:
     grid has at least PROGRAMS programs, counting the grid's rows as B·H (padded) or H (varlen: never the
     packing; VARLEN_ROWS 1: NS·H), down to 16 (delta_fused.value_block's rule)."""
     bv = min(tile(name, "BV"), pow2(L.V))
-    rows = (L.NS * L.H if tile(name, "VARLEN_ROWS") else L.H) if L.varlen else L.B * L.H
+    slots = tile(name, "VARLEN_ROWS")  # (read on every call: one launch table for all layouts)
+    rows = (L.NS * L.H if slots else L.H) if L.varlen else L.B * L.H
     target = tile(name, "PROGRAMS")
     while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
         bv //= 2

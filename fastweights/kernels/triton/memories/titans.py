@@ -152,6 +152,17 @@ from ..common import interpreter  # noqa: F401  (the interpreter's shims, applie
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
 from ..common.util import check_precision, launch, pow2, tile
 from . import titans_single
+from .titans_single import (  # the jit helpers both pipelines share (the single kernels' module holds them)
+    _anchor,
+    _coefficients,
+    _coefficients_back,
+    _gelu,
+    _gelu2,
+    _hidden,
+    _pass_f,
+    _state_tiles,
+    _tile_read,
+)
 from .ttt import _plan, _sequence, _slot
 
 Tensor = torch.Tensor
@@ -181,13 +192,6 @@ def _site(geo: dict, name: str) -> dict:
     `hidden_tile` at the site's TILE) and util.LAUNCH's settings."""
     BF = geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"], tile(name, "TILE"))
     return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **launch(name)}
-
-
-@triton.jit
-def _gelu(z):
-    """(σ(z), σ'(z)) of GELU's erf form, elementwise: σ = z Φ(z), σ' = Φ(z) + z φ(z)."""
-    cdf = 0.5 * (1.0 + tl.math.erf(z * _RSQRT2))
-    return z * cdf, cdf + z * tl.exp(-0.5 * z * z) * _RSQRT2PI
 
 
 @triton.jit
@@ -224,97 +228,6 @@ def _rows(q, k, v, g, beta, nu, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ:
     x = tl.load(q + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=valid[:, None] & (ck < DK)[None, :],
                 other=0.0).to(tl.float32) * scale
     return x, kk, vv, lg, eta, nn, row, valid, mv
-
-
-@triton.jit
-def _coefficients(lg, eta, nn, valid, BT: tl.constexpr, PREC: tl.constexpr):
-    """The segment's coefficients from its gates log a, β, ν [BT] and its rows' validity (module doc): per row A_t,
-    c_t [BT], the matrix C [BT, BT], and the last row's A_L, N_L, c_L (scalars), C_L, Cm_L [BT]."""
-    r = tl.arange(0, BT)
-    tri = r[:, None] >= r[None, :]
-    la = tl.sum(tl.where(tri, lg[None, :], 0.0), axis=1)  # log A_t (an inclusive cumsum)
-    ln = tl.sum(tl.where(tri, tl.log(tl.maximum(nn, _TINY))[None, :], 0.0), axis=1)  # log N_t
-    # A_t / A_u for u ≤ t and u a token of the segment (a padded row adds no m_u to θ)
-    Ra = tl.where(tri & valid[None, :], tl.exp(tl.where(tri, la[:, None] - la[None, :], 0.0)), 0.0)
-    Cm = tl.where(tri, -eta[None, :] * tl.exp(tl.where(tri, ln[:, None] - ln[None, :], 0.0)), 0.0)
-    C = tl.dot(Ra, Cm, input_precision=PREC)
-    Nt = tl.exp(ln)
-    At = tl.exp(la)
-    ct = tl.sum(Ra * Nt[None, :], axis=1)
-    end = r == BT - 1
-    C_L = tl.sum(tl.where(end[:, None], C, 0.0), axis=0)
-    Cm_L = tl.sum(tl.where(end[:, None], Cm, 0.0), axis=0)
-    A_L = tl.sum(tl.where(end, At, 0.0), axis=0)
-    N_L = tl.sum(tl.where(end, Nt, 0.0), axis=0)
-    c_L = tl.sum(tl.where(end, ct, 0.0), axis=0)
-    return At, ct, C, A_L, N_L, c_L, C_L, Cm_L
-
-
-@triton.jit
-def _hidden(f0, ck, ckm, cv, cvm, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BF: tl.constexpr):
-    """Hidden tile f0's indices fc [BF], mask fm, and within one (sequence, head) the offsets o1 [BDK, BF] of a
-    [K, F] matrix's tile and o2 [BF, BDV] of an [F, V] one's, with their masks m1, m2."""
-    fc = f0 + tl.arange(0, BF)
-    fm = fc < F
-    return fc, fm, ck[:, None] * F + fc[None, :], fc[:, None] * DV + cv[None, :], ckm[:, None] & fm[None, :], \
-        fm[:, None] & cvm[None, :]
-
-
-@triton.jit
-def _anchor(A1_0, A2_0, i_a, W1, W2, i_w, s, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr,
-            HAS_A: tl.constexpr):
-    """The anchor's tiles (U1 [BDK, BF], U2 [BF, BDV]) in mini-batch s: the carried anchor's (row i_a of A1_0, A2_0)
-    in the first mini-batch of a call with offset > 0 (HAS_A), else the segment's start weights' (row i_w of W1, W2).
-    (A branch, not a select between two masked loads: one read in flight; sm_90's build of the select at K = 128,
-    4 warps, bf16 spilled 17.7 KB.)"""
-    if HAS_A:
-        if s == 0:
-            U1 = tl.load(A1_0 + i_a * (DK * F) + o1, mask=m1, other=0.0)
-            U2 = tl.load(A2_0 + i_a * (F * DV) + o2, mask=m2, other=0.0)
-        else:
-            U1 = tl.load(W1 + i_w * (DK * F) + o1, mask=m1, other=0.0)
-            U2 = tl.load(W2 + i_w * (F * DV) + o2, mask=m2, other=0.0)
-    else:
-        U1 = tl.load(W1 + i_w * (DK * F) + o1, mask=m1, other=0.0)
-        U2 = tl.load(W2 + i_w * (F * DV) + o2, mask=m2, other=0.0)
-    return U1, U2
-
-
-@triton.jit
-def _state_tiles(W1, W2, M1, M2, i_w, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr):
-    """One hidden tile of (W1, M1) [BDK, BF] and (W2, M2) [BF, BDV] at row i_w; 0 outside the masks."""
-    p1 = i_w * (DK * F) + o1
-    p2 = i_w * (F * DV) + o2
-    return tl.load(W1 + p1, mask=m1, other=0.0), tl.load(M1 + p1, mask=m1, other=0.0), \
-        tl.load(W2 + p2, mask=m2, other=0.0), tl.load(M2 + p2, mask=m2, other=0.0)
-
-
-@triton.jit
-def _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
-    """One hidden tile of the anchor's side and the read's first layer: (Z, Hd, σ'(Z), e U2ᵀ, dz, X W1_s, X M1_s,
-    h, σ'(z1)), each [BT, BF]."""
-    Z = tl.dot(kk, U1, input_precision=PREC)
-    Hd, dg = _gelu(Z)
-    g1 = tl.dot(e, tl.trans(U2), input_precision=PREC)
-    dz = g1 * dg
-    P1 = tl.dot(x, w1, input_precision=PREC)
-    Q1 = tl.dot(x, mm1, input_precision=PREC)
-    h, dh = _gelu(At[:, None] * P1 + ct[:, None] * Q1 + tl.dot(X1, dz, input_precision=PREC))
-    return Z, Hd, dg, g1, dz, P1, Q1, h, dh
-
-
-@triton.jit
-def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, s, ck, ckm, cv, cvm, DK: tl.constexpr, DV: tl.constexpr,
-            F: tl.constexpr, BT: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, PREC: tl.constexpr,
-            HAS_A: tl.constexpr):
-    """e = M_θ₀(K) − V [BT, BDV] at the anchor (`_anchor`), over the hidden tiles; 0 outside the rows and columns."""
-    f = tl.zeros([BT, BDV], dtype=tl.float32)
-    for f0 in range(0, F, BF):
-        fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
-        U1, U2 = _anchor(A1_0, A2_0, i_a, W1, W2, i_w, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
-        Hd, _ = _gelu(tl.dot(kk, U1, input_precision=PREC))
-        f += tl.dot(Hd, U2, input_precision=PREC)
-    return tl.where(mv, f - vv, 0.0)
 
 
 @triton.jit
@@ -525,49 +438,6 @@ def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, d
     tl.store(dAs + slot * BT + r, dAt)
     tl.store(dcs + slot * BT + r, dct)
     tl.store(dCs + slot * (BT * BT) + r[:, None] * BT + r[None, :], dC)
-
-
-@triton.jit
-def _gelu2(z):
-    """σ''(z) of GELU's erf form: φ(z) (2 − z²)."""
-    return tl.exp(-0.5 * z * z) * _RSQRT2PI * (2.0 - z * z)
-
-
-@triton.jit
-def _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L, dCm_L, BT: tl.constexpr,
-                       PREC: tl.constexpr):
-    """`_coefficients`'s backward: from the gradients of A_t, c_t [BT], C [BT, BT], A_L, N_L, c_L (scalars) and C_L,
-    Cm_L [BT] to those of the gates: (d log a, dβ, dν) [BT]."""
-    r = tl.arange(0, BT)
-    tri = r[:, None] >= r[None, :]
-    end = r == BT - 1
-    la = tl.sum(tl.where(tri, lg[None, :], 0.0), axis=1)
-    ln = tl.sum(tl.where(tri, tl.log(tl.maximum(nn, _TINY))[None, :], 0.0), axis=1)
-    Ra = tl.where(tri & valid[None, :], tl.exp(tl.where(tri, la[:, None] - la[None, :], 0.0)), 0.0)
-    Rn = tl.where(tri, tl.exp(tl.where(tri, ln[:, None] - ln[None, :], 0.0)), 0.0)
-    Cm = -eta[None, :] * Rn
-    Nt = tl.exp(ln)
-    At = tl.exp(la)
-    # the last rows: C_L, Cm_L, A_L, N_L, c_L
-    dC = dC + tl.where(end[:, None], dC_L[None, :], 0.0)
-    dCm = tl.where(end[:, None], dCm_L[None, :], 0.0)
-    dAt = dAt + tl.where(end, dA_L, 0.0)
-    dct = dct + tl.where(end, dc_L, 0.0)
-    # C = R_A Cm,  c_t = Σ_u (R_A)_tu N_u
-    dRa = tl.dot(dC, tl.trans(Cm), input_precision=PREC) + dct[:, None] * Nt[None, :]
-    dCm += tl.dot(tl.trans(Ra), dC, input_precision=PREC)
-    dNt = tl.where(end, dN_L, 0.0) + tl.sum(Ra * dct[:, None], axis=0)
-    # R_A = mask · exp(log A_t − log A_u), A_t = exp(log A_t)
-    GRa = dRa * Ra
-    dla = tl.sum(GRa, axis=1) - tl.sum(GRa, axis=0) + dAt * At
-    # Cm_tj = −β_j (R_N)_tj, R_N = mask · exp(log N_t − log N_j), N_t = exp(log N_t)
-    dbeta = -tl.sum(dCm * Rn, axis=0)
-    GRn = dCm * Cm
-    dln = tl.sum(GRn, axis=1) - tl.sum(GRn, axis=0) + dNt * Nt
-    # the inclusive cumsums: Σ_{t ≥ τ}
-    dlg = tl.sum(tl.where(tri, dla[:, None], 0.0), axis=0)
-    dnu = tl.where(nn > _TINY, tl.sum(tl.where(tri, dln[:, None], 0.0), axis=0) / nn, 0.0)
-    return dlg, dbeta, dnu
 
 
 @triton.jit

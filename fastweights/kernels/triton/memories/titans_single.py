@@ -5,55 +5,9 @@ limits.TITANS_SINGLE_MAX_DIM (`limits.titans_pipeline`; wider ones take `titans.
 The design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in hidden tiles) for Titans'
 memory and optimizer, each way (the backward walks the mini-batches in reverse from their stored start states).
 
-The memory (Behrouz et al. 2024, the zoo's `titans`): a 2-layer MLP without biases or residual LayerNorm, hidden
-width F (4K in the zoo), σ = GELU (erf form, σ(z) = z Φ(z), σ'(z) = Φ(z) + z φ(z)):
-
-    M_θ(x) = σ(x W1) W2                      θ = (W1 [K, F], W2 [F, V])
-
-inner loss ℓ_t(θ) = ½‖M_θ(k_t) − v_t‖², the momentum optimizer with the step inside the momentum and scalar
-retention, per token t (gates a_t = exp(g_t) the retention, ν_t the momentum decay, β_t the step; [B, T, H] each):
-
-    m_t = ν_t m_{t−1} − β_t ∇ℓ_t(θ₀),     θ_t = a_t θ_{t−1} + m_t        (`reference.recurrent`)
-
-with every gradient of a mini-batch (b tokens aligned to the sequence start) taken at its anchor θ₀, the weights
-it started from. decay_first=False (the zoo's, and the only order a recipe with b > 1 takes: `recipe.Recipe` refuses
-decay_first=True there) decays θ after the gradient is taken.
-
-One mini-batch ("segment": the L ≤ b tokens of one mini-batch inside the call, rows t = 1 … L) from its start
-state θ_s = (W1_s, W2_s), m_s = (M1_s, M2_s) and anchor θ₀ = (U1, U2) (θ₀ = θ_s unless the segment continues a
-mini-batch carried into the call: offset o > 0, θ₀ the carried anchor). Products from the segment start
-(`minibatch._coefficients`'s momentum branch):
-
-    A_t = Π_{τ≤t} a_τ,   N_t = Π_{τ≤t} ν_τ,   (R_A)_{tu} = [u ≤ t] A_t / A_u,   (R_N)_{tj} = [j ≤ t] N_t / N_j
-
-The gradients at the anchor, per token (rows [b, ·]; K, V the segment's keys and values):
-
-    Z = K U1,  Hd = σ(Z)  [b, F],    f = Hd U2,  e = f − V  [b, V],    dz = (e U2ᵀ) ⊙ σ'(Z)  [b, F]
-    G_i = ∇ℓ_i(θ₀) = (k_iᵀ dz_i,  Hd_iᵀ e_i)                         rank 1 in each layer
-
-Unrolling the recurrence over the segment, every momentum and weight is start terms plus the rank-1 terms through
-causal [b, b] coefficient matrices:
-
-    m_t = N_t m_s + Σ_j Cm_{tj} G_j,          Cm = −R_N diag(β)           (Cm_{tj} = −[j ≤ t] β_j N_t / N_j)
-    θ_t = A_t θ_s + c_t m_s + Σ_j C_{tj} G_j,   c_t = Σ_{u≤t} (A_t / A_u) N_u,   C = R_A Cm
-
-(θ_t = A_t θ_s + Σ_{u≤t} (A_t / A_u) m_u.) The read at the queries x = scale·q, layer by layer in the dual form — no
-per-token weight is formed:
-
-    z1 = A ⊙ (X W1_s) + c ⊙ (X M1_s) + (C ∘ X Kᵀ) dz                [b, F]     (A, c scale the rows)
-    h  = σ(z1)
-    o  = A ⊙ (h W2_s) + c ⊙ (h M2_s) + (C ∘ h Hdᵀ) e                 [b, V]
-
-and the segment's end (row L), the next segment's start and anchor:
-
-    W1_e = A_L W1_s + c_L M1_s + Kᵀ diag(C_L) dz,     M1_e = N_L M1_s + Kᵀ diag(Cm_L) dz
-    W2_e = A_L W2_s + c_L M2_s + Hdᵀ diag(C_L) e,     M2_e = N_L M2_s + Hdᵀ diag(Cm_L) e
-
-(C_L, Cm_L: the last rows). In the kernel every segment is b rows: position r of mini-batch s is the call's token
-s·b + r − o, and the rows outside the call (a carried mini-batch's first o, the tail past the sequence's end) take
-a = 1, ν = 1, β = 0 and add no m_u to θ (R_A's columns of those rows are 0): the coefficients of the real rows are
-unchanged, and row b's are the segment's last token's. (log ν is clamped at fp32's smallest normal, as
-`minibatch._log` clamps at the compute dtype's.)
+The maths — the memory, its loss and optimizer, the per-mini-batch coefficients, the dual form of the reads and the
+backward's chain down to the gates — is `titans.py`'s module doc (one place for both pipelines); what follows is what
+this pipeline's two kernels do with it.
 
 Where the weights live: θ and m (4·K·F·4 bytes per (sequence, head): 256 KiB at K = V = 64, F = 256) in the final
 state's output tensors, which the kernel first fills with the initial state and then updates in place, mini-batch by
@@ -67,22 +21,8 @@ Forward (`_fwd_kernel`), per mini-batch: the coefficients from the gates ([b, b]
 hidden tiles accumulates f (then e); pass 2 recomputes Z, forms dz, the read's z1 and h, accumulates o's two start
 terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; o from the accumulators.
 
-Backward (`_bwd_kernel`), the mini-batches in reverse, from the gradients Ḡ_e = (W̄1_e, W̄2_e, M̄1_e, M̄2_e) of a
-segment's end state (the final state's, then each later segment's start's; kept in place, [R·H, ·]) and ō [b, V]:
-
-    o:    Ā += rowsum(ō ⊙ h W2_s),  c̄ += rowsum(ō ⊙ h M2_s),  C̄ += (ō eᵀ) ∘ (h Hdᵀ),  ē = (C ∘ h Hdᵀ)ᵀ ō,
-          h̄ = (A ⊙ ō) W2_sᵀ + (c ⊙ ō) M2_sᵀ + ((ō eᵀ) ∘ C) Hd,  Hd̄ = ((ō eᵀ) ∘ C)ᵀ h,
-          W̄2_s = hᵀ (A ⊙ ō),  M̄2_s = hᵀ (c ⊙ ō);   z̄1 = h̄ ⊙ σ'(z1), then the same for z1 with X, W1_s, M1_s,
-          (C ∘ X Kᵀ) dz (X̄, K̄ through X Kᵀ; dz̄ = (C ∘ X Kᵀ)ᵀ z̄1; C̄ += (z̄1 dzᵀ) ∘ X Kᵀ);
-    end:  W̄1_s += A_L W̄1_e,  M̄1_s += c_L W̄1_e + N_L M̄1_e  (and layer 2);  Ā_L = ⟨W̄_e, W_s⟩, c̄_L = ⟨W̄_e, M_s⟩,
-          N̄_L = ⟨M̄_e, M_s⟩ (both layers);  the rank-1 terms: K̄ += diag(C_L) dz W̄1_eᵀ + diag(Cm_L) dz M̄1_eᵀ,
-          dz̄ += C_L ⊙ K W̄1_e + Cm_L ⊙ K M̄1_e,  C̄_L = rowsum(dz ⊙ K W̄1_e) + rowsum(e ⊙ Hd W̄2_e)  (Cm̄_L the same
-          with M̄_e), Hd̄, ē likewise from layer 2;
-    anchor: ḡ1 = dz̄ ⊙ σ'(Z), ē += ḡ1 U2, Ū2 = ḡ1ᵀ e;  f̄ = ē (e = f − V: V̄ = −ē);  Hd̄ += f̄ U2ᵀ, Ū2 += Hdᵀ f̄;
-          Z̄ = Hd̄ ⊙ σ'(Z) + dz̄ ⊙ (e U2ᵀ) ⊙ σ''(Z);  Ū1 = Kᵀ Z̄,  K̄ += Z̄ U1ᵀ  — Ū into θ̄_s (or into the carried
-          anchor's gradient);
-    gates: C = R_A Cm and c = R_A N back to R̄_A, Cm̄, N̄; then log A, log N (R's entries are exps of differences,
-          A = e^{log A}, N = e^{log N}) and β (Cm = −R_N diag(β)); log a, log ν by the reverse cumsum (ν̄ = (log ν)̄ / ν).
+Backward (`_bwd_kernel`): the mini-batches in reverse, from the gradients of each segment's end state and ō (the
+chain of `titans.py`'s module doc), kept in place ([R·H, ·]).
 
 Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
 (per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start

@@ -264,7 +264,7 @@ LISTING_MUTATIONS = {
     "head_dim": [0, -8, 2.5, "64", True], "head_v_dim": [0, -1, "64"], "chunk_size": [0, -64, 64.0, "64"],
 }
 LAYER_OP_MUTATIONS = {
-    "op": ["rope", 3, None], "device": ["gpu", 2], "dtype": ["bfloat16", torch.bool], "head_dim": [0, -1, "8"],
+    "op": ["alibi", 3, None], "device": ["gpu", 2], "dtype": ["bfloat16", torch.bool], "head_dim": [0, -1, "8"],
     "conv_width": [0, -4, 4.0, "4"], "group_size": [0, -128, "128"], "gate": ["relu", 1, "SWISH"],
 }
 

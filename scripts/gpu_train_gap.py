@@ -103,7 +103,7 @@ def case(name: str, cfg, tok, tw, M: int, B: int, docs: bool, args, device) -> d
 #: kernel-name fragments → class (first match wins), for the profiles' by-class sums
 CLASSES = (("gemm", ("nvjet", "gemm", "cutlass", "splitKreduce", "sm90_xmma")),
            ("attention", ("flash", "fmha", "attn")), ("conv", ("_conv_",)), ("norm", ("_norm_", "rms", "layer_norm")),
-           ("prologue", ("_prologue",)), ("copies and casts", ("copy", "Cat", "cat_")),
+           ("prologue", ("_prologue",)), ("rope", ("_rope",)), ("copies and casts", ("copy", "Cat", "cat_")),
            ("elementwise", ("elementwise", "Functor", "silu", "where")), ("reductions", ("reduce",)))
 
 

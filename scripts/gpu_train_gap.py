@@ -14,8 +14,6 @@ median and min), on fresh windows each replay:
     separate     M 8, B 8, packed documents: max_documents = the most any micro-batch of the windows packs (what
                  `train --cuda-graph` now uses), the position_ids copied in
     separate-1   M 1, B 8, packed documents (the varlen cost without the accumulation)
-    separate-slots  "separate" with the delta sequential kernels' VARLEN_ROWS 1 (their BV from the packing's NS·H
-                 rows, not H: an experiment, util.LAUNCH); its loss beside "separate"'s is a check (same batches)
 
 tokens/s = M·B·T / step time. Then (`--profile`) one eager micro-batch of "bench" and of "separate-1" under
 torch.profiler, and the same for the transformer of the preset's shape (softmax_attention; --profile-mixers): GPU
@@ -37,7 +35,6 @@ import torch
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from fastweights.bench.speed import step_times  # noqa: E402
-from fastweights.kernels.triton.common import util  # noqa: E402
 from fastweights.models import LM, LMConfig  # noqa: E402
 from fastweights.pretrain import loop as ploop  # noqa: E402
 from fastweights.pretrain.config import PretrainConfig  # noqa: E402
@@ -172,8 +169,7 @@ def main(argv=None) -> int:
         args.warmup, args.steps = 1, 2
     cfg, tok, tw = setup(args)
     os.makedirs(args.out, exist_ok=True)
-    shapes = {"bench": (1, False), "joined": (8, False), "separate": (8, True), "separate-1": (1, True),
-              "separate-slots": (8, True)}
+    shapes = {"bench": (1, False), "joined": (8, False), "separate": (8, True), "separate-1": (1, True)}
     rows = []
 
     def save():
@@ -184,8 +180,6 @@ def main(argv=None) -> int:
     for name in ([] if args.profile_only else args.cases):
         M, docs = shapes[name]
         M = M if M == 1 else cfg.grad_accum
-        for site in ("delta_fused_fwd", "delta_fused_fwd_t", "delta_fused_rec", "delta_fused_rev"):
-            util.LAUNCH[site]["VARLEN_ROWS"] = int(name == "separate-slots")
         try:
             r = case(name, cfg, tok, tw, M, micro, docs, args, device)
         except Exception as e:  # noqa: BLE001 — recorded, the run goes on

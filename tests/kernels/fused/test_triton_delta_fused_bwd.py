@@ -148,30 +148,6 @@ def test_varlen_grouped(gate, gen, fused):
     check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), (o, S, want), CHUNK_F32_REL)
 
 
-def test_varlen_value_block_by_slots(gen, fused, monkeypatch):
-    """VARLEN_ROWS 1 (an experiment: varlen grids counted as NS·H rows, the slots of a graphed packing) picks a wider
-    BV than the default where the slots fill the grid (PROGRAMS lowered to 8 so that it does at these sizes): V 32
-    with 5 sequences × 2 heads takes BV 32 against the default's 16 — and equals each sequence alone all the same."""
-    from fastweights.kernels.triton.fused import delta_fused
-
-    for site in ("delta_fused_fwd", "delta_fused_fwd_t", "delta_fused_rec", "delta_fused_rev"):
-        monkeypatch.setitem(util.LAUNCH[site], "PROGRAMS", 8)
-    lengths = [7, 0, 70, 1, 9]
-    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
-    L = make_layout(1, sum(lengths), 2, 1, 8, 32, 64, cu, "cpu")
-    assert delta_fused.value_block(L) == 16 and value_block(L, "delta_fused_rev") == 16
-    for site in ("delta_fused_fwd", "delta_fused_fwd_t", "delta_fused_rec", "delta_fused_rev"):
-        monkeypatch.setitem(util.LAUNCH[site], "VARLEN_ROWS", 1)
-    assert delta_fused.value_block(L) == 32 and value_block(L, "delta_fused_rev") == 32
-    x = _inputs("scalar", gen, T=sum(lengths), H=2, Hq=1, K=8, V=32, N=len(lengths))
-    seed = secrets.randbits(31)
-    xd = {key: val.double() for key, val in x.items()}
-    xd["q"], xd["k"] = xd["q"].repeat_interleave(2, 2), xd["k"].repeat_interleave(2, 2)
-    o, S, want = grads(each_sequence_alone(_recurrent("scalar"), cu), xd, seed)
-    want = {key: (val.unflatten(2, (1, 2)).sum(3) if key in ("q", "k") else val) for key, val in want.items()}
-    check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), (o, S, want), CHUNK_F32_REL)
-
-
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_chained_states(gate, gen, fused):
     """[0, t) then [t, T) from the carried state equals one run, gradients included (the final state's gradient

@@ -100,15 +100,15 @@ LAUNCH: dict[str, dict] = {
     "states_fwd": dict(num_warps=4, num_stages=2, BV=64),  # states._states_fwd_kernel (gated class)
     "output_fwd": dict(num_warps=4, num_stages=2, BV=64),  # output._output_fwd_kernel
     # the delta class's fused forward (delta_fused.py): PROGRAMS, the sequential grid's target (BV halves,
-    # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen, NS·H·⌈V/BV⌉ with VARLEN_ROWS 1 (an experiment, off:
-    # r4s9) — reaches it; 132 = the H100's SMs)
+    # down to 16, until B·H·⌈V/BV⌉ — H·⌈V/BV⌉ with varlen — reaches it; 132 = the H100's SMs; the NS·H rows of a
+    # graphed packing instead: +1.3 %, within spread, r4s9 — not taken)
     # AQK 1: the pre-pass computes Aqk (no/scalar decay) and the sequential kernel reads it; 0: recomputed there
     # WU 1: the pre-pass writes W and U' for the sequential kernel; 0 (no/scalar decay, K ≤ 128): it writes only T
     # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
     # delta_fused._fused_fwd_kernel; delta_fused_bwd._states_kernel, o
-    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, VARLEN_ROWS=0),
-    "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, VARLEN_ROWS=0),
+    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
+    "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
     # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see
     # gated_fused.value_block), WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A
@@ -130,9 +130,9 @@ LAUNCH: dict[str, dict] = {
     "wy_bwd": dict(num_warps=4, num_stages=2),  # delta_wy._wy_bwd_kernel
     "delta_grads": dict(num_warps=4, num_stages=2),  # delta_grads._sum_kernel
     # the delta class's fused backward (delta_fused_bwd.py; BV, PROGRAMS as delta_fused_fwd's):
-    "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, VARLEN_ROWS=0),  # _states_kernel: h, U
+    "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U
     # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
-    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0, VARLEN_ROWS=0),  # _reverse_kernel
+    "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
     "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
     # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)

@@ -241,13 +241,10 @@ def value_block(L: Layout) -> int:
     """BV of the sequential kernel: the widest power of two ≤ LAUNCH["delta_fused_fwd"]["BV"] (≤ 32 for
     K > 128: the [K, BV] fp32 state tile's registers) whose grid has at least LAUNCH[...]["PROGRAMS"]
     programs, counting the rows of the grid as B·H (padded) or H (varlen: one sequence, the worst case —
-    never the packing, so a new packing never compiles a new BV), down to 16. VARLEN_ROWS 1 (an experiment, off):
-    varlen rows count as NS·H — the slots of a graphed packing (fixed per run), at most three BVs compiled
-    eagerly."""
+    never the packing, so a new packing never compiles a new BV), down to 16."""
     cap = tile("delta_fused_fwd", "BV")
     bv = min(cap if L.K <= 128 else min(cap, 32), pow2(L.V))
-    slots = tile("delta_fused_fwd", "VARLEN_ROWS")  # (read on every call: one launch table for all layouts)
-    rows = (L.NS * L.H if slots else L.H) if L.varlen else L.B * L.H
+    rows = L.H if L.varlen else L.B * L.H
     target = tile("delta_fused_fwd", "PROGRAMS")
     while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
         bv //= 2

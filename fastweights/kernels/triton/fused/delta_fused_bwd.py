@@ -409,10 +409,9 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
 def value_block(L: Layout, name: str) -> int:
     """BV of sequential launch site `name` (util.LAUNCH[name]: BV, PROGRAMS): the widest power of two ≤ BV whose
     grid has at least PROGRAMS programs, counting the grid's rows as B·H (padded) or H (varlen: never the
-    packing; VARLEN_ROWS 1: NS·H), down to 16 (delta_fused.value_block's rule)."""
+    packing), down to 16 (delta_fused.value_block's rule)."""
     bv = min(tile(name, "BV"), pow2(L.V))
-    slots = tile(name, "VARLEN_ROWS")  # (read on every call: one launch table for all layouts)
-    rows = (L.NS * L.H if slots else L.H) if L.varlen else L.B * L.H
+    rows = L.H if L.varlen else L.B * L.H
     target = tile(name, "PROGRAMS")
     while bv > 16 and rows * triton.cdiv(L.V, bv) < target:
         bv //= 2

@@ -28,7 +28,8 @@ from .state import compute_dtype
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "gated_rms_norm", "delta_prologue", "rope", "l2norm", "rms", "gate_activation", "GATES"]
+__all__ = ["short_conv", "gated_rms_norm", "delta_prologue", "rope", "rope_frequencies", "l2norm", "rms",
+           "gate_activation", "GATES"]
 
 #: The gate activations of the gated norm.
 GATES = GATE_ACTIVATIONS  # (named in fastweights.inputs, which the dispatch layer below this one may import)
@@ -132,8 +133,14 @@ def delta_prologue(q: Tensor, k: Tensor, b: Tensor | None, a: Tensor | None, A_l
     return l2norm(q, eps), l2norm(k, eps), beta, g
 
 
+def rope_frequencies(D: int, base: float, device, dtype: torch.dtype) -> Tensor:
+    """θ_i = base^(−2i/D), i < D/2 [D/2] in `dtype`: RoPE's frequencies, computed once here for the torch row and the
+    Triton row alike (the kernel's angles fp32(p)·θ are then the twin's, bit for bit)."""
+    return base ** (-torch.arange(D // 2, device=device, dtype=dtype) * 2.0 / D)
+
+
 def rope(x: Tensor, start: int, *, base: float = 10000.0, period: int | None = None,
-               positions: Tensor | None = None) -> Tensor:
+         positions: Tensor | None = None) -> Tensor:
     """RoPE (`layers.rotary`'s maths): x [B, T, H, D] rotated for positions start, …, start + T − 1, or for
     `positions` [B, T] (int, per token: padded and packed batches) when given; mod period when given. Computed in
     fp32 (fp64 for fp64 x), returned in x's dtype."""
@@ -148,7 +155,7 @@ def rope(x: Tensor, start: int, *, base: float = 10000.0, period: int | None = N
         pos = positions.to(device=x.device, dtype=torch.int64)  # [B, T]
     if period is not None:
         pos = pos % period
-    inv = base ** (-torch.arange(half, device=x.device, dtype=cdt) * 2.0 / D)  # [D/2]
+    inv = rope_frequencies(D, base, x.device, cdt)  # [D/2]
     ang = pos.to(cdt)[..., None] * inv  # [1 or B, T, D/2]
     cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]  # [1 or B, T, 1, D/2]
     xf = x.to(cdt)

@@ -1,7 +1,7 @@
 """Rotary position embedding (`layers.rotary`'s maths, rotate-half layout) in one Triton pass each way.
 
 For x [B, T, H, D] (D even, h = D / 2) at position p_t (start + t, or positions[b, t]; mod `period` when given) and
-θ_i = base^(−2i/D) (`inv` [h] fp32, computed by the caller exactly as the torch twin computes it):
+θ_i = base^(−2i/D) (`inv` [h] fp32: `torch_layer_ops.rope_frequencies`, the torch twin's):
 
     a_{t,i} = fp32(p_t) · θ_i
     y_{t,i} = x_{t,i} cos a − x_{t,i+h} sin a,   y_{t,i+h} = x_{t,i+h} cos a + x_{t,i} sin a
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ....inputs import InputError
+from ....torch_layer_ops import rope_frequencies
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
@@ -106,5 +107,5 @@ def rope(x: Tensor, start: int, *, base: float = 10000.0, period: int | None = N
         if tuple(positions.shape) != (B, T):
             raise InputError(f"positions must be [B, T] = {[B, T]}, got {list(positions.shape)}")
         pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
-    inv = base ** (-torch.arange(D // 2, device=x.device, dtype=torch.float32) * 2.0 / D)  # [D/2], as the twin
+    inv = rope_frequencies(D, base, x.device, torch.float32)  # [D/2], the twin's
     return _Rope.apply(x, inv, int(start), period, pos)

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from fastweights import example_inputs  # noqa: E402
 from fastweights.bench.speed import step_times  # noqa: E402
 from fastweights.kernels.pipelines import DeltaPipeline, delta_pipeline, gate_kind  # noqa: E402
+from fastweights.kernels.triton.common.util import LAUNCH, load_launch  # noqa: E402
 from fastweights.kernels.triton.delta import chunk_delta_triton  # noqa: E402
 
 PIPELINES = [DeltaPipeline(f, b) for f in ("staged", "fused") for b in ("staged", "fused")]
@@ -58,8 +59,14 @@ def one_shape(model: str, B: int, T: int, H: int, D: int, args, device) -> list[
 
     ref = grads(default)
     rows = []
-    for pipe in PIPELINES:
-        row = dict(model=model, B=B, T=T, H=H, D=D, pipeline=pipe.name, default=pipe == default)
+    # (pipeline, launch overrides): every pipeline at the table's launch, or with --launch-variants the rule's pipeline
+    # under each variant (the first, {}, the table itself)
+    cases = [(pipe, {}) for pipe in PIPELINES] if not args.launch_variants else \
+        [(default, json.loads(v)) for v in ["{}", *args.launch_variants]]
+    for pipe, variant in cases:
+        row = dict(model=model, B=B, T=T, H=H, D=D, pipeline=pipe.name, default=pipe == default and not variant,
+                   launch=variant)
+        old = load_launch(variant)
         try:
             got = grads(pipe)
             row["rel_err"] = max(rel(a, b) for a, b in zip(got, ref))
@@ -72,6 +79,8 @@ def one_shape(model: str, B: int, T: int, H: int, D: int, args, device) -> list[
                        fwd_bwd_min_ms=min(both))
         except Exception as e:  # noqa: BLE001 — a refusal or a failure is a result
             row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        finally:
+            LAUNCH.update(old)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -85,6 +94,10 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--launch-variants", nargs="+", default=None, metavar="JSON",
+                   help="instead of the four pipelines: the rule's pipeline under each launch override "
+                        "(util.load_launch dicts, e.g. '{\"delta_fused_grads\": {\"num_warps\": 4}}'), each "
+                        "checked against the table's")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:

@@ -110,7 +110,9 @@ def _run_with_grads(model, x, backend, dtype_compute=None):
     import fastweights as fw
 
     leaves = {k: v.detach().clone().to(dtype_compute or v.dtype).requires_grad_(True) for k, v in x.items()}
-    o, S = fw.chunk(model, backend=backend, output_final_state=True, **leaves)
+    # check_values off: a launch config that miscompiles shows as non-finite or wrong values in the sweep's own
+    # check (and `_launches` skips kernels, leaving poisoned outputs, when only the launch sites are listed)
+    o, S = fw.chunk(model, backend=backend, output_final_state=True, check_values=False, **leaves)
     S = S if isinstance(S, torch.Tensor) else S.weights[0]
     gen = torch.Generator(device=DEVICE).manual_seed(7)
     wo = torch.randn(o.shape, device=DEVICE, generator=gen)
@@ -379,7 +381,9 @@ HEAVY = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_f
 FULL = tuple((nw, ns) for nw in (2, 4, 8) for ns in (1, 2, 3))
 #: The cheap ones: the default and four neighbours (one warp count or stage count changed).
 CHEAP = ((2, 2), (8, 2), (4, 1), (4, 3))
-TILE_OPTIONS = {"delta_states_bwd": ({"BV": 32}, {"BV": 16}), "delta_states_fwd": ({"BV": 32}, {"BV": 16}),
+TILE_OPTIONS = {"delta_fused_grads": ({"BV": 32}, {"BV": 128}), "delta_fused_fwd": ({"PROGRAMS": 264},),
+                "delta_fused_rev": ({"PROGRAMS": 264},), "delta_fused_rec": ({"PROGRAMS": 264},),
+                "delta_states_bwd": ({"BV": 32}, {"BV": 16}), "delta_states_fwd": ({"BV": 32}, {"BV": 16}),
                 "states_bwd": ({"BV": 32},), "states_fwd": ({"BV": 32},), "output_fwd": ({"BV": 32},),
                 "qk_grads": ({"BC": 16}, {"BC": 64}, {"BC_DIAG": 32}),
                 "ttt_linear_readout": ({"BK": 16}, {"BK": 64}, {"BK": 128}),
@@ -424,7 +428,8 @@ def _cfg_str(cfg: dict) -> str:
 def _sweep_sizes():
     if ARGS.dry_run:  # the interpreter on the CPU: tiny shapes with the same structure (odd T, two head dims)
         return [(1, 33, 3, 32), (2, 40, 2, 16)], (2, 64, 2, 32)
-    return [(1, 333, 3, 128), (2, 1000, 4, 64)], (4, 4096, 16, 128)
+    anchor = tuple(int(n) for n in ARGS.sweep_shape.split(",")) if ARGS.sweep_shape else (4, 4096, 16, 128)
+    return [(1, 333, 3, 128), (2, 1000, 4, 64)], anchor
 
 
 def _fn_name(name: str) -> str:
@@ -882,7 +887,6 @@ STAGES = {"env": stage_env, "tests": stage_tests, "sweep": stage_sweep, "speed":
 def _dry_run_setup():
     """--dry-run: CPU tensors under Triton's interpreter; the triton rows' CUDA predicate told it is CUDA."""
     global DEVICE
-    import dataclasses
 
     os.environ["TRITON_INTERPRET"] = "1"
     DEVICE = "cpu"
@@ -892,7 +896,7 @@ def _dry_run_setup():
     class _AsCuda(Target):
         @staticmethod
         def of(*a, **kw):
-            return dataclasses.replace(Target.of(*a, **kw), device_type="cuda")
+            return Target.of(*a, **kw)._replace(device_type="cuda")
 
     api.Target = _AsCuda
 
@@ -921,6 +925,8 @@ def main():
                     help="sweep-kernels: processes compiling its configs ahead of it (0: none)")
     ap.add_argument("--sweep-only", nargs="+", default=None, help="sweep-kernels: only these launch sites")
     ap.add_argument("--sweep-limit", type=int, default=0, help="sweep-kernels: at most this many configs per kernel")
+    ap.add_argument("--sweep-shape", default=None, metavar="B,T,H,D",
+                    help="sweep-kernels: the shape timed (default 4,4096,16,128; the preset's: 8,2048,6,128)")
     ap.add_argument("--dry-run", action="store_true",
                     help="sweep-kernels on the CPU under the interpreter at tiny sizes (plumbing only, made-up times)")
     ap.add_argument("--warm-worker", nargs=3, default=None, help=argparse.SUPPRESS)

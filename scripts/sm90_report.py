@@ -185,9 +185,10 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
             W, M = (mlp[0], mlp[2]), (mlp[0] * 0.1, mlp[2] * 0.1)
             three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
             for pipeline in ("single", "split"):  # both of Titans' pipelines at every head dim
-                for offset in (0, 5):  # HAS_A: the carried anchor
-                    out = titans.titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
-                                               anchor=W if offset else None, offset=offset, pipeline=pipeline)
+                for T1, offset in ((T, 0), (T, 5), (3, 9)):  # HAS_A: the carried anchor; (3, 9): one slot, NS = 1
+                    out = titans.titans_triton(q[:, :T1], k[:, :T1], v[:, :T1], g[:, :T1], beta[:, :T1], nu[:, :T1],
+                                               scale=0.1, weights=W, momentum=M, anchor=W if offset else None,
+                                               offset=offset, pipeline=pipeline)
                     out[0].float().sum().backward()
                 out = titans.titans_triton(*packed, g.reshape(1, B * T, H), nu.reshape(1, B * T, H), scale=0.1,
                                            weights=three[0], momentum=three[1], cu_seqlens=cu, pipeline=pipeline)

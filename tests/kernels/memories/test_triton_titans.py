@@ -178,7 +178,8 @@ def test_unequal_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(
     got = _run(lambda leaves, off: _kernel(leaves, off, b=32, pipeline=pipeline), _fp32(x), 7, seed)
     _agree(got, _run(lambda leaves, off: _twin(leaves, off, b=32), x, 7, seed), CHUNK_F32_REL)
     with torch.no_grad():
-        o, weights, momentum, anchor, _ = _kernel(_fp32(x), 7, b=32, pipeline=pipeline)
+        o, weights, momentum, anchor, _ = _kernel({n: t.to(DEV) for n, t in _fp32(x).items()}, 7, b=32,
+                                                  pipeline=pipeline)
     fwd = [mod._state_kernel, mod._readout_kernel] if pipeline == "split" else [one._fwd_kernel]
     bwd = [mod._bwd_read_kernel, mod._bwd_kernel] if pipeline == "split" else [one._bwd_kernel]
     assert calls == fwd + bwd + fwd

@@ -194,6 +194,13 @@ def _site(geo: dict, name: str) -> dict:
     return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **launch(name)}
 
 
+# Every kernel taking NS (the anchor slots) leaves it unspecialized (`do_not_specialize`): with NS == 1 (Triton makes
+# it a constant) and a carried anchor (HAS_A), Triton 3.6 for sm_90 crashed in TritonGPUCoalesce ("PassManager::run
+# failed") compiling `_bwd_read_kernel`, and built titans_single's backward at D 16 with 32 registers and 12 KB of
+# spills — a call of one slot, e.g. T 3 after an offset of 9 (r4s10 call 1; scripts/sm90_report.py compiles that
+# case). Triton 3.9 compiles both.
+
+
 @triton.jit
 def _keys(k, v, g, beta, nu, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr,
           DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BT: tl.constexpr):
@@ -238,7 +245,7 @@ def _rows_e(es, slot, BT: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
     return tl.load(es + slot * (BT * DV) + r[:, None] * DV + cv[None, :], mask=(cv < DV)[None, :], other=0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _state_kernel(k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, W1, W2, M1, M2, A1o, A2o,
                   sw1, sw2, sm1, sm2, es, cu, slots, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
                   DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
@@ -307,7 +314,7 @@ def _state_kernel(k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, W1, W2,
             tl.store(M2 + p2, N_L * mm2 + tl.dot(HT, eM, input_precision=PREC), mask=m2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _readout_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, o, cu, slots, seq_of, scale, T, off,
                     NS, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr,
                     BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
@@ -347,7 +354,7 @@ def _readout_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, o,
     tl.store(o + (row[:, None] * H + i_h) * DV + cv[None, :], out.to(o.dtype.element_ty), mask=mv)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, dq, dk, zr, hr, z1s, hs, R1, RM1,
                      R2, RM2, des, dAs, dcs, dCs, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr,
                      HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr,
@@ -440,7 +447,7 @@ def _bwd_read_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, d
     tl.store(dCs + slot * (BT * BT) + r[:, None] * BT + r[None, :], dC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW1, GW2, GM1, GM2, GA1, GA2,
                 dk, dv, dg_ptr, dbeta, dnu, dZs, zr, hr, z1s, hs, R1, RM1, R2, RM2, des, dAs, dcs, dCs, cu, slots,
                 scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,

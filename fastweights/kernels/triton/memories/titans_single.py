@@ -211,7 +211,7 @@ def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, s, ck, ckm, cv, cvm, DK: t
     return tl.where(mv, f - vv, 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1, W2, M1, M2, A1o, A2o,
                 sw1, sw2, sm1, sm2, cu, slots, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
                 DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
@@ -329,7 +329,7 @@ def _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L,
     return dlg, dbeta, dnu
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NS"])
 def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, GW2, GM1, GM2, GA1, GA2,
                 dq, dk, dv, dg_ptr, dbeta, dnu, dZs, cu, slots, scale, T, off, NS, H: tl.constexpr,
                 HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr,

@@ -320,6 +320,26 @@ def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
     check(out[1], out[0], F32)
 
 
+@pytest.mark.variants
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_raw_qk_is_a_launch_choice(gate, gen, fused, monkeypatch):
+    """LAUNCH["delta_fused_fwd"]["RAW_QK"] = 1 (q, k to the tensor cores as stored; the scale and decays applied to
+    the [C, C] and [C, BV] sides) against 0 and against the float64 recurrence: outputs, final states and every
+    gradient, varlen with an empty and a length-1 sequence, grouped heads, an initial state."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_fused_fwd": dict(util.LAUNCH["delta_fused_fwd"])})
+    lengths = [7, 0, 20, 1, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), H=2, Hq=1, K=8, V=8, N=len(lengths))
+    seed = secrets.randbits(31)
+    out = {}
+    for raw in (0, 1):
+        util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = raw
+        out[raw] = grads(_triton, x, seed, cu_seqlens=cu)
+    check(out[1], out[0], F32)
+    want = grads(each_sequence_alone(_recurrent(gate), cu), {key: val.double() for key, val in x.items()}, seed)
+    check(out[1], want, CHUNK_F32_REL)
+
+
 # ---------------------------------------------------------------------------- no recompile as the packing changes
 _KEYS_BODY = r"""from fastweights.kernels.pipelines import DeltaPipeline
 from fastweights.kernels.triton.delta import chunk_delta_triton
@@ -390,6 +410,21 @@ def test_cuda_realistic(gate, size, dtype, gen, fused):
         return
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_DELTA_LOW_REL[dtype]
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed), tol, f"{size} {dtype}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("size", CUDA_SIZES[:3], ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_cuda_raw_qk_bf16(gate, size, gen, fused, monkeypatch):
+    """The RAW_QK launch option on the GPU in bf16 against the fp32 torch chunk form (a launch option is timed only
+    after it passes here)."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_fused_fwd": dict(util.LAUNCH["delta_fused_fwd"])})
+    util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = 1
+    B, T, H, Hq, D = size
+    x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+    check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed),
+          TRITON_DELTA_LOW_REL[torch.bfloat16], f"{size} raw qk")
 
 
 @pytest.mark.cuda

@@ -107,7 +107,9 @@ LAUNCH: dict[str, dict] = {
     # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
     "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1),  # delta_fused._prepass_kernel
     # delta_fused._fused_fwd_kernel; delta_fused_bwd._states_kernel, o
-    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
+    # RAW_QK 1 (no/scalar decay): q and k reach the tensor cores as stored, the scale and decays applied to the [C, C]
+    # and [C, BV] sides (o = diag(scale e^{G}) Q S + A U, S += Kᵀ diag(e^{G_last − G}) U); 0: Q̃, K̃ formed in fp32
+    "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, RAW_QK=0),
     "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
     # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see

@@ -172,7 +172,7 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
                       HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, GATE: tl.constexpr, A_IN: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      DT: tl.constexpr, IEEE: tl.constexpr):
+                      DT: tl.constexpr, IEEE: tl.constexpr, RAW_QK: tl.constexpr):
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -196,15 +196,35 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         m_tk = m_t[:, None] & m_kk[None, :]
         m_kt = m_kk[:, None] & m_t[None, :]
         m_tv = m_t[:, None] & m_vv[None, :]
-        b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        b_q = b_q * scale  # [C, BK]
-        b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0).to(tl.float32)
-        if A_IN:
+        if RAW_QK:  # q, kᵀ as stored: the scale and the decays go to the [C, C] and [C, BV] sides (below)
+            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
+            b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # [BK, C]
+        else:
+            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            b_q = b_q * scale  # [C, BK]
+            b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0).to(tl.float32)
+        if RAW_QK and GATE != 2:
+            qf = tl.zeros([C], dtype=tl.float32) + scale  # o's row factor scale·e^{G}
+            kf = tl.where(m_t, 1.0, 0.0)  # U's row factor e^{G_last − G} before Kᵀ U
+            if A_IN:
+                b_A = tl.load(A + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)
+            else:
+                b_A = mm(b_q, b_kt, DT, IEEE) * scale  # scale Q Kᵀ  [C, C]
+            if GATE == 1:
+                G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
+                G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
+                if not A_IN:
+                    b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                qf = qf * tl.exp(G)
+                kf = tl.exp(tl.where(m_t, G_last - G, 0.0))
+        elif A_IN:
             b_A = tl.load(A + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)  # [C, C]
         else:
             b_A = mm(b_q, b_kt, DT, IEEE)  # scale Q Kᵀ  [C, C]
         # the decays: Q̃ = Q ⊙ e^{G}, K̃ᵀ = Kᵀ ⊙ e^{G_last − G}, a = e^{G_last}, Aqk ⊙ e^{G_i − G_j} (no/scalar)
-        if GATE == 1:
+        if RAW_QK and GATE != 2:
+            pass  # the decays above
+        elif GATE == 1:
             G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
             G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
             if not A_IN:
@@ -226,13 +246,19 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         b_u = tl.load(u1 + off_u, mask=m_tv, other=0.0).to(tl.float32) - mm(b_w, S, DT, IEEE)  # [C, BV]
         if STORE_STATES:
             tl.store(u + off_u, b_u.to(u.dtype.element_ty), mask=m_tv)
-        b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
+        if RAW_QK and GATE != 2:
+            b_o = qf[:, None] * mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
+        else:
+            b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
         tl.store(o + off_u, b_o.to(o.dtype.element_ty), mask=m_tv)
         if GATE == 1:
             S = S * tl.exp(G_last)
         elif GATE == 2:
             S = S * tl.exp(G_last)[:, None]
-        S += mm(b_kt, b_u, DT, IEEE)
+        if RAW_QK and GATE != 2:
+            S += mm(b_kt, b_u * kf[:, None], DT, IEEE)
+        else:
+            S += mm(b_kt, b_u, DT, IEEE)
     if STORE_FINAL:
         tl.store(ht + (i_s.to(tl.int64) * H + i_h) * K * V + kv, S, mask=m_kv)
 
@@ -322,6 +348,7 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         h if h is not None else o, ht if ht is not None else o, u if u is not None else o, cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None,
         HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_STATES=store_states, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
+        DT=DT, IEEE=IEEE, RAW_QK=tile("delta_fused_fwd", "RAW_QK"),
+        **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
     return o, Ti, h, u, ht
 

@@ -415,16 +415,17 @@ def test_cuda_realistic(gate, size, dtype, gen, fused):
 @pytest.mark.cuda
 @pytest.mark.parametrize("size", CUDA_SIZES[:3], ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", ["none", "scalar"])
-def test_cuda_raw_qk_bf16(gate, size, gen, fused, monkeypatch):
-    """The RAW_QK launch option on the GPU in bf16 against the fp32 torch chunk form (a launch option is timed only
-    after it passes here)."""
+@pytest.mark.parametrize("raw", [0, 1])
+def test_cuda_raw_qk_bf16(gate, size, raw, gen, fused, monkeypatch):
+    """Both settings of the RAW_QK launch option (1, the default since r4s10 call 2, and 0) on the GPU in bf16 against
+    the fp32 torch chunk form."""
     monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_fused_fwd": dict(util.LAUNCH["delta_fused_fwd"])})
-    util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = 1
+    util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = raw
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=torch.bfloat16)
     seed = secrets.randbits(31)
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed),
-          TRITON_DELTA_LOW_REL[torch.bfloat16], f"{size} raw qk")
+          TRITON_DELTA_LOW_REL[torch.bfloat16], f"{size} raw qk {raw}")
 
 
 @pytest.mark.cuda

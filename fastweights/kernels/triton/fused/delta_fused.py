@@ -196,7 +196,7 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         m_tk = m_t[:, None] & m_kk[None, :]
         m_kt = m_kk[:, None] & m_t[None, :]
         m_tv = m_t[:, None] & m_vv[None, :]
-        if RAW_QK:  # q, kᵀ as stored: the scale and the decays go to the [C, C] and [C, BV] sides (below)
+        if RAW_QK and GATE != 2:  # q, kᵀ as stored: the scale and the decays go to the [C, C] and [C, BV] sides
             b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # [BK, C]
         else:

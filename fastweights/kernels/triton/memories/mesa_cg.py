@@ -62,8 +62,10 @@ __all__ = ["mesa_cg", "mesa_cg_triton", "mesa_cg_torch", "cg_kernel_serves", "la
 #: The launch: rows of a chunk per program (a power of two ≥ 16, tl.dot's tile; capped by the chunk's padded C),
 #: whether Hsᵀ and kc are re-read every iteration (True) or held in registers (False), whether the row blocks take
 #: kc tiles cut at their last row (`launches`), and num_warps by the key tile (BK ≤ 64, else). Chosen from sm_90
-#: register counts, not timed yet (docs/kernel_notes.md, "MesaNet's CG at the LM shape"; scripts/gpu_mesa_cg.py).
-CG_LAUNCH = {"rows": 16, "stream": False, "causal": True, "warps_k64": 4, "warps_k128": 8}
+#: register counts (docs/kernel_notes.md, "MesaNet's CG at the LM shape"), then timed (scripts/gpu_mesa_cg.py, H200,
+#: r4s10 call 2, one solve at M 2048, K 128, bf16): 16 rows at 4 warps 2.89 ms against 8 warps 4.27, 32 rows 3.18,
+#: 64 rows 4.49, Hsᵀ/kc streamed 4.23–5.70; every variant the same error (1.2e-4 of the float64 solve).
+CG_LAUNCH = {"rows": 16, "stream": False, "causal": True, "warps_k64": 4, "warps_k128": 4}
 
 
 @triton.jit

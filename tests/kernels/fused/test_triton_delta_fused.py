@@ -320,20 +320,28 @@ def test_aqk_in_the_prepass_is_a_launch_choice(gate, gen, fused, monkeypatch):
     check(out[1], out[0], F32)
 
 
+#: The fused forward's numeric launch options: (launch site, key) — each 0/1, each held to the other setting and to
+#: float64 (interpreter) and, on the GPU, to the fp32 torch form in bf16
+NUMERIC_OPTIONS = [("delta_fused_fwd", "RAW_QK"), ("delta_prepass", "RAW_KV"), ("delta_prepass", "INV_TF32")]
+
+
 @pytest.mark.variants
-@pytest.mark.parametrize("gate", ["none", "scalar"])
-def test_raw_qk_is_a_launch_choice(gate, gen, fused, monkeypatch):
-    """LAUNCH["delta_fused_fwd"]["RAW_QK"] = 1 (q, k to the tensor cores as stored; the scale and decays applied to
-    the [C, C] and [C, BV] sides) against 0 and against the float64 recurrence: outputs, final states and every
-    gradient, varlen with an empty and a length-1 sequence, grouped heads, an initial state."""
-    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_fused_fwd": dict(util.LAUNCH["delta_fused_fwd"])})
+@pytest.mark.parametrize("site, key", NUMERIC_OPTIONS)
+@pytest.mark.parametrize("gate", GATES)
+def test_numeric_launch_options(gate, site, key, gen, fused, monkeypatch):
+    """RAW_QK (q, k to the tensor cores as stored; the scale and decays on the [C, C] and [C, BV] sides), RAW_KV (W, U'
+    from T's columns scaled by β e^G and k, v as stored) and INV_TF32 (the inverse's products at one TF32 product; the
+    interpreter computes them exactly) at 1 against 0 and against the float64 recurrence: outputs, final states and
+    every gradient, varlen with an empty and a length-1 sequence, grouped heads, an initial state (the diagonal decay
+    ignores the first two)."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, site: dict(util.LAUNCH[site])})
     lengths = [7, 0, 20, 1, 9]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     x = _inputs(gate, gen, T=sum(lengths), H=2, Hq=1, K=8, V=8, N=len(lengths))
     seed = secrets.randbits(31)
     out = {}
     for raw in (0, 1):
-        util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = raw
+        util.LAUNCH[site][key] = raw
         out[raw] = grads(_triton, x, seed, cu_seqlens=cu)
     check(out[1], out[0], F32)
     want = grads(each_sequence_alone(_recurrent(gate), cu), {key: val.double() for key, val in x.items()}, seed)
@@ -415,17 +423,18 @@ def test_cuda_realistic(gate, size, dtype, gen, fused):
 @pytest.mark.cuda
 @pytest.mark.parametrize("size", CUDA_SIZES[:3], ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", ["none", "scalar"])
+@pytest.mark.parametrize("site, key", NUMERIC_OPTIONS)
 @pytest.mark.parametrize("raw", [0, 1])
-def test_cuda_raw_qk_bf16(gate, size, raw, gen, fused, monkeypatch):
-    """Both settings of the RAW_QK launch option (1, the default since r4s10 call 2, and 0) on the GPU in bf16 against
-    the fp32 torch chunk form."""
-    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_fused_fwd": dict(util.LAUNCH["delta_fused_fwd"])})
-    util.LAUNCH["delta_fused_fwd"]["RAW_QK"] = raw
+def test_cuda_numeric_launch_options_bf16(gate, size, site, key, raw, gen, fused, monkeypatch):
+    """Both settings of each numeric launch option on the GPU in bf16 against the fp32 torch chunk form (RAW_QK 1 the
+    default since r4s10 call 2)."""
+    monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, site: dict(util.LAUNCH[site])})
+    util.LAUNCH[site][key] = raw
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=torch.bfloat16)
     seed = secrets.randbits(31)
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed),
-          TRITON_DELTA_LOW_REL[torch.bfloat16], f"{size} raw qk {raw}")
+          TRITON_DELTA_LOW_REL[torch.bfloat16], f"{size} {key} {raw}")
 
 
 @pytest.mark.cuda

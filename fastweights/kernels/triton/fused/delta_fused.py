@@ -100,8 +100,10 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr, GATE: tl.constexpr, P_IN: tl.constexpr,
                     STORE_T: tl.constexpr, STORE_A: tl.constexpr, STORE_WU: tl.constexpr, IS_VARLEN: tl.constexpr,
-                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr):
+                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr, RAW_KV: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory);
+    # RAW_KV (GATE 0/1): W = (T diag(β e^{G})) K and U' = (T diag(β)) V — the row factors on T's columns, k and v to
+    # the tensor cores as stored (0: β and the decay applied to fp32 copies of the k and v tiles);
     # STORE_A (GATE 0/1): also Aqk = scale (Q Kᵀ ⊙ e^{G_i − G_j}) on j ≤ i, fp32, for the sequential kernel
     i_n, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -146,7 +148,23 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
     b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
     if STORE_T:
         tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T.to(Ti.dtype.element_ty), mask=m_t[:, None])
-    if STORE_WU:  # (not with LAUNCH["delta_prepass"]["WU"] = 0: the sequential kernel then reads T)
+    if STORE_WU and RAW_KV and GATE != 2:
+        b_Tb = b_T * b_beta[None, :]  # T diag(β)  [C, C]
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m = m_t[:, None] & (vv < V)[None, :]
+            off = (rows[:, None] * H + i_h) * V + vv[None, :]
+            b_v = tl.load(v + off, mask=m, other=0.0)
+            tl.store(u1 + off, mm(b_Tb, b_v, DT, IEEE).to(u1.dtype.element_ty), mask=m)
+        if GATE == 1:
+            b_Tb = b_Tb * tl.exp(G)[None, :]  # T diag(β e^{G})
+        for i_k in range(0, tl.cdiv(K, BK)):
+            kk = i_k * BK + tl.arange(0, BK)
+            m = m_t[:, None] & (kk < K)[None, :]
+            b_k = tl.load(k + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m, other=0.0)
+            tl.store(w + (rows[:, None] * H + i_h) * K + kk[None, :],
+                     mm(b_Tb, b_k, DT, IEEE).to(w.dtype.element_ty), mask=m)
+    elif STORE_WU:  # (not with LAUNCH["delta_prepass"]["WU"] = 0: the sequential kernel then reads T)
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m = m_t[:, None] & (vv < V)[None, :]
@@ -332,7 +350,8 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else "tf32x3", **launch("delta_prepass"))
+        PREC="ieee" if IEEE == 1 else ("tf32" if tile("delta_prepass", "INV_TF32") else "tf32x3"),
+        RAW_KV=tile("delta_prepass", "RAW_KV"), **launch("delta_prepass"))
     del P
     if t_form:
         o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,

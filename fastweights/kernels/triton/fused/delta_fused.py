@@ -344,13 +344,14 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     if t_form:
         w = u1 = Ti  # placeholders (not written)
     BK = min(64, pow2(L.K))
+    inv_tf32 = tile("delta_prepass", "INV_TF32")  # (read for every call: fp32 inputs keep "ieee")
     _prepass_kernel[(L.NT, L.B * L.H)](
         q, k, v, g if g is not None else k, beta, P if P is not None else w, Ti if Ti is not None else w, w, u1,
         A if aqk_in_prepass else w, cu, chunk_seq, chunk_local, scale, L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else ("tf32" if tile("delta_prepass", "INV_TF32") else "tf32x3"),
+        PREC="ieee" if IEEE == 1 else ("tf32" if inv_tf32 else "tf32x3"),
         RAW_KV=tile("delta_prepass", "RAW_KV"), **launch("delta_prepass"))
     del P
     if t_form:

@@ -462,6 +462,19 @@ def _plain_linear(module: nn.Module) -> bool:
             and not _torch_module._global_forward_pre_hooks)
 
 
+def _linear_input(o: Tensor, w) -> Tensor:
+    """o as o_proj takes it: in the weight's dtype (w: the Linear's weight; a quantised Linear's may be an integer
+    tensor: o as it is), except under autocast when o is already in autocast's dtype: the Linear casts its input to
+    that dtype anyway, so o.to(w.dtype) would be a round trip (bf16 -> fp32 -> bf16, exact) costing a cast forward,
+    another in the recompute and two in the backward (6·H·V·2 bytes written a token in bf16, beside the reads)."""
+    if not isinstance(w, Tensor) or not w.is_floating_point():
+        return o
+    dev = o.device.type
+    if torch.is_autocast_enabled(dev) and o.dtype == torch.get_autocast_dtype(dev):
+        return o
+    return o.to(w.dtype)
+
+
 class MemoryMixer(nn.Module):
     """Any recipe as a token mixer: x [B, T, d_model] -> y [B, T, d_model] (see the module doc).
 
@@ -1060,8 +1073,7 @@ class MemoryMixer(nn.Module):
             o = self.o_norm(o, z)
         elif z is not None:
             o = o * gate_activation(self.preset.out_gate, z)
-        w = getattr(self.o_proj, "weight", None)  # (a quantised Linear's weight may be an integer tensor)
-        return self.o_proj(o.to(w.dtype) if isinstance(w, Tensor) and w.is_floating_point() else o)
+        return self.o_proj(_linear_input(o, getattr(self.o_proj, "weight", None)))
 
     def extra_repr(self) -> str:
         ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"

@@ -349,7 +349,8 @@ def delta_prologue(q: Tensor | None, k: Tensor | None, b: Tensor | None, a: Tens
                 HK=k.shape[2] if k is not None else 1, HB=b.shape[2] if b is not None else 1, HA=HA, K=K, KA=KA,
                 C=C, BK=BK, BKA=BKA, BR=min(C, max(1, 2048 // BK)), GATE={"mamba": 1, "kda": 2, None: 0}[gate],
                 CUMSUM=chunk_size is not None, IS_VARLEN=L.varlen, varlen=varlen_args(L, dev)[:3],
-                beta_max=float(beta_max), eps=float(eps), dummy=torch.zeros(1, dtype=torch.float32, device=dev))
+                beta_max=float(beta_max), eps=float(eps),
+                dummy=torch.empty(1, dtype=torch.float32, device=dev))  # the absent inputs' pointer, never read
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
     qk = (c(q), c(k)) if l2norm else (None, None)
     qo, ko, beta, g = DeltaPrologue.apply(*qk, _rows(b), _rows(a), c(A_log), c(dt_bias), meta)

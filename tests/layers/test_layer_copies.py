@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fastweights.kernels.triton.layer import prologue as prologue_mod
 from fastweights.layers import mixer as mixer_mod
 from fastweights.layers.mixer import MemoryMixer
-from fastweights.kernels.triton.layer import prologue as prologue_mod
 from tests.fake_cuda import FakeCuda
 
 pytestmark = pytest.mark.triton

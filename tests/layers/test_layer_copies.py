@@ -1,12 +1,11 @@
 """The copies, casts and cats one gated DeltaNet layer runs, forward and backward, on the route a GPU takes
-(`tests/fake_cuda.py`: the Triton rows, their kernels under TRITON_INTERPRET=1 on CPU tensors) under bf16 autocast as
-`fastweights train --preset gpu-125m` runs it: every aten op is logged by a TorchDispatchMode and those that move an
-activation (a per-token tensor [B, T, ...], not a weight) are pinned, so a `.contiguous()`, a
-cast round trip or a cat that comes back fails here (docs/kernel_notes.md, "Round 4, tenth session: the delta
-layer's copies"). And the layer's outputs and gradients are bitwise those of the wiring with the copies (q, k, v, z,
-b and a copied contiguous, o_proj's input cast to fp32 and back).
+(`tests/fake_cuda.py`: the Triton rows, their kernels under TRITON_INTERPRET=1 on CPU tensors; on a GPU machine the
+real CUDA route) under bf16 autocast as `fastweights train --preset gpu-125m` runs it: every aten op is logged by a
+TorchDispatchMode and those that move an activation (a per-token tensor [B, T, ...], not a weight) are pinned, so a
+`.contiguous()`, a cast round trip or a cat that comes back fails here (docs/kernel_notes.md, "Round 4, tenth
+session: the delta layer's copies"). And the layer's outputs and gradients are bitwise those of the wiring with the
+copies (q, k, v, z, b and a copied contiguous, o_proj's input cast to fp32 and back).
 """
-
 from __future__ import annotations
 
 import collections
@@ -20,6 +19,7 @@ from fastweights.kernels.triton.layer import prologue as prologue_mod
 from fastweights.layers import mixer as mixer_mod
 from fastweights.layers.mixer import MemoryMixer
 from tests.fake_cuda import FakeCuda
+from tests.kernels.helpers import DEV
 
 pytestmark = pytest.mark.triton
 
@@ -47,16 +47,22 @@ class _Log(TorchDispatchMode):
 
 def _layer():
     torch.manual_seed(0)
-    return MemoryMixer(D, "gated_deltanet", 2, head_dim=32, head_v_dim=32)
+    return MemoryMixer(D, "gated_deltanet", 2, head_dim=32, head_v_dim=32).to(DEV)
+
+
+def _gpu_route(monkeypatch):
+    """The fake-CUDA route on the CPU (None on a GPU machine: the real one)."""
+    return FakeCuda(monkeypatch, kernels=True).install() if DEV == "cpu" else None
 
 
 def _step(layer, x, autocast: bool, log: _Log | None = None):
     """(y, dx, {name: grad}) of one forward + backward of a fixed projection of y."""
     layer.zero_grad(set_to_none=True)
-    x = x.clone().requires_grad_(True)
-    r = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16 if autocast else x.dtype)
+    x = x.to(DEV).requires_grad_(True)
+    r = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1))
+    r = r.to(DEV, torch.bfloat16 if autocast else x.dtype)
     with log if log is not None else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(DEV, dtype=torch.bfloat16, enabled=autocast):
             y, _ = layer(x)
         (y * r).sum().backward()  # (in y's dtype: no cast of y to count)
     return y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()}
@@ -73,11 +79,13 @@ def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
     from the convs' backward as separate tensors). Not: q, k, v, z, b, a copied contiguous (4 strided copies of
     H·K or H·V and two of H a token), nor o_proj's input cast bf16 -> fp32 -> bf16 (2 casts forward, 2 in the output
     checkpoint's recompute, 2 backward)."""
-    fake = FakeCuda(monkeypatch, kernels=True).install()
+    fake = _gpu_route(monkeypatch)
     layer, log = _layer(), _Log()
     _step(layer, torch.randn(B, T, D), True, log)
-    calls = set(fake.take())
-    assert {("layer", op, "triton") for op in ("conv", "norm", "prologue")} | {("delta", "chunk", "triton")} <= calls
+    if fake is not None:
+        calls = set(fake.take())
+        want = {("layer", op, "triton") for op in ("conv", "norm", "prologue")} | {("delta", "chunk", "triton")}
+        assert want <= calls, calls
     assert _activation_copies(log) == {"_to_copy": 2, "cat": 1}, _activation_copies(log)
 
 
@@ -85,7 +93,7 @@ def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
 def test_delta_layer_in_place_reads_change_nothing(monkeypatch, autocast):
     """The layer with q, k, v, z read in place by the convs and the gated norm, b and a by the prologue, and o_proj's
     input not cast: outputs and every gradient bitwise those of the copying wiring, bf16 autocast and fp32."""
-    FakeCuda(monkeypatch, kernels=True).install()
+    _gpu_route(monkeypatch)
     layer, x = _layer(), torch.randn(B, T, D)
     new = _step(layer, x, autocast)
     with monkeypatch.context() as m:

@@ -462,6 +462,20 @@ def _plain_linear(module: nn.Module) -> bool:
             and not _torch_module._global_forward_pre_hooks)
 
 
+def _linear_input(o: Tensor, w) -> Tensor:
+    """o as o_proj takes it: in the weight's dtype (w: the Linear's weight; a quantised Linear's may be an integer
+    tensor: o as it is), except under autocast when o is already in autocast's dtype: the Linear casts its input to
+    that dtype anyway, so o.to(w.dtype) would be a round trip (bf16 -> fp32 -> bf16, exact) costing a cast forward,
+    another in the recompute and two in the backward (6·H·V·2 bytes written a token in bf16, beside the reads)."""
+    if not isinstance(w, Tensor) or not w.is_floating_point():
+        return o
+    dev = o.device.type
+    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev) \
+            and o.dtype == torch.get_autocast_dtype(dev):
+        return o
+    return o.to(w.dtype)
+
+
 class MemoryMixer(nn.Module):
     """Any recipe as a token mixer: x [B, T, d_model] -> y [B, T, d_model] (see the module doc).
 
@@ -779,15 +793,17 @@ class MemoryMixer(nn.Module):
         if cp is not None:  # the convs' tails: the previous rank's last W − 1 inputs (its halo)
             state = self._context_tails(q, k, v, cp)
         tq = tk = tv = tw = None
-        # the convs get contiguous copies of the column views: a conv keeping a view for its backward
-        # would keep the whole joint projection [B, T, ΣN_i] (12.3 KB a token for gated DeltaNet at
-        # d_model 1024, against 8 KB of q, k, v); reading the views in place pays only once the gated
-        # norm keeps its gate z as a view too (not done)
+        # the convs read q, k, v in place (column views of the joint projection, row stride ΣN_i) when all three
+        # have one (`_in_place`): each keeps its view for its backward, so the joint output [B, T, ΣN_i] stays
+        # alive, and the gated norm reads its gate z in place too (a, b, z and the padding, beside q, k, v: what the
+        # copies kept, to within a, b and the padding); else contiguous copies (a conv keeping a view would keep
+        # all of the joint output, z's columns too, beside the gated norm's copy of z)
+        own = (lambda t: t) if self._in_place(proj) else (lambda t: t.contiguous())
         if self.q_conv is not None:
-            q, tq = self.q_conv(q.contiguous(), state.conv_q if state is not None else None, cpos)
-            k, tk = self.k_conv(k.contiguous(), state.conv_k if state is not None else None, cpos)
+            q, tq = self.q_conv(own(q), state.conv_q if state is not None else None, cpos)
+            k, tk = self.k_conv(own(k), state.conv_k if state is not None else None, cpos)
         if self.v_conv is not None:
-            v, tv = self.v_conv(v.contiguous(), state.conv_v if state is not None else None, cpos)
+            v, tv = self.v_conv(own(v), state.conv_v if state is not None else None, cpos)
         kh = Hkv if self.is_softmax else Hq
         q = q.view(B, T, Hq, K)  # [B, T, Hq, K]
         k = k.view(B, T, n * kh, K)  # [B, T, n·Hk, K] (n = 1 except DeltaProduct)
@@ -872,11 +888,17 @@ class MemoryMixer(nn.Module):
                                check_values=False, **inputs, **kw)
             if self.D is not None:
                 o = o + self.D.to(o.dtype)[:, None] * v  # [B, T, H, V]
-        y = self._output(o, x, proj.get("z"))
+        z = proj.get("z")
+        y = self._output(o, x, z, in_place=z is not None and self._in_place(proj))
         if not output_state:
             return y, None
         return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
                              kv_doc=kv_doc)
+
+    def _in_place(self, proj: dict[str, Tensor]) -> bool:
+        """Whether q, k, v go to their convs as column views of the joint projection (and z to the output as one):
+        the joint matmul ran (`_project`) and every one of q, k, v has a conv, which keeps its view for its backward."""
+        return self.q_conv is not None and self.v_conv is not None and proj["q"]._base is not None
 
     def _context_tails(self, q: Tensor, k: Tensor, v: Tensor, cp) -> MixerState:
         """A MixerState holding only the conv tails of this rank's span: the previous rank's last W − 1
@@ -1037,21 +1059,22 @@ class MemoryMixer(nn.Module):
             outs.append(o)
         return torch.cat(outs, dim=1), cache  # [B, T, H, V]
 
-    def _output(self, o: Tensor, x: Tensor, z: Tensor | None = None) -> Tensor:
-        """o [B, T, H, V] -> y [B, T, d]; z: g_proj(x) when `_project` computed it.
+    def _output(self, o: Tensor, x: Tensor, z: Tensor | None = None, *, in_place: bool = False) -> Tensor:
+        """o [B, T, H, V] -> y [B, T, d]; z: g_proj(x) when `_project` computed it (in_place: z goes in as the
+        joint projection's column view, which the convs keep alive anyway; the gated norm reads it in place).
 
         With a norm or a gate between o and o_proj, under autograd, that stretch runs in a non-reentrant
         checkpoint: the backward recomputes o_proj's input (the normed / gated o, H·V wide) from o and z
         instead of keeping it (−2·H·V bytes a token in bf16: 4 KB for gated DeltaNet at d_model 1024),
-        for one more norm and o_proj matmul in the backward. z goes in contiguous: a column view of the
-        joint projection would keep all of it."""
+        for one more norm and o_proj matmul in the backward. z goes in contiguous unless in_place: a column view
+        of the joint projection would keep all of it."""
         B, T = o.shape[:2]
         o = o.reshape(B, T, self.H * self.V)  # [B, T, H·V]
         if z is None and self.g_proj is not None:
             z = self.g_proj(x)  # [B, T, H·V]
         if (self.o_norm is None and z is None) or not torch.is_grad_enabled() or under_functorch():
             return self._gated_projection(o, z)
-        return checkpoint(self._gated_projection, o, z.contiguous() if z is not None else None,
+        return checkpoint(self._gated_projection, o, z if z is None or in_place else z.contiguous(),
                           use_reentrant=False, preserve_rng_state=False)
 
     def _gated_projection(self, o: Tensor, z: Tensor | None) -> Tensor:
@@ -1060,8 +1083,7 @@ class MemoryMixer(nn.Module):
             o = self.o_norm(o, z)
         elif z is not None:
             o = o * gate_activation(self.preset.out_gate, z)
-        w = getattr(self.o_proj, "weight", None)  # (a quantised Linear's weight may be an integer tensor)
-        return self.o_proj(o.to(w.dtype) if isinstance(w, Tensor) and w.is_floating_point() else o)
+        return self.o_proj(_linear_input(o, getattr(self.o_proj, "weight", None)))
 
     def extra_repr(self) -> str:
         ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"

@@ -37,11 +37,15 @@ def test_gated_deltanet_layer_saved_bytes_per_token():
                          mixer="gated_deltanet")).blocks[0].mlp.w2.in_features
     bound = {
         # one bf16 copy of x (the joint projection), the per-chunk inverse T (at most fp32 [H, C] per token), β
-        # and g (fp32), b and a (bf16); o and the gate z, which the output's checkpoint keeps for the gated norm
-        # and o_proj (`MemoryMixer._output`). Not the raw q, k, v: the prologue and the memory op recompute them
-        # from the convs' inputs (`short_conv(recompute_outputs=True)`), q̂ and k̂ from those; not the chunk states h, U.
-        "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + 2 * bf16 * H + bf16 * 2 * v,
-        "ShortConv": bf16 * (2 * qk + v),  # the convolutions' inputs
+        # and g (fp32); o, which the output's checkpoint keeps for the gated norm and o_proj
+        # (`MemoryMixer._output`). Not the raw q, k, v: the prologue and the memory op recompute them from the
+        # convs' inputs (`short_conv(recompute_outputs=True)`), q̂ and k̂ from those; not the chunk states h, U;
+        # not the gate z nor b and a: the checkpoint and the prologue keep them as column views of the joint
+        # projection, counted below.
+        "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + bf16 * v,
+        # the convolutions' inputs, column views of the joint projection [q k v a b z pad] read in place: all of
+        # it (q, k, v, the gate z, a, b and the padding to a multiple of 8 columns), no copies of q, k, v, z
+        "ShortConv": bf16 * -(-(2 * qk + 2 * v + 2 * H) // 8) * 8,
         # the MLP's projections' inputs (x cast once for each of w1 and w3, w2's hidden input) and nothing of
         # the mixer: its projections of x are one matmul (its cast counted above), o_proj's input is recomputed
         "Linear": bf16 * (2 * d + hidden),

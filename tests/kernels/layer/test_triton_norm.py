@@ -87,6 +87,35 @@ def test_norm_backward_program_loop(gen):
         mod._BWD_PROGRAMS = before
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_reads_a_column_view_of_z_in_place(dtype, gen):
+    """z a column view of a wider [B, T, N] tensor (the gated DeltaNet layer's gate: columns of its joint
+    projection) is read in place (rows of C at stride N; no copy): against the fp64 twin, and bitwise the result
+    and gradients of its contiguous copy, both orders; a view whose rows are not one stride apart (the first T of
+    T + 1 tokens of each sequence) is copied and gives the same too."""
+    from fastweights.kernels.triton.layer.norm import _rows_of
+
+    for T, nbg in ((2, True), (7, False)):
+        x = _inputs(gen, T=T, C=48, G=16, dtype=dtype)
+        wide = torch.randn(2, T, 48 + 21, generator=gen).to(dtype)
+        wide[..., 5:53] = x["z"]
+        view = wide[..., 5:53]
+        assert _rows_of(view) is view
+        _compare({**x, "z": view}, NORM_F32_REL if dtype == torch.float32 else NORM_LOW_REL[dtype],
+                 norm_before_gate=nbg)
+        head = torch.randn(2, T + 1, 48, generator=gen).to(dtype)[:, :T]  # rows of a batch are not one stride apart
+        assert _rows_of(head) is not head and _rows_of(head).is_contiguous()
+        for z in (view, head):
+            outs = []
+            for zz in (z, z.contiguous()):
+                leaves = [x["o"].clone().requires_grad_(True), zz.detach().requires_grad_(True),
+                          x["weight"].clone().requires_grad_(True)]
+                y = gated_rms_norm(*leaves, norm_before_gate=nbg)
+                outs.append((y, *torch.autograd.grad(_loss(y, 7), leaves)))
+            for a, b in zip(*outs):
+                assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_norm_low_precision(dtype, gen):
     """bf16/fp16 o and z (fp32 statistics), both orders; and fp32 o with a bf16/fp16 gate."""

@@ -170,6 +170,42 @@ def test_prologue_cumsum(gate, gen):
     _compare(x, PROLOGUE_F32_REL, gate=gate, chunk_size=32, cu=cu)
 
 
+def _column_views(x, gen):
+    """x with b and a replaced by column views of one wider [B, T, N] tensor (the layer's joint projection:
+    [junk | b | a | junk], rows N apart), the same values."""
+    B, T = x["b"].shape[:2]
+    widths = [x["b"][0, 0].numel(), x["a"][0, 0].numel()]
+    wide = torch.randn(B, T, 3 + sum(widths) + 5, generator=gen, dtype=torch.float64).to(x["b"].dtype)
+    wide[..., 3:3 + widths[0]] = x["b"]
+    wide[..., 3 + widths[0]:3 + sum(widths)] = x["a"].reshape(B, T, -1)
+    b = wide[..., 3:3 + widths[0]]
+    a = wide[..., 3 + widths[0]:3 + sum(widths)].view(x["a"].shape)
+    assert not b.is_contiguous() and not a.is_contiguous()
+    return {**x, "b": b, "a": a}
+
+
+@pytest.mark.parametrize("gate", ["mamba", "kda"])
+def test_prologue_reads_column_views_in_place(gate, gen):
+    """b and a column views of a wider tensor (rows at its stride, as `MemoryMixer` passes them): read in place
+    (no copy), every output and gradient against float64 and bitwise those of contiguous copies; with the
+    cumsum and varlen sequences too (an empty and a length-1 one)."""
+    from fastweights.kernels.triton.layer.prologue import _rows
+
+    lengths = [9, 0, 20, 1]
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    for x, kw in ((_inputs(gen, gate, T=21, Ka=8), {}),
+                  (_inputs(gen, gate, B=1, T=sum(lengths), K=8, Ka=8), dict(chunk_size=16, cu=cu))):
+        v = _column_views(x, gen)
+        assert _rows(v["b"]) is v["b"] and _rows(v["a"]) is v["a"]
+        _compare(v, PROLOGUE_F32_REL, gate=gate, **kw)
+        seed = secrets.randbits(62)
+        got, want = (_grads_kernel(y, seed, gate=gate, **kw) for y in (v, {n: t.contiguous() for n, t in v.items()}))
+        for part_got, part_want in zip(got, want):
+            assert all(torch.equal(part_got[n], part_want[n]) for n in part_want)
+    t = torch.randn(2, 5, 8, generator=gen)[:, :4, :3]  # rows of a batch not one stride apart: copied
+    assert _rows(t).is_contiguous()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_prologue_low_precision(dtype, gen):
     """bf16/fp16 q, k, b, a (fp32 parameters): the kernel computes in fp32 and rounds q̂, k̂ and the

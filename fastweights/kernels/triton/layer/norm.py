@@ -22,6 +22,8 @@ in registers, summed by torch afterwards.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -52,8 +54,18 @@ def _gate(z, ACT: tl.constexpr):
 
 
 @triton.jit
-def _norm_fwd(o, z, w, y, N, eps, G: tl.constexpr, BG: tl.constexpr, BR: tl.constexpr, HAS_Z: tl.constexpr,
-              ACT: tl.constexpr, NORM_FIRST: tl.constexpr):
+def _z_offsets(rows, cols, off, sz, G: tl.constexpr, ZR: tl.constexpr):
+    """The offsets of z's [BR, BG] tile: `off` (o's) when z is contiguous (ZR = 0), else z's rows of C = ZR·G
+    channels at row stride sz (a column view of a wider tensor: the joint projection's z)."""
+    if ZR == 0:
+        return off
+    else:
+        return (rows // ZR)[:, None] * sz + ((rows % ZR) * G)[:, None] + cols[None, :]
+
+
+@triton.jit
+def _norm_fwd(o, z, w, y, N, eps, sz, G: tl.constexpr, BG: tl.constexpr, BR: tl.constexpr, HAS_Z: tl.constexpr,
+              ACT: tl.constexpr, NORM_FIRST: tl.constexpr, ZR: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     cols = tl.arange(0, BG)
     mc = cols < G
@@ -61,7 +73,7 @@ def _norm_fwd(o, z, w, y, N, eps, G: tl.constexpr, BG: tl.constexpr, BR: tl.cons
     off = rows[:, None] * G + cols[None, :]
     u = tl.load(o + off, mask=m, other=0.0).to(tl.float32)
     if HAS_Z:
-        a, _ = _gate(tl.load(z + off, mask=m, other=0.0).to(tl.float32), ACT)
+        a, _ = _gate(tl.load(z + _z_offsets(rows, cols, off, sz, G, ZR), mask=m, other=0.0).to(tl.float32), ACT)
         if not NORM_FIRST:
             u = u * a
     r = 1.0 / tl.sqrt(tl.sum(u * u, axis=1) / G + eps)
@@ -73,8 +85,8 @@ def _norm_fwd(o, z, w, y, N, eps, G: tl.constexpr, BG: tl.constexpr, BR: tl.cons
 
 
 @triton.jit
-def _norm_bwd(o, z, w, dy, do, dz, dw_part, N, eps, n_blocks, P, G: tl.constexpr, BG: tl.constexpr,
-              BR: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr, NORM_FIRST: tl.constexpr):
+def _norm_bwd(o, z, w, dy, do, dz, dw_part, N, eps, n_blocks, P, sz, G: tl.constexpr, BG: tl.constexpr,
+              BR: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr, NORM_FIRST: tl.constexpr, ZR: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BG)
     mc = cols < G
@@ -89,7 +101,7 @@ def _norm_bwd(o, z, w, dy, do, dz, dw_part, N, eps, n_blocks, P, G: tl.constexpr
         g = tl.load(dy + off, mask=m, other=0.0).to(tl.float32)
         u = ov
         if HAS_Z:
-            zv = tl.load(z + off, mask=m, other=0.0).to(tl.float32)
+            zv = tl.load(z + _z_offsets(rows, cols, off, sz, G, ZR), mask=m, other=0.0).to(tl.float32)
             a, da = _gate(zv, ACT)
             if not NORM_FIRST:
                 u = ov * a
@@ -117,6 +129,28 @@ def _tiles(G: int):
     return BG, BR, (4 if BG * BR <= 4096 else 8)
 
 
+def _z_rows(z: Tensor | None, G: int) -> tuple[int, int]:
+    """(row stride, groups per row) of z as the kernels read it: (0, 0) when z is None or contiguous (read at o's
+    offsets), else (its row stride, C / G) for z a row view (`_rows_of`)."""
+    if z is None or z.is_contiguous():
+        return 0, 0
+    return z.stride(-2), z.shape[-1] // G
+
+
+def _rows_of(z: Tensor) -> Tensor:
+    """z itself when the kernels can read it in place: channels contiguous and the leading dims one row stride
+    apart (e.g. a column view [B, T, C] of a wider [B, T, N] projection), else a contiguous copy."""
+    if z.is_contiguous():
+        return z
+    if z.dim() < 2 or z.stride(-1) != 1 or z.shape[-1] == 0:
+        return z.contiguous()
+    rows = z.stride(-2)
+    for i in range(z.dim() - 2):  # each leading dim steps a whole number of rows, contiguously
+        if z.shape[i] > 1 and z.stride(i) != rows * math.prod(z.shape[i + 1:-1]):
+            return z.contiguous()
+    return z
+
+
 class GatedRMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, z, weight, eps, act, norm_first):
@@ -125,8 +159,10 @@ class GatedRMSNormFn(torch.autograd.Function):
         BG, BR, warps = _tiles(G)
         y = empty_output(*o.shape, dtype=o.dtype, device=o.device)
         if N > 0:
-            _norm_fwd[(triton.cdiv(N, BR),)](o, z if z is not None else o, weight, y, N, eps, G=G, BG=BG, BR=BR,
-                                             HAS_Z=z is not None, ACT=act, NORM_FIRST=norm_first, num_warps=warps)
+            sz, zr = _z_rows(z, G)
+            _norm_fwd[(triton.cdiv(N, BR),)](o, z if z is not None else o, weight, y, N, eps, sz, G=G, BG=BG, BR=BR,
+                                             HAS_Z=z is not None, ACT=act, NORM_FIRST=norm_first, ZR=zr,
+                                             num_warps=warps)
         ctx.save_for_backward(o, z, weight)
         ctx.eps, ctx.act, ctx.norm_first = eps, act, norm_first
         return y
@@ -140,12 +176,13 @@ class GatedRMSNormFn(torch.autograd.Function):
         n_blocks = triton.cdiv(N, BR)
         P = max(1, min(n_blocks, _BWD_PROGRAMS))
         do = empty_output(*o.shape, dtype=o.dtype, device=o.device)
-        dz = empty_output(*z.shape, dtype=z.dtype, device=z.device) if z is not None else None
+        dz = empty_output(*z.shape, dtype=z.dtype, device=z.device) if z is not None else None  # contiguous
         dw_part = empty_output(P, G, dtype=torch.float32, device=o.device)
         if N > 0:
+            sz, zr = _z_rows(z, G)
             _norm_bwd[(P,)](o, z if z is not None else o, weight, dy.contiguous(), do, dz if dz is not None else do,
-                            dw_part, N, ctx.eps, n_blocks, P, G=G, BG=BG, BR=BR, HAS_Z=z is not None, ACT=ctx.act,
-                            NORM_FIRST=ctx.norm_first, num_warps=warps)
+                            dw_part, N, ctx.eps, n_blocks, P, sz, G=G, BG=BG, BR=BR, HAS_Z=z is not None, ACT=ctx.act,
+                            NORM_FIRST=ctx.norm_first, ZR=zr, num_warps=warps)
         else:
             dw_part.zero_()
         need = ctx.needs_input_grad
@@ -177,5 +214,5 @@ def gated_rms_norm(o: Tensor, z: Tensor | None, weight: Tensor, *, eps: float = 
         raise InputError(f"eps must be a number ≥ 0, got {eps!r}")
     if any(t.device != o.device for t in (z, weight) if t is not None):
         raise InputError("o, z and weight must be on one device")
-    return GatedRMSNormFn.apply(o.contiguous(), z.contiguous() if z is not None else None, weight.contiguous(),
+    return GatedRMSNormFn.apply(o.contiguous(), _rows_of(z) if z is not None else None, weight.contiguous(),
                                 float(eps), _ACTS[activation], bool(norm_before_gate))

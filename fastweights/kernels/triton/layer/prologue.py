@@ -42,6 +42,8 @@ the layer equals its torch ops; on the H100 too).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -99,7 +101,7 @@ def _l2_rows(x, y, dy, dx, t0, eos, i_h, eps, NH: tl.constexpr, K: tl.constexpr,
 @triton.jit(do_not_specialize=["T", "NT"])
 def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
                      dqo, dko, dbeta, dgin, dq, dk, db, da, dA_part, ddt_part,
-                     cu, chunk_seq, chunk_local, T, NT, beta_max, eps,
+                     cu, chunk_seq, chunk_local, T, NT, beta_max, eps, sb, sa,
                      HP: tl.constexpr, HQ: tl.constexpr, HK: tl.constexpr, HB: tl.constexpr, HA: tl.constexpr,
                      K: tl.constexpr, KA: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BKA: tl.constexpr,
                      BC: tl.constexpr, BR: tl.constexpr, DO_Q: tl.constexpr, DO_K: tl.constexpr, DO_B: tl.constexpr,
@@ -118,8 +120,8 @@ def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
     m_t = rows < eos
     if DO_B:
         if i_h < HB:
-            off = rows * HB + i_h
-            s = _sigmoid(tl.load(b + off, mask=m_t, other=0.0).to(tl.float32))
+            off = rows * HB + i_h  # beta, dbeta, db: contiguous; b: rows sb apart (a column view, read in place)
+            s = _sigmoid(tl.load(b + rows * sb + i_h, mask=m_t, other=0.0).to(tl.float32))
             if BWD:
                 dbv = tl.load(dbeta + off, mask=m_t, other=0.0) * beta_max * s * (1.0 - s)
                 tl.store(db + off, dbv.to(db.dtype.element_ty), mask=m_t)
@@ -134,7 +136,7 @@ def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
             slot = i_b.to(tl.int64) * NT + i_n
             if GATE == 1:  # one gate per head: [C] rows
                 dA = _gate_tile(a, dt_bias, i_h, i_h, gout, dgin, da, ddt_part + slot * HA + i_h, rows * HA + i_h,
-                                m_t, A, HAS_DT, CUMSUM, BWD, False)
+                                rows * sa + i_h, m_t, A, HAS_DT, CUMSUM, BWD, False)
             else:  # per key channel: [C, BC] tiles, each column block cumsummed on its own
                 dA = 0.0
                 for c0 in tl.static_range(0, BKA, BC):
@@ -142,17 +144,19 @@ def _prologue_kernel(q, k, b, a, A_log, dt_bias, qo, ko, beta, gout,
                     m = m_t[:, None] & (cols < KA)[None, :]
                     dA += _gate_tile(a, dt_bias, i_h * KA + cols, cols < KA, gout, dgin, da,
                                      ddt_part + (slot * HA + i_h) * KA + cols,
-                                     (rows[:, None] * HA + i_h) * KA + cols[None, :], m, A, HAS_DT, CUMSUM, BWD, True)
+                                     (rows[:, None] * HA + i_h) * KA + cols[None, :],
+                                     rows[:, None] * sa + i_h * KA + cols[None, :], m, A, HAS_DT, CUMSUM, BWD, True)
             if BWD:
                 tl.store(dA_part + slot * HA + i_h, dA)
 
 
 @triton.jit
-def _gate_tile(a, dt_bias, dt_off, dt_m, gout, dgin, da, ddt, off, m, A, HAS_DT: tl.constexpr,
+def _gate_tile(a, dt_bias, dt_off, dt_m, gout, dgin, da, ddt, off, a_off, m, A, HAS_DT: tl.constexpr,
                CUMSUM: tl.constexpr, BWD: tl.constexpr, DIAG: tl.constexpr):
     """One tile of the gate (rows [C], or rows × a column block [C, BC]): g / G (forward), or da,
-    the partial d dt_bias stored at `ddt` and the partial dA_log returned (backward)."""
-    x = tl.load(a + off, mask=m, other=0.0).to(tl.float32)
+    the partial d dt_bias stored at `ddt` and the partial dA_log returned (backward). off: the tile's offsets in
+    the contiguous g, dg, da; a_off: in a (rows at a's row stride)."""
+    x = tl.load(a + a_off, mask=m, other=0.0).to(tl.float32)
     if HAS_DT:
         if DIAG:
             x += tl.load(dt_bias + dt_off, mask=dt_m, other=0.0).to(tl.float32)[None, :]
@@ -189,12 +193,30 @@ def _launch(x: dict, meta: dict, bwd: bool):
     _prologue_kernel[(meta["NT"], meta["B"] * meta["HP"])](
         p["q"], p["k"], p["b"], p["a"], p["A_log"], p["dt_bias"], p["qo"], p["ko"], p["beta"], p["g"],
         p["dqo"], p["dko"], p["dbeta"], p["dg"], p["dq"], p["dk"], p["db"], p["da"], p["dA_part"], p["ddt_part"],
-        *meta["varlen"], meta["T"], meta["NT"], meta["beta_max"], meta["eps"],
+        *meta["varlen"], meta["T"], meta["NT"], meta["beta_max"], meta["eps"], _row_stride(x["b"]), _row_stride(x["a"]),
         HP=meta["HP"], HQ=meta["HQ"], HK=meta["HK"], HB=meta["HB"], HA=meta["HA"], K=meta["K"], KA=meta["KA"],
         C=meta["C"], BK=meta["BK"], BKA=meta["BKA"], BC=min(meta["BKA"], 32), BR=meta["BR"], DO_Q=x["q"] is not None,
         DO_K=x["k"] is not None, DO_B=x["b"] is not None, GATE=meta["GATE"], HAS_A_LOG=x["A_log"] is not None,
         HAS_DT=x["dt_bias"] is not None, CUMSUM=meta["CUMSUM"], IS_VARLEN=meta["IS_VARLEN"], BWD=bwd,
         **launch("prologue"))
+
+
+def _row_stride(x: Tensor | None) -> int:
+    """The stride of x's [B·T] rows (x [B, T, H] or [B, T, H, K] as `_rows` leaves it); 0 for None."""
+    return 0 if x is None else x.stride(1)
+
+
+def _rows(x: Tensor | None) -> Tensor | None:
+    """x [B, T, ...] itself when the kernel reads it in place: the trailing dims contiguous and the B·T rows one
+    stride apart (e.g. b or a a column view of the layer's joint projection), else a contiguous copy."""
+    if x is None or x.is_contiguous():
+        return x
+    width = math.prod(x.shape[2:])
+    inner = x[0, 0] if x.shape[0] and x.shape[1] else None
+    if inner is None or not (inner.is_contiguous() or width <= 1) \
+            or (x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1)):
+        return x.contiguous()
+    return x
 
 
 def _out(x: Tensor | None, dtype=None):
@@ -276,7 +298,9 @@ def delta_prologue(q: Tensor | None, k: Tensor | None, b: Tensor | None, a: Tens
     (A_log None: A = 1; dt_bias None: no bias); gate None: no g (a, A_log and dt_bias must be None).
     chunk_size (a power of two ≥ 16): return G, the chunk-local cumsum of g, instead of g (chunks
     as `cumsum.chunk_cumsum`: of each batch row, or of each sequence of `cu_seqlens` with B = 1).
-    eps: as `layers.norm.l2norm` (inside the square root). Inputs fp32, bf16 or fp16 on one device."""
+    eps: as `layers.norm.l2norm` (inside the square root). Inputs fp32, bf16 or fp16 on one device; b and a are
+    read in place when their B·T rows are one stride apart with the rest contiguous (column views of the layer's
+    joint projection), else copied."""
     B = T = None
     B, T = _check("q", q, 4, B, T, "[B, T, H_q, K]")
     B, T = _check("k", k, 4, B, T, "[B, T, H_k, K]")
@@ -325,10 +349,11 @@ def delta_prologue(q: Tensor | None, k: Tensor | None, b: Tensor | None, a: Tens
                 HK=k.shape[2] if k is not None else 1, HB=b.shape[2] if b is not None else 1, HA=HA, K=K, KA=KA,
                 C=C, BK=BK, BKA=BKA, BR=min(C, max(1, 2048 // BK)), GATE={"mamba": 1, "kda": 2, None: 0}[gate],
                 CUMSUM=chunk_size is not None, IS_VARLEN=L.varlen, varlen=varlen_args(L, dev)[:3],
-                beta_max=float(beta_max), eps=float(eps), dummy=torch.zeros(1, dtype=torch.float32, device=dev))
+                beta_max=float(beta_max), eps=float(eps),
+                dummy=torch.empty(1, dtype=torch.float32, device=dev))  # the absent inputs' pointer, never read
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
     qk = (c(q), c(k)) if l2norm else (None, None)
-    qo, ko, beta, g = DeltaPrologue.apply(*qk, c(b), c(a), c(A_log), c(dt_bias), meta)
+    qo, ko, beta, g = DeltaPrologue.apply(*qk, _rows(b), _rows(a), c(A_log), c(dt_bias), meta)
     if l2norm:
         for out, src in ((qo, qk[0]), (ko, qk[1])):
             if out is not None:

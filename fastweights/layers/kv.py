@@ -108,13 +108,17 @@ class _Buffer:
 def _append(cache: KVCache, k: Tensor, v: Tensor, c: Tensor | None) -> KVCache:
     """The cache with T entries appended: k [B, T, Hkv, K], v [B, T, Hkv, V], c [B, T, H] or None.
 
-    With autograd recording (training through a cache) it concatenates (a new tensor). Without,
+    With autograd recording (training through a cache) it concatenates (a new tensor; onto an empty cache it
+    returns k, v, c themselves, in their own dtype). Without,
     entries are written into a buffer whose capacity doubles when full, and the returned cache
     holds views of its first L + T positions: O(T) work per append instead of an O(L) copy. The
     views are ordinary tensors; `fastweights.recurrent(initial_state=cache)` reads them as is."""
     L, T = cache.length, k.shape[1]
     tensors = [x for x in (cache.k, cache.v, cache.c, k, v, c) if x is not None]
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        if L == 0:  # training's call (an empty cache): the new entries as they are — no copy, no cast (under
+            # autocast k, v come in its dtype: a cast to the empty cache's fp32 and back was 4 casts and 2 cats a layer)
+            return KVCache(k=k, v=v, c=c)
         return KVCache(k=torch.cat([cache.k, k.to(cache.k.dtype)], 1), v=torch.cat([cache.v, v.to(cache.v.dtype)], 1),
                        c=torch.cat([cache.c, c.to(cache.c.dtype)], 1) if c is not None else None)
     buf = getattr(cache, "_buffer", None)

@@ -180,3 +180,17 @@ def test_path_blocks_longer_than_path_block_run_as_sub_blocks_exactly(name, monk
     o_1, c_1 = kv_extend(r, q[:, 3:], k[:, 3:], v[:, 3:], cache=c3, doc=doc, **rest)
     assert (o_b - o_1).abs().max().item() < EXACT_F64 and (c_b.k - c_1.k).abs().max().item() < EXACT_F64
     assert torch.isfinite(o_b).all()
+
+
+def test_training_on_an_empty_cache_keeps_the_new_entries_uncopied():
+    """Autograd recording and an empty cache (a training forward): the returned cache holds the new k, v themselves —
+    no cast to the empty cache's dtype and back, no concatenation (under autocast k, v are bf16 and the empty cache
+    fp32: that round trip was 4 casts and 2 cats a layer) — and the output is bitwise the one a copying cache gives."""
+    r, q, k, v, g, beta, w = _case("softmax_attention", 2, 9, 2, 2, 8, 8, dtype=torch.bfloat16)
+    k.requires_grad_(True)
+    cache = empty_cache(r, 2, 2, 2, 8, 8, dtype=torch.float32)
+    o, new = kv_extend(r, q, k, v, scale=0.3, cache=cache)
+    assert new.k is k and new.v is v
+    with torch.no_grad():  # the in-place path: a buffer in the cache's dtype
+        o2, new2 = kv_extend(r, q, k, v, scale=0.3, cache=cache)
+    assert new2.k.dtype == torch.float32 and torch.equal(o.detach(), o2)

@@ -35,6 +35,7 @@ class _Log(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list[tuple[str, tuple[int, ...]]] = []
+        self.where: list[str] = []  # per op: dtypes and the fastweights frame that ran it (the failure's message)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -42,6 +43,12 @@ class _Log(TorchDispatchMode):
         if name in COPIES and not any("triton/runtime/interpreter" in f.filename for f in traceback.extract_stack()):
             first = out[0] if isinstance(out, (tuple, list)) and out else out
             self.ops.append((name, tuple(first.shape) if isinstance(first, torch.Tensor) else ()))
+            src = next((a.dtype for a in args if isinstance(a, torch.Tensor)), None)
+            frames = [f"{f.filename.rsplit('fastweights/', 1)[-1]}:{f.lineno} {f.name}"
+                      for f in traceback.extract_stack()
+                      if "/fastweights/" in f.filename and "/tests/" not in f.filename]
+            self.where.append(f"{name} {self.ops[-1][1]} {src}->{getattr(first, 'dtype', None)} "
+                              f"node={torch._C._current_autograd_node()} at {frames[-1] if frames else '?'}")
         return out
 
 
@@ -86,7 +93,9 @@ def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
         calls = set(fake.take())
         want = {("layer", op, "triton") for op in ("conv", "norm", "prologue")} | {("delta", "chunk", "triton")}
         assert want <= calls, calls
-    assert _activation_copies(log) == {"_to_copy": 2, "cat": 1}, _activation_copies(log)
+    got = _activation_copies(log)
+    assert got == {"_to_copy": 2, "cat": 1}, (got, [w for (n, sh), w in zip(log.ops, log.where)
+                                                   if sh[:2] == (B, T) or sh[:1] == (B * T,)])
 
 
 @pytest.mark.parametrize("autocast", [True, False])

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels.helpers import DEV
+
 pytestmark = pytest.mark.triton
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +29,7 @@ def test_gated_deltanet_layer_saved_bytes_per_token():
     H, V, C = Hq, 2 * K, 64  # gated DeltaNet: expand_v 2, chunk 64
     saved_bytes = _saved_bytes()
     one, two = (saved_bytes("gated_deltanet", d_model=d, num_heads=Hq, head_dim=K, vocab_size=64, B=1, T=T,
-                            fused=True, device="cpu")[0] for T in (64, 128))
+                            fused=True, device=DEV)[0] for T in (64, 128))
     per_token = {m: (two.get(m, 0) - one.get(m, 0)) // 64 for m in set(one) | set(two)}
     bf16, fp32 = 2, 4
     qk, v = Hq * K, H * V  # widths of q (and k) and v (and o, the gate)

@@ -96,14 +96,14 @@ def test_norm_reads_a_column_view_of_z_in_place(dtype, gen):
     from fastweights.kernels.triton.layer.norm import _rows_of
 
     for T, nbg in ((2, True), (7, False)):
-        x = _inputs(gen, T=T, C=48, G=16, dtype=dtype)
-        wide = torch.randn(2, T, 48 + 21, generator=gen).to(dtype)
+        x = {n: t.to(DEV) for n, t in _inputs(gen, T=T, C=48, G=16, dtype=dtype).items()}
+        wide = torch.randn(2, T, 48 + 21, generator=gen).to(DEV, dtype)
         wide[..., 5:53] = x["z"]
         view = wide[..., 5:53]
         assert _rows_of(view) is view
         _compare({**x, "z": view}, NORM_F32_REL if dtype == torch.float32 else NORM_LOW_REL[dtype],
                  norm_before_gate=nbg)
-        head = torch.randn(2, T + 1, 48, generator=gen).to(dtype)[:, :T]  # rows of a batch are not one stride apart
+        head = torch.randn(2, T + 1, 48, generator=gen).to(DEV, dtype)[:, :T]  # rows not one stride apart
         assert _rows_of(head) is not head and _rows_of(head).is_contiguous()
         for z in (view, head):
             outs = []

@@ -116,7 +116,8 @@ def _append(cache: KVCache, k: Tensor, v: Tensor, c: Tensor | None) -> KVCache:
     L, T = cache.length, k.shape[1]
     tensors = [x for x in (cache.k, cache.v, cache.c, k, v, c) if x is not None]
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        if L == 0:  # training's call (an empty cache): the new entries as they are — no copy, no cast (under
+        if L == 0 and cache.k.device == k.device:  # training's call (an empty cache on k's device; another device is
+            # refused by the cat below, and named by the layer): the new entries as they are — no copy, no cast (under
             # autocast k, v come in its dtype: a cast to the empty cache's fp32 and back was 4 casts and 2 cats a layer)
             return KVCache(k=k, v=v, c=c)
         return KVCache(k=torch.cat([cache.k, k.to(cache.k.dtype)], 1), v=torch.cat([cache.v, v.to(cache.v.dtype)], 1),

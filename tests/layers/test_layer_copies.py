@@ -52,9 +52,14 @@ class _Log(TorchDispatchMode):
         return out
 
 
+#: head dims: 32 on the CPU; on a GPU 64, where bf16 delta kernels run as they are (below 64 they run on fp32 casts
+#: of q, k, v and more: `pipelines.LOW_PRECISION_MIN_HEAD_DIM_CUDA` — the 8 extra casts r4s10 call 6 saw at 32)
+HD = 32 if DEV == "cpu" else 64
+
+
 def _layer():
     torch.manual_seed(0)
-    return MemoryMixer(D, "gated_deltanet", 2, head_dim=32, head_v_dim=32).to(DEV)
+    return MemoryMixer(D, "gated_deltanet", 2, head_dim=HD, head_v_dim=HD).to(DEV)
 
 
 def _gpu_route(monkeypatch):

@@ -320,3 +320,17 @@ def test_sweep_plan_names_the_table():
         assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)
         total += len(cands)
     assert total == 117
+
+
+def test_row_view_reads_column_views_in_place_and_copies_the_rest():
+    """`util.row_view(x, lead)`: a column view of a wider tensor (rows one stride apart, the rest contiguous) is x
+    itself; rows not one stride apart, or a non-contiguous trailing block, give a contiguous copy of the same values."""
+    wide = torch.randn(2, 5, 3, 11)
+    col = wide[:, :, :, 2:10]  # [B, T, H, 8]: trailing 8 contiguous, but H steps 11 — a block only at lead 3
+    assert util.row_view(col, 3) is col
+    flat = torch.randn(2, 5, 40)[:, :, 4:28].view(2, 5, 3, 8)  # [B, T, 3, 8]: B·T rows of 24 contiguous
+    assert util.row_view(flat, 2) is flat
+    head = torch.randn(2, 6, 24)[:, :5]  # batch rows not one stride apart
+    for x, lead in ((col, 2), (head, 2), (wide.transpose(2, 3), 3)):
+        y = util.row_view(x, lead)
+        assert y is not x and y.is_contiguous() and torch.equal(y, x)

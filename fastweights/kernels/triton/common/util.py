@@ -72,6 +72,27 @@ def pow2(n: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(n))
 
 
+def row_view(x: torch.Tensor, lead: int) -> torch.Tensor:
+    """x itself when a kernel can read it in place as rows: its first `lead` dims step whole rows of one stride
+    (x.stride(lead − 1)) and the rest is one contiguous block (e.g. a column view [B, T, C] of a wider [B, T, N]
+    projection); else a contiguous copy. Size-1 dims' strides are not looked at."""
+    if x.is_contiguous():
+        return x
+    if x.numel() == 0 or x.dim() <= lead:
+        return x.contiguous()
+    block = 1
+    for j in range(x.dim() - 1, lead - 1, -1):  # the trailing block: contiguous
+        if x.shape[j] > 1 and x.stride(j) != block:
+            return x.contiguous()
+        block *= x.shape[j]
+    step = x.stride(lead - 1)  # the row stride
+    for i in range(lead - 2, -1, -1):  # the leading dims: whole numbers of rows, contiguously
+        step *= x.shape[i + 1]
+        if x.shape[i] > 1 and x.stride(i) != step:
+            return x.contiguous()
+    return x
+
+
 def varlen_args(L: Layout, device):
     """(cu, chunk_seq, chunk_local, offsets) pointers, placeholders without varlen."""
     if L.varlen:

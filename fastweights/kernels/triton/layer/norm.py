@@ -22,8 +22,6 @@ in registers, summed by torch afterwards.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -32,6 +30,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_GROUP
+from ..common.util import row_view
 
 Tensor = torch.Tensor
 
@@ -138,17 +137,9 @@ def _z_rows(z: Tensor | None, G: int) -> tuple[int, int]:
 
 
 def _rows_of(z: Tensor) -> Tensor:
-    """z itself when the kernels can read it in place: channels contiguous and the leading dims one row stride
-    apart (e.g. a column view [B, T, C] of a wider [B, T, N] projection), else a contiguous copy."""
-    if z.is_contiguous():
-        return z
-    if z.dim() < 2 or z.stride(-1) != 1 or z.shape[-1] == 0:
-        return z.contiguous()
-    rows = z.stride(-2)
-    for i in range(z.dim() - 2):  # each leading dim steps a whole number of rows, contiguously
-        if z.shape[i] > 1 and z.stride(i) != rows * math.prod(z.shape[i + 1:-1]):
-            return z.contiguous()
-    return z
+    """z itself when the kernels can read it in place (rows of its last dim one stride apart: a column view [B, T, C]
+    of a wider [B, T, N] projection), else a contiguous copy."""
+    return row_view(z, max(z.dim() - 1, 1))
 
 
 class GatedRMSNormFn(torch.autograd.Function):

@@ -42,8 +42,6 @@ the layer equals its torch ops; on the H100 too).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -52,7 +50,7 @@ from ....chunkwise.varlen import check_cu_seqlens
 from ....inputs import InputError
 from ... import empty_output
 from ..common.layout import make_layout
-from ..common.util import chunk_span, launch, varlen_args
+from ..common.util import chunk_span, launch, row_view, varlen_args
 from .conv import conv_recompute, conv_source
 
 Tensor = torch.Tensor
@@ -207,16 +205,9 @@ def _row_stride(x: Tensor | None) -> int:
 
 
 def _rows(x: Tensor | None) -> Tensor | None:
-    """x [B, T, ...] itself when the kernel reads it in place: the trailing dims contiguous and the B·T rows one
-    stride apart (e.g. b or a a column view of the layer's joint projection), else a contiguous copy."""
-    if x is None or x.is_contiguous():
-        return x
-    width = math.prod(x.shape[2:])
-    inner = x[0, 0] if x.shape[0] and x.shape[1] else None
-    if inner is None or not (inner.is_contiguous() or width <= 1) \
-            or (x.shape[0] > 1 and x.stride(0) != x.shape[1] * x.stride(1)):
-        return x.contiguous()
-    return x
+    """x [B, T, ...] itself when the kernel reads it in place: the B·T rows one stride apart and the rest contiguous
+    (e.g. b or a a column view of the layer's joint projection), else a contiguous copy."""
+    return None if x is None else row_view(x, 2)
 
 
 def _out(x: Tensor | None, dtype=None):

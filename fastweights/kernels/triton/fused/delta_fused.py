@@ -214,14 +214,14 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         m_tk = m_t[:, None] & m_kk[None, :]
         m_kt = m_kk[:, None] & m_t[None, :]
         m_tv = m_t[:, None] & m_vv[None, :]
-        if RAW_QK and GATE != 2:  # q, kᵀ as stored: the scale and the decays go to the [C, C] and [C, BV] sides
+        if RAW_QK:  # q, kᵀ as stored (the glue passes 0 for the diagonal gate): scale, decays on the other sides
             b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # [BK, C]
         else:
             b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0).to(tl.float32)
             b_q = b_q * scale  # [C, BK]
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0).to(tl.float32)
-        if RAW_QK and GATE != 2:
+        if RAW_QK:
             qf = tl.zeros([C], dtype=tl.float32) + scale  # o's row factor scale·e^{G}
             kf = tl.where(m_t, 1.0, 0.0)  # U's row factor e^{G_last − G} before Kᵀ U
             if A_IN:
@@ -240,7 +240,7 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         else:
             b_A = mm(b_q, b_kt, DT, IEEE)  # scale Q Kᵀ  [C, C]
         # the decays: Q̃ = Q ⊙ e^{G}, K̃ᵀ = Kᵀ ⊙ e^{G_last − G}, a = e^{G_last}, Aqk ⊙ e^{G_i − G_j} (no/scalar)
-        if RAW_QK and GATE != 2:
+        if RAW_QK:
             pass  # the decays above
         elif GATE == 1:
             G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
@@ -264,7 +264,7 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         b_u = tl.load(u1 + off_u, mask=m_tv, other=0.0).to(tl.float32) - mm(b_w, S, DT, IEEE)  # [C, BV]
         if STORE_STATES:
             tl.store(u + off_u, b_u.to(u.dtype.element_ty), mask=m_tv)
-        if RAW_QK and GATE != 2:
+        if RAW_QK:
             b_o = qf[:, None] * mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
         else:
             b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
@@ -273,7 +273,7 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
             S = S * tl.exp(G_last)
         elif GATE == 2:
             S = S * tl.exp(G_last)[:, None]
-        if RAW_QK and GATE != 2:
+        if RAW_QK:
             S += mm(b_kt, b_u * kf[:, None], DT, IEEE)
         else:
             S += mm(b_kt, b_u, DT, IEEE)
@@ -368,7 +368,7 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         h if h is not None else o, ht if ht is not None else o, u if u is not None else o, cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None,
         HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_STATES=store_states, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, RAW_QK=tile("delta_fused_fwd", "RAW_QK"),
+        DT=DT, IEEE=IEEE, RAW_QK=bool(tile("delta_fused_fwd", "RAW_QK")) and gate != 2,
         **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
     return o, Ti, h, u, ht
 

@@ -271,16 +271,18 @@ def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None):
     return o.to(pr.out_dtype), finish_state(pr.recipe, final, call.output_final_state)
 
 
-def mesa_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30, cg=None):
+def mesa_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", cg_steps: int = 30, cg=None,
+                    tf32: bool = False):
     """mesa, chunk: chunk-boundary states + chunked conjugate gradient (chunkwise/mesa.py). cg: a solver of the
-    CG kernel's contract (the Triton row's `kernels.triton.memories.mesa_cg.mesa_cg`; None: the torch CG)."""
+    CG kernel's contract (the Triton row's `kernels.triton.memories.mesa_cg.mesa_cg`; None: the torch CG); tf32: the
+    form's fp32 products on TF32 tensor cores, forward and backward (`chunkwise.mesa.tf32_matmuls`)."""
     from .chunkwise.mesa import mesa_chunk
 
     _no_varlen(call.recipe, cu_seqlens)
     pr = prepare(call)
     st = mesa_state(pr, call.initial_state)
     o, H, G, _ = mesa_chunk(pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta, lamb=pr.lamb, H0=st.H, G0=st.G,
-                            chunk_size=chunk_size, solve=solve, cg_steps=cg_steps, cg=cg)
+                            chunk_size=chunk_size, solve=solve, cg_steps=cg_steps, cg=cg, tf32=tf32)
     return o.to(pr.out_dtype), (MesaState(H=H, G=G) if call.output_final_state else None)
 
 

@@ -33,6 +33,8 @@ launch, the same iterations to fp32 rounding ("ieee"; bf16 calls at "tf32": the 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -193,18 +195,77 @@ def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
     return Hs.view(B, H, N, K, K), Gs.view(B, H, N, K, V), H_end.view(B, H, K, K), G_end.view(B, H, K, V)
 
 
+@contextlib.contextmanager
+def tf32_matmuls():
+    """CUDA fp32 matmuls on TF32 tensor cores inside the block (cuBLAS's fp32 precision "tf32": operands rounded to
+    10 mantissa bits, fp32 accumulation), the previous setting restored after; through the legacy
+    `allow_tf32` flag where the process set TF32 that way (torch refuses to mix the two)."""
+    m = torch.backends.cuda.matmul
+    try:
+        prev, key = m.fp32_precision, "fp32_precision"
+        m.fp32_precision = "tf32"
+    except (AttributeError, RuntimeError):  # torch without the new API, or the legacy flag in use
+        prev, key = m.allow_tf32, "allow_tf32"
+        m.allow_tf32 = True
+    try:
+        yield
+    finally:
+        setattr(m, key, prev)
+
+
+class _TF32Region(torch.autograd.Function):
+    """fn(*tensors) with its forward and its backward under `tf32_matmuls`: the forward builds fn's own graph (on
+    detached leaves) and keeps it; the backward runs torch.autograd.grad through that graph inside the same context,
+    so the backward's fp32 products (the autograd of fn's matmuls, which would run after the caller's block) are TF32
+    too. Saves what fn's graph saves, nothing more. fn returns a tuple of tensors; the last non-differentiable."""
+
+    @staticmethod
+    def forward(ctx, fn, *tensors):
+        leaves = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, Tensor) else t for t in tensors]
+        with torch.enable_grad(), tf32_matmuls():
+            outs = fn(*leaves)
+        ctx.leaves, ctx.outs = leaves, outs[:-1]
+        ctx.mark_non_differentiable(outs[-1])
+        return tuple(o.detach() for o in outs[:-1]) + (outs[-1],)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        wanted = [i for i, t in enumerate(ctx.leaves) if isinstance(t, Tensor) and t.requires_grad]
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads[:-1]) if g is not None and o.requires_grad]
+        got = [None] * len(wanted)
+        if pairs and wanted:
+            with tf32_matmuls():
+                got = torch.autograd.grad([o for o, _ in pairs], [ctx.leaves[i] for i in wanted],
+                                          [g for _, g in pairs], allow_unused=True)
+        out = [None] * len(ctx.leaves)
+        for i, g in zip(wanted, got):
+            out[i] = g
+        del ctx.leaves, ctx.outs
+        return (None, *out)
+
+
 def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor, lamb: Tensor,
-               H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30, cg=None):
+               H0: Tensor, G0: Tensor, chunk_size: int = 64, solve: str = "cg", cg_steps: int = 30, cg=None,
+               tf32: bool = False):
     """q, k [B, T, H, K]; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H]; lamb [H, K];
     H0 [B, H, K, K] (read as ½(H0 + H0ᵀ)); G0 [B, H, K, V]; cg: None (the torch CG) or a solver of the CG
     kernel's contract, (b, d, Hs, kc, A, λ, steps) -> (x, per-token relative residual) — the Triton row's
     `kernels.triton.memories.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
+    tf32: the form's fp32 products on CUDA (the states, the outputs, the solves' gradients and their autograd) on TF32
+    tensor cores (`tf32_matmuls`, forward and backward) — the Triton row's for bf16 calls, whose CG already runs at
+    "tf32"; on the CPU the same numbers as without (the flag is cuBLAS's).
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
     The chunk-boundary states run first (`chunk_states`: one decay-weighted product); then every chunk's solves
     and outputs run at once, the chunks a batch dimension, so CG's `cg_steps` iterations run once
     for the whole sequence. A last partial chunk is padded with β = 0, g = 0, q = 0 tokens: they
     write nothing, and their outputs are dropped."""
+    if tf32:
+        def form(q, k, v, g, beta, lamb, H0, G0):
+            return mesa_chunk(q, k, v, scale=scale, g=g, beta=beta, lamb=lamb, H0=H0, G0=G0, chunk_size=chunk_size,
+                              solve=solve, cg_steps=cg_steps, cg=cg)
+        return _TF32Region.apply(form, q, k, v, g, beta, lamb, H0, G0)
     B, T, H, K = k.shape
     C = min(chunk_size, T)
     N = -(-T // C)

@@ -695,13 +695,17 @@ def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", c
     """mesa, chunk, on Triton: `torch_backend.mesa_chunk_impl` with the forward's and the backward's CG solves
     (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration,
     its tl.dot at `precision` (None: `limits.mesa_cg_precision(q's dtype)`, "tf32" for bf16, else "ieee";
-    `pinned("mesa", precision=)` sets it for A/B runs). solve="exact" (the check) runs the exact solve here as on the
-    torch row."""
+    `pinned("mesa", precision=)` sets it for A/B runs). At "tf32" the torch form's own fp32 products (the chunk
+    states, the outputs, the solves' gradients, and their autograd) run on TF32 tensor cores too: on the H200 they
+    were ≈ 19 ms of MesaNet's 138 ms LM micro-batch as fp32 FMA GEMMs (r4s11 call 2). solve="exact" (the check) runs
+    the exact solve here as on the torch row."""
     import functools
 
     from ..torch_backend import mesa_chunk_impl
     from .triton.common.limits import mesa_cg_precision
     from .triton.memories.mesa_cg import mesa_cg
 
-    cg = functools.partial(mesa_cg, precision=precision or mesa_cg_precision(call.q.dtype))
-    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=cg)
+    precision = precision or mesa_cg_precision(call.q.dtype)
+    cg = functools.partial(mesa_cg, precision=precision)
+    return mesa_chunk_impl(call, chunk_size, cu_seqlens, solve=solve, cg_steps=cg_steps, cg=cg,
+                           tf32=precision == "tf32")

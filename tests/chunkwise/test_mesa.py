@@ -154,3 +154,28 @@ def test_the_implicit_backwards_matvec_gradients_equal_autograd():
     for name, a, b in zip(("d", "Hs", "kc", "A", "lam"), got, want):
         assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() < EXACT_F64, name
     assert _matvec_grads(x, u, d, Hs, kc, A, lam, needs=(False, True, False, True, False))[::2] == (None, None, None)
+
+
+@pytest.mark.parametrize("with_g", [True, False])
+def test_tf32_region_changes_no_number_off_cuda(with_g):
+    """mesa_chunk(tf32=True) runs the form in `_TF32Region` (its own graph, its backward through torch.autograd.grad
+    under `tf32_matmuls`); cuBLAS's flag has no effect on the CPU, so the outputs, the final states, the residual and
+    every gradient (the inputs that want one; none for those that do not) are bitwise those of tf32=False — what is
+    left to the GPU is TF32's rounding alone (tests/kernels/memories/test_triton_mesa_cg.py). Fresh inputs each run."""
+    B, T, H, K, V = 2, 37, 2, 8, 6
+    q, k = torch.randn(B, T, H, K), torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
+    v = torch.randn(B, T, H, V)
+    g = -torch.rand(B, T, H) if with_g else None
+    beta, lamb = torch.rand(B, T, H), 0.25 + torch.rand(H, K)
+    H0, G0 = torch.randn(B, H, K, K), torch.randn(B, H, K, V)
+    leaves = [x.requires_grad_() for x in (q, k, v, beta, H0, G0) + ((g,) if with_g else ())]
+    outs = {}
+    for tf32 in (False, True):
+        o, Ht, Gt, res = mesa_chunk(q, k, v, scale=0.3, g=g, beta=beta, lamb=lamb, H0=H0, G0=G0, chunk_size=16,
+                                    tf32=tf32)
+        gen = torch.Generator().manual_seed(3)
+        loss = sum((x * torch.randn(x.shape, generator=gen)).sum() for x in (o, Ht, Gt))
+        outs[tf32] = (o, Ht, Gt, res) + torch.autograd.grad(loss, leaves)
+        assert not res.requires_grad and lamb.grad is None
+    for a, b in zip(outs[False], outs[True], strict=True):
+        assert torch.equal(a, b)

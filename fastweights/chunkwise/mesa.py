@@ -214,15 +214,19 @@ def tf32_matmuls():
 
 
 class _TF32Region(torch.autograd.Function):
-    """fn(*tensors) with its forward and its backward under `tf32_matmuls`: the forward builds fn's own graph (on
-    detached leaves) and keeps it; the backward runs torch.autograd.grad through that graph inside the same context,
-    so the backward's fp32 products (the autograd of fn's matmuls, which would run after the caller's block) are TF32
-    too. Saves what fn's graph saves, nothing more. fn returns a tuple of tensors; the last non-differentiable."""
+    """fn(*tensors) with its forward and its backward under `tf32_matmuls` and with autocast off: the forward builds
+    fn's own graph (on detached leaves) and keeps it; the backward runs torch.autograd.grad through that graph inside
+    the same context, so the backward's fp32 products (the autograd of fn's matmuls, which would run after the caller's
+    block) are TF32 too. Autocast off: the form's fp32 tensors reach the products as they are (under a bf16 autocast
+    each product would cast its fp32 operands to bf16 and its fp32 consumers cast back — ≈ 20 ms of casts and copies in
+    MesaNet's LM micro-batch, r4s11 call 3 — and round to bf16 what TF32 rounds to 10 bits). Saves what fn's graph
+    saves, nothing more. fn returns a tuple of tensors; the last non-differentiable."""
 
     @staticmethod
     def forward(ctx, fn, *tensors):
         leaves = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, Tensor) else t for t in tensors]
-        with torch.enable_grad(), tf32_matmuls():
+        device = next(t.device.type for t in tensors if isinstance(t, Tensor))
+        with torch.enable_grad(), tf32_matmuls(), torch.autocast(device, enabled=False):
             outs = fn(*leaves)
         ctx.leaves, ctx.outs = leaves, outs[:-1]
         ctx.mark_non_differentiable(outs[-1])
@@ -253,8 +257,9 @@ def mesa_chunk(q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | Non
     kernel's contract, (b, d, Hs, kc, A, λ, steps) -> (x, per-token relative residual) — the Triton row's
     `kernels.triton.memories.mesa_cg.mesa_cg`, the forward's and the backward's solves and the residual in its launch.
     tf32: the form's fp32 products on CUDA (the states, the outputs, the solves' gradients and their autograd) on TF32
-    tensor cores (`tf32_matmuls`, forward and backward) — the Triton row's for bf16 calls, whose CG already runs at
-    "tf32"; on the CPU the same numbers as without (the flag is cuBLAS's).
+    tensor cores (`tf32_matmuls`, forward and backward), with autocast off inside (`_TF32Region`) — the Triton row's
+    for bf16 calls, whose CG already runs at "tf32"; on the CPU outside autocast the same numbers as without (the flag
+    is cuBLAS's).
     Returns (o [B, T, H, V], H_T, G_T, max relative residual).
 
     The chunk-boundary states run first (`chunk_states`: one decay-weighted product); then every chunk's solves

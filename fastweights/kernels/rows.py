@@ -696,9 +696,10 @@ def mesa_chunk(call, chunk_size: int = 64, cu_seqlens=None, solve: str = "cg", c
     (and the residual) in `kernels.triton.memories.mesa_cg.mesa_cg` — one launch per solve instead of ~14 per iteration,
     its tl.dot at `precision` (None: `limits.mesa_cg_precision(q's dtype)`, "tf32" for bf16, else "ieee";
     `pinned("mesa", precision=)` sets it for A/B runs). At "tf32" the torch form's own fp32 products (the chunk
-    states, the outputs, the solves' gradients, and their autograd) run on TF32 tensor cores too: on the H200 they
-    were ≈ 19 ms of MesaNet's 138 ms LM micro-batch as fp32 FMA GEMMs (r4s11 call 2). solve="exact" (the check) runs
-    the exact solve here as on the torch row."""
+    states, the outputs, the solves' gradients, and their autograd) run on TF32 tensor cores too, with autocast off
+    inside the form (`chunkwise.mesa._TF32Region`): on the H200 those products were ≈ 19 ms of MesaNet's 138 ms LM
+    micro-batch as fp32 FMA GEMMs (r4s11 call 2), and autocast's casts of their operands ≈ 20 ms more (call 3).
+    solve="exact" (the check) runs the exact solve here as on the torch row."""
     import functools
 
     from ..torch_backend import mesa_chunk_impl

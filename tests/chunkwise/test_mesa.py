@@ -179,3 +179,24 @@ def test_tf32_region_changes_no_number_off_cuda(with_g):
         assert not res.requires_grad and lamb.grad is None
     for a, b in zip(outs[False], outs[True], strict=True):
         assert torch.equal(a, b)
+
+
+def test_tf32_region_runs_the_form_without_autocast():
+    """Under a bf16 autocast the tf32 form keeps its fp32 products in fp32 (autocast off inside the region, forward
+    and backward): its numbers equal the form's outside any autocast, bitwise, on the CPU; the plain form under the
+    same autocast differs (its products round to bf16) — the test can tell the two apart."""
+    B, T, H, K, V = 1, 40, 2, 16, 16
+    q, k = torch.randn(B, T, H, K), torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
+    v, beta, lamb = torch.randn(B, T, H, V), torch.rand(B, T, H), 0.25 + torch.rand(H, K)
+    H0, G0 = torch.zeros(B, H, K, K), torch.zeros(B, H, K, V)
+    v.requires_grad_()
+
+    def run(tf32, autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            o = mesa_chunk(q, k, v, scale=0.3, g=None, beta=beta, lamb=lamb, H0=H0, G0=G0, chunk_size=16, tf32=tf32)[0]
+        return o, torch.autograd.grad(o.float().square().sum(), v)[0]
+
+    plain = run(False, False)
+    for a, b in zip(run(True, True), plain, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+    assert not torch.equal(run(False, True)[0].float(), plain[0])

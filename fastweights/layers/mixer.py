@@ -814,12 +814,14 @@ class MemoryMixer(nn.Module):
             pr = k * torch.sigmoid(self.probe_decay).to(k.dtype)[:, None]  # [B, T, Hq, K]
             q = q - self.probe_correction.to(q.dtype)[:, None] * pr
         # the delta layer's L2 norm of q, k, β and Mamba/KDA gate: the "prologue" layer op (one Triton pass on CUDA)
+        # (a layer with the L2 norm but another β or gate — MesaNet, Titans —: the op for q and k alone)
         prologue = self._prologue_fits()
-        inputs = self._prologue(q, k, x, proj) if prologue else {}
-        if prologue:
+        norm_only = not prologue and self._l2_norm_fits()
+        inputs = self._prologue(q, k, x, proj, norm_only=norm_only) if prologue or norm_only else {}
+        if prologue or norm_only:
             q, k = inputs.pop("q"), inputs.pop("k")
         if p.qk_norm == "l2":
-            q, k = (q, k) if prologue else (l2norm(q), l2norm(k))
+            q, k = (q, k) if prologue or norm_only else (l2norm(q), l2norm(k))
             pr = l2norm(pr) if pr is not None else None
         elif p.qk_norm == "rms":
             q, k = self.q_norm(q), self.k_norm(k)
@@ -960,14 +962,21 @@ class MemoryMixer(nn.Module):
         return (not self.is_softmax and p.qk_norm == "l2" and p.beta in ("sigmoid", "none")
                 and p.decay in ("mamba", "kda", "none"))
 
-    def _prologue(self, q: Tensor, k: Tensor, x: Tensor, proj: dict[str, Tensor]) -> dict[str, Tensor]:
+    def _l2_norm_fits(self) -> bool:
+        """The layer's q/k norm alone is `delta_prologue`'s (qk_norm "l2", no Comba probe, whose p is normed with q
+        and k), its β or gate not (e.g. MesaNet's and Titans' logsigmoid decay): the op runs for q and k only."""
+        return not self.is_softmax and self.preset.qk_norm == "l2" and self.probe_decay is None
+
+    def _prologue(self, q: Tensor, k: Tensor, x: Tensor, proj: dict[str, Tensor],
+                  norm_only: bool = False) -> dict[str, Tensor]:
         """{q: q̂, k: k̂, beta, g} by the "prologue" layer op (`torch_layer_ops.delta_prologue` or its
         Triton row), fed with the gates' projections of x (from `proj` where `_project` computed
-        them; β [B, T, H] or [B, T, n, H], g [B, T, H] or [B, T, H, K]; fp32)."""
+        them; β [B, T, H] or [B, T, n, H], g [B, T, H] or [B, T, H, K]; fp32); norm_only: {q: q̂, k: k̂}, the
+        layer's β and gate computed by their modules."""
         B, T, _ = x.shape
-        b = (proj["b"] if "b" in proj else self.beta.proj(x)) if self.beta is not None else None  # [B, T, n·H]
+        b = (proj["b"] if "b" in proj else self.beta.proj(x)) if self.beta is not None and not norm_only else None
         a = A_log = dt_bias = gate = None
-        if self.decay is not None:
+        if self.decay is not None and not norm_only:
             dec = self.decay
             gate = "mamba" if dec.channels == 1 else "kda"
             a = proj["a"] if "a" in proj else dec.proj(x)  # [B, T, H] or [B, T, H·K]

@@ -4,7 +4,8 @@ under TRITON_INTERPRET=1 through `tests/fake_cuda.py`, which lets the Triton row
 against layer_ops="torch" — outputs, carried states and every parameter gradient — for the delta
 layers that use all three (short conv, the delta prologue, the gated output norm): gated DeltaNet
 (grouped value heads too), KDA, DeltaNet, DeltaProduct, Comba; Mamba2 (conv with bias,
-gate-then-norm over the whole width; no prologue); with a carried state and with packed documents.
+gate-then-norm over the whole width; no prologue); MesaNet and Titans (the prologue for q's and k's L2 norm
+alone: their β and logsigmoid gate are their modules'); with a carried state and with packed documents.
 Each test also checks that the kernels ran (and that the torch twin ran none)."""
 
 from __future__ import annotations
@@ -214,7 +215,7 @@ def test_decay_term_sums_add_up_to_the_gradients():
 @pytest.mark.triton
 @pytest.mark.parametrize("name,kw", [("gated_deltanet", {}), ("gated_deltanet", {"num_v_heads": 4}),
                                      ("kda", {}), ("deltanet", {}), ("deltaproduct", {}), ("comba", {}),
-                                     ("mamba2", {})])
+                                     ("mamba2", {}), ("mesanet", {}), ("titans", {})])
 def test_mixer_fused_equals_torch(name, kw, calls, kernels):
     _compare(_twins(32, name, 2, head_dim=16, **kw), torch.randn(2, 9, 32).to(DEV), calls, prologue=name != "mamba2")
 

@@ -233,7 +233,7 @@ def test_mixer_fused_with_state_and_documents(calls, kernels):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "mamba2"])
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "mamba2", "mesanet"])
 def test_mixer_fused_equals_torch_realistic_cuda(name, calls):
     """On the GPU at a realistic shape (d_model 1024, 8 heads of 128, B=2, T=2048), bf16 weights and
     inputs: the layer with its Triton layer ops against its torch ops (the memory on the same backend),

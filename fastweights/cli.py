@@ -113,6 +113,20 @@ def _bench_decode(args):
     return 0
 
 
+def _bench_floors(args):
+    from . import cliargs
+    from .bench.floors import run_floors
+    from .inputs import InputError
+
+    try:
+        if args.models:
+            cliargs.zoo_names("--models", args.models)
+        run_floors(args.models, args.shapes, out_dir=args.out, count_len=args.count_len)
+    except (ValueError, InputError) as e:
+        return _fail(str(e))
+    return 0
+
+
 def _bench_train(args):
     from . import cliargs
     from .bench.train import check_args, run_train
@@ -245,6 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--cuda-graph", action="store_true",
                     help="CUDA: also time each model that can decode through a CUDA graph that way (rows '+graph')")
     dc.set_defaults(fn=_bench_decode)
+    fl = bsub.add_parser("floors", help="counted FLOPs and unavoidable bytes of one chunk-form step of each deep "
+                                        "memory (and gated DeltaNet) at issue 36's shapes: the floors, no GPU needed")
+    fl.add_argument("--models", nargs="+", default=None,
+                    help="zoo names (default: the deep memories and gated DeltaNet)")
+    fl.add_argument("--shapes", nargs="+", default=None, choices=["small", "lm"],
+                    help="small: B 64, T 512, H 2, D 64; lm: B 4, T 4096, H 16, D 128 (default both)")
+    fl.add_argument("--count-len", type=int, default=None,
+                    help="count at this many tokens and scale linearly to T (default: count at T)")
+    fl.add_argument("--out", default=None, help="also write floors.md and floors.json here")
+    fl.set_defaults(fn=_bench_floors)
     tr = bsub.add_parser("train", help="one LM optimizer step (forward, backward, AdamW): tokens/s and peak memory "
                                        "against the softmax transformer of the same shape")
     tr.add_argument("--models", nargs="+", default=["gated_deltanet", "softmax_attention"])

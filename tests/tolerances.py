@@ -401,3 +401,7 @@ TITANS_LOW_REL = {torch.bfloat16: 2e-2, torch.float16: 3e-3}
 # output and every parameter gradient (measured under the interpreter, T = 19, K = V = 16: max 1.43e-5 over 30 draws
 # (nu's projection bias: a sum over every token's momentum decay), the rest ≤ 8.7e-6), with TTT_LAYER_F32_REL's room
 TITANS_LAYER_F32_REL = 4e-5
+# `bench floors`' FLOP count of a step (forward + backward) at 2T against 2× at T, relative: the mini-batch forms'
+# forwards are exactly linear in T, their backwards carry a few terms per sequence (the final state's gradient), 0.4–2 %
+# above linear at T 64 → 128 (measured, r4s11); the default counts at full T, count_len's scaling is an estimate
+FLOOR_T_SCALING_REL = 0.025

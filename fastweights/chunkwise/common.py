@@ -15,6 +15,7 @@ first row. Decays only ever appear as exponentials of differences of chunk-local
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +27,16 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum",
+__all__ = ["autocast_off", "under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum",
            "decayed_scores", "exp", "pass_states", "chunk_outputs", "initial_state_or_zeros"]
+
+
+def autocast_off(device_type: str):
+    """torch.autocast(device_type, enabled=False): what a form runs in its own precision under; nothing on the meta
+    device (shapes traced without data, e.g. the FLOP counts of `bench.floors`), which autocast does not know."""
+    if device_type == "meta":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
 
 
 def gate_kind(g: Tensor | None, B: int, T: int, H: int, K: int) -> str:

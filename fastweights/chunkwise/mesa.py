@@ -38,6 +38,8 @@ import contextlib
 import torch
 from torch.autograd.function import once_differentiable
 
+from .common import autocast_off
+
 Tensor = torch.Tensor
 
 
@@ -175,7 +177,7 @@ def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
     Returns (Hs [B, H, N, K, K], Gs [B, H, N, K, V], H_end [B, H, K, K], G_end [B, H, K, V]), in H0's dtype."""
     B, H, N, K, V = dG.shape
     dtype = H0.dtype
-    with torch.autocast(a.device.type, enabled=False):
+    with autocast_off(a.device.type):
         # P in float64 (B·H·(N + 1) numbers): P_n − P_{m+1} cancels two sums that reach |P| ≈ 400 at T 4096 — in fp32
         # their rounding (|P|·6e-8) put up to 7e-6 of relative error into the states (tests/chunkwise/test_mesa.py)
         P = torch.cat([a.new_zeros(B, H, 1), a.double().cumsum(-1)], dim=-1)  # [B, H, N + 1]
@@ -226,7 +228,7 @@ class _TF32Region(torch.autograd.Function):
     def forward(ctx, fn, *tensors):
         leaves = [t.detach().requires_grad_(t.requires_grad) if isinstance(t, Tensor) else t for t in tensors]
         device = next(t.device.type for t in tensors if isinstance(t, Tensor))
-        with torch.enable_grad(), tf32_matmuls(), torch.autocast(device, enabled=False):
+        with torch.enable_grad(), tf32_matmuls(), autocast_off(device):
             outs = fn(*leaves)
         ctx.leaves, ctx.outs = leaves, outs[:-1]
         ctx.mark_non_differentiable(outs[-1])

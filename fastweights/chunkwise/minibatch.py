@@ -54,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from ..recipe import Memory, Optimizer, Recipe
 from ..reference import inner
 from ..state import MemoryState
-from .common import under_functorch
+from .common import autocast_off, under_functorch
 
 Tensor = torch.Tensor
 
@@ -204,7 +204,7 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     # first step of every bf16 cell on the GPU, 2026-11-27)
     wd = torch.promote_types(m0.dtype, torch.float32)  # fp32, or fp64 for a float64 call
     r = min(m0.shape[-2], m0.shape[-1])
-    with torch.autocast(m0.device.type, enabled=False):
+    with autocast_off(m0.device.type):
         gram_in = tuple(t.to(wd) for t in (Xs, P, Q, co.Nm, co.Cm))
         # NS(X_j) = P_j X_j: the Gram matrices and the ~4·steps r × r products per token are recomputed in the
         # backward from the segment's factors; only P [M, L, r, r] is kept (keeping G and the Gram expansion's terms

@@ -145,7 +145,7 @@ def _bench_train(args):
     except ValueError as e:
         return _fail(e)
     with _pinned_precision(args.precision):
-        rows = run_train(**kw, out_dir=args.out)
+        rows = run_train(**kw, out_dir=args.out, profile=args.profile)
     failed = [f"{r.model} {r.B}×{r.T}: {r.error}" for r in rows if r.error]
     return _failed_rows(failed, len(rows), args.keep_going)
 
@@ -313,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch CPU threads (default 1: a pool that shares its cores with other work stalls; "
                          "0 keeps torch's default)")
     tr.add_argument("--out", default="runs/bench/train")
+    tr.add_argument("--profile", action="store_true",
+                    help="after each row's timed steps, one more eager step under torch.profiler: where its time went "
+                         "(CUDA: kernels, then ATen ops by shape; CPU: ops), written to profile/<row>.txt under --out "
+                         "(not for --cuda-graph rows)")
     tr.add_argument("--keep-going", action="store_true", help=_KEEP_GOING)
     tr.add_argument("--launch", default=None, metavar="PATH", help=_LAUNCH)
     tr.add_argument("--precision", default=None, choices=DOT_PRECISIONS, help=_PRECISION)

@@ -35,6 +35,10 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
     vs softmax   this row's tokens/s, peak and saved bytes over the softmax_attention row of the same (B, T),
                  when that row is in the run and succeeded
 
+--profile: after each row's timed steps, one more eager step under torch.profiler (`bench.profile.profile_step`):
+profile/<row>.txt under --out lists where its time went — on CUDA the kernels by device time and the ATen ops by input
+shapes, on the CPU the ops by self time. Not for --cuda-graph rows (their step is a replay).
+
 A row that fails (out of memory, a backend that refuses the shape, ...) is recorded with its error
 and the run goes on; the model, optimizer and batch are freed between rows. `train.md` (the command
 and the table) and `train.json` are written under --out after every row, so a run that dies keeps
@@ -366,8 +370,9 @@ def saved_bytes(lm: torch.nn.Module, ids: torch.Tensor, bf16: bool) -> int:
 
 
 def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device, bf16: bool, steps: int,
-             warmup: int) -> None:
-    """Fill row's measurements (raises on failure; the caller records the error)."""
+             warmup: int, profile_to: str | None = None) -> None:
+    """Fill row's measurements (raises on failure; the caller records the error); profile_to: a file that gets one
+    more eager step's profile (`bench.profile.profile_step`; not for a graphed row)."""
     lm = _build(cfg, device, row.build)
     lm.train()
     lm.set_gradient_checkpointing(row.grad_ckpt)
@@ -422,6 +427,14 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
         row.peak_bytes = int(torch.cuda.max_memory_allocated(device))
     if not (row.grad_ckpt or row.graph):  # (after the peak is read: this forward is not part of a step)
         row.saved_per_token = saved_bytes(lm, batch(), bf16) / (B * T)
+    if profile_to and not row.graph:
+        from .profile import profile_step
+
+        ids = batch()
+        text = profile_step(lambda: step(ids), device)
+        with open(profile_to, "w") as f:
+            f.write(f"{row.model} {B}×{T} {row.build}{' + grad ckpt' if row.grad_ckpt else ''}: one eager step "
+                    f"(forward, backward, AdamW) after the timed ones\n{text}")
 
 
 def _ratio(a, b):
@@ -453,7 +466,7 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
               vocab_size=1024, shapes=None, batch=None, lengths=None, steps=5, warmup=2, device="cpu",
               dtype="bfloat16", threads=None, backend="auto", layer_ops="auto", build=("device",),
               grad_checkpoint="off", cuda_graph=False, same_params=False, head_v_dim=None, out_dir="runs/bench/train",
-              command=None,
+              command=None, profile=False,
               log: Callable[[str], None] = print) -> list[TrainRow]:
     """Measure every ((B, T), build, model) row; see the module doc. Returns the rows."""
     build = tuple(dict.fromkeys([build] if isinstance(build, str) else build))
@@ -499,19 +512,27 @@ def run_train(*, models=("gated_deltanet", BASE_MODEL), d_model=256, n_layers=2,
                 for g in ckpts:
                     row = TrainRow(m, B, T, dtype, str(dev), "AdamW fused" if dev.type == "cuda" else "AdamW foreach",
                                    build=b, grad_ckpt=g, graph=cuda_graph, mlp_hidden=cfg.hidden, matches=matches)
-                    _row(row, rows, cfg, dev, dtype == "bfloat16", steps, warmup, out_dir, command, setup, log)
+                    _row(row, rows, cfg, dev, dtype == "bfloat16", steps, warmup, out_dir, command, setup, log,
+                         profile)
     log(f"{len(rows)} rows in {time.perf_counter() - t_start:.0f} s; table: {os.path.join(out_dir, 'train.md')}")
     return rows
 
 
 def _row(row: TrainRow, rows: list[TrainRow], cfg: LMConfig, dev: torch.device, bf16: bool, steps: int, warmup: int,
-         out_dir: str, command: str, setup: str, log) -> None:
-    """Measure one row (a failure is recorded as its result), add it to `rows`, write the files."""
+         out_dir: str, command: str, setup: str, log, profile: bool = False) -> None:
+    """Measure one row (a failure is recorded as its result), add it to `rows`, write the files (with profile, the
+    row's profile as profile/<row>.txt under out_dir)."""
     _free(dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    profile_to = None
+    if profile and not row.graph:
+        os.makedirs(os.path.join(out_dir, "profile"), exist_ok=True)
+        name = (f"{row.model}{'_wide' if row.matches else ''}{'_ckpt' if row.grad_ckpt else ''}_{row.build}_"
+                f"{row.B}x{row.T}")
+        profile_to = os.path.join(out_dir, "profile", name + ".txt")
     try:
-        _measure(row, cfg, row.B, row.T, dev, bf16, steps, warmup)
+        _measure(row, cfg, row.B, row.T, dev, bf16, steps, warmup, profile_to)
     except Exception as e:  # out of memory, a backend refusing the shape, ...: a result too
         row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         row.step_ms = row.tokens_per_s = row.peak_bytes = row.loss = None

@@ -438,3 +438,21 @@ def test_precision_pins_the_generic_rows_kernels_for_the_run(tmp_path, monkeypat
     with pytest.raises(SystemExit) as e:
         cli.main(speed_argv + ["--precision", "fp8"])
     assert e.value.code == 2
+
+
+def test_profile_writes_each_rows_step_by_op(tmp_path, capsys):
+    """--profile: one more eager step of each row under torch.profiler, written as profile/<row>.txt (on the CPU the
+    ATen ops by self CPU time and input shapes, their shares summing to at most 100 %); the timed rows are unchanged
+    in number. (Graphed rows, CUDA only, are not profiled: their step is a replay.)"""
+    from fastweights.cli import main
+
+    assert main(["bench", "train", "--models", "gated_deltanet", "softmax_attention", "--d-model", "32",
+                 "--n-layers", "1", "--num-heads", "2", "--head-dim", "16", "--vocab-size", "64", "--shapes", "1,24",
+                 "--steps", "1", "--warmup", "1", "--profile", "--out", str(tmp_path)]) == 0
+    files = sorted(p.name for p in (tmp_path / "profile").iterdir())
+    assert files == ["gated_deltanet_device_1x24.txt", "softmax_attention_device_1x24.txt"]
+    text = (tmp_path / "profile" / files[0]).read_text()
+    assert text.startswith("gated_deltanet 1×24 device: one eager step") and "aten::mm" in text
+    shares = [float(line.split("%")[0].split()[-1]) for line in text.splitlines()[2:] if "%" in line]
+    assert shares and sum(shares) <= 100.0 + 1e-6
+    assert len(json.loads((tmp_path / "train.json").read_text())["rows"]) == 2

@@ -121,9 +121,16 @@ def _bench_floors(args):
     try:
         if args.models:
             cliargs.zoo_names("--models", args.models)
+        if args.count_len is not None and args.count_len < 1:
+            raise ValueError(f"--count-len must be a positive int (tokens), got {args.count_len}")
+        if args.out:
+            cliargs.writable_dir("--out", args.out)
+    except ValueError as e:
+        return _fail(e)
+    try:
         run_floors(args.models, args.shapes, out_dir=args.out, count_len=args.count_len)
-    except (ValueError, InputError) as e:
-        return _fail(str(e))
+    except InputError as e:
+        return _fail(e)
     return 0
 
 

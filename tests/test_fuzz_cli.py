@@ -35,7 +35,8 @@ class Started(BaseException):
 
 
 WORK = ["fastweights.demo.run_demo", "fastweights.bench.speed.run_speed", "fastweights.bench.decode.run_decode",
-        "fastweights.bench.train.run_train", "fastweights.lab.capacity.run_capacity",
+        "fastweights.bench.train.run_train", "fastweights.bench.floors.run_floors",
+        "fastweights.lab.capacity.run_capacity",
         "fastweights.cliargs.run_sweep_command", "fastweights.pretrain.loop.train"]
 
 

@@ -332,8 +332,10 @@ def test_unit_lower_inverses_run_under_vmap_and_grad():
 
 def test_every_autograd_function_of_the_torch_paths_is_in_torch_funcs_form():
     """A stacked lab run vmaps the torch paths (`lab.stack`): every autograd.Function of `fastweights.chunkwise` has
-    `setup_context` (torch.func refuses the old `forward(ctx, ...)` form), but for the two `lab.stack` names:
-    MesaNet's CG solve (MesaNet does not stack) and the diagonal scores (a functional form runs under torch.func)."""
+    `setup_context` (torch.func refuses the old `forward(ctx, ...)` form), but for those `lab.stack` names or never
+    stacks: MesaNet's CG solve and its TF32 region (MesaNet does not stack; the region differentiates its own graph
+    with torch.autograd.grad, which torch.func cannot trace) and the diagonal scores (a functional form runs under
+    torch.func)."""
     import importlib
     import inspect
     import pkgutil
@@ -347,4 +349,4 @@ def test_every_autograd_function_of_the_torch_paths_is_in_torch_funcs_form():
                   and issubclass(obj, torch.autograd.Function)]
     assert len(found) >= 4
     old_form = sorted(f.__qualname__ for f in found if f.setup_context is torch.autograd.Function.setup_context)
-    assert old_form == ["_CGSolve", "_DiagonalScores"], old_form
+    assert old_form == ["_CGSolve", "_DiagonalScores", "_TF32Region"], old_form

@@ -25,7 +25,7 @@ from fastweights.layers.segments import Segments
 from fastweights.state import state_tensors
 from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV
-from tests.tolerances import FUSED_LAYER_BF16_REL, FUSED_LAYER_F32_REL
+from tests.tolerances import EXACT_F64, FUSED_LAYER_BF16_REL, FUSED_LAYER_F32_REL
 
 
 def rel(a, b) -> float:
@@ -208,7 +208,7 @@ def test_decay_term_sums_add_up_to_the_gradients():
         _run(layer, x)
     assert set(signed) == set(absolute) == {"decay.A_log", "decay.dt_bias"}
     for n in signed:
-        torch.testing.assert_close(signed[n], g[n].double(), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(signed[n], g[n].double(), rtol=EXACT_F64, atol=EXACT_F64 * g[n].abs().max().item())
         assert (absolute[n] >= g[n].double().abs() * (1 - 1e-12)).all()
 
 

@@ -40,3 +40,28 @@ def test_feature_dot_is_the_dot_of_the_features(fm):
     x, y = torch.randn(2, 3, 7, 4, dtype=torch.float64)
     want = (apply_feature_map(fm, x) * apply_feature_map(fm, y)).sum(-1)
     assert torch.allclose(feature_dot(fm, x, y), want, rtol=FEATURE_KERNEL_F64, atol=FEATURE_KERNEL_F64)
+
+
+def test_second_order_features_keep_only_their_input_for_the_backward():
+    """Degree-2 features (OmegaNet's, ATLAS's) keep x [.., K] and the indices for the backward, not gathered
+    [.., K(K+1)/2] copies: what autograd saves is below the features' own bytes; and their gradient is that of the
+    monomials x_i x_j (float64)."""
+    K = 16
+    x = torch.randn(64, K, dtype=torch.float64, requires_grad=True)
+    fm = FeatureMap(kind="polynomial", degree=2, homogeneous=True)
+    seen = {}
+
+    def pack(t):
+        seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f = apply_feature_map(fm, x)
+    assert sum(seen.values()) < f.numel() * f.element_size()
+    rows, cols = torch.triu_indices(K, K)
+    w = torch.full(rows.shape, math.sqrt(2.0), dtype=torch.float64)
+    w[rows == cols] = 1.0
+    g = torch.randn_like(f)
+    (a,) = torch.autograd.grad(f, x, g)
+    (b,) = torch.autograd.grad(x[:, rows] * x[:, cols] * w, x, g)
+    assert (a - b).abs().max().item() < FEATURE_KERNEL_F64 * (1 + b.abs().max().item())

@@ -66,7 +66,8 @@ FORMS_F32 = 2e-4
 # a defaulted input (β = 1) vs the same value given explicitly, and recurrent vs parallel on it,
 # float64, T = 5: the same or nearly the same floating-point operations.
 INPUT_DEFAULT_F64 = 1e-12
-# feature-map kernel identity φ(x)·φ(y) = Σ c_i (x·y)^i, float64, K = 5: a handful of products.
+# feature-map kernel identity φ(x)·φ(y) = Σ c_i (x·y)^i, float64, K = 5: a handful of products; also the degree-2
+# features' gradient against the gathered monomials' (K 16, relative to its largest entry: sums in another order).
 FEATURE_KERNEL_F64 = 1e-12
 
 # ---------------------------------------------------------------- layers (tests/layers)

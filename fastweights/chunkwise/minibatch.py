@@ -232,17 +232,19 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     return Pns, end, momentum
 
 
-def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None]], h: Tensor, dz: Tensor, C: Tensor,
-                bias: bool) -> Tensor:
+def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None, bool]], h: Tensor | tuple[Tensor],
+                dz: Tensor, C: Tensor, bias: bool) -> Tensor:
     """z_t = Σ_m coef_m[t] (x_t W_m + b_m) + Σ_i C_ti (x_t·h_i [+ 1]) dz_i for one layer, all
-    segments of a group: x [B, H, S, L, in]; bases (coef [B, H, S, L], W_m [B, H, S, in, out],
-    b_m [B, H, S, 1, out] or None); h [B, H, S, N, in]; dz [B, H, S, N, out]; C [B, H, S, L, N]."""
-    A = x @ h.transpose(-1, -2)  # [B, H, S, L, N]
+    segments of a group: x [B, H, S, L, in]; bases (coef [B, H, S, L], W_m [B, H, S, in, out] or, with formed
+    True, the product x W_m [B, H, S, L, out] (`_read`'s per-segment readout), b_m [B, H, S, 1, out] or None,
+    formed); h [B, H, S, N, in], or the 1-tuple (x hᵀ [B, H, S, L, N],) already formed; dz [B, H, S, N, out];
+    C [B, H, S, L, N]."""
+    A = x @ h.transpose(-1, -2) if torch.is_tensor(h) else h[0]  # [B, H, S, L, N]
     if bias:
         A = A + 1
     z = (A * C) @ dz
-    for coef, w, b in bases:
-        zb = x @ w
+    for coef, w, b, formed in bases:
+        zb = w if formed else x @ w
         if b is not None:
             zb = zb + b
         z = z + (zb if coef is None else coef[..., None] * zb)
@@ -279,20 +281,32 @@ def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon:
     hin = x
     pre = None
     for layer in range(n_layers):
-        h = stack([s.h[layer] for s in segs])  # [B, H, S, N, in]
+        hs = [s.h[layer] for s in segs]  # each [B·H, N, in]
         dz = stack([s.dz[layer] for s in segs])  # [B, H, S, N, out]
         if muon:
             w0 = stack([s.bases["weights"][layer] for s in segs])
             m0 = stack([s.bases["momentum"][layer] for s in segs])
             Pns = stack([s.ns[layer] for s in segs])
-            z = _read_muon_layer(hin, w0, m0, h, dz, Pns, co.Da, co.Wns, co.Nm, co.Cm)
+            z = _read_muon_layer(hin, w0, m0, stack(hs), dz, Pns, co.Da, co.Wns, co.Nm, co.Cm)
         else:
             per = 2 if mem.bias else 1
             bases = []
+            split = len(segs) > 1 and segs[0].bases[co.bases[0][0]][per * layer][0].numel() >= _SPLIT["min_elements"]
+            # split: x h_sᵀ segment by segment too (not a stacked copy of the loop's factors h kept)
+            h = (torch.stack([hin[:, :, i] @ hi.unflatten(0, (B, H)).transpose(-1, -2) for i, hi in enumerate(hs)],
+                             dim=2),) if split else stack(hs)
             for name, coef in co.bases:
-                w = stack([s.bases[name][per * layer] for s in segs])
+                ws = [s.bases[name][per * layer] for s in segs]  # each [B·H, in, out]
+                formed = split
+                if formed:
+                    # x_s W_s segment by segment: the matmuls keep the loop's own W_s (which it keeps anyway) and
+                    # views of x, not a stacked [B, H, S, in, out] copy of the states (OmegaNet at K 64: K'·V / b
+                    # floats a token and head, 30 % of what its step kept)
+                    w = torch.stack([hin[:, :, i] @ wi.unflatten(0, (B, H)) for i, wi in enumerate(ws)], dim=2)
+                else:
+                    w = stack(ws)
                 b = stack([s.bases[name][per * layer + 1] for s in segs]) if mem.bias else None
-                bases.append((coef, w, b))
+                bases.append((coef, w, b, formed))
             z = _read_layer(hin, bases, h, dz, co.C, mem.bias)
         if layer < n_layers - 1:
             pre = z
@@ -460,6 +474,20 @@ def compile_loop(enabled: bool = True, **options) -> None:
 
 
 _CHAIN = {"every": 0}
+_SPLIT = {"min_elements": 1 << 16}
+
+
+def split_readout(min_elements: int = 1 << 16) -> None:
+    """Read the per-segment start weights of a gd / momentum memory segment by segment (S products of
+    [B, H, L, in] @ [B, H, in, out]) where a weight has at least `min_elements` = in · out elements, instead of
+    one product with their stack [B, H, S, in, out] — whose copy autograd would keep beside the loop's own (a
+    second copy of every segment's state: K'·V / b floats a token and head; OmegaNet's polynomial features make
+    that 8,580 at K 64). The default 2¹⁶ takes OmegaNet (K' 2145 × V 64 at K 64) and leaves the launch-bound
+    small memories (TTT, Titans at K 64) one product; 0: always (when a group has more than one segment). The
+    result is the same to rounding."""
+    from ..inputs import check_int
+
+    _SPLIT["min_elements"] = check_int("min_elements", min_elements, low=0)
 
 
 def checkpoint_chain(every: int = 0) -> None:
@@ -590,7 +618,9 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         # the readout: the block's segments at once (muon: one at a time — stacking their per-token P [.., L, r, r]
         # and start weights would keep a second copy of each for the backward: ATLAS's saved tensors 323 → 179 MiB
         # at B 1, T 128, H 2, K 64)
-        x = scale * q[:, t0 + a * L:t0 + e * L].reshape(B, e - a, L, H, Kf).permute(0, 3, 1, 2, 4)  # [B, H, n, L, K']
+        # contiguous: the readout's products then keep x itself (and views of it), not reshaped copies
+        x = (scale * q[:, t0 + a * L:t0 + e * L].reshape(B, e - a, L, H, Kf).permute(0, 3, 1, 2, 4)).contiguous()
+        # x: [B, H, n, L, K']
         outs = []
         for u, w in ([(a, e)] if not muon else [(si, si + 1) for si in range(a, e)]):
             co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)

@@ -266,3 +266,68 @@ def test_checkpoint_chain_takes_a_count():
         with pytest.raises((TypeError, ValueError), match="^every must be an int ≥ 0"):
             minibatch.checkpoint_chain(bad)
     assert minibatch._CHAIN["every"] == 0
+
+
+@pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp", "titans", "omeganet"])
+def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
+    """`split_readout(0)` (every gd / momentum segment's x W_s and x h_sᵀ formed segment by segment, no stacked copy
+    of the states or factors) gives the outputs, final state and every gradient (inputs, gates, initial state) of the
+    stacked readout and of the recurrence (float64; T 45 from a carried state: a partial first segment, full ones, a
+    ragged tail; and chained: [0:21) then [21:45) equals one run). The mini-batch form has no varlen path."""
+    from fastweights.chunkwise import minibatch
+
+    inputs, state = make_case(name, T=45)
+    o1, s1, g1 = run_with_grads(fw.chunk, name, inputs, state)
+    o0, s0, g0 = run_with_grads(fw.recurrent, name, inputs, state)
+    def chained(model, initial_state, output_final_state, **inp):
+        per_token = ("q", "k", "v", "g", "beta", "nu", "gamma")  # ln_weight, ln_bias [H, V] are not
+        a = {k: (v[:, :21] if k in per_token else v) for k, v in inp.items()}
+        b = {k: (v[:, 21:] if k in per_token else v) for k, v in inp.items()}
+        oa, sa = fw.chunk(model, initial_state=initial_state, output_final_state=True, **a)
+        ob, sb = fw.chunk(model, initial_state=sa, output_final_state=output_final_state, **b)
+        return torch.cat([oa, ob], 1), sb
+
+    minibatch.split_readout(0)
+    try:
+        o2, s2, g2 = run_with_grads(fw.chunk, name, inputs, state)
+        o3, s3, g3 = run_with_grads(chained, name, inputs, state)
+    finally:
+        minibatch.split_readout()
+    for o, s, g in ((o2, s2, g2), (o3, s3, g3)):
+        assert _close(o, o1, CHUNK_F64) and _close(o, o0, CHUNK_F64)
+        assert max_err(s1, s) < CHUNK_F64 and max_err(s0, s) < CHUNK_F64
+        for x, y, z in zip(g1, g, g0):
+            assert _close(y, x, CHUNK_F64) and _close(y, z, CHUNK_F64)
+
+
+def test_split_readout_keeps_no_stacked_copy_of_the_states():
+    """OmegaNet (a linear memory on K' = K + K(K+1)/2 + 1 polynomial features): the split readout keeps at least one
+    [in, out] state a segment less than the stacked one (its stacked copy; K 16, T 128: 8 segments), and the default
+    threshold splits OmegaNet at K 64 (2145 × 64 elements) but not TTT-Linear or Titans there."""
+    from fastweights.chunkwise import minibatch
+
+    T, K = 128, 16
+    inputs, state = make_case("omeganet", T=T, B=1, H=1, K=K, V=K, dtype=torch.float32)
+
+    def run():
+        fw.chunk("omeganet", initial_state=state, check_values=False, **inputs)
+
+    stacked = _saved_bytes(run)
+    minibatch.split_readout(0)
+    try:
+        split = _saved_bytes(run)
+    finally:
+        minibatch.split_readout()
+    state_bytes = sum(w.numel() * w.element_size() for w in state.weights)
+    assert stacked - split >= (T // fw.zoo.resolve("omeganet").optimizer.minibatch) * state_bytes, (stacked, split)
+    kp = fw.zoo.resolve("omeganet").feature_map.out_dim(64)
+    assert kp * 64 >= minibatch._SPLIT["min_elements"] > max(64 * 64, 64 * 256)
+
+
+def test_split_readout_takes_a_count():
+    from fastweights.chunkwise import minibatch
+    from fastweights.inputs import InputError
+
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(InputError):
+            minibatch.split_readout(bad)

@@ -57,6 +57,46 @@ def saved_bytes(model, T, D, device="cpu", by_line=False):
     return sum(seen.values()), where
 
 
+def cpu_peak(model, T, D, B=1, H=1):
+    """Peak bytes of tensor storages alive during one fp32 fw.chunk forward + backward on the CPU (any storage an op
+    creates counts until it is freed; the inputs and initial state not counted): a TorchDispatchMode with weakref
+    finalizers — the CPU's stand-in for torch.cuda.max_memory_allocated."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    live = {"now": 0, "peak": 0}
+    seen = set()
+
+    def free(key, nb):
+        seen.discard(key)
+        live["now"] -= nb
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    st = t.untyped_storage()
+                    key = st.data_ptr()
+                    if key and key not in seen:
+                        seen.add(key)
+                        live["now"] += st.nbytes()
+                        live["peak"] = max(live["peak"], live["now"])
+                        weakref.finalize(st, free, key, st.nbytes())
+            return out
+
+    torch.manual_seed(0)
+    inp, st = _inputs(model, B, T, H, D, torch.float32, "cpu")
+    with Track():
+        o, fin = fw.chunk(model, initial_state=st, output_final_state=True, check_values=False, **inp)
+        loss = o.sum() + sum(t.sum() for t in state_tensors(fin))
+        leaves = [t for t in inp.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.autograd.grad(loss, leaves, allow_unused=True)
+        del o, fin, loss
+    return live["peak"]
+
+
 def cuda_peak(model, B, T, H, D, dtype):
     """torch.cuda.max_memory_allocated (bytes) of one fw.chunk forward + backward, and its seconds."""
     import time
@@ -86,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--split", type=int, default=None, help="minibatch.split_readout(N)")
     ap.add_argument("--chain", type=int, default=0, help="minibatch.checkpoint_chain(k) for --peak")
     ap.add_argument("--by-line", action="store_true")
+    ap.add_argument("--cpu-peak", action="store_true", help="also the CPU fwd+bwd peak of live storages, per token")
+    ap.add_argument("--cpu-peak-B", type=int, default=1, help="--cpu-peak's batch (B·H the loop batches over)")
     ap.add_argument("--peak", action="store_true", help="also one fwd+bwd at --shape on CUDA: its peak")
     ap.add_argument("--out", default=None, help="write memory.json here")
     a = ap.parse_args(argv)
@@ -102,6 +144,13 @@ def main(argv=None):
                    shape=[B, T, H])
         print(f"{m:10s} D {a.D}: saved {per / 1024:8.1f} KiB a token and head -> {row['predicted_saved_GiB']:7.2f} "
               f"GiB saved at B {B}, T {T}, H {H}")
+        if a.cpu_peak:
+            p1, p2 = cpu_peak(m, t1, a.D, a.cpu_peak_B, 1), cpu_peak(m, t2, a.D, a.cpu_peak_B, 1)
+            pp = (p2 - p1) / (t2 - t1) / a.cpu_peak_B
+            row.update(cpu_peak_per_token_head=pp, cpu_peak_at_T2=p2, predicted_peak_GiB=pp * B * T * H / 2 ** 30)
+            print(f"    CPU fwd+bwd peak {p2 / 2 ** 20:.1f} MiB at B {a.cpu_peak_B}, T {t2}, H 1: slope "
+                  f"{pp / 1024:.1f} KiB a token and head -> {row['predicted_peak_GiB']:.2f} GiB at B {B}, T {T}, H {H} "
+                  f"(fp32, the T-independent part left out)")
         if a.by_line:
             for (at, shape), nb in sorted(where.items(), key=lambda kv: -kv[1])[:12]:
                 print(f"    {nb / t2 / 1024:8.2f} KiB/token  {at}  {list(shape)}")

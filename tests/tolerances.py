@@ -390,6 +390,10 @@ GRAPH_RUN_CUDA_BF16_REL = 2e-2  # `train --cuda-graph` vs eager in bf16 on CUDA:
 # and momentum) — 1.5× measured, 4.5× before its Gram checkpoint and unstacked readout. `checkpoint_chain(4)` (Titans,
 # T 256): the kept bytes (saved tensors + the blocks' start states) ≤ half the unchained form's (0.04–0.1× measured).
 MUON_SAVED_OVER_NEEDED = 2.0
+# ATLAS's fwd+bwd peak, per token (the slope from T 64 to 128, K 16): ≤ 1.1 × the saved tensors' slope — 1.03×
+# measured with each segment read right after its step, 1.23× with the readout after the loop (the gradients of every
+# segment's Newton–Schulz polynomials alive at once).
+MUON_PEAK_OVER_SAVED_SLOPE = 1.1
 CHAIN_KEPT_OVER_UNCHAINED = 0.5
 # bf16 q, k, v into Titans' kernels (kernels/triton/memories/titans.py; the gates and the state fp32) against the
 # float64 torch twin on the same rounded values, relative (output, final weights, momentum, anchor, every gradient):

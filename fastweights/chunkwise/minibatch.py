@@ -597,6 +597,16 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         first, S, L = groups[gi]
         t0 = segments[first][0]
         records: list[_Segment] = []
+        # contiguous: the readout's products then keep x itself (and views of it), not reshaped copies
+        x = (scale * q[:, t0 + a * L:t0 + e * L].reshape(B, e - a, L, H, Kf).permute(0, 3, 1, 2, 4)).contiguous()
+        # x: [B, H, n, L, K']
+        outs = []
+
+        def read(u, w):  # segments u … w − 1 of the group: [B, (w − u)·L, H, V]
+            co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
+            o = _read(mem, records[u - a:w - a], co, x[:, :, u - a:w - a], muon, ln)  # [B, H, w − u, L, V]
+            return o.permute(0, 2, 3, 1, 4).reshape(B, (w - u) * L, H, -1)
+
         for si in range(a, e):
             if offset == 0:
                 anchor = weights
@@ -608,6 +618,13 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))
                 weights, momentum = tuple(s[1] for s in steps), tuple(s[2] for s in steps)
+                # muon reads each segment right after its step (one at a time: stacking their per-token P
+                # [.., L, r, r] and start weights would keep a second copy of each — ATLAS's saved tensors 323 → 179
+                # MiB at B 1, T 128, H 2, K 64): the backward, which runs the nodes latest first, then meets each
+                # segment's readout just before its step, so the gradients of its P and start weights are used as
+                # they are formed, not all segments' at once after a readout that ran after the whole loop
+                # (ATLAS at K 64: ≈ 500 KiB a token and head off the fwd+bwd peak)
+                outs.append(read(si, si + 1))
             else:
                 hs, dzs, w_end, m_end = _step(mem, objective, anchor, weights, momentum, xs[gi][si], rs[gi][si],
                                               gs[gi][si], ln3, one)
@@ -615,17 +632,8 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
                                         h=hs, dz=dzs))
                 weights, momentum = w_end, m_end
             offset = (offset + segments[first + si][1]) % b
-        # the readout: the block's segments at once (muon: one at a time — stacking their per-token P [.., L, r, r]
-        # and start weights would keep a second copy of each for the backward: ATLAS's saved tensors 323 → 179 MiB
-        # at B 1, T 128, H 2, K 64)
-        # contiguous: the readout's products then keep x itself (and views of it), not reshaped copies
-        x = (scale * q[:, t0 + a * L:t0 + e * L].reshape(B, e - a, L, H, Kf).permute(0, 3, 1, 2, 4)).contiguous()
-        # x: [B, H, n, L, K']
-        outs = []
-        for u, w in ([(a, e)] if not muon else [(si, si + 1) for si in range(a, e)]):
-            co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
-            o = _read(mem, records[u - a:w - a], co, x[:, :, u - a:w - a], muon, ln)  # [B, H, w − u, L, V]
-            outs.append(o.permute(0, 2, 3, 1, 4).reshape(B, (w - u) * L, H, -1))
+        if not muon:  # gd / momentum: the block's segments read at once, after the loop
+            outs.append(read(a, e))
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], weights, momentum, anchor, offset
 
     # what needs no state, per group: each segment's keys, targets and pair weights (views), the coefficients' rows

@@ -232,19 +232,17 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
     return Pns, end, momentum
 
 
-def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None, bool]], h: Tensor | tuple[Tensor],
-                dz: Tensor, C: Tensor, bias: bool) -> Tensor:
+def _read_layer(x: Tensor, bases: list[tuple[Tensor, Tensor, Tensor | None]], h: Tensor, dz: Tensor, C: Tensor,
+                bias: bool) -> Tensor:
     """z_t = Σ_m coef_m[t] (x_t W_m + b_m) + Σ_i C_ti (x_t·h_i [+ 1]) dz_i for one layer, all
-    segments of a group: x [B, H, S, L, in]; bases (coef [B, H, S, L], W_m [B, H, S, in, out] or, with formed
-    True, the product x W_m [B, H, S, L, out] (`_read`'s per-segment readout), b_m [B, H, S, 1, out] or None,
-    formed); h [B, H, S, N, in], or the 1-tuple (x hᵀ [B, H, S, L, N],) already formed; dz [B, H, S, N, out];
-    C [B, H, S, L, N]."""
-    A = x @ h.transpose(-1, -2) if torch.is_tensor(h) else h[0]  # [B, H, S, L, N]
+    segments of a group: x [B, H, S, L, in]; bases (coef [B, H, S, L], W_m [B, H, S, in, out],
+    b_m [B, H, S, 1, out] or None); h [B, H, S, N, in]; dz [B, H, S, N, out]; C [B, H, S, L, N]."""
+    A = x @ h.transpose(-1, -2)  # [B, H, S, L, N]
     if bias:
         A = A + 1
     z = (A * C) @ dz
-    for coef, w, b, formed in bases:
-        zb = w if formed else x @ w
+    for coef, w, b in bases:
+        zb = x @ w
         if b is not None:
             zb = zb + b
         z = z + (zb if coef is None else coef[..., None] * zb)
@@ -291,22 +289,11 @@ def _read(mem: Memory, segs: list[_Segment], co: _Coefficients, x: Tensor, muon:
         else:
             per = 2 if mem.bias else 1
             bases = []
-            split = len(segs) > 1 and segs[0].bases[co.bases[0][0]][per * layer][0].numel() >= _SPLIT["min_elements"]
-            # split: x h_sᵀ segment by segment too (not a stacked copy of the loop's factors h kept)
-            h = (torch.stack([hin[:, :, i] @ hi.unflatten(0, (B, H)).transpose(-1, -2) for i, hi in enumerate(hs)],
-                             dim=2),) if split else stack(hs)
+            h = stack(hs)  # [B, H, S, N, in]
             for name, coef in co.bases:
-                ws = [s.bases[name][per * layer] for s in segs]  # each [B·H, in, out]
-                formed = split
-                if formed:
-                    # x_s W_s segment by segment: the matmuls keep the loop's own W_s (which it keeps anyway) and
-                    # views of x, not a stacked [B, H, S, in, out] copy of the states (OmegaNet at K 64: K'·V / b
-                    # floats a token and head, 30 % of what its step kept)
-                    w = torch.stack([hin[:, :, i] @ wi.unflatten(0, (B, H)) for i, wi in enumerate(ws)], dim=2)
-                else:
-                    w = stack(ws)
+                w = stack([s.bases[name][per * layer] for s in segs])
                 b = stack([s.bases[name][per * layer + 1] for s in segs]) if mem.bias else None
-                bases.append((coef, w, b, formed))
+                bases.append((coef, w, b))
             z = _read_layer(hin, bases, h, dz, co.C, mem.bias)
         if layer < n_layers - 1:
             pre = z
@@ -478,13 +465,13 @@ _SPLIT = {"min_elements": 1 << 16}
 
 
 def split_readout(min_elements: int = 1 << 16) -> None:
-    """Read the per-segment start weights of a gd / momentum memory segment by segment (S products of
-    [B, H, L, in] @ [B, H, in, out]) where a weight has at least `min_elements` = in · out elements, instead of
-    one product with their stack [B, H, S, in, out] — whose copy autograd would keep beside the loop's own (a
-    second copy of every segment's state: K'·V / b floats a token and head; OmegaNet's polynomial features make
-    that 8,580 at K 64). The default 2¹⁶ takes OmegaNet (K' 2145 × V 64 at K 64) and leaves the launch-bound
-    small memories (TTT, Titans at K 64) one product; 0: always (when a group has more than one segment). The
-    result is the same to rounding."""
+    """Read a gd / momentum memory whose weight has at least `min_elements` = in · out elements (the largest layer)
+    segment by segment inside the mini-batch loop, right after each segment's step (as muon does), instead of all
+    segments of a block at once after it. The batched readout stacks the segments' start weights and factors
+    ([B, H, S, in, out]: a copy autograd keeps beside the loop's own — K'·V / b floats a token and head, 8,580 for
+    OmegaNet at K 64) and its backward forms every segment's state gradient before the loop's backward uses any.
+    The default 2¹⁶ takes OmegaNet (K' 2145 × V 64 at K 64) and leaves the launch-bound small memories (TTT, Titans
+    at K 64) one batched readout; 0: always. The result is the same to rounding."""
     from ..inputs import check_int
 
     _SPLIT["min_elements"] = check_int("min_elements", min_elements, low=0)
@@ -602,6 +589,10 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         # x: [B, H, n, L, K']
         outs = []
 
+        # wide gd / momentum states (`split_readout`) are read segment by segment inside the loop: no stacked copy
+        # of the states and factors kept, and each segment's gradients used as the backward forms them
+        in_loop = not muon and max(w[0].numel() for w in weights) >= _SPLIT["min_elements"]
+
         def read(u, w):  # segments u … w − 1 of the group: [B, (w − u)·L, H, V]
             co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
             o = _read(mem, records[u - a:w - a], co, x[:, :, u - a:w - a], muon, ln)  # [B, H, w − u, L, V]
@@ -630,9 +621,11 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
                                               gs[gi][si], ln3, one)
                 records.append(_Segment(bases={"weights": weights, "anchor": anchor, "momentum": momentum},
                                         h=hs, dz=dzs))
+                if in_loop:  # a wide state (`split_readout`): read like muon, right after the step
+                    outs.append(read(si, si + 1))
                 weights, momentum = w_end, m_end
             offset = (offset + segments[first + si][1]) % b
-        if not muon:  # gd / momentum: the block's segments read at once, after the loop
+        if not (muon or in_loop):  # gd / momentum: the block's segments read at once, after the loop
             outs.append(read(a, e))
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], weights, momentum, anchor, offset
 

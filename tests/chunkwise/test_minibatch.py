@@ -276,7 +276,7 @@ def test_checkpoint_chain_takes_a_count():
 
 @pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp", "titans", "omeganet"])
 def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
-    """`split_readout(0)` (every gd / momentum segment's x W_s and x h_sᵀ formed segment by segment, no stacked copy
+    """`split_readout(0)` (every gd / momentum segment read right after its step, inside the loop: no stacked copy
     of the states or factors) gives the outputs, final state and every gradient (inputs, gates, initial state) of the
     stacked readout and of the recurrence (float64; T 45 from a carried state: a partial first segment, full ones, a
     ragged tail; and chained: [0:21) then [21:45) equals one run). The mini-batch form has no varlen path."""
@@ -307,8 +307,8 @@ def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
 
 
 def test_split_readout_keeps_no_stacked_copy_of_the_states():
-    """OmegaNet (a linear memory on K' = K + K(K+1)/2 + 1 polynomial features): the split readout keeps at least one
-    [in, out] state a segment less than the stacked one (its stacked copy; K 16, T 128: 8 segments), and the default
+    """OmegaNet (a linear memory on K' = K + K(K+1)/2 + 1 polynomial features): the in-loop readout keeps at least one
+    [in, out] state a segment less than the batched one (its stacked copy; K 16, T 128: 8 segments), and the default
     threshold splits OmegaNet at K 64 (2145 × 64 elements) but not TTT-Linear or Titans there."""
     from fastweights.chunkwise import minibatch
 

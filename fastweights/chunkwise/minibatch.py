@@ -461,17 +461,17 @@ def compile_loop(enabled: bool = True, **options) -> None:
 
 
 _CHAIN = {"every": 0}
-_SPLIT = {"min_elements": 1 << 16}
+_SPLIT = {"min_elements": 1 << 17}
 
 
-def split_readout(min_elements: int = 1 << 16) -> None:
+def split_readout(min_elements: int = 1 << 17) -> None:
     """Read a gd / momentum memory whose weight has at least `min_elements` = in · out elements (the largest layer)
     segment by segment inside the mini-batch loop, right after each segment's step (as muon does), instead of all
     segments of a block at once after it. The batched readout stacks the segments' start weights and factors
     ([B, H, S, in, out]: a copy autograd keeps beside the loop's own — K'·V / b floats a token and head, 8,580 for
     OmegaNet at K 64) and its backward forms every segment's state gradient before the loop's backward uses any.
-    The default 2¹⁶ takes OmegaNet (K' 2145 × V 64 at K 64) and leaves the launch-bound small memories (TTT, Titans
-    at K 64) one batched readout; 0: always. The result is the same to rounding."""
+    The default 2¹⁷ takes OmegaNet (K' 2145 × V 64 = 137,280 at K 64) and leaves the launch-bound memories (TTT,
+    Titans: at most 128 × 512 = 2¹⁶ at K 128) one batched readout; 0: always. The result is the same to rounding."""
     from ..inputs import check_int
 
     _SPLIT["min_elements"] = check_int("min_elements", min_elements, low=0)

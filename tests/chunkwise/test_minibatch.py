@@ -309,7 +309,7 @@ def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
 def test_split_readout_keeps_no_stacked_copy_of_the_states():
     """OmegaNet (a linear memory on K' = K + K(K+1)/2 + 1 polynomial features): the in-loop readout keeps at least one
     [in, out] state a segment less than the batched one (its stacked copy; K 16, T 128: 8 segments), and the default
-    threshold splits OmegaNet at K 64 (2145 × 64 elements) but not TTT-Linear or Titans there."""
+    threshold takes OmegaNet at K 64 (2145 × 64 elements) but not TTT or Titans at K 64 or 128 (≤ 128 × 512)."""
     from fastweights.chunkwise import minibatch
 
     T, K = 128, 16
@@ -327,7 +327,7 @@ def test_split_readout_keeps_no_stacked_copy_of_the_states():
     state_bytes = sum(w.numel() * w.element_size() for w in state.weights)
     assert stacked - split >= (T // fw.zoo.resolve("omeganet").optimizer.minibatch) * state_bytes, (stacked, split)
     kp = fw.zoo.resolve("omeganet").feature_map.out_dim(64)
-    assert kp * 64 >= minibatch._SPLIT["min_elements"] > max(64 * 64, 64 * 256)
+    assert kp * 64 >= minibatch._SPLIT["min_elements"] > max(64 * 64, 64 * 256, 128 * 128, 128 * 512)
 
 
 def test_split_readout_takes_a_count():

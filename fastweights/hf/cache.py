@@ -99,6 +99,15 @@ class FastWeightsCache(Cache):
         return False
 
     @property
+    def is_linear(self) -> list[bool]:
+        """[False]: to `generate`, this cache is one that holds `get_seq_length()` tokens and is continued with the
+        tokens after them — not one of transformers' linear-attention caches, which it feeds the whole sequence again
+        (transformers 5.24's prefill slices input_ids to the uncached part only when `not all(cache.is_linear)`; with
+        the base class's [] it did not, and an assistant's every `generate` round re-fed its whole sequence on top of
+        its cropped state — wrong drafts, and an InputError once an attention mask came along)."""
+        return [False]
+
+    @property
     def is_croppable(self) -> bool:
         """True while recording: `crop` then puts the state back exactly (see the module doc)."""
         return self.record_past

@@ -103,6 +103,34 @@ def test_assisted_generation_with_another_model_equals_greedy(mixer, rewinds):
     assert torch.equal(model.generate(ids, max_new_tokens=16, assistant_model=model, **GREEDY), ref)
 
 
+@pytest.mark.parametrize("mask", [False, True])
+def test_an_assistant_is_fed_only_what_its_cache_does_not_hold(mask, monkeypatch):
+    """Every forward of the assistant (and of the model) continues its cache with tokens the cache has not seen: past +
+    T never exceeds the sequence so far. transformers 5.24 re-fed an assistant its whole sequence every round when the
+    cache did not say it was positional (`FastWeightsCache.is_linear`): drafts from a corrupted state (past 41 and 43
+    new tokens of a 43-token sequence) — the answer still greedy's, since the model checks every draft — and, with an
+    attention mask, an InputError on the mask's width. Both with and without a mask, several draft rounds."""
+    from fastweights.hf import modeling
+
+    seen = []
+    block = modeling._block_mask
+
+    def spy(attention_mask, cache, past, T):
+        seen.append((past, T))
+        return block(attention_mask, cache, past, T)
+
+    monkeypatch.setattr(modeling, "_block_mask", spy)
+    model = fh.from_lm(hybrid(MIXERS[0]).double())
+    assistant = fh.from_lm(hybrid(("gla", "softmax_attention")).double())
+    ids = torch.randint(0, VOCAB, (1, 9))
+    kw = dict(attention_mask=torch.ones_like(ids)) if mask else {}
+    ref = model.generate(ids, max_new_tokens=12, **kw, **GREEDY)
+    seen.clear()
+    got = model.generate(ids, max_new_tokens=12, assistant_model=assistant, **kw, **GREEDY)
+    assert torch.equal(got, ref)
+    assert len(seen) > 4 and all(past + T <= got.shape[1] for past, T in seen), seen
+
+
 def test_a_transformers_model_can_assist(rewinds):
     model = fh.from_lm(hybrid(MIXERS[1]).double())
     llama = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

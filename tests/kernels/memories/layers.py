@@ -59,7 +59,7 @@ def layer_on_kernels_equals_torch(monkeypatch, gen, model: str, function, tol: f
         # be far smaller than its terms; its rounding is bounded by the roundoff times Σ_t |terms|, not by the sum
         scale = terms.sums.get(name)
         assert scale is not None, (name, rel(a, b))
-        err = ((a.cpu().double() - b.double()).abs() / scale.clamp_min(1e-30)).max().item()
+        err = ((a.cpu().double() - b.double()).abs() / scale.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
         assert err < tol, (name, rel(a, b), err)
 
 

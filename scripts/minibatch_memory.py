@@ -58,43 +58,20 @@ def saved_bytes(model, T, D, device="cpu", by_line=False):
 
 
 def cpu_peak(model, T, D, B=1, H=1):
-    """Peak bytes of tensor storages alive during one fp32 fw.chunk forward + backward on the CPU (any storage an op
-    creates counts until it is freed; the inputs and initial state not counted): a TorchDispatchMode with weakref
-    finalizers — the CPU's stand-in for torch.cuda.max_memory_allocated."""
-    import weakref
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    live = {"now": 0, "peak": 0}
-    seen = set()
-
-    def free(key, nb):
-        seen.discard(key)
-        live["now"] -= nb
-
-    class Track(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                    st = t.untyped_storage()
-                    key = st.data_ptr()
-                    if key and key not in seen:
-                        seen.add(key)
-                        live["now"] += st.nbytes()
-                        live["peak"] = max(live["peak"], live["now"])
-                        weakref.finalize(st, free, key, st.nbytes())
-            return out
+    """Peak bytes of tensor storages alive during one fp32 fw.chunk forward + backward on the CPU (the inputs and
+    initial state not counted): `fastweights.bench.memory.cpu_peak_bytes`."""
+    from fastweights.bench.memory import cpu_peak_bytes
 
     torch.manual_seed(0)
     inp, st = _inputs(model, B, T, H, D, torch.float32, "cpu")
-    with Track():
+
+    def fwd_bwd():
         o, fin = fw.chunk(model, initial_state=st, output_final_state=True, check_values=False, **inp)
         loss = o.sum() + sum(t.sum() for t in state_tensors(fin))
         leaves = [t for t in inp.values() if isinstance(t, torch.Tensor) and t.requires_grad]
         torch.autograd.grad(loss, leaves, allow_unused=True)
-        del o, fin, loss
-    return live["peak"]
+
+    return cpu_peak_bytes(fwd_bwd)
 
 
 def cuda_peak(model, B, T, H, D, dtype):

@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from .. import api
-from ..inputs import InputError, check_int, example_inputs
+from ..inputs import InputError, check_int
 from ..state import state_tensors
+from .speed import bench_inputs
 
 __all__ = ["DEEP_MEMORIES", "SHAPES", "PEAK_FLOPS", "BANDWIDTH", "Floor", "count_step_flops", "step_floor",
            "floors_table", "run_floors"]
@@ -63,10 +64,9 @@ class Floor:
 
 
 def _leaves(model: str, T: int, D: int, dtype, device: str, B: int = 1, H: int = 1):
-    inp = example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype, device=device,
-                         requires_grad=True)
-    state = inp.pop("initial_state", None)
-    return inp, state
+    """(`bench.speed.bench_inputs` without the initial state, the initial state)."""
+    inp = bench_inputs(model, B, T, H, D, dtype, device)
+    return inp, inp.pop("initial_state", None)
 
 
 def count_step_flops(model: str, T: int, D: int, *, B: int = 1, H: int = 1,

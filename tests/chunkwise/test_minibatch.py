@@ -5,6 +5,7 @@ import torch
 
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
+from fastweights.bench.memory import cpu_peak_bytes
 from tests.helpers import make_case, max_err, run_with_grads
 from tests.tolerances import (
     CHAIN_KEPT_OVER_UNCHAINED,
@@ -339,37 +340,6 @@ def test_split_readout_takes_a_count():
             minibatch.split_readout(bad)
 
 
-def _peak_bytes(fn) -> int:
-    """Peak bytes of the CPU storages ops create while fn() runs (each counted until it is freed)."""
-    import weakref
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    live = {"now": 0, "peak": 0}
-    seen = set()
-
-    def free(key, nb):
-        seen.discard(key)
-        live["now"] -= nb
-
-    class Track(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    if st.data_ptr() and st.data_ptr() not in seen:
-                        seen.add(st.data_ptr())
-                        live["now"] += st.nbytes()
-                        live["peak"] = max(live["peak"], live["now"])
-                        weakref.finalize(st, free, st.data_ptr(), st.nbytes())
-            return out
-
-    with Track():
-        fn()
-    return live["peak"]
-
-
 def test_muon_backward_peak_grows_with_t_like_its_saved_tensors():
     """ATLAS reads each segment right after its step, so the backward forms the gradients of a segment's Newton–Schulz
     polynomials and start weights just before its step uses them: per token, the fwd+bwd peak grows (T 64 → 128) no
@@ -386,7 +356,7 @@ def test_muon_backward_peak_grows_with_t_like_its_saved_tensors():
             loss = o.sum() + sum(w.sum() for w in s.weights)
             torch.autograd.grad(loss, [x for x in inputs.values() if x.requires_grad], allow_unused=True)
 
-        return _saved_bytes(fwd), _peak_bytes(fwd_bwd)
+        return _saved_bytes(fwd), cpu_peak_bytes(fwd_bwd)
 
     (s1, p1), (s2, p2) = step(64), step(128)
     assert p2 - p1 <= MUON_PEAK_OVER_SAVED_SLOPE * (s2 - s1), (p2 - p1, s2 - s1)

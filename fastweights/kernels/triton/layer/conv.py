@@ -63,7 +63,7 @@ from ..common.util import launch, tile
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
+__all__ = ["short_conv", "short_conv_joint", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Launch settings: util.LAUNCH's "conv_fwd", "conv_bwd_fused" (the one-pass backward), "conv_bwd_dpre" and
@@ -127,18 +127,46 @@ def _positions(pos, i_b, t, T, HAS_POS: tl.constexpr):
 
 
 @triton.jit
-def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
-              BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+def _segment(i_c, y0, y1, y2, C0, C1, C2, BC: tl.constexpr, NSEG: tl.constexpr):
+    """Channel block i_c of the joint range of NSEG ≤ 3 segments (widths C0, C1, C2; each starts a new block):
+    (its segment's tensor among y0, y1, y2, the segment's width Cs, its first joint channel, the block's index inside
+    the segment). NSEG = 1: (y0, C0, 0, i_c)."""
+    yp = y0
+    cs = C0 + 0 * i_c
+    off = 0 * i_c
+    blk = i_c
+    if NSEG > 1:
+        n0 = tl.cdiv(C0, BC)
+        n1 = tl.cdiv(C1, BC)
+        if i_c >= n0 + n1:
+            yp = y2
+        elif i_c >= n0:
+            yp = y1
+        in1 = (i_c >= n0) & (i_c < n0 + n1)
+        in2 = i_c >= n0 + n1
+        blk = i_c - tl.where(in2, n0 + n1, tl.where(in1, n0, 0))
+        cs = tl.where(in2, C2, tl.where(in1, C1, C0))
+        off = tl.where(in2, C0 + C1, tl.where(in1, C0, 0))
+    return yp, cs, off, blk
+
+
+@triton.jit
+def _conv_fwd(x, tail, w, bias, pos, y, y1, y2, new_tail, T, C, C0, C1, C2, sxb, sxt, XDT: tl.constexpr,
+              W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr, NSEG: tl.constexpr):
+    """y of the segment owning channel block i_c (`_segment`: y, y1, y2 [B, T, Cs] contiguous), the joint new
+    tail [B, W − 1, C]; x, the tail, w and bias span the joint C = C0 + C1 + C2 channels."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    yp, Cs, off, blk = _segment(i_c, y, y1, y2, C0, C1, C2, BC, NSEG)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     t = i_t * BT + tl.arange(0, BT).to(tl.int64)
     p = _positions(pos, i_b, t, T, HAS_POS)
     acc = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
-    tl.store(y + (i_b * T + t)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty),
+    tl.store(yp + (i_b * T + t)[:, None] * Cs + lc[None, :], acc.to(y.dtype.element_ty),
              mask=(t < T)[:, None] & mc[None, :])
     if W > 1:
         if i_t == 0:  # new tail = xp rows T .. T + W − 2
@@ -149,14 +177,15 @@ def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.conste
 
 
 @triton.jit
-def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT: tl.constexpr,
+               W: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_POS: tl.constexpr, SILU: tl.constexpr):
     """(the positions p_t, dpre_t = dy_t · SILU'(pre_t) [BT, BC] fp32, 0 outside the rows mt) at rows t,
-    pre recomputed from its W taps — both backwards' first step."""
+    pre recomputed from its W taps — both backwards' first step. dy: the segment's [B, T, Cs] (channels lc)."""
     p = _positions(pos, i_b, t, T, HAS_POS)
     pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
-    g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+    g = tl.load(dy + (i_b * T + t)[:, None] * Cs + lc[None, :], mask=mt[:, None] & mc[None, :],
                 other=0.0).to(tl.float32)
     if SILU:
         sg = 1.0 / (1.0 + tl.exp(-pre))
@@ -165,15 +194,18 @@ def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, 
 
 
 @triton.jit
-def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb, sxt, XDT: tl.constexpr,
-                   W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NBLK: tl.constexpr,
-                   HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dy1, dy2, dpre, dw_part, db_part, T, C, C0, C1, C2, sxb, sxt,
+                   XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                   NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
+                   SILU: tl.constexpr, NSEG: tl.constexpr):
     """dpre [B, T, C] (contiguous, dpre's dtype) of output rows [i_r·NBLK·BT, +NBLK·BT) ∩ [0, T), and
     this program's partial sums dw_part[i_b·NR + i_r, cols, :W], db_part[i_b·NR + i_r, cols]."""
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     j = tl.arange(0, BW)
     dw_acc = tl.zeros((BW, BC), dtype=tl.float32)  # [taps, channels]: the reduced rows' layout
     db_acc = tl.zeros((BC,), dtype=tl.float32)
@@ -183,7 +215,7 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
         if ts < T:  # the program's blocks that start before T
             t = ts + tl.arange(0, BT).to(tl.int64)
             mt = t < T
-            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+            p, g = _dpre_rows(x, tail, w, bias, pos, dyp, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT, W, BT, BC,
                               HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             tl.store(dpre + (i_b * T + t)[:, None] * C + cols[None, :], g.to(dpre.dtype.element_ty),
                      mask=mt[:, None] & mc[None, :])
@@ -199,10 +231,11 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
 
 
 @triton.jit
-def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, sxb, sxt,
-                    XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part, db_part, T, C, C0, C1, C2,
+                    sxb, sxt, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
-                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr):
+                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr,
+                    NSEG: tl.constexpr):
     """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
     xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
     (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
@@ -213,8 +246,10 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
     BO: tl.constexpr = BT - (W - 1)
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     j = tl.arange(0, BW)
     r = tl.arange(0, BT)
     dw_acc = tl.zeros((BW, BC), dtype=tl.float32)
@@ -229,7 +264,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
             t = u0 - (W - 1) + r.to(tl.int64)  # dpre rows of the block, and (the same numbers) its xp rows s
             mt = (t >= 0) & (t < T)
             own = r >= W - 1
-            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+            p, g = _dpre_rows(x, tail, w, bias, pos, dyp, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT, W, BT, BC,
                               HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             go = tl.where(own[:, None], g, 0.0)
             if HAS_BIAS:
@@ -324,26 +359,103 @@ def _rows_view(x: Tensor) -> Tensor:
     return x if x.stride(2) == 1 or x.shape[2] <= 1 else x.contiguous()
 
 
+def _seg_args(ts: list, sizes: tuple[int, ...]) -> tuple:
+    """(t0, t1, t2, C0, C1, C2): the segments' tensors and widths as the kernels take them (unused ones: t0, 0)."""
+    ts = list(ts) + [ts[0]] * (3 - len(ts))
+    cs = list(sizes) + [0] * (3 - len(sizes))
+    return (*ts, *cs)
+
+
+def _conv_forward(x, tail, weight, bias, positions, silu, sizes):
+    """([y_s [B, T, C_s] for each segment], joint new tail [B, W − 1, C]) — x, tail, weight, bias span C = Σ C_s."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    dummy = x.new_zeros(1)
+    ys = [empty_output(B, T, c, dtype=x.dtype, device=x.device) for c in sizes]
+    new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
+    has_tail = tail is not None and W > 1
+    if B * T * C > 0:
+        BT, BC = tile("conv_fwd", "BT"), tile("conv_fwd", "BC")
+        grid = (triton.cdiv(T, BT), sum(triton.cdiv(c, BC) for c in sizes), B)
+        _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                        positions if positions is not None else dummy, *_seg_args(ys, sizes)[:3],
+                        new_tail if W > 1 else dummy, T, C, *_seg_args(ys, sizes)[3:],
+                        x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+                        BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
+                        HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+                        NSEG=len(sizes), **launch("conv_fwd"))
+    elif W > 1 and B * C > 0:  # T = 0: the tail carries over
+        new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+    return ys, new_tail
+
+
+def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys, dnt, need):
+    """(dx [B, T, C] — ONE buffer over the joint channels —, dtail [B, W − 1, C] or None, dw, db) from the
+    segments' output gradients dys (each [B, T, C_s] or None) and the joint new tail's dnt (or None)."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    dummy = x.new_zeros(1)
+    has_tail = tail is not None and W > 1
+    dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+    want_dtail = tail is not None and need[1]
+    dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
+    fused = bool(one_pass) and T > 0
+    site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
+    BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
+    if fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
+        FBT = max(BT, triton.next_power_of_2(2 * W))
+        NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
+    else:
+        NR = triton.cdiv(T, NBLK * BT)  # output rows per dpre program
+    dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
+    db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
+    has_dnt = dnt is not None and W > 1
+    NC = sum(triton.cdiv(c, BC) for c in sizes)  # channel blocks: each segment starts a new one
+    if B * C > 0 and T > 0:
+        dys = [torch.zeros(B, T, c, dtype=x.dtype, device=x.device) if d is None else d.contiguous()
+               for d, c in zip(dys, sizes)]
+        seg = _seg_args(dys, sizes)
+    if B * C > 0 and T > 0 and fused:
+        _conv_bwd_fused[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,
+            dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+            T, C, *seg[3:], x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
+            BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+            HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
+            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), **launch("conv_bwd_fused"))
+    elif B * C > 0 and T > 0:
+        fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
+        dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
+        _conv_bwd_dpre[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dpre, dw_part,
+            db_part if db_part is not None else dummy, T, C, *seg[3:], x.stride(0), x.stride(1),
+            XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
+            HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+            NSEG=len(sizes), **launch("conv_bwd_dpre"))
+        DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
+        _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
+            dpre, weight, positions if positions is not None else dummy,
+            dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
+            XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
+            HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
+    else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
+        dx.zero_()
+        dw_part.zero_()
+        if db_part is not None:
+            db_part.zero_()
+        if dtail is not None:
+            dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
+    dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
+    db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
+    return (dx if need[0] else None), dtail, dw, db
+
+
 class ShortConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tail, weight, bias, positions, silu, one_pass=True):
-        B, T, C = x.shape
-        W = weight.shape[-1]
-        dummy = x.new_zeros(1)
-        y = empty_output(B, T, C, dtype=x.dtype, device=x.device)
-        new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
-        has_tail = tail is not None and W > 1
-        if B * T * C > 0:
-            BT, BC = tile("conv_fwd", "BT"), tile("conv_fwd", "BC")
-            grid = (triton.cdiv(T, BT), triton.cdiv(C, BC), B)
-            _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                            positions if positions is not None else dummy, y, new_tail if W > 1 else dummy, T, C,
-                            x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
-                            BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
-                            HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
-                            **launch("conv_fwd"))
-        elif W > 1 and B * C > 0:  # T = 0: the tail carries over
-            new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+        (y,), new_tail = _conv_forward(x, tail, weight, bias, positions, silu, (x.shape[2],))
         ctx.save_for_backward(x, tail, weight, bias, positions)
         ctx.silu, ctx.one_pass = silu, one_pass
         return y, new_tail
@@ -351,62 +463,30 @@ class ShortConvFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dnt):
         x, tail, weight, bias, positions = ctx.saved_tensors
-        B, T, C = x.shape
-        W = weight.shape[-1]
-        need = ctx.needs_input_grad
-        dummy = x.new_zeros(1)
-        has_tail = tail is not None and W > 1
-        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
-        want_dtail = tail is not None and need[1]
-        dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
-        fused = bool(ctx.one_pass) and T > 0
-        site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
-        BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
-        if fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
-            FBT = max(BT, triton.next_power_of_2(2 * W))
-            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
-        else:
-            NR = triton.cdiv(T, NBLK * BT)  # output rows per dpre program
-        dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
-        db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
-        has_dnt = dnt is not None and W > 1
-        if B * C > 0 and T > 0 and fused:
-            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            _conv_bwd_fused[(NR, triton.cdiv(C, BC), B)](
-                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                positions if positions is not None else dummy, dy, dnt.contiguous() if has_dnt else dummy, dx,
-                dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
-                T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
-                BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
-                HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-                DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, **launch("conv_bwd_fused"))
-        elif B * C > 0 and T > 0:
-            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
-            dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
-            _conv_bwd_dpre[(NR, triton.cdiv(C, BC), B)](
-                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                positions if positions is not None else dummy, dy, dpre, dw_part,
-                db_part if db_part is not None else dummy, T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype),
-                W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
-                HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=ctx.silu,
-                **launch("conv_bwd_dpre"))
-            DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
-            _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
-                dpre, weight, positions if positions is not None else dummy,
-                dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
-                XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
-                HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
-        else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
-            dx.zero_()
-            dw_part.zero_()
-            if db_part is not None:
-                db_part.zero_()
-            if dtail is not None:
-                dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
-        dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
-        db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
-        return (dx if need[0] else None), dtail, dw, db, None, None, None
+        grads = _conv_backward(x, tail, weight, bias, positions, ctx.silu, ctx.one_pass, (x.shape[2],), [dy], dnt,
+                               ctx.needs_input_grad)
+        return (*grads, None, None, None)
+
+
+class JointConvFn(torch.autograd.Function):
+    """The convs of NSEG ≤ 3 adjacent channel ranges of one input in one launch each way: x [B, T, C] (C = Σ C_s;
+    e.g. the q|k|v columns of the joint projection, read in place), the joint tail, weight [C, W] and bias ->
+    (y_0 [B, T, C_0], …, joint new tail [B, W − 1, C]); the backward writes dx into one [B, T, C] buffer."""
+
+    @staticmethod
+    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass, sizes):
+        ys, new_tail = _conv_forward(x, tail, weight, bias, positions, silu, sizes)
+        ctx.save_for_backward(x, tail, weight, bias, positions)
+        ctx.silu, ctx.one_pass, ctx.sizes = silu, one_pass, sizes
+        return (*ys, new_tail)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, tail, weight, bias, positions = ctx.saved_tensors
+        dx, dtail, dw, db = _conv_backward(x, tail, weight, bias, positions, ctx.silu, ctx.one_pass, ctx.sizes,
+                                           list(grads[:-1]), grads[-1], ctx.needs_input_grad)
+        return dx, dtail, dw, db, None, None, None, None
+
 
 def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
                positions: Tensor | None = None, activation: str | None = "silu", *, recompute_outputs: bool = True,
@@ -425,6 +505,18 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
     inputs), in its backward. False: every consumer keeps its own copy of the output (A/B of memory and time).
     one_pass_backward: the backward in one kernel (`_conv_bwd_fused`, the faster on the H100), else the two kernels
     (dpre into a scratch, then dx)."""
+    short_conv_checks(x, weight, bias, tail, positions, activation)
+    c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
+    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
+            bool(one_pass_backward))
+    y, new_tail = ShortConvFn.apply(*args)
+    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
+        y._conv_source = _ConvSource(args, y)
+    return y, new_tail
+
+
+def short_conv_checks(x, weight, bias, tail, positions, activation) -> None:
+    """`short_conv`'s argument checks (InputError)."""
     if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype not in _DTYPES:
         raise InputError(f"x must be a 3-D [B, T, C] fp32/bf16/fp16 tensor, got "
                          f"{f'{list(x.shape)} {x.dtype}' if isinstance(x, Tensor) else type(x).__name__}")
@@ -450,13 +542,62 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
     if any(t.device != x.device for t in given):
         raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
                          f"{[str(t.device) for t in given]}")
+
+
+def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | None = None,
+                     tails: list[Tensor] | None = None, positions: Tensor | None = None,
+                     activation: str | None = "silu", *, recompute_outputs: bool = True,
+                     one_pass_backward: bool = True) -> tuple[list[Tensor], list[Tensor]]:
+    """`short_conv` of NSEG ≤ 3 adjacent channel ranges of x in one launch each way (`JointConvFn`):
+    ([y_s [B, T, C_s]], [new tail_s [B, W − 1, C_s]]), each equal bitwise to `short_conv` of x[..., range_s] with
+    weights[s], biases[s], tails[s].
+
+    x [B, T, C] (C = Σ C_s; channels contiguous, any batch and row strides: e.g. the q|k|v columns of the joint
+    projection, read in place); weights: NSEG tensors [C_s, 1, W] or [C_s, W] of one width W; biases: NSEG [C_s]
+    or None; tails: NSEG [B, W − 1, C_s] or None (zeros); positions [B, T] or None. The outputs y_s are
+    separate contiguous tensors (as `short_conv`'s); the backward reads their gradients in place and writes dx as
+    one [B, T, C] tensor (x's gradient: no cat of three), dw, db and dtail of the concatenated [C, W], [C],
+    [B, W − 1, C] (split back by autograd: W + 1 values a channel). DRAM bytes per element as `short_conv`'s.
+    recompute_outputs: each y_s carries what recomputes it alone (`conv_source`: the single conv on x's columns
+    range_s, bitwise the same values), so a consumer recomputing q does not recompute k and v."""
+    if not isinstance(weights, (list, tuple)) or not 1 <= len(weights) <= 3:
+        raise InputError(f"weights must be a list of 1..3 tensors, got {type(weights).__name__}")
+    n = len(weights)
+    for name, lst in (("biases", biases), ("tails", tails)):
+        if lst is not None and (not isinstance(lst, (list, tuple)) or len(lst) != n
+                                or any(t is None for t in lst)):
+            raise InputError(f"{name} must be None or a list of {n} tensors")
+    sizes = tuple(int(w.shape[0]) for w in weights)
+    Ws = {int(w.shape[-1]) for w in weights}
+    if len(Ws) != 1 or not isinstance(x, Tensor) or x.dim() != 3 or x.shape[2] != sum(sizes):
+        raise InputError(f"x [B, T, Σ C_s = {sum(sizes)}] and weights of one width, got x "
+                         f"{list(getattr(x, 'shape', []))}, widths {sorted(Ws)}")
+    W = Ws.pop()
+    B, T, C = x.shape
+    offs = [sum(sizes[:i]) for i in range(n)]
+    # every piece checked as `short_conv` checks it (shapes, dtypes, devices, width)
+    for i in range(n):
+        short_conv_checks(x[..., offs[i]:offs[i] + sizes[i]], weights[i], biases[i] if biases else None,
+                          tails[i] if tails else None, positions, activation)
+    weight = torch.cat([w.reshape(c, W) for w, c in zip(weights, sizes)])  # [C, W]
+    bias = torch.cat(list(biases)) if biases is not None else None  # [C]
+    tail = torch.cat([t.contiguous() for t in tails], dim=-1) if tails is not None and W > 1 else None
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
-    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
-            bool(one_pass_backward))
-    y, new_tail = ShortConvFn.apply(*args)
-    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
-        y._conv_source = _ConvSource(args, y)
-    return y, new_tail
+    xv, pos, silu = _rows_view(x), c(positions), activation == "silu"
+    out = JointConvFn.apply(xv, tail, weight, bias, pos, silu, bool(one_pass_backward), sizes)
+    ys, new_tail = list(out[:-1]), out[-1]
+    if W > 1:
+        new_tails = list(new_tail.split(list(sizes), dim=-1))
+    else:
+        new_tails = [new_tail.new_empty(B, 0, cs) for cs in sizes]
+    if recompute_outputs:
+        for i, y in enumerate(ys):
+            if y.requires_grad:
+                args = (_rows_view(xv[..., offs[i]:offs[i] + sizes[i]]), c(tails[i]) if tails is not None else None,
+                        weight[offs[i]:offs[i] + sizes[i]], c(biases[i]) if biases is not None else None, pos, silu,
+                        bool(one_pass_backward))
+                y._conv_source = _ConvSource(args, y)
+    return ys, new_tails
 
 
 class _ConvSource:

@@ -51,6 +51,8 @@ per-block reductions, cross-warp through shared memory, were a third of the kern
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -127,10 +129,11 @@ def _positions(pos, i_b, t, T, HAS_POS: tl.constexpr):
 
 
 @triton.jit
-def _segment(i_c, y0, y1, y2, C0, C1, C2, BC: tl.constexpr, NSEG: tl.constexpr):
+def _segment(i_c, y0, y1, y2, C0, C1, C2, BC: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
     """Channel block i_c of the joint range of NSEG ≤ 3 segments (widths C0, C1, C2; each starts a new block):
     (its segment's tensor among y0, y1, y2, the segment's width Cs, its first joint channel, the block's index inside
-    the segment). NSEG = 1: (y0, C0, 0, i_c)."""
+    the segment). NSEG = 1: (y0, C0, 0, i_c). ALIGN: a divisor of every C_s (≤ 16), told to the compiler so
+    that the loads and stores at the segment's offset and row stride stay vectorized as at NSEG = 1."""
     yp = y0
     cs = C0 + 0 * i_c
     off = 0 * i_c
@@ -147,17 +150,21 @@ def _segment(i_c, y0, y1, y2, C0, C1, C2, BC: tl.constexpr, NSEG: tl.constexpr):
         blk = i_c - tl.where(in2, n0 + n1, tl.where(in1, n0, 0))
         cs = tl.where(in2, C2, tl.where(in1, C1, C0))
         off = tl.where(in2, C0 + C1, tl.where(in1, C0, 0))
+        if ALIGN > 1:
+            cs = tl.multiple_of(cs, ALIGN)
+            off = tl.multiple_of(off, ALIGN)
     return yp, cs, off, blk
 
 
 @triton.jit
 def _conv_fwd(x, tail, w, bias, pos, y, y1, y2, new_tail, T, C, C0, C1, C2, sxb, sxt, XDT: tl.constexpr,
               W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr, NSEG: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr, NSEG: tl.constexpr,
+              ALIGN: tl.constexpr):
     """y of the segment owning channel block i_c (`_segment`: y, y1, y2 [B, T, Cs] contiguous), the joint new
     tail [B, W − 1, C]; x, the tail, w and bias span the joint C = C0 + C1 + C2 channels."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    yp, Cs, off, blk = _segment(i_c, y, y1, y2, C0, C1, C2, BC, NSEG)
+    yp, Cs, off, blk = _segment(i_c, y, y1, y2, C0, C1, C2, BC, NSEG, ALIGN)
     lc = blk * BC + tl.arange(0, BC)
     mc = lc < Cs
     cols = off + lc
@@ -197,12 +204,12 @@ def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, lc, Cs, mc, T, C, sx
 def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dy1, dy2, dpre, dw_part, db_part, T, C, C0, C1, C2, sxb, sxt,
                    XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                    NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
-                   SILU: tl.constexpr, NSEG: tl.constexpr):
+                   SILU: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
     """dpre [B, T, C] (contiguous, dpre's dtype) of output rows [i_r·NBLK·BT, +NBLK·BT) ∩ [0, T), and
     this program's partial sums dw_part[i_b·NR + i_r, cols, :W], db_part[i_b·NR + i_r, cols]."""
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG)
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
     lc = blk * BC + tl.arange(0, BC)
     mc = lc < Cs
     cols = off + lc
@@ -235,7 +242,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part
                     sxb, sxt, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
                     SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr,
-                    NSEG: tl.constexpr):
+                    NSEG: tl.constexpr, ALIGN: tl.constexpr):
     """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
     xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
     (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
@@ -246,7 +253,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part
     BO: tl.constexpr = BT - (W - 1)
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG)
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
     lc = blk * BC + tl.arange(0, BC)
     mc = lc < Cs
     cols = off + lc
@@ -359,6 +366,11 @@ def _rows_view(x: Tensor) -> Tensor:
     return x if x.stride(2) == 1 or x.shape[2] <= 1 else x.contiguous()
 
 
+def _align(sizes: tuple[int, ...]) -> int:
+    """The kernels' ALIGN: gcd(C_s..., 16) of several segments (1 for one: its width is an argument, specialized)."""
+    return math.gcd(16, *sizes) if len(sizes) > 1 else 1
+
+
 def _seg_args(ts: list, sizes: tuple[int, ...]) -> tuple:
     """(t0, t1, t2, C0, C1, C2): the segments' tensors and widths as the kernels take them (unused ones: t0, 0)."""
     ts = list(ts) + [ts[0]] * (3 - len(ts))
@@ -383,7 +395,7 @@ def _conv_forward(x, tail, weight, bias, positions, silu, sizes):
                         x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
                         BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
                         HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
-                        NSEG=len(sizes), **launch("conv_fwd"))
+                        NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_fwd"))
     elif W > 1 and B * C > 0:  # T = 0: the tail carries over
         new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
     return ys, new_tail
@@ -423,7 +435,7 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
             T, C, *seg[3:], x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
             BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
             HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), **launch("conv_bwd_fused"))
+            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_bwd_fused"))
     elif B * C > 0 and T > 0:
         fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
         dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
@@ -433,7 +445,7 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
             db_part if db_part is not None else dummy, T, C, *seg[3:], x.stride(0), x.stride(1),
             XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
             HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
-            NSEG=len(sizes), **launch("conv_bwd_dpre"))
+            NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_bwd_dpre"))
         DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
         _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
             dpre, weight, positions if positions is not None else dummy,

@@ -435,7 +435,8 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
             T, C, *seg[3:], x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
             BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
             HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_bwd_fused"))
+            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes),
+            **launch("conv_bwd_fused"))
     elif B * C > 0 and T > 0:
         fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
         dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)

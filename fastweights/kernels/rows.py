@@ -623,12 +623,12 @@ def short_conv(x, weight, bias=None, tail=None, positions=None, activation="silu
     return kernel(x, weight, bias, tail, positions, activation)
 
 
-def short_conv_joint(x, weights, biases=None, tails=None, positions=None, activation="silu"):
+def short_conv_joint(x, weights, biases=None, tails=None, positions=None, activation="silu", grad_in_base=False):
     """The q, k, v convs of a layer in one launch each way: `kernels.triton.layer.conv.short_conv_joint` (x the
     q|k|v columns [B, T, Σ C_s]; lists of weights, biases, tails) -> ([y_s], [new tail_s])."""
     from .triton.layer.conv import short_conv_joint as kernel
 
-    return kernel(x, weights, biases, tails, positions, activation)
+    return kernel(x, weights, biases, tails, positions, activation, grad_in_base=grad_in_base)
 
 
 def rope(x, start: int, *, base: float = 10000.0, period: int | None = None, positions=None):

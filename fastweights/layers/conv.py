@@ -100,7 +100,8 @@ def conv_interpreting() -> bool:
 
 
 def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | None = None,
-               positions: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]] | None:
+               positions: Tensor | None = None, *, grad_in_base: bool = False
+               ) -> tuple[list[Tensor], list[Tensor]] | None:
     """The ShortConvs `convs` (≤ 3) on the adjacent column ranges of x [B, T, Σ C_i] (channels contiguous, any row
     stride: e.g. the q|k|v columns of the joint projection) in one launch each way
     (`kernels.triton.layer.conv.short_conv_joint`) -> ([y_i [B, T, C_i]], [new tail_i [B, W − 1, C_i]]), equal
@@ -108,7 +109,9 @@ def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | N
 
     None (nothing run) where the joint launch does not apply: the convs differ in width, activation, bias-ness or
     requested backend; their rows (each conv's, recorded in its routes) are not all Triton; x is not on CUDA (nor
-    under TRITON_INTERPRET=1); some but not all tails given. The caller then runs each conv itself."""
+    under TRITON_INTERPRET=1); some but not all tails given. The caller then runs each conv itself.
+    grad_in_base: x's gradient written as a column view of a buffer of its base's shape
+    (`kernels.split_into_grad_buffer` completes it: no cat of the projection's gradient)."""
     from ..kernels import rows
 
     if not 1 <= len(convs) <= 3 or not isinstance(x, Tensor) or x.dim() != 3:
@@ -135,4 +138,5 @@ def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | N
     impls = [layer_op_row(c.routes, "conv", c.backend, target) for c in convs]
     if any(impl.backend != "triton" for impl in impls):
         return None
-    return rows.short_conv_joint(x, ws, bs, tails if given else None, positions, c0.activation)
+    return rows.short_conv_joint(x, ws, bs, tails if given else None, positions, c0.activation,
+                                 grad_in_base=grad_in_base)

@@ -68,6 +68,7 @@ from ..inputs import (
     check_like,
     init_state,
 )
+from ..kernels import split_into_grad_buffer
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
@@ -652,9 +653,10 @@ class MemoryMixer(nn.Module):
         asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
         hooks apply.
         merge_qkv (the joint conv, `_joint_conv_fits`): the split keeps q|k|v as one column view "qkv" [B, T, ΣN_qkv]
-        (the joint conv's input: its one dx is one piece of the split's backward cat, not three), and q, k, v
-        are views of it (not to be differentiated through where "qkv" is used: each would add a zero-padded
-        gradient)."""
+        (the joint conv's input), and q, k, v are views of it (not to be differentiated through where "qkv" is used:
+        each would add a zero-padded gradient); the split is `kernels.split_into_grad_buffer`: the conv writes dx
+        as the q|k|v columns of a [B, T, ΣN_i + pad] buffer and the split's backward copies only a, b, z (and
+        zeros the padding) into it — no cat of the whole projection's gradient."""
         if not self.joint_projections:
             return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         lins = [self.get_submodule(path) for _, path in self.joint_projections]
@@ -665,8 +667,8 @@ class MemoryMixer(nn.Module):
         pad = -sum(sizes) % _ROW_ALIGN
         w = torch.cat([lin.weight for lin in lins] + ([lins[0].weight.new_zeros(pad, x.shape[-1])] if pad else []))
         y = F.linear(x, w)  # [B, T, ΣN_i + pad]
-        if merge_qkv and keys[:3] == ("q", "k", "v"):
-            parts = y.split([sum(sizes[:3])] + sizes[3:] + ([pad] if pad else []), dim=-1)
+        if merge_qkv and keys[:3] == ("q", "k", "v"):  # the split's backward completes the conv's dx buffer
+            parts = split_into_grad_buffer(y, [sum(sizes[:3])] + sizes[3:] + ([pad] if pad else []))
             out = dict(zip(("qkv",) + keys[3:], parts))
             out.update(zip(("q", "k", "v"), out["qkv"].split(sizes[:3], dim=-1)))
             return out
@@ -806,7 +808,7 @@ class MemoryMixer(nn.Module):
         if "qkv" in proj:  # q, k, v's convs in one launch each way on the q|k|v columns, read in place
             convs = [self.q_conv, self.k_conv, self.v_conv]
             tails = [state.conv_q, state.conv_k, state.conv_v] if state is not None else None
-            joint = joint_conv(convs, proj["qkv"], tails, cpos)
+            joint = joint_conv(convs, proj["qkv"], tails, cpos, grad_in_base=True)
             if joint is not None:
                 (q, k, v), (tq, tk, tv) = joint
         # the convs read q, k, v in place (column views of the joint projection, row stride ΣN_i) when all three

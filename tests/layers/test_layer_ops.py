@@ -252,7 +252,18 @@ def test_mixer_joint_conv_equals_per_conv(name, dtype, calls, kernels, monkeypat
     """The q, k, v convs in one launch each way (`layers.conv.joint_conv` on the q|k|v columns of the joint
     projection) against the old wiring (one conv each on its column view; `_joint_conv_fits` patched False): the
     output, the carried state and every parameter gradient bitwise — alone, with a carried state (conv tails and
-    memory) and with packed documents (positions)."""
+    memory) and with packed documents (positions); the projection's gradient assembled in the conv's dx buffer.
+    """
+    import fastweights.kernels as kernels_pkg
+
+    in_place = []  # per backward of the projection's split: whether it completed the conv's dx buffer (no cat)
+    split_backward = kernels_pkg._SplitIntoGradBuffer.backward
+
+    def recorded(ctx, *grads):
+        out = split_backward(ctx, *grads)
+        in_place.append(getattr(out[0], kernels_pkg.GRAD_BUFFER, None) is False)
+        return out
+    monkeypatch.setattr(kernels_pkg._SplitIntoGradBuffer, "backward", staticmethod(recorded))
     layer = _mixer(32, name, 2, head_dim=16, layer_ops="triton").to(DEV, dtype)
     st = layer.init_state(2)
     st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
@@ -264,8 +275,9 @@ def test_mixer_joint_conv_equals_per_conv(name, dtype, calls, kernels, monkeypat
         x = x.to(DEV, dtype)
         for k in calls:
             calls[k] = 0
+        in_place.clear()
         joint = _run(layer, x, **kw)
-        assert calls["conv_joint"] == 1 and calls["conv"] == 0, calls
+        assert calls["conv_joint"] == 1 and calls["conv"] == 0 and in_place == [True], (calls, in_place)
         with monkeypatch.context() as m:
             m.setattr(MemoryMixer, "_joint_conv_fits", lambda self, x: False)
             old = _run(layer, x, **kw)

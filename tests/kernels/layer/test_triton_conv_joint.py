@@ -171,3 +171,30 @@ def test_joint_errors():
         short_conv_joint(x, [torch.randn(4, 1, 4), torch.randn(4, 1, 3)])
     with pytest.raises(InputError, match="tails must be None or a list"):
         short_conv_joint(x, [torch.randn(4, 1, 4), torch.randn(4, 1, 4)], tails=[torch.zeros(1, 3, 4)])
+
+
+@pytest.mark.parametrize("pad_unused", [False, True])
+def test_dx_into_the_split_buffer(gen, pad_unused):
+    """`short_conv_joint(..., grad_in_base=True)` after `split_into_grad_buffer` (the mixer's wiring): dY is the
+    conv's own dx buffer completed in place (no cat), bitwise the plain split's cat — with the last piece's gradient
+    absent (None: its columns zeroed, as the padding's) or present (copied), NaN-poisoned buffer included."""
+    from fastweights.kernels import GRAD_BUFFER, split_into_grad_buffer
+
+    inp = _inputs(gen, T=23)
+    sizes = [sum(SIZES), 2, 1]
+    dys = [torch.randn(2, 23, n, generator=gen).to(DEV) for n in sizes[1:]]
+
+    def run(in_place):
+        Y = inp["Y"].to(DEV).requires_grad_(True)
+        ws = [w.to(DEV).requires_grad_(True) for w in inp["weights"]]
+        parts = split_into_grad_buffer(Y, sizes) if in_place else Y.split(sizes, dim=-1)
+        ys, _ = short_conv_joint(parts[0], ws, None, inp["tails"], inp["positions"], grad_in_base=in_place)
+        outs = ys + list(parts[1:2 if pad_unused else 3])
+        g = torch.Generator().manual_seed(3)
+        loss = sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(DEV)).sum() for o in outs)
+        loss = loss + sum((p * d).sum() for p, d in zip(parts[1:2 if pad_unused else 3], dys))
+        return torch.autograd.grad(loss, [Y] + ws)
+
+    got, want = run(True), run(False)
+    assert getattr(got[0], GRAD_BUFFER, None) is False  # the conv's buffer, used (the flag cleared)
+    _equal(got, want, "dY, dw")

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from ....inputs import InputError
-from ... import empty_output
+from ... import GRAD_BUFFER, empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_CONV_WIDTH
 from ..common.util import launch, tile
@@ -239,7 +239,8 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dy1, dy2, dpre, dw_part, db_part, 
 
 @triton.jit
 def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part, db_part, T, C, C0, C1, C2,
-                    sxb, sxt, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                    sxb, sxt, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr,
+                    BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
                     SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr,
                     NSEG: tl.constexpr, ALIGN: tl.constexpr):
@@ -304,7 +305,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part
                     dxp += tl.load(dnt + (i_b * (W - 1) + t - T)[:, None] * C + cols[None, :],
                                    mask=m_n[:, None] & mc[None, :], other=0.0).to(tl.float32)
             in_x = own & (t >= W - 1) & (t < T + W - 1)
-            tl.store(dx + (i_b * T + t - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+            tl.store(dx + i_b * sdb + (t - (W - 1))[:, None] * sdt + cols[None, :], dxp.to(dx.dtype.element_ty),
                      mask=in_x[:, None] & mc[None, :])
             if DTAIL:
                 in_t = own & (t >= 0) & (t < W - 1)
@@ -325,9 +326,10 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part
 
 
 @triton.jit
-def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                  BC: tl.constexpr, HAS_POS: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
-    """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1, dtail rows s."""
+    """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1 (strides sdb, sdt, 1), dtail
+    rows s."""
     i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     cols = i_c * BC + tl.arange(0, BC)
     mc = cols < C
@@ -349,7 +351,7 @@ def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.co
             dxp += tl.load(dnt + (i_b * (W - 1) + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
                            other=0.0).to(tl.float32)
     in_x = (s >= W - 1) & (s < T + W - 1)
-    tl.store(dx + (i_b * T + s - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+    tl.store(dx + i_b * sdb + (s - (W - 1))[:, None] * sdt + cols[None, :], dxp.to(dx.dtype.element_ty),
              mask=in_x[:, None] & mc[None, :])
     if DTAIL:
         in_t = (s >= 0) & (s < W - 1)
@@ -401,14 +403,23 @@ def _conv_forward(x, tail, weight, bias, positions, silu, sizes):
     return ys, new_tail
 
 
-def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys, dnt, need):
+def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys, dnt, need, into=None):
     """(dx [B, T, C] — ONE buffer over the joint channels —, dtail [B, W − 1, C] or None, dw, db) from the
-    segments' output gradients dys (each [B, T, C_s] or None) and the joint new tail's dnt (or None)."""
+    segments' output gradients dys (each [B, T, C_s] or None) and the joint new tail's dnt (or None).
+    into = (R, c0): dx is the column view [..., c0:c0 + C] of a fresh [B, T, R] buffer marked GRAD_BUFFER (the
+    gradient of the wider tensor x is a column view of: `split_into_grad_buffer`'s backward fills the other columns
+    in place instead of a cat)."""
     B, T, C = x.shape
     W = weight.shape[-1]
     dummy = x.new_zeros(1)
     has_tail = tail is not None and W > 1
-    dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+    if into is not None:
+        R, c0 = into
+        full = empty_output(B, T, R, dtype=x.dtype, device=x.device)
+        setattr(full, GRAD_BUFFER, True)
+        dx = full[..., c0:c0 + C]
+    else:
+        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
     want_dtail = tail is not None and need[1]
     dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
     fused = bool(one_pass) and T > 0
@@ -432,7 +443,8 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
             x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
             positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,
             dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
-            T, C, *seg[3:], x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
+            T, C, *seg[3:], x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+            BW=triton.next_power_of_2(W),
             BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
             HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
             DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes),
@@ -451,7 +463,7 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
         _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
             dpre, weight, positions if positions is not None else dummy,
             dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
-            XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
+            dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
             HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
     else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
         dx.zero_()
@@ -487,18 +499,33 @@ class JointConvFn(torch.autograd.Function):
     (y_0 [B, T, C_0], …, joint new tail [B, W − 1, C]); the backward writes dx into one [B, T, C] buffer."""
 
     @staticmethod
-    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass, sizes):
+    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass, sizes, grad_in_base=False):
         ys, new_tail = _conv_forward(x, tail, weight, bias, positions, silu, sizes)
         ctx.save_for_backward(x, tail, weight, bias, positions)
         ctx.silu, ctx.one_pass, ctx.sizes = silu, one_pass, sizes
+        ctx.into = _column_view_of(x) if grad_in_base else None
+        ctx.set_materialize_grads(False)  # an unused output's (the new tail's) gradient: None, not a zero fill
         return (*ys, new_tail)
 
     @staticmethod
     def backward(ctx, *grads):
         x, tail, weight, bias, positions = ctx.saved_tensors
         dx, dtail, dw, db = _conv_backward(x, tail, weight, bias, positions, ctx.silu, ctx.one_pass, ctx.sizes,
-                                           list(grads[:-1]), grads[-1], ctx.needs_input_grad)
-        return dx, dtail, dw, db, None, None, None, None
+                                           list(grads[:-1]), grads[-1], ctx.needs_input_grad, ctx.into)
+        return dx, dtail, dw, db, None, None, None, None, None
+
+
+def _column_view_of(x: Tensor) -> tuple[int, int] | None:
+    """(R, c0) when x [B, T, C] is the column range [c0, c0 + C) of a contiguous [B, T, R] tensor (its _base), else
+    None."""
+    base = x._base
+    if base is None or base.dim() != 3 or not base.is_contiguous() or tuple(base.shape[:2]) != tuple(x.shape[:2]):
+        return None
+    B, T, R = base.shape
+    c0 = x.storage_offset() - base.storage_offset()
+    if x.stride() != (T * R, R, 1) or not 0 <= c0 <= R - x.shape[2]:
+        return None
+    return R, c0
 
 
 def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
@@ -560,7 +587,8 @@ def short_conv_checks(x, weight, bias, tail, positions, activation) -> None:
 def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | None = None,
                      tails: list[Tensor] | None = None, positions: Tensor | None = None,
                      activation: str | None = "silu", *, recompute_outputs: bool = True,
-                     one_pass_backward: bool = True) -> tuple[list[Tensor], list[Tensor]]:
+                     one_pass_backward: bool = True, grad_in_base: bool = False
+                     ) -> tuple[list[Tensor], list[Tensor]]:
     """`short_conv` of NSEG ≤ 3 adjacent channel ranges of x in one launch each way (`JointConvFn`):
     ([y_s [B, T, C_s]], [new tail_s [B, W − 1, C_s]]), each equal bitwise to `short_conv` of x[..., range_s] with
     weights[s], biases[s], tails[s].
@@ -572,7 +600,10 @@ def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | No
     one [B, T, C] tensor (x's gradient: no cat of three), dw, db and dtail of the concatenated [C, W], [C],
     [B, W − 1, C] (split back by autograd: W + 1 values a channel). DRAM bytes per element as `short_conv`'s.
     recompute_outputs: each y_s carries what recomputes it alone (`conv_source`: the single conv on x's columns
-    range_s, bitwise the same values), so a consumer recomputing q does not recompute k and v."""
+    range_s, bitwise the same values), so a consumer recomputing q does not recompute k and v.
+    grad_in_base: where x is a column view of a contiguous [B, T, R] tensor (e.g. a piece of
+    `split_into_grad_buffer`), dx is written as that column view of a fresh marked [B, T, R] buffer, which the split's
+    backward completes in place (no cat)."""
     if not isinstance(weights, (list, tuple)) or not 1 <= len(weights) <= 3:
         raise InputError(f"weights must be a list of 1..3 tensors, got {type(weights).__name__}")
     n = len(weights)
@@ -597,7 +628,7 @@ def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | No
     tail = torch.cat([t.contiguous() for t in tails], dim=-1) if tails is not None and W > 1 else None
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
     xv, pos, silu = _rows_view(x), c(positions), activation == "silu"
-    out = JointConvFn.apply(xv, tail, weight, bias, pos, silu, bool(one_pass_backward), sizes)
+    out = JointConvFn.apply(xv, tail, weight, bias, pos, silu, bool(one_pass_backward), sizes, bool(grad_in_base))
     ys, new_tail = list(out[:-1]), out[-1]
     if W > 1:
         new_tails = list(new_tail.split(list(sizes), dim=-1))

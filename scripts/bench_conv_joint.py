@@ -8,8 +8,10 @@ on the q|k|v columns of the joint projection, dx in one tensor) against the thre
 
 Shape (defaults): B = 8, T = 2,048, q, k, v of C = 768 channels each, W = 4, SiLU, no bias, bf16, read from a joint
 projection Y [B, T, 3,088] (q k v a b z and padding: the preset's row stride). Each path is the model's wiring:
-Y.split into q|k|v (joint: one [B, T, 2,304] piece; per conv: three pieces) and the rest, the convs, and the
-backward through the split (so the per-conv path pays its cat of three dx pieces, the joint path one dx).
+the split of Y into q|k|v and the rest, the convs, and the backward through the split: per conv, Y.split into
+q, k, v, rest (its backward a cat of all of dY's columns); joint, `kernels.split_into_grad_buffer` into q|k|v and the
+rest with `short_conv_joint(..., grad_in_base=True)` (dx written as the q|k|v columns of a [B, T, R] buffer, the
+split's backward zero-filling only the other columns: no cat).
 First a check that the joint path equals the per-conv path bitwise (y, dY, dw) at this shape. Then forward (no
 autograd), backward alone (autograd.grad of the outputs with fixed dy through a retained graph: dY, dw) and
 forward + backward, median of --repeats calls after --warmup, between CUDA events behind a ~1 ms GPU sleep.
@@ -56,6 +58,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from fastweights.kernels import split_into_grad_buffer
     from fastweights.kernels.triton.common import util
     from fastweights.kernels.triton.layer.conv import short_conv, short_conv_joint
 
@@ -72,8 +75,8 @@ def main(argv=None) -> int:
     dys = [torch.randn(B, T, C, generator=gen).to(dev, dtype) for _ in range(3)]
 
     def joint():
-        qkv, _ = Y.split([3 * C, R - 3 * C], dim=-1)
-        return short_conv_joint(qkv, ws)[0]
+        qkv, _ = split_into_grad_buffer(Y, [3 * C, R - 3 * C])
+        return short_conv_joint(qkv, ws, grad_in_base=True)[0]
 
     def per_conv():
         parts = Y.split([C, C, C, R - 3 * C], dim=-1)

@@ -631,6 +631,9 @@ def short_conv_joint(x, weights, biases=None, tails=None, positions=None, activa
     return kernel(x, weights, biases, tails, positions, activation, grad_in_base=grad_in_base)
 
 
+short_conv.joint = short_conv_joint  # the conv row's joint launch (`layers.conv.joint_conv` finds it on the row)
+
+
 def rope(x, start: int, *, base: float = 10000.0, period: int | None = None, positions=None):
     """layer / rope on Triton: `kernels.triton.layer.rope.rope` (the signature of `torch_layer_ops.rope`)."""
     from .triton.layer.rope import rope as kernel

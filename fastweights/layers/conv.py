@@ -108,12 +108,11 @@ def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | N
     bitwise to the convs one by one on x's column views; tails: one [B, W − 1, C_i] or None each (all or none).
 
     None (nothing run) where the joint launch does not apply: the convs differ in width, activation, bias-ness or
-    requested backend; their rows (each conv's, recorded in its routes) are not all Triton; x is not on CUDA (nor
+    requested backend; their rows (each conv's, recorded in its routes) are not all the one row with a joint launch
+    (`fn.joint`: the Triton row's `kernels.rows.short_conv_joint`); x is not on CUDA (nor
     under TRITON_INTERPRET=1); some but not all tails given. The caller then runs each conv itself.
     grad_in_base: x's gradient written as a column view of a buffer of its base's shape
     (`kernels.split_into_grad_buffer` completes it: no cat of the projection's gradient)."""
-    from ..kernels import rows
-
     if not 1 <= len(convs) <= 3 or not isinstance(x, Tensor) or x.dim() != 3:
         return None
     c0 = convs[0]
@@ -136,7 +135,7 @@ def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | N
     given = [t for t in tails if t is not None]
     target = Target.of(x.device, promoted_dtype(x, *given, *ws, *(bs or [])), conv_width=c0.kernel_size)
     impls = [layer_op_row(c.routes, "conv", c.backend, target) for c in convs]
-    if any(impl.backend != "triton" for impl in impls):
+    joint = getattr(impls[0].fn, "joint", None)  # the Triton row's `rows.short_conv_joint`
+    if joint is None or any(impl.fn is not impls[0].fn for impl in impls):
         return None
-    return rows.short_conv_joint(x, ws, bs, tails if given else None, positions, c0.activation,
-                                 grad_in_base=grad_in_base)
+    return joint(x, ws, bs, tails if given else None, positions, c0.activation, grad_in_base=grad_in_base)

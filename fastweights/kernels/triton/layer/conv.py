@@ -47,6 +47,21 @@ tap loads plus (W − 1)/BT recomputed halo rows per element. On the H100 it is 
 With DW_ACC (the default since the H200 sweep of r4s9: W ≤ 4) dw's products are summed elementwise per tap over
 the program's blocks and reduced over the rows once, not once per block: 127 µs at C = 1,024, 232 at 2,048 (the
 per-block reductions, cross-warp through shared memory, were a third of the kernel).
+
+The joint launch (`short_conv_joint`, issue 32): a layer's q, k and v convs (one width, activation and bias-ness) as
+NSEG = 3 segments of one conv over the joint C = C_q + C_k + C_v channels: x [B, T, C] is the q|k|v column range of
+the joint projection [B, T, R] (row stride R, read in place), the weights [C, W], biases [C] and tails [B, W − 1, C]
+are the three concatenated (W + 1 values a channel, plus the tails: cheap), and every channel block belongs to one
+segment (`_segment`: each segment starts a new block; ALIGN = gcd(C_s, 16) keeps the offsets' divisibility for
+vectorized access). Outputs: y_q [B, T, C_q], y_k, y_v, each contiguous (the kernel picks the segment's pointer), so
+the consumers (the prologue's L2 norm, the delta kernels, recompute by `conv_source` of one segment alone) see what
+they saw; the backward reads dy_q, dy_k, dy_v in place and writes dx of all C channels — with grad_in_base, as the
+q|k|v columns of a fresh [B, T, R] buffer that the projection's split (`kernels.split_into_grad_buffer`) completes in
+place with the a, b, z (and padding) columns: the old wiring's cat of dY (read and write all R columns: 12,360 bytes
+a token a layer at the preset) becomes a copy of the R − C other columns (3,136 bytes at R = 3,088, C = 2,304, bf16).
+DRAM bytes per element of the conv itself: as the per-conv path (x + dy + dx in the backward, x + y forward); one
+launch each way instead of three, 3× the programs per launch (waves: 960 → 2,880 backward programs at B = 8,
+T = 2,048, BC 32, NBLK 8).
 """
 
 from __future__ import annotations

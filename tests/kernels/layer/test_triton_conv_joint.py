@@ -198,3 +198,31 @@ def test_dx_into_the_split_buffer(gen, pad_unused):
     got, want = run(True), run(False)
     assert getattr(got[0], GRAD_BUFFER, None) is False  # the conv's buffer, used (the flag cleared)
     _equal(got, want, "dY, dw")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_backward_equals_f64_twin(gen, monkeypatch, dtype):
+    """The row-streaming one-pass backward (LAUNCH["conv_bwd_rows"]["ON"] = 1; 8-row runs, so T = 37 has 5 programs
+    and every halo crosses a program boundary; 16-channel blocks) on the joint launch: T = 1, 2 (T < W − 1), 37,
+    W = 1..4, every option on and off, within the conv's bounds of the float64 twin — outputs, tails, dY, dw, db,
+    dtails; and y, the tails, dY and dtails equal to the per-conv calls on the same path bitwise (dw, db: the same
+    per-program partial sums, but torch's sum over the programs ran in another order here, 1 ulp off)."""
+    monkeypatch.setitem(util.LAUNCH["conv_bwd_rows"], "ON", 1)
+    monkeypatch.setitem(util.LAUNCH["conv_bwd_rows"], "RUN", 8)
+    monkeypatch.setitem(util.LAUNCH["conv_bwd_rows"], "BC", 16)
+    tol = CONV_F32_REL if dtype == torch.float32 else CONV_LOW_REL[dtype]
+    mixes = [(True, True, True, "silu"), (False, False, False, None), (True, True, False, "silu")]
+    cases = [(T, 4, m) for T, m in itertools.product([1, 2, 37], mixes)] + [(37, W, mixes[0]) for W in (1, 2, 3)]
+    for T, W, (tail, pos, bias, act) in cases:
+        inp = _inputs(gen, T=T, W=W, dtype=dtype, tail=tail and W > 1, pos=pos, bias=bias)
+        ys, nts, grads = _run(inp, joint=True, activation=act)
+        ys_r, nts_r, grads_r = _twin(inp, activation=act)
+        what = (T, W, tail, pos, bias, act)
+        for i, (u, v) in enumerate(zip(ys + nts + grads, ys_r + nts_r + grads_r, strict=True)):
+            assert not torch.isnan(u).any(), (what, i)
+            assert u.shape == v.shape and (v.numel() == 0 or rel(u, v) < tol), (what, i, rel(u, v))
+        per = _run(inp, joint=False, activation=act)
+        n_wb = 3 * (2 if bias else 1)  # dw, db: torch's sum of the programs' partial rows, whose order may follow C
+        for name, u, v in zip(("y", "new tail", "dY, dtails"), (ys, nts, grads[:1] + grads[1 + n_wb:]),
+                              (per[0], per[1], per[2][:1] + per[2][1 + n_wb:])):
+            _equal(u, v, (name, what))

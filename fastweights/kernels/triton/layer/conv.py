@@ -341,6 +341,152 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part
 
 
 @triton.jit
+def _xp_row(x, tail, i_b, s, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W1: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """xp[i_b, s, cols] of one row s (a scalar) as fp32 [BC] (0 outside [0, W − 1 + T)), rounded to x's dtype."""
+    in_x = (s >= W1) & (s < T + W1)
+    v = tl.load(x + i_b * sxb + (s - W1) * sxt + cols, mask=mc & in_x, other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        in_t = (s >= 0) & (s < W1)
+        vt = tl.load(tail + (i_b * W1 + s) * C + cols, mask=mc & in_t, other=0.0).to(XDT).to(tl.float32)
+        v = tl.where(in_t, vt, v)
+    return v
+
+
+@triton.jit
+def _conv_bwd_rows(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part, db_part, T, C, C0, C1, C2,
+                   sxb, sxt, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, RUN: tl.constexpr,
+                   HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr,
+                   HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
+    """The one-pass backward streamed along the rows (W ≤ 4; LAUNCH["conv_bwd_rows"]["ON"]): program i_r owns the xp
+    rows and dpre rows [a, a + RUN) ∩ [0, T + W − 1), a = i_r·RUN, of BC channels and walks them one row at a time
+    from a − W + 1 (the W − 1 halo rows: dpre recomputed, nothing stored), carrying in registers the W − 1 previous xp
+    rows (pre_t needs xp_{t..t+W−1}: one new row loaded a step) and the W partial sums of dxp_{t..t+W−1} (dpre_t adds
+    dpre_t w_i ρ_{t,i} to row t + i; row t is then complete and stored); dw_i, db summed per channel in registers.
+    Every tensor is a [BC] vector (BC / (32·num_warps) values a thread): no [BT, BC] tiles, no shuffles."""
+    i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NR = tl.num_programs(0)
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
+    w0 = tl.load(w + cols * W, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    w1 = w0 * 0.0
+    w2 = w0 * 0.0
+    w3 = w0 * 0.0
+    if W > 1:
+        w1 = tl.load(w + cols * W + 1, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    if W > 2:
+        w2 = tl.load(w + cols * W + 2, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    if W > 3:
+        w3 = tl.load(w + cols * W + 3, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    bb = w0 * 0.0
+    if HAS_BIAS:
+        bb = tl.load(bias + cols, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    a = i_r.to(tl.int64) * RUN
+    e = tl.minimum(a + RUN, T + W - 1)
+    t0 = a - (W - 1)
+    # the window xp_{t}, xp_{t+1}, xp_{t+2} before the first step (rows ≥ W − 1 of it unused at smaller W)
+    c0 = _xp_row(x, tail, i_b, t0, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    c1 = c0 * 0.0
+    c2 = c0 * 0.0
+    if W > 2:
+        c1 = _xp_row(x, tail, i_b, t0 + 1, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    if W > 3:
+        c2 = _xp_row(x, tail, i_b, t0 + 2, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    acc0 = w0 * 0.0  # dxp rows t, t + 1, t + 2, t + 3 (partial)
+    acc1 = w0 * 0.0
+    acc2 = w0 * 0.0
+    acc3 = w0 * 0.0
+    dw0 = w0 * 0.0
+    dw1 = w0 * 0.0
+    dw2 = w0 * 0.0
+    dw3 = w0 * 0.0
+    db = w0 * 0.0
+    for t in range(t0, e):
+        xn = _xp_row(x, tail, i_b, t + W - 1, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)  # xp_{t+W−1}
+        if W == 1:
+            v0 = xn
+        else:
+            v0 = c0
+        v1 = c1
+        v2 = c2
+        if W == 2:
+            v1 = xn
+        if W == 3:
+            v2 = xn
+        v3 = xn
+        valid = (t >= 0) & (t < T)
+        p = 0
+        if HAS_POS:
+            p = tl.load(pos + i_b * T + t, mask=valid, other=0)
+        # ρ_{t,i} = [p_t ≥ W − 1 − i] (the last tap always)
+        r0 = (W - 1 == 0) | (p >= W - 1) | (not HAS_POS)
+        r1 = (W - 1 == 1) | (p >= W - 2) | (not HAS_POS)
+        r2 = (W - 1 == 2) | (p >= W - 3) | (not HAS_POS)
+        u0 = tl.where(r0, v0, 0.0)
+        u1 = tl.where(r1, v1, 0.0)
+        u2 = tl.where(r2, v2, 0.0)
+        pre = bb + w0 * u0
+        if W > 1:
+            pre += w1 * u1
+        if W > 2:
+            pre += w2 * u2
+        if W > 3:
+            pre += w3 * v3
+        g = tl.load(dyp + (i_b * T + t) * Cs + lc, mask=mc & valid, other=0.0).to(tl.float32)
+        if SILU:
+            sg = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * sg * (1.0 + pre * (1.0 - sg))
+        g = tl.where(valid, g, 0.0)
+        own = t >= a
+        go = tl.where(own, g, 0.0)
+        db += go
+        dw0 += go * u0
+        acc0 += tl.where(r0, g * w0, 0.0)
+        if W > 1:
+            dw1 += go * u1
+            acc1 += tl.where(r1, g * w1, 0.0)
+        if W > 2:
+            dw2 += go * u2
+            acc2 += tl.where(r2, g * w2, 0.0)
+        if W > 3:
+            dw3 += go * v3
+            acc3 += g * w3
+        dxp = acc0
+        if HAS_DNT:
+            if W > 1:
+                m_n = (t >= T) & (t < T + W - 1)
+                dxp += tl.load(dnt + (i_b * (W - 1) + t - T) * C + cols, mask=mc & m_n, other=0.0).to(tl.float32)
+        in_x = own & (t >= W - 1) & (t < T + W - 1)
+        tl.store(dx + i_b * sdb + (t - (W - 1)) * sdt + cols, dxp.to(dx.dtype.element_ty), mask=mc & in_x)
+        if DTAIL:
+            in_t = own & (t >= 0) & (t < W - 1)
+            tl.store(dtail + (i_b * (W - 1) + t) * C + cols, dxp.to(dtail.dtype.element_ty), mask=mc & in_t)
+        acc0 = acc1
+        acc1 = acc2
+        acc2 = acc3
+        acc3 = w0 * 0.0
+        c0 = c1
+        c1 = c2
+        if W == 2:
+            c0 = xn
+        if W == 3:
+            c1 = xn
+        if W == 4:
+            c2 = xn
+    part = i_b * NR + i_r
+    tl.store(dw_part + (part * C + cols) * W, dw0, mask=mc)
+    if W > 1:
+        tl.store(dw_part + (part * C + cols) * W + 1, dw1, mask=mc)
+    if W > 2:
+        tl.store(dw_part + (part * C + cols) * W + 2, dw2, mask=mc)
+    if W > 3:
+        tl.store(dw_part + (part * C + cols) * W + 3, dw3, mask=mc)
+    if HAS_BIAS:
+        tl.store(db_part + part * C + cols, db, mask=mc)
+
+
+@triton.jit
 def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                  BC: tl.constexpr, HAS_POS: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
     """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1 (strides sdb, sdt, 1), dtail
@@ -438,9 +584,13 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
     want_dtail = tail is not None and need[1]
     dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
     fused = bool(one_pass) and T > 0
+    rows = fused and W <= 4 and bool(tile("conv_bwd_rows", "ON"))  # the row-streaming one-pass backward
     site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
     BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
-    if fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
+    if rows:  # programs of RUN xp rows × RBC channels
+        RUN, BC = tile("conv_bwd_rows", "RUN"), tile("conv_bwd_rows", "BC")
+        NR = triton.cdiv(T + W - 1, RUN)
+    elif fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
         FBT = max(BT, triton.next_power_of_2(2 * W))
         NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
     else:
@@ -453,7 +603,16 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
         dys = [torch.zeros(B, T, c, dtype=x.dtype, device=x.device) if d is None else d.contiguous()
                for d, c in zip(dys, sizes)]
         seg = _seg_args(dys, sizes)
-    if B * C > 0 and T > 0 and fused:
+    if B * C > 0 and T > 0 and rows:
+        _conv_bwd_rows[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,
+            dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+            T, C, *seg[3:], x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+            BC=BC, RUN=RUN, HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+            HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, NSEG=len(sizes), ALIGN=_align(sizes),
+            **launch("conv_bwd_rows"))
+    elif B * C > 0 and T > 0 and fused:
         _conv_bwd_fused[(NR, NC, B)](
             x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
             positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,

@@ -199,7 +199,7 @@ def _conv_workload(head_dims, dtypes, gates):
     """The short conv (layer/conv.py) forward and one-pass backward at the layers' shape (W = 4, SiLU, C = 768),
     its dw summed per block and over the program's blocks (LAUNCH["conv_bwd_fused"]["DW_ACC"] 0 and 1); and the
     joint q|k|v conv (`short_conv_joint`, NSEG = 3: three segments of 768 channels read from a [B, T, 2,304 + 16] view,
-    DW_ACC 1)."""
+    DW_ACC 1); and the row-streaming backward (LAUNCH["conv_bwd_rows"], ON = 1) of both."""
     import torch
 
     from fastweights.kernels.triton.common import util
@@ -219,6 +219,15 @@ def _conv_workload(head_dims, dtypes, gates):
                 ys, _ = short_conv_joint(xj[..., :3 * 768], ws, activation="silu")
                 sum(y.float().sum() for y in ys).backward()
     util.LAUNCH["conv_bwd_fused"]["DW_ACC"] = 0
+    util.LAUNCH["conv_bwd_rows"]["ON"] = 1  # the row-streaming backward, per conv and joint
+    for dtype in [getattr(torch, d) for d in dtypes]:
+        x = torch.randn(2, 300, 768, generator=gen).to(dtype).requires_grad_(True)
+        w = torch.randn(768, 1, 4, generator=gen).requires_grad_(True)
+        short_conv(x, w, activation="silu")[0].float().sum().backward()
+        xj = torch.randn(2, 300, 3 * 768 + 16, generator=gen).to(dtype).requires_grad_(True)
+        ws = [torch.randn(768, 1, 4, generator=gen).requires_grad_(True) for _ in range(3)]
+        sum(y.float().sum() for y in short_conv_joint(xj[..., :3 * 768], ws, activation="silu")[0]).backward()
+    util.LAUNCH["conv_bwd_rows"]["ON"] = 0
 
 
 def _rope_workload(head_dims, dtypes, gates):

@@ -62,6 +62,11 @@ a token a layer at the preset) becomes a copy of the R − C other columns (3,13
 DRAM bytes per element of the conv itself: as the per-conv path (x + dy + dx in the backward, x + y forward); one
 launch each way instead of three, 3× the programs per launch (waves: 960 → 2,880 backward programs at B = 8,
 T = 2,048, BC 32, NBLK 8).
+
+The row-streaming backward (`_conv_bwd_rows`, LAUNCH["conv_bwd_rows"]["ON"], off by default; W ≤ 4; per conv and
+joint): a program of RUN xp rows × BC channels walks its rows one at a time (W − 1 halo rows first), carrying the
+W − 1 previous xp rows and the W partial dxp rows in registers, dw and db per channel in registers: [BC] vectors
+only (sm_90: 96 registers against the one-pass kernel's 255). DRAM bytes x + dy + dx plus (W − 1)/RUN halo rows.
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
     back to fp32, and the a, b and z gradients copied into the joint projection's gradient buffer (the split's
     backward, `kernels.split_into_grad_buffer`: the joint q|k|v conv wrote dx as that buffer's q|k|v columns, so the
     old cat of the whole gradient is gone; the padding's columns are zero-filled). Not: q, k, v, z, b, a copied
-    contiguous (4 strided copies of H·K or H·V and two of H a token), nor o_proj's input cast bf16 -> fp32 -> bf16 (2 casts forward, 2 in the output
-    checkpoint's recompute, 2 backward)."""
+    contiguous (4 strided copies of H·K or H·V and two of H a token), nor o_proj's input cast bf16 -> fp32 -> bf16
+    (2 casts forward, 2 in the output checkpoint's recompute, 2 backward)."""
     fake = _gpu_route(monkeypatch)
     layer, log = _layer(), _Log()
     _step(layer, torch.randn(B, T, D), True, log)

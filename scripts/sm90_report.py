@@ -197,11 +197,13 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
 
 def _conv_workload(head_dims, dtypes, gates):
     """The short conv (layer/conv.py) forward and one-pass backward at the layers' shape (W = 4, SiLU, C = 768),
-    its dw summed per block and over the program's blocks (LAUNCH["conv_bwd_fused"]["DW_ACC"] 0 and 1)."""
+    its dw summed per block and over the program's blocks (LAUNCH["conv_bwd_fused"]["DW_ACC"] 0 and 1); and the
+    joint q|k|v conv (`short_conv_joint`, NSEG = 3: three segments of 768 channels read from a [B, T, 2,304 + 16] view,
+    DW_ACC 1); and the row-streaming backward (LAUNCH["conv_bwd_rows"], ON = 1) of both."""
     import torch
 
     from fastweights.kernels.triton.common import util
-    from fastweights.kernels.triton.layer.conv import short_conv
+    from fastweights.kernels.triton.layer.conv import short_conv, short_conv_joint
 
     gen = torch.Generator().manual_seed(0)
     for acc in (0, 1):
@@ -211,7 +213,21 @@ def _conv_workload(head_dims, dtypes, gates):
             w = torch.randn(768, 1, 4, generator=gen).requires_grad_(True)
             y, _ = short_conv(x, w, activation="silu")
             y.float().sum().backward()
+            if acc:
+                xj = torch.randn(2, 300, 3 * 768 + 16, generator=gen).to(dtype).requires_grad_(True)
+                ws = [torch.randn(768, 1, 4, generator=gen).requires_grad_(True) for _ in range(3)]
+                ys, _ = short_conv_joint(xj[..., :3 * 768], ws, activation="silu")
+                sum(y.float().sum() for y in ys).backward()
     util.LAUNCH["conv_bwd_fused"]["DW_ACC"] = 0
+    util.LAUNCH["conv_bwd_rows"]["ON"] = 1  # the row-streaming backward, per conv and joint
+    for dtype in [getattr(torch, d) for d in dtypes]:
+        x = torch.randn(2, 300, 768, generator=gen).to(dtype).requires_grad_(True)
+        w = torch.randn(768, 1, 4, generator=gen).requires_grad_(True)
+        short_conv(x, w, activation="silu")[0].float().sum().backward()
+        xj = torch.randn(2, 300, 3 * 768 + 16, generator=gen).to(dtype).requires_grad_(True)
+        ws = [torch.randn(768, 1, 4, generator=gen).requires_grad_(True) for _ in range(3)]
+        sum(y.float().sum() for y in short_conv_joint(xj[..., :3 * 768], ws, activation="silu")[0]).backward()
+    util.LAUNCH["conv_bwd_rows"]["ON"] = 0
 
 
 def _rope_workload(head_dims, dtypes, gates):
@@ -312,7 +328,7 @@ def main():
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
-                            "HAS_PERIOD", "SIGN", "PREC", "STREAM")})
+                            "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT")})
             rows.append(info)
         return kernel
 
@@ -326,7 +342,8 @@ def main():
         desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
-                                                 "HAS_PERIOD", "SIGN", "PREC", "STREAM") if k in c)
+                                                 "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT")
+                        if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"
               + (f"  ERROR {r['error'][:200]}" if r.get("error") else ""))

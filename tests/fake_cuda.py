@@ -7,7 +7,9 @@ takes the Triton rows on the CPU exactly where it would take them on a GPU, and 
 "triton" is accepted there. Each row's fn is wrapped to record the row (class, form, backend) in
 `calls`; by default a Triton row then delegates to the torch row of its (class, form) — the
 routing is what is tested, the kernels are not run — and with `kernels=True` it runs its own
-kernel (under TRITON_INTERPRET=1 on CPU tensors: the layer-level kernel tests). Torch rows are
+kernel (under TRITON_INTERPRET=1 on CPU tensors: the layer-level kernel tests) — and a row's `fn.joint` (the conv
+row's joint q|k|v launch, `layers.conv.joint_conv`) is kept, recorded, only then (without kernels the layer runs
+its convs one by one through the delegating row). Torch rows are
 recorded too. Replacing rows clears the route cache (`dispatch.Table`), and monkeypatch puts the
 original rows back after the test.
 
@@ -46,7 +48,11 @@ class FakeCuda:
             cls, form, backend = key
             if backend == "triton":
                 run = impl.fn if self.kernels else original[(cls, form, "torch")].fn
-                new = dataclasses.replace(impl, fn=self._recorded(key, run), supports=_as_if_cuda(impl.supports))
+                fn = self._recorded(key, run)
+                joint = getattr(impl.fn, "joint", None)
+                if joint is not None and self.kernels:  # the joint conv (q, k, v in one launch): its kernel, recorded
+                    fn.joint = self._recorded(key, joint)
+                new = dataclasses.replace(impl, fn=fn, supports=_as_if_cuda(impl.supports))
             elif backend == "torch":
                 new = dataclasses.replace(impl, fn=self._recorded(key, impl.fn))
             else:

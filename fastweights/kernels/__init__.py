@@ -5,6 +5,9 @@ with the autograd.Function beside each chunkwise twin) and are reached only thro
 `empty_output` is how every kernel launcher allocates what the kernel writes: uninitialised
 memory normally, NaN-filled while `poisoned_outputs()` is active (the test suite turns it on for
 kernel tests), so that an element a kernel forgets to write cannot pass a test by luck.
+
+`split_into_grad_buffer` is a split whose backward completes, in place, a gradient buffer that a kernel's backward
+allocated wider than its input (the joint q|k|v conv's dx: a column view of a [B, T, ΣN] buffer), instead of a cat.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["empty_output", "poisoned_outputs"]
+Tensor = torch.Tensor
+
+__all__ = ["empty_output", "poisoned_outputs", "split_into_grad_buffer", "GRAD_BUFFER"]
 
 _POISON = [False]
 
@@ -36,3 +41,54 @@ def poisoned_outputs() -> Iterator[None]:
         yield
     finally:
         _POISON[0] = before
+
+
+#: The attribute marking a gradient buffer that a backward allocated wider than its input (`_conv_backward`'s
+#: `into`): only such a buffer's other columns may be written by `split_into_grad_buffer`'s backward.
+GRAD_BUFFER = "_fastweights_grad_buffer"
+
+
+class _SplitIntoGradBuffer(torch.autograd.Function):
+    """y.split(sizes, -1) whose backward assembles dy in place where it can (`split_into_grad_buffer`)."""
+
+    @staticmethod
+    def forward(ctx, y, sizes):
+        ctx.sizes, ctx.shape = sizes, tuple(y.shape)
+        ctx.set_materialize_grads(False)
+        return tuple(y.split(list(sizes), dim=-1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        offs = [sum(ctx.sizes[:i]) for i in range(len(ctx.sizes))]
+        ref = next(g for g in grads if g is not None) if any(g is not None for g in grads) else None
+        if ref is None:
+            return None, None
+        buf, own = None, None
+        for i, (g, o) in enumerate(zip(grads, offs)):
+            base = g._base if g is not None else None
+            if (base is not None and getattr(base, GRAD_BUFFER, False) and tuple(base.shape) == ctx.shape
+                    and base.dtype == ref.dtype and base.is_contiguous() and g.stride() == base.stride()
+                    and g.storage_offset() - base.storage_offset() == o):
+                buf, own = base, i
+                break
+        if buf is None:  # what split's own backward does
+            return torch.cat([g if g is not None else ref.new_zeros(*ctx.shape[:-1], n)
+                              for g, n in zip(grads, ctx.sizes)], dim=-1), None
+        setattr(buf, GRAD_BUFFER, False)  # used once
+        for i, (g, o, n) in enumerate(zip(grads, offs, ctx.sizes)):
+            if i == own:
+                continue
+            if g is None:
+                buf[..., o:o + n].zero_()
+            else:
+                buf[..., o:o + n].copy_(g)
+        return buf, None
+
+
+def split_into_grad_buffer(y: Tensor, sizes: list[int]) -> tuple[Tensor, ...]:
+    """y [..., Σ sizes].split(sizes, -1) (views), whose backward writes the pieces' gradients into the buffer one of
+    them already lives in — a backward that wrote its input's gradient as a column view of a fresh marked buffer of
+    y's shape (`short_conv_joint(..., grad_in_base=True)`: dx of the q|k|v columns) — copying only the other
+    pieces' columns (bytes: theirs, read and written, instead of all of y's in a cat); where no piece's gradient is
+    such a view, the cat (split's own backward). Values bitwise split's."""
+    return _SplitIntoGradBuffer.apply(y, tuple(int(n) for n in sizes))

@@ -52,7 +52,7 @@ from ..state import MemoryState
 from ..torch_backend import finish_state, generic_chunk_exists, memory_recurrent_impl, minibatch_chunk_impl
 from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPipeline, delta_pipeline, gated_pipeline
 
-__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "gated_rms_norm",
+__all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "short_conv_joint", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
            "gated_chunk_pipeline", "generic_chunk_pipeline", "ttt_linear_chunk", "ttt_linear_kernel_serves",
            "ttt_mlp_chunk", "ttt_mlp_kernel_serves", "titans_chunk", "titans_kernel_serves",
@@ -621,6 +621,17 @@ def short_conv(x, weight, bias=None, tail=None, positions=None, activation="silu
     from .triton.layer.conv import short_conv as kernel
 
     return kernel(x, weight, bias, tail, positions, activation)
+
+
+def short_conv_joint(x, weights, biases=None, tails=None, positions=None, activation="silu", grad_in_base=False):
+    """The q, k, v convs of a layer in one launch each way: `kernels.triton.layer.conv.short_conv_joint` (x the
+    q|k|v columns [B, T, Σ C_s]; lists of weights, biases, tails) -> ([y_s], [new tail_s])."""
+    from .triton.layer.conv import short_conv_joint as kernel
+
+    return kernel(x, weights, biases, tails, positions, activation, grad_in_base=grad_in_base)
+
+
+short_conv.joint = short_conv_joint  # the conv row's joint launch (`layers.conv.joint_conv` finds it on the row)
 
 
 def rope(x, start: int, *, base: float = 10000.0, period: int | None = None, positions=None):

@@ -16,9 +16,16 @@ the promoted dtype of x, tail, weight and bias, the width W) and the module's re
 kernel and the backward one (`kernels.triton.layer.conv.short_conv`: taps, bias, SiLU and the tail
 fused, fp32 arithmetic; x read in place when only its channels are contiguous, e.g. a slice of a
 fused projection); elsewhere the torch ops (`torch_layer_ops.short_conv`).
+
+`joint_conv` runs several ShortConvs of one layer (q, k, v) whose inputs are adjacent column ranges of one tensor
+(the joint projection) as one Triton conv each way (`kernels.triton.layer.conv.short_conv_joint`) where every one
+of them routes to the Triton row and they share width, activation and bias-ness: one forward launch, one backward
+launch writing dx as one [B, T, Σ C] tensor.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -29,7 +36,7 @@ from .routing import describe_routes, layer_op_row
 
 Tensor = torch.Tensor
 
-__all__ = ["ShortConv"]
+__all__ = ["ShortConv", "joint_conv"]
 
 
 class ShortConv(nn.Module):
@@ -85,3 +92,50 @@ class ShortConv(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}, "
                 f"backend={self.backend}{describe_routes(self.routes)}")
+
+
+def conv_interpreting() -> bool:
+    """Whether Triton runs under its interpreter (TRITON_INTERPRET=1: CPU tensors, the tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | None = None,
+               positions: Tensor | None = None, *, grad_in_base: bool = False
+               ) -> tuple[list[Tensor], list[Tensor]] | None:
+    """The ShortConvs `convs` (≤ 3) on the adjacent column ranges of x [B, T, Σ C_i] (channels contiguous, any row
+    stride: e.g. the q|k|v columns of the joint projection) in one launch each way
+    (`kernels.triton.layer.conv.short_conv_joint`) -> ([y_i [B, T, C_i]], [new tail_i [B, W − 1, C_i]]), equal
+    bitwise to the convs one by one on x's column views; tails: one [B, W − 1, C_i] or None each (all or none).
+
+    None (nothing run) where the joint launch does not apply: the convs differ in width, activation, bias-ness or
+    requested backend; their rows (each conv's, recorded in its routes) are not all the one row with a joint launch
+    (`fn.joint`: the Triton row's `kernels.rows.short_conv_joint`); x is not on CUDA (nor
+    under TRITON_INTERPRET=1); some but not all tails given. The caller then runs each conv itself.
+    grad_in_base: x's gradient written as a column view of a buffer of its base's shape
+    (`kernels.split_into_grad_buffer` completes it: no cat of the projection's gradient)."""
+    if not 1 <= len(convs) <= 3 or not isinstance(x, Tensor) or x.dim() != 3:
+        return None
+    c0 = convs[0]
+    same = all(c.kernel_size == c0.kernel_size and c.activation == c0.activation and c.backend == c0.backend
+               and (c.conv.bias is None) == (c0.conv.bias is None) for c in convs)
+    if not same or x.shape[2] != sum(c.channels for c in convs) or not (x.is_cuda or conv_interpreting()):
+        return None
+    tails = list(tails) if tails is not None else [None] * len(convs)
+    if any(t is None for t in tails) and not all(t is None for t in tails):
+        return None
+    B, T, _ = x.shape
+    for c, t in zip(convs, tails):
+        if t is not None and (not isinstance(t, Tensor) or tuple(t.shape) != (B, c.kernel_size - 1, c.channels)):
+            raise InputError(f"conv tail must have shape {[B, c.kernel_size - 1, c.channels]}, got "
+                             f"{list(getattr(t, 'shape', [])) or type(t).__name__}")
+    if positions is not None:
+        check_positions("positions", positions, B, T)
+    ws = [c.conv.weight for c in convs]
+    bs = [c.conv.bias for c in convs] if c0.conv.bias is not None else None
+    given = [t for t in tails if t is not None]
+    target = Target.of(x.device, promoted_dtype(x, *given, *ws, *(bs or [])), conv_width=c0.kernel_size)
+    impls = [layer_op_row(c.routes, "conv", c.backend, target) for c in convs]
+    joint = getattr(impls[0].fn, "joint", None)  # the Triton row's `rows.short_conv_joint`
+    if joint is None or any(impl.fn is not impls[0].fn for impl in impls):
+        return None
+    return joint(x, ws, bs, tails if given else None, positions, c0.activation, grad_in_base=grad_in_base)

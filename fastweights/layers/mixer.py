@@ -68,10 +68,11 @@ from ..inputs import (
     check_like,
     init_state,
 )
+from ..kernels import split_into_grad_buffer
 from ..recipe import Recipe, RecipeError, has_bare_state
 from ..state import KVCache, MemoryState, compute_dtype
 from ..zoo import ZOO, resolve
-from .conv import ShortConv
+from .conv import ShortConv, conv_interpreting, joint_conv
 from .gates import BetaGate, GLAGate, LogSigmoidGate, MambaDecay, SigmoidGate
 from .kv import empty_cache, has_positions_bias, kv_extend
 from .norm import GatedRMSNorm, RMSNorm, gate_activation, l2norm
@@ -635,7 +636,7 @@ class MemoryMixer(nn.Module):
             out.append(("z", "g_proj"))
         return tuple(out)
 
-    def _project(self, x: Tensor) -> dict[str, Tensor]:
+    def _project(self, x: Tensor, merge_qkv: bool = False) -> dict[str, Tensor]:
         """{q, k, v[, a, b, z]}: the projections of x [B, T, d] (`_joint_projections`) as one matmul
         F.linear(x, cat(W_q, W_k, ...)) split into column views [B, T, N_i] (row stride ΣN_i).
 
@@ -650,7 +651,12 @@ class MemoryMixer(nn.Module):
         scripts/gpu_lm_profile.py); the padding columns are dropped and get no gradient.
         Fused only while every one of them is a plain bias-free nn.Linear without hooks (`_plain_linear`,
         asked per call); otherwise each is called as a module, so PEFT adapters, quantised Linears and
-        hooks apply."""
+        hooks apply.
+        merge_qkv (the joint conv, `_joint_conv_fits`): the split keeps q|k|v as one column view "qkv" [B, T, ΣN_qkv]
+        (the joint conv's input), and q, k, v are views of it (not to be differentiated through where "qkv" is used:
+        each would add a zero-padded gradient); the split is `kernels.split_into_grad_buffer`: the conv writes dx
+        as the q|k|v columns of a [B, T, ΣN_i + pad] buffer and the split's backward copies only a, b, z (and
+        zeros the padding) into it — no cat of the whole projection's gradient."""
         if not self.joint_projections:
             return {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         lins = [self.get_submodule(path) for _, path in self.joint_projections]
@@ -661,6 +667,11 @@ class MemoryMixer(nn.Module):
         pad = -sum(sizes) % _ROW_ALIGN
         w = torch.cat([lin.weight for lin in lins] + ([lins[0].weight.new_zeros(pad, x.shape[-1])] if pad else []))
         y = F.linear(x, w)  # [B, T, ΣN_i + pad]
+        if merge_qkv and keys[:3] == ("q", "k", "v"):  # the split's backward completes the conv's dx buffer
+            parts = split_into_grad_buffer(y, [sum(sizes[:3])] + sizes[3:] + ([pad] if pad else []))
+            out = dict(zip(("qkv",) + keys[3:], parts))
+            out.update(zip(("q", "k", "v"), out["qkv"].split(sizes[:3], dim=-1)))
+            return out
         return dict(zip(keys, y.split(sizes + ([pad] if pad else []), dim=-1)))
 
     # ------------------------------------------------------------------ states
@@ -788,21 +799,28 @@ class MemoryMixer(nn.Module):
         tpos = seg.pos if seg is not None else None  # [B, T] positions inside the documents (RoPE)
         cpos = seg.conv_positions if seg is not None else None  # [B, T] how far back a conv reads
 
-        proj = self._project(x)  # {q, k, v[, a, b, z]}
+        proj = self._project(x, merge_qkv=self._joint_conv_fits(x))  # {q, k, v[, qkv, a, b, z]}
         q, k, v = proj["q"], proj["k"], proj["v"]
         if cp is not None:  # the convs' tails: the previous rank's last W − 1 inputs (its halo)
             state = self._context_tails(q, k, v, cp)
         tq = tk = tv = tw = None
+        joint = None
+        if "qkv" in proj:  # q, k, v's convs in one launch each way on the q|k|v columns, read in place
+            convs = [self.q_conv, self.k_conv, self.v_conv]
+            tails = [state.conv_q, state.conv_k, state.conv_v] if state is not None else None
+            joint = joint_conv(convs, proj["qkv"], tails, cpos, grad_in_base=True)
+            if joint is not None:
+                (q, k, v), (tq, tk, tv) = joint
         # the convs read q, k, v in place (column views of the joint projection, row stride ΣN_i) when all three
         # have one (`_in_place`): each keeps its view for its backward, so the joint output [B, T, ΣN_i] stays
         # alive, and the gated norm reads its gate z in place too (a, b, z and the padding, beside q, k, v: what the
         # copies kept, to within a, b and the padding); else contiguous copies (a conv keeping a view would keep
         # all of the joint output, z's columns too, beside the gated norm's copy of z)
         own = (lambda t: t) if self._in_place(proj) else (lambda t: t.contiguous())
-        if self.q_conv is not None:
+        if joint is None and self.q_conv is not None:
             q, tq = self.q_conv(own(q), state.conv_q if state is not None else None, cpos)
             k, tk = self.k_conv(own(k), state.conv_k if state is not None else None, cpos)
-        if self.v_conv is not None:
+        if joint is None and self.v_conv is not None:
             v, tv = self.v_conv(own(v), state.conv_v if state is not None else None, cpos)
         kh = Hkv if self.is_softmax else Hq
         q = q.view(B, T, Hq, K)  # [B, T, Hq, K]
@@ -896,6 +914,19 @@ class MemoryMixer(nn.Module):
             return y, None
         return y, MixerState(memory=memory, conv_q=tq, conv_k=tk, conv_v=tv, conv_w=tw, position=pos + T,
                              kv_doc=kv_doc)
+
+    def _joint_conv_fits(self, x: Tensor) -> bool:
+        """Whether to try the joint conv (`conv.joint_conv`; it still declines where the rows are not Triton, and
+        the convs then run one by one on views of the merged q|k|v): q, k, v all have convs of one width, activation,
+        bias-ness and backend, x is on CUDA (or TRITON_INTERPRET=1) and q, k, v lead the joint projection."""
+        convs = (self.q_conv, self.k_conv, self.v_conv)
+        if any(c is None for c in convs) or not self.joint_projections or not (x.is_cuda or conv_interpreting()):
+            return False
+        if tuple(key for key, _ in self.joint_projections[:3]) != ("q", "k", "v"):
+            return False
+        c0 = convs[0]
+        return all(c.kernel_size == c0.kernel_size and c.activation == c0.activation and c.backend == c0.backend
+                   and (c.conv.bias is None) == (c0.conv.bias is None) for c in convs)
 
     def _in_place(self, proj: dict[str, Tensor]) -> bool:
         """Whether q, k, v go to their convs as column views of the joint projection (and z to the output as one):

@@ -87,10 +87,11 @@ def _activation_copies(log: _Log) -> collections.Counter:
 
 def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
     """bf16 autocast, the Triton rows: the activations' copies are x's cast to bf16 (forward), its gradient's cast
-    back to fp32, and the cat of the joint projection's gradient (the split's backward: the q, k, v gradients come
-    from the convs' backward as separate tensors). Not: q, k, v, z, b, a copied contiguous (4 strided copies of
-    H·K or H·V and two of H a token), nor o_proj's input cast bf16 -> fp32 -> bf16 (2 casts forward, 2 in the output
-    checkpoint's recompute, 2 backward)."""
+    back to fp32, and the a, b and z gradients copied into the joint projection's gradient buffer (the split's
+    backward, `kernels.split_into_grad_buffer`: the joint q|k|v conv wrote dx as that buffer's q|k|v columns, so the
+    old cat of the whole gradient is gone; the padding's columns are zero-filled). Not: q, k, v, z, b, a copied
+    contiguous (4 strided copies of H·K or H·V and two of H a token), nor o_proj's input cast bf16 -> fp32 -> bf16
+    (2 casts forward, 2 in the output checkpoint's recompute, 2 backward)."""
     fake = _gpu_route(monkeypatch)
     layer, log = _layer(), _Log()
     _step(layer, torch.randn(B, T, D), True, log)
@@ -99,19 +100,21 @@ def test_delta_layer_copies_on_the_gpu_route(monkeypatch):
         want = {("layer", op, "triton") for op in ("conv", "norm", "prologue")} | {("delta", "chunk", "triton")}
         assert want <= calls, calls
     got = _activation_copies(log)
-    assert got == {"_to_copy": 2, "cat": 1}, (got, [w for (n, sh), w in zip(log.ops, log.where)
+    assert got == {"_to_copy": 2, "copy_": 3}, (got, [w for (n, sh), w in zip(log.ops, log.where)
                                                    if sh[:2] == (B, T) or sh[:1] == (B * T,)])
 
 
 @pytest.mark.parametrize("autocast", [True, False])
 def test_delta_layer_in_place_reads_change_nothing(monkeypatch, autocast):
-    """The layer with q, k, v, z read in place by the convs and the gated norm, b and a by the prologue, and o_proj's
-    input not cast: outputs and every gradient bitwise those of the copying wiring, bf16 autocast and fp32."""
+    """The layer with q, k, v, z read in place by the joint conv and the gated norm, b and a by the prologue, and
+    o_proj's input not cast: outputs and every gradient bitwise those of the copying wiring (three convs on
+    contiguous copies), bf16 autocast and fp32."""
     _gpu_route(monkeypatch)
     layer, x = _layer(), torch.randn(B, T, D)
     new = _step(layer, x, autocast)
     with monkeypatch.context() as m:
         m.setattr(MemoryMixer, "_in_place", lambda self, proj: False)
+        m.setattr(MemoryMixer, "_joint_conv_fits", lambda self, x: False)  # the q, k, v convs one by one
         m.setattr(prologue_mod, "_rows", lambda t: t.contiguous() if t is not None else None)
         m.setattr(mixer_mod, "_linear_input", lambda o, w: o.to(w.dtype))
         log = _Log()

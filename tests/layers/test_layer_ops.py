@@ -54,7 +54,7 @@ def test_layer_ops_route_on_the_rule(monkeypatch):
 @pytest.fixture
 def calls(monkeypatch):
     """How often each fused entry point ran."""
-    n = {"conv": 0, "norm": 0, "prologue": 0}
+    n = {"conv": 0, "conv_joint": 0, "norm": 0, "prologue": 0}
 
     def counted(mod, name, key):
         fn = getattr(mod, name)
@@ -65,6 +65,7 @@ def calls(monkeypatch):
         monkeypatch.setattr(mod, name, wrapper)
 
     counted(conv_k, "short_conv", "conv")
+    counted(conv_k, "short_conv_joint", "conv_joint")
     counted(norm_k, "gated_rms_norm", "norm")
     counted(prologue_k, "delta_prologue", "prologue")
     return n
@@ -107,7 +108,8 @@ def _run(layer, x, *, state=None, segments=None):
 def _compare(twins, x, calls, prologue=True, tol=FUSED_LAYER_F32_REL, **kw):
     fused, layer = twins
     y1, s1, g1 = _run(fused, x, **kw)
-    assert calls["conv"] >= 2 and calls["norm"] >= 1 and (calls["prologue"] >= 1) == prologue, calls
+    assert calls["conv"] >= 2 or calls["conv_joint"] >= 1, calls
+    assert calls["norm"] >= 1 and (calls["prologue"] >= 1) == prologue, calls
     before = dict(calls)
     y2, s2, g2 = _run(layer, x, **kw)
     assert calls == before  # the torch twin used no kernel
@@ -241,3 +243,48 @@ def test_mixer_fused_equals_torch_realistic_cuda(name, calls):
     _compare(_twins(1024, name, 8, head_dim=128, dtype=torch.bfloat16),
              torch.randn(2, 2048, 1024).to(DEV, torch.bfloat16), calls, prologue=name != "mamba2",
              tol=FUSED_LAYER_BF16_REL)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("name,dtype", [("gated_deltanet", torch.float32), ("gated_deltanet", torch.bfloat16),
+                                        ("mamba2", torch.float32), ("kda", torch.float32)])
+def test_mixer_joint_conv_equals_per_conv(name, dtype, calls, kernels, monkeypatch):
+    """The q, k, v convs in one launch each way (`layers.conv.joint_conv` on the q|k|v columns of the joint
+    projection) against the old wiring (one conv each on its column view; `_joint_conv_fits` patched False): the
+    output, the carried state and every parameter gradient bitwise — alone, with a carried state (conv tails and
+    memory) and with packed documents (positions); the projection's gradient assembled in the conv's dx buffer.
+    """
+    import fastweights.kernels as kernels_pkg
+
+    in_place = []  # per backward of the projection's split: whether it completed the conv's dx buffer (no cat)
+    split_backward = kernels_pkg._SplitIntoGradBuffer.backward
+
+    def recorded(ctx, *grads):
+        out = split_backward(ctx, *grads)
+        in_place.append(getattr(out[0], kernels_pkg.GRAD_BUFFER, None) is False)
+        return out
+    monkeypatch.setattr(kernels_pkg._SplitIntoGradBuffer, "backward", staticmethod(recorded))
+    layer = _mixer(32, name, 2, head_dim=16, layer_ops="triton").to(DEV, dtype)
+    st = layer.init_state(2)
+    st = type(st)(**{**st.__dict__, "conv_q": torch.randn_like(st.conv_q), "conv_k": torch.randn_like(st.conv_k),
+                     "conv_v": torch.randn_like(st.conv_v)})
+    seg = Segments.build(1, 11, cu_seqlens=torch.tensor([0, 2, 7, 11]), device=DEV)
+    runs = [(torch.randn(2, 9, 32), {}), (torch.randn(2, 5, 32), {"state": st}),
+            (torch.randn(1, 11, 32), {"segments": seg})]
+    for x, kw in runs:
+        x = x.to(DEV, dtype)
+        for k in calls:
+            calls[k] = 0
+        in_place.clear()
+        joint = _run(layer, x, **kw)
+        assert calls["conv_joint"] == 1 and calls["conv"] == 0 and in_place == [True], (calls, in_place)
+        with monkeypatch.context() as m:
+            m.setattr(MemoryMixer, "_joint_conv_fits", lambda self, x: False)
+            old = _run(layer, x, **kw)
+        assert calls["conv_joint"] == 1 and calls["conv"] == 3, calls
+        assert torch.equal(joint[0], old[0])
+        for a, b in zip(joint[1], old[1], strict=True):
+            assert torch.equal(a, b)
+        assert set(joint[2]) == set(old[2]) == {n for n, _ in layer.named_parameters()}
+        for n in old[2]:
+            assert torch.equal(joint[2][n], old[2][n]), n

@@ -44,10 +44,12 @@ def test_gated_deltanet_layer_saved_bytes_per_token():
         # convs' inputs (`short_conv(recompute_outputs=True)`), q̂ and k̂ from those; not the chunk states h, U;
         # not the gate z nor b and a: the checkpoint and the prologue keep them as column views of the joint
         # projection, counted below.
-        "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + bf16 * v,
-        # the convolutions' inputs, column views of the joint projection [q k v a b z pad] read in place: all of
-        # it (q, k, v, the gate z, a, b and the padding to a multiple of 8 columns), no copies of q, k, v, z
-        "ShortConv": bf16 * -(-(2 * qk + 2 * v + 2 * H) // 8) * 8,
+        # Plus the convolutions' inputs, column views of the joint projection [q k v a b z pad] read in place: all
+        # of it (q, k, v, the gate z, a, b and the padding to a multiple of 8 columns), no copies of q, k, v, z —
+        # counted here, not under ShortConv: the q, k, v convs run as one launch (`layers.conv.joint_conv`) called
+        # from the mixer's forward, not from a ShortConv module's.
+        "MemoryMixer": bf16 * d + fp32 * H * C + 2 * fp32 * H + bf16 * v + bf16 * -(-(2 * qk + 2 * v + 2 * H) // 8) * 8,
+        "ShortConv": 0,
         # the MLP's projections' inputs (x cast once for each of w1 and w3, w2's hidden input) and nothing of
         # the mixer: its projections of x are one matmul (its cast counted above), o_proj's input is recomputed
         "Linear": bf16 * (2 * d + hidden),

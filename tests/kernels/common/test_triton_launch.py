@@ -147,14 +147,20 @@ def _memories(gen):
 
 
 def _conv(gen):
-    """The short conv forward and both backwards (the one-pass and the two kernels), and RoPE forward and backward."""
+    """The short conv forward and its backwards (the one-pass, the two kernels, the row-streaming one), and RoPE
+    forward and backward."""
     from fastweights.kernels.triton.layer.conv import short_conv
     from fastweights.kernels.triton.layer.rope import rope
 
-    for one_pass in (True, False):
-        x = torch.randn(1, 20, 8, generator=gen).to(DEV).requires_grad_(True)
-        w = torch.randn(8, 4, generator=gen).to(DEV).requires_grad_(True)
-        short_conv(x, w, one_pass_backward=one_pass)[0].sum().backward()
+    for one_pass, rows in ((True, 0), (False, 0), (True, 1)):  # rows: the row-streaming backward (conv_bwd_rows)
+        old = util.LAUNCH["conv_bwd_rows"]["ON"]
+        util.LAUNCH["conv_bwd_rows"]["ON"] = rows
+        try:
+            x = torch.randn(1, 20, 8, generator=gen).to(DEV).requires_grad_(True)
+            w = torch.randn(8, 4, generator=gen).to(DEV).requires_grad_(True)
+            short_conv(x, w, one_pass_backward=one_pass)[0].sum().backward()
+        finally:
+            util.LAUNCH["conv_bwd_rows"]["ON"] = old
     x = torch.randn(1, 20, 2, 8, generator=gen).to(DEV).requires_grad_(True)
     rope(x, 3).sum().backward()
 
@@ -187,7 +193,7 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
                                   "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
-                                  "ttt_mlp_bwd") else 4
+                                  "ttt_mlp_bwd") else 2 if name == "conv_bwd_rows" else 4
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2

@@ -47,23 +47,45 @@ tap loads plus (W − 1)/BT recomputed halo rows per element. On the H100 it is 
 With DW_ACC (the default since the H200 sweep of r4s9: W ≤ 4) dw's products are summed elementwise per tap over
 the program's blocks and reduced over the rows once, not once per block: 127 µs at C = 1,024, 232 at 2,048 (the
 per-block reductions, cross-warp through shared memory, were a third of the kernel).
+
+The joint launch (`short_conv_joint`, issue 32): a layer's q, k and v convs (one width, activation and bias-ness) as
+NSEG = 3 segments of one conv over the joint C = C_q + C_k + C_v channels: x [B, T, C] is the q|k|v column range of
+the joint projection [B, T, R] (row stride R, read in place), the weights [C, W], biases [C] and tails [B, W − 1, C]
+are the three concatenated (W + 1 values a channel, plus the tails: cheap), and every channel block belongs to one
+segment (`_segment`: each segment starts a new block; ALIGN = gcd(C_s, 16) keeps the offsets' divisibility for
+vectorized access). Outputs: y_q [B, T, C_q], y_k, y_v, each contiguous (the kernel picks the segment's pointer), so
+the consumers (the prologue's L2 norm, the delta kernels, recompute by `conv_source` of one segment alone) see what
+they saw; the backward reads dy_q, dy_k, dy_v in place and writes dx of all C channels — with grad_in_base, as the
+q|k|v columns of a fresh [B, T, R] buffer that the projection's split (`kernels.split_into_grad_buffer`) completes in
+place with the a, b, z (and padding) columns: the old wiring's cat of dY (read and write all R columns: 12,360 bytes
+a token a layer at the preset) becomes a copy of the R − C other columns (3,136 bytes at R = 3,088, C = 2,304, bf16).
+DRAM bytes per element of the conv itself: as the per-conv path (x + dy + dx in the backward, x + y forward); one
+launch each way instead of three, 3× the programs per launch (waves: 960 → 2,880 backward programs at B = 8,
+T = 2,048, BC 32, NBLK 8).
+
+The row-streaming backward (`_conv_bwd_rows`, LAUNCH["conv_bwd_rows"]["ON"], off by default; W ≤ 4; per conv and
+joint): a program of RUN xp rows × BC channels walks its rows one at a time (W − 1 halo rows first), carrying the
+W − 1 previous xp rows and the W partial dxp rows in registers, dw and db per channel in registers: [BC] vectors
+only (sm_90: 96 registers against the one-pass kernel's 255). DRAM bytes x + dy + dx plus (W − 1)/RUN halo rows.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from ....inputs import InputError
-from ... import empty_output
+from ... import GRAD_BUFFER, empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_CONV_WIDTH
 from ..common.util import launch, tile
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
+__all__ = ["short_conv", "short_conv_joint", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Launch settings: util.LAUNCH's "conv_fwd", "conv_bwd_fused" (the one-pass backward), "conv_bwd_dpre" and
@@ -127,18 +149,51 @@ def _positions(pos, i_b, t, T, HAS_POS: tl.constexpr):
 
 
 @triton.jit
-def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
-              BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
-              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+def _segment(i_c, y0, y1, y2, C0, C1, C2, BC: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
+    """Channel block i_c of the joint range of NSEG ≤ 3 segments (widths C0, C1, C2; each starts a new block):
+    (its segment's tensor among y0, y1, y2, the segment's width Cs, its first joint channel, the block's index inside
+    the segment). NSEG = 1: (y0, C0, 0, i_c). ALIGN: a divisor of every C_s (≤ 16), told to the compiler so
+    that the loads and stores at the segment's offset and row stride stay vectorized as at NSEG = 1."""
+    yp = y0
+    cs = C0 + 0 * i_c
+    off = 0 * i_c
+    blk = i_c
+    if NSEG > 1:
+        n0 = tl.cdiv(C0, BC)
+        n1 = tl.cdiv(C1, BC)
+        if i_c >= n0 + n1:
+            yp = y2
+        elif i_c >= n0:
+            yp = y1
+        in1 = (i_c >= n0) & (i_c < n0 + n1)
+        in2 = i_c >= n0 + n1
+        blk = i_c - tl.where(in2, n0 + n1, tl.where(in1, n0, 0))
+        cs = tl.where(in2, C2, tl.where(in1, C1, C0))
+        off = tl.where(in2, C0 + C1, tl.where(in1, C0, 0))
+        if ALIGN > 1:
+            cs = tl.multiple_of(cs, ALIGN)
+            off = tl.multiple_of(off, ALIGN)
+    return yp, cs, off, blk
+
+
+@triton.jit
+def _conv_fwd(x, tail, w, bias, pos, y, y1, y2, new_tail, T, C, C0, C1, C2, sxb, sxt, XDT: tl.constexpr,
+              W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr, NSEG: tl.constexpr,
+              ALIGN: tl.constexpr):
+    """y of the segment owning channel block i_c (`_segment`: y, y1, y2 [B, T, Cs] contiguous), the joint new
+    tail [B, W − 1, C]; x, the tail, w and bias span the joint C = C0 + C1 + C2 channels."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    yp, Cs, off, blk = _segment(i_c, y, y1, y2, C0, C1, C2, BC, NSEG, ALIGN)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     t = i_t * BT + tl.arange(0, BT).to(tl.int64)
     p = _positions(pos, i_b, t, T, HAS_POS)
     acc = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
     if SILU:
         acc = acc / (1.0 + tl.exp(-acc))
-    tl.store(y + (i_b * T + t)[:, None] * C + cols[None, :], acc.to(y.dtype.element_ty),
+    tl.store(yp + (i_b * T + t)[:, None] * Cs + lc[None, :], acc.to(y.dtype.element_ty),
              mask=(t < T)[:, None] & mc[None, :])
     if W > 1:
         if i_t == 0:  # new tail = xp rows T .. T + W − 2
@@ -149,14 +204,15 @@ def _conv_fwd(x, tail, w, bias, pos, y, new_tail, T, C, sxb, sxt, XDT: tl.conste
 
 
 @triton.jit
-def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W: tl.constexpr,
+def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT: tl.constexpr,
+               W: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr,
                HAS_POS: tl.constexpr, SILU: tl.constexpr):
     """(the positions p_t, dpre_t = dy_t · SILU'(pre_t) [BT, BC] fp32, 0 outside the rows mt) at rows t,
-    pre recomputed from its W taps — both backwards' first step."""
+    pre recomputed from its W taps — both backwards' first step. dy: the segment's [B, T, Cs] (channels lc)."""
     p = _positions(pos, i_b, t, T, HAS_POS)
     pre = _pre(x, tail, w, bias, i_b, t, p, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC, HAS_TAIL, HAS_BIAS, HAS_POS)
-    g = tl.load(dy + (i_b * T + t)[:, None] * C + cols[None, :], mask=mt[:, None] & mc[None, :],
+    g = tl.load(dy + (i_b * T + t)[:, None] * Cs + lc[None, :], mask=mt[:, None] & mc[None, :],
                 other=0.0).to(tl.float32)
     if SILU:
         sg = 1.0 / (1.0 + tl.exp(-pre))
@@ -165,15 +221,18 @@ def _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, 
 
 
 @triton.jit
-def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb, sxt, XDT: tl.constexpr,
-                   W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, NBLK: tl.constexpr,
-                   HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr):
+def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dy1, dy2, dpre, dw_part, db_part, T, C, C0, C1, C2, sxb, sxt,
+                   XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+                   NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
+                   SILU: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
     """dpre [B, T, C] (contiguous, dpre's dtype) of output rows [i_r·NBLK·BT, +NBLK·BT) ∩ [0, T), and
     this program's partial sums dw_part[i_b·NR + i_r, cols, :W], db_part[i_b·NR + i_r, cols]."""
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     j = tl.arange(0, BW)
     dw_acc = tl.zeros((BW, BC), dtype=tl.float32)  # [taps, channels]: the reduced rows' layout
     db_acc = tl.zeros((BC,), dtype=tl.float32)
@@ -183,7 +242,7 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
         if ts < T:  # the program's blocks that start before T
             t = ts + tl.arange(0, BT).to(tl.int64)
             mt = t < T
-            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+            p, g = _dpre_rows(x, tail, w, bias, pos, dyp, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT, W, BT, BC,
                               HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             tl.store(dpre + (i_b * T + t)[:, None] * C + cols[None, :], g.to(dpre.dtype.element_ty),
                      mask=mt[:, None] & mc[None, :])
@@ -199,10 +258,12 @@ def _conv_bwd_dpre(x, tail, w, bias, pos, dy, dpre, dw_part, db_part, T, C, sxb,
 
 
 @triton.jit
-def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part, T, C, sxb, sxt,
-                    XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+def _conv_bwd_fused(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part, db_part, T, C, C0, C1, C2,
+                    sxb, sxt, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BT: tl.constexpr,
+                    BC: tl.constexpr,
                     NBLK: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr,
-                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr):
+                    SILU: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, DW_ACC: tl.constexpr,
+                    NSEG: tl.constexpr, ALIGN: tl.constexpr):
     """The whole backward in one pass (`one_pass_backward`): block k of program i_r owns the BO = BT − W + 1
     xp rows and dpre rows [u0, u0 + BO), u0 = (i_r·NBLK + k)·BO; it computes dpre at rows t = u0 − W + 1 + r
     (r < BT: the W − 1 rows before u0 recomputed as a halo), dxp at its own rows as Σ_i dpre_{s−i} w_i ρ
@@ -213,8 +274,10 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
     BO: tl.constexpr = BT - (W - 1)
     i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NR = tl.num_programs(0)
-    cols = i_c * BC + tl.arange(0, BC)
-    mc = cols < C
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
     j = tl.arange(0, BW)
     r = tl.arange(0, BT)
     dw_acc = tl.zeros((BW, BC), dtype=tl.float32)
@@ -229,7 +292,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
             t = u0 - (W - 1) + r.to(tl.int64)  # dpre rows of the block, and (the same numbers) its xp rows s
             mt = (t >= 0) & (t < T)
             own = r >= W - 1
-            p, g = _dpre_rows(x, tail, w, bias, pos, dy, i_b, t, mt, cols, mc, T, C, sxb, sxt, XDT, W, BT, BC,
+            p, g = _dpre_rows(x, tail, w, bias, pos, dyp, i_b, t, mt, cols, lc, Cs, mc, T, C, sxb, sxt, XDT, W, BT, BC,
                               HAS_TAIL, HAS_BIAS, HAS_POS, SILU)
             go = tl.where(own[:, None], g, 0.0)
             if HAS_BIAS:
@@ -262,7 +325,7 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
                     dxp += tl.load(dnt + (i_b * (W - 1) + t - T)[:, None] * C + cols[None, :],
                                    mask=m_n[:, None] & mc[None, :], other=0.0).to(tl.float32)
             in_x = own & (t >= W - 1) & (t < T + W - 1)
-            tl.store(dx + (i_b * T + t - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+            tl.store(dx + i_b * sdb + (t - (W - 1))[:, None] * sdt + cols[None, :], dxp.to(dx.dtype.element_ty),
                      mask=in_x[:, None] & mc[None, :])
             if DTAIL:
                 in_t = own & (t >= 0) & (t < W - 1)
@@ -283,9 +346,156 @@ def _conv_bwd_fused(x, tail, w, bias, pos, dy, dnt, dx, dtail, dw_part, db_part,
 
 
 @triton.jit
-def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+def _xp_row(x, tail, i_b, s, cols, mc, T, C, sxb, sxt, XDT: tl.constexpr, W1: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """xp[i_b, s, cols] of one row s (a scalar) as fp32 [BC] (0 outside [0, W − 1 + T)), rounded to x's dtype."""
+    in_x = (s >= W1) & (s < T + W1)
+    v = tl.load(x + i_b * sxb + (s - W1) * sxt + cols, mask=mc & in_x, other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        in_t = (s >= 0) & (s < W1)
+        vt = tl.load(tail + (i_b * W1 + s) * C + cols, mask=mc & in_t, other=0.0).to(XDT).to(tl.float32)
+        v = tl.where(in_t, vt, v)
+    return v
+
+
+@triton.jit
+def _conv_bwd_rows(x, tail, w, bias, pos, dy, dy1, dy2, dnt, dx, dtail, dw_part, db_part, T, C, C0, C1, C2,
+                   sxb, sxt, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, RUN: tl.constexpr,
+                   HAS_TAIL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_POS: tl.constexpr, SILU: tl.constexpr,
+                   HAS_DNT: tl.constexpr, DTAIL: tl.constexpr, NSEG: tl.constexpr, ALIGN: tl.constexpr):
+    """The one-pass backward streamed along the rows (W ≤ 4; LAUNCH["conv_bwd_rows"]["ON"]): program i_r owns the xp
+    rows and dpre rows [a, a + RUN) ∩ [0, T + W − 1), a = i_r·RUN, of BC channels and walks them one row at a time
+    from a − W + 1 (the W − 1 halo rows: dpre recomputed, nothing stored), carrying in registers the W − 1 previous xp
+    rows (pre_t needs xp_{t..t+W−1}: one new row loaded a step) and the W partial sums of dxp_{t..t+W−1} (dpre_t adds
+    dpre_t w_i ρ_{t,i} to row t + i; row t is then complete and stored); dw_i, db summed per channel in registers.
+    Every tensor is a [BC] vector (BC / (32·num_warps) values a thread): no [BT, BC] tiles, no shuffles."""
+    i_r, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    NR = tl.num_programs(0)
+    dyp, Cs, off, blk = _segment(i_c, dy, dy1, dy2, C0, C1, C2, BC, NSEG, ALIGN)
+    lc = blk * BC + tl.arange(0, BC)
+    mc = lc < Cs
+    cols = off + lc
+    w0 = tl.load(w + cols * W, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    w1 = w0 * 0.0
+    w2 = w0 * 0.0
+    w3 = w0 * 0.0
+    if W > 1:
+        w1 = tl.load(w + cols * W + 1, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    if W > 2:
+        w2 = tl.load(w + cols * W + 2, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    if W > 3:
+        w3 = tl.load(w + cols * W + 3, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    bb = w0 * 0.0
+    if HAS_BIAS:
+        bb = tl.load(bias + cols, mask=mc, other=0.0).to(XDT).to(tl.float32)
+    a = i_r.to(tl.int64) * RUN
+    e = tl.minimum(a + RUN, T + W - 1)
+    t0 = a - (W - 1)
+    # the window xp_{t}, xp_{t+1}, xp_{t+2} before the first step (rows ≥ W − 1 of it unused at smaller W)
+    c0 = _xp_row(x, tail, i_b, t0, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    c1 = c0 * 0.0
+    c2 = c0 * 0.0
+    if W > 2:
+        c1 = _xp_row(x, tail, i_b, t0 + 1, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    if W > 3:
+        c2 = _xp_row(x, tail, i_b, t0 + 2, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)
+    acc0 = w0 * 0.0  # dxp rows t, t + 1, t + 2, t + 3 (partial)
+    acc1 = w0 * 0.0
+    acc2 = w0 * 0.0
+    acc3 = w0 * 0.0
+    dw0 = w0 * 0.0
+    dw1 = w0 * 0.0
+    dw2 = w0 * 0.0
+    dw3 = w0 * 0.0
+    db = w0 * 0.0
+    for t in range(t0, e):
+        xn = _xp_row(x, tail, i_b, t + W - 1, cols, mc, T, C, sxb, sxt, XDT, W - 1, HAS_TAIL)  # xp_{t+W−1}
+        if W == 1:
+            v0 = xn
+        else:
+            v0 = c0
+        v1 = c1
+        v2 = c2
+        if W == 2:
+            v1 = xn
+        if W == 3:
+            v2 = xn
+        v3 = xn
+        valid = (t >= 0) & (t < T)
+        p = 0
+        if HAS_POS:
+            p = tl.load(pos + i_b * T + t, mask=valid, other=0)
+        # ρ_{t,i} = [p_t ≥ W − 1 − i] (the last tap always)
+        r0 = (W - 1 == 0) | (p >= W - 1) | (not HAS_POS)
+        r1 = (W - 1 == 1) | (p >= W - 2) | (not HAS_POS)
+        r2 = (W - 1 == 2) | (p >= W - 3) | (not HAS_POS)
+        u0 = tl.where(r0, v0, 0.0)
+        u1 = tl.where(r1, v1, 0.0)
+        u2 = tl.where(r2, v2, 0.0)
+        pre = bb + w0 * u0
+        if W > 1:
+            pre += w1 * u1
+        if W > 2:
+            pre += w2 * u2
+        if W > 3:
+            pre += w3 * v3
+        g = tl.load(dyp + (i_b * T + t) * Cs + lc, mask=mc & valid, other=0.0).to(tl.float32)
+        if SILU:
+            sg = 1.0 / (1.0 + tl.exp(-pre))
+            g = g * sg * (1.0 + pre * (1.0 - sg))
+        g = tl.where(valid, g, 0.0)
+        own = t >= a
+        go = tl.where(own, g, 0.0)
+        db += go
+        dw0 += go * u0
+        acc0 += tl.where(r0, g * w0, 0.0)
+        if W > 1:
+            dw1 += go * u1
+            acc1 += tl.where(r1, g * w1, 0.0)
+        if W > 2:
+            dw2 += go * u2
+            acc2 += tl.where(r2, g * w2, 0.0)
+        if W > 3:
+            dw3 += go * v3
+            acc3 += g * w3
+        dxp = acc0
+        if HAS_DNT:
+            if W > 1:
+                m_n = (t >= T) & (t < T + W - 1)
+                dxp += tl.load(dnt + (i_b * (W - 1) + t - T) * C + cols, mask=mc & m_n, other=0.0).to(tl.float32)
+        in_x = own & (t >= W - 1) & (t < T + W - 1)
+        tl.store(dx + i_b * sdb + (t - (W - 1)) * sdt + cols, dxp.to(dx.dtype.element_ty), mask=mc & in_x)
+        if DTAIL:
+            in_t = own & (t >= 0) & (t < W - 1)
+            tl.store(dtail + (i_b * (W - 1) + t) * C + cols, dxp.to(dtail.dtype.element_ty), mask=mc & in_t)
+        acc0 = acc1
+        acc1 = acc2
+        acc2 = acc3
+        acc3 = w0 * 0.0
+        c0 = c1
+        c1 = c2
+        if W == 2:
+            c0 = xn
+        if W == 3:
+            c1 = xn
+        if W == 4:
+            c2 = xn
+    part = i_b * NR + i_r
+    tl.store(dw_part + (part * C + cols) * W, dw0, mask=mc)
+    if W > 1:
+        tl.store(dw_part + (part * C + cols) * W + 1, dw1, mask=mc)
+    if W > 2:
+        tl.store(dw_part + (part * C + cols) * W + 2, dw2, mask=mc)
+    if W > 3:
+        tl.store(dw_part + (part * C + cols) * W + 3, dw3, mask=mc)
+    if HAS_BIAS:
+        tl.store(db_part + part * C + cols, db, mask=mc)
+
+
+@triton.jit
+def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, sdb, sdt, XDT: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                  BC: tl.constexpr, HAS_POS: tl.constexpr, HAS_DNT: tl.constexpr, DTAIL: tl.constexpr):
-    """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1, dtail rows s."""
+    """dxp at xp rows s = [i_s·BT, +BT) from W shifted dpre tiles: dx rows s − W + 1 (strides sdb, sdt, 1), dtail
+    rows s."""
     i_s, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     cols = i_c * BC + tl.arange(0, BC)
     mc = cols < C
@@ -307,7 +517,7 @@ def _conv_bwd_dx(dpre, w, pos, dnt, dx, dtail, T, C, XDT: tl.constexpr, W: tl.co
             dxp += tl.load(dnt + (i_b * (W - 1) + s - T)[:, None] * C + cols[None, :], mask=m_n[:, None] & mc[None, :],
                            other=0.0).to(tl.float32)
     in_x = (s >= W - 1) & (s < T + W - 1)
-    tl.store(dx + (i_b * T + s - (W - 1))[:, None] * C + cols[None, :], dxp.to(dx.dtype.element_ty),
+    tl.store(dx + i_b * sdb + (s - (W - 1))[:, None] * sdt + cols[None, :], dxp.to(dx.dtype.element_ty),
              mask=in_x[:, None] & mc[None, :])
     if DTAIL:
         in_t = (s >= 0) & (s < W - 1)
@@ -324,26 +534,132 @@ def _rows_view(x: Tensor) -> Tensor:
     return x if x.stride(2) == 1 or x.shape[2] <= 1 else x.contiguous()
 
 
+def _align(sizes: tuple[int, ...]) -> int:
+    """The kernels' ALIGN: gcd(C_s..., 16) of several segments (1 for one: its width is an argument, specialized)."""
+    return math.gcd(16, *sizes) if len(sizes) > 1 else 1
+
+
+def _seg_args(ts: list, sizes: tuple[int, ...]) -> tuple:
+    """(t0, t1, t2, C0, C1, C2): the segments' tensors and widths as the kernels take them (unused ones: t0, 0)."""
+    ts = list(ts) + [ts[0]] * (3 - len(ts))
+    cs = list(sizes) + [0] * (3 - len(sizes))
+    return (*ts, *cs)
+
+
+def _conv_forward(x, tail, weight, bias, positions, silu, sizes):
+    """([y_s [B, T, C_s] for each segment], joint new tail [B, W − 1, C]) — x, tail, weight, bias span C = Σ C_s."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    dummy = x.new_zeros(1)
+    ys = [empty_output(B, T, c, dtype=x.dtype, device=x.device) for c in sizes]
+    new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
+    has_tail = tail is not None and W > 1
+    if B * T * C > 0:
+        BT, BC = tile("conv_fwd", "BT"), tile("conv_fwd", "BC")
+        grid = (triton.cdiv(T, BT), sum(triton.cdiv(c, BC) for c in sizes), B)
+        _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+                        positions if positions is not None else dummy, *_seg_args(ys, sizes)[:3],
+                        new_tail if W > 1 else dummy, T, C, *_seg_args(ys, sizes)[3:],
+                        x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+                        BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
+                        HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+                        NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_fwd"))
+    elif W > 1 and B * C > 0:  # T = 0: the tail carries over
+        new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+    return ys, new_tail
+
+
+def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys, dnt, need, into=None):
+    """(dx [B, T, C] — ONE buffer over the joint channels —, dtail [B, W − 1, C] or None, dw, db) from the
+    segments' output gradients dys (each [B, T, C_s] or None) and the joint new tail's dnt (or None).
+    into = (R, c0): dx is the column view [..., c0:c0 + C] of a fresh [B, T, R] buffer marked GRAD_BUFFER (the
+    gradient of the wider tensor x is a column view of: `split_into_grad_buffer`'s backward fills the other columns
+    in place instead of a cat)."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    dummy = x.new_zeros(1)
+    has_tail = tail is not None and W > 1
+    if into is not None:
+        R, c0 = into
+        full = empty_output(B, T, R, dtype=x.dtype, device=x.device)
+        setattr(full, GRAD_BUFFER, True)
+        dx = full[..., c0:c0 + C]
+    else:
+        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
+    want_dtail = tail is not None and need[1]
+    dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
+    fused = bool(one_pass) and T > 0
+    rows = fused and W <= 4 and bool(tile("conv_bwd_rows", "ON"))  # the row-streaming one-pass backward
+    site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
+    BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
+    if rows:  # programs of RUN xp rows × RBC channels
+        RUN, BC = tile("conv_bwd_rows", "RUN"), tile("conv_bwd_rows", "BC")
+        NR = triton.cdiv(T + W - 1, RUN)
+    elif fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
+        FBT = max(BT, triton.next_power_of_2(2 * W))
+        NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
+    else:
+        NR = triton.cdiv(T, NBLK * BT)  # output rows per dpre program
+    dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
+    db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
+    has_dnt = dnt is not None and W > 1
+    NC = sum(triton.cdiv(c, BC) for c in sizes)  # channel blocks: each segment starts a new one
+    if B * C > 0 and T > 0:
+        dys = [torch.zeros(B, T, c, dtype=x.dtype, device=x.device) if d is None else d.contiguous()
+               for d, c in zip(dys, sizes)]
+        seg = _seg_args(dys, sizes)
+    if B * C > 0 and T > 0 and rows:
+        _conv_bwd_rows[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,
+            dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+            T, C, *seg[3:], x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+            BC=BC, RUN=RUN, HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+            HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, NSEG=len(sizes), ALIGN=_align(sizes),
+            **launch("conv_bwd_rows"))
+    elif B * C > 0 and T > 0 and fused:
+        _conv_bwd_fused[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dnt.contiguous() if has_dnt else dummy, dx,
+            dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
+            T, C, *seg[3:], x.stride(0), x.stride(1), dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W,
+            BW=triton.next_power_of_2(W),
+            BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
+            HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
+            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes),
+            **launch("conv_bwd_fused"))
+    elif B * C > 0 and T > 0:
+        fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
+        dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
+        _conv_bwd_dpre[(NR, NC, B)](
+            x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
+            positions if positions is not None else dummy, *seg[:3], dpre, dw_part,
+            db_part if db_part is not None else dummy, T, C, *seg[3:], x.stride(0), x.stride(1),
+            XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
+            HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
+            NSEG=len(sizes), ALIGN=_align(sizes), **launch("conv_bwd_dpre"))
+        DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
+        _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
+            dpre, weight, positions if positions is not None else dummy,
+            dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
+            dx.stride(0), dx.stride(1), XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
+            HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
+    else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
+        dx.zero_()
+        dw_part.zero_()
+        if db_part is not None:
+            db_part.zero_()
+        if dtail is not None:
+            dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
+    dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
+    db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
+    return (dx if need[0] else None), dtail, dw, db
+
+
 class ShortConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, tail, weight, bias, positions, silu, one_pass=True):
-        B, T, C = x.shape
-        W = weight.shape[-1]
-        dummy = x.new_zeros(1)
-        y = empty_output(B, T, C, dtype=x.dtype, device=x.device)
-        new_tail = empty_output(B, W - 1, C, dtype=x.dtype, device=x.device)
-        has_tail = tail is not None and W > 1
-        if B * T * C > 0:
-            BT, BC = tile("conv_fwd", "BT"), tile("conv_fwd", "BC")
-            grid = (triton.cdiv(T, BT), triton.cdiv(C, BC), B)
-            _conv_fwd[grid](x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                            positions if positions is not None else dummy, y, new_tail if W > 1 else dummy, T, C,
-                            x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W,
-                            BW=triton.next_power_of_2(max(W - 1, 1)), BT=BT, BC=BC,
-                            HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=silu,
-                            **launch("conv_fwd"))
-        elif W > 1 and B * C > 0:  # T = 0: the tail carries over
-            new_tail.copy_(tail if tail is not None else torch.zeros_like(new_tail))
+        (y,), new_tail = _conv_forward(x, tail, weight, bias, positions, silu, (x.shape[2],))
         ctx.save_for_backward(x, tail, weight, bias, positions)
         ctx.silu, ctx.one_pass = silu, one_pass
         return y, new_tail
@@ -351,62 +667,45 @@ class ShortConvFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dnt):
         x, tail, weight, bias, positions = ctx.saved_tensors
-        B, T, C = x.shape
-        W = weight.shape[-1]
-        need = ctx.needs_input_grad
-        dummy = x.new_zeros(1)
-        has_tail = tail is not None and W > 1
-        dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
-        want_dtail = tail is not None and need[1]
-        dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
-        fused = bool(ctx.one_pass) and T > 0
-        site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
-        BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
-        if fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
-            FBT = max(BT, triton.next_power_of_2(2 * W))
-            NR = triton.cdiv(triton.cdiv(T + W - 1, FBT - (W - 1)), NBLK)
-        else:
-            NR = triton.cdiv(T, NBLK * BT)  # output rows per dpre program
-        dw_part = empty_output(B * NR, C, W, dtype=torch.float32, device=x.device)
-        db_part = empty_output(B * NR, C, dtype=torch.float32, device=x.device) if bias is not None else None
-        has_dnt = dnt is not None and W > 1
-        if B * C > 0 and T > 0 and fused:
-            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            _conv_bwd_fused[(NR, triton.cdiv(C, BC), B)](
-                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                positions if positions is not None else dummy, dy, dnt.contiguous() if has_dnt else dummy, dx,
-                dtail if (want_dtail and W > 1) else dummy, dw_part, db_part if db_part is not None else dummy,
-                T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype), W=W, BW=triton.next_power_of_2(W),
-                BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
-                HAS_POS=positions is not None, SILU=ctx.silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-                DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, **launch("conv_bwd_fused"))
-        elif B * C > 0 and T > 0:
-            dy = torch.zeros(B, T, C, dtype=x.dtype, device=x.device) if dy is None else dy.contiguous()
-            fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
-            dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
-            _conv_bwd_dpre[(NR, triton.cdiv(C, BC), B)](
-                x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,
-                positions if positions is not None else dummy, dy, dpre, dw_part,
-                db_part if db_part is not None else dummy, T, C, x.stride(0), x.stride(1), XDT=_tl_dtype(x.dtype),
-                W=W, BW=triton.next_power_of_2(W), BT=BT, BC=BC, NBLK=NBLK,
-                HAS_TAIL=has_tail, HAS_BIAS=bias is not None, HAS_POS=positions is not None, SILU=ctx.silu,
-                **launch("conv_bwd_dpre"))
-            DBT, DBC = tile("conv_bwd_dx", "BT"), tile("conv_bwd_dx", "BC")
-            _conv_bwd_dx[(triton.cdiv(T + W - 1, DBT), triton.cdiv(C, DBC), B)](
-                dpre, weight, positions if positions is not None else dummy,
-                dnt.contiguous() if has_dnt else dummy, dx, dtail if (want_dtail and W > 1) else dummy, T, C,
-                XDT=_tl_dtype(x.dtype), W=W, BT=DBT, BC=DBC, HAS_POS=positions is not None,
-                HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1, **launch("conv_bwd_dx"))
-        else:  # nothing to convolve: only zeros (and T = 0's tail passing through)
-            dx.zero_()
-            dw_part.zero_()
-            if db_part is not None:
-                db_part.zero_()
-            if dtail is not None:
-                dtail.copy_(dnt if dnt is not None else torch.zeros_like(dtail))
-        dw = dw_part.sum(0).reshape(weight.shape).to(weight.dtype) if need[2] else None
-        db = db_part.sum(0).to(bias.dtype) if bias is not None and need[3] else None
-        return (dx if need[0] else None), dtail, dw, db, None, None, None
+        grads = _conv_backward(x, tail, weight, bias, positions, ctx.silu, ctx.one_pass, (x.shape[2],), [dy], dnt,
+                               ctx.needs_input_grad)
+        return (*grads, None, None, None)
+
+
+class JointConvFn(torch.autograd.Function):
+    """The convs of NSEG ≤ 3 adjacent channel ranges of one input in one launch each way: x [B, T, C] (C = Σ C_s;
+    e.g. the q|k|v columns of the joint projection, read in place), the joint tail, weight [C, W] and bias ->
+    (y_0 [B, T, C_0], …, joint new tail [B, W − 1, C]); the backward writes dx into one [B, T, C] buffer."""
+
+    @staticmethod
+    def forward(ctx, x, tail, weight, bias, positions, silu, one_pass, sizes, grad_in_base=False):
+        ys, new_tail = _conv_forward(x, tail, weight, bias, positions, silu, sizes)
+        ctx.save_for_backward(x, tail, weight, bias, positions)
+        ctx.silu, ctx.one_pass, ctx.sizes = silu, one_pass, sizes
+        ctx.into = _column_view_of(x) if grad_in_base else None
+        ctx.set_materialize_grads(False)  # an unused output's (the new tail's) gradient: None, not a zero fill
+        return (*ys, new_tail)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        x, tail, weight, bias, positions = ctx.saved_tensors
+        dx, dtail, dw, db = _conv_backward(x, tail, weight, bias, positions, ctx.silu, ctx.one_pass, ctx.sizes,
+                                           list(grads[:-1]), grads[-1], ctx.needs_input_grad, ctx.into)
+        return dx, dtail, dw, db, None, None, None, None, None
+
+
+def _column_view_of(x: Tensor) -> tuple[int, int] | None:
+    """(R, c0) when x [B, T, C] is the column range [c0, c0 + C) of a contiguous [B, T, R] tensor (its _base), else
+    None."""
+    base = x._base
+    if base is None or base.dim() != 3 or not base.is_contiguous() or tuple(base.shape[:2]) != tuple(x.shape[:2]):
+        return None
+    B, T, R = base.shape
+    c0 = x.storage_offset() - base.storage_offset()
+    if x.stride() != (T * R, R, 1) or not 0 <= c0 <= R - x.shape[2]:
+        return None
+    return R, c0
+
 
 def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tensor | None = None,
                positions: Tensor | None = None, activation: str | None = "silu", *, recompute_outputs: bool = True,
@@ -425,6 +724,18 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
     inputs), in its backward. False: every consumer keeps its own copy of the output (A/B of memory and time).
     one_pass_backward: the backward in one kernel (`_conv_bwd_fused`, the faster on the H100), else the two kernels
     (dpre into a scratch, then dx)."""
+    short_conv_checks(x, weight, bias, tail, positions, activation)
+    c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
+    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
+            bool(one_pass_backward))
+    y, new_tail = ShortConvFn.apply(*args)
+    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
+        y._conv_source = _ConvSource(args, y)
+    return y, new_tail
+
+
+def short_conv_checks(x, weight, bias, tail, positions, activation) -> None:
+    """`short_conv`'s argument checks (InputError)."""
     if not isinstance(x, Tensor) or x.dim() != 3 or x.dtype not in _DTYPES:
         raise InputError(f"x must be a 3-D [B, T, C] fp32/bf16/fp16 tensor, got "
                          f"{f'{list(x.shape)} {x.dtype}' if isinstance(x, Tensor) else type(x).__name__}")
@@ -450,13 +761,66 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None = None, tail: Tens
     if any(t.device != x.device for t in given):
         raise InputError(f"x, weight, bias, tail and positions must be on one device, got "
                          f"{[str(t.device) for t in given]}")
+
+
+def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | None = None,
+                     tails: list[Tensor] | None = None, positions: Tensor | None = None,
+                     activation: str | None = "silu", *, recompute_outputs: bool = True,
+                     one_pass_backward: bool = True, grad_in_base: bool = False
+                     ) -> tuple[list[Tensor], list[Tensor]]:
+    """`short_conv` of NSEG ≤ 3 adjacent channel ranges of x in one launch each way (`JointConvFn`):
+    ([y_s [B, T, C_s]], [new tail_s [B, W − 1, C_s]]), each equal bitwise to `short_conv` of x[..., range_s] with
+    weights[s], biases[s], tails[s].
+
+    x [B, T, C] (C = Σ C_s; channels contiguous, any batch and row strides: e.g. the q|k|v columns of the joint
+    projection, read in place); weights: NSEG tensors [C_s, 1, W] or [C_s, W] of one width W; biases: NSEG [C_s]
+    or None; tails: NSEG [B, W − 1, C_s] or None (zeros); positions [B, T] or None. The outputs y_s are
+    separate contiguous tensors (as `short_conv`'s); the backward reads their gradients in place and writes dx as
+    one [B, T, C] tensor (x's gradient: no cat of three), dw, db and dtail of the concatenated [C, W], [C],
+    [B, W − 1, C] (split back by autograd: W + 1 values a channel). DRAM bytes per element as `short_conv`'s.
+    recompute_outputs: each y_s carries what recomputes it alone (`conv_source`: the single conv on x's columns
+    range_s, bitwise the same values), so a consumer recomputing q does not recompute k and v.
+    grad_in_base: where x is a column view of a contiguous [B, T, R] tensor (e.g. a piece of
+    `split_into_grad_buffer`), dx is written as that column view of a fresh marked [B, T, R] buffer, which the split's
+    backward completes in place (no cat)."""
+    if not isinstance(weights, (list, tuple)) or not 1 <= len(weights) <= 3:
+        raise InputError(f"weights must be a list of 1..3 tensors, got {type(weights).__name__}")
+    n = len(weights)
+    for name, lst in (("biases", biases), ("tails", tails)):
+        if lst is not None and (not isinstance(lst, (list, tuple)) or len(lst) != n
+                                or any(t is None for t in lst)):
+            raise InputError(f"{name} must be None or a list of {n} tensors")
+    sizes = tuple(int(w.shape[0]) for w in weights)
+    Ws = {int(w.shape[-1]) for w in weights}
+    if len(Ws) != 1 or not isinstance(x, Tensor) or x.dim() != 3 or x.shape[2] != sum(sizes):
+        raise InputError(f"x [B, T, Σ C_s = {sum(sizes)}] and weights of one width, got x "
+                         f"{list(getattr(x, 'shape', []))}, widths {sorted(Ws)}")
+    W = Ws.pop()
+    B, T, C = x.shape
+    offs = [sum(sizes[:i]) for i in range(n)]
+    # every piece checked as `short_conv` checks it (shapes, dtypes, devices, width)
+    for i in range(n):
+        short_conv_checks(x[..., offs[i]:offs[i] + sizes[i]], weights[i], biases[i] if biases else None,
+                          tails[i] if tails else None, positions, activation)
+    weight = torch.cat([w.reshape(c, W) for w, c in zip(weights, sizes)])  # [C, W]
+    bias = torch.cat(list(biases)) if biases is not None else None  # [C]
+    tail = torch.cat([t.contiguous() for t in tails], dim=-1) if tails is not None and W > 1 else None
     c = lambda t: t.contiguous() if t is not None else None  # noqa: E731
-    args = (_rows_view(x), c(tail), weight.contiguous(), c(bias), c(positions), activation == "silu",
-            bool(one_pass_backward))
-    y, new_tail = ShortConvFn.apply(*args)
-    if recompute_outputs and y.requires_grad:  # (no backward to come: nothing to recompute, nothing kept alive)
-        y._conv_source = _ConvSource(args, y)
-    return y, new_tail
+    xv, pos, silu = _rows_view(x), c(positions), activation == "silu"
+    out = JointConvFn.apply(xv, tail, weight, bias, pos, silu, bool(one_pass_backward), sizes, bool(grad_in_base))
+    ys, new_tail = list(out[:-1]), out[-1]
+    if W > 1:
+        new_tails = list(new_tail.split(list(sizes), dim=-1))
+    else:
+        new_tails = [new_tail.new_empty(B, 0, cs) for cs in sizes]
+    if recompute_outputs:
+        for i, y in enumerate(ys):
+            if y.requires_grad:
+                args = (_rows_view(xv[..., offs[i]:offs[i] + sizes[i]]), c(tails[i]) if tails is not None else None,
+                        weight[offs[i]:offs[i] + sizes[i]], c(biases[i]) if biases is not None else None, pos, silu,
+                        bool(one_pass_backward))
+                y._conv_source = _ConvSource(args, y)
+    return ys, new_tails
 
 
 class _ConvSource:

@@ -28,14 +28,14 @@ SIZES = (20, 12, 9)  # three segments, none a multiple of the blocks: every segm
 
 def _inputs(gen, *, B=2, T=37, sizes=SIZES, W=4, dtype=torch.float32, tail=True, pos=True, bias=True):
     """Y [B, T, Σ C_s + 3] (x is its first Σ C_s columns: a row stride wider than x), weights [C_s, 1, W] and
-    biases [C_s] fp32, tails [B, W − 1, C_s] in x's dtype, positions [B, T] (documents of 1..6 tokens)."""
+    biases [C_s] fp32, tails [B, W − 1, C_s] in x's dtype, positions [B, T] (documents of 1..6 tokens); all on DEV."""
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    out = {"Y": rnd(B, T, sum(sizes) + 3).to(dtype),
-           "weights": [(rnd(c, 1, W) / W ** 0.5).float() for c in sizes],
-           "biases": [rnd(c).float() for c in sizes] if bias else None,
-           "tails": [rnd(B, W - 1, c).to(dtype) for c in sizes] if tail else None, "positions": None}
+    out = {"Y": rnd(B, T, sum(sizes) + 3).to(DEV, dtype),
+           "weights": [(rnd(c, 1, W) / W ** 0.5).to(DEV, torch.float32) for c in sizes],
+           "biases": [rnd(c).to(DEV, torch.float32) for c in sizes] if bias else None,
+           "tails": [rnd(B, W - 1, c).to(DEV, dtype) for c in sizes] if tail else None, "positions": None}
     if pos:
         p = torch.zeros(B, T, dtype=torch.int64)
         for b in range(B):

@@ -14,11 +14,11 @@ PRESET="--d-model 768 --num-heads 6 --shapes 8,2048 4,4096 1,16384"
 for r in off 64 128 256; do
   if [ $r = off ]; then L=""; else echo "{\"conv_bwd_rows\": {\"ON\": 1, \"RUN\": $r}}" > $W/rows$r.json; L="--launch $W/rows$r.json"; fi
   setsid timeout -s INT -k 10 90 python3 $BT $PRESET --cuda-graph $L --out $W/train_$r > $W/train_$r.log 2>&1
-  step "train rows=$r" $?; grep "gated_deltanet" $W/train_$r.log | cut -d'|' -f3,8,10,16,17
+  step "train rows=$r" $?; grep "^| [gs]" $W/train_$r.log | cut -d"|" -f2,3,8,10,15,16
 done
 setsid timeout -s INT -k 10 90 python3 $BT --d-model 1024 --num-heads 8 --n-layers 8 --shapes 4,4096 4,8192 1,32768 \
   --cuda-graph --launch $W/rows128.json --out $W/train_1024 > $W/train_1024.log 2>&1
-step "train d1024 rows=128" $?; grep "| " $W/train_1024.log | cut -d'|' -f2,3,8,10,16,17
+step "train d1024 rows=128" $?; grep "| " $W/train_1024.log | cut -d"|" -f2,3,8,10,15,16
 setsid timeout -s INT -k 10 60 python3 $BT --d-model 768 --num-heads 6 --shapes 8,2048 --launch $W/rows128.json \
   --profile --out $W/prof > $W/prof.log 2>&1
 step profile $?; head -n 40 $W/prof/profile/gated_deltanet*.txt 2>/dev/null

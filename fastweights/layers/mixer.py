@@ -918,9 +918,11 @@ class MemoryMixer(nn.Module):
     def _joint_conv_fits(self, x: Tensor) -> bool:
         """Whether to try the joint conv (`conv.joint_conv`; it still declines where the rows are not Triton, and
         the convs then run one by one on views of the merged q|k|v): q, k, v all have convs of one width, activation,
-        bias-ness and backend, x is on CUDA (or TRITON_INTERPRET=1) and q, k, v lead the joint projection."""
+        bias-ness and backend, x is on CUDA (or TRITON_INTERPRET=1) and q, k, v lead the joint projection; not under
+        a torch.func transform (a stacked lab run's vmap: neither the kernel nor the split's buffer runs there)."""
         convs = (self.q_conv, self.k_conv, self.v_conv)
-        if any(c is None for c in convs) or not self.joint_projections or not (x.is_cuda or conv_interpreting()):
+        if any(c is None for c in convs) or not self.joint_projections or not (x.is_cuda or conv_interpreting()) \
+                or under_functorch():
             return False
         if tuple(key for key, _ in self.joint_projections[:3]) != ("q", "k", "v"):
             return False

@@ -13,6 +13,16 @@ the peak adds the forward's and backward's transients). --peak (CUDA) runs one f
 
 --split N sets `fastweights.chunkwise.minibatch.split_readout(N)` (0: every gd / momentum readout segment by
 segment); without it, the library's default.
+
+--time (CUDA) times the fwd+bwd step of `fw.chunk` at --shape in --dtype instead (issue 36's small shape by default):
+the first call alone (compiles included), then --repeats calls between CUDA events (median, min), the peak, and per
+--ns-precisions entry (ATLAS: `kernels.rows.pinned("generic", precision=P)` — the Newton–Schulz kernel's tl.dot and the
+torch iteration's products; OmegaNet has no Newton–Schulz and runs once) the relative error of o and of every input
+gradient against the first precision's run; --profile also writes the top kernels of one timed call. Each result is
+appended to time.json under --out as soon as it exists (a later row that hangs or fails keeps the earlier ones).
+
+    python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
+        --ns-precisions ieee tf32x3 tf32 --out DIR
 """
 
 from __future__ import annotations
@@ -30,9 +40,9 @@ from fastweights.chunkwise import minibatch
 from fastweights.state import state_tensors
 
 
-def _inputs(model, B, T, H, D, dtype, device, grad=True):
+def _inputs(model, B, T, H, D, dtype, device, grad=True, seed=None):
     inp = fw.example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype, device=device,
-                            requires_grad=grad)
+                            requires_grad=grad, seed=seed)
     return inp, inp.pop("initial_state", None)
 
 
@@ -91,6 +101,89 @@ def cuda_peak(model, B, T, H, D, dtype):
     return torch.cuda.max_memory_allocated() - base, time.perf_counter() - t0
 
 
+def _fwd_bwd(model, inp, st, backend):
+    """One fw.chunk forward + backward: (o, the input gradients)."""
+    o, fin = fw.chunk(model, initial_state=st, output_final_state=True, check_values=False, backend=backend, **inp)
+    loss = o.float().sum() + sum(t.float().sum() for t in state_tensors(fin))
+    leaves = [t for t in inp.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    return o, torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+def _rel(a, b):
+    if a is None or b is None:
+        return None
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repeats=5, profile_to=None, ref=None):
+    """Times of one fw.chunk fwd+bwd on CUDA (see the module doc): a dict, and (o, grads) for the next comparison."""
+    import contextlib
+    import time
+
+    from fastweights.kernels.rows import pinned
+
+    inp, st = _inputs(model, B, T, H, D, dtype, "cuda", seed=0)  # the same inputs for every precision
+    pin = pinned("generic", precision=precision) if precision and model == "atlas" else contextlib.nullcontext()
+    row = dict(model=model, shape=[B, T, H], D=D, dtype=str(dtype), backend=backend, precision=precision)
+    with pin:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        o, grads = _fwd_bwd(model, inp, st, backend)
+        torch.cuda.synchronize()
+        row.update(first_call_s=time.perf_counter() - t0, peak_GiB=(torch.cuda.max_memory_allocated() - base) / 2 ** 30)
+        if not all(bool(torch.isfinite(x).all()) for x in [o, *[g for g in grads if g is not None]]):
+            row["nonfinite"] = True
+        if ref is not None:
+            row["rel_err_o"] = _rel(o, ref[0])
+            row["rel_err_grads_max"] = max((e for e in map(_rel, grads, ref[1]) if e is not None), default=None)
+        ms = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _fwd_bwd(model, inp, st, backend)
+            end.record()
+            torch.cuda.synchronize()
+            ms.append(start.elapsed_time(end))
+        ms.sort()
+        row.update(ms_median=ms[len(ms) // 2] if ms else None, ms_min=ms[0] if ms else None, ms_all=ms)
+        if profile_to:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _fwd_bwd(model, inp, st, backend)
+                torch.cuda.synchronize()
+            Path(profile_to).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+    return row, (o, grads)
+
+
+def run_times(a, B, T, H):
+    """--time: every model (ATLAS at each --ns-precisions entry), each row appended to time.json as it is done."""
+    out = Path(a.out) if a.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for m in a.models:
+        ref = None
+        for prec in (a.ns_precisions if m == "atlas" else [None]):
+            try:
+                prof = str(out / f"profile_{m}_{prec or 'default'}.txt") if out and a.profile else None
+                row, got = time_step(m, B, T, H, a.D, getattr(torch, a.dtype), backend=a.backend, precision=prec,
+                                     repeats=a.repeats, profile_to=prof, ref=ref)
+                ref = ref or got
+            except Exception as e:  # noqa: BLE001 — a row that fails is recorded, the next one runs
+                row = dict(model=m, precision=prec, error=f"{type(e).__name__}: {str(e)[:400]}")
+            finally:
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if out:
+                (out / "time.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["omeganet", "atlas"])
@@ -106,11 +199,19 @@ def main(argv=None):
     ap.add_argument("--cpu-peak", action="store_true", help="also the CPU fwd+bwd peak of live storages, per token")
     ap.add_argument("--cpu-peak-B", type=int, default=1, help="--cpu-peak's batch (B·H the loop batches over)")
     ap.add_argument("--peak", action="store_true", help="also one fwd+bwd at --shape on CUDA: its peak")
-    ap.add_argument("--out", default=None, help="write memory.json here")
+    ap.add_argument("--out", default=None, help="write memory.json (--time: time.json) here")
+    ap.add_argument("--time", action="store_true", help="CUDA: time the fwd+bwd step at --shape (module doc)")
+    ap.add_argument("--ns-precisions", nargs="+", default=["ieee"], choices=["ieee", "tf32x3", "tf32"],
+                    help="--time: ATLAS's Newton–Schulz precisions (the first is the reference of the errors)")
+    ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
+    ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
+    ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
     a = ap.parse_args(argv)
     if a.split is not None:
         minibatch.split_readout(a.split)
     B, T, H = a.shape
+    if a.time:
+        return run_times(a, B, T, H)
     rows = []
     for m in a.models:
         (t1, t2) = a.lengths

@@ -276,14 +276,20 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
     above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
-    PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`)."""
+    PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`), and the torch Newton–Schulz iteration's
+    products at it too ("tf32", "tf32x3": TF32 tensor-core products forward and backward,
+    `chunkwise.minibatch._TF32Product`; the Gram matrices stay fp32) — by default "ieee" for every dtype: one TF32
+    pass puts 2.5–4 % into ATLAS's o at K 64 (emulated on the CPU; the Gram form squares X's condition number), 15×
+    what rounding the inputs to bf16 does, and "tf32x3" keeps fp32's accuracy but is not timed yet
+    (`scripts/minibatch_memory.py --time`, docs/kernel_notes.md)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
         return ttt_linear_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-Linear", call.q.dtype))
     if ttt_mlp_kernel_serves(call.recipe) is None:
         return ttt_mlp_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-MLP", call.q.dtype))
     if titans_kernel_serves(call.recipe) is None:
         return titans_chunk(call, cu_seqlens, precision=precision or loop_precision("Titans", call.q.dtype))
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision or NS_PRECISION))
+    precision = precision or NS_PRECISION
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision), ns_precision=precision)
 
 
 def _ttt_inputs(call):

@@ -9,6 +9,8 @@ Marked `triton`: under TRITON_INTERPRET=1 on a machine without CUDA (the kernel 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -101,3 +103,46 @@ def test_the_row_serves_muon_recipes_whatever_the_environment(monkeypatch):
     G = torch.eye(4).expand(2, 4, 4).to(DEV)
     with pytest.raises(ValueError, match="precision must be one of"):
         newton_schulz_gram(G, 5, precision="fp8")
+
+
+@pytest.mark.parametrize("pin", [None, "tf32x3", "tf32"])
+def test_the_rows_precision_reaches_the_torch_iteration(monkeypatch, pin):
+    """The generic row passes its precision to the torch Newton–Schulz iteration (the Gram sides its kernel does not
+    take) as it does to the kernel: "ieee" unless pinned (`kernels.rows.generic_chunk`)."""
+    from fastweights.kernels import rows
+
+    seen = []
+    real = rows.minibatch_chunk_impl
+
+    def recorded(*args, **kw):
+        seen.append(kw["ns_precision"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rows, "minibatch_chunk_impl", recorded)
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    inp = fw.example_inputs("atlas", batch_size=1, seq_len=5, num_heads=1, head_dim=2, device=DEV)
+    with rows.pinned("generic", precision=pin) if pin else contextlib.nullcontext():
+        fw.chunk("atlas", backend="triton", check_values=False, **inp)
+    assert seen == [pin or "ieee"]
+
+
+def test_the_row_hands_the_kernel_gram_sides_up_to_32_only(monkeypatch):
+    """ATLAS at K = V = 16 (K' 153, hidden 64: Gram sides 64 and 16): the row hands the kernel r = 16 and runs r = 64
+    on the torch iteration — the kernel's backward at R = 64 needs 288 KiB of shared memory on sm_90
+    (limits.NS_KERNEL_MAX_DIM)."""
+    from fastweights.chunkwise import minibatch
+    from fastweights.kernels.triton.common.limits import NS_KERNEL_MAX_DIM
+
+    assert NS_KERNEL_MAX_DIM == 32
+    kernel, torch_ns = [], []
+    real, real_torch = newton_schulz_gram, minibatch._newton_schulz_gram
+    monkeypatch.setattr("fastweights.kernels.triton.memories.newton_schulz.newton_schulz_gram",
+                        lambda G, steps, **kw: kernel.append(G.shape[-1]) or real(G, steps, **kw))
+    monkeypatch.setattr(minibatch, "_newton_schulz_gram",
+                        lambda G, steps, *a: torch_ns.append(G.shape[-1]) or real_torch(G, steps, *a))
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    inp = fw.example_inputs("atlas", batch_size=1, seq_len=3, num_heads=1, head_dim=16, device=DEV)
+    fw.chunk("atlas", backend="triton", check_values=False, **inp)
+    assert set(kernel) == {16} and set(torch_ns) == {64}

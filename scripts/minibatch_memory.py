@@ -18,11 +18,14 @@ segment); without it, the library's default.
 the first call alone (compiles included), then --repeats calls between CUDA events (median, min), the peak, and per
 --ns-precisions entry (ATLAS: `kernels.rows.pinned("generic", precision=P)` — the Newton–Schulz kernel's tl.dot and the
 torch iteration's products; OmegaNet has no Newton–Schulz and runs once) the relative error of o and of every input
-gradient against the first precision's run; --profile also writes the top kernels of one timed call. Each result is
+gradient against the first precision's run; --matmul-tf32 runs each model once more with torch's fp32 matmuls on
+TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradients moved 3–4e-4 from float64,
+0.16× what rounding its inputs to bf16 does; ATLAS's: its Newton–Schulz one TF32 pass, 2.5–4e-2 on o);
+--profile also writes the top kernels of one timed call. Each result is
 appended to time.json under --out as soon as it exists (a later row that hangs or fails keeps the earlier ones).
 
     python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
-        --ns-precisions ieee tf32x3 tf32 --out DIR
+        --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --out DIR
 """
 
 from __future__ import annotations
@@ -165,17 +168,27 @@ def run_times(a, B, T, H):
     if out:
         out.mkdir(parents=True, exist_ok=True)
     rows = []
+    mm = torch.backends.cuda.matmul
     for m in a.models:
         ref = None
-        for prec in (a.ns_precisions if m == "atlas" else [None]):
+        runs = [(p, False) for p in (a.ns_precisions if m == "atlas" else [None])]
+        if a.matmul_tf32:
+            runs.append((runs[0][0], True))
+        for prec, tf32 in runs:
+            prev = mm.fp32_precision
             try:
-                prof = str(out / f"profile_{m}_{prec or 'default'}.txt") if out and a.profile else None
+                if tf32:
+                    mm.fp32_precision = "tf32"
+                name = f"{m}_{prec or 'default'}{'_tf32' if tf32 else ''}"
+                prof = str(out / f"profile_{name}.txt") if out and a.profile else None
                 row, got = time_step(m, B, T, H, a.D, getattr(torch, a.dtype), backend=a.backend, precision=prec,
                                      repeats=a.repeats, profile_to=prof, ref=ref)
+                row["matmul_tf32"] = tf32
                 ref = ref or got
             except Exception as e:  # noqa: BLE001 — a row that fails is recorded, the next one runs
-                row = dict(model=m, precision=prec, error=f"{type(e).__name__}: {str(e)[:400]}")
+                row = dict(model=m, precision=prec, matmul_tf32=tf32, error=f"{type(e).__name__}: {str(e)[:400]}")
             finally:
+                mm.fp32_precision = prev
                 torch.cuda.empty_cache()
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -206,6 +219,10 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
     ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
     ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
+    ap.add_argument("--matmul-tf32", action="store_true",
+                    help="--time: each model once more with every fp32 product of the process on TF32 (torch's "
+                         "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "
+                         "model's first row) — what a TF32 region around the whole form would give at most")
     a = ap.parse_args(argv)
     if a.split is not None:
         minibatch.split_readout(a.split)

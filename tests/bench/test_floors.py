@@ -86,3 +86,7 @@ def test_newton_schulz_counts_are_atlas_iterations(monkeypatch):
     monkeypatch.setitem(floors.SHAPES, "small", (B, T, H, 8))
     table = newton_schulz_table(shapes=("small",))
     assert f"| atlas | small {B}×{T}×{H}×8 | 32 | {B * T * H} | {2 * B * T * H} |" in table
+
+    from fastweights.cli import main
+
+    assert main(["bench", "floors", "--newton-schulz", "--shapes", "small"]) == 0

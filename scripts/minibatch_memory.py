@@ -21,11 +21,12 @@ torch iteration's products; OmegaNet has no Newton–Schulz and runs once) the r
 gradient against the first precision's run; --matmul-tf32 runs each model once more with torch's fp32 matmuls on
 TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradients moved 3–4e-4 from float64,
 0.16× what rounding its inputs to bf16 does; ATLAS's: its Newton–Schulz one TF32 pass, 2.5–4e-2 on o);
---profile also writes the top kernels of one timed call. Each result is
+--profile also writes the top kernels of one timed call; --ns-kernel-sides 32 64 first runs the Newton–Schulz kernel
+alone at those Gram sides (its first call's compile seconds, or its launch error). Each result is
 appended to time.json under --out as soon as it exists (a later row that hangs or fails keeps the earlier ones).
 
     python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
-        --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --out DIR
+        --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --ns-kernel-sides 32 64 --out DIR
 """
 
 from __future__ import annotations
@@ -162,12 +163,45 @@ def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repea
     return row, (o, grads)
 
 
+def time_ns_kernel(r, M=2048, repeats=5):
+    """The Newton–Schulz kernel alone (`kernels.triton.memories.newton_schulz.newton_schulz_gram`, the generic row's
+    precision) on M fp32 Gram matrices [r, r] (one segment of ATLAS at the small shape: B·H·16 tokens), forward +
+    backward: the first call's seconds (its compiles), the median ms after, or the error (at r > 32 the backward's
+    sm_90 compile needs more shared memory than a block has: limits.NS_KERNEL_MAX_DIM)."""
+    import time
+
+    from fastweights.kernels.triton.memories.newton_schulz import newton_schulz_gram
+
+    row = dict(kernel="newton_schulz_gram", r=r, M=M)
+    x = torch.randn(M, r, r + 8, device="cuda")
+    G = (x @ x.transpose(-1, -2)).requires_grad_(True)
+    D = torch.randn(M, r, r, device="cuda")
+    try:
+        for i in range(1 + repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            (newton_schulz_gram(G, 5) * D).sum().backward()
+            torch.cuda.synchronize()
+            row.setdefault("first_call_s" if i == 0 else "ms", []).append(time.perf_counter() - t0 if i == 0 else
+                                                                          1e3 * (time.perf_counter() - t0))
+        row["first_call_s"] = row["first_call_s"][0]
+        row["ms_median"] = sorted(row["ms"])[len(row["ms"]) // 2]
+    except Exception as e:  # noqa: BLE001 — the error is the result (OutOfResources expected at r > 32)
+        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    return row
+
+
 def run_times(a, B, T, H):
     """--time: every model (ATLAS at each --ns-precisions entry), each row appended to time.json as it is done."""
     out = Path(a.out) if a.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     rows = []
+    for r in a.ns_kernel_sides:
+        rows.append(time_ns_kernel(r))
+        print(json.dumps(rows[-1]), flush=True)
+        if out:
+            (out / "time.json").write_text(json.dumps(rows, indent=1))
     mm = torch.backends.cuda.matmul
     for m in a.models:
         ref = None
@@ -219,6 +253,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
     ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
     ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
+    ap.add_argument("--ns-kernel-sides", type=int, nargs="*", default=[],
+                    help="--time: first the Newton–Schulz kernel alone at these Gram sides (compile s, ms, or error)")
     ap.add_argument("--matmul-tf32", action="store_true",
                     help="--time: each model once more with every fp32 product of the process on TF32 (torch's "
                          "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "

@@ -463,3 +463,21 @@ def test_tf32x3_newton_schulz_keeps_fp32_accuracy_where_one_tf32_pass_does_not()
             errs[precision] = (ns_rel(P.detach(), ref.detach(), G), rel_dG)
         assert max(errs["ieee"]) <= NS_F32_REL and max(errs["tf32x3"]) <= NS_F32_REL, errs
         assert errs["tf32"][0] >= 10 * NS_F32_REL, errs
+
+
+def test_torch_newton_schulz_at_tf32_keeps_what_ieee_keeps(monkeypatch):
+    """The products' Function saves its operands through save_for_backward, which `_muon_step`'s checkpoint packs: the
+    fwd+bwd peak of live storages is byte for byte the "ieee" form's (ATLAS, K 16: Gram sides 64 and 16 — a region
+    around the iteration would have kept every segment's G until the backward)."""
+    from fastweights.state import state_tensors
+
+    inputs, state = make_case("atlas", T=48, B=1, H=1, K=16, V=16, dtype=torch.float32, with_state=False)
+
+    def fwd_bwd():
+        o, fin = fw.chunk("atlas", initial_state=state, output_final_state=True, check_values=False, backend="torch",
+                          **inputs)
+        torch.autograd.grad(o.sum() + sum(t.sum() for t in state_tensors(fin)), [inputs["q"], inputs["k"]])
+
+    ieee = cpu_peak_bytes(fwd_bwd)
+    _torch_ns_at(monkeypatch, "tf32x3")
+    assert cpu_peak_bytes(fwd_bwd) == ieee

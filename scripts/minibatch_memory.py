@@ -233,7 +233,8 @@ def run_times(a, B, T, H):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["omeganet", "atlas"])
+    ap.add_argument("--models", nargs="*", default=["omeganet", "atlas"],
+                    help="(none: --time runs only the kernel alone)")
     ap.add_argument("--D", type=int, default=64, help="K = V")
     ap.add_argument("--lengths", type=int, nargs=2, default=[64, 128], help="T₁ T₂ of the slope")
     ap.add_argument("--shape", type=int, nargs=3, default=[64, 512, 2], metavar=("B", "T", "H"),

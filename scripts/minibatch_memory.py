@@ -120,8 +120,11 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repeats=5, profile_to=None, ref=None):
-    """Times of one fw.chunk fwd+bwd on CUDA (see the module doc): a dict, and (o, grads) for the next comparison."""
+def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repeats=5, profile_to=None, ref=None,
+              budget_s=240.0):
+    """Times of one fw.chunk fwd+bwd on CUDA (see the module doc): a dict, and (o, grads) for the next comparison.
+    The repeats are cut to what fits `budget_s` at the first call's pace (at least one), and the profile is skipped
+    when the first call alone took more than half of it."""
     import contextlib
     import time
 
@@ -144,6 +147,10 @@ def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repea
             row["rel_err_o"] = _rel(o, ref[0])
             row["rel_err_grads_max"] = max((e for e in map(_rel, grads, ref[1]) if e is not None), default=None)
         ms = []
+        repeats = min(repeats, max(1, int(budget_s / max(row["first_call_s"], 1e-3))))
+        row["repeats"] = repeats
+        if row["first_call_s"] > budget_s / 2:
+            profile_to = None
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -216,7 +223,7 @@ def run_times(a, B, T, H):
                 name = f"{m}_{prec or 'default'}{'_tf32' if tf32 else ''}"
                 prof = str(out / f"profile_{name}.txt") if out and a.profile else None
                 row, got = time_step(m, B, T, H, a.D, getattr(torch, a.dtype), backend=a.backend, precision=prec,
-                                     repeats=a.repeats, profile_to=prof, ref=ref)
+                                     repeats=a.repeats, profile_to=prof, ref=ref, budget_s=a.row_budget)
                 row["matmul_tf32"] = tf32
                 ref = ref or got
             except Exception as e:  # noqa: BLE001 — a row that fails is recorded, the next one runs
@@ -254,6 +261,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
     ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
     ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
+    ap.add_argument("--row-budget", type=float, default=240.0,
+                    help="--time: seconds of repeats a row may take at its first call's pace (repeats cut to fit)")
     ap.add_argument("--ns-kernel-sides", type=int, nargs="*", default=[],
                     help="--time: first the Newton–Schulz kernel alone at these Gram sides (compile s, ms, or error)")
     ap.add_argument("--matmul-tf32", action="store_true",

@@ -273,6 +273,17 @@ def _ns_kernel(precision: str = NS_PRECISION):
     return ns
 
 
+def _ns_products(precision: str):
+    """The torch Newton–Schulz iteration's products at "tf32x3": the kernel `ns_bmm` (tl.dot's three TF32 products
+    in registers; the torch split would write hi / lo copies of every operand through memory); else None (torch's
+    bmm: fp32, or one TF32 pass inside `tf32_matmuls`)."""
+    if precision != "tf32x3":
+        return None
+    from .triton.memories.newton_schulz import ns_bmm
+
+    return ns_bmm
+
+
 def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str | None = None):
     """generic, chunk, on Triton: TTT-Linear's, TTT-MLP's and Titans' recipes on their loop kernels, every other one on
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
@@ -280,10 +291,10 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str
     above NS_KERNEL_MAX_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
     PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`), and the torch Newton–Schulz iteration's
     products at it too ("tf32", "tf32x3": TF32 tensor-core products forward and backward,
-    `chunkwise.minibatch._TF32Product`; the Gram matrices stay fp32) — by default "ieee" for every dtype: one TF32
-    pass puts 2.5–4 % into ATLAS's o at K 64 (emulated on the CPU; the Gram form squares X's condition number), 15×
-    what rounding the inputs to bf16 does, and "tf32x3" keeps fp32's accuracy but is not timed yet
-    (`scripts/minibatch_memory.py --time`, docs/kernel_notes.md)."""
+    `chunkwise.minibatch._TF32Product`, at "tf32x3" each by the kernel `ns_bmm`; the Gram matrices stay fp32) — by
+    default "ieee" for every dtype: one TF32 pass puts 2.5–4 % into ATLAS's o at K 64 (emulated on the CPU; the Gram
+    form squares X's condition number), 15× what rounding the inputs to bf16 does, and "tf32x3" keeps fp32's
+    accuracy but is not timed yet (`scripts/minibatch_memory.py --time`, docs/kernel_notes.md)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
         return ttt_linear_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-Linear", call.q.dtype))
     if ttt_mlp_kernel_serves(call.recipe) is None:
@@ -291,7 +302,8 @@ def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str
     if titans_kernel_serves(call.recipe) is None:
         return titans_chunk(call, cu_seqlens, precision=precision or loop_precision("Titans", call.q.dtype))
     precision = precision or NS_PRECISION
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision), ns_precision=precision)
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision), ns_precision=precision,
+                                ns_mm=_ns_products(precision))
 
 
 def _ttt_inputs(call):

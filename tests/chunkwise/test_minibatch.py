@@ -391,7 +391,7 @@ def test_torch_newton_schulz_at_tf32_changes_no_number_off_cuda(monkeypatch, pre
     want = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
     calls = []
     real = minibatch._TF32Product.apply
-    monkeypatch.setattr(minibatch._TF32Product, "apply", staticmethod(lambda *a: calls.append(a[-2]) or real(*a)))
+    monkeypatch.setattr(minibatch._TF32Product, "apply", staticmethod(lambda *a: calls.append(a[4]) or real(*a)))
     _torch_ns_at(monkeypatch, precision)
     got = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
     assert calls and set(calls) == {precision}

@@ -152,3 +152,63 @@ def test_the_row_hands_the_kernel_gram_sides_up_to_32_only(monkeypatch):
     inp = fw.example_inputs("atlas", batch_size=1, seq_len=3, num_heads=1, head_dim=16, device=DEV)
     fw.chunk("atlas", backend="triton", check_values=False, **inp)
     assert set(kernel) == {16} and set(torch_ns) == {64}
+
+
+@pytest.mark.parametrize("r", [65, 100, 128, 256])
+@pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
+def test_ns_bmm_equals_the_product(gen, r, precision):
+    """`ns_bmm` (the torch iteration's products at "tf32x3" on the row) against float64: a @ b, c + alpha a @ b, and
+    transposed views (the backward's), at Gram sides the register kernel does not take; sides that are not multiples
+    of the 64 × 64 tiles (65, 100) end in masked tiles."""
+    from fastweights.kernels.triton.memories.newton_schulz import ns_bmm
+
+    a, b, c = (torch.randn(2, r, r, generator=gen, dtype=torch.float64) for _ in range(3))
+    A, B_, C = (x.float().to(DEV) for x in (a, b, c))
+    for got, want in ((ns_bmm(A, B_, precision=precision), a @ b),
+                      (ns_bmm(A, B_, C, -0.5, precision=precision), c - 0.5 * a @ b),
+                      (ns_bmm(A.transpose(1, 2), B_, precision=precision), a.transpose(1, 2) @ b),
+                      (ns_bmm(A, B_.transpose(1, 2), C, 2.0, precision=precision), c + 2 * a @ b.transpose(1, 2))):
+        assert got.shape == want.shape and got.is_contiguous()
+        assert _per_matrix_rel(got, want) <= NS_F32_REL
+
+
+def test_ns_bmm_refuses_what_it_does_not_take():
+    from fastweights.kernels.triton.memories.newton_schulz import ns_bmm
+
+    with pytest.raises(ValueError, match="fp32"):
+        ns_bmm(torch.eye(4, dtype=torch.float64, device=DEV)[None], torch.eye(4, device=DEV)[None])
+    with pytest.raises(ValueError, match=r"a \[M, n, k\] and b \[M, k, m\]"):
+        ns_bmm(torch.ones(1, 3, 4, device=DEV), torch.ones(1, 3, 4, device=DEV))
+    with pytest.raises(ValueError, match="c must be"):
+        ns_bmm(torch.ones(1, 3, 4, device=DEV), torch.ones(1, 4, 2, device=DEV), torch.ones(1, 2, 2, device=DEV))
+
+
+@pytest.mark.variants
+def test_atlas_with_tf32x3_products_equals_the_torch_row(monkeypatch, gen):
+    """ATLAS at K = V = 16 through the Triton row pinned to "tf32x3": the Gram side 16 on the register kernel, 64 on
+    the torch iteration with every product (forward, the backward's recompute and its gradients) by `ns_bmm` — against
+    the torch row in float64, output and every input gradient (as the fp32 row above)."""
+    from fastweights.kernels import rows
+    from fastweights.kernels.triton.memories import newton_schulz as mod
+
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    used = []
+    real = mod.ns_bmm
+    monkeypatch.setattr(mod, "ns_bmm", lambda *a, **kw: used.append(a[0].shape[-1]) or real(*a, **kw))
+    if DEV == "cpu":
+        FakeCuda(monkeypatch, kernels=True).install()
+    results = {}
+    for backend, dtype, device in (("torch", torch.float64, "cpu"), ("triton", torch.float32, DEV)):
+        inp = fw.example_inputs("atlas", batch_size=1, seq_len=18, num_heads=2, head_dim=16, dtype=dtype,
+                                device=device, seed=seed, requires_grad=True)
+        leaves = [x for k, x in inp.items() if k != "initial_state" and x.requires_grad]
+        with rows.pinned("generic", precision="tf32x3") if backend == "triton" else contextlib.nullcontext():
+            o, _ = fw.chunk("atlas", backend=backend, check_values=False, **inp)
+            proj = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            gs = torch.autograd.grad((o.double().cpu() * proj).sum(), leaves)
+        results[backend] = (o, gs)
+    assert used and set(used) == {64}
+    (o, gs), (ro, rgs) = results["triton"], results["torch"]
+    for got, ref in zip((o, *gs), (ro, *rgs)):
+        ref = ref.double().cpu()
+        assert ((got.double().cpu() - ref).abs().max() / (1 + ref.abs().max())).item() <= ATLAS_ROW_F32

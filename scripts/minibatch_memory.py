@@ -21,9 +21,10 @@ torch iteration's products; OmegaNet has no Newton–Schulz and runs once) the r
 gradient against the first precision's run; --matmul-tf32 runs each model once more with torch's fp32 matmuls on
 TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradients moved 3–4e-4 from float64,
 0.16× what rounding its inputs to bf16 does; ATLAS's: its Newton–Schulz one TF32 pass, 2.5–4e-2 on o);
---profile also writes the top kernels of one timed call; --ns-kernel-sides 32 64 first runs the Newton–Schulz kernel
-alone at those Gram sides (its first call's compile seconds, or its launch error). Each result is
-appended to time.json under --out as soon as it exists (a later row that hangs or fails keeps the earlier ones).
+--profile also writes the top kernels of one timed call; --bmm-tiles sets the tf32x3 product kernel's tiles;
+--ns-kernel-sides 32 64 first runs the Newton–Schulz kernel alone at those Gram sides (its first call's compile
+seconds, or its launch error). Each result is appended to time.json under --out as soon as it exists (a later row
+that hangs or fails keeps the earlier ones).
 
     python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
         --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --ns-kernel-sides 32 64 --out DIR
@@ -204,6 +205,11 @@ def run_times(a, B, T, H):
     if out:
         out.mkdir(parents=True, exist_ok=True)
     rows = []
+    if a.bmm_tiles:
+        from fastweights.kernels.triton.memories import newton_schulz
+
+        bm, bn, bk, warps = a.bmm_tiles
+        newton_schulz.BMM_TILES.update(BM=bm, BN=bn, BK=bk, num_warps=warps)
     for r in a.ns_kernel_sides:
         rows.append(time_ns_kernel(r))
         print(json.dumps(rows[-1]), flush=True)
@@ -225,6 +231,8 @@ def run_times(a, B, T, H):
                 row, got = time_step(m, B, T, H, a.D, getattr(torch, a.dtype), backend=a.backend, precision=prec,
                                      repeats=a.repeats, profile_to=prof, ref=ref, budget_s=a.row_budget)
                 row["matmul_tf32"] = tf32
+                if a.bmm_tiles:
+                    row["bmm_tiles"] = a.bmm_tiles
                 ref = ref or got
             except Exception as e:  # noqa: BLE001 — a row that fails is recorded, the next one runs
                 row = dict(model=m, precision=prec, matmul_tf32=tf32, error=f"{type(e).__name__}: {str(e)[:400]}")
@@ -261,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
     ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
     ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
+    ap.add_argument("--bmm-tiles", type=int, nargs=4, default=None, metavar=("BM", "BN", "BK", "WARPS"),
+                    help="--time: `newton_schulz.BMM_TILES` for the tf32x3 rows' product kernel (default 64 64 32 4)")
     ap.add_argument("--row-budget", type=float, default=240.0,
                     help="--time: seconds of repeats a row may take at its first call's pace (repeats cut to fit)")
     ap.add_argument("--ns-kernel-sides", type=int, nargs="*", default=[],

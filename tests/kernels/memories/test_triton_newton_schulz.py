@@ -212,3 +212,25 @@ def test_atlas_with_tf32x3_products_equals_the_torch_row(monkeypatch, gen):
     for got, ref in zip((o, *gs), (ro, *rgs)):
         ref = ref.double().cpu()
         assert ((got.double().cpu() - ref).abs().max() / (1 + ref.abs().max())).item() <= ATLAS_ROW_F32
+
+
+@pytest.mark.variants
+@pytest.mark.parametrize("r", [65, 100, 128, 256])
+def test_the_torch_iteration_on_ns_bmm_equals_it_in_float64(gen, r):
+    """The torch iteration with every product by `ns_bmm` at "tf32x3" (what the row runs at Gram sides above
+    NS_KERNEL_MAX_DIM when pinned there), P and dG, against the iteration in float64 — Gram matrices of rank 3 … 2r,
+    scales 1e-3 … 1e2 (as the register kernel's test)."""
+    from fastweights.kernels.triton.memories.newton_schulz import ns_bmm
+
+    Xs = [torch.randn(r, int(c), generator=gen, dtype=torch.float64) * scale
+          for c, scale in zip(torch.randint(3, 2 * r, (3,), generator=gen), (1e-3, 1.0, 1e2))]
+    G = torch.stack([x @ x.T for x in Xs])
+    D = torch.randn(G.shape, generator=gen, dtype=torch.float64)
+    Gk = G.float().to(DEV).requires_grad_(True)
+    out = _newton_schulz_gram(Gk, 5, "tf32x3", mm=ns_bmm)
+    (out.double().cpu() * D).sum().backward()
+    Gr = G.clone().requires_grad_(True)
+    ref = _newton_schulz_gram(Gr, 5)
+    (ref * D).sum().backward()
+    assert _per_matrix_rel(out, ref) <= NS_F32_REL
+    assert _per_matrix_rel(Gk.grad, Gr.grad) <= NS_F32_REL

@@ -128,6 +128,16 @@ def _bench_floors(args):
     except ValueError as e:
         return _fail(e)
     try:
+        if args.newton_schulz:
+            from pathlib import Path
+
+            from .bench.floors import SHAPES, newton_schulz_table
+
+            text = newton_schulz_table(tuple(args.models or ["atlas"]), tuple(args.shapes or SHAPES))
+            print(text)
+            if args.out:
+                (Path(args.out) / "newton_schulz.md").write_text(text + "\n")
+            return 0
         run_floors(args.models, args.shapes, out_dir=args.out, count_len=args.count_len)
     except InputError as e:
         return _fail(e)
@@ -275,6 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--count-len", type=int, default=None,
                     help="count at this many tokens and scale linearly to T (default: count at T)")
     fl.add_argument("--out", default=None, help="also write floors.md and floors.json here")
+    fl.add_argument("--newton-schulz", action="store_true",
+                    help="instead: Muon's Newton–Schulz iterations of a step (calls and FLOPs by Gram side; "
+                         "default model atlas), newton_schulz.md under --out")
     fl.set_defaults(fn=_bench_floors)
     tr = bsub.add_parser("train", help="one LM optimizer step (forward, backward, AdamW): tokens/s and peak memory "
                                        "against the softmax transformer of the same shape")

@@ -258,16 +258,20 @@ def _no_varlen(recipe: Recipe, cu_seqlens):
                                "run the sequences as a padded batch or one call each")
 
 
-def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None):
+def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None, ns_precision: str = "ieee",
+                         ns_mm=None):
     """generic, chunk: the inner mini-batch form (chunkwise/minibatch.py; chunks = the optimizer's mini-batches).
-    ns: a kernel of Muon's Newton–Schulz (the Triton row's; None: the torch iteration)."""
+    ns: a kernel of Muon's Newton–Schulz (the Triton row's; None: the torch iteration); ns_precision: the torch
+    iteration's products where it runs (`chunkwise.minibatch.NS_TORCH_PRECISIONS`: "ieee", or TF32 on CUDA); ns_mm:
+    their kernel (the Triton row's at "tf32x3")."""
     from .chunkwise.minibatch import minibatch_chunk
 
     _no_varlen(call.recipe, cu_seqlens)
     pr = prepare(call)
     st = memory_state(pr, call.initial_state)
     o, final = minibatch_chunk(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta, nu=pr.nu,
-                               gamma=pr.gamma, state=st, ln=pr.ln, ns=ns)
+                               gamma=pr.gamma, state=st, ln=pr.ln, ns=ns, ns_precision=ns_precision,
+                               ns_mm=ns_mm)
     return o.to(pr.out_dtype), finish_state(pr.recipe, final, call.output_final_state)
 
 

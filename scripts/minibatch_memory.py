@@ -13,6 +13,21 @@ the peak adds the forward's and backward's transients). --peak (CUDA) runs one f
 
 --split N sets `fastweights.chunkwise.minibatch.split_readout(N)` (0: every gd / momentum readout segment by
 segment); without it, the library's default.
+
+--time (CUDA) times the fwd+bwd step of `fw.chunk` at --shape in --dtype instead (issue 36's small shape by default):
+the first call alone (compiles included), then --repeats calls between CUDA events (median, min), the peak, and per
+--ns-precisions entry (ATLAS: `kernels.rows.pinned("generic", precision=P)` — the Newton–Schulz kernel's tl.dot and the
+torch iteration's products; OmegaNet has no Newton–Schulz and runs once) the relative error of o and of every input
+gradient against the first precision's run; --matmul-tf32 runs each model once more with torch's fp32 matmuls on
+TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradients moved 3–4e-4 from float64,
+0.16× what rounding its inputs to bf16 does; ATLAS's: its Newton–Schulz one TF32 pass, 2.5–4e-2 on o);
+--profile also writes the top kernels of one timed call; --bmm-tiles sets the tf32x3 product kernel's tiles;
+--ns-kernel-sides 32 64 first runs the Newton–Schulz kernel alone at those Gram sides (its first call's compile
+seconds, or its launch error). Each result is appended to time.json under --out as soon as it exists (a later row
+that hangs or fails keeps the earlier ones).
+
+    python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
+        --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --ns-kernel-sides 32 64 --out DIR
 """
 
 from __future__ import annotations
@@ -30,9 +45,9 @@ from fastweights.chunkwise import minibatch
 from fastweights.state import state_tensors
 
 
-def _inputs(model, B, T, H, D, dtype, device, grad=True):
+def _inputs(model, B, T, H, D, dtype, device, grad=True, seed=None):
     inp = fw.example_inputs(model, batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=dtype, device=device,
-                            requires_grad=grad)
+                            requires_grad=grad, seed=seed)
     return inp, inp.pop("initial_state", None)
 
 
@@ -91,9 +106,150 @@ def cuda_peak(model, B, T, H, D, dtype):
     return torch.cuda.max_memory_allocated() - base, time.perf_counter() - t0
 
 
+def _fwd_bwd(model, inp, st, backend):
+    """One fw.chunk forward + backward: (o, the input gradients)."""
+    o, fin = fw.chunk(model, initial_state=st, output_final_state=True, check_values=False, backend=backend, **inp)
+    loss = o.float().sum() + sum(t.float().sum() for t in state_tensors(fin))
+    leaves = [t for t in inp.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    return o, torch.autograd.grad(loss, leaves, allow_unused=True)
+
+
+def _rel(a, b):
+    if a is None or b is None:
+        return None
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def time_step(model, B, T, H, D, dtype, *, backend="auto", precision=None, repeats=5, profile_to=None, ref=None,
+              budget_s=240.0):
+    """Times of one fw.chunk fwd+bwd on CUDA (see the module doc): a dict, and (o, grads) for the next comparison.
+    The repeats are cut to what fits `budget_s` at the first call's pace (at least one), and the profile is skipped
+    when the first call alone took more than half of it."""
+    import contextlib
+    import time
+
+    from fastweights.kernels.rows import pinned
+
+    inp, st = _inputs(model, B, T, H, D, dtype, "cuda", seed=0)  # the same inputs for every precision
+    pin = pinned("generic", precision=precision) if precision and model == "atlas" else contextlib.nullcontext()
+    row = dict(model=model, shape=[B, T, H], D=D, dtype=str(dtype), backend=backend, precision=precision)
+    with pin:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        o, grads = _fwd_bwd(model, inp, st, backend)
+        torch.cuda.synchronize()
+        row.update(first_call_s=time.perf_counter() - t0, peak_GiB=(torch.cuda.max_memory_allocated() - base) / 2 ** 30)
+        if not all(bool(torch.isfinite(x).all()) for x in [o, *[g for g in grads if g is not None]]):
+            row["nonfinite"] = True
+        if ref is not None:
+            row["rel_err_o"] = _rel(o, ref[0])
+            row["rel_err_grads_max"] = max((e for e in map(_rel, grads, ref[1]) if e is not None), default=None)
+        ms = []
+        repeats = min(repeats, max(1, int(budget_s / max(row["first_call_s"], 1e-3))))
+        row["repeats"] = repeats
+        if row["first_call_s"] > budget_s / 2:
+            profile_to = None
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _fwd_bwd(model, inp, st, backend)
+            end.record()
+            torch.cuda.synchronize()
+            ms.append(start.elapsed_time(end))
+        ms.sort()
+        row.update(ms_median=ms[len(ms) // 2] if ms else None, ms_min=ms[0] if ms else None, ms_all=ms)
+        if profile_to:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _fwd_bwd(model, inp, st, backend)
+                torch.cuda.synchronize()
+            Path(profile_to).write_text(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+    return row, (o, grads)
+
+
+def time_ns_kernel(r, M=2048, repeats=5):
+    """The Newton–Schulz kernel alone (`kernels.triton.memories.newton_schulz.newton_schulz_gram`, the generic row's
+    precision) on M fp32 Gram matrices [r, r] (one segment of ATLAS at the small shape: B·H·16 tokens), forward +
+    backward: the first call's seconds (its compiles), the median ms after, or the error (at r > 32 the backward's
+    sm_90 compile needs more shared memory than a block has: limits.NS_KERNEL_MAX_DIM)."""
+    import time
+
+    from fastweights.kernels.triton.memories.newton_schulz import newton_schulz_gram
+
+    row = dict(kernel="newton_schulz_gram", r=r, M=M)
+    x = torch.randn(M, r, r + 8, device="cuda")
+    G = (x @ x.transpose(-1, -2)).requires_grad_(True)
+    D = torch.randn(M, r, r, device="cuda")
+    try:
+        for i in range(1 + repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            (newton_schulz_gram(G, 5) * D).sum().backward()
+            torch.cuda.synchronize()
+            row.setdefault("first_call_s" if i == 0 else "ms", []).append(time.perf_counter() - t0 if i == 0 else
+                                                                          1e3 * (time.perf_counter() - t0))
+        row["first_call_s"] = row["first_call_s"][0]
+        row["ms_median"] = sorted(row["ms"])[len(row["ms"]) // 2]
+    except Exception as e:  # noqa: BLE001 — the error is the result (OutOfResources expected at r > 32)
+        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    return row
+
+
+def run_times(a, B, T, H):
+    """--time: every model (ATLAS at each --ns-precisions entry), each row appended to time.json as it is done."""
+    out = Path(a.out) if a.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if a.bmm_tiles:
+        from fastweights.kernels.triton.memories import newton_schulz
+
+        bm, bn, bk, warps = a.bmm_tiles
+        newton_schulz.BMM_TILES.update(BM=bm, BN=bn, BK=bk, num_warps=warps)
+    for r in a.ns_kernel_sides:
+        rows.append(time_ns_kernel(r))
+        print(json.dumps(rows[-1]), flush=True)
+        if out:
+            (out / "time.json").write_text(json.dumps(rows, indent=1))
+    mm = torch.backends.cuda.matmul
+    for m in a.models:
+        ref = None
+        runs = [(p, False) for p in (a.ns_precisions if m == "atlas" else [None])]
+        if a.matmul_tf32:
+            runs.append((runs[0][0], True))
+        for prec, tf32 in runs:
+            prev = mm.fp32_precision
+            try:
+                if tf32:
+                    mm.fp32_precision = "tf32"
+                name = f"{m}_{prec or 'default'}{'_tf32' if tf32 else ''}"
+                prof = str(out / f"profile_{name}.txt") if out and a.profile else None
+                row, got = time_step(m, B, T, H, a.D, getattr(torch, a.dtype), backend=a.backend, precision=prec,
+                                     repeats=a.repeats, profile_to=prof, ref=ref, budget_s=a.row_budget)
+                row["matmul_tf32"] = tf32
+                if a.bmm_tiles:
+                    row["bmm_tiles"] = a.bmm_tiles
+                ref = ref or got
+            except Exception as e:  # noqa: BLE001 — a row that fails is recorded, the next one runs
+                row = dict(model=m, precision=prec, matmul_tf32=tf32, error=f"{type(e).__name__}: {str(e)[:400]}")
+            finally:
+                mm.fp32_precision = prev
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if out:
+                (out / "time.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", nargs="+", default=["omeganet", "atlas"])
+    ap.add_argument("--models", nargs="*", default=["omeganet", "atlas"],
+                    help="(none: --time runs only the kernel alone)")
     ap.add_argument("--D", type=int, default=64, help="K = V")
     ap.add_argument("--lengths", type=int, nargs=2, default=[64, 128], help="T₁ T₂ of the slope")
     ap.add_argument("--shape", type=int, nargs=3, default=[64, 512, 2], metavar=("B", "T", "H"),
@@ -106,11 +262,29 @@ def main(argv=None):
     ap.add_argument("--cpu-peak", action="store_true", help="also the CPU fwd+bwd peak of live storages, per token")
     ap.add_argument("--cpu-peak-B", type=int, default=1, help="--cpu-peak's batch (B·H the loop batches over)")
     ap.add_argument("--peak", action="store_true", help="also one fwd+bwd at --shape on CUDA: its peak")
-    ap.add_argument("--out", default=None, help="write memory.json here")
+    ap.add_argument("--out", default=None, help="write memory.json (--time: time.json) here")
+    ap.add_argument("--time", action="store_true", help="CUDA: time the fwd+bwd step at --shape (module doc)")
+    ap.add_argument("--ns-precisions", nargs="+", default=["ieee"], choices=["ieee", "tf32x3", "tf32"],
+                    help="--time: ATLAS's Newton–Schulz precisions (the first is the reference of the errors)")
+    ap.add_argument("--backend", default="auto", help="--time: fw.chunk's backend")
+    ap.add_argument("--repeats", type=int, default=5, help="--time: timed calls after the first")
+    ap.add_argument("--profile", action="store_true", help="--time: also profile one call per row (top kernels)")
+    ap.add_argument("--bmm-tiles", type=int, nargs=4, default=None, metavar=("BM", "BN", "BK", "WARPS"),
+                    help="--time: `newton_schulz.BMM_TILES` for the tf32x3 rows' product kernel (default 64 64 32 4)")
+    ap.add_argument("--row-budget", type=float, default=240.0,
+                    help="--time: seconds of repeats a row may take at its first call's pace (repeats cut to fit)")
+    ap.add_argument("--ns-kernel-sides", type=int, nargs="*", default=[],
+                    help="--time: first the Newton–Schulz kernel alone at these Gram sides (compile s, ms, or error)")
+    ap.add_argument("--matmul-tf32", action="store_true",
+                    help="--time: each model once more with every fp32 product of the process on TF32 (torch's "
+                         "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "
+                         "model's first row) — what a TF32 region around the whole form would give at most")
     a = ap.parse_args(argv)
     if a.split is not None:
         minibatch.split_readout(a.split)
     B, T, H = a.shape
+    if a.time:
+        return run_times(a, B, T, H)
     rows = []
     for m in a.models:
         (t1, t2) = a.lengths

@@ -12,6 +12,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines memories --head-dims 64 128 --warps 8   # the loop kernels
     python3 scripts/sm90_report.py --pipelines mesa --head-dims 64 128 --dtypes float32  # Mesa's CG variants
     python3 scripts/sm90_report.py --pipelines memories --memories titans --head-dims 64 128 --dtypes bfloat16
+    python3 scripts/sm90_report.py --pipelines ns --head-dims 64 128 256   # Newton–Schulz: --head-dims = Gram sides
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -272,8 +273,30 @@ def _mesa_workload(head_dims, dtypes, gates, variants=MESA_VARIANTS):
     mod.CG_LAUNCH.update(old)
 
 
+def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_precisions=("tf32x3", "tf32")):
+    """Muon's Newton–Schulz on Gram matrices (`kernels/triton/memories/newton_schulz.py`), forward + backward, 5 steps,
+    at Gram sides r = each head dim ≤ limits.MAX_NS_DIM, tl.dot at each of `precisions`; and `ns_bmm` (the torch
+    iteration's products at wider sides) at each of `bmm_precisions`, with and without its addend."""
+    import torch
+
+    from fastweights.kernels.triton.common.limits import MAX_NS_DIM
+    from fastweights.kernels.triton.memories import newton_schulz as mod
+
+    gen = torch.Generator().manual_seed(0)
+    for r in head_dims:
+        for prec in precisions:
+            if r <= MAX_NS_DIM:
+                x = torch.randn(2, r, r + 3, generator=gen)
+                G = (x @ x.transpose(-1, -2)).requires_grad_(True)
+                mod.newton_schulz_gram(G, 5, precision=prec).sum().backward()
+    for prec in bmm_precisions:  # the torch iteration's products at wider sides (one compile for every r)
+        a, b = torch.randn(2, 256, 256, generator=gen), torch.randn(2, 256, 256, generator=gen)
+        mod.ns_bmm(a, b, precision=prec)
+        mod.ns_bmm(a.transpose(1, 2), b, a, -0.5, precision=prec)
+
+
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
-             "conv": _conv_workload, "rope": _rope_workload, "mesa": _mesa_workload}
+             "conv": _conv_workload, "rope": _rope_workload, "mesa": _mesa_workload, "ns": _ns_workload}
 
 
 def main():
@@ -328,7 +351,7 @@ def main():
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
-                            "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT")})
+                            "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN")})
             rows.append(info)
         return kernel
 
@@ -342,7 +365,8 @@ def main():
         desc = " ".join(f"{k}={c[k]}" for k in ("D", "DK", "DV", "F", "BF", "BK", "K", "BV", "GATE", "DT", "OUTPUT",
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
-                                                 "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT")
+                                                 "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
+                                                 "STEPS", "HAS_C", "BM", "BN")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

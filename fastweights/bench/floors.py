@@ -36,7 +36,7 @@ from ..state import state_tensors
 from .speed import bench_inputs
 
 __all__ = ["DEEP_MEMORIES", "SHAPES", "PEAK_FLOPS", "BANDWIDTH", "Floor", "count_step_flops", "step_floor",
-           "floors_table", "run_floors"]
+           "floors_table", "run_floors", "NSCount", "count_newton_schulz", "newton_schulz_table"]
 
 #: the deep memories of issue 36, and gated DeltaNet for the ratio
 DEEP_MEMORIES = ("gated_deltanet", "ttt_linear", "ttt_mlp", "titans", "mesanet", "omeganet", "atlas")
@@ -122,6 +122,81 @@ def floors_table(models=DEEP_MEMORIES, shapes=tuple(SHAPES), **kw) -> list[Floor
         if s not in SHAPES:
             raise InputError(f"shapes must be among {list(SHAPES)}, got {s!r}")
     return [step_floor(m, *SHAPES[s], shape=s, **kw) for s in shapes for m in models]
+
+
+@dataclass
+class NSCount:
+    """Muon's Newton–Schulz in one `fw.chunk` step of a model at one shape, for one Gram side r: how many r × r
+    iterations (one per token and weight matrix; `chunkwise.minibatch._newton_schulz_gram`) the forward runs, how many
+    the forward + backward runs (the backward recomputes them: `_muon_step` checkpoints them), and their counted FLOPs
+    (products only, as `count_step_flops`) in the forward and in the forward + backward."""
+    model: str
+    shape: str
+    r: int
+    steps: int
+    fwd_calls: int  # r × r Gram matrices iterated in the forward (B·T·H per weight matrix of side r)
+    step_calls: int  # … in the forward + backward (the forward's, then the backward's recompute)
+    fwd_flops: float
+    step_flops: float
+
+
+def count_newton_schulz(model: str, B: int, T: int, H: int, D: int, *, shape: str = "",
+                        chunk_size: int = 64) -> list[NSCount]:
+    """The Newton–Schulz iterations of one `fw.chunk` step of `model` at [B, T, H, D] by Gram side (empty for a model
+    without Muon), counted on the meta device: calls by wrapping the torch iteration
+    (`chunkwise.minibatch._newton_schulz_gram`, which the torch form runs for every G), FLOPs as the difference of
+    `count_step_flops` with the iteration at that side replaced by a product-free stand-in of the same shape (so what
+    autograd and the backward's recompute add is counted too). Counted at one sequence and head, scaled by B·H."""
+    from ..chunkwise import minibatch
+
+    real = minibatch._newton_schulz_gram
+    seen: dict[tuple[int, int], int] = {}
+    phase = {"name": "fwd"}
+
+    def counting(G, steps, *args):
+        key = (G.shape[-1], steps)
+        seen[key] = seen.get(key, 0) + G.numel() // (G.shape[-1] ** 2)
+        return real(G, steps, *args)
+
+    inp, state = _leaves(model, T, D, torch.float32, "meta")
+    counts: dict[tuple[int, int], list[int]] = {}
+    try:
+        minibatch._newton_schulz_gram = counting
+        for phase["name"] in ("fwd", "step"):
+            seen.clear()
+            o, final = api.chunk(model, initial_state=state, output_final_state=True, check_values=False,
+                                 chunk_size=chunk_size, **inp)
+            if phase["name"] == "step":
+                loss = o.float().sum() + sum(t.float().sum() for t in state_tensors(final))
+                leaves = [t for t in inp.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+                torch.autograd.grad(loss, leaves, allow_unused=True)
+            for key, n in seen.items():
+                counts.setdefault(key, [0, 0])[0 if phase["name"] == "fwd" else 1] = n
+        full = count_step_flops(model, T, D, chunk_size=chunk_size)
+        out = []
+        for (r, steps), (nf, ns) in sorted(counts.items()):
+            minibatch._newton_schulz_gram = lambda G, s, *args, r=r: G * 1.0 if G.shape[-1] == r else real(G, s, *args)
+            less = count_step_flops(model, T, D, chunk_size=chunk_size)
+            out.append(NSCount(model, shape, r, steps, nf * B * H, ns * B * H, (full[0] - less[0]) * B * H,
+                               (full[1] - less[1]) * B * H))
+    finally:
+        minibatch._newton_schulz_gram = real
+    return out
+
+
+def newton_schulz_table(models=("atlas",), shapes=tuple(SHAPES)) -> str:
+    """`count_newton_schulz` of `models` at the named shapes as a markdown table, beside each model's whole step."""
+    lines = ["| model | shape | Gram side r | NS calls fwd | NS calls fwd+bwd | NS GFLOP fwd | NS GFLOP fwd+bwd | "
+             "step GFLOP fwd+bwd | NS share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        for m in models:
+            step = count_step_flops(m, T, D)[1] * B * H
+            for c in count_newton_schulz(m, B, T, H, D, shape=s):
+                lines.append(f"| {m} | {s} {B}×{T}×{H}×{D} | {c.r} | {c.fwd_calls:,} | {c.step_calls:,} | "
+                             f"{c.fwd_flops / 1e9:,.1f} | {c.step_flops / 1e9:,.1f} | {step / 1e9:,.1f} | "
+                             f"{c.step_flops / step:.1%} |")
+    return "\n".join(lines)
 
 
 HEADER = ("| model | shape B×T×H×D | fwd GFLOP | fwd+bwd GFLOP | fwd+bwd MB | floor ms (fwd+bwd) | set by | "

@@ -27,8 +27,8 @@ from .varlen import ChunkLayout, make_layout, scan_chunks
 
 Tensor = torch.Tensor
 
-__all__ = ["autocast_off", "under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag", "chunk_cumsum",
-           "decayed_scores", "exp", "pass_states", "chunk_outputs", "initial_state_or_zeros"]
+__all__ = ["autocast_off", "tf32_matmuls", "under_functorch", "Chunked", "chunk_inputs", "gate_kind", "scalar_or_diag",
+           "chunk_cumsum", "decayed_scores", "exp", "pass_states", "chunk_outputs", "initial_state_or_zeros"]
 
 
 def autocast_off(device_type: str):
@@ -37,6 +37,25 @@ def autocast_off(device_type: str):
     if device_type == "meta":
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
+
+
+@contextlib.contextmanager
+def tf32_matmuls():
+    """CUDA fp32 matmuls on TF32 tensor cores inside the block (cuBLAS's fp32 precision "tf32": operands rounded to
+    10 mantissa bits, fp32 accumulation), the previous setting restored after; through the legacy
+    `allow_tf32` flag where the process set TF32 that way (torch refuses to mix the two). Users: MesaNet's form
+    (`chunkwise.mesa._TF32Region`), ATLAS's torch Newton–Schulz (`chunkwise.minibatch._TF32Product`)."""
+    m = torch.backends.cuda.matmul
+    try:
+        prev, key = m.fp32_precision, "fp32_precision"
+        m.fp32_precision = "tf32"
+    except (AttributeError, RuntimeError):  # torch without the new API, or the legacy flag in use
+        prev, key = m.allow_tf32, "allow_tf32"
+        m.allow_tf32 = True
+    try:
+        yield
+    finally:
+        setattr(m, key, prev)
 
 
 def gate_kind(g: Tensor | None, B: int, T: int, H: int, K: int) -> str:

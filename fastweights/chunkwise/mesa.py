@@ -33,13 +33,11 @@ launch, the same iterations to fp32 rounding ("ieee"; bf16 calls at "tf32": the 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.autograd.function import once_differentiable
 from torch.autograd.graph import get_gradient_edge
 
-from .common import autocast_off
+from .common import autocast_off, tf32_matmuls
 
 Tensor = torch.Tensor
 
@@ -196,24 +194,6 @@ def chunk_states(a: Tensor, dH: Tensor, dG: Tensor, H0: Tensor, G0: Tensor):
         Hs, H_end = states(dH, H0, K * K)
         Gs, G_end = states(dG, G0, K * V)
     return Hs.view(B, H, N, K, K), Gs.view(B, H, N, K, V), H_end.view(B, H, K, K), G_end.view(B, H, K, V)
-
-
-@contextlib.contextmanager
-def tf32_matmuls():
-    """CUDA fp32 matmuls on TF32 tensor cores inside the block (cuBLAS's fp32 precision "tf32": operands rounded to
-    10 mantissa bits, fp32 accumulation), the previous setting restored after; through the legacy
-    `allow_tf32` flag where the process set TF32 that way (torch refuses to mix the two)."""
-    m = torch.backends.cuda.matmul
-    try:
-        prev, key = m.fp32_precision, "fp32_precision"
-        m.fp32_precision = "tf32"
-    except (AttributeError, RuntimeError):  # torch without the new API, or the legacy flag in use
-        prev, key = m.allow_tf32, "allow_tf32"
-        m.allow_tf32 = True
-    try:
-        yield
-    finally:
-        setattr(m, key, prev)
 
 
 def _grad_takes_edges() -> bool:

@@ -54,7 +54,7 @@ from torch.utils.checkpoint import checkpoint
 from ..recipe import Memory, Optimizer, Recipe
 from ..reference import inner
 from ..state import MemoryState
-from .common import autocast_off, under_functorch
+from .common import autocast_off, tf32_matmuls, under_functorch
 
 Tensor = torch.Tensor
 
@@ -129,13 +129,92 @@ def _coefficients(opt: Optimizer, c: int, g: Tensor | None, beta: Tensor, nu: Te
     return _Coefficients(bases=[], Cm=Rn @ band, Nm=Nm, Da=Da, Wns=Ra * step)  # muon
 
 
-def _newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
+#: The torch Newton–Schulz iteration's product precisions (`_newton_schulz_gram(precision=)`): "ieee" fp32 products
+#: (cuBLAS without TF32: FMA GEMMs on the CUDA cores), "tf32x3" three TF32 tensor-core products per product (operands
+#: split hi + lo, hi·hi + hi·lo + lo·hi: about fp32's accuracy), "tf32" one (operands rounded to 10 mantissa bits).
+NS_TORCH_PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def _tf32_split(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(hi, lo) with hi = x's fp32 bits with the low 13 mantissa bits cleared (a TF32 number: a TF32 product reads it
+    unrounded) and lo = x − hi (exact in fp32, |lo| < 2⁻¹⁰ |x|)."""
+    hi = (x.view(torch.int32) & -8192).view(torch.float32)
+    return hi, x - hi
+
+
+def _mm_tf32x3(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b (bmm) as hi·hi + hi·lo + lo·hi, each a TF32 product (inside `tf32_matmuls`), the small terms first:
+    each hi·hi' exact in fp32 accumulation, lo·lo' (≈ 2⁻²⁰ of the product) dropped, lo's own TF32 rounding ≈ 2⁻²¹."""
+    ah, al = _tf32_split(a)
+    bh, bl = _tf32_split(b)
+    return torch.baddbmm(torch.baddbmm(torch.bmm(al, bh), ah, bl), ah, bh)
+
+
+def _mm_at(c: Tensor | None, a: Tensor, b: Tensor, alpha: float, precision: str, split: bool, mm=None) -> Tensor:
+    """c + alpha · a @ b (c None: a @ b) by `mm` where given (taking c, alpha and precision= as
+    `kernels.triton.memories.newton_schulz.ns_bmm`), else as torch.baddbmm / torch.bmm, or by `_mm_tf32x3` where
+    split."""
+    if mm is not None:
+        return mm(a, b, c, alpha, precision=precision)
+    if precision == "tf32x3" and split:
+        ab = _mm_tf32x3(a, b)
+        return ab if c is None else torch.add(c, ab, alpha=alpha)
+    return torch.bmm(a, b) if c is None else torch.baddbmm(c, a, b, alpha=alpha)
+
+
+class _TF32Product(torch.autograd.Function):
+    """c + alpha · a @ b (torch.baddbmm; c None: torch.bmm), a [M, n, k], b [M, k, m], c [M, n, m], with the
+    forward's and the backward's products at `precision` ("tf32": one TF32 product each, "tf32x3": three,
+    `_mm_tf32x3`; or each by `mm`, the Triton row's kernel `ns_bmm`, tl.dot at `precision`), each inside
+    `tf32_matmuls` — so the backward's products (which autograd runs after the caller's
+    block has closed) are TF32 too, as `common._TF32Region` does for a whole form. A product, not a region: the
+    region keeps its inputs alive until its backward, which inside `_muon_step`'s checkpoint would keep every
+    segment's Gram matrices [M, L, r, r] (256 KiB a token and head at r = 256) that the checkpoint recomputes instead;
+    this Function saves a and b through save_for_backward, so the checkpoint packs them. The backward is baddbmm's
+    and bmm's own (torch's derivatives: the product, then × alpha), so off CUDA — where cuBLAS's flag does nothing —
+    it is torch's, bitwise, unless `split` (the tests: the tf32x3 split's own arithmetic, under an emulation of
+    TF32)."""
+
+    @staticmethod
+    def forward(c, a, b, alpha, precision, split, mm):
+        with tf32_matmuls():
+            return _mm_at(c, a, b, alpha, precision, split, mm)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        c, a, b, ctx.alpha, ctx.precision, ctx.split, ctx.mm = inputs
+        ctx.save_for_backward(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        need_c, need_a, need_b = ctx.needs_input_grad[:3]
+        da = db = None
+        with tf32_matmuls():
+            if need_a:
+                da = _mm_at(None, g, b.transpose(-1, -2), 1.0, ctx.precision, ctx.split, ctx.mm)
+            if need_b:
+                db = _mm_at(None, a.transpose(-1, -2), g, 1.0, ctx.precision, ctx.split, ctx.mm)
+        if ctx.alpha != 1:
+            da = None if da is None else da * ctx.alpha
+            db = None if db is None else db * ctx.alpha
+        return (g if need_c else None), da, db, None, None, None, None
+
+
+def _newton_schulz_gram(G: Tensor, steps: int, precision: str = "ieee", split: bool | None = None, mm=None) -> Tensor:
     """P with NS(X) = P X, from the Gram matrix G = X Xᵀ [..., r, r] alone.
 
     `inner.newton_schulz` runs x₀ = X / (‖X‖_F + 1e-7), x_{n+1} = (aI + bA_n + cA_n²) x_n with
     A_n = x_n x_nᵀ: every x_n is P_n x₀ with P_n r × r, and A_{n+1} = Q_n A_n Q_n for
     Q_n = aI + bA_n + cA_n² (symmetric), so the iteration runs on r × r matrices only
-    (‖X‖_F² = tr G)."""
+    (‖X‖_F² = tr G).
+
+    precision (one of NS_TORCH_PRECISIONS) applies to an fp32 G: "ieee" (and every other dtype) the products as
+    torch runs them; "tf32" / "tf32x3" each product a `_TF32Product`, forward and backward. The Gram form squares X's
+    condition number, so its products need about twice X's precision: one TF32 pass puts 30–140 % into NS(X) where
+    fp32 puts 2–3e-4 (ATLAS's own G at K 64, TF32 emulated by operand rounding on the CPU; docs/kernel_notes.md).
+    split: the tf32x3 split's arithmetic (None: on CUDA only, where TF32 exists); mm: the products' kernel instead
+    (the Triton row's `ns_bmm` at "tf32x3": the split inside tl.dot, no hi / lo tensors)."""
     a, b, c = 3.4445, -4.7750, 2.0315
     shape, r = G.shape, G.shape[-1]
     G = G.reshape(-1, r, r)  # every product one bmm
@@ -144,6 +223,18 @@ def _newton_schulz_gram(G: Tensor, steps: int) -> Tensor:
     A = G * (s * s)
     aI = a * torch.eye(r, dtype=G.dtype, device=G.device)
     P = None
+    if precision != "ieee" and G.dtype == torch.float32:
+        split = G.is_cuda if split is None else split
+
+        def prod(x, y, add=None, alpha=1.0):
+            return _TF32Product.apply(add, x, y, alpha, precision, split, mm)
+
+        for n in range(steps):  # the same ops as below, each product a _TF32Product
+            Q = prod(A, A, torch.add(aI, A, alpha=b), c)  # aI + bA + cA²
+            P = Q if P is None else prod(Q, P)
+            if n < steps - 1:
+                A = prod(prod(Q, A), Q)
+        return (P * s).view(shape)
     for n in range(steps):
         Q = torch.baddbmm(torch.add(aI, A, alpha=b), A, A, alpha=c)  # aI + bA + cA²
         P = Q if P is None else torch.bmm(Q, P)
@@ -180,19 +271,23 @@ def _muon_gram(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor) -> Tens
     return (n * n) * torch.bmm(Xs, Xs.transpose(1, 2)).unsqueeze(1) + n * (cross + cross.transpose(-1, -2)) + quad
 
 
-def _muon_ns(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor, steps: int, ns=None) -> Tensor:
+def _muon_ns(Xs: Tensor, P: Tensor, Q: Tensor, Nm: Tensor, Cm: Tensor, steps: int, ns=None,
+             ns_precision: str = "ieee", ns_mm=None) -> Tensor:
     """The Newton–Schulz polynomials [M, L, r, r] of every token's momentum, from its Gram matrix
-    (`_muon_gram`'s arguments): by the kernel `ns` where it takes G, else `_newton_schulz_gram`."""
+    (`_muon_gram`'s arguments, always fp32 products: the expansion cancels): by the kernel `ns` where it takes G, else
+    `_newton_schulz_gram` at `ns_precision` (its products by `ns_mm` where given)."""
     G = _muon_gram(Xs, P, Q, Nm, Cm)
     Pns = ns(G, steps) if ns is not None else None
-    return _newton_schulz_gram(G, steps) if Pns is None else Pns
+    return _newton_schulz_gram(G, steps, ns_precision, None, ns_mm) if Pns is None else Pns
 
 
-def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int, ns=None):
+def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients, steps: int, ns=None,
+               ns_precision: str = "ieee", ns_mm=None):
     """One weight matrix of a muon segment on the loop's flattened batch (M = B·H), from m_s = m0,
     θ_s = w0 [M, in, out], the factors h [M, N, in], dz [M, N, out] and co's tensors for this one
     segment ([M, L, ...]). ns: a kernel of `_newton_schulz_gram` (G, steps) -> P, or None from it for
-    a G it does not take (`kernels.rows.generic_chunk`); None: the torch iteration.
+    a G it does not take (`kernels.rows.generic_chunk`); None: the torch iteration, its products at `ns_precision`
+    (NS_TORCH_PRECISIONS; by `ns_mm` where given).
 
     Returns (NS polynomials [M, L, r, r]: P_j where NS(m_j) = P_j m_j (in ≤ out), else P_jᵀ
     where NS(m_j) = m_j P_jᵀ; end weights; end momentum)."""
@@ -211,9 +306,9 @@ def _muon_step(m0: Tensor, w0: Tensor, h: Tensor, dz: Tensor, co: _Coefficients,
         # too held more [M, L, r, r] a segment: ATLAS's saved tensors at B 1, T 128, H 2, K 64, r = 256 were 487 MiB,
         # now 323). `ns` (a kernel, or None for a G it does not take) decides from G's shape and dtype alone, so the
         # recompute takes the same path.
-        Pns = checkpoint(_muon_ns, *gram_in, steps, ns, use_reentrant=False) \
+        Pns = checkpoint(_muon_ns, *gram_in, steps, ns, ns_precision, ns_mm, use_reentrant=False) \
             if torch.is_grad_enabled() and any(t.requires_grad for t in gram_in) and not under_functorch() \
-            else _muon_ns(*gram_in, steps, ns)
+            else _muon_ns(*gram_in, steps, ns, ns_precision, ns_mm)
     Pns = Pns.to(h.dtype)  # back to the call's precision (a bf16 call without autocast multiplies in bf16)
     w = co.Wns[..., -1, :]  # [M, L]: θ_e = Da θ_s + Σ_j w_j NS(m_j)
     wn = (w * co.Nm)[..., None, None]
@@ -529,11 +624,13 @@ def _windows(x: Tensor, t0: int, S: int, L: int, c: int) -> tuple[Tensor, ...]:
 
 def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None,
                     beta: Tensor, nu: Tensor | None, gamma: Tensor | None, state: MemoryState,
-                    ln: tuple[Tensor, Tensor] | None = None, ns=None):
+                    ln: tuple[Tensor, Tensor] | None = None, ns=None, ns_precision: str = "ieee", ns_mm=None):
     """q [B, T, H, K']; k [B, T, H, K']; v [B, T, H, V]; g None | [B, T, H]; beta [B, T, H];
     nu None | [B, T, H]; gamma None | [B, T, H]; state a complete MemoryState (compute dtype);
     ln None | the residual LayerNorm's per-head affine (γ, β) [H, V] each; ns None | a kernel of Muon's
-    Newton–Schulz on Gram matrices (`_muon_step`; the Triton row passes one).
+    Newton–Schulz on Gram matrices (`_muon_step`; the Triton row passes one); ns_precision: the torch Newton–Schulz
+    iteration's products (NS_TORCH_PRECISIONS; "ieee" unless the Triton row is pinned to another), ns_mm None | their
+    kernel (the Triton row's `ns_bmm` at "tf32x3").
     Returns (o [B, T, H, V], final MemoryState) — identical to reference.recurrent.memory_recurrent."""
     mem, obj, opt = recipe.memory, recipe.objective, recipe.optimizer
     objective = "dot" if obj.kind == "dot" else "l2"
@@ -604,7 +701,7 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
             one = cos[gi][si]
             if muon:
                 hs, dzs = _factors(mem, objective, anchor, xs[gi][si], rs[gi][si], gs[gi][si], ln3)
-                steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps, ns)
+                steps = [_muon_step(m0, w0, h, dz, one, opt.ns_steps, ns, ns_precision, ns_mm)
                          for m0, w0, h, dz in zip(momentum, weights, hs, dzs)]
                 records.append(_Segment(bases={"weights": weights, "momentum": momentum}, h=hs, dz=dzs,
                                         ns=[s[0] for s in steps]))

@@ -13,7 +13,8 @@ delta / chunk / triton             →  `delta_chunk`        → kernels.triton.
                                       DeltaProduct's micro-steps: all checked on the H100, picked by "auto";
                                       staged / fused forward and backward: `delta_chunk_pipeline`)
 generic / chunk / triton           →  `generic_chunk`      → torch_backend's mini-batch form with Muon's
-                                      Newton–Schulz in kernels.triton.memories.newton_schulz (ATLAS; Gram side ≤ 64);
+                                      Newton–Schulz in kernels.triton.memories.newton_schulz (ATLAS; Gram side ≤ 32:
+                                      limits.NS_KERNEL_MAX_DIM);
                                       TTT-Linear: `ttt_linear_chunk` → kernels.triton.memories.ttt (the whole inner
                                       loop, forward and backward; on the H100: BENCHMARKS §1j);
                                       TTT-MLP: `ttt_mlp_chunk` → kernels.triton.memories.ttt_mlp (the same for a
@@ -65,8 +66,8 @@ from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
 from .triton.common.limits import (
     MAX_CONV_WIDTH,
     MAX_GROUP,
-    MAX_NS_DIM,
     MAX_TTT_DIM,
+    NS_KERNEL_MAX_DIM,
     NS_PRECISION,
     TITANS_MAX_DIM,
     TITANS_PRECISION,
@@ -260,10 +261,11 @@ GENERIC_PIPELINES = (f"Newton–Schulz kernel ({NS_PRECISION})",
 
 
 def _ns_kernel(precision: str = NS_PRECISION):
-    """The Newton–Schulz of the mini-batch form: the kernel (at `precision`) for an fp32 Gram side ≤ MAX_NS_DIM,
-    else None (the torch iteration)."""
+    """The Newton–Schulz of the mini-batch form: the kernel (at `precision`) for an fp32 Gram side ≤
+    NS_KERNEL_MAX_DIM (its backward at 32 < r ≤ MAX_NS_DIM does not fit sm_90: limits), else None (the torch
+    iteration)."""
     def ns(G, steps):
-        if G.dtype != torch.float32 or G.shape[-1] > MAX_NS_DIM:
+        if G.dtype != torch.float32 or G.shape[-1] > NS_KERNEL_MAX_DIM:
             return None
         from .triton.memories.newton_schulz import newton_schulz_gram
 
@@ -271,19 +273,37 @@ def _ns_kernel(precision: str = NS_PRECISION):
     return ns
 
 
+def _ns_products(precision: str):
+    """The torch Newton–Schulz iteration's products at "tf32x3": the kernel `ns_bmm` (tl.dot's three TF32 products
+    in registers; the torch split would write hi / lo copies of every operand through memory); else None (torch's
+    bmm: fp32, or one TF32 pass inside `tf32_matmuls`)."""
+    if precision != "tf32x3":
+        return None
+    from .triton.memories.newton_schulz import ns_bmm
+
+    return ns_bmm
+
+
 def generic_chunk(call, chunk_size: int = 64, cu_seqlens=None, *, precision: str | None = None):
     """generic, chunk, on Triton: TTT-Linear's, TTT-MLP's and Titans' recipes on their loop kernels, every other one on
     `torch_backend.minibatch_chunk_impl` with Muon's Newton–Schulz of every token's momentum
     (`chunkwise.minibatch._muon_step`) in one kernel each way (kernels.triton.memories.newton_schulz; Gram sides
-    above MAX_NS_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
-    PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`)."""
+    above NS_KERNEL_MAX_DIM stay on the torch iteration). Every kernel's tl.dot at `precision` (None: each its own,
+    PRECISIONS; the TTT kernels' by q's dtype, `limits.loop_precision`), and the torch Newton–Schulz iteration's
+    products at it too ("tf32", "tf32x3": TF32 tensor-core products forward and backward,
+    `chunkwise.minibatch._TF32Product`, at "tf32x3" each by the kernel `ns_bmm`; the Gram matrices stay fp32) — by
+    default "ieee" for every dtype: one TF32 pass puts 2.5–4 % into ATLAS's o at K 64 (emulated on the CPU; the Gram
+    form squares X's condition number), 15× what rounding the inputs to bf16 does, and "tf32x3" keeps fp32's
+    accuracy but is not timed yet (`scripts/minibatch_memory.py --time`, docs/kernel_notes.md)."""
     if ttt_linear_kernel_serves(call.recipe) is None:
         return ttt_linear_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-Linear", call.q.dtype))
     if ttt_mlp_kernel_serves(call.recipe) is None:
         return ttt_mlp_chunk(call, cu_seqlens, precision=precision or loop_precision("TTT-MLP", call.q.dtype))
     if titans_kernel_serves(call.recipe) is None:
         return titans_chunk(call, cu_seqlens, precision=precision or loop_precision("Titans", call.q.dtype))
-    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision or NS_PRECISION))
+    precision = precision or NS_PRECISION
+    return minibatch_chunk_impl(call, chunk_size, cu_seqlens, ns=_ns_kernel(precision), ns_precision=precision,
+                                ns_mm=_ns_products(precision))
 
 
 def _ttt_inputs(call):

@@ -66,3 +66,27 @@ def test_cli_prints_the_table(tmp_path, capsys):
     assert "| ttt_linear | small 64×512×2×64 |" in out and "1.0×" in out
     assert (tmp_path / "floors.json").exists() and (tmp_path / "floors.md").read_text().startswith("| model |")
     assert main(["bench", "floors", "--models", "nope"]) != 0
+
+
+def test_newton_schulz_counts_are_atlas_iterations(monkeypatch):
+    """ATLAS at K = V = 8 (K' 45, hidden 32): one Newton–Schulz a token per weight matrix, Gram sides 32 and 8, each
+    17 r × r products in the forward (5 steps: A², Q P after the first, Q A Q before the last) — 34 r³ FLOPs —, run
+    again by the backward's recompute and differentiated (two products each): 4 × the forward's. Counted at B·H = 1,
+    scaled by B·H. A model without Muon has none."""
+    from fastweights.bench import floors
+    from fastweights.bench.floors import count_newton_schulz, newton_schulz_table
+
+    B, T, H = 2, 32, 3
+    got = count_newton_schulz("atlas", B, T, H, 8)
+    assert [c.r for c in got] == [8, 32]
+    for c in got:
+        assert (c.fwd_calls, c.step_calls, c.steps) == (B * T * H, 2 * B * T * H, 5)
+        assert c.fwd_flops == 34 * c.r ** 3 * B * T * H and c.step_flops == 4 * c.fwd_flops
+    assert count_newton_schulz("omeganet", 1, 16, 1, 4) == []
+    monkeypatch.setitem(floors.SHAPES, "small", (B, T, H, 8))
+    table = newton_schulz_table(shapes=("small",))
+    assert f"| atlas | small {B}×{T}×{H}×8 | 32 | {B * T * H} | {2 * B * T * H} |" in table
+
+    from fastweights.cli import main
+
+    assert main(["bench", "floors", "--newton-schulz", "--shapes", "small"]) == 0

@@ -13,6 +13,7 @@ from tests.tolerances import (
     MUON_BF16_AUTOCAST_REL,
     MUON_PEAK_OVER_SAVED_SLOPE,
     MUON_SAVED_OVER_NEEDED,
+    NS_F32_REL,
 )
 
 MINIBATCH = ["ttt_linear", "ttt_mlp", "titans", "omeganet", "atlas"]
@@ -360,3 +361,123 @@ def test_muon_backward_peak_grows_with_t_like_its_saved_tensors():
 
     (s1, p1), (s2, p2) = step(64), step(128)
     assert p2 - p1 <= MUON_PEAK_OVER_SAVED_SLOPE * (s2 - s1), (p2 - p1, s2 - s1)
+
+
+def _torch_ns_at(monkeypatch, precision: str):
+    """The generic chunk torch row with its Newton–Schulz iteration's products at `precision` (what the Triton row
+    passes when pinned: `kernels.rows.generic_chunk`)."""
+    import dataclasses
+    from functools import partial
+
+    from fastweights.dispatch import DISPATCH
+
+    key = ("generic", "chunk", "torch")
+    impl = DISPATCH[key]
+    monkeypatch.setitem(DISPATCH, key, dataclasses.replace(impl, fn=partial(impl.fn, ns_precision=precision)))
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_newton_schulz_at_tf32_changes_no_number_off_cuda(monkeypatch, precision, dtype):
+    """ATLAS with its torch Newton–Schulz at "tf32" / "tf32x3" (every product a `_TF32Product`, forward and backward,
+    under `tf32_matmuls`): cuBLAS's flag does nothing on the CPU and the split runs on CUDA only, so the outputs, the
+    final state and every gradient are bitwise the "ieee" form's (fp32 and bf16 inputs, a carried state, T 37) —
+    what is left to the GPU is TF32's rounding (held below under an emulation of it). The products did run."""
+    from fastweights.chunkwise import minibatch
+
+    inputs, state = make_case("atlas", T=37, B=2, H=2, K=8, V=8, dtype=torch.float32)
+    for name in ("q", "k", "v"):  # a bf16 call: q, k, v in bf16 (the gates stay fp32)
+        inputs[name] = inputs[name].detach().to(dtype).requires_grad_(True)
+    want = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
+    calls = []
+    real = minibatch._TF32Product.apply
+    monkeypatch.setattr(minibatch._TF32Product, "apply", staticmethod(lambda *a: calls.append(a[4]) or real(*a)))
+    _torch_ns_at(monkeypatch, precision)
+    got = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
+    assert calls and set(calls) == {precision}
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1].weights + got[1].momentum, want[1].weights + want[1].momentum))
+    assert len(got[2]) == len(want[2]) and all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
+
+
+def test_torch_newton_schulz_precision_leaves_float64_alone(monkeypatch):
+    """A float64 call runs the iteration as torch does whatever the precision asked for: bitwise the "ieee" form, and
+    the recurrence to CHUNK_F64."""
+    inputs, state = make_case("atlas", T=21, K=4, V=4)
+    want = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
+    rec = run_with_grads(fw.recurrent, "atlas", inputs, state)
+    _torch_ns_at(monkeypatch, "tf32x3")
+    got = run_with_grads(fw.chunk, "atlas", inputs, state, backend="torch")
+    assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[2], want[2]))
+    assert _close(got[0], rec[0], CHUNK_F64) and max_err(rec[1], got[1]) < CHUNK_F64
+    for a, b in zip(got[2], rec[2]):
+        assert _close(a, b, CHUNK_F64)
+
+
+def test_tf32x3_newton_schulz_keeps_fp32_accuracy_where_one_tf32_pass_does_not():
+    """ATLAS's own Gram matrices (a float64 run at K 16: r = 64 and 16, rank-deficient where the momentum starts from
+    zero), iterated in fp32 under an emulation of TF32 (`tests.tf32_emulation`; the tf32x3 split forced, as on
+    CUDA): "tf32x3" (three TF32 products per product, forward and backward) puts NS(X) = P X and dG within NS_F32_REL
+    of the float64 iteration, as "ieee" does; one TF32 pass is off by ≥ 10 × that (measured 0.19–5.2 on NS(X) over
+    three draws: the Gram form squares X's condition number, so its products need twice X's precision) — why no bf16
+    call runs it by default."""
+    from fastweights.chunkwise import minibatch
+    from tests.tf32_emulation import EmulatedTF32
+
+    real = minibatch._newton_schulz_gram
+    Gs = []
+
+    def grab(G, steps, *args):
+        Gs.append(G.detach().clone())
+        return real(G, steps, *args)
+
+    gen = torch.Generator().manual_seed(torch.seed() % 2**62)
+    inp = fw.example_inputs("atlas", batch_size=1, seq_len=24, num_heads=1, head_dim=16, dtype=torch.float64,
+                            generator=gen)
+    minibatch._newton_schulz_gram = grab
+    try:
+        with torch.no_grad():
+            fw.chunk("atlas", backend="torch", check_values=False, **inp)
+    finally:
+        minibatch._newton_schulz_gram = real
+    assert sorted({G.shape[-1] for G in Gs}) == [16, 64]
+
+    def ns_rel(P, ref, G):  # ‖(P − P_ref) X‖_F / ‖P_ref X‖_F from G = X Xᵀ alone, the worst matrix
+        E = P.double() - ref
+        num = (E @ G @ E.transpose(-1, -2)).diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt()
+        return (num / (ref @ G @ ref.transpose(-1, -2)).diagonal(dim1=-2, dim2=-1).sum(-1).sqrt()).max().item()
+
+    for G in Gs:
+        G64 = G.clone().requires_grad_(True)
+        ref = real(G64, 5)
+        D = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+        dref = torch.autograd.grad((ref * D).sum(), G64)[0]
+        errs = {}
+        for precision in ("ieee", "tf32x3", "tf32"):
+            G32 = G.float().requires_grad_(True)
+            with EmulatedTF32() as emu:
+                P = real(G32, 5, precision, split=True)
+                dG = torch.autograd.grad((P * D.float()).sum(), G32)[0]
+            assert (emu.products > 0) == (precision != "ieee")
+            rel_dG = ((dG.double() - dref).abs().amax((-2, -1)) / dref.abs().amax((-2, -1))).max().item()
+            errs[precision] = (ns_rel(P.detach(), ref.detach(), G), rel_dG)
+        assert max(errs["ieee"]) <= NS_F32_REL and max(errs["tf32x3"]) <= NS_F32_REL, errs
+        assert errs["tf32"][0] >= 10 * NS_F32_REL, errs
+
+
+def test_torch_newton_schulz_at_tf32_keeps_what_ieee_keeps(monkeypatch):
+    """The products' Function saves its operands through save_for_backward, which `_muon_step`'s checkpoint packs: the
+    fwd+bwd peak of live storages is byte for byte the "ieee" form's (ATLAS, K 16: Gram sides 64 and 16 — a region
+    around the iteration would have kept every segment's G until the backward)."""
+    from fastweights.state import state_tensors
+
+    inputs, state = make_case("atlas", T=48, B=1, H=1, K=16, V=16, dtype=torch.float32, with_state=False)
+
+    def fwd_bwd():
+        o, fin = fw.chunk("atlas", initial_state=state, output_final_state=True, check_values=False, backend="torch",
+                          **inputs)
+        torch.autograd.grad(o.sum() + sum(t.sum() for t in state_tensors(fin)), [inputs["q"], inputs["k"]])
+
+    ieee = cpu_peak_bytes(fwd_bwd)
+    _torch_ns_at(monkeypatch, "tf32x3")
+    assert cpu_peak_bytes(fwd_bwd) == ieee

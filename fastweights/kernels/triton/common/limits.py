@@ -9,6 +9,13 @@ MAX_CONV_WIDTH = 8
 MAX_GROUP = 8192
 #: The largest Gram side r `newton_schulz.newton_schulz_gram` serves (an r × r fp32 matrix per program, in registers).
 MAX_NS_DIM = 64
+#: The largest Gram side the generic Triton row hands the kernel (`kernels.rows._ns_kernel`; wider ones: the torch
+#: iteration). At r in (32, 64] (padded to R = 64) the backward does not fit sm_90 (Triton 3.6, `scripts/sm90_report.py
+#: --pipelines ns --head-dims 32 64`): Muon's 5 iterates kept in registers need 288 KiB of shared memory (sm_90's
+#: per-block limit is 227 KiB: the launch raises OutOfResources) and spill 157 KiB a program at ieee, and the
+#: recompute variant needs 320 KiB; compiling either took 280 / 470 s on a CPU — the first ATLAS fwd+bwd at K 64
+#: (r = 64) would compile for minutes and then fail. R = 32: 72 KiB, 2.7 KB of spills (ieee).
+NS_KERNEL_MAX_DIM = 32
 #: The widest head dim (K and V) the delta class's fused forward (`delta_fused.fused_forward`) serves on a GPU: an
 #: illegal memory access at K = V = 256 on the H100 (2026-11-25, not found yet); the interpreter takes any.
 DELTA_FUSED_MAX_HEAD_DIM_CUDA = 128

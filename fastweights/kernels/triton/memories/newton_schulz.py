@@ -42,7 +42,7 @@ from ..common.util import check_precision
 
 Tensor = torch.Tensor
 
-__all__ = ["newton_schulz_gram", "MAX_NS_DIM", "NS_COEFFS", "PRECISIONS"]
+__all__ = ["newton_schulz_gram", "ns_bmm", "MAX_NS_DIM", "NS_COEFFS", "PRECISIONS", "BMM_TILES"]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 #: tl.dot's input precisions the kernels take (see the module doc).
@@ -217,3 +217,60 @@ def newton_schulz_gram(G: Tensor, steps: int, *, precision: str = NS_PRECISION) 
         raise ValueError(f"steps must be an int ≥ 1, got {steps!r}")
     check_precision(precision)
     return NewtonSchulzGramFn.apply(G, steps, precision)
+
+
+#: `ns_bmm`'s tiles (BM, BN, BK) and num_warps: [64, 64] fp32 accumulators, 32-wide K steps, 4 warps.
+BMM_TILES = {"BM": 64, "BN": 64, "BK": 32, "num_warps": 4}
+
+
+@triton.jit
+def _bmm(a_ptr, b_ptr, c_ptr, out_ptr, n, m, k, alpha,
+         sa0, sa1, sa2, sb0, sb1, sb2, sc0, sc1, sc2,
+         HAS_C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """out[z] = alpha · a[z] @ b[z] (+ c[z]) for one [BM, BN] tile of one batch entry z; a, b, c by strides."""
+    i_m, i_n, z = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rm = i_m * BM + tl.arange(0, BM)
+    rn = i_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k, BK):
+        kk = k0 + rk
+        a = tl.load(a_ptr + z * sa0 + rm[:, None] * sa1 + kk[None, :] * sa2,
+                    mask=(rm[:, None] < n) & (kk[None, :] < k), other=0.0)
+        b = tl.load(b_ptr + z * sb0 + kk[:, None] * sb1 + rn[None, :] * sb2,
+                    mask=(kk[:, None] < k) & (rn[None, :] < m), other=0.0)
+        acc += tl.dot(a, b, input_precision=PREC)
+    acc = acc * alpha
+    mask = (rm[:, None] < n) & (rn[None, :] < m)
+    if HAS_C:
+        acc += tl.load(c_ptr + z * sc0 + rm[:, None] * sc1 + rn[None, :] * sc2, mask=mask, other=0.0)
+    tl.store(out_ptr + z * n * m + rm[:, None] * m + rn[None, :], acc, mask=mask)
+
+
+def ns_bmm(a: Tensor, b: Tensor, c: Tensor | None = None, alpha: float = 1.0, *, precision: str = "tf32x3") -> Tensor:
+    """c + alpha · a @ b (c None: alpha · a @ b) for fp32 a [M, n, k], b [M, k, m], c [M, n, m] (any strides: the
+    backward's transposes are views), each product's tl.dot at `precision` — the products of the torch Newton–Schulz
+    iteration at Gram sides the register kernel does not take (`chunkwise.minibatch._TF32Product`, the generic row's
+    "tf32x3": three TF32 tensor-core products a dot inside the kernel, no hi / lo tensors through memory as the torch
+    split writes). Not differentiable itself (its caller's Function differentiates). Returns a contiguous [M, n, m]."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32 or (c is not None and c.dtype != torch.float32):
+        raise ValueError(f"ns_bmm takes fp32 tensors, got {a.dtype}, {b.dtype}" + (f", {c.dtype}" if c is not None
+                                                                                   else ""))
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ValueError(f"ns_bmm takes a [M, n, k] and b [M, k, m], got {list(a.shape)} and {list(b.shape)}")
+    M, n, k = a.shape
+    m = b.shape[2]
+    if c is not None and tuple(c.shape) != (M, n, m):
+        raise ValueError(f"c must be [M, n, m] = {[M, n, m]}, got {list(c.shape)}")
+    check_precision(precision)
+    out = empty_output(M, n, m, dtype=torch.float32, device=a.device)
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        return out.zero_() if c is None else out.copy_(c)
+    t = BMM_TILES
+    cc = c if c is not None else out
+    grid = (triton.cdiv(n, t["BM"]), triton.cdiv(m, t["BN"]), M)
+    _bmm[grid](a, b, cc, out, n, m, k, float(alpha), *a.stride(), *b.stride(), *cc.stride(), HAS_C=c is not None,
+               BM=t["BM"], BN=t["BN"], BK=t["BK"], PREC=precision, num_warps=t["num_warps"])
+    return out

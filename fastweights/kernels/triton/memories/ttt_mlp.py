@@ -85,7 +85,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TTT_MLP_PRECISION, loop_precision
-from ..common.util import check_precision, launch, pow2
+from ..common.util import check_precision, launch, pow2, tile
 from .ttt import LN_EPS, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
 Tensor = torch.Tensor
@@ -465,27 +465,36 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
 
 
 class _TTTMLP(torch.autograd.Function):
-    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2 [R, H, D] and the carried sums
-    P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset, save (keep the anchors for a
-    backward), cu (int32 [N+1] on the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns
+    """Forward: `_fwd_kernel` (or, with util.LAUNCH["ttt_mlp_sliced"]["ON"], `ttt_mlp_sliced.sliced_forward`: the
+    hidden width sliced over programs, the same outputs and stored anchors); backward: `_bwd_kernel`. q, k [B, T, H_q,
+    D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2
+    [R, H, D] and the carried sums P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset,
+    save (keep the anchors for a backward), cu (int32 [N+1] on the device, or None), the `ttt._Plan`, steps (the most
+    mini-batches of one sequence) and the kernels' constexprs. Returns
     (o [B, T, H, D] in v's dtype, A1, a1, A2, a2, P1, p1, P2, p2 of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, cu, plan, geo):
+    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, cu, plan, steps,
+                geo):
         B, T = q.shape[:2]
         R, H, D, F = A1.shape
         f32 = dict(dtype=torch.float32, device=q.device)
-        o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
-        slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
-        ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
-              empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
-        outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale, T,
-                              offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
-                              **launch("ttt_mlp_fwd"))
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not o))
+        seq = (cu if cu is not None else q, plan.first if plan.first is not None else q)
+        if tile("ttt_mlp_sliced", "ON"):  # the hidden width sliced over programs, one launch a mini-batch
+            from .ttt_mlp_sliced import sliced_forward
+
+            o, outs, ck = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
+                                         offset=offset, cu=cu, plan=plan, steps=steps, geo=geo)
+        else:
+            o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
+            slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
+            ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
+                  empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
+            outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
+            _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale,
+                                  T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
+                                  **launch("ttt_mlp_fwd"))
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not q))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
         return (o, *outs)
 
@@ -520,7 +529,7 @@ class _TTTMLP(torch.autograd.Function):
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
                 dlnb.sum(0).to(lnb.dtype), *acc, *(dP0 if has_p else (None,) * 4), None, None, None, None, None,
-                None)
+                None, None)
 
 
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
@@ -586,7 +595,9 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias)] + _squeezed(A) + _squeezed(P)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
+    steps = plan.NS if cu is None else max((-(-(offset + e - s) // minibatch) for s, e in zip(cu[:-1], cu[1:])),
+                                           default=0)  # the most mini-batches of one sequence
+    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, steps, geo)
     anchor_out, sums = _unsqueezed(state[:4]), _unsqueezed(state[4:])
     end = tuple(a + p / _last_counts(plan, a.dim(), q.device) for a, p in zip(anchor_out, sums))
     if cu is None:

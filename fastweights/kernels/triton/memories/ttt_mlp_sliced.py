@@ -42,8 +42,8 @@ import triton.language as tl
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
+from .mlp_tiles import _gelu, _hidden, _target_errors, _tile, _tile_read
 from .ttt import _ln, _rows, _sequence, _slot, _tokens
-from .ttt_mlp import _gelu, _hidden, _target_errors, _tile, _tile_read
 
 Tensor = torch.Tensor
 

@@ -98,6 +98,24 @@ def test_sliced_forward_equals_the_one_program_forward(monkeypatch, gen):
     _agree(_run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), x, 5, seed), one, CHUNK_F32_REL)
 
 
+def test_the_steps_own_hidden_tile(monkeypatch, steps, gen):
+    """LAUNCH["ttt_mlp_sliced"]["BF"]: the steps' hidden tile (32: F = 64 in 2 tiles, one a program) beside the
+    read's (the glue's 16), offset 5, T 29; a tile that is no power of two ≥ 16, or NP < 1, is refused."""
+    from fastweights.inputs import InputError
+
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "BF", 32)
+    x = _inputs(gen, T=29, Hq=2)
+    seed = _seed(gen)
+    got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), _fp32(x), 5, seed)
+    assert steps[0] == (True, (2, 2))
+    _agree(got, _run(_twin, x, 5, seed), CHUNK_F32_REL)
+    for bad in ({"BF": 24}, {"BF": 8}, {"BF": 0, "NP": 0}):
+        for key, val in bad.items():
+            monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], key, val)
+        with pytest.raises(InputError, match="ttt_mlp_sliced"):
+            _kernel(_fp32(x), 0)
+
+
 def test_a_padded_head_dim_a_partial_hidden_tile_a_longer_mini_batch_and_no_grad(monkeypatch, steps, gen):
     """D = 20 (padded to 32: the LayerNorms see only the 20 real columns), F = 80 in tiles of 32 (the last partial) over
     2 programs, b = 32, offset 7; without gradients the same kernels run and return the same values, bitwise."""

@@ -179,9 +179,11 @@ LAUNCH: dict[str, dict] = {
     "ttt_mlp_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
     # TTT-MLP's forward with the hidden width sliced over NP programs a (sequence, head), one launch a mini-batch,
-    # and a parallel read (memories/ttt_mlp_sliced.py; ON 0: off until timed on a GPU — issue 36, D 128)
-    "ttt_mlp_sliced": dict(num_warps=4, num_stages=1, ON=0, NP=4),  # memories.ttt_mlp_sliced._step_kernel
-    "ttt_mlp_sliced_read": dict(num_warps=4, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel
+    # and a parallel read (memories/ttt_mlp_sliced.py; ON 0: off until timed on a GPU — issue 36, D 128). BF: the
+    # steps' hidden tile (0: the glue's, `ttt_mlp.hidden_tile`). sm_90, bf16, D 128, NP 4: the step at 8 warps 170
+    # registers (BF 16) / 255 (BF 32), no spill; at 4 warps 255, none (BF 16); the read 255, ≈ 350 B spilled
+    "ttt_mlp_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0),  # memories.ttt_mlp_sliced._step_kernel
+    "ttt_mlp_sliced_read": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
     # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
@@ -215,11 +216,17 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
     """The forward of `ttt_mlp._TTTMLP` on the sliced kernels: (o [B, T, H, D] in v's dtype, [A1, a1, A2, a2, P1, p1,
     P2, p2] of each sequence's last mini-batch (fp32, [R, H, ·]), [ck1, ckb1, ck2, ckb2]: every mini-batch's anchor,
     [slots, H, ·] fp32 — what `ttt_mlp._bwd_kernel` reads). steps: the most mini-batches of one sequence (plan.NS
-    without varlen); geo: `ttt_mlp`'s constexprs. Slices: util.LAUNCH["ttt_mlp_sliced"]["NP"] (`slices`)."""
+    without varlen); geo: `ttt_mlp`'s constexprs. Slices: util.LAUNCH["ttt_mlp_sliced"]["NP"] (`slices`), the steps'
+    hidden tile its "BF" (0: geo's)."""
     B, T = q.shape[:2]
     R, H, D, F = A1.shape
-    BT, BD, BF = geo["BT"], geo["BD"], geo["BF"]
-    NP, TPS = slices(F, BF, tile("ttt_mlp_sliced", "NP"))
+    BT, BD = geo["BT"], geo["BD"]
+    BF = tile("ttt_mlp_sliced", "BF") or geo["BF"]  # the steps' hidden tile (the read keeps the glue's)
+    NPmax = tile("ttt_mlp_sliced", "NP")
+    if BF < 16 or BF & (BF - 1) or NPmax < 1:
+        raise InputError(f"util.LAUNCH['ttt_mlp_sliced'] takes BF 0 or a power of two ≥ 16 and NP ≥ 1, got BF {BF}, "
+                         f"NP {NPmax}")
+    NP, TPS = slices(F, BF, NPmax)
     f32 = dict(dtype=torch.float32, device=q.device)
     o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
     slots = max(plan.slots, 1)
@@ -229,7 +236,7 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
     fpart = empty_output(2, NP, R * H, BT, BD, **f32)
     es = empty_output(slots, H, BT, BD, **f32)
     seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-    common = dict(**geo, NP=NP, TPS=TPS, HAS_P=offset > 0, IS_VARLEN=cu is not None)
+    common = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=offset > 0, IS_VARLEN=cu is not None)
     args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, es, *outs, *seq)
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
         _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **common, PRO=j < 0,

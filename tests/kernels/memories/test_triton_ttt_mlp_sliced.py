@@ -42,15 +42,26 @@ pytestmark = pytest.mark.triton
 
 @pytest.fixture
 def steps(monkeypatch):
-    """The sliced forward on (NP from each test), its step launches counted: [(PRO, grid)] per launch; the
-    one-program forward must not run."""
+    """The sliced forward and backward on (NP from each test), the forward's step launches counted: [(PRO, grid)] per
+    launch, the backward's chain launches in `steps.chain` [(s, PART)]; the one-program kernels must not run."""
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
-    seen = []
-    real = sliced._step_kernel.run
+    seen = Launches()
+    real, chain = sliced._step_kernel.run, sliced._bwd_chain_kernel.run
     monkeypatch.setattr(sliced._step_kernel, "run",
                         lambda *a, **kw: seen.append((kw["PRO"], kw["grid"])) or real(*a, **kw))
+    monkeypatch.setattr(sliced._bwd_chain_kernel, "run",
+                        lambda *a, **kw: seen.chain.append(kw["PART"]) or chain(*a, **kw))
     monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: pytest.fail("the one-program forward ran"))
+    monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: pytest.fail("the one-program backward ran"))
     return seen
+
+
+class Launches(list):
+    """The forward's step launches; `.chain`: the backward's chain launches (PART of each, in order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.chain = []
 
 
 def test_the_slices():
@@ -82,20 +93,28 @@ def test_sliced_forward_equals_the_twin_and_the_recurrence(monkeypatch, steps, g
     ns = -(-(offset + T) // 16)
     programs = sliced.slices(64, tile, NP)[0]
     assert steps == [(True, (2, programs))] + [(False, (2, programs))] * ns
+    assert steps.chain == [0, 1] * ns  # the backward: two launches a mini-batch
     _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-def test_sliced_forward_equals_the_one_program_forward(monkeypatch, gen):
-    """The same call on both forwards (B 2, grouped heads, offset 5, T 41): outputs, final state and every gradient
-    within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
+@pytest.mark.parametrize("bwd", [0, 1])
+def test_sliced_kernels_equal_the_one_program_kernels(monkeypatch, gen, bwd):
+    """The same call on the one-program kernels and on the sliced forward with (BWD 1) or without (BWD 0: the
+    one-program backward) the sliced backward (B 2, grouped heads, offset 5, T 41): outputs, final state and every
+    gradient within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = _seed(gen)
     one = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), x, 5, seed)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 2)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "BWD", bwd)
+    ran = []
+    real = mod._bwd_kernel.run
+    monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
     monkeypatch.setattr(mod._fwd_kernel, "run", lambda *a, **kw: pytest.fail("the one-program forward ran"))
     _agree(_run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), x, 5, seed), one, CHUNK_F32_REL)
+    assert ran == ([] if bwd else [1])
 
 
 def test_the_steps_own_hidden_tile(monkeypatch, steps, gen):

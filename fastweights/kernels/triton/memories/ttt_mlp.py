@@ -414,7 +414,7 @@ class _TTTMLP(torch.autograd.Function):
         if tile("ttt_mlp_sliced", "ON"):  # the hidden width sliced over programs, one launch a mini-batch
             from .ttt_mlp_sliced import sliced_forward
 
-            o, outs, ck = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
+            o, outs, ck, fs = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
                                          offset=offset, cu=cu, plan=plan, steps=steps, geo=geo)
         else:
             o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
@@ -425,14 +425,17 @@ class _TTTMLP(torch.autograd.Function):
             _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale,
                                   T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                   **launch("ttt_mlp_fwd"))
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not q))
+        ctx.sliced = bool(tile("ttt_mlp_sliced", "ON") and tile("ttt_mlp_sliced", "BWD"))  # the sliced backward
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *([fs] if ctx.sliced else []),
+                              *(t for t in seq if t is not q))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
+        ctx.steps = steps
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, *gouts):
         q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *rest = ctx.saved_tensors
-        ck, seq = rest[:4], rest[4:]
+        ck, seq = rest[:4], rest[4 + ctx.sliced:]
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R = ctx.plan.R
@@ -447,14 +450,22 @@ class _TTTMLP(torch.autograd.Function):
         acc = [t.clone() for t in g[:4]]  # the anchor's gradient, accumulated in place by the kernel: dA0
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
         dP0 = [empty_output(R, *shape, **f32) for shape in shapes[4:]] if has_p else acc
-        dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
-        dbeta = empty_output(B, T, H, **f32)
-        dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
-        dZs = torch.empty(R * H, ctx.geo["BT"], shapes[0][-1], **f32)  # each program's [b, F] scratch
-        seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
-                              dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
-                              HAS_P=has_p, IS_VARLEN=ctx.varlen, **launch("ttt_mlp_bwd"))
+        if ctx.sliced:  # the hidden width sliced over programs, two launches a mini-batch
+            from .ttt_mlp_sliced import sliced_backward
+
+            dq, dk, dv, dbeta, dlnw, dlnb = sliced_backward(
+                q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], do, g, acc, dP0, scale=ctx.scale,
+                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo)
+            dlnw, dlnb = dlnw[None], dlnb[None]
+        else:
+            dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
+            dbeta = empty_output(B, T, H, **f32)
+            dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
+            dZs = torch.empty(R * H, ctx.geo["BT"], shapes[0][-1], **f32)  # each program's [b, F] scratch
+            seq = seq if seq else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
+                                  dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+                                  HAS_P=has_p, IS_VARLEN=ctx.varlen, **launch("ttt_mlp_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)

@@ -16,8 +16,8 @@ P1, p1, P2 of the hidden slice) or [b, D] (e, p2). So:
   then per tile of its slice: Z1 = K A1 + a1, dz1 = (e A2ᵀ) ⊙ σ'(Z1), P1 = −Kᵀ(η dz1), p1, P2 = −Hᵀ(η e) (+ the
   carried sums in the call's first mini-batch), the next anchor A + P / b into slot j + 1 — or, in the sequence's
   last mini-batch, the anchor and end sums out — and the next mini-batch's partial f from the new tile (6 dots a
-  tile, TPS tiles). Program p = 0 writes e (for the readout) and the [D] bias a2 + p2 / b. The partials are
-  double-buffered by mini-batch parity: a launch reads one buffer and writes the other.
+  tile, TPS tiles). Program p = 0 writes f (for the read and the backward) and the [D] bias a2 + p2 / b. The
+  partials are double-buffered by mini-batch parity: a launch reads one buffer and writes the other.
 - `_read_kernel`, grid (anchor slots, H): every mini-batch's read in parallel from its stored anchor and e — the
   `_fwd_kernel`'s pass 2 without its stores (6 dots a tile over all tiles; z2 and h Hᵀ summed over F there).
 
@@ -43,8 +43,8 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
-from .mlp_tiles import _gelu, _hidden, _target_errors, _tile, _tile_read
-from .ttt import _ln, _rows, _sequence, _slot, _tokens
+from .mlp_tiles import _gelu, _gelu2, _hidden, _target_errors, _tile, _tile_read
+from .ttt import _ln, _ln_back, _rows, _sequence, _slot, _tokens
 
 Tensor = torch.Tensor
 
@@ -68,13 +68,13 @@ def _partial_f(kk, A1, a1, A2, PREC: tl.constexpr):
 
 @triton.jit(do_not_specialize=["j"])
 def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2,
-                 fpart, es, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, cu, slots, j, T, off, NS, RH,
+                 fpart, fs, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, cu, slots, j, T, off, NS, RH,
                  H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
                  BF: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, TPS: tl.constexpr, EPS: tl.constexpr,
                  PREC: tl.constexpr, PRO: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
     # PRO: step 0 (mini-batch 0's anchor slice into its slot, its partial f); else mini-batch j's update and the
-    # partial f of mini-batch j + 1. fpart [2, NP, R·H, BT, BD]: the partials by mini-batch parity; es [slots, H,
-    # BT, BD]: e of every mini-batch.
+    # partial f of mini-batch j + 1. fpart [2, NP, R·H, BT, BD]: the partials by mini-batch parity; fs [slots, H,
+    # BT, BD]: f (the memory's output at the anchor, before its LayerNorm) of every mini-batch.
     i_bh = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -127,7 +127,7 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_
             for pq in range(0, NP):  # the partials in a fixed order
                 f += tl.load(fpart + ((par + pq) * RH + i_bh) * (BT * BD) + rd)
             n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
-            tl.store(es + cur * (BT * BD) + rd, e, mask=(rd >= 0) & lead)
+            tl.store(fs + cur * (BT * BD) + rd, f, mask=(rd >= 0) & lead)
             ee = e * eta[:, None]
             fp = tl.zeros([BT, BD], dtype=tl.float32)
             for t in range(0, TPS):
@@ -167,12 +167,12 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_
 
 
 @triton.jit
-def _read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, es, o, cu, slots,
+def _read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, fs, o, cu, slots,
                  seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr,
                  BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
                  HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
     """The read of one mini-batch (anchor slot) of one value head, grid (slots, H): o = x + γ ⊙ LN(z2) + β_ln from its
-    stored anchor and e (`ttt_mlp._fwd_kernel`'s pass 2 without the end sums)."""
+    stored anchor and f (`ttt_mlp._fwd_kernel`'s pass 2 without the end sums)."""
     i_slot = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
@@ -187,7 +187,8 @@ def _read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, c
     ipos = (r + 1).to(tl.float32)
     tri = r[:, None] >= r[None, :]
     x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
-    e = tl.load(es + cur * (BT * BD) + r[:, None] * BD + c[None, :])
+    f = tl.load(fs + cur * (BT * BD) + r[:, None] * BD + c[None, :])
+    n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
     M1 = tl.where(tri, (tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0) * eta[None, :] / ipos[:, None], 0.0)
     z2 = tl.zeros([BT, BD], dtype=tl.float32)
     S2 = tl.zeros([BT, BT], dtype=tl.float32)
@@ -234,16 +235,289 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
           empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
     outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
     fpart = empty_output(2, NP, R * H, BT, BD, **f32)
-    es = empty_output(slots, H, BT, BD, **f32)
+    fs = empty_output(slots, H, BT, BD, **f32)
     seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
     common = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=offset > 0, IS_VARLEN=cu is not None)
-    args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, es, *outs, *seq)
+    args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, fs, *outs, *seq)
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
         _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **common, PRO=j < 0,
                                   **launch("ttt_mlp_sliced"))
     if plan.slots:
         rd = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
-        _read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, es, o, *rd, scale, T, offset,
+        _read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, o, *rd, scale, T, offset,
                                       plan.NS, **geo, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                       **launch("ttt_mlp_sliced_read"))
-    return o, outs, ck
+    return o, outs, ck, fs
+
+
+# ---------------------------------------------------------------------------------------------------- the backward
+@triton.jit
+def _bwd_pre_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, fs, do, dq, dk,
+                    dbeta, dz2s, ders, tiles, glnw, glnb, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr,
+                    HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
+                    BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr,
+                    IS_VARLEN: tl.constexpr):
+    """The backward's parallel pre-pass, grid (slots, H): everything of one mini-batch's gradients that the anchor
+    gradients' chain does not enter — `ttt_mlp._bwd_kernel`'s pass B and pass C's read terms. Writes dq whole (per
+    value head), dk's and dη's read parts, dz2 and the read's ∂/∂e (dz2s, ders [slots, H, BT, BD]), per hidden unit
+    the read's dz1r, −M1ᵀ dz1r, dS2ᵀ h and h (tiles [slots, H, 4, BT, F]), and the read's dγ, dβ_ln ([slots, H, D])."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    i_bh = i_b.to(tl.int64) * H + i_h
+    cur = i_slot.to(tl.int64) * H + i_h
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    rd = r[:, None] * BD + c[None, :]
+    first = s == 0
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    f = tl.load(fs + cur * (BT * BD) + rd)
+    n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
+    S1 = tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0
+    M1 = tl.where(tri, S1 * eta[None, :] / ipos[:, None], 0.0)
+    # pass B: the read's second layer
+    z2 = tl.zeros([BT, BD], dtype=tl.float32)
+    S2 = tl.zeros([BT, BT], dtype=tl.float32)
+    for f0 in range(0, F, BF):
+        fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+        A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+        Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first,
+                                                            fc, o1, wm1, fm, D, F, PREC, HAS_P)
+        z2 += tl.dot(h, A2, input_precision=PREC)
+        S2 += tl.dot(h, tl.trans(Hh), input_precision=PREC)
+        if HAS_P:
+            P2 = tl.load(P2_0 + i_bh * (F * D) + o2, mask=wm2 & first, other=0.0)
+            z2 += tl.dot(h, P2, input_precision=PREC) / ipos[:, None]
+    z2 += tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)[None, :]
+    if HAS_P:
+        z2 += tl.load(p2_0 + i_bh * D + c, mask=cm & first, other=0.0)[None, :] / ipos[:, None]
+    S2 += 1.0
+    M2 = tl.where(tri, S2 * eta[None, :] / ipos[:, None], 0.0)
+    z2 -= tl.dot(M2, e, input_precision=PREC)
+    nz, invz = _ln(z2, cm, D, EPS)
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dO = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
+    tl.store(glnw + cur * D + c, tl.sum(dO * nz, axis=0), mask=cm)
+    tl.store(glnb + cur * D + c, tl.sum(dO, axis=0), mask=cm)
+    dz2 = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
+    dx = dO
+    dM2 = -tl.dot(dz2, tl.trans(e), input_precision=PREC)
+    tl.store(dz2s + cur * (BT * BD) + rd, dz2)
+    tl.store(ders + cur * (BT * BD) + rd, -tl.dot(tl.trans(M2), dz2, input_precision=PREC))
+    dS2 = tl.where(tri, dM2 * eta[None, :] / ipos[:, None], 0.0)
+    deta = tl.sum(tl.where(tri, dM2 * S2 / ipos[:, None], 0.0), axis=0)
+    dM1 = tl.zeros([BT, BT], dtype=tl.float32)
+    tb = cur * (4 * BT * F) + r[:, None] * F  # + j·BT·F + fc: the four [BT, F] tiles of this slot
+    for f0 in range(0, F, BF):
+        fc, fm, o1, o2, wm1, wm2 = _hidden(f0, c, cm, D, F, BF)
+        A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+        Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1 = _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first,
+                                                            fc, o1, wm1, fm, D, F, PREC, HAS_P)
+        dhh = tl.dot(dz2, tl.trans(A2), input_precision=PREC) + tl.dot(dS2, Hh, input_precision=PREC)
+        if HAS_P:
+            P2 = tl.load(P2_0 + i_bh * (F * D) + o2, mask=wm2 & first, other=0.0)
+            dhh += tl.dot(dz2 / ipos[:, None], tl.trans(P2), input_precision=PREC)
+        dz1r = dhh * dh
+        dx += tl.dot(dz1r, tl.trans(A1), input_precision=PREC)
+        if HAS_P:
+            dx += tl.dot(dz1r / ipos[:, None], tl.trans(P1), input_precision=PREC)
+        dM1 -= tl.dot(dz1r, tl.trans(dz1), input_precision=PREC)
+        tm = fm[None, :] & (r[:, None] >= 0)
+        tl.store(tiles + tb + fc[None, :], dz1r, mask=tm)
+        tl.store(tiles + tb + BT * F + fc[None, :], -tl.dot(tl.trans(M1), dz1r, input_precision=PREC), mask=tm)
+        tl.store(tiles + tb + 2 * BT * F + fc[None, :], tl.dot(tl.trans(dS2), h, input_precision=PREC), mask=tm)
+        tl.store(tiles + tb + 3 * BT * F + fc[None, :], h, mask=tm)
+    # M1's scores x_t · k_j + 1
+    dS1 = tl.where(tri, dM1 * eta[None, :] / ipos[:, None], 0.0)
+    deta += tl.sum(tl.where(tri, dM1 * S1 / ipos[:, None], 0.0), axis=0)
+    dx += tl.dot(dS1, kk, input_precision=PREC)
+    tl.store(dq + hv, dx * scale, mask=m)
+    tl.store(dk + hv, tl.dot(tl.trans(dS1), x, input_precision=PREC), mask=m)
+    tl.store(dbeta + row * H + i_h, deta, mask=valid)
+
+
+@triton.jit(do_not_specialize=["s"])
+def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs, dz2s, ders, tiles,
+                      dP1o, dp1o, dP2o, dp2o, gA1, ga1, gA2, G2, Qp, dZs, dkp, detap, dv, glnw, glnb,
+                      dP1_0, dp1_0, dP2_0, dp2_0, cu, slots, s, scale, T, off, NS, RH, BTH,
+                      H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
+                      BF: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, TPS: tl.constexpr, EPS: tl.constexpr,
+                      PREC: tl.constexpr, PART: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One mini-batch s of the anchor gradients' reverse chain on hidden slice p, grid (R·H, NP): PART 0 — pass C's
+    chain terms per tile (the end sums' gradients, σ(Z1)'s, dz1's), ∂/∂Z1 but f's term into dZs, and the slice's
+    partial of ∂/∂e into Qp; PART 1 — ∂/∂e summed over the slices, e's LayerNorm backward to ∂/∂f, pass D per tile.
+    The anchor gradients (gA1, ga1, gA2) of the slice are accumulated in place; a2's in G2 [2, R·H, BD] by mini-batch
+    parity (s reads G2[s % 2], writes G2[(s + 1) % 2]); dk's and dη's chain parts per slice (dkp [NP, B·T·H·D], detap
+    [NP, B·T·H]); dv, dγ's and dβ_ln's chain parts by program 0."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    if s < ns:
+        c = tl.arange(0, BD)
+        r = tl.arange(0, BT)
+        cm = c < D
+        rd = r[:, None] * BD + c[None, :]
+        ones = r[:, None] >= 0
+        lead = p == 0
+        cur = (slot0 + s) * H + i_h
+        first = s == 0
+        lastmb = s == ns - 1
+        lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+        lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+        ipos = (r + 1).to(tl.float32)
+        x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+        f = tl.load(fs + cur * (BT * BD) + rd)
+        n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
+        ee = e * eta[:, None]
+        dz2 = tl.load(dz2s + cur * (BT * BD) + rd)
+        ga2 = tl.load(G2 + ((s % 2) * RH + i_bh) * BD + c)  # a2's anchor gradient after mini-batch s + 1
+        gp2e = tl.load(dp2o + i_bh * D + c, mask=cm & lastmb, other=0.0)
+        gp2e = tl.where(lastmb, gp2e, ga2 / BT)
+        hv = (row[:, None] * H + i_h) * D + c[None, :]
+        kp = dkp + p * BTH * D + hv  # this slice's part of dk
+        ep = detap + p * BTH + row * H + i_h
+        tb = cur * (4 * BT * F) + r[:, None] * F
+        if PART == 0:
+            Q = tl.zeros([BT, BD], dtype=tl.float32)  # the slice's Σ_F (dg1 A2 − η ⊙ H gP2_end)
+            dkk = tl.zeros([BT, BD], dtype=tl.float32)
+            deta = tl.zeros([BT], dtype=tl.float32)
+            for t in range(0, TPS):
+                fc, fm, o1, o2, wm1, wm2 = _hidden((p * TPS + t) * BF, c, cm, D, F, BF)
+                tm = fm[None, :] & ones
+                A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+                Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
+                Hh, dg = _gelu(Z1)
+                g1 = tl.dot(e, tl.trans(A2), input_precision=PREC)
+                dz1 = g1 * dg
+                GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
+                OP1, Op1, OP2 = _tile(dP1o, dp1o, dP2o, i_bh, fc, o1, o2, wm1 & lastmb, wm2 & lastmb, fm & lastmb,
+                                      D, F)
+                gP1e = tl.where(lastmb, OP1, GA1 / BT)
+                gp1e = tl.where(lastmb, Op1, Ga1 / BT)
+                gP2e = tl.where(lastmb, OP2, GA2 / BT)
+                dz1r = tl.load(tiles + tb + fc[None, :], mask=tm, other=0.0)
+                ddz1 = tl.load(tiles + tb + BT * F + fc[None, :], mask=tm, other=0.0)
+                dH = tl.load(tiles + tb + 2 * BT * F + fc[None, :], mask=tm, other=0.0)
+                h = tl.load(tiles + tb + 3 * BT * F + fc[None, :], mask=tm, other=0.0)
+                GA2 += tl.dot(tl.trans(h), dz2, input_precision=PREC)
+                if HAS_P:
+                    gP2 = gP2e + tl.dot(tl.trans(h), dz2 / ipos[:, None], input_precision=PREC)
+                    tl.store(dP2_0 + i_bh * (F * D) + o2, gP2, mask=wm2 & first)
+                dH -= tl.dot(ee, tl.trans(gP2e), input_precision=PREC)
+                HG = tl.dot(Hh, gP2e, input_precision=PREC)
+                Q -= eta[:, None] * HG
+                deta -= tl.sum(e * HG, axis=1)
+                GA1 += tl.dot(tl.trans(x), dz1r, input_precision=PREC)
+                Ga1 += tl.sum(dz1r, axis=0)
+                if HAS_P:
+                    dz1ri = dz1r / ipos[:, None]
+                    gP1 = gP1e + tl.dot(tl.trans(x), dz1ri, input_precision=PREC)
+                    tl.store(dP1_0 + i_bh * (D * F) + o1, gP1, mask=wm1 & first)
+                    tl.store(dp1_0 + i_bh * F + fc, gp1e + tl.sum(dz1ri, axis=0), mask=fm & first)
+                kg = tl.dot(kk, gP1e, input_precision=PREC) + gp1e[None, :]
+                ddz1 -= eta[:, None] * kg
+                dkk -= tl.dot(dz1 * eta[:, None], tl.trans(gP1e), input_precision=PREC)
+                deta -= tl.sum(dz1 * kg, axis=1)
+                dg1 = ddz1 * dg
+                Q += tl.dot(dg1, A2, input_precision=PREC)
+                GA2 += tl.dot(tl.trans(dg1), e, input_precision=PREC)
+                tl.store(dZs + i_bh * (BT * F) + r[:, None] * F + fc[None, :], ddz1 * g1 * _gelu2(Z1) + dH * dg,
+                         mask=tm)
+                tl.store(gA1 + i_bh * (D * F) + o1, GA1, mask=wm1)
+                tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
+                tl.store(gA2 + i_bh * (F * D) + o2, GA2, mask=wm2)
+            tl.store(Qp + (p * RH + i_bh) * (BT * BD) + rd, Q)
+            tl.store(kp, dkk, mask=m)
+            tl.store(ep, deta, mask=valid)
+            if HAS_P:
+                tl.store(dp2_0 + i_bh * D + c, gp2e + tl.sum(dz2 / ipos[:, None], axis=0), mask=cm & first & lead)
+        else:
+            # e's gradient: the read's (−M2ᵀ dz2), the slices' (e A2ᵀ, P2_end), p2_end's
+            de = tl.load(ders + cur * (BT * BD) + rd) - eta[:, None] * gp2e[None, :]
+            for pq in range(0, NP):  # the partials in a fixed order
+                de += tl.load(Qp + (pq * RH + i_bh) * (BT * BD) + rd)
+            deta = -tl.sum(e * gp2e[None, :], axis=1)
+            # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
+            dinv = tl.sum(de * e, axis=1) / inv
+            du = _ln_back(n, inv, de, cm, D)
+            mu_un = tl.sum(u * n, axis=1) / D
+            mg_n = tl.sum(de * n, axis=1) / D
+            dn = tl.where(cm[None, :], -inv[:, None] * (de * mu_un[:, None] + mg_n[:, None] * u), 0.0)
+            ddy = lnw[None, :] * du
+            dn += lnw[None, :] * ddy
+            df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
+            dkk = tl.load(kp, mask=m, other=0.0) + tl.where(lead, ddy, 0.0)
+            tl.store(glnw + cur * D + c, tl.sum(du * dy + ddy * n, axis=0), mask=cm & lead)
+            tl.store(glnb + cur * D + c, tl.sum(ddy, axis=0), mask=cm & lead)
+            tl.store(dv + hv, -ddy, mask=m & lead)
+            tl.store(ep, tl.load(ep, mask=valid, other=0.0) + deta, mask=valid & lead)
+            tl.store(G2 + (((s + 1) % 2) * RH + i_bh) * BD + c, ga2 + tl.sum(dz2, axis=0) + tl.sum(df, axis=0),
+                     mask=lead & (c >= 0))
+            # pass D: f = H A2 + a2, H = σ(Z1), Z1 = K A1 + a1
+            for t in range(0, TPS):
+                fc, fm, o1, o2, wm1, wm2 = _hidden((p * TPS + t) * BF, c, cm, D, F, BF)
+                A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+                Hh, dg = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
+                GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
+                dZ1 = tl.load(dZs + i_bh * (BT * F) + r[:, None] * F + fc[None, :], mask=fm[None, :] & ones, other=0.0)
+                dZ1 += tl.dot(df, tl.trans(A2), input_precision=PREC) * dg
+                GA2 += tl.dot(tl.trans(Hh), df, input_precision=PREC)
+                GA1 += tl.dot(tl.trans(kk), dZ1, input_precision=PREC)
+                Ga1 += tl.sum(dZ1, axis=0)
+                dkk += tl.dot(dZ1, tl.trans(A1), input_precision=PREC)
+                tl.store(gA1 + i_bh * (D * F) + o1, GA1, mask=wm1)
+                tl.store(ga1 + i_bh * F + fc, Ga1, mask=fm)
+                tl.store(gA2 + i_bh * (F * D) + o2, GA2, mask=wm2)
+            tl.store(kp, dkk, mask=m)
+
+
+def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, do, g, acc, dP0, *, scale: float, offset: int,
+                    cu, plan, steps: int, geo: dict):
+    """The backward of `ttt_mlp._TTTMLP` after `sliced_forward`: the parallel pre-pass, then 2 launches a mini-batch
+    (`_bwd_chain_kernel` PART 0 and 1) from the last down. do [B, T, H, D] fp32; g: the outputs' gradients (the 4
+    anchor and 4 end-sum tensors, [R, H, ·] fp32); acc: the anchor gradients, seeded with g's first four and
+    accumulated in place (dA0 at the end); dP0: the carried sums' gradients (written when offset > 0, else acc).
+    Returns (dq, dk, dv [B, T, H, D] fp32 per value head, dbeta [B, T, H], dlnw, dlnb [H, D])."""
+    B, T, Hq, D = q.shape
+    H = v.shape[2]
+    R, F = plan.R, ck[0].shape[-1]
+    BT, BD = geo["BT"], geo["BD"]
+    BF = tile("ttt_mlp_sliced", "BF") or geo["BF"]
+    NP, TPS = slices(F, BF, tile("ttt_mlp_sliced", "NP"))
+    f32 = dict(dtype=torch.float32, device=q.device)
+    slots = max(plan.slots, 1)
+    dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
+    dbeta = empty_output(B, T, H, **f32)
+    dz2s, ders = empty_output(slots, H, BT, BD, **f32), empty_output(slots, H, BT, BD, **f32)
+    tiles = empty_output(slots, H, 4, BT, F, **f32)
+    glnw, glnb = (torch.zeros(2, slots, H, D, **f32) for _ in range(2))  # the read's, the chain's
+    has_p, varlen = offset > 0, cu is not None
+    if plan.slots:
+        rd = (cu, plan.first, plan.seq_of) if varlen else (dq, dq, dq)
+        _bwd_pre_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, do, dq, dk, dbeta, dz2s,
+                                         ders, tiles, glnw[0], glnb[0], *rd, scale, T, offset, plan.NS, **geo,
+                                         HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced_read"))
+    G2 = torch.zeros(2, R * H, BD, **f32)
+    G2[:, :, :D] = acc[3].reshape(1, R * H, D)  # a2's seed in both parities (each sequence starts at its own)
+    Qp = empty_output(NP, R * H, BT, BD, **f32)
+    dZs = empty_output(R * H, BT, F, **f32)
+    dkp = torch.zeros(NP, B * T * H * D, **f32)
+    detap = torch.zeros(NP, B * T * H, **f32)
+    seq = (cu, plan.first) if varlen else (dq, dq)
+    geo_s = dict(geo, BF=BF)
+    for s in range(steps - 1, -1, -1):
+        for part in (0, 1):
+            _bwd_chain_kernel[(R * H, NP)](q, k, v, beta, lnw, lnb, *ck, fs, dz2s, ders, tiles, *g[4:], *acc[:3],
+                                           G2, Qp, dZs, dkp, detap, dv, glnw[1], glnb[1], *dP0, *seq, s, scale, T,
+                                           offset, plan.NS, R * H, B * T * H, **geo_s, NP=NP, TPS=TPS, PART=part,
+                                           HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced"))
+    acc[3].copy_(G2[1, :, :D].reshape(acc[3].shape))
+    dk = dk + dkp.sum(0).view(B, T, H, D)
+    dbeta = dbeta + detap.sum(0).view(B, T, H)
+    return dq, dk, dv, dbeta, glnw.sum((0, 1)), glnb.sum((0, 1))

@@ -184,7 +184,8 @@ LAUNCH: dict[str, dict] = {
     # registers (BF 16) / 255 (BF 32), no spill; at 4 warps 255, none (BF 16); the read 255, ≈ 350 B spilled
     # BWD 1: with ON, the backward sliced too (a parallel pre-pass, then two launches a mini-batch: _bwd_chain_kernel)
     "ttt_mlp_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0, BWD=1),  # memories.ttt_mlp_sliced._step_kernel
-    "ttt_mlp_sliced_read": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel
+    "ttt_mlp_sliced_read": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel, _bwd_pre_kernel
+    "ttt_mlp_sliced_bwd_pre": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._bwd_pre2_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
     # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at
@@ -251,6 +252,7 @@ KERNEL_FN = {
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
     "ttt_mlp_sliced": "memories.ttt_mlp_sliced._step_kernel",
     "ttt_mlp_sliced_read": "memories.ttt_mlp_sliced._read_kernel",
+    "ttt_mlp_sliced_bwd_pre": "memories.ttt_mlp_sliced._bwd_pre2_kernel",
     "titans_single_fwd": "memories.titans_single._fwd_kernel",
     "titans_single_bwd": "memories.titans_single._bwd_kernel", "titans_fwd": "memories.titans._state_kernel",
     "titans_readout": "memories.titans._readout_kernel",

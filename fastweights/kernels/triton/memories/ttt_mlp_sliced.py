@@ -252,15 +252,15 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
 
 # ---------------------------------------------------------------------------------------------------- the backward
 @triton.jit
-def _bwd_pre_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, fs, do, dq, dk,
-                    dbeta, dz2s, ders, tiles, glnw, glnb, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr,
+def _bwd_pre_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2, fs, do,
+                    dbeta, dz2s, dS2s, ders, glnw, glnb, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr,
                     HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr,
                     BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr,
                     IS_VARLEN: tl.constexpr):
-    """The backward's parallel pre-pass, grid (slots, H): everything of one mini-batch's gradients that the anchor
-    gradients' chain does not enter — `ttt_mlp._bwd_kernel`'s pass B and pass C's read terms. Writes dq whole (per
-    value head), dk's and dη's read parts, dz2 and the read's ∂/∂e (dz2s, ders [slots, H, BT, BD]), per hidden unit
-    the read's dz1r, −M1ᵀ dz1r, dS2ᵀ h and h (tiles [slots, H, 4, BT, F]), and the read's dγ, dβ_ln ([slots, H, D])."""
+    """The backward's parallel pre-pass, first half, grid (slots, H): of one mini-batch's gradients, what the anchor
+    gradients' chain does not enter and needs no hidden tile's gradient — `ttt_mlp._bwd_kernel`'s pass B: the read
+    recomputed, then dz2, the read's ∂/∂e and dS2 (dz2s, ders [slots, H, BT, BD], dS2s [slots, H, BT, BT]), dη's
+    part through M2 (dbeta), the read's dγ, dβ_ln ([slots, H, D]). `_bwd_pre2_kernel` does the rest."""
     i_slot = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
@@ -305,12 +305,44 @@ def _bwd_pre_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1
     tl.store(glnw + cur * D + c, tl.sum(dO * nz, axis=0), mask=cm)
     tl.store(glnb + cur * D + c, tl.sum(dO, axis=0), mask=cm)
     dz2 = _ln_back(nz, invz, lnw[None, :] * dO, cm, D)
-    dx = dO
     dM2 = -tl.dot(dz2, tl.trans(e), input_precision=PREC)
     tl.store(dz2s + cur * (BT * BD) + rd, dz2)
     tl.store(ders + cur * (BT * BD) + rd, -tl.dot(tl.trans(M2), dz2, input_precision=PREC))
     dS2 = tl.where(tri, dM2 * eta[None, :] / ipos[:, None], 0.0)
-    deta = tl.sum(tl.where(tri, dM2 * S2 / ipos[:, None], 0.0), axis=0)
+    tl.store(dS2s + cur * (BT * BT) + r[:, None] * BT + r[None, :], dS2)
+    tl.store(dbeta + row * H + i_h, tl.sum(tl.where(tri, dM2 * S2 / ipos[:, None], 0.0), axis=0), mask=valid)
+
+
+@triton.jit
+def _bwd_pre2_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, ck1, ckb1, ck2, fs, do, dq, dk, dbeta, dz2s,
+                     dS2s, tiles, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
+                     D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
+                     EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The pre-pass's second half, grid (slots, H): from `_bwd_pre_kernel`'s dz2 and dS2 of the slot, pass C's read
+    terms per hidden tile (the four [BT, F] tiles), then dq whole, dk's read part, dη's added to the first half's."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    i_bh = i_b.to(tl.int64) * H + i_h
+    cur = i_slot.to(tl.int64) * H + i_h
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    rd = r[:, None] * BD + c[None, :]
+    first = s == 0
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ipos = (r + 1).to(tl.float32)
+    tri = r[:, None] >= r[None, :]
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    f = tl.load(fs + cur * (BT * BD) + rd)
+    n, inv, dy, u, e = _target_errors(f, kk, vv, lnw, lnb, cm, D, EPS)
+    S1 = tl.dot(x, tl.trans(kk), input_precision=PREC) + 1.0
+    M1 = tl.where(tri, S1 * eta[None, :] / ipos[:, None], 0.0)
+    dz2 = tl.load(dz2s + cur * (BT * BD) + rd)
+    dS2 = tl.load(dS2s + cur * (BT * BT) + r[:, None] * BT + r[None, :])
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dx = tl.load(do + hv, mask=m, other=0.0).to(tl.float32)
     dM1 = tl.zeros([BT, BT], dtype=tl.float32)
     tb = cur * (4 * BT * F) + r[:, None] * F  # + j·BT·F + fc: the four [BT, F] tiles of this slot
     for f0 in range(0, F, BF):
@@ -334,11 +366,11 @@ def _bwd_pre_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1
         tl.store(tiles + tb + 3 * BT * F + fc[None, :], h, mask=tm)
     # M1's scores x_t · k_j + 1
     dS1 = tl.where(tri, dM1 * eta[None, :] / ipos[:, None], 0.0)
-    deta += tl.sum(tl.where(tri, dM1 * S1 / ipos[:, None], 0.0), axis=0)
+    deta = tl.sum(tl.where(tri, dM1 * S1 / ipos[:, None], 0.0), axis=0)
     dx += tl.dot(dS1, kk, input_precision=PREC)
     tl.store(dq + hv, dx * scale, mask=m)
     tl.store(dk + hv, tl.dot(tl.trans(dS1), x, input_precision=PREC), mask=m)
-    tl.store(dbeta + row * H + i_h, deta, mask=valid)
+    tl.store(dbeta + row * H + i_h, tl.load(dbeta + row * H + i_h, mask=valid, other=0.0) + deta, mask=valid)
 
 
 @triton.jit(do_not_specialize=["s"])
@@ -495,14 +527,18 @@ def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, do, g, acc,
     dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
     dbeta = empty_output(B, T, H, **f32)
     dz2s, ders = empty_output(slots, H, BT, BD, **f32), empty_output(slots, H, BT, BD, **f32)
+    dS2s = empty_output(slots, H, BT, BT, **f32)
     tiles = empty_output(slots, H, 4, BT, F, **f32)
     glnw, glnb = (torch.zeros(2, slots, H, D, **f32) for _ in range(2))  # the read's, the chain's
     has_p, varlen = offset > 0, cu is not None
     if plan.slots:
         rd = (cu, plan.first, plan.seq_of) if varlen else (dq, dq, dq)
-        _bwd_pre_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, do, dq, dk, dbeta, dz2s,
-                                         ders, tiles, glnw[0], glnb[0], *rd, scale, T, offset, plan.NS, **geo,
+        _bwd_pre_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, do, dbeta, dz2s, dS2s,
+                                         ders, glnw[0], glnb[0], *rd, scale, T, offset, plan.NS, **geo,
                                          HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced_read"))
+        _bwd_pre2_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, *ck[:3], fs, do, dq, dk, dbeta, dz2s,
+                                          dS2s, tiles, *rd, scale, T, offset, plan.NS, **geo, HAS_P=has_p,
+                                          IS_VARLEN=varlen, **launch("ttt_mlp_sliced_bwd_pre"))
     G2 = torch.zeros(2, R * H, BD, **f32)
     G2[:, :, :D] = acc[3].reshape(1, R * H, D)  # a2's seed in both parities (each sequence starts at its own)
     Qp = empty_output(NP, R * H, BT, BD, **f32)

@@ -245,3 +245,15 @@ def test_cuda_realistic(monkeypatch, gen, size, dtype, NP):
     got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=None), _fp32(x), offset, seed, dtype=dtype)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TTT_LOW_REL[dtype]
     _agree(got, _run(_twin, x, offset, seed), tol)
+
+
+def test_a_ttt_mlp_layer_on_the_sliced_kernels_equals_it_on_torch(monkeypatch, steps, gen):
+    """A MemoryMixer("ttt_mlp") whose memory runs on the Triton row (the fake CUDA table on the CPU) with the sliced
+    kernels on (NP 2) against the same layer on the torch row: output and every parameter gradient — the tensors a
+    layer hands the row (expanded states, parameters)."""
+    from tests.kernels.memories.layers import layer_on_kernels_equals_torch
+    from tests.tolerances import TTT_LAYER_F32_REL
+
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 2)
+    layer_on_kernels_equals_torch(monkeypatch, gen, "ttt_mlp", mod._TTTMLP, TTT_LAYER_F32_REL)
+    assert steps and steps.chain

@@ -1,33 +1,40 @@
-"""TTT-MLP's forward with the hidden width sliced over programs (issue 36, D 128): a launch option of
-`ttt_mlp.py` (util.LAUNCH["ttt_mlp_sliced"], ON = 0 by default), the same contract as its `_fwd_kernel` — the
-backward (`ttt_mlp._bwd_kernel`) reads the anchors this forward stores, unchanged.
+"""TTT-MLP's kernels with the hidden width sliced over programs (issue 36, D 128): a launch option of `ttt_mlp.py`
+(util.LAUNCH["ttt_mlp_sliced"]: ON = 0 by default; BWD = 1 slices the backward too, 0 keeps `ttt_mlp._bwd_kernel`,
+which reads the same stored anchors), the contract of `ttt_mlp._TTTMLP`.
 
-Why (docs/kernel_notes.md, "TTT-MLP and Titans at head dim 128"): at D 128, F 512 the one program per (sequence, head)
-of `ttt_mlp._fwd_kernel` streams the [128, 512] weights in 32 hidden tiles of 16 and runs ≈ 10 dependent tl.dots a
-tile — ≈ 320 a mini-batch, 256 mini-batches in a row, on B·H programs (32 at the LM's B 4, H 8, for 132 SMs). Larger
-tiles spill (sm_90: BF 32 664 B, BF 64 4.6 KB forward). What the recurrence needs per mini-batch across the hidden
-width is one sum, f = Σ_F σ(K A1 + a1) A2 + a2 [b, D]; everything else is per hidden unit (dz1, the end sums
-P1, p1, P2 of the hidden slice) or [b, D] (e, p2). So:
+Why (docs/kernel_notes.md, "TTT-MLP and Titans at head dim 128"): at D 128, F 512 the one program per (sequence,
+head) of `ttt_mlp.py` streams the [128, 512] weights in 32 hidden tiles of 16 and runs ≈ 1,300 small dependent
+tl.dots a mini-batch (10 a tile forward, 31 backward), 256 mini-batches in a row, on B·H programs (32 at the LM's B 4,
+H 8, for 132 SMs). Larger tiles spill (sm_90: BF 32 664 B, BF 64 4.6 KB forward). Across the hidden width the
+recurrence needs per mini-batch one sum forward, f = Σ_F σ(K A1 + a1) A2 + a2 [b, D], and two backward (f's again —
+stored —, and ∂/∂e's Σ_F terms); everything else is per hidden unit or [b, D]. The reads (the queries' outputs and
+their gradients) need the anchors only. So:
 
-- `_step_kernel`, grid (R·H, NP), one launch per mini-batch (`sliced_forward` issues NS + 1 of them): program
-  (sequence·head, p) owns hidden slice p (TPS tiles of BF). Step 0 (PRO) stores the initial anchor's slice into
-  mini-batch 0's slot and writes its partial f, σ(K_0 A1 + a1) A2 over its slice, [b, D]. Step j + 1 reads the NP
-  partials of mini-batch j (a fixed order: deterministic), adds a2, forms e (each program the same, in registers),
-  then per tile of its slice: Z1 = K A1 + a1, dz1 = (e A2ᵀ) ⊙ σ'(Z1), P1 = −Kᵀ(η dz1), p1, P2 = −Hᵀ(η e) (+ the
-  carried sums in the call's first mini-batch), the next anchor A + P / b into slot j + 1 — or, in the sequence's
-  last mini-batch, the anchor and end sums out — and the next mini-batch's partial f from the new tile (6 dots a
-  tile, TPS tiles). Program p = 0 writes f (for the read and the backward) and the [D] bias a2 + p2 / b. The
-  partials are double-buffered by mini-batch parity: a launch reads one buffer and writes the other.
-- `_read_kernel`, grid (anchor slots, H): every mini-batch's read in parallel from its stored anchor and e — the
-  `_fwd_kernel`'s pass 2 without its stores (6 dots a tile over all tiles; z2 and h Hᵀ summed over F there).
+- `_step_kernel`, grid (R·H, NP), one launch a mini-batch (`sliced_forward`: NS + 1): program (sequence·head, p) owns
+  hidden slice p (TPS tiles of BF). Step 0 (PRO) stores the initial anchor's slice into mini-batch 0's slot and writes
+  its partial f, σ(K_0 A1 + a1) A2 over the slice, [b, D]. Step j + 1 reads the NP partials of mini-batch j (a fixed
+  order: deterministic), adds a2, forms e (every program the same, in registers), then per tile: Z1 = K A1 + a1,
+  dz1 = (e A2ᵀ) ⊙ σ'(Z1), P1 = −Kᵀ(η dz1), p1, P2 = −Hᵀ(η e) (+ the carried sums in the call's first mini-batch), the
+  next anchor A + P / b into slot j + 1 — or, in the sequence's last mini-batch, the anchor and end sums out — and
+  the next mini-batch's partial f from the new tile (6 dots a tile). Program 0 writes f (for the read and the
+  backward) and a2 + p2 / b. The partials are double-buffered by parity: a launch reads one buffer, writes the other.
+- `_read_kernel`, grid (anchor slots, H): every mini-batch's read in parallel from its stored anchor and f
+  (`ttt_mlp._fwd_kernel`'s pass 2 without the end sums; 6 dots a tile over all tiles).
+- backward (`sliced_backward`): `_bwd_pre_kernel` and `_bwd_pre2_kernel`, grid (slots, H), parallel — the read
+  recomputed and every gradient the anchor gradients' chain does not enter (`_bwd_kernel`'s pass B and pass C's
+  read terms): dq whole, dk's and dη's read parts, dz2, the read's ∂/∂e, and per hidden unit the read's dz1r,
+  −M1ᵀ dz1r, dS2ᵀ h and h ([b, F] each, stored: 4·b·F·4 B a mini-batch); then for each mini-batch from the last,
+  `_bwd_chain_kernel` PART 0 (pass C's chain terms over the slice: the end sums' gradients, 10 dots a tile, the
+  slice's ∂/∂e partial) and PART 1 (∂/∂e summed, e's LayerNorm backward to ∂/∂f, pass D: 5 dots a tile). The anchor
+  gradients of each slice accumulate in place in dA0, a2's in a parity buffer, dk's and dη's chain parts per slice.
 
-Per mini-batch the sequential path is then 6·TPS dots (48 at NP 4, F 512, BF 16) and one launch, against ≈ 320 in one
-program; the grid of the steps is R·H·NP (128 at the LM's B 4, H 8, NP 4). The cost: NS + 2 launches a call each
-with ≈ 30 arguments (host time, ≈ 10–30 µs each eagerly; a CUDA graph replays them), the partial f's (2·NP·b·D·4 B a
-(sequence, head): 64 KiB at NP 4, D 128) re-read from L2, and — as TTT-Linear's split — the anchors of every
-mini-batch (4(2DF + F + D) B: 514 KiB at D 128) kept by a no-grad call too (freed after its readout), plus e
-(b·D·4 B a mini-batch). No barrier and no cross-program wait: each launch's programs are independent, so the
-interpreter runs them as the GPU does. Untimed: the lead's GPU commands are in docs/kernel_notes.md.
+Per mini-batch the chain is then (6 + 15)·TPS dots (168 at NP 4, F 512, BF 16) and 3 launches, against ≈ 1,312 in one
+program; the steps' grid is R·H·NP (128 at the LM's B 4, H 8, NP 4). The costs: 3·NS + 4 launches a call with ≈ 30–40
+arguments each (host time eagerly, ≈ 10–30 µs a launch; a CUDA graph replays them), the partials re-read from L2,
+the anchors of every mini-batch (4(2DF + F + D) B: 514 KiB at D 128) kept by a no-grad call too (freed after its
+read), f (b·D·4 B a mini-batch), the backward's [b, F] tiles (128 KiB a mini-batch at D 128: 2 GiB at B 4, T 4096,
+H 16) and per-slice dk (NP·B·T·H·D·4 B). No barrier and no cross-program wait: each launch's programs are
+independent, so the interpreter runs them as the GPU does. Untimed: the GPU commands are in docs/kernel_notes.md.
 
 Shapes: q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D]; the anchor A1 [R, H, D, F], a1
 [R, H, F], A2 [R, H, F, D], a2 [R, H, D] and the carried sums P1, p1, P2, p2 (same; fp32) — `ttt_mlp._TTTMLP`'s.
@@ -48,7 +55,7 @@ from .ttt import _ln, _ln_back, _rows, _sequence, _slot, _tokens
 
 Tensor = torch.Tensor
 
-__all__ = ["sliced_forward", "slices"]
+__all__ = ["sliced_forward", "sliced_backward", "slices"]
 
 
 def slices(F: int, BF: int, NP: int) -> tuple[int, int]:
@@ -239,9 +246,9 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
     seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
     common = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=offset > 0, IS_VARLEN=cu is not None)
     args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, fs, *outs, *seq)
+    kw = launch("ttt_mlp_sliced")
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
-        _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **common, PRO=j < 0,
-                                  **launch("ttt_mlp_sliced"))
+        _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **common, PRO=j < 0, **kw)
     if plan.slots:
         rd = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
         _read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, o, *rd, scale, T, offset,
@@ -546,13 +553,12 @@ def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, do, g, acc,
     dkp = torch.zeros(NP, B * T * H * D, **f32)
     detap = torch.zeros(NP, B * T * H, **f32)
     seq = (cu, plan.first) if varlen else (dq, dq)
-    geo_s = dict(geo, BF=BF)
+    geo_s = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced"))
+    args = (q, k, v, beta, lnw, lnb, *ck, fs, dz2s, ders, tiles, *g[4:], *acc[:3], G2, Qp, dZs, dkp, detap, dv,
+            glnw[1], glnb[1], *dP0, *seq)
     for s in range(steps - 1, -1, -1):
         for part in (0, 1):
-            _bwd_chain_kernel[(R * H, NP)](q, k, v, beta, lnw, lnb, *ck, fs, dz2s, ders, tiles, *g[4:], *acc[:3],
-                                           G2, Qp, dZs, dkp, detap, dv, glnw[1], glnb[1], *dP0, *seq, s, scale, T,
-                                           offset, plan.NS, R * H, B * T * H, **geo_s, NP=NP, TPS=TPS, PART=part,
-                                           HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced"))
+            _bwd_chain_kernel[(R * H, NP)](*args, s, scale, T, offset, plan.NS, R * H, B * T * H, **geo_s, PART=part)
     acc[3].copy_(G2[1, :, :D].reshape(acc[3].shape))
     dk = dk + dkp.sum(0).view(B, T, H, D)
     dbeta = dbeta + detap.sum(0).view(B, T, H)

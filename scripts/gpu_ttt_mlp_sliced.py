@@ -171,9 +171,9 @@ def phase_profile(variants, shape, out):
                 fb()
                 torch.cuda.synchronize()
         kernels = {}
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None)
-            t = ev.cuda_time_total if t is None else t
+        for ev in prof.key_averages():  # self time on the device: the kernels' own (an op's is its kernels')
+            t = getattr(ev, "self_device_time_total", None)
+            t = getattr(ev, "self_cuda_time_total", 0) if t is None else t
             if t:
                 kernels[ev.key] = dict(us=round(t, 1), count=ev.count)
         top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:25])

@@ -257,3 +257,14 @@ def test_a_ttt_mlp_layer_on_the_sliced_kernels_equals_it_on_torch(monkeypatch, s
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 2)
     layer_on_kernels_equals_torch(monkeypatch, gen, "ttt_mlp", mod._TTTMLP, TTT_LAYER_F32_REL)
     assert steps and steps.chain
+
+
+def test_the_lm_head_dim(monkeypatch, steps, gen):
+    """D 128, F 512 (the LM's head; the glue's hidden tile 16: 32 tiles, 8 a program at NP 4), T 20 after a carried
+    5 (two mini-batches, the second partial), grouped heads: against the float64 twin, every gradient."""
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 4)
+    x = _inputs(gen, T=20, Hq=1, D=128)
+    seed = _seed(gen)
+    got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=None), _fp32(x), 5, seed)
+    assert steps == [(True, (2, 4))] + [(False, (2, 4))] * 2
+    _agree(got, _run(_twin, x, 5, seed), CHUNK_F32_REL)

@@ -5,9 +5,10 @@ profiled by kernel — the A/B the option waits for before it can be a default.
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced                   # check, time, profile
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
 
-Variants (util.LAUNCH updates): off — the one-program kernels (today's default); np4, np8, np16 — sliced forward and
-backward over 4, 8, 16 programs a head; np4bf32 — the steps at hidden tile 32; np4fwd — the sliced forward with the
-one-program backward (BWD 0). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s); lm8 — the LM
+Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
+forward and backward over 4, 8, 16 programs a head; np4bf32 — the steps at hidden tile 32; np4fwd — the sliced forward
+with the one-program backward (BWD 0); np4s2, np8s2 — the sequential kernels at 2 stages; np8s2p2 — the parallel ones
+too; np8w4 — 4 warps. Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s); lm8 — the LM
 rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
@@ -29,19 +30,32 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SHAPES = {"lm": (4, 4096, 16, 128), "lm8": (4, 4096, 8, 128), "small": (64, 512, 2, 64)}
-VARIANTS = {"off": {"ON": 0}, "np4": {"ON": 1, "NP": 4}, "np8": {"ON": 1, "NP": 8}, "np16": {"ON": 1, "NP": 16},
-            "np4bf32": {"ON": 1, "NP": 4, "BF": 32}, "np4fwd": {"ON": 1, "NP": 4, "BWD": 0}}
+#: Each variant's util.LAUNCH update (load_launch's table); "ttt_mlp_sliced" holds ON, NP, BF, BWD and the sequential
+#: kernels' warps and stages; the parallel ones' sites are "ttt_mlp_sliced_read" and "ttt_mlp_sliced_bwd_pre".
+VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
+            "np4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4}},
+            "np8": {"ttt_mlp_sliced": {"ON": 1, "NP": 8}},
+            "np16": {"ttt_mlp_sliced": {"ON": 1, "NP": 16}},
+            "np4bf32": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BF": 32}},
+            "np4fwd": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+            # the sequential kernels software-pipelined (no launch reads what it writes: sm_90 D 128 compiles with
+            # ≤ 4 B of spills at 2 stages), and the parallel ones too
+            "np4s2": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "num_stages": 2}},
+            "np8s2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2}},
+            "np8s2p2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2},
+                        "ttt_mlp_sliced_read": {"num_stages": 2}, "ttt_mlp_sliced_bwd_pre": {"num_stages": 2}},
+            "np8w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4}}}
 
 
 def _variant(name):
-    """A context: util.LAUNCH["ttt_mlp_sliced"] updated with the variant's keys, restored after."""
+    """A context: util.LAUNCH updated with the variant's table, restored after."""
     import contextlib
 
     from fastweights.kernels.triton.common.util import LAUNCH, load_launch
 
     @contextlib.contextmanager
     def ctx():
-        old = load_launch({"ttt_mlp_sliced": VARIANTS[name]})
+        old = load_launch(VARIANTS[name])
         try:
             yield
         finally:
@@ -188,7 +202,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/ttt_mlp_sliced")
     ap.add_argument("--phases", nargs="+", default=["check", "time", "profile"], choices=["check", "time", "profile"])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["off", "np4", "np8", "np16", "np4fwd", "np8s2"],
+                    choices=list(VARIANTS))
     ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")

@@ -8,8 +8,8 @@ profiled by kernel — the A/B the option waits for before it can be a default.
 Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
 forward and backward over 4, 8, 16 programs a head; np4bf32 — the steps at hidden tile 32; np4fwd — the sliced forward
 with the one-program backward (BWD 0); np4s2, np8s2 — the sequential kernels at 2 stages; np8s2p2 — the parallel ones
-too; np8w4 — 4 warps. Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s); lm8 — the LM
-rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
+too; np4w4, np8w4 — 4 warps (two CTAs an SM). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS
+§1s); lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk("ttt_mlp", backend="triton")` against the torch row in float64 on the same values
@@ -44,6 +44,9 @@ VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
             "np8s2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2}},
             "np8s2p2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2},
                         "ttt_mlp_sliced_read": {"num_stages": 2}, "ttt_mlp_sliced_bwd_pre": {"num_stages": 2}},
+            # 4 warps: two step / chain CTAs an SM (sm_90: 255 registers × 128 threads, ≤ 78 KB shared), so R·H·NP up
+            # to 264 programs run in one wave (at 8 warps one CTA an SM: 132)
+            "np4w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "num_warps": 4}},
             "np8w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4}}}
 
 
@@ -202,7 +205,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="runs/ttt_mlp_sliced")
     ap.add_argument("--phases", nargs="+", default=["check", "time", "profile"], choices=["check", "time", "profile"])
-    ap.add_argument("--variants", nargs="+", default=["off", "np4", "np8", "np16", "np4fwd", "np8s2"],
+    ap.add_argument("--variants", nargs="+", default=["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"],
                     choices=list(VARIANTS))
     ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)

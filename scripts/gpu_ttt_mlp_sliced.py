@@ -6,7 +6,8 @@ profiled by kernel — the A/B the option waits for before it can be a default.
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
 
 Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
-forward and backward over 4, 8, 16 programs a head; np4bf32 — the steps at hidden tile 32; np4fwd — the sliced forward
+forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32
+(the read and pre-pass keep the glue's); np4fwd — the sliced forward
 with the one-program backward (BWD 0); np4s2, np8s2 — the sequential kernels at 2 stages; np8s2p2 — the parallel ones
 too; np4w4, np8w4 — 4 warps (two CTAs an SM). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS
 §1s); lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
@@ -36,7 +37,10 @@ VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
             "np4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4}},
             "np8": {"ttt_mlp_sliced": {"ON": 1, "NP": 8}},
             "np16": {"ttt_mlp_sliced": {"ON": 1, "NP": 16}},
+            # hidden tiles of 32 in the steps and the chain: half the tiles a program, each tile's dots a dependent
+            # chain (sm_90 D 128, 8 warps: 255 registers, no spill; at 4 warps 260–292 B spilled)
             "np4bf32": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BF": 32}},
+            "np8bf32": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "BF": 32}},
             "np4fwd": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
             # the sequential kernels software-pipelined (no launch reads what it writes: sm_90 D 128 compiles with
             # ≤ 4 B of spills at 2 stages), and the parallel ones too

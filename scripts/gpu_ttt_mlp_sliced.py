@@ -6,11 +6,11 @@ profiled by kernel — the A/B the option waits for before it can be a default.
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
 
 Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
-forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32
-(the read and pre-pass keep the glue's); np4fwd — the sliced forward
-with the one-program backward (BWD 0); np4s2, np8s2 — the sequential kernels at 2 stages; np8s2p2 — the parallel ones
-too; np4w4, np8w4 — 4 warps (two CTAs an SM). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS
-§1s); lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
+forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32 (the
+read and pre-pass keep the glue's); np4fwd — the sliced forward with the one-program backward (BWD 0); np4s2, np8s2 —
+the sequential kernels at 2 stages; np8s2p2 — the parallel ones too; np4w4, np8w4 — 4 warps (two CTAs an SM); np4zs,
+np8w4zs — Z1 stored and read back (ZS). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s);
+lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk("ttt_mlp", backend="triton")` against the torch row in float64 on the same values
@@ -51,6 +51,9 @@ VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
             # 4 warps: two step / chain CTAs an SM (sm_90: 255 registers × 128 threads, ≤ 78 KB shared), so R·H·NP up
             # to 264 programs run in one wave (at 8 warps one CTA an SM: 132)
             "np4w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "num_warps": 4}},
+            # ZS: Z1 stored by the steps, read back by them and the chain (21 → 18 chain dots a tile)
+            "np4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "ZS": 1}},
+            "np8w4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4, "ZS": 1}},
             "np8w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4}}}
 
 

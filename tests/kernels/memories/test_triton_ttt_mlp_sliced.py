@@ -79,14 +79,17 @@ def test_off_by_default():
     assert LAUNCH["ttt_mlp_sliced"]["ON"] == 0
 
 
-@pytest.mark.parametrize("T, offset, Hq, tile, NP", [(37, 0, 1, 16, 4), (41, 5, 2, 16, 3), (16, 0, 2, 32, 4),
-                                                    (3, 9, 1, 16, 2), (11, 5, 1, 64, 1)])
-def test_sliced_forward_equals_the_twin_and_the_recurrence(monkeypatch, steps, gen, T, offset, Hq, tile, NP):
+@pytest.mark.parametrize("T, offset, Hq, tile, NP, zs", [(37, 0, 1, 16, 4, 0), (41, 5, 2, 16, 3, 1),
+                                                        (16, 0, 2, 32, 4, 0), (3, 9, 1, 16, 2, 1), (11, 5, 1, 64, 1, 0),
+                                                        (37, 0, 1, 16, 4, 1)])
+def test_sliced_forward_equals_the_twin_and_the_recurrence(monkeypatch, steps, gen, T, offset, Hq, tile, NP, zs):
     """fp32 against float64: T = 37 and 41 (no multiple of 16), 16 (one whole mini-batch), 3 inside a carried
     mini-batch (offset 9: the call ends mid-batch), 11 completing a carried one (offset 5); F = 64 in tiles of 16
     over 4 programs (one tile each), over 3 asked (2 of 2 tiles), in tiles of 32 over 4 asked (2 of 1), one tile over
-    1. The step launches: one for step 0, then one a mini-batch, each over (R·H, programs)."""
+    1. The step launches: one for step 0, then one a mini-batch, each over (R·H, programs). ZS 1: Z1 stored by the
+    steps and read back by them and the backward's chain."""
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", NP)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ZS", zs)
     x = _inputs(gen, T=T, Hq=Hq)
     seed = _seed(gen)
     got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=tile), _fp32(x), offset, seed)
@@ -98,8 +101,8 @@ def test_sliced_forward_equals_the_twin_and_the_recurrence(monkeypatch, steps, g
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-@pytest.mark.parametrize("bwd", [0, 1])
-def test_sliced_kernels_equal_the_one_program_kernels(monkeypatch, gen, bwd):
+@pytest.mark.parametrize("bwd, zs", [(0, 0), (1, 0), (1, 1), (0, 1)])
+def test_sliced_kernels_equal_the_one_program_kernels(monkeypatch, gen, bwd, zs):
     """The same call on the one-program kernels and on the sliced forward with (BWD 1) or without (BWD 0: the
     one-program backward) the sliced backward (B 2, grouped heads, offset 5, T 41): outputs, final state and every
     gradient within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
@@ -109,6 +112,7 @@ def test_sliced_kernels_equal_the_one_program_kernels(monkeypatch, gen, bwd):
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 2)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "BWD", bwd)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ZS", zs)
     ran = []
     real = mod._bwd_kernel.run
     monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
@@ -185,11 +189,13 @@ def test_chained_calls_equal_one_call(steps, gen):
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
-@pytest.mark.parametrize("offset", [0, 5])
-def test_varlen_equals_each_sequence_alone(steps, gen, offset):
+@pytest.mark.parametrize("offset, zs", [(0, 0), (5, 1)])
+def test_varlen_equals_each_sequence_alone(monkeypatch, steps, gen, offset, zs):
     """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch): each
     with its own state row and mini-batches from its own start equals the twin on that sequence alone — outputs, each
-    final state, every gradient. The steps run to the longest sequence's mini-batches; the others' programs wait out."""
+    final state, every gradient. The steps run to the longest sequence's mini-batches; the others' programs wait out.
+    (ZS with the carried mini-batch.)"""
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ZS", zs)
     lengths = [9, 0, 20, 1, 16]
     cu = torch.tensor([0] + lengths).cumsum(0)
     N, T = len(lengths), sum(lengths)
@@ -261,8 +267,10 @@ def test_a_ttt_mlp_layer_on_the_sliced_kernels_equals_it_on_torch(monkeypatch, s
 
 def test_the_lm_head_dim(monkeypatch, steps, gen):
     """D 128, F 512 (the LM's head; the glue's hidden tile 16: 32 tiles, 8 a program at NP 4), T 20 after a carried
-    5 (two mini-batches, the second partial), grouped heads: against the float64 twin, every gradient."""
+    5 (two mini-batches, the second partial), grouped heads, Z1 stored (ZS): against the float64 twin, every
+    gradient."""
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 4)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ZS", 1)
     x = _inputs(gen, T=20, Hq=1, D=128)
     seed = _seed(gen)
     got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=None), _fp32(x), 5, seed)

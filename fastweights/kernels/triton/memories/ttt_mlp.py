@@ -414,9 +414,10 @@ class _TTTMLP(torch.autograd.Function):
         if tile("ttt_mlp_sliced", "ON"):  # the hidden width sliced over programs, one launch a mini-batch
             from .ttt_mlp_sliced import sliced_forward
 
-            o, outs, ck, fs = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
+            o, outs, ck, fs, z1s = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
                                          offset=offset, cu=cu, plan=plan, steps=steps, geo=geo)
         else:
+            fs = z1s = None
             o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
             slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
             ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
@@ -426,8 +427,9 @@ class _TTTMLP(torch.autograd.Function):
                                   T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                   **launch("ttt_mlp_fwd"))
         ctx.sliced = bool(tile("ttt_mlp_sliced", "ON") and tile("ttt_mlp_sliced", "BWD"))  # the sliced backward
+        ctx.zs = ctx.sliced and z1s is not None  # the forward's Z1 kept for the sliced backward
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *([fs] if ctx.sliced else []),
-                              *(t for t in seq if t is not q))
+                              *([z1s] if ctx.zs else []), *(t for t in seq if t is not q))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
         ctx.steps = steps
         return (o, *outs)
@@ -435,7 +437,7 @@ class _TTTMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, *gouts):
         q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *rest = ctx.saved_tensors
-        ck, seq = rest[:4], rest[4 + ctx.sliced:]
+        ck, seq = rest[:4], rest[4 + ctx.sliced + ctx.zs:]
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R = ctx.plan.R
@@ -454,7 +456,8 @@ class _TTTMLP(torch.autograd.Function):
             from .ttt_mlp_sliced import sliced_backward
 
             dq, dk, dv, dbeta, dlnw, dlnb = sliced_backward(
-                q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], do, g, acc, dP0, scale=ctx.scale,
+                q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], rest[5] if ctx.zs else None, do, g, acc, dP0,
+                scale=ctx.scale,
                 offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo)
             dlnw, dlnb = dlnw[None], dlnb[None]
         else:

@@ -75,13 +75,15 @@ def _partial_f(kk, A1, a1, A2, PREC: tl.constexpr):
 
 @triton.jit(do_not_specialize=["j"])
 def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_0, P2_0, p2_0, ck1, ckb1, ck2, ckb2,
-                 fpart, fs, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, cu, slots, j, T, off, NS, RH,
+                 fpart, fs, z1s, A1o, a1o, A2o, a2o, P1o, p1o, P2o, p2o, cu, slots, j, T, off, NS, RH,
                  H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
                  BF: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, TPS: tl.constexpr, EPS: tl.constexpr,
-                 PREC: tl.constexpr, PRO: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+                 PREC: tl.constexpr, PRO: tl.constexpr, ZS: tl.constexpr, HAS_P: tl.constexpr,
+                 IS_VARLEN: tl.constexpr):
     # PRO: step 0 (mini-batch 0's anchor slice into its slot, its partial f); else mini-batch j's update and the
     # partial f of mini-batch j + 1. fpart [2, NP, R·H, BT, BD]: the partials by mini-batch parity; fs [slots, H,
-    # BT, BD]: f (the memory's output at the anchor, before its LayerNorm) of every mini-batch.
+    # BT, BD]: f (the memory's output at the anchor, before its LayerNorm) of every mini-batch; ZS: Z1 = K A1 + a1
+    # of every mini-batch stored (z1s [slots, H, BT, F]) when the partial f forms it, read back instead of recomputed.
     i_bh = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
@@ -110,7 +112,13 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_
             tl.store(P1o + i_bh * (D * F) + o1, P1, mask=wm1 & empty)
             tl.store(p1o + i_bh * F + fc, p1, mask=fm & empty)
             tl.store(P2o + i_bh * (F * D) + o2, P2, mask=wm2 & empty)
-            fp += _partial_f(kk, A1, a1, A2, PREC)
+            if ZS:
+                Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
+                tl.store(z1s + base * (BT * F) + r[:, None] * F + fc[None, :], Z1, mask=fm[None, :] & some)
+                Hh, _ = _gelu(Z1)
+                fp += tl.dot(Hh, A2, input_precision=PREC)
+            else:
+                fp += _partial_f(kk, A1, a1, A2, PREC)
         tl.store(fpart + (p * RH + i_bh) * (BT * BD) + rd, fp, mask=(rd >= 0) & some)
         a2 = tl.load(b2_0 + i_bh * D + c, mask=cm, other=0.0)
         tl.store(ckb2 + base * D + c, a2, mask=cm & some & lead)
@@ -140,7 +148,11 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_
             for t in range(0, TPS):
                 fc, fm, o1, o2, wm1, wm2 = _hidden((p * TPS + t) * BF, c, cm, D, F, BF)
                 A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
-                Hh, dg = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
+                if ZS:
+                    Z1 = tl.load(z1s + cur * (BT * F) + r[:, None] * F + fc[None, :], mask=fm[None, :], other=0.0)
+                else:
+                    Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
+                Hh, dg = _gelu(Z1)
                 dze = tl.dot(e, tl.trans(A2), input_precision=PREC) * dg * eta[:, None]
                 P1 = -tl.dot(tl.trans(kk), dze, input_precision=PREC)
                 p1 = -tl.sum(dze, axis=0)
@@ -163,7 +175,13 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, W1_0, b1_0, W2_0, b2_0, P1_0, p1_
                 tl.store(ckb1 + nxt * F + fc, a1, mask=fm & more)
                 tl.store(ck2 + nxt * (F * D) + o2, A2, mask=wm2 & more)
                 if more:
-                    fp += _partial_f(k2, A1, a1, A2, PREC)
+                    if ZS:
+                        Z1 = tl.dot(k2, A1, input_precision=PREC) + a1[None, :]
+                        tl.store(z1s + nxt * (BT * F) + r[:, None] * F + fc[None, :], Z1, mask=fm[None, :])
+                        Hn, _ = _gelu(Z1)
+                        fp += tl.dot(Hn, A2, input_precision=PREC)
+                    else:
+                        fp += _partial_f(k2, A1, a1, A2, PREC)
             tl.store(fpart + ((((j + 1) % 2) * NP + p) * RH + i_bh) * (BT * BD) + rd, fp, mask=(rd >= 0) & more)
             p2 = -tl.sum(ee, axis=0)
             if HAS_P:
@@ -243,9 +261,11 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
     outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
     fpart = empty_output(2, NP, R * H, BT, BD, **f32)
     fs = empty_output(slots, H, BT, BD, **f32)
+    zs = bool(tile("ttt_mlp_sliced", "ZS"))
+    z1s = empty_output(slots, H, BT, F, **f32) if zs else fs  # every mini-batch's Z1 (ZS), else unused
     seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-    common = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=offset > 0, IS_VARLEN=cu is not None)
-    args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, fs, *outs, *seq)
+    common = dict(geo, BF=BF, NP=NP, TPS=TPS, ZS=zs, HAS_P=offset > 0, IS_VARLEN=cu is not None)
+    args = (k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *ck, fpart, fs, z1s, *outs, *seq)
     kw = launch("ttt_mlp_sliced")
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
         _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **common, PRO=j < 0, **kw)
@@ -254,7 +274,7 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
         _read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, fs, o, *rd, scale, T, offset,
                                       plan.NS, **geo, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                       **launch("ttt_mlp_sliced_read"))
-    return o, outs, ck, fs
+    return o, outs, ck, fs, (z1s if zs else None)
 
 
 # ---------------------------------------------------------------------------------------------------- the backward
@@ -381,12 +401,13 @@ def _bwd_pre2_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, ck1, ckb
 
 
 @triton.jit(do_not_specialize=["s"])
-def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs, dz2s, ders, tiles,
+def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs, z1s, dz2s, ders, tiles,
                       dP1o, dp1o, dP2o, dp2o, gA1, ga1, gA2, G2, Qp, dZs, dkp, detap, dv, glnw, glnb,
                       dP1_0, dp1_0, dP2_0, dp2_0, cu, slots, s, scale, T, off, NS, RH, BTH,
                       H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, F: tl.constexpr, BD: tl.constexpr,
                       BF: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, TPS: tl.constexpr, EPS: tl.constexpr,
-                      PREC: tl.constexpr, PART: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+                      PREC: tl.constexpr, PART: tl.constexpr, ZS: tl.constexpr, HAS_P: tl.constexpr,
+                      IS_VARLEN: tl.constexpr):
     """One mini-batch s of the anchor gradients' reverse chain on hidden slice p, grid (R·H, NP): PART 0 — pass C's
     chain terms per tile (the end sums' gradients, σ(Z1)'s, dz1's), ∂/∂Z1 but f's term into dZs, and the slice's
     partial of ∂/∂e into Qp; PART 1 — ∂/∂e summed over the slices, e's LayerNorm backward to ∂/∂f, pass D per tile.
@@ -429,8 +450,12 @@ def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs,
             for t in range(0, TPS):
                 fc, fm, o1, o2, wm1, wm2 = _hidden((p * TPS + t) * BF, c, cm, D, F, BF)
                 tm = fm[None, :] & ones
-                A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
-                Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
+                if ZS:  # Z1 as the forward formed it (no A1 needed here)
+                    A2 = tl.load(ck2 + cur * (F * D) + o2, mask=wm2, other=0.0)
+                    Z1 = tl.load(z1s + cur * (BT * F) + r[:, None] * F + fc[None, :], mask=tm, other=0.0)
+                else:
+                    A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
+                    Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
                 Hh, dg = _gelu(Z1)
                 g1 = tl.dot(e, tl.trans(A2), input_precision=PREC)
                 dz1 = g1 * dg
@@ -502,7 +527,12 @@ def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs,
             for t in range(0, TPS):
                 fc, fm, o1, o2, wm1, wm2 = _hidden((p * TPS + t) * BF, c, cm, D, F, BF)
                 A1, a1, A2 = _tile(ck1, ckb1, ck2, cur, fc, o1, o2, wm1, wm2, fm, D, F)
-                Hh, dg = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
+                if ZS:
+                    Z1 = tl.load(z1s + cur * (BT * F) + r[:, None] * F + fc[None, :], mask=fm[None, :] & ones,
+                                 other=0.0)
+                else:
+                    Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
+                Hh, dg = _gelu(Z1)
                 GA1, Ga1, GA2 = _tile(gA1, ga1, gA2, i_bh, fc, o1, o2, wm1, wm2, fm, D, F)
                 dZ1 = tl.load(dZs + i_bh * (BT * F) + r[:, None] * F + fc[None, :], mask=fm[None, :] & ones, other=0.0)
                 dZ1 += tl.dot(df, tl.trans(A2), input_precision=PREC) * dg
@@ -516,8 +546,8 @@ def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs,
             tl.store(kp, dkk, mask=m)
 
 
-def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, do, g, acc, dP0, *, scale: float, offset: int,
-                    cu, plan, steps: int, geo: dict):
+def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, z1s, do, g, acc, dP0, *, scale: float,
+                    offset: int, cu, plan, steps: int, geo: dict):
     """The backward of `ttt_mlp._TTTMLP` after `sliced_forward`: the parallel pre-pass, then 2 launches a mini-batch
     (`_bwd_chain_kernel` PART 0 and 1) from the last down. do [B, T, H, D] fp32; g: the outputs' gradients (the 4
     anchor and 4 end-sum tensors, [R, H, ·] fp32); acc: the anchor gradients, seeded with g's first four and
@@ -553,8 +583,10 @@ def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, do, g, acc,
     dkp = torch.zeros(NP, B * T * H * D, **f32)
     detap = torch.zeros(NP, B * T * H, **f32)
     seq = (cu, plan.first) if varlen else (dq, dq)
-    geo_s = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_P=has_p, IS_VARLEN=varlen, **launch("ttt_mlp_sliced"))
-    args = (q, k, v, beta, lnw, lnb, *ck, fs, dz2s, ders, tiles, *g[4:], *acc[:3], G2, Qp, dZs, dkp, detap, dv,
+    geo_s = dict(geo, BF=BF, NP=NP, TPS=TPS, ZS=z1s is not None, HAS_P=has_p, IS_VARLEN=varlen,
+                 **launch("ttt_mlp_sliced"))
+    z1 = fs if z1s is None else z1s
+    args = (q, k, v, beta, lnw, lnb, *ck, fs, z1, dz2s, ders, tiles, *g[4:], *acc[:3], G2, Qp, dZs, dkp, detap, dv,
             glnw[1], glnb[1], *dP0, *seq)
     for s in range(steps - 1, -1, -1):
         for part in (0, 1):

@@ -29,8 +29,10 @@ their gradients) need the anchors only. So:
   gradients of each slice accumulate in place in dA0, a2's in a parity buffer, dk's and dη's chain parts per slice.
 
 Per mini-batch the chain is then (6 + 15)·TPS dots (168 at NP 4, F 512, BF 16) and 3 launches, against ≈ 1,312 in one
-program; the steps' grid is R·H·NP (128 at the LM's B 4, H 8, NP 4). The costs: 3·NS + 4 launches a call with ≈ 30–40
-arguments each (host time eagerly, ≈ 10–30 µs a launch; a CUDA graph replays them), the partials re-read from L2,
+program (LAUNCH ZS 1: Z1 = K A1 + a1 stored by the steps, b·F·4 B a mini-batch, and read back by the next step and
+the chain instead of recomputed: (5 + 13)·TPS); the steps' grid is R·H·NP (128 at the LM's B 4, H 8, NP 4). The
+costs: 3·NS + 4 launches a call with ≈ 30–40 arguments each (host time eagerly, ≈ 10–30 µs a launch; a CUDA graph
+replays them), the partials re-read from L2,
 the anchors of every mini-batch (4(2DF + F + D) B: 514 KiB at D 128) kept by a no-grad call too (freed after its
 read), f (b·D·4 B a mini-batch), the backward's [b, F] tiles (128 KiB a mini-batch at D 128: 2 GiB at B 4, T 4096,
 H 16) and per-slice dk (NP·B·T·H·D·4 B). No barrier and no cross-program wait: each launch's programs are

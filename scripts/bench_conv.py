@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
 
 
-def _settings(text: str) -> dict:
+def parse_settings(text: str) -> dict:
     """'BT=32,NBLK=8,dpre_fp32=1' -> {'BT': 32, 'NBLK': 8, 'dpre_fp32': 1}."""
     out = {}
     for item in filter(None, text.split(",")):
@@ -160,10 +160,10 @@ def main(argv=None) -> int:
         print("error: --device cuda but no CUDA device is present (use --device cpu --tiny to check the script)",
               file=sys.stderr)
         return 2
-    bwd = _settings(a.bwd)
+    bwd = parse_settings(a.bwd)
     one_pass_all = _one_pass(bwd)  # --bwd fused=1: the paths without "one-pass" in their name run it too
     try:
-        apply_settings(_settings(a.fwd), FWD_KEYS)
+        apply_settings(parse_settings(a.fwd), FWD_KEYS)
         apply_settings(bwd, BWD_KEYS)
     except KeyError as e:
         print(f"error: --fwd/--bwd: {e.args[0]}", file=sys.stderr)

@@ -33,14 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
 
-
-def _settings(text: str) -> dict:
-    """'BT=32,NBLK=8' -> {'BT': 32, 'NBLK': 8}."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, val = item.split("=")
-        out[key.strip()] = int(val)
-    return out
+from scripts.bench_conv import parse_settings  # noqa: E402  ('BT=32,NBLK=8' -> {'BT': 32, 'NBLK': 8})
 
 
 def main(argv=None) -> int:
@@ -69,9 +62,9 @@ def main(argv=None) -> int:
 
     if a.tiny:
         a.batch, a.seq, a.channels, a.row, a.warmup, a.repeats = 2, 37, 20, 80, 1, 2
-    util.LAUNCH["conv_fwd"].update(_settings(a.fwd))
-    util.LAUNCH["conv_bwd_fused"].update(_settings(a.bwd))
-    util.LAUNCH["conv_bwd_rows"].update(_settings(a.rows))
+    util.LAUNCH["conv_fwd"].update(parse_settings(a.fwd))
+    util.LAUNCH["conv_bwd_fused"].update(parse_settings(a.bwd))
+    util.LAUNCH["conv_bwd_rows"].update(parse_settings(a.rows))
     dev = torch.device(a.device)
     B, T, C, R, W = a.batch, a.seq, a.channels, a.row, a.width
     dtype = torch.bfloat16

@@ -181,6 +181,25 @@ def test_tf32_region_changes_no_number_off_cuda(with_g):
         assert torch.equal(a, b)
 
 
+def test_tf32_region_keeps_no_output():
+    """The region's backward differentiates from its outputs' gradient edges (`_edge`), not from the outputs, so the
+    fp32 o that the layer casts and drops is freed then, not kept until the backward — where this torch takes edges
+    (`_grad_takes_edges`; torch ≥ 2.6 must: a newer torch that stopped would fail here, loudly). Gradients: the
+    tests above."""
+    from fastweights.chunkwise import mesa as mesa_mod
+
+    B, T, H, K, V = 1, 20, 1, 8, 8
+    q, k = torch.randn(B, T, H, K), torch.nn.functional.normalize(torch.randn(B, T, H, K), dim=-1)
+    v = torch.randn(B, T, H, V).requires_grad_()
+    o = mesa_chunk(q, k, v, scale=0.3, g=None, beta=torch.rand(B, T, H), lamb=0.25 + torch.rand(H, K),
+                   H0=torch.zeros(B, H, K, K), G0=torch.zeros(B, H, K, V), chunk_size=8, tf32=True)[0]
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    assert mesa_mod._grad_takes_edges() or version < (2, 6)
+    kept = o.grad_fn.outs
+    assert len(kept) == 3 and kept[0] is not None  # o, H_T, G_T (not the residual): o wants a gradient
+    assert all(isinstance(e, torch.Tensor) != mesa_mod._grad_takes_edges() for e in kept if e is not None)
+
+
 def test_tf32_region_runs_the_form_without_autocast():
     """Under a bf16 autocast the tf32 form keeps its fp32 products in fp32 (autocast off inside the region, forward
     and backward): its numbers equal the form's outside any autocast, bitwise, on the CPU; the plain form under the

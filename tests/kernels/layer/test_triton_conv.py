@@ -113,26 +113,31 @@ def small_blocks(monkeypatch):
     dpre kernel's 8-row blocks, 3 per program (24 rows: T = 50 has 3 programs, the last with a partial
     block and a block past T), 16 channels per block; the dx kernel's 16 rows × 32 channels; the
     one-pass backward's 16-row blocks (13 rows owned at W = 4, 3 blocks per program: T = 50 has 2
-    programs, the second partial), 16 channels."""
+    programs, the second partial), 16 channels; the row-streaming backward off (a test turns it on), 8-row runs
+    of 16 channels."""
     table = {"conv_fwd": dict(BT=16, BC=16), "conv_bwd_dpre": dict(BT=8, BC=16, NBLK=3),
-             "conv_bwd_dx": dict(BT=16, BC=32), "conv_bwd_fused": dict(BT=16, BC=16, NBLK=3)}
+             "conv_bwd_dx": dict(BT=16, BC=32), "conv_bwd_fused": dict(BT=16, BC=16, NBLK=3),
+             "conv_bwd_rows": dict(ON=0, RUN=8, BC=16)}
     for site, keys in table.items():
         for key, val in keys.items():
             monkeypatch.setitem(util.LAUNCH[site], key, val)
 
 
 @pytest.mark.variants
-@pytest.mark.parametrize("fused,dw_acc", [(False, 0), (True, 0), (True, 1)],
-                         ids=["two_kernels", "one_pass", "one_pass_dw_acc"])
-def test_conv_blocks_programs_and_tails(small_blocks, fused, dw_acc, gen, monkeypatch):
+@pytest.mark.parametrize("fused,dw_acc,rows", [(False, 0, 0), (True, 0, 0), (True, 1, 0), (True, 0, 1)],
+                         ids=["two_kernels", "one_pass", "one_pass_dw_acc", "rows"])
+def test_conv_blocks_programs_and_tails(small_blocks, fused, dw_acc, rows, gen, monkeypatch):
     """Small blocks (`small_blocks`) with C = 20 (a masked second channel block): T = 1, 2 (T < W − 1:
     the new tail reaches into the old one; every option on and every option off), 23 (a partial third
     block) and 50 (three programs of 3 blocks, the last partial; those two also with two mixes of tail,
     positions, bias and SiLU); bf16 x at T = 50, W = 3 with the dpre scratch in bf16 and in fp32.
     Both backwards: the two kernels and the one-pass (`one_pass_backward`, also at W = 8 and with a
     sliced x); the one-pass one with dw summed per block and with dw's products summed over the program's blocks
-    (LAUNCH["conv_bwd_fused"]["DW_ACC"]; W ≤ 4 takes it, W = 8 the per-block sums)."""
+    (LAUNCH["conv_bwd_fused"]["DW_ACC"]; W ≤ 4 takes it, W = 8 the per-block sums); and the row-streaming one-pass
+    backward (LAUNCH["conv_bwd_rows"]["ON"], 8-row runs of 16 channels: T = 50 has 7 programs; W = 8 falls back to
+    the block one-pass)."""
     monkeypatch.setitem(util.LAUNCH["conv_bwd_fused"], "DW_ACC", dw_acc)
+    monkeypatch.setitem(util.LAUNCH["conv_bwd_rows"], "ON", rows)
     _cmp = functools.partial(_compare, one_pass=fused)
     if fused:
         for W in (1, 2, 8):

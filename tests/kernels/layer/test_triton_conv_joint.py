@@ -28,14 +28,14 @@ SIZES = (20, 12, 9)  # three segments, none a multiple of the blocks: every segm
 
 def _inputs(gen, *, B=2, T=37, sizes=SIZES, W=4, dtype=torch.float32, tail=True, pos=True, bias=True):
     """Y [B, T, Σ C_s + 3] (x is its first Σ C_s columns: a row stride wider than x), weights [C_s, 1, W] and
-    biases [C_s] fp32, tails [B, W − 1, C_s] in x's dtype, positions [B, T] (documents of 1..6 tokens)."""
+    biases [C_s] fp32, tails [B, W − 1, C_s] in x's dtype, positions [B, T] (documents of 1..6 tokens); all on DEV."""
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    out = {"Y": rnd(B, T, sum(sizes) + 3).to(dtype),
-           "weights": [(rnd(c, 1, W) / W ** 0.5).float() for c in sizes],
-           "biases": [rnd(c).float() for c in sizes] if bias else None,
-           "tails": [rnd(B, W - 1, c).to(dtype) for c in sizes] if tail else None, "positions": None}
+    out = {"Y": rnd(B, T, sum(sizes) + 3).to(DEV, dtype),
+           "weights": [(rnd(c, 1, W) / W ** 0.5).to(DEV, torch.float32) for c in sizes],
+           "biases": [rnd(c).to(DEV, torch.float32) for c in sizes] if bias else None,
+           "tails": [rnd(B, W - 1, c).to(DEV, dtype) for c in sizes] if tail else None, "positions": None}
     if pos:
         p = torch.zeros(B, T, dtype=torch.int64)
         for b in range(B):
@@ -114,9 +114,11 @@ def _twin(inp, activation="silu", seed=7):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """16-channel blocks (SIZES: segments of 2, 1 and 1 blocks, each ending masked) and 16-row blocks, 3 a program
-    (T = 37: several programs, the last partial) in every conv kernel."""
+    (T = 37: several programs, the last partial) in every conv kernel; the row-streaming backward off (its own
+    tests below), so the one-pass case is the block kernel's."""
     table = {"conv_fwd": dict(BT=16, BC=16), "conv_bwd_dpre": dict(BT=8, BC=16, NBLK=3),
-             "conv_bwd_dx": dict(BT=16, BC=32), "conv_bwd_fused": dict(BT=16, BC=16, NBLK=3)}
+             "conv_bwd_dx": dict(BT=16, BC=32), "conv_bwd_fused": dict(BT=16, BC=16, NBLK=3),
+             "conv_bwd_rows": dict(ON=0)}
     for site, keys in table.items():
         for key, val in keys.items():
             monkeypatch.setitem(util.LAUNCH[site], key, val)
@@ -198,6 +200,30 @@ def test_dx_into_the_split_buffer(gen, pad_unused):
     got, want = run(True), run(False)
     assert getattr(got[0], GRAD_BUFFER, None) is False  # the conv's buffer, used (the flag cleared)
     _equal(got, want, "dY, dw")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shipped_rows_backward(gen, dtype):
+    """At the shipped launch table (the row-streaming backward on, its runs and channel blocks as shipped): T spans
+    several runs, the last partial, and a segment crosses a channel block — outputs, tails and every gradient
+    within the conv's bounds of the float64 twin, y, tails and dY bitwise the per-conv calls. On a GPU at the LM's
+    widths (three 768-channel convs, T 2,100), in the interpreter at 300 tokens of (20, 270, 9)."""
+    assert util.LAUNCH["conv_bwd_rows"]["ON"] == 1
+    run, bc = util.LAUNCH["conv_bwd_rows"]["RUN"], util.LAUNCH["conv_bwd_rows"]["BC"]
+    T, sizes = (2100, (768, 768, 768)) if str(DEV).startswith("cuda") else (300, (20, 270, 9))
+    assert T > 2 * run and max(sizes) > bc
+    tol = CONV_F32_REL if dtype == torch.float32 else CONV_LOW_REL[dtype]
+    inp = _inputs(gen, T=T, dtype=dtype, sizes=sizes)
+    ys, nts, grads = _run(inp, joint=True)
+    ys_r, nts_r, grads_r = _twin(inp)
+    for i, (u, v) in enumerate(zip(ys + nts + grads, ys_r + nts_r + grads_r, strict=True)):
+        assert not torch.isnan(u).any(), i
+        assert u.shape == v.shape and rel(u, v) < tol, (i, rel(u, v))
+    per = _run(inp, joint=False)
+    n_wb = 3 * 2  # dw, db: summed over the programs' partial rows in another order by torch
+    for name, u, v in zip(("y", "new tail", "dY, dtails"), (ys, nts, grads[:1] + grads[1 + n_wb:]),
+                          (per[0], per[1], per[2][:1] + per[2][1 + n_wb:])):
+        _equal(u, v, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -108,3 +108,41 @@ def test_an_output_changed_in_place_is_kept_not_recomputed(gen):
     assert conv_source(y) is not None and conv_source(y.view(B, T, H, V)) is not None
     y.detach().add_(0.0)  # an in-place change through another view moves the shared version
     assert conv_source(y) is None
+
+
+def test_each_output_is_recomputed_once_for_all_its_readers(gen, monkeypatch):
+    """q and k are read in the backward by the memory op (to recompute q̂, k̂) and by the prologue (its L2 norm's
+    gradient): one conv launch each, not two (`_ConvSource.take`), and nothing kept once the last reader is done.
+    The gradients stay bitwise (the test above)."""
+    made, sources = [], []
+    real_recompute, real_init = conv_mod._ConvSource.recompute, conv_mod._ConvSource.__init__
+
+    def init(self, *args):
+        real_init(self, *args)
+        sources.append(self)
+
+    monkeypatch.setattr(conv_mod._ConvSource, "__init__", init)
+    monkeypatch.setattr(conv_mod._ConvSource, "recompute", lambda self: made.append(self) or real_recompute(self))
+    x = _leaves(gen, torch.float32)
+    o, S = _layer(x)
+    assert len(sources) == 3 and [s.holders for s in sources] == [2, 2, 1]  # q, k: prologue and memory op; v
+    torch.autograd.grad((o.sum() + S.sum()), list(x.values()))
+    assert len(made) == 3 and {id(s) for s in made} == {id(s) for s in sources}
+    assert all(s.holders == 0 and s.kept is None for s in sources)
+
+
+def test_a_holder_that_does_not_recompute_lets_go(gen):
+    """Two holders, one recomputes (the output kept for the other), the other releases: nothing kept; a kept output
+    written in place since is recomputed, not handed on."""
+    x = _leaves(gen, torch.float32)
+    y, _ = short_conv(x["xq"], x["wq"])
+    a, b = conv_source(y), conv_source(y)
+    first = conv_mod.conv_recompute(a)
+    assert torch.equal(first, y) and a[0].kept is not None
+    conv_mod.conv_release(b)
+    assert a[0].kept is None and a[0].holders == 0
+    a, b = conv_source(y), conv_source(y)
+    first = conv_mod.conv_recompute(a)
+    first.add_(1.0)  # the kept tensor changed: the next holder gets a fresh recompute
+    second = conv_mod.conv_recompute(b)
+    assert torch.equal(second, y) and second.data_ptr() != first.data_ptr()

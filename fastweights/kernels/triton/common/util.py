@@ -210,10 +210,11 @@ LAUNCH: dict[str, dict] = {
     # DW_ACC 1 (W ≤ 4): dw's products summed per tap over the program's blocks, reduced once (H200, r4s9 call 5,
     # bench_conv --sweep: 189.6 → 127.1 µs at C 1024, 346.4 → 232.0 at C 2048; 0: one reduction per block)
     "conv_bwd_fused": dict(num_warps=4, BT=64, BC=32, NBLK=8, DW_ACC=1),  # layer.conv._conv_bwd_fused
-    # the one-pass backward streamed along the rows (W ≤ 4; ON=0: off until timed on a GPU): RUN xp rows × BC
-    # channels a program, one row a step, [BC] vectors only (r4s11 helper branch conv-joint; sm_90 registers in
-    # docs/kernel_notes.md "The joint q, k, v conv")
-    "conv_bwd_rows": dict(num_warps=2, ON=0, RUN=256, BC=256),  # layer.conv._conv_bwd_rows
+    # the one-pass backward streamed along the rows (W ≤ 4; ON=0: the block one-pass above): RUN xp rows × BC
+    # channels a program, one row a step, [BC] vectors only (sm_90 registers in docs/kernel_notes.md "The joint q,
+    # k, v conv"). On since H200 r4s12 call 2 (the preset's LM graphed, 8×2048 / 4×4096 / 1×16384 ms a step: off
+    # 43.4 / 46.8 / 67.2; RUN 64 42.0 / 45.4 / 65.8; RUN 128 42.1 / 45.4 / 65.5; RUN 256 42.9 / 46.1 / 66.5)
+    "conv_bwd_rows": dict(num_warps=2, ON=1, RUN=128, BC=256),  # layer.conv._conv_bwd_rows
     "conv_bwd_dpre": dict(num_warps=4, BT=8, BC=128, NBLK=16, DPRE_FP32=0),  # layer.conv._conv_bwd_dpre
     "conv_bwd_dx": dict(num_warps=4, BT=16, BC=128),  # layer.conv._conv_bwd_dx
     # RoPE (layer/rope.py): BR tokens × one head a program, forward and backward alike

@@ -63,10 +63,12 @@ DRAM bytes per element of the conv itself: as the per-conv path (x + dy + dx in 
 launch each way instead of three, 3× the programs per launch (waves: 960 → 2,880 backward programs at B = 8,
 T = 2,048, BC 32, NBLK 8).
 
-The row-streaming backward (`_conv_bwd_rows`, LAUNCH["conv_bwd_rows"]["ON"], off by default; W ≤ 4; per conv and
+The row-streaming backward (`_conv_bwd_rows`, LAUNCH["conv_bwd_rows"]["ON"], on by default; W ≤ 4; per conv and
 joint): a program of RUN xp rows × BC channels walks its rows one at a time (W − 1 halo rows first), carrying the
 W − 1 previous xp rows and the W partial dxp rows in registers, dw and db per channel in registers: [BC] vectors
 only (sm_90: 96 registers against the one-pass kernel's 255). DRAM bytes x + dy + dx plus (W − 1)/RUN halo rows.
+The preset's LM step, graphed on an H200, 43.4 → 42.1 ms at 8×2048 with it (RUN 128; r4s12 call 2); W > 4 and
+`one_pass_backward=False` keep the block kernels.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from ..common.util import launch, tile
 
 Tensor = torch.Tensor
 
-__all__ = ["short_conv", "short_conv_joint", "MAX_CONV_WIDTH", "conv_source", "conv_recompute"]
+__all__ = ["short_conv", "short_conv_joint", "MAX_CONV_WIDTH", "conv_source", "conv_recompute", "conv_release"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Launch settings: util.LAUNCH's "conv_fwd", "conv_bwd_fused" (the one-pass backward), "conv_bwd_dpre" and
@@ -825,13 +827,23 @@ def short_conv_joint(x: Tensor, weights: list[Tensor], biases: list[Tensor] | No
 
 class _ConvSource:
     """What recomputes a conv output bitwise: the call's arguments (the conv's backward keeps them anyway) and the
-    versions of every tensor among them and of the output, so that an in-place change since makes it invalid."""
+    versions of every tensor among them and of the output, so that an in-place change since makes it invalid.
 
-    __slots__ = ("args", "versions")
+    Holders: each `conv_source` call (a Function's forward keeping the source instead of the output) holds it once,
+    and its backward either recomputes (`conv_recompute`) or lets go (`conv_release`) once. While holders remain,
+    the output recomputed for one is kept for the next, so an output two backwards read is recomputed by one conv
+    launch, not two: q and k in the gated DeltaNet layer, read by the memory op's backward (to recompute q̂, k̂) and
+    then by the prologue's (its L2 norm's gradient) — 24 of the preset's 72 conv launches a step (r4s12 call 2).
+    The last holder takes the kept tensor and drops it; a holder that never comes back leaves it kept until the
+    graph, which owns the source, is freed."""
+
+    __slots__ = ("args", "versions", "holders", "kept")
 
     def __init__(self, args: tuple, y: Tensor):
         self.args = args
         self.versions = self._versions(y)
+        self.holders = 0
+        self.kept = None  # (the recomputed output, its version when kept)
 
     def _versions(self, y: Tensor) -> tuple:
         return tuple(t._version for t in self.args if isinstance(t, Tensor)) + (y._version,)
@@ -843,20 +855,44 @@ class _ConvSource:
         with torch.no_grad():
             return ShortConvFn.apply(*self.args)[0]
 
+    def take(self) -> Tensor:
+        """The output again for one holder: the kept one when another holder recomputed it (and nothing wrote
+        to it since), else recomputed — and kept while other holders remain."""
+        self.holders -= 1
+        kept, self.kept = self.kept, None
+        y = kept[0] if kept is not None and kept[0]._version == kept[1] else self.recompute()
+        if self.holders > 0:
+            self.kept = (y, y._version)
+        return y
+
+    def release(self) -> None:
+        self.holders -= 1
+        if self.holders <= 0:
+            self.kept = None
+
 
 def conv_source(t: Tensor | None):
     """(source, size, stride, offset) when t is, unmodified, a `short_conv` output or a view of one — what
-    `conv_recompute` makes t again from — else None."""
+    `conv_recompute` makes t again from — else None. A source returned is held: the caller's backward must
+    `conv_recompute` or `conv_release` it once (`_ConvSource`)."""
     if not isinstance(t, Tensor):
         return None
     base = t if t._base is None else t._base
     src = getattr(base, "_conv_source", None)
     if src is None or not src.valid(base):
         return None
+    src.holders += 1
     return src, tuple(t.size()), tuple(t.stride()), t.storage_offset()
 
 
 def conv_recompute(source) -> Tensor:
-    """t again, bitwise, from `conv_source(t)`: the conv's forward kernel on the same inputs, viewed as t was."""
+    """t again, bitwise, from `conv_source(t)`: the conv's forward kernel on the same inputs, viewed as t was (one
+    launch for all the holders of one output: `_ConvSource.take`)."""
     src, size, stride, offset = source
-    return src.recompute().as_strided(size, stride, offset)
+    return src.take().as_strided(size, stride, offset)
+
+
+def conv_release(source) -> None:
+    """A holder of `conv_source(t)` that will not recompute t lets go of it (no-op for None)."""
+    if source is not None:
+        source[0].release()

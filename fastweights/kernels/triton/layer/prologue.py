@@ -51,7 +51,7 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common.layout import make_layout
 from ..common.util import chunk_span, launch, row_view, varlen_args
-from .conv import conv_recompute, conv_source
+from .conv import conv_recompute, conv_release, conv_source
 
 Tensor = torch.Tensor
 
@@ -229,8 +229,8 @@ class DeltaPrologue(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dqo, dko, dbeta, dg):
         q, k, b, a, A_log, dt_bias = ctx.saved_tensors
-        q = conv_recompute(ctx.q_src) if ctx.q_src and ctx.needs_input_grad[0] else q
-        k = conv_recompute(ctx.k_src) if ctx.k_src and ctx.needs_input_grad[1] else k
+        q = conv_recompute(ctx.q_src) if ctx.q_src and ctx.needs_input_grad[0] else conv_release(ctx.q_src) or q
+        k = conv_recompute(ctx.k_src) if ctx.k_src and ctx.needs_input_grad[1] else conv_release(ctx.k_src) or k
         ctx.q_src = ctx.k_src = None
         meta = ctx.meta
         need = ctx.needs_input_grad

@@ -70,11 +70,42 @@ def _conv_workload():
             (y.float().sum() + new_tail.float().sum()).backward()
 
 
+def _ttt_mlp_workload():
+    """TTT-MLP's one-program kernels (`kernels.triton.memories.ttt_mlp`) at their default launch, forward and backward:
+    D 64 and 128, F 4D, bf16 and fp32, offset 0 and 5 (a carried mini-batch), varlen with grouped heads."""
+    import torch
+
+    from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, H = 2, 40, 2
+    for D in (64, 128):
+        F = 4 * D
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))
+            beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+            lnw, lnb = torch.ones(H, D, requires_grad=True), torch.zeros(H, D, requires_grad=True)
+            mlp = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.zeros(B, H, 1, F),
+                   torch.randn(B, H, F, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
+            for offset in (0, 5):
+                out = ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp, anchor=mlp if offset else None,
+                                     offset=offset)
+                out[0].float().sum().backward()
+            cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
+            three = tuple(torch.cat([w, w[:1]]) for w in mlp)
+            out = ttt_mlp_triton(q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
+                                 v.reshape(1, B * T, H, D), beta.reshape(1, B * T, H), lnw, lnb, scale=0.1,
+                                 weights=three, cu_seqlens=cu)
+            out[0].float().sum().backward()
+
+
 def _workload(which: str = "chunk"):
     """The calls whose kernels are compared: chunk_gated_triton and chunk_delta_triton, decay first
-    ("chunk"), or the short conv ("conv", `_conv_workload`)."""
+    ("chunk"), the short conv ("conv", `_conv_workload`) or TTT-MLP's kernels ("ttt_mlp", `_ttt_mlp_workload`)."""
     if which == "conv":
         return _conv_workload()
+    if which == "ttt_mlp":
+        return _ttt_mlp_workload()
     import torch
 
     from fastweights.kernels.triton.delta import chunk_delta_triton
@@ -221,8 +252,8 @@ def main():
     ap.add_argument("--tree", default=".")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
-    ap.add_argument("--workload", choices=("chunk", "conv"), default="chunk",
-                    help="the chunk pipelines (default) or the short conv's kernels")
+    ap.add_argument("--workload", choices=("chunk", "conv", "ttt_mlp"), default="chunk",
+                    help="the chunk pipelines (default), the short conv's kernels or TTT-MLP's")
     a = ap.parse_args()
     if a.compare:
         sys.exit(compare(*a.compare))

@@ -149,11 +149,11 @@ MEMORIES = ("ttt_linear", "ttt_mlp", "titans")
 def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
     """TTT-Linear's, TTT-MLP's and Titans' kernels (`kernels/triton/memories`), forward + backward, b = 16, F = 4D
     (TTT-Linear and Titans also with a carried mini-batch, offset 5, and varlen with grouped heads; Titans in both its
-    pipelines); warps: their launch's num_warps (None: util.LAUNCH's "ttt_*" and "titans_*" sites'); models: which of
-    MEMORIES."""
+    pipelines; TTT-MLP also sliced, `ttt_mlp_sliced`, plain and offset 5); warps: their launch's num_warps (None:
+    util.LAUNCH's "ttt_*" and "titans_*" sites'); models: which of MEMORIES."""
     import torch
 
-    from fastweights.kernels.triton.common.util import load_launch
+    from fastweights.kernels.triton.common.util import LAUNCH, load_launch
     from fastweights.kernels.triton.memories import titans, ttt, ttt_mlp
 
     gen = torch.Generator().manual_seed(0)
@@ -180,6 +180,15 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
             if "ttt_mlp" in models:
                 out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp)
                 out[0].float().sum().backward()
+                # the sliced forward and backward (util.LAUNCH["ttt_mlp_sliced"], its launch as set), plain and
+                # with a carried mini-batch
+                on = LAUNCH["ttt_mlp_sliced"]["ON"]
+                LAUNCH["ttt_mlp_sliced"]["ON"] = 1
+                for offset in (0, 5):
+                    out = ttt_mlp.ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=mlp,
+                                                 anchor=mlp if offset else None, offset=offset)
+                    out[0].float().sum().backward()
+                LAUNCH["ttt_mlp_sliced"]["ON"] = on
             if "titans" not in models:
                 continue
             g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
@@ -351,7 +360,8 @@ def main():
                             "K", "V", "C", "BK", "BV", "GATE", "DT", "IEEE", "OUTPUT", "STORE_WU", "IS_VARLEN",
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
-                            "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN")})
+                            "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
+                            "NP", "TPS", "PRO", "PART")})
             rows.append(info)
         return kernel
 
@@ -366,7 +376,7 @@ def main():
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
-                                                 "STEPS", "HAS_C", "BM", "BN")
+                                                 "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

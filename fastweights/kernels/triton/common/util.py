@@ -178,6 +178,16 @@ LAUNCH: dict[str, dict] = {
     # 1,024 B, fwd 304 → 108 B)
     "ttt_mlp_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
+    # TTT-MLP's forward with the hidden width sliced over NP programs a (sequence, head), one launch a mini-batch,
+    # and a parallel read (memories/ttt_mlp_sliced.py; ON 0: off until timed on a GPU — issue 36, D 128). BF: the
+    # steps' hidden tile (0: the glue's, `ttt_mlp.hidden_tile`). sm_90, bf16, D 128, NP 4: the step at 8 warps 170
+    # registers (BF 16) / 255 (BF 32), no spill; at 4 warps 255, none (BF 16); the read 255, ≈ 350 B spilled
+    # BWD 1: with ON, the backward sliced too (a parallel pre-pass, then two launches a mini-batch: _bwd_chain_kernel);
+    # ZS 1: Z1 = K A1 + a1 of every mini-batch stored by the steps (b·F·4 B a mini-batch) and read by the steps and the
+    # chain instead of recomputed (one dot a tile fewer in each: 21 → 18 a tile on the chain)
+    "ttt_mlp_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0, BWD=1, ZS=0),  # ttt_mlp_sliced._step_kernel
+    "ttt_mlp_sliced_read": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel, _bwd_pre_kernel
+    "ttt_mlp_sliced_bwd_pre": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._bwd_pre2_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
     # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at
@@ -243,6 +253,9 @@ KERNEL_FN = {
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
+    "ttt_mlp_sliced": "memories.ttt_mlp_sliced._step_kernel",
+    "ttt_mlp_sliced_read": "memories.ttt_mlp_sliced._read_kernel",
+    "ttt_mlp_sliced_bwd_pre": "memories.ttt_mlp_sliced._bwd_pre2_kernel",
     "titans_single_fwd": "memories.titans_single._fwd_kernel",
     "titans_single_bwd": "memories.titans_single._bwd_kernel", "titans_fwd": "memories.titans._state_kernel",
     "titans_readout": "memories.titans._readout_kernel",

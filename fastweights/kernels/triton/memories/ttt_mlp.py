@@ -85,7 +85,8 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TTT_MLP_PRECISION, loop_precision
-from ..common.util import check_precision, launch, pow2
+from ..common.util import check_precision, launch, pow2, tile
+from .mlp_tiles import _gelu, _gelu2, _hidden, _target_errors, _tile, _tile_read
 from .ttt import LN_EPS, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
 Tensor = torch.Tensor
@@ -98,60 +99,11 @@ PRECISION = TTT_MLP_PRECISION
 
 #: The most fp32 values of one [D, BF] weight tile (the hidden tile BF = this / pow2(D), within [16, pow2(F)]).
 TILE_ELEMENTS = 2048
-_C0 = tl.constexpr(0.7978845608028654)  # sqrt(2 / π) (a constexpr: a jit function reads only those globals)
-_A3 = tl.constexpr(0.044715)
 
 
 def hidden_tile(D: int, F: int) -> int:
     """The hidden dim's tile BF of the kernels for head dim D and hidden width F (a power of two ≥ 16)."""
     return max(16, min(pow2(F), TILE_ELEMENTS // pow2(D)))
-
-
-@triton.jit
-def _gelu(z):
-    """(σ(z), σ'(z)) of GELU's tanh form, elementwise (tanh(u) as 1 − 2 / (e^{2u} + 1), u clamped to ±15, where
-    tanh is ±1 in fp32 and the exp stays finite)."""
-    du = _C0 * (1.0 + 3.0 * _A3 * z * z)
-    u = tl.minimum(tl.maximum(_C0 * (z + _A3 * z * z * z), -15.0), 15.0)
-    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-    return 0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * du
-
-
-@triton.jit
-def _gelu2(z):
-    """σ''(z) of GELU's tanh form: (1 − t²)(u' + z (u'' − 2 t u'²) / 2), u = c (z + a z³), t = tanh(u)."""
-    du = _C0 * (1.0 + 3.0 * _A3 * z * z)
-    u = tl.minimum(tl.maximum(_C0 * (z + _A3 * z * z * z), -15.0), 15.0)
-    t = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-    return (1.0 - t * t) * (du + 0.5 * z * (6.0 * _A3 * _C0 * z - 2.0 * t * du * du))
-
-
-@triton.jit
-def _hidden(f0, c, cm, D: tl.constexpr, F: tl.constexpr, BF: tl.constexpr):
-    """Hidden tile f0's indices fc [BF], mask fm, and within one slot the offsets o1 [BD, BF] of W1's tile (of
-    anything shaped [.., D, F]) and o2 [BF, BD] of W2's (of anything [.., F, D]) with their masks m1, m2."""
-    fc = f0 + tl.arange(0, BF)
-    fm = fc < F
-    return fc, fm, c[:, None] * F + fc[None, :], fc[:, None] * D + c[None, :], cm[:, None] & fm[None, :], \
-        fm[:, None] & cm[None, :]
-
-
-@triton.jit
-def _tile(W1, b1, W2, sl, fc, o1, o2, m1, m2, fm, D: tl.constexpr, F: tl.constexpr):
-    """(W1 [BD, BF], b1 [BF], W2 [BF, BD]) of one hidden tile (`_hidden`) in slot sl; 0 outside the masks."""
-    A1 = tl.load(W1 + sl * (D * F) + o1, mask=m1, other=0.0)
-    a1 = tl.load(b1 + sl * F + fc, mask=fm, other=0.0)
-    A2 = tl.load(W2 + sl * (F * D) + o2, mask=m2, other=0.0)
-    return A1, a1, A2
-
-
-@triton.jit
-def _target_errors(f, kk, vv, lnw, lnb, cm, D: tl.constexpr, EPS: tl.constexpr):
-    """From f [BT, BD] (the memory's output before its LayerNorm): (n, 1/σ, dy, u, e) as `ttt._errors`."""
-    n, inv = _ln(f, cm, D, EPS)
-    dy = tl.where(cm[None, :], kk + lnb[None, :] - vv, 0.0) + lnw[None, :] * n
-    u = lnw[None, :] * dy
-    return n, inv, dy, u, _ln_back(n, inv, u, cm, D)
 
 
 @triton.jit
@@ -165,27 +117,6 @@ def _pass_f(kk, ck1, ckb1, ck2, ckb2, cur, c, cm, D: tl.constexpr, F: tl.constex
         Hh, _ = _gelu(tl.dot(kk, A1, input_precision=PREC) + a1[None, :])
         f += tl.dot(Hh, A2, input_precision=PREC)
     return f + tl.load(ckb2 + cur * D + c, mask=cm, other=0.0)[None, :]
-
-
-@triton.jit
-def _tile_read(x, kk, e, M1, ipos, A1, a1, A2, P1_0, p1_0, i_bh, first, fc, o1, m1, fm, D: tl.constexpr,
-               F: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
-    """One hidden tile of the layer-1 side at the anchor: (Z1, H, σ'(Z1), e A2ᵀ, dz1, z1, h, σ'(z1), P1_0 tile,
-    p1_0 tile), the [BT, BF] ones and the carried sums ([BD, BF], [BF]; 0 unless HAS_P and the first
-    mini-batch)."""
-    Z1 = tl.dot(kk, A1, input_precision=PREC) + a1[None, :]
-    Hh, dg = _gelu(Z1)
-    g1 = tl.dot(e, tl.trans(A2), input_precision=PREC)
-    dz1 = g1 * dg
-    z1 = tl.dot(x, A1, input_precision=PREC) + a1[None, :] - tl.dot(M1, dz1, input_precision=PREC)
-    P1 = tl.zeros_like(A1)
-    p1 = tl.zeros_like(a1)
-    if HAS_P:  # the carried sums enter the first mini-batch only
-        P1 = tl.load(P1_0 + i_bh * (D * F) + o1, mask=m1 & first, other=0.0)
-        p1 = tl.load(p1_0 + i_bh * F + fc, mask=fm & first, other=0.0)
-        z1 += (tl.dot(x, P1, input_precision=PREC) + p1[None, :]) / ipos[:, None]
-    h, dh = _gelu(z1)
-    return Z1, Hh, dg, g1, dz1, z1, h, dh, P1, p1
 
 
 @triton.jit
@@ -465,34 +396,48 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
 
 
 class _TTTMLP(torch.autograd.Function):
-    """Forward: `_fwd_kernel`; backward: `_bwd_kernel`. q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H],
-    lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2 [R, H, D] and the carried sums
-    P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset, save (keep the anchors for a
-    backward), cu (int32 [N+1] on the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns
+    """Forward: `_fwd_kernel` (or, with util.LAUNCH["ttt_mlp_sliced"]["ON"], `ttt_mlp_sliced.sliced_forward`: the
+    hidden width sliced over programs, the same outputs and stored anchors); backward: `_bwd_kernel`. q, k [B, T, H_q,
+    D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2
+    [R, H, D] and the carried sums P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset,
+    save (keep the anchors for a backward), cu (int32 [N+1] on the device, or None), the `ttt._Plan`, steps (the most
+    mini-batches of one sequence) and the kernels' constexprs. Returns
     (o [B, T, H, D] in v's dtype, A1, a1, A2, a2, P1, p1, P2, p2 of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, cu, plan, geo):
+    def forward(ctx, q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale, offset, save, cu, plan, steps,
+                geo):
         B, T = q.shape[:2]
         R, H, D, F = A1.shape
         f32 = dict(dtype=torch.float32, device=q.device)
-        o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
-        slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
-        ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
-              empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
-        outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-        _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale, T,
-                              offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
-                              **launch("ttt_mlp_fwd"))
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *(t for t in seq if t is not o))
+        seq = (cu if cu is not None else q, plan.first if plan.first is not None else q)
+        if tile("ttt_mlp_sliced", "ON"):  # the hidden width sliced over programs, one launch a mini-batch
+            from .ttt_mlp_sliced import sliced_forward
+
+            o, outs, ck, fs, z1s = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
+                                         offset=offset, cu=cu, plan=plan, steps=steps, geo=geo)
+        else:
+            fs = z1s = None
+            o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
+            slots = max(plan.slots, 1) if save else R  # the anchors: one per mini-batch, or one rolled in place
+            ck = [empty_output(slots, H, D, F, **f32), empty_output(slots, H, F, **f32),
+                  empty_output(slots, H, F, D, **f32), empty_output(slots, H, D, **f32)]
+            outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
+            _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale,
+                                  T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
+                                  **launch("ttt_mlp_fwd"))
+        ctx.sliced = bool(tile("ttt_mlp_sliced", "ON") and tile("ttt_mlp_sliced", "BWD"))  # the sliced backward
+        ctx.zs = ctx.sliced and z1s is not None  # the forward's Z1 kept for the sliced backward
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *([fs] if ctx.sliced else []),
+                              *([z1s] if ctx.zs else []), *(t for t in seq if t is not q))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
+        ctx.steps = steps
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, *gouts):
         q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *rest = ctx.saved_tensors
-        ck, seq = rest[:4], rest[4:]
+        ck, seq = rest[:4], rest[4 + ctx.sliced + ctx.zs:]
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R = ctx.plan.R
@@ -507,20 +452,29 @@ class _TTTMLP(torch.autograd.Function):
         acc = [t.clone() for t in g[:4]]  # the anchor's gradient, accumulated in place by the kernel: dA0
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
         dP0 = [empty_output(R, *shape, **f32) for shape in shapes[4:]] if has_p else acc
-        dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
-        dbeta = empty_output(B, T, H, **f32)
-        dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
-        dZs = torch.empty(R * H, ctx.geo["BT"], shapes[0][-1], **f32)  # each program's [b, F] scratch
-        seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
-                              dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
-                              HAS_P=has_p, IS_VARLEN=ctx.varlen, **launch("ttt_mlp_bwd"))
+        if ctx.sliced:  # the hidden width sliced over programs, two launches a mini-batch
+            from .ttt_mlp_sliced import sliced_backward
+
+            dq, dk, dv, dbeta, dlnw, dlnb = sliced_backward(
+                q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], rest[5] if ctx.zs else None, do, g, acc, dP0,
+                scale=ctx.scale,
+                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo)
+            dlnw, dlnb = dlnw[None], dlnb[None]
+        else:
+            dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))
+            dbeta = empty_output(B, T, H, **f32)
+            dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
+            dZs = torch.empty(R * H, ctx.geo["BT"], shapes[0][-1], **f32)  # each program's [b, F] scratch
+            seq = seq if seq else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, do, *g[4:], *acc, dq, dk, dv, dbeta,
+                                  dlnw, dlnb, *dP0, dZs, *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo,
+                                  HAS_P=has_p, IS_VARLEN=ctx.varlen, **launch("ttt_mlp_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dlnw.sum(0).to(lnw.dtype),
                 dlnb.sum(0).to(lnb.dtype), *acc, *(dP0 if has_p else (None,) * 4), None, None, None, None, None,
-                None)
+                None, None)
 
 
 def _check(q, k, v, beta, ln_weight, ln_bias, weights, anchor, offset: int, minibatch: int, cu_seqlens):
@@ -586,7 +540,9 @@ def ttt_mlp_triton(q, k, v, beta, ln_weight, ln_bias, *, scale: float, weights, 
     args = [t.contiguous() for t in (q, k, v, beta, ln_weight, ln_bias)] + _squeezed(A) + _squeezed(P)
     save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no anchor is kept for a backward
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
-    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
+    steps = plan.NS if cu is None else max((-(-(offset + e - s) // minibatch) for s, e in zip(cu[:-1], cu[1:])),
+                                           default=0)  # the most mini-batches of one sequence
+    o, *state = _TTTMLP.apply(*args, float(scale), offset, save, cu_dev, plan, steps, geo)
     anchor_out, sums = _unsqueezed(state[:4]), _unsqueezed(state[4:])
     end = tuple(a + p / _last_counts(plan, a.dim(), q.device) for a, p in zip(anchor_out, sums))
     if cu is None:

@@ -1,0 +1,233 @@
+"""TTT-MLP's sliced kernels (`kernels/triton/memories/ttt_mlp_sliced.py`, util.LAUNCH["ttt_mlp_sliced"]) against the
+one-program kernels on one GPU (issue 36, head dim 128): each launch variant checked against float64, timed, and
+profiled by kernel — the A/B the option waits for before it can be a default.
+
+    python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced                   # check, time, profile
+    python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
+
+Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
+forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32 (the
+read and pre-pass keep the glue's); np4fwd — the sliced forward with the one-program backward (BWD 0); np4s2, np8s2 —
+the sequential kernels at 2 stages; np8s2p2 — the parallel ones too; np4w4, np8w4 — 4 warps (two CTAs an SM); np4zs,
+np8w4zs — Z1 stored and read back (ZS). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s);
+lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
+
+Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
+  check    per variant: `fw.chunk("ttt_mlp", backend="triton")` against the torch row in float64 on the same values
+           (B 2, T --check-len, H 2, D 64 and 128; bf16 and fp32 q, k, v): the largest relative error of o, the final
+           state and every input's gradient (NaN: inf);
+  time     per (shape, variant): `fw.chunk` forward and forward + backward, bf16, median of --repeats after one warm
+           call (`bench.speed`'s cases), gated DeltaNet's Triton row beside them;
+  profile  per variant at --profile-shape: one forward + backward under torch.profiler, CUDA time summed by kernel name
+           (the step and chain kernels' launches counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+SHAPES = {"lm": (4, 4096, 16, 128), "lm8": (4, 4096, 8, 128), "small": (64, 512, 2, 64)}
+#: Each variant's util.LAUNCH update (load_launch's table); "ttt_mlp_sliced" holds ON, NP, BF, BWD and the sequential
+#: kernels' warps and stages; the parallel ones' sites are "ttt_mlp_sliced_read" and "ttt_mlp_sliced_bwd_pre".
+VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
+            "np4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4}},
+            "np8": {"ttt_mlp_sliced": {"ON": 1, "NP": 8}},
+            "np16": {"ttt_mlp_sliced": {"ON": 1, "NP": 16}},
+            # hidden tiles of 32 in the steps and the chain: half the tiles a program, each tile's dots a dependent
+            # chain (sm_90 D 128, 8 warps: 255 registers, no spill; at 4 warps 260–292 B spilled)
+            "np4bf32": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BF": 32}},
+            "np8bf32": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "BF": 32}},
+            "np4fwd": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+            # the sequential kernels software-pipelined (no launch reads what it writes: sm_90 D 128 compiles with
+            # ≤ 4 B of spills at 2 stages), and the parallel ones too
+            "np4s2": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "num_stages": 2}},
+            "np8s2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2}},
+            "np8s2p2": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_stages": 2},
+                        "ttt_mlp_sliced_read": {"num_stages": 2}, "ttt_mlp_sliced_bwd_pre": {"num_stages": 2}},
+            # 4 warps: two step / chain CTAs an SM (sm_90: 255 registers × 128 threads, ≤ 78 KB shared), so R·H·NP up
+            # to 264 programs run in one wave (at 8 warps one CTA an SM: 132)
+            "np4w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "num_warps": 4}},
+            # ZS: Z1 stored by the steps, read back by them and the chain (21 → 18 chain dots a tile)
+            "np4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "ZS": 1}},
+            "np8w4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4, "ZS": 1}},
+            "np8w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4}}}
+
+
+def _variant(name):
+    """A context: util.LAUNCH updated with the variant's table, restored after."""
+    import contextlib
+
+    from fastweights.kernels.triton.common.util import LAUNCH, load_launch
+
+    @contextlib.contextmanager
+    def ctx():
+        old = load_launch(VARIANTS[name])
+        try:
+            yield
+        finally:
+            LAUNCH.update(old)
+    return ctx()
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    if not bool(a.isfinite().all()):
+        return float("inf")
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def _run(inp, backend):
+    """(o, the final weights, every leaf's gradient) of fw.chunk("ttt_mlp") on `inp` under a fixed random projection of
+    o plus a small multiple of the final weights' squares."""
+    import torch
+
+    import fastweights as fw
+
+    state = inp["initial_state"]
+    kw = {k: v for k, v in inp.items() if k != "initial_state"}
+    o, S = fw.chunk("ttt_mlp", initial_state=state, output_final_state=True, backend=backend, check_values=False,
+                    **kw)
+    leaves = [v for v in kw.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    w = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(o.device)
+    loss = (o.double() * w).sum() + sum((t.double() ** 2).sum() * 1e-3 for t in S.weights)
+    grads = torch.autograd.grad(loss, leaves)
+    return o.detach(), [t.detach() for t in S.weights], [g.detach() for g in grads]
+
+
+def _inputs(B, T, H, D, dtype, ref: bool, seed):
+    """fw.example_inputs drawn in fp32 on the CPU, q, k, v rounded to `dtype`; as float64 leaves (ref) or q, k, v in
+    `dtype` and the rest fp32, on CUDA."""
+    import torch
+
+    import fastweights as fw
+    from fastweights.state import state_map
+
+    gen = torch.Generator().manual_seed(seed)
+    inp = fw.example_inputs("ttt_mlp", batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=torch.float32,
+                            generator=gen)
+    out = {}
+    for name, x in inp.items():
+        if isinstance(x, torch.Tensor):
+            x = x.to(dtype).float() if name in ("q", "k", "v") else x
+            dt = torch.float64 if ref else (dtype if name in ("q", "k", "v") else torch.float32)
+            out[name] = x.detach().to(device="cuda", dtype=dt).requires_grad_(True)
+        else:
+            out[name] = state_map(x, lambda t: t.detach().to(device="cuda",
+                                                             dtype=torch.float64 if ref else torch.float32))
+    return out
+
+
+def _dump(out, name, rows):
+    with open(os.path.join(out, name), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def phase_check(variants, out, T):
+    import torch
+
+    rows = []
+    for D in (64, 128):
+        for dtype_name in ("bfloat16", "float32"):
+            dtype = getattr(torch, dtype_name)
+            ref = _run(_inputs(2, T, 2, D, dtype, True, D), "torch")
+            for name in variants:
+                try:
+                    with _variant(name):
+                        got = _run(_inputs(2, T, 2, D, dtype, False, D), "triton")
+                    row = dict(variant=name, D=D, T=T, dtype=dtype_name, o=_rel(got[0], ref[0]),
+                               state=max(_rel(a, b) for a, b in zip(got[1], ref[1])),
+                               grads=max(_rel(a, b) for a, b in zip(got[2], ref[2])))
+                except Exception as e:  # a variant that fails is a result
+                    row = dict(variant=name, D=D, T=T, dtype=dtype_name, error=f"{type(e).__name__}: {e}"[:300])
+                rows.append(row)
+                print("check", json.dumps(row), flush=True)
+                _dump(out, "check.json", rows)
+
+
+def phase_time(variants, shapes, out, repeats):
+    import torch
+
+    from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
+
+    rows = []
+    dev = torch.device("cuda")
+
+    def record(shape, model, impl, ctx):
+        try:
+            with ctx:
+                run, leaves = fastweights_case(model, "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda", 64)
+                fwd, fb = fwd_bwd(run, leaves)
+                row = dict(shape=shape, model=model, impl=impl, fwd_ms=median_ms(fwd, dev, 1, repeats),
+                           fwdbwd_ms=median_ms(fb, dev, 1, repeats))
+        except Exception as e:
+            row = dict(shape=shape, model=model, impl=impl, error=f"{type(e).__name__}: {e}"[:300])
+        rows.append(row)
+        print("time", json.dumps(row), flush=True)
+        _dump(out, "time.json", rows)
+        torch.cuda.empty_cache()
+
+    import contextlib
+
+    for shape in shapes:
+        record(shape, "gated_deltanet", "triton", contextlib.nullcontext())
+        for name in variants:
+            record(shape, "ttt_mlp", name, _variant(name))
+
+
+def phase_profile(variants, shape, out):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fastweights.bench.speed import fastweights_case, fwd_bwd
+
+    rows = []
+    for name in variants:
+        with _variant(name):
+            run, leaves = fastweights_case("ttt_mlp", "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda", 64)
+            _, fb = fwd_bwd(run, leaves)
+            fb()  # compiled and warm
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fb()
+                torch.cuda.synchronize()
+        kernels = {}
+        for ev in prof.key_averages():  # self time on the device: the kernels' own (an op's is its kernels')
+            t = getattr(ev, "self_device_time_total", None)
+            t = getattr(ev, "self_cuda_time_total", 0) if t is None else t
+            if t:
+                kernels[ev.key] = dict(us=round(t, 1), count=ev.count)
+        top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us"])[:25])
+        row = dict(variant=name, shape=shape, total_us=round(sum(v["us"] for v in kernels.values()), 1), kernels=top)
+        rows.append(row)
+        print("profile", json.dumps(row)[:2000], flush=True)
+        _dump(out, "profile.json", rows)
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="runs/ttt_mlp_sliced")
+    ap.add_argument("--phases", nargs="+", default=["check", "time", "profile"], choices=["check", "time", "profile"])
+    ap.add_argument("--variants", nargs="+", default=["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"],
+                    choices=list(VARIANTS))
+    ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
+    ap.add_argument("--profile-shape", default="lm8", choices=list(SHAPES))
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    os.makedirs(a.out, exist_ok=True)
+    if "check" in a.phases:
+        phase_check(a.variants, a.out, a.check_len)
+    if "time" in a.phases:
+        phase_time(a.variants, a.shapes, a.out, a.repeats)
+    if "profile" in a.phases:
+        phase_profile(a.variants, a.profile_shape, a.out)
+
+
+if __name__ == "__main__":
+    main()

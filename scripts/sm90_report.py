@@ -289,7 +289,7 @@ def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_prec
     import torch
 
     from fastweights.kernels.triton.common.limits import MAX_NS_DIM
-    from fastweights.kernels.triton.memories import newton_schulz as mod
+    from fastweights.kernels.triton.memories import newton_schulz as ns_mod
 
     gen = torch.Generator().manual_seed(0)
     for r in head_dims:
@@ -297,11 +297,11 @@ def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_prec
             if r <= MAX_NS_DIM:
                 x = torch.randn(2, r, r + 3, generator=gen)
                 G = (x @ x.transpose(-1, -2)).requires_grad_(True)
-                mod.newton_schulz_gram(G, 5, precision=prec).sum().backward()
+                ns_mod.newton_schulz_gram(G, 5, precision=prec).sum().backward()
     for prec in bmm_precisions:  # the torch iteration's products at wider sides (one compile for every r)
         a, b = torch.randn(2, 256, 256, generator=gen), torch.randn(2, 256, 256, generator=gen)
-        mod.ns_bmm(a, b, precision=prec)
-        mod.ns_bmm(a.transpose(1, 2), b, a, -0.5, precision=prec)
+        ns_mod.ns_bmm(a, b, precision=prec)
+        ns_mod.ns_bmm(a.transpose(1, 2), b, a, -0.5, precision=prec)
 
 
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,

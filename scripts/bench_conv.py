@@ -116,6 +116,31 @@ def conv_backward(one_pass: bool):
         DISPATCH[key] = impl
 
 
+def behind_sleep_ms(fn, dev, warmup: int, repeats: int) -> float:
+    """Median ms of fn over `repeats` calls (after `warmup`), each between CUDA events behind ~1 ms of GPU work (the
+    launches queue behind it, so the events time the kernels, not the Python in front of them); a host clock off
+    CUDA."""
+    import torch  # (main imports it after choosing the interpreter)
+
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        if dev.type == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(2_000_000)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            ts.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(ts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=4)
@@ -228,24 +253,7 @@ def main(argv=None) -> int:
         return {"case": tag, "tol": tol, "errors": errs, "ok": not bad}
 
     def timer(fn) -> float:
-        """Median ms of fn over a.repeats calls (after a.warmup), each between CUDA events."""
-        for _ in range(a.warmup):
-            fn()
-        ts = []
-        for _ in range(a.repeats):
-            if dev.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(2_000_000)  # ~1 ms of GPU work: the launches queue behind it, so the
-                s.record()  # events time the kernels, not the Python in front of them
-                fn()
-                e.record()
-                e.synchronize()
-                ts.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                ts.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(ts)
+        return behind_sleep_ms(fn, dev, a.warmup, a.repeats)
 
     def bench(C, path) -> dict:
         dtype = torch.bfloat16

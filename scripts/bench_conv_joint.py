@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this tree's fastweights
 
-from scripts.bench_conv import parse_settings  # noqa: E402  ('BT=32,NBLK=8' -> {'BT': 32, 'NBLK': 8})
+from scripts.bench_conv import behind_sleep_ms, parse_settings  # noqa: E402  (the settings parser, the timer)
 
 
 def main(argv=None) -> int:
@@ -95,23 +93,7 @@ def main(argv=None) -> int:
           f"dw max |diff| {dw_diff:.1e} (0: bitwise)")
 
     def timer(fn) -> float:
-        for _ in range(a.warmup):
-            fn()
-        ts = []
-        for _ in range(a.repeats):
-            if dev.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(2_000_000)  # the launches queue behind ~1 ms of GPU work
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                ts.append(s.elapsed_time(e))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                ts.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(ts)
+        return behind_sleep_ms(fn, dev, a.warmup, a.repeats)
 
     launch = {k: dict(util.LAUNCH[k]) for k in ("conv_fwd", "conv_bwd_fused", "conv_bwd_rows")}
     out = {"shape": dict(B=B, T=T, C=C, row=R, W=W, dtype="bfloat16"), "launch": launch, "bitwise_equal": equal,

@@ -198,23 +198,10 @@ def test_chained_calls_equal_one_call(gen):
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
-@pytest.mark.parametrize("offset", [0, 5])
-def test_varlen_equals_each_sequence_alone(gen, offset):
-    """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch):
-    each with its own state row and mini-batches from its own start equals the twin on that sequence alone —
-    outputs, each final state, every gradient; the final offsets are each sequence's. (The kernels serve varlen; the
-    dispatch row does not yet: a MemoryState carries one offset, and the torch row refuses it.)"""
-    lengths = [9, 0, 20, 1, 16]
-    cu = torch.tensor([0] + lengths).cumsum(0)
-    N, T = len(lengths), sum(lengths)
-    x = _inputs(gen, B=1, T=T, Hq=1)
-    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in STATE + ANCHOR})  # one state row per sequence
-    seed = _seed(gen)
-
-    def packed(leaves, off, b):
-        return ttt_mlp_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
-                              scale=SCALE, minibatch=b, cu_seqlens=cu.to(DEV), **_state(leaves, off))
-
+def _each_sequence_alone(cu):
+    """The varlen tests' reference: (leaves, offset, b) -> the twin run on each sequence of the packing `cu` alone
+    (its own state row, its mini-batches from its own start), as the packed call returns them: (o, final weights,
+    anchors, final offsets)."""
     def alone(leaves, off, b):
         outs, parts = [], []
         for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
@@ -232,9 +219,29 @@ def test_varlen_equals_each_sequence_alone(gen, offset):
         anchor = tuple(torch.cat(t, dim=0) for t in zip(*[a for _, a, _ in parts]))
         return torch.cat(outs, dim=1), weights, anchor, [p[2] for p in parts]
 
+    return alone
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_varlen_equals_each_sequence_alone(gen, offset):
+    """cu_seqlens packing 5 sequences (an empty one, a length-1 one, one of exactly 16, one past a mini-batch):
+    each with its own state row and mini-batches from its own start equals the twin on that sequence alone —
+    outputs, each final state, every gradient; the final offsets are each sequence's. (The kernels serve varlen; the
+    dispatch row does not yet: a MemoryState carries one offset, and the torch row refuses it.)"""
+    lengths = [9, 0, 20, 1, 16]
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    N, T = len(lengths), sum(lengths)
+    x = _inputs(gen, B=1, T=T, Hq=1)
+    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in STATE + ANCHOR})  # one state row per sequence
+    seed = _seed(gen)
+
+    def packed(leaves, off, b):
+        return ttt_mlp_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
+                              scale=SCALE, minibatch=b, cu_seqlens=cu.to(DEV), **_state(leaves, off))
+
     got = _run(packed, _fp32(x), offset, seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
-    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, _run(_each_sequence_alone(cu), x, offset, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.cuda

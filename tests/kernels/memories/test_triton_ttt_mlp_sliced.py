@@ -26,6 +26,7 @@ from tests.kernels.memories.test_triton_ttt_mlp import (
     SEQ,
     STATE,
     _agree,
+    _each_sequence_alone,
     _fp32,
     _inputs,
     _kernel,
@@ -207,27 +208,10 @@ def test_varlen_equals_each_sequence_alone(monkeypatch, steps, gen, offset, zs):
         return ttt_mlp_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
                               scale=SCALE, minibatch=b, tile=16, cu_seqlens=cu.to(DEV), **_state(leaves, off))
 
-    def alone(leaves, off, b):
-        outs, parts = [], []
-        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1] if n in STATE + ANCHOR else val)
-                   for n, val in leaves.items()}
-            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
-                outs.append(one["v"])
-                w = tuple(one[n] for n in STATE)
-                parts.append((w, tuple(one[n] for n in ANCHOR) if off else w, off))
-                continue
-            o, w, a, o_off = _twin(one, off, b)
-            outs.append(o)
-            parts.append((w, a, o_off))
-        weights = tuple(torch.cat(t, dim=0) for t in zip(*[w for w, _, _ in parts]))
-        anchor = tuple(torch.cat(t, dim=0) for t in zip(*[a for _, a, _ in parts]))
-        return torch.cat(outs, dim=1), weights, anchor, [p[2] for p in parts]
-
     got = _run(packed, _fp32(x), offset, seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
     assert len(steps) == 1 + max(-(-(offset + n) // 16) for n in lengths)
-    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, _run(_each_sequence_alone(cu), x, offset, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.cuda

@@ -1,6 +1,7 @@
 """TTT-MLP's kernels with the hidden width sliced over programs (issue 36, D 128): a launch option of `ttt_mlp.py`
-(util.LAUNCH["ttt_mlp_sliced"]: ON = 0 by default; BWD = 1 slices the backward too, 0 keeps `ttt_mlp._bwd_kernel`,
-which reads the same stored anchors), the contract of `ttt_mlp._TTTMLP`.
+(util.LAUNCH["ttt_mlp_sliced"]: ON = 2 by default — sliced where sequences × heads ≤ MAX_BH, `ttt_mlp.sliced_on`;
+BWD = 1 slices the backward too, 0 keeps `ttt_mlp._bwd_kernel`, which reads the same stored anchors), the contract of
+`ttt_mlp._TTTMLP`.
 
 Why (docs/kernel_notes.md, "TTT-MLP and Titans at head dim 128"): at D 128, F 512 the one program per (sequence,
 head) of `ttt_mlp.py` streams the [128, 512] weights in 32 hidden tiles of 16 and runs ≈ 1,300 small dependent

@@ -27,8 +27,8 @@ from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
 __all__ = ["Variant", "ConvBackward", "TTTMLPVariant", "DeltaFusedForward", "DeltaFusedBackward",
            "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp", "delta_fused_forward",
-           "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch", "ALTERNATIVES",
-           "CONV_ROWS_MAX_WIDTH"]
+           "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch", "alternatives",
+           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -166,7 +166,7 @@ class DeltaFusedForward:
             parts.append("raw q, k")
         if self.inverse is not None and self.inverse != "ieee":
             parts.append(f"inverse {self.inverse}")
-        return Variant("fused forward", ", ".join(parts))
+        return Variant("fused forward", "; ".join(parts))
 
 
 def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dtype | None,
@@ -216,7 +216,7 @@ class GatedFusedForward:
 
     @property
     def variant(self) -> Variant:
-        return Variant("fused forward", ", ".join(["scores kernel" if self.scores_kernel else "scores per value block",
+        return Variant("fused forward", "; ".join(["scores kernel" if self.scores_kernel else "scores per value block",
                                                    "β prefetched" if self.prefetch else "β loaded in place"]))
 
 
@@ -258,3 +258,9 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
                             "gated_fused_fwd AQK, PREFETCH"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
 }
+
+
+def alternatives(sites) -> tuple[str, ...]:
+    """'site: choice | choice | … (LAUNCH keys)' for each of `sites` (ALTERNATIVES' keys): a row's listing
+    (`dispatch.rows(variants=True)`)."""
+    return tuple(f"{site}: {' | '.join(ALTERNATIVES[site][0])} ({ALTERNATIVES[site][1]})" for site in sites)

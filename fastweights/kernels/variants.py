@@ -85,12 +85,9 @@ def conv_backward(W: int | None, launch: Launch, *, one_pass: bool = True) -> Co
         return ConvBackward("two kernels", dpre_fp32=bool(launch["conv_bwd_dpre"]["DPRE_FP32"]))
     rows_on = bool(launch["conv_bwd_rows"]["ON"])
     narrow = None if W is None else W <= CONV_ROWS_MAX_WIDTH
-    dw_acc = bool(launch["conv_bwd_fused"]["DW_ACC"]) and bool(narrow)
-    if rows_on and narrow:
-        return ConvBackward("rows", run=int(launch["conv_bwd_rows"]["RUN"]))
-    if rows_on and narrow is None:
-        return ConvBackward(None, run=int(launch["conv_bwd_rows"]["RUN"]))
-    return ConvBackward("block", dw_acc=dw_acc)
+    if rows_on and narrow is not False:  # (each key read only where it decides: `util.SEEN` lists what a run read)
+        return ConvBackward("rows" if narrow else None, run=int(launch["conv_bwd_rows"]["RUN"]))
+    return ConvBackward("block", dw_acc=bool(launch["conv_bwd_fused"]["DW_ACC"]) and bool(narrow))
 
 
 # ---------------------------------------------------------------------------------------------------- TTT-MLP
@@ -181,8 +178,8 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
     serves = plain and (K is None or K <= DELTA_FUSED_BWD_MAX_K) and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
     t_form = not pre["WU"] and serves
     direct = plain and not t_form
-    low = _low(dtype)
-    inverse = None if low is None else ("ieee" if not low else ("tf32" if pre["INV_TF32"] else "tf32x3"))
+    low, tf32 = _low(dtype), bool(pre["INV_TF32"])  # (read for every call, as the glue always has: fp32 keeps ieee)
+    inverse = None if low is None else ("ieee" if not low else ("tf32" if tf32 else "tf32x3"))
     return DeltaFusedForward(t_form=t_form, aqk_in_prepass=direct and bool(pre["AQK"]),
                              raw_kv=direct and bool(pre["RAW_KV"]),
                              raw_qk=direct and bool(launch["delta_fused_fwd"]["RAW_QK"]), inverse=inverse)

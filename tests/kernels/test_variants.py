@@ -201,3 +201,65 @@ def test_the_ttt_mlp_row_names_the_kernels_that_ran(monkeypatch, gen):
             assert f"chunk: triton (TTT-MLP kernels (ieee)) [{name}] on cpu" in repr(layer)
             assert fw.pipeline("ttt_mlp", device="cuda", dtype=fp32, head_dim=16, variants=True, batch_size=B,
                                num_heads=2) == ("triton", "TTT-MLP kernels (ieee)", (name,))
+
+
+def _launch_kwargs(monkeypatch, kernels: dict) -> dict:
+    """{name: [the launch keywords (constexprs) of each launch]} of `kernels` ({name: @triton.jit function})."""
+    seen = {name: [] for name in kernels}
+    for name, kern in kernels.items():
+        monkeypatch.setattr(kern, "run", (lambda real, n: lambda *a, **kw: seen[n].append(kw) or real(*a, **kw))(
+            kern.run, name))
+    return seen
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("table", [{}, {"delta_prepass": {"WU": 0}, "delta_fused_rev": {"AQK": 1}},
+                                   {"delta_prepass": {"AQK": 1, "RAW_KV": 1, "INV_TF32": 1},
+                                    "delta_fused_fwd": {"RAW_QK": 0}}], ids=["default", "t_form", "flags"])
+def test_the_fused_delta_pipeline_names_the_flags_it_launches_with(monkeypatch, gen, table):
+    """Gated DeltaNet on the fused delta pipeline (pinned; the fake CUDA table, the kernels under the interpreter, bf16)
+    under three tables: the names `fw.pipeline(..., variants=True)` gives for the call are the kernels' launches —
+    the T form where the sequential forward kernel does not run, the pre-pass's STORE_A, RAW_KV and inverse
+    precision, the sequential kernel's RAW_QK, the backward recompute's STORE_A."""
+    from fastweights.kernels import rows
+    from fastweights.kernels.pipelines import DeltaPipeline
+    from fastweights.kernels.triton.fused import delta_fused, delta_fused_bwd
+
+    FakeCuda(monkeypatch, kernels=True).install()
+    seen = _launch_kwargs(monkeypatch, {"pre": delta_fused._prepass_kernel, "seq": delta_fused._fused_fwd_kernel,
+                                        "states": delta_fused_bwd._states_kernel})
+    x = fw.example_inputs("gated_deltanet", batch_size=1, seq_len=20, num_heads=1, head_dim=16, dtype=bf16,
+                          generator=gen)
+    leaves = [x[k].requires_grad_(True) for k in ("q", "k", "v")]
+    with rows.pinned("delta", pipeline=DeltaPipeline("fused", "fused")), launched(table):
+        fwd, bwd = fw.pipeline("gated_deltanet", device="cuda", dtype=bf16, head_dim=16, chunk_size=16,
+                               variants=True)[2]
+        o, _ = fw.chunk("gated_deltanet", **x, chunk_size=16)
+        forward = {name: list(kws) for name, kws in seen.items()}
+        torch.autograd.grad(o.float().sum(), leaves)
+    (pre,) = forward["pre"]
+    assert ("T form" in fwd) == (not forward["seq"]) == (not pre["STORE_WU"]), fwd
+    assert ("Aqk from the pre-pass" in fwd) == bool(pre["STORE_A"]) and ("raw k, v" in fwd) == bool(pre["RAW_KV"])
+    assert f"inverse {pre['PREC']}" in fwd
+    assert forward["seq"] == [] or ("raw q, k" in fwd) == bool(forward["seq"][0]["RAW_QK"])
+    recompute = seen["states"][len(forward["states"]):]  # the backward's launches of the state kernel
+    assert recompute and ("Aqk from the recompute" in bwd) == bool(recompute[0]["STORE_A"]), bwd
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("table", [{}, {"gated_fused_fwd": {"AQK": 1, "PREFETCH": 0}}], ids=["default", "flags"])
+def test_the_fused_gated_pipeline_names_the_flags_it_launches_with(monkeypatch, gen, table):
+    """Mamba2 on the fused gated-linear pipeline (pinned, as above): "scores kernel" where `_scores_kernel` runs,
+    "β prefetched" where the forward kernel launches with PREFETCH."""
+    from fastweights.kernels import rows
+    from fastweights.kernels.pipelines import GatedPipeline
+    from fastweights.kernels.triton.fused import gated_fused
+
+    FakeCuda(monkeypatch, kernels=True).install()
+    seen = _launch_kwargs(monkeypatch, {"scores": gated_fused._scores_kernel, "fwd": gated_fused._fwd_kernel})
+    x = fw.example_inputs("mamba2", batch_size=1, seq_len=20, num_heads=1, head_dim=16, generator=gen)
+    with rows.pinned("gated_linear", pipeline=GatedPipeline("fused")), launched(table):
+        (name,) = fw.pipeline("mamba2", device="cuda", dtype=fp32, head_dim=16, chunk_size=16, variants=True)[2]
+        fw.chunk("mamba2", **x, chunk_size=16)
+    assert ("scores kernel" in name) == bool(seen["scores"]), name
+    assert ("β prefetched" in name) == bool(seen["fwd"][0]["PREFETCH"]), name

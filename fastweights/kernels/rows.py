@@ -53,6 +53,15 @@ from ..state import MemoryState
 from ..torch_backend import finish_state, generic_chunk_exists, memory_recurrent_impl, minibatch_chunk_impl
 from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPipeline, delta_pipeline, gated_pipeline
 from .variants import alternatives as _alternatives
+from .variants import (
+    conv_backward,
+    delta_fused_backward,
+    delta_fused_forward,
+    gated_fused_forward,
+    live_launch,
+    titans_backward,
+    ttt_mlp,
+)
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "short_conv_joint", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
@@ -483,8 +492,6 @@ def _launch(launch):
     """The launch table a row's variants are named from: `launch`, or None → the one the kernels read now."""
     if launch is not None:
         return launch
-    from .variants import live_launch
-
     return live_launch()
 
 
@@ -495,8 +502,6 @@ def delta_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
     kernels' now). The staged stages have no variant."""
     if not isinstance(chosen, DeltaPipeline):
         return ()
-    from .variants import delta_fused_backward, delta_fused_forward
-
     launch = _launch(launch) if "fused" in (chosen.forward, chosen.backward) else None
     out = []
     if chosen.forward == "fused":
@@ -513,8 +518,6 @@ def gated_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
     the scores kernel, β prefetched)."""
     if not isinstance(chosen, GatedPipeline) or chosen.pipeline != "fused":
         return ()
-    from .variants import gated_fused_forward
-
     return (gated_fused_forward(_launch(launch)).variant,)
 
 
@@ -524,21 +527,15 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     head dims take the split pipeline)."""
     kernels = None if recipe is None else _ttt_kernels(recipe)
     if kernels == "TTT-MLP":
-        from .variants import ttt_mlp
-
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
     if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims)) == "split":
-        from .variants import titans_backward
-
         return (titans_backward(_launch(launch)).variant,)
     return ()
 
 
 def short_conv_variants(recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
     """The conv row's variant (`variants.conv_backward` at the Target's width, the one-pass backward the row runs)."""
-    from .variants import conv_backward
-
     return (conv_backward(target.conv_width, _launch(launch)).variant,)
 
 

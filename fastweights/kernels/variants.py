@@ -18,6 +18,7 @@ conditional: "sliced NP 8 where sequences × heads ≤ 64, else one program".
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -48,11 +49,15 @@ class Variant:
         return f"{self.site}: {self.choice}"
 
 
+_UTIL = "fastweights.kernels.triton.common.util"
+
+
 def live_launch() -> Launch:
     """The launch table the kernels read now (`util.LAUNCH`, after any `load_launch` or a test's replacement); imports
-    the kernels' util module (triton)."""
-    from .triton.common import util
-
+    the kernels' util module (triton) the first time."""
+    util = sys.modules.get(_UTIL)
+    if util is None:
+        from .triton.common import util
     return util.LAUNCH
 
 

@@ -599,7 +599,7 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
     site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
     BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
     if rows:  # programs of RUN xp rows × RBC channels
-        RUN, BC = tile("conv_bwd_rows", "RUN"), tile("conv_bwd_rows", "BC")
+        RUN, BC = chosen.run, tile("conv_bwd_rows", "BC")
         NR = triton.cdiv(T + W - 1, RUN)
     elif fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
         FBT = max(BT, triton.next_power_of_2(2 * W))

@@ -427,7 +427,8 @@ class _TTTMLP(torch.autograd.Function):
             from .ttt_mlp_sliced import sliced_forward
 
             o, outs, ck, fs, z1s = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
-                                         offset=offset, cu=cu, plan=plan, steps=steps, geo=geo, zs=chosen.zs)
+                                                  offset=offset, cu=cu, plan=plan, steps=steps, geo=geo, zs=chosen.zs,
+                                                  NP=chosen.NP)
         else:
             fs = z1s = None
             o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
@@ -439,6 +440,7 @@ class _TTTMLP(torch.autograd.Function):
                                   T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                   **launch("ttt_mlp_fwd"))
         ctx.sliced = sliced and chosen.backward == "sliced"  # the sliced backward
+        ctx.np = chosen.NP
         ctx.zs = ctx.sliced and z1s is not None  # the forward's Z1 kept for the sliced backward
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *([fs] if ctx.sliced else []),
                               *([z1s] if ctx.zs else []), *(t for t in seq if t is not q))
@@ -470,7 +472,8 @@ class _TTTMLP(torch.autograd.Function):
             dq, dk, dv, dbeta, dlnw, dlnb = sliced_backward(
                 q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], rest[5] if ctx.zs else None, do, g, acc, dP0,
                 scale=ctx.scale,
-                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo)
+                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo,
+                NP=ctx.np)
             dlnw, dlnb = dlnw[None], dlnb[None]
         else:
             dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 
 import torch
 import triton
@@ -281,6 +282,40 @@ def launch(name: str) -> dict:
     if SEEN is not None:
         SEEN.add(name)
     return {key: val for key, val in LAUNCH[name].items() if not key[:1].isupper()}
+
+
+class _SeenSite(Mapping):
+    """One launch site's settings, read through `table()` while SEEN collects: each key read adds "name.KEY"."""
+
+    def __init__(self, name: str, cfg: dict):
+        self._name, self._cfg = name, cfg
+
+    def __getitem__(self, key):
+        SEEN.add(f"{self._name}.{key}")
+        return self._cfg[key]
+
+    def __iter__(self):
+        return iter(self._cfg)
+
+    def __len__(self):
+        return len(self._cfg)
+
+
+class _SeenTable(Mapping):
+    def __getitem__(self, name):
+        return _SeenSite(name, LAUNCH[name])
+
+    def __iter__(self):
+        return iter(LAUNCH)
+
+    def __len__(self):
+        return len(LAUNCH)
+
+
+def table() -> Mapping:
+    """The launch table as the pure variant rules (`kernels.variants`) take it: LAUNCH itself, or while SEEN collects
+    a view whose reads add "name.KEY" to it as `tile` does."""
+    return LAUNCH if SEEN is None else _SeenTable()
 
 
 def state_pass_launch(name: str, dtype: torch.dtype, K: int) -> dict:

@@ -58,9 +58,21 @@ import triton
 import triton.language as tl
 
 from ... import empty_output
+from ...variants import delta_fused_backward
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
-from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..common.util import (
+    chunk_span,
+    dot_dtype,
+    launch,
+    mm,
+    pow2,
+    seq_span,
+    state_pass_launch,
+    table,
+    tile,
+    varlen_args,
+)
 
 #: The fused backward's scope (larger head dims or chunks go to the staged backward, see `supports`).
 MAX_K = DELTA_FUSED_BWD_MAX_K
@@ -454,7 +466,8 @@ def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
     """The backward's recompute of the forward state pass: (h [B, NT, H, K, V], U [B, T, H, V], Aqk [B, T, H, C] in
     q's dtype or None); see `states_forward`. Aqk is written for the reverse kernel with
     `LAUNCH["delta_fused_rev"]["AQK"] = 1` (else that kernel recomputes it, once per value block)."""
-    A = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=q.device) if tile("delta_fused_rev", "AQK") else None
+    kept = delta_fused_backward(table()).aqk_kept  # the variant (`kernels.variants`): the branch that names it
+    A = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=q.device) if kept else None
     _, h, u, _ = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=False, store_states=True,
                                 output_final_state=False, A=A)
     return h, u, A

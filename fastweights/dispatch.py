@@ -361,14 +361,18 @@ def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None,
                       ) -> list[str]:
     """The backends that can serve the layer op `op` ("conv", "norm", "prologue", "rope") on `device`
     (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
+    return _listing(LAYER, None, op, _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate))
+
+
+def _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate) -> Target:
+    """The Target of a layer-op listing's arguments, each checked as every entry point checks them."""
     check_choice("op", op, LAYER_OPS)
     device, dtype = _listing_device_dtype(device, dtype)
     head_dim = check_int("head_dim", head_dim, optional=True)
     conv_width = check_int("conv_width", conv_width, optional=True)
     group_size = check_int("group_size", group_size, optional=True)
     gate = check_choice("gate", gate, GATE_ACTIVATIONS, optional=True)
-    target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
-    return _listing(LAYER, None, op, target)
+    return Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
 
 
 def rows(*, pipelines: bool = False, variants: bool = False) -> list[tuple]:
@@ -427,13 +431,7 @@ def layer_op_pipeline(op: str, *, backend: str = "auto", device=None, dtype: tor
     """(backend, variants) the layer op `op` takes on `device` with `dtype` and the op's facts (as
     `layer_op_backends`): the row `layer_op` routes to and the kernel variants the launch table picks in it, e.g.
     ("triton", ("conv backward: rows (RUN 128)",)) for the conv on CUDA at width 4 (`launch`: as for `pipeline`)."""
-    check_choice("op", op, LAYER_OPS)
-    device, dtype = _listing_device_dtype(device, dtype)
-    head_dim = check_int("head_dim", head_dim, optional=True)
-    conv_width = check_int("conv_width", conv_width, optional=True)
-    group_size = check_int("group_size", group_size, optional=True)
-    gate = check_choice("gate", gate, GATE_ACTIVATIONS, optional=True)
-    target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
+    target = _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate)
     impl = layer_op(op, backend, target)
     return impl.backend, impl.variants_for(None, target, launch=launch)
 

@@ -607,26 +607,34 @@ class _Titans(torch.autograd.Function):
     (a workspace of a call without gradients, freed after it) and the backward reads back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, cu, plan, geo):
+    def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, cu, plan, steps, geo):
         B, T = q.shape[:2]
         R, H = W1.shape[:2]
         f32 = dict(dtype=torch.float32, device=q.device)
         o = empty_output(B, T, H, v.shape[-1], dtype=v.dtype, device=q.device)
-        outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
-        n = max(plan.slots, 1)
-        slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)]
-        es = empty_output(n, H, geo["BT"], geo["DV"], **f32)
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         flags = dict(HAS_A=offset > 0, IS_VARLEN=cu is not None)
-        _state_kernel[(R * H,)](k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, *seq, T, offset,
-                                plan.NS, **flags, **_site(geo, "titans_fwd"))
+        from . import titans_sliced  # (it imports this module's jit helpers)
+
+        sliced = titans_sliced.sliced_on()
+        if sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
+            outs, slots, es = titans_sliced.sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, offset=offset,
+                                                           cu=cu, plan=plan, steps=steps, geo=geo)
+        else:
+            outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
+            n = max(plan.slots, 1)
+            slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)]
+            es = empty_output(n, H, geo["BT"], geo["DV"], **f32)
+            seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+            _state_kernel[(R * H,)](k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, *seq, T, offset,
+                                    plan.NS, **flags, **_site(geo, "titans_fwd"))
         if plan.slots:
             pseq = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
             _readout_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, o, *pseq, scale, T, offset,
                                              plan.NS, **flags, **_site(geo, "titans_readout"))
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, es)
-        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.cu = geo, scale, offset, plan, cu
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.cu, ctx.steps = geo, scale, offset, plan, cu, steps
+        ctx.sliced = bool(sliced and tile("titans_sliced", "BWD"))  # the reverse pass sliced too
         return (o, *outs)
 
     @staticmethod
@@ -672,7 +680,7 @@ class _Titans(torch.autograd.Function):
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
-                dnu.to(nu.dtype), *G, None, None, None, None, None)
+                dnu.to(nu.dtype), *G, None, None, None, None, None, None)
 
 
 def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibatch: int, cu_seqlens):
@@ -743,7 +751,9 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
         geo = {**{key: val for key, val in geo.items() if key != "TILE"}, "BF": tile or hidden_tile(K, V, F)}
         o, *outs = titans_single._Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
     else:
-        o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, geo)
+        steps = plan.NS if cu is None else max((-(-(offset + e - s) // minibatch) for s, e in zip(cu[:-1], cu[1:])),
+                                               default=0)  # the most mini-batches of one sequence
+        o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, steps, geo)
     if cu is None:
         off = (offset + T) % minibatch
     else:

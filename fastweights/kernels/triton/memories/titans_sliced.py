@@ -1,0 +1,233 @@
+"""Titans' split-pipeline kernels with the hidden width sliced over programs (issue 36, D 128): a launch option of
+`titans.py` (util.LAUNCH["titans_sliced"]: ON 0 by default; BWD 1 slices the reverse pass too, 0 keeps
+`titans._bwd_kernel`, which reads the same stored start states), the contract of `titans._Titans`.
+
+Why (docs/kernel_notes.md, "Titans sliced"): the split pipeline's sequential kernels (`titans._state_kernel`,
+`titans._bwd_kernel`) walk a sequence's T/b mini-batches in one program per (sequence, head), streaming the [K, F]
+and [F, V] weights and momenta (and their gradients) in hidden tiles — at D 128, F 512 32 tiles of 16, ≈ 8 dependent
+tl.dots a tile forward and 21 backward, B·H programs for 132 SMs. Across the hidden width the recurrence (the maths:
+`titans.py`'s module doc) couples only through
+
+- forward: f = Σ_F σ(K U1) U2 [b, V] at the anchor, then e = f − V; every tile's end state (W1, M1, W2, M2) follows
+  from e, the gates' coefficients (the same in every program) and the tile's own Z, dz;
+- reverse: ē = Σ_F (ḡ1 U2 + C_L Hd W̄2_e + Cm_L Hd M̄2_e) + the read's term [b, V], then f̄ = ē feeds pass D; the
+  gates' gradients (Ā_L = ⟨W̄_e, W_s⟩, c̄_L, N̄_L, C̄_L, Cm̄_L: sums over F) feed no later mini-batch, and dk is an
+  output.
+
+So NP programs a (sequence, head), each owning TPS hidden tiles of BF (`slices`), exchange [b, V] partials once a
+mini-batch each way, through a small global buffer, at a launch boundary (no barrier, no cross-program wait: each
+launch's programs are independent, so the interpreter runs them as the GPU does):
+
+- `_step_kernel`, grid (R·H, NP), one launch a mini-batch (`sliced_forward`: NS + 1). Step 0 (PRO) copies the
+  slice's initial state into mini-batch 0's slot and writes its partial f, σ(K_0 U1) U2 over the slice (U the carried
+  anchor with offset > 0, else the initial weights). Step j reads mini-batch j's NP partials (a fixed order:
+  deterministic), forms e (every program the same, in registers; program 0 stores it), then per tile: Z, dz, the
+  tile's end state — into slot j + 1, the next mini-batch's start state, or in the sequence's last mini-batch into
+  the final state (and its anchor out) — and the next mini-batch's partial f from the new W1, W2 (8 dots a tile).
+  The partials are double-buffered by parity: a launch reads one buffer, writes the other.
+- the read, `titans._readout_kernel`, unchanged: it reads the same slots and e.
+- backward (`sliced_backward`): `titans._bwd_read_kernel` (parallel, unchanged), then one launch a mini-batch from
+  the last (`_chain_kernel`, grid (R·H, NP), NS + 1 launches): launch j runs pass D of mini-batch j (its ē summed
+  from the partials launch j + 1 wrote: f̄, Ū into the start weights' gradient or the carried anchor's, dk's part,
+  dv by program 0) and then, on the same slice, pass C of mini-batch j − 1 (its end state's gradients are the start
+  gradients pass D just completed): the start state's gradients over the end's, ∂/∂Z but f̄'s term into a [b, F]
+  scratch, and the slice's partials of ē [b, V] (parity-buffered) and of the gates' sums over F (C̄_L, Cm̄_L [b],
+  Ā_L, c̄_L, N̄_L: per slot and slice, `gpart`). Then `_gates_kernel`, grid (slots, H), parallel: the partials summed
+  in a fixed order, the gates' backward (`titans_single._coefficients_back`) with the pre-pass's Ā, c̄, C̄. dk's
+  chain part per slice (NP·B·T·H·K fp32), summed by the host with the pre-pass's.
+
+Per mini-batch the chain is then 8·TPS dots forward (64 at NP 4, F 512, BF 16; against 8·32 = 256 in one program)
+and 21·TPS backward, one launch each way (the single-program chain: 21 · 32 = 672). The costs: NS + 1 launches each
+way with ≈ 30–50 arguments (host time eagerly; a CUDA graph replays them), the partials re-read from L2 (NP·b·V·4 B
+a mini-batch and head), per-slice dk. Untimed: the GPU commands are in docs/kernel_notes.md.
+
+Shapes: `titans._Titans`'s — k [B, T, H_q, K], v [B, T, H, V], g, beta, nu [B, T, H]; the state W1, M1 [R, H, K, F],
+W2, M2 [R, H, F, V] and the anchor A1, A2 (same; fp32); the start-state slots sw1, sm1 [slots, H, K, F], sw2, sm2
+[slots, H, F, V] and es [slots, H, b, V].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ....inputs import InputError
+from ... import empty_output
+from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
+from ..common.util import launch, tile
+from .titans import _keys
+from .titans_single import _coefficients, _gelu, _hidden, _state_tiles
+from .ttt import _sequence
+
+Tensor = torch.Tensor
+
+__all__ = ["sliced_forward", "slices", "sliced_on"]
+
+
+def slices(F: int, BF: int, NP: int) -> tuple[int, int]:
+    """(programs per (sequence, head), hidden tiles per program) for hidden width F in tiles of BF over at most NP
+    programs: every program owns at least one tile."""
+    tiles = -(-F // BF)
+    per = -(-tiles // max(1, min(NP, tiles)))
+    return -(-tiles // per), per
+
+
+def sliced_on() -> bool:
+    """Whether Titans' split pipeline runs its sequential passes sliced (util.LAUNCH["titans_sliced"]["ON"]: 0 never,
+    1 always)."""
+    on = tile("titans_sliced", "ON")
+    if on not in (0, 1):
+        raise ValueError(f'LAUNCH["titans_sliced"]["ON"] must be 0 or 1, got {on}')
+    return on == 1
+
+
+def _settings(geo: dict) -> tuple[int, int, int]:
+    """(BF, NP, TPS): the sliced kernels' hidden tile (util.LAUNCH["titans_sliced"]["BF"], 0: the glue's site
+    "titans_fwd" tile) and `slices` at its NP."""
+    from .titans import hidden_tile
+
+    BF = tile("titans_sliced", "BF") or geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"],
+                                                                    tile("titans_fwd", "TILE"))
+    NPmax = tile("titans_sliced", "NP")
+    if BF < 16 or BF & (BF - 1) or NPmax < 1:
+        raise InputError(f"util.LAUNCH['titans_sliced'] takes BF 0 or a power of two ≥ 16 and NP ≥ 1, got BF {BF}, "
+                         f"NP {NPmax}")
+    NP, TPS = slices(geo["F"], BF, NPmax)
+    return BF, NP, TPS
+
+
+@triton.jit
+def _partial_f(kk, U1, U2, PREC: tl.constexpr):
+    """σ(K U1) U2 of one hidden tile [BT, BDV]."""
+    Hd, _ = _gelu(tl.dot(kk, U1, input_precision=PREC))
+    return tl.dot(Hd, U2, input_precision=PREC)
+
+
+@triton.jit(do_not_specialize=["j", "NS"])
+def _step_kernel(k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, W1, W2, M1, M2, A1o, A2o,
+                 sw1, sw2, sm1, sm2, es, fpart, cu, slots, j, T, off, NS, RH, H: tl.constexpr, HQ: tl.constexpr,
+                 DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+                 BF: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, TPS: tl.constexpr, PREC: tl.constexpr,
+                 PRO: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # PRO: step 0 (mini-batch 0's start state into its slot, its partial f); else mini-batch j's update and the
+    # partial f of mini-batch j + 1. fpart [2, NP, R·H, BT, BDV]: the partials by mini-batch parity. W1, W2, M1, M2,
+    # A1o, A2o [R·H, ·]: the final state and anchor, written in each sequence's last mini-batch (or, for a sequence
+    # of no mini-batch, by PRO: the initial ones); sw1, sw2, sm1, sm2 [slots·H, ·]: every mini-batch's start state,
+    # es [slots·H, BT, DV]: its e at the anchor — what `titans._readout_kernel` and the backward read.
+    i_bh = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    ck = tl.arange(0, BDK)
+    cv = tl.arange(0, BDV)
+    ckm = ck < DK
+    cvm = cv < DV
+    r = tl.arange(0, BT)
+    rv = r[:, None] * BDV + cv[None, :]  # a [BT, BDV] tile of fpart
+    full = rv >= 0
+    lead = p == 0  # the program that writes e
+    if PRO:
+        some = ns > 0
+        empty = ns == 0  # no mini-batch (varlen's empty sequence, nothing carried): the state as it was
+        base = slot0 * H + i_h
+        kk, vv, lg, eta, nn, row, valid, mv = _keys(k, v, g, beta, nu, bos, i_h, 0, Tn, off, H, HQ, DK, DV, BDK,
+                                                    BDV, BT)
+        fp = tl.zeros([BT, BDV], dtype=tl.float32)
+        for t in range(0, TPS):
+            fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
+            p1 = i_bh * (DK * F) + o1
+            p2 = i_bh * (F * DV) + o2
+            w1, mm1, w2, mm2 = _state_tiles(W1_0, W2_0, M1_0, M2_0, i_bh, o1, o2, m1, m2, DK, DV, F)
+            tl.store(sw1 + base * (DK * F) + o1, w1, mask=m1 & some)
+            tl.store(sm1 + base * (DK * F) + o1, mm1, mask=m1 & some)
+            tl.store(sw2 + base * (F * DV) + o2, w2, mask=m2 & some)
+            tl.store(sm2 + base * (F * DV) + o2, mm2, mask=m2 & some)
+            tl.store(W1 + p1, w1, mask=m1 & empty)
+            tl.store(M1 + p1, mm1, mask=m1 & empty)
+            tl.store(W2 + p2, w2, mask=m2 & empty)
+            tl.store(M2 + p2, mm2, mask=m2 & empty)
+            tl.store(A1o + p1, tl.load(A1_0 + p1, mask=m1 & empty, other=0.0), mask=m1 & empty)
+            tl.store(A2o + p2, tl.load(A2_0 + p2, mask=m2 & empty, other=0.0), mask=m2 & empty)
+            if HAS_A:  # the carried anchor is mini-batch 0's
+                fp += _partial_f(kk, tl.load(A1_0 + p1, mask=m1, other=0.0), tl.load(A2_0 + p2, mask=m2, other=0.0),
+                                 PREC)
+            else:
+                fp += _partial_f(kk, w1, w2, PREC)
+        tl.store(fpart + (p * RH + i_bh) * (BT * BDV) + rv, fp, mask=full & some)
+    else:
+        if j < ns:
+            cur = (slot0 + j) * H + i_h
+            nxt = cur + H
+            last = j == ns - 1
+            more = j < ns - 1
+            kk, vv, lg, eta, nn, row, valid, mv = _keys(k, v, g, beta, nu, bos, i_h, j, Tn, off, H, HQ, DK, DV, BDK,
+                                                        BDV, BT)
+            k2, v2, lg2, eta2, nn2, row2, valid2, mv2 = _keys(k, v, g, beta, nu, bos, i_h, j + 1, Tn, off, H, HQ, DK,
+                                                              DV, BDK, BDV, BT)
+            At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
+            f = tl.zeros([BT, BDV], dtype=tl.float32)
+            par = (j % 2) * NP
+            for pq in range(0, NP):  # the partials in a fixed order
+                f += tl.load(fpart + ((par + pq) * RH + i_bh) * (BT * BDV) + rv)
+            e = tl.where(mv, f - vv, 0.0)
+            tl.store(es + cur * (BT * DV) + r[:, None] * DV + cv[None, :], e, mask=cvm[None, :] & lead)
+            eC = e * C_L[:, None]
+            eM = e * Cm_L[:, None]
+            kT = tl.trans(kk)
+            fp = tl.zeros([BT, BDV], dtype=tl.float32)
+            for t in range(0, TPS):
+                fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
+                p1 = i_bh * (DK * F) + o1
+                p2 = i_bh * (F * DV) + o2
+                w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, cur, o1, o2, m1, m2, DK, DV, F)
+                U1, U2 = w1, w2
+                if HAS_A:
+                    if j == 0:  # the carried anchor (a branch, as `titans_single._anchor`'s)
+                        U1 = tl.load(A1_0 + p1, mask=m1, other=0.0)
+                        U2 = tl.load(A2_0 + p2, mask=m2, other=0.0)
+                Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
+                dz = tl.dot(e, tl.trans(U2), input_precision=PREC) * dg
+                # the sequence's last mini-batch: its anchor out
+                tl.store(A1o + p1, U1, mask=m1 & last)
+                tl.store(A2o + p2, U2, mask=m2 & last)
+                HT = tl.trans(Hd)
+                w1 = A_L * w1 + c_L * mm1 + tl.dot(kT, dz * C_L[:, None], input_precision=PREC)
+                mm1 = N_L * mm1 + tl.dot(kT, dz * Cm_L[:, None], input_precision=PREC)
+                w2 = A_L * w2 + c_L * mm2 + tl.dot(HT, eC, input_precision=PREC)
+                mm2 = N_L * mm2 + tl.dot(HT, eM, input_precision=PREC)
+                # the end state: the next mini-batch's start, or the final state
+                tl.store(sw1 + nxt * (DK * F) + o1, w1, mask=m1 & more)
+                tl.store(sm1 + nxt * (DK * F) + o1, mm1, mask=m1 & more)
+                tl.store(sw2 + nxt * (F * DV) + o2, w2, mask=m2 & more)
+                tl.store(sm2 + nxt * (F * DV) + o2, mm2, mask=m2 & more)
+                tl.store(W1 + p1, w1, mask=m1 & last)
+                tl.store(M1 + p1, mm1, mask=m1 & last)
+                tl.store(W2 + p2, w2, mask=m2 & last)
+                tl.store(M2 + p2, mm2, mask=m2 & last)
+                if more:  # the next mini-batch's anchor is its start weights
+                    fp += _partial_f(k2, w1, w2, PREC)
+            tl.store(fpart + ((((j + 1) % 2) * NP + p) * RH + i_bh) * (BT * BDV) + rv, fp, mask=full & more)
+
+
+def sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *, offset: int, cu, plan, steps: int, geo: dict):
+    """The state pass of `titans._Titans` on the sliced kernels (NS + 1 launches of `_step_kernel`): (the final W1, W2,
+    M1, M2 and the last mini-batch's anchor A1, A2, fp32 [R, H, ·]; the start-state slots sw1, sw2, sm1, sm2
+    [slots, H, ·] and es [slots, H, BT, V], fp32 — `titans._state_kernel`'s outputs). steps: the most mini-batches of
+    one sequence (plan.NS without varlen); geo: `titans`'s constexprs (TILE: the call's `tile`, or None)."""
+    R, H = W1.shape[:2]
+    BT, DV = geo["BT"], geo["DV"]
+    BF, NP, TPS = _settings(geo)
+    f32 = dict(dtype=torch.float32, device=k.device)
+    outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
+    n = max(plan.slots, 1)
+    slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)]
+    es = empty_output(n, H, BT, DV, **f32)
+    fpart = empty_output(2, NP, R * H, BT, geo["BDV"], **f32)
+    seq = (cu if cu is not None else es, plan.first if plan.first is not None else es)
+    const = {key: val for key, val in geo.items() if key != "TILE"}
+    const.update(BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, **launch("titans_sliced"))
+    args = (k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, fpart, *seq)
+    for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
+        _step_kernel[(R * H, NP)](*args, max(j, 0), k.shape[1], offset, plan.NS, R * H, **const, PRO=j < 0)
+    return outs, slots, es

@@ -150,6 +150,13 @@ def _memories(gen):
     for pipeline in ("single", "split"):  # Titans' two pipelines (limits.titans_pipeline)
         titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
                       pipeline=pipeline)[0].sum().backward()
+    old = util.LAUNCH["titans_sliced"]["ON"]
+    try:  # the split pipeline with its sequential passes sliced (memories/titans_sliced.py)
+        util.LAUNCH["titans_sliced"]["ON"] = 1
+        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
+                      pipeline="split")[0].sum().backward()
+    finally:
+        util.LAUNCH["titans_sliced"]["ON"] = old
 
 
 def _conv(gen):

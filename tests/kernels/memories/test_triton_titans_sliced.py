@@ -39,7 +39,8 @@ pytestmark = pytest.mark.triton
 
 
 class Launches(list):
-    """The forward's step launches [(PRO, grid)]; `.chain`: the backward's chain launches [(grid)]."""
+    """The forward's step launches [(PRO, grid)]; `.chain`: the backward's chain launches [grid] (or "one-program":
+    `titans._bwd_kernel`'s)."""
 
     def __init__(self):
         super().__init__()
@@ -48,18 +49,18 @@ class Launches(list):
 
 @pytest.fixture
 def steps(monkeypatch):
-    """The sliced kernels on (NP and BWD from each test), their launches counted; the one-program state pass must not
-    run."""
+    """The sliced kernels on (NP and BWD from each test), their launches counted, and the one-program reverse pass's;
+    the one-program state pass must not run."""
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)
     seen = Launches()
     real = sliced._step_kernel.run
     monkeypatch.setattr(sliced._step_kernel, "run",
                         lambda *a, **kw: seen.append((kw["PRO"], kw["grid"])) or real(*a, **kw))
-    if hasattr(sliced, "_chain_kernel"):
-        chain = sliced._chain_kernel.run
-        monkeypatch.setattr(sliced._chain_kernel, "run",
-                            lambda *a, **kw: seen.chain.append(kw["grid"]) or chain(*a, **kw))
+    chain = sliced._chain_kernel.run
+    monkeypatch.setattr(sliced._chain_kernel, "run", lambda *a, **kw: seen.chain.append(kw["grid"]) or chain(*a, **kw))
     monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
+    one = mod._bwd_kernel.run
+    monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: seen.chain.append("one-program") or one(*a, **kw))
     return seen
 
 
@@ -82,16 +83,17 @@ def test_the_slices_and_the_switch(monkeypatch):
         sliced.sliced_on()
 
 
-@pytest.mark.parametrize("T, offset, Hq, tile, NP, bwd", [(37, 0, 1, 16, 4, 0), (23, 5, 2, 16, 3, 0),
-                                                         (16, 0, 2, 32, 4, 0), (3, 9, 1, 16, 2, 0),
-                                                         (11, 5, 1, 64, 1, 0)])
+@pytest.mark.parametrize("T, offset, Hq, tile, NP, bwd", [(37, 0, 1, 16, 4, 1), (23, 5, 2, 16, 3, 1),
+                                                         (16, 0, 2, 32, 4, 1), (3, 9, 1, 16, 2, 1),
+                                                         (11, 5, 1, 64, 1, 1), (37, 0, 1, 16, 4, 0),
+                                                         (23, 5, 2, 16, 3, 0)])
 def test_sliced_equals_the_twin_and_the_recurrence(monkeypatch, steps, gen, T, offset, Hq, tile, NP, bwd):
     """fp32 against float64: T = 37 and 23 (no multiple of 16), 16 (one whole mini-batch), 3 inside a carried
     mini-batch (offset 9: the call ends mid-batch), 11 completing a carried one (offset 5); grouped heads and plain
     ones; F = 64 in tiles of 16 over 4 programs (one tile each), over 3 asked (2 of 2 tiles), in tiles of 32 over 4
     asked (2 of 1), one tile over 1. The step launches: one for step 0, then one a mini-batch, each over (R·H,
-    programs). Outputs, final state and every gradient (BWD 0: the one-program reverse pass on the sliced forward's
-    start states)."""
+    programs); the chain's likewise (BWD 1). Outputs, final state and every gradient (BWD 0: the one-program reverse
+    pass on the sliced forward's start states)."""
     monkeypatch.setitem(LAUNCH["titans_sliced"], "NP", NP)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "BWD", bwd)
     x = _inputs(gen, T=T, Hq=Hq)
@@ -100,20 +102,24 @@ def test_sliced_equals_the_twin_and_the_recurrence(monkeypatch, steps, gen, T, o
     ns = -(-(offset + T) // 16)
     programs = sliced.slices(64, tile, NP)[0]
     assert steps == [(True, (2, programs))] + [(False, (2, programs))] * ns
+    assert steps.chain == ([(2, programs)] * (ns + 1) if bwd else ["one-program"])
     _agree(got, _run(_twin, x, offset, seed), CHUNK_F32_REL)
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-def test_sliced_equals_the_one_program_kernels(monkeypatch, gen):
-    """The same call (B 2, grouped heads, offset 5, T 41) on the one-program split kernels and on the sliced ones:
-    outputs, final state and every gradient within fp32's rounding of each other (the sums over the hidden tiles are
-    ordered otherwise)."""
+@pytest.mark.parametrize("read_terms", [0, 1])
+def test_sliced_equals_the_one_program_kernels(monkeypatch, gen, read_terms):
+    """The same call (B 2, grouped heads, offset 5, T 41) on the one-program split kernels and on the sliced ones,
+    with and without the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS): outputs, final state and every
+    gradient within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
+    monkeypatch.setitem(LAUNCH["titans_bwd"], "READ_TERMS", read_terms)
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = _seed(gen)
     one = _run(lambda leaves, off: _split(leaves, off, tile=16), x, 5, seed)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "NP", 2)
-    monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
+    for kernel in (mod._state_kernel, mod._bwd_kernel):
+        monkeypatch.setattr(kernel, "run", lambda *a, **kw: pytest.fail("a one-program sequential pass ran"))
     _agree(_run(lambda leaves, off: _split(leaves, off, tile=16), x, 5, seed), one, CHUNK_F32_REL)
 
 

@@ -211,6 +211,8 @@ LAUNCH: dict[str, dict] = {
     # "titans_fwd" site's, `titans.hidden_tile`); BWD 1: with ON, the reverse pass sliced too (0: titans_bwd's kernel
     # reads the same start states)
     "titans_sliced": dict(num_warps=4, num_stages=1, ON=0, NP=8, BF=0, BWD=1),  # titans_sliced._step_kernel
+    "titans_sliced_bwd": dict(num_warps=4, num_stages=1),  # memories.titans_sliced._chain_kernel (the reverse)
+    "titans_sliced_gates": dict(num_warps=4, num_stages=1),  # memories.titans_sliced._gates_kernel (parallel)
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
     # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK
@@ -271,6 +273,8 @@ KERNEL_FN = {
     "titans_readout": "memories.titans._readout_kernel",
     "titans_bwd_read": "memories.titans._bwd_read_kernel", "titans_bwd": "memories.titans._bwd_kernel",
     "titans_sliced": "memories.titans_sliced._step_kernel",
+    "titans_sliced_bwd": "memories.titans_sliced._chain_kernel",
+    "titans_sliced_gates": "memories.titans_sliced._gates_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_rows": "layer.conv._conv_bwd_rows",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",

@@ -671,11 +671,18 @@ class _Titans(torch.autograd.Function):
             _bwd_read_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, dq, dk, *scratch, *terms,
                                               des, dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS, RT=RT,
                                               **flags, **_site(geo, "titans_bwd_read"))
-        dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
-        seq = (cu, plan.first) if cu is not None else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs, *scratch,
-                              *terms, des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, RT=RT, **flags,
-                              **_site(geo, "titans_bwd"))
+        if ctx.sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
+            from .titans_sliced import sliced_backward
+
+            sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, dbeta, dnu,
+                            [*scratch, *terms], des, dAs, dcs, dCs, scale=ctx.scale, offset=ctx.offset, cu=cu,
+                            plan=plan, steps=ctx.steps, geo=geo, RT=RT)
+        else:
+            dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
+            seq = (cu, plan.first) if cu is not None else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs,
+                                  *scratch, *terms, des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, RT=RT,
+                                  **flags, **_site(geo, "titans_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)

@@ -56,13 +56,13 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
-from .titans import _keys
-from .titans_single import _coefficients, _gelu, _hidden, _state_tiles
-from .ttt import _sequence
+from .titans import _keys, _rows, _rows_e
+from .titans_single import _anchor, _coefficients, _coefficients_back, _gelu, _gelu2, _hidden, _state_tiles
+from .ttt import _sequence, _slot
 
 Tensor = torch.Tensor
 
-__all__ = ["sliced_forward", "slices", "sliced_on"]
+__all__ = ["sliced_forward", "sliced_backward", "slices", "sliced_on"]
 
 
 def slices(F: int, BF: int, NP: int) -> tuple[int, int]:
@@ -231,3 +231,241 @@ def sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *, offset: int, cu
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
         _step_kernel[(R * H, NP)](*args, max(j, 0), k.shape[1], offset, plan.NS, R * H, **const, PRO=j < 0)
     return outs, slots, es
+
+
+# ---------------------------------------------------------------------------------------------------- the backward
+@triton.jit(do_not_specialize=["j", "NS"])
+def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW1, GW2, GM1, GM2, GA1, GA2,
+                  dkp, dv, dZs, zr, hr, z1s, hs, R1, RM1, R2, RM2, des, Qp, gpart, cu, slots, j, scale, T, off, NS,
+                  RH, SH, BTH, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
+                  NP: tl.constexpr, TPS: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
+                  IS_VARLEN: tl.constexpr, RT: tl.constexpr):
+    # Launch j of the reverse chain on hidden slice p, grid (R·H, NP), after `titans._bwd_read_kernel`: pass D of
+    # mini-batch j (its ē: the pre-pass's read term plus the NP partials launch j + 1 wrote), then pass C of
+    # mini-batch j − 1 (`titans._bwd_kernel`'s passes, over the slice's tiles). GW1, GW2, GM1, GM2 [R·H, ·]: seeded
+    # with the final state's gradients, rewritten in place to each mini-batch's start state's (the slice's columns
+    # only); GA1, GA2: seeded with the final anchor's gradient, as `_bwd_kernel`'s. dZs [2, R·H, BT, F]: ∂/∂Z but its
+    # f̄ term, by mini-batch parity; Qp [2, NP, R·H, BT, BDV]: the slices' partials of ē by parity; gpart [NP,
+    # slots·H, 3, BT]: per slot and slice the gates' sums over F (C̄_L, Cm̄_L, then Ā_L, c̄_L, N̄_L in the first 3
+    # places); dkp [NP, B·T·H·K]: the slice's part of dk (the chain's: pass C's then pass D's); dv by program 0.
+    i_bh = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    ck = tl.arange(0, BDK)
+    cv = tl.arange(0, BDV)
+    ckm = ck < DK
+    cvm = cv < DV
+    r = tl.arange(0, BT)
+    rv = r[:, None] * BDV + cv[None, :]  # a [BT, BDV] tile of Qp
+    lead = p == 0
+    zrow = i_bh * (BT * F) + r[:, None] * F  # + parity·R·H·BT·F + fc: the program's dZ scratch rows
+    if j < ns:  # pass D of mini-batch j: f = Hd U2, Hd = σ(Z), Z = K U1 — the anchor's gradient
+        s = j
+        slot = (slot0 + s) * H + i_h
+        carried = s < 0
+        if HAS_A:
+            carried = s == 0
+        fresh = carried == 0
+        kk, vv, lg, eta, nn, row, valid, mv = _keys(k, v, g, beta, nu, bos, i_h, s, Tn, off, H, HQ, DK, DV, BDK,
+                                                    BDV, BT)
+        de = tl.load(des + slot * (BT * DV) + r[:, None] * DV + cv[None, :], mask=cvm[None, :], other=0.0)
+        par = (s % 2) * NP
+        for pq in range(0, NP):  # the partials in a fixed order
+            de += tl.load(Qp + ((par + pq) * RH + i_bh) * (BT * BDV) + rv)
+        df = tl.where(mv, de, 0.0)  # e = f − V
+        dK = tl.zeros([BT, BDK], dtype=tl.float32)
+        zs = (s % 2) * (RH * BT * F) + zrow
+        for t in range(0, TPS):
+            fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
+            p1 = i_bh * (DK * F) + o1
+            p2 = i_bh * (F * DV) + o2
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
+            Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
+            dZ = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) \
+                + tl.dot(df, tl.trans(U2), input_precision=PREC) * dg
+            dU1 = tl.dot(tl.trans(kk), dZ, input_precision=PREC)
+            dU2 = tl.dot(tl.trans(Hd), df, input_precision=PREC)
+            dK += tl.dot(dZ, tl.trans(U1), input_precision=PREC)
+            tl.store(GW1 + p1, tl.load(GW1 + p1, mask=m1 & fresh, other=0.0) + dU1, mask=m1 & fresh)
+            tl.store(GW2 + p2, tl.load(GW2 + p2, mask=m2 & fresh, other=0.0) + dU2, mask=m2 & fresh)
+            if HAS_A:
+                tl.store(GA1 + p1, tl.load(GA1 + p1, mask=m1 & carried, other=0.0) + dU1, mask=m1 & carried)
+                tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
+        kp = dkp + p * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :]  # the slice's part of dk
+        mk = valid[:, None] & ckm[None, :]
+        tl.store(kp, tl.load(kp, mask=mk, other=0.0) + dK, mask=mk)
+        tl.store(dv + (row[:, None] * H + i_h) * DV + cv[None, :], (-df).to(dv.dtype.element_ty), mask=mv & lead)
+    tl.debug_barrier()  # pass D's gradient stores before pass C's loads
+    if (j >= 1) & (j <= ns):  # pass C of mini-batch j − 1
+        s = j - 1
+        slot = (slot0 + s) * H + i_h
+        carried = s < 0
+        if HAS_A:
+            carried = s == 0
+        fresh = carried == 0
+        lastmb = s == ns - 1
+        x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK,
+                                                       DV, BDK, BDV, BT)
+        At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
+        e = _rows_e(es, slot, BT, DV, BDV)
+        dO = tl.load(do + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
+        Ado = At[:, None] * dO
+        cdo = ct[:, None] * dO
+        Ax = At[:, None] * x
+        cx = ct[:, None] * x
+        eC = e * C_L[:, None]
+        eM = e * Cm_L[:, None]
+        de = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Σ_F dg1 U2
+        dK = tl.zeros([BT, BDK], dtype=tl.float32)
+        HG2 = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Hd GW2_e
+        HM2 = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Hd GM2_e
+        dC_L = tl.zeros([BT], dtype=tl.float32)
+        dCm_L = tl.zeros([BT], dtype=tl.float32)
+        sAL = tl.zeros([BF], dtype=tl.float32)  # per hidden unit, summed after the loop: dA_L, dc_L, dN_L
+        scL = tl.zeros([BF], dtype=tl.float32)
+        sNL = tl.zeros([BF], dtype=tl.float32)
+        ss = slot * (BT * F) + r[:, None] * F  # the pre-pass's scratch rows of this slot
+        zs = (s % 2) * (RH * BT * F) + zrow
+        for t in range(0, TPS):
+            fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
+            p1 = i_bh * (DK * F) + o1
+            p2 = i_bh * (F * DV) + o2
+            w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
+            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
+            gw1, gm1, gw2, gm2 = _state_tiles(GW1, GW2, GM1, GM2, i_bh, o1, o2, m1, m2, DK, DV, F)
+            Z = tl.dot(kk, U1, input_precision=PREC)
+            Hd, dg = _gelu(Z)
+            g1 = tl.dot(e, tl.trans(U2), input_precision=PREC)
+            dz = g1 * dg
+            fs = ss + fc[None, :]
+            # dz's uses: the read (the pre-pass's), W1_e and M1_e
+            KG1 = tl.dot(kk, gw1, input_precision=PREC)
+            KM1 = tl.dot(kk, gm1, input_precision=PREC)
+            ddz = tl.load(zr + fs, mask=fm[None, :], other=0.0) + C_L[:, None] * KG1 + Cm_L[:, None] * KM1
+            dC_L += tl.sum(KG1 * dz, axis=1)
+            dCm_L += tl.sum(KM1 * dz, axis=1)
+            dK += tl.dot(dz * C_L[:, None], tl.trans(gw1), input_precision=PREC) \
+                + tl.dot(dz * Cm_L[:, None], tl.trans(gm1), input_precision=PREC)
+            # Hd's uses but f's: the read (the pre-pass's), W2_e and M2_e
+            dHd = tl.load(hr + fs, mask=fm[None, :], other=0.0) + tl.dot(eC, tl.trans(gw2), input_precision=PREC) \
+                + tl.dot(eM, tl.trans(gm2), input_precision=PREC)
+            HG2 += tl.dot(Hd, gw2, input_precision=PREC)
+            HM2 += tl.dot(Hd, gm2, input_precision=PREC)
+            # dz = (e U2ᵀ) ⊙ σ'(Z), Hd = σ(Z)
+            dg1 = ddz * dg
+            de += tl.dot(dg1, U2, input_precision=PREC)
+            dU2 = tl.dot(tl.trans(dg1), e, input_precision=PREC)
+            tl.store(dZs + zs + fc[None, :], ddz * g1 * _gelu2(Z) + dHd * dg, mask=fm[None, :])
+            # the end state's scalars
+            sAL += tl.sum(gw1 * w1, axis=0) + tl.sum(gw2 * w2, axis=1)
+            scL += tl.sum(gw1 * mm1, axis=0) + tl.sum(gw2 * mm2, axis=1)
+            sNL += tl.sum(gm1 * mm1, axis=0) + tl.sum(gm2 * mm2, axis=1)
+            # the start state's gradients (the read's terms from the pre-pass; the anchor's f-side in pass D of the
+            # next launch); the final anchor's gradient moves to the last mini-batch's start weights when they are
+            # its anchor
+            if RT:  # the pre-pass's read terms
+                r1 = tl.load(R1 + slot * (DK * F) + o1, mask=m1, other=0.0)
+                rm1 = tl.load(RM1 + slot * (DK * F) + o1, mask=m1, other=0.0)
+                r2 = tl.load(R2 + slot * (F * DV) + o2, mask=m2, other=0.0)
+                rm2 = tl.load(RM2 + slot * (F * DV) + o2, mask=m2, other=0.0)
+            else:
+                dz1 = tl.load(z1s + fs, mask=fm[None, :], other=0.0)
+                h = tl.load(hs + fs, mask=fm[None, :], other=0.0)
+                r1 = tl.dot(tl.trans(Ax), dz1, input_precision=PREC)
+                rm1 = tl.dot(tl.trans(cx), dz1, input_precision=PREC)
+                r2 = tl.dot(tl.trans(h), Ado, input_precision=PREC)
+                rm2 = tl.dot(tl.trans(h), cdo, input_precision=PREC)
+            ga1 = tl.load(GA1 + p1, mask=m1 & lastmb & fresh, other=0.0)
+            ga2 = tl.load(GA2 + p2, mask=m2 & lastmb & fresh, other=0.0)
+            tl.store(GA1 + p1, tl.zeros_like(ga1), mask=m1 & lastmb & fresh)
+            tl.store(GA2 + p2, tl.zeros_like(ga2), mask=m2 & lastmb & fresh)
+            tl.store(GW1 + p1, A_L * gw1 + r1 + ga1, mask=m1)
+            tl.store(GM1 + p1, c_L * gw1 + N_L * gm1 + rm1, mask=m1)
+            tl.store(GW2 + p2, A_L * gw2 + r2 + ga2 + tl.where(fresh, dU2, 0.0), mask=m2)
+            tl.store(GM2 + p2, c_L * gw2 + N_L * gm2 + rm2, mask=m2)
+            if HAS_A:
+                tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
+        de += C_L[:, None] * HG2 + Cm_L[:, None] * HM2
+        dC_L += tl.sum(HG2 * e, axis=1)
+        dCm_L += tl.sum(HM2 * e, axis=1)
+        tl.store(Qp + ((((s % 2) * NP) + p) * RH + i_bh) * (BT * BDV) + rv, de)
+        gp = gpart + (p * SH + slot) * (3 * BT) + r
+        tl.store(gp, dC_L)
+        tl.store(gp + BT, dCm_L)
+        sums = tl.where(r == 0, tl.sum(sAL, axis=0), tl.where(r == 1, tl.sum(scL, axis=0),
+                                                               tl.where(r == 2, tl.sum(sNL, axis=0), 0.0)))
+        tl.store(gp + 2 * BT, sums)
+        mk = valid[:, None] & ckm[None, :]
+        tl.store(dkp + p * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :], dK, mask=mk)
+
+
+@triton.jit(do_not_specialize=["NS"])
+def _gates_kernel(g, beta, nu, dAs, dcs, dCs, gpart, dg_ptr, dbeta, dnu, cu, slots, seq_of, T, off, NS, SH,
+                  H: tl.constexpr, BT: tl.constexpr, NP: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The gates' backward of one mini-batch of one value head, grid (anchor slots, H), after the chain: the slices'
+    partials of C̄_L, Cm̄_L, Ā_L, c̄_L, N̄_L summed in a fixed order, with the pre-pass's Ā, c̄ [BT] and C̄ [BT, BT]
+    through `titans_single._coefficients_back` to d log a, dβ, dν [BT]."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    slot = i_slot.to(tl.int64) * H + i_h
+    r = tl.arange(0, BT)
+    t = s * BT + r - off
+    valid = (t >= 0) & (t < Tn)
+    gate = (bos + tl.where(valid, t, 0)) * H + i_h
+    lg = tl.load(g + gate, mask=valid, other=0.0).to(tl.float32)
+    eta = tl.load(beta + gate, mask=valid, other=0.0).to(tl.float32)
+    nn = tl.load(nu + gate, mask=valid, other=1.0).to(tl.float32)
+    dC_L = tl.zeros([BT], dtype=tl.float32)
+    dCm_L = tl.zeros([BT], dtype=tl.float32)
+    sums = tl.zeros([BT], dtype=tl.float32)
+    for pq in range(0, NP):  # the partials in a fixed order
+        gp = gpart + (pq * SH + slot) * (3 * BT) + r
+        dC_L += tl.load(gp)
+        dCm_L += tl.load(gp + BT)
+        sums += tl.load(gp + 2 * BT)
+    dA_L = tl.sum(tl.where(r == 0, sums, 0.0), axis=0)
+    dc_L = tl.sum(tl.where(r == 1, sums, 0.0), axis=0)
+    dN_L = tl.sum(tl.where(r == 2, sums, 0.0), axis=0)
+    dAt = tl.load(dAs + slot * BT + r)
+    dct = tl.load(dcs + slot * BT + r)
+    dC = tl.load(dCs + slot * (BT * BT) + r[:, None] * BT + r[None, :])
+    dlg, dbt, dnv = _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L, dCm_L, BT, PREC)
+    tl.store(dg_ptr + gate, dlg.to(dg_ptr.dtype.element_ty), mask=valid)
+    tl.store(dbeta + gate, dbt.to(dbeta.dtype.element_ty), mask=valid)
+    tl.store(dnu + gate, dnv.to(dnu.dtype.element_ty), mask=valid)
+
+
+def sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, dbeta, dnu, reads, des, dAs, dcs,
+                    dCs, *, scale: float, offset: int, cu, plan, steps: int, geo: dict, RT: bool):
+    """`titans._bwd_kernel`'s work sliced, after `titans._bwd_read_kernel`: NS + 1 launches of `_chain_kernel` from
+    the last mini-batch down, then `_gates_kernel` over the slots. Arguments as `_bwd_kernel`'s: G the six state and
+    anchor gradients ([R, H, ·] fp32, rewritten in place to the initial state's and the carried anchor's); dk [B, T,
+    H, K] fp32 holding the pre-pass's part (the chain's slices added here); dv, dg, dbeta, dnu written; reads the
+    pre-pass's eight [slots, H, ·] scratches (zr, hr, z1s, hs, R1, RM1, R2, RM2 — `_bwd_kernel`'s); des, dAs, dcs,
+    dCs its per-slot terms of ē and the coefficients' gradients."""
+    B, T, _, K = q.shape
+    R, H = G[0].shape[:2]
+    BT, F = geo["BT"], geo["F"]
+    BF, NP, TPS = _settings(geo)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    n = max(plan.slots, 1)
+    dZs = empty_output(2, R * H, BT, F, **f32)
+    Qp = empty_output(2, NP, R * H, BT, geo["BDV"], **f32)
+    gpart = empty_output(NP, n * H, 3, BT, **f32)
+    dkp = torch.zeros(NP, B * T * H * K, **f32)
+    seq = (cu, plan.first) if cu is not None else (dk, dk)
+    const = {key: val for key, val in geo.items() if key != "TILE"}
+    const.update(BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, RT=RT,
+                 **launch("titans_sliced_bwd"))
+    args = (q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dkp, dv, dZs, *reads, des, Qp, gpart, *seq)
+    for j in range(steps, -1, -1):  # pass D of mini-batch j (none in the first launch), pass C of j − 1
+        _chain_kernel[(R * H, NP)](*args, j, scale, T, offset, plan.NS, R * H, n * H, B * T * H, **const)
+    if plan.slots:
+        pseq = (cu, plan.first, plan.seq_of) if cu is not None else (dk, dk, dk)
+        _gates_kernel[(plan.slots, H)](g, beta, nu, dAs, dcs, dCs, gpart, dg, dbeta, dnu, *pseq, T, offset, plan.NS,
+                                       n * H, H=H, BT=BT, NP=NP, PREC=geo["PREC"], IS_VARLEN=cu is not None,
+                                       **launch("titans_sliced_gates"))
+    dk += dkp.sum(0).view(dk.shape)

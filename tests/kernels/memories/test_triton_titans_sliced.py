@@ -107,12 +107,14 @@ def test_sliced_equals_the_twin_and_the_recurrence(monkeypatch, steps, gen, T, o
     _agree(got, _run(_recurrence, x, offset, seed), CHUNK_F32_REL)
 
 
-@pytest.mark.parametrize("read_terms", [0, 1])
-def test_sliced_equals_the_one_program_kernels(monkeypatch, gen, read_terms):
+@pytest.mark.parametrize("read_terms, fuse", [(0, 1), (1, 0)])
+def test_sliced_equals_the_one_program_kernels(monkeypatch, gen, read_terms, fuse):
     """The same call (B 2, grouped heads, offset 5, T 41) on the one-program split kernels and on the sliced ones,
-    with and without the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS): outputs, final state and every
-    gradient within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
+    with and without the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS), the chain in one launch a
+    mini-batch or two (util.LAUNCH "titans_sliced_bwd" FUSE): outputs, final state and every gradient within fp32's
+    rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
     monkeypatch.setitem(LAUNCH["titans_bwd"], "READ_TERMS", read_terms)
+    monkeypatch.setitem(LAUNCH["titans_sliced_bwd"], "FUSE", fuse)
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = _seed(gen)
     one = _run(lambda leaves, off: _split(leaves, off, tile=16), x, 5, seed)
@@ -120,7 +122,15 @@ def test_sliced_equals_the_one_program_kernels(monkeypatch, gen, read_terms):
     monkeypatch.setitem(LAUNCH["titans_sliced"], "NP", 2)
     for kernel in (mod._state_kernel, mod._bwd_kernel):
         monkeypatch.setattr(kernel, "run", lambda *a, **kw: pytest.fail("a one-program sequential pass ran"))
+    chain, real = [], sliced._chain_kernel.run
+    monkeypatch.setattr(sliced._chain_kernel, "run",
+                        lambda *a, **kw: chain.append((kw["DO_D"], kw["DO_C"])) or real(*a, **kw))
     _agree(_run(lambda leaves, off: _split(leaves, off, tile=16), x, 5, seed), one, CHUNK_F32_REL)
+    ns = -(-(5 + 41) // 16)
+    if fuse:
+        assert chain == [(True, True)] * (ns + 1)
+    else:  # pass D of mini-batch j (none in the first), then pass C of j − 1 (none in the last)
+        assert chain == [(False, True)] + [(True, False), (False, True)] * (ns - 1) + [(True, False)]
 
 
 def test_padded_head_dims_a_partial_hidden_tile_and_a_longer_mini_batch(monkeypatch, steps, gen):

@@ -172,8 +172,6 @@ def _step_kernel(k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, W1, W2, 
                 f += tl.load(fpart + ((par + pq) * RH + i_bh) * (BT * BDV) + rv)
             e = tl.where(mv, f - vv, 0.0)
             tl.store(es + cur * (BT * DV) + r[:, None] * DV + cv[None, :], e, mask=cvm[None, :] & lead)
-            eC = e * C_L[:, None]
-            eM = e * Cm_L[:, None]
             kT = tl.trans(kk)
             fp = tl.zeros([BT, BDV], dtype=tl.float32)
             for t in range(0, TPS):
@@ -191,11 +189,11 @@ def _step_kernel(k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, W1, W2, 
                 # the sequence's last mini-batch: its anchor out
                 tl.store(A1o + p1, U1, mask=m1 & last)
                 tl.store(A2o + p2, U2, mask=m2 & last)
-                HT = tl.trans(Hd)
+                # (the coefficients scale the [BT, BF] tiles, not e: no [BT, BDV] copies held through the loop)
                 w1 = A_L * w1 + c_L * mm1 + tl.dot(kT, dz * C_L[:, None], input_precision=PREC)
                 mm1 = N_L * mm1 + tl.dot(kT, dz * Cm_L[:, None], input_precision=PREC)
-                w2 = A_L * w2 + c_L * mm2 + tl.dot(HT, eC, input_precision=PREC)
-                mm2 = N_L * mm2 + tl.dot(HT, eM, input_precision=PREC)
+                w2 = A_L * w2 + c_L * mm2 + tl.dot(tl.trans(Hd * C_L[:, None]), e, input_precision=PREC)
+                mm2 = N_L * mm2 + tl.dot(tl.trans(Hd * Cm_L[:, None]), e, input_precision=PREC)
                 # the end state: the next mini-batch's start, or the final state
                 tl.store(sw1 + nxt * (DK * F) + o1, w1, mask=m1 & more)
                 tl.store(sm1 + nxt * (DK * F) + o1, mm1, mask=m1 & more)
@@ -240,7 +238,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
                   RH, SH, BTH, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                   F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr,
                   NP: tl.constexpr, TPS: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
-                  IS_VARLEN: tl.constexpr, RT: tl.constexpr):
+                  IS_VARLEN: tl.constexpr, RT: tl.constexpr, DO_D: tl.constexpr, DO_C: tl.constexpr):
     # Launch j of the reverse chain on hidden slice p, grid (R·H, NP), after `titans._bwd_read_kernel`: pass D of
     # mini-batch j (its ē: the pre-pass's read term plus the NP partials launch j + 1 wrote), then pass C of
     # mini-batch j − 1 (`titans._bwd_kernel`'s passes, over the slice's tiles). GW1, GW2, GM1, GM2 [R·H, ·]: seeded
@@ -261,7 +259,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
     rv = r[:, None] * BDV + cv[None, :]  # a [BT, BDV] tile of Qp
     lead = p == 0
     zrow = i_bh * (BT * F) + r[:, None] * F  # + parity·R·H·BT·F + fc: the program's dZ scratch rows
-    if j < ns:  # pass D of mini-batch j: f = Hd U2, Hd = σ(Z), Z = K U1 — the anchor's gradient
+    if DO_D & (j < ns):  # pass D of mini-batch j: f = Hd U2, Hd = σ(Z), Z = K U1 — the anchor's gradient
         s = j
         slot = (slot0 + s) * H + i_h
         carried = s < 0
@@ -297,8 +295,9 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
         mk = valid[:, None] & ckm[None, :]
         tl.store(kp, tl.load(kp, mask=mk, other=0.0) + dK, mask=mk)
         tl.store(dv + (row[:, None] * H + i_h) * DV + cv[None, :], (-df).to(dv.dtype.element_ty), mask=mv & lead)
-    tl.debug_barrier()  # pass D's gradient stores before pass C's loads
-    if (j >= 1) & (j <= ns):  # pass C of mini-batch j − 1
+    if DO_D & DO_C:
+        tl.debug_barrier()  # pass D's gradient stores before pass C's loads
+    if DO_C & (j >= 1) & (j <= ns):  # pass C of mini-batch j − 1
         s = j - 1
         slot = (slot0 + s) * H + i_h
         carried = s < 0
@@ -311,21 +310,23 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
         e = _rows_e(es, slot, BT, DV, BDV)
         dO = tl.load(do + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
-        Ado = At[:, None] * dO
-        cdo = ct[:, None] * dO
-        Ax = At[:, None] * x
-        cx = ct[:, None] * x
-        eC = e * C_L[:, None]
-        eM = e * Cm_L[:, None]
+        # (the coefficients A, c, C_L, Cm_L scale the [BT, BF] tiles below, not x, ō, e: fewer [BT, BD] values held
+        # through the loop)
         de = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Σ_F dg1 U2
         dK = tl.zeros([BT, BDK], dtype=tl.float32)
         HG2 = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Hd GW2_e
         HM2 = tl.zeros([BT, BDV], dtype=tl.float32)  # the slice's Hd GM2_e
         dC_L = tl.zeros([BT], dtype=tl.float32)
         dCm_L = tl.zeros([BT], dtype=tl.float32)
-        sAL = tl.zeros([BF], dtype=tl.float32)  # per hidden unit, summed after the loop: dA_L, dc_L, dN_L
+        # per hidden unit, summed after the loop: dA_L, dc_L, dN_L — layer 1's (sums over K) and layer 2's (over V)
+        # apart, each in its tile's own layout (one [BF] accumulator for both layers made sm_90's ptxas give up on
+        # the kernel: 32 registers and ≈ 10 KB of spills at 8 warps)
+        sAL = tl.zeros([BF], dtype=tl.float32)
         scL = tl.zeros([BF], dtype=tl.float32)
         sNL = tl.zeros([BF], dtype=tl.float32)
+        tAL = tl.zeros([BF], dtype=tl.float32)
+        tcL = tl.zeros([BF], dtype=tl.float32)
+        tNL = tl.zeros([BF], dtype=tl.float32)
         ss = slot * (BT * F) + r[:, None] * F  # the pre-pass's scratch rows of this slot
         zs = (s % 2) * (RH * BT * F) + zrow
         for t in range(0, TPS):
@@ -349,8 +350,9 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
             dK += tl.dot(dz * C_L[:, None], tl.trans(gw1), input_precision=PREC) \
                 + tl.dot(dz * Cm_L[:, None], tl.trans(gm1), input_precision=PREC)
             # Hd's uses but f's: the read (the pre-pass's), W2_e and M2_e
-            dHd = tl.load(hr + fs, mask=fm[None, :], other=0.0) + tl.dot(eC, tl.trans(gw2), input_precision=PREC) \
-                + tl.dot(eM, tl.trans(gm2), input_precision=PREC)
+            dHd = tl.load(hr + fs, mask=fm[None, :], other=0.0) \
+                + C_L[:, None] * tl.dot(e, tl.trans(gw2), input_precision=PREC) \
+                + Cm_L[:, None] * tl.dot(e, tl.trans(gm2), input_precision=PREC)
             HG2 += tl.dot(Hd, gw2, input_precision=PREC)
             HM2 += tl.dot(Hd, gm2, input_precision=PREC)
             # dz = (e U2ᵀ) ⊙ σ'(Z), Hd = σ(Z)
@@ -359,9 +361,12 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
             dU2 = tl.dot(tl.trans(dg1), e, input_precision=PREC)
             tl.store(dZs + zs + fc[None, :], ddz * g1 * _gelu2(Z) + dHd * dg, mask=fm[None, :])
             # the end state's scalars
-            sAL += tl.sum(gw1 * w1, axis=0) + tl.sum(gw2 * w2, axis=1)
-            scL += tl.sum(gw1 * mm1, axis=0) + tl.sum(gw2 * mm2, axis=1)
-            sNL += tl.sum(gm1 * mm1, axis=0) + tl.sum(gm2 * mm2, axis=1)
+            sAL += tl.sum(gw1 * w1, axis=0)
+            scL += tl.sum(gw1 * mm1, axis=0)
+            sNL += tl.sum(gm1 * mm1, axis=0)
+            tAL += tl.sum(gw2 * w2, axis=1)
+            tcL += tl.sum(gw2 * mm2, axis=1)
+            tNL += tl.sum(gm2 * mm2, axis=1)
             # the start state's gradients (the read's terms from the pre-pass; the anchor's f-side in pass D of the
             # next launch); the final anchor's gradient moves to the last mini-batch's start weights when they are
             # its anchor
@@ -373,10 +378,11 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
             else:
                 dz1 = tl.load(z1s + fs, mask=fm[None, :], other=0.0)
                 h = tl.load(hs + fs, mask=fm[None, :], other=0.0)
-                r1 = tl.dot(tl.trans(Ax), dz1, input_precision=PREC)
-                rm1 = tl.dot(tl.trans(cx), dz1, input_precision=PREC)
-                r2 = tl.dot(tl.trans(h), Ado, input_precision=PREC)
-                rm2 = tl.dot(tl.trans(h), cdo, input_precision=PREC)
+                xT = tl.trans(x)
+                r1 = tl.dot(xT, At[:, None] * dz1, input_precision=PREC)
+                rm1 = tl.dot(xT, ct[:, None] * dz1, input_precision=PREC)
+                r2 = tl.dot(tl.trans(At[:, None] * h), dO, input_precision=PREC)
+                rm2 = tl.dot(tl.trans(ct[:, None] * h), dO, input_precision=PREC)
             ga1 = tl.load(GA1 + p1, mask=m1 & lastmb & fresh, other=0.0)
             ga2 = tl.load(GA2 + p2, mask=m2 & lastmb & fresh, other=0.0)
             tl.store(GA1 + p1, tl.zeros_like(ga1), mask=m1 & lastmb & fresh)
@@ -394,8 +400,10 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
         gp = gpart + (p * SH + slot) * (3 * BT) + r
         tl.store(gp, dC_L)
         tl.store(gp + BT, dCm_L)
-        sums = tl.where(r == 0, tl.sum(sAL, axis=0), tl.where(r == 1, tl.sum(scL, axis=0),
-                                                               tl.where(r == 2, tl.sum(sNL, axis=0), 0.0)))
+        dA_L = tl.sum(sAL, axis=0) + tl.sum(tAL, axis=0)
+        dc_L = tl.sum(scL, axis=0) + tl.sum(tcL, axis=0)
+        dN_L = tl.sum(sNL, axis=0) + tl.sum(tNL, axis=0)
+        sums = tl.where(r == 0, dA_L, tl.where(r == 1, dc_L, tl.where(r == 2, dN_L, 0.0)))
         tl.store(gp + 2 * BT, sums)
         mk = valid[:, None] & ckm[None, :]
         tl.store(dkp + p * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :], dK, mask=mk)
@@ -461,8 +469,16 @@ def sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, 
     const.update(BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, RT=RT,
                  **launch("titans_sliced_bwd"))
     args = (q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dkp, dv, dZs, *reads, des, Qp, gpart, *seq)
+    rest = (scale, T, offset, plan.NS, R * H, n * H, B * T * H)
+    fuse = tile("titans_sliced_bwd", "FUSE")
     for j in range(steps, -1, -1):  # pass D of mini-batch j (none in the first launch), pass C of j − 1
-        _chain_kernel[(R * H, NP)](*args, j, scale, T, offset, plan.NS, R * H, n * H, B * T * H, **const)
+        if fuse:  # one launch
+            _chain_kernel[(R * H, NP)](*args, j, *rest, **const, DO_D=True, DO_C=True)
+            continue
+        if j < steps:
+            _chain_kernel[(R * H, NP)](*args, j, *rest, **const, DO_D=True, DO_C=False)
+        if j > 0:
+            _chain_kernel[(R * H, NP)](*args, j, *rest, **const, DO_D=False, DO_C=True)
     if plan.slots:
         pseq = (cu, plan.first, plan.seq_of) if cu is not None else (dk, dk, dk)
         _gates_kernel[(plan.slots, H)](g, beta, nu, dAs, dcs, dCs, gpart, dg, dbeta, dnu, *pseq, T, offset, plan.NS,

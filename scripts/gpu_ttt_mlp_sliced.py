@@ -15,9 +15,10 @@ np8w4zs — Z1 stored and read back (ZS). Shapes: lm — B 4, T 4096, H 16, D 12
 lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
 
 Titans (`--memory titans`, TITANS_VARIANTS): off — the split pipeline's one-program sequential passes (today's at D
-128); np4, np8, np16 — both sequential passes sliced over 4, 8, 16 programs a head at 4 warps; np8w8 — 8 warps;
-np8fwd — the sliced state pass with the one-program reverse pass (BWD 0); np4bf32, np8bf32 — the slices' hidden tile
-32 (the glue's is 16 at D 128); np8rt — with the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS 1). Every
+128); np2, np4, np8, np16 — both sequential passes sliced over 2–16 programs a head (8 warps, the chain one launch a
+mini-batch: the defaults); np4w4 — 4 warps; np4fwd — the sliced state pass with the one-program reverse pass (BWD
+0); np4f0 — the chain in two launches a mini-batch (FUSE 0); np4bf32, np8bf32 — the slices' hidden tile 32 (the
+glue's is 16 at D 128); np4rt — with the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS 1). Every
 Titans phase forces the split pipeline (limits.TITANS_SINGLE_MAX_DIM 0), so D 64 (the check's, the small shape) runs
 it too — at D ≤ 64 the library's default is the single pipeline, which the option does not touch.
 
@@ -67,15 +68,18 @@ VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
 #: `--memory titans`: "titans_sliced" holds ON, NP, BF, BWD and the step kernel's launch; "titans_sliced_bwd" the
 #: reverse chain's; the parallel kernels keep "titans_readout", "titans_bwd_read" and the new "titans_sliced_gates".
 TITANS_VARIANTS = {"off": {"titans_sliced": {"ON": 0}},
+                   "np2": {"titans_sliced": {"ON": 1, "NP": 2}},
                    "np4": {"titans_sliced": {"ON": 1, "NP": 4}},
                    "np8": {"titans_sliced": {"ON": 1, "NP": 8}},
                    "np16": {"titans_sliced": {"ON": 1, "NP": 16}},
-                   "np8w8": {"titans_sliced": {"ON": 1, "NP": 8, "num_warps": 8},
-                             "titans_sliced_bwd": {"num_warps": 8}},
-                   "np8fwd": {"titans_sliced": {"ON": 1, "NP": 8, "BWD": 0}},
+                   # 4 warps: two CTAs an SM, but sm_90 builds the chain with 32 registers and ~20 KB of spills
+                   "np4w4": {"titans_sliced": {"ON": 1, "NP": 4, "num_warps": 4},
+                             "titans_sliced_bwd": {"num_warps": 4}},
+                   "np4fwd": {"titans_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+                   "np4f0": {"titans_sliced": {"ON": 1, "NP": 4}, "titans_sliced_bwd": {"FUSE": 0}},
                    "np4bf32": {"titans_sliced": {"ON": 1, "NP": 4, "BF": 32}},
                    "np8bf32": {"titans_sliced": {"ON": 1, "NP": 8, "BF": 32}},
-                   "np8rt": {"titans_sliced": {"ON": 1, "NP": 8}, "titans_bwd": {"READ_TERMS": 1}}}
+                   "np4rt": {"titans_sliced": {"ON": 1, "NP": 4}, "titans_bwd": {"READ_TERMS": 1}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 
@@ -246,7 +250,7 @@ def main():
                     help="TTT-MLP's sliced kernels (VARIANTS) or Titans' (TITANS_VARIANTS)")
     ap.add_argument("--variants", nargs="+", default=None,
                     help=f"TTT-MLP: {list(VARIANTS)} (default off np4 np4w4 np8w4 np4fwd np8s2); Titans: "
-                         f"{list(TITANS_VARIANTS)} (default off np4 np8 np8fwd)")
+                         f"{list(TITANS_VARIANTS)} (default off np4 np8 np4fwd)")
     ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
@@ -254,7 +258,7 @@ def main():
     a = ap.parse_args()
     table = TITANS_VARIANTS if a.memory == "titans" else VARIANTS
     if a.variants is None:
-        a.variants = ["off", "np4", "np8", "np8fwd"] if a.memory == "titans" else ["off", "np4", "np4w4", "np8w4",
+        a.variants = ["off", "np4", "np8", "np4fwd"] if a.memory == "titans" else ["off", "np4", "np4w4", "np8w4",
                                                                                     "np4fwd", "np8s2"]
     unknown = [v for v in a.variants if v not in table]
     if unknown:

@@ -152,14 +152,16 @@ from ..common import interpreter  # noqa: F401  (the interpreter's shims, applie
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
 from ..common.util import check_precision, launch, pow2, tile
 from . import titans_single
-from .titans_single import (  # the jit helpers both pipelines share (the single kernels' module holds them)
+from .titans_single import (  # the jit helpers the pipelines share (the single kernels' module holds them)
     _anchor,
     _coefficients,
     _coefficients_back,
     _gelu,
     _gelu2,
     _hidden,
+    _keys,
     _pass_f,
+    _rows_e,
     _state_tiles,
     _tile_read,
 )
@@ -187,11 +189,11 @@ def hidden_tile(K: int, V: int, F: int, elements: int = TILE_ELEMENTS) -> int:
     return max(16, min(pow2(F), elements // pow2(max(K, V))))
 
 
-def _site(geo: dict, name: str) -> dict:
+def _site(geo: dict, name: str, launch_keys: bool = True) -> dict:
     """The constexprs and launch settings of launch site `name`: geo with its hidden tile BF (the call's `tile`, else
-    `hidden_tile` at the site's TILE) and util.LAUNCH's settings."""
+    `hidden_tile` at the site's TILE) and util.LAUNCH's settings (launch_keys False: the constexprs alone)."""
     BF = geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"], tile(name, "TILE"))
-    return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **launch(name)}
+    return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **(launch(name) if launch_keys else {})}
 
 
 # Every kernel taking NS (the anchor slots) leaves it unspecialized (`do_not_specialize`): with NS == 1 (Triton makes
@@ -199,30 +201,6 @@ def _site(geo: dict, name: str) -> dict:
 # failed") compiling `_bwd_read_kernel`, and built titans_single's backward at D 16 with 32 registers and 12 KB of
 # spills — a call of one slot, e.g. T 3 after an offset of 9 (r4s10 call 1; scripts/sm90_report.py compiles that
 # case). Triton 3.9 compiles both.
-
-
-@triton.jit
-def _keys(k, v, g, beta, nu, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr,
-          DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r is its token s·b + r − off):
-    k [BT, BDK] and v [BT, BDV] (fp32, 0 outside the sequence), the gates log a, β [BT] (0 outside) and ν [BT] (1
-    outside), the token rows' offsets, their validity and the [BT, BDV] mask of o."""
-    r = tl.arange(0, BT)
-    ck = tl.arange(0, BDK)
-    cv = tl.arange(0, BDV)
-    t = s * BT + r - off
-    valid = (t >= 0) & (t < T)
-    row = bos + tl.where(valid, t, 0)
-    i_hq = i_h // (H // HQ)
-    mk = valid[:, None] & (ck < DK)[None, :]
-    mv = valid[:, None] & (cv < DV)[None, :]
-    kk = tl.load(k + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=mk, other=0.0).to(tl.float32)
-    vv = tl.load(v + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
-    gate = row * H + i_h
-    lg = tl.load(g + gate, mask=valid, other=0.0).to(tl.float32)
-    eta = tl.load(beta + gate, mask=valid, other=0.0).to(tl.float32)
-    nn = tl.load(nu + gate, mask=valid, other=1.0).to(tl.float32)
-    return kk, vv, lg, eta, nn, row, valid, mv
 
 
 @triton.jit
@@ -235,14 +213,6 @@ def _rows(q, k, v, g, beta, nu, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ:
     x = tl.load(q + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=valid[:, None] & (ck < DK)[None, :],
                 other=0.0).to(tl.float32) * scale
     return x, kk, vv, lg, eta, nn, row, valid, mv
-
-
-@triton.jit
-def _rows_e(es, slot, BT: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
-    """The stored e [BT, BDV] of anchor slot row `slot` (`_state_kernel`'s; 0 in the padded columns)."""
-    r = tl.arange(0, BT)
-    cv = tl.arange(0, BDV)
-    return tl.load(es + slot * (BT * DV) + r[:, None] * DV + cv[None, :], mask=(cv < DV)[None, :], other=0.0)
 
 
 @triton.jit(do_not_specialize=["NS"])
@@ -618,7 +588,8 @@ class _Titans(torch.autograd.Function):
         sliced = titans_sliced.sliced_on()
         if sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
             outs, slots, es = titans_sliced.sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, offset=offset,
-                                                           cu=cu, plan=plan, steps=steps, geo=geo)
+                                                           cu=cu, plan=plan, steps=steps,
+                                                           geo=_site(geo, "titans_fwd", launch_keys=False))
         else:
             outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
             n = max(plan.slots, 1)
@@ -676,7 +647,7 @@ class _Titans(torch.autograd.Function):
 
             sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, dbeta, dnu,
                             [*scratch, *terms], des, dAs, dcs, dCs, scale=ctx.scale, offset=ctx.offset, cu=cu,
-                            plan=plan, steps=ctx.steps, geo=geo, RT=RT)
+                            plan=plan, steps=ctx.steps, geo=_site(geo, "titans_fwd", launch_keys=False), RT=RT)
         else:
             dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
             seq = (cu, plan.first) if cu is not None else (dq, dq)

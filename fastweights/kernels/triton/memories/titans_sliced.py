@@ -56,8 +56,18 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch, tile
-from .titans import _keys, _rows, _rows_e
-from .titans_single import _anchor, _coefficients, _coefficients_back, _gelu, _gelu2, _hidden, _state_tiles
+from .titans_single import (  # (not `titans`, whose glue imports this module)
+    _anchor,
+    _coefficients,
+    _coefficients_back,
+    _gelu,
+    _gelu2,
+    _hidden,
+    _keys,
+    _rows,
+    _rows_e,
+    _state_tiles,
+)
 from .ttt import _sequence, _slot
 
 Tensor = torch.Tensor
@@ -83,12 +93,9 @@ def sliced_on() -> bool:
 
 
 def _settings(geo: dict) -> tuple[int, int, int]:
-    """(BF, NP, TPS): the sliced kernels' hidden tile (util.LAUNCH["titans_sliced"]["BF"], 0: the glue's site
-    "titans_fwd" tile) and `slices` at its NP."""
-    from .titans import hidden_tile
-
-    BF = tile("titans_sliced", "BF") or geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"],
-                                                                    tile("titans_fwd", "TILE"))
+    """(BF, NP, TPS): the sliced kernels' hidden tile (util.LAUNCH["titans_sliced"]["BF"], 0: geo's BF — the glue's
+    site "titans_fwd" tile) and `slices` at its NP."""
+    BF = tile("titans_sliced", "BF") or geo["BF"]
     NPmax = tile("titans_sliced", "NP")
     if BF < 16 or BF & (BF - 1) or NPmax < 1:
         raise InputError(f"util.LAUNCH['titans_sliced'] takes BF 0 or a power of two ≥ 16 and NP ≥ 1, got BF {BF}, "
@@ -212,7 +219,7 @@ def sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *, offset: int, cu
     """The state pass of `titans._Titans` on the sliced kernels (NS + 1 launches of `_step_kernel`): (the final W1, W2,
     M1, M2 and the last mini-batch's anchor A1, A2, fp32 [R, H, ·]; the start-state slots sw1, sw2, sm1, sm2
     [slots, H, ·] and es [slots, H, BT, V], fp32 — `titans._state_kernel`'s outputs). steps: the most mini-batches of
-    one sequence (plan.NS without varlen); geo: `titans`'s constexprs (TILE: the call's `tile`, or None)."""
+    one sequence (plan.NS without varlen); geo: `titans`'s constexprs with BF the "titans_fwd" site's hidden tile."""
     R, H = W1.shape[:2]
     BT, DV = geo["BT"], geo["DV"]
     BF, NP, TPS = _settings(geo)
@@ -223,8 +230,7 @@ def sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *, offset: int, cu
     es = empty_output(n, H, BT, DV, **f32)
     fpart = empty_output(2, NP, R * H, BT, geo["BDV"], **f32)
     seq = (cu if cu is not None else es, plan.first if plan.first is not None else es)
-    const = {key: val for key, val in geo.items() if key != "TILE"}
-    const.update(BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, **launch("titans_sliced"))
+    const = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, **launch("titans_sliced"))
     args = (k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, fpart, *seq)
     for j in range(-1, steps):  # step 0 (PRO), then mini-batch j's update
         _step_kernel[(R * H, NP)](*args, max(j, 0), k.shape[1], offset, plan.NS, R * H, **const, PRO=j < 0)
@@ -465,8 +471,7 @@ def sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, 
     gpart = empty_output(NP, n * H, 3, BT, **f32)
     dkp = torch.zeros(NP, B * T * H * K, **f32)
     seq = (cu, plan.first) if cu is not None else (dk, dk)
-    const = {key: val for key, val in geo.items() if key != "TILE"}
-    const.update(BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, RT=RT,
+    const = dict(geo, BF=BF, NP=NP, TPS=TPS, HAS_A=offset > 0, IS_VARLEN=cu is not None, RT=RT,
                  **launch("titans_sliced_bwd"))
     args = (q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dkp, dv, dZs, *reads, des, Qp, gpart, *seq)
     rest = (scale, T, offset, plan.NS, R * H, n * H, B * T * H)

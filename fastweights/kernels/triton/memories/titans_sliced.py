@@ -280,7 +280,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
             de += tl.load(Qp + ((par + pq) * RH + i_bh) * (BT * BDV) + rv)
         df = tl.where(mv, de, 0.0)  # e = f − V
         dK = tl.zeros([BT, BDK], dtype=tl.float32)
-        zs = (s % 2) * (RH * BT * F) + zrow
+        zs = (s % 2).to(tl.int64) * RH * (BT * F) + zrow
         for t in range(0, TPS):
             fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
             p1 = i_bh * (DK * F) + o1
@@ -297,7 +297,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
             if HAS_A:
                 tl.store(GA1 + p1, tl.load(GA1 + p1, mask=m1 & carried, other=0.0) + dU1, mask=m1 & carried)
                 tl.store(GA2 + p2, tl.load(GA2 + p2, mask=m2 & carried, other=0.0) + dU2, mask=m2 & carried)
-        kp = dkp + p * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :]  # the slice's part of dk
+        kp = dkp + p.to(tl.int64) * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :]  # the slice's part of dk
         mk = valid[:, None] & ckm[None, :]
         tl.store(kp, tl.load(kp, mask=mk, other=0.0) + dK, mask=mk)
         tl.store(dv + (row[:, None] * H + i_h) * DV + cv[None, :], (-df).to(dv.dtype.element_ty), mask=mv & lead)
@@ -334,7 +334,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
         tcL = tl.zeros([BF], dtype=tl.float32)
         tNL = tl.zeros([BF], dtype=tl.float32)
         ss = slot * (BT * F) + r[:, None] * F  # the pre-pass's scratch rows of this slot
-        zs = (s % 2) * (RH * BT * F) + zrow
+        zs = (s % 2).to(tl.int64) * RH * (BT * F) + zrow
         for t in range(0, TPS):
             fc, fm, o1, o2, m1, m2 = _hidden((p * TPS + t) * BF, ck, ckm, cv, cvm, DK, DV, F, BF)
             p1 = i_bh * (DK * F) + o1
@@ -412,7 +412,7 @@ def _chain_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, 
         sums = tl.where(r == 0, dA_L, tl.where(r == 1, dc_L, tl.where(r == 2, dN_L, 0.0)))
         tl.store(gp + 2 * BT, sums)
         mk = valid[:, None] & ckm[None, :]
-        tl.store(dkp + p * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :], dK, mask=mk)
+        tl.store(dkp + p.to(tl.int64) * BTH * DK + (row[:, None] * H + i_h) * DK + ck[None, :], dK, mask=mk)
 
 
 @triton.jit(do_not_specialize=["NS"])

@@ -137,7 +137,9 @@ warps, 1 stage (at 4 warps sm_90's ptxas built the single forward kernel at K = 
 spills; the loops re-read what a previous pass wrote), "titans_readout" and "titans_bwd_read" at 4 warps, 2 stages
 (their loads pipelined: read-only); each site's TILE sets its hidden tile (`hidden_tile`). This pipeline runs where
 `limits.titans_pipeline` says "split" (head dims > 64; the single kernels, `titans_single.py`, below):
-docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times.
+docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times. util.LAUNCH["titans_sliced"] ON
+1 (off by default, untimed) runs the two sequential passes with the hidden width sliced over programs instead, one
+launch a mini-batch each way (`titans_sliced.py`; docs/kernel_notes.md, "Titans sliced").
 """
 
 from __future__ import annotations
@@ -568,13 +570,15 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW
 
 
 class _Titans(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B, T,
-    H_q, K], v [B, T, H, V], g, beta, nu [B, T, H], the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] /
-    [R, H, F, V], fp32; the anchor is the weights themselves when offset is 0), then scale, offset, cu (int32 [N+1] on
-    the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns (o [B, T, H, V] in v's dtype, the end
-    W1, W2, M1, M2 and the last mini-batch's anchor A1, A2, fp32). The start states and e of every mini-batch
-    ([slots, H, ·], 16·K·F + 4·b·V bytes a mini-batch at K = V) are written on every call: what the readout reads
-    (a workspace of a call without gradients, freed after it) and the backward reads back."""
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel` — with
+    util.LAUNCH["titans_sliced"] ON, `_state_kernel` and (BWD) `_bwd_kernel` give way to `titans_sliced`'s kernels, the
+    hidden width sliced over programs (the same stored start states and e). q, k [B, T, H_q, K], v [B, T, H, V], g,
+    beta, nu [B, T, H], the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] / [R, H, F, V], fp32; the anchor
+    is the weights themselves when offset is 0), then scale, offset, cu (int32 [N+1] on the device, or None), the
+    `ttt._Plan`, steps (the most mini-batches of one sequence) and the kernels' constexprs. Returns (o [B, T, H, V] in
+    v's dtype, the end W1, W2, M1, M2 and the last mini-batch's anchor A1, A2, fp32). The start states and e of every
+    mini-batch ([slots, H, ·], 16·K·F + 4·b·V bytes a mini-batch at K = V) are written on every call: what the
+    readout reads (a workspace of a call without gradients, freed after it) and the backward reads back."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, cu, plan, steps, geo):

@@ -373,7 +373,8 @@ SWEEP_ORDER = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "ou
                "gated_fused_bwd_chunk", "gated_fused_scores", "ttt_linear_fwd", "ttt_linear_readout",
                "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "ttt_mlp_sliced",
                "ttt_mlp_sliced_read", "ttt_mlp_sliced_bwd_pre", "titans_single_fwd",
-               "titans_single_bwd", "titans_fwd", "titans_readout", "titans_bwd_read", "titans_bwd", "conv_fwd",
+               "titans_single_bwd", "titans_fwd", "titans_readout", "titans_bwd_read", "titans_bwd", "titans_sliced",
+               "titans_sliced_bwd", "titans_sliced_gates", "conv_fwd",
                "conv_bwd_fused", "conv_bwd_dpre", "conv_bwd_dx", "conv_bwd_rows", "rope")
 #: The dear kernels get every num_warps ∈ {2, 4, 8} × num_stages ∈ {1, 2, 3} at their default tiles, and
 #: each other tile value (TILE_OPTIONS) with TILE_WARPS × {1, 2, 3} stages.

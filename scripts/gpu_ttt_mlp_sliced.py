@@ -1,9 +1,11 @@
 """TTT-MLP's sliced kernels (`kernels/triton/memories/ttt_mlp_sliced.py`, util.LAUNCH["ttt_mlp_sliced"]) against the
 one-program kernels on one GPU (issue 36, head dim 128): each launch variant checked against float64, timed, and
-profiled by kernel — the A/B the option waits for before it can be a default.
+profiled by kernel — the A/B the option waits for before it can be a default. With `--memory titans` the same for
+Titans' split pipeline sliced (`memories/titans_sliced.py`, util.LAUNCH["titans_sliced"]; TITANS_VARIANTS).
 
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced                   # check, time, profile
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
+    python3 scripts/gpu_ttt_mlp_sliced.py --memory titans --out $OUT/titans_sliced --variants off np4 np8
 
 Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
 forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32 (the
@@ -12,8 +14,16 @@ the sequential kernels at 2 stages; np8s2p2 — the parallel ones too; np4w4, np
 np8w4zs — Z1 stored and read back (ZS). Shapes: lm — B 4, T 4096, H 16, D 128 (the floors' shape, BENCHMARKS §1s);
 lm8 — the LM rows' B 4, T 4096, H 8, D 128 (§1q); small — B 64, T 512, H 2, D 64.
 
+Titans (`--memory titans`, TITANS_VARIANTS): off — the split pipeline's one-program sequential passes (today's at D
+128); np2, np4, np8, np16 — both sequential passes sliced over 2–16 programs a head (8 warps, the chain one launch a
+mini-batch: the defaults); np4w4 — 4 warps; np4fwd — the sliced state pass with the one-program reverse pass (BWD
+0); np4f0 — the chain in two launches a mini-batch (FUSE 0); np4bf32, np8bf32 — the slices' hidden tile 32 (the
+glue's is 16 at D 128); np4rt — with the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS 1). Every
+Titans phase forces the split pipeline (limits.TITANS_SINGLE_MAX_DIM 0), so D 64 (the check's, the small shape) runs
+it too — at D ≤ 64 the library's default is the single pipeline, which the option does not touch.
+
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
-  check    per variant: `fw.chunk("ttt_mlp", backend="triton")` against the torch row in float64 on the same values
+  check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
            (B 2, T --check-len, H 2, D 64 and 128; bf16 and fp32 q, k, v): the largest relative error of o, the final
            state and every input's gradient (NaN: inf);
   time     per (shape, variant): `fw.chunk` forward and forward + backward, bf16, median of --repeats after one warm
@@ -55,21 +65,43 @@ VARIANTS = {"off": {"ttt_mlp_sliced": {"ON": 0}},
             "np4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 4, "ZS": 1}},
             "np8w4zs": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4, "ZS": 1}},
             "np8w4": {"ttt_mlp_sliced": {"ON": 1, "NP": 8, "num_warps": 4}}}
+#: `--memory titans`: "titans_sliced" holds ON, NP, BF, BWD and the step kernel's launch; "titans_sliced_bwd" the
+#: reverse chain's; the parallel kernels keep "titans_readout", "titans_bwd_read" and the new "titans_sliced_gates".
+TITANS_VARIANTS = {"off": {"titans_sliced": {"ON": 0}},
+                   "np2": {"titans_sliced": {"ON": 1, "NP": 2}},
+                   "np4": {"titans_sliced": {"ON": 1, "NP": 4}},
+                   "np8": {"titans_sliced": {"ON": 1, "NP": 8}},
+                   "np16": {"titans_sliced": {"ON": 1, "NP": 16}},
+                   # 4 warps: two CTAs an SM, but sm_90 builds the chain with 32 registers and ~20 KB of spills
+                   "np4w4": {"titans_sliced": {"ON": 1, "NP": 4, "num_warps": 4},
+                             "titans_sliced_bwd": {"num_warps": 4}},
+                   "np4fwd": {"titans_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+                   "np4f0": {"titans_sliced": {"ON": 1, "NP": 4}, "titans_sliced_bwd": {"FUSE": 0}},
+                   "np4bf32": {"titans_sliced": {"ON": 1, "NP": 4, "BF": 32}},
+                   "np8bf32": {"titans_sliced": {"ON": 1, "NP": 8, "BF": 32}},
+                   "np4rt": {"titans_sliced": {"ON": 1, "NP": 4}, "titans_bwd": {"READ_TERMS": 1}}}
+#: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
+MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 
 
 def _variant(name):
     """A context: util.LAUNCH updated with the variant's table, restored after."""
     import contextlib
 
+    from fastweights.kernels.triton.common import limits
     from fastweights.kernels.triton.common.util import LAUNCH, load_launch
 
     @contextlib.contextmanager
     def ctx():
-        old = load_launch(VARIANTS[name])
+        old = load_launch(MEMORY["variants"][name])
+        single = limits.TITANS_SINGLE_MAX_DIM
+        if MEMORY["name"] == "titans":  # the split pipeline at every head dim (the option's only home)
+            limits.TITANS_SINGLE_MAX_DIM = 0
         try:
             yield
         finally:
             LAUNCH.update(old)
+            limits.TITANS_SINGLE_MAX_DIM = single
     return ctx()
 
 
@@ -81,7 +113,7 @@ def _rel(a, b) -> float:
 
 
 def _run(inp, backend):
-    """(o, the final weights, every leaf's gradient) of fw.chunk("ttt_mlp") on `inp` under a fixed random projection of
+    """(o, the final weights, every leaf's gradient) of fw.chunk(the memory) on `inp` under a fixed random projection of
     o plus a small multiple of the final weights' squares."""
     import torch
 
@@ -89,7 +121,7 @@ def _run(inp, backend):
 
     state = inp["initial_state"]
     kw = {k: v for k, v in inp.items() if k != "initial_state"}
-    o, S = fw.chunk("ttt_mlp", initial_state=state, output_final_state=True, backend=backend, check_values=False,
+    o, S = fw.chunk(MEMORY["name"], initial_state=state, output_final_state=True, backend=backend, check_values=False,
                     **kw)
     leaves = [v for v in kw.values() if isinstance(v, torch.Tensor) and v.requires_grad]
     w = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(o.device)
@@ -107,7 +139,7 @@ def _inputs(B, T, H, D, dtype, ref: bool, seed):
     from fastweights.state import state_map
 
     gen = torch.Generator().manual_seed(seed)
-    inp = fw.example_inputs("ttt_mlp", batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=torch.float32,
+    inp = fw.example_inputs(MEMORY["name"], batch_size=B, seq_len=T, num_heads=H, head_dim=D, dtype=torch.float32,
                             generator=gen)
     out = {}
     for name, x in inp.items():
@@ -133,7 +165,8 @@ def phase_check(variants, out, T):
     for D in (64, 128):
         for dtype_name in ("bfloat16", "float32"):
             dtype = getattr(torch, dtype_name)
-            ref = _run(_inputs(2, T, 2, D, dtype, True, D), "torch")
+            with _variant("off"):  # (Titans: the split pipeline's limits, though the torch row reads none)
+                ref = _run(_inputs(2, T, 2, D, dtype, True, D), "torch")
             for name in variants:
                 try:
                     with _variant(name):
@@ -175,7 +208,7 @@ def phase_time(variants, shapes, out, repeats):
     for shape in shapes:
         record(shape, "gated_deltanet", "triton", contextlib.nullcontext())
         for name in variants:
-            record(shape, "ttt_mlp", name, _variant(name))
+            record(shape, MEMORY["name"], name, _variant(name))
 
 
 def phase_profile(variants, shape, out):
@@ -187,7 +220,8 @@ def phase_profile(variants, shape, out):
     rows = []
     for name in variants:
         with _variant(name):
-            run, leaves = fastweights_case("ttt_mlp", "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda", 64)
+            run, leaves = fastweights_case(MEMORY["name"], "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda",
+                                           64)
             _, fb = fwd_bwd(run, leaves)
             fb()  # compiled and warm
             torch.cuda.synchronize()
@@ -210,16 +244,28 @@ def phase_profile(variants, shape, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="runs/ttt_mlp_sliced")
+    ap.add_argument("--out", default=None, help="default runs/<memory>_sliced")
     ap.add_argument("--phases", nargs="+", default=["check", "time", "profile"], choices=["check", "time", "profile"])
-    ap.add_argument("--variants", nargs="+", default=["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"],
-                    choices=list(VARIANTS))
+    ap.add_argument("--memory", default="ttt_mlp", choices=["ttt_mlp", "titans"],
+                    help="TTT-MLP's sliced kernels (VARIANTS) or Titans' (TITANS_VARIANTS)")
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help=f"TTT-MLP: {list(VARIANTS)} (default off np4 np4w4 np8w4 np4fwd np8s2); Titans: "
+                         f"{list(TITANS_VARIANTS)} (default off np4 np8 np4fwd)")
     ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
     ap.add_argument("--profile-shape", default="lm8", choices=list(SHAPES))
     a = ap.parse_args()
+    table = TITANS_VARIANTS if a.memory == "titans" else VARIANTS
+    if a.variants is None:
+        a.variants = ["off", "np4", "np8", "np4fwd"] if a.memory == "titans" else ["off", "np4", "np4w4", "np8w4",
+                                                                                    "np4fwd", "np8s2"]
+    unknown = [v for v in a.variants if v not in table]
+    if unknown:
+        ap.error(f"--memory {a.memory} has no variants {unknown}; it has {list(table)}")
+    MEMORY.update(name=a.memory, variants=table)
     sys.path.insert(0, ROOT)
+    a.out = a.out or f"runs/{a.memory}_sliced"
     os.makedirs(a.out, exist_ok=True)
     if "check" in a.phases:
         phase_check(a.variants, a.out, a.check_len)

@@ -99,13 +99,48 @@ def _ttt_mlp_workload():
             out[0].float().sum().backward()
 
 
+def _titans_workload():
+    """Titans' kernels (`kernels.triton.memories.titans`, both pipelines: "single" and "split") at their default
+    launch, forward and backward: D 64 and 128, F 4D, bf16 and fp32, offset 0 and 5 (a carried mini-batch), varlen
+    with grouped heads."""
+    import torch
+
+    from fastweights.kernels.triton.memories.titans import titans_triton
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, H = 2, 40, 2
+    for D in (64, 128):
+        F = 4 * D
+        for dtype in (torch.bfloat16, torch.float32):
+            q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))
+            beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+            g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+            W = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.randn(B, H, F, D, generator=gen) * 0.1)
+            M = (W[0] * 0.1, W[1] * 0.1)
+            cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
+            three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
+            for pipeline in ("single", "split"):
+                for offset in (0, 5):
+                    out = titans_triton(q, k, v, g, beta, nu, scale=0.1, weights=W, momentum=M,
+                                        anchor=W if offset else None, offset=offset, pipeline=pipeline)
+                    out[0].float().sum().backward()
+                out = titans_triton(q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
+                                    v.reshape(1, B * T, H, D), g.reshape(1, B * T, H), beta.reshape(1, B * T, H),
+                                    nu.reshape(1, B * T, H), scale=0.1, weights=three[0], momentum=three[1],
+                                    cu_seqlens=cu, pipeline=pipeline)
+                out[0].float().sum().backward()
+
+
 def _workload(which: str = "chunk"):
     """The calls whose kernels are compared: chunk_gated_triton and chunk_delta_triton, decay first
-    ("chunk"), the short conv ("conv", `_conv_workload`) or TTT-MLP's kernels ("ttt_mlp", `_ttt_mlp_workload`)."""
+    ("chunk"), the short conv ("conv", `_conv_workload`), TTT-MLP's kernels ("ttt_mlp", `_ttt_mlp_workload`) or
+    Titans' ("titans", `_titans_workload`)."""
     if which == "conv":
         return _conv_workload()
     if which == "ttt_mlp":
         return _ttt_mlp_workload()
+    if which == "titans":
+        return _titans_workload()
     import torch
 
     from fastweights.kernels.triton.delta import chunk_delta_triton
@@ -252,8 +287,8 @@ def main():
     ap.add_argument("--tree", default=".")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
-    ap.add_argument("--workload", choices=("chunk", "conv", "ttt_mlp"), default="chunk",
-                    help="the chunk pipelines (default), the short conv's kernels or TTT-MLP's")
+    ap.add_argument("--workload", choices=("chunk", "conv", "ttt_mlp", "titans"), default="chunk",
+                    help="the chunk pipelines (default), the short conv's kernels, TTT-MLP's or Titans'")
     a = ap.parse_args()
     if a.compare:
         sys.exit(compare(*a.compare))

@@ -13,6 +13,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines mesa --head-dims 64 128 --dtypes float32  # Mesa's CG variants
     python3 scripts/sm90_report.py --pipelines memories --memories titans --head-dims 64 128 --dtypes bfloat16
     python3 scripts/sm90_report.py --pipelines ns --head-dims 64 128 256   # Newton–Schulz: --head-dims = Gram sides
+    python3 scripts/sm90_report.py --pipelines titans_sliced --head-dims 128 --dtypes bfloat16   # Titans sliced
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -205,6 +206,43 @@ def _memories_workload(head_dims, dtypes, gates, warps=None, models=MEMORIES):
                 out[0].float().sum().backward()
 
 
+def _titans_sliced_workload(head_dims, dtypes, gates):
+    """Titans' split pipeline with its sequential passes sliced (`memories/titans_sliced.py`, util.LAUNCH
+    "titans_sliced" ON 1, its NP, BF and the sites' launch as set): forward + backward, b = 16, F = 4D, plain, a
+    carried mini-batch (offset 5) and one slot after an offset (T 3, offset 9), varlen with grouped heads (H_q 1)."""
+    import torch
+
+    from fastweights.kernels.triton.common.util import LAUNCH
+    from fastweights.kernels.triton.memories import titans
+
+    gen = torch.Generator().manual_seed(0)
+    on = LAUNCH["titans_sliced"]["ON"]
+    LAUNCH["titans_sliced"]["ON"] = 1
+    B, T, H = 2, 40, 2
+    for D in head_dims:
+        for dtype in [getattr(torch, d) for d in dtypes]:
+            q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))
+            beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+            g, nu = -torch.rand(B, T, H, generator=gen), torch.rand(B, T, H, generator=gen)
+            F = 4 * D
+            W = (torch.randn(B, H, D, F, generator=gen) * 0.1, torch.randn(B, H, F, D, generator=gen) * 0.1)
+            M = (W[0] * 0.1, W[1] * 0.1)
+            for T1, offset in ((T, 0), (T, 5), (3, 9)):
+                out = titans.titans_triton(q[:, :T1], k[:, :T1], v[:, :T1], g[:, :T1], beta[:, :T1], nu[:, :T1],
+                                           scale=0.1, weights=W, momentum=M, anchor=W if offset else None,
+                                           offset=offset, pipeline="split")
+                out[0].float().sum().backward()
+            cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
+            three = [tuple(torch.cat([w, w[:1]]) for w in t) for t in (W, M)]
+            packed = (q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
+                      v.reshape(1, B * T, H, D), g.reshape(1, B * T, H), beta.reshape(1, B * T, H),
+                      nu.reshape(1, B * T, H))
+            out = titans.titans_triton(*packed, scale=0.1, weights=three[0], momentum=three[1], cu_seqlens=cu,
+                                       pipeline="split")
+            out[0].float().sum().backward()
+    LAUNCH["titans_sliced"]["ON"] = on
+
+
 def _conv_workload(head_dims, dtypes, gates):
     """The short conv (layer/conv.py) forward and one-pass backward at the layers' shape (W = 4, SiLU, C = 768),
     its dw summed per block and over the program's blocks (LAUNCH["conv_bwd_fused"]["DW_ACC"] 0 and 1); and the
@@ -305,7 +343,8 @@ def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_prec
 
 
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
-             "conv": _conv_workload, "rope": _rope_workload, "mesa": _mesa_workload, "ns": _ns_workload}
+             "titans_sliced": _titans_sliced_workload, "conv": _conv_workload, "rope": _rope_workload,
+             "mesa": _mesa_workload, "ns": _ns_workload}
 
 
 def main():
@@ -361,7 +400,7 @@ def main():
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
                             "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
-                            "NP", "TPS", "PRO", "PART")})
+                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C")})
             rows.append(info)
         return kernel
 
@@ -376,7 +415,8 @@ def main():
                                                  "STORE_WU", "IS_VARLEN", "HQ", "HAS_P", "HAS_A", "SAVE", "HAS_BETA",
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
-                                                 "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART")
+                                                 "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART", "RT",
+                                                 "DO_D", "DO_C")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

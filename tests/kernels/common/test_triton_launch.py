@@ -150,6 +150,13 @@ def _memories(gen):
     for pipeline in ("single", "split"):  # Titans' two pipelines (limits.titans_pipeline)
         titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
                       pipeline=pipeline)[0].sum().backward()
+    old = util.LAUNCH["titans_sliced"]["ON"]
+    try:  # the split pipeline with its sequential passes sliced (memories/titans_sliced.py)
+        util.LAUNCH["titans_sliced"]["ON"] = 1
+        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
+                      pipeline="split")[0].sum().backward()
+    finally:
+        util.LAUNCH["titans_sliced"]["ON"] = old
 
 
 def _conv(gen):
@@ -198,11 +205,11 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p; its
             # sliced steps: 4 warps, two CTAs an SM, timed on the H200 in r4s12–13; their parallel kernels: sm_90
-            # registers)
+            # registers; Titans' sliced sequential kernels: sm_90 registers)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
                                   "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
-                                  "ttt_mlp_bwd", "ttt_mlp_sliced_read",
-                                  "ttt_mlp_sliced_bwd_pre") else 2 if name == "conv_bwd_rows" else 4
+                                  "ttt_mlp_bwd", "ttt_mlp_sliced_read", "ttt_mlp_sliced_bwd_pre", "titans_sliced",
+                                  "titans_sliced_bwd") else 2 if name == "conv_bwd_rows" else 4
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2

@@ -206,6 +206,18 @@ LAUNCH: dict[str, dict] = {
     # READ_TERMS 1: the pre-pass writes the start gradient's read terms (a start state's size a mini-batch) and the
     # reverse pass adds them (4 of its 21 dots a hidden tile off the sequential path; untimed, so 0)
     "titans_bwd": dict(num_warps=8, num_stages=1, TILE=2048, READ_TERMS=0),  # memories.titans._bwd_kernel
+    # The split pipeline's sequential passes with the hidden width sliced over NP programs a (sequence, head), one
+    # launch a mini-batch each way (memories/titans_sliced.py; the reads stay titans_readout's and titans_bwd_read's).
+    # ON 0 (the default) off, 1 on — untimed. BF: the slices' hidden tile (0: the "titans_fwd" site's,
+    # `titans.hidden_tile`); BWD 1: with ON, the reverse pass sliced too (0: titans_bwd's kernel reads the same start
+    # states). 8 warps, not ttt_mlp_sliced's 4: Titans' dots are ieee (FMA) at every dtype, and sm_90's ptxas (Triton
+    # 3.6, bf16, D 128, BF 16) builds the reverse chain at 4 warps with 32 registers and 18–24 KB of spills; at 8 it
+    # is 255 registers and ≈ 1.2 KB, the step 255 and ≈ 0.1 KB (≈ 1 KB at 4). NP 4: 8-warp CTAs of 255 registers,
+    # one an SM — B 4 × H 8 × NP 4 = 128 programs, one wave of 132 SMs.
+    "titans_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0, BWD=1),  # titans_sliced._step_kernel
+    # FUSE 1: one chain launch a mini-batch (pass D of j, then pass C of j − 1); 0: two (pass D, then pass C)
+    "titans_sliced_bwd": dict(num_warps=8, num_stages=1, FUSE=1),  # memories.titans_sliced._chain_kernel
+    "titans_sliced_gates": dict(num_warps=4, num_stages=1),  # memories.titans_sliced._gates_kernel (parallel)
     # the short causal conv (layer/conv.py; no num_stages: Triton's default, as the conv has always launched):
     # forward BT rows × BC channels a program; the one-pass backward (`short_conv(..., one_pass_backward=True)`, the
     # default since the H100 sweep of scripts/bench_conv.py) BT rows a block (BT − W + 1 owned) × BC channels × NBLK
@@ -265,6 +277,9 @@ KERNEL_FN = {
     "titans_single_bwd": "memories.titans_single._bwd_kernel", "titans_fwd": "memories.titans._state_kernel",
     "titans_readout": "memories.titans._readout_kernel",
     "titans_bwd_read": "memories.titans._bwd_read_kernel", "titans_bwd": "memories.titans._bwd_kernel",
+    "titans_sliced": "memories.titans_sliced._step_kernel",
+    "titans_sliced_bwd": "memories.titans_sliced._chain_kernel",
+    "titans_sliced_gates": "memories.titans_sliced._gates_kernel",
     "conv_fwd": "layer.conv._conv_fwd", "conv_bwd_fused": "layer.conv._conv_bwd_fused",
     "conv_bwd_rows": "layer.conv._conv_bwd_rows",
     "conv_bwd_dpre": "layer.conv._conv_bwd_dpre", "conv_bwd_dx": "layer.conv._conv_bwd_dx",

@@ -137,7 +137,9 @@ warps, 1 stage (at 4 warps sm_90's ptxas built the single forward kernel at K = 
 spills; the loops re-read what a previous pass wrote), "titans_readout" and "titans_bwd_read" at 4 warps, 2 stages
 (their loads pipelined: read-only); each site's TILE sets its hidden tile (`hidden_tile`). This pipeline runs where
 `limits.titans_pipeline` says "split" (head dims > 64; the single kernels, `titans_single.py`, below):
-docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times.
+docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times. util.LAUNCH["titans_sliced"] ON
+1 (off by default, untimed) runs the two sequential passes with the hidden width sliced over programs instead, one
+launch a mini-batch each way (`titans_sliced.py`; docs/kernel_notes.md, "Titans sliced").
 """
 
 from __future__ import annotations
@@ -153,14 +155,16 @@ from ..common import interpreter  # noqa: F401  (the interpreter's shims, applie
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
 from ..common.util import check_precision, launch, pow2, table, tile
 from . import titans_single
-from .titans_single import (  # the jit helpers both pipelines share (the single kernels' module holds them)
+from .titans_single import (  # the jit helpers the pipelines share (the single kernels' module holds them)
     _anchor,
     _coefficients,
     _coefficients_back,
     _gelu,
     _gelu2,
     _hidden,
+    _keys,
     _pass_f,
+    _rows_e,
     _state_tiles,
     _tile_read,
 )
@@ -188,11 +192,11 @@ def hidden_tile(K: int, V: int, F: int, elements: int = TILE_ELEMENTS) -> int:
     return max(16, min(pow2(F), elements // pow2(max(K, V))))
 
 
-def _site(geo: dict, name: str) -> dict:
+def _site(geo: dict, name: str, launch_keys: bool = True) -> dict:
     """The constexprs and launch settings of launch site `name`: geo with its hidden tile BF (the call's `tile`, else
-    `hidden_tile` at the site's TILE) and util.LAUNCH's settings."""
+    `hidden_tile` at the site's TILE) and util.LAUNCH's settings (launch_keys False: the constexprs alone)."""
     BF = geo["TILE"] or hidden_tile(geo["DK"], geo["DV"], geo["F"], tile(name, "TILE"))
-    return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **launch(name)}
+    return {**{k: val for k, val in geo.items() if k != "TILE"}, "BF": BF, **(launch(name) if launch_keys else {})}
 
 
 # Every kernel taking NS (the anchor slots) leaves it unspecialized (`do_not_specialize`): with NS == 1 (Triton makes
@@ -200,30 +204,6 @@ def _site(geo: dict, name: str) -> dict:
 # failed") compiling `_bwd_read_kernel`, and built titans_single's backward at D 16 with 32 registers and 12 KB of
 # spills — a call of one slot, e.g. T 3 after an offset of 9 (r4s10 call 1; scripts/sm90_report.py compiles that
 # case). Triton 3.9 compiles both.
-
-
-@triton.jit
-def _keys(k, v, g, beta, nu, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr,
-          DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r is its token s·b + r − off):
-    k [BT, BDK] and v [BT, BDV] (fp32, 0 outside the sequence), the gates log a, β [BT] (0 outside) and ν [BT] (1
-    outside), the token rows' offsets, their validity and the [BT, BDV] mask of o."""
-    r = tl.arange(0, BT)
-    ck = tl.arange(0, BDK)
-    cv = tl.arange(0, BDV)
-    t = s * BT + r - off
-    valid = (t >= 0) & (t < T)
-    row = bos + tl.where(valid, t, 0)
-    i_hq = i_h // (H // HQ)
-    mk = valid[:, None] & (ck < DK)[None, :]
-    mv = valid[:, None] & (cv < DV)[None, :]
-    kk = tl.load(k + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=mk, other=0.0).to(tl.float32)
-    vv = tl.load(v + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
-    gate = row * H + i_h
-    lg = tl.load(g + gate, mask=valid, other=0.0).to(tl.float32)
-    eta = tl.load(beta + gate, mask=valid, other=0.0).to(tl.float32)
-    nn = tl.load(nu + gate, mask=valid, other=1.0).to(tl.float32)
-    return kk, vv, lg, eta, nn, row, valid, mv
 
 
 @triton.jit
@@ -236,14 +216,6 @@ def _rows(q, k, v, g, beta, nu, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ:
     x = tl.load(q + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=valid[:, None] & (ck < DK)[None, :],
                 other=0.0).to(tl.float32) * scale
     return x, kk, vv, lg, eta, nn, row, valid, mv
-
-
-@triton.jit
-def _rows_e(es, slot, BT: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
-    """The stored e [BT, BDV] of anchor slot row `slot` (`_state_kernel`'s; 0 in the padded columns)."""
-    r = tl.arange(0, BT)
-    cv = tl.arange(0, BDV)
-    return tl.load(es + slot * (BT * DV) + r[:, None] * DV + cv[None, :], mask=(cv < DV)[None, :], other=0.0)
 
 
 @triton.jit(do_not_specialize=["NS"])
@@ -599,35 +571,46 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW
 
 
 class _Titans(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B, T,
-    H_q, K], v [B, T, H, V], g, beta, nu [B, T, H], the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] /
-    [R, H, F, V], fp32; the anchor is the weights themselves when offset is 0), then scale, offset, cu (int32 [N+1] on
-    the device, or None), the `ttt._Plan` and the kernels' constexprs. Returns (o [B, T, H, V] in v's dtype, the end
-    W1, W2, M1, M2 and the last mini-batch's anchor A1, A2, fp32). The start states and e of every mini-batch
-    ([slots, H, ·], 16·K·F + 4·b·V bytes a mini-batch at K = V) are written on every call: what the readout reads
-    (a workspace of a call without gradients, freed after it) and the backward reads back."""
+    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel` — with
+    util.LAUNCH["titans_sliced"] ON, `_state_kernel` and (BWD) `_bwd_kernel` give way to `titans_sliced`'s kernels, the
+    hidden width sliced over programs (the same stored start states and e). q, k [B, T, H_q, K], v [B, T, H, V], g,
+    beta, nu [B, T, H], the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] / [R, H, F, V], fp32; the anchor
+    is the weights themselves when offset is 0), then scale, offset, cu (int32 [N+1] on the device, or None), the
+    `ttt._Plan`, steps (the most mini-batches of one sequence) and the kernels' constexprs. Returns (o [B, T, H, V] in
+    v's dtype, the end W1, W2, M1, M2 and the last mini-batch's anchor A1, A2, fp32). The start states and e of every
+    mini-batch ([slots, H, ·], 16·K·F + 4·b·V bytes a mini-batch at K = V) are written on every call: what the
+    readout reads (a workspace of a call without gradients, freed after it) and the backward reads back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, cu, plan, geo):
+    def forward(ctx, q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, scale, offset, cu, plan, steps, geo):
         B, T = q.shape[:2]
         R, H = W1.shape[:2]
         f32 = dict(dtype=torch.float32, device=q.device)
         o = empty_output(B, T, H, v.shape[-1], dtype=v.dtype, device=q.device)
-        outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
-        n = max(plan.slots, 1)
-        slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)]
-        es = empty_output(n, H, geo["BT"], geo["DV"], **f32)
-        seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
         flags = dict(HAS_A=offset > 0, IS_VARLEN=cu is not None)
-        _state_kernel[(R * H,)](k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, *seq, T, offset,
-                                plan.NS, **flags, **_site(geo, "titans_fwd"))
+        from . import titans_sliced  # (it imports this module's jit helpers)
+
+        sliced = titans_sliced.sliced_on()
+        if sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
+            outs, slots, es = titans_sliced.sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, offset=offset,
+                                                           cu=cu, plan=plan, steps=steps,
+                                                           geo=_site(geo, "titans_fwd", launch_keys=False))
+        else:
+            outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
+            n = max(plan.slots, 1)
+            slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)]
+            es = empty_output(n, H, geo["BT"], geo["DV"], **f32)
+            seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
+            _state_kernel[(R * H,)](k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, *outs, *slots, es, *seq, T, offset,
+                                    plan.NS, **flags, **_site(geo, "titans_fwd"))
         if plan.slots:
             pseq = (cu, plan.first, plan.seq_of) if cu is not None else (o, o, o)
             _readout_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, o, *pseq, scale, T, offset,
                                              plan.NS, **flags, **_site(geo, "titans_readout"))
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, es)
-        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.cu = geo, scale, offset, plan, cu
+        ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.cu, ctx.steps = geo, scale, offset, plan, cu, steps
+        ctx.sliced = bool(sliced and tile("titans_sliced", "BWD"))  # the reverse pass sliced too
         return (o, *outs)
 
     @staticmethod
@@ -664,16 +647,23 @@ class _Titans(torch.autograd.Function):
             _bwd_read_kernel[(plan.slots, H)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, dq, dk, *scratch, *terms,
                                               des, dAs, dcs, dCs, *pseq, ctx.scale, T, ctx.offset, plan.NS, RT=RT,
                                               **flags, **_site(geo, "titans_bwd_read"))
-        dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
-        seq = (cu, plan.first) if cu is not None else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs, *scratch,
-                              *terms, des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, RT=RT, **flags,
-                              **_site(geo, "titans_bwd"))
+        if ctx.sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
+            from .titans_sliced import sliced_backward
+
+            sliced_backward(q, k, v, g, beta, nu, A1, A2, slots, es, do, G, dk, dv, dg, dbeta, dnu,
+                            [*scratch, *terms], des, dAs, dcs, dCs, scale=ctx.scale, offset=ctx.offset, cu=cu,
+                            plan=plan, steps=ctx.steps, geo=_site(geo, "titans_fwd", launch_keys=False), RT=RT)
+        else:
+            dZs = torch.empty(R * H, BT, F, **f32)  # each sequential program's [b, F] scratch
+            seq = (cu, plan.first) if cu is not None else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, es, do, *G, dk, dv, dg, dbeta, dnu, dZs,
+                                  *scratch, *terms, des, dAs, dcs, dCs, *seq, ctx.scale, T, ctx.offset, plan.NS, RT=RT,
+                                  **flags, **_site(geo, "titans_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype), dbeta.to(beta.dtype),
-                dnu.to(nu.dtype), *G, None, None, None, None, None)
+                dnu.to(nu.dtype), *G, None, None, None, None, None, None)
 
 
 def _check(q, k, v, g, beta, nu, weights, momentum, anchor, offset: int, minibatch: int, cu_seqlens):
@@ -744,7 +734,9 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
         geo = {**{key: val for key, val in geo.items() if key != "TILE"}, "BF": tile or hidden_tile(K, V, F)}
         o, *outs = titans_single._Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)
     else:
-        o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, geo)
+        steps = plan.NS if cu is None else max((-(-(offset + e - s) // minibatch) for s, e in zip(cu[:-1], cu[1:])),
+                                               default=0)  # the most mini-batches of one sequence
+        o, *outs = _Titans.apply(*args, float(scale), offset, cu_dev, plan, steps, geo)
     if cu is None:
         off = (offset + T) % minibatch
     else:

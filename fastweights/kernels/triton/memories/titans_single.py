@@ -121,6 +121,38 @@ def _rows(q, k, v, g, beta, nu, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ:
 
 
 @triton.jit
+def _keys(k, v, g, beta, nu, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, DK: tl.constexpr,
+          DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, BT: tl.constexpr):
+    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r is its token s·b + r − off):
+    k [BT, BDK] and v [BT, BDV] (fp32, 0 outside the sequence), the gates log a, β [BT] (0 outside) and ν [BT] (1
+    outside), the token rows' offsets, their validity and the [BT, BDV] mask of o."""
+    r = tl.arange(0, BT)
+    ck = tl.arange(0, BDK)
+    cv = tl.arange(0, BDV)
+    t = s * BT + r - off
+    valid = (t >= 0) & (t < T)
+    row = bos + tl.where(valid, t, 0)
+    i_hq = i_h // (H // HQ)
+    mk = valid[:, None] & (ck < DK)[None, :]
+    mv = valid[:, None] & (cv < DV)[None, :]
+    kk = tl.load(k + (row[:, None] * HQ + i_hq) * DK + ck[None, :], mask=mk, other=0.0).to(tl.float32)
+    vv = tl.load(v + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
+    gate = row * H + i_h
+    lg = tl.load(g + gate, mask=valid, other=0.0).to(tl.float32)
+    eta = tl.load(beta + gate, mask=valid, other=0.0).to(tl.float32)
+    nn = tl.load(nu + gate, mask=valid, other=1.0).to(tl.float32)
+    return kk, vv, lg, eta, nn, row, valid, mv
+
+
+@triton.jit
+def _rows_e(es, slot, BT: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
+    """The stored e [BT, BDV] of anchor slot row `slot` (`_state_kernel`'s; 0 in the padded columns)."""
+    r = tl.arange(0, BT)
+    cv = tl.arange(0, BDV)
+    return tl.load(es + slot * (BT * DV) + r[:, None] * DV + cv[None, :], mask=(cv < DV)[None, :], other=0.0)
+
+
+@triton.jit
 def _coefficients(lg, eta, nn, valid, BT: tl.constexpr, PREC: tl.constexpr):
     """The segment's coefficients from its gates log a, β, ν [BT] and its rows' validity (module doc): per row A_t,
     c_t [BT], the matrix C [BT, BT], and the last row's A_L, N_L, c_L (scalars), C_L, Cm_L [BT]."""

@@ -61,6 +61,7 @@ from ... import empty_output
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..stages.cumsum import chunk_cumsum
 
 #: The fused backward's scope (larger head dims or chunks go to the staged backward, see `supports`).
 MAX_K = DELTA_FUSED_BWD_MAX_K
@@ -406,6 +407,203 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
     tl.store(dk + (t0 * HQ + i_hq) * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
+@triton.jit
+def _rows_of(x, oc, orr):
+    """x [C] at rows orr [BR] (a one-hot sum: the same floats, e.g. G at the program's rows)."""
+    return tl.sum(tl.where(oc[None, :] == orr[:, None], x[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _decayed_rows(M, Gr, Gc, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr):
+    """`_decayed` for a program's BR rows: M [BR, C] masked, times E_ij = e^{G_i − G_j} (i the rows, G_r, j the
+    columns, G_c), or TRANSPOSED ([j, i]: j the rows) e^{G_i − G_j} with i the columns."""
+    if GATE == 1:
+        if TRANSPOSED:
+            M = M * tl.exp(tl.where(mask, Gc[None, :] - Gr[:, None], 0.0))  # exponents ≤ 0 on the mask
+        else:
+            M = M * tl.exp(tl.where(mask, Gr[:, None] - Gc[None, :], 0.0))
+    return tl.where(mask, M, 0.0)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "R", "NSLOT"])
+def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq, chunk_local,
+                       scale, T, NT, R, NSLOT, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NPART: tl.constexpr,
+                       GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    # `_grads_kernel` with a chunk's C rows split over C / BR programs (LAUNCH["delta_fused_grads_rows"]): each holds
+    # BR rows of dq, dk, dβ (every product's row side; the column side, the state tiles h, dh and the gate's cumsum
+    # whole). Every row's terms are the program's own but dg's reverse cumsum over the chunk and ∂L/∂G_last, a sum
+    # over the chunk's rows and state: with a scalar gate it writes dG's rows (rg: [R] fp32) and its part of
+    # ∂L/∂G_last (dgl: [C / BR, NSLOT] fp32, NSLOT = B·NT·H; Σ h ⊙ dh by the first row block), and `chunk_cumsum`
+    # finishes dg.
+    NR: tl.constexpr = C // BR
+    i_nr, i_bq = tl.program_id(0), tl.program_id(1)
+    i_n, i_r = i_nr // NR, i_nr % NR  # the row blocks of one chunk are neighbours in the grid (their tiles shared)
+    i_b, i_hq = i_bq // HQ, i_bq % HQ
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load (its dgl is never read)
+            return
+    slot = i_b.to(tl.int64) * NT + i_n
+    n_t = tl.minimum(eos - t0, C).to(tl.int32)  # the chunk's real rows (≥ 1 here)
+    if i_r * BR >= n_t:  # no real row in this block (the last chunk of a sequence): only its ∂L/∂G_last part, 0
+        if GATE == 1:
+            for j in range(0, H // HQ):
+                tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_hq * (H // HQ) + j, 0.0)
+        return
+    oc = tl.arange(0, C)  # the chunk's rows, as columns of the [BR, C] products
+    orr = i_r * BR + tl.arange(0, BR)  # this program's rows
+    kk = tl.arange(0, BK)
+    m_kk = kk < K
+    m_t = oc < n_t
+    m_r = orr < n_t
+    m_tk = m_t[:, None] & m_kk[None, :]
+    m_kt = m_kk[:, None] & m_t[None, :]
+    m_rk = m_r[:, None] & m_kk[None, :]
+    causal = orr[:, None] >= oc[None, :]  # [i, j]: j ≤ i (i the program's rows)
+    causal_t = oc[None, :] >= orr[:, None]  # [j, i]: i ≥ j (j the program's rows)
+    p_q = q + (t0 * HQ + i_hq) * K
+    p_k = k + (t0 * HQ + i_hq) * K
+    o_k = oc[:, None] * (HQ * K) + kk[None, :]  # the chunk's q, k rows  [C, BK]
+    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # [BK, C]
+    o_rk = orr[:, None] * (HQ * K) + kk[None, :]  # the program's rows  [BR, BK]
+    # ==== dq
+    b_dq = tl.zeros([BR, BK], dtype=tl.float32)
+    r_q = tl.zeros([BR], dtype=tl.float32)
+    for j in range(0, H // HQ):
+        i_h = i_hq * (H // HQ) + j
+        p_v = (t0 * H + i_h) * V
+        p_h = (slot * H + i_h) * K * V
+        p_r = t0 * H + i_h
+        if GATE == 1:
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+            Gr = _rows_of(G, oc, orr)
+        dA = tl.zeros([BR, C], dtype=tl.float32)  # the rows of dO Uᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            dA += mm(tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                             other=0.0),
+                     tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+                             other=0.0), DT, IEEE)
+        M1 = _decayed_rows(dA * scale, Gr if GATE == 1 else dA, G if GATE == 1 else dA, causal, False, GATE)
+        b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+        if GATE == 1:
+            r_q = tl.sum(M1 * mm(tl.load(p_q + o_rk, mask=m_rk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0),
+                                 DT, IEEE), axis=1)
+        dQt = tl.zeros([BR, BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            dQt += mm(tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                              other=0.0),
+                      tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
+                      DT, IEEE)
+        if GATE == 1:
+            dQt = dQt * (scale * tl.exp(Gr))[:, None]
+            r_q += tl.sum(tl.load(p_q + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dQt, axis=1)
+            if H // HQ > 1:
+                tl.store(rq + p_r + orr * H, r_q, mask=m_r)
+        else:
+            dQt = dQt * scale
+        b_dq += dQt
+    tl.store(dq + (t0 * HQ + i_hq) * K + o_rk, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+    if H // HQ > 1:
+        tl.debug_barrier()
+    # ==== dk, dβ, dG's rows
+    strict = orr[:, None] > oc[None, :]
+    strict_t = oc[None, :] > orr[:, None]
+    b_dk = tl.zeros([BR, BK], dtype=tl.float32)
+    for j in range(0, H // HQ):
+        i_h = i_hq * (H // HQ) + j
+        p_v = (t0 * H + i_h) * V
+        p_h = (slot * H + i_h) * K * V
+        p_r = t0 * H + i_h
+        b_beta = tl.load(beta + p_r + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C] (the columns)
+        b_beta_r = tl.load(beta + p_r + orr * H, mask=m_r, other=0.0).to(tl.float32)  # [BR]
+        if GATE == 1:
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+            Gr = _rows_of(G, oc, orr)
+            gam_r = tl.exp(Gr)
+            gkd_r = tl.exp(tl.where(m_r, G_last - Gr, 0.0))
+            if H // HQ > 1:
+                r_q = tl.load(rq + p_r + orr * H, mask=m_r, other=0.0)
+        dAt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U dOᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            dAt += mm(tl.load(u + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                              other=0.0),
+                      tl.load(do + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+                              other=0.0), DT, IEEE)
+        M1t = _decayed_rows(dAt * scale, Gr if GATE == 1 else dAt, G if GATE == 1 else dAt, causal_t, True, GATE)
+        b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+        if GATE == 1:
+            r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_rk, mask=m_rk, other=0.0),
+                                         tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
+        dL = tl.zeros([BR, C], dtype=tl.float32)  # the rows of Y Uᵀ
+        dLt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U Yᵀ
+        dKt = tl.zeros([BR, BK], dtype=tl.float32)
+        hdh = tl.sum(tl.zeros([BK], dtype=tl.float32), axis=0)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_rv = m_r[:, None] & m_vv[None, :]
+            m_vt = m_vv[:, None] & m_t[None, :]
+            m_vk = m_vv[:, None] & m_kk[None, :]
+            o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
+            o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
+            o_st = kk[None, :] * V + vv[:, None]  # [BV, BK]
+            b_u = tl.load(u + p_v + o_v, mask=m_rv, other=0.0)
+            dL += mm(tl.load(y + p_v + o_v, mask=m_rv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vt, other=0.0),
+                     DT, IEEE)
+            dLt += mm(b_u, tl.load(y + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
+            b_dht = tl.load(dh + p_h + o_st, mask=m_vk, other=0.0)
+            dKt += mm(b_u, b_dht, DT, IEEE)
+            if GATE == 1:  # (Σ h ⊙ dh: the first row block's)
+                b_ht = tl.load(h + p_h + o_st, mask=m_vk & (i_r == 0), other=0.0).to(tl.float32)
+                hdh += tl.sum(tl.sum(b_ht * b_dht.to(tl.float32), axis=1), axis=0)
+        kdk = tl.sum(tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dKt, axis=1)
+        if GATE == 1:
+            b_dk += dKt * gkd_r[:, None]
+        else:
+            b_dk += dKt
+        b_KK = mm(tl.load(p_k + o_rk, mask=m_rk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
+        Nm = _decayed_rows(dL, Gr if GATE == 1 else dL, G if GATE == 1 else dL, strict, False, GATE)
+        M2t = _decayed_rows(dLt * -b_beta[None, :], Gr if GATE == 1 else dLt, G if GATE == 1 else dLt, strict_t, True,
+                            GATE)
+        r_n = tl.sum(Nm * b_KK, axis=1)
+        if GATE == 1:
+            r_dG -= b_beta_r * r_n + tl.sum(M2t * b_KK, axis=1)
+        b_dk += mm(M2t - b_beta_r[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+        Z = tl.zeros([BR, BK], dtype=tl.float32)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                            other=0.0),
+                    tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
+                    DT, IEEE)
+        kz = tl.sum(tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32) * Z, axis=1)
+        b_db = -r_n
+        if GATE == 1:
+            b_dk -= Z * (b_beta_r * gam_r)[:, None]
+            b_db -= gam_r * kz
+            r_dG -= gkd_r * kdk + b_beta_r * gam_r * kz
+            tl.store(rg + p_r + orr * H, r_dG, mask=m_r)
+            tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_h,
+                     tl.exp(G_last) * hdh + tl.sum(gkd_r * kdk, axis=0))
+        else:
+            b_dk -= Z * b_beta_r[:, None]
+            b_db -= kz
+        p_dbv = dbv + p_r
+        for _ in range(0, NPART):
+            b_db += tl.load(p_dbv + orr * H, mask=m_r, other=0.0)
+            p_dbv += R
+        tl.store(dbeta + p_r + orr * H, b_db.to(dbeta.dtype.element_ty), mask=m_r)
+    tl.store(dk + (t0 * HQ + i_hq) * K + o_rk, b_dk.to(dk.dtype.element_ty), mask=m_rk)
+
+
 def value_block(L: Layout, name: str) -> int:
     """BV of sequential launch site `name` (util.LAUNCH[name]: BV, PROGRAMS): the widest power of two ≤ BV whose
     grid has at least PROGRAMS programs, counting the grid's rows as B·H (padded) or H (varlen: never the
@@ -460,6 +658,38 @@ def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
     return h, u, A
 
 
+def grads_rows(L: Layout) -> int:
+    """The rows per program of the gradient kernel: 0 for one program per chunk (`_grads_kernel`), else BR < C
+    (`_grads_rows_kernel`, C / BR programs per chunk) from LAUNCH["delta_fused_grads_rows"] (ON, BR; BR a power of
+    two ≥ 16 — tl.dot's smallest side — and below the chunk)."""
+    if not tile("delta_fused_grads_rows", "ON"):
+        return 0
+    br = max(16, min(tile("delta_fused_grads_rows", "BR"), L.C))
+    return br if br < L.C and L.C % br == 0 else 0
+
+
+def _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale: float, L: Layout, BR: int, NV: int,
+                DT, IEEE):
+    """`_grads_kernel`'s outputs by `_grads_rows_kernel` (grid (NT·C/BR, B·H_q)): dq, dk, dβ written in place, dg
+    ([B, T, H] in g's dtype, or None) returned — the kernel's dG rows and ∂L/∂G_last parts reverse-summed over
+    each chunk by `chunk_cumsum` (the parts summed first: one [C/BR, B·NT·H] fp32 sum)."""
+    dev = k.device
+    cu, chunk_seq, chunk_local, _ = varlen_args(L, dev)
+    R = L.B * L.T * L.H
+    NR = L.C // BR
+    nslot = L.B * L.NT * L.H
+    rg = empty_output(R, dtype=torch.float32, device=dev) if g is not None else dbv
+    dgl = empty_output(NR, nslot, dtype=torch.float32, device=dev) if g is not None else dbv
+    _grads_rows_kernel[(L.NT * NR, L.B * L.Hq)](
+        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq,
+        chunk_local, scale, L.T, L.NT, R, nslot, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BR=BR, BK=pow2(L.K),
+        BV=min(tile("delta_fused_grads_rows", "BV"), pow2(L.V)), NPART=NV, GATE=0 if g is None else 1,
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads_rows"))
+    if g is None:
+        return None
+    return chunk_cumsum(rg.view(g.shape), L, reverse=True, add=dgl.sum(0).view(L.B, L.NT, L.H), out_dtype=g.dtype)
+
+
 def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout, *, need_dh0: bool, A=None):
     """(dq, dk [B, T, H_q, K] in q's dtype, dv [B, T, H, V] in v's dtype, dg (g's shape and dtype) or None, dβ
     [B, T, H] in β's dtype, dS_0 [NS, H, K, V] fp32 or None (`need_dh0`)) from the inputs, T, the entering
@@ -486,11 +716,15 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
     dq = empty_output(L.B, L.T, L.Hq, L.K, dtype=q.dtype, device=dev)
     dk = empty_output(L.B, L.T, L.Hq, L.K, dtype=k.dtype, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=beta.dtype, device=dev)
-    dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
     rq = empty_output(R, dtype=torch.float32, device=dev) if (g is not None and L.H > L.Hq) else dbv
-    _grads_kernel[(L.NT, L.B * L.Hq)](
-        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg if dg is not None else dbeta,
-        cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K),
-        BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate, IS_VARLEN=L.varlen, DT=DT,
-        IEEE=IEEE, **launch("delta_fused_grads"))
+    BR = grads_rows(L)
+    if BR:
+        dg = _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale, L, BR, NV, DT, IEEE)
+    else:
+        dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
+        _grads_kernel[(L.NT, L.B * L.Hq)](
+            q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta,
+            dg if dg is not None else dbeta, cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K,
+            V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate,
+            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads"))
     return dq, dk, dv, dg, dbeta, dh0

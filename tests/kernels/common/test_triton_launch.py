@@ -68,14 +68,17 @@ def _delta_fused(x, **kw):
     return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
 
 
-def _delta_fused_bwd(x, *, t_form=False, **kw):
-    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
-    old = util.LAUNCH["delta_prepass"]["WU"]
+def _delta_fused_bwd(x, *, t_form=False, rows=False, **kw):
+    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward (its
+    gradient kernel's rows over programs with `rows`: LAUNCH["delta_fused_grads_rows"]["ON"] = 1)."""
+    old, old_rows = util.LAUNCH["delta_prepass"]["WU"], util.LAUNCH["delta_fused_grads_rows"]["ON"]
     util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old
+    util.LAUNCH["delta_fused_grads_rows"]["ON"] = int(rows) or old_rows
     try:
         return delta_triton(x, pipeline=DeltaPipeline("fused", "fused"), **kw)
     finally:
         util.LAUNCH["delta_prepass"]["WU"] = old
+        util.LAUNCH["delta_fused_grads_rows"]["ON"] = old_rows
 
 
 def _gated(x, *, chunk_size=16, pipeline=None):
@@ -106,6 +109,9 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
         if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
             out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
                         delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
+    # the gradient kernel's rows over programs (a chunk of 32: BR 16 < C)
+    out.append(("delta fused bwd rows", partial(_delta_fused_bwd, rows=True),
+                delta_inputs("scalar", gen, T=T, K=K, V=V), dict(chunk_size=max(chunk_size, 32))))
     out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
                 dict(chunk_size=chunk_size, decay_first=False)))
     for gate in ("scalar", "diagonal"):
@@ -205,12 +211,14 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
+            if name == "delta_fused_grads_rows":  # (1 stage: its V loops are two tiles long; sm_90 registers)
+                stages = 1
             if name.startswith("conv_") or name == "rope":
                 stages = None  # (Triton's default: a single pass, nothing to pipeline)
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
-                                       "delta_fused_fwd_t", "delta_fused_grads"):
+                                       "delta_fused_fwd_t", "delta_fused_grads", "delta_fused_grads_rows"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
     assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
 

@@ -164,8 +164,9 @@ LAUNCH: dict[str, dict] = {
     # ON 1: the gradient kernel with each chunk's C rows split over C / BR programs (_grads_rows_kernel: the same
     # products, BR rows each, no product recomputed; dg finished by chunk_cumsum from its dG rows and ∂L/∂G_last
     # parts); 0: _grads_kernel, one program a chunk (the default until timed on a GPU: issue 32, docs/kernel_notes.md
-    # "The gradient kernel's rows over programs"); BV as delta_fused_grads'
-    "delta_fused_grads_rows": dict(num_warps=4, num_stages=2, ON=0, BR=32, BV=64),  # _grads_rows_kernel
+    # "The gradient kernel's rows over programs"); BV as delta_fused_grads'; MAXNREG > 0: ptxas's register cap
+    # (Triton's `maxnreg`: 65,536 / (MAXNREG · 32 · num_warps) programs fit an SM by registers; 0: none)
+    "delta_fused_grads_rows": dict(num_warps=4, num_stages=1, ON=0, BR=16, BV=64, MAXNREG=0),  # _grads_rows_kernel
     # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
     # (TTT-Linear at 8 warps: its [D, D] weight's registers; 2.7× faster than 4 at tf32x3, H200, BENCHMARKS §1m)

@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from ... import empty_output
+from ..common import interpreter
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
@@ -425,6 +426,21 @@ def _decayed_rows(M, Gr, Gc, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr)
     return tl.where(mask, M, 0.0)
 
 
+@triton.jit
+def _hdh_part(h, dh, i_r, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr):
+    """Σ h ⊙ dh over key rows [i_r·KS, (i_r + 1)·KS) of one chunk's entering state and its gradient (h, dh: the
+    pointers of its [K, V] tiles): row block i_r's share of ∂L/∂G_last's state term, fp32."""
+    ks = i_r * KS + tl.arange(0, KS)
+    acc = tl.zeros([KS], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        vv = i_v * BV + tl.arange(0, BV)
+        o_s = ks[:, None] * V + vv[None, :]
+        m_s = (ks < K)[:, None] & (vv < V)[None, :]
+        acc += tl.sum(tl.load(h + o_s, mask=m_s, other=0.0).to(tl.float32)
+                      * tl.load(dh + o_s, mask=m_s, other=0.0).to(tl.float32), axis=1)
+    return tl.sum(acc, axis=0)
+
+
 @triton.jit(do_not_specialize=["T", "NT", "R", "NSLOT"])
 def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq, chunk_local,
                        scale, T, NT, R, NSLOT, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -434,9 +450,10 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
     # BR rows of dq, dk, dβ (every product's row side; the column side, the state tiles h, dh and the gate's cumsum
     # whole). Every row's terms are the program's own but dg's reverse cumsum over the chunk and ∂L/∂G_last, a sum
     # over the chunk's rows and state: with a scalar gate it writes dG's rows (rg: [R] fp32) and its part of
-    # ∂L/∂G_last (dgl: [C / BR, NSLOT] fp32, NSLOT = B·NT·H; Σ h ⊙ dh by the first row block), and `chunk_cumsum`
-    # finishes dg.
+    # ∂L/∂G_last (dgl: [C / BR, NSLOT] fp32, NSLOT = B·NT·H; Σ h ⊙ dh over the state's key rows, BK / NR of them a
+    # block), and `chunk_cumsum` finishes dg.
     NR: tl.constexpr = C // BR
+    KS: tl.constexpr = BK // NR  # the state's key rows of this block's Σ h ⊙ dh
     i_nr, i_bq = tl.program_id(0), tl.program_id(1)
     i_n, i_r = i_nr // NR, i_nr % NR  # the row blocks of one chunk are neighbours in the grid (their tiles shared)
     i_b, i_hq = i_bq // HQ, i_bq % HQ
@@ -446,10 +463,14 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             return
     slot = i_b.to(tl.int64) * NT + i_n
     n_t = tl.minimum(eos - t0, C).to(tl.int32)  # the chunk's real rows (≥ 1 here)
-    if i_r * BR >= n_t:  # no real row in this block (the last chunk of a sequence): only its ∂L/∂G_last part, 0
+    if i_r * BR >= n_t:  # no real row in this block (the last chunk of a sequence): only its Σ h ⊙ dh share
         if GATE == 1:
             for j in range(0, H // HQ):
-                tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_hq * (H // HQ) + j, 0.0)
+                i_h = i_hq * (H // HQ) + j
+                _, G_last, _, _ = _gate_rows(g + t0 * H + i_h, tl.arange(0, C) < n_t, n_t, tl.arange(0, C), H)
+                p_h = (slot * H + i_h) * K * V
+                tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_h,
+                         tl.exp(G_last) * _hdh_part(h + p_h, dh + p_h, i_r, K, V, KS, BV))
         return
     oc = tl.arange(0, C)  # the chunk's rows, as columns of the [BR, C] products
     orr = i_r * BR + tl.arange(0, BR)  # this program's rows
@@ -544,7 +565,6 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
         dL = tl.zeros([BR, C], dtype=tl.float32)  # the rows of Y Uᵀ
         dLt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U Yᵀ
         dKt = tl.zeros([BR, BK], dtype=tl.float32)
-        hdh = tl.sum(tl.zeros([BK], dtype=tl.float32), axis=0)
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
@@ -560,9 +580,6 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             dLt += mm(b_u, tl.load(y + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
             b_dht = tl.load(dh + p_h + o_st, mask=m_vk, other=0.0)
             dKt += mm(b_u, b_dht, DT, IEEE)
-            if GATE == 1:  # (Σ h ⊙ dh: the first row block's)
-                b_ht = tl.load(h + p_h + o_st, mask=m_vk & (i_r == 0), other=0.0).to(tl.float32)
-                hdh += tl.sum(tl.sum(b_ht * b_dht.to(tl.float32), axis=1), axis=0)
         kdk = tl.sum(tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dKt, axis=1)
         if GATE == 1:
             b_dk += dKt * gkd_r[:, None]
@@ -592,7 +609,7 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             r_dG -= gkd_r * kdk + b_beta_r * gam_r * kz
             tl.store(rg + p_r + orr * H, r_dG, mask=m_r)
             tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_h,
-                     tl.exp(G_last) * hdh + tl.sum(gkd_r * kdk, axis=0))
+                     tl.exp(G_last) * _hdh_part(h + p_h, dh + p_h, i_r, K, V, KS, BV) + tl.sum(gkd_r * kdk, axis=0))
         else:
             b_dk -= Z * b_beta_r[:, None]
             b_db -= kz
@@ -668,6 +685,13 @@ def grads_rows(L: Layout) -> int:
     return br if br < L.C and L.C % br == 0 else 0
 
 
+def _maxnreg(name: str) -> dict:
+    """{"maxnreg": LAUNCH[name]["MAXNREG"]} when set (> 0 and not under the interpreter, which has no registers), else
+    {}: Triton's per-thread register cap for the launch."""
+    n = tile(name, "MAXNREG")
+    return {"maxnreg": n} if n > 0 and not interpreter.interpreting() else {}
+
+
 def _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale: float, L: Layout, BR: int, NV: int,
                 DT, IEEE):
     """`_grads_kernel`'s outputs by `_grads_rows_kernel` (grid (NT·C/BR, B·H_q)): dq, dk, dβ written in place, dg
@@ -684,7 +708,7 @@ def _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale: f
         q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq,
         chunk_local, scale, L.T, L.NT, R, nslot, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BR=BR, BK=pow2(L.K),
         BV=min(tile("delta_fused_grads_rows", "BV"), pow2(L.V)), NPART=NV, GATE=0 if g is None else 1,
-        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads_rows"))
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads_rows"), **_maxnreg("delta_fused_grads_rows"))
     if g is None:
         return None
     return chunk_cumsum(rg.view(g.shape), L, reverse=True, add=dgl.sum(0).view(L.B, L.NT, L.H), out_dtype=g.dtype)

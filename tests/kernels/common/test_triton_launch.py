@@ -68,17 +68,25 @@ def _delta_fused(x, **kw):
     return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
 
 
-def _delta_fused_bwd(x, *, t_form=False, rows=False, **kw):
-    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward (its
-    gradient kernel's rows over programs with `rows`: LAUNCH["delta_fused_grads_rows"]["ON"] = 1)."""
-    old, old_rows = util.LAUNCH["delta_prepass"]["WU"], util.LAUNCH["delta_fused_grads_rows"]["ON"]
+def _delta_fused_bwd(x, *, t_form=False, **kw):
+    """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
+    old = util.LAUNCH["delta_prepass"]["WU"]
     util.LAUNCH["delta_prepass"]["WU"] = 0 if t_form else old
-    util.LAUNCH["delta_fused_grads_rows"]["ON"] = int(rows) or old_rows
     try:
         return delta_triton(x, pipeline=DeltaPipeline("fused", "fused"), **kw)
     finally:
         util.LAUNCH["delta_prepass"]["WU"] = old
-        util.LAUNCH["delta_fused_grads_rows"]["ON"] = old_rows
+
+
+def _grads_rows(gen):
+    """The fused backward with its gradient kernel's rows over programs (LAUNCH["delta_fused_grads_rows"]["ON"] = 1
+    through the backward; a chunk of 32: BR 16 < C)."""
+    old = util.LAUNCH["delta_fused_grads_rows"]["ON"]
+    util.LAUNCH["delta_fused_grads_rows"]["ON"] = 1
+    try:
+        grads(_delta_fused_bwd, delta_inputs("scalar", gen, T=20, K=16, V=16), 1, chunk_size=32)
+    finally:
+        util.LAUNCH["delta_fused_grads_rows"]["ON"] = old
 
 
 def _gated(x, *, chunk_size=16, pipeline=None):
@@ -109,9 +117,6 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
         if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
             out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
                         delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
-    # the gradient kernel's rows over programs (a chunk of 32: BR 16 < C)
-    out.append(("delta fused bwd rows", partial(_delta_fused_bwd, rows=True),
-                delta_inputs("scalar", gen, T=T, K=K, V=V), dict(chunk_size=max(chunk_size, 32))))
     out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
                 dict(chunk_size=chunk_size, decay_first=False)))
     for gate in ("scalar", "diagonal"):
@@ -186,6 +191,7 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
         grads(fn, x, seed, **kw)
+    _grads_rows(gen)
     _prologue(gen)
     _memories(gen)
     _conv(gen)

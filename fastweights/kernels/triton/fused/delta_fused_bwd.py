@@ -479,16 +479,15 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
     m_t = oc < n_t
     m_r = orr < n_t
     m_tk = m_t[:, None] & m_kk[None, :]
-    m_kt = m_kk[:, None] & m_t[None, :]
     m_rk = m_r[:, None] & m_kk[None, :]
     causal = orr[:, None] >= oc[None, :]  # [i, j]: j ≤ i (i the program's rows)
     causal_t = oc[None, :] >= orr[:, None]  # [j, i]: i ≥ j (j the program's rows)
     p_q = q + (t0 * HQ + i_hq) * K
     p_k = k + (t0 * HQ + i_hq) * K
     o_k = oc[:, None] * (HQ * K) + kk[None, :]  # the chunk's q, k rows  [C, BK]
-    o_kt = oc[None, :] * (HQ * K) + kk[:, None]  # [BK, C]
     o_rk = orr[:, None] * (HQ * K) + kk[None, :]  # the program's rows  [BR, BK]
-    # ==== dq
+    # ==== dq (and with a scalar gate dG's q-side rows, rowsum(Q ⊙ dq_h) of each value head's dq term: the row i of
+    # rowsum(M1 ⊙ Q Kᵀ) is q_i · (M1 K)_i — no Q Kᵀ product)
     b_dq = tl.zeros([BR, BK], dtype=tl.float32)
     r_q = tl.zeros([BR], dtype=tl.float32)
     for j in range(0, H // HQ):
@@ -500,38 +499,32 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
             Gr = _rows_of(G, oc, orr)
         dA = tl.zeros([BR, C], dtype=tl.float32)  # the rows of dO Uᵀ
-        for i_v in range(0, tl.cdiv(V, BV)):
+        dQt = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of dO hᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):  # (one loop: both products read the same dO tile)
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
-            dA += mm(tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
-                             other=0.0),
-                     tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
-                             other=0.0), DT, IEEE)
+            b_do = tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                           other=0.0)
+            dA += mm(b_do, tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+                                   other=0.0), DT, IEEE)
+            dQt += mm(b_do, tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
+                                    other=0.0), DT, IEEE)
         M1 = _decayed_rows(dA * scale, Gr if GATE == 1 else dA, G if GATE == 1 else dA, causal, False, GATE)
-        b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
         if GATE == 1:
-            r_q = tl.sum(M1 * mm(tl.load(p_q + o_rk, mask=m_rk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0),
-                                 DT, IEEE), axis=1)
-        dQt = tl.zeros([BR, BK], dtype=tl.float32)
-        for i_v in range(0, tl.cdiv(V, BV)):
-            vv = i_v * BV + tl.arange(0, BV)
-            m_vv = vv < V
-            dQt += mm(tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
-                              other=0.0),
-                      tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
-                      DT, IEEE)
-        if GATE == 1:
-            dQt = dQt * (scale * tl.exp(Gr))[:, None]
-            r_q += tl.sum(tl.load(p_q + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dQt, axis=1)
+            dq_h = mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE) + dQt * (scale * tl.exp(Gr))[:, None]
+            r_q = tl.sum(tl.load(p_q + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dq_h, axis=1)
             if H // HQ > 1:
                 tl.store(rq + p_r + orr * H, r_q, mask=m_r)
+            b_dq += dq_h
         else:
-            dQt = dQt * scale
-        b_dq += dQt
+            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE) + dQt * scale
     tl.store(dq + (t0 * HQ + i_hq) * K + o_rk, b_dq.to(dq.dtype.element_ty), mask=m_rk)
     if H // HQ > 1:
         tl.debug_barrier()
-    # ==== dk, dβ, dG's rows
+    # ==== dk, dβ, dG's rows. Every rowsum against K Qᵀ or K Kᵀ is one against a product already formed: with k_a the
+    # row's key, Σ_b M_ab (k_a · x_b) = k_a · (M X)_a, so rowsum(M1ᵀ ⊙ K Qᵀ) = rowsum(K ⊙ M1ᵀ Q), rowsum(M2ᵀ ⊙ K Kᵀ) =
+    # rowsum(K ⊙ M2ᵀ K), r_n = rowsum(N ⊙ K Kᵀ) = rowsum(K ⊙ N K): (M2 + M2ᵀ) K as M2ᵀ K − diag(β) N K, two products
+    # instead of K Kᵀ and one
     strict = orr[:, None] > oc[None, :]
     strict_t = oc[None, :] > orr[:, None]
     b_dk = tl.zeros([BR, BK], dtype=tl.float32)
@@ -550,50 +543,43 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             if H // HQ > 1:
                 r_q = tl.load(rq + p_r + orr * H, mask=m_r, other=0.0)
         dAt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U dOᵀ
-        for i_v in range(0, tl.cdiv(V, BV)):
-            vv = i_v * BV + tl.arange(0, BV)
-            m_vv = vv < V
-            dAt += mm(tl.load(u + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
-                              other=0.0),
-                      tl.load(do + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
-                              other=0.0), DT, IEEE)
-        M1t = _decayed_rows(dAt * scale, Gr if GATE == 1 else dAt, G if GATE == 1 else dAt, causal_t, True, GATE)
-        b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        if GATE == 1:
-            r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_rk, mask=m_rk, other=0.0),
-                                         tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
         dL = tl.zeros([BR, C], dtype=tl.float32)  # the rows of Y Uᵀ
         dLt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U Yᵀ
-        dKt = tl.zeros([BR, BK], dtype=tl.float32)
+        dKt = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of U dhᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
             m_rv = m_r[:, None] & m_vv[None, :]
             m_vt = m_vv[:, None] & m_t[None, :]
-            m_vk = m_vv[:, None] & m_kk[None, :]
             o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
             o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
-            o_st = kk[None, :] * V + vv[:, None]  # [BV, BK]
             b_u = tl.load(u + p_v + o_v, mask=m_rv, other=0.0)
+            dAt += mm(b_u, tl.load(do + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
             dL += mm(tl.load(y + p_v + o_v, mask=m_rv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vt, other=0.0),
                      DT, IEEE)
             dLt += mm(b_u, tl.load(y + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
-            b_dht = tl.load(dh + p_h + o_st, mask=m_vk, other=0.0)
-            dKt += mm(b_u, b_dht, DT, IEEE)
-        kdk = tl.sum(tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dKt, axis=1)
+            dKt += mm(b_u, tl.load(dh + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
+                                   other=0.0), DT, IEEE)
+        b_kr = tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32)  # the rows' keys  [BR, BK]
+        M1t = _decayed_rows(dAt * scale, Gr if GATE == 1 else dAt, G if GATE == 1 else dAt, causal_t, True, GATE)
+        P = mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M1ᵀ Q
+        kdk = tl.sum(b_kr * dKt, axis=1)  # rowsum(K ⊙ dK̃)
         if GATE == 1:
-            b_dk += dKt * gkd_r[:, None]
+            r_dG = r_q - tl.sum(b_kr * P, axis=1)
+            b_dk += P + dKt * gkd_r[:, None]
         else:
-            b_dk += dKt
-        b_KK = mm(tl.load(p_k + o_rk, mask=m_rk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
+            b_dk += P + dKt
         Nm = _decayed_rows(dL, Gr if GATE == 1 else dL, G if GATE == 1 else dL, strict, False, GATE)
+        P = mm(Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # N K
+        r_n = tl.sum(b_kr * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
+        b_dk -= P * b_beta_r[:, None]
         M2t = _decayed_rows(dLt * -b_beta[None, :], Gr if GATE == 1 else dLt, G if GATE == 1 else dLt, strict_t, True,
                             GATE)
-        r_n = tl.sum(Nm * b_KK, axis=1)
+        P = mm(M2t, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M2ᵀ K
+        b_dk += P
         if GATE == 1:
-            r_dG -= b_beta_r * r_n + tl.sum(M2t * b_KK, axis=1)
-        b_dk += mm(M2t - b_beta_r[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        Z = tl.zeros([BR, BK], dtype=tl.float32)
+            r_dG -= b_beta_r * r_n + tl.sum(b_kr * P, axis=1)
+        Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
@@ -601,7 +587,7 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
                             other=0.0),
                     tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
                     DT, IEEE)
-        kz = tl.sum(tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32) * Z, axis=1)
+        kz = tl.sum(b_kr * Z, axis=1)
         b_db = -r_n
         if GATE == 1:
             b_dk -= Z * (b_beta_r * gam_r)[:, None]

@@ -478,7 +478,13 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
     m_kk = kk < K
     m_t = oc < n_t
     m_r = orr < n_t
-    m_tk = m_t[:, None] & m_kk[None, :]
+    # the causal masks' columns: a row block's products against the chunk's other rows see only those at or before
+    # its last row (dO Uᵀ, Y Uᵀ; M1 K, N K) or at or after its first (U dOᵀ, U Yᵀ; M1ᵀ Q, M2ᵀ K): the rest is not
+    # read (the masks zero them anyway)
+    m_lo = oc < tl.minimum(n_t, (i_r + 1) * BR)
+    m_hi = (oc >= i_r * BR) & m_t
+    m_lok = m_lo[:, None] & m_kk[None, :]
+    m_hik = m_hi[:, None] & m_kk[None, :]
     m_rk = m_r[:, None] & m_kk[None, :]
     causal = orr[:, None] >= oc[None, :]  # [i, j]: j ≤ i (i the program's rows)
     causal_t = oc[None, :] >= orr[:, None]  # [j, i]: i ≥ j (j the program's rows)
@@ -505,19 +511,19 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             m_vv = vv < V
             b_do = tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
                            other=0.0)
-            dA += mm(b_do, tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
+            dA += mm(b_do, tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_lo[None, :],
                                    other=0.0), DT, IEEE)
             dQt += mm(b_do, tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
                                     other=0.0), DT, IEEE)
         M1 = _decayed_rows(dA * scale, Gr if GATE == 1 else dA, G if GATE == 1 else dA, causal, False, GATE)
         if GATE == 1:
-            dq_h = mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE) + dQt * (scale * tl.exp(Gr))[:, None]
+            dq_h = mm(M1, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE) + dQt * (scale * tl.exp(Gr))[:, None]
             r_q = tl.sum(tl.load(p_q + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dq_h, axis=1)
             if H // HQ > 1:
                 tl.store(rq + p_r + orr * H, r_q, mask=m_r)
             b_dq += dq_h
         else:
-            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE) + dQt * scale
+            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE) + dQt * scale
     tl.store(dq + (t0 * HQ + i_hq) * K + o_rk, b_dq.to(dq.dtype.element_ty), mask=m_rk)
     if H // HQ > 1:
         tl.debug_barrier()
@@ -550,35 +556,45 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
             m_rv = m_r[:, None] & m_vv[None, :]
-            m_vt = m_vv[:, None] & m_t[None, :]
+            m_vlo = m_vv[:, None] & m_lo[None, :]
+            m_vhi = m_vv[:, None] & m_hi[None, :]
             o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
             o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
             b_u = tl.load(u + p_v + o_v, mask=m_rv, other=0.0)
-            dAt += mm(b_u, tl.load(do + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
-            dL += mm(tl.load(y + p_v + o_v, mask=m_rv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vt, other=0.0),
-                     DT, IEEE)
-            dLt += mm(b_u, tl.load(y + p_v + o_vt, mask=m_vt, other=0.0), DT, IEEE)
+            dAt += mm(b_u, tl.load(do + p_v + o_vt, mask=m_vhi, other=0.0), DT, IEEE)
             dKt += mm(b_u, tl.load(dh + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
                                    other=0.0), DT, IEEE)
-        b_kr = tl.load(p_k + o_rk, mask=m_rk, other=0.0).to(tl.float32)  # the rows' keys  [BR, BK]
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_rv = m_r[:, None] & m_vv[None, :]
+            m_vlo = m_vv[:, None] & m_lo[None, :]
+            m_vhi = m_vv[:, None] & m_hi[None, :]
+            o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
+            o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
+            dL += mm(tl.load(y + p_v + o_v, mask=m_rv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vlo, other=0.0),
+                     DT, IEEE)
+            dLt += mm(tl.load(u + p_v + o_v, mask=m_rv, other=0.0), tl.load(y + p_v + o_vt, mask=m_vhi, other=0.0),
+                      DT, IEEE)
+        b_kr = tl.load(p_k + o_rk, mask=m_rk, other=0.0)  # the rows' keys  [BR, BK] (as stored)
         M1t = _decayed_rows(dAt * scale, Gr if GATE == 1 else dAt, G if GATE == 1 else dAt, causal_t, True, GATE)
-        P = mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M1ᵀ Q
-        kdk = tl.sum(b_kr * dKt, axis=1)  # rowsum(K ⊙ dK̃)
+        P = mm(M1t, tl.load(p_q + o_k, mask=m_hik, other=0.0), DT, IEEE)  # M1ᵀ Q
+        kdk = tl.sum(b_kr.to(tl.float32) * dKt, axis=1)  # rowsum(K ⊙ dK̃)
         if GATE == 1:
-            r_dG = r_q - tl.sum(b_kr * P, axis=1)
+            r_dG = r_q - tl.sum(b_kr.to(tl.float32) * P, axis=1)
             b_dk += P + dKt * gkd_r[:, None]
         else:
             b_dk += P + dKt
         Nm = _decayed_rows(dL, Gr if GATE == 1 else dL, G if GATE == 1 else dL, strict, False, GATE)
-        P = mm(Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # N K
-        r_n = tl.sum(b_kr * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
+        P = mm(Nm, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE)  # N K
+        r_n = tl.sum(b_kr.to(tl.float32) * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
         b_dk -= P * b_beta_r[:, None]
         M2t = _decayed_rows(dLt * -b_beta[None, :], Gr if GATE == 1 else dLt, G if GATE == 1 else dLt, strict_t, True,
                             GATE)
-        P = mm(M2t, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M2ᵀ K
+        P = mm(M2t, tl.load(p_k + o_k, mask=m_hik, other=0.0), DT, IEEE)  # M2ᵀ K
         b_dk += P
         if GATE == 1:
-            r_dG -= b_beta_r * r_n + tl.sum(b_kr * P, axis=1)
+            r_dG -= b_beta_r * r_n + tl.sum(b_kr.to(tl.float32) * P, axis=1)
         Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
@@ -587,7 +603,7 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
                             other=0.0),
                     tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
                     DT, IEEE)
-        kz = tl.sum(b_kr * Z, axis=1)
+        kz = tl.sum(b_kr.to(tl.float32) * Z, axis=1)
         b_db = -r_n
         if GATE == 1:
             b_dk -= Z * (b_beta_r * gam_r)[:, None]

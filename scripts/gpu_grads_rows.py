@@ -10,8 +10,8 @@ pipeline's forward + backward timed at the LM preset's shape, then one forward +
 Variants (util.LAUNCH updates, VARIANTS; sm_90 registers / spills / shared memory at the preset, bf16, scalar gate,
 from `scripts/sm90_report.py` with Triton 3.6 — docs/kernel_notes.md "The gradient kernel's rows over programs"):
 off — `_grads_kernel`, one 8-warp program a chunk and q/k head (255 registers, 8 B spilled, 122 KB: one CTA an SM);
-br16w4 — 16 rows a program, 4 warps, 1 stage (≤ 255 registers, none spilled, 18 KB: two CTAs an SM); br16w8r128 —
-16 rows, 8 warps, 2 stages, ptxas capped at 128 registers (16 B spilled, 26 KB: two CTAs of 8 warps an SM); br16w8 —
+br16w4 — 16 rows a program, 4 warps, 1 stage (249 registers, none spilled, 18 KB: two CTAs an SM); br16w8r128 —
+16 rows, 8 warps, 2 stages, ptxas capped at 128 registers (28 B spilled, 28 KB: two CTAs of 8 warps an SM); br16w8 —
 16 rows, 8 warps, 1 stage, no cap (one CTA an SM: more programs alone); br32w8 — 32 rows, 8 warps, 1 stage (one CTA).
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):

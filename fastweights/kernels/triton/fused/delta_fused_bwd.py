@@ -496,6 +496,7 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
     # rowsum(M1 ⊙ Q Kᵀ) is q_i · (M1 K)_i — no Q Kᵀ product)
     b_dq = tl.zeros([BR, BK], dtype=tl.float32)
     r_q = tl.zeros([BR], dtype=tl.float32)
+    Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ, here with h's tile (one head a group: h read once)
     for j in range(0, H // HQ):
         i_h = i_hq * (H // HQ) + j
         p_v = (t0 * H + i_h) * V
@@ -513,8 +514,11 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
                            other=0.0)
             dA += mm(b_do, tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_lo[None, :],
                                    other=0.0), DT, IEEE)
-            dQt += mm(b_do, tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
-                                    other=0.0), DT, IEEE)
+            b_h = tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0)
+            dQt += mm(b_do, b_h, DT, IEEE)
+            if H // HQ == 1:
+                Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                                other=0.0), b_h, DT, IEEE)
         M1 = _decayed_rows(dA * scale, Gr if GATE == 1 else dA, G if GATE == 1 else dA, causal, False, GATE)
         if GATE == 1:
             dq_h = mm(M1, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE) + dQt * (scale * tl.exp(Gr))[:, None]
@@ -595,14 +599,15 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
         b_dk += P
         if GATE == 1:
             r_dG -= b_beta_r * r_n + tl.sum(b_kr.to(tl.float32) * P, axis=1)
-        Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ
-        for i_v in range(0, tl.cdiv(V, BV)):
-            vv = i_v * BV + tl.arange(0, BV)
-            m_vv = vv < V
-            Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
-                            other=0.0),
-                    tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0),
-                    DT, IEEE)
+        if H // HQ > 1:
+            Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ
+            for i_v in range(0, tl.cdiv(V, BV)):
+                vv = i_v * BV + tl.arange(0, BV)
+                m_vv = vv < V
+                Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                                other=0.0),
+                        tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
+                                other=0.0), DT, IEEE)
         kz = tl.sum(b_kr.to(tl.float32) * Z, axis=1)
         b_db = -r_n
         if GATE == 1:

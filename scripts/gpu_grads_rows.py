@@ -10,6 +10,8 @@ pipeline's forward + backward timed at the LM preset's shape, then one forward +
 Variants (util.LAUNCH updates, VARIANTS; sm_90 registers / spills / shared memory at the preset, bf16, scalar gate,
 from `scripts/sm90_report.py` with Triton 3.6 — docs/kernel_notes.md "The gradient kernel's rows over programs"):
 off — `_grads_kernel`, one 8-warp program a chunk and q/k head (255 registers, 8 B spilled, 122 KB: one CTA an SM);
+rowsums — the same kernel without its Q Kᵀ, K Qᵀ, K Kᵀ products (ROWSUMS 1: 13 → 11 products; 254 registers, none
+spilled, 98 KB: still one CTA an SM);
 br16w4 — 16 rows a program, 4 warps, 1 stage (249 registers, none spilled, 18 KB: two CTAs an SM); br16w8r128 —
 16 rows, 8 warps, 2 stages, ptxas capped at 128 registers (28 B spilled, 28 KB: two CTAs of 8 warps an SM); br16w8 —
 16 rows, 8 warps, 1 stage, no cap (one CTA an SM: more programs alone); br32w8 — 32 rows, 8 warps, 1 stage (one CTA).
@@ -38,7 +40,8 @@ import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 #: Each variant's util.LAUNCH update (load_launch's table).
-VARIANTS = {"off": {"delta_fused_grads_rows": {"ON": 0}},
+VARIANTS = {"off": {"delta_fused_grads_rows": {"ON": 0}, "delta_fused_grads": {"ROWSUMS": 0}},
+            "rowsums": {"delta_fused_grads": {"ROWSUMS": 1}},
             "br16w4": {"delta_fused_grads_rows": {"ON": 1, "BR": 16, "num_warps": 4, "num_stages": 1,
                                                   "MAXNREG": 0}},
             "br16w8r128": {"delta_fused_grads_rows": {"ON": 1, "BR": 16, "num_warps": 8, "num_stages": 2,

@@ -71,18 +71,21 @@ def _staged_bwd(x, **kw):
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
-@pytest.mark.parametrize("gate, C, aqk, br", [("none", 64, 0, 0), ("scalar", 16, 1, 0), ("scalar", 64, 0, 16),
-                                              ("none", 32, 1, 16)])
-def test_kernels_match_twins(gate, C, aqk, br, gen, monkeypatch):
+@pytest.mark.parametrize("gate, C, aqk, br, rowsums", [("none", 64, 0, 0, 0), ("scalar", 16, 1, 0, 0),
+                                                       ("scalar", 64, 0, 16, 0), ("none", 32, 1, 16, 0),
+                                                       ("scalar", 16, 0, 0, 1), ("none", 64, 1, 0, 1)])
+def test_kernels_match_twins(gate, C, aqk, br, rowsums, gen, monkeypatch):
     """recompute_states (h, U) and fused_backward (dq, dk, dv, dβ, dg, dS_0) against the torch twins in float64 on
     the same T, dO and final-state gradient: varlen with an empty and a length-1 sequence, grouped heads
     H_q = 1 | H = 2, strong decay (g_scale 3), chunk 16 (one sequence spans 5 chunks), 32 and 64; Aqk recomputed in
     the reverse kernel (AQK 0) or handed over by the recompute (AQK 1); the gradient kernel one program a chunk
     (br 0) or each chunk's rows over C / 16 programs (br 16: `_grads_rows_kernel`, the chunks of 6, 9 and 1 rows
-    with empty row blocks)."""
+    with empty row blocks); the one-program kernel's rowsums against Q Kᵀ, K Qᵀ, K Kᵀ or against dq's and dk's own
+    products (rowsums 1: LAUNCH["delta_fused_grads"]["ROWSUMS"])."""
     monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
     util.LAUNCH["delta_fused_rev"]["AQK"] = aqk
     util.LAUNCH["delta_fused_grads_rows"].update(ON=int(br > 0), BR=br or 16)
+    util.LAUNCH["delta_fused_grads"]["ROWSUMS"] = rowsums
     lengths = [9, 0, 70, 1]
     T, H = sum(lengths), 2
     cu = torch.tensor([0] + lengths).cumsum(0)
@@ -285,6 +288,20 @@ def test_rows_match_recurrence(gate, T, C, gen, fused, rows, monkeypatch):
           f"T={T}")
     util.LAUNCH["delta_fused_grads_rows"]["ON"] = 0
     check(got, grads(_triton, x, seed, chunk_size=C), F32, "vs one program a chunk")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_rowsums_match_recurrence(gate, gen, fused, monkeypatch):
+    """The one-program kernel with ROWSUMS 1 (no Q Kᵀ, K Qᵀ, K Kᵀ products): every gradient in fp32 against the
+    float64 recurrence (T 33, chunk 16, two batch rows), and equal to ROWSUMS 0 to fp32 rounding."""
+    monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
+    x = _inputs(gate, gen, B=2, T=33, K=8, V=8)
+    seed = secrets.randbits(31)
+    base = grads(_triton, x, seed)
+    util.LAUNCH["delta_fused_grads"]["ROWSUMS"] = 1
+    got = grads(_triton, x, seed)
+    check(got, grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed), CHUNK_F32_REL)
+    check(got, base, F32, "vs ROWSUMS 0")
 
 
 @pytest.mark.parametrize("gate", GATES)

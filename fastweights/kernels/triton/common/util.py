@@ -160,7 +160,9 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U
     # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
     "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
-    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
+    # ROWSUMS 1: no Q Kᵀ, K Qᵀ, K Kᵀ products (dG's and dβ's rowsums against dq's and dk's own products; 13 → 11
+    # products a chunk with the gate); 0 until timed on a GPU (issue 32)
+    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64, ROWSUMS=0),  # _grads_kernel (BV: its V loops' tile)
     # ON 1: the gradient kernel with each chunk's C rows split over C / BR programs (_grads_rows_kernel: the same
     # products, BR rows each, no product recomputed; dg finished by chunk_cumsum from its dG rows and ∂L/∂G_last
     # parts); 0: _grads_kernel, one program a chunk (the default until timed on a GPU: issue 32, docs/kernel_notes.md

@@ -251,9 +251,11 @@ def _decayed(M, G, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr):
 def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T,
                   NT, R, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, NPART: tl.constexpr, GATE: tl.constexpr,
-                  IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                  IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, ROWSUMS: tl.constexpr = 0):
     # dbv: [NPART, R] fp32 (R = B·T·H), the reverse kernel's Σ_v V ⊙ Y per value block; rq: [R] fp32 scratch
     # (grouped heads, scalar gate: dG's q-side rows from the first loop to the second)
+    # ROWSUMS 1: no Q Kᵀ, K Qᵀ, K Kᵀ products — each rowsum against them taken against a product dq or dk forms
+    # anyway (`_grads_rows_kernel`'s identities: Σ_b M_ab (k_a · x_b) = k_a · (M X)_a); (M2 + M2ᵀ) K as M2ᵀ K − β N K
     i_n, i_bq = tl.program_id(0), tl.program_id(1)
     i_b, i_hq = i_bq // HQ, i_bq % HQ
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
@@ -293,10 +295,16 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
                      tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
                              other=0.0), DT, IEEE)
         M1 = _decayed(dA * scale, G if GATE == 1 else dA, causal, False, GATE)  # ∂L/∂(Q Kᵀ ⊙ E)   [i, j]
-        b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        if GATE == 1:  # dG through Aqk's rows: rowsum(M1 ⊙ Q Kᵀ)
-            r_q = tl.sum(M1 * mm(tl.load(p_q + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0),
-                                 DT, IEEE), axis=1)
+        if ROWSUMS:
+            P = mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            b_dq += P
+            if GATE == 1:  # rowsum(M1 ⊙ Q Kᵀ) = rowsum(Q ⊙ M1 K)
+                r_q = tl.sum(tl.load(p_q + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            if GATE == 1:  # dG through Aqk's rows: rowsum(M1 ⊙ Q Kᵀ)
+                r_q = tl.sum(M1 * mm(tl.load(p_q + o_k, mask=m_tk, other=0.0),
+                                     tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
         dQt = tl.zeros([C, BK], dtype=tl.float32)  # dQ̃ = dO hᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
@@ -340,10 +348,16 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
                       tl.load(do + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
                               other=0.0), DT, IEEE)
         M1t = _decayed(dAt * scale, G if GATE == 1 else dAt, causal_t, True, GATE)  # M1ᵀ   [j, i]
-        b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        if GATE == 1:  # dG through Aqk's columns: colsum(M1 ⊙ Q Kᵀ) = rowsum(M1ᵀ ⊙ K Qᵀ)
-            r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_k, mask=m_tk, other=0.0),
-                                         tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
+        if ROWSUMS:
+            P = mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            b_dk += P
+            if GATE == 1:  # rowsum(M1ᵀ ⊙ K Qᵀ) = rowsum(K ⊙ M1ᵀ Q)
+                r_dG = r_q - tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            if GATE == 1:  # dG through Aqk's columns: colsum(M1 ⊙ Q Kᵀ) = rowsum(M1ᵀ ⊙ K Qᵀ)
+                r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_k, mask=m_tk, other=0.0),
+                                             tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
         # -- dk through T (dL = Y Uᵀ and its transpose) and through K̃ (dK̃ = U dhᵀ); Σ h ⊙ dh for ∂L/∂G_last
         dL = tl.zeros([C, C], dtype=tl.float32)
         dLt = tl.zeros([C, C], dtype=tl.float32)
@@ -372,13 +386,24 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
             b_dk += dKt * gkd[:, None]
         else:
             b_dk += dKt
-        b_KK = mm(tl.load(p_k + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
-        Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)  # strict(dL) ⊙ E = −dLm ⊙ E   [i, j]
-        M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)  # (dP ⊙ E)ᵀ  [j, i]
-        r_n = tl.sum(Nm * b_KK, axis=1)  # Σ_j (dL ⊙ P)_ij = −Σ_j dLm_ij P_ij (P = K Kᵀ ⊙ E)
-        if GATE == 1:  # dG through P: rowsum(dP ⊙ P) = −β r_n, colsum = rowsum(M2ᵀ ⊙ K Kᵀ) (K Kᵀ symmetric)
-            r_dG -= b_beta * r_n + tl.sum(M2t * b_KK, axis=1)
-        b_dk += mm(M2t - b_beta[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # (M2 + M2ᵀ) K
+        if ROWSUMS:
+            Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)
+            M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)
+            P = mm(Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # N K
+            r_n = tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
+            b_dk -= P * b_beta[:, None]
+            P = mm(M2t, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M2ᵀ K
+            b_dk += P
+            if GATE == 1:  # rowsum(M2ᵀ ⊙ K Kᵀ) = rowsum(K ⊙ M2ᵀ K)
+                r_dG -= b_beta * r_n + tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_KK = mm(tl.load(p_k + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
+            Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)  # strict(dL) ⊙ E = −dLm ⊙ E   [i, j]
+            M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)  # (dP ⊙ E)ᵀ [j, i]
+            r_n = tl.sum(Nm * b_KK, axis=1)  # Σ_j (dL ⊙ P)_ij = −Σ_j dLm_ij P_ij (P = K Kᵀ ⊙ E)
+            if GATE == 1:  # dG through P: rowsum(dP ⊙ P) = −β r_n, colsum = rowsum(M2ᵀ ⊙ K Kᵀ) (K Kᵀ symmetric)
+                r_dG -= b_beta * r_n + tl.sum(M2t * b_KK, axis=1)
+            b_dk += mm(M2t - b_beta[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # (M2+M2ᵀ) K
         # -- dk through X = diag(β)(V − Γ K S_n): −diag(β Γ) Z, Z = Y hᵀ
         Z = tl.zeros([C, BK], dtype=tl.float32)
         for i_v in range(0, tl.cdiv(V, BV)):
@@ -757,5 +782,6 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
             q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta,
             dg if dg is not None else dbeta, cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K,
             V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate,
-            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads"))
+            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, ROWSUMS=int(bool(tile("delta_fused_grads", "ROWSUMS"))),
+            **launch("delta_fused_grads"))
     return dq, dk, dv, dg, dbeta, dh0

@@ -39,6 +39,14 @@ stored inverse (I + strict(diag(β) K Kᵀ ⊙ E))⁻¹ of the forward:
    staged path's two `qk_grads`, `wy_representation_bwd`, the output's local backward, the sum pass
    and the reverse cumsum in one kernel.
 
+Two options of the last kernel, off by default until a GPU times them (issue 32; docs/kernel_notes.md "The gradient
+kernel's rows over programs"): `LAUNCH["delta_fused_grads"]["ROWSUMS"]` takes dG's and dβ's rowsums against Q Kᵀ,
+K Qᵀ and K Kᵀ from products dq and dk form anyway (Σ_b M_ab (k_a · x_b) = k_a · (M X)_a: rowsum(M1 ⊙ Q Kᵀ) =
+rowsum(Q ⊙ M1 K), and so on), three [C, C] products fewer; `LAUNCH["delta_fused_grads_rows"]["ON"]` runs
+`_grads_rows_kernel` instead, the same identities with each chunk's C rows split over C / BR programs (grid
+(NT·C/BR, B·H_q)): every output row's terms are its program's but dg's reverse cumsum and ∂L/∂G_last, which it leaves
+as dG's rows and per-block parts for `chunk_cumsum` to finish.
+
 The decays and the scale are applied to the [C, BV] or [C, C] side of each product (K S_n then a
 row factor Γ, not K ⊙ Γ), so q, k, v reach the tensor cores as stored — bf16 inputs are never rounded
 again — and a program holds no scaled copy of a [C, K] tile. Tensor-core operands are rounded to the

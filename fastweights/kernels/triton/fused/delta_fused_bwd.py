@@ -593,7 +593,6 @@ def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, r
             vv = i_v * BV + tl.arange(0, BV)
             m_vv = vv < V
             m_rv = m_r[:, None] & m_vv[None, :]
-            m_vlo = m_vv[:, None] & m_lo[None, :]
             m_vhi = m_vv[:, None] & m_hi[None, :]
             o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
             o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]

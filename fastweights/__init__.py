@@ -12,6 +12,7 @@ from .api import (
     chunk,
     forms,
     layer_op_backends,
+    layer_op_pipeline,
     parallel,
     pipeline,
     recipe_class,
@@ -26,8 +27,8 @@ from .zoo import ZOO, UnknownModelError
 __version__ = "0.1.0"
 
 __all__ = [
-    "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "pipeline", "recipe_class",
-    "FormNotAvailable",
+    "recurrent", "parallel", "chunk", "forms", "backends", "layer_op_backends", "pipeline", "layer_op_pipeline",
+    "recipe_class", "FormNotAvailable",
     "BackendNotAvailable",
     "InputError", "DivergenceError", "example_inputs", "init_state",
     "Recipe", "Memory", "FeatureMap", "Objective", "Optimizer", "Retention", "RecipeError",

@@ -31,6 +31,7 @@ from .dispatch import (
     backends,
     forms,
     layer_op_backends,
+    layer_op_pipeline,
     pipeline,
     route,
     unavailable_reason,
@@ -44,6 +45,7 @@ from .zoo import resolve
 Tensor = torch.Tensor
 
 __all__ = ["recurrent", "parallel", "chunk", "call_target", "forms", "backends", "layer_op_backends", "pipeline",
+           "layer_op_pipeline",
            "recipe_class",
            "unavailable_reason", "FormNotAvailable", "BackendNotAvailable", "DISPATCH"]
 

@@ -49,6 +49,13 @@ its `pipeline(recipe, target)` picks one from the same Target, a pure function o
 (`kernels.pipelines`), and the row passes it to its kernels as an argument. `rows(pipelines=True)`
 lists every row's named pipelines, `pipeline(model, ...)` says which row and pipeline a call takes,
 and a layer's `repr` shows the last call's.
+
+Variants. Inside a pipeline the launch table (`kernels.triton.common.util.LAUNCH`) picks some kernels' variants
+(the conv's backward by rows or by blocks, TTT-MLP sliced or one program, the fused pipelines' optional
+pre-computations): a row's `variants` names them, a pure function of the call's facts and the table
+(`kernels.variants`, the same functions the kernels' glue branches on). `rows(variants=True)` lists each row's
+alternatives, `pipeline(model, ..., variants=True)` and `layer_op_pipeline(op, ...)` the ones a call takes, and
+a layer's `repr` shows the last call's in brackets.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ from .zoo import resolve
 
 __all__ = ["DISPATCH", "FORMS", "Form", "LAYER", "LAYER_OPS", "AUTO_ORDER", "Target", "Impl",
            "BackendNotAvailable", "FormNotAvailable", "Call", "register", "route", "resolve_backend", "layer_op",
-           "pipeline",
+           "pipeline", "layer_op_pipeline",
            "check_backend", "promoted_dtype", "backends", "layer_op_backends", "rows", "implementation",
            "unavailable_reason", "forms", "recipe_class", "RECIPE_CLASSES"]
 
@@ -169,7 +176,12 @@ class Impl:
 
     pipelines: the names of the pipelines the row can run (empty: one, unnamed); pipeline(recipe,
     target): the one a call with `target` runs (an object whose str is one of `pipelines`; None
-    when the Target leaves a fact it needs unknown) — the same function the row's fn asks."""
+    when the Target leaves a fact it needs unknown) — the same function the row's fn asks.
+    variants(recipe, target, chosen, launch, *, sequences, heads): the kernel variants the launch table picks
+    inside the pipeline `chosen` (`kernels.variants`: objects whose str is "site: choice"; launch None: the table
+    the kernels read now; sequences, heads: facts a Target does not carry, None: unknown); alternatives(name):
+    what each variant it may name in the pipeline `name` (None: the row's one) may be ("site: choice | choice | …
+    (LAUNCH keys)", `kernels.variants.alternatives`)."""
 
     recipe_class: str
     form: str
@@ -179,6 +191,8 @@ class Impl:
     auto: bool | Callable[[Recipe | None], bool] = True
     pipelines: tuple[str, ...] = ()
     pipeline: Callable[[Recipe | None, Target], object] | None = None
+    variants: Callable[..., tuple] | None = None
+    alternatives: Callable[[str | None], tuple[str, ...]] | None = None
 
     def auto_for(self, recipe: Recipe | None) -> bool:
         """Whether "auto" may choose this row for `recipe`."""
@@ -191,6 +205,18 @@ class Impl:
             return None
         chosen = self.pipeline(recipe, target)
         return None if chosen is None else str(chosen)
+
+    def variants_for(self, recipe: Recipe | None, target: Target, *, launch=None, sequences: int | None = None,
+                     heads: int | None = None) -> tuple[str, ...]:
+        """The names ("site: choice") of the launch-table variants a call with `target` runs on this row, in the
+        pipeline `pipeline` picks (empty: none, or the row has no variant); launch: a table of util.LAUNCH's shape
+        (None: the one the kernels read now); sequences, heads: the call's sequences and value heads where a variant
+        depends on them (TTT-MLP; None: the name says on what)."""
+        if self.variants is None:
+            return ()
+        chosen = self.pipeline(recipe, target) if self.pipeline is not None else None
+        found = self.variants(recipe, target, chosen, launch, sequences=sequences, heads=heads)
+        return tuple(str(v) for v in found)
 
     def describe(self, recipe: Recipe | None, target: Target) -> str:
         """'triton (fused forward, fused backward)', or the backend alone for a row of one pipeline."""
@@ -246,11 +272,13 @@ def _forms_of(cls: str) -> tuple[str, ...]:
 def register(recipe_class: str, form: str, backend: str, fn: Callable,
              supports: Callable[[Recipe | None, Target], str | None] = _always, *,
              auto: bool | Callable[[Recipe | None], bool] = True, pipelines: tuple[str, ...] = (),
-             pipeline: Callable[[Recipe | None, Target], object] | None = None) -> Impl:
+             pipeline: Callable[[Recipe | None, Target], object] | None = None,
+             variants: Callable[..., tuple] | None = None,
+             alternatives: Callable[[str | None], tuple[str, ...]] | None = None) -> Impl:
     """Add one row to DISPATCH (one row per key: registering a key twice is an error); auto=False
     keeps "auto" from choosing it (see `Impl`). recipe_class: one of RECIPE_CLASSES with a form of
     FORMS, or LAYER with a layer op of LAYER_OPS; pipelines / pipeline: the row's named pipelines and
-    the rule that picks one per call (see `Impl`)."""
+    the rule that picks one per call; variants / alternatives: the launch-table variants it names (see `Impl`)."""
     if recipe_class not in RECIPE_CLASSES and recipe_class != LAYER:
         raise ValueError(f"unknown recipe class {recipe_class!r}; classes are {list(RECIPE_CLASSES) + [LAYER]}")
     if form not in _forms_of(recipe_class):
@@ -262,7 +290,10 @@ def register(recipe_class: str, form: str, backend: str, fn: Callable,
         raise ValueError(f"DISPATCH already has a row for {key}")
     if pipeline is not None and not pipelines:
         raise ValueError(f"the row {key} picks a pipeline per call: name its pipelines")
-    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports, auto, tuple(pipelines), pipeline)
+    if variants is not None and alternatives is None:
+        raise ValueError(f"the row {key} names launch-table variants: name their alternatives")
+    DISPATCH[key] = impl = Impl(recipe_class, form, backend, fn, supports, auto, tuple(pipelines), pipeline, variants,
+                                alternatives)
     return impl
 
 
@@ -330,37 +361,79 @@ def layer_op_backends(op: str, *, device=None, dtype: torch.dtype | None = None,
                       ) -> list[str]:
     """The backends that can serve the layer op `op` ("conv", "norm", "prologue", "rope") on `device`
     (default cpu) with `dtype` (and the op's shape facts: see `Target`), in "auto"'s order."""
+    return _listing(LAYER, None, op, _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate))
+
+
+def _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate) -> Target:
+    """The Target of a layer-op listing's arguments, each checked as every entry point checks them."""
     check_choice("op", op, LAYER_OPS)
     device, dtype = _listing_device_dtype(device, dtype)
     head_dim = check_int("head_dim", head_dim, optional=True)
     conv_width = check_int("conv_width", conv_width, optional=True)
     group_size = check_int("group_size", group_size, optional=True)
     gate = check_choice("gate", gate, GATE_ACTIVATIONS, optional=True)
-    target = Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
-    return _listing(LAYER, None, op, target)
+    return Target.of(device, dtype, head_dim, conv_width=conv_width, group_size=group_size, gate=gate)
 
 
-def rows(*, pipelines: bool = False) -> list[tuple]:
+def rows(*, pipelines: bool = False, variants: bool = False) -> list[tuple]:
     """Every row of the table, (class, form, backend), by class and form: every implementation
     choice the library makes. pipelines=True: (class, form, backend, pipeline) for every named
     pipeline of each row (pipeline None for a row of one), e.g. ("delta", "chunk", "triton",
-    "fused forward, fused backward")."""
+    "fused forward, fused backward"). variants=True: each entry followed by the alternatives of the launch-table
+    variants the row names in that pipeline (without pipelines=True: in any of the row's), `Impl.alternatives`:
+    "site: choice | choice | … (LAUNCH keys)"; () where it names none, e.g. ("layer", "conv", "triton",
+    ("conv backward: rows (RUN n) | block | … (conv_bwd_rows ON, …)",))."""
     if not pipelines:
-        return sorted(DISPATCH)
-    return [(*key, name) for key in sorted(DISPATCH) for name in (DISPATCH[key].pipelines or (None,))]
+        listed = [(key, key, DISPATCH[key].pipelines or (None,)) for key in sorted(DISPATCH)]
+    else:
+        listed = [(key, (*key, name), (name,)) for key in sorted(DISPATCH)
+                  for name in (DISPATCH[key].pipelines or (None,))]
+    if not variants:
+        return [entry for _, entry, _ in listed]
+    return [(*entry, _alternatives(DISPATCH[key], names)) for key, entry, names in listed]
+
+
+def _alternatives(impl: Impl, names) -> tuple[str, ...]:
+    """The alternatives of the variants `impl` names in any of the pipelines `names` (each listed once)."""
+    if impl.alternatives is None:
+        return ()
+    return tuple(dict.fromkeys(alt for name in names for alt in impl.alternatives(name)))
 
 
 def pipeline(model, *, form: str = "chunk", backend: str = "auto", device=None, dtype: torch.dtype | None = None,
-             head_dim: int | None = None, head_v_dim: int | None = None,
-             chunk_size: int | None = None) -> tuple[str, str | None]:
+             head_dim: int | None = None, head_v_dim: int | None = None, chunk_size: int | None = None,
+             variants: bool = False, batch_size: int | None = None, num_heads: int | None = None,
+             launch=None) -> tuple:
     """(backend, pipeline) a call of `form` of `model` takes on `device` with `dtype`, head dims and chunk
     size (THE RULE, then the row's pipeline rule): e.g. ("triton", "staged forward, fused backward") for
     the gpu-125m preset's gated DeltaNet in bf16 on CUDA; the pipeline is None for a row of one pipeline
-    (or when a fact it needs is not given). Raises as `route` does when no backend serves the call."""
+    (or when a fact it needs is not given). Raises as `route` does when no backend serves the call.
+
+    variants=True: (backend, pipeline, variants) — variants the names of the kernel variants the launch table picks
+    in that pipeline ("site: choice", `Impl.variants_for`; () where none), e.g. ("triton", "TTT-MLP kernels (tf32)",
+    ("TTT-MLP: sliced NP 8",)) for TTT-MLP at batch_size 4 × num_heads 8 (the call's sequences and value heads,
+    which only that choice reads; None: the name says what it depends on); launch: a table of util.LAUNCH's shape
+    to name them under (None: the one the kernels read now, after any `util.load_launch`)."""
     recipe = resolve(model)
     target = _call_target(form, device, dtype, head_dim, head_v_dim, chunk_size)
     impl = route(recipe, form, backend, target)
-    return impl.backend, impl.pipeline_for(recipe, target)
+    if not variants:
+        return impl.backend, impl.pipeline_for(recipe, target)
+    batch_size = check_int("batch_size", batch_size, optional=True)
+    num_heads = check_int("num_heads", num_heads, optional=True)
+    return (impl.backend, impl.pipeline_for(recipe, target),
+            impl.variants_for(recipe, target, launch=launch, sequences=batch_size, heads=num_heads))
+
+
+def layer_op_pipeline(op: str, *, backend: str = "auto", device=None, dtype: torch.dtype | None = None,
+                      head_dim: int | None = None, conv_width: int | None = None, group_size: int | None = None,
+                      gate: str | None = None, launch=None) -> tuple[str, tuple[str, ...]]:
+    """(backend, variants) the layer op `op` takes on `device` with `dtype` and the op's facts (as
+    `layer_op_backends`): the row `layer_op` routes to and the kernel variants the launch table picks in it, e.g.
+    ("triton", ("conv backward: rows (RUN 128)",)) for the conv on CUDA at width 4 (`launch`: as for `pipeline`)."""
+    target = _layer_op_target(op, device, dtype, head_dim, conv_width, group_size, gate)
+    impl = layer_op(op, backend, target)
+    return impl.backend, impl.variants_for(None, target, launch=launch)
 
 
 def _served(backend: str) -> str:

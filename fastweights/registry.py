@@ -54,11 +54,14 @@ def _register() -> None:
     register("delta", "chunk", "compile", tb.linear_chunk_compiled_impl)
     # the Triton kernels (CUDA)
     register("gated_linear", "chunk", "triton", kr.gated_linear_chunk, supports=kr.triton_chunk_supports,
-             pipelines=kr.GATED_PIPELINES, pipeline=kr.gated_chunk_pipeline)
+             pipelines=kr.GATED_PIPELINES, pipeline=kr.gated_chunk_pipeline, variants=kr.gated_chunk_variants,
+             alternatives=kr.gated_chunk_alternatives)
     register("delta", "chunk", "triton", kr.delta_chunk, supports=kr.triton_chunk_supports,
-             pipelines=kr.DELTA_PIPELINES, pipeline=kr.delta_chunk_pipeline)
+             pipelines=kr.DELTA_PIPELINES, pipeline=kr.delta_chunk_pipeline, variants=kr.delta_chunk_variants,
+             alternatives=kr.delta_chunk_alternatives)
     register("generic", "chunk", "triton", kr.generic_chunk, supports=kr.triton_generic_supports,
-             pipelines=kr.GENERIC_PIPELINES, pipeline=kr.generic_chunk_pipeline)
+             pipelines=kr.GENERIC_PIPELINES, pipeline=kr.generic_chunk_pipeline, variants=kr.generic_chunk_variants,
+             alternatives=kr.generic_chunk_alternatives)
     # the CG kernel: timed on an H100 (BENCHMARKS §1l), its cuda tests passed on an H200 (§1m); "auto" takes it
     register("mesa", "chunk", "triton", kr.mesa_chunk, supports=kr.triton_mesa_supports,
              pipelines=kr.MESA_PIPELINES, pipeline=kr.mesa_chunk_pipeline)
@@ -68,7 +71,8 @@ def _register() -> None:
     register(LAYER, "conv", "torch", tops.short_conv)
     register(LAYER, "norm", "torch", tops.gated_rms_norm)
     register(LAYER, "prologue", "torch", tops.delta_prologue)
-    register(LAYER, "conv", "triton", kr.short_conv, supports=kr.triton_conv_supports)
+    register(LAYER, "conv", "triton", kr.short_conv, supports=kr.triton_conv_supports, variants=kr.short_conv_variants,
+             alternatives=kr.short_conv_alternatives)
     register(LAYER, "norm", "triton", kr.gated_rms_norm, supports=kr.triton_norm_supports)
     register(LAYER, "prologue", "triton", kr.delta_prologue, supports=kr.triton_prologue_supports)
     register(LAYER, "rope", "torch", tops.rope)

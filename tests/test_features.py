@@ -65,3 +65,38 @@ def test_second_order_features_keep_only_their_input_for_the_backward():
     (a,) = torch.autograd.grad(f, x, g)
     (b,) = torch.autograd.grad(x[:, rows] * x[:, cols] * w, x, g)
     assert (a - b).abs().max().item() < FEATURE_KERNEL_F64 * (1 + b.abs().max().item())
+
+
+def test_second_order_features_take_no_accumulating_scatter_in_the_backward():
+    """The degree-2 block is one autograd node (`features._SecondOrder`), no advanced indexing: the latter's backward
+    — an accumulating index_put that CUDA sorts the indices for — took 64 of OmegaNet's 135 ms a step on an H200
+    (r4s13 call 1). Walks the graph of the polynomial features."""
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    seen, todo = {}, [apply_feature_map(FeatureMap(kind="polynomial", degree=2), x).grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is not None and fn not in seen:  # (the node objects kept as keys: an id could be reused)
+            seen[fn] = fn.name()
+            todo.extend(nxt for nxt, _ in fn.next_functions)
+    names = set(seen.values())
+    assert "_SecondOrderBackward" in names and "IndexBackward0" not in names, sorted(names)
+
+
+def test_second_order_backward_twice_and_under_vmap():
+    """The degree-2 block's own backward against float64 finite differences, once and twice (gradcheck,
+    gradgradcheck); under torch.func.vmap (the lab's stacked runs) the autograd path gives the same features and
+    gradients as the Function per sample."""
+    from fastweights.features import _second_order
+
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_second_order, (x,))
+    assert torch.autograd.gradgradcheck(_second_order, (x,))
+    g = torch.randn(2, 3, 15, dtype=torch.float64)
+
+    def vjp(xi, gi):
+        return torch.func.vjp(_second_order, xi)[1](gi)[0]
+
+    got = torch.func.vmap(vjp)(x.detach(), g)
+    want = torch.autograd.grad(_second_order(x), x, g)[0]
+    assert torch.equal(torch.func.vmap(_second_order)(x.detach()), _second_order(x).detach())
+    assert (got - want).abs().max().item() < FEATURE_KERNEL_F64 * (1 + want.abs().max().item())

@@ -24,8 +24,10 @@ AdamW is `fused=True` on CUDA and `foreach=True` elsewhere (the row says which).
                  sets them: the gpu-125m preset's LM has --head-v-dim 128)
     backends     the backend each layer's training form ran (its mixer's `routes` after the run, with the
                  named pipeline of a Triton row, `pipelines`; "sdpa": a softmax-side layer's own attention),
-                 e.g. "triton (staged forward, fused backward)×8", and the
-                 backends the layer ops ran (short convs, norms, the prologue), e.g. "ops triton"
+                 e.g. "triton (staged forward, fused backward)×8", the
+                 backends the layer ops ran (short convs, norms, the prologue), e.g. "ops triton", and the kernel
+                 variants the launch table picked in them (the modules' `variants`, `kernels.variants`; JSON
+                 "variants"), e.g. "variants conv backward: rows (RUN 128); fused backward: Aqk per value block"
     saved        the activations the step keeps for its backward, in bytes a token: one extra forward and
                  loss (after the timed steps; not a checkpointed or graphed row) under
                  `torch.autograd.graph.saved_tensors_hooks`, summing the storages of the distinct tensors
@@ -99,8 +101,8 @@ import torch.nn.functional as F
 
 from ..models import LM, LMConfig
 
-__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "backends_ran", "BASE_MODEL",
-           "same_params_config", "count_parameters"]
+__all__ = ["TrainRow", "check_args", "parse_shapes", "run_train", "format_table", "backends_ran", "variants_ran",
+           "BASE_MODEL", "same_params_config", "count_parameters"]
 
 BASE_MODEL = "softmax_attention"
 """The model every row's ratios divide by (same B and T)."""
@@ -132,6 +134,7 @@ class TrainRow:
     params: int | None = None
     backends: list[str] = field(default_factory=list)  # what each layer's training form ran
     layer_ops: list[str] = field(default_factory=list)  # the backends the layer ops ran (sorted, distinct)
+    variants: list[str] = field(default_factory=list)  # the launch-table kernel variants they ran (distinct)
     step_ms: float | None = None
     tokens_per_s: float | None = None
     peak_bytes: int | None = None  # CUDA max_memory_allocated; None elsewhere
@@ -345,6 +348,14 @@ def backends_ran(lm: LM) -> tuple[list[str], list[str]]:
     return forms, ops
 
 
+def variants_ran(lm: LM) -> list[str]:
+    """The launch-table kernel variants the LM's rows ran ("site: choice", `kernels.variants`; distinct, in module
+    order), from the modules' `variants` records after the steps (the mixers' and the short convs')."""
+    found = [name for m in lm.modules() if m is not lm and isinstance(getattr(m, "variants", None), dict)
+             for names in m.variants.values() for name in names]
+    return list(dict.fromkeys(found))
+
+
 def saved_bytes(lm: torch.nn.Module, ids: torch.Tensor, bf16: bool) -> int:
     """Bytes autograd keeps for the backward of one training forward of `lm` on ids [B, T + 1] (the bench's loss):
     the storages of the distinct tensors saved — by autograd's own nodes and by every custom autograd.Function
@@ -419,6 +430,7 @@ def _measure(row: TrainRow, cfg: LMConfig, B: int, T: int, device: torch.device,
             loss = step(ids)
             times.append(1e3 * (time.perf_counter() - t0))
     row.backends, row.layer_ops = backends_ran(lm)
+    row.variants = variants_ran(lm)
     row.step_ms_all = times
     row.step_ms = statistics.median(times)
     row.tokens_per_s = B * T / (row.step_ms / 1e3)
@@ -574,6 +586,8 @@ def _fmt(r: TrainRow) -> str:
     backends = ", ".join(f"{b}×{n}" for b, n in counts.items()) or "—"
     if r.layer_ops:
         backends += f"; ops {', '.join(r.layer_ops)}"
+    if r.variants:
+        backends += f"; variants {'; '.join(r.variants)}"
     peak = None if r.peak_bytes is None else r.peak_bytes / 2 ** 30
     tps = ",.0f" if (r.tokens_per_s or 0) >= 100 else ".3g"
     err = f"  {r.error}" if r.error else ""

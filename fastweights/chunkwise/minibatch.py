@@ -594,6 +594,19 @@ def _segment_rows(co: _Coefficients, a: int, e: int) -> _Coefficients:
                          **{f: cut(getattr(co, f)) for f in ("C", "Cm", "Nm", "Da", "Wns")})
 
 
+def _each_segment(co: _Coefficients, n: int) -> list[_Coefficients]:
+    """co's tensors [B, H, n, ...] as n _Coefficients of one segment each ([B, H, 1, ...]) by one unbind a tensor:
+    the backward stacks the n segments' gradients once, where n narrowed views would each write a zero-filled copy
+    of the whole tensor and add it (quadratic in n)."""
+    def each(x):
+        return [None] * n if x is None else [t.unsqueeze(2) for t in x.unbind(2)]
+
+    bases = [(name, each(coef)) for name, coef in co.bases]
+    fields = {f: each(getattr(co, f)) for f in ("C", "Cm", "Nm", "Da", "Wns")}
+    return [_Coefficients(bases=[(name, cs[i]) for name, cs in bases], **{f: v[i] for f, v in fields.items()})
+            for i in range(n)]
+
+
 def _loop_coefficients(co: _Coefficients, muon: bool, S: int) -> list[_Coefficients]:
     """co's tensors [B, H, S, L, ...] as S per-segment _Coefficients on the loop's flattened batch:
     muon keeps every row ([B·H, L, ...]); gd and momentum only need the last ([B·H, ...])."""
@@ -690,9 +703,20 @@ def minibatch_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: f
         # of the states and factors kept, and each segment's gradients used as the backward forms them
         in_loop = not muon and max(w[0].numel() for w in weights) >= _SPLIT["min_elements"]
 
+        one_by_one = muon or in_loop  # each segment read right after its step
+        if one_by_one:  # its keys and coefficients split once (unbind), not narrowed a segment at a time: the
+            # backward of n narrowed views writes n zero-filled copies of the whole tensor and adds them (OmegaNet's
+            # x [B, H, n, L, K'] at K' 2,145: 32 of its 80 ms a step on an H200, r4s13 call 2)
+            x_one = [t.unsqueeze(2) for t in x.unbind(2)]  # each [B, H, 1, L, K']
+            co_one = _each_segment(coefs[gi] if (a, e) == (0, S) else _segment_rows(coefs[gi], a, e), e - a)
+
         def read(u, w):  # segments u … w − 1 of the group: [B, (w − u)·L, H, V]
-            co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
-            o = _read(mem, records[u - a:w - a], co, x[:, :, u - a:w - a], muon, ln)  # [B, H, w − u, L, V]
+            if one_by_one and w == u + 1:
+                co, xu = co_one[u - a], x_one[u - a]
+            else:
+                co = coefs[gi] if (u, w) == (0, S) else _segment_rows(coefs[gi], u, w)
+                xu = x[:, :, u - a:w - a]
+            o = _read(mem, records[u - a:w - a], co, xu, muon, ln)  # [B, H, w − u, L, V]
             return o.permute(0, 2, 3, 1, 4).reshape(B, (w - u) * L, H, -1)
 
         for si in range(a, e):

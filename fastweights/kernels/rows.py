@@ -52,6 +52,16 @@ from ..recipe import Recipe
 from ..state import MemoryState
 from ..torch_backend import finish_state, generic_chunk_exists, memory_recurrent_impl, minibatch_chunk_impl
 from .pipelines import DELTA_PIPELINES, GATED_PIPELINES, DeltaPipeline, GatedPipeline, delta_pipeline, gated_pipeline
+from .variants import alternatives as _alternatives
+from .variants import (
+    conv_backward,
+    delta_fused_backward,
+    delta_fused_forward,
+    gated_fused_forward,
+    live_launch,
+    titans_backward,
+    ttt_mlp,
+)
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "short_conv_joint", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
@@ -60,7 +70,9 @@ __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv"
            "DELTA_PIPELINES", "GATED_PIPELINES", "GENERIC_PIPELINES",
            "triton_chunk_supports", "pinned",
            "triton_step_supports", "triton_conv_supports", "triton_norm_supports", "triton_prologue_supports",
-           "MAX_HEAD_DIM"]
+           "MAX_HEAD_DIM", "delta_chunk_variants", "gated_chunk_variants", "generic_chunk_variants",
+           "short_conv_variants", "delta_chunk_alternatives", "gated_chunk_alternatives", "generic_chunk_alternatives",
+           "short_conv_alternatives"]
 
 from .triton.args import MAX_HEAD_DIM  # imports torch only (no triton)
 from .triton.common.limits import (
@@ -474,6 +486,83 @@ def gated_chunk_pipeline(recipe: Recipe, target) -> GatedPipeline | None:
         return None
     return gated_pipeline(gate=_gate_kind(recipe), device_type=t.device_type, dtype=t.dtype, K=t.head_k_dim,
                           V=t.head_v_dim)
+
+
+def _launch(launch):
+    """The launch table a row's variants are named from: `launch`, or None → the one the kernels read now."""
+    if launch is not None:
+        return launch
+    return live_launch()
+
+
+def delta_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
+    """The launch-table variants (`kernels.variants.Variant`) a `delta_chunk` call with `target` runs in `chosen`, its
+    pipeline (a DeltaPipeline; None: unknown → none named): the fused forward's (`variants.delta_fused_forward`, on
+    q's dtype — fp32 where the pipeline runs fp32 copies) and the fused backward's; `launch`: the table (None: the
+    kernels' now). The staged stages have no variant."""
+    if not isinstance(chosen, DeltaPipeline):
+        return ()
+    launch = _launch(launch) if "fused" in (chosen.forward, chosen.backward) else None
+    out = []
+    if chosen.forward == "fused":
+        dtype = torch.float32 if chosen.fp32 else target.dtype
+        out.append(delta_fused_forward(_gate_kind(recipe), target.head_k_dim, target.chunk_size, dtype,
+                                       launch).variant)
+    if chosen.backward == "fused":
+        out.append(delta_fused_backward(launch, target.chunk_size).variant)
+    return tuple(out)
+
+
+def gated_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
+    """As `delta_chunk_variants` for `gated_linear_chunk`: the fused pipeline's forward (`variants.gated_fused_forward`:
+    the scores kernel, β prefetched)."""
+    if not isinstance(chosen, GatedPipeline) or chosen.pipeline != "fused":
+        return ()
+    return (gated_fused_forward(_launch(launch)).variant,)
+
+
+def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
+    """As `delta_chunk_variants` for `generic_chunk`: TTT-MLP's kernels (`variants.ttt_mlp`: sliced or one program, for
+    `sequences` × `heads` value heads — None: conditional on them) and Titans' split backward (READ_TERMS, where the
+    head dims take the split pipeline)."""
+    kernels = None if recipe is None else _ttt_kernels(recipe)
+    if kernels == "TTT-MLP":
+        return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
+    dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
+    if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims)) == "split":
+        return (titans_backward(_launch(launch)).variant,)
+    return ()
+
+
+def short_conv_variants(recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
+    """The conv row's variant (`variants.conv_backward` at the Target's width, the one-pass backward the row runs)."""
+    return (conv_backward(target.conv_width, _launch(launch)).variant,)
+
+
+def delta_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
+    """The alternatives of the variants `delta_chunk_variants` may name in the pipeline named `pipeline`
+    (`kernels.variants.alternatives`; `dispatch.rows(variants=True)`): the fused forward's and backward's."""
+    return _alternatives([site for part, site in (("fused forward", "delta fused forward"),
+                                                  ("fused backward", "delta fused backward"))
+                          if pipeline is not None and part in pipeline])
+
+
+def gated_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
+    """As `delta_chunk_alternatives` for `gated_chunk_variants`: the fused pipeline's forward."""
+    return _alternatives(["gated fused forward"] if pipeline is not None and pipeline.startswith("fused") else [])
+
+
+def generic_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
+    """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-MLP's kernels, Titans' split backward."""
+    sites = ["TTT-MLP"] if pipeline is not None and pipeline.startswith("TTT-MLP") else []
+    sites += ["Titans backward"] if pipeline is not None and pipeline.startswith("Titans") and "split" in pipeline \
+        else []
+    return _alternatives(sites)
+
+
+def short_conv_alternatives(pipeline: str | None) -> tuple[str, ...]:
+    """As `delta_chunk_alternatives` for `short_conv_variants`: the conv backward's."""
+    return _alternatives(["conv backward"])
 
 
 def _call_target(call, chunk_size: int):

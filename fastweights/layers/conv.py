@@ -62,6 +62,7 @@ class ShortConv(nn.Module):
         self.channels, self.kernel_size, self.activation = channels, kernel_size, activation
         self.backend = backend
         self.routes: dict[str, tuple[str, str]] = {}
+        self.variants: dict[str, tuple[str, ...]] = {}  # the last call's launch-table variants (a record)
         # nn.Conv1d holds the weight [C, 1, W] and gives PyTorch's default depthwise init
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels, bias=bias, padding=0)
 
@@ -87,11 +88,12 @@ class ShortConv(nn.Module):
             check_positions("positions", positions, B, T)
         w, b = self.conv.weight, self.conv.bias
         target = Target.of(x.device, promoted_dtype(x, tail, w, b), conv_width=self.kernel_size)
-        return layer_op_row(self.routes, "conv", self.backend, target).fn(x, w, b, tail, positions, self.activation)
+        return layer_op_row(self.routes, "conv", self.backend, target, self.variants).fn(x, w, b, tail, positions,
+                                                                                         self.activation)
 
     def extra_repr(self) -> str:
         return (f"{self.channels}, kernel_size={self.kernel_size}, activation={self.activation}, "
-                f"backend={self.backend}{describe_routes(self.routes)}")
+                f"backend={self.backend}{describe_routes(self.routes, variants=self.variants)}")
 
 
 def conv_interpreting() -> bool:
@@ -134,7 +136,7 @@ def joint_conv(convs: list[ShortConv], x: Tensor, tails: list[Tensor | None] | N
     bs = [c.conv.bias for c in convs] if c0.conv.bias is not None else None
     given = [t for t in tails if t is not None]
     target = Target.of(x.device, promoted_dtype(x, *given, *ws, *(bs or [])), conv_width=c0.kernel_size)
-    impls = [layer_op_row(c.routes, "conv", c.backend, target) for c in convs]
+    impls = [layer_op_row(c.routes, "conv", c.backend, target, c.variants) for c in convs]
     joint = getattr(impls[0].fn, "joint", None)  # the Triton row's `rows.short_conv_joint`
     if joint is None or any(impl.fn is not impls[0].fn for impl in impls):
         return None

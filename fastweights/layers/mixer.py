@@ -495,9 +495,10 @@ class MemoryMixer(nn.Module):
     form's, `self.backends` maps every form the layer can run to its requested backend ("auto"
     for the forms other than the training form), `self.layer_ops` is the layer ops'. `self.routes`
     records the backend and device type each form and layer op took on its last call, `self.pipelines`
-    the named pipeline of each form's row (`dispatch.Impl.pipeline`; None for a row of one); `repr`
-    shows both. `self.joint_projections`: the (key, attribute path) of the Linears reading x that run as
-    one matmul (`_project`; empty on the softmax side).
+    the named pipeline of each form's row (`dispatch.Impl.pipeline`; None for a row of one), `self.variants` the
+    launch-table variants the call ran in it (`dispatch.Impl.variants_for`: TTT-MLP sliced or one program, the fused
+    pipelines' flags; not under torch.compile); `repr` shows them all. `self.joint_projections`: the (key,
+    attribute path) of the Linears reading x that run as one matmul (`_project`; empty on the softmax side).
     """
 
     def __init__(self, d_model: int, model: str | Recipe, num_heads: int, *, head_dim: int | None = None,
@@ -619,6 +620,7 @@ class MemoryMixer(nn.Module):
         self.backend, self.layer_ops = cfg.backend, cfg.layer_ops
         self.routes: dict[str, tuple[str, str]] = {}
         self.pipelines: dict[str, str | None] = {}  # per form: the named pipeline of the last call's row (a record)
+        self.variants: dict[str, tuple[str, ...]] = {}  # per form and op: the launch-table variants it ran (a record)
 
     def _joint_projections(self) -> tuple[tuple[str, str], ...]:
         """(key, attribute path) of the bias-free nn.Linear layers reading x that `_project` runs as one
@@ -896,9 +898,12 @@ class MemoryMixer(nn.Module):
             kw["backend"] = row.backend
             self.routes[form] = (row.backend, target.device_type)
             self.pipelines[form] = row.pipeline_for(r, target)  # e.g. "staged forward, fused backward"; None: one
+            by_document = cp is None and ((seg is not None and not seg.single) or isinstance(memory, RowStates))
+            if not torch.compiler.is_compiling():  # the launch-table variants in it (the documents' count: unknown)
+                self.variants[form] = row.variants_for(r, target, sequences=None if by_document else B, heads=self.H)
             if cp is not None:
                 o, memory = self._memory_context(fn, form, q, k, v, inputs, seg, kw, cp)
-            elif (seg is not None and not seg.single) or isinstance(memory, RowStates):
+            elif by_document:
                 doc = seg.doc if seg is not None else torch.zeros(B, T, dtype=torch.int64, device=x.device)
                 o, memory = self._memory_by_document(fn, form, q, k, v, inputs, state.memory if state else None,
                                                      doc, output_state, kw, seg.packing if seg is not None else None)
@@ -1131,7 +1136,7 @@ class MemoryMixer(nn.Module):
         ops = "" if self.layer_ops == "auto" else f", layer_ops={self.layer_ops}"
         return (f"model={self.recipe.name}, form={self.form}, heads={self.Hq}/{self.H}"
                 f"{f'/kv {self.Hkv}' if self.is_softmax else ''}, K={self.K}, V={self.V}, "
-                f"backend={self.backend}{ops}{describe_routes(self.routes, self.pipelines)}")
+                f"backend={self.backend}{ops}{describe_routes(self.routes, self.pipelines, self.variants)}")
 
 
 class SoftmaxAttention(MemoryMixer):

@@ -178,8 +178,11 @@ def test_build_makes_the_lm_three_ways_that_run_the_same_rows(tmp_path, monkeypa
         assert r["layer_ops"] == ["triton"]
         triton = "triton (staged forward, staged backward)"  # fp32: the staged pipeline
         assert r["backends"] == ([triton, triton] if r["model"] == "gated_deltanet" else ["sdpa", "sdpa"])
+        # the launch-table variants the rows name (the staged pipeline: none; the convs' backward)
+        assert r["variants"] == (["conv backward: rows (RUN 128)"] if r["model"] == "gated_deltanet" else [])
     out = capsys.readouterr().out
     assert "| gated_deltanet | 1×32 | from_pretrained |" in out and f"{triton}×2; ops triton" in out
+    assert f"{triton}×2; ops triton; variants conv backward: rows (RUN 128) |" in out
     with pytest.raises(SystemExit, match="2"):  # argparse: not one of the choices
         cli.main(["bench", "train", *TINY, "--build", "cuda", "--out", str(tmp_path / "x")])
     with pytest.raises(ArgError, match="^--build"):

@@ -150,11 +150,11 @@ def _memories(gen):
     ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=lin)[0].sum().backward()
     mlp = (torch.randn(B, H, D, 4 * D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, 4 * D, device=DEV),
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
-    ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
     old = util.LAUNCH["ttt_mlp_sliced"]["ON"]
-    util.LAUNCH["ttt_mlp_sliced"]["ON"] = 1  # TTT-MLP's sliced kernels (memories/ttt_mlp_sliced.py)
-    try:
-        ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
+    try:  # TTT-MLP's one-program kernels (ON 0), then its sliced ones (memories/ttt_mlp_sliced.py)
+        for on in (0, 1):
+            util.LAUNCH["ttt_mlp_sliced"]["ON"] = on
+            ttt_mlp_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=mlp)[0].sum().backward()
     finally:
         util.LAUNCH["ttt_mlp_sliced"]["ON"] = old
     g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
@@ -209,10 +209,11 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # the state passes run unpipelined for fp32 inputs (these are): util.state_pass_launch
             # (8: delta_fused_grads' [C, K] accumulators' registers; TTT-Linear's [D, D] weight, BENCHMARKS §1m)
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p; its
-            # sliced kernels: sm_90 registers, untimed)
+            # sliced steps: 4 warps, two CTAs an SM, timed on the H200 in r4s12–13; their parallel kernels: sm_90
+            # registers)
             warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
                                   "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
-                                  "ttt_mlp_bwd", "ttt_mlp_sliced", "ttt_mlp_sliced_read",
+                                  "ttt_mlp_bwd", "ttt_mlp_sliced_read",
                                   "ttt_mlp_sliced_bwd_pre") else 2 if name == "conv_bwd_rows" else 4
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")

@@ -19,6 +19,7 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import triton_generic_supports, ttt_mlp_kernel_serves
+from fastweights.kernels.triton.common.util import LAUNCH
 from fastweights.kernels.triton.memories.ttt_mlp import ttt_mlp_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
@@ -28,6 +29,13 @@ from tests.kernels.memories.twins import ttt_mlp_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
+
+
+@pytest.fixture(autouse=True)
+def one_program(monkeypatch):
+    """These tests hold the one-program kernels (`_fwd_kernel`, `_bwd_kernel`): the launch table's auto rule would give
+    their small grids to the sliced kernels (tests/kernels/memories/test_triton_ttt_mlp_sliced.py holds those)."""
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 0)
 
 SCALE = 0.7
 STATE = ("W1", "b1", "W2", "b2")

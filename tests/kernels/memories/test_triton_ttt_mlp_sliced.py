@@ -1,5 +1,6 @@
 """kernels.triton.memories.ttt_mlp_sliced (TTT-MLP's forward with the hidden width sliced over programs, one step
-launch a mini-batch and a parallel read; util.LAUNCH["ttt_mlp_sliced"]["ON"], off by default) against the torch
+launch a mini-batch and a parallel read; util.LAUNCH["ttt_mlp_sliced"]["ON"]: by default where sequences × heads ≤
+MAX_BH) against the torch
 twin `ttt_mlp_torch` (chunkwise.minibatch, float64), the float64 recurrence and the one-program kernels: outputs,
 final weights and anchor, and every gradient (the backward is `ttt_mlp._bwd_kernel`'s, reading the anchors this
 forward stores) — q, k, v, the inner learning rates β, γ, β_ln, the initial weights and anchor; lengths that are no
@@ -76,8 +77,36 @@ def test_the_slices():
     assert sliced.slices(512, 16, 1) == (1, 32)
 
 
-def test_off_by_default():
-    assert LAUNCH["ttt_mlp_sliced"]["ON"] == 0
+def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
+    """ON 2 (the default): sliced when sequences × heads ≤ MAX_BH (64: the measured crossing); 0 never, 1 always."""
+    assert (LAUNCH["ttt_mlp_sliced"]["ON"], LAUNCH["ttt_mlp_sliced"]["MAX_BH"]) == (2, 64)
+    assert mod.sliced_on(4, 16) and mod.sliced_on(4, 8) and mod.sliced_on(1, 1)
+    assert not mod.sliced_on(64, 2) and not mod.sliced_on(5, 13)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 0)
+    assert not mod.sliced_on(1, 1)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
+    assert mod.sliced_on(64, 2)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 3)
+    with pytest.raises(ValueError, match="ttt_mlp_sliced"):
+        mod.sliced_on(1, 1)
+
+
+def test_the_default_runs_what_the_rule_picks(monkeypatch, gen):
+    """The shipped auto rule on a call: with MAX_BH 2, B 1 × H 2 runs the sliced kernels forward and backward and
+    B 3 × H 1 the one-program ones, each held to the float64 twin (outputs, final state, every gradient)."""
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "MAX_BH", 2)
+    ran = []
+    for kern, name in ((sliced._step_kernel, "sliced"), (sliced._bwd_chain_kernel, "sliced_bwd"),
+                       (mod._fwd_kernel, "one"), (mod._bwd_kernel, "one_bwd")):
+        monkeypatch.setattr(kern, "run", (lambda real, n: lambda *a, **kw: ran.append(n) or real(*a, **kw))(
+            kern.run, name))
+    for B, H, want in ((1, 2, {"sliced", "sliced_bwd"}), (3, 1, {"one", "one_bwd"})):
+        ran.clear()
+        x = _fp32(_inputs(gen, B=B, T=19, Hq=H, H=H))
+        seed = _seed(gen)
+        got = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), x, 0, seed)
+        assert set(ran) == want, (B, H, ran)
+        _agree(got, _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("T, offset, Hq, tile, NP, zs", [(37, 0, 1, 16, 4, 0), (41, 5, 2, 16, 3, 1),
@@ -109,6 +138,7 @@ def test_sliced_kernels_equal_the_one_program_kernels(monkeypatch, gen, bwd, zs)
     gradient within fp32's rounding of each other (the sums over the hidden tiles are ordered otherwise)."""
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = _seed(gen)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 0)
     one = _run(lambda leaves, off, b: _kernel(leaves, off, b, tile=16), x, 5, seed)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "NP", 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 
 import torch
 import triton
@@ -187,13 +188,17 @@ LAUNCH: dict[str, dict] = {
     "ttt_mlp_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._fwd_kernel
     "ttt_mlp_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp._bwd_kernel
     # TTT-MLP's forward with the hidden width sliced over NP programs a (sequence, head), one launch a mini-batch,
-    # and a parallel read (memories/ttt_mlp_sliced.py; ON 0: off until timed on a GPU — issue 36, D 128). BF: the
+    # and a parallel read (memories/ttt_mlp_sliced.py). ON 0 off, 1 on, 2 (the default) on when the one-program
+    # kernels' grid — sequences × heads — is at most MAX_BH programs (`ttt_mlp.sliced_on`; a fact of the call's
+    # shape, never of T or the data). H200, bf16, fwd+bwd ms, one-program → NP 8 at 4 warps (r4s12 call 5, r4s13
+    # call 1): B 4 H 8 D 128 (32 programs) 247.7 → 79.3; B 4 H 16 D 128 (64) 266.8 → 142.2 (NP 4: 138.1);
+    # B 64 H 2 D 64 (128) 8.67 → 9.78 (the grid already fills the 132 SMs: slicing only adds exchanges). BF: the
     # steps' hidden tile (0: the glue's, `ttt_mlp.hidden_tile`). sm_90, bf16, D 128, NP 4: the step at 8 warps 170
     # registers (BF 16) / 255 (BF 32), no spill; at 4 warps 255, none (BF 16); the read 255, ≈ 350 B spilled
     # BWD 1: with ON, the backward sliced too (a parallel pre-pass, then two launches a mini-batch: _bwd_chain_kernel);
     # ZS 1: Z1 = K A1 + a1 of every mini-batch stored by the steps (b·F·4 B a mini-batch) and read by the steps and the
     # chain instead of recomputed (one dot a tile fewer in each: 21 → 18 a tile on the chain)
-    "ttt_mlp_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0, BWD=1, ZS=0),  # ttt_mlp_sliced._step_kernel
+    "ttt_mlp_sliced": dict(num_warps=4, num_stages=1, ON=2, MAX_BH=64, NP=8, BF=0, BWD=1, ZS=0),  # _step_kernel
     "ttt_mlp_sliced_read": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._read_kernel, _bwd_pre_kernel
     "ttt_mlp_sliced_bwd_pre": dict(num_warps=8, num_stages=1),  # memories.ttt_mlp_sliced._bwd_pre2_kernel
     # Titans' (8 warps: at 4, sm_90's ptxas builds the fp32 forward at K 128 with 32 registers and ~17 KB of spills;
@@ -287,6 +292,40 @@ def launch(name: str) -> dict:
     if SEEN is not None:
         SEEN.add(name)
     return {key: val for key, val in LAUNCH[name].items() if not key[:1].isupper()}
+
+
+class _SeenSite(Mapping):
+    """One launch site's settings, read through `table()` while SEEN collects: each key read adds "name.KEY"."""
+
+    def __init__(self, name: str, cfg: dict):
+        self._name, self._cfg = name, cfg
+
+    def __getitem__(self, key):
+        SEEN.add(f"{self._name}.{key}")
+        return self._cfg[key]
+
+    def __iter__(self):
+        return iter(self._cfg)
+
+    def __len__(self):
+        return len(self._cfg)
+
+
+class _SeenTable(Mapping):
+    def __getitem__(self, name):
+        return _SeenSite(name, LAUNCH[name])
+
+    def __iter__(self):
+        return iter(LAUNCH)
+
+    def __len__(self):
+        return len(LAUNCH)
+
+
+def table() -> Mapping:
+    """The launch table as the pure variant rules (`kernels.variants`) take it: LAUNCH itself, or while SEEN collects
+    a view whose reads add "name.KEY" to it as `tile` does."""
+    return LAUNCH if SEEN is None else _SeenTable()
 
 
 def state_pass_launch(name: str, dtype: torch.dtype, K: int) -> dict:

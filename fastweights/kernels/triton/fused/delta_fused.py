@@ -47,9 +47,21 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import delta_fused_forward
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
-from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..common.util import (
+    chunk_span,
+    dot_dtype,
+    launch,
+    mm,
+    pow2,
+    seq_span,
+    state_pass_launch,
+    table,
+    tile,
+    varlen_args,
+)
 from ..stages.cumsum import chunk_cumsum
 from ..stages.scores import decayed_scores
 from .delta_fused_bwd import states_forward, supports
@@ -327,9 +339,13 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     DT, IEEE = dot_dtype(q.dtype)
     cu, chunk_seq, chunk_local, offsets = varlen_args(L, dev)
     P = A = None
-    # U = T X in the sequential loop (delta_fused_bwd._states_kernel): the pre-pass writes T only
-    t_form = not tile("delta_prepass", "WU") and supports(g, L)
-    aqk_in_prepass = gate != 2 and not t_form and bool(tile("delta_prepass", "AQK"))
+    # the variants (`kernels.variants.delta_fused_forward`, the one branch that picks them and names them): t_form,
+    # U = T X in the sequential loop (delta_fused_bwd._states_kernel), the pre-pass writing T only; Aqk from the
+    # pre-pass; raw k, v and q, k; the inverse's precision
+    chosen = delta_fused_forward(("none", "scalar", "diagonal")[gate], L.K, L.C, q.dtype, table())
+    assert not chosen.t_form or supports(g, L)  # the T form only where its state kernel takes the call
+    t_form = chosen.t_form
+    aqk_in_prepass = chosen.aqk_in_prepass
     if aqk_in_prepass:
         A = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev)
     if gate == 2:  # KDA: P and Aqk from the 16-row-block scores kernel (the per-channel decay)
@@ -344,15 +360,13 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     if t_form:
         w = u1 = Ti  # placeholders (not written)
     BK = min(64, pow2(L.K))
-    inv_tf32 = tile("delta_prepass", "INV_TF32")  # (read for every call: fp32 inputs keep "ieee")
     _prepass_kernel[(L.NT, L.B * L.H)](
         q, k, v, g if g is not None else k, beta, P if P is not None else w, Ti if Ti is not None else w, w, u1,
         A if aqk_in_prepass else w, cu, chunk_seq, chunk_local, scale, L.T, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else ("tf32" if inv_tf32 else "tf32x3"),
-        RAW_KV=tile("delta_prepass", "RAW_KV"), **launch("delta_prepass"))
+        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv), **launch("delta_prepass"))
     del P
     if t_form:
         o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
@@ -368,7 +382,7 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         h if h is not None else o, ht if ht is not None else o, u if u is not None else o, cu, offsets, scale,
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None,
         HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_STATES=store_states, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, RAW_QK=bool(tile("delta_fused_fwd", "RAW_QK")) and gate != 2,
+        DT=DT, IEEE=IEEE, RAW_QK=chosen.raw_qk,
         **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
     return o, Ti, h, u, ht
 

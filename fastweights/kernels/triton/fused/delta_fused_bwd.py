@@ -66,10 +66,22 @@ import triton
 import triton.language as tl
 
 from ... import empty_output
+from ...variants import delta_fused_backward
 from ..common import interpreter
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
-from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..common.util import (
+    chunk_span,
+    dot_dtype,
+    launch,
+    mm,
+    pow2,
+    seq_span,
+    state_pass_launch,
+    table,
+    tile,
+    varlen_args,
+)
 from ..stages.cumsum import chunk_cumsum
 
 #: The fused backward's scope (larger head dims or chunks go to the staged backward, see `supports`).
@@ -708,7 +720,8 @@ def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
     """The backward's recompute of the forward state pass: (h [B, NT, H, K, V], U [B, T, H, V], Aqk [B, T, H, C] in
     q's dtype or None); see `states_forward`. Aqk is written for the reverse kernel with
     `LAUNCH["delta_fused_rev"]["AQK"] = 1` (else that kernel recomputes it, once per value block)."""
-    A = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=q.device) if tile("delta_fused_rev", "AQK") else None
+    kept = delta_fused_backward(table()).aqk_kept  # the variant (`kernels.variants`): the branch that names it
+    A = empty_output(L.B, L.T, L.H, L.C, dtype=q.dtype, device=q.device) if kept else None
     _, h, u, _ = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=False, store_states=True,
                                 output_final_state=False, A=A)
     return h, u, A
@@ -716,12 +729,10 @@ def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
 
 def grads_rows(L: Layout) -> int:
     """The rows per program of the gradient kernel: 0 for one program per chunk (`_grads_kernel`), else BR < C
-    (`_grads_rows_kernel`, C / BR programs per chunk) from LAUNCH["delta_fused_grads_rows"] (ON, BR; BR a power of
-    two ≥ 16 — tl.dot's smallest side — and below the chunk)."""
-    if not tile("delta_fused_grads_rows", "ON"):
-        return 0
-    br = max(16, min(tile("delta_fused_grads_rows", "BR"), L.C))
-    return br if br < L.C and L.C % br == 0 else 0
+    (`_grads_rows_kernel`, C / BR programs per chunk) — the variant's (`variants.delta_fused_backward`:
+    LAUNCH["delta_fused_grads_rows"] ON, BR; BR a power of two ≥ 16, tl.dot's smallest side, below the chunk)."""
+    grads = delta_fused_backward(table(), L.C)
+    return grads.rows if grads.grads == "rows" else 0
 
 
 def _maxnreg(name: str) -> dict:
@@ -780,15 +791,15 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
     dk = empty_output(L.B, L.T, L.Hq, L.K, dtype=k.dtype, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=beta.dtype, device=dev)
     rq = empty_output(R, dtype=torch.float32, device=dev) if (g is not None and L.H > L.Hq) else dbv
-    BR = grads_rows(L)
-    if BR:
-        dg = _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale, L, BR, NV, DT, IEEE)
+    grads = delta_fused_backward(table(), L.C)  # the gradient kernel's variant (`kernels.variants`): the branch
+    if grads.grads == "rows":
+        dg = _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale, L, grads.rows, NV, DT, IEEE)
     else:
         dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
         _grads_kernel[(L.NT, L.B * L.Hq)](
             q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta,
             dg if dg is not None else dbeta, cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K,
             V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate,
-            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, ROWSUMS=int(bool(tile("delta_fused_grads", "ROWSUMS"))),
+            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, ROWSUMS=int(grads.grads == "rowsums"),
             **launch("delta_fused_grads"))
     return dq, dk, dv, dg, dbeta, dh0

@@ -89,9 +89,21 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import gated_fused_forward
 from ..common.layout import Layout
 from ..common.limits import GATED_FUSED_MAX_HEAD_DIM_CUDA as FUSED_MAX_HEAD_DIM_CUDA
-from ..common.util import chunk_span, dot_dtype, launch, mm, pow2, seq_span, state_pass_launch, tile, varlen_args
+from ..common.util import (
+    chunk_span,
+    dot_dtype,
+    launch,
+    mm,
+    pow2,
+    seq_span,
+    state_pass_launch,
+    table,
+    tile,
+    varlen_args,
+)
 from ..stages.states import stored_state_dtype
 
 #: The diagonal decay's fast path (GLA): a chunk whose per-channel decay spans at most SPAN nats computes its
@@ -597,7 +609,8 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
     cu, _, _, offsets = varlen_args(L, dev)
     BV = value_block(L)
     A = None
-    if write_o and bool(tile("gated_fused_fwd", "AQK")):  # the scores once per chunk (`_scores_kernel`)
+    chosen = gated_fused_forward(table())  # the variants (`kernels.variants`): the branch that names them
+    if write_o and chosen.scores_kernel:  # the scores once per chunk (`_scores_kernel`)
         A = empty_output(L.B, L.T, L.H, L.C, dtype=k.dtype, device=dev)
         _scores_kernel[(L.NT, L.B * L.H)](
             q, k, g if g is not None else k, beta if beta is not None else k, A, *varlen_args(L, dev)[:3], scale,
@@ -617,7 +630,7 @@ def forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, write_o: bool = Tr
         L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=_gate(g),
         HAS_BETA=beta is not None, HAS_H0=h0 is not None, WRITE_O=write_o, A_IN=A is not None,
         STORE_STATES=store_states, STORE_FINAL=output_final_state, IS_VARLEN=L.varlen, SPAN=SPAN, DT=DT, IEEE=IEEE,
-        PREFETCH=bool(tile("gated_fused_fwd", "PREFETCH")), **kw)
+        PREFETCH=chosen.prefetch, **kw)
     return o, h, ht
 
 

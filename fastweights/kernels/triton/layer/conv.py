@@ -81,9 +81,10 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import GRAD_BUFFER, empty_output
+from ...variants import conv_backward
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_CONV_WIDTH
-from ..common.util import launch, tile
+from ..common.util import launch, table, tile
 
 Tensor = torch.Tensor
 
@@ -590,12 +591,15 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
         dx = empty_output(B, T, C, dtype=x.dtype, device=x.device)
     want_dtail = tail is not None and need[1]
     dtail = empty_output(*tail.shape, dtype=tail.dtype, device=x.device) if want_dtail else None
-    fused = bool(one_pass) and T > 0
-    rows = fused and W <= 4 and bool(tile("conv_bwd_rows", "ON"))  # the row-streaming one-pass backward
+    # the variant (`kernels.variants.conv_backward`: the rows, the block one-pass or the two kernels), the one branch
+    # that picks the kernel below and names it (`fastweights.layer_op_pipeline`, a ShortConv's repr)
+    chosen = conv_backward(W, table(), one_pass=bool(one_pass))
+    fused = chosen.kind != "two kernels" and T > 0
+    rows = fused and chosen.kind == "rows"  # the row-streaming one-pass backward
     site = "conv_bwd_fused" if fused else "conv_bwd_dpre"
     BT, BC, NBLK = (tile(site, key) for key in ("BT", "BC", "NBLK"))
     if rows:  # programs of RUN xp rows × RBC channels
-        RUN, BC = tile("conv_bwd_rows", "RUN"), tile("conv_bwd_rows", "BC")
+        RUN, BC = chosen.run, tile("conv_bwd_rows", "BC")
         NR = triton.cdiv(T + W - 1, RUN)
     elif fused:  # programs of NBLK blocks owning FBT − W + 1 xp rows each
         FBT = max(BT, triton.next_power_of_2(2 * W))
@@ -628,10 +632,10 @@ def _conv_backward(x, tail, weight, bias, positions, silu, one_pass, sizes, dys,
             BW=triton.next_power_of_2(W),
             BT=FBT, BC=BC, NBLK=NBLK, HAS_TAIL=has_tail, HAS_BIAS=bias is not None,
             HAS_POS=positions is not None, SILU=silu, HAS_DNT=has_dnt, DTAIL=want_dtail and W > 1,
-            DW_ACC=bool(tile("conv_bwd_fused", "DW_ACC")) and W <= 4, NSEG=len(sizes), ALIGN=_align(sizes),
+            DW_ACC=chosen.dw_acc, NSEG=len(sizes), ALIGN=_align(sizes),
             **launch("conv_bwd_fused"))
     elif B * C > 0 and T > 0:
-        fp32 = tile("conv_bwd_dpre", "DPRE_FP32")
+        fp32 = chosen.dpre_fp32
         dpre = empty_output(B, T, C, dtype=torch.float32 if fp32 else x.dtype, device=x.device)
         _conv_bwd_dpre[(NR, NC, B)](
             x, tail if has_tail else dummy, weight, bias if bias is not None else dummy,

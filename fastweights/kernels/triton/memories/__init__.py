@@ -7,7 +7,8 @@ in one program, each way.
                       stored anchor)
     ttt_mlp.py        TTT-MLP's, the same design for a two-layer memory (`kernels.rows.ttt_mlp_chunk`)
     ttt_mlp_sliced.py TTT-MLP's kernels with the hidden width sliced over programs: one launch a mini-batch forward,
-                      two backward, the reads in parallel kernels (util.LAUNCH["ttt_mlp_sliced"] ON, off by default)
+                      two backward, the reads in parallel kernels (util.LAUNCH["ttt_mlp_sliced"] ON; by default
+                      where sequences × heads ≤ 64)
     mlp_tiles.py      the hidden-tile helpers both TTT-MLP modules share (GELU's tanh form, tile offsets, the read)
     titans.py         Titans' (a two-layer MLP memory, momentum and scalar retention: `kernels.rows.titans_chunk`),
                       the same design, each way (interpreter-verified, not yet run on a GPU)

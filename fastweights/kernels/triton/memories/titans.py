@@ -148,9 +148,10 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import titans_backward
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
-from ..common.util import check_precision, launch, pow2, tile
+from ..common.util import check_precision, launch, pow2, table, tile
 from . import titans_single
 from .titans_single import (  # the jit helpers both pipelines share (the single kernels' module holds them)
     _anchor,
@@ -649,7 +650,7 @@ class _Titans(torch.autograd.Function):
         dv = empty_output(B, T, H, V, **f32)
         dg, dbeta, dnu = (empty_output(B, T, H, **f32) for _ in range(3))
         n = max(plan.slots, 1)
-        RT = bool(tile("titans_bwd", "READ_TERMS"))
+        RT = titans_backward(table()).read_terms  # the variant (`kernels.variants`): the branch that names it
         # the read's ∂/∂dz, ∂/∂Hd, then dz1 and h [slots, H, BT, F] — or (RT) the start gradient's read terms
         scratch = [empty_output(n, H, BT, F, **f32) for _ in range(2 if RT else 4)]
         terms = [empty_output(n, H, *t.shape[2:], **f32) for t in slots] if RT else [dq] * 4

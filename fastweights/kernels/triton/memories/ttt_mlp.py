@@ -83,9 +83,10 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import ttt_mlp as ttt_mlp_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TTT_MLP_PRECISION, loop_precision
-from ..common.util import check_precision, launch, pow2, tile
+from ..common.util import check_precision, launch, pow2, table
 from .mlp_tiles import _gelu, _gelu2, _hidden, _target_errors, _tile, _tile_read
 from .ttt import LN_EPS, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
@@ -395,8 +396,16 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
     tl.store(dlnb + i_bh * D + c, glnb, mask=cm)
 
 
+def sliced_on(R: int, H: int) -> bool:
+    """Whether a call over R sequences and H heads runs the sliced kernels (`ttt_mlp_sliced.py`):
+    util.LAUNCH["ttt_mlp_sliced"]["ON"] 1 always, 0 never, 2 when the one-program grid R·H is at most its MAX_BH (the
+    measured crossing, in the table's comment). A pure function of the call's shape and the launch table
+    (`kernels.variants.ttt_mlp`, which names it)."""
+    return ttt_mlp_variant(R, H, table()).sliced
+
+
 class _TTTMLP(torch.autograd.Function):
-    """Forward: `_fwd_kernel` (or, with util.LAUNCH["ttt_mlp_sliced"]["ON"], `ttt_mlp_sliced.sliced_forward`: the
+    """Forward: `_fwd_kernel` (or, where `sliced_on(R, H)`, `ttt_mlp_sliced.sliced_forward`: the
     hidden width sliced over programs, the same outputs and stored anchors); backward: `_bwd_kernel`. q, k [B, T, H_q,
     D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], the anchor A1 [R, H, D, F], a1 [R, H, F], A2 [R, H, F, D], a2
     [R, H, D] and the carried sums P1, p1, P2, p2 (same shapes; fp32) of each of the R sequences, then scale, offset,
@@ -411,11 +420,15 @@ class _TTTMLP(torch.autograd.Function):
         R, H, D, F = A1.shape
         f32 = dict(dtype=torch.float32, device=q.device)
         seq = (cu if cu is not None else q, plan.first if plan.first is not None else q)
-        if tile("ttt_mlp_sliced", "ON"):  # the hidden width sliced over programs, one launch a mini-batch
+        # the variant (`kernels.variants.ttt_mlp`): the one branch that picks the kernels and names them
+        chosen = ttt_mlp_variant(R, H, table())
+        sliced = chosen.sliced
+        if sliced:  # the hidden width sliced over programs, one launch a mini-batch
             from .ttt_mlp_sliced import sliced_forward
 
             o, outs, ck, fs, z1s = sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, scale=scale,
-                                         offset=offset, cu=cu, plan=plan, steps=steps, geo=geo)
+                                                  offset=offset, cu=cu, plan=plan, steps=steps, geo=geo, zs=chosen.zs,
+                                                  NP=chosen.NP)
         else:
             fs = z1s = None
             o = empty_output(B, T, H, D, dtype=v.dtype, device=q.device)
@@ -426,7 +439,8 @@ class _TTTMLP(torch.autograd.Function):
             _fwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, o, *ck, *outs, *seq, scale,
                                   T, offset, plan.NS, **geo, SAVE=save, HAS_P=offset > 0, IS_VARLEN=cu is not None,
                                   **launch("ttt_mlp_fwd"))
-        ctx.sliced = bool(tile("ttt_mlp_sliced", "ON") and tile("ttt_mlp_sliced", "BWD"))  # the sliced backward
+        ctx.sliced = sliced and chosen.backward == "sliced"  # the sliced backward
+        ctx.np = chosen.NP
         ctx.zs = ctx.sliced and z1s is not None  # the forward's Z1 kept for the sliced backward
         ctx.save_for_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, *ck, *([fs] if ctx.sliced else []),
                               *([z1s] if ctx.zs else []), *(t for t in seq if t is not q))
@@ -458,7 +472,8 @@ class _TTTMLP(torch.autograd.Function):
             dq, dk, dv, dbeta, dlnw, dlnb = sliced_backward(
                 q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, rest[4], rest[5] if ctx.zs else None, do, g, acc, dP0,
                 scale=ctx.scale,
-                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo)
+                offset=ctx.offset, cu=seq[0] if ctx.varlen else None, plan=ctx.plan, steps=ctx.steps, geo=ctx.geo,
+                NP=ctx.np)
             dlnw, dlnb = dlnw[None], dlnb[None]
         else:
             dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))

@@ -1,6 +1,7 @@
 """TTT-MLP's kernels with the hidden width sliced over programs (issue 36, D 128): a launch option of `ttt_mlp.py`
-(util.LAUNCH["ttt_mlp_sliced"]: ON = 0 by default; BWD = 1 slices the backward too, 0 keeps `ttt_mlp._bwd_kernel`,
-which reads the same stored anchors), the contract of `ttt_mlp._TTTMLP`.
+(util.LAUNCH["ttt_mlp_sliced"]: ON = 2 by default, on where sequences × heads ≤ MAX_BH, `kernels.variants.ttt_mlp`;
+BWD = 1 slices the backward too, 0 keeps `ttt_mlp._bwd_kernel`, which reads the same stored anchors), the contract
+of `ttt_mlp._TTTMLP`.
 
 Why (docs/kernel_notes.md, "TTT-MLP and Titans at head dim 128"): at D 128, F 512 the one program per (sequence,
 head) of `ttt_mlp.py` streams the [128, 512] weights in 32 hidden tiles of 16 and runs ≈ 1,300 small dependent
@@ -240,17 +241,18 @@ def _read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, c
 
 
 def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, scale: float, offset: int, cu, plan,
-                   steps: int, geo: dict):
+                   steps: int, geo: dict, zs: bool | None = None, NP: int | None = None):
     """The forward of `ttt_mlp._TTTMLP` on the sliced kernels: (o [B, T, H, D] in v's dtype, [A1, a1, A2, a2, P1, p1,
     P2, p2] of each sequence's last mini-batch (fp32, [R, H, ·]), [ck1, ckb1, ck2, ckb2]: every mini-batch's anchor,
     [slots, H, ·] fp32 — what `ttt_mlp._bwd_kernel` reads). steps: the most mini-batches of one sequence (plan.NS
     without varlen); geo: `ttt_mlp`'s constexprs. Slices: util.LAUNCH["ttt_mlp_sliced"]["NP"] (`slices`), the steps'
-    hidden tile its "BF" (0: geo's)."""
+    hidden tile its "BF" (0: geo's); zs, NP: every mini-batch's Z1 stored, the most programs a (sequence, head) (None:
+    the table's "ZS", "NP"; the glue passes its `kernels.variants.ttt_mlp` answer)."""
     B, T = q.shape[:2]
     R, H, D, F = A1.shape
     BT, BD = geo["BT"], geo["BD"]
     BF = tile("ttt_mlp_sliced", "BF") or geo["BF"]  # the steps' hidden tile (the read keeps the glue's)
-    NPmax = tile("ttt_mlp_sliced", "NP")
+    NPmax = tile("ttt_mlp_sliced", "NP") if NP is None else NP
     if BF < 16 or BF & (BF - 1) or NPmax < 1:
         raise InputError(f"util.LAUNCH['ttt_mlp_sliced'] takes BF 0 or a power of two ≥ 16 and NP ≥ 1, got BF {BF}, "
                          f"NP {NPmax}")
@@ -263,7 +265,7 @@ def sliced_forward(q, k, v, beta, lnw, lnb, A1, a1, A2, a2, P1, p1, P2, p2, *, s
     outs = [empty_output(*t.shape, **f32) for t in (A1, a1, A2, a2, P1, p1, P2, p2)]
     fpart = empty_output(2, NP, R * H, BT, BD, **f32)
     fs = empty_output(slots, H, BT, BD, **f32)
-    zs = bool(tile("ttt_mlp_sliced", "ZS"))
+    zs = bool(tile("ttt_mlp_sliced", "ZS")) if zs is None else bool(zs)
     z1s = empty_output(slots, H, BT, F, **f32) if zs else fs  # every mini-batch's Z1 (ZS), else unused
     seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
     common = dict(geo, BF=BF, NP=NP, TPS=TPS, ZS=zs, HAS_P=offset > 0, IS_VARLEN=cu is not None)
@@ -549,7 +551,7 @@ def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, ck1, ckb1, ck2, ckb2, fs,
 
 
 def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, z1s, do, g, acc, dP0, *, scale: float,
-                    offset: int, cu, plan, steps: int, geo: dict):
+                    offset: int, cu, plan, steps: int, geo: dict, NP: int | None = None):
     """The backward of `ttt_mlp._TTTMLP` after `sliced_forward`: the parallel pre-pass, then 2 launches a mini-batch
     (`_bwd_chain_kernel` PART 0 and 1) from the last down. do [B, T, H, D] fp32; g: the outputs' gradients (the 4
     anchor and 4 end-sum tensors, [R, H, ·] fp32); acc: the anchor gradients, seeded with g's first four and
@@ -560,7 +562,7 @@ def sliced_backward(q, k, v, beta, lnw, lnb, P1, p1, P2, p2, ck, fs, z1s, do, g,
     R, F = plan.R, ck[0].shape[-1]
     BT, BD = geo["BT"], geo["BD"]
     BF = tile("ttt_mlp_sliced", "BF") or geo["BF"]
-    NP, TPS = slices(F, BF, tile("ttt_mlp_sliced", "NP"))
+    NP, TPS = slices(F, BF, tile("ttt_mlp_sliced", "NP") if NP is None else NP)
     f32 = dict(dtype=torch.float32, device=q.device)
     slots = max(plan.slots, 1)
     dq, dk, dv = (empty_output(B, T, H, D, **f32) for _ in range(3))

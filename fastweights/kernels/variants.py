@@ -1,0 +1,293 @@
+"""The kernel variants the launch table chooses, named (importable without triton).
+
+A Triton row runs a named pipeline (`kernels.pipelines`), and inside it some kernels come in variants that the launch
+table `kernels.triton.common.util.LAUNCH` picks: the conv's backward streamed along the rows or by blocks, TTT-MLP's
+hidden width sliced over programs or one program a (sequence, head), the fused pipelines' optional pre-computations
+(Aqk once per chunk, the T form, β prefetched, …). Each is a pure function here of the call's facts and the launch
+table, passed explicitly (`launch`: LAUNCH or a table of the same shape), and returns what runs as an object whose
+`variant` names it (`Variant(site, choice)`, printed "site: choice"). The kernels' glue asks the same function and
+branches on its answer (`conv._conv_backward`, `ttt_mlp._TTTMLP`, `delta_fused.fused_forward`,
+`delta_fused_bwd.recompute_states`, `gated_fused.fused_forward`), so the name is the branch that ran, never a second
+derivation of it; the rows' `variants` (`kernels.rows.*_variants`) ask it with the Target's facts for
+`fastweights.pipeline(..., variants=True)`, `dispatch.rows(variants=True)` lists each row's alternatives
+(`ALTERNATIVES`), and a layer's repr shows its last call's in brackets.
+
+Facts a Target does not carry (TTT-MLP's sequences × heads; the conv width of a listing without one) leave the choice
+conditional: "sliced NP 8 where sequences × heads ≤ 64, else one program".
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
+
+__all__ = ["Variant", "ConvBackward", "TTTMLPVariant", "DeltaFusedForward", "DeltaFusedBackward",
+           "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp", "delta_fused_forward",
+           "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch", "alternatives",
+           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
+
+Launch = Mapping[str, Mapping[str, int]]
+
+#: The widest conv the row-streaming backward takes (`conv._conv_bwd_rows` unrolls W ≤ 4 taps).
+CONV_ROWS_MAX_WIDTH = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One launch-table choice of a call: `site` (what varies: "conv backward", "TTT-MLP", …) and `choice` (which one
+    runs: "rows (RUN 128)", "sliced NP 8", …); str: "site: choice"."""
+
+    site: str
+    choice: str
+
+    def __str__(self) -> str:
+        return f"{self.site}: {self.choice}"
+
+
+_UTIL = "fastweights.kernels.triton.common.util"
+
+
+def live_launch() -> Launch:
+    """The launch table the kernels read now (`util.LAUNCH`, after any `load_launch` or a test's replacement); imports
+    the kernels' util module (triton) the first time."""
+    util = sys.modules.get(_UTIL)
+    if util is None:
+        from .triton.common import util
+    return util.LAUNCH
+
+
+# ---------------------------------------------------------------------------------------------------- the short conv
+@dataclass(frozen=True)
+class ConvBackward:
+    """The conv backward that runs: kind "rows" (`_conv_bwd_rows`, RUN xp rows a program), "block" (`_conv_bwd_fused`,
+    the block one-pass; dw_acc: its dw summed per tap over the program's blocks) or "two kernels" (`_conv_bwd_dpre`
+    then `_conv_bwd_dx`; dpre_fp32: the scratch in fp32); kind None: W unknown and the rows variant on (conditional)."""
+
+    kind: str | None
+    run: int = 0
+    dw_acc: bool = False
+    dpre_fp32: bool = False
+
+    @property
+    def variant(self) -> Variant:
+        rows = f"rows (RUN {self.run})"
+        choice = {"rows": rows, "block": "block" + (" (dw accumulated)" if self.dw_acc else ""),
+                  "two kernels": "two kernels" + (" (dpre fp32)" if self.dpre_fp32 else ""),
+                  None: f"{rows} where W ≤ {CONV_ROWS_MAX_WIDTH}, else block"}[self.kind]
+        return Variant("conv backward", choice)
+
+
+def conv_backward(W: int | None, launch: Launch, *, one_pass: bool = True) -> ConvBackward:
+    """The conv backward for width W (None: unknown) and `one_pass` (`short_conv(..., one_pass_backward=)`) under
+    `launch`: "two kernels" without one_pass; else "rows" where W ≤ CONV_ROWS_MAX_WIDTH and conv_bwd_rows ON, else
+    "block" (DW_ACC where W ≤ 4)."""
+    if not one_pass:
+        return ConvBackward("two kernels", dpre_fp32=bool(launch["conv_bwd_dpre"]["DPRE_FP32"]))
+    rows_on = bool(launch["conv_bwd_rows"]["ON"])
+    narrow = None if W is None else W <= CONV_ROWS_MAX_WIDTH
+    if rows_on and narrow is not False:  # (each key read only where it decides: `util.SEEN` lists what a run read)
+        return ConvBackward("rows" if narrow else None, run=int(launch["conv_bwd_rows"]["RUN"]))
+    return ConvBackward("block", dw_acc=bool(launch["conv_bwd_fused"]["DW_ACC"]) and bool(narrow))
+
+
+# ---------------------------------------------------------------------------------------------------- TTT-MLP
+@dataclass(frozen=True)
+class TTTMLPVariant:
+    """TTT-MLP's kernels for one call: forward / backward "sliced" (`ttt_mlp_sliced.py`, the hidden width over at most
+    NP programs a (sequence, head)) or "one program" (`ttt_mlp._fwd_kernel`, `_bwd_kernel`); zs: the sliced steps
+    store every mini-batch's Z1; most: with `forward` None (sequences × heads unknown, ON 2) the crossing MAX_BH."""
+
+    forward: str | None
+    backward: str | None
+    NP: int = 0
+    zs: bool = False
+    most: int = 0
+
+    @property
+    def sliced(self) -> bool:
+        return self.forward == "sliced"
+
+    @property
+    def variant(self) -> Variant:
+        sliced = f"sliced NP {self.NP}" + ("" if self.backward != "one program" else
+                                           " forward, one-program backward") + (", Z1 stored" if self.zs else "")
+        if self.forward is None:
+            return Variant("TTT-MLP", f"{sliced} where sequences × heads ≤ {self.most}, else one program")
+        return Variant("TTT-MLP", sliced if self.sliced else "one program")
+
+
+def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPVariant:
+    """TTT-MLP's kernels for `sequences` (R) × `heads` (H) under launch["ttt_mlp_sliced"]: ON 1 sliced, 0 one program,
+    2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the backward sliced too; ValueError for another ON."""
+    cfg = launch["ttt_mlp_sliced"]
+    on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
+    if on not in (0, 1, 2):
+        raise ValueError(f'LAUNCH["ttt_mlp_sliced"]["ON"] must be 0, 1 or 2 (auto), got {on}')
+    if on == 2 and (sequences is None or heads is None):
+        sliced = None
+    else:
+        sliced = on == 1 or (on == 2 and sequences * heads <= most)
+    if sliced is False:
+        return TTTMLPVariant("one program", "one program")
+    bwd = "sliced" if cfg["BWD"] else "one program"
+    return TTTMLPVariant("sliced" if sliced else None, bwd, NP=int(cfg["NP"]), zs=bool(cfg["ZS"]), most=most)
+
+
+# ---------------------------------------------------------------------------------------------------- fused pipelines
+def _low(dtype: torch.dtype | None) -> bool | None:
+    return None if dtype is None else dtype in (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class DeltaFusedForward:
+    """The delta class's fused forward (`delta_fused.fused_forward`): t_form (WU 0: the pre-pass writes T only and the
+    state pass computes U, `delta_fused_bwd._states_kernel`), aqk_in_prepass (AQK 1: the pre-pass writes Aqk for the
+    sequential kernel), raw_kv / raw_qk (RAW_KV, RAW_QK: k, v and q, k to the tensor cores as stored), inverse: the
+    pre-pass inverse's doubling products' precision ("ieee" for fp32, else "tf32" with INV_TF32, "tf32x3"; None: the
+    dtype unknown)."""
+
+    t_form: bool
+    aqk_in_prepass: bool
+    raw_kv: bool
+    raw_qk: bool
+    inverse: str | None
+
+    @property
+    def variant(self) -> Variant:
+        parts = ["T form" if self.t_form else "W, U' pre-pass"]
+        if self.aqk_in_prepass:
+            parts.append("Aqk from the pre-pass")
+        if self.raw_kv:
+            parts.append("raw k, v")
+        if self.raw_qk:
+            parts.append("raw q, k")
+        if self.inverse is not None and self.inverse != "ieee":
+            parts.append(f"inverse {self.inverse}")
+        return Variant("fused forward", "; ".join(parts))
+
+
+def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dtype | None,
+                        launch: Launch) -> DeltaFusedForward:
+    """The fused forward's variants for gate kind `gate` ("none" | "scalar" | "diagonal"), head dim K, chunk C and
+    q's dtype under launch["delta_prepass"] (WU, AQK, RAW_KV, INV_TF32) and launch["delta_fused_fwd"] (RAW_QK): the
+    T form where WU is 0 and the fused backward's state kernel takes the call (no or a scalar decay,
+    K ≤ DELTA_FUSED_BWD_MAX_K, C ≤ DELTA_FUSED_BWD_MAX_C; K or C None: taken); Aqk, raw k, v and raw q, k only without
+    the T form and the diagonal decay (KDA's Aqk comes from its scores kernel)."""
+    pre = launch["delta_prepass"]
+    plain = gate != "diagonal"
+    serves = plain and (K is None or K <= DELTA_FUSED_BWD_MAX_K) and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
+    t_form = not pre["WU"] and serves
+    direct = plain and not t_form
+    low, tf32 = _low(dtype), bool(pre["INV_TF32"])  # (read for every call, as the glue always has: fp32 keeps ieee)
+    inverse = None if low is None else ("ieee" if not low else ("tf32" if tf32 else "tf32x3"))
+    return DeltaFusedForward(t_form=t_form, aqk_in_prepass=direct and bool(pre["AQK"]),
+                             raw_kv=direct and bool(pre["RAW_KV"]),
+                             raw_qk=direct and bool(launch["delta_fused_fwd"]["RAW_QK"]), inverse=inverse)
+
+
+@dataclass(frozen=True)
+class DeltaFusedBackward:
+    """The delta class's fused backward (`delta_fused_bwd`): aqk_kept (delta_fused_rev AQK 1: the states recompute
+    writes Aqk once a chunk and the reverse kernel reads it; 0: recomputed per value block); grads, its gradient
+    kernel: "one program" (`_grads_kernel`, a program a chunk), "rowsums" (the same with delta_fused_grads ROWSUMS 1:
+    dG's and dβ's rowsums against dq's and dk's own products, no Q Kᵀ, K Qᵀ, K Kᵀ), "rows" (`_grads_rows_kernel`,
+    delta_fused_grads_rows ON 1: a chunk's rows over C / rows programs of `rows` rows) or None (rows on, the chunk
+    unknown: rows where the chunk exceeds `rows`)."""
+
+    aqk_kept: bool
+    grads: str | None = "one program"
+    rows: int = 0
+
+    @property
+    def variant(self) -> Variant:
+        choice = "Aqk from the recompute" if self.aqk_kept else "Aqk per value block"
+        if self.grads == "rowsums":
+            choice += "; gradient kernel's rowsums from dq, dk"
+        elif self.grads in ("rows", None):
+            choice += f"; gradient kernel's rows over programs (BR {self.rows})" + (
+                "" if self.grads else f" where the chunk exceeds {self.rows}")
+        return Variant("fused backward", choice)
+
+
+def delta_fused_backward(launch: Launch, C: int | None = None) -> DeltaFusedBackward:
+    """The fused backward's variants under launch["delta_fused_rev"]["AQK"] and, for chunk C (None: unknown), the
+    gradient kernel's: delta_fused_grads_rows ON 1 with BR (a power of two ≥ 16, clamped to C) below C and dividing
+    it — rows; else delta_fused_grads ROWSUMS 1 — rowsums; else one program."""
+    kept = bool(launch["delta_fused_rev"]["AQK"])
+    rows = launch["delta_fused_grads_rows"]
+    if rows["ON"]:  # (each key read only where it decides)
+        br = max(16, int(rows["BR"]) if C is None else min(int(rows["BR"]), C))
+        if C is None:
+            return DeltaFusedBackward(kept, None, br)
+        if br < C and C % br == 0:
+            return DeltaFusedBackward(kept, "rows", br)
+    return DeltaFusedBackward(kept, "rowsums" if launch["delta_fused_grads"]["ROWSUMS"] else "one program")
+
+
+@dataclass(frozen=True)
+class GatedFusedForward:
+    """The gated-linear class's fused forward (`gated_fused.fused_forward`): scores_kernel (AQK 1: the scores A once a
+    chunk by `_scores_kernel` where the forward writes o; 0: recomputed a value block), prefetch (PREFETCH 1: chunk
+    c+1's β loaded while chunk c runs)."""
+
+    scores_kernel: bool
+    prefetch: bool
+
+    @property
+    def variant(self) -> Variant:
+        return Variant("fused forward", "; ".join(["scores kernel" if self.scores_kernel else "scores per value block",
+                                                   "β prefetched" if self.prefetch else "β loaded in place"]))
+
+
+def gated_fused_forward(launch: Launch) -> GatedFusedForward:
+    """The fused forward's variants under launch["gated_fused_fwd"] (AQK, PREFETCH)."""
+    cfg = launch["gated_fused_fwd"]
+    return GatedFusedForward(scores_kernel=bool(cfg["AQK"]), prefetch=bool(cfg["PREFETCH"]))
+
+
+@dataclass(frozen=True)
+class TitansBackward:
+    """Titans' split backward (`titans._Titans.backward`): read_terms (READ_TERMS 1: the pre-pass writes the start
+    gradient's read terms and the reverse pass adds them; 0: the reverse pass forms them)."""
+
+    read_terms: bool
+
+    @property
+    def variant(self) -> Variant:
+        return Variant("Titans backward", "read terms from the pre-pass" if self.read_terms
+                       else "read terms in the reverse pass")
+
+
+def titans_backward(launch: Launch) -> TitansBackward:
+    """Titans' split backward under launch["titans_bwd"]["READ_TERMS"]."""
+    return TitansBackward(read_terms=bool(launch["titans_bwd"]["READ_TERMS"]))
+
+
+#: The alternatives of each launch-table variant (`dispatch.rows(variants=True)`): site -> (choices, the LAUNCH keys).
+ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
+    "conv backward": (("rows (RUN n)", "block", "block (dw accumulated)", "two kernels", "two kernels (dpre fp32)"),
+                      'conv_bwd_rows ON, RUN; conv_bwd_fused DW_ACC; conv_bwd_dpre DPRE_FP32; one_pass_backward='),
+    "TTT-MLP": (("one program", "sliced NP n", "sliced NP n forward, one-program backward", "…, Z1 stored"),
+                "ttt_mlp_sliced ON, MAX_BH, NP, BWD, ZS"),
+    "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",
+                             "+ inverse tf32 / tf32x3"),
+                            "delta_prepass WU, AQK, RAW_KV, INV_TF32; delta_fused_fwd RAW_QK"),
+    "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
+                              "+ gradient kernel's rowsums from dq, dk",
+                              "+ gradient kernel's rows over programs (BR n)"),
+                             "delta_fused_rev AQK; delta_fused_grads ROWSUMS; delta_fused_grads_rows ON, BR"),
+    "gated fused forward": (("scores per value block", "scores kernel", "β loaded in place", "β prefetched"),
+                            "gated_fused_fwd AQK, PREFETCH"),
+    "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
+}
+
+
+def alternatives(sites) -> tuple[str, ...]:
+    """'site: choice | choice | … (LAUNCH keys)' for each of `sites` (ALTERNATIVES' keys): a row's listing
+    (`dispatch.rows(variants=True)`)."""
+    return tuple(f"{site}: {' | '.join(ALTERNATIVES[site][0])} ({ALTERNATIVES[site][1]})" for site in sites)

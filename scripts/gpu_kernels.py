@@ -369,6 +369,7 @@ def stage_lmprofile():
 SWEEP_ORDER = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "output_fwd", "states_bwd",
                "states_fwd", "output_bwd", "delta_output_bwd", "wy_fwd", "scores", "inverse", "delta_grads",
                "cumsum", "prologue", "delta_fused_fwd", "delta_prepass", "delta_fused_rev", "delta_fused_grads",
+               "delta_fused_grads_rows",
                "delta_fused_rec", "delta_fused_fwd_t", "gated_fused_fwd", "gated_fused_bwd_states",
                "gated_fused_bwd_chunk", "gated_fused_scores", "ttt_linear_fwd", "ttt_linear_readout",
                "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_mlp_fwd", "ttt_mlp_bwd", "ttt_mlp_sliced",

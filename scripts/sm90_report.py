@@ -400,7 +400,7 @@ def main():
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
                             "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
-                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C")})
+                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS")})
             rows.append(info)
         return kernel
 
@@ -416,7 +416,7 @@ def main():
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
                                                  "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART", "RT",
-                                                 "DO_D", "DO_C")
+                                                 "DO_D", "DO_C", "ROWSUMS")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

@@ -509,7 +509,7 @@ def delta_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
         out.append(delta_fused_forward(_gate_kind(recipe), target.head_k_dim, target.chunk_size, dtype,
                                        launch).variant)
     if chosen.backward == "fused":
-        out.append(delta_fused_backward(launch).variant)
+        out.append(delta_fused_backward(launch, target.chunk_size).variant)
     return tuple(out)
 
 

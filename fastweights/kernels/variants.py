@@ -193,18 +193,40 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
 @dataclass(frozen=True)
 class DeltaFusedBackward:
     """The delta class's fused backward (`delta_fused_bwd`): aqk_kept (delta_fused_rev AQK 1: the states recompute
-    writes Aqk once a chunk and the reverse kernel reads it; 0: recomputed per value block)."""
+    writes Aqk once a chunk and the reverse kernel reads it; 0: recomputed per value block); grads, its gradient
+    kernel: "one program" (`_grads_kernel`, a program a chunk), "rowsums" (the same with delta_fused_grads ROWSUMS 1:
+    dG's and dβ's rowsums against dq's and dk's own products, no Q Kᵀ, K Qᵀ, K Kᵀ), "rows" (`_grads_rows_kernel`,
+    delta_fused_grads_rows ON 1: a chunk's rows over C / rows programs of `rows` rows) or None (rows on, the chunk
+    unknown: rows where the chunk exceeds `rows`)."""
 
     aqk_kept: bool
+    grads: str | None = "one program"
+    rows: int = 0
 
     @property
     def variant(self) -> Variant:
-        return Variant("fused backward", "Aqk from the recompute" if self.aqk_kept else "Aqk per value block")
+        choice = "Aqk from the recompute" if self.aqk_kept else "Aqk per value block"
+        if self.grads == "rowsums":
+            choice += "; gradient kernel's rowsums from dq, dk"
+        elif self.grads in ("rows", None):
+            choice += f"; gradient kernel's rows over programs (BR {self.rows})" + (
+                "" if self.grads else f" where the chunk exceeds {self.rows}")
+        return Variant("fused backward", choice)
 
 
-def delta_fused_backward(launch: Launch) -> DeltaFusedBackward:
-    """The fused backward's variant under launch["delta_fused_rev"]["AQK"]."""
-    return DeltaFusedBackward(aqk_kept=bool(launch["delta_fused_rev"]["AQK"]))
+def delta_fused_backward(launch: Launch, C: int | None = None) -> DeltaFusedBackward:
+    """The fused backward's variants under launch["delta_fused_rev"]["AQK"] and, for chunk C (None: unknown), the
+    gradient kernel's: delta_fused_grads_rows ON 1 with BR (a power of two ≥ 16, clamped to C) below C and dividing
+    it — rows; else delta_fused_grads ROWSUMS 1 — rowsums; else one program."""
+    kept = bool(launch["delta_fused_rev"]["AQK"])
+    rows = launch["delta_fused_grads_rows"]
+    if rows["ON"]:  # (each key read only where it decides)
+        br = max(16, int(rows["BR"]) if C is None else min(int(rows["BR"]), C))
+        if C is None:
+            return DeltaFusedBackward(kept, None, br)
+        if br < C and C % br == 0:
+            return DeltaFusedBackward(kept, "rows", br)
+    return DeltaFusedBackward(kept, "rowsums" if launch["delta_fused_grads"]["ROWSUMS"] else "one program")
 
 
 @dataclass(frozen=True)
@@ -255,7 +277,10 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",
                              "+ inverse tf32 / tf32x3"),
                             "delta_prepass WU, AQK, RAW_KV, INV_TF32; delta_fused_fwd RAW_QK"),
-    "delta fused backward": (("Aqk per value block", "Aqk from the recompute"), "delta_fused_rev AQK"),
+    "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
+                              "+ gradient kernel's rowsums from dq, dk",
+                              "+ gradient kernel's rows over programs (BR n)"),
+                             "delta_fused_rev AQK; delta_fused_grads ROWSUMS; delta_fused_grads_rows ON, BR"),
     "gated fused forward": (("scores per value block", "scores kernel", "β loaded in place", "β prefetched"),
                             "gated_fused_fwd AQK, PREFETCH"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),

@@ -110,6 +110,21 @@ def test_the_rules_read_what_the_kernels_take():
         V.ttt_mlp(1, 1, _copy(ttt_mlp_sliced={"ON": 3}))
 
 
+def test_the_fused_backward_names_its_gradient_kernel():
+    """The fused backward's gradient kernel (`variants.delta_fused_backward`, the rule `delta_fused_bwd.fused_backward`
+    branches on): one program by default (the name as before), rowsums with ROWSUMS 1, rows over programs with the rows
+    site ON where BR (clamped to ≥ 16) is below the chunk and divides it — else back to ROWSUMS' choice — and, the
+    chunk unknown, rows named with the condition."""
+    assert str(V.delta_fused_backward(_copy(), 64).variant) == "fused backward: Aqk per value block"
+    assert V.delta_fused_backward(_copy(delta_fused_grads={"ROWSUMS": 1}), 64).grads == "rowsums"
+    on = _copy(delta_fused_grads_rows={"ON": 1, "BR": 16}, delta_fused_grads={"ROWSUMS": 1})
+    assert [(V.delta_fused_backward(on, C).grads, V.delta_fused_backward(on, C).rows) for C in (64, 32, 16)] == [
+        ("rows", 16), ("rows", 16), ("rowsums", 0)]
+    assert V.delta_fused_backward(_copy(delta_fused_grads_rows={"ON": 1, "BR": 8}), 32).rows == 16
+    assert str(V.delta_fused_backward(on).variant) == ("fused backward: Aqk per value block; gradient kernel's rows "
+                                                       "over programs (BR 16) where the chunk exceeds 16")
+
+
 def test_rows_list_the_alternatives():
     """`dispatch.rows(variants=True)`: each entry (with pipelines=True each named pipeline) followed by the
     alternatives of the variants the row names there; the listings without it keep their shapes."""

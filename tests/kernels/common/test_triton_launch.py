@@ -78,6 +78,17 @@ def _delta_fused_bwd(x, *, t_form=False, **kw):
         util.LAUNCH["delta_prepass"]["WU"] = old
 
 
+def _grads_rows(gen):
+    """The fused backward with its gradient kernel's rows over programs (LAUNCH["delta_fused_grads_rows"]["ON"] = 1
+    through the backward; a chunk of 32: BR 16 < C)."""
+    old = util.LAUNCH["delta_fused_grads_rows"]["ON"]
+    util.LAUNCH["delta_fused_grads_rows"]["ON"] = 1
+    try:
+        grads(_delta_fused_bwd, delta_inputs("scalar", gen, T=20, K=16, V=16), 1, chunk_size=32)
+    finally:
+        util.LAUNCH["delta_fused_grads_rows"]["ON"] = old
+
+
 def _gated(x, *, chunk_size=16, pipeline=None):
     d = to_dev(x)
     return chunk_gated_triton(d["q"], d["k"], d["v"], g=d.get("g"), beta=d["beta"], scale=0.4,
@@ -187,6 +198,7 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
     seed = 1
     for _, fn, x, kw in _pipelines(gen):
         grads(fn, x, seed, **kw)
+    _grads_rows(gen)
     _prologue(gen)
     _memories(gen)
     _conv(gen)
@@ -213,12 +225,14 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
             parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
+            if name == "delta_fused_grads_rows":  # (1 stage: its V loops are two tiles long; sm_90 registers)
+                stages = 1
             if name.startswith("conv_") or name == "rope":
                 stages = None  # (Triton's default: a single pass, nothing to pipeline)
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
-                                       "delta_fused_fwd_t", "delta_fused_grads"):
+                                       "delta_fused_fwd_t", "delta_fused_grads", "delta_fused_grads_rows"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
     assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
 

@@ -71,14 +71,21 @@ def _staged_bwd(x, **kw):
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
-@pytest.mark.parametrize("gate, C, aqk", [("none", 64, 0), ("scalar", 16, 1)])
-def test_kernels_match_twins(gate, C, aqk, gen, monkeypatch):
+@pytest.mark.parametrize("gate, C, aqk, br, rowsums", [("none", 64, 0, 0, 0), ("scalar", 16, 1, 0, 0),
+                                                       ("scalar", 64, 0, 16, 0), ("none", 32, 1, 16, 0),
+                                                       ("scalar", 16, 0, 0, 1), ("none", 64, 1, 0, 1)])
+def test_kernels_match_twins(gate, C, aqk, br, rowsums, gen, monkeypatch):
     """recompute_states (h, U) and fused_backward (dq, dk, dv, dβ, dg, dS_0) against the torch twins in float64 on
     the same T, dO and final-state gradient: varlen with an empty and a length-1 sequence, grouped heads
-    H_q = 1 | H = 2, strong decay (g_scale 3), chunk 16 (one sequence spans 5 chunks) and 64; Aqk recomputed in
-    the reverse kernel (AQK 0) or handed over by the recompute (AQK 1)."""
+    H_q = 1 | H = 2, strong decay (g_scale 3), chunk 16 (one sequence spans 5 chunks), 32 and 64; Aqk recomputed in
+    the reverse kernel (AQK 0) or handed over by the recompute (AQK 1); the gradient kernel one program a chunk
+    (br 0) or each chunk's rows over C / 16 programs (br 16: `_grads_rows_kernel`, the chunks of 6, 9 and 1 rows
+    with empty row blocks); the one-program kernel's rowsums against Q Kᵀ, K Qᵀ, K Kᵀ or against dq's and dk's own
+    products (rowsums 1: LAUNCH["delta_fused_grads"]["ROWSUMS"])."""
     monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
     util.LAUNCH["delta_fused_rev"]["AQK"] = aqk
+    util.LAUNCH["delta_fused_grads_rows"].update(ON=int(br > 0), BR=br or 16)
+    util.LAUNCH["delta_fused_grads"]["ROWSUMS"] = rowsums
     lengths = [9, 0, 70, 1]
     T, H = sum(lengths), 2
     cu = torch.tensor([0] + lengths).cumsum(0)
@@ -87,6 +94,7 @@ def test_kernels_match_twins(gate, C, aqk, gen, monkeypatch):
     dht = torch.randn(x["S0"].shape, generator=gen, dtype=torch.float64)
     d = to_dev(x)
     L = make_layout(1, T, H, 1, 12, 10, C, cu.to(DEV), DEV)
+    assert delta_fused_bwd.grads_rows(L) == br
     _, Ti, _, _, _ = fused_forward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L,
                                    output_final_state=False, store_states=False, store_T=True)
     h, u, A = recompute_states(d["q"], d["k"], d["v"], d.get("g"), d["beta"], Ti, d["S0"], 0.4, L)
@@ -251,6 +259,102 @@ def test_value_block_from_the_shapes_alone(monkeypatch):
     assert value_block(lay(8, 4096, 16, 128), "delta_fused_rec") == 64
     for cu in ([0, 5, 100], [0, 1, 2, 3, 100]):
         assert value_block(lay(1, 100, 16, 128, torch.tensor(cu)), "delta_fused_rev") == 16
+
+
+# ---------------------------------------------------------------------------- the gradient kernel's rows over programs
+ROWS_KERNELS = ("_states_kernel", "_reverse_kernel", "_grads_rows_kernel")
+
+
+@pytest.fixture
+def rows(monkeypatch):
+    """The gradient kernel with each chunk's rows over C / 16 programs (LAUNCH["delta_fused_grads_rows"]: ON 1, BR
+    16) for the test's calls."""
+    monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
+    util.LAUNCH["delta_fused_grads_rows"].update(ON=1, BR=16)
+
+
+@pytest.mark.parametrize("T, C", [(1, 32), (31, 32), (33, 32), (70, 64)])
+@pytest.mark.parametrize("gate", GATES)
+def test_rows_match_recurrence(gate, T, C, gen, fused, rows, monkeypatch):
+    """With the rows over programs: outputs, final state and every gradient (q, k, v, g, β, S0) in fp32 against the
+    float64 recurrence (T around the chunk, a last chunk whose later row blocks are empty), and equal to the
+    one-program kernel to fp32 rounding; `_grads_rows_kernel` ran, `_grads_kernel` not."""
+    launched = spy_launches(monkeypatch, delta_fused_bwd, ROWS_KERNELS + ("_grads_kernel",))
+    x = _inputs(gate, gen, B=2, T=T, K=8, V=8)
+    seed = secrets.randbits(31)
+    got = grads(_triton, x, seed, chunk_size=C)
+    assert launched == list(ROWS_KERNELS)
+    check(got, grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed), CHUNK_F32_REL,
+          f"T={T}")
+    util.LAUNCH["delta_fused_grads_rows"]["ON"] = 0
+    check(got, grads(_triton, x, seed, chunk_size=C), F32, "vs one program a chunk")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_rowsums_match_recurrence(gate, gen, fused, monkeypatch):
+    """The one-program kernel with ROWSUMS 1 (no Q Kᵀ, K Qᵀ, K Kᵀ products): every gradient in fp32 against the
+    float64 recurrence (T 33, chunk 16, two batch rows), and equal to ROWSUMS 0 to fp32 rounding."""
+    monkeypatch.setattr(util, "LAUNCH", {key: dict(val) for key, val in util.LAUNCH.items()})
+    x = _inputs(gate, gen, B=2, T=33, K=8, V=8)
+    seed = secrets.randbits(31)
+    base = grads(_triton, x, seed)
+    util.LAUNCH["delta_fused_grads"]["ROWSUMS"] = 1
+    got = grads(_triton, x, seed)
+    check(got, grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed), CHUNK_F32_REL)
+    check(got, base, F32, "vs ROWSUMS 0")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_rows_varlen_grouped(gate, gen, fused, rows):
+    """With the rows over programs: packed sequences (an empty and a length-1 one among them; chunks of 1, 6, 7, 9
+    rows: row blocks without a real row), grouped heads H_q = 1 | H = 2, chunk 64: equal to each sequence alone
+    (the recurrence): outputs, each final state, every gradient."""
+    lengths = [7, 0, 70, 1, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), H=2, Hq=1, K=8, V=8, N=len(lengths), g_scale=3.0)
+    seed = secrets.randbits(31)
+    xd = {key: val.double() for key, val in x.items()}
+    xd["q"], xd["k"] = xd["q"].repeat_interleave(2, 2), xd["k"].repeat_interleave(2, 2)
+    o, S, want = grads(each_sequence_alone(_recurrent(gate), cu), xd, seed)
+    want = {key: (val.unflatten(2, (1, 2)).sum(3) if key in ("q", "k") else val) for key, val in want.items()}
+    check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), (o, S, want), CHUNK_F32_REL)
+
+
+@pytest.mark.parametrize("gate", ["scalar"])
+def test_rows_chained_states(gate, gen, fused, rows):
+    """With the rows over programs: [0, 19) then [19, 37) from the carried state equals one run, gradients included
+    (chunk 32: each part one chunk, its second row block partly real)."""
+    x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
+    seed = secrets.randbits(31)
+
+    def chained(d):
+        kw = dict(scale=0.4, output_final_state=True, chunk_size=32)
+        parts = [{key: val[:, a:b] for key, val in d.items() if key != "S0"} for a, b in ((0, 19), (19, 37))]
+        o1, S1 = chunk_delta_triton(**{k_: parts[0][k_] for k_ in ("q", "k", "v")}, g=parts[0].get("g"),
+                                    beta=parts[0]["beta"], initial_state=d["S0"], **kw)
+        o2, S2 = chunk_delta_triton(**{k_: parts[1][k_] for k_ in ("q", "k", "v")}, g=parts[1].get("g"),
+                                    beta=parts[1]["beta"], initial_state=S1, **kw)
+        return torch.cat([o1, o2], dim=1), S2
+
+    want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
+    check(grads(lambda d: chained(to_dev(d)), x, seed), want, CHUNK_F32_REL)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_rows_bf16_inputs(gate, gen, fused, rows):
+    """With the rows over programs, bf16 inputs (chunk 32, T 45): o and every gradient in bf16 within
+    TRITON_DELTA_LOW_REL of the fp32 torch chunk form on the same rounded values."""
+    x = _inputs(gate, gen, T=45, K=16, V=16, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+
+    def torch_run(xd):
+        xd = {key: val.float() for key, val in xd.items()}
+        return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
+                           initial_state=xd["S0"], output_final_state=True, chunk_size=32)
+
+    got = grads(_triton, x, seed, chunk_size=32)
+    assert all(got[2][name].dtype == torch.bfloat16 for name in got[2])
+    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
 
 
 # ---------------------------------------------------------------------------- what runs where

@@ -161,7 +161,15 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_rec": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),  # _states_kernel: h, U
     # AQK 1: the recompute writes Aqk (each chunk's once) and the reverse kernel reads it; 0: recomputed per V block
     "delta_fused_rev": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, AQK=0),  # _reverse_kernel
-    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64),  # _grads_kernel (BV: its V loops' tile)
+    # ROWSUMS 1: no Q Kᵀ, K Qᵀ, K Kᵀ products (dG's and dβ's rowsums against dq's and dk's own products; 13 → 11
+    # products a chunk with the gate); 0 until timed on a GPU (issue 32)
+    "delta_fused_grads": dict(num_warps=8, num_stages=2, BV=64, ROWSUMS=0),  # _grads_kernel (BV: its V loops' tile)
+    # ON 1: the gradient kernel with each chunk's C rows split over C / BR programs (_grads_rows_kernel: the same
+    # products, BR rows each, no product recomputed; dg finished by chunk_cumsum from its dG rows and ∂L/∂G_last
+    # parts); 0: _grads_kernel, one program a chunk (the default until timed on a GPU: issue 32, docs/kernel_notes.md
+    # "The gradient kernel's rows over programs"); BV as delta_fused_grads'; MAXNREG > 0: ptxas's register cap
+    # (Triton's `maxnreg`: 65,536 / (MAXNREG · 32 · num_warps) programs fit an SM by registers; 0: none)
+    "delta_fused_grads_rows": dict(num_warps=4, num_stages=1, ON=0, BR=16, BV=64, MAXNREG=0),  # _grads_rows_kernel
     # the deep memories' loop kernels (memories/ttt.py, memories/ttt_mlp.py): one program per (sequence, head);
     # num_stages 1 (ttt_mlp's loops re-read a scratch behind a barrier: no software pipelining)
     # (TTT-Linear at 8 warps: its [D, D] weight's registers; 2.7× faster than 4 at tf32x3, H200, BENCHMARKS §1m)
@@ -263,7 +271,9 @@ KERNEL_FN = {
     "delta_fused_fwd_t": "fused.delta_fused_bwd._states_kernel",
     "delta_fused_rec": "fused.delta_fused_bwd._states_kernel",
     "delta_fused_rev": "fused.delta_fused_bwd._reverse_kernel",
-    "delta_fused_grads": "fused.delta_fused_bwd._grads_kernel", "gated_fused_fwd": "fused.gated_fused._fwd_kernel",
+    "delta_fused_grads": "fused.delta_fused_bwd._grads_kernel",
+    "delta_fused_grads_rows": "fused.delta_fused_bwd._grads_rows_kernel",
+    "gated_fused_fwd": "fused.gated_fused._fwd_kernel",
     "gated_fused_bwd_states": "fused.gated_fused._bwd_states_kernel",
     "gated_fused_bwd_chunk": "fused.gated_fused._bwd_chunk_kernel",
     "gated_fused_scores": "fused.gated_fused._scores_kernel",

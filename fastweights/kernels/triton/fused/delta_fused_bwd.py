@@ -39,6 +39,14 @@ stored inverse (I + strict(diag(β) K Kᵀ ⊙ E))⁻¹ of the forward:
    staged path's two `qk_grads`, `wy_representation_bwd`, the output's local backward, the sum pass
    and the reverse cumsum in one kernel.
 
+Two options of the last kernel, off by default until a GPU times them (issue 32; docs/kernel_notes.md "The gradient
+kernel's rows over programs"): `LAUNCH["delta_fused_grads"]["ROWSUMS"]` takes dG's and dβ's rowsums against Q Kᵀ,
+K Qᵀ and K Kᵀ from products dq and dk form anyway (Σ_b M_ab (k_a · x_b) = k_a · (M X)_a: rowsum(M1 ⊙ Q Kᵀ) =
+rowsum(Q ⊙ M1 K), and so on), three [C, C] products fewer; `LAUNCH["delta_fused_grads_rows"]["ON"]` runs
+`_grads_rows_kernel` instead, the same identities with each chunk's C rows split over C / BR programs (grid
+(NT·C/BR, B·H_q)): every output row's terms are its program's but dg's reverse cumsum and ∂L/∂G_last, which it leaves
+as dG's rows and per-block parts for `chunk_cumsum` to finish.
+
 The decays and the scale are applied to the [C, BV] or [C, C] side of each product (K S_n then a
 row factor Γ, not K ⊙ Γ), so q, k, v reach the tensor cores as stored — bf16 inputs are never rounded
 again — and a program holds no scaled copy of a [C, K] tile. Tensor-core operands are rounded to the
@@ -59,6 +67,7 @@ import triton.language as tl
 
 from ... import empty_output
 from ...variants import delta_fused_backward
+from ..common import interpreter
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 from ..common.util import (
@@ -73,6 +82,7 @@ from ..common.util import (
     tile,
     varlen_args,
 )
+from ..stages.cumsum import chunk_cumsum
 
 #: The fused backward's scope (larger head dims or chunks go to the staged backward, see `supports`).
 MAX_K = DELTA_FUSED_BWD_MAX_K
@@ -261,9 +271,11 @@ def _decayed(M, G, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr):
 def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu, chunk_seq, chunk_local, scale, T,
                   NT, R, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, NPART: tl.constexpr, GATE: tl.constexpr,
-                  IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+                  IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr, ROWSUMS: tl.constexpr = 0):
     # dbv: [NPART, R] fp32 (R = B·T·H), the reverse kernel's Σ_v V ⊙ Y per value block; rq: [R] fp32 scratch
     # (grouped heads, scalar gate: dG's q-side rows from the first loop to the second)
+    # ROWSUMS 1: no Q Kᵀ, K Qᵀ, K Kᵀ products — each rowsum against them taken against a product dq or dk forms
+    # anyway (`_grads_rows_kernel`'s identities: Σ_b M_ab (k_a · x_b) = k_a · (M X)_a); (M2 + M2ᵀ) K as M2ᵀ K − β N K
     i_n, i_bq = tl.program_id(0), tl.program_id(1)
     i_b, i_hq = i_bq // HQ, i_bq % HQ
     t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
@@ -303,10 +315,16 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
                      tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
                              other=0.0), DT, IEEE)
         M1 = _decayed(dA * scale, G if GATE == 1 else dA, causal, False, GATE)  # ∂L/∂(Q Kᵀ ⊙ E)   [i, j]
-        b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        if GATE == 1:  # dG through Aqk's rows: rowsum(M1 ⊙ Q Kᵀ)
-            r_q = tl.sum(M1 * mm(tl.load(p_q + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0),
-                                 DT, IEEE), axis=1)
+        if ROWSUMS:
+            P = mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            b_dq += P
+            if GATE == 1:  # rowsum(M1 ⊙ Q Kᵀ) = rowsum(Q ⊙ M1 K)
+                r_q = tl.sum(tl.load(p_q + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            if GATE == 1:  # dG through Aqk's rows: rowsum(M1 ⊙ Q Kᵀ)
+                r_q = tl.sum(M1 * mm(tl.load(p_q + o_k, mask=m_tk, other=0.0),
+                                     tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
         dQt = tl.zeros([C, BK], dtype=tl.float32)  # dQ̃ = dO hᵀ
         for i_v in range(0, tl.cdiv(V, BV)):
             vv = i_v * BV + tl.arange(0, BV)
@@ -350,10 +368,16 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
                       tl.load(do + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_t[None, :],
                               other=0.0), DT, IEEE)
         M1t = _decayed(dAt * scale, G if GATE == 1 else dAt, causal_t, True, GATE)  # M1ᵀ   [j, i]
-        b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
-        if GATE == 1:  # dG through Aqk's columns: colsum(M1 ⊙ Q Kᵀ) = rowsum(M1ᵀ ⊙ K Qᵀ)
-            r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_k, mask=m_tk, other=0.0),
-                                         tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
+        if ROWSUMS:
+            P = mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            b_dk += P
+            if GATE == 1:  # rowsum(M1ᵀ ⊙ K Qᵀ) = rowsum(K ⊙ M1ᵀ Q)
+                r_dG = r_q - tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_dk += mm(M1t, tl.load(p_q + o_k, mask=m_tk, other=0.0), DT, IEEE)
+            if GATE == 1:  # dG through Aqk's columns: colsum(M1 ⊙ Q Kᵀ) = rowsum(M1ᵀ ⊙ K Qᵀ)
+                r_dG = r_q - tl.sum(M1t * mm(tl.load(p_k + o_k, mask=m_tk, other=0.0),
+                                             tl.load(p_q + o_kt, mask=m_kt, other=0.0), DT, IEEE), axis=1)
         # -- dk through T (dL = Y Uᵀ and its transpose) and through K̃ (dK̃ = U dhᵀ); Σ h ⊙ dh for ∂L/∂G_last
         dL = tl.zeros([C, C], dtype=tl.float32)
         dLt = tl.zeros([C, C], dtype=tl.float32)
@@ -382,13 +406,24 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
             b_dk += dKt * gkd[:, None]
         else:
             b_dk += dKt
-        b_KK = mm(tl.load(p_k + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
-        Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)  # strict(dL) ⊙ E = −dLm ⊙ E   [i, j]
-        M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)  # (dP ⊙ E)ᵀ  [j, i]
-        r_n = tl.sum(Nm * b_KK, axis=1)  # Σ_j (dL ⊙ P)_ij = −Σ_j dLm_ij P_ij (P = K Kᵀ ⊙ E)
-        if GATE == 1:  # dG through P: rowsum(dP ⊙ P) = −β r_n, colsum = rowsum(M2ᵀ ⊙ K Kᵀ) (K Kᵀ symmetric)
-            r_dG -= b_beta * r_n + tl.sum(M2t * b_KK, axis=1)
-        b_dk += mm(M2t - b_beta[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # (M2 + M2ᵀ) K
+        if ROWSUMS:
+            Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)
+            M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)
+            P = mm(Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # N K
+            r_n = tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
+            b_dk -= P * b_beta[:, None]
+            P = mm(M2t, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # M2ᵀ K
+            b_dk += P
+            if GATE == 1:  # rowsum(M2ᵀ ⊙ K Kᵀ) = rowsum(K ⊙ M2ᵀ K)
+                r_dG -= b_beta * r_n + tl.sum(tl.load(p_k + o_k, mask=m_tk, other=0.0).to(tl.float32) * P, axis=1)
+        else:
+            b_KK = mm(tl.load(p_k + o_k, mask=m_tk, other=0.0), tl.load(p_k + o_kt, mask=m_kt, other=0.0), DT, IEEE)
+            Nm = _decayed(dL, G if GATE == 1 else dL, strict, False, GATE)  # strict(dL) ⊙ E = −dLm ⊙ E   [i, j]
+            M2t = _decayed(dLt * -b_beta[None, :], G if GATE == 1 else dLt, strict_t, True, GATE)  # (dP ⊙ E)ᵀ [j, i]
+            r_n = tl.sum(Nm * b_KK, axis=1)  # Σ_j (dL ⊙ P)_ij = −Σ_j dLm_ij P_ij (P = K Kᵀ ⊙ E)
+            if GATE == 1:  # dG through P: rowsum(dP ⊙ P) = −β r_n, colsum = rowsum(M2ᵀ ⊙ K Kᵀ) (K Kᵀ symmetric)
+                r_dG -= b_beta * r_n + tl.sum(M2t * b_KK, axis=1)
+            b_dk += mm(M2t - b_beta[:, None] * Nm, tl.load(p_k + o_k, mask=m_tk, other=0.0), DT, IEEE)  # (M2+M2ᵀ) K
         # -- dk through X = diag(β)(V − Γ K S_n): −diag(β Γ) Z, Z = Y hᵀ
         Z = tl.zeros([C, BK], dtype=tl.float32)
         for i_v in range(0, tl.cdiv(V, BV)):
@@ -416,6 +451,225 @@ def _grads_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg, cu
             p_dbv += R
         tl.store(dbeta + p_r + oc * H, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     tl.store(dk + (t0 * HQ + i_hq) * K + o_k, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+@triton.jit
+def _rows_of(x, oc, orr):
+    """x [C] at rows orr [BR] (a one-hot sum: the same floats, e.g. G at the program's rows)."""
+    return tl.sum(tl.where(oc[None, :] == orr[:, None], x[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _decayed_rows(M, Gr, Gc, mask, TRANSPOSED: tl.constexpr, GATE: tl.constexpr):
+    """`_decayed` for a program's BR rows: M [BR, C] masked, times E_ij = e^{G_i − G_j} (i the rows, G_r, j the
+    columns, G_c), or TRANSPOSED ([j, i]: j the rows) e^{G_i − G_j} with i the columns."""
+    if GATE == 1:
+        if TRANSPOSED:
+            M = M * tl.exp(tl.where(mask, Gc[None, :] - Gr[:, None], 0.0))  # exponents ≤ 0 on the mask
+        else:
+            M = M * tl.exp(tl.where(mask, Gr[:, None] - Gc[None, :], 0.0))
+    return tl.where(mask, M, 0.0)
+
+
+@triton.jit
+def _hdh_part(h, dh, i_r, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr, BV: tl.constexpr):
+    """Σ h ⊙ dh over key rows [i_r·KS, (i_r + 1)·KS) of one chunk's entering state and its gradient (h, dh: the
+    pointers of its [K, V] tiles): row block i_r's share of ∂L/∂G_last's state term, fp32."""
+    ks = i_r * KS + tl.arange(0, KS)
+    acc = tl.zeros([KS], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        vv = i_v * BV + tl.arange(0, BV)
+        o_s = ks[:, None] * V + vv[None, :]
+        m_s = (ks < K)[:, None] & (vv < V)[None, :]
+        acc += tl.sum(tl.load(h + o_s, mask=m_s, other=0.0).to(tl.float32)
+                      * tl.load(dh + o_s, mask=m_s, other=0.0).to(tl.float32), axis=1)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit(do_not_specialize=["T", "NT", "R", "NSLOT"])
+def _grads_rows_kernel(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq, chunk_local,
+                       scale, T, NT, R, NSLOT, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       C: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NPART: tl.constexpr,
+                       GATE: tl.constexpr, IS_VARLEN: tl.constexpr, DT: tl.constexpr, IEEE: tl.constexpr):
+    # `_grads_kernel` with a chunk's C rows split over C / BR programs (LAUNCH["delta_fused_grads_rows"]): each holds
+    # BR rows of dq, dk, dβ (every product's row side; the column side, the state tiles h, dh and the gate's cumsum
+    # whole). Every row's terms are the program's own but dg's reverse cumsum over the chunk and ∂L/∂G_last, a sum
+    # over the chunk's rows and state: with a scalar gate it writes dG's rows (rg: [R] fp32) and its part of
+    # ∂L/∂G_last (dgl: [C / BR, NSLOT] fp32, NSLOT = B·NT·H; Σ h ⊙ dh over the state's key rows, BK / NR of them a
+    # block), and `chunk_cumsum` finishes dg.
+    NR: tl.constexpr = C // BR
+    KS: tl.constexpr = BK // NR  # the state's key rows of this block's Σ h ⊙ dh
+    i_nr, i_bq = tl.program_id(0), tl.program_id(1)
+    i_n, i_r = i_nr // NR, i_nr % NR  # the row blocks of one chunk are neighbours in the grid (their tiles shared)
+    i_b, i_hq = i_bq // HQ, i_bq % HQ
+    t0, eos = chunk_span(i_n, i_b, T, C, cu, chunk_seq, chunk_local, IS_VARLEN)
+    if IS_VARLEN:
+        if t0 >= eos:  # an unused slot (`common.layout`): exit before any load (its dgl is never read)
+            return
+    slot = i_b.to(tl.int64) * NT + i_n
+    n_t = tl.minimum(eos - t0, C).to(tl.int32)  # the chunk's real rows (≥ 1 here)
+    if i_r * BR >= n_t:  # no real row in this block (the last chunk of a sequence): only its Σ h ⊙ dh share
+        if GATE == 1:
+            for j in range(0, H // HQ):
+                i_h = i_hq * (H // HQ) + j
+                _, G_last, _, _ = _gate_rows(g + t0 * H + i_h, tl.arange(0, C) < n_t, n_t, tl.arange(0, C), H)
+                p_h = (slot * H + i_h) * K * V
+                tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_h,
+                         tl.exp(G_last) * _hdh_part(h + p_h, dh + p_h, i_r, K, V, KS, BV))
+        return
+    oc = tl.arange(0, C)  # the chunk's rows, as columns of the [BR, C] products
+    orr = i_r * BR + tl.arange(0, BR)  # this program's rows
+    kk = tl.arange(0, BK)
+    m_kk = kk < K
+    m_t = oc < n_t
+    m_r = orr < n_t
+    # the causal masks' columns: a row block's products against the chunk's other rows see only those at or before
+    # its last row (dO Uᵀ, Y Uᵀ; M1 K, N K) or at or after its first (U dOᵀ, U Yᵀ; M1ᵀ Q, M2ᵀ K): the rest is not
+    # read (the masks zero them anyway)
+    m_lo = oc < tl.minimum(n_t, (i_r + 1) * BR)
+    m_hi = (oc >= i_r * BR) & m_t
+    m_lok = m_lo[:, None] & m_kk[None, :]
+    m_hik = m_hi[:, None] & m_kk[None, :]
+    m_rk = m_r[:, None] & m_kk[None, :]
+    causal = orr[:, None] >= oc[None, :]  # [i, j]: j ≤ i (i the program's rows)
+    causal_t = oc[None, :] >= orr[:, None]  # [j, i]: i ≥ j (j the program's rows)
+    p_q = q + (t0 * HQ + i_hq) * K
+    p_k = k + (t0 * HQ + i_hq) * K
+    o_k = oc[:, None] * (HQ * K) + kk[None, :]  # the chunk's q, k rows  [C, BK]
+    o_rk = orr[:, None] * (HQ * K) + kk[None, :]  # the program's rows  [BR, BK]
+    # ==== dq (and with a scalar gate dG's q-side rows, rowsum(Q ⊙ dq_h) of each value head's dq term: the row i of
+    # rowsum(M1 ⊙ Q Kᵀ) is q_i · (M1 K)_i — no Q Kᵀ product)
+    b_dq = tl.zeros([BR, BK], dtype=tl.float32)
+    r_q = tl.zeros([BR], dtype=tl.float32)
+    Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ, here with h's tile (one head a group: h read once)
+    for j in range(0, H // HQ):
+        i_h = i_hq * (H // HQ) + j
+        p_v = (t0 * H + i_h) * V
+        p_h = (slot * H + i_h) * K * V
+        p_r = t0 * H + i_h
+        if GATE == 1:
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+            Gr = _rows_of(G, oc, orr)
+        dA = tl.zeros([BR, C], dtype=tl.float32)  # the rows of dO Uᵀ
+        dQt = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of dO hᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):  # (one loop: both products read the same dO tile)
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            b_do = tl.load(do + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                           other=0.0)
+            dA += mm(b_do, tl.load(u + p_v + oc[None, :] * (H * V) + vv[:, None], mask=m_vv[:, None] & m_lo[None, :],
+                                   other=0.0), DT, IEEE)
+            b_h = tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :], other=0.0)
+            dQt += mm(b_do, b_h, DT, IEEE)
+            if H // HQ == 1:
+                Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                                other=0.0), b_h, DT, IEEE)
+        M1 = _decayed_rows(dA * scale, Gr if GATE == 1 else dA, G if GATE == 1 else dA, causal, False, GATE)
+        if GATE == 1:
+            dq_h = mm(M1, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE) + dQt * (scale * tl.exp(Gr))[:, None]
+            r_q = tl.sum(tl.load(p_q + o_rk, mask=m_rk, other=0.0).to(tl.float32) * dq_h, axis=1)
+            if H // HQ > 1:
+                tl.store(rq + p_r + orr * H, r_q, mask=m_r)
+            b_dq += dq_h
+        else:
+            b_dq += mm(M1, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE) + dQt * scale
+    tl.store(dq + (t0 * HQ + i_hq) * K + o_rk, b_dq.to(dq.dtype.element_ty), mask=m_rk)
+    if H // HQ > 1:
+        tl.debug_barrier()
+    # ==== dk, dβ, dG's rows. Every rowsum against K Qᵀ or K Kᵀ is one against a product already formed: with k_a the
+    # row's key, Σ_b M_ab (k_a · x_b) = k_a · (M X)_a, so rowsum(M1ᵀ ⊙ K Qᵀ) = rowsum(K ⊙ M1ᵀ Q), rowsum(M2ᵀ ⊙ K Kᵀ) =
+    # rowsum(K ⊙ M2ᵀ K), r_n = rowsum(N ⊙ K Kᵀ) = rowsum(K ⊙ N K): (M2 + M2ᵀ) K as M2ᵀ K − diag(β) N K, two products
+    # instead of K Kᵀ and one
+    strict = orr[:, None] > oc[None, :]
+    strict_t = oc[None, :] > orr[:, None]
+    b_dk = tl.zeros([BR, BK], dtype=tl.float32)
+    for j in range(0, H // HQ):
+        i_h = i_hq * (H // HQ) + j
+        p_v = (t0 * H + i_h) * V
+        p_h = (slot * H + i_h) * K * V
+        p_r = t0 * H + i_h
+        b_beta = tl.load(beta + p_r + oc * H, mask=m_t, other=0.0).to(tl.float32)  # [C] (the columns)
+        b_beta_r = tl.load(beta + p_r + orr * H, mask=m_r, other=0.0).to(tl.float32)  # [BR]
+        if GATE == 1:
+            G, G_last, gam, gkd = _gate_rows(g + p_r, m_t, n_t, oc, H)
+            Gr = _rows_of(G, oc, orr)
+            gam_r = tl.exp(Gr)
+            gkd_r = tl.exp(tl.where(m_r, G_last - Gr, 0.0))
+            if H // HQ > 1:
+                r_q = tl.load(rq + p_r + orr * H, mask=m_r, other=0.0)
+        dAt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U dOᵀ
+        dL = tl.zeros([BR, C], dtype=tl.float32)  # the rows of Y Uᵀ
+        dLt = tl.zeros([BR, C], dtype=tl.float32)  # the rows of U Yᵀ
+        dKt = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of U dhᵀ
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_rv = m_r[:, None] & m_vv[None, :]
+            m_vhi = m_vv[:, None] & m_hi[None, :]
+            o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
+            o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
+            b_u = tl.load(u + p_v + o_v, mask=m_rv, other=0.0)
+            dAt += mm(b_u, tl.load(do + p_v + o_vt, mask=m_vhi, other=0.0), DT, IEEE)
+            dKt += mm(b_u, tl.load(dh + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
+                                   other=0.0), DT, IEEE)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            vv = i_v * BV + tl.arange(0, BV)
+            m_vv = vv < V
+            m_rv = m_r[:, None] & m_vv[None, :]
+            m_vlo = m_vv[:, None] & m_lo[None, :]
+            m_vhi = m_vv[:, None] & m_hi[None, :]
+            o_v = orr[:, None] * (H * V) + vv[None, :]  # [BR, BV]
+            o_vt = oc[None, :] * (H * V) + vv[:, None]  # [BV, C]
+            dL += mm(tl.load(y + p_v + o_v, mask=m_rv, other=0.0), tl.load(u + p_v + o_vt, mask=m_vlo, other=0.0),
+                     DT, IEEE)
+            dLt += mm(tl.load(u + p_v + o_v, mask=m_rv, other=0.0), tl.load(y + p_v + o_vt, mask=m_vhi, other=0.0),
+                      DT, IEEE)
+        b_kr = tl.load(p_k + o_rk, mask=m_rk, other=0.0)  # the rows' keys  [BR, BK] (as stored)
+        M1t = _decayed_rows(dAt * scale, Gr if GATE == 1 else dAt, G if GATE == 1 else dAt, causal_t, True, GATE)
+        P = mm(M1t, tl.load(p_q + o_k, mask=m_hik, other=0.0), DT, IEEE)  # M1ᵀ Q
+        kdk = tl.sum(b_kr.to(tl.float32) * dKt, axis=1)  # rowsum(K ⊙ dK̃)
+        if GATE == 1:
+            r_dG = r_q - tl.sum(b_kr.to(tl.float32) * P, axis=1)
+            b_dk += P + dKt * gkd_r[:, None]
+        else:
+            b_dk += P + dKt
+        Nm = _decayed_rows(dL, Gr if GATE == 1 else dL, G if GATE == 1 else dL, strict, False, GATE)
+        P = mm(Nm, tl.load(p_k + o_k, mask=m_lok, other=0.0), DT, IEEE)  # N K
+        r_n = tl.sum(b_kr.to(tl.float32) * P, axis=1)  # rowsum(N ⊙ K Kᵀ)
+        b_dk -= P * b_beta_r[:, None]
+        M2t = _decayed_rows(dLt * -b_beta[None, :], Gr if GATE == 1 else dLt, G if GATE == 1 else dLt, strict_t, True,
+                            GATE)
+        P = mm(M2t, tl.load(p_k + o_k, mask=m_hik, other=0.0), DT, IEEE)  # M2ᵀ K
+        b_dk += P
+        if GATE == 1:
+            r_dG -= b_beta_r * r_n + tl.sum(b_kr.to(tl.float32) * P, axis=1)
+        if H // HQ > 1:
+            Z = tl.zeros([BR, BK], dtype=tl.float32)  # the rows of Y hᵀ
+            for i_v in range(0, tl.cdiv(V, BV)):
+                vv = i_v * BV + tl.arange(0, BV)
+                m_vv = vv < V
+                Z += mm(tl.load(y + p_v + orr[:, None] * (H * V) + vv[None, :], mask=m_r[:, None] & m_vv[None, :],
+                                other=0.0),
+                        tl.load(h + p_h + kk[None, :] * V + vv[:, None], mask=m_vv[:, None] & m_kk[None, :],
+                                other=0.0), DT, IEEE)
+        kz = tl.sum(b_kr.to(tl.float32) * Z, axis=1)
+        b_db = -r_n
+        if GATE == 1:
+            b_dk -= Z * (b_beta_r * gam_r)[:, None]
+            b_db -= gam_r * kz
+            r_dG -= gkd_r * kdk + b_beta_r * gam_r * kz
+            tl.store(rg + p_r + orr * H, r_dG, mask=m_r)
+            tl.store(dgl + i_r.to(tl.int64) * NSLOT + slot * H + i_h,
+                     tl.exp(G_last) * _hdh_part(h + p_h, dh + p_h, i_r, K, V, KS, BV) + tl.sum(gkd_r * kdk, axis=0))
+        else:
+            b_dk -= Z * b_beta_r[:, None]
+            b_db -= kz
+        p_dbv = dbv + p_r
+        for _ in range(0, NPART):
+            b_db += tl.load(p_dbv + orr * H, mask=m_r, other=0.0)
+            p_dbv += R
+        tl.store(dbeta + p_r + orr * H, b_db.to(dbeta.dtype.element_ty), mask=m_r)
+    tl.store(dk + (t0 * HQ + i_hq) * K + o_rk, b_dk.to(dk.dtype.element_ty), mask=m_rk)
 
 
 def value_block(L: Layout, name: str) -> int:
@@ -473,6 +727,43 @@ def recompute_states(q, k, v, g, beta, Ti, h0, scale: float, L: Layout):
     return h, u, A
 
 
+def grads_rows(L: Layout) -> int:
+    """The rows per program of the gradient kernel: 0 for one program per chunk (`_grads_kernel`), else BR < C
+    (`_grads_rows_kernel`, C / BR programs per chunk) — the variant's (`variants.delta_fused_backward`:
+    LAUNCH["delta_fused_grads_rows"] ON, BR; BR a power of two ≥ 16, tl.dot's smallest side, below the chunk)."""
+    grads = delta_fused_backward(table(), L.C)
+    return grads.rows if grads.grads == "rows" else 0
+
+
+def _maxnreg(name: str) -> dict:
+    """{"maxnreg": LAUNCH[name]["MAXNREG"]} when set (> 0 and not under the interpreter, which has no registers), else
+    {}: Triton's per-thread register cap for the launch."""
+    n = tile(name, "MAXNREG")
+    return {"maxnreg": n} if n > 0 and not interpreter.interpreting() else {}
+
+
+def _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale: float, L: Layout, BR: int, NV: int,
+                DT, IEEE):
+    """`_grads_kernel`'s outputs by `_grads_rows_kernel` (grid (NT·C/BR, B·H_q)): dq, dk, dβ written in place, dg
+    ([B, T, H] in g's dtype, or None) returned — the kernel's dG rows and ∂L/∂G_last parts reverse-summed over
+    each chunk by `chunk_cumsum` (the parts summed first: one [C/BR, B·NT·H] fp32 sum)."""
+    dev = k.device
+    cu, chunk_seq, chunk_local, _ = varlen_args(L, dev)
+    R = L.B * L.T * L.H
+    NR = L.C // BR
+    nslot = L.B * L.NT * L.H
+    rg = empty_output(R, dtype=torch.float32, device=dev) if g is not None else dbv
+    dgl = empty_output(NR, nslot, dtype=torch.float32, device=dev) if g is not None else dbv
+    _grads_rows_kernel[(L.NT * NR, L.B * L.Hq)](
+        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, rg, dgl, cu, chunk_seq,
+        chunk_local, scale, L.T, L.NT, R, nslot, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BR=BR, BK=pow2(L.K),
+        BV=min(tile("delta_fused_grads_rows", "BV"), pow2(L.V)), NPART=NV, GATE=0 if g is None else 1,
+        IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, **launch("delta_fused_grads_rows"), **_maxnreg("delta_fused_grads_rows"))
+    if g is None:
+        return None
+    return chunk_cumsum(rg.view(g.shape), L, reverse=True, add=dgl.sum(0).view(L.B, L.NT, L.H), out_dtype=g.dtype)
+
+
 def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout, *, need_dh0: bool, A=None):
     """(dq, dk [B, T, H_q, K] in q's dtype, dv [B, T, H, V] in v's dtype, dg (g's shape and dtype) or None, dβ
     [B, T, H] in β's dtype, dS_0 [NS, H, K, V] fp32 or None (`need_dh0`)) from the inputs, T, the entering
@@ -499,11 +790,16 @@ def fused_backward(q, k, v, g, beta, Ti, h, u, do, dht, scale: float, L: Layout,
     dq = empty_output(L.B, L.T, L.Hq, L.K, dtype=q.dtype, device=dev)
     dk = empty_output(L.B, L.T, L.Hq, L.K, dtype=k.dtype, device=dev)
     dbeta = empty_output(L.B, L.T, L.H, dtype=beta.dtype, device=dev)
-    dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
     rq = empty_output(R, dtype=torch.float32, device=dev) if (g is not None and L.H > L.Hq) else dbv
-    _grads_kernel[(L.NT, L.B * L.Hq)](
-        q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, dg if dg is not None else dbeta,
-        cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K),
-        BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate, IS_VARLEN=L.varlen, DT=DT,
-        IEEE=IEEE, **launch("delta_fused_grads"))
+    grads = delta_fused_backward(table(), L.C)  # the gradient kernel's variant (`kernels.variants`): the branch
+    if grads.grads == "rows":
+        dg = _grads_rows(q, k, g, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta, scale, L, grads.rows, NV, DT, IEEE)
+    else:
+        dg = empty_output(*g.shape, dtype=g.dtype, device=dev) if g is not None else None
+        _grads_kernel[(L.NT, L.B * L.Hq)](
+            q, k, g if g is not None else k, beta, h, dh, u, y, do, dbv, rq, dq, dk, dbeta,
+            dg if dg is not None else dbeta, cu, chunk_seq, chunk_local, scale, L.T, L.NT, R, H=L.H, HQ=L.Hq, K=L.K,
+            V=L.V, C=L.C, BK=pow2(L.K), BV=min(tile("delta_fused_grads", "BV"), pow2(L.V)), NPART=NV, GATE=gate,
+            IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE, ROWSUMS=int(grads.grads == "rowsums"),
+            **launch("delta_fused_grads"))
     return dq, dk, dv, dg, dbeta, dh0

@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi -L > $W/env.txt
 step() { echo "== $1: exit $2 at $SECONDS s"; }
 setsid timeout -s INT -k 10 150 python3 scripts/gpu_grads_rows.py --out $W/grads --phases launch check time \
-  --variants off rowsums br16w4 br16w8r128 --no-fp32 --repeats 20 > $W/grads.log 2>  --variants off rowsums br16w4 br16w8r128 br16w8 --no-fp32 --repeats 20 > $W/grads.log 2>&11
+  --variants off rowsums br16w4 br16w8r128 --no-fp32 --repeats 20 > $W/grads.log 2>&1
 step grads $?; grep -v "^\s*$" $W/grads.log | tail -n 14 | cut -c1-240
 S="--d-model 768 --n-layers 12 --num-heads 6 --head-dim 128 --head-v-dim 128 --vocab-size 256 --shapes 8,2048 \
    --steps 7 --warmup 2 --device cuda --dtype bfloat16 --cuda-graph"

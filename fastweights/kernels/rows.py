@@ -62,6 +62,7 @@ from .variants import (
     titans_backward,
     ttt_mlp,
 )
+from .variants import titans as titans_variant
 
 __all__ = ["gated_linear_chunk", "delta_chunk", "linear_recurrent", "short_conv", "short_conv_joint", "gated_rms_norm",
            "delta_prologue", "generic_chunk", "triton_generic_supports", "delta_chunk_pipeline",
@@ -523,14 +524,15 @@ def gated_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
 
 def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
     """As `delta_chunk_variants` for `generic_chunk`: TTT-MLP's kernels (`variants.ttt_mlp`: sliced or one program, for
-    `sequences` × `heads` value heads — None: conditional on them) and Titans' split backward (READ_TERMS, where the
-    head dims take the split pipeline)."""
+    `sequences` × `heads` value heads — None: conditional on them) and, where the head dims take Titans' split
+    pipeline, its sequential passes (`variants.titans`, the same rule) and its backward (READ_TERMS)."""
     kernels = None if recipe is None else _ttt_kernels(recipe)
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
     if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims)) == "split":
-        return (titans_backward(_launch(launch)).variant,)
+        table = _launch(launch)
+        return (titans_variant(sequences, heads, table).variant, titans_backward(table).variant)
     return ()
 
 
@@ -555,8 +557,8 @@ def gated_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
 def generic_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
     """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-MLP's kernels, Titans' split backward."""
     sites = ["TTT-MLP"] if pipeline is not None and pipeline.startswith("TTT-MLP") else []
-    sites += ["Titans backward"] if pipeline is not None and pipeline.startswith("Titans") and "split" in pipeline \
-        else []
+    sites += ["Titans", "Titans backward"] if pipeline is not None and pipeline.startswith("Titans") \
+        and "split" in pipeline else []
     return _alternatives(sites)
 
 

@@ -138,6 +138,48 @@ def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPV
     return TTTMLPVariant("sliced" if sliced else None, bwd, NP=int(cfg["NP"]), zs=bool(cfg["ZS"]), most=most)
 
 
+# ---------------------------------------------------------------------------------------------------- Titans
+@dataclass(frozen=True)
+class TitansVariant:
+    """Titans' split pipeline's sequential passes for one call: forward / backward "sliced" (`titans_sliced.py`, the
+    hidden width over at most NP programs a (sequence, head)) or "one program" (`titans._state_kernel`, `_bwd_kernel`);
+    most: with `forward` None (sequences × heads unknown, ON 2) the crossing MAX_BH."""
+
+    forward: str | None
+    backward: str | None
+    NP: int = 0
+    most: int = 0
+
+    @property
+    def sliced(self) -> bool:
+        return self.forward == "sliced"
+
+    @property
+    def variant(self) -> Variant:
+        sliced = f"sliced NP {self.NP}" + ("" if self.backward != "one program" else " forward, one-program backward")
+        if self.forward is None:
+            return Variant("Titans", f"{sliced} where sequences × heads ≤ {self.most}, else one program")
+        return Variant("Titans", sliced if self.sliced else "one program")
+
+
+def titans(sequences: int | None, heads: int | None, launch: Launch) -> TitansVariant:
+    """Titans' split passes for `sequences` (R) × `heads` (H) under launch["titans_sliced"]: ON 1 sliced, 0 one
+    program, 2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the reverse pass sliced too; ValueError for
+    another ON."""
+    cfg = launch["titans_sliced"]
+    on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
+    if on not in (0, 1, 2):
+        raise ValueError(f'LAUNCH["titans_sliced"]["ON"] must be 0, 1 or 2 (auto), got {on}')
+    if on == 2 and (sequences is None or heads is None):
+        sliced = None
+    else:
+        sliced = on == 1 or (on == 2 and sequences * heads <= most)
+    if sliced is False:
+        return TitansVariant("one program", "one program")
+    bwd = "sliced" if cfg["BWD"] else "one program"
+    return TitansVariant("sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
+
+
 # ---------------------------------------------------------------------------------------------------- fused pipelines
 def _low(dtype: torch.dtype | None) -> bool | None:
     return None if dtype is None else dtype in (torch.bfloat16, torch.float16)
@@ -283,6 +325,8 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
                              "delta_fused_rev AQK; delta_fused_grads ROWSUMS; delta_fused_grads_rows ON, BR"),
     "gated fused forward": (("scores per value block", "scores kernel", "β loaded in place", "β prefetched"),
                             "gated_fused_fwd AQK, PREFETCH"),
+    "Titans": (("one program", "sliced NP n", "sliced NP n forward, one-program backward"),
+               "titans_sliced ON, MAX_BH, NP, BWD"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
 }
 

@@ -60,7 +60,8 @@ def test_the_names_follow_the_launch_table():
         "staged forward, fused backward", ("fused backward: Aqk per value block",))
     assert fw.pipeline("kda", **delta)[2] == ()  # staged: no variant
     assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=128, variants=True)[2] == (
-        "Titans backward: read terms in the reverse pass",)
+        "Titans: sliced NP 4 where sequences × heads ≤ 64, else one program",
+        "Titans backward: read terms in the reverse pass")
 
     with launched({"ttt_mlp_sliced": {"ON": 1, "NP": 4, "BWD": 0, "ZS": 1}, "conv_bwd_rows": {"ON": 0, "RUN": 64},
                    "conv_bwd_fused": {"DW_ACC": 0}, "delta_prepass": {"WU": 0}, "delta_fused_rev": {"AQK": 1},
@@ -70,8 +71,8 @@ def test_the_names_follow_the_launch_table():
         assert fw.layer_op_pipeline("conv", **conv, conv_width=4) == ("triton", ("conv backward: block",))
         assert fw.pipeline("deltanet", **delta)[2] == ("fused forward: T form; inverse tf32x3",
                                                        "fused backward: Aqk from the recompute")
-        assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=128, variants=True)[2] == (
-            "Titans backward: read terms from the pre-pass",)
+        assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=128, variants=True, batch_size=64,
+                           num_heads=2)[2] == ("Titans: one program", "Titans backward: read terms from the pre-pass")
     with launched({"ttt_mlp_sliced": {"ON": 0}, "conv_bwd_rows": {"RUN": 64}}):
         assert fw.pipeline("ttt_mlp", **ttt, batch_size=1, num_heads=1)[2] == ("TTT-MLP: one program",)
         assert fw.pipeline("ttt_mlp", **ttt)[2] == ("TTT-MLP: one program",)  # ON 0: whatever the shape
@@ -144,7 +145,7 @@ def test_rows_list_the_alternatives():
     plain = dispatch.rows(variants=True)
     assert [r[:3] for r in plain] == dispatch.rows()
     assert {a.split(":")[0] for r in plain if r[:3] == ("generic", "chunk", "triton") for a in r[3]} == {
-        "TTT-MLP", "Titans backward"}
+        "TTT-MLP", "Titans", "Titans backward"}
 
 
 def _spied(monkeypatch, kernels: dict) -> list[str]:

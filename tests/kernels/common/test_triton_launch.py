@@ -158,14 +158,13 @@ def _memories(gen):
     finally:
         util.LAUNCH["ttt_mlp_sliced"]["ON"] = old
     g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
-    for pipeline in ("single", "split"):  # Titans' two pipelines (limits.titans_pipeline)
-        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
-                      pipeline=pipeline)[0].sum().backward()
     old = util.LAUNCH["titans_sliced"]["ON"]
-    try:  # the split pipeline with its sequential passes sliced (memories/titans_sliced.py)
-        util.LAUNCH["titans_sliced"]["ON"] = 1
-        titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
-                      pipeline="split")[0].sum().backward()
+    try:  # Titans' two pipelines (limits.titans_pipeline) on the one-program kernels (ON 0), then the split
+        # pipeline with its sequential passes sliced (ON 1: memories/titans_sliced.py)
+        for pipeline, on in (("single", 0), ("split", 0), ("split", 1)):
+            util.LAUNCH["titans_sliced"]["ON"] = on
+            titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
+                          pipeline=pipeline)[0].sum().backward()
     finally:
         util.LAUNCH["titans_sliced"]["ON"] = old
 

@@ -22,6 +22,7 @@ from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import titans_kernel_serves, triton_generic_supports
 from fastweights.kernels.triton.common.limits import titans_pipeline
+from fastweights.kernels.triton.common.util import LAUNCH
 from fastweights.kernels.triton.memories.titans import hidden_tile, titans_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
@@ -31,6 +32,14 @@ from tests.kernels.memories.twins import titans_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TITANS_LAYER_F32_REL, TITANS_LOW_REL
 
 pytestmark = pytest.mark.triton
+
+
+@pytest.fixture(autouse=True)
+def one_program(monkeypatch):
+    """These tests hold the split pipeline's one-program kernels (`_state_kernel`, `_bwd_kernel`): the launch table's
+    auto rule would give their small grids to the sliced kernels (tests/kernels/memories/test_triton_titans_sliced.py
+    holds those)."""
+    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 0)
 
 SCALE = 0.7
 STATE = ("W1", "W2")

@@ -1,10 +1,11 @@
-"""kernels.triton.memories.titans_sliced (Titans' split pipeline with the hidden width sliced over programs: one
-step launch a mini-batch forward, one chain launch a mini-batch backward; util.LAUNCH["titans_sliced"]["ON"], off by
-default) against the torch twin `titans_torch` (chunkwise.minibatch, float64), the float64 recurrence and the
-one-program split kernels: outputs, final weights, momentum and anchor, and every gradient — q, k, v, the retention,
-step and momentum gates, the initial weights, momentum and anchor; lengths that are no multiple of the mini-batch, a
-carried mini-batch, chained calls, varlen with an empty and a length-1 sequence, grouped heads, padded head dims with
-a partial hidden tile, slices of one and several tiles and more slices asked for than there are tiles.
+"""kernels.triton.memories.titans_sliced (Titans' split pipeline with the hidden width sliced over programs: one step
+launch a mini-batch forward, one chain launch a mini-batch backward; util.LAUNCH["titans_sliced"]["ON"], by default
+where sequences × heads ≤ 64) against the torch twin `titans_torch` (chunkwise.minibatch, float64), the float64
+recurrence and the one-program split kernels: outputs, final weights, momentum and anchor, and every gradient — q, k,
+v, the retention, step and momentum gates, the initial weights, momentum and anchor; lengths that are no multiple of
+the mini-batch, a carried mini-batch, chained calls, varlen with an empty and a length-1 sequence, grouped heads,
+padded head dims with a partial hidden tile, slices of one and several tiles and more slices asked for than there are
+tiles.
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (K, V ≤ 20, F = 4K, T ≤ 41); kernel outputs
 are NaN-poisoned (tests/conftest.py). Fresh random inputs every run."""
@@ -68,19 +69,22 @@ def _split(leaves, off, **kw):
     return _kernel(leaves, off, pipeline="split", **kw)
 
 
-def test_the_slices_and_the_switch(monkeypatch):
-    """(programs, tiles each): every program owns ≥ 1 tile; NP beyond the tiles is cut to them. ON: 0 (the default)
-    or 1."""
+def test_the_slices_and_the_rule(monkeypatch):
+    """(programs, tiles each): every program owns ≥ 1 tile; NP beyond the tiles is cut to them. ON: 2 (the default)
+    sliced where sequences × heads ≤ MAX_BH (64, as TTT-MLP's), 0 never, 1 always, anything else refused."""
     assert sliced.slices(512, 16, 4) == (4, 8)
     assert sliced.slices(64, 16, 3) == (2, 2)
     assert sliced.slices(80, 32, 2) == (2, 2)  # tiles 32, 32, 16 (partial): 2 + 1
     assert sliced.slices(64, 64, 4) == (1, 1)
-    assert LAUNCH["titans_sliced"]["ON"] == 0 and not sliced.sliced_on()
+    assert (LAUNCH["titans_sliced"]["ON"], LAUNCH["titans_sliced"]["MAX_BH"]) == (2, 64)
+    assert sliced.sliced_on(4, 16) and sliced.sliced_on(4, 8) and not sliced.sliced_on(64, 2)
+    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 0)
+    assert not sliced.sliced_on(1, 1)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)
-    assert sliced.sliced_on()
-    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 2)
+    assert sliced.sliced_on(64, 2)
+    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 3)
     with pytest.raises(ValueError, match="titans_sliced"):
-        sliced.sliced_on()
+        sliced.sliced_on(1, 1)
 
 
 @pytest.mark.parametrize("T, offset, Hq, tile, NP, bwd", [(37, 0, 1, 16, 4, 1), (23, 5, 2, 16, 3, 1),
@@ -117,6 +121,7 @@ def test_sliced_equals_the_one_program_kernels(monkeypatch, gen, read_terms, fus
     monkeypatch.setitem(LAUNCH["titans_sliced_bwd"], "FUSE", fuse)
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = _seed(gen)
+    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 0)
     one = _run(lambda leaves, off: _split(leaves, off, tile=16), x, 5, seed)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "NP", 2)
@@ -246,7 +251,7 @@ def test_a_titans_layer_on_the_sliced_kernels_equals_it_on_torch(monkeypatch, st
 def test_cuda_realistic(monkeypatch, gen, size, dtype, NP):
     """On the GPU: the sliced kernels (the glue's hidden tile, NP programs a head, the shipped warps) against the
     float64 twin at realistic shapes, outputs, final state and every gradient; bf16 inputs against the twin on the
-    same rounded values. (Not run yet: written for the GPU session's `pytest -m cuda`.)"""
+    same rounded values. (r4s13 call 5: the first 10 cases passed on an H200 before the call's bound.)"""
     from tests.tolerances import CHUNK_LONG_F32_REL
 
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)

@@ -216,13 +216,16 @@ LAUNCH: dict[str, dict] = {
     "titans_bwd": dict(num_warps=8, num_stages=1, TILE=2048, READ_TERMS=0),  # memories.titans._bwd_kernel
     # The split pipeline's sequential passes with the hidden width sliced over NP programs a (sequence, head), one
     # launch a mini-batch each way (memories/titans_sliced.py; the reads stay titans_readout's and titans_bwd_read's).
-    # ON 0 (the default) off, 1 on — untimed. BF: the slices' hidden tile (0: the "titans_fwd" site's,
+    # ON 0 off, 1 on, 2 (the default) on where sequences × heads ≤ MAX_BH (`kernels.variants.titans`, the rule
+    # TTT-MLP's sliced kernels take): H200, bf16, D 128, fwd+bwd, one program → NP 4 (r4s13 calls 6, 7): B 4 T 4096
+    # H 8 (32 programs) 536.8 → 153.1 ms, H 16 (64) 586.7 → 299.3; above 64 untimed. BF: the slices' hidden tile
+    # (0: the "titans_fwd" site's,
     # `titans.hidden_tile`); BWD 1: with ON, the reverse pass sliced too (0: titans_bwd's kernel reads the same start
     # states). 8 warps, not ttt_mlp_sliced's 4: Titans' dots are ieee (FMA) at every dtype, and sm_90's ptxas (Triton
     # 3.6, bf16, D 128, BF 16) builds the reverse chain at 4 warps with 32 registers and 18–24 KB of spills; at 8 it
     # is 255 registers and ≈ 1.2 KB, the step 255 and ≈ 0.1 KB (≈ 1 KB at 4). NP 4: 8-warp CTAs of 255 registers,
     # one an SM — B 4 × H 8 × NP 4 = 128 programs, one wave of 132 SMs.
-    "titans_sliced": dict(num_warps=8, num_stages=1, ON=0, NP=4, BF=0, BWD=1),  # titans_sliced._step_kernel
+    "titans_sliced": dict(num_warps=8, num_stages=1, ON=2, MAX_BH=64, NP=4, BF=0, BWD=1),  # titans_sliced._step_kernel
     # FUSE 1: one chain launch a mini-batch (pass D of j, then pass C of j − 1); 0: two (pass D, then pass C)
     "titans_sliced_bwd": dict(num_warps=8, num_stages=1, FUSE=1),  # memories.titans_sliced._chain_kernel
     "titans_sliced_gates": dict(num_warps=4, num_stages=1),  # memories.titans_sliced._gates_kernel (parallel)

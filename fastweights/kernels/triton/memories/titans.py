@@ -137,9 +137,10 @@ warps, 1 stage (at 4 warps sm_90's ptxas built the single forward kernel at K = 
 spills; the loops re-read what a previous pass wrote), "titans_readout" and "titans_bwd_read" at 4 warps, 2 stages
 (their loads pipelined: read-only); each site's TILE sets its hidden tile (`hidden_tile`). This pipeline runs where
 `limits.titans_pipeline` says "split" (head dims > 64; the single kernels, `titans_single.py`, below):
-docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times. util.LAUNCH["titans_sliced"] ON
-1 (off by default, untimed) runs the two sequential passes with the hidden width sliced over programs instead, one
-launch a mini-batch each way (`titans_sliced.py`; docs/kernel_notes.md, "Titans sliced").
+docs/kernel_notes.md (round 4, ninth session) has the sm_90 counts and the H200 times. Where sequences × heads ≤ 64
+(util.LAUNCH["titans_sliced"] ON 2, the default; 1 always, 0 never) the two sequential passes run with the hidden width
+sliced over programs instead, one launch a mini-batch each way (`titans_sliced.py`; docs/kernel_notes.md, "Titans
+sliced"; H200, B 4, T 4096, H 8, D 128: 536.8 → 153.1 ms fwd+bwd).
 """
 
 from __future__ import annotations
@@ -572,7 +573,7 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, es, do, GW
 
 class _Titans(torch.autograd.Function):
     """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel` — with
-    util.LAUNCH["titans_sliced"] ON, `_state_kernel` and (BWD) `_bwd_kernel` give way to `titans_sliced`'s kernels, the
+    `titans_sliced.sliced_on(R, H)`, `_state_kernel` and (BWD) `_bwd_kernel` give way to `titans_sliced`'s kernels, the
     hidden width sliced over programs (the same stored start states and e). q, k [B, T, H_q, K], v [B, T, H, V], g,
     beta, nu [B, T, H], the state W1, W2, M1, M2 and the anchor A1, A2 ([R, H, K, F] / [R, H, F, V], fp32; the anchor
     is the weights themselves when offset is 0), then scale, offset, cu (int32 [N+1] on the device, or None), the
@@ -590,7 +591,7 @@ class _Titans(torch.autograd.Function):
         flags = dict(HAS_A=offset > 0, IS_VARLEN=cu is not None)
         from . import titans_sliced  # (it imports this module's jit helpers)
 
-        sliced = titans_sliced.sliced_on()
+        sliced = titans_sliced.sliced_on(R, H)  # `kernels.variants.titans`: the branch that names it
         if sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
             outs, slots, es = titans_sliced.sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, offset=offset,
                                                            cu=cu, plan=plan, steps=steps,

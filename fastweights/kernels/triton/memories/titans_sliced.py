@@ -54,8 +54,9 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import titans as titans_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.util import launch, tile
+from ..common.util import launch, table, tile
 from .titans_single import (  # (not `titans`, whose glue imports this module)
     _anchor,
     _coefficients,
@@ -83,13 +84,11 @@ def slices(F: int, BF: int, NP: int) -> tuple[int, int]:
     return -(-tiles // per), per
 
 
-def sliced_on() -> bool:
-    """Whether Titans' split pipeline runs its sequential passes sliced (util.LAUNCH["titans_sliced"]["ON"]: 0 never,
-    1 always)."""
-    on = tile("titans_sliced", "ON")
-    if on not in (0, 1):
-        raise ValueError(f'LAUNCH["titans_sliced"]["ON"] must be 0 or 1, got {on}')
-    return on == 1
+def sliced_on(R: int, H: int) -> bool:
+    """Whether Titans' split pipeline runs its sequential passes sliced for R sequences × H heads
+    (util.LAUNCH["titans_sliced"]["ON"]: 0 never, 1 always, 2 where R·H ≤ MAX_BH; `kernels.variants.titans`, which
+    names it)."""
+    return titans_variant(R, H, table()).sliced
 
 
 def _settings(geo: dict) -> tuple[int, int, int]:

@@ -96,6 +96,17 @@ def conv_backward(W: int | None, launch: Launch, *, one_pass: bool = True) -> Co
 
 
 # ---------------------------------------------------------------------------------------------------- TTT-MLP
+def _sliced_rule(site: str, cfg, sequences: int | None, heads: int | None) -> tuple[bool | None, int]:
+    """(sliced, MAX_BH) of a sliced-kernels site's ON: 1 True, 0 False, 2 whether sequences × heads ≤ MAX_BH (the
+    one-program grid that does not yet fill the GPU; None where either is unknown); ValueError for another ON."""
+    on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
+    if on not in (0, 1, 2):
+        raise ValueError(f'LAUNCH["{site}"]["ON"] must be 0, 1 or 2 (auto), got {on}')
+    if on == 2 and (sequences is None or heads is None):
+        return None, most
+    return on == 1 or (on == 2 and sequences * heads <= most), most
+
+
 @dataclass(frozen=True)
 class TTTMLPVariant:
     """TTT-MLP's kernels for one call: forward / backward "sliced" (`ttt_mlp_sliced.py`, the hidden width over at most
@@ -125,13 +136,7 @@ def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPV
     """TTT-MLP's kernels for `sequences` (R) × `heads` (H) under launch["ttt_mlp_sliced"]: ON 1 sliced, 0 one program,
     2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the backward sliced too; ValueError for another ON."""
     cfg = launch["ttt_mlp_sliced"]
-    on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
-    if on not in (0, 1, 2):
-        raise ValueError(f'LAUNCH["ttt_mlp_sliced"]["ON"] must be 0, 1 or 2 (auto), got {on}')
-    if on == 2 and (sequences is None or heads is None):
-        sliced = None
-    else:
-        sliced = on == 1 or (on == 2 and sequences * heads <= most)
+    sliced, most = _sliced_rule("ttt_mlp_sliced", cfg, sequences, heads)
     if sliced is False:
         return TTTMLPVariant("one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
@@ -167,13 +172,7 @@ def titans(sequences: int | None, heads: int | None, launch: Launch) -> TitansVa
     program, 2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the reverse pass sliced too; ValueError for
     another ON."""
     cfg = launch["titans_sliced"]
-    on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
-    if on not in (0, 1, 2):
-        raise ValueError(f'LAUNCH["titans_sliced"]["ON"] must be 0, 1 or 2 (auto), got {on}')
-    if on == 2 and (sequences is None or heads is None):
-        sliced = None
-    else:
-        sliced = on == 1 or (on == 2 and sequences * heads <= most)
+    sliced, most = _sliced_rule("titans_sliced", cfg, sequences, heads)
     if sliced is False:
         return TitansVariant("one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"

@@ -250,6 +250,25 @@ def test_chained_calls_equal_one_call(gen, pipeline):
     _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
+def _each_sequence_alone(leaves, off, cu):
+    """The twin on each sequence of the packing `cu` alone (its own state row, mini-batches from its own start),
+    outputs concatenated and final states stacked as the varlen kernels return them; an empty sequence keeps its state
+    (with no carried mini-batch its anchor is its weights)."""
+    outs, parts = [], []
+    for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1]) for n, val in leaves.items()}
+        if s1 == s0:
+            outs.append(one["v"])
+            st = _state(one, off)
+            parts.append((st["weights"], st["momentum"], st["anchor"] if off else st["weights"], off))
+            continue
+        o, w, m, a, o_off = _twin(one, off)
+        outs.append(o)
+        parts.append((w, m, a, o_off))
+    cat = [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts])) for i in range(3)]
+    return torch.cat(outs, dim=1), *cat, [p[3] for p in parts]
+
+
 @pytest.mark.parametrize("offset", [0, 5])
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_varlen_equals_each_sequence_alone(gen, offset, pipeline):
@@ -264,25 +283,10 @@ def test_varlen_equals_each_sequence_alone(gen, offset, pipeline):
     x.update({n: _inputs(gen, B=N, T=1, Hq=1, H=1)[n] for n in STATE + MOMENTUM + ANCHOR})  # one state row per sequence
     seed = _seed(gen)
 
-    def alone(leaves, off):
-        outs, parts = [], []
-        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1]) for n, val in leaves.items()}
-            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
-                outs.append(one["v"])
-                st = _state(one, off)
-                parts.append((st["weights"], st["momentum"], st["anchor"] if off else st["weights"], off))
-                continue
-            o, w, m, a, o_off = _twin(one, off)
-            outs.append(o)
-            parts.append((w, m, a, o_off))
-        cat = [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts])) for i in range(3)]
-        return torch.cat(outs, dim=1), *cat, [p[3] for p in parts]
-
     got = _run(lambda leaves, off: _kernel(leaves, off, cu_seqlens=cu.to(DEV), pipeline=pipeline), _fp32(x), offset,
                seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
-    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, _run(lambda leaves, off: _each_sequence_alone(leaves, off, cu), x, offset, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.cuda

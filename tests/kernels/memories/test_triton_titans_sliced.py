@@ -25,13 +25,13 @@ from tests.kernels.memories.test_triton_titans import (
     SEQ,
     STATE,
     _agree,
+    _each_sequence_alone,
     _fp32,
     _inputs,
     _kernel,
     _recurrence,
     _run,
     _seed,
-    _state,
     _twin,
 )
 from tests.tolerances import CHUNK_F32_REL, TITANS_LOW_REL
@@ -196,25 +196,10 @@ def test_varlen_equals_each_sequence_alone(monkeypatch, steps, gen, offset):
     x.update({n: _inputs(gen, B=N, T=1, Hq=1, H=1)[n] for n in STATE + MOMENTUM + ANCHOR})
     seed = _seed(gen)
 
-    def alone(leaves, off):
-        outs, parts = [], []
-        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            one = {n: (val[:, s0:s1] if n in SEQ else val[i:i + 1]) for n, val in leaves.items()}
-            if s1 == s0:  # no token: the state as it was (with no carried mini-batch its anchor is its weights)
-                outs.append(one["v"])
-                st = _state(one, off)
-                parts.append((st["weights"], st["momentum"], st["anchor"] if off else st["weights"], off))
-                continue
-            o, w, m, a, o_off = _twin(one, off)
-            outs.append(o)
-            parts.append((w, m, a, o_off))
-        cat = [tuple(torch.cat(t, dim=0) for t in zip(*[p[i] for p in parts])) for i in range(3)]
-        return torch.cat(outs, dim=1), *cat, [p[3] for p in parts]
-
     got = _run(lambda leaves, off: _split(leaves, off, tile=16, cu_seqlens=cu.to(DEV)), _fp32(x), offset, seed)
     assert got[1] == [(offset + n) % 16 for n in lengths]
     assert len(steps) == 1 + -(-(offset + 20) // 16)
-    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+    _agree(got, _run(lambda leaves, off: _each_sequence_alone(leaves, off, cu), x, offset, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.variants  # (7.5 s under the interpreter alone, ≈ 20 s beside other work: F = 512)

@@ -13,7 +13,8 @@ in one program, each way.
     titans.py         Titans' (a two-layer MLP memory, momentum and scalar retention: `kernels.rows.titans_chunk`),
                       the same design, each way (interpreter-verified, not yet run on a GPU)
     titans_sliced.py  Titans' split pipeline's sequential passes with the hidden width sliced over programs: one
-                      launch a mini-batch each way (util.LAUNCH["titans_sliced"] ON, off by default)
+                      launch a mini-batch each way (util.LAUNCH["titans_sliced"] ON: by default where
+                      sequences × heads ≤ 64)
     mesa_cg.py        MesaNet's chunked conjugate-gradient solve (`kernels.rows.mesa_chunk`: the torch chunk form
                       with both CG solves in the kernel; interpreter-verified, not yet run on a GPU): one program
                       per chunk runs every CG iteration of its C systems, x, r, p and the chunk's Hs, kc, A in

@@ -26,10 +26,10 @@ import torch
 
 from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
-__all__ = ["Variant", "ConvBackward", "TTTMLPVariant", "DeltaFusedForward", "DeltaFusedBackward",
-           "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp", "delta_fused_forward",
-           "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch", "alternatives",
-           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
+__all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTMLPVariant", "TitansVariant", "titans", "DeltaFusedForward",
+           "DeltaFusedBackward", "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp",
+           "delta_fused_forward", "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch",
+           "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -108,16 +108,17 @@ def _sliced_rule(site: str, cfg, sequences: int | None, heads: int | None) -> tu
 
 
 @dataclass(frozen=True)
-class TTTMLPVariant:
-    """TTT-MLP's kernels for one call: forward / backward "sliced" (`ttt_mlp_sliced.py`, the hidden width over at most
-    NP programs a (sequence, head)) or "one program" (`ttt_mlp._fwd_kernel`, `_bwd_kernel`); zs: the sliced steps
-    store every mini-batch's Z1; most: with `forward` None (sequences × heads unknown, ON 2) the crossing MAX_BH."""
+class SlicedVariant:
+    """A memory's sequential kernels for one call: forward / backward "sliced" (the hidden width over at most NP
+    programs a (sequence, head)) or "one program"; most: with `forward` None (sequences × heads unknown, ON 2) the
+    crossing MAX_BH. `site` names it; `extra` is appended to a sliced name."""
 
+    site: str
     forward: str | None
     backward: str | None
     NP: int = 0
-    zs: bool = False
     most: int = 0
+    extra: str = ""
 
     @property
     def sliced(self) -> bool:
@@ -126,10 +127,18 @@ class TTTMLPVariant:
     @property
     def variant(self) -> Variant:
         sliced = f"sliced NP {self.NP}" + ("" if self.backward != "one program" else
-                                           " forward, one-program backward") + (", Z1 stored" if self.zs else "")
+                                           " forward, one-program backward") + self.extra
         if self.forward is None:
-            return Variant("TTT-MLP", f"{sliced} where sequences × heads ≤ {self.most}, else one program")
-        return Variant("TTT-MLP", sliced if self.sliced else "one program")
+            return Variant(self.site, f"{sliced} where sequences × heads ≤ {self.most}, else one program")
+        return Variant(self.site, sliced if self.sliced else "one program")
+
+
+@dataclass(frozen=True)
+class TTTMLPVariant(SlicedVariant):
+    """TTT-MLP's kernels (`ttt_mlp_sliced.py` or `ttt_mlp._fwd_kernel`, `_bwd_kernel`); zs: the sliced steps store
+    every mini-batch's Z1."""
+
+    zs: bool = False
 
 
 def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPVariant:
@@ -138,33 +147,16 @@ def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPV
     cfg = launch["ttt_mlp_sliced"]
     sliced, most = _sliced_rule("ttt_mlp_sliced", cfg, sequences, heads)
     if sliced is False:
-        return TTTMLPVariant("one program", "one program")
+        return TTTMLPVariant("TTT-MLP", "one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
-    return TTTMLPVariant("sliced" if sliced else None, bwd, NP=int(cfg["NP"]), zs=bool(cfg["ZS"]), most=most)
+    zs = bool(cfg["ZS"])
+    return TTTMLPVariant("TTT-MLP", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most,
+                         extra=", Z1 stored" if zs else "", zs=zs)
 
 
 # ---------------------------------------------------------------------------------------------------- Titans
-@dataclass(frozen=True)
-class TitansVariant:
-    """Titans' split pipeline's sequential passes for one call: forward / backward "sliced" (`titans_sliced.py`, the
-    hidden width over at most NP programs a (sequence, head)) or "one program" (`titans._state_kernel`, `_bwd_kernel`);
-    most: with `forward` None (sequences × heads unknown, ON 2) the crossing MAX_BH."""
-
-    forward: str | None
-    backward: str | None
-    NP: int = 0
-    most: int = 0
-
-    @property
-    def sliced(self) -> bool:
-        return self.forward == "sliced"
-
-    @property
-    def variant(self) -> Variant:
-        sliced = f"sliced NP {self.NP}" + ("" if self.backward != "one program" else " forward, one-program backward")
-        if self.forward is None:
-            return Variant("Titans", f"{sliced} where sequences × heads ≤ {self.most}, else one program")
-        return Variant("Titans", sliced if self.sliced else "one program")
+TitansVariant = SlicedVariant
+"""Titans' split pipeline's sequential passes (`titans_sliced.py` or `titans._state_kernel`, `_bwd_kernel`)."""
 
 
 def titans(sequences: int | None, heads: int | None, launch: Launch) -> TitansVariant:
@@ -174,9 +166,9 @@ def titans(sequences: int | None, heads: int | None, launch: Launch) -> TitansVa
     cfg = launch["titans_sliced"]
     sliced, most = _sliced_rule("titans_sliced", cfg, sequences, heads)
     if sliced is False:
-        return TitansVariant("one program", "one program")
+        return TitansVariant("Titans", "one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
-    return TitansVariant("sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
+    return TitansVariant("Titans", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
 
 
 # ---------------------------------------------------------------------------------------------------- fused pipelines

@@ -156,6 +156,18 @@ def test_varlen_grouped(gate, gen, fused):
     check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu), (o, S, want), CHUNK_F32_REL)
 
 
+def _chained(d, chunk_size):
+    """The kernels on [0, 19) then [19, 37) from d's state S0, the first part's final state carried:
+    (o [B, 37, H, V], final state)."""
+    kw = dict(scale=0.4, output_final_state=True, chunk_size=chunk_size)
+    parts = [{key: val[:, a:b] for key, val in d.items() if key != "S0"} for a, b in ((0, 19), (19, 37))]
+    o1, S1 = chunk_delta_triton(**{k_: parts[0][k_] for k_ in ("q", "k", "v")}, g=parts[0].get("g"),
+                                beta=parts[0]["beta"], initial_state=d["S0"], **kw)
+    o2, S2 = chunk_delta_triton(**{k_: parts[1][k_] for k_ in ("q", "k", "v")}, g=parts[1].get("g"),
+                                beta=parts[1]["beta"], initial_state=S1, **kw)
+    return torch.cat([o1, o2], dim=1), S2
+
+
 @pytest.mark.parametrize("gate", ["scalar"])
 def test_chained_states(gate, gen, fused):
     """[0, t) then [t, T) from the carried state equals one run, gradients included (the final state's gradient
@@ -163,16 +175,7 @@ def test_chained_states(gate, gen, fused):
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)
 
-    def chained(d):
-        kw = dict(scale=0.4, output_final_state=True, chunk_size=16)
-        parts = [{key: val[:, a:b] for key, val in d.items() if key != "S0"} for a, b in ((0, 19), (19, 37))]
-        o1, S1 = chunk_delta_triton(**{k_: parts[0][k_] for k_ in ("q", "k", "v")}, g=parts[0].get("g"),
-                                    beta=parts[0]["beta"], initial_state=d["S0"], **kw)
-        o2, S2 = chunk_delta_triton(**{k_: parts[1][k_] for k_ in ("q", "k", "v")}, g=parts[1].get("g"),
-                                    beta=parts[1]["beta"], initial_state=S1, **kw)
-        return torch.cat([o1, o2], dim=1), S2
-
-    check(grads(lambda d: chained(to_dev(d)), x, seed), grads(_triton, x, seed), CHUNK_F32_REL)
+    check(grads(lambda d: _chained(to_dev(d), 16), x, seed), grads(_triton, x, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -327,17 +330,8 @@ def test_rows_chained_states(gate, gen, fused, rows):
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)
 
-    def chained(d):
-        kw = dict(scale=0.4, output_final_state=True, chunk_size=32)
-        parts = [{key: val[:, a:b] for key, val in d.items() if key != "S0"} for a, b in ((0, 19), (19, 37))]
-        o1, S1 = chunk_delta_triton(**{k_: parts[0][k_] for k_ in ("q", "k", "v")}, g=parts[0].get("g"),
-                                    beta=parts[0]["beta"], initial_state=d["S0"], **kw)
-        o2, S2 = chunk_delta_triton(**{k_: parts[1][k_] for k_ in ("q", "k", "v")}, g=parts[1].get("g"),
-                                    beta=parts[1]["beta"], initial_state=S1, **kw)
-        return torch.cat([o1, o2], dim=1), S2
-
     want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
-    check(grads(lambda d: chained(to_dev(d)), x, seed), want, CHUNK_F32_REL)
+    check(grads(lambda d: _chained(to_dev(d), 32), x, seed), want, CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("gate", GATES)

@@ -187,23 +187,26 @@ def test_low_precision_inputs(gen, dtype, monkeypatch):
     _agree(got, _run(_twin, x, 5, seed), TTT_LOW_REL[dtype])
 
 
+def _chained(leaves, offset, b):
+    """The kernels on tokens [0, 21) then [21, T) (the first call leaves a mini-batch at 5 tokens), the state and
+    anchor passed between the calls: (o, final weights, anchor, offset) as one call returns them."""
+    first = {n: (v[:, :21] if n in SEQ else v) for n, v in leaves.items()}
+    o1, w1, a1, off1 = _kernel(first, offset, b)
+    assert off1 == 5
+    second = {n: (v[:, 21:] if n in SEQ else v) for n, v in leaves.items()}
+    second.update(zip(STATE, w1))
+    second.update(zip(ANCHOR, a1))
+    o2, w2, a2, off2 = _kernel(second, off1, b)
+    return torch.cat([o1, o2], dim=1), w2, a2, off2
+
+
 def test_chained_calls_equal_one_call(gen):
     """T = 41 as 21 + 20 tokens (the second call continues the mini-batch the first left at 5 tokens), the state
     passed between the calls: outputs, final state and every gradient of the chain equal one call's."""
     x = _inputs(gen, T=41, Hq=1)
     seed = _seed(gen)
 
-    def chained(leaves, offset, b):
-        first = {n: (v[:, :21] if n in SEQ else v) for n, v in leaves.items()}
-        o1, w1, a1, off1 = _kernel(first, offset, b)
-        assert off1 == 5
-        second = {n: (v[:, 21:] if n in SEQ else v) for n, v in leaves.items()}
-        second.update(zip(STATE, w1))
-        second.update(zip(ANCHOR, a1))
-        o2, w2, a2, off2 = _kernel(second, off1, b)
-        return torch.cat([o1, o2], dim=1), w2, a2, off2
-
-    _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
+    _agree(_run(_chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
 def _each_sequence_alone(cu):

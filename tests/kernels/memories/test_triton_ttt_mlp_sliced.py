@@ -24,9 +24,9 @@ from tests.kernels.helpers import DEV
 from tests.kernels.memories.test_triton_ttt_mlp import (
     ANCHOR,
     SCALE,
-    SEQ,
     STATE,
     _agree,
+    _chained,
     _each_sequence_alone,
     _fp32,
     _inputs,
@@ -207,17 +207,7 @@ def test_chained_calls_equal_one_call(steps, gen):
     x = _inputs(gen, T=41, Hq=1)
     seed = _seed(gen)
 
-    def chained(leaves, offset, b):
-        first = {n: (v[:, :21] if n in SEQ else v) for n, v in leaves.items()}
-        o1, w1, a1, off1 = _kernel(first, offset, b)
-        assert off1 == 5
-        second = {n: (v[:, 21:] if n in SEQ else v) for n, v in leaves.items()}
-        second.update(zip(STATE, w1))
-        second.update(zip(ANCHOR, a1))
-        o2, w2, a2, off2 = _kernel(second, off1, b)
-        return torch.cat([o1, o2], dim=1), w2, a2, off2
-
-    _agree(_run(chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
+    _agree(_run(_chained, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
 
 
 @pytest.mark.parametrize("offset, zs", [(0, 0), (5, 1)])

@@ -19,8 +19,8 @@ Titans (`--memory titans`, TITANS_VARIANTS): off — the split pipeline's one-pr
 mini-batch: the defaults); np4w4 — 4 warps; np4fwd — the sliced state pass with the one-program reverse pass (BWD
 0); np4f0 — the chain in two launches a mini-batch (FUSE 0); np4bf32, np8bf32 — the slices' hidden tile 32 (the
 glue's is 16 at D 128); np4rt — with the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS 1). Every
-Titans phase forces the split pipeline (limits.TITANS_SINGLE_MAX_DIM 0), so D 64 (the check's, the small shape) runs
-it too — at D ≤ 64 the library's default is the single pipeline, which the option does not touch.
+Titans phase forces the split pipeline (the launch table's titans_single_fwd MAX_DIM 0), so D 64 (the check's, the
+small shape) runs it too — at D ≤ 64 the library's default is the single pipeline, which the option does not touch.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
@@ -88,20 +88,19 @@ def _variant(name):
     """A context: util.LAUNCH updated with the variant's table, restored after."""
     import contextlib
 
-    from fastweights.kernels.triton.common import limits
     from fastweights.kernels.triton.common.util import LAUNCH, load_launch
 
     @contextlib.contextmanager
     def ctx():
         old = load_launch(MEMORY["variants"][name])
-        single = limits.TITANS_SINGLE_MAX_DIM
+        single = LAUNCH["titans_single_fwd"]["MAX_DIM"]
         if MEMORY["name"] == "titans":  # the split pipeline at every head dim (the option's only home)
-            limits.TITANS_SINGLE_MAX_DIM = 0
+            LAUNCH["titans_single_fwd"]["MAX_DIM"] = 0
         try:
             yield
         finally:
             LAUNCH.update(old)
-            limits.TITANS_SINGLE_MAX_DIM = single
+            LAUNCH["titans_single_fwd"]["MAX_DIM"] = single
     return ctx()
 
 

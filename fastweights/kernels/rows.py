@@ -237,7 +237,8 @@ def triton_generic_supports(recipe: Recipe, target) -> str | None:
       too);
     - Titans (`titans_kernel_serves`) with head dims ≤ TITANS_MAX_DIM: its whole inner loop in
       kernels.triton.memories.titans, forward and backward, as one sequential program per (sequence, head) each way
-      at head dims ≤ TITANS_SINGLE_MAX_DIM, else split (`limits.titans_pipeline`; varlen refused as for TTT).
+      at head dims ≤ the launch table's titans_single_fwd MAX_DIM, else split (`limits.titans_pipeline`; varlen
+      refused as for TTT).
     Every other optimizer and memory: the torch row. (An A/B measurement on the GPU: backend="torch"
     against backend="triton".)"""
     why = triton_device_supports(target) or generic_chunk_exists(recipe, target)

@@ -117,7 +117,7 @@ def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, mon
     a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
     rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=k)
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
     la, lb = ([json.loads(x)["loss"] for x in (tmp_path / run / "log.jsonl").read_text().splitlines()
                if "loss" in json.loads(x)] for run in ("eager", "graph"))
     assert len(la) == 8 and la == pytest.approx(lb, rel=GRAPH_RUN_LOSS_REL if dtype == "float32"

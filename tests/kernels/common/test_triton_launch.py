@@ -159,9 +159,10 @@ def _memories(gen):
         util.LAUNCH["ttt_mlp_sliced"]["ON"] = old
     g, nu = (torch.rand(B, T, H, generator=gen).to(DEV) for _ in range(2))
     old = util.LAUNCH["titans_sliced"]["ON"]
-    try:  # Titans' two pipelines (limits.titans_pipeline) on the one-program kernels (ON 0), then the split
-        # pipeline with its sequential passes sliced (ON 1: memories/titans_sliced.py)
-        for pipeline, on in (("single", 0), ("split", 0), ("split", 1)):
+    try:  # Titans' two pipelines on the one-program kernels (ON 0) — the single one as the launch table picks it at
+        # this head dim (limits.titans_pipeline reads titans_single_fwd MAX_DIM) —, then the split pipeline with its
+        # sequential passes sliced (ON 1: memories/titans_sliced.py)
+        for pipeline, on in ((None, 0), ("split", 0), ("split", 1)):
             util.LAUNCH["titans_sliced"]["ON"] = on
             titans_triton(q, k, v, -g, beta, nu, scale=0.25, weights=mlp[::2], momentum=mlp[::2],
                           pipeline=pipeline)[0].sum().backward()

@@ -381,14 +381,13 @@ def test_fw_chunk_takes_the_kernels_through_the_row(monkeypatch, gen, pipeline):
     """fw.chunk("titans") on a (fake, on the CPU) CUDA device routes to the Triton row ("auto" and by name), which
     runs the kernels — a call under no_grad the forward alone, one whose inputs need gradients the backward too:
     output, final state and every gradient (the gates' included) equal the torch row's in float64; varlen is refused as
-    the torch row refuses it. Head dim 16: the single pipeline, or the split one with limits.TITANS_SINGLE_MAX_DIM
-    lowered under it (the interpreter at D 128 is slow)."""
-    from fastweights.kernels.triton.common import limits
+    the torch row refuses it. Head dim 16: the single pipeline, or the split one with the launch table's
+    titans_single_fwd MAX_DIM lowered under it (the interpreter at D 128 is slow)."""
     from fastweights.kernels.triton.memories import titans as mod
     from fastweights.kernels.triton.memories import titans_single as one
 
     if pipeline == "split":
-        monkeypatch.setattr(limits, "TITANS_SINGLE_MAX_DIM", 8)
+        monkeypatch.setitem(LAUNCH["titans_single_fwd"], "MAX_DIM", 8)
     fwd = [mod._state_kernel, mod._readout_kernel] if pipeline == "split" else [one._fwd_kernel]
     bwd = [mod._bwd_read_kernel, mod._bwd_kernel] if pipeline == "split" else [one._bwd_kernel]
     assert fw.pipeline("titans", device="cuda", dtype=torch.float32, head_dim=16)[1] \
@@ -436,11 +435,10 @@ def test_a_titans_layer_on_the_kernels_equals_it_on_torch(monkeypatch, gen, pipe
     """A MemoryMixer("titans") whose memory runs on the Triton row (the fake CUDA table on the CPU) against the same
     layer on the torch row: output and every parameter gradient (its initial memory, the gates' projections) — the
     tensors a layer hands the row (expanded states, gates from its projections). Head dim 16: the single pipeline, or
-    the split one with limits.TITANS_SINGLE_MAX_DIM lowered under it."""
-    from fastweights.kernels.triton.common import limits
+    the split one with the launch table's titans_single_fwd MAX_DIM lowered under it."""
     from fastweights.kernels.triton.memories import titans, titans_single
 
     if pipeline == "split":
-        monkeypatch.setattr(limits, "TITANS_SINGLE_MAX_DIM", 8)
+        monkeypatch.setitem(LAUNCH["titans_single_fwd"], "MAX_DIM", 8)
     fn = (titans if pipeline == "split" else titans_single)._Titans
     layer_on_kernels_equals_torch(monkeypatch, gen, "titans", fn, TITANS_LAYER_F32_REL)

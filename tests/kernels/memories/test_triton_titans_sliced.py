@@ -215,14 +215,13 @@ def test_the_lm_head_dim(monkeypatch, steps, gen):
 
 
 def test_a_titans_layer_on_the_sliced_kernels_equals_it_on_torch(monkeypatch, steps, gen):
-    """A MemoryMixer("titans") on the Triton row (the fake CUDA table on the CPU; head dim 16 with
-    limits.TITANS_SINGLE_MAX_DIM lowered so the split pipeline runs, sliced over 2 programs) against the same layer
+    """A MemoryMixer("titans") on the Triton row (the fake CUDA table on the CPU; head dim 16 with the launch table's
+    titans_single_fwd MAX_DIM lowered so the split pipeline runs, sliced over 2 programs) against the same layer
     on the torch row: output and every parameter gradient."""
-    from fastweights.kernels.triton.common import limits
     from tests.kernels.memories.layers import layer_on_kernels_equals_torch
     from tests.tolerances import TITANS_LAYER_F32_REL
 
-    monkeypatch.setattr(limits, "TITANS_SINGLE_MAX_DIM", 8)
+    monkeypatch.setitem(LAUNCH["titans_single_fwd"], "MAX_DIM", 8)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "NP", 2)
     layer_on_kernels_equals_torch(monkeypatch, gen, "titans", mod._Titans, TITANS_LAYER_F32_REL)
     assert steps and steps.chain and "one-program" not in steps.chain

@@ -70,17 +70,17 @@ LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
 #: process (the single kernels before it: 722 ms); at D 64 (B 64, T 512, H 2) the single kernels 17.6 ms against 57.7
 #: (docs/kernel_notes.md, round 4 ninth session). Above it the row refuses (auto: the torch row).
 TITANS_MAX_DIM = 128
-#: The widest head dim at which Titans' kernels run as one program per (sequence, head) each way
-#: (`memories/titans_single.py`); wider ones split the state walk from the reads (`memories/titans.py`). H200, bf16:
-#: at B 64, T 512, H 2, D 64 single 17.6 ms fwd + bwd, split 19.0; at B 4, T 4096, H 16, D 128 single 722, split 540.
-TITANS_SINGLE_MAX_DIM = 64
-
-
-def titans_pipeline(K: int, V: int) -> str:
+def titans_pipeline(K: int, V: int, launch=None) -> str:
     """Which of Titans' kernel pipelines a call with head dims K, V runs: "single" (one sequential program per
-    (sequence, head) each way) at max(K, V) ≤ TITANS_SINGLE_MAX_DIM, else "split" (a sequential state pass and a
-    parallel readout; a parallel pre-pass and a reverse sequential pass)."""
-    return "single" if max(K, V) <= TITANS_SINGLE_MAX_DIM else "split"
+    (sequence, head) each way, `memories/titans_single.py`) at max(K, V) ≤ the launch table's
+    titans_single_fwd MAX_DIM (`launch`, default `util.table()`: a launch-table choice, `--launch` can move it), else
+    "split" (a sequential state pass and a parallel readout; a parallel pre-pass and a reverse sequential pass,
+    `memories/titans.py`)."""
+    if launch is None:
+        from .util import table  # (util imports nothing of limits; imported here to keep limits import-free)
+
+        launch = table()
+    return "single" if max(K, V) <= launch["titans_single_fwd"]["MAX_DIM"] else "split"
 
 
 #: MesaNet's CG kernel's tl.dot precision for fp32/fp16 q, k, v ("ieee": the torch CG's fp32 products) and for bf16

@@ -205,7 +205,10 @@ LAUNCH: dict[str, dict] = {
     # at 8 every variant keeps 255 registers and ≤ 0.5 KB forward, ≤ 3 KB backward — compiled, not yet timed)
     # (TILE: the most fp32 values of one [max(K, V), BF] weight tile, `titans.hidden_tile`). The parallel kernels at
     # 4 warps and 2 stages: H200, bf16, B 4, T 4096, H 16, D 128: readout 33.6 → 18.1 ms, backward pre-pass 118 → 67
-    "titans_single_fwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._fwd_kernel (the single pipeline)
+    # MAX_DIM: the widest head dim (max(K, V)) that runs the single pipeline (`limits.titans_pipeline`); wider ones
+    # the split one. H200, bf16 (r4s9): at B 64, T 512, H 2, D 64 single 17.6 ms fwd + bwd, split 19.0; at B 4,
+    # T 4096, H 16, D 128 single 722, split 540
+    "titans_single_fwd": dict(num_warps=8, num_stages=1, MAX_DIM=64),  # memories.titans_single._fwd_kernel
     "titans_single_bwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._bwd_kernel
     # the split pipeline (16 warps for the reverse pass: 365 → 605 ms at D 128; TILE 4096 there: 562 ms)
     "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)

@@ -1,6 +1,6 @@
 """Titans' inner mini-batch loop (`chunkwise.minibatch` for the recipe `titans`) in one Triton program per
-(sequence, value head) each way: the "single" pipeline, which `titans.titans_triton` runs at head dims ≤
-limits.TITANS_SINGLE_MAX_DIM (`limits.titans_pipeline`; wider ones take `titans.py`'s split pipeline). Its glue
+(sequence, value head) each way: the "single" pipeline, which `titans.titans_triton` runs at head dims ≤ the launch
+table's titans_single_fwd MAX_DIM (`limits.titans_pipeline`; wider ones take `titans.py`'s split pipeline). Its glue
 (checks, plan) is `titans.titans_triton`'s; this module holds the kernels and their autograd Function `_Titans`.
 The design of `ttt_mlp.py` (the MLP's weights in a per-program global scratch streamed in hidden tiles) for Titans'
 memory and optimizer, each way (the backward walks the mini-batches in reverse from their stored start states).

@@ -93,7 +93,12 @@ def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, mon
     from fastweights.models import LM
     from fastweights.pretrain import PretrainConfig, train
     from fastweights.training import graphed
-    from tests.tolerances import GRAPH_RUN_CUDA_BF16_REL, GRAPH_RUN_F32_ATOL, GRAPH_RUN_F32_RTOL, GRAPH_RUN_LOSS_REL
+    from tests.tolerances import (
+        GRAPH_RUN_CUDA_BF16_REL,
+        GRAPH_RUN_CUDA_F32_ATOL,
+        GRAPH_RUN_F32_RTOL,
+        GRAPH_RUN_LOSS_REL,
+    )
 
     captured = []
     capture = graphed.GraphedLMStep._capture
@@ -115,7 +120,7 @@ def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, mon
     train(cfg("graph", cuda_graph=True))
     assert captured == [1]
     a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
-    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
+    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_CUDA_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
     for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
     la, lb = ([json.loads(x)["loss"] for x in (tmp_path / run / "log.jsonl").read_text().splitlines()

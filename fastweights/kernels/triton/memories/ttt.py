@@ -88,7 +88,8 @@ from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
-from ..common.util import check_precision, launch, pow2, tile
+from ...variants import ttt_linear as ttt_linear_variant
+from ..common.util import check_precision, launch, pow2, table, tile
 
 Tensor = torch.Tensor
 
@@ -483,7 +484,8 @@ class _Plan(NamedTuple):
     sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
     all, `first` the first slot of each sequence (int64 [N] on the device, or None), `seq_of` each slot's sequence
     (int32 [slots] on the device, or None; the readout's grid runs over the slots), `last` [R] the tokens of each
-    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one), `steps` the most
+    mini-batches of one sequence (the sliced passes' launches)."""
 
     R: int
     NS: int
@@ -491,6 +493,7 @@ class _Plan(NamedTuple):
     first: Tensor | None
     seq_of: Tensor | None
     last: list[int]
+    steps: int = 0
 
 
 def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> _Plan:
@@ -501,12 +504,12 @@ def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> 
         return offset + n - (count(n) - 1) * b
 
     if cu is None:
-        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B)
+        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B, count(T))
     lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
     counts = [count(n) for n in lengths]
     first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
     seq_of = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32, device=device)
-    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths])
+    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths], max(counts, default=0))
 
 
 def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
@@ -587,18 +590,30 @@ class _TTTLinear(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):
         T = q.shape[1]
         geo = _geo(q, v, b, cu, precision)
-        ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
-                                      geo=geo)
+        # the variant (`kernels.variants.ttt_linear`): the one branch that picks the sequential passes and names them
+        chosen = ttt_linear_variant(plan.R, geo["H"], table())
+        if chosen.sliced:  # the value columns over NP programs, one launch a mini-batch
+            from .ttt_linear_sliced import sliced_state_pass
+
+            ckA, cka, *outs, fs, st = sliced_state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset,
+                                                        cu=cu, plan=plan, steps=plan.steps, geo=geo, NP=chosen.NP)
+        else:
+            ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
+                                          geo=geo)
         o = _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, scale=scale, T=T, offset=offset, cu=cu, plan=plan,
                      geo=geo)
+        ctx.sliced = chosen.sliced and chosen.backward == "sliced"  # the sliced reverse pass (f, st kept for it)
+        ctx.np = chosen.NP
         seq = (cu, plan.first) if cu is not None else ()
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *((fs, st) if ctx.sliced else ()), *seq)
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, dA, da, dP, dp):
         q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
+        fs, st = seq[:2] if ctx.sliced else (None, None)
+        seq = seq[2:] if ctx.sliced else seq
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R, plan, geo = ctx.plan.R, ctx.plan, ctx.geo
@@ -616,13 +631,21 @@ class _TTTLinear(torch.autograd.Function):
         dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
                                                         scale=ctx.scale, T=T, offset=ctx.offset,
                                                         cu=seq[0] if seq else None, plan=plan, geo=geo)
-        dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
-        da0 = empty_output(R, H, D, **f32)
-        dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
-        seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
-                              HAS_P=has_p, **launch("ttt_linear_bwd"))
+        if ctx.sliced:  # the value columns over NP programs, one launch a mini-batch
+            from .ttt_linear_sliced import sliced_reverse
+
+            dk, dv, dbeta, dA0, da0, dP0, dp0, dlnw, dlnb = sliced_reverse(
+                q, k, v, beta, lnw, lnb, P0, ckA, fs, st, dzs, des, dk, dbeta, gs, scale=ctx.scale, T=T,
+                offset=ctx.offset, cu=seq[0] if seq else None, first=seq[1] if seq else None, plan=plan,
+                steps=plan.steps, geo=geo, NP=ctx.np)
+        else:
+            dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
+            da0 = empty_output(R, H, D, **f32)
+            dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
+            seq = seq if seq else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw,
+                                  dlnb, dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
+                                  HAS_P=has_p, **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)

@@ -2,14 +2,14 @@
 
 A Triton row runs a named pipeline (`kernels.pipelines`), and inside it some kernels come in variants that the launch
 table `kernels.triton.common.util.LAUNCH` picks: the conv's backward streamed along the rows or by blocks, TTT-MLP's
-hidden width sliced over programs or one program a (sequence, head), the fused pipelines' optional pre-computations
-(Aqk once per chunk, the T form, β prefetched, …); TTT-Linear's value columns sliced likewise. Each is a pure function here of the call's facts and the launch
-table, passed explicitly (`launch`: LAUNCH or a table of the same shape), and returns what runs as an object whose
-`variant` names it (`Variant(site, choice)`, printed "site: choice"). The kernels' glue asks the same function and
-branches on its answer (`conv._conv_backward`, `ttt_mlp._TTTMLP`, `delta_fused.fused_forward`,
-`delta_fused_bwd.recompute_states`, `gated_fused.fused_forward`), so the name is the branch that ran, never a second
-derivation of it; the rows' `variants` (`kernels.rows.*_variants`) ask it with the Target's facts for
-`fastweights.pipeline(..., variants=True)`, `dispatch.rows(variants=True)` lists each row's alternatives
+hidden width (and TTT-Linear's value columns) sliced over programs or one program a (sequence, head), the fused
+pipelines' optional pre-computations (Aqk once per chunk, the T form, β prefetched, …). Each is a pure function here of
+the call's facts and the launch table, passed explicitly (`launch`: LAUNCH or a table of the same shape), and returns
+what runs as an object whose `variant` names it (`Variant(site, choice)`, printed "site: choice"). The kernels' glue
+asks the same function and branches on its answer (`conv._conv_backward`, `ttt_mlp._TTTMLP`,
+`delta_fused.fused_forward`, `delta_fused_bwd.recompute_states`, `gated_fused.fused_forward`), so the name is the branch
+that ran, never a second derivation of it; the rows' `variants` (`kernels.rows.*_variants`) ask it with the Target's
+facts for `fastweights.pipeline(..., variants=True)`, `dispatch.rows(variants=True)` lists each row's alternatives
 (`ALTERNATIVES`), and a layer's repr shows its last call's in brackets.
 
 Facts a Target does not carry (TTT-MLP's sequences × heads; the conv width of a listing without one) leave the choice
@@ -26,10 +26,10 @@ import torch
 
 from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
-__all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant", "TitansVariant", "titans", "DeltaFusedForward",
-           "DeltaFusedBackward", "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp",
-           "delta_fused_forward", "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch",
-           "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
+__all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant",
+           "TitansVariant", "titans", "DeltaFusedForward", "DeltaFusedBackward", "GatedFusedForward", "TitansBackward",
+           "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_fused_backward", "gated_fused_forward",
+           "titans_backward", "live_launch", "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
 
 Launch = Mapping[str, Mapping[str, int]]
 

@@ -189,7 +189,7 @@ LAUNCH: dict[str, dict] = {
     # kernels take; MAX_BH 64 theirs, untimed for TTT-Linear); NP: at most NP slices, each ≥ 16 columns
     # (`ttt_linear_sliced.slices`); BWD 1: with ON, the reverse pass sliced too (0: ttt_linear_bwd's kernel reads the
     # same anchors). Untimed: scripts/gpu_ttt_linear_sliced.py (docs/kernel_notes.md "TTT-Linear sliced").
-    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=2, MAX_BH=64, NP=4, BWD=1),  # ttt_linear_sliced._step_kernel
+    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=2, MAX_BH=64, NP=4, BWD=1),  # …sliced._step_kernel
     "ttt_linear_sliced_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_linear_sliced._chain_kernel
     # TTT-MLP at 8 warps (H200, BENCHMARKS §1p): at tf32 (bf16 inputs) B 4, T 4096, H 16, D 128 fwd+bwd 309 → 266 ms,
     # B 64, T 512, H 2, D 64 8.41 → 8.35; at ieee (fp32/fp16) 13.95 → 13.47 ms; sm_90 spills fall (D 64 bwd 1,564 →

@@ -86,9 +86,9 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import ttt_linear as ttt_linear_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
-from ...variants import ttt_linear as ttt_linear_variant
 from ..common.util import check_precision, launch, pow2, table, tile
 
 Tensor = torch.Tensor

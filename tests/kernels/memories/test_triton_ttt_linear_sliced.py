@@ -275,3 +275,29 @@ def test_cuda_realistic(monkeypatch, gen, size, dtype, NP):
     got = _run(_kernel, _fp32(x), offset, seed, dtype=dtype)
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TTT_LOW_REL[dtype]
     _agree(got, _run(_twin, x, offset, seed), tol)
+
+
+def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
+    """A MemoryMixer("ttt_linear") on the Triton row (the fake CUDA table, the kernels under the interpreter), MAX_BH 2:
+    at batch 1 × 2 heads the sliced passes run both ways and the record, the repr and `fw.pipeline` for the same facts
+    say "sliced NP 4"; at batch 2 the one-program passes run and all three say "one program"."""
+    from fastweights.layers.mixer import MemoryMixer
+    from tests.fake_cuda import FakeCuda
+    from tests.kernels.test_variants import _spied
+
+    FakeCuda(monkeypatch, kernels=True).install()
+    ran = _spied(monkeypatch, {"sliced": sliced._step_kernel, "sliced backward": sliced._chain_kernel,
+                               "one program": mod._state_kernel, "one-program backward": mod._bwd_kernel})
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
+    torch.manual_seed(0)
+    layer = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="triton", layer_ops="torch")
+    for B, want, name in ((1, {"sliced", "sliced backward"}, "TTT-Linear: sliced NP 4"),
+                          (2, {"one program", "one-program backward"}, "TTT-Linear: one program")):
+        ran.clear()
+        y, _ = layer(torch.randn(B, 5, 32, generator=gen))
+        y.sum().backward()
+        assert set(ran) == want, (B, ran)
+        assert layer.variants["chunk"] == (name,)
+        assert f"[{name}]" in repr(layer)
+        assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.float32, head_dim=16, variants=True,
+                           batch_size=B, num_heads=2)[2] == (name,)

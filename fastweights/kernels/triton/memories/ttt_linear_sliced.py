@@ -51,7 +51,7 @@ import triton.language as tl
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.util import launch
-from .ttt import _rows, _sequence, _tokens
+from .ttt_rows import _rows, _sequence, _tokens
 
 Tensor = torch.Tensor
 

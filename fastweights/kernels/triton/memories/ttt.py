@@ -73,7 +73,10 @@ it yet (a MemoryState carries one offset, and the torch chunk form has no varlen
 `precision` (limits.DOT_PRECISIONS: by default `limits.loop_precision("TTT-Linear", q.dtype)` — "tf32x3", three TF32
 tensor-core products per dot, for fp32 and fp16 inputs; "tf32", one, for bf16 inputs; "ieee" fp32 FMAs on request).
 Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd_read",
-"ttt_linear_bwd" (the reverse pass).
+"ttt_linear_bwd" (the reverse pass). Where sequences × heads leave SMs idle (util.LAUNCH["ttt_linear_sliced"], the
+rule `kernels.variants.ttt_linear`), the two sequential passes run sliced instead: the value columns over NP programs
+a (sequence, head), one launch a mini-batch (`ttt_linear_sliced.py`: the same anchors stored, the same parallel
+kernels after them).
 """
 
 from __future__ import annotations

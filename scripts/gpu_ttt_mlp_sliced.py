@@ -27,7 +27,8 @@ it too — at D ≤ 64 the library's default is the single pipeline, which the o
 TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sliced.py`, util.LAUNCH
 "ttt_linear_sliced"): off — the one-program sequential passes; np2, np4, np8 — both passes' value columns sliced over
 2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
-with the one-program reverse pass (BWD 0). Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small;
+with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync — each pass one persistent launch
+(SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small;
 the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
@@ -101,7 +102,14 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                                  "ttt_linear_sliced_bwd": {"num_warps": 8}},
                        "np8w2": {"ttt_linear_sliced": {"ON": 1, "NP": 8, "num_warps": 2},
                                  "ttt_linear_sliced_bwd": {"num_warps": 2}},
-                       "np4fwd": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "BWD": 0}}}
+                       "np4fwd": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+                       # SYNC 1: each pass one persistent launch, the slices meeting at a global-memory count each
+                       # mini-batch (no launch a mini-batch): GPU only, held to float64 by the check phase first
+                       "np2sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1}},
+                       "np4sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1}},
+                       "np8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 8, "SYNC": 1}},
+                       "np2w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1, "num_warps": 8},
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 
@@ -284,7 +292,7 @@ def main():
     ap.add_argument("--variants", nargs="+", default=None,
                     help=f"TTT-MLP: {list(VARIANTS)} (default off np4 np4w4 np8w4 np4fwd np8s2); Titans: "
                          f"{list(TITANS_VARIANTS)} (default off np4 np8 np4fwd); TTT-Linear: "
-                         f"{list(TTT_LINEAR_VARIANTS)} (default off np2 np4 np8 np2w8)")
+                         f"{list(TTT_LINEAR_VARIANTS)} (default off np2 np4 np8 np2w8 np4sync)")
     ap.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES),
                     help="default lm8 lm small (TTT-Linear: lm small)")
     ap.add_argument("--repeats", type=int, default=5)
@@ -293,8 +301,9 @@ def main():
     a = ap.parse_args()
     table = {"titans": TITANS_VARIANTS, "ttt_linear": TTT_LINEAR_VARIANTS}.get(a.memory, VARIANTS)
     if a.variants is None:
-        a.variants = {"titans": ["off", "np4", "np8", "np4fwd"], "ttt_linear": ["off", "np2", "np4", "np8", "np2w8"]
-                      }.get(a.memory, ["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"])
+        defaults = {"titans": ["off", "np4", "np8", "np4fwd"],
+                    "ttt_linear": ["off", "np2", "np4", "np8", "np2w8", "np4sync"]}
+        a.variants = defaults.get(a.memory, ["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"])
     if a.shapes is None:
         a.shapes = ["lm", "small"] if a.memory == "ttt_linear" else ["lm8", "lm", "small"]
     unknown = [v for v in a.variants if v not in table]

@@ -252,8 +252,10 @@ def _titans_sliced_workload(head_dims, dtypes, gates):
 
 def _ttt_linear_sliced_workload(head_dims, dtypes, gates, slices=(2, 4, 8)):
     """TTT-Linear's sequential passes with the value columns sliced (`memories/ttt_linear_sliced.py`, util.LAUNCH
-    "ttt_linear_sliced" ON 1, BWD 1, the sites' launch as set) at NP 2, 4 and 8 (fewer where D's tile is narrower):
-    forward + backward, b = 16, plain, a carried mini-batch (offset 5), varlen with grouped heads (H_q 1)."""
+    "ttt_linear_sliced" ON 1, BWD 1, the sites' launch as set) at NP 2, 4 and 8 (fewer where D's tile is narrower),
+    launched a mini-batch at a time (SYNC 0) and as one persistent launch each way (SYNC 1: `_step_sync_kernel`,
+    `_chain_sync_kernel`): forward + backward, b = 16, plain, a carried mini-batch (offset 5), varlen with grouped
+    heads (H_q 1)."""
     import torch
 
     from fastweights.kernels.triton.common.util import LAUNCH
@@ -262,8 +264,8 @@ def _ttt_linear_sliced_workload(head_dims, dtypes, gates, slices=(2, 4, 8)):
     gen = torch.Generator().manual_seed(0)
     old = dict(LAUNCH["ttt_linear_sliced"])
     B, T, H = 2, 40, 2
-    for NP in slices:
-        LAUNCH["ttt_linear_sliced"].update(ON=1, BWD=1, NP=NP)
+    for NP, sync in [(NP, sync) for NP in slices for sync in (0, 1)]:
+        LAUNCH["ttt_linear_sliced"].update(ON=1, BWD=1, NP=NP, SYNC=sync)
         for D in head_dims:
             for dtype in [getattr(torch, d) for d in dtypes]:
                 q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))

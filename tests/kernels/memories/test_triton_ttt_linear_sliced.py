@@ -257,6 +257,41 @@ def test_varlen_with_two_slices(monkeypatch, steps, gen, offset):
     _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
 
 
+def test_the_persistent_launch_needs_a_gpu(monkeypatch, gen):
+    """SYNC 1 (one persistent launch a pass, the slices meeting at a global-memory count) is refused under the
+    interpreter, which runs one program at a time (they would wait for ever); with one slice it is the plain
+    launches."""
+    from fastweights.inputs import InputError
+
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 1)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "SYNC", 1)
+    x = _fp32(_inputs(gen, T=19, Hq=1, D=32))
+    with pytest.raises(InputError, match="SYNC"):
+        _kernel(x, 0)
+    x = _inputs(gen, T=19, Hq=1, D=16)  # one slice of 16 columns: nothing to wait for
+    seed = _seed(gen)
+    _agree(_run(_kernel, _fp32(x), 0, seed), _run(_twin, x, 0, seed), CHUNK_F32_REL)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("NP", [2, 4, 8])
+@pytest.mark.parametrize("size", [(2, 300, 2, 64, 0), (1, 1000, 3, 128, 7), (4, 515, 2, 32, 11),
+                                  (4, 4096, 16, 128, 0)], ids=lambda s: "B{}-T{}-H{}-D{}-off{}".format(*s))
+def test_cuda_persistent_launches(monkeypatch, gen, size, NP):
+    """On the GPU: SYNC 1 (each pass one persistent launch) against the float64 twin, bf16 inputs, and at B 4, T 4096,
+    H 16, D 128 (the LM shape: 64 × NP programs, every group resident) too. A hang here is a barrier that never
+    completes: run under `timeout`. (Not run yet: written for the GPU session's `pytest -m cuda`.)"""
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 1)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "NP", NP)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "SYNC", 1)
+    B, T, H, D, offset = size
+    x = _inputs(gen, B=B, T=T, Hq=H, H=H, D=D)
+    x.update({n: x[n].to(torch.bfloat16).double() for n in ("q", "k", "v")})
+    seed = _seed(gen)
+    got = _run(_kernel, _fp32(x), offset, seed, dtype=torch.bfloat16)
+    _agree(got, _run(_twin, x, offset, seed), TTT_LOW_REL[torch.bfloat16])
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("NP", [2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -48,9 +48,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ....inputs import InputError
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
-from ..common.util import launch
+from ..common.interpreter import interpreting
+from ..common.util import launch, tile
 from .ttt_rows import _rows, _sequence, _tokens
 
 Tensor = torch.Tensor
@@ -149,16 +151,14 @@ def _load_stats(st, cur, r, BT: tl.constexpr):
     return tl.load(st + base), tl.load(st + base + 1), tl.load(st + base + 2), tl.load(st + base + 3)
 
 
-@triton.jit(do_not_specialize=["j"])
-def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu,
-                 slots, j, T, off, NS, RH, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                 BT: tl.constexpr, VS: tl.constexpr, NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
-                 PRO: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """One launch of the forward's state pass on value slice p, grid (R·H, NP): PRO — mini-batch 0's anchor slice
-    into its slot, f_0 and its partials (an empty sequence: the carried state out); else mini-batch j's update from
-    its partials and the next mini-batch's f and partials (see the module doc)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
+@triton.jit
+def _fwd_step(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu, slots,
+              i_bh, p, j, T, off, NS, RH, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+              BT: tl.constexpr, VS: tl.constexpr, NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+              PRO: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One step of the forward's state pass on value slice p of (sequence, head) i_bh: PRO — mini-batch 0's anchor
+    slice into its slot, f_0 and its partials (an empty sequence: the carried state out); else mini-batch j's update
+    from its partials and the next mini-batch's f and partials (see the module doc)."""
     i_b, i_h = i_bh // H, i_bh % H
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
@@ -236,18 +236,15 @@ def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st,
                 _fwd_partials(mom, (j + 1) % 2, p, i_bh, RH, f2, ks2, vs2, lnw_s, lnb_s, sm, D, BT, VS, NP)
 
 
-@triton.jit(do_not_specialize=["s"])
-def _chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp,
-                  detap, dv, glnw, glnb, dP0, dp0, cu, slots, s, scale, T, off, NS, RH, BTH, H: tl.constexpr,
-                  HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VS: tl.constexpr,
-                  NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr,
-                  IS_VARLEN: tl.constexpr):
-    """One launch of the reverse pass on value slice p, grid (R·H, NP): mini-batch s + 1 finished (its de's row sums
-    from the partials: LayerNorm's backward to df, gA += xᵀ dz + kᵀ df, ga, dk's df Aᵀ, dv, dγ, dβ_ln), then mini-batch
-    s started (de = the pre-pass's − η (k G + g_p), dk's and dη's parts through G, P_0's gradient, de's partials).
-    The anchor gradients (dA0, da0) of the slice are accumulated in place (seeded with dAout's, daout's)."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
+@triton.jit
+def _chain_step(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp, detap,
+                dv, glnw, glnb, dP0, dp0, cu, slots, i_bh, p, s, scale, T, off, NS, RH, BTH, H: tl.constexpr,
+                HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VS: tl.constexpr,
+                NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One step of the reverse pass on value slice p of (sequence, head) i_bh: mini-batch s + 1 finished (its de's row
+    sums from the partials: LayerNorm's backward to df, gA += xᵀ dz + kᵀ df, ga, dk's df Aᵀ, dv, dγ, dβ_ln), then
+    mini-batch s started (de = the pre-pass's − η (k G + g_p), dk's and dη's parts through G, P_0's gradient, de's
+    partials). The anchor gradients (dA0, da0) of the slice are accumulated in place (seeded with dAout's, daout's)."""
     i_b, i_h = i_bh // H, i_bh % H
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
     c = tl.arange(0, BD)
@@ -356,6 +353,87 @@ def _chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mo
             tl.store(_psum(mom, par, p, 7, i_bh, RH, r, NP, BT), tl.zeros([BT], dtype=tl.float32) + tl.sum(g2, axis=0))
 
 
+@triton.jit
+def _group_barrier(flags, i_bh, target):
+    """Wait until the NP programs of (sequence, head) i_bh have all arrived here `target` / NP times (flags[i_bh]: an
+    int32 count, zeroed by the glue): every program's stores before it are seen by every program's loads after it.
+    GPU only (the interpreter runs one program at a time: it would wait for ever); the programs of a group must be
+    resident together (the persistent launches' grid puts them side by side: (NP, R·H))."""
+    tl.debug_barrier()  # the whole program's stores before the release
+    tl.atomic_add(flags + i_bh, 1, sem="release", scope="gpu")
+    while tl.atomic_add(flags + i_bh, 0, sem="acquire", scope="gpu") < target:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit(do_not_specialize=["j"])
+def _step_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu,
+                 slots, j, T, off, NS, RH, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                 BT: tl.constexpr, VS: tl.constexpr, NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                 PRO: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """One launch of the forward's state pass, grid (R·H, NP): `_fwd_step` j (PRO: step 0) on slice program_id(1)."""
+    _fwd_step(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu, slots,
+              tl.program_id(0).to(tl.int64), tl.program_id(1), j, T, off, NS, RH, H, HQ, D, BD, BT, VS, NP, EPS, PREC,
+              PRO, HAS_P, IS_VARLEN)
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _step_sync_kernel(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout,
+                      cu, slots, flags, steps, T, off, NS, RH, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                      BD: tl.constexpr, BT: tl.constexpr, VS: tl.constexpr, NP: tl.constexpr, EPS: tl.constexpr,
+                      PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The forward's state pass in one launch (SYNC 1, GPU only), grid (NP, R·H): step 0, then every mini-batch's
+    step, the group meeting at `_group_barrier` between them instead of at a launch boundary."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    p = tl.program_id(0)
+    _fwd_step(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu, slots,
+              i_bh, p, 0, T, off, NS, RH, H, HQ, D, BD, BT, VS, NP, EPS, PREC, True, HAS_P, IS_VARLEN)
+    for j in range(0, steps):
+        _group_barrier(flags, i_bh, (j + 1) * NP)
+        _fwd_step(k, v, beta, lnw_ptr, lnb_ptr, A0, a0, P0, p0, ckA, cka, fs, st, mom, Aout, aout, Pout, pout, cu,
+                  slots, i_bh, p, j, T, off, NS, RH, H, HQ, D, BD, BT, VS, NP, EPS, PREC, False, HAS_P, IS_VARLEN)
+
+
+@triton.jit(do_not_specialize=["s"])
+def _chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp,
+                  detap, dv, glnw, glnb, dP0, dp0, cu, slots, s, scale, T, off, NS, RH, BTH, H: tl.constexpr,
+                  HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, VS: tl.constexpr,
+                  NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr,
+                  IS_VARLEN: tl.constexpr):
+    """One launch of the reverse pass, grid (R·H, NP): `_chain_step` s on slice program_id(1)."""
+    _chain_step(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp, detap,
+                dv, glnw, glnb, dP0, dp0, cu, slots, tl.program_id(0).to(tl.int64), tl.program_id(1), s, scale, T,
+                off, NS, RH, BTH, H, HQ, D, BD, BT, VS, NP, EPS, PREC, HAS_P, IS_VARLEN)
+
+
+@triton.jit(do_not_specialize=["steps"])
+def _chain_sync_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp,
+                       detap, dv, glnw, glnb, dP0, dp0, cu, slots, flags, steps, scale, T, off, NS, RH, BTH,
+                       H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                       VS: tl.constexpr, NP: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                       HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The reverse pass in one launch (SYNC 1, GPU only), grid (NP, R·H): the steps s = steps − 1 … −1, the group
+    meeting at `_group_barrier` between them."""
+    i_bh = tl.program_id(1).to(tl.int64)
+    p = tl.program_id(0)
+    for i in range(0, steps + 1):
+        if i > 0:
+            _group_barrier(flags, i_bh, i * NP)
+        _chain_step(q, k, v, beta, lnw_ptr, lnb_ptr, P0, ckA, fs, st, dzs, des, mom, dPout, dpout, dA0, da0, dkp,
+                    detap, dv, glnw, glnb, dP0, dp0, cu, slots, i_bh, p, steps - 1 - i, scale, T, off, NS, RH, BTH,
+                    H, HQ, D, BD, BT, VS, NP, EPS, PREC, HAS_P, IS_VARLEN)
+
+
+def _sync(NP: int) -> bool:
+    """Whether the sliced passes run as one persistent launch each way (util.LAUNCH["ttt_linear_sliced"]["SYNC"] 1,
+    with NP > 1; never under the interpreter, which runs one program at a time)."""
+    if not tile("ttt_linear_sliced", "SYNC") or NP == 1:
+        return False
+    if interpreting():
+        raise InputError('LAUNCH["ttt_linear_sliced"]["SYNC"] 1 needs a GPU (its programs wait for each other)')
+    return True
+
+
 def sliced_state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, *, T: int, offset: int, cu, plan, steps: int, geo: dict,
                       NP: int):
     """The forward's state pass on NP value slices (`_step_kernel`, steps + 1 launches): (ckA [slots, H, D, D], cka
@@ -374,6 +452,10 @@ def sliced_state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, *, T: int, offset: i
     seq = (cu, plan.first) if cu is not None else (ckA, ckA)
     args = (k, v, beta, lnw, lnb, A0, a0, P0, p0, ckA, cka, fs, st, mom, *outs, *seq)
     cfg = dict(geo, VS=VS, NP=NP, HAS_P=offset > 0, **launch("ttt_linear_sliced"))
+    if _sync(NP):  # one persistent launch, the groups meeting at a global-memory count each mini-batch
+        flags = torch.zeros(R * H, dtype=torch.int32, device=k.device)
+        _step_sync_kernel[(NP, R * H)](*args, flags, steps, T, offset, plan.NS, R * H, **cfg)
+        return ckA, cka, *outs, fs, st
     for j in range(-1, steps):
         _step_kernel[(R * H, NP)](*args, max(j, 0), T, offset, plan.NS, R * H, **cfg, PRO=j < 0)
     return ckA, cka, *outs, fs, st
@@ -402,8 +484,12 @@ def sliced_reverse(q, k, v, beta, lnw, lnb, P0, ckA, fs, st, dzs, des, dk, dbeta
     args = (q, k, v, beta, lnw, lnb, P0, ckA, fs, st, dzs, des, mom, gs[2], gs[3], dA0, da0, dkp, detap, dv, glnw,
             glnb, dP0, dp0, *seq)
     cfg = dict(geo, VS=VS, NP=NP, HAS_P=has_p, **launch("ttt_linear_sliced_bwd"))
-    for s in range(steps - 1, -2, -1):
-        _chain_kernel[(R * H, NP)](*args, s, scale, T, offset, plan.NS, R * H, B * T * H, **cfg)
+    if _sync(NP):  # one persistent launch
+        flags = torch.zeros(R * H, dtype=torch.int32, device=q.device)
+        _chain_sync_kernel[(NP, R * H)](*args, flags, steps, scale, T, offset, plan.NS, R * H, B * T * H, **cfg)
+    else:
+        for s in range(steps - 1, -2, -1):
+            _chain_kernel[(R * H, NP)](*args, s, scale, T, offset, plan.NS, R * H, B * T * H, **cfg)
     if plan.slots:
         dk = dk + dkp.sum(0).view(B, T, H, D) - dv  # dk's ddy term is −dv
         dbeta = dbeta + detap.sum(0).view(B, T, H)

@@ -27,9 +27,10 @@ it too — at D ≤ 64 the library's default is the single pipeline, which the o
 TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sliced.py`, util.LAUNCH
 "ttt_linear_sliced"): off — the one-program sequential passes; np2, np4, np8 — both passes' value columns sliced over
 2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
-with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync — each pass one persistent launch
-(SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small;
-the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
+with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
+launch (SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
+small; the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla
+imports.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
@@ -109,6 +110,8 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        "np4sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1}},
                        "np8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 8, "SYNC": 1}},
                        "np2w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1, "num_warps": 8},
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       "np4w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1, "num_warps": 8},
                                      "ttt_linear_sliced_bwd": {"num_warps": 8}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}

@@ -536,11 +536,12 @@ def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T:
 
 
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B,
-    T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the
-    anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on
-    the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
-    each sequence's last mini-batch, fp32)."""
+    """Forward: `_state_kernel` (or, where `kernels.variants.ttt_linear` slices it,
+    `ttt_linear_sliced.sliced_state_pass`: the same anchors), then `_readout_kernel`; backward: `_bwd_read_kernel`, then
+    `_bwd_kernel` (or `ttt_linear_sliced.sliced_reverse`). q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb
+    [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of the R sequences),
+    then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None), the `_Plan` and tl.dot's precision.
+    Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):

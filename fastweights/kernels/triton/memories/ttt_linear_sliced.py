@@ -30,6 +30,11 @@ the next anchor's gradient over b, or dPout in the last; e from the stored f and
 sums). 5 dots a mini-batch on the slice (k G, (η e) Gᵀ, xᵀ dz, kᵀ df, df Aᵀ) and no k A: f is stored. dk's and dη's
 chain parts per slice (NP·B·T·H·D fp32), summed by the glue; dk's ddy term is −dv (the glue subtracts it).
 
+SYNC 1 (util.LAUNCH["ttt_linear_sliced"], off by default; GPU only): each pass one persistent launch instead
+(`_step_sync_kernel`, `_chain_sync_kernel`, grid (NP, R·H)), the same steps in a loop, the NP programs of a head
+meeting at `_group_barrier` (a global-memory count: release add, acquire spin, one thread) between them. The
+interpreter runs one program at a time, so there it is refused; untested until a GPU runs its cuda tests.
+
 Dots per mini-batch on the sequential chain (b 16, D 128; counts, not times): one program forward 2 of [D, D] width
 (k A, kᵀ(η e): 4bD² = 1.05 MFLOP), sliced 2 of [D, VS] (4bD·VS: 0.26 MFLOP at NP 4); backward 6 ([D, D]: 12bD² =
 3.15 MFLOP), sliced 5 ([D, VS]: 10bD·VS = 0.66 MFLOP at NP 4), each launch's slice of A or G [D, VS] read from L2

@@ -1,11 +1,13 @@
 """TTT-MLP's sliced kernels (`kernels/triton/memories/ttt_mlp_sliced.py`, util.LAUNCH["ttt_mlp_sliced"]) against the
-one-program kernels on one GPU (issue 36, head dim 128): each launch variant checked against float64, timed, and
-profiled by kernel — the A/B the option waits for before it can be a default. With `--memory titans` the same for
-Titans' split pipeline sliced (`memories/titans_sliced.py`, util.LAUNCH["titans_sliced"]; TITANS_VARIANTS).
+one-program kernels on one GPU (issue 36, head dim 128; `--memory titans` / `ttt_linear`: theirs): each launch
+variant checked against float64, timed, and profiled by kernel — the A/B the option waits for before it can be a
+default. With `--memory titans` the same for Titans' split pipeline sliced (`memories/titans_sliced.py`,
+util.LAUNCH["titans_sliced"]; TITANS_VARIANTS).
 
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced                   # check, time, profile
     python3 scripts/gpu_ttt_mlp_sliced.py --out $OUT/sliced --phases time --variants off np4 np8 --shapes lm8
     python3 scripts/gpu_ttt_mlp_sliced.py --memory titans --out $OUT/titans_sliced --variants off np4 np8
+    python3 scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear --out $OUT/ttt_linear_sliced   # + fla's, if importable
 
 Variants (util.LAUNCH updates, VARIANTS): off — the one-program kernels (today's default); np4, np8, np16 — sliced
 forward and backward over 4, 8, 16 programs a head; np4bf32, np8bf32 — the steps and the chain at hidden tile 32 (the
@@ -21,6 +23,14 @@ mini-batch: the defaults); np4w4 — 4 warps; np4fwd — the sliced state pass w
 glue's is 16 at D 128); np4rt — with the pre-pass's read terms (util.LAUNCH "titans_bwd" READ_TERMS 1). Every
 Titans phase forces the split pipeline (the launch table's titans_single_fwd MAX_DIM 0), so D 64 (the check's, the
 small shape) runs it too — at D ≤ 64 the library's default is the single pipeline, which the option does not touch.
+
+TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sliced.py`, util.LAUNCH
+"ttt_linear_sliced"): off — the one-program sequential passes; np2, np4, np8 — both passes' value columns sliced over
+2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
+with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
+launch (SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
+small; the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla
+imports.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
@@ -80,6 +90,29 @@ TITANS_VARIANTS = {"off": {"titans_sliced": {"ON": 0}},
                    "np4bf32": {"titans_sliced": {"ON": 1, "NP": 4, "BF": 32}},
                    "np8bf32": {"titans_sliced": {"ON": 1, "NP": 8, "BF": 32}},
                    "np4rt": {"titans_sliced": {"ON": 1, "NP": 4}, "titans_bwd": {"READ_TERMS": 1}}}
+#: `--memory ttt_linear`: "ttt_linear_sliced" holds ON, NP, BWD and the step kernel's launch, "ttt_linear_sliced_bwd"
+#: the reverse chain's; the parallel readout and pre-pass keep "ttt_linear_readout", "ttt_linear_bwd_read". sm_90
+#: (Triton 3.6, D 128, bf16 / tf32): at 4 warps NP 4 and 8 build without spills, NP 2 spills 164–400 B (step): np2w8.
+TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
+                       "np2": {"ttt_linear_sliced": {"ON": 1, "NP": 2}},
+                       "np4": {"ttt_linear_sliced": {"ON": 1, "NP": 4}},
+                       "np8": {"ttt_linear_sliced": {"ON": 1, "NP": 8}},
+                       "np2w8": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "num_warps": 8},
+                                 "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       "np4w8": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "num_warps": 8},
+                                 "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       "np8w2": {"ttt_linear_sliced": {"ON": 1, "NP": 8, "num_warps": 2},
+                                 "ttt_linear_sliced_bwd": {"num_warps": 2}},
+                       "np4fwd": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "BWD": 0}},
+                       # SYNC 1: each pass one persistent launch, the slices meeting at a global-memory count each
+                       # mini-batch (no launch a mini-batch): GPU only, held to float64 by the check phase first
+                       "np2sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1}},
+                       "np4sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1}},
+                       "np8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 8, "SYNC": 1}},
+                       "np2w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1, "num_warps": 8},
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       "np4w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1, "num_warps": 8},
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 
@@ -181,6 +214,8 @@ def phase_check(variants, out, T):
 
 
 def phase_time(variants, shapes, out, repeats):
+    import importlib.util
+
     import torch
 
     from fastweights.bench.speed import fastweights_case, fwd_bwd, median_ms
@@ -188,10 +223,15 @@ def phase_time(variants, shapes, out, repeats):
     rows = []
     dev = torch.device("cuda")
 
-    def record(shape, model, impl, ctx):
+    def record(shape, model, impl, ctx, fla=False):
         try:
             with ctx:
-                run, leaves = fastweights_case(model, "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda", 64)
+                if fla:  # (fla is carried to the GPU machine only: never a dependency)
+                    from fastweights.bench.speed import fla_case
+
+                    run, leaves = fla_case(model, *SHAPES[shape], torch.bfloat16, "cuda")
+                else:
+                    run, leaves = fastweights_case(model, "chunk_triton", *SHAPES[shape], torch.bfloat16, "cuda", 64)
                 fwd, fb = fwd_bwd(run, leaves)
                 row = dict(shape=shape, model=model, impl=impl, fwd_ms=median_ms(fwd, dev, 1, repeats),
                            fwdbwd_ms=median_ms(fb, dev, 1, repeats))
@@ -204,10 +244,13 @@ def phase_time(variants, shapes, out, repeats):
 
     import contextlib
 
+    have_fla = MEMORY["name"] == "ttt_linear" and importlib.util.find_spec("fla") is not None
     for shape in shapes:
         record(shape, "gated_deltanet", "triton", contextlib.nullcontext())
         for name in variants:
             record(shape, MEMORY["name"], name, _variant(name))
+        if have_fla:  # fla's chunk_ttt_linear, same inputs' shapes, same process (last: its autotune takes minutes)
+            record(shape, "ttt_linear", "fla chunk_ttt_linear", contextlib.nullcontext(), fla=True)
 
 
 def phase_profile(variants, shape, out):
@@ -245,23 +288,30 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="default runs/<memory>_sliced")
     ap.add_argument("--phases", nargs="+", default=["check", "time", "profile"], choices=["check", "time", "profile"])
-    ap.add_argument("--memory", default="ttt_mlp", choices=["ttt_mlp", "titans"],
-                    help="TTT-MLP's sliced kernels (VARIANTS) or Titans' (TITANS_VARIANTS)")
+    ap.add_argument("--memory", default="ttt_mlp", choices=["ttt_mlp", "titans", "ttt_linear"],
+                    help="TTT-MLP's sliced kernels (VARIANTS), Titans' (TITANS_VARIANTS) or TTT-Linear's "
+                         "(TTT_LINEAR_VARIANTS)")
     ap.add_argument("--variants", nargs="+", default=None,
                     help=f"TTT-MLP: {list(VARIANTS)} (default off np4 np4w4 np8w4 np4fwd np8s2); Titans: "
-                         f"{list(TITANS_VARIANTS)} (default off np4 np8 np4fwd)")
-    ap.add_argument("--shapes", nargs="+", default=["lm8", "lm", "small"], choices=list(SHAPES))
+                         f"{list(TITANS_VARIANTS)} (default off np4 np8 np4fwd); TTT-Linear: "
+                         f"{list(TTT_LINEAR_VARIANTS)} (default off np2 np4 np8 np2w8 np4sync)")
+    ap.add_argument("--shapes", nargs="+", default=None, choices=list(SHAPES),
+                    help="default lm8 lm small (TTT-Linear: lm small)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
-    ap.add_argument("--profile-shape", default="lm8", choices=list(SHAPES))
+    ap.add_argument("--profile-shape", default=None, choices=list(SHAPES), help="default lm8 (TTT-Linear: lm)")
     a = ap.parse_args()
-    table = TITANS_VARIANTS if a.memory == "titans" else VARIANTS
+    table = {"titans": TITANS_VARIANTS, "ttt_linear": TTT_LINEAR_VARIANTS}.get(a.memory, VARIANTS)
     if a.variants is None:
-        a.variants = ["off", "np4", "np8", "np4fwd"] if a.memory == "titans" else ["off", "np4", "np4w4", "np8w4",
-                                                                                    "np4fwd", "np8s2"]
+        defaults = {"titans": ["off", "np4", "np8", "np4fwd"],
+                    "ttt_linear": ["off", "np2", "np4", "np8", "np2w8", "np4sync"]}
+        a.variants = defaults.get(a.memory, ["off", "np4", "np4w4", "np8w4", "np4fwd", "np8s2"])
+    if a.shapes is None:
+        a.shapes = ["lm", "small"] if a.memory == "ttt_linear" else ["lm8", "lm", "small"]
     unknown = [v for v in a.variants if v not in table]
     if unknown:
         ap.error(f"--memory {a.memory} has no variants {unknown}; it has {list(table)}")
+    a.profile_shape = a.profile_shape or ("lm" if a.memory == "ttt_linear" else "lm8")
     MEMORY.update(name=a.memory, variants=table)
     sys.path.insert(0, ROOT)
     a.out = a.out or f"runs/{a.memory}_sliced"

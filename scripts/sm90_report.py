@@ -14,6 +14,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines memories --memories titans --head-dims 64 128 --dtypes bfloat16
     python3 scripts/sm90_report.py --pipelines ns --head-dims 64 128 256   # Newton–Schulz: --head-dims = Gram sides
     python3 scripts/sm90_report.py --pipelines titans_sliced --head-dims 128 --dtypes bfloat16   # Titans sliced
+    python3 scripts/sm90_report.py --pipelines ttt_linear_sliced --head-dims 64 128   # TTT-Linear sliced, NP 2/4/8
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -132,9 +133,14 @@ def _gated_workload(head_dims, dtypes, gates):
 
 def _ttt_linear(ttt, q, k, v, beta, lnw, lnb, lin, packed, cu):
     """TTT-Linear's calls of the memories workload: plain, a carried mini-batch (offset > 0: HAS_P), varlen with
-    grouped heads (H_q = 1)."""
+    grouped heads (H_q = 1); the one-program sequential passes (util.LAUNCH["ttt_linear_sliced"] ON 0 here: the
+    workload's small grid would take the sliced ones, which `ttt_linear_sliced` compiles)."""
     import torch
 
+    from fastweights.kernels.triton.common.util import LAUNCH
+
+    on = LAUNCH["ttt_linear_sliced"]["ON"]
+    LAUNCH["ttt_linear_sliced"]["ON"] = 0
     out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin)
     out[0].float().sum().backward()
     out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin, anchor=lin, offset=5)
@@ -142,6 +148,7 @@ def _ttt_linear(ttt, q, k, v, beta, lnw, lnb, lin, packed, cu):
     three = tuple(torch.cat([w, w[:1]]) for w in lin)  # one state row per sequence
     out = ttt.ttt_linear_triton(*packed, lnw, lnb, scale=0.1, weights=three, cu_seqlens=cu)
     out[0].float().sum().backward()
+    LAUNCH["ttt_linear_sliced"]["ON"] = on
 
 
 MEMORIES = ("ttt_linear", "ttt_mlp", "titans")
@@ -241,6 +248,41 @@ def _titans_sliced_workload(head_dims, dtypes, gates):
                                        pipeline="split")
             out[0].float().sum().backward()
     LAUNCH["titans_sliced"]["ON"] = on
+
+
+def _ttt_linear_sliced_workload(head_dims, dtypes, gates, slices=(2, 4, 8)):
+    """TTT-Linear's sequential passes with the value columns sliced (`memories/ttt_linear_sliced.py`, util.LAUNCH
+    "ttt_linear_sliced" ON 1, BWD 1, the sites' launch as set) at NP 2, 4 and 8 (fewer where D's tile is narrower),
+    launched a mini-batch at a time (SYNC 0) and as one persistent launch each way (SYNC 1: `_step_sync_kernel`,
+    `_chain_sync_kernel`): forward + backward, b = 16, plain, a carried mini-batch (offset 5), varlen with grouped
+    heads (H_q 1)."""
+    import torch
+
+    from fastweights.kernels.triton.common.util import LAUNCH
+    from fastweights.kernels.triton.memories import ttt
+
+    gen = torch.Generator().manual_seed(0)
+    old = dict(LAUNCH["ttt_linear_sliced"])
+    B, T, H = 2, 40, 2
+    for NP, sync in [(NP, sync) for NP in slices for sync in (0, 1)]:
+        LAUNCH["ttt_linear_sliced"].update(ON=1, BWD=1, NP=NP, SYNC=sync)
+        for D in head_dims:
+            for dtype in [getattr(torch, d) for d in dtypes]:
+                q, k, v = (torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(3))
+                beta = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+                lnw, lnb = torch.ones(H, D, requires_grad=True), torch.zeros(H, D, requires_grad=True)
+                lin = (torch.randn(B, H, D, D, generator=gen) * 0.1, torch.zeros(B, H, 1, D))
+                for offset in (0, 5):
+                    out = ttt.ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.1, weights=lin,
+                                                anchor=lin if offset else None, offset=offset)
+                    out[0].float().sum().backward()
+                cu = torch.tensor([0, 30, 31, 2 * T], dtype=torch.int32)
+                three = tuple(torch.cat([w, w[:1]]) for w in lin)
+                packed = (q[:, :, :1].reshape(1, B * T, 1, D), k[:, :, :1].reshape(1, B * T, 1, D),
+                          v.reshape(1, B * T, H, D), beta.reshape(1, B * T, H))
+                out = ttt.ttt_linear_triton(*packed, lnw, lnb, scale=0.1, weights=three, cu_seqlens=cu)
+                out[0].float().sum().backward()
+    LAUNCH["ttt_linear_sliced"].update(old)
 
 
 def _conv_workload(head_dims, dtypes, gates):
@@ -343,7 +385,8 @@ def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_prec
 
 
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
-             "titans_sliced": _titans_sliced_workload, "conv": _conv_workload, "rope": _rope_workload,
+             "titans_sliced": _titans_sliced_workload, "ttt_linear_sliced": _ttt_linear_sliced_workload,
+             "conv": _conv_workload, "rope": _rope_workload,
              "mesa": _mesa_workload, "ns": _ns_workload}
 
 
@@ -400,7 +443,7 @@ def main():
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
                             "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
-                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS")})
+                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS", "VS")})
             rows.append(info)
         return kernel
 
@@ -416,7 +459,7 @@ def main():
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
                                                  "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART", "RT",
-                                                 "DO_D", "DO_C", "ROWSUMS")
+                                                 "DO_D", "DO_C", "ROWSUMS", "VS")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

@@ -60,6 +60,7 @@ from .variants import (
     gated_fused_forward,
     live_launch,
     titans_backward,
+    ttt_linear,
     ttt_mlp,
 )
 from .variants import titans as titans_variant
@@ -524,10 +525,13 @@ def gated_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
 
 
 def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
-    """As `delta_chunk_variants` for `generic_chunk`: TTT-MLP's kernels (`variants.ttt_mlp`: sliced or one program, for
+    """As `delta_chunk_variants` for `generic_chunk`: TTT-Linear's and TTT-MLP's kernels (`variants.ttt_linear`,
+    `variants.ttt_mlp`: sliced or one program, for
     `sequences` × `heads` value heads — None: conditional on them) and, where the head dims take Titans' split
     pipeline, its sequential passes (`variants.titans`, the same rule) and its backward (READ_TERMS)."""
     kernels = None if recipe is None else _ttt_kernels(recipe)
+    if kernels == "TTT-Linear":
+        return (ttt_linear(sequences, heads, _launch(launch)).variant,)
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
@@ -556,8 +560,10 @@ def gated_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
 
 
 def generic_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
-    """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-MLP's kernels, Titans' split backward."""
-    sites = ["TTT-MLP"] if pipeline is not None and pipeline.startswith("TTT-MLP") else []
+    """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-Linear's and TTT-MLP's kernels, Titans' split
+    backward."""
+    sites = ["TTT-Linear"] if pipeline is not None and pipeline.startswith("TTT-Linear") else []
+    sites += ["TTT-MLP"] if pipeline is not None and pipeline.startswith("TTT-MLP") else []
     sites += ["Titans", "Titans backward"] if pipeline is not None and pipeline.startswith("Titans") \
         and "split" in pipeline else []
     return _alternatives(sites)

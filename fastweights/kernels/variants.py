@@ -2,14 +2,14 @@
 
 A Triton row runs a named pipeline (`kernels.pipelines`), and inside it some kernels come in variants that the launch
 table `kernels.triton.common.util.LAUNCH` picks: the conv's backward streamed along the rows or by blocks, TTT-MLP's
-hidden width sliced over programs or one program a (sequence, head), the fused pipelines' optional pre-computations
-(Aqk once per chunk, the T form, β prefetched, …). Each is a pure function here of the call's facts and the launch
-table, passed explicitly (`launch`: LAUNCH or a table of the same shape), and returns what runs as an object whose
-`variant` names it (`Variant(site, choice)`, printed "site: choice"). The kernels' glue asks the same function and
-branches on its answer (`conv._conv_backward`, `ttt_mlp._TTTMLP`, `delta_fused.fused_forward`,
-`delta_fused_bwd.recompute_states`, `gated_fused.fused_forward`), so the name is the branch that ran, never a second
-derivation of it; the rows' `variants` (`kernels.rows.*_variants`) ask it with the Target's facts for
-`fastweights.pipeline(..., variants=True)`, `dispatch.rows(variants=True)` lists each row's alternatives
+hidden width (and TTT-Linear's value columns) sliced over programs or one program a (sequence, head), the fused
+pipelines' optional pre-computations (Aqk once per chunk, the T form, β prefetched, …). Each is a pure function here of
+the call's facts and the launch table, passed explicitly (`launch`: LAUNCH or a table of the same shape), and returns
+what runs as an object whose `variant` names it (`Variant(site, choice)`, printed "site: choice"). The kernels' glue
+asks the same function and branches on its answer (`conv._conv_backward`, `ttt_mlp._TTTMLP`,
+`delta_fused.fused_forward`, `delta_fused_bwd.recompute_states`, `gated_fused.fused_forward`), so the name is the branch
+that ran, never a second derivation of it; the rows' `variants` (`kernels.rows.*_variants`) ask it with the Target's
+facts for `fastweights.pipeline(..., variants=True)`, `dispatch.rows(variants=True)` lists each row's alternatives
 (`ALTERNATIVES`), and a layer's repr shows its last call's in brackets.
 
 Facts a Target does not carry (TTT-MLP's sequences × heads; the conv width of a listing without one) leave the choice
@@ -26,10 +26,10 @@ import torch
 
 from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
-__all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTMLPVariant", "TitansVariant", "titans", "DeltaFusedForward",
-           "DeltaFusedBackward", "GatedFusedForward", "TitansBackward", "conv_backward", "ttt_mlp",
-           "delta_fused_forward", "delta_fused_backward", "gated_fused_forward", "titans_backward", "live_launch",
-           "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
+__all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant",
+           "TitansVariant", "titans", "DeltaFusedForward", "DeltaFusedBackward", "GatedFusedForward", "TitansBackward",
+           "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_fused_backward", "gated_fused_forward",
+           "titans_backward", "live_launch", "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -152,6 +152,23 @@ def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPV
     zs = bool(cfg["ZS"])
     return TTTMLPVariant("TTT-MLP", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most,
                          extra=", Z1 stored" if zs else "", zs=zs)
+
+
+# ---------------------------------------------------------------------------------------------------- TTT-Linear
+TTTLinearVariant = SlicedVariant
+"""TTT-Linear's sequential passes (`ttt_linear_sliced.py` or `ttt._state_kernel`, `_bwd_kernel`)."""
+
+
+def ttt_linear(sequences: int | None, heads: int | None, launch: Launch) -> TTTLinearVariant:
+    """TTT-Linear's sequential passes for `sequences` (R) × `heads` (H) under launch["ttt_linear_sliced"]: ON 1 the
+    value columns sliced, 0 one program, 2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the reverse pass
+    sliced too; ValueError for another ON."""
+    cfg = launch["ttt_linear_sliced"]
+    sliced, most = _sliced_rule("ttt_linear_sliced", cfg, sequences, heads)
+    if sliced is False:
+        return TTTLinearVariant("TTT-Linear", "one program", "one program")
+    bwd = "sliced" if cfg["BWD"] else "one program"
+    return TTTLinearVariant("TTT-Linear", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
 
 
 # ---------------------------------------------------------------------------------------------------- Titans
@@ -305,6 +322,8 @@ def titans_backward(launch: Launch) -> TitansBackward:
 ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "conv backward": (("rows (RUN n)", "block", "block (dw accumulated)", "two kernels", "two kernels (dpre fp32)"),
                       'conv_bwd_rows ON, RUN; conv_bwd_fused DW_ACC; conv_bwd_dpre DPRE_FP32; one_pass_backward='),
+    "TTT-Linear": (("one program", "sliced NP n", "sliced NP n forward, one-program backward"),
+                   "ttt_linear_sliced ON, MAX_BH, NP, BWD"),
     "TTT-MLP": (("one program", "sliced NP n", "sliced NP n forward, one-program backward", "…, Z1 stored"),
                 "ttt_mlp_sliced ON, MAX_BH, NP, BWD, ZS"),
     "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",

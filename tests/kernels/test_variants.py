@@ -47,6 +47,8 @@ def test_the_names_follow_the_launch_table():
     assert fw.pipeline("ttt_mlp", **ttt) == ("triton", "TTT-MLP kernels (tf32)", (
         "TTT-MLP: sliced NP 8 where sequences × heads ≤ 64, else one program",))
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=bf16, head_dim=64) == ("triton", "TTT-MLP kernels (tf32)")
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: sliced NP 4",)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=64, num_heads=2)[2] == ("TTT-Linear: one program",)
     conv = dict(device="cuda", dtype=bf16)
     assert fw.layer_op_pipeline("conv", **conv, conv_width=4) == ("triton", ("conv backward: rows (RUN 128)",))
     assert fw.layer_op_pipeline("conv", **conv, conv_width=8) == ("triton", ("conv backward: block",))
@@ -142,10 +144,12 @@ def test_rows_list_the_alternatives():
     assert "T form" in fused[0] and "delta_prepass WU" in fused[0]
     assert by[("gated_linear", "chunk", "triton", "fused")][0].startswith("gated fused forward: scores per value block")
     assert [a.split(":")[0] for a in by[("generic", "chunk", "triton", "TTT-MLP kernels (tf32)")]] == ["TTT-MLP"]
+    assert [a.split(":")[0] for a in by[("generic", "chunk", "triton", "TTT-Linear kernels (tf32)")]] == [
+        "TTT-Linear"]
     plain = dispatch.rows(variants=True)
     assert [r[:3] for r in plain] == dispatch.rows()
     assert {a.split(":")[0] for r in plain if r[:3] == ("generic", "chunk", "triton") for a in r[3]} == {
-        "TTT-MLP", "Titans", "Titans backward"}
+        "TTT-Linear", "TTT-MLP", "Titans", "Titans backward"}
 
 
 def _spied(monkeypatch, kernels: dict) -> list[str]:

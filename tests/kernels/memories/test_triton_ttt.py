@@ -20,6 +20,7 @@ import fastweights as fw
 from fastweights.dispatch import DISPATCH, Target
 from fastweights.inputs import InputError
 from fastweights.kernels.rows import triton_generic_supports
+from fastweights.kernels.triton.common.util import LAUNCH
 from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
 from fastweights.state import MemoryState
 from tests.fake_cuda import FakeCuda
@@ -29,6 +30,15 @@ from tests.kernels.memories.twins import ttt_linear_torch
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
+
+
+@pytest.fixture(autouse=True)
+def one_program(monkeypatch):
+    """These tests hold the one-program sequential passes (`_state_kernel`, `_bwd_kernel`): the launch table's auto
+    rule would give their small grids to the sliced ones (tests/kernels/memories/test_triton_ttt_linear_sliced.py
+    holds those)."""
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 0)
+
 
 SCALE = 0.7
 NAMES = ("q", "k", "v", "beta", "lnw", "lnb", "W", "b", "A", "a")

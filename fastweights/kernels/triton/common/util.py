@@ -182,6 +182,18 @@ LAUNCH: dict[str, dict] = {
     # sequential pass
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
+    # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
+    # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
+    # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 (the default)
+    # on where sequences × heads ≤ MAX_BH (`kernels.variants.ttt_linear`, the rule TTT-MLP's and Titans' sliced
+    # kernels take; MAX_BH 64 theirs, untimed for TTT-Linear); NP: at most NP slices, each ≥ 16 columns
+    # (`ttt_linear_sliced.slices`); BWD 1: with ON, the reverse pass sliced too (0: ttt_linear_bwd's kernel reads the
+    # same anchors); SYNC 1: each pass one persistent launch (`_step_sync_kernel`, `_chain_sync_kernel`), the NP
+    # programs of a head meeting at a global-memory count each mini-batch instead of 257 launches a way at T 4096 —
+    # GPU only (the interpreter runs programs one at a time), untested there: 0 until a GPU holds it to float64.
+    # Untimed: scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear (docs/kernel_notes.md "TTT-Linear sliced").
+    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=2, MAX_BH=64, NP=4, BWD=1, SYNC=0),  # …_step_kernel
+    "ttt_linear_sliced_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_linear_sliced._chain_kernel
     # TTT-MLP at 8 warps (H200, BENCHMARKS §1p): at tf32 (bf16 inputs) B 4, T 4096, H 16, D 128 fwd+bwd 309 → 266 ms,
     # B 64, T 512, H 2, D 64 8.41 → 8.35; at ieee (fp32/fp16) 13.95 → 13.47 ms; sm_90 spills fall (D 64 bwd 1,564 →
     # 1,024 B, fwd 304 → 108 B)
@@ -285,6 +297,8 @@ KERNEL_FN = {
     "gated_fused_scores": "fused.gated_fused._scores_kernel",
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
+    "ttt_linear_sliced": "memories.ttt_linear_sliced._step_kernel",
+    "ttt_linear_sliced_bwd": "memories.ttt_linear_sliced._chain_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",
     "ttt_mlp_sliced": "memories.ttt_mlp_sliced._step_kernel",
     "ttt_mlp_sliced_read": "memories.ttt_mlp_sliced._read_kernel",

@@ -5,6 +5,10 @@ in one program, each way.
                       not yet run on a GPU): one program per (sequence, value head) walks the mini-batches with
                       the fast weights in registers, each way (the backward recomputes each mini-batch from its
                       stored anchor)
+    ttt_rows.py       the mini-batch rows every TTT kernel reads (token rows, a sequence's rows and slots)
+    ttt_linear_sliced.py  TTT-Linear's sequential passes with the value columns sliced over programs: one launch a
+                      mini-batch each way, the LayerNorm's per-row sums over V exchanged (util.LAUNCH
+                      ["ttt_linear_sliced"] ON: by default where sequences × heads ≤ 64)
     ttt_mlp.py        TTT-MLP's, the same design for a two-layer memory (`kernels.rows.ttt_mlp_chunk`)
     ttt_mlp_sliced.py TTT-MLP's kernels with the hidden width sliced over programs: one launch a mini-batch forward,
                       two backward, the reads in parallel kernels (util.LAUNCH["ttt_mlp_sliced"] ON; by default

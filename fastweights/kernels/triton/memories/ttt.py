@@ -73,7 +73,10 @@ it yet (a MemoryState carries one offset, and the torch chunk form has no varlen
 `precision` (limits.DOT_PRECISIONS: by default `limits.loop_precision("TTT-Linear", q.dtype)` — "tf32x3", three TF32
 tensor-core products per dot, for fp32 and fp16 inputs; "tf32", one, for bf16 inputs; "ieee" fp32 FMAs on request).
 Launch settings: util.LAUNCH's "ttt_linear_fwd" (the state pass), "ttt_linear_readout", "ttt_linear_bwd_read",
-"ttt_linear_bwd" (the reverse pass).
+"ttt_linear_bwd" (the reverse pass). Where sequences × heads leave SMs idle (util.LAUNCH["ttt_linear_sliced"], the
+rule `kernels.variants.ttt_linear`), the two sequential passes run sliced instead: the value columns over NP programs
+a (sequence, head), one launch a mini-batch (`ttt_linear_sliced.py`: the same anchors stored, the same parallel
+kernels after them).
 """
 
 from __future__ import annotations
@@ -86,9 +89,11 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
+from ...variants import ttt_linear as ttt_linear_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
-from ..common.util import check_precision, launch, pow2, tile
+from ..common.util import check_precision, launch, pow2, table, tile
+from .ttt_rows import _rows, _sequence, _tokens  # noqa: F401  (also imported from here by the other memories)
 
 Tensor = torch.Tensor
 
@@ -120,54 +125,6 @@ def _ln_back(n, inv, g, cm, D: tl.constexpr):
     m1 = tl.sum(g, axis=1) / D
     m2 = tl.sum(g * n, axis=1) / D
     return tl.where(cm[None, :], inv[:, None] * (g - m1[:, None] - n * m2[:, None]), 0.0)
-
-
-@triton.jit
-def _tokens(k, v, beta, bos, i_h, s, T, off, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-            BT: tl.constexpr):
-    """Mini-batch s's key-side rows of the sequence at row bos of T tokens (position r of the mini-batch is its token
-    s·b + r − off): k, v [BT, BD] (fp32, 0 outside the sequence), η [BT] (0 outside), the token rows' offsets, their
-    validity, the [BT, BD] mask and the q/k element offsets."""
-    r = tl.arange(0, BT)
-    c = tl.arange(0, BD)
-    cm = c < D
-    t = s * BT + r - off
-    valid = (t >= 0) & (t < T)
-    row = bos + tl.where(valid, t, 0)
-    i_hq = i_h // (H // HQ)
-    m = valid[:, None] & cm[None, :]
-    qk_off = (row[:, None] * HQ + i_hq) * D + c[None, :]
-    hv_off = (row[:, None] * H + i_h) * D + c[None, :]
-    kk = tl.load(k + qk_off, mask=m, other=0.0).to(tl.float32)
-    vv = tl.load(v + hv_off, mask=m, other=0.0).to(tl.float32)
-    eta = tl.load(beta + row * H + i_h, mask=valid, other=0.0).to(tl.float32)
-    return kk, vv, eta, row, valid, m, qk_off
-
-
-@triton.jit
-def _rows(q, k, v, beta, bos, i_h, s, T, off, scale, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
-          BD: tl.constexpr, BT: tl.constexpr):
-    """Mini-batch s's rows (`_tokens`) with the queries: x = scale·q, k, v [BT, BD] (fp32, 0 outside the sequence),
-    η [BT] (0 outside), the token rows' offsets and validity."""
-    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, T, off, H, HQ, D, BD, BT)
-    x = tl.load(q + qk_off, mask=m, other=0.0).to(tl.float32) * scale
-    return x, kk, vv, eta, row, valid, m
-
-
-@triton.jit
-def _sequence(i_b, T, off, NS, cu, slots, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """(first row, tokens, mini-batches, first anchor slot) of sequence (batch row) i_b."""
-    if IS_VARLEN:
-        bos = tl.load(cu + i_b).to(tl.int64)
-        n = (tl.load(cu + i_b + 1).to(tl.int64) - bos).to(tl.int32)
-        ns = (off + n + BT - 1) // BT
-        slot0 = tl.load(slots + i_b).to(tl.int64)
-    else:
-        bos = i_b.to(tl.int64) * T
-        n = T
-        ns = NS
-        slot0 = i_b.to(tl.int64) * NS
-    return bos, n, ns, slot0
 
 
 @triton.jit
@@ -483,7 +440,8 @@ class _Plan(NamedTuple):
     sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
     all, `first` the first slot of each sequence (int64 [N] on the device, or None), `seq_of` each slot's sequence
     (int32 [slots] on the device, or None; the readout's grid runs over the slots), `last` [R] the tokens of each
-    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one)."""
+    sequence's last mini-batch after the call (its i; b for an empty sequence that starts one), `steps` the most
+    mini-batches of one sequence (the sliced passes' launches)."""
 
     R: int
     NS: int
@@ -491,6 +449,7 @@ class _Plan(NamedTuple):
     first: Tensor | None
     seq_of: Tensor | None
     last: list[int]
+    steps: int = 0
 
 
 def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> _Plan:
@@ -501,12 +460,12 @@ def _plan(B: int, T: int, offset: int, b: int, cu: list[int] | None, device) -> 
         return offset + n - (count(n) - 1) * b
 
     if cu is None:
-        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B)
+        return _Plan(B, count(T), B * count(T), None, None, [last(T)] * B, count(T))
     lengths = [e - s for s, e in zip(cu[:-1], cu[1:])]
     counts = [count(n) for n in lengths]
     first = torch.tensor([sum(counts[:i]) for i in range(len(counts))], dtype=torch.int64, device=device)
     seq_of = torch.tensor([i for i, n in enumerate(counts) for _ in range(n)], dtype=torch.int32, device=device)
-    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths])
+    return _Plan(len(lengths), 0, sum(counts), first, seq_of, [last(n) for n in lengths], max(counts, default=0))
 
 
 def _last_counts(plan: _Plan, dims: int, device) -> float | Tensor:
@@ -577,28 +536,41 @@ def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T:
 
 
 class _TTTLinear(torch.autograd.Function):
-    """Forward: `_state_kernel`, then `_readout_kernel`; backward: `_bwd_read_kernel`, then `_bwd_kernel`. q, k [B,
-    T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the
-    anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1] on
-    the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
-    each sequence's last mini-batch, fp32)."""
+    """Forward: `_state_kernel` (or, where `kernels.variants.ttt_linear` slices it,
+    `ttt_linear_sliced.sliced_state_pass`: the same anchors), then `_readout_kernel`; backward: `_bwd_read_kernel`, then
+    `_bwd_kernel` (or `ttt_linear_sliced.sliced_reverse`). q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb
+    [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of the R sequences),
+    then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None), the `_Plan` and tl.dot's precision.
+    Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):
         T = q.shape[1]
         geo = _geo(q, v, b, cu, precision)
-        ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
-                                      geo=geo)
+        # the variant (`kernels.variants.ttt_linear`): the one branch that picks the sequential passes and names them
+        chosen = ttt_linear_variant(plan.R, geo["H"], table())
+        if chosen.sliced:  # the value columns over NP programs, one launch a mini-batch
+            from .ttt_linear_sliced import sliced_state_pass
+
+            ckA, cka, *outs, fs, st = sliced_state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset,
+                                                        cu=cu, plan=plan, steps=plan.steps, geo=geo, NP=chosen.NP)
+        else:
+            ckA, cka, *outs = _state_pass(k, v, beta, lnw, lnb, A0, a0, P0, p0, T=T, offset=offset, cu=cu, plan=plan,
+                                          geo=geo)
         o = _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, scale=scale, T=T, offset=offset, cu=cu, plan=plan,
                      geo=geo)
+        ctx.sliced = chosen.sliced and chosen.backward == "sliced"  # the sliced reverse pass (f, st kept for it)
+        ctx.np = chosen.NP
         seq = (cu, plan.first) if cu is not None else ()
-        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq)
+        ctx.save_for_backward(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *((fs, st) if ctx.sliced else ()), *seq)
         ctx.geo, ctx.scale, ctx.offset, ctx.plan = geo, scale, offset, plan
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, dA, da, dP, dp):
         q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *seq = ctx.saved_tensors
+        fs, st = seq[:2] if ctx.sliced else (None, None)
+        seq = seq[2:] if ctx.sliced else seq
         B, T, Hq, D = q.shape
         H = v.shape[2]
         R, plan, geo = ctx.plan.R, ctx.plan, ctx.geo
@@ -616,13 +588,21 @@ class _TTTLinear(torch.autograd.Function):
         dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
                                                         scale=ctx.scale, T=T, offset=ctx.offset,
                                                         cu=seq[0] if seq else None, plan=plan, geo=geo)
-        dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
-        da0 = empty_output(R, H, D, **f32)
-        dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
-        seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw, dlnb,
-                              dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
-                              HAS_P=has_p, **launch("ttt_linear_bwd"))
+        if ctx.sliced:  # the value columns over NP programs, one launch a mini-batch
+            from .ttt_linear_sliced import sliced_reverse
+
+            dk, dv, dbeta, dA0, da0, dP0, dp0, dlnw, dlnb = sliced_reverse(
+                q, k, v, beta, lnw, lnb, P0, ckA, fs, st, dzs, des, dk, dbeta, gs, scale=ctx.scale, T=T,
+                offset=ctx.offset, cu=seq[0] if seq else None, first=seq[1] if seq else None, plan=plan,
+                steps=plan.steps, geo=geo, NP=ctx.np)
+        else:
+            dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
+            da0 = empty_output(R, H, D, **f32)
+            dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
+            seq = seq if seq else (dq, dq)
+            _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw,
+                                  dlnb, dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
+                                  HAS_P=has_p, **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)

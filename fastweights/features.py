@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .recipe import FeatureMap
 
-__all__ = ["apply_feature_map", "feature_dot"]
+__all__ = ["apply_feature_map", "feature_dot", "feature_kernel", "has_feature_kernel"]
 
 
 def _triangle(K: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,7 +101,19 @@ def feature_dot(fm: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     (homogeneous: the degree-p term only); elementwise maps: the dot product of the mapped rows."""
     if fm.kind not in ("polynomial", "taylor"):
         return (apply_feature_map(fm, x) * apply_feature_map(fm, y)).sum(-1)
-    s = (x * y).sum(-1)
+    return feature_kernel(fm, (x * y).sum(-1))
+
+
+def has_feature_kernel(fm: FeatureMap) -> bool:
+    """Whether φ(x)·φ(y) is a function of x·y alone (`feature_kernel`): the polynomial and Taylor maps."""
+    return fm.kind in ("polynomial", "taylor")
+
+
+def feature_kernel(fm: FeatureMap, s: torch.Tensor) -> torch.Tensor:
+    """φ(x)·φ(y) from s = x·y for the polynomial and Taylor maps (the kernel trick): [...] -> [...],
+    Σ_{i≤p} c_i s^i with c_i = 1 (polynomial) or 1/i! (taylor); homogeneous: the degree-p term only."""
+    if not has_feature_kernel(fm):
+        raise ValueError(f"feature map {fm.kind!r} has no kernel of x·y alone")
     coef = [1.0 if fm.kind == "polynomial" else 1.0 / math.factorial(i) for i in range(fm.degree + 1)]
     if fm.homogeneous:
         return coef[-1] * s ** fm.degree

@@ -41,15 +41,18 @@ class _SecondOrder(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, cols, weight):
         ctx.save_for_backward(x, rows, cols, weight)
-        return x.index_select(-1, rows) * x.index_select(-1, cols) * weight
+        x2 = x.reshape(-1, x.shape[-1])  # the gathers on a 2-d view: along the last dim of a 3-d tensor the CPU's
+        # index_select ran 3–70× slower (0.29–8 ms against 0.1 for [8, 19, 64] -> 2,080, r4s14 helper omega-fast)
+        return (x2.index_select(1, rows) * x2.index_select(1, cols) * weight).view(*x.shape[:-1], rows.numel())
 
     @staticmethod
     def backward(ctx, g):
         x, rows, cols, weight = ctx.saved_tensors
         K = x.shape[-1]
-        G = g.new_zeros(*g.shape[:-1], K * K).index_copy(-1, rows * K + cols, g * weight).unflatten(-1, (K, K))
-        xc = x.unsqueeze(-1).to(G.dtype)  # [..., K, 1]
-        return (G @ xc + G.transpose(-1, -2) @ xc).squeeze(-1), None, None, None
+        g2 = g.reshape(-1, g.shape[-1])
+        G = g2.new_zeros(g2.shape[0], K * K).index_copy(1, rows * K + cols, g2 * weight).view(-1, K, K)
+        xc = x.reshape(-1, K, 1).to(G.dtype)  # [n, K, 1]
+        return (G @ xc + G.transpose(-1, -2) @ xc).view(x.shape), None, None, None
 
 
 def _second_order(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +95,7 @@ def apply_feature_map(fm: FeatureMap, x: torch.Tensor) -> torch.Tensor:
         weights.append(1.0 if kind == "polynomial" else 1.0 / math.sqrt(6.0))
     if fm.homogeneous:  # only the top-degree block: φ(x)·φ(y) = (x·y)^p (times 1/p! for taylor)
         blocks, weights = blocks[-1:], weights[-1:]
-    return torch.cat([b * w for b, w in zip(blocks, weights)], dim=-1)
+    return torch.cat([b if w == 1.0 else b * w for b, w in zip(blocks, weights)], dim=-1)  # (× 1: no copy)
 
 
 def feature_dot(fm: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -65,12 +65,12 @@ def applies(recipe: Recipe) -> bool:
             and ret.kind in ("none", "scalar", "constant"))
 
 
-def _grads_of_features(fm: FeatureMap, pairs: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
-    """The vector-Jacobian products of φ: for each (x [.., K], ḡ [.., K']) the gradient of Σ ḡ·φ(x) in x."""
+def _features_with_grad(fm: FeatureMap, x: Tensor) -> tuple[Tensor, Tensor]:
+    """(x', φ(x')) with x' a fresh leaf of x's values and φ recorded by autograd: the backward's features, used
+    detached in its products and then differentiated once for the vector-Jacobian product (φ formed once)."""
     with torch.enable_grad():
-        xs = [x.detach().requires_grad_(True) for x, _ in pairs]
-        outs = [apply_feature_map(fm, x) for x in xs]
-        return list(torch.autograd.grad(outs, xs, [g for _, g in pairs]))
+        xd = x.detach().requires_grad_(True)
+        return xd, apply_feature_map(fm, xd)
 
 
 class _Segment(torch.autograd.Function):
@@ -83,33 +83,33 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, kf, v, gam, ws, w0, da, C, scale, fm, nf):
-        ctx.save_for_backward(q, k, kf, v, gam, ws, w0, da, C)
         ctx.scale, ctx.fm, ctx.nf = scale, fm, nf
         phik = _pair_features(fm, k, kf, nf)  # [M, N, K']
-        dz = gam[..., None] * (torch.bmm(phik, w0) - v)  # [M, N, V]
+        e = torch.bmm(phik, w0) - v  # [M, N, V]: the errors at the anchor
+        dz = gam[..., None] * e
         phiq = apply_feature_map(fm, q)  # [M, L, K']
+        xw = torch.bmm(phiq, ws) * scale  # [M, L, V]
         A = _scores(fm, q, k, kf, phiq, nf, scale)  # [M, L, N]
-        o = torch.baddbmm(torch.bmm(phiq, ws) * (scale * da[..., None]), A * C, dz)
+        o = torch.baddbmm(xw * da[..., None], A * C, dz)
         end = torch.baddbmm(da[:, -1, None, None] * ws, phik.transpose(1, 2), C[:, -1, :, None] * dz)
+        # kept: the raw keys and queries, the [.., V] errors and start reads (not φ: [.., K'] a token)
+        ctx.save_for_backward(q, k, kf, gam, ws, w0, da, C, e, xw)
         return o, end
 
     @staticmethod
     @once_differentiable
     def backward(ctx, go, gend):
-        q, k, kf, v, gam, ws, w0, da, C = ctx.saved_tensors
+        q, k, kf, gam, ws, w0, da, C, e, xw = ctx.saved_tensors
         scale, fm, nf = ctx.scale, ctx.fm, ctx.nf
-        if go is None:
-            go = q.new_zeros(q.shape[:2] + (v.shape[-1],))
-        if gend is None:
-            gend = torch.zeros_like(ws)
-        phik = _pair_features(fm, k, kf, nf)
-        e = torch.bmm(phik, w0) - v  # [M, N, V]
+        kr = k[:, nf:]
+        kd, phikr_g = _features_with_grad(fm, kr)  # formed again, not kept
+        qd, phiq_g = _features_with_grad(fm, q)
+        phikr, phiq = phikr_g.detach(), phiq_g.detach()
+        phik = torch.cat([kf, phikr], dim=1) if nf else phikr  # [M, N, K']
         dz = gam[..., None] * e
-        phiq = apply_feature_map(fm, q)
         s = torch.bmm(q, k[:, nf:].transpose(1, 2))  # [M, L, N − nf]
         A = _scores(fm, q, k, kf, phiq, nf, scale, s=s)
         cl, dl = C[:, -1], da[:, -1]  # [M, N], [M]
-        xw = torch.bmm(phiq, ws) * scale  # [M, L, V]
         phig = torch.bmm(phik, gend)  # [M, N, V]
         gdz = torch.baddbmm(cl[..., None] * phig, (A * C).transpose(1, 2), go)  # [M, N, V]
         gP = torch.bmm(go, dz.transpose(1, 2))  # [M, L, N]
@@ -133,13 +133,11 @@ class _Segment(torch.autograd.Function):
         with torch.enable_grad():  # κ'(s): the scores' own derivative
             sd = s.detach().requires_grad_(True)
             gs, = torch.autograd.grad(feature_kernel(fm, sd), sd, gA[..., nf:] * scale)
-        kr = k[:, nf:]
-        gq_feat, gk_feat = _grads_of_features(fm, [(q, gphiq), (kr, gphik[:, nf:])])
+        gq_feat, gk_feat = torch.autograd.grad([phiq_g, phikr_g], [qd, kd], [gphiq, gphik[:, nf:]])
         gq = torch.baddbmm(gq_feat, gs, kr)
         gk = torch.zeros_like(k)
         gk[:, nf:] = torch.baddbmm(gk_feat, gs.transpose(1, 2), q)
-        gw0_out, gws_out = gw0, gws
-        return gq, gk, gkf, -ge, ggam, gws_out, gw0_out, gda, gC, None, None, None
+        return gq, gk, gkf, -ge, ggam, gws, gw0, gda, gC, None, None, None
 
 
 def _pair_features(fm: FeatureMap, k: Tensor, kf: Tensor, nf: int) -> Tensor:
@@ -179,8 +177,8 @@ def omega_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float
     kf_all = state.window_k.transpose(1, 2).flatten(0, 1) if c > 1 else None  # [M, c−1, K']
     segments = _segments(T, b, state.offset)
     groups = _groups(segments, state.offset)
-    per_seg = []  # every segment's state-free inputs, one op per group: (q, k, kf, v, gam, da, C, nf)
-    for gi, (first, S, L) in enumerate(groups):
+    per_seg = []  # every segment's state-free inputs, one op per group: (q, k, kf, v, gam, da, C, nf, L)
+    for first, S, L in groups:
         t0 = segments[first][0]
         co = _coefficients(opt, c, _per_segment(g, t0, S, L), _per_segment(beta, t0, S, L), None,
                            state.offset if first == 0 else 0)

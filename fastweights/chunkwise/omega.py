@@ -65,14 +65,6 @@ def applies(recipe: Recipe) -> bool:
             and ret.kind in ("none", "scalar", "constant"))
 
 
-def _features_with_grad(fm: FeatureMap, x: Tensor) -> tuple[Tensor, Tensor]:
-    """(x', φ(x')) with x' a fresh leaf of x's values and φ recorded by autograd: the backward's features, used
-    detached in its products and then differentiated once for the vector-Jacobian product (φ formed once)."""
-    with torch.enable_grad():
-        xd = x.detach().requires_grad_(True)
-        return xd, apply_feature_map(fm, xd)
-
-
 class _Segment(torch.autograd.Function):
     """One mini-batch segment on the flattened batch M = B·H: its readout and its end state.
 
@@ -83,12 +75,16 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, kf, v, gam, ws, w0, da, C, scale, fm, nf):
-        ctx.scale, ctx.fm, ctx.nf = scale, fm, nf
-        phik = _pair_features(fm, k, kf, nf)  # [M, N, K']
-        e = torch.bmm(phik, w0) - v  # [M, N, V]: the errors at the anchor
-        dz = gam[..., None] * e
-        phiq = apply_feature_map(fm, q)  # [M, L, K']
-        xw = torch.bmm(phiq, ws) * scale  # [M, L, V]
+        L = q.shape[1]
+        ctx.scale, ctx.fm, ctx.nf, ctx.same = scale, fm, nf, w0 is ws
+        _, phi = _stacked_features(fm, q, k, kf, nf, grad=False)  # [M, L + N, K']: φ(q), then the pairs' φ(k)
+        phiq, phik = phi[:, :L], phi[:, L:]
+        if ctx.same:  # the segment starts its mini-batch: one product reads the queries and the pairs at W₀ = θ_s
+            y = torch.bmm(phi, ws)
+            xw, e = y[:, :L] * scale, y[:, L:] - v
+        else:
+            xw, e = torch.bmm(phiq, ws) * scale, torch.bmm(phik, w0) - v  # [M, L, V], [M, N, V]
+        dz = gam[..., None] * e  # e: the errors at the anchor
         A = _scores(fm, q, k, kf, phiq, nf, scale)  # [M, L, N]
         o = torch.baddbmm(xw * da[..., None], A * C, dz)
         end = torch.baddbmm(da[:, -1, None, None] * ws, phik.transpose(1, 2), C[:, -1, :, None] * dz)
@@ -101,11 +97,9 @@ class _Segment(torch.autograd.Function):
     def backward(ctx, go, gend):
         q, k, kf, gam, ws, w0, da, C, e, xw = ctx.saved_tensors
         scale, fm, nf = ctx.scale, ctx.fm, ctx.nf
-        kr = k[:, nf:]
-        kd, phikr_g = _features_with_grad(fm, kr)  # formed again, not kept
-        qd, phiq_g = _features_with_grad(fm, q)
-        phikr, phiq = phikr_g.detach(), phiq_g.detach()
-        phik = torch.cat([kf, phikr], dim=1) if nf else phikr  # [M, N, K']
+        L = q.shape[1]
+        (xd, phi_g), phi = _stacked_features(fm, q, k, kf, nf, grad=True)  # formed again, not kept
+        phiq, phik = phi[:, :L], phi[:, L:]
         dz = gam[..., None] * e
         s = torch.bmm(q, k[:, nf:].transpose(1, 2))  # [M, L, N − nf]
         A = _scores(fm, q, k, kf, phiq, nf, scale, s=s)
@@ -118,32 +112,45 @@ class _Segment(torch.autograd.Function):
         gA = gP * C
         gda = (go * xw).sum(-1)  # [M, L]
         gda[:, -1] += (ws * gend).sum((-2, -1))
-        goda = go * da[..., None]
-        gws = torch.baddbmm(dl[:, None, None] * gend, phiq.transpose(1, 2), goda, alpha=scale)
-        ge = gam[..., None] * gdz
+        ge = gam[..., None] * gdz  # [M, N, V]
         ggam = (e * gdz).sum(-1)
-        gw0 = torch.bmm(phik.transpose(1, 2), ge)
-        gphik = torch.baddbmm(torch.bmm(ge, w0.transpose(1, 2)), cl[..., None] * dz, gend.transpose(1, 2))
-        gphiq = torch.bmm(goda, ws.transpose(1, 2)) * scale  # [M, L, K']
+        r = torch.cat([go * (scale * da[..., None]), ge], dim=1)  # [M, L + N, V]: ∂/∂(φ W) of the stacked rows
+        if ctx.same:
+            gws, gw0 = torch.baddbmm(dl[:, None, None] * gend, phi.transpose(1, 2), r), None
+            gphi = torch.bmm(r, ws.transpose(1, 2))  # [M, L + N, K']
+        else:
+            gws = torch.baddbmm(dl[:, None, None] * gend, phiq.transpose(1, 2), r[:, :L])
+            gw0 = torch.bmm(phik.transpose(1, 2), ge)
+            gphi = torch.cat([torch.bmm(r[:, :L], ws.transpose(1, 2)), torch.bmm(ge, w0.transpose(1, 2))], dim=1)
+        gphi[:, L:].baddbmm_(cl[..., None] * dz, gend.transpose(1, 2))
         gkf = None
-        if nf:
+        if nf:  # the carried pairs' scores φ(q)·kf
             gAf = gA[..., :nf] * scale
-            gphiq = torch.baddbmm(gphiq, gAf, kf)
-            gkf = torch.baddbmm(gphik[:, :nf], gAf.transpose(1, 2), phiq)
+            gphi[:, :L].baddbmm_(gAf, kf)
+            gkf = torch.baddbmm(gphi[:, L:L + nf], gAf.transpose(1, 2), phiq)
+            gphi = torch.cat([gphi[:, :L], gphi[:, L + nf:]], dim=1)
         with torch.enable_grad():  # κ'(s): the scores' own derivative
             sd = s.detach().requires_grad_(True)
             gs, = torch.autograd.grad(feature_kernel(fm, sd), sd, gA[..., nf:] * scale)
-        gq_feat, gk_feat = torch.autograd.grad([phiq_g, phikr_g], [qd, kd], [gphiq, gphik[:, nf:]])
-        gq = torch.baddbmm(gq_feat, gs, kr)
+        gx, = torch.autograd.grad(phi_g, xd, gphi)  # φ's vector-Jacobian product, [M, L + N − nf, K]
+        kr = k[:, nf:]
+        gq = torch.baddbmm(gx[:, :L], gs, kr)
         gk = torch.zeros_like(k)
-        gk[:, nf:] = torch.baddbmm(gk_feat, gs.transpose(1, 2), q)
+        gk[:, nf:] = torch.baddbmm(gx[:, L:], gs.transpose(1, 2), q)
         return gq, gk, gkf, -ge, ggam, gws, gw0, gda, gC, None, None, None
 
 
-def _pair_features(fm: FeatureMap, k: Tensor, kf: Tensor, nf: int) -> Tensor:
-    """The N pairs' features [M, N, K']: the carried ones kf, then φ of the raw keys k[:, nf:]."""
-    phi = apply_feature_map(fm, k[:, nf:])
-    return torch.cat([kf, phi], dim=1) if nf else phi
+def _stacked_features(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor | None, nf: int, grad: bool):
+    """φ of the queries and the raw pair keys in one call: ((x', φ(x')) with x' = [q; k[:, nf:]] a fresh leaf and φ
+    recorded by autograd where grad, else None; the rows [φ(q); kf; φ(k[:, nf:])] [M, L + N, K'], detached)."""
+    L = q.shape[1]
+    with torch.enable_grad() if grad else torch.no_grad():
+        x = torch.cat([q, k[:, nf:]], dim=1).detach().requires_grad_(grad)  # [M, L + N − nf, K]
+        phi_x = apply_feature_map(fm, x)
+    phi = phi_x.detach()
+    if nf:
+        phi = torch.cat([phi[:, :L], kf, phi[:, L:]], dim=1)
+    return ((x, phi_x) if grad else None), phi
 
 
 def _scores(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor, phiq: Tensor, nf: int, scale: float,

@@ -272,7 +272,8 @@ def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None, n
     from .chunkwise.minibatch import minibatch_chunk
 
     _no_varlen(call.recipe, cu_seqlens)
-    if omega.applies(call.recipe):  # OmegaNet's kind (gd: no Newton–Schulz): the kernel trick on raw q, k
+    if omega.applies(call.recipe) and omega.wide(call.shapes.Kf, call.shapes.V):  # OmegaNet's kind (gd: no
+        # Newton–Schulz) with a wide state: the kernel trick on raw q, k
         pr = prepare(call, features=False)
         st = memory_state(pr, call.initial_state)
         o, final = omega.omega_chunk(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta,

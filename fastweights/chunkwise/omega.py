@@ -20,7 +20,8 @@ written out (its products batched over B·H, as the forward's). The carried wind
 already (MemoryState.window_k [B, c−1, H, K']), so a segment whose window reaches before the sequence scores those
 pairs by φ(q)·φ(k) explicitly.
 
-Routing: `torch_backend.minibatch_chunk_impl` takes this path where `applies(recipe)` and `kernel_trick()` is on (the
+Routing: `torch_backend.minibatch_chunk_impl` (the torch row, and the Triton row's generic_chunk through it) takes
+this path where `applies(recipe)`, `kernel_trick()` is on (the default) and the state is `wide` (K'·V ≥ 2¹⁷ by
 default); `kernel_trick(False)` routes those recipes back to `minibatch.minibatch_chunk` on φ(q), φ(k) (the twin the
 tests hold it to). `minibatch.checkpoint_chain(k)` applies here as there. No varlen (neither form has one); under a
 torch.func transform the old form runs (a custom Function without vmap rules). The backward is once differentiable.
@@ -42,15 +43,24 @@ Tensor = torch.Tensor
 
 __all__ = ["applies", "kernel_trick", "omega_chunk"]
 
-_TRICK = {"on": True}
+_TRICK = {"on": True, "min_elements": 1 << 17}
 
 
-def kernel_trick(enabled: bool = True) -> None:
+def kernel_trick(enabled: bool = True, min_elements: int = 1 << 17) -> None:
     """Route the recipes `applies` takes to `omega_chunk` (True, the default) or back to the mini-batch form on
-    expanded features (False: `minibatch.minibatch_chunk`, the same recurrence to rounding)."""
-    from ..inputs import check_flag
+    expanded features (False: `minibatch.minibatch_chunk`, the same recurrence to rounding), where the state [K', V]
+    has at least `min_elements` elements (`wide`): a narrower one stays on the mini-batch form, whose readout of all
+    segments at once after the loop (`minibatch.split_readout`'s same default, 2¹⁷) ran faster there (CPU, K 32:
+    K'·V 17,952) than this form's segment at a time; OmegaNet at K 64 (2,145 × 64) and K 128 is wide. 0: always."""
+    from ..inputs import check_flag, check_int
 
     _TRICK["on"] = check_flag("enabled", enabled)
+    _TRICK["min_elements"] = check_int("min_elements", min_elements, low=0)
+
+
+def wide(Kf: int, V: int) -> bool:
+    """Whether a state [K', V] is wide enough for `omega_chunk` (`kernel_trick`'s min_elements)."""
+    return Kf * V >= _TRICK["min_elements"]
 
 
 def applies(recipe: Recipe) -> bool:

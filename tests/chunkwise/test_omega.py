@@ -11,6 +11,14 @@ from tests.helpers import make_case, max_err, run_with_grads
 from tests.tolerances import CHUNK_F64
 
 
+@pytest.fixture(autouse=True)
+def every_width():
+    """The kernel trick's form at every state width (its default routes only K'·V ≥ 2¹⁷ there)."""
+    omega.kernel_trick(True, min_elements=0)
+    yield
+    omega.kernel_trick(True)
+
+
 def _close(a, b, tol):
     return (a - b).abs().max().item() < tol * (1 + b.abs().max().item())
 
@@ -39,7 +47,7 @@ def _expanded(fn, *args):
     try:
         return fn(*args)
     finally:
-        omega.kernel_trick(True)
+        omega.kernel_trick(True, min_elements=0)
 
 
 def _same(a, b):
@@ -111,10 +119,17 @@ def test_routing(monkeypatch):
     assert calls == [1]
     _expanded(lambda: fw.chunk("omeganet", initial_state=state, **inputs))
     assert calls == [1]
+    omega.kernel_trick(True)  # the default width: K 4 (K' 15 × V 3) stays on the expanded form, K 64 does not
+    fw.chunk("omeganet", initial_state=state, **inputs)
+    assert calls == [1]
+    Kf = fw.zoo.resolve("omeganet").feature_map.out_dim(64)
+    assert omega.wide(Kf, 64) and not omega.wide(fw.zoo.resolve("omeganet").feature_map.out_dim(32), 32)
     assert not any(omega.applies(fw.zoo.resolve(n)) for n in ("atlas", "ttt_linear", "titans", "deltanet"))
     for bad in (1, "yes", None):
         with pytest.raises((TypeError, ValueError)):
             omega.kernel_trick(bad)
+    with pytest.raises((TypeError, ValueError)):
+        omega.kernel_trick(True, min_elements=-1)
     assert omega.applies(fw.zoo.resolve("omeganet"))
 
 

@@ -216,7 +216,7 @@ def cpu_time(model, B, T, H, D, repeats, threads, trick):
     ms, cpu, got = {t: [] for t in tricks}, {t: [] for t in tricks}, {}
     for i in range(1 + max(1, repeats)):
         for t in tricks:
-            omega.kernel_trick(t == "on")
+            omega.kernel_trick(t == "on", min_elements=0)
             t0, c0 = time.perf_counter(), time.process_time()
             got[t] = _fwd_bwd(model, inp, st, "auto")
             if i:
@@ -319,7 +319,7 @@ def main(argv=None):
                          "model's first row) — what a TF32 region around the whole form would give at most")
     ap.add_argument("--kernel-trick", default="on", choices=["on", "off", "both"],
                     help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on, the "
-                         "default) or the mini-batch form on expanded features (off)")
+                         "default; at every width, min_elements 0) or the mini-batch form on expanded features (off)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "
                          "after one warm-up: median and min ms) instead")
@@ -327,7 +327,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.split is not None:
         minibatch.split_readout(a.split)
-    omega.kernel_trick(a.kernel_trick != "off")
+    omega.kernel_trick(a.kernel_trick != "off", min_elements=0)  # on: the kernel trick's form at every width
     B, T, H = a.shape
     if a.cpu_time:
         return [cpu_time(m, B, T, H, a.D, a.repeats, a.threads, a.kernel_trick) for m in a.models]

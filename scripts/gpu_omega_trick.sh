@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 36: OmegaNet by the kernel trick (chunkwise/omega.py) on one GPU, one device call (≤ 10 min). From the repo root:
+#
+#   OUT=... bash scripts/gpu_omega_trick.sh
+#
+# 1. the op table at the small shape (B 64, T 512, H 2, D 64, bf16): gated DeltaNet against OmegaNet (the goal ≤ 5×);
+# 2. OmegaNet's fwd+bwd step there by `minibatch_memory.py --time`, the kernel trick's form (on) and the mini-batch
+#    form on expanded features (off, the r4s13 figure's form), each with its top kernels (--profile), o's and the
+#    gradients' error of the second against the first;
+# 3. the fwd+bwd peak at the LM shape (B 4, T 4096, H 16, D 128, bf16): on (goal ≤ 80 GB), and on with
+#    `minibatch.checkpoint_chain(16)`; then the LM shape's op table row.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-runs/gpu}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" TRITON_CACHE_DIR="$PWD/runs/cache/triton"
+python3 -c "import torch, triton; print(torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
+  | tee -a "$OUT/env.txt"
+git rev-parse --short HEAD >> "$OUT/env.txt" 2>/dev/null
+timeout 150 python3 -m fastweights bench speed --models gated_deltanet omeganet --forms chunk --lengths 512 --batch 64 \
+  --heads 2 --dim 64 --dtype bfloat16 --device cuda --repeats 3 --warmup 1 --no-peers --keep-going \
+  --out "$OUT/speed_small" 2>&1 | tail -20 | tee "$OUT/speed_small.txt"
+for kt in on off; do
+  timeout 120 python3 scripts/minibatch_memory.py --time --models omeganet --shape 64 512 2 --D 64 --dtype bfloat16 \
+    --repeats 5 --profile --kernel-trick $kt --out "$OUT/time_$kt" 2>&1 | tail -5 | tee "$OUT/time_$kt.txt"
+done
+timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \
+  --dtype bfloat16 --out "$OUT/lm_peak" 2>&1 | tail -5 | tee "$OUT/lm_peak.txt"
+timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \
+  --dtype bfloat16 --chain 16 --out "$OUT/lm_peak_chain16" 2>&1 | tail -5 | tee "$OUT/lm_peak_chain16.txt"
+timeout 120 python3 -m fastweights bench speed --models omeganet --forms chunk --lengths 4096 --batch 4 --heads 16 \
+  --dim 128 --dtype bfloat16 --device cuda --repeats 2 --warmup 1 --no-peers --keep-going \
+  --out "$OUT/speed_lm" 2>&1 | tail -20 | tee "$OUT/speed_lm.txt"

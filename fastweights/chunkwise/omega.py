@@ -25,6 +25,8 @@ this path where `applies(recipe)`, `kernel_trick()` is on (the default) and the 
 default); `kernel_trick(False)` routes those recipes back to `minibatch.minibatch_chunk` on φ(q), φ(k) (the twin the
 tests hold it to). `minibatch.checkpoint_chain(k)` applies here as there. No varlen (neither form has one); under a
 torch.func transform the old form runs (a custom Function without vmap rules). The backward is once differentiable.
+Under autocast the segments run in the compute dtype (fp32) with autocast off, as MesaNet's form does (the expanded
+form's products run in bf16 there); the torch row's call without autocast (the op tables) computes in fp32 either way.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 from ..features import apply_feature_map, feature_kernel, has_feature_kernel
 from ..recipe import FeatureMap, Recipe
 from ..state import MemoryState
-from .common import under_functorch
+from .common import autocast_off, under_functorch
 from .minibatch import _CHAIN, _coefficients, _groups, _per_segment, _segments, _windows
 
 Tensor = torch.Tensor
@@ -218,7 +220,8 @@ def omega_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float
             qs_, ks_, kf, vs_, gs_, da, C, nf, L = per_seg[si]
             if offset == 0:
                 anchor = weights
-            o, weights_next = _Segment.apply(qs_, ks_, kf, vs_, gs_, weights, anchor, da, C, scale, fm, nf)
+            with autocast_off(q.device.type):  # fp32 (the compute dtype) whatever the autocast, forward and back
+                o, weights_next = _Segment.apply(qs_, ks_, kf, vs_, gs_, weights, anchor, da, C, scale, fm, nf)
             outs.append(o.unflatten(0, (B, H)).transpose(1, 2))  # [B, L, H, V]
             weights = weights_next
             offset = (offset + L) % b

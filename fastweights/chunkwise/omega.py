@@ -107,6 +107,12 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, go, gend):
+        with autocast_off(go.device.type):  # a backward run inside the caller's autocast (the CPU's: one thread)
+            return _Segment.grads(ctx, go, gend)
+
+    @staticmethod
+    def grads(ctx, go, gend):
+        """The backward of `forward` (autocast off)."""
         q, k, kf, gam, ws, w0, da, C, e, xw = ctx.saved_tensors
         scale, fm, nf = ctx.scale, ctx.fm, ctx.nf
         L = q.shape[1]
@@ -181,7 +187,14 @@ def omega_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float
     """q [B, T, H, K], k [B, T, H, K] raw (the features are applied here); v [B, T, H, V]; g None | [B, T, H];
     beta [B, T, H]; gamma None | [B, T, H]; state a complete MemoryState (compute dtype; weights [B, H, K', V], its
     window_k [B, c−1, H, K'] features). Returns (o [B, T, H, V], final MemoryState) — the recurrence of
-    `minibatch.minibatch_chunk` on φ(q), φ(k), to rounding."""
+    `minibatch.minibatch_chunk` on φ(q), φ(k), to rounding. Autocast off: the call's numbers whatever the autocast."""
+    with autocast_off(q.device.type):
+        return _omega_chunk(recipe, q, k, v, scale=scale, g=g, beta=beta, gamma=gamma, state=state)
+
+
+def _omega_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float, g: Tensor | None, beta: Tensor,
+                 gamma: Tensor | None, state: MemoryState):
+    """`omega_chunk` with autocast off."""
     fm, opt = recipe.feature_map, recipe.optimizer
     b, c = opt.minibatch, recipe.objective.window
     B, T, H, K = q.shape
@@ -220,8 +233,7 @@ def omega_chunk(recipe: Recipe, q: Tensor, k: Tensor, v: Tensor, *, scale: float
             qs_, ks_, kf, vs_, gs_, da, C, nf, L = per_seg[si]
             if offset == 0:
                 anchor = weights
-            with autocast_off(q.device.type):  # fp32 (the compute dtype) whatever the autocast, forward and back
-                o, weights_next = _Segment.apply(qs_, ks_, kf, vs_, gs_, weights, anchor, da, C, scale, fm, nf)
+            o, weights_next = _Segment.apply(qs_, ks_, kf, vs_, gs_, weights, anchor, da, C, scale, fm, nf)
             outs.append(o.unflatten(0, (B, H)).transpose(1, 2))  # [B, L, H, V]
             weights = weights_next
             offset = (offset + L) % b

@@ -149,3 +149,19 @@ def test_kernel_trick_keeps_no_per_token_features():
         fw.chunk("omeganet", initial_state=state, check_values=False, **inputs)
     wide = [s for s in shapes if Kf in s]
     assert wide and all(s[-2:] == (Kf, K) or (s[-1] == Kf and s[-2] <= 3) for s in wide), wide
+
+
+def test_kernel_trick_under_autocast_computes_as_without():
+    """A forward under a bf16 autocast runs with autocast off (its backward's products would mix bf16 and fp32): the
+    same outputs, final state and gradients as without autocast, bitwise (fp32, CPU autocast; the backward outside
+    it, as on CUDA, where autograd's thread has no autocast)."""
+    inputs, state = make_case("omeganet", T=37, K=8, V=8, dtype=torch.float32)
+    want = run_with_grads(fw.chunk, "omeganet", inputs, state)
+
+    def under_autocast(*args, **kw):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fw.chunk(*args, **kw)
+
+    o, s, g = run_with_grads(under_autocast, "omeganet", inputs, state)
+    assert torch.equal(o, want[0]) and max_err(s, want[1]) == 0
+    assert all(torch.equal(a, b) for a, b in zip(g, want[2]))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .recipe import FeatureMap
 
-__all__ = ["apply_feature_map", "feature_dot", "feature_kernel", "has_feature_kernel"]
+__all__ = ["apply_feature_map", "feature_dot", "feature_kernel", "feature_vjp", "has_feature_kernel"]
 
 
 def _triangle(K: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,3 +121,29 @@ def feature_kernel(fm: FeatureMap, s: torch.Tensor) -> torch.Tensor:
     if fm.homogeneous:
         return coef[-1] * s ** fm.degree
     return sum(c * s ** i for i, c in enumerate(coef))
+
+
+def feature_vjp(fm: FeatureMap, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The gradient in x of Σ g·φ(x) without forming φ(x): x [..., K], g [..., K'] -> [..., K]. The polynomial and
+    Taylor maps of degree ≤ 2 by their blocks (the linear block's g itself; the degree-2 block's as `_SecondOrder`'s
+    backward: g scattered into the upper triangle of a [K, K] per row, then (G + Gᵀ) x); any other map by autograd."""
+    K = x.shape[-1]
+    if fm.kind not in ("polynomial", "taylor") or fm.degree > 2:
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            return torch.autograd.grad(apply_feature_map(fm, xd), xd, g)[0]
+    out = None
+    at = 0 if fm.homogeneous and fm.degree > 0 else 1  # the constant's column
+    if fm.degree >= 1 and not (fm.homogeneous and fm.degree == 2):
+        out = g[..., at:at + K]
+        at += K
+    if fm.degree == 2:
+        rows, cols, weight = _triangle(K, x)
+        if fm.kind == "taylor":
+            weight = weight / math.sqrt(2.0)
+        g2 = g[..., at:].reshape(-1, rows.numel())
+        G = g2.new_zeros(g2.shape[0], K * K).index_copy(1, rows * K + cols, g2 * weight).view(-1, K, K)
+        xc = x.reshape(-1, K, 1).to(G.dtype)
+        quad = (G @ xc + G.transpose(-1, -2) @ xc).view(x.shape)
+        out = quad if out is None else out + quad
+    return out

@@ -6,7 +6,8 @@
 # 1. the op table at the small shape (B 64, T 512, H 2, D 64, bf16): gated DeltaNet against OmegaNet (the goal ≤ 5×);
 # 2. OmegaNet's fwd+bwd step there by `minibatch_memory.py --time`, the kernel trick's form (on) and the mini-batch
 #    form on expanded features (off, the r4s13 figure's form), each with its top kernels (--profile), o's and the
-#    gradients' error of the second against the first;
+#    gradients' error of the second against the first; then the Triton feature kernels' tests (-m triton) and the
+#    step with the kernel trick's K'-wide products by them (--feature-kernels);
 # 3. the fwd+bwd peak at the LM shape (B 4, T 4096, H 16, D 128, bf16): on (goal ≤ 80 GB), and on with
 #    `minibatch.checkpoint_chain(16)`; then the LM shape's op table row.
 set -uo pipefail
@@ -24,6 +25,11 @@ for kt in on off; do
   timeout 120 python3 scripts/minibatch_memory.py --time --models omeganet --shape 64 512 2 --D 64 --dtype bfloat16 \
     --repeats 5 --profile --kernel-trick $kt --out "$OUT/time_$kt" 2>&1 | tail -5 | tee "$OUT/time_$kt.txt"
 done
+# the kernel trick's K'-wide products by the Triton kernels (φ in registers; untested on a GPU before this call)
+timeout 120 python3 -m pytest -x -q -p no:randomly -m triton tests/kernels/memories/test_triton_omega_features.py \
+  2>&1 | tail -5 | tee "$OUT/feature_kernels_tests.txt"
+timeout 120 python3 scripts/minibatch_memory.py --time --models omeganet --shape 64 512 2 --D 64 --dtype bfloat16 \
+  --repeats 5 --profile --feature-kernels --out "$OUT/time_kernels" 2>&1 | tail -5 | tee "$OUT/time_kernels.txt"
 timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \
   --dtype bfloat16 --out "$OUT/lm_peak" 2>&1 | tail -5 | tee "$OUT/lm_peak.txt"
 timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \

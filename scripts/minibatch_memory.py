@@ -27,7 +27,9 @@ seconds, or its launch error). Each result is appended to time.json under --out 
 that hangs or fails keeps the earlier ones).
 
 --kernel-trick off routes OmegaNet to the mini-batch form on expanded features (`chunkwise.omega.kernel_trick`); the
-default is the kernel trick's form. --cpu-time times the fp32 fwd+bwd step on the CPU at --shape (--threads):
+default is the kernel trick's form; --feature-kernels runs its K'-wide products by the Triton kernels that build φ in
+registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
+(--threads):
 
     python scripts/minibatch_memory.py --cpu-time --models omeganet --shape 4 256 2 --D 32 --kernel-trick both
 
@@ -324,7 +326,14 @@ def main(argv=None):
                     help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "
                          "after one warm-up: median and min ms) instead")
     ap.add_argument("--threads", type=int, default=2, help="--cpu-time: torch.set_num_threads")
+    ap.add_argument("--feature-kernels", action="store_true",
+                    help="the kernel trick's K'-wide products by the Triton kernels of "
+                         "`kernels.triton.memories.omega_features` (`chunkwise.omega.feature_products`)")
     a = ap.parse_args(argv)
+    if a.feature_kernels:
+        from fastweights.kernels.triton.memories.omega_features import feature_mm, feature_tmm
+
+        omega.feature_products(feature_mm, feature_tmm)
     if a.split is not None:
         minibatch.split_readout(a.split)
     omega.kernel_trick(a.kernel_trick != "off", min_elements=0)  # on: the kernel trick's form at every width

@@ -35,7 +35,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ..features import apply_feature_map, feature_kernel, has_feature_kernel
+from ..features import apply_feature_map, feature_kernel, feature_vjp, has_feature_kernel
 from ..recipe import FeatureMap, Recipe
 from ..state import MemoryState
 from .common import autocast_off, under_functorch
@@ -43,7 +43,7 @@ from .minibatch import _CHAIN, _coefficients, _groups, _per_segment, _segments, 
 
 Tensor = torch.Tensor
 
-__all__ = ["applies", "kernel_trick", "omega_chunk"]
+__all__ = ["applies", "feature_products", "kernel_trick", "omega_chunk", "wide"]
 
 _TRICK = {"on": True, "min_elements": 1 << 17}
 
@@ -83,23 +83,27 @@ class _Segment(torch.autograd.Function):
     q [M, L, K] raw queries; k [M, N, K] raw pair keys (rows < nf unused: those pairs' features are kf);
     kf [M, nf, K'] the carried window's features (nf ≥ 0); v [M, N, V]; gam [M, N] pair weights; ws [M, K', V] the
     start weights θ_s; w0 [M, K', V] the anchor W₀ (ws itself where the segment starts its mini-batch); da [M, L] the
-    start coefficients D_t; C [M, L, N] the pair coefficients. Returns (o [M, L, V], end weights [M, K', V])."""
+    start coefficients D_t; C [M, L, N] the pair coefficients. Returns (o [M, L, V], end weights [M, K', V]).
+
+    The K'-wide products φ(x) @ W and φ(x)ᵀ @ R run by `feature_products`' kernels where they are set (fp32 calls,
+    segments without carried pairs: φ never in memory), else on φ formed by torch."""
 
     @staticmethod
     def forward(ctx, q, k, kf, v, gam, ws, w0, da, C, scale, fm, nf):
         L = q.shape[1]
         ctx.scale, ctx.fm, ctx.nf, ctx.same = scale, fm, nf, w0 is ws
-        _, phi = _stacked_features(fm, q, k, kf, nf, grad=False)  # [M, L + N, K']: φ(q), then the pairs' φ(k)
-        phiq, phik = phi[:, :L], phi[:, L:]
+        mm, tmm, phi = _products(fm, q, k, kf, nf)  # phi [M, L + N, K'] (φ(q), then the pairs'), or None: kernels
+        x = torch.cat([q, k[:, nf:]], dim=1)  # [M, L + N − nf, K]: the stacked rows' raw vectors
         if ctx.same:  # the segment starts its mini-batch: one product reads the queries and the pairs at W₀ = θ_s
-            y = torch.bmm(phi, ws)
+            y = mm(x, phi, ws)
             xw, e = y[:, :L] * scale, y[:, L:] - v
         else:
-            xw, e = torch.bmm(phiq, ws) * scale, torch.bmm(phik, w0) - v  # [M, L, V], [M, N, V]
-        dz = gam[..., None] * e  # e: the errors at the anchor
-        A = _scores(fm, q, k, kf, phiq, nf, scale)  # [M, L, N]
+            xw = mm(q, None if phi is None else phi[:, :L], ws) * scale  # [M, L, V]
+            e = mm(k, None if phi is None else phi[:, L:], w0) - v  # [M, N, V]: the errors at the anchor
+        dz = gam[..., None] * e
+        A = _scores(fm, q, k, kf, None if phi is None else phi[:, :L], nf, scale)  # [M, L, N]
         o = torch.baddbmm(xw * da[..., None], A * C, dz)
-        end = torch.baddbmm(da[:, -1, None, None] * ws, phik.transpose(1, 2), C[:, -1, :, None] * dz)
+        end = torch.add(da[:, -1, None, None] * ws, tmm(k, None if phi is None else phi[:, L:], C[:, -1, :, None] * dz))
         # kept: the raw keys and queries, the [.., V] errors and start reads (not φ: [.., K'] a token)
         ctx.save_for_backward(q, k, kf, gam, ws, w0, da, C, e, xw)
         return o, end
@@ -116,13 +120,14 @@ class _Segment(torch.autograd.Function):
         q, k, kf, gam, ws, w0, da, C, e, xw = ctx.saved_tensors
         scale, fm, nf = ctx.scale, ctx.fm, ctx.nf
         L = q.shape[1]
-        (xd, phi_g), phi = _stacked_features(fm, q, k, kf, nf, grad=True)  # formed again, not kept
-        phiq, phik = phi[:, :L], phi[:, L:]
+        mm, tmm, phi = _products(fm, q, k, kf, nf)  # formed again (torch), not kept
+        phiq, phik = (None, None) if phi is None else (phi[:, :L], phi[:, L:])
+        x = torch.cat([q, k[:, nf:]], dim=1)
         dz = gam[..., None] * e
         s = torch.bmm(q, k[:, nf:].transpose(1, 2))  # [M, L, N − nf]
         A = _scores(fm, q, k, kf, phiq, nf, scale, s=s)
         cl, dl = C[:, -1], da[:, -1]  # [M, N], [M]
-        phig = torch.bmm(phik, gend)  # [M, N, V]
+        phig = mm(k, phik, gend)  # [M, N, V]
         gdz = torch.baddbmm(cl[..., None] * phig, (A * C).transpose(1, 2), go)  # [M, N, V]
         gP = torch.bmm(go, dz.transpose(1, 2))  # [M, L, N]
         gC = gP * A
@@ -134,11 +139,11 @@ class _Segment(torch.autograd.Function):
         ggam = (e * gdz).sum(-1)
         r = torch.cat([go * (scale * da[..., None]), ge], dim=1)  # [M, L + N, V]: ∂/∂(φ W) of the stacked rows
         if ctx.same:
-            gws, gw0 = torch.baddbmm(dl[:, None, None] * gend, phi.transpose(1, 2), r), None
+            gws, gw0 = torch.add(dl[:, None, None] * gend, tmm(x, phi, r)), None
             gphi = torch.bmm(r, ws.transpose(1, 2))  # [M, L + N, K']
         else:
-            gws = torch.baddbmm(dl[:, None, None] * gend, phiq.transpose(1, 2), r[:, :L])
-            gw0 = torch.bmm(phik.transpose(1, 2), ge)
+            gws = torch.add(dl[:, None, None] * gend, tmm(q, phiq, r[:, :L]))
+            gw0 = tmm(k, phik, ge)
             gphi = torch.cat([torch.bmm(r[:, :L], ws.transpose(1, 2)), torch.bmm(ge, w0.transpose(1, 2))], dim=1)
         gphi[:, L:].baddbmm_(cl[..., None] * dz, gend.transpose(1, 2))
         gkf = None
@@ -150,7 +155,7 @@ class _Segment(torch.autograd.Function):
         with torch.enable_grad():  # κ'(s): the scores' own derivative
             sd = s.detach().requires_grad_(True)
             gs, = torch.autograd.grad(feature_kernel(fm, sd), sd, gA[..., nf:] * scale)
-        gx, = torch.autograd.grad(phi_g, xd, gphi)  # φ's vector-Jacobian product, [M, L + N − nf, K]
+        gx = feature_vjp(fm, x, gphi)  # φ's vector-Jacobian product, [M, L + N − nf, K], φ not formed
         kr = k[:, nf:]
         gq = torch.baddbmm(gx[:, :L], gs, kr)
         gk = torch.zeros_like(k)
@@ -158,17 +163,30 @@ class _Segment(torch.autograd.Function):
         return gq, gk, gkf, -ge, ggam, gws, gw0, gda, gC, None, None, None
 
 
-def _stacked_features(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor | None, nf: int, grad: bool):
-    """φ of the queries and the raw pair keys in one call: ((x', φ(x')) with x' = [q; k[:, nf:]] a fresh leaf and φ
-    recorded by autograd where grad, else None; the rows [φ(q); kf; φ(k[:, nf:])] [M, L + N, K'], detached)."""
+_PRODUCTS: dict = {"mm": None, "tmm": None}
+
+
+def feature_products(mm=None, tmm=None) -> None:
+    """Kernels for the segments' K'-wide products (both or neither; None: torch on formed features):
+    mm(fm, x [M, n, K], w [M, K', V]) -> φ(x) @ w and tmm(fm, x [M, n, K], r [M, n, V]) -> φ(x)ᵀ @ r, fp32 — the
+    Triton row's `kernels.triton.memories.omega_features.feature_mm` / `feature_tmm`. They serve fp32 calls and
+    segments whose window has no carried pairs; the rest run on torch."""
+    if (mm is None) != (tmm is None):
+        raise ValueError("feature_products takes both kernels or neither")
+    _PRODUCTS.update(mm=mm, tmm=tmm)
+
+
+def _products(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor | None, nf: int):
+    """(mm(x, phi, w) -> φ(x) @ w, tmm(x, phi, r) -> φ(x)ᵀ @ r, phi): by the kernels where they serve this segment
+    (phi None), else on phi = [φ(q); kf; φ(k[:, nf:])] [M, L + N, K'] formed here (x unused)."""
+    kmm, ktmm = _PRODUCTS["mm"], _PRODUCTS["tmm"]
+    if kmm is not None and nf == 0 and q.dtype == torch.float32:
+        return (lambda x, phi, w: kmm(fm, x, w)), (lambda x, phi, r: ktmm(fm, x, r)), None
     L = q.shape[1]
-    with torch.enable_grad() if grad else torch.no_grad():
-        x = torch.cat([q, k[:, nf:]], dim=1).detach().requires_grad_(grad)  # [M, L + N − nf, K]
-        phi_x = apply_feature_map(fm, x)
-    phi = phi_x.detach()
+    phi = apply_feature_map(fm, torch.cat([q, k[:, nf:]], dim=1))  # one feature map for both
     if nf:
         phi = torch.cat([phi[:, :L], kf, phi[:, L:]], dim=1)
-    return ((x, phi_x) if grad else None), phi
+    return (lambda x, p, w: torch.bmm(p, w)), (lambda x, p, r: torch.bmm(p.transpose(1, 2), r)), phi
 
 
 def _scores(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor, phiq: Tensor, nf: int, scale: float,

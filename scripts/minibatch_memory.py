@@ -331,9 +331,9 @@ def main(argv=None):
                          "`kernels.triton.memories.omega_features` (`chunkwise.omega.feature_products`)")
     a = ap.parse_args(argv)
     if a.feature_kernels:
-        from fastweights.kernels.triton.memories.omega_features import feature_mm, feature_tmm
+        from fastweights.kernels.triton.memories.omega_features import feature_mm, feature_tmm, feature_vjp_kernel
 
-        omega.feature_products(feature_mm, feature_tmm)
+        omega.feature_products(feature_mm, feature_tmm, feature_vjp_kernel)
     if a.split is not None:
         minibatch.split_readout(a.split)
     omega.kernel_trick(a.kernel_trick != "off", min_elements=0)  # on: the kernel trick's form at every width

@@ -155,7 +155,8 @@ class _Segment(torch.autograd.Function):
         with torch.enable_grad():  # κ'(s): the scores' own derivative
             sd = s.detach().requires_grad_(True)
             gs, = torch.autograd.grad(feature_kernel(fm, sd), sd, gA[..., nf:] * scale)
-        gx = feature_vjp(fm, x, gphi)  # φ's vector-Jacobian product, [M, L + N − nf, K], φ not formed
+        kvjp = _PRODUCTS["vjp"] if q.dtype == torch.float32 else None
+        gx = (kvjp or feature_vjp)(fm, x, gphi)  # φ's vector-Jacobian product, [M, L + N − nf, K], φ not formed
         kr = k[:, nf:]
         gq = torch.baddbmm(gx[:, :L], gs, kr)
         gk = torch.zeros_like(k)
@@ -163,17 +164,18 @@ class _Segment(torch.autograd.Function):
         return gq, gk, gkf, -ge, ggam, gws, gw0, gda, gC, None, None, None
 
 
-_PRODUCTS: dict = {"mm": None, "tmm": None}
+_PRODUCTS: dict = {"mm": None, "tmm": None, "vjp": None}
 
 
-def feature_products(mm=None, tmm=None) -> None:
-    """Kernels for the segments' K'-wide products (both or neither; None: torch on formed features):
+def feature_products(mm=None, tmm=None, vjp=None) -> None:
+    """Kernels for the segments' K'-wide products (mm and tmm both or neither; None: torch on formed features):
     mm(fm, x [M, n, K], w [M, K', V]) -> φ(x) @ w and tmm(fm, x [M, n, K], r [M, n, V]) -> φ(x)ᵀ @ r, fp32 — the
-    Triton row's `kernels.triton.memories.omega_features.feature_mm` / `feature_tmm`. They serve fp32 calls and
+    Triton row's `kernels.triton.memories.omega_features.feature_mm` / `feature_tmm` — and vjp(fm, x, g [M, n, K'])
+    -> ∂(Σ g·φ(x))/∂x (`feature_vjp_kernel`; None: `features.feature_vjp`). They serve fp32 calls; mm and tmm
     segments whose window has no carried pairs; the rest run on torch."""
     if (mm is None) != (tmm is None):
         raise ValueError("feature_products takes both kernels or neither")
-    _PRODUCTS.update(mm=mm, tmm=tmm)
+    _PRODUCTS.update(mm=mm, tmm=tmm, vjp=vjp)
 
 
 def _products(fm: FeatureMap, q: Tensor, k: Tensor, kf: Tensor | None, nf: int):

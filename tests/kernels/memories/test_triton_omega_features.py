@@ -15,8 +15,13 @@ import torch
 import fastweights as fw
 from fastweights import FeatureMap
 from fastweights.chunkwise import omega
-from fastweights.features import apply_feature_map
-from fastweights.kernels.triton.memories.omega_features import feature_mm, feature_table, feature_tmm
+from fastweights.features import apply_feature_map, feature_vjp
+from fastweights.kernels.triton.memories.omega_features import (
+    feature_mm,
+    feature_table,
+    feature_tmm,
+    feature_vjp_kernel,
+)
 from fastweights.state import state_tensors
 from tests.kernels.helpers import DEV, rel
 from tests.tolerances import CHUNK_F32_REL, F32
@@ -48,6 +53,13 @@ def test_products_equal_torch_on_formed_features(fm, n, K, V):
     assert rel(feature_tmm(fm, x, r), phi.transpose(1, 2) @ r) < F32
 
 
+@pytest.mark.parametrize("fm", MAPS, ids=str)
+def test_vjp_kernel_equals_the_feature_gradient(fm):
+    x = torch.randn(3, 35, 9, device=DEV)
+    g = torch.randn(3, 35, fm.out_dim(9), device=DEV)
+    assert rel(feature_vjp_kernel(fm, x, g), feature_vjp(fm, x, g)) < F32
+
+
 def _run(inputs, state, cut):
     """fw.chunk("omeganet") over [0, cut) then [cut, T) from the first call's state: (o, final state, gradients)."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
@@ -69,7 +81,7 @@ def test_omega_form_with_the_kernels_equals_it_on_torch():
     omega.kernel_trick(True, min_elements=0)
     try:
         want = _run(inputs, state, 15)  # offset 15 at the cut: the second call's first segments read carried pairs
-        omega.feature_products(feature_mm, feature_tmm)
+        omega.feature_products(feature_mm, feature_tmm, feature_vjp_kernel)
         got = _run(inputs, state, 15)
     finally:
         omega.feature_products()
@@ -86,3 +98,5 @@ def test_feature_products_takes_both_or_neither():
         omega.feature_products(feature_mm)
     with pytest.raises(ValueError):
         feature_table(FeatureMap(kind="polynomial", degree=3), 4)
+    with pytest.raises(ValueError):
+        feature_vjp_kernel(FeatureMap(kind="polynomial", degree=3), torch.zeros(1, 1, 2), torch.zeros(1, 1, 20))

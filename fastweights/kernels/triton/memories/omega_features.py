@@ -9,6 +9,11 @@ x̃'s rows (cached: K + 1 floats a row) and feeds it to tl.dot:
 
     feature_mm(x, w)    φ(x) @ w      x [M, n, K], w [M, K', V] -> [M, n, V]      grid (M, n / BN, V / BV)
     feature_tmm(x, r)   φ(x)ᵀ @ r     x [M, n, K], r [M, n, V] -> [M, K', V]      grid (M, K' / BF, V / BV)
+    feature_vjp_kernel(x, g)   ∂(Σ g·φ(x))/∂x   x [M, n, K], g [M, n, K'] -> [M, n, K]   grid (M, n / BN)
+
+(the last reads g once — per row the symmetric S[a, b] = w g_(min, max) (2w on the diagonal) gathered a row a at a
+time, g_x[a] = Σ_b S[a, b] x_b, plus the linear block — where `features.feature_vjp` writes a zero-filled [K, K] per
+row, scatters into it and reads it twice)
 
 — the forward's products of `omega._Segment` (the start reads and errors, the end state) and the backward's state
 gradients, without the [M, n, K'] tiles the torch form writes and reads (about six passes of them a feature map).
@@ -28,7 +33,7 @@ from ..common import interpreter  # noqa: F401  (the interpreter's shims, applie
 
 Tensor = torch.Tensor
 
-__all__ = ["feature_table", "feature_mm", "feature_tmm"]
+__all__ = ["feature_table", "feature_mm", "feature_tmm", "feature_vjp_kernel"]
 
 
 def feature_table(fm: FeatureMap, K: int, device=None) -> tuple[Tensor, Tensor, Tensor]:
@@ -142,4 +147,61 @@ def feature_tmm(fm: FeatureMap, x: Tensor, r: Tensor, precision: str = "ieee") -
     BN, BF, BV = _blocks(n, V)
     _tmm_kernel[(M, triton.cdiv(KP, BF), triton.cdiv(V, BV))](xt, r, out, fa, fb, fw, n, K + 1, KP, V, BN=BN, BF=BF,
                                                              BV=BV, PRECISION=precision)
+    return out
+
+
+def _vjp_table(fm: FeatureMap, K: int, device=None) -> tuple[Tensor, Tensor, int]:
+    """(idx [K, K] int32: the feature index of x_min(a,b) x_max(a,b); sw [K, K]: its weight, doubled on the diagonal;
+    the linear block's first column or −1) for a degree-2 map; degree 1: idx unused (zeros), sw zeros."""
+    lin = -1 if fm.homogeneous and fm.degree == 2 else (0 if fm.homogeneous else 1)
+    idx = torch.zeros(K, K, dtype=torch.int32)
+    sw = torch.zeros(K, K, dtype=torch.float32)
+    if fm.degree == 2:
+        start = 0 if fm.homogeneous else 1 + K
+        scale = 1.0 if fm.kind == "polynomial" else 1.0 / math.sqrt(2.0)
+        rows, cols = torch.triu_indices(K, K)
+        f = start + torch.arange(rows.numel(), dtype=torch.int32)
+        idx[rows, cols] = f
+        idx[cols, rows] = f
+        sw[rows, cols] = scale * math.sqrt(2.0)
+        sw[cols, rows] = scale * math.sqrt(2.0)
+        d = torch.arange(K)
+        sw[d, d] = 2.0 * scale
+    return idx.to(device), sw.to(device), lin
+
+
+@triton.jit
+def _vjp_kernel(x, g, out, idx, sw, n, K, KP, LIN, BN: tl.constexpr, BK: tl.constexpr, QUAD: tl.constexpr):
+    b, pn = tl.program_id(0), tl.program_id(1)
+    x += b * n * K
+    g += b * n * KP
+    out += b * n * K
+    rows = pn * BN + tl.arange(0, BN)
+    j = tl.arange(0, BK)
+    m = (rows[:, None] < n) & (j[None, :] < K)
+    xt = tl.load(x + rows[:, None] * K + j[None, :], mask=m, other=0.0)  # [BN, BK]
+    acc = tl.zeros((BN, BK), dtype=tl.float32)
+    if LIN >= 0:
+        acc += tl.load(g + rows[:, None] * KP + LIN + j[None, :], mask=m, other=0.0)
+    if QUAD:
+        for a in range(0, K):
+            ia = tl.load(idx + a * K + j, mask=j < K, other=0)
+            wa = tl.load(sw + a * K + j, mask=j < K, other=0.0)
+            s = tl.load(g + rows[:, None] * KP + ia[None, :], mask=m, other=0.0) * wa[None, :]  # S[:, a, :]
+            ga = tl.sum(s * xt, axis=1)  # [BN]
+            acc += tl.where(j[None, :] == a, ga[:, None], 0.0)
+    tl.store(out + rows[:, None] * K + j[None, :], acc, mask=m)
+
+
+def feature_vjp_kernel(fm: FeatureMap, x: Tensor, g: Tensor) -> Tensor:
+    """∂(Σ g·φ(x))/∂x without a [K, K] a row in memory: x [M, n, K], g [M, n, K'] -> [M, n, K] (fp32; degree ≤ 2)."""
+    if fm.kind not in ("polynomial", "taylor") or fm.degree > 2:
+        raise ValueError(f"feature_vjp_kernel takes polynomial / Taylor maps of degree ≤ 2, got {fm}")
+    M, n, K = x.shape
+    KP = g.shape[-1]
+    idx, sw, lin = _vjp_table(fm, K, x.device)
+    x, g = x.float().contiguous(), g.float().contiguous()
+    out = torch.empty(M, n, K, dtype=torch.float32, device=x.device)
+    BN, BK = max(16, min(32, triton.next_power_of_2(n))), max(16, triton.next_power_of_2(K))
+    _vjp_kernel[(M, triton.cdiv(n, BN))](x, g, out, idx, sw, n, K, KP, lin, BN=BN, BK=BK, QUAD=fm.degree == 2)
     return out

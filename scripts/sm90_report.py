@@ -349,16 +349,16 @@ def _omega_workload(head_dims, dtypes, gates):
     import torch
 
     from fastweights import FeatureMap
-    from fastweights.kernels.triton.memories import omega_features as mod
+    from fastweights.kernels.triton.memories import omega_features as omega_mod
 
     gen = torch.Generator().manual_seed(0)
     fm = FeatureMap(kind="polynomial", degree=2)
     for K in head_dims:
         KP, n = fm.out_dim(K), 35
         x = torch.randn(2, n, K, generator=gen)
-        mod.feature_mm(fm, x, torch.randn(2, KP, K, generator=gen))
-        mod.feature_tmm(fm, x, torch.randn(2, n, K, generator=gen))
-        mod.feature_vjp_kernel(fm, x, torch.randn(2, n, KP, generator=gen))
+        omega_mod.feature_mm(fm, x, torch.randn(2, KP, K, generator=gen))
+        omega_mod.feature_tmm(fm, x, torch.randn(2, n, K, generator=gen))
+        omega_mod.feature_vjp_kernel(fm, x, torch.randn(2, n, KP, generator=gen))
 
 
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,

@@ -5,9 +5,10 @@
 #
 # 1. the op table at the small shape (B 64, T 512, H 2, D 64, bf16): gated DeltaNet against OmegaNet (the goal ≤ 5×);
 # 2. OmegaNet's fwd+bwd step there by `minibatch_memory.py --time`, the kernel trick's form (on) and the mini-batch
-#    form on expanded features (off, the r4s13 figure's form), each with its top kernels (--profile), o's and the
-#    gradients' error of the second against the first; then the Triton feature kernels' tests (-m triton) and the
-#    step with the kernel trick's K'-wide products by them (--feature-kernels);
+#    form on expanded features (off, the r4s13 figure's form), each with its top kernels (--profile); on also with
+#    torch's fp32 products on TF32 (--matmul-tf32: o's and the gradients' error against the fp32 row); then the
+#    Triton feature kernels' tests (-m triton) and the step with the kernel trick's K'-wide products by them
+#    (--feature-kernels);
 # 3. the fwd+bwd peak at the LM shape (B 4, T 4096, H 16, D 128, bf16): on (goal ≤ 80 GB), and on with
 #    `minibatch.checkpoint_chain(16)`; then the LM shape's op table row.
 set -uo pipefail
@@ -21,9 +22,10 @@ git rev-parse --short HEAD >> "$OUT/env.txt" 2>/dev/null
 timeout 150 python3 -m fastweights bench speed --models gated_deltanet omeganet --forms chunk --lengths 512 --batch 64 \
   --heads 2 --dim 64 --dtype bfloat16 --device cuda --repeats 3 --warmup 1 --no-peers --keep-going \
   --out "$OUT/speed_small" 2>&1 | tail -20 | tee "$OUT/speed_small.txt"
-for kt in on off; do
+for kt in on off; do  # on: also once more with every fp32 product on TF32 (--matmul-tf32; its error against fp32)
   timeout 120 python3 scripts/minibatch_memory.py --time --models omeganet --shape 64 512 2 --D 64 --dtype bfloat16 \
-    --repeats 5 --profile --kernel-trick $kt --out "$OUT/time_$kt" 2>&1 | tail -5 | tee "$OUT/time_$kt.txt"
+    --repeats 5 --profile --kernel-trick $kt $([ $kt = on ] && echo --matmul-tf32) --out "$OUT/time_$kt" 2>&1 \
+    | tail -5 | tee "$OUT/time_$kt.txt"
 done
 # the kernel trick's K'-wide products by the Triton kernels (φ in registers; untested on a GPU before this call)
 timeout 120 python3 -m pytest -x -q -p no:randomly -m triton tests/kernels/memories/test_triton_omega_features.py \

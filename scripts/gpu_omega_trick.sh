@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 36: OmegaNet by the kernel trick (chunkwise/omega.py) on one GPU, one device call (≤ 10 min). From the repo root:
 #
-#   OUT=... bash scripts/gpu_omega_trick.sh
+#   OUT=... bash scripts/gpu_omega_trick.sh              # everything (typically 5–8 min)
+#   OUT=... STAGE=small bash scripts/gpu_omega_trick.sh  # 1 and 2 only;  STAGE=lm: 3 only (if one call is too long)
 #
 # 1. the op table at the small shape (B 64, T 512, H 2, D 64, bf16): gated DeltaNet against OmegaNet (the goal ≤ 5×);
 # 2. OmegaNet's fwd+bwd step there by `minibatch_memory.py --time`, the kernel trick's form (on) and the mini-batch
@@ -19,6 +20,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD" TRITON_CACHE_DIR="$PWD/runs/cache/tr
 python3 -c "import torch, triton; print(torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
   | tee -a "$OUT/env.txt"
 git rev-parse --short HEAD >> "$OUT/env.txt" 2>/dev/null
+STAGE="${STAGE:-all}"
+if [ "$STAGE" != lm ]; then
 timeout 150 python3 -m fastweights bench speed --models gated_deltanet omeganet --forms chunk --lengths 512 --batch 64 \
   --heads 2 --dim 64 --dtype bfloat16 --device cuda --repeats 3 --warmup 1 --no-peers --keep-going \
   --out "$OUT/speed_small" 2>&1 | tail -20 | tee "$OUT/speed_small.txt"
@@ -32,6 +35,8 @@ timeout 120 python3 -m pytest -x -q -p no:randomly -m triton tests/kernels/memor
   2>&1 | tail -5 | tee "$OUT/feature_kernels_tests.txt"
 timeout 120 python3 scripts/minibatch_memory.py --time --models omeganet --shape 64 512 2 --D 64 --dtype bfloat16 \
   --repeats 5 --profile --feature-kernels --out "$OUT/time_kernels" 2>&1 | tail -5 | tee "$OUT/time_kernels.txt"
+fi
+[ "$STAGE" = small ] && exit 0
 timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \
   --dtype bfloat16 --out "$OUT/lm_peak" 2>&1 | tail -5 | tee "$OUT/lm_peak.txt"
 timeout 120 python3 scripts/minibatch_memory.py --models omeganet --D 128 --peak --device cuda --shape 4 4096 16 \

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fastweights as fw
-from fastweights import FeatureMap
+from fastweights import FeatureMap, Memory, Objective, Optimizer, Recipe, Retention
 from fastweights.chunkwise import omega
 from fastweights.features import apply_feature_map, feature_vjp
 from fastweights.kernels.triton.memories.omega_features import (
@@ -60,13 +60,13 @@ def test_vjp_kernel_equals_the_feature_gradient(fm):
     assert rel(feature_vjp_kernel(fm, x, g), feature_vjp(fm, x, g)) < F32
 
 
-def _run(inputs, state, cut):
-    """fw.chunk("omeganet") over [0, cut) then [cut, T) from the first call's state: (o, final state, gradients)."""
+def _run(inputs, state, cut, model="omeganet"):
+    """fw.chunk(model) over [0, cut) then [cut, T) from the first call's state: (o, final state, gradients)."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
     a = {k: v[:, :cut] for k, v in leaves.items()}
     b = {k: v[:, cut:] for k, v in leaves.items()}
-    o1, s1 = fw.chunk("omeganet", initial_state=state, output_final_state=True, **a)
-    o2, s2 = fw.chunk("omeganet", initial_state=s1, output_final_state=True, **b)
+    o1, s1 = fw.chunk(model, initial_state=state, output_final_state=True, check_values=False, **a)
+    o2, s2 = fw.chunk(model, initial_state=s1, output_final_state=True, check_values=False, **b)
     o = torch.cat([o1, o2], 1)
     g = torch.Generator().manual_seed(0)
     loss = (o * torch.randn(o.shape, generator=g).to(o.device)).sum()
@@ -75,14 +75,22 @@ def _run(inputs, state, cut):
     return o.detach(), s2, torch.autograd.grad(loss, list(leaves.values()))
 
 
-def test_omega_form_with_the_kernels_equals_it_on_torch():
-    inputs = fw.example_inputs("omeganet", batch_size=2, seq_len=37, num_heads=2, head_dim=8, device=DEV)
+L2 = Recipe(name="l2-like", memory=Memory(kind="linear"), feature_map=FeatureMap(kind="polynomial", degree=2),
+            objective=Objective(kind="l2"), optimizer=Optimizer(kind="gd", minibatch=4),
+            retention=Retention(kind="scalar", decay_first=False))
+
+
+@pytest.mark.parametrize("model, T, cut", [("omeganet", 37, 15), (L2, 11, 6)], ids=["omeganet", "l2 b4"])
+def test_omega_form_with_the_kernels_equals_it_on_torch(model, T, cut):
+    """OmegaNet cut at offset 15: the second call's first segments read carried pairs (torch); the l2 recipe (c 1)
+    cut at offset 2: the second call's first segment continues a mini-batch from the carried anchor by the kernels."""
+    inputs = fw.example_inputs(model, batch_size=2, seq_len=T, num_heads=2, head_dim=8, device=DEV)
     state = inputs.pop("initial_state", None)
     omega.kernel_trick(True, min_elements=0)
     try:
-        want = _run(inputs, state, 15)  # offset 15 at the cut: the second call's first segments read carried pairs
+        want = _run(inputs, state, cut, model)
         omega.feature_products(feature_mm, feature_tmm, feature_vjp_kernel)
-        got = _run(inputs, state, 15)
+        got = _run(inputs, state, cut, model)
     finally:
         omega.feature_products()
         omega.kernel_trick(True)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .recipe import FeatureMap
 
-__all__ = ["apply_feature_map", "feature_dot"]
+__all__ = ["apply_feature_map", "feature_dot", "feature_kernel", "feature_vjp", "has_feature_kernel"]
 
 
 def _triangle(K: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,15 +41,18 @@ class _SecondOrder(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, cols, weight):
         ctx.save_for_backward(x, rows, cols, weight)
-        return x.index_select(-1, rows) * x.index_select(-1, cols) * weight
+        x2 = x.reshape(-1, x.shape[-1])  # the gathers on a 2-d view: along the last dim of a 3-d tensor the CPU's
+        # index_select ran 3–70× slower (0.29–8 ms against 0.1 for [8, 19, 64] -> 2,080, r4s14 helper omega-fast)
+        return (x2.index_select(1, rows) * x2.index_select(1, cols) * weight).view(*x.shape[:-1], rows.numel())
 
     @staticmethod
     def backward(ctx, g):
         x, rows, cols, weight = ctx.saved_tensors
         K = x.shape[-1]
-        G = g.new_zeros(*g.shape[:-1], K * K).index_copy(-1, rows * K + cols, g * weight).unflatten(-1, (K, K))
-        xc = x.unsqueeze(-1).to(G.dtype)  # [..., K, 1]
-        return (G @ xc + G.transpose(-1, -2) @ xc).squeeze(-1), None, None, None
+        g2 = g.reshape(-1, g.shape[-1])
+        G = g2.new_zeros(g2.shape[0], K * K).index_copy(1, rows * K + cols, g2 * weight).view(-1, K, K)
+        xc = x.reshape(-1, K, 1).to(G.dtype)  # [n, K, 1]
+        return (G @ xc + G.transpose(-1, -2) @ xc).view(x.shape), None, None, None
 
 
 def _second_order(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +95,7 @@ def apply_feature_map(fm: FeatureMap, x: torch.Tensor) -> torch.Tensor:
         weights.append(1.0 if kind == "polynomial" else 1.0 / math.sqrt(6.0))
     if fm.homogeneous:  # only the top-degree block: φ(x)·φ(y) = (x·y)^p (times 1/p! for taylor)
         blocks, weights = blocks[-1:], weights[-1:]
-    return torch.cat([b * w for b, w in zip(blocks, weights)], dim=-1)
+    return torch.cat([b if w == 1.0 else b * w for b, w in zip(blocks, weights)], dim=-1)  # (× 1: no copy)
 
 
 def feature_dot(fm: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -101,8 +104,46 @@ def feature_dot(fm: FeatureMap, x: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     (homogeneous: the degree-p term only); elementwise maps: the dot product of the mapped rows."""
     if fm.kind not in ("polynomial", "taylor"):
         return (apply_feature_map(fm, x) * apply_feature_map(fm, y)).sum(-1)
-    s = (x * y).sum(-1)
+    return feature_kernel(fm, (x * y).sum(-1))
+
+
+def has_feature_kernel(fm: FeatureMap) -> bool:
+    """Whether φ(x)·φ(y) is a function of x·y alone (`feature_kernel`): the polynomial and Taylor maps."""
+    return fm.kind in ("polynomial", "taylor")
+
+
+def feature_kernel(fm: FeatureMap, s: torch.Tensor) -> torch.Tensor:
+    """φ(x)·φ(y) from s = x·y for the polynomial and Taylor maps (the kernel trick): [...] -> [...],
+    Σ_{i≤p} c_i s^i with c_i = 1 (polynomial) or 1/i! (taylor); homogeneous: the degree-p term only."""
+    if not has_feature_kernel(fm):
+        raise ValueError(f"feature map {fm.kind!r} has no kernel of x·y alone")
     coef = [1.0 if fm.kind == "polynomial" else 1.0 / math.factorial(i) for i in range(fm.degree + 1)]
     if fm.homogeneous:
         return coef[-1] * s ** fm.degree
     return sum(c * s ** i for i, c in enumerate(coef))
+
+
+def feature_vjp(fm: FeatureMap, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The gradient in x of Σ g·φ(x) without forming φ(x): x [..., K], g [..., K'] -> [..., K]. The polynomial and
+    Taylor maps of degree ≤ 2 by their blocks (the linear block's g itself; the degree-2 block's as `_SecondOrder`'s
+    backward: g scattered into the upper triangle of a [K, K] per row, then (G + Gᵀ) x); any other map by autograd."""
+    K = x.shape[-1]
+    if fm.kind not in ("polynomial", "taylor") or fm.degree > 2:
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            return torch.autograd.grad(apply_feature_map(fm, xd), xd, g)[0]
+    out = None
+    at = 0 if fm.homogeneous and fm.degree > 0 else 1  # the constant's column
+    if fm.degree >= 1 and not (fm.homogeneous and fm.degree == 2):
+        out = g[..., at:at + K]
+        at += K
+    if fm.degree == 2:
+        rows, cols, weight = _triangle(K, x)
+        if fm.kind == "taylor":
+            weight = weight / math.sqrt(2.0)
+        g2 = g[..., at:].reshape(-1, rows.numel())
+        G = g2.new_zeros(g2.shape[0], K * K).index_copy(1, rows * K + cols, g2 * weight).view(-1, K, K)
+        xc = x.reshape(-1, K, 1).to(G.dtype)
+        quad = (G @ xc + G.transpose(-1, -2) @ xc).view(x.shape)
+        out = quad if out is None else out + quad
+    return out

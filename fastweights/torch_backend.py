@@ -20,7 +20,7 @@ from .constants import constant_log_gammas
 from .dispatch import FormNotAvailable
 from .features import apply_feature_map
 from .inputs import InputError, accepted_inputs, check_tensor, complete_state
-from .recipe import Recipe, has_bare_state, recipe_class
+from .recipe import FeatureMap, Recipe, has_bare_state, recipe_class
 from .reference import parallel as par
 from .reference import recurrent as rec
 from .state import KVCache, MemoryState, MesaState, compute_dtype, state_map
@@ -76,13 +76,17 @@ class Prepared:
         return x if (x is None or self.n > 1) else x.unsqueeze(2)
 
 
-def prepare(call) -> Prepared:
+def prepare(call, features: bool = True) -> Prepared:
+    """The call's inputs as the torch forms take them; features=False leaves q, k (and p) raw [.., K] (the kernel
+    trick's form, `chunkwise.omega`, applies φ itself; Kf is still the feature dimension K')."""
     recipe, s = call.recipe, call.shapes
     cdt = compute_dtype(call.q)
     dev = call.q.device
     B, T, H, n, Kf = s.B, s.T, s.H, s.n, s.Kf
     G = s.H // s.Hq
     fm = recipe.feature_map
+    if not features:
+        fm = FeatureMap()  # identity
     head = 3 if n > 1 else 2  # the head dim of k (and of DeltaProduct's v, beta)
     q = apply_feature_map(fm, expand_heads(call.q, G, 2).to(cdt))  # [B, T, H, K']
     k = apply_feature_map(fm, expand_heads(call.k, G, head).to(cdt))  # [B, T, (n,) H, K']
@@ -264,9 +268,17 @@ def minibatch_chunk_impl(call, chunk_size: int = 64, cu_seqlens=None, ns=None, n
     ns: a kernel of Muon's Newton–Schulz (the Triton row's; None: the torch iteration); ns_precision: the torch
     iteration's products where it runs (`chunkwise.minibatch.NS_TORCH_PRECISIONS`: "ieee", or TF32 on CUDA); ns_mm:
     their kernel (the Triton row's at "tf32x3")."""
+    from .chunkwise import omega
     from .chunkwise.minibatch import minibatch_chunk
 
     _no_varlen(call.recipe, cu_seqlens)
+    if omega.applies(call.recipe) and omega.wide(call.shapes.Kf, call.shapes.V):  # OmegaNet's kind (gd: no
+        # Newton–Schulz) with a wide state: the kernel trick on raw q, k
+        pr = prepare(call, features=False)
+        st = memory_state(pr, call.initial_state)
+        o, final = omega.omega_chunk(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta,
+                                     gamma=pr.gamma, state=st)
+        return o.to(pr.out_dtype), finish_state(pr.recipe, final, call.output_final_state)
     pr = prepare(call)
     st = memory_state(pr, call.initial_state)
     o, final = minibatch_chunk(pr.recipe, pr.q, pr.k, pr.v, scale=pr.scale, g=pr.g, beta=pr.beta, nu=pr.nu,

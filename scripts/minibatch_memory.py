@@ -26,6 +26,13 @@ TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradie
 seconds, or its launch error). Each result is appended to time.json under --out as soon as it exists (a later row
 that hangs or fails keeps the earlier ones).
 
+--kernel-trick off routes OmegaNet to the mini-batch form on expanded features (`chunkwise.omega.kernel_trick`); the
+default is the kernel trick's form; --feature-kernels runs its K'-wide products by the Triton kernels that build φ in
+registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
+(--threads):
+
+    python scripts/minibatch_memory.py --cpu-time --models omeganet --shape 4 256 2 --D 32 --kernel-trick both
+
     python scripts/minibatch_memory.py --time --models atlas omeganet --shape 64 512 2 --D 64 \
         --ns-precisions ieee tf32x3 tf32 --matmul-tf32 --ns-kernel-sides 32 64 --out DIR
 """
@@ -41,7 +48,7 @@ from pathlib import Path
 import torch
 
 import fastweights as fw
-from fastweights.chunkwise import minibatch
+from fastweights.chunkwise import minibatch, omega
 from fastweights.state import state_tensors
 
 
@@ -199,6 +206,39 @@ def time_ns_kernel(r, M=2048, repeats=5):
     return row
 
 
+def cpu_time(model, B, T, H, D, repeats, threads, trick):
+    """--cpu-time: fp32 fw.chunk fwd+bwd on the CPU, timed after a warm-up call; trick "both": the kernel trick's form
+    and the expanded one interleaved call by call (a shared machine's load hits both alike), with the largest
+    difference of o and of the gradients between them. A dict per form (printed)."""
+    import time
+
+    torch.set_num_threads(threads)
+    inp, st = _inputs(model, B, T, H, D, torch.float32, "cpu", seed=0)
+    tricks = ["off", "on"] if trick == "both" else [trick]
+    ms, cpu, got = {t: [] for t in tricks}, {t: [] for t in tricks}, {}
+    for i in range(1 + max(1, repeats)):
+        for t in tricks:
+            omega.kernel_trick(t == "on", min_elements=0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            got[t] = _fwd_bwd(model, inp, st, "auto")
+            if i:
+                ms[t].append(1e3 * (time.perf_counter() - t0))
+                cpu[t].append(1e3 * (time.process_time() - c0))
+    rows = []
+    for t in tricks:
+        m, c = sorted(ms[t]), sorted(cpu[t])
+        # the process's CPU ms beside the wall ms: on a shared machine the wall clock counts the time others ran
+        rows.append(dict(model=model, shape=[B, T, H], D=D, threads=threads, kernel_trick=t,
+                         ms_median=m[len(m) // 2], ms_min=m[0], cpu_ms_median=c[len(c) // 2], cpu_ms_min=c[0]))
+    if len(tricks) == 2:
+        (o0, g0), (o1, g1) = got["off"], got["on"]
+        rows[-1]["rel_err_o"] = _rel(o1, o0)
+        rows[-1]["rel_err_grads_max"] = max((e for e in map(_rel, g1, g0) if e is not None), default=None)
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def run_times(a, B, T, H):
     """--time: every model (ATLAS at each --ns-precisions entry), each row appended to time.json as it is done."""
     out = Path(a.out) if a.out else None
@@ -279,10 +319,27 @@ def main(argv=None):
                     help="--time: each model once more with every fp32 product of the process on TF32 (torch's "
                          "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "
                          "model's first row) — what a TF32 region around the whole form would give at most")
+    ap.add_argument("--kernel-trick", default="on", choices=["on", "off", "both"],
+                    help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on, the "
+                         "default; at every width, min_elements 0) or the mini-batch form on expanded features (off)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "
+                         "after one warm-up: median and min ms) instead")
+    ap.add_argument("--threads", type=int, default=2, help="--cpu-time: torch.set_num_threads")
+    ap.add_argument("--feature-kernels", action="store_true",
+                    help="the kernel trick's K'-wide products by the Triton kernels of "
+                         "`kernels.triton.memories.omega_features` (`chunkwise.omega.feature_products`)")
     a = ap.parse_args(argv)
+    if a.feature_kernels:
+        from fastweights.kernels.triton.memories.omega_features import feature_mm, feature_tmm, feature_vjp_kernel
+
+        omega.feature_products(feature_mm, feature_tmm, feature_vjp_kernel)
     if a.split is not None:
         minibatch.split_readout(a.split)
+    omega.kernel_trick(a.kernel_trick != "off", min_elements=0)  # on: the kernel trick's form at every width
     B, T, H = a.shape
+    if a.cpu_time:
+        return [cpu_time(m, B, T, H, a.D, a.repeats, a.threads, a.kernel_trick) for m in a.models]
     if a.time:
         return run_times(a, B, T, H)
     rows = []

@@ -15,6 +15,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines ns --head-dims 64 128 256   # Newton–Schulz: --head-dims = Gram sides
     python3 scripts/sm90_report.py --pipelines titans_sliced --head-dims 128 --dtypes bfloat16   # Titans sliced
     python3 scripts/sm90_report.py --pipelines ttt_linear_sliced --head-dims 64 128   # TTT-Linear sliced, NP 2/4/8
+    python3 scripts/sm90_report.py --pipelines omega --head-dims 64 128   # OmegaNet's feature kernels
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -384,10 +385,28 @@ def _ns_workload(head_dims, dtypes, gates, precisions=("ieee", "tf32"), bmm_prec
         ns_mod.ns_bmm(a.transpose(1, 2), b, a, -0.5, precision=prec)
 
 
+def _omega_workload(head_dims, dtypes, gates):
+    """OmegaNet's feature kernels (`kernels/triton/memories/omega_features.py`: φ(x) @ W, φ(x)ᵀ @ R, the feature
+    gradient) for the degree-2 polynomial map at K = V = each head dim, one segment's stacked rows (n = 35)."""
+    import torch
+
+    from fastweights import FeatureMap
+    from fastweights.kernels.triton.memories import omega_features as omega_mod
+
+    gen = torch.Generator().manual_seed(0)
+    fm = FeatureMap(kind="polynomial", degree=2)
+    for K in head_dims:
+        KP, n = fm.out_dim(K), 35
+        x = torch.randn(2, n, K, generator=gen)
+        omega_mod.feature_mm(fm, x, torch.randn(2, KP, K, generator=gen))
+        omega_mod.feature_tmm(fm, x, torch.randn(2, n, K, generator=gen))
+        omega_mod.feature_vjp_kernel(fm, x, torch.randn(2, n, KP, generator=gen))
+
+
 WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
              "titans_sliced": _titans_sliced_workload, "ttt_linear_sliced": _ttt_linear_sliced_workload,
              "conv": _conv_workload, "rope": _rope_workload,
-             "mesa": _mesa_workload, "ns": _ns_workload}
+             "mesa": _mesa_workload, "ns": _ns_workload, "omega": _omega_workload}
 
 
 def main():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastweights import FeatureMap, RecipeError
-from fastweights.features import apply_feature_map, feature_dot
+from fastweights.features import apply_feature_map, feature_dot, feature_kernel, feature_vjp, has_feature_kernel
 from tests.tolerances import FEATURE_KERNEL_F64
 
 
@@ -100,3 +100,30 @@ def test_second_order_backward_twice_and_under_vmap():
     want = torch.autograd.grad(_second_order(x), x, g)[0]
     assert torch.equal(torch.func.vmap(_second_order)(x.detach()), _second_order(x).detach())
     assert (got - want).abs().max().item() < FEATURE_KERNEL_F64 * (1 + want.abs().max().item())
+
+
+def test_feature_kernel_is_the_dot_of_the_features_from_the_dot_products():
+    """feature_kernel(fm, x·y) = φ(x)·φ(y) for the kernel maps (a matrix of dot products at once: the kernel trick's
+    pair scores, `chunkwise.omega`); the elementwise maps have none."""
+    x, y = torch.randn(2, 3, 6, 4, dtype=torch.float64)
+    for fm in [FeatureMap(kind=k, degree=p, homogeneous=h) for k in ("polynomial", "taylor") for p in (1, 2, 3)
+               for h in (False, True)]:
+        assert has_feature_kernel(fm)
+        want = apply_feature_map(fm, x) @ apply_feature_map(fm, y).transpose(-1, -2)
+        got = feature_kernel(fm, x @ y.transpose(-1, -2))
+        assert torch.allclose(got, want, rtol=FEATURE_KERNEL_F64, atol=FEATURE_KERNEL_F64)
+    for kind in ("identity", "elu1", "relu"):
+        assert not has_feature_kernel(FeatureMap(kind=kind))
+        with pytest.raises(ValueError):
+            feature_kernel(FeatureMap(kind=kind), x @ y.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("fm", [FeatureMap(kind=k, degree=p, homogeneous=h) for k in ("polynomial", "taylor")
+                                for p in (1, 2, 3) for h in (False, True)] + [FeatureMap(kind="elu1")], ids=str)
+def test_feature_vjp_is_the_gradient_of_the_features(fm):
+    """feature_vjp(fm, x, g) = ∂(Σ g·φ(x))/∂x without forming φ (degree ≤ 2 by the blocks; else autograd)."""
+    x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    phi = apply_feature_map(fm, x)
+    g = torch.randn_like(phi)
+    want, = torch.autograd.grad(phi, x, g)
+    assert torch.allclose(feature_vjp(fm, x.detach(), g), want, rtol=FEATURE_KERNEL_F64, atol=FEATURE_KERNEL_F64)

@@ -19,6 +19,17 @@ from tests.tolerances import (
 MINIBATCH = ["ttt_linear", "ttt_mlp", "titans", "omeganet", "atlas"]
 
 
+@pytest.fixture
+def expanded():
+    """OmegaNet on the mini-batch form on expanded features, not the kernel trick's form (`chunkwise.omega`): the
+    tests of this form's own readout (stacked or split, narrowed or unbound) run it there."""
+    from fastweights.chunkwise import omega
+
+    omega.kernel_trick(False)
+    yield
+    omega.kernel_trick(True)
+
+
 def _close(a, b, tol):
     return (a - b).abs().max().item() < tol * (1 + b.abs().max().item())
 
@@ -277,7 +288,7 @@ def test_checkpoint_chain_takes_a_count():
 
 
 @pytest.mark.parametrize("name", ["ttt_linear", "ttt_mlp", "titans", "omeganet"])
-def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
+def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name, expanded):
     """`split_readout(0)` (every gd / momentum segment read right after its step, inside the loop: no stacked copy
     of the states or factors) gives the outputs, final state and every gradient (inputs, gates, initial state) of the
     stacked readout and of the recurrence (float64; T 45 from a carried state: a partial first segment, full ones, a
@@ -308,7 +319,7 @@ def test_split_readout_equals_the_stacked_readout_and_the_recurrence(name):
             assert _close(y, x, CHUNK_F64) and _close(y, z, CHUNK_F64)
 
 
-def test_split_readout_keeps_no_stacked_copy_of_the_states():
+def test_split_readout_keeps_no_stacked_copy_of_the_states(expanded):
     """OmegaNet (a linear memory on K' = K + K(K+1)/2 + 1 polynomial features): the in-loop readout keeps at least one
     [in, out] state a segment less than the batched one (its stacked copy; K 16, T 128: 8 segments), and the default
     threshold takes OmegaNet at K 64 (2145 × 64 elements) but not TTT or Titans at K 64 or 128 (≤ 128 × 512)."""
@@ -333,7 +344,7 @@ def test_split_readout_keeps_no_stacked_copy_of_the_states():
 
 
 @pytest.mark.parametrize("name", ["omeganet", "atlas"])
-def test_read_one_segment_at_a_time_narrows_nothing_a_segment(name):
+def test_read_one_segment_at_a_time_narrows_nothing_a_segment(name, expanded):
     """The in-loop readout (OmegaNet's at K' = 2,145; ATLAS's muon) takes each segment's keys and coefficients from one
     unbind, not from a narrowed view a segment — whose backward writes a zero-filled copy of the whole tensor for each
     (32 of OmegaNet's 80 ms a step on an H200): the graph's slice nodes do not grow with the segments (T 64 vs 128)."""

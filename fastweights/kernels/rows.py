@@ -408,7 +408,7 @@ def _loop_name(kernels: str, target, precision: str) -> str:
     """The name of the loop kernels `kernels` at `precision` for a call with `target`: "{kernels} kernels
     ({precision})", Titans' with ", split" where the target's head dims take its split pipeline."""
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None] if target is not None else []
-    split = kernels == "Titans" and bool(dims) and titans_pipeline(max(dims), max(dims)) == "split"
+    split = kernels == "Titans" and bool(dims) and titans_pipeline(max(dims), max(dims), _launch(None)) == "split"
     return f"{kernels} kernels ({precision}{', split' if split else ''})"
 
 
@@ -535,8 +535,8 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
-    if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims)) == "split":
-        table = _launch(launch)
+    table = _launch(launch)
+    if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims), table) == "split":
         return (titans_variant(sequences, heads, table).variant, titans_backward(table).variant)
     return ()
 

@@ -355,7 +355,7 @@ def test_the_generic_row_serves_titans_on_cuda_and_refuses_other_shapes():
     assert "Titans kernels take head dims ≤ 128, got K=256" in triton_generic_supports(
         recipe, Target.of("cuda", torch.bfloat16, 256, 256))
     assert fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=256)[0] == "torch"
-    assert [titans_pipeline(d, d) for d in (16, 64, 65, 128)] == ["single", "single", "split", "split"]
+    assert [titans_pipeline(d, d, LAUNCH) for d in (16, 64, 65, 128)] == ["single", "single", "split", "split"]
     mem, opt = recipe.memory, recipe.optimizer
     others = {"GELU, erf form": dataclasses.replace(recipe, memory=dataclasses.replace(mem, activation="gelu_tanh")),
               "without inner biases": dataclasses.replace(recipe, memory=dataclasses.replace(mem, bias=True)),

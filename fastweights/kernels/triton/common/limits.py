@@ -70,16 +70,12 @@ LOOP_BF16_KERNELS = ("TTT-Linear", "TTT-MLP")
 #: process (the single kernels before it: 722 ms); at D 64 (B 64, T 512, H 2) the single kernels 17.6 ms against 57.7
 #: (docs/kernel_notes.md, round 4 ninth session). Above it the row refuses (auto: the torch row).
 TITANS_MAX_DIM = 128
-def titans_pipeline(K: int, V: int, launch=None) -> str:
-    """Which of Titans' kernel pipelines a call with head dims K, V runs: "single" (one sequential program per
-    (sequence, head) each way, `memories/titans_single.py`) at max(K, V) ≤ the launch table's
-    titans_single_fwd MAX_DIM (`launch`, default `util.table()`: a launch-table choice, `--launch` can move it), else
-    "split" (a sequential state pass and a parallel readout; a parallel pre-pass and a reverse sequential pass,
-    `memories/titans.py`)."""
-    if launch is None:
-        from .util import table  # (util imports nothing of limits; imported here to keep limits import-free)
-
-        launch = table()
+def titans_pipeline(K: int, V: int, launch) -> str:
+    """Which of Titans' kernel pipelines a call with head dims K, V runs under the launch table `launch` (a mapping
+    like util.LAUNCH; the caller's `util.table()`): "single" (one sequential program per (sequence, head) each way,
+    `memories/titans_single.py`) at max(K, V) ≤ its titans_single_fwd MAX_DIM — a launch-table choice that `--launch`
+    can move —, else "split" (a sequential state pass and a parallel readout; a parallel pre-pass and a reverse
+    sequential pass, `memories/titans.py`)."""
     return "single" if max(K, V) <= launch["titans_single_fwd"]["MAX_DIM"] else "split"
 
 

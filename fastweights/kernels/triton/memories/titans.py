@@ -730,7 +730,7 @@ def titans_triton(q, k, v, g, beta, nu, *, scale: float, weights, momentum, anch
     cu_dev = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=q.device)
     geo = dict(H=H, HQ=Hq, DK=K, DV=V, F=F, BDK=pow2(K), BDV=pow2(V), TILE=tile, BT=minibatch,
                PREC=precision)
-    if (pipeline or titans_pipeline(K, V)) == "single":
+    if (pipeline or titans_pipeline(K, V, table())) == "single":
         save = torch.is_grad_enabled() and any(t.requires_grad for t in args)  # else no start state is kept
         geo = {**{key: val for key, val in geo.items() if key != "TILE"}, "BF": tile or hidden_tile(K, V, F)}
         o, *outs = titans_single._Titans.apply(*args, float(scale), offset, save, cu_dev, plan, geo)

@@ -106,13 +106,35 @@ def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr
     return X
 
 
+@triton.jit
+def _unit_lower_inverse_rec(b_L, C: tl.constexpr, LOG_C: tl.constexpr, PREC: tl.constexpr):
+    """(I + b_L)⁻¹ for b_L [C, C] fp32 strictly lower, in registers, by 2×2 block recursion on the whole tile
+    (LAUNCH["delta_prepass"]["INV"] = 1; the twin of `chunkwise.delta.block_unit_lower_inverse`):
+
+        [[A, 0], [B, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ B A⁻¹, D⁻¹]],  i.e.  X_{2s} = X_s − X_s (M_s X_s)
+
+    with X_s [C, C] the inverse of (I + b_L)'s diagonal s × s blocks and M_s b_L's entries in the lower-left s × s
+    quarter of each diagonal 2s × 2s block (masks on the [C, C] tile: no reshape, no selector). X_2 = I − M_1 takes no
+    product; each of the log₂C − 1 further levels takes two [C, C] products at PREC (exact zeros stay zero: the
+    tile stays block-diagonal). 10 products at C = 64, 8 at 32, 6 at 16."""
+    oc = tl.arange(0, C)
+    r = oc[:, None]
+    c = oc[None, :]
+    X = tl.where(r == c, 1.0, 0.0) - tl.where((r // 2) == (c // 2), b_L, 0.0)  # X_2 (b_L is 0 on the diagonal)
+    for m in tl.static_range(1, LOG_C):  # s = 2^m: merge the s-blocks into 2s-blocks
+        M = tl.where(((r >> (m + 1)) == (c >> (m + 1))) & ((r >> m) != (c >> m)), b_L, 0.0)  # [C, C]
+        X = X - tl.dot(X, tl.dot(M, X, input_precision=PREC), input_precision=PREC)
+    return X
+
+
 @triton.jit(do_not_specialize=["T"])
 def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr,
                     HQ: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr, GATE: tl.constexpr, P_IN: tl.constexpr,
                     STORE_T: tl.constexpr, STORE_A: tl.constexpr, STORE_WU: tl.constexpr, IS_VARLEN: tl.constexpr,
-                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr, RAW_KV: tl.constexpr):
+                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr, RAW_KV: tl.constexpr,
+                    INV: tl.constexpr, LOG_C: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory);
     # RAW_KV (GATE 0/1): W = (T diag(β e^{G})) K and U' = (T diag(β)) V — the row factors on T's columns, k and v to
     # the tensor cores as stored (0: β and the decay applied to fp32 copies of the k and v tiles);
@@ -157,7 +179,10 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
         if STORE_A:
             tl.store(A + (rows[:, None] * H + i_h) * C + oc[None, :], tl.where(causal, b_A, 0.0), mask=m_t[:, None])
     b_L = tl.where(strict, b_P * b_beta[:, None], 0.0)
-    b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
+    if INV == 1:  # the inverse by 2×2 block recursion on the [C, C] tile (masks and products only)
+        b_T = _unit_lower_inverse_rec(b_L, C, LOG_C, PREC)  # [C, C] fp32
+    else:  # 16×16 diagonal blocks by forward substitution, then the doubling products
+        b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
     if STORE_T:
         tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T.to(Ti.dtype.element_ty), mask=m_t[:, None])
     if STORE_WU and RAW_KV and GATE != 2:
@@ -366,7 +391,8 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv), **launch("delta_prepass"))
+        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv),
+        INV=int(chosen.inverse_form == "recursion"), LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
     del P
     if t_form:
         o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,

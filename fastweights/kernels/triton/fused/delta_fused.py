@@ -345,20 +345,13 @@ def fused_programs(L: Layout) -> dict:
 FUSED_MAX_HEAD_DIM_CUDA = DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
 
-def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
-                  store_T: bool):
-    """The decay-first delta rule's forward in two kernels (see the module docstring).
-
-    q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None / [B, T, H] / [B, T, H, K] (the raw
-    log-decay: the kernels take its chunk-local cumsum), β [B, T, H], h0 None or [NS, H, K, V] fp32.
-    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
-    (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
-    [NS, H, K, V] fp32 or None (`output_final_state`))."""
-    if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
-        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
-                         f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
-                         "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
-                         "head dims")
+def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
+    """The fused forward's first kernel alone (`_prepass_kernel`, with the variants the launch table picks:
+    `kernels.variants.delta_fused_forward`), for `fused_forward` and for timing it alone
+    (scripts/gpu_prepass_inverse.py). Inputs as `fused_forward`'s. Returns (the DeltaFusedForward that ran, W
+    [B, T, H, K] and U' [B, T, H, V] in k's / v's dtype (the T form: both are T, unwritten placeholders), T
+    [B, T, H, C] in q's dtype or None (written where `store_T` or the T form), Aqk [B, T, H, C] fp32 or None
+    (written with Aqk from the pre-pass; for the diagonal decay, from the scores kernel))."""
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)
@@ -394,6 +387,29 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv),
         INV=int(chosen.inverse_form == "recursion"), LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
     del P
+    return chosen, w, u1, Ti, A
+
+
+def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
+                  store_T: bool):
+    """The decay-first delta rule's forward in two kernels (see the module docstring).
+
+    q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None / [B, T, H] / [B, T, H, K] (the raw
+    log-decay: the kernels take its chunk-local cumsum), β [B, T, H], h0 None or [NS, H, K, V] fp32.
+    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
+    (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
+    [NS, H, K, V] fp32 or None (`output_final_state`))."""
+    if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
+        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
+                         f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
+                         "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
+                         "head dims")
+    chosen, w, u1, Ti, A = prepass(q, k, v, g, beta, scale, L, store_T=store_T)
+    dev = q.device
+    gate = 0 if g is None else (2 if g.dim() == 4 else 1)
+    DT, IEEE = dot_dtype(q.dtype)
+    cu, _, _, offsets = varlen_args(L, dev)
+    t_form = chosen.t_form
     if t_form:
         o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
                                      output_final_state=output_final_state, name="delta_fused_fwd_t")

@@ -177,7 +177,7 @@ def _low(dtype: torch.dtype | None) -> bool | None:
 
 
 #: The fused pre-pass's in-register inverse by LAUNCH["delta_prepass"]["INV"] (`DeltaFusedForward.inverse_form`).
-INVERSE_FORMS = {0: "substitution", 1: "recursion"}
+INVERSE_FORMS = {0: "substitution", 1: "recursion", 2: "batched recursion"}
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,9 @@ class DeltaFusedForward:
     sequential kernel), raw_kv / raw_qk (RAW_KV, RAW_QK: k, v and q, k to the tensor cores as stored), inverse: the
     pre-pass inverse's doubling products' precision ("ieee" for fp32, else "tf32" with INV_TF32, "tf32x3"; None: the
     dtype unknown); inverse_form (INV): "substitution" (0: 16×16 diagonal blocks by forward substitution, then the
-    doubling products, `delta_fused._unit_lower_inverse`) or "recursion" (1: 2×2 block recursion on the [C, C] tile,
-    masked products only, `delta_fused._unit_lower_inverse_rec`)."""
+    doubling products, `delta_fused._unit_lower_inverse`), "recursion" (1: 2×2 block recursion on the [C, C] tile,
+    masked products only, `delta_fused._unit_lower_inverse_rec`) or "batched recursion" (2: the 16×16 blocks by the
+    same recursion as batched [NB, 16, 16] products, then the doubling products)."""
 
     t_form: bool
     aqk_in_prepass: bool
@@ -220,7 +221,8 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
     T form where WU is 0 and the fused backward's state kernel takes the call (no or a scalar decay,
     K ≤ DELTA_FUSED_BWD_MAX_K, C ≤ DELTA_FUSED_BWD_MAX_C; K or C None: taken); Aqk, raw k, v and raw q, k only without
     the T form and the diagonal decay (KDA's Aqk comes from its scores kernel); the inverse's form by INV (0
-    substitution, 1 recursion; ValueError for another) for every gate and dtype."""
+    substitution, 1 recursion, 2 batched recursion: INVERSE_FORMS; ValueError for another) for every gate and
+    dtype."""
     pre = launch["delta_prepass"]
     plain = gate != "diagonal"
     serves = plain and (K is None or K <= DELTA_FUSED_BWD_MAX_K) and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
@@ -322,7 +324,8 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "TTT-MLP": (("one program", "sliced NP n", "sliced NP n forward, one-program backward", "…, Z1 stored"),
                 "ttt_mlp_sliced ON, MAX_BH, NP, BWD, ZS"),
     "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",
-                             "+ inverse tf32 / tf32x3", "+ inverse by recursion"),
+                             "+ inverse tf32 / tf32x3", "+ inverse by recursion",
+                             "+ inverse by batched recursion"),
                             "delta_prepass WU, AQK, RAW_KV, INV_TF32, INV; delta_fused_fwd RAW_QK"),
     "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
                               "+ gradient kernel's rowsums from dq, dk",

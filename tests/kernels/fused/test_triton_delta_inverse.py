@@ -1,10 +1,11 @@
 """The fused pre-pass's in-register inverse forms (`LAUNCH["delta_prepass"]["INV"]`, `kernels.variants.INVERSE_FORMS`):
 0 — 16×16 diagonal blocks by forward substitution, then the doubling products (`delta_fused._unit_lower_inverse`, the
-default); 1 — 2×2 block recursion on the whole [C, C] tile (`delta_fused._unit_lower_inverse_rec`). Form 1 through the
-whole fused pipeline (the fused forward, and the fused backward where it takes the call) against the torch twins and
-the float64 recurrence: outputs, final states, every gradient; odd lengths, varlen with an empty and a length-1
-sequence, chained states, grouped heads, every gate, bf16. Both forms on ill-conditioned chunks (β near 2, keys nearly
-parallel) against the float64 solve, their errors printed.
+default); 1 — 2×2 block recursion on the whole [C, C] tile (`delta_fused._unit_lower_inverse_rec`); 2 — the 16×16
+blocks by that recursion as batched [NB, 16, 16] products, then the doubling products (`_unit_lower_inverse`,
+LEAF_REC). Forms 1 and 2 through the whole fused pipeline (the fused forward, and the fused backward where it takes the
+call) against the torch twins and the float64 recurrence: outputs, final states, every gradient; odd lengths, varlen
+with an empty and a length-1 sequence, chained states, grouped heads, every gate, bf16. Every form on ill-conditioned
+chunks (β near 2, keys nearly parallel) against the float64 solve, their errors printed.
 
 Marked `triton`: on a machine without CUDA they run on CPU tensors under TRITON_INTERPRET=1 (tests/conftest.py
 NaN-poisons the kernels' outputs). Inputs are fresh random each run; the seed is printed.
@@ -42,20 +43,21 @@ from tests.tolerances import CHUNK_F32_REL, F32, INVERSE_ILL_F32_REL, TRITON_DEL
 
 pytestmark = pytest.mark.triton
 
-RECURSION = 1  # LAUNCH["delta_prepass"]["INV"] of the form under test (INVERSE_FORMS)
+NEW_FORMS = [form for form in sorted(V.INVERSE_FORMS) if form]  # LAUNCH["delta_prepass"]["INV"] under test
 
 
 def _form(monkeypatch, form: int) -> None:
     monkeypatch.setattr(util, "LAUNCH", {**util.LAUNCH, "delta_prepass": {**util.LAUNCH["delta_prepass"], "INV": form}})
 
 
-@pytest.fixture
-def recursion(monkeypatch):
-    """The recursive inverse in the pre-pass; the fused forward, and the fused backward where it takes the call (no
-    diagonal decay, K ≤ 128, C ≤ 64), for the test's calls; the pre-pass's INV launches recorded."""
-    _form(monkeypatch, RECURSION)
+@pytest.fixture(params=NEW_FORMS, ids=lambda form: V.INVERSE_FORMS[form].replace(" ", "_"))
+def recursion(request, monkeypatch):
+    """A new inverse form (each of NEW_FORMS) in the pre-pass; the fused forward, and the fused backward where it
+    takes the call (no diagonal decay, K ≤ 128, C ≤ 64), for the test's calls; the pre-pass's INV launches recorded
+    after the form (first item)."""
+    _form(monkeypatch, request.param)
     force_delta_pipeline(monkeypatch, forward="fused", backward="fused")
-    seen = []
+    seen = [request.param]
     real = delta_fused._prepass_kernel.run
 
     def spy(*args, **kw):
@@ -67,29 +69,35 @@ def recursion(monkeypatch):
 
 
 def test_the_form_is_a_named_launch_choice(monkeypatch):
-    """INV 1 is named "inverse by recursion" by `fw.pipeline(..., variants=True)`'s rule (nothing for 0, the
-    default), listed among the alternatives, and an INV the rule does not know is refused."""
+    """INV 1 is named "inverse by recursion" by `fw.pipeline(..., variants=True)`'s rule, 2 "inverse by batched
+    recursion" (nothing for 0, the default), listed among the alternatives, and an INV the rule does not know is
+    refused."""
     table = {**util.LAUNCH, "delta_prepass": {**util.LAUNCH["delta_prepass"], "INV": 1}}
     got = V.delta_fused_forward("scalar", 128, 64, torch.bfloat16, table)
     assert got.inverse_form == "recursion" and str(got.variant).endswith("; inverse tf32x3; inverse by recursion")
     assert "inverse by" not in str(V.delta_fused_forward("scalar", 128, 64, torch.bfloat16, util.LAUNCH).variant)
     assert "+ inverse by recursion" in V.ALTERNATIVES["delta fused forward"][0]
+    batched = {**table, "delta_prepass": {**table["delta_prepass"], "INV": 2}}
+    assert str(V.delta_fused_forward("none", 64, 64, torch.float32, batched).variant).endswith(
+        "; raw q, k; inverse by batched recursion")
     with pytest.raises(ValueError, match='"INV"'):
         V.delta_fused_forward("none", 64, 64, torch.float32, {**table, "delta_prepass": {**table["delta_prepass"],
-                                                                                        "INV": 2}})
+                                                                                        "INV": 3}})
     fwd = fw.pipeline("gated_deltanet", device="cuda", dtype=torch.bfloat16, head_dim=128, head_v_dim=128,
                       chunk_size=64, variants=True, launch=table)[2]
     assert fwd and "inverse by recursion" in fwd[0]
 
 
 # ---------------------------------------------------------------------------- the kernels vs the torch twins
+@pytest.mark.parametrize("form", NEW_FORMS)
 @pytest.mark.parametrize("gate, C", [(gate, C) for gate in GATES for C in (16, 32, 64, 128)
                                      if gate != "diagonal" or C in (16, 128)])
-def test_recursion_matches_twins(gate, C, gen, monkeypatch):
-    """The pre-pass with the recursive inverse (T at C 16, 32, 64, 128: 3 to 6 levels of two products, W, U') and
-    the sequential kernel (h, U, o, the final state) against the torch twins, varlen with an empty and a length-1
-    sequence, grouped heads H_q = 1 | H = 2, strong decay (as test_triton_delta_fused.test_kernels_match_twins)."""
-    _form(monkeypatch, RECURSION)
+def test_new_forms_match_twins(gate, C, form, gen, monkeypatch):
+    """The pre-pass with each new inverse form (T at C 16, 32, 64, 128: the recursion's 3 to 6 levels of two products;
+    the batched leaves then 0 to 3 doubling levels; W, U') and the sequential kernel (h, U, o, the final state) against
+    the torch twins, varlen with an empty and a length-1 sequence, grouped heads H_q = 1 | H = 2, strong decay (as
+    test_triton_delta_fused.test_kernels_match_twins)."""
+    _form(monkeypatch, form)
     s = _Stages(gate, gen, C, staged=False)
     t = s.twins()
     d, L, lay = s.d, s.L, s.lay
@@ -156,7 +164,7 @@ def test_matches_recurrence(gate, T, gen, recursion):
     seed = secrets.randbits(31)
     want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
     check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
-    assert recursion and set(recursion) == {RECURSION}
+    assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -166,7 +174,7 @@ def test_chunk_64_grouped(gate, gen, recursion):
     seed = secrets.randbits(31)
     want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
     check(grads(_triton, x, seed, chunk_size=64), want, CHUNK_F32_REL, "C=64")
-    assert set(recursion) == {RECURSION}
+    assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -179,7 +187,7 @@ def test_varlen(gate, gen, recursion):
     seed = secrets.randbits(31)
     want = grads(each_sequence_alone(_recurrent(gate), cu), {key: val.double() for key, val in x.items()}, seed)
     check(grads(_triton, x, seed, cu_seqlens=cu, chunk_size=32), want, CHUNK_F32_REL)
-    assert set(recursion) == {RECURSION}
+    assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -202,7 +210,7 @@ def test_chained_states(gate, gen, recursion):
         return torch.cat([o1, o2], dim=1), S2
 
     check(grads(lambda xd: chained(to_dev(xd)), x, seed), grads(_triton, x, seed), CHUNK_F32_REL, "chained")
-    assert set(recursion) == {RECURSION}
+    assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -220,13 +228,13 @@ def test_bf16_inputs(gate, gen, recursion):
     got = grads(_triton, x, seed)
     assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
     check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
-    assert set(recursion) == {RECURSION}
+    assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar"])
-def test_recursion_equals_substitution(gate, gen, monkeypatch):
-    """The two forms through the fused pipeline (fused forward and backward) agree to fp32 rounding: outputs, final
-    states, every gradient, varlen with an empty and a length-1 sequence, grouped heads, chunk 64."""
+def test_new_forms_equal_substitution(gate, gen, monkeypatch):
+    """Each form through the fused pipeline (fused forward and backward) agrees with today's to fp32 rounding:
+    outputs, final states, every gradient, varlen with an empty and a length-1 sequence, grouped heads, chunk 64."""
     force_delta_pipeline(monkeypatch, forward="fused", backward="fused")
     launched = spy_launches(monkeypatch, delta_fused, ["_prepass_kernel"])
     lengths = [70, 0, 1, 33]
@@ -237,5 +245,6 @@ def test_recursion_equals_substitution(gate, gen, monkeypatch):
     for form in sorted(V.INVERSE_FORMS):
         _form(monkeypatch, form)
         out[form] = grads(_triton, x, seed, cu_seqlens=cu, chunk_size=64)
-    check(out[RECURSION], out[0], F32)
+    for form in NEW_FORMS:
+        check(out[form], out[0], F32, V.INVERSE_FORMS[form])
     assert launched

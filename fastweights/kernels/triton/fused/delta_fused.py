@@ -47,7 +47,7 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
-from ...variants import delta_fused_forward
+from ...variants import INVERSE_FORMS, delta_fused_forward
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
 from ..common.util import (
@@ -67,16 +67,19 @@ from ..stages.scores import decayed_scores
 from .delta_fused_bwd import states_forward, supports
 
 BC = 16  # rows of the inverse's diagonal blocks
+INVERSE_CODES = {name: code for code, name in INVERSE_FORMS.items()}  # the pre-pass's INV constexpr by form
 
 
 @triton.jit
 def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, LEAF_REC: tl.constexpr = 0):
     """(I + b_L)⁻¹ for b_L [C, C] fp32 strictly lower (zeros on and above the diagonal), in registers.
 
-    Phase 1: the NB = C/BC diagonal blocks as [NB, BC, BC], forward substitution over the BC rows
-    (all blocks together). Phase 2: with B = I + (b_L's diagonal blocks) and L_off the rest,
-    (I + b_L)⁻¹ = (I + N)⁻¹ B⁻¹, N = B⁻¹ L_off, and (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)… up to N^{NB−1}.
+    Phase 1: the NB = C/BC diagonal blocks as [NB, BC, BC], inverted all together: by forward substitution over the
+    BC rows (LEAF_REC 0, the default: 15 steps of [NB, BC, BC] selections and sums), or (LEAF_REC 1,
+    LAUNCH["delta_prepass"]["INV"] = 2) by 2×2 block recursion X_{2s} = X_s − X_s (M_s X_s) from X_2 = I − M_1, as
+    batched [NB, BC, BC] products at PREC (3 levels of two). Phase 2: with B = I + (b_L's diagonal blocks) and L_off
+    the rest, (I + b_L)⁻¹ = (I + N)⁻¹ B⁻¹, N = B⁻¹ L_off, and (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)… up to N^{NB−1}.
     Blocks move between [C, C] and [NB, BC, BC] through 0/1 selector products (exact: one term per sum)."""
     oc = tl.arange(0, C)
     ob = tl.arange(0, BC)
@@ -88,10 +91,17 @@ def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr
     i3 = ob[None, :, None]
     j3 = ob[None, None, :]
     t3 = tl.where((i3 == j3) & (tl.arange(0, NB)[:, None, None] >= 0), 1.0, 0.0)  # rows ≥ i still e_i
-    for i in range(1, BC):
-        l_i = tl.sum(tl.where(i3 == i, l3, 0.0), axis=1)  # row i of each block  [NB, BC]
-        row = tl.where(ob[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * t3, axis=1)  # [NB, BC]
-        t3 = tl.where(i3 == i, row[:, None, :], t3)
+    if LEAF_REC:
+        t3 = t3 - tl.where((i3 // 2) == (j3 // 2), l3, 0.0)  # X_2 (l3 is 0 on the diagonal)
+        tl.static_assert(BC == 16)  # (the module's BC: levels s = 2, 4, 8)
+        for m in tl.static_range(1, 4):  # s = 2^m: the s-blocks into 2s-blocks  [NB, BC, BC]
+            M3 = tl.where(((i3 >> (m + 1)) == (j3 >> (m + 1))) & ((i3 >> m) != (j3 >> m)), l3, 0.0)
+            t3 = t3 - tl.dot(t3, tl.dot(M3, t3, input_precision=PREC), input_precision=PREC)
+    else:
+        for i in range(1, BC):
+            l_i = tl.sum(tl.where(i3 == i, l3, 0.0), axis=1)  # row i of each block  [NB, BC]
+            row = tl.where(ob[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * t3, axis=1)  # [NB, BC]
+            t3 = tl.where(i3 == i, row[:, None, :], t3)
     # B⁻¹ as [C, C]: Binv[r, c] = t3[r // BC, r % BC, c % BC] on the diagonal blocks
     selt = tl.where(ob[:, None] == (oc[None, :] % BC), 1.0, 0.0)  # [BC, C]
     Binv = tl.where(same, tl.dot(tl.reshape(t3, (C, BC)), selt, input_precision="ieee"), 0.0)
@@ -181,8 +191,8 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
     b_L = tl.where(strict, b_P * b_beta[:, None], 0.0)
     if INV == 1:  # the inverse by 2×2 block recursion on the [C, C] tile (masks and products only)
         b_T = _unit_lower_inverse_rec(b_L, C, LOG_C, PREC)  # [C, C] fp32
-    else:  # 16×16 diagonal blocks by forward substitution, then the doubling products
-        b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
+    else:  # 16×16 diagonal blocks by forward substitution (INV 0) or batched recursion (INV 2), then doubling
+        b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC, INV == 2)  # [C, C] fp32
     if STORE_T:
         tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T.to(Ti.dtype.element_ty), mask=m_t[:, None])
     if STORE_WU and RAW_KV and GATE != 2:
@@ -385,7 +395,7 @@ def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
         PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv),
-        INV=int(chosen.inverse_form == "recursion"), LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
+        INV=INVERSE_CODES[chosen.inverse_form], LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
     del P
     return chosen, w, u1, Ti, A
 

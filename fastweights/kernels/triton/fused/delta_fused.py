@@ -5,7 +5,7 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
 
        G   = chunk-local cumsum of g                       (scalar gate; in the kernel)
        P   = strict_tril(K Kᵀ ⊙ e^{G_i − G_j})             (none/scalar; KDA: read from `scores`, see below)
-       T   = (I + diag(β) P)⁻¹                              (`_unit_lower_inverse`)
+       T   = (I + diag(β) P)⁻¹                              (`_unit_lower_inverse`, or by INV the others)
        W   = T diag(β)(K ⊙ e^{G}),  U' = T diag(β) V       (stored: k's and v's dtype)
        T   stored (the backward's input) when a gradient is wanted: in the inputs' dtype — bf16 for bf16 inputs, which
            every reader rounds it to as a tensor-core operand anyway — fp32 for fp32 inputs.
@@ -28,10 +28,15 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
 
 The same maths and roundings as the staged pipeline (delta.py): tensor-core operands in the inputs'
 dtype (`util.mm`), fp32 accumulation and state, U rounded to v's dtype where the staged output
-stage reads it. The only new piece is the in-register inverse (`_unit_lower_inverse`), the twin of
-`chunkwise.delta.block_unit_lower_inverse`: 16×16 diagonal blocks by forward substitution, then
-(I + N)⁻¹ with N = B⁻¹L_off strictly block-lower by products (I − N)(I + N²)(I + N⁴)… (exact: N^{C/16} = 0),
-fp32 products ("ieee" for fp32 inputs, "tf32x3" — fp32-accurate on the tensor cores — otherwise).
+stage reads it. The only new piece is the in-register inverse, in one of three forms (`LAUNCH["delta_prepass"]["INV"]`,
+`kernels.variants.INVERSE_FORMS`): 0, the default (`_unit_lower_inverse`): 16×16 diagonal blocks by forward
+substitution, then (I + N)⁻¹ with N = B⁻¹L_off strictly block-lower by products (I − N)(I + N²)(I + N⁴)… (exact:
+N^{C/16} = 0); 1 (`_unit_lower_inverse_rec`, the twin of `chunkwise.delta.block_unit_lower_inverse`): 2×2 block
+recursion on the whole [C, C] tile by masked products, no reshape; 2: the 16×16 blocks by that recursion as batched
+[NB, 16, 16] products, then the doubling of 0. Fp32 products throughout ("ieee" for fp32 inputs, "tf32x3" —
+fp32-accurate on the tensor cores — otherwise). (The product form (I − L)(I + L²)(I + L⁴)(I + L⁸) on the 16×16
+blocks is not offered: its powers of L grow where β ≈ 2 and the keys are near parallel, 0.36 relative error in T
+against 7e-6 — docs/kernel_notes.md "The pre-pass's inverse (r4s14 helper prepass-inverse)".)
 
 Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags only;
 T and NT are not specialized (`do_not_specialize`), so a varlen call with another packing reuses the

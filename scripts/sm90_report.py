@@ -26,8 +26,9 @@ WU = 1 and 0 (at K > limits.DELTA_FUSED_BWD_MAX_K the fused backward does not ex
 "staged")`, said in a line); prepass — the delta pre-pass alone (`delta_fused.prepass`) at each inverse form
 (LAUNCH["delta_prepass"]["INV"]: the INV column), every gate asked for, padded and varlen; gated —
 `chunk_gated_triton` with `pipeline=GatedPipeline("fused")`, every gate kind with β and states, padded B = 4,
-H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per distinct compiled kernel. The tensors are CPU tensors (nothing runs), so the glue's GPU head-dim limits
-(limits.*_FUSED_MAX_HEAD_DIM_CUDA) do not apply: every head dim asked for compiles.
+H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per distinct compiled kernel. The
+tensors are CPU tensors (nothing runs), so the glue's GPU head-dim limits (limits.*_FUSED_MAX_HEAD_DIM_CUDA) do not
+apply: every head dim asked for compiles.
 """
 
 from __future__ import annotations

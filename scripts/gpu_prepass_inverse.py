@@ -8,8 +8,9 @@ pre-pass alone and gated DeltaNet's fused op timed with each form, then each for
 Variants (util.LAUNCH updates, VARIANTS): substitution — INV 0, today's default (16×16 diagonal blocks by forward
 substitution as [NB, 16, 16], then the doubling products; `delta_fused._unit_lower_inverse`); recursion — INV 1
 (2×2 block recursion on the whole [C, C] tile: masks and 10 [64, 64] products at C 64, no reshape;
-`delta_fused._unit_lower_inverse_rec`); recursion_tf32 — INV 1 with INV_TF32 1 (its products at one TF32 product
-rather than tf32x3: not fp32-accurate; off the default list). docs/kernel_notes.md "The pre-pass's inverse (r4s14
+`delta_fused._unit_lower_inverse_rec`); batched — INV 2 (the 16×16 blocks by the same recursion as batched
+[4, 16, 16] products instead of 15 substitution steps, then today's doubling); recursion_tf32 — INV 1 with INV_TF32 1
+(its products at one TF32 product rather than tf32x3: not fp32-accurate; off the default list). docs/kernel_notes.md "The pre-pass's inverse (r4s14
 helper prepass-inverse)" has the counts and the sm_90 registers of each.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
@@ -41,8 +42,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 #: Each variant's util.LAUNCH update (load_launch's table).
 VARIANTS = {"substitution": {"delta_prepass": {"INV": 0, "INV_TF32": 0}},
             "recursion": {"delta_prepass": {"INV": 1, "INV_TF32": 0}},
+            "batched": {"delta_prepass": {"INV": 2, "INV_TF32": 0}},
             "recursion_tf32": {"delta_prepass": {"INV": 1, "INV_TF32": 1}}}
-DEFAULT_VARIANTS = ["substitution", "recursion"]
+DEFAULT_VARIANTS = ["substitution", "recursion", "batched"]
 RUN = {"dev": "cuda", "chunk": 64, "smoke": False}
 
 

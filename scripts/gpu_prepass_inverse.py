@@ -10,8 +10,9 @@ substitution as [NB, 16, 16], then the doubling products; `delta_fused._unit_low
 (2×2 block recursion on the whole [C, C] tile: masks and 10 [64, 64] products at C 64, no reshape;
 `delta_fused._unit_lower_inverse_rec`); batched — INV 2 (the 16×16 blocks by the same recursion as batched
 [4, 16, 16] products instead of 15 substitution steps, then today's doubling); recursion_tf32 — INV 1 with INV_TF32 1
-(its products at one TF32 product rather than tf32x3: not fp32-accurate; off the default list). docs/kernel_notes.md "The pre-pass's inverse (r4s14
-helper prepass-inverse)" has the counts and the sm_90 registers of each.
+(its products at one TF32 product rather than tf32x3: not fp32-accurate; off the default list).
+docs/kernel_notes.md "The pre-pass's inverse (r4s14 helper prepass-inverse)" has the counts and the sm_90 registers
+of each.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   time   per --shapes (default B 8, T 2048, H 6, D 128 — the gpu-125m preset's micro-batch — and B 4, T 4096, H 16,

@@ -16,6 +16,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines titans_sliced --head-dims 128 --dtypes bfloat16   # Titans sliced
     python3 scripts/sm90_report.py --pipelines ttt_linear_sliced --head-dims 64 128   # TTT-Linear sliced, NP 2/4/8
     python3 scripts/sm90_report.py --pipelines omega --head-dims 64 128   # OmegaNet's feature kernels
+    python3 scripts/sm90_report.py --pipelines prepass --gates none scalar --head-dims 64 128   # pre-pass INV forms
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -24,10 +25,12 @@ refuses — each row then says so in its ERROR column.
 Workloads: delta — `chunk_delta_triton` forward + backward with `pipeline=DeltaPipeline("fused", "fused")`, no
 and a scalar decay, a padded batch (H = H_q = 4) and varlen (grouped heads: H = 4, H_q = 2), the pre-pass with
 WU = 1 and 0 (at K > limits.DELTA_FUSED_BWD_MAX_K the fused backward does not exist: `DeltaPipeline("fused",
-"staged")`, said in a line); gated — `chunk_gated_triton` with `pipeline=GatedPipeline("fused")`, every gate kind
-with β and states, padded B = 4, H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per
-distinct compiled kernel. The tensors are CPU tensors (nothing runs), so the glue's GPU head-dim limits
-(limits.*_FUSED_MAX_HEAD_DIM_CUDA) do not apply: every head dim asked for compiles.
+"staged")`, said in a line); prepass — the delta pre-pass alone (`delta_fused.prepass`) at each inverse form
+(LAUNCH["delta_prepass"]["INV"]: the INV column), every gate asked for, padded and varlen; gated —
+`chunk_gated_triton` with `pipeline=GatedPipeline("fused")`, every gate kind with β and states, padded B = 4,
+H = 16 and varlen H = 16, forward and backward. bf16 and fp32 inputs; one line per distinct compiled kernel. The
+tensors are CPU tensors (nothing runs), so the glue's GPU head-dim limits (limits.*_FUSED_MAX_HEAD_DIM_CUDA) do not
+apply: every head dim asked for compiles.
 """
 
 from __future__ import annotations
@@ -102,6 +105,37 @@ def _delta_workload(head_dims, dtypes, gates):
                                                   pipeline=pipeline)
                         (o.float().sum() + S.float().sum()).backward()
     util.LAUNCH["delta_prepass"]["WU"] = 1
+
+
+def _prepass_workload(head_dims, dtypes, gates):
+    """The delta class's fused pre-pass alone (`delta_fused.prepass`, T stored as for training), chunk 64, at each of
+    its inverse forms (util.LAUNCH["delta_prepass"]["INV"], `kernels.variants.INVERSE_FORMS`), per gate, a padded
+    batch (H = H_q = 4) and varlen with grouped heads (H = 4, H_q = 2)."""
+    import torch
+
+    from fastweights.kernels.triton.common import util
+    from fastweights.kernels.triton.common.layout import make_layout
+    from fastweights.kernels.triton.fused.delta_fused import prepass
+    from fastweights.kernels.variants import INVERSE_FORMS
+
+    gen = torch.Generator().manual_seed(0)
+    old = util.LAUNCH["delta_prepass"]["INV"]
+    for form in sorted(INVERSE_FORMS):
+        util.LAUNCH["delta_prepass"]["INV"] = form
+        for D in head_dims:
+            for gate in gates:
+                for dtype in [getattr(torch, d) for d in dtypes]:
+                    for varlen in (False, True):
+                        B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)
+                        cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
+                        q = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
+                        k = torch.randn(B, T, Hq, D, generator=gen).to(dtype)
+                        v = torch.randn(B, T, H, D, generator=gen).to(dtype)
+                        g = None if gate == "none" else -torch.rand(B, T, H, *((D,) if gate == "diagonal" else ()),
+                                                                    generator=gen)
+                        beta = torch.rand(B, T, H, generator=gen)
+                        prepass(q, k, v, g, beta, 0.1, make_layout(B, T, H, Hq, D, D, 64, cu, "cpu"), store_T=True)
+    util.LAUNCH["delta_prepass"]["INV"] = old
 
 
 def _gated_workload(head_dims, dtypes, gates):
@@ -403,7 +437,8 @@ def _omega_workload(head_dims, dtypes, gates):
         omega_mod.feature_vjp_kernel(fm, x, torch.randn(2, n, KP, generator=gen))
 
 
-WORKLOADS = {"delta": _delta_workload, "gated": _gated_workload, "memories": _memories_workload,
+WORKLOADS = {"delta": _delta_workload, "prepass": _prepass_workload, "gated": _gated_workload,
+             "memories": _memories_workload,
              "titans_sliced": _titans_sliced_workload, "ttt_linear_sliced": _ttt_linear_sliced_workload,
              "conv": _conv_workload, "rope": _rope_workload,
              "mesa": _mesa_workload, "ns": _ns_workload, "omega": _omega_workload}
@@ -462,7 +497,7 @@ def main():
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
                             "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
-                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS", "VS")})
+                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS", "VS", "INV")})
             rows.append(info)
         return kernel
 
@@ -478,7 +513,7 @@ def main():
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
                                                  "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART", "RT",
-                                                 "DO_D", "DO_C", "ROWSUMS", "VS")
+                                                 "DO_D", "DO_C", "ROWSUMS", "VS", "INV")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

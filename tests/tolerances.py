@@ -23,6 +23,12 @@ CHUNK_LONG_F32_REL = 1e-4
 # (T A − I) for the unit-lower inverses, float64, C ≤ 16 and |L| ~ 0.3: a triangular solve is
 # backward stable, so only a few ulps of 1 remain.
 UNIT_LOWER_INVERSE_F64 = 1e-12
+# the fused pre-pass's in-register inverse (either form, LAUNCH["delta_prepass"]["INV"]) with fp32 inputs against the
+# float64 solve on ill-conditioned chunks (β ∈ [1.8, 2), keys nearly parallel: |L| ≈ 2, max |T| ≈ 2), max |T − T64|
+# over max |T64| a chunk: the forward error grows with cond(I + L) (measured in fp32 torch emulation, C 64: 7e-6 by
+# substitution and doubling, 5e-6 by recursion; 3.6e-1 by the product form (I − L)(I + L²)(I + L⁴)(I + L⁸) on the
+# 16×16 blocks, which is why that form is not offered); an order of magnitude of room.
+INVERSE_ILL_F32_REL = 1e-4
 # decayed_scores against the direct sum Σ_d x y e^{gx − gy}, float64, relative to max(1, |P|):
 # both paths sum K products in a different order; the gradients pass through exp twice more.
 DECAYED_SCORES_F64_REL = 1e-12

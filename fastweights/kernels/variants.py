@@ -29,7 +29,7 @@ from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 __all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant",
            "TitansVariant", "titans", "DeltaFusedForward", "DeltaFusedBackward", "GatedFusedForward", "TitansBackward",
            "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_fused_backward", "gated_fused_forward",
-           "titans_backward", "live_launch", "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH"]
+           "titans_backward", "live_launch", "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -193,19 +193,27 @@ def _low(dtype: torch.dtype | None) -> bool | None:
     return None if dtype is None else dtype in (torch.bfloat16, torch.float16)
 
 
+#: The fused pre-pass's in-register inverse by LAUNCH["delta_prepass"]["INV"] (`DeltaFusedForward.inverse_form`).
+INVERSE_FORMS = {0: "substitution", 1: "recursion", 2: "batched recursion"}
+
+
 @dataclass(frozen=True)
 class DeltaFusedForward:
     """The delta class's fused forward (`delta_fused.fused_forward`): t_form (WU 0: the pre-pass writes T only and the
     state pass computes U, `delta_fused_bwd._states_kernel`), aqk_in_prepass (AQK 1: the pre-pass writes Aqk for the
     sequential kernel), raw_kv / raw_qk (RAW_KV, RAW_QK: k, v and q, k to the tensor cores as stored), inverse: the
     pre-pass inverse's doubling products' precision ("ieee" for fp32, else "tf32" with INV_TF32, "tf32x3"; None: the
-    dtype unknown)."""
+    dtype unknown); inverse_form (INV): "substitution" (0: 16×16 diagonal blocks by forward substitution, then the
+    doubling products, `delta_fused._unit_lower_inverse`), "recursion" (1: 2×2 block recursion on the [C, C] tile,
+    masked products only, `delta_fused._unit_lower_inverse_rec`) or "batched recursion" (2: the 16×16 blocks by the
+    same recursion as batched [NB, 16, 16] products, then the doubling products)."""
 
     t_form: bool
     aqk_in_prepass: bool
     raw_kv: bool
     raw_qk: bool
     inverse: str | None
+    inverse_form: str = "substitution"
 
     @property
     def variant(self) -> Variant:
@@ -218,16 +226,20 @@ class DeltaFusedForward:
             parts.append("raw q, k")
         if self.inverse is not None and self.inverse != "ieee":
             parts.append(f"inverse {self.inverse}")
+        if self.inverse_form != "substitution":
+            parts.append(f"inverse by {self.inverse_form}")
         return Variant("fused forward", "; ".join(parts))
 
 
 def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dtype | None,
                         launch: Launch) -> DeltaFusedForward:
     """The fused forward's variants for gate kind `gate` ("none" | "scalar" | "diagonal"), head dim K, chunk C and
-    q's dtype under launch["delta_prepass"] (WU, AQK, RAW_KV, INV_TF32) and launch["delta_fused_fwd"] (RAW_QK): the
+    q's dtype under launch["delta_prepass"] (WU, AQK, RAW_KV, INV_TF32, INV) and launch["delta_fused_fwd"] (RAW_QK): the
     T form where WU is 0 and the fused backward's state kernel takes the call (no or a scalar decay,
     K ≤ DELTA_FUSED_BWD_MAX_K, C ≤ DELTA_FUSED_BWD_MAX_C; K or C None: taken); Aqk, raw k, v and raw q, k only without
-    the T form and the diagonal decay (KDA's Aqk comes from its scores kernel)."""
+    the T form and the diagonal decay (KDA's Aqk comes from its scores kernel); the inverse's form by INV (0
+    substitution, 1 recursion, 2 batched recursion: INVERSE_FORMS; ValueError for another) for every gate and
+    dtype."""
     pre = launch["delta_prepass"]
     plain = gate != "diagonal"
     serves = plain and (K is None or K <= DELTA_FUSED_BWD_MAX_K) and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
@@ -235,9 +247,13 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
     direct = plain and not t_form
     low, tf32 = _low(dtype), bool(pre["INV_TF32"])  # (read for every call, as the glue always has: fp32 keeps ieee)
     inverse = None if low is None else ("ieee" if not low else ("tf32" if tf32 else "tf32x3"))
+    form = int(pre["INV"])
+    if form not in INVERSE_FORMS:
+        raise ValueError(f'LAUNCH["delta_prepass"]["INV"] must be one of {sorted(INVERSE_FORMS)}, got {form}')
     return DeltaFusedForward(t_form=t_form, aqk_in_prepass=direct and bool(pre["AQK"]),
                              raw_kv=direct and bool(pre["RAW_KV"]),
-                             raw_qk=direct and bool(launch["delta_fused_fwd"]["RAW_QK"]), inverse=inverse)
+                             raw_qk=direct and bool(launch["delta_fused_fwd"]["RAW_QK"]), inverse=inverse,
+                             inverse_form=INVERSE_FORMS[form])
 
 
 @dataclass(frozen=True)
@@ -327,8 +343,9 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "TTT-MLP": (("one program", "sliced NP n", "sliced NP n forward, one-program backward", "…, Z1 stored"),
                 "ttt_mlp_sliced ON, MAX_BH, NP, BWD, ZS"),
     "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",
-                             "+ inverse tf32 / tf32x3"),
-                            "delta_prepass WU, AQK, RAW_KV, INV_TF32; delta_fused_fwd RAW_QK"),
+                             "+ inverse tf32 / tf32x3", "+ inverse by recursion",
+                             "+ inverse by batched recursion"),
+                            "delta_prepass WU, AQK, RAW_KV, INV_TF32, INV; delta_fused_fwd RAW_QK"),
     "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
                               "+ gradient kernel's rowsums from dq, dk",
                               "+ gradient kernel's rows over programs (BR n)"),

@@ -234,13 +234,13 @@ def _launch_kwargs(monkeypatch, kernels: dict) -> dict:
 
 @pytest.mark.triton
 @pytest.mark.parametrize("table", [{}, {"delta_prepass": {"WU": 0}, "delta_fused_rev": {"AQK": 1}},
-                                   {"delta_prepass": {"AQK": 1, "RAW_KV": 1, "INV_TF32": 1},
+                                   {"delta_prepass": {"AQK": 1, "RAW_KV": 1, "INV_TF32": 1, "INV": 1},
                                     "delta_fused_fwd": {"RAW_QK": 0}}], ids=["default", "t_form", "flags"])
 def test_the_fused_delta_pipeline_names_the_flags_it_launches_with(monkeypatch, gen, table):
     """Gated DeltaNet on the fused delta pipeline (pinned; the fake CUDA table, the kernels under the interpreter, bf16)
     under three tables: the names `fw.pipeline(..., variants=True)` gives for the call are the kernels' launches —
-    the T form where the sequential forward kernel does not run, the pre-pass's STORE_A, RAW_KV and inverse
-    precision, the sequential kernel's RAW_QK, the backward recompute's STORE_A."""
+    the T form where the sequential forward kernel does not run, the pre-pass's STORE_A, RAW_KV, inverse
+    precision and form, the sequential kernel's RAW_QK, the backward recompute's STORE_A."""
     from fastweights.kernels import rows
     from fastweights.kernels.pipelines import DeltaPipeline
     from fastweights.kernels.triton.fused import delta_fused, delta_fused_bwd
@@ -260,7 +260,7 @@ def test_the_fused_delta_pipeline_names_the_flags_it_launches_with(monkeypatch, 
     (pre,) = forward["pre"]
     assert ("T form" in fwd) == (not forward["seq"]) == (not pre["STORE_WU"]), fwd
     assert ("Aqk from the pre-pass" in fwd) == bool(pre["STORE_A"]) and ("raw k, v" in fwd) == bool(pre["RAW_KV"])
-    assert f"inverse {pre['PREC']}" in fwd
+    assert f"inverse {pre['PREC']}" in fwd and ("inverse by recursion" in fwd) == bool(pre["INV"])
     assert forward["seq"] == [] or ("raw q, k" in fwd) == bool(forward["seq"][0]["RAW_QK"])
     recompute = seen["states"][len(forward["states"]):]  # the backward's launches of the state kernel
     assert recompute and ("Aqk from the recompute" in bwd) == bool(recompute[0]["STORE_A"]), bwd

@@ -296,12 +296,13 @@ def test_state_passes_unpipelined_where_shared_memory_overflows(table):
 @pytest.mark.variants  # (launch choices: the newest environment holds them; the floor runs the defaults)
 def test_tiles_are_launch_choices(gen, table):
     """Every tile key of the table at another value (BV 16 of 32 value columns: two programs per
-    state instead of one; qk_grads' BC 16 and BC_DIAG 32 at C = 32): outputs, final state and every
-    gradient as with the defaults (fp32, only summation orders differ), all pipelines."""
+    state instead of one; qk_grads' BC 16 and BC_DIAG 32 at C = 32; the pre-pass's inverse form INV 1, a
+    code of `variants.INVERSE_FORMS`): outputs, final state and every gradient as with the defaults (fp32,
+    only summation orders differ), all pipelines."""
     cases = _pipelines(gen, K=32, V=32, T=40, chunk_size=32)
     seed = 5
     want = [grads(fn, x, seed, **kw) for _, fn, x, kw in cases]
-    other = {name: {key: (16 if key in ("BV", "BC") else 32) for key in cfg if key[:1].isupper()}
+    other = {name: {key: (16 if key in ("BV", "BC") else 1 if key == "INV" else 32) for key in cfg if key[:1].isupper()}
              for name, cfg in table.items()}
     util.load_launch({name: cfg for name, cfg in other.items() if cfg})
     for (what, fn, x, kw), w in zip(cases, want):

@@ -129,7 +129,11 @@ LAUNCH: dict[str, dict] = {
     # and delta_fused_bwd._states_kernel computes U = T diag(β)(V − Γ K S) in the loop ("delta_fused_fwd_t")
     # RAW_KV 1 (no/scalar decay): W = (T diag(β e^G)) K, U' = (T diag(β)) V, k and v to the tensor cores as stored;
     # INV_TF32 1: the inverse's doubling products at one TF32 product (16-bit inputs; 0: tf32x3, fp32-accurate)
-    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1, RAW_KV=0, INV_TF32=0),  # delta_fused._prepass_kernel
+    # INV 1: the inverse by 2×2 block recursion on the [C, C] tile (masked products only, no [NB, 16, 16] reshapes:
+    # `delta_fused._unit_lower_inverse_rec`); 2: the 16×16 blocks by that recursion as batched [NB, 16, 16] products,
+    # then the doubling products; 0: the 16×16 blocks by forward substitution, then the doubling products.
+    # delta_fused._prepass_kernel
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1, RAW_KV=0, INV_TF32=0, INV=0),
     # delta_fused._fused_fwd_kernel; delta_fused_bwd._states_kernel, o
     # RAW_QK 1 (no/scalar decay): q and k reach the tensor cores as stored, the scale and decays applied to the [C, C]
     # and [C, BV] sides (o = diag(scale e^{G}) Q S + A U, S += Kᵀ diag(e^{G_last − G}) U); 0: Q̃, K̃ formed in fp32.

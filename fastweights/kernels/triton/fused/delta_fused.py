@@ -5,7 +5,7 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
 
        G   = chunk-local cumsum of g                       (scalar gate; in the kernel)
        P   = strict_tril(K Kᵀ ⊙ e^{G_i − G_j})             (none/scalar; KDA: read from `scores`, see below)
-       T   = (I + diag(β) P)⁻¹                              (`_unit_lower_inverse`)
+       T   = (I + diag(β) P)⁻¹                              (`_unit_lower_inverse`, or by INV the others)
        W   = T diag(β)(K ⊙ e^{G}),  U' = T diag(β) V       (stored: k's and v's dtype)
        T   stored (the backward's input) when a gradient is wanted: in the inputs' dtype — bf16 for bf16 inputs, which
            every reader rounds it to as a tensor-core operand anyway — fp32 for fp32 inputs.
@@ -28,10 +28,15 @@ through its interleaved micro-steps): two kernels instead of the staged pipeline
 
 The same maths and roundings as the staged pipeline (delta.py): tensor-core operands in the inputs'
 dtype (`util.mm`), fp32 accumulation and state, U rounded to v's dtype where the staged output
-stage reads it. The only new piece is the in-register inverse (`_unit_lower_inverse`), the twin of
-`chunkwise.delta.block_unit_lower_inverse`: 16×16 diagonal blocks by forward substitution, then
-(I + N)⁻¹ with N = B⁻¹L_off strictly block-lower by products (I − N)(I + N²)(I + N⁴)… (exact: N^{C/16} = 0),
-fp32 products ("ieee" for fp32 inputs, "tf32x3" — fp32-accurate on the tensor cores — otherwise).
+stage reads it. The only new piece is the in-register inverse, in one of three forms (`LAUNCH["delta_prepass"]["INV"]`,
+`kernels.variants.INVERSE_FORMS`): 0, the default (`_unit_lower_inverse`): 16×16 diagonal blocks by forward
+substitution, then (I + N)⁻¹ with N = B⁻¹L_off strictly block-lower by products (I − N)(I + N²)(I + N⁴)… (exact:
+N^{C/16} = 0); 1 (`_unit_lower_inverse_rec`, the twin of `chunkwise.delta.block_unit_lower_inverse`): 2×2 block
+recursion on the whole [C, C] tile by masked products, no reshape; 2: the 16×16 blocks by that recursion as batched
+[NB, 16, 16] products, then the doubling of 0. Fp32 products throughout ("ieee" for fp32 inputs, "tf32x3" —
+fp32-accurate on the tensor cores — otherwise). (The product form (I − L)(I + L²)(I + L⁴)(I + L⁸) on the 16×16
+blocks is not offered: its powers of L grow where β ≈ 2 and the keys are near parallel, 0.36 relative error in T
+against 7e-6 — docs/kernel_notes.md "The pre-pass's inverse (r4s14 helper prepass-inverse)".)
 
 Every constexpr depends on the head dims, the dtype, the gate kind, the chunk size and the flags only;
 T and NT are not specialized (`do_not_specialize`), so a varlen call with another packing reuses the
@@ -47,7 +52,7 @@ import triton.language as tl
 
 from ....inputs import InputError
 from ... import empty_output
-from ...variants import delta_fused_forward
+from ...variants import INVERSE_FORMS, delta_fused_forward
 from ..common.layout import Layout
 from ..common.limits import DELTA_FUSED_MAX_HEAD_DIM_CUDA
 from ..common.util import (
@@ -67,16 +72,19 @@ from ..stages.scores import decayed_scores
 from .delta_fused_bwd import states_forward, supports
 
 BC = 16  # rows of the inverse's diagonal blocks
+INVERSE_CODES = {name: code for code, name in INVERSE_FORMS.items()}  # the pre-pass's INV constexpr by form
 
 
 @triton.jit
 def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, LEAF_REC: tl.constexpr = 0):
     """(I + b_L)⁻¹ for b_L [C, C] fp32 strictly lower (zeros on and above the diagonal), in registers.
 
-    Phase 1: the NB = C/BC diagonal blocks as [NB, BC, BC], forward substitution over the BC rows
-    (all blocks together). Phase 2: with B = I + (b_L's diagonal blocks) and L_off the rest,
-    (I + b_L)⁻¹ = (I + N)⁻¹ B⁻¹, N = B⁻¹ L_off, and (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)… up to N^{NB−1}.
+    Phase 1: the NB = C/BC diagonal blocks as [NB, BC, BC], inverted all together: by forward substitution over the
+    BC rows (LEAF_REC 0, the default: 15 steps of [NB, BC, BC] selections and sums), or (LEAF_REC 1,
+    LAUNCH["delta_prepass"]["INV"] = 2) by 2×2 block recursion X_{2s} = X_s − X_s (M_s X_s) from X_2 = I − M_1, as
+    batched [NB, BC, BC] products at PREC (3 levels of two). Phase 2: with B = I + (b_L's diagonal blocks) and L_off
+    the rest, (I + b_L)⁻¹ = (I + N)⁻¹ B⁻¹, N = B⁻¹ L_off, and (I + N)⁻¹ = (I − N)(I + N²)(I + N⁴)… up to N^{NB−1}.
     Blocks move between [C, C] and [NB, BC, BC] through 0/1 selector products (exact: one term per sum)."""
     oc = tl.arange(0, C)
     ob = tl.arange(0, BC)
@@ -88,10 +96,17 @@ def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr
     i3 = ob[None, :, None]
     j3 = ob[None, None, :]
     t3 = tl.where((i3 == j3) & (tl.arange(0, NB)[:, None, None] >= 0), 1.0, 0.0)  # rows ≥ i still e_i
-    for i in range(1, BC):
-        l_i = tl.sum(tl.where(i3 == i, l3, 0.0), axis=1)  # row i of each block  [NB, BC]
-        row = tl.where(ob[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * t3, axis=1)  # [NB, BC]
-        t3 = tl.where(i3 == i, row[:, None, :], t3)
+    if LEAF_REC:
+        t3 = t3 - tl.where((i3 // 2) == (j3 // 2), l3, 0.0)  # X_2 (l3 is 0 on the diagonal)
+        tl.static_assert(BC == 16)  # (the module's BC: levels s = 2, 4, 8)
+        for m in tl.static_range(1, 4):  # s = 2^m: the s-blocks into 2s-blocks  [NB, BC, BC]
+            M3 = tl.where(((i3 >> (m + 1)) == (j3 >> (m + 1))) & ((i3 >> m) != (j3 >> m)), l3, 0.0)
+            t3 = t3 - tl.dot(t3, tl.dot(M3, t3, input_precision=PREC), input_precision=PREC)
+    else:
+        for i in range(1, BC):
+            l_i = tl.sum(tl.where(i3 == i, l3, 0.0), axis=1)  # row i of each block  [NB, BC]
+            row = tl.where(ob[None, :] == i, 1.0, 0.0) - tl.sum(l_i[:, :, None] * t3, axis=1)  # [NB, BC]
+            t3 = tl.where(i3 == i, row[:, None, :], t3)
     # B⁻¹ as [C, C]: Binv[r, c] = t3[r // BC, r % BC, c % BC] on the diagonal blocks
     selt = tl.where(ob[:, None] == (oc[None, :] % BC), 1.0, 0.0)  # [BC, C]
     Binv = tl.where(same, tl.dot(tl.reshape(t3, (C, BC)), selt, input_precision="ieee"), 0.0)
@@ -106,13 +121,41 @@ def _unit_lower_inverse(b_L, C: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr
     return X
 
 
+@triton.jit
+def _unit_lower_inverse_rec(b_L, C: tl.constexpr, LOG_C: tl.constexpr, PREC: tl.constexpr):
+    """(I + b_L)⁻¹ for b_L [C, C] fp32 strictly lower, in registers, by 2×2 block recursion on the whole tile
+    (LAUNCH["delta_prepass"]["INV"] = 1; the twin of `chunkwise.delta.block_unit_lower_inverse`):
+
+        [[A, 0], [B, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ B A⁻¹, D⁻¹]],  i.e.  X_{2s} = X_s − X_s (M_s X_s)
+
+    with X_s [C, C] the inverse of (I + b_L)'s diagonal s × s blocks and M_s b_L's entries in the lower-left s × s
+    quarter of each diagonal 2s × 2s block (masks on the [C, C] tile: no reshape, no selector). X_2 = I − M_1 takes no
+    product; each of the log₂C − 1 further levels takes two [C, C] products at PREC (exact zeros stay zero: the
+    tile stays block-diagonal). 10 products at C = 64, 8 at 32, 6 at 16. One [C, C] tile carries both across the
+    levels: W holds X_s inside the s-blocks and b_L's entries not yet used outside them (b_L and X_s are not live
+    together: 32 registers a thread fewer at C 64, 4 warps)."""
+    oc = tl.arange(0, C)
+    r = oc[:, None]
+    c = oc[None, :]
+    W = tl.where((r // 2) == (c // 2), tl.where(r == c, 1.0, 0.0) - b_L, b_L)  # X_2 inside the 2-blocks, b_L outside
+    for m in tl.static_range(1, LOG_C):  # s = 2^m: merge the s-blocks into 2s-blocks
+        inside = (r >> m) == (c >> m)  # the s-blocks: X_s there
+        quarter = ((r >> (m + 1)) == (c >> (m + 1))) & ((r >> m) != (c >> m))  # the 2s-blocks' lower-left quarters
+        X = tl.where(inside, W, 0.0)
+        M = tl.where(quarter, W, 0.0)  # b_L there
+        # X_{2s} = X_s − X_s M X_s: X_s inside the s-blocks (kept), −X_s M X_s on the quarters (zero elsewhere)
+        W = tl.where(quarter, -tl.dot(X, tl.dot(M, X, input_precision=PREC), input_precision=PREC), W)
+    return W
+
+
 @triton.jit(do_not_specialize=["T"])
 def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_local, scale, T, H: tl.constexpr,
                     HQ: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                     BC: tl.constexpr, NB: tl.constexpr, LOG_NB: tl.constexpr, GATE: tl.constexpr, P_IN: tl.constexpr,
                     STORE_T: tl.constexpr, STORE_A: tl.constexpr, STORE_WU: tl.constexpr, IS_VARLEN: tl.constexpr,
-                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr, RAW_KV: tl.constexpr):
+                    DT: tl.constexpr, IEEE: tl.constexpr, PREC: tl.constexpr, RAW_KV: tl.constexpr,
+                    INV: tl.constexpr, LOG_C: tl.constexpr):
     # GATE 0 none, 1 scalar [B, T, H], 2 diagonal [B, T, H, K] (then P_IN: P read from memory);
     # RAW_KV (GATE 0/1): W = (T diag(β e^{G})) K and U' = (T diag(β)) V — the row factors on T's columns, k and v to
     # the tensor cores as stored (0: β and the decay applied to fp32 copies of the k and v tiles);
@@ -157,7 +200,10 @@ def _prepass_kernel(q, k, v, g, beta, P, Ti, w, u1, A, cu, chunk_seq, chunk_loca
         if STORE_A:
             tl.store(A + (rows[:, None] * H + i_h) * C + oc[None, :], tl.where(causal, b_A, 0.0), mask=m_t[:, None])
     b_L = tl.where(strict, b_P * b_beta[:, None], 0.0)
-    b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC)  # [C, C] fp32
+    if INV == 1:  # the inverse by 2×2 block recursion on the [C, C] tile (masks and products only)
+        b_T = _unit_lower_inverse_rec(b_L, C, LOG_C, PREC)  # [C, C] fp32
+    else:  # 16×16 diagonal blocks by forward substitution (INV 0) or batched recursion (INV 2), then doubling
+        b_T = _unit_lower_inverse(b_L, C, BC, NB, LOG_NB, PREC, INV == 2)  # [C, C] fp32
     if STORE_T:
         tl.store(Ti + (rows[:, None] * H + i_h) * C + oc[None, :], b_T.to(Ti.dtype.element_ty), mask=m_t[:, None])
     if STORE_WU and RAW_KV and GATE != 2:
@@ -320,20 +366,13 @@ def fused_programs(L: Layout) -> dict:
 FUSED_MAX_HEAD_DIM_CUDA = DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
 
-def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
-                  store_T: bool):
-    """The decay-first delta rule's forward in two kernels (see the module docstring).
-
-    q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None / [B, T, H] / [B, T, H, K] (the raw
-    log-decay: the kernels take its chunk-local cumsum), β [B, T, H], h0 None or [NS, H, K, V] fp32.
-    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
-    (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
-    [NS, H, K, V] fp32 or None (`output_final_state`))."""
-    if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
-        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
-                         f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
-                         "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
-                         "head dims")
+def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
+    """The fused forward's first kernel alone (`_prepass_kernel`, with the variants the launch table picks:
+    `kernels.variants.delta_fused_forward`), for `fused_forward` and for timing it alone
+    (scripts/gpu_prepass_inverse.py). Inputs as `fused_forward`'s. Returns (the DeltaFusedForward that ran, W
+    [B, T, H, K] and U' [B, T, H, V] in k's / v's dtype (the T form: both are T, unwritten placeholders), T
+    [B, T, H, C] in q's dtype or None (written where `store_T` or the T form), Aqk [B, T, H, C] fp32 or None
+    (written with Aqk from the pre-pass; for the diagonal decay, from the scores kernel))."""
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)
@@ -366,8 +405,32 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv), **launch("delta_prepass"))
+        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv),
+        INV=INVERSE_CODES[chosen.inverse_form], LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
     del P
+    return chosen, w, u1, Ti, A
+
+
+def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final_state: bool, store_states: bool,
+                  store_T: bool):
+    """The decay-first delta rule's forward in two kernels (see the module docstring).
+
+    q, k [B, T, H_q, K], v [B, T, H, V] (one dtype), g None / [B, T, H] / [B, T, H, K] (the raw
+    log-decay: the kernels take its chunk-local cumsum), β [B, T, H], h0 None or [NS, H, K, V] fp32.
+    Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
+    (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
+    [NS, H, K, V] fp32 or None (`output_final_state`))."""
+    if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
+        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
+                         f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
+                         "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
+                         "head dims")
+    chosen, w, u1, Ti, A = prepass(q, k, v, g, beta, scale, L, store_T=store_T)
+    dev = q.device
+    gate = 0 if g is None else (2 if g.dim() == 4 else 1)
+    DT, IEEE = dot_dtype(q.dtype)
+    cu, _, _, offsets = varlen_args(L, dev)
+    t_form = chosen.t_form
     if t_form:
         o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
                                      output_final_state=output_final_state, name="delta_fused_fwd_t")

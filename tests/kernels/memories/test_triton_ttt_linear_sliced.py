@@ -1,11 +1,11 @@
 """kernels.triton.memories.ttt_linear_sliced (TTT-Linear's sequential passes with the value columns sliced over
-programs, one launch a mini-batch each way; util.LAUNCH["ttt_linear_sliced"]["ON"]: by default where sequences × heads
-≤ MAX_BH) against the torch twin `ttt_linear_torch` (chunkwise.minibatch, float64), the float64 recurrence and the
-one-program kernels: outputs, final weights and anchor, and every gradient — q, k, v, the inner learning rates β, γ,
-β_ln, the initial weights and anchor; lengths that are no multiple of the mini-batch, a carried mini-batch, chained
-calls, varlen with an empty and a length-1 sequence, grouped heads, a padded head dim with a partial slice, one
-slice and several, more slices asked for than 16-wide columns allow, fp32, bf16 and fp16 inputs; the reverse pass
-sliced or not (BWD).
+programs, one launch a mini-batch each way; util.LAUNCH["ttt_linear_sliced"]["ON"]: off by default (measured slower), 2
+where sequences × heads ≤ MAX_BH) against the torch twin `ttt_linear_torch` (chunkwise.minibatch, float64), the float64
+recurrence and the one-program kernels: outputs, final weights and anchor, and every gradient — q, k, v, the inner
+learning rates β, γ, β_ln, the initial weights and anchor; lengths that are no multiple of the mini-batch, a carried
+mini-batch, chained calls, varlen with an empty and a length-1 sequence, grouped heads, a padded head dim with a partial
+slice, one slice and several, more slices asked for than 16-wide columns allow, fp32, bf16 and fp16 inputs; the reverse
+pass sliced or not (BWD).
 
 Marked `triton`: under TRITON_INTERPRET=1 on CPU tensors at tiny shapes (D = 16, 20, 32 and 64, T ≤ 41); kernel
 outputs are NaN-poisoned (tests/conftest.py). Fresh random inputs every run; the seed is printed."""
@@ -67,9 +67,12 @@ def test_the_slices():
 
 
 def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
-    """ON 2 (the default): sliced when sequences × heads ≤ MAX_BH (64); 0 never, 1 always; the name the variant
-    gives, conditional where sequences × heads is unknown; another ON refused."""
-    assert (LAUNCH["ttt_linear_sliced"]["ON"], LAUNCH["ttt_linear_sliced"]["MAX_BH"]) == (2, 64)
+    """ON 0 (the default: measured slower, util.LAUNCH's note) never; ON 2: sliced when sequences × heads ≤ MAX_BH
+    (64); 1 always; the name the variant gives, conditional where sequences × heads is unknown; another ON refused."""
+    assert (LAUNCH["ttt_linear_sliced"]["ON"], LAUNCH["ttt_linear_sliced"]["MAX_BH"]) == (0, 64)
+    assert not V.ttt_linear(1, 1, LAUNCH).sliced and str(V.ttt_linear(None, 4, LAUNCH).variant) == \
+        "TTT-Linear: one program"
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     assert V.ttt_linear(4, 16, LAUNCH).sliced and V.ttt_linear(1, 1, LAUNCH).sliced
     assert not V.ttt_linear(64, 2, LAUNCH).sliced and not V.ttt_linear(5, 13, LAUNCH).sliced
     assert str(V.ttt_linear(4, 16, LAUNCH).variant) == "TTT-Linear: sliced NP 4"
@@ -87,10 +90,12 @@ def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
         V.ttt_linear(1, 1, LAUNCH)
 
 
-def test_the_pipeline_names_the_variant():
-    """`fw.pipeline(..., variants=True)` of TTT-Linear on the Triton row names the sliced passes' rule: conditional
-    without the call's sequences × heads, else what the rule picks for them."""
+def test_the_pipeline_names_the_variant(monkeypatch):
+    """`fw.pipeline(..., variants=True)` of TTT-Linear on the Triton row names the one-program passes by default, and
+    under ON 2 the sliced passes' rule: conditional without the call's sequences × heads, else what it picks."""
     ttt = dict(device="cuda", dtype=torch.bfloat16, head_dim=128, variants=True)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: one program",)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     assert fw.pipeline("ttt_linear", **ttt) == ("triton", "TTT-Linear kernels (tf32)", (
         "TTT-Linear: sliced NP 4 where sequences × heads ≤ 64, else one program",))
     assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: sliced NP 4",)
@@ -98,8 +103,9 @@ def test_the_pipeline_names_the_variant():
 
 
 def test_the_default_runs_what_the_rule_picks(monkeypatch, gen):
-    """The shipped auto rule on a call: with MAX_BH 2, B 1 × H 2 runs the sliced passes forward and backward and
+    """The auto rule (ON 2) on a call: with MAX_BH 2, B 1 × H 2 runs the sliced passes forward and backward and
     B 3 × H 2 the one-program ones, each held to the float64 twin (outputs, final state, every gradient)."""
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     ran = []
     for kern, name in ((sliced._step_kernel, "sliced"), (sliced._chain_kernel, "sliced_bwd"),
@@ -313,9 +319,9 @@ def test_cuda_realistic(monkeypatch, gen, size, dtype, NP):
 
 
 def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
-    """A MemoryMixer("ttt_linear") on the Triton row (the fake CUDA table, the kernels under the interpreter), MAX_BH 2:
-    at batch 1 × 2 heads the sliced passes run both ways and the record, the repr and `fw.pipeline` for the same facts
-    say "sliced NP 4"; at batch 2 the one-program passes run and all three say "one program"."""
+    """A MemoryMixer("ttt_linear") on the Triton row (the fake CUDA table, the kernels under the interpreter), ON 2 and
+    MAX_BH 2: at batch 1 × 2 heads the sliced passes run both ways and the record, the repr and `fw.pipeline` for the
+    same facts say "sliced NP 4"; at batch 2 the one-program passes run and all three say "one program"."""
     from fastweights.layers.mixer import MemoryMixer
     from tests.fake_cuda import FakeCuda
     from tests.kernels.test_variants import _spied
@@ -323,6 +329,7 @@ def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
     FakeCuda(monkeypatch, kernels=True).install()
     ran = _spied(monkeypatch, {"sliced": sliced._step_kernel, "sliced backward": sliced._chain_kernel,
                                "one program": mod._state_kernel, "one-program backward": mod._bwd_kernel})
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     torch.manual_seed(0)
     layer = MemoryMixer(32, "ttt_linear", 2, head_dim=16, backend="triton", layer_ops="torch")

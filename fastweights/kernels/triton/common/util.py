@@ -188,15 +188,18 @@ LAUNCH: dict[str, dict] = {
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
-    # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 (the default)
-    # on where sequences × heads ≤ MAX_BH (`kernels.variants.ttt_linear`, the rule TTT-MLP's and Titans' sliced
-    # kernels take; MAX_BH 64 theirs, untimed for TTT-Linear); NP: at most NP slices, each ≥ 16 columns
-    # (`ttt_linear_sliced.slices`); BWD 1: with ON, the reverse pass sliced too (0: ttt_linear_bwd's kernel reads the
-    # same anchors); SYNC 1: each pass one persistent launch (`_step_sync_kernel`, `_chain_sync_kernel`), the NP
-    # programs of a head meeting at a global-memory count each mini-batch instead of 257 launches a way at T 4096 —
-    # GPU only (the interpreter runs programs one at a time), untested there: 0 until a GPU holds it to float64.
-    # Untimed: scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear (docs/kernel_notes.md "TTT-Linear sliced").
-    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=2, MAX_BH=64, NP=4, BWD=1, SYNC=0),  # …_step_kernel
+    # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off (the default), 1 on, 2 on
+    # where sequences × heads ≤ MAX_BH (`kernels.variants.ttt_linear`, the rule TTT-MLP's and Titans' sliced kernels
+    # take). Off because it loses: H200, bf16, B 4, T 4096, H 16, D 128 (64 programs), fwd / fwd+bwd ms (r4s14 call 5)
+    # one program 2.54 / 9.46, NP 4 11.58 / 28.02, NP 2 at 8 warps 15.14 / 30.57 — TTT-Linear's chain a mini-batch is
+    # two [D, D] products (TTT-MLP's and Titans' are tens), so 257 launches a way and the exchanges cost more than the
+    # shorter chain saves. NP: at most NP slices, each ≥ 16 columns (`ttt_linear_sliced.slices`); BWD 1: with ON, the
+    # reverse pass sliced too (0: ttt_linear_bwd's kernel reads the same anchors); SYNC 1: each pass one persistent
+    # launch (`_step_sync_kernel`, `_chain_sync_kernel`), the NP programs of a head meeting at a global-memory count
+    # each mini-batch instead of 257 launches — GPU only (the interpreter runs programs one at a time), never run on
+    # one: 0 until a GPU holds it to float64 (scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear; docs/kernel_notes.md
+    # "TTT-Linear sliced").
+    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=0, MAX_BH=64, NP=4, BWD=1, SYNC=0),  # …_step_kernel
     "ttt_linear_sliced_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_linear_sliced._chain_kernel
     # TTT-MLP at 8 warps (H200, BENCHMARKS §1p): at tf32 (bf16 inputs) B 4, T 4096, H 16, D 128 fwd+bwd 309 → 266 ms,
     # B 64, T 512, H 2, D 64 8.41 → 8.35; at ieee (fp32/fp16) 13.95 → 13.47 ms; sm_90 spills fall (D 64 bwd 1,564 →

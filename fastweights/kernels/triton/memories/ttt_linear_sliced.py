@@ -1,8 +1,9 @@
 """TTT-Linear's sequential passes with the value columns sliced over programs (issue 36, D 128): a launch option of
-`ttt.py` (util.LAUNCH["ttt_linear_sliced"]: ON 2 by default, sliced where sequences × heads ≤ MAX_BH,
-`kernels.variants.ttt_linear`; BWD 1 slices the reverse pass too, 0 keeps `ttt._bwd_kernel`, which reads the same
-stored anchors), the contract of `ttt._TTTLinear`. The parallel kernels (`ttt._readout_kernel`, `ttt._bwd_read_kernel`)
-are unchanged and read the anchors these passes store.
+`ttt.py` (util.LAUNCH["ttt_linear_sliced"]: ON 0 by default — 3× slower than the one-program passes at B 4, T 4096, H
+16, D 128 on an H200, r4s14 —; ON 2 slices where sequences × heads ≤ MAX_BH, `kernels.variants.ttt_linear`; BWD 1 slices
+the reverse pass too, 0 keeps `ttt._bwd_kernel`, which reads the same stored anchors), the contract of `ttt._TTTLinear`.
+The parallel kernels (`ttt._readout_kernel`, `ttt._bwd_read_kernel`) are unchanged and read the anchors these passes
+store.
 
 Why (docs/kernel_notes.md, "TTT-Linear sliced"): `ttt._state_kernel` and `ttt._bwd_kernel` run one program per
 (sequence, head) — 64 programs on 132 SMs at the LM's B 4, H 16 — each walking T/b = 256 mini-batches with [D, D]

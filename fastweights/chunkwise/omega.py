@@ -20,13 +20,14 @@ written out (its products batched over B·H, as the forward's). The carried wind
 already (MemoryState.window_k [B, c−1, H, K']), so a segment whose window reaches before the sequence scores those
 pairs by φ(q)·φ(k) explicitly.
 
-Routing: `torch_backend.minibatch_chunk_impl` (the torch row, and the Triton row's generic_chunk through it) takes
-this path where `applies(recipe)`, `kernel_trick()` is on (the default) and the state is `wide` (K'·V ≥ 2¹⁷ by
-default); `kernel_trick(False)` routes those recipes back to `minibatch.minibatch_chunk` on φ(q), φ(k) (the twin the
-tests hold it to). `minibatch.checkpoint_chain(k)` applies here as there. No varlen (neither form has one); under a
-torch.func transform the old form runs (a custom Function without vmap rules). The backward is once differentiable.
-Under autocast the segments run in the compute dtype (fp32) with autocast off, as MesaNet's form does (the expanded
-form's products run in bf16 there); the torch row's call without autocast (the op tables) computes in fp32 either way.
+Routing: `torch_backend.minibatch_chunk_impl` (the torch row, and the Triton row's generic_chunk through it) takes this
+path where `applies(recipe)`, `kernel_trick(True)` has switched it on (off by default: slower on the GPU, `_TRICK`'s
+note) and the state is `wide` (K'·V ≥ 2¹⁷ by default); `kernel_trick(False)` routes those recipes back to
+`minibatch.minibatch_chunk` on φ(q), φ(k) (the twin the tests hold it to). `minibatch.checkpoint_chain(k)` applies here
+as there. No varlen (neither form has one); under a torch.func transform the old form runs (a custom Function without
+vmap rules). The backward is once differentiable. Under autocast the segments run in the compute dtype (fp32) with
+autocast off, as MesaNet's form does (the expanded form's products run in bf16 there); the torch row's call without
+autocast (the op tables) computes in fp32 either way.
 """
 
 from __future__ import annotations
@@ -45,19 +46,27 @@ Tensor = torch.Tensor
 
 __all__ = ["applies", "feature_products", "kernel_trick", "omega_chunk", "wide"]
 
-_TRICK = {"on": True, "min_elements": 1 << 17}
+#: Off by default: on an H200 (r4s14 call 5, B 64, T 512, H 2, K = V = 64, bf16) this form took 141.4 ms fwd+bwd
+#: (28.7 forward) against the mini-batch form's 64.8 (r4s13; 18.6 forward) — its segment-at-a-time fp32 products
+#: and per-mini-batch autograd Functions cost more on the GPU than the pair scores they save. `kernel_trick(True)`
+#: opts in (less kept for the backward: 35.0 against 52.2 KiB a token and head at K 64, docs/kernel_notes.md).
+_TRICK = {"on": False, "min_elements": 1 << 17}
 
 
-def kernel_trick(enabled: bool = True, min_elements: int = 1 << 17) -> None:
-    """Route the recipes `applies` takes to `omega_chunk` (True, the default) or back to the mini-batch form on
-    expanded features (False: `minibatch.minibatch_chunk`, the same recurrence to rounding), where the state [K', V]
-    has at least `min_elements` elements (`wide`): a narrower one stays on the mini-batch form, whose readout of all
-    segments at once after the loop (`minibatch.split_readout`'s same default, 2¹⁷) ran faster there (CPU, K 32:
-    K'·V 17,952) than this form's segment at a time; OmegaNet at K 64 (2,145 × 64) and K 128 is wide. 0: always."""
+def kernel_trick(enabled: bool = True, min_elements: int = 1 << 17) -> dict:
+    """Route the recipes `applies` takes to `omega_chunk` (True) or back to the mini-batch form on expanded features
+    (False, the shipped default — slower on the GPU, `_TRICK`'s note: `minibatch.minibatch_chunk`, the same recurrence
+    to rounding), where the state [K', V] has at least `min_elements` elements (`wide`): a narrower one stays on the
+    mini-batch form, whose readout of all segments at once after the loop (`minibatch.split_readout`'s same default,
+    2¹⁷) ran faster there (CPU, K 32: K'·V 17,952) than this form's segment at a time; OmegaNet at K 64 (2,145 × 64) and
+    K 128 is wide. 0: always.
+    Returns the settings before the call ({"enabled", "min_elements"}), for `kernel_trick(**old)` to put them back."""
     from ..inputs import check_flag, check_int
 
+    old = {"enabled": _TRICK["on"], "min_elements": _TRICK["min_elements"]}
     _TRICK["on"] = check_flag("enabled", enabled)
     _TRICK["min_elements"] = check_int("min_elements", min_elements, low=0)
+    return old
 
 
 def wide(Kf: int, V: int) -> bool:

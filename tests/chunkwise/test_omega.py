@@ -10,13 +10,21 @@ from fastweights.chunkwise import minibatch, omega
 from tests.helpers import make_case, max_err, run_with_grads
 from tests.tolerances import CHUNK_F64
 
+SHIPPED = dict(omega._TRICK)  # the switch as the package ships it, before any test moves it
+
 
 @pytest.fixture(autouse=True)
 def every_width():
-    """The kernel trick's form at every state width (its default routes only K'·V ≥ 2¹⁷ there)."""
+    """The kernel trick's form, on, at every state width (its default routes only K'·V ≥ 2¹⁷ there), then the
+    shipped switch again."""
     omega.kernel_trick(True, min_elements=0)
     yield
-    omega.kernel_trick(True)
+    omega.kernel_trick(SHIPPED["on"], min_elements=SHIPPED["min_elements"])
+
+
+def test_the_kernel_trick_is_opt_in():
+    """Shipped off (slower on the GPU: `omega._TRICK`'s note): fw.chunk runs OmegaNet on the mini-batch form."""
+    assert SHIPPED == {"on": False, "min_elements": 1 << 17}
 
 
 def _close(a, b, tol):
@@ -43,11 +51,11 @@ RECIPES = {
 
 
 def _expanded(fn, *args):
-    omega.kernel_trick(False)
+    old = omega.kernel_trick(False)
     try:
         return fn(*args)
     finally:
-        omega.kernel_trick(True, min_elements=0)
+        omega.kernel_trick(**old)
 
 
 def _same(a, b):
@@ -109,8 +117,8 @@ def test_kernel_trick_under_checkpoint_chain():
 
 
 def test_routing(monkeypatch):
-    """fw.chunk runs OmegaNet by the kernel trick unless `kernel_trick(False)`; ATLAS (muon, MLP) and TTT-Linear
-    (bias, residual LN, averaged gd) never."""
+    """With `kernel_trick(True)`, fw.chunk runs OmegaNet by the kernel trick, and not after `kernel_trick(False)`;
+    ATLAS (muon, MLP) and TTT-Linear (bias, residual LN, averaged gd) never."""
     calls = []
     real = omega.omega_chunk
     monkeypatch.setattr(omega, "omega_chunk", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -86,14 +86,14 @@ def test_omega_form_with_the_kernels_equals_it_on_torch(model, T, cut):
     cut at offset 2: the second call's first segment continues a mini-batch from the carried anchor by the kernels."""
     inputs = fw.example_inputs(model, batch_size=2, seq_len=T, num_heads=2, head_dim=8, device=DEV)
     state = inputs.pop("initial_state", None)
-    omega.kernel_trick(True, min_elements=0)
+    old = omega.kernel_trick(True, min_elements=0)
     try:
         want = _run(inputs, state, cut, model)
         omega.feature_products(feature_mm, feature_tmm, feature_vjp_kernel)
         got = _run(inputs, state, cut, model)
     finally:
         omega.feature_products()
-        omega.kernel_trick(True)
+        omega.kernel_trick(**old)
     assert rel(got[0], want[0]) < CHUNK_F32_REL
     for a, b in zip(state_tensors(got[1]), state_tensors(want[1])):
         assert rel(a, b) < CHUNK_F32_REL

@@ -26,8 +26,8 @@ TF32 process-wide (OmegaNet's form on TF32: emulated on the CPU its o and gradie
 seconds, or its launch error). Each result is appended to time.json under --out as soon as it exists (a later row
 that hangs or fails keeps the earlier ones).
 
---kernel-trick off routes OmegaNet to the mini-batch form on expanded features (`chunkwise.omega.kernel_trick`); the
-default is the kernel trick's form; --feature-kernels runs its K'-wide products by the Triton kernels that build φ in
+--kernel-trick on routes OmegaNet to the kernel trick's form (`chunkwise.omega.kernel_trick`; off, the default as the
+library's: the mini-batch form on expanded features); --feature-kernels runs its K'-wide products by the Triton kernels that build φ in
 registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
 (--threads):
 
@@ -319,9 +319,10 @@ def main(argv=None):
                     help="--time: each model once more with every fp32 product of the process on TF32 (torch's "
                          "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "
                          "model's first row) — what a TF32 region around the whole form would give at most")
-    ap.add_argument("--kernel-trick", default="on", choices=["on", "off", "both"],
-                    help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on, the "
-                         "default; at every width, min_elements 0) or the mini-batch form on expanded features (off)")
+    ap.add_argument("--kernel-trick", default="off", choices=["on", "off", "both"],
+                    help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on: at every "
+                         "width, min_elements 0) or the mini-batch form on expanded features (off, the default as "
+                         "the library's)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "
                          "after one warm-up: median and min ms) instead")

@@ -27,8 +27,8 @@ seconds, or its launch error). Each result is appended to time.json under --out 
 that hangs or fails keeps the earlier ones).
 
 --kernel-trick on routes OmegaNet to the kernel trick's form (`chunkwise.omega.kernel_trick`; off, the default as the
-library's: the mini-batch form on expanded features); --feature-kernels runs its K'-wide products by the Triton kernels that build φ in
-registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
+library's: the mini-batch form on expanded features); --feature-kernels runs its K'-wide products by the Triton
+kernels that build φ in registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
 (--threads):
 
     python scripts/minibatch_memory.py --cpu-time --models omeganet --shape 4 256 2 --D 32 --kernel-trick both
@@ -320,8 +320,8 @@ def main(argv=None):
                          "matmul.fp32_precision = 'tf32': the whole form, forward and backward; its errors against the "
                          "model's first row) — what a TF32 region around the whole form would give at most")
     ap.add_argument("--kernel-trick", default="off", choices=["on", "off", "both"],
-                    help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on: at every "
-                         "width, min_elements 0) or the mini-batch form on expanded features (off, the default as "
+                    help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on: at "
+                         "every width, min_elements 0) or the mini-batch form on expanded features (off, the default as "
                          "the library's)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "

@@ -28,8 +28,8 @@ that hangs or fails keeps the earlier ones).
 
 --kernel-trick on routes OmegaNet to the kernel trick's form (`chunkwise.omega.kernel_trick`; off, the default as the
 library's: the mini-batch form on expanded features); --feature-kernels runs its K'-wide products by the Triton
-kernels that build φ in registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step on the CPU at --shape
-(--threads):
+kernels that build φ in registers (`kernels.triton.memories.omega_features`). --cpu-time times the fp32 fwd+bwd step
+on the CPU at --shape (--threads):
 
     python scripts/minibatch_memory.py --cpu-time --models omeganet --shape 4 256 2 --D 32 --kernel-trick both
 
@@ -321,8 +321,8 @@ def main(argv=None):
                          "model's first row) — what a TF32 region around the whole form would give at most")
     ap.add_argument("--kernel-trick", default="off", choices=["on", "off", "both"],
                     help="`fastweights.chunkwise.omega.kernel_trick`: OmegaNet's form by the kernel trick (on: at "
-                         "every width, min_elements 0) or the mini-batch form on expanded features (off, the default as "
-                         "the library's)")
+                         "every width, min_elements 0) or the mini-batch form on expanded features (off, the "
+                         "default as the library's)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time the fp32 fwd+bwd step on the CPU at --shape (--threads torch threads, --repeats calls "
                          "after one warm-up: median and min ms) instead")

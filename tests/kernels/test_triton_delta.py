@@ -33,7 +33,16 @@ from fastweights.kernels.triton.stages.delta_output import chunk_outputs, chunk_
 from fastweights.kernels.triton.stages.delta_states import pass_states_bwd, pass_states_fwd
 from fastweights.kernels.triton.stages.delta_wy import wy_representation, wy_representation_bwd
 from fastweights.kernels.triton.stages.scores import decayed_scores
-from tests.kernels.helpers import DEV, check, chunk_rows_agree, each_sequence_alone, grads, rel, to_dev
+from tests.kernels.helpers import (
+    DEV,
+    check,
+    chunk_rows_agree,
+    delta_bf16_agrees,
+    each_sequence_alone,
+    grads,
+    rel,
+    to_dev,
+)
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TRITON_DELTA_LOW_REL
@@ -264,17 +273,7 @@ def test_bf16_inputs(gate, gen):
     """bf16 q, k, v, β, g, S0: o and every gradient come back in bf16, within TRITON_DELTA_LOW_REL of
     the fp32 torch chunk form on the same rounded values. (Under the interpreter the bf16
     tensor-core products are emulated by rounding the operands: util.mm.)"""
-    x = _inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
-    seed = secrets.randbits(31)
-
-    def torch_run(xd):
-        xd = {key: val.float() for key, val in xd.items()}
-        return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
-                           initial_state=xd["S0"], output_final_state=True, chunk_size=16)
-
-    got = grads(_triton, x, seed)
-    assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
-    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
+    delta_bf16_agrees(gate, gen)
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar"])

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import fastweights as fw
-from fastweights.chunkwise import chunk_delta
 from fastweights.kernels import variants as V
 from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.common.layout import make_layout
@@ -29,6 +28,7 @@ from fastweights.kernels.triton.fused.delta_fused import fused_forward
 from tests.kernels.helpers import (
     DEV,
     check,
+    delta_bf16_agrees,
     each_sequence_alone,
     force_delta_pipeline,
     grads,
@@ -39,7 +39,7 @@ from tests.kernels.helpers import (
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
 from tests.kernels.test_triton_delta import GATES, _recurrent, _Stages
-from tests.tolerances import CHUNK_F32_REL, F32, INVERSE_ILL_F32_REL, TRITON_DELTA_LOW_REL
+from tests.tolerances import CHUNK_F32_REL, F32, INVERSE_ILL_F32_REL
 
 pytestmark = pytest.mark.triton
 
@@ -217,17 +217,7 @@ def test_chained_states(gate, gen, recursion):
 def test_bf16_inputs(gate, gen, recursion):
     """bf16 q, k, v, β, g, S0 (the inverse's products at tf32x3): o and every gradient in bf16, within
     TRITON_DELTA_LOW_REL of the fp32 torch chunk form on the same rounded values."""
-    x = _inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
-    seed = secrets.randbits(31)
-
-    def torch_run(xd):
-        xd = {key: val.float() for key, val in xd.items()}
-        return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
-                           initial_state=xd["S0"], output_final_state=True, chunk_size=16)
-
-    got = grads(_triton, x, seed)
-    assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
-    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
+    delta_bf16_agrees(gate, gen)
     assert len(recursion) > 1 and set(recursion) == {recursion[0]}
 
 

@@ -192,11 +192,18 @@ def test_varlen_equals_each_sequence_alone(gen, offset):
     each with its own state row and mini-batches from its own start equals the twin on that sequence alone —
     outputs, each final state, every gradient; the final offsets are each sequence's. (The kernels serve varlen; the
     dispatch row does not yet: a MemoryState carries one offset, and the torch row refuses it.)"""
+    varlen_agrees(gen, offset)
+
+
+def varlen_agrees(gen, offset, D=None):
+    """`test_varlen_equals_each_sequence_alone`'s check at head dim D (None: `_inputs`' default) on the kernels the
+    launch table picks now (the sliced passes' test runs it at D 32 over 2 slices)."""
     lengths = [9, 0, 37, 1, 16]
     cu = torch.tensor([0] + lengths).cumsum(0)
     N, T = len(lengths), sum(lengths)
-    x = _inputs(gen, B=1, T=T, Hq=1)
-    x.update({n: _inputs(gen, B=N, T=1, Hq=1)[n] for n in ("W", "b", "A", "a")})  # one state row per sequence
+    kw = {} if D is None else {"D": D}
+    x = _inputs(gen, B=1, T=T, Hq=1, **kw)
+    x.update({n: _inputs(gen, B=N, T=1, Hq=1, **kw)[n] for n in ("W", "b", "A", "a")})  # a state row a sequence
     seed = int(torch.randint(0, 2**31, (), generator=gen))
 
     def packed(leaves, off, b):

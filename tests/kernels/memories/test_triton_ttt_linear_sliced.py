@@ -225,42 +225,8 @@ def test_varlen_equals_each_sequence_alone(steps, gen, offset):
 @pytest.mark.parametrize("offset", [0, 5])
 def test_varlen_with_two_slices(monkeypatch, steps, gen, offset):
     """Varlen at D 32 over 2 slices (the one-program case's sequences, grouped heads H_q 1 → H 2)."""
-    from fastweights.kernels.triton.memories.ttt import ttt_linear_triton
-    from tests.kernels.helpers import DEV
-    from tests.kernels.memories.test_triton_ttt import SCALE
-
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "NP", 2)
-    lengths = [9, 0, 37, 1, 16]
-    cu = torch.tensor([0] + lengths).cumsum(0)
-    N, T = len(lengths), sum(lengths)
-    x = _inputs(gen, B=1, T=T, Hq=1, D=32)
-    x.update({n: _inputs(gen, B=N, T=1, Hq=1, D=32)[n] for n in ("W", "b", "A", "a")})
-    seed = _seed(gen)
-
-    def packed(leaves, off, b):
-        return ttt_linear_triton(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves["lnw"], leaves["lnb"],
-                                 scale=SCALE, weights=(leaves["W"], leaves["b"]),
-                                 anchor=(leaves["A"], leaves["a"]) if off else None, offset=off, minibatch=b,
-                                 cu_seqlens=cu.to(DEV))
-
-    def alone(leaves, off, b):
-        outs, parts = [], []
-        for i, (s0, s1) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-            seq = {n: (val[:, s0:s1] if n in ("q", "k", "v", "beta") else val[i:i + 1] if n in "WbAa" else val)
-                   for n, val in leaves.items()}
-            if s1 == s0:
-                outs.append(seq["v"])
-                parts.append(((seq["W"], seq["b"]), (seq["A"], seq["a"]) if off else (seq["W"], seq["b"]), off))
-                continue
-            o, w, a, o_off = _twin(seq, off, b)
-            outs.append(o)
-            parts.append((w, a, o_off))
-        cat = [torch.cat(t, dim=0) for t in zip(*[(w[0], w[1], a[0], a[1]) for w, a, _ in parts])]
-        return torch.cat(outs, dim=1), (cat[0], cat[1]), (cat[2], cat[3]), [p[2] for p in parts]
-
-    got = _run(packed, _fp32(x), offset, seed)
-    assert got[1] == [(offset + n) % 16 for n in lengths]
-    _agree(got, _run(alone, x, offset, seed), CHUNK_F32_REL)
+    one.varlen_agrees(gen, offset, D=32)
 
 
 def test_the_persistent_launch_needs_a_gpu(monkeypatch, gen):

@@ -334,8 +334,9 @@ def test_every_autograd_function_of_the_torch_paths_is_in_torch_funcs_form():
     """A stacked lab run vmaps the torch paths (`lab.stack`): every autograd.Function of `fastweights.chunkwise` has
     `setup_context` (torch.func refuses the old `forward(ctx, ...)` form), but for those `lab.stack` names or never
     stacks: MesaNet's CG solve and its TF32 region (MesaNet does not stack; the region differentiates its own graph
-    with torch.autograd.grad, which torch.func cannot trace) and the diagonal scores (a functional form runs under
-    torch.func)."""
+    with torch.autograd.grad, which torch.func cannot trace), the diagonal scores (a functional form runs under
+    torch.func) and OmegaNet's kernel-trick segment (`omega._Segment`: `omega.applies` is False under a torch.func
+    transform, so the mini-batch form runs there; tests/chunkwise/test_omega.py holds that)."""
     import importlib
     import inspect
     import pkgutil
@@ -349,4 +350,4 @@ def test_every_autograd_function_of_the_torch_paths_is_in_torch_funcs_form():
                   and issubclass(obj, torch.autograd.Function)]
     assert len(found) >= 4
     old_form = sorted(f.__qualname__ for f in found if f.setup_context is torch.autograd.Function.setup_context)
-    assert old_form == ["_CGSolve", "_DiagonalScores", "_TF32Region"], old_form
+    assert old_form == ["_CGSolve", "_DiagonalScores", "_Segment", "_TF32Region"], old_form

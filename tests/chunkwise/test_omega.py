@@ -173,3 +173,17 @@ def test_kernel_trick_under_autocast_computes_as_without():
     o, s, g = run_with_grads(under_autocast, "omeganet", inputs, state)
     assert torch.equal(o, want[0]) and max_err(s, want[1]) == 0
     assert all(torch.equal(a, b) for a, b in zip(g, want[2]))
+
+
+def test_a_torch_func_transform_takes_the_minibatch_form():
+    """Under torch.func (a stacked lab run vmaps the torch paths) `applies` is False — `_Segment` is an autograd
+    Function of the old `forward(ctx, ...)` form, which torch.func refuses — and True again outside it."""
+    seen = []
+
+    def f(x):
+        seen.append(omega.applies(fw.zoo.resolve("omeganet")))
+        return x * 2
+
+    torch.func.vmap(f)(torch.zeros(2, 3))
+    assert seen == [False]
+    assert omega.applies(fw.zoo.resolve("omeganet"))

@@ -535,8 +535,10 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
+    if kernels != "Titans" or not dims:
+        return ()
     table = _launch(launch)
-    if kernels == "Titans" and dims and titans_pipeline(max(dims), max(dims), table) == "split":
+    if titans_pipeline(max(dims), max(dims), table) == "split":
         return (titans_variant(sequences, heads, table).variant, titans_backward(table).variant)
     return ()
 

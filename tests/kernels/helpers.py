@@ -122,25 +122,25 @@ def delta_triton(x, *, scale=0.4, chunk_size=16, cu_seqlens=None, decay_first=Tr
                               pipeline=pipeline)
 
 
-def delta_bf16_agrees(gate, gen) -> None:
-    """bf16 q, k, v, β, g, S0 (B 1, T 33, K 16, V 16, `delta_inputs`) through `delta_triton` as the launch table now
-    says: o and every gradient come back in bf16, within TRITON_DELTA_LOW_REL of the fp32 torch chunk form on the same
-    rounded values (under the interpreter the bf16 tensor-core products are emulated by rounding the operands:
-    util.mm). Fresh random inputs and upstream gradients each call."""
+def delta_bf16_agrees(gate, gen, *, T=33, chunk_size=16) -> None:
+    """bf16 q, k, v, β, g, S0 (B 1, T, K 16, V 16, `delta_inputs`) through `delta_triton` at `chunk_size` as the
+    launch table now says: o and every gradient come back in bf16, within TRITON_DELTA_LOW_REL of the fp32 torch chunk
+    form on the same rounded values (under the interpreter the bf16 tensor-core products are emulated by rounding the
+    operands: util.mm). Fresh random inputs and upstream gradients each call."""
     import secrets
 
     from fastweights.chunkwise import chunk_delta
     from tests.tolerances import TRITON_DELTA_LOW_REL
 
-    x = delta_inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
+    x = delta_inputs(gate, gen, T=T, K=16, V=16, dtype=torch.bfloat16)
     seed = secrets.randbits(31)
 
     def torch_run(xd):
         xd = {key: val.float() for key, val in xd.items()}
         return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
-                           initial_state=xd["S0"], output_final_state=True, chunk_size=16)
+                           initial_state=xd["S0"], output_final_state=True, chunk_size=chunk_size)
 
-    got = grads(delta_triton, x, seed)
+    got = grads(delta_triton, x, seed, chunk_size=chunk_size)
     assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
     check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
 

@@ -79,6 +79,12 @@ def test_kernels_match_twins(gate, C, gen):
     the torch twins, varlen with an empty and a length-1 sequence, grouped heads H_q = 1 | H = 2, strong
     decay (g_scale 3). (The staged forward is held to the same twins by test_triton_delta.py and to the fused
     one by test_fused_equals_staged: it is not run here.)"""
+    fused_forward_matches_twins(gate, gen, C)
+
+
+def fused_forward_matches_twins(gate, gen, C) -> None:
+    """`test_kernels_match_twins`' check on the fused forward as the launch table now says (the inverse-form tests
+    run it under each LAUNCH["delta_prepass"]["INV"])."""
     s = _Stages(gate, gen, C, staged=False)
     t = s.twins()
     d, L, lay = s.d, s.L, s.lay

@@ -34,6 +34,7 @@ from tests.kernels.helpers import (
     DEV,
     check,
     compile_keys,
+    delta_bf16_agrees,
     each_sequence_alone,
     force_delta_pipeline,
     grads,
@@ -182,17 +183,7 @@ def test_chained_states(gate, gen, fused):
 def test_bf16_inputs(gate, gen, fused):
     """bf16 q, k, v, β, g, S0: o and every gradient in bf16, within TRITON_DELTA_LOW_REL of the fp32 torch chunk
     form on the same rounded values (the interpreter emulates the bf16 products: util.mm)."""
-    x = _inputs(gate, gen, T=33, K=16, V=16, dtype=torch.bfloat16)
-    seed = secrets.randbits(31)
-
-    def torch_run(xd):
-        xd = {key: val.float() for key, val in xd.items()}
-        return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
-                           initial_state=xd["S0"], output_final_state=True, chunk_size=16)
-
-    got = grads(_triton, x, seed)
-    assert got[0].dtype == torch.bfloat16 and all(got[2][name].dtype == torch.bfloat16 for name in got[2])
-    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
+    delta_bf16_agrees(gate, gen)
 
 
 @pytest.mark.parametrize("gate, forward", [("none", "staged"), ("scalar", "fused")])
@@ -338,17 +329,7 @@ def test_rows_chained_states(gate, gen, fused, rows):
 def test_rows_bf16_inputs(gate, gen, fused, rows):
     """With the rows over programs, bf16 inputs (chunk 32, T 45): o and every gradient in bf16 within
     TRITON_DELTA_LOW_REL of the fp32 torch chunk form on the same rounded values."""
-    x = _inputs(gate, gen, T=45, K=16, V=16, dtype=torch.bfloat16)
-    seed = secrets.randbits(31)
-
-    def torch_run(xd):
-        xd = {key: val.float() for key, val in xd.items()}
-        return chunk_delta(xd["q"], xd["k"], xd["v"], g=xd.get("g"), beta=xd["beta"], scale=0.4,
-                           initial_state=xd["S0"], output_final_state=True, chunk_size=32)
-
-    got = grads(_triton, x, seed, chunk_size=32)
-    assert all(got[2][name].dtype == torch.bfloat16 for name in got[2])
-    check(got, grads(torch_run, x, seed), TRITON_DELTA_LOW_REL[torch.bfloat16], "bf16")
+    delta_bf16_agrees(gate, gen, T=45, chunk_size=32)
 
 
 # ---------------------------------------------------------------------------- what runs where

@@ -25,6 +25,7 @@ from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
 from fastweights.kernels.triton.fused import delta_fused
 from fastweights.kernels.triton.fused.delta_fused import fused_forward
+from tests.kernels.fused.test_triton_delta_fused import fused_forward_matches_twins
 from tests.kernels.helpers import (
     DEV,
     check,
@@ -32,13 +33,12 @@ from tests.kernels.helpers import (
     each_sequence_alone,
     force_delta_pipeline,
     grads,
-    rel,
     spy_launches,
     to_dev,
 )
 from tests.kernels.helpers import delta_inputs as _inputs
 from tests.kernels.helpers import delta_triton as _triton
-from tests.kernels.test_triton_delta import GATES, _recurrent, _Stages
+from tests.kernels.test_triton_delta import GATES, _recurrent
 from tests.tolerances import CHUNK_F32_REL, F32, INVERSE_ILL_F32_REL
 
 pytestmark = pytest.mark.triton
@@ -98,16 +98,7 @@ def test_new_forms_match_twins(gate, C, form, gen, monkeypatch):
     the torch twins, varlen with an empty and a length-1 sequence, grouped heads H_q = 1 | H = 2, strong decay (as
     test_triton_delta_fused.test_kernels_match_twins)."""
     _form(monkeypatch, form)
-    s = _Stages(gate, gen, C, staged=False)
-    t = s.twins()
-    d, L, lay = s.d, s.L, s.lay
-    o, Ti, h, u, ht = fused_forward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L,
-                                    output_final_state=True, store_states=True, store_T=True)
-    assert rel(Ti, lay.from_chunks(t["T"])) < F32
-    assert rel(h[0, s.used].transpose(0, 1), t["entering"][0]) < F32
-    assert rel(ht, t["final"]) < F32
-    assert rel(u, lay.from_chunks(t["U1"] - t["W"] @ t["entering"])) < F32
-    assert rel(o, t["o"]) < F32
+    fused_forward_matches_twins(gate, gen, C)
 
 
 def _ill_chunks(gen, C: int, n: int, gate: str):

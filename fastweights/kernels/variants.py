@@ -213,7 +213,7 @@ class DeltaFusedForward:
     raw_kv: bool
     raw_qk: bool
     inverse: str | None
-    inverse_form: str = "substitution"
+    inverse_form: str = "batched recursion"
 
     @property
     def variant(self) -> Variant:
@@ -226,8 +226,7 @@ class DeltaFusedForward:
             parts.append("raw q, k")
         if self.inverse is not None and self.inverse != "ieee":
             parts.append(f"inverse {self.inverse}")
-        if self.inverse_form != "substitution":
-            parts.append(f"inverse by {self.inverse_form}")
+        parts.append(f"inverse by {self.inverse_form}")  # every form named (the default moved: INV 0 → 2, r4s15)
         return Variant("fused forward", "; ".join(parts))
 
 
@@ -343,8 +342,8 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "TTT-MLP": (("one program", "sliced NP n", "sliced NP n forward, one-program backward", "…, Z1 stored"),
                 "ttt_mlp_sliced ON, MAX_BH, NP, BWD, ZS"),
     "delta fused forward": (("W, U' pre-pass", "T form", "+ Aqk from the pre-pass", "+ raw k, v", "+ raw q, k",
-                             "+ inverse tf32 / tf32x3", "+ inverse by recursion",
-                             "+ inverse by batched recursion"),
+                             "+ inverse tf32 / tf32x3", "+ inverse by batched recursion",
+                             "+ inverse by substitution", "+ inverse by recursion"),
                             "delta_prepass WU, AQK, RAW_KV, INV_TF32, INV; delta_fused_fwd RAW_QK"),
     "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
                               "+ gradient kernel's rowsums from dq, dk",

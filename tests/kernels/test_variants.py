@@ -55,7 +55,8 @@ def test_the_names_follow_the_launch_table():
                                                                "block",))
     assert fw.layer_op_pipeline("conv", conv_width=4) == ("torch", ())  # the CPU: the torch row, no variant
     delta = dict(device="cuda", dtype=bf16, head_dim=128, head_v_dim=128, chunk_size=64, variants=True)
-    assert fw.pipeline("deltanet", **delta)[2] == ("fused forward: W, U' pre-pass; raw q, k; inverse tf32x3",
+    assert fw.pipeline("deltanet", **delta)[2] == ("fused forward: W, U' pre-pass; raw q, k; inverse tf32x3; "
+                                                   "inverse by batched recursion",
                                                    "fused backward: Aqk per value block")
     assert fw.pipeline("gated_deltanet", **{**delta, "head_v_dim": 256})[1:] == (
         "staged forward, fused backward", ("fused backward: Aqk per value block",))
@@ -70,8 +71,9 @@ def test_the_names_follow_the_launch_table():
         assert fw.pipeline("ttt_mlp", **ttt, batch_size=64, num_heads=2)[2] == (
             "TTT-MLP: sliced NP 4 forward, one-program backward, Z1 stored",)
         assert fw.layer_op_pipeline("conv", **conv, conv_width=4) == ("triton", ("conv backward: block",))
-        assert fw.pipeline("deltanet", **delta)[2] == ("fused forward: T form; inverse tf32x3",
-                                                       "fused backward: Aqk from the recompute")
+        assert fw.pipeline("deltanet", **delta)[2] == (
+            "fused forward: T form; inverse tf32x3; inverse by batched recursion",
+            "fused backward: Aqk from the recompute")
         assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=128, variants=True, batch_size=64,
                            num_heads=2)[2] == ("Titans: one program", "Titans backward: read terms from the pre-pass")
     with launched({"ttt_mlp_sliced": {"ON": 0}, "conv_bwd_rows": {"RUN": 64}}):
@@ -86,7 +88,7 @@ def test_the_names_follow_the_launch_table():
         "conv backward: block (dw accumulated)",)
     assert fw.pipeline("ttt_mlp", **ttt, batch_size=64, num_heads=2, launch=other)[2] == ("TTT-MLP: sliced NP 8",)
     assert fw.pipeline("deltanet", **delta, launch=other)[2][0] == (
-        "fused forward: W, U' pre-pass; Aqk from the pre-pass; raw k, v; inverse tf32")
+        "fused forward: W, U' pre-pass; Aqk from the pre-pass; raw k, v; inverse tf32; inverse by batched recursion")
     assert fw.pipeline("deltanet", **{**delta, "dtype": fp32}, launch=other)[2] == ()  # fp32: staged
     assert fw.layer_op_pipeline("conv", **conv, conv_width=2)[1] == ("conv backward: rows (RUN 128)",)  # live table
 
@@ -259,7 +261,7 @@ def test_the_fused_delta_pipeline_names_the_flags_it_launches_with(monkeypatch, 
     (pre,) = forward["pre"]
     assert ("T form" in fwd) == (not forward["seq"]) == (not pre["STORE_WU"]), fwd
     assert ("Aqk from the pre-pass" in fwd) == bool(pre["STORE_A"]) and ("raw k, v" in fwd) == bool(pre["RAW_KV"])
-    assert f"inverse {pre['PREC']}" in fwd and ("inverse by recursion" in fwd) == bool(pre["INV"])
+    assert f"inverse {pre['PREC']}" in fwd and f"inverse by {V.INVERSE_FORMS[pre['INV']]}" in fwd
     assert forward["seq"] == [] or ("raw q, k" in fwd) == bool(forward["seq"][0]["RAW_QK"])
     recompute = seen["states"][len(forward["states"]):]  # the backward's launches of the state kernel
     assert recompute and ("Aqk from the recompute" in bwd) == bool(recompute[0]["STORE_A"]), bwd

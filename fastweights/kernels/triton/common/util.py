@@ -132,8 +132,12 @@ LAUNCH: dict[str, dict] = {
     # INV 1: the inverse by 2×2 block recursion on the [C, C] tile (masked products only, no [NB, 16, 16] reshapes:
     # `delta_fused._unit_lower_inverse_rec`); 2: the 16×16 blocks by that recursion as batched [NB, 16, 16] products,
     # then the doubling products; 0: the 16×16 blocks by forward substitution, then the doubling products.
+    # INV 2 the default since r4s15 call 1 (H200, bf16; BENCHMARKS §1x/§1y): the pre-pass alone 0.576–0.651 → 0.456 ms
+    # at B 4, T 4096, H 16, D 128 and 0.247–0.269 → 0.215 at the preset's 8×2048×6; on ill-conditioned chunks (β near 2,
+    # keys within 0.1 of one direction) its fp32 forward error 8.6e-6 against substitution's 1.26e-5, bf16 the same
+    # 2.0e-3; the preset LM's graphed step 41.5 → 41.1 ms (8×2048) and 44.7 → 44.3 (4×4096), within spread.
     # delta_fused._prepass_kernel
-    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1, RAW_KV=0, INV_TF32=0, INV=0),
+    "delta_prepass": dict(num_warps=4, num_stages=2, AQK=0, WU=1, RAW_KV=0, INV_TF32=0, INV=2),
     # delta_fused._fused_fwd_kernel; delta_fused_bwd._states_kernel, o
     # RAW_QK 1 (no/scalar decay): q and k reach the tensor cores as stored, the scale and decays applied to the [C, C]
     # and [C, BV] sides (o = diag(scale e^{G}) Q S + A U, S += Kᵀ diag(e^{G_last − G}) U); 0: Q̃, K̃ formed in fp32.

@@ -96,22 +96,30 @@ def conv_backward(W: int | None, launch: Launch, *, one_pass: bool = True) -> Co
 
 
 # ---------------------------------------------------------------------------------------------------- TTT-MLP
-def _sliced_rule(site: str, cfg, sequences: int | None, heads: int | None) -> tuple[bool | None, int]:
+def _sliced_rule(site: str, cfg, sequences: int | None, heads: int | None,
+                 captured: bool | None = None) -> tuple[bool | None, int]:
     """(sliced, MAX_BH) of a sliced-kernels site's ON: 1 True, 0 False, 2 whether sequences × heads ≤ MAX_BH (the
-    one-program grid that does not yet fill the GPU; None where either is unknown); ValueError for another ON."""
+    one-program grid that does not yet fill the GPU), 3 that and `captured` (the call is being captured in a CUDA
+    graph, whose replays pay none of the sliced passes' per-mini-batch Python launches); None where a fact the rule
+    reads is unknown; ValueError for another ON."""
     on, most = int(cfg["ON"]), int(cfg["MAX_BH"])
-    if on not in (0, 1, 2):
-        raise ValueError(f'LAUNCH["{site}"]["ON"] must be 0, 1 or 2 (auto), got {on}')
-    if on == 2 and (sequences is None or heads is None):
+    if on not in (0, 1, 2, 3):
+        raise ValueError(f'LAUNCH["{site}"]["ON"] must be 0, 1, 2 (auto) or 3 (auto in a CUDA graph), got {on}')
+    if on in (0, 1):
+        return on == 1, most
+    if sequences is None or heads is None:
         return None, most
-    return on == 1 or (on == 2 and sequences * heads <= most), most
+    if sequences * heads > most:
+        return False, most
+    return (True if on == 2 else None if captured is None else bool(captured)), most
 
 
 @dataclass(frozen=True)
 class SlicedVariant:
     """A memory's sequential kernels for one call: forward / backward "sliced" (the hidden width over at most NP
-    programs a (sequence, head)) or "one program"; most: with `forward` None (sequences × heads unknown, ON 2) the
-    crossing MAX_BH. `site` names it; `extra` is appended to a sliced name."""
+    programs a (sequence, head)) or "one program"; most: with `forward` None (sequences × heads unknown, ON 2 or 3)
+    the crossing MAX_BH; in_graph: ON 3, sliced only in a CUDA graph's capture. `site` names it; `extra` is appended
+    to a sliced name."""
 
     site: str
     forward: str | None
@@ -119,6 +127,7 @@ class SlicedVariant:
     NP: int = 0
     most: int = 0
     extra: str = ""
+    in_graph: bool = False
 
     @property
     def sliced(self) -> bool:
@@ -129,7 +138,8 @@ class SlicedVariant:
         sliced = f"sliced NP {self.NP}" + ("" if self.backward != "one program" else
                                            " forward, one-program backward") + self.extra
         if self.forward is None:
-            return Variant(self.site, f"{sliced} where sequences × heads ≤ {self.most}, else one program")
+            graph = " in a CUDA graph" if self.in_graph else ""
+            return Variant(self.site, f"{sliced} where sequences × heads ≤ {self.most}{graph}, else one program")
         return Variant(self.site, sliced if self.sliced else "one program")
 
 
@@ -141,17 +151,18 @@ class TTTMLPVariant(SlicedVariant):
     zs: bool = False
 
 
-def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch) -> TTTMLPVariant:
+def ttt_mlp(sequences: int | None, heads: int | None, launch: Launch, captured: bool | None = None) -> TTTMLPVariant:
     """TTT-MLP's kernels for `sequences` (R) × `heads` (H) under launch["ttt_mlp_sliced"]: ON 1 sliced, 0 one program,
-    2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the backward sliced too; ValueError for another ON."""
+    2 sliced where R·H ≤ MAX_BH, 3 that where `captured` in a CUDA graph (None: a fact unknown); BWD 1 the backward
+    sliced too; ValueError for another ON."""
     cfg = launch["ttt_mlp_sliced"]
-    sliced, most = _sliced_rule("ttt_mlp_sliced", cfg, sequences, heads)
+    sliced, most = _sliced_rule("ttt_mlp_sliced", cfg, sequences, heads, captured)
     if sliced is False:
         return TTTMLPVariant("TTT-MLP", "one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
     zs = bool(cfg["ZS"])
     return TTTMLPVariant("TTT-MLP", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most,
-                         extra=", Z1 stored" if zs else "", zs=zs)
+                         extra=", Z1 stored" if zs else "", in_graph=int(cfg["ON"]) == 3, zs=zs)
 
 
 # ---------------------------------------------------------------------------------------------------- TTT-Linear
@@ -159,16 +170,18 @@ TTTLinearVariant = SlicedVariant
 """TTT-Linear's sequential passes (`ttt_linear_sliced.py` or `ttt._state_kernel`, `_bwd_kernel`)."""
 
 
-def ttt_linear(sequences: int | None, heads: int | None, launch: Launch) -> TTTLinearVariant:
+def ttt_linear(sequences: int | None, heads: int | None, launch: Launch,
+               captured: bool | None = None) -> TTTLinearVariant:
     """TTT-Linear's sequential passes for `sequences` (R) × `heads` (H) under launch["ttt_linear_sliced"]: ON 1 the
-    value columns sliced, 0 one program, 2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the reverse pass
-    sliced too; ValueError for another ON."""
+    value columns sliced, 0 one program, 2 sliced where R·H ≤ MAX_BH, 3 (the default) that where `captured` in a CUDA
+    graph (None: a fact unknown); BWD 1 the reverse pass sliced too; ValueError for another ON."""
     cfg = launch["ttt_linear_sliced"]
-    sliced, most = _sliced_rule("ttt_linear_sliced", cfg, sequences, heads)
+    sliced, most = _sliced_rule("ttt_linear_sliced", cfg, sequences, heads, captured)
     if sliced is False:
         return TTTLinearVariant("TTT-Linear", "one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
-    return TTTLinearVariant("TTT-Linear", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
+    return TTTLinearVariant("TTT-Linear", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most,
+                            in_graph=int(cfg["ON"]) == 3)
 
 
 # ---------------------------------------------------------------------------------------------------- Titans
@@ -176,16 +189,17 @@ TitansVariant = SlicedVariant
 """Titans' split pipeline's sequential passes (`titans_sliced.py` or `titans._state_kernel`, `_bwd_kernel`)."""
 
 
-def titans(sequences: int | None, heads: int | None, launch: Launch) -> TitansVariant:
+def titans(sequences: int | None, heads: int | None, launch: Launch, captured: bool | None = None) -> TitansVariant:
     """Titans' split passes for `sequences` (R) × `heads` (H) under launch["titans_sliced"]: ON 1 sliced, 0 one
-    program, 2 sliced where R·H ≤ MAX_BH (None: R or H unknown); BWD 1 the reverse pass sliced too; ValueError for
-    another ON."""
+    program, 2 sliced where R·H ≤ MAX_BH, 3 that where `captured` in a CUDA graph (None: a fact unknown); BWD 1 the
+    reverse pass sliced too; ValueError for another ON."""
     cfg = launch["titans_sliced"]
-    sliced, most = _sliced_rule("titans_sliced", cfg, sequences, heads)
+    sliced, most = _sliced_rule("titans_sliced", cfg, sequences, heads, captured)
     if sliced is False:
         return TitansVariant("Titans", "one program", "one program")
     bwd = "sliced" if cfg["BWD"] else "one program"
-    return TitansVariant("Titans", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most)
+    return TitansVariant("Titans", "sliced" if sliced else None, bwd, NP=int(cfg["NP"]), most=most,
+                         in_graph=int(cfg["ON"]) == 3)
 
 
 # ---------------------------------------------------------------------------------------------------- fused pipelines

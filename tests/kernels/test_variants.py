@@ -111,7 +111,7 @@ def test_the_rules_read_what_the_kernels_take():
     assert V.conv_backward(4, _copy(conv_bwd_dpre={"DPRE_FP32": 1}), one_pass=False).variant == V.Variant(
         "conv backward", "two kernels (dpre fp32)")
     with pytest.raises(ValueError, match="ttt_mlp_sliced"):
-        V.ttt_mlp(1, 1, _copy(ttt_mlp_sliced={"ON": 3}))
+        V.ttt_mlp(1, 1, _copy(ttt_mlp_sliced={"ON": 4}))
 
 
 def test_the_fused_backward_names_its_gradient_kernel():

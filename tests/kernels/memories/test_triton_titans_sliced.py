@@ -82,7 +82,7 @@ def test_the_slices_and_the_rule(monkeypatch):
     assert not sliced.sliced_on(1, 1)
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 1)
     assert sliced.sliced_on(64, 2)
-    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 3)
+    monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 4)
     with pytest.raises(ValueError, match="titans_sliced"):
         sliced.sliced_on(1, 1)
 

@@ -1,6 +1,7 @@
 """kernels.triton.memories.ttt_linear_sliced (TTT-Linear's sequential passes with the value columns sliced over
-programs, one launch a mini-batch each way; util.LAUNCH["ttt_linear_sliced"]["ON"]: off by default (measured slower), 2
-where sequences × heads ≤ MAX_BH) against the torch twin `ttt_linear_torch` (chunkwise.minibatch, float64), the float64
+programs, one launch a mini-batch each way; util.LAUNCH["ttt_linear_sliced"]["ON"]: 3 by default — sliced where
+sequences × heads ≤ MAX_BH while the call is captured into a CUDA graph (eager they measured slower) —, 2 where
+sequences × heads ≤ MAX_BH) against the torch twin `ttt_linear_torch` (chunkwise.minibatch, float64), the float64
 recurrence and the one-program kernels: outputs, final weights and anchor, and every gradient — q, k, v, the inner
 learning rates β, γ, β_ln, the initial weights and anchor; lengths that are no multiple of the mini-batch, a carried
 mini-batch, chained calls, varlen with an empty and a length-1 sequence, grouped heads, a padded head dim with a partial
@@ -20,6 +21,7 @@ from fastweights.kernels import variants as V
 from fastweights.kernels.triton.common.util import LAUNCH
 from fastweights.kernels.triton.memories import ttt as mod
 from fastweights.kernels.triton.memories import ttt_linear_sliced as sliced
+from tests.kernels.helpers import rel
 from tests.kernels.memories import test_triton_ttt as one
 from tests.kernels.memories.test_triton_ttt import _agree, _fp32, _inputs, _kernel, _recurrence, _run, _twin
 from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LOW_REL
@@ -67,13 +69,24 @@ def test_the_slices():
 
 
 def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
-    """ON 0 (the default: measured slower, util.LAUNCH's note) never; ON 2: sliced when sequences × heads ≤ MAX_BH
-    (64); 1 always; the name the variant gives, conditional where sequences × heads is unknown; another ON refused."""
-    assert (LAUNCH["ttt_linear_sliced"]["ON"], LAUNCH["ttt_linear_sliced"]["MAX_BH"]) == (0, 64)
-    assert not V.ttt_linear(1, 1, LAUNCH).sliced and str(V.ttt_linear(None, 4, LAUNCH).variant) == \
+    """ON 3 (the default: sliced only where sequences × heads ≤ MAX_BH, 32, and the call is being captured into a CUDA
+    graph — eager, the per-mini-batch launches lose, util.LAUNCH's note); ON 0 never; ON 2: sliced when sequences ×
+    heads ≤ MAX_BH; 1 always; the name the variant gives, conditional where a fact is unknown; another ON refused."""
+    assert (LAUNCH["ttt_linear_sliced"]["ON"], LAUNCH["ttt_linear_sliced"]["MAX_BH"]) == (3, 32)
+    assert V.ttt_linear(4, 8, LAUNCH, captured=True).sliced and V.ttt_linear(1, 1, LAUNCH, captured=True).sliced
+    assert not V.ttt_linear(4, 8, LAUNCH, captured=False).sliced and not V.ttt_linear(4, 16, LAUNCH, True).sliced
+    assert str(V.ttt_linear(4, 8, LAUNCH, captured=True).variant) == "TTT-Linear: sliced NP 4"
+    assert str(V.ttt_linear(4, 8, LAUNCH, captured=False).variant) == "TTT-Linear: one program"
+    assert str(V.ttt_linear(4, 16, LAUNCH).variant) == "TTT-Linear: one program"  # above MAX_BH: capture or not
+    for unknown in (V.ttt_linear(4, 8, LAUNCH), V.ttt_linear(None, 8, LAUNCH, captured=True)):
+        assert str(unknown.variant) == \
+            "TTT-Linear: sliced NP 4 where sequences × heads ≤ 32 in a CUDA graph, else one program"
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 0)
+    assert not V.ttt_linear(1, 1, LAUNCH, captured=True).sliced and str(V.ttt_linear(None, 4, LAUNCH).variant) == \
         "TTT-Linear: one program"
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
-    assert V.ttt_linear(4, 16, LAUNCH).sliced and V.ttt_linear(1, 1, LAUNCH).sliced
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 64)
+    assert V.ttt_linear(4, 16, LAUNCH).sliced and V.ttt_linear(1, 1, LAUNCH, captured=False).sliced
     assert not V.ttt_linear(64, 2, LAUNCH).sliced and not V.ttt_linear(5, 13, LAUNCH).sliced
     assert str(V.ttt_linear(4, 16, LAUNCH).variant) == "TTT-Linear: sliced NP 4"
     assert str(V.ttt_linear(64, 4, LAUNCH).variant) == "TTT-Linear: one program"
@@ -81,21 +94,23 @@ def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
         "TTT-Linear: sliced NP 4 where sequences × heads ≤ 64, else one program"
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "BWD", 0)
     assert str(V.ttt_linear(1, 1, LAUNCH).variant) == "TTT-Linear: sliced NP 4 forward, one-program backward"
-    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 0)
-    assert not V.ttt_linear(1, 1, LAUNCH).sliced
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 1)
     assert V.ttt_linear(64, 4, LAUNCH).sliced
-    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 3)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 4)
     with pytest.raises(ValueError, match="ttt_linear_sliced"):
         V.ttt_linear(1, 1, LAUNCH)
 
 
 def test_the_pipeline_names_the_variant(monkeypatch):
-    """`fw.pipeline(..., variants=True)` of TTT-Linear on the Triton row names the one-program passes by default, and
-    under ON 2 the sliced passes' rule: conditional without the call's sequences × heads, else what it picks."""
+    """`fw.pipeline(..., variants=True)` of TTT-Linear on the Triton row names the default's rule (the one-program
+    passes above MAX_BH; below it conditional on a CUDA graph's capture, which the query does not know), and under
+    ON 2 the sliced passes' rule: conditional without the call's sequences × heads, else what it picks."""
     ttt = dict(device="cuda", dtype=torch.bfloat16, head_dim=128, variants=True)
     assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: one program",)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=8)[2] == (
+        "TTT-Linear: sliced NP 4 where sequences × heads ≤ 32 in a CUDA graph, else one program",)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
+    monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 64)
     assert fw.pipeline("ttt_linear", **ttt) == ("triton", "TTT-Linear kernels (tf32)", (
         "TTT-Linear: sliced NP 4 where sequences × heads ≤ 64, else one program",))
     assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: sliced NP 4",)
@@ -309,3 +324,40 @@ def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
         assert f"[{name}]" in repr(layer)
         assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.float32, head_dim=16, variants=True,
                            batch_size=B, num_heads=2)[2] == (name,)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_runs_the_sliced_passes(monkeypatch, gen):
+    """The default rule (ON 3) on the GPU: at B 2 × H 2 (≤ MAX_BH) an eager forward runs the one-program state pass
+    and a forward captured into a CUDA graph the sliced one; the graph's replay, on new inputs copied into its static
+    ones, equals the eager forward on those inputs (bf16 q, k, v; o and the final weights and anchor, within TTT_LOW_REL
+    of each other: the two passes sum in other orders)."""
+    assert LAUNCH["ttt_linear_sliced"]["ON"] == 3
+    ran = []
+    for name, kern in (("sliced", sliced._step_kernel), ("one program", mod._state_kernel)):
+        monkeypatch.setattr(kern, "run", (lambda real, n: lambda *a, **kw: ran.append(n) or real(*a, **kw))(
+            kern.run, name))
+
+    def inputs():
+        x = _fp32(_inputs(gen, B=2, T=300, Hq=2, H=2, D=64))
+        return {n: (val.to(torch.bfloat16) if n in ("q", "k", "v") else val).cuda() for n, val in x.items()}
+
+    static = inputs()
+    with torch.no_grad():
+        _kernel(static, 0)  # the warm-up (compiles) on the capturing stream's side, as torch.cuda.graphs asks
+        torch.cuda.synchronize()
+        assert set(ran) == {"one program"}
+        ran.clear()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # (as training.graphed.capture)
+            o, (W, bias), (A, a), _ = _kernel(static, 0)
+        assert ran and set(ran) == {"sliced"}, ran
+        fresh = inputs()
+        for n in static:
+            static[n].copy_(fresh[n])
+        graph.replay()
+        torch.cuda.synchronize()
+        want = _kernel(fresh, 0)
+    for name, got, ref in zip(("o", "W_T", "b_T", "anchor W", "anchor b"), (o, W, bias, A, a),
+                              (want[0], *want[1], *want[2])):
+        assert rel(got, ref) < TTT_LOW_REL[torch.bfloat16], f"{name}: {rel(got, ref):.3g}"

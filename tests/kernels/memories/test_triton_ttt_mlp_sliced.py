@@ -86,7 +86,7 @@ def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
     assert not mod.sliced_on(1, 1)
     monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 1)
     assert mod.sliced_on(64, 2)
-    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 3)
+    monkeypatch.setitem(LAUNCH["ttt_mlp_sliced"], "ON", 4)
     with pytest.raises(ValueError, match="ttt_mlp_sliced"):
         mod.sliced_on(1, 1)
 

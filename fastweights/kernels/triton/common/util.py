@@ -192,18 +192,22 @@ LAUNCH: dict[str, dict] = {
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
-    # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off (the default), 1 on, 2 on
+    # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 on
     # where sequences × heads ≤ MAX_BH (`kernels.variants.ttt_linear`, the rule TTT-MLP's and Titans' sliced kernels
-    # take). Off because it loses: H200, bf16, B 4, T 4096, H 16, D 128 (64 programs), fwd / fwd+bwd ms (r4s14 call 5)
+    # take). Eager it loses: H200, bf16, B 4, T 4096, H 16, D 128 (64 programs), fwd / fwd+bwd ms (r4s14 call 5)
     # one program 2.54 / 9.46, NP 4 11.58 / 28.02, NP 2 at 8 warps 15.14 / 30.57 — TTT-Linear's chain a mini-batch is
     # two [D, D] products (TTT-MLP's and Titans' are tens), so 257 launches a way and the exchanges cost more than the
     # shorter chain saves. NP: at most NP slices, each ≥ 16 columns (`ttt_linear_sliced.slices`); BWD 1: with ON, the
     # reverse pass sliced too (0: ttt_linear_bwd's kernel reads the same anchors); SYNC 1: each pass one persistent
     # launch (`_step_sync_kernel`, `_chain_sync_kernel`), the NP programs of a head meeting at a global-memory count
-    # each mini-batch instead of 257 launches — GPU only (the interpreter runs programs one at a time), never run on
-    # one: 0 until a GPU holds it to float64 (scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear; docs/kernel_notes.md
-    # "TTT-Linear sliced").
-    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=0, MAX_BH=64, NP=4, BWD=1, SYNC=0),  # …_step_kernel
+    # each mini-batch instead of 257 launches — GPU only (the interpreter runs programs one at a time): its 12 cuda
+    # tests (float64 twin, NP 2/4/8, up to the LM shape) passed on the H200 in r4s15 call 1, untimed there; 0 until
+    # timed (scripts/gpu_ttt_mlp_sliced.py --memory ttt_linear; docs/kernel_notes.md "TTT-Linear sliced").
+    # ON 3 (the default since r4s15 call 1): sliced where sequences × heads ≤ MAX_BH and the call is being captured
+    # into a CUDA graph (`util.capturing`), whose replays pay no Python launch: the LM (d 1024, 8 layers, 8 heads of
+    # 128, 4×4096, bf16, graphed; 32 programs one way) stepped in 88.2 ms sliced NP 4 against 99.9 one program (peak
+    # 12.53 against 11.79 GiB). MAX_BH 32: the grid measured; 64 (the op's H 16) not measured in a graph.
+    "ttt_linear_sliced": dict(num_warps=4, num_stages=1, ON=3, MAX_BH=32, NP=4, BWD=1, SYNC=0),  # …_step_kernel
     "ttt_linear_sliced_bwd": dict(num_warps=4, num_stages=1),  # memories.ttt_linear_sliced._chain_kernel
     # TTT-MLP at 8 warps (H200, BENCHMARKS §1p): at tf32 (bf16 inputs) B 4, T 4096, H 16, D 128 fwd+bwd 309 → 266 ms,
     # B 64, T 512, H 2, D 64 8.41 → 8.35; at ieee (fp32/fp16) 13.95 → 13.47 ms; sm_90 spills fall (D 64 bwd 1,564 →
@@ -366,6 +370,12 @@ class _SeenTable(Mapping):
 
     def __len__(self):
         return len(LAUNCH)
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether a call on `x` is being captured into a CUDA graph (its stream's capture; False on the CPU): a fact of
+    the call the sliced kernels' ON 3 rule reads (`kernels.variants._sliced_rule`)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def table() -> Mapping:

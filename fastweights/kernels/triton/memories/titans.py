@@ -154,7 +154,7 @@ from ... import empty_output
 from ...variants import titans_backward
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TITANS_PRECISION, TTT_MINIBATCHES, loop_precision, titans_pipeline
-from ..common.util import check_precision, launch, pow2, table, tile
+from ..common.util import capturing, check_precision, launch, pow2, table, tile
 from . import titans_single
 from .titans_single import (  # the jit helpers the pipelines share (the single kernels' module holds them)
     _anchor,
@@ -591,7 +591,7 @@ class _Titans(torch.autograd.Function):
         flags = dict(HAS_A=offset > 0, IS_VARLEN=cu is not None)
         from . import titans_sliced  # (it imports this module's jit helpers)
 
-        sliced = titans_sliced.sliced_on(R, H)  # `kernels.variants.titans`: the branch that names it
+        sliced = titans_sliced.sliced_on(R, H, capturing(q))  # `kernels.variants.titans`: the branch that names it
         if sliced:  # the hidden width sliced over programs, one launch a mini-batch (util.LAUNCH "titans_sliced")
             outs, slots, es = titans_sliced.sliced_forward(k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, offset=offset,
                                                            cu=cu, plan=plan, steps=steps,

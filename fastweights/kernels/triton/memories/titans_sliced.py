@@ -84,11 +84,11 @@ def slices(F: int, BF: int, NP: int) -> tuple[int, int]:
     return -(-tiles // per), per
 
 
-def sliced_on(R: int, H: int) -> bool:
+def sliced_on(R: int, H: int, captured: bool | None = None) -> bool:
     """Whether Titans' split pipeline runs its sequential passes sliced for R sequences × H heads
-    (util.LAUNCH["titans_sliced"]["ON"]: 0 never, 1 always, 2 where R·H ≤ MAX_BH; `kernels.variants.titans`, which
-    names it)."""
-    return titans_variant(R, H, table()).sliced
+    (util.LAUNCH["titans_sliced"]["ON"]: 0 never, 1 always, 2 where R·H ≤ MAX_BH, 3 that while `captured` into a CUDA
+    graph; `kernels.variants.titans`, which names it)."""
+    return titans_variant(R, H, table(), captured).sliced
 
 
 def _settings(geo: dict) -> tuple[int, int, int]:

@@ -92,7 +92,7 @@ from ... import empty_output
 from ...variants import ttt_linear as ttt_linear_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
-from ..common.util import check_precision, launch, pow2, table, tile
+from ..common.util import capturing, check_precision, launch, pow2, table, tile
 from .ttt_rows import _rows, _sequence, _tokens  # noqa: F401  (also imported from here by the other memories)
 
 Tensor = torch.Tensor
@@ -548,7 +548,7 @@ class _TTTLinear(torch.autograd.Function):
         T = q.shape[1]
         geo = _geo(q, v, b, cu, precision)
         # the variant (`kernels.variants.ttt_linear`): the one branch that picks the sequential passes and names them
-        chosen = ttt_linear_variant(plan.R, geo["H"], table())
+        chosen = ttt_linear_variant(plan.R, geo["H"], table(), captured=capturing(q))
         if chosen.sliced:  # the value columns over NP programs, one launch a mini-batch
             from .ttt_linear_sliced import sliced_state_pass
 

@@ -86,7 +86,7 @@ from ... import empty_output
 from ...variants import ttt_mlp as ttt_mlp_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TTT_MLP_PRECISION, loop_precision
-from ..common.util import check_precision, launch, pow2, table
+from ..common.util import capturing, check_precision, launch, pow2, table
 from .mlp_tiles import _gelu, _gelu2, _hidden, _target_errors, _tile, _tile_read
 from .ttt import LN_EPS, _last_counts, _ln, _ln_back, _plan, _rows, _sequence, check_ttt_call
 
@@ -396,12 +396,12 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P1_0, p1_0, P2_0, p2_0, ck1, ck
     tl.store(dlnb + i_bh * D + c, glnb, mask=cm)
 
 
-def sliced_on(R: int, H: int) -> bool:
+def sliced_on(R: int, H: int, captured: bool | None = None) -> bool:
     """Whether a call over R sequences and H heads runs the sliced kernels (`ttt_mlp_sliced.py`):
     util.LAUNCH["ttt_mlp_sliced"]["ON"] 1 always, 0 never, 2 when the one-program grid R·H is at most its MAX_BH (the
-    measured crossing, in the table's comment). A pure function of the call's shape and the launch table
-    (`kernels.variants.ttt_mlp`, which names it)."""
-    return ttt_mlp_variant(R, H, table()).sliced
+    measured crossing, in the table's comment), 3 that while `captured` into a CUDA graph. A pure function of the
+    call's facts and the launch table (`kernels.variants.ttt_mlp`, which names it)."""
+    return ttt_mlp_variant(R, H, table(), captured).sliced
 
 
 class _TTTMLP(torch.autograd.Function):
@@ -421,7 +421,7 @@ class _TTTMLP(torch.autograd.Function):
         f32 = dict(dtype=torch.float32, device=q.device)
         seq = (cu if cu is not None else q, plan.first if plan.first is not None else q)
         # the variant (`kernels.variants.ttt_mlp`): the one branch that picks the kernels and names them
-        chosen = ttt_mlp_variant(R, H, table())
+        chosen = ttt_mlp_variant(R, H, table(), captured=capturing(q))
         sliced = chosen.sliced
         if sliced:  # the hidden width sliced over programs, one launch a mini-batch
             from .ttt_mlp_sliced import sliced_forward

@@ -28,7 +28,8 @@ TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sli
 "ttt_linear_sliced"): off — the one-program sequential passes; np2, np4, np8 — both passes' value columns sliced over
 2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
 with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
-launch (SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
+launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse pass with the anchor's gradient carried in
+registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
 small; the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla
 imports.
 
@@ -112,7 +113,13 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        "np2w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1, "num_warps": 8},
                                      "ttt_linear_sliced_bwd": {"num_warps": 8}},
                        "np4w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1, "num_warps": 8},
-                                     "ttt_linear_sliced_bwd": {"num_warps": 8}}}
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       # the one-program reverse pass with the anchor's gradient carried in registers (CARRY 1, no
+                       # dA0 round trip or barrier a mini-batch); carrys2: its loop software-pipelined (2 stages: the
+                       # next mini-batch's anchor and rows prefetched — only CARRY makes that safe, the in-place dA0
+                       # read-after-write keeps the default at 1)
+                       "carry": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1}},
+                       "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 

@@ -440,3 +440,60 @@ def test_last_counts_is_a_number_when_every_sequence_ends_alike():
     assert isinstance(same, float) and same == 5.0
     mixed = _last_counts(_plan(0, 0, 0, 16, [0, 20, 53], "cpu"), 4, "cpu")
     assert isinstance(mixed, torch.Tensor) and mixed.shape == (2, 1, 1, 1) and mixed.flatten().tolist() == [4.0, 1.0]
+
+
+@pytest.fixture
+def carry(monkeypatch):
+    """The reverse pass with the anchor's gradient carried in registers (util.LAUNCH "ttt_linear_bwd" CARRY 1,
+    `_bwd_carry_kernel`); the in-place one (`_bwd_kernel`) must not run. Yields its launches' grids."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", 1)
+    grids, real = [], ttt_mod._bwd_carry_kernel.run
+    monkeypatch.setattr(ttt_mod._bwd_carry_kernel, "run", lambda *a, **kw: grids.append(tuple(kw["grid"])) or
+                        real(*a, **kw))
+    monkeypatch.setattr(ttt_mod._bwd_kernel, "run", lambda *a, **kw: pytest.fail("the in-place reverse pass ran"))
+    return grids
+
+
+@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (41, 5, 2), (3, 9, 1), (11, 5, 1)])
+def test_the_carried_reverse_pass_equals_float64(carry, gen, T, offset, Hq):
+    """CARRY 1 against the float64 twin and recurrence (outputs, final states, every gradient: q, k, v, β, γ, β_ln, the
+    initial weights and anchor): odd lengths, a carried mini-batch (P_0's gradient), grouped heads."""
+    test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq)
+    assert carry == [(1 * 2,)]  # B 1 × H 2 programs, one launch
+
+
+def test_the_carried_reverse_pass_chained_varlen_padded_and_bf16(carry, gen, monkeypatch):
+    """CARRY 1 on the other cases of this file: chained calls, varlen (an empty and a length-1 sequence, with and
+    without a carried mini-batch), D 20 padded with b 32, bf16 inputs (one TF32 product a dot)."""
+    test_chained_calls_equal_one_call(gen)
+    varlen_agrees(gen, 0)
+    varlen_agrees(gen, 5)
+    test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen)
+    test_low_precision_inputs(gen, torch.bfloat16, monkeypatch)
+    assert len(carry) == 6
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_carried_reverse_pass_equals_the_in_place_one(gen, monkeypatch, offset):
+    """CARRY 1 and 0 give the same outputs and gradients to fp32 rounding: the same products in the same order, the
+    1/b of G folded into k and η e (exact: b is a power of two) — bitwise equal under the interpreter."""
+    x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    want = _run(_kernel, x, offset, seed)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", 1)
+    got = _run(_kernel, x, offset, seed)
+    for a, b in zip(got[0], want[0]):
+        assert torch.equal(a, b)
+    for name in want[2]:
+        assert torch.equal(got[2][name], want[2][name]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [(2, 300, 2, 64, 0), (1, 1000, 3, 128, 7)],
+                         ids=lambda s: "B{}-T{}-H{}-D{}-off{}".format(*s))
+def test_cuda_carried_reverse_pass(carry, gen, size, dtype):
+    """On the GPU: CARRY 1 against the float64 twin at realistic shapes (`test_cuda_realistic`'s check)."""
+    test_cuda_realistic(gen, size, dtype)

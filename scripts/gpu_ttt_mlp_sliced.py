@@ -29,9 +29,10 @@ TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sli
 2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
 with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
 launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse pass with the anchor's gradient carried in
-registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
-small; the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla
-imports.
+registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages; direct — do
+read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both.
+Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
+`chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
@@ -119,7 +120,10 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        # next mini-batch's anchor and rows prefetched — only CARRY makes that safe, the in-place dA0
                        # read-after-write keeps the default at 1)
                        "carry": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1}},
-                       "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}}}
+                       "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}},
+                       # DIRECT 1: the backward's glue without the fp32 copy of do and the casts of dq, dv
+                       "direct": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"DIRECT": 1}},
+                       "carrydirect": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 

@@ -62,7 +62,8 @@ Backward, two launches likewise:
    recomputed the readout there: 16bD² + 12b²D. util.LAUNCH "ttt_linear_bwd" CARRY 1 (opt-in, untimed) runs
    `_bwd_carry_kernel` instead: the same products in the same order with gA carried in registers (G = gA / b, the
    1/b folded into k and η e), dA0 written once at the end — per mini-batch 3·D²·4 bytes less L2 traffic (G's read,
-   gA's read and write: 192 KiB at D 128) and no barriers.
+   gA's read and write: 192 KiB at D 128) and no barriers. DIRECT 1 (opt-in, untimed): do passed in its own dtype,
+   dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the glue's fp32 copy and casts gone.
 
 The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
 are written per value head and summed over the group by the glue.
@@ -608,14 +609,14 @@ def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int,
 
 
 def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T: int, offset: int, cu, plan: _Plan,
-              geo: dict):
+              geo: dict, dq_dtype=torch.float32):
     """`_bwd_read_kernel`: the readout's own gradients of every mini-batch in parallel from the anchors in (ckA, cka)
-    and do [B, T, H, D] (fp32): (dq whole, dk's and dη's readout parts [B, T, H, D] / [B, T, H] — per value head,
-    fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's and dβ_ln's parts [slots, H, D]). Arguments as
-    `_TTTLinear`'s."""
+    and do [B, T, H, D] (fp32, or any float dtype: loaded as fp32): (dq whole — in dq_dtype —, dk's and dη's readout
+    parts [B, T, H, D] / [B, T, H] — per value head, fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's
+    and dβ_ln's parts [slots, H, D]). Arguments as `_TTTLinear`'s."""
     B, H, D = q.shape[0], geo["H"], geo["D"]
     f32 = dict(dtype=torch.float32, device=q.device)
-    dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
+    dq, dk = empty_output(B, T, H, D, dtype=dq_dtype, device=q.device), empty_output(B, T, H, D, **f32)
     dbeta = empty_output(B, T, H, **f32)
     n = max(plan.slots, 1)
     dzs, des = empty_output(n, H, geo["BT"], D, **f32), empty_output(n, H, geo["BT"], D, **f32)
@@ -674,14 +675,18 @@ class _TTTLinear(torch.autograd.Function):
         def grad_in(g, *shape):
             return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
 
-        do = grad_in(do, B, T, H, D)
+        # DIRECT 1 (util.LAUNCH "ttt_linear_bwd"): do read in its own dtype by the pre-pass (which loads it as fp32),
+        # dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels: no fp32 copies and casts
+        direct = bool(tile("ttt_linear_bwd", "DIRECT"))
+        do = do.contiguous() if direct and do is not None else grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
-        dv = empty_output(B, T, H, D, **f32)
+        dv = empty_output(B, T, H, D, dtype=v.dtype if direct else torch.float32, device=dev)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
         dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
                                                         scale=ctx.scale, T=T, offset=ctx.offset,
-                                                        cu=seq[0] if seq else None, plan=plan, geo=geo)
+                                                        cu=seq[0] if seq else None, plan=plan, geo=geo,
+                                                        dq_dtype=q.dtype if direct and Hq == H else torch.float32)
         if ctx.sliced:  # the value columns over NP programs, one launch a mini-batch
             from .ttt_linear_sliced import sliced_reverse
 

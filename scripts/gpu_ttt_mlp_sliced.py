@@ -224,7 +224,7 @@ def phase_check(variants, out, T):
                 _dump(out, "check.json", rows)
 
 
-def phase_time(variants, shapes, out, repeats):
+def phase_time(variants, shapes, out, repeats, fla=True):
     import importlib.util
 
     import torch
@@ -255,7 +255,7 @@ def phase_time(variants, shapes, out, repeats):
 
     import contextlib
 
-    have_fla = MEMORY["name"] == "ttt_linear" and importlib.util.find_spec("fla") is not None
+    have_fla = fla and MEMORY["name"] == "ttt_linear" and importlib.util.find_spec("fla") is not None
     for shape in shapes:
         record(shape, "gated_deltanet", "triton", contextlib.nullcontext())
         for name in variants:
@@ -311,6 +311,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
     ap.add_argument("--profile-shape", default=None, choices=list(SHAPES), help="default lm8 (TTT-Linear: lm)")
+    ap.add_argument("--no-fla", action="store_true",
+                    help="TTT-Linear: leave fla's chunk_ttt_linear out of the time phase even where it imports (its "
+                         "first-call autotune takes minutes)")
     a = ap.parse_args()
     table = {"titans": TITANS_VARIANTS, "ttt_linear": TTT_LINEAR_VARIANTS}.get(a.memory, VARIANTS)
     if a.variants is None:
@@ -330,7 +333,7 @@ def main():
     if "check" in a.phases:
         phase_check(a.variants, a.out, a.check_len)
     if "time" in a.phases:
-        phase_time(a.variants, a.shapes, a.out, a.repeats)
+        phase_time(a.variants, a.shapes, a.out, a.repeats, fla=not a.no_fla)
     if "profile" in a.phases:
         phase_profile(a.variants, a.profile_shape, a.out)
 

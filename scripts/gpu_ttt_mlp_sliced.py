@@ -28,9 +28,11 @@ TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sli
 "ttt_linear_sliced"): off — the one-program sequential passes; np2, np4, np8 — both passes' value columns sliced over
 2–8 programs a head (4 warps, the defaults); np2w8, np4w8 — 8 warps; np8w2 — 2 warps; np4fwd — the sliced state pass
 with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
-launch (SYNC 1) instead of one a mini-batch. Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and
-small; the time phase adds fla's `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla
-imports.
+launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse pass with the anchor's gradient carried in
+registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages; direct — do
+read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both.
+Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
+`chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
 Phases (each writes its JSON under --out after every row, so a killed call keeps what it did):
   check    per variant: `fw.chunk(memory, backend="triton")` against the torch row in float64 on the same values
@@ -112,7 +114,16 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        "np2w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 2, "SYNC": 1, "num_warps": 8},
                                      "ttt_linear_sliced_bwd": {"num_warps": 8}},
                        "np4w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1, "num_warps": 8},
-                                     "ttt_linear_sliced_bwd": {"num_warps": 8}}}
+                                     "ttt_linear_sliced_bwd": {"num_warps": 8}},
+                       # the one-program reverse pass with the anchor's gradient carried in registers (CARRY 1, no
+                       # dA0 round trip or barrier a mini-batch); carrys2: its loop software-pipelined (2 stages: the
+                       # next mini-batch's anchor and rows prefetched — only CARRY makes that safe, the in-place dA0
+                       # read-after-write keeps the default at 1)
+                       "carry": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1}},
+                       "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}},
+                       # DIRECT 1: the backward's glue without the fp32 copy of do and the casts of dq, dv
+                       "direct": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"DIRECT": 1}},
+                       "carrydirect": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 
@@ -213,7 +224,7 @@ def phase_check(variants, out, T):
                 _dump(out, "check.json", rows)
 
 
-def phase_time(variants, shapes, out, repeats):
+def phase_time(variants, shapes, out, repeats, fla=True):
     import importlib.util
 
     import torch
@@ -244,7 +255,7 @@ def phase_time(variants, shapes, out, repeats):
 
     import contextlib
 
-    have_fla = MEMORY["name"] == "ttt_linear" and importlib.util.find_spec("fla") is not None
+    have_fla = fla and MEMORY["name"] == "ttt_linear" and importlib.util.find_spec("fla") is not None
     for shape in shapes:
         record(shape, "gated_deltanet", "triton", contextlib.nullcontext())
         for name in variants:
@@ -300,6 +311,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-len", type=int, default=300, help="the check phase's T (odd lengths welcome)")
     ap.add_argument("--profile-shape", default=None, choices=list(SHAPES), help="default lm8 (TTT-Linear: lm)")
+    ap.add_argument("--no-fla", action="store_true",
+                    help="TTT-Linear: leave fla's chunk_ttt_linear out of the time phase even where it imports (its "
+                         "first-call autotune takes minutes)")
     a = ap.parse_args()
     table = {"titans": TITANS_VARIANTS, "ttt_linear": TTT_LINEAR_VARIANTS}.get(a.memory, VARIANTS)
     if a.variants is None:
@@ -319,7 +333,7 @@ def main():
     if "check" in a.phases:
         phase_check(a.variants, a.out, a.check_len)
     if "time" in a.phases:
-        phase_time(a.variants, a.shapes, a.out, a.repeats)
+        phase_time(a.variants, a.shapes, a.out, a.repeats, fla=not a.no_fla)
     if "profile" in a.phases:
         phase_profile(a.variants, a.profile_shape, a.out)
 

@@ -423,3 +423,7 @@ TITANS_LAYER_F32_REL = 4e-5
 # forwards are exactly linear in T, their backwards carry a few terms per sequence (the final state's gradient), 0.4–2 %
 # above linear at T 64 → 128 (measured, r4s11); the default counts at full T, count_len's scaling is an estimate
 FLOOR_T_SCALING_REL = 0.025
+# one fp32 → bf16 rounding of the same fp32 values by two routes, relative (max |a − b| / max |b|): the GPU and torch
+# round to nearest (≤ 2⁻⁹ of an element apart: equal on the GPU), Triton 3.6's interpreter truncates (one ulp, ≤ 2⁻⁷
+# of an element). TTT-Linear's DIRECT backward (dq, dv cast in the kernels) against the glue's casts.
+BF16_CAST_REL = 2 ** -7

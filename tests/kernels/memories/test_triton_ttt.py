@@ -27,7 +27,7 @@ from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
 from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import ttt_linear_torch
-from tests.tolerances import CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
+from tests.tolerances import BF16_CAST_REL, CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
 
@@ -440,3 +440,77 @@ def test_last_counts_is_a_number_when_every_sequence_ends_alike():
     assert isinstance(same, float) and same == 5.0
     mixed = _last_counts(_plan(0, 0, 0, 16, [0, 20, 53], "cpu"), 4, "cpu")
     assert isinstance(mixed, torch.Tensor) and mixed.shape == (2, 1, 1, 1) and mixed.flatten().tolist() == [4.0, 1.0]
+
+
+
+@pytest.fixture(params=[(1, 0), (0, 1), (1, 1)], ids=["carry", "direct", "carry-direct"])
+def bwd_variant(request, monkeypatch):
+    """The backward's launch-table variants (util.LAUNCH "ttt_linear_bwd"): CARRY 1 — the reverse pass with the
+    anchor's gradient carried in registers (`_bwd_carry_kernel`); DIRECT 1 — do read, dq and dv written in the inputs'
+    dtypes by the kernels. Yields (CARRY, the reverse-pass kernels that ran)."""
+    from fastweights.kernels.triton.memories import ttt as ttt_mod
+
+    carry, direct = request.param
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", carry)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "DIRECT", direct)
+    ran = []
+    for kern in (ttt_mod._bwd_kernel, ttt_mod._bwd_carry_kernel):
+        monkeypatch.setattr(kern, "run", lambda *a, _r=kern.run, _n=kern.__name__, **kw: ran.append(_n) or _r(*a, **kw))
+    return carry, ran
+
+
+def _ran_only(bwd_variant):
+    carry, ran = bwd_variant
+    assert ran and set(ran) == {"_bwd_carry_kernel" if carry else "_bwd_kernel"}
+
+
+@pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (41, 5, 2), (3, 9, 1), (11, 5, 1)])
+def test_the_backward_variants_equal_float64(bwd_variant, gen, T, offset, Hq):
+    """Each variant against the float64 twin and recurrence (outputs, final states, every gradient: q, k, v, β, γ,
+    β_ln, the initial weights and anchor): odd lengths, a carried mini-batch (P_0's gradient), grouped heads."""
+    test_kernels_equal_the_twin_and_the_recurrence(gen, T, offset, Hq)
+    _ran_only(bwd_variant)
+
+
+def test_the_backward_variants_chained_varlen_padded_and_bf16(bwd_variant, gen, monkeypatch):
+    """Each variant on the other cases of this file: chained calls, varlen (an empty and a length-1 sequence, with and
+    without a carried mini-batch), D 20 padded with b 32, bf16 inputs (one TF32 product a dot)."""
+    test_chained_calls_equal_one_call(gen)
+    varlen_agrees(gen, 0)
+    varlen_agrees(gen, 5)
+    test_a_padded_head_dim_and_a_longer_mini_batch(monkeypatch, gen)
+    test_low_precision_inputs(gen, torch.bfloat16, monkeypatch)
+    _ran_only(bwd_variant)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_backward_variants_equal_the_default(gen, monkeypatch, offset, dtype):
+    """CARRY 1 with DIRECT 1 gives the default's outputs and gradients bitwise under the interpreter: the same
+    products in the same order, the 1/b of G folded into k and η e (exact: b is a power of two). With bf16 inputs dq
+    and dv are rounded to bf16 in the kernels instead of by the glue: to nearest on the GPU, as torch does (equal
+    there), by truncation under the interpreter — one bf16 ulp apart at most (BF16_CAST_REL)."""
+    x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    want = _run(_kernel, x, offset, seed, dtype=dtype)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", 1)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "DIRECT", 1)
+    got = _run(_kernel, x, offset, seed, dtype=dtype)
+    for a, b in zip(got[0], want[0]):
+        assert torch.equal(a, b)
+    for name in want[2]:
+        assert got[2][name].dtype == want[2][name].dtype, name
+        if dtype == torch.bfloat16 and name in ("q", "v"):
+            assert rel(got[2][name], want[2][name]) <= BF16_CAST_REL, name
+        else:
+            assert torch.equal(got[2][name], want[2][name]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("size", [(2, 300, 2, 64, 0), (1, 1000, 3, 128, 7)],
+                         ids=lambda s: "B{}-T{}-H{}-D{}-off{}".format(*s))
+def test_cuda_backward_variants(bwd_variant, gen, size, dtype):
+    """On the GPU: each variant against the float64 twin at realistic shapes (`test_cuda_realistic`'s check)."""
+    test_cuda_realistic(gen, size, dtype)
+    _ran_only(bwd_variant)

@@ -187,9 +187,12 @@ LAUNCH: dict[str, dict] = {
     "ttt_linear_fwd": dict(num_warps=8, num_stages=1),  # memories.ttt._state_kernel
     "ttt_linear_readout": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._readout_kernel
     # TTT-Linear's backward: the parallel pre-pass (the readout's own gradients; BK as the readout's) and the reverse
-    # sequential pass
+    # sequential pass (CARRY 1: `_bwd_carry_kernel`, the anchor's gradient carried in registers instead of read and
+    # written in place in dA0 each mini-batch; DIRECT 1: do read, dq and dv written in the inputs' dtypes by the
+    # kernels, no fp32 copies and casts in the glue; both opt-in, untimed — docs/kernel_notes.md "TTT-Linear's
+    # backward")
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
-    "ttt_linear_bwd": dict(num_warps=8, num_stages=1),  # memories.ttt._bwd_kernel
+    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=0, DIRECT=0),  # memories.ttt._bwd_kernel (…carry…)
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
     # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 on

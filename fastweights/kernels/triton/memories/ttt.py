@@ -59,7 +59,11 @@ Backward, two launches likewise:
    P_0's own gradient when the call continues a mini-batch (HAS_P). The anchor's gradient gA [D, D] is accumulated in
    place in dA0 (seeded by the glue with dAout's), the bias's ga carried in registers. Per mini-batch 12bD² dot FLOPs
    on the sequential path (k A, k G, (η e) Gᵀ, df Aᵀ, xᵀ dz, kᵀ df); the single reverse kernel before it also
-   recomputed the readout there: 16bD² + 12b²D.
+   recomputed the readout there: 16bD² + 12b²D. util.LAUNCH "ttt_linear_bwd" CARRY 1 (opt-in, untimed) runs
+   `_bwd_carry_kernel` instead: the same products in the same order with gA carried in registers (G = gA / b, the
+   1/b folded into k and η e), dA0 written once at the end — per mini-batch 3·D²·4 bytes less L2 traffic (G's read,
+   gA's read and write: 192 KiB at D 128) and no barriers. DIRECT 1 (opt-in, untimed): do passed in its own dtype,
+   dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the glue's fp32 copy and casts gone.
 
 The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
 are written per value head and summed over the group by the glue.
@@ -345,6 +349,27 @@ def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, 
 
 
 @triton.jit
+def _through_e(de, deta, dkk, kg, e, eta, n, inv, dy, u, lnw, glnw, glnb, cm, D: tl.constexpr):
+    """The reverse pass's step through e [BT, BD] (both reverse kernels'): e's gradient de (the readout's part) less
+    η (k G + g_p) (kg), then LayerNorm's backward to df. Returns (dη, dk with ddy, ddy, df, dγ, dβ_ln) updated."""
+    de -= eta[:, None] * kg
+    deta -= tl.sum(e * kg, axis=1)
+    # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
+    dinv = tl.sum(de * e, axis=1) / inv
+    du = _ln_back(n, inv, de, cm, D)
+    mu_un = tl.sum(u * n, axis=1) / D
+    mg_n = tl.sum(de * n, axis=1) / D
+    dn = tl.where(cm[None, :], -inv[:, None] * (de * mu_un[:, None] + mg_n[:, None] * u), 0.0)
+    ddy = lnw[None, :] * du
+    glnw += tl.sum(du * dy + ddy * n, axis=0)
+    glnb += tl.sum(ddy, axis=0)
+    dn += lnw[None, :] * ddy
+    dkk += ddy
+    df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
+    return deta, dkk, ddy, df, glnw, glnb
+
+
+@triton.jit
 def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAout, daout, dPout, dpout,
                 dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
                 H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
@@ -401,20 +426,7 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAo
                 dzi = dz / ipos[:, None]
                 tl.store(dP0 + st, G + _dot(tl.trans(x), dzi, PREC), mask=sm)
                 tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm)
-        de -= eta[:, None] * kg
-        deta -= tl.sum(e * kg, axis=1)
-        # e = s (u − mean(u) − n mean(u ⊙ n)),  u = γ ⊙ dy,  dy = k + β_ln − v + γ ⊙ n,  (n, s) = LN(f)
-        dinv = tl.sum(de * e, axis=1) / inv
-        du = _ln_back(n, inv, de, cm, D)
-        mu_un = tl.sum(u * n, axis=1) / D
-        mg_n = tl.sum(de * n, axis=1) / D
-        dn = tl.where(cm[None, :], -inv[:, None] * (de * mu_un[:, None] + mg_n[:, None] * u), 0.0)
-        ddy = lnw[None, :] * du
-        glnw += tl.sum(du * dy + ddy * n, axis=0)
-        glnb += tl.sum(ddy, axis=0)
-        dn += lnw[None, :] * ddy
-        dkk += ddy
-        df = _ln_back(n, inv, dn, cm, D) - (dinv * inv * inv / D)[:, None] * n
+        deta, dkk, ddy, df, glnw, glnb = _through_e(de, deta, dkk, kg, e, eta, n, inv, dy, u, lnw, glnw, glnb, cm, D)
         # f = k A + a (A read again here rather than kept from the top: one [BD, BD] tile live at a time)
         tl.debug_barrier()  # every thread's read of dA0 (G) before it is written
         gA = tl.load(dA0 + st, mask=sm, other=0.0)
@@ -430,6 +442,89 @@ def _bwd_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAo
         tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
         # into the previous mini-batch: its end sums' bias gradient
         gpo = ga / BT
+    tl.store(da0 + bi, ga, mask=cm)
+    tl.store(dlnw + bi, glnw, mask=cm)
+    tl.store(dlnb + bi, glnb, mask=cm)
+
+
+@triton.jit
+def _carry_step(q, k, v, beta, ckA, cka, dzs, des, dAout, dk, dv, dbeta, dP0, dp0, gA, ga, gpo, glnw, glnb, lnw, lnb,
+                si, ns, slot0, bos, Tn, off, scale, i_h, st, bi, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                BD: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """Mini-batch s = ns − 1 − si of `_bwd_carry_kernel`: as `_bwd_kernel`'s loop body, with the anchor's gradient gA
+    [BD, BD] carried in registers. Its end sums' gradient G is gA / b, the 1/b folded into the [BT, BD] operands k and
+    η e (exact: b a power of two), so no scaled [BD, BD] copy; in the call's last mini-batch (si = 0) gA holds b·dPout
+    (G = dPout exactly) and is replaced by dAout's seed before this mini-batch's terms are added. Returns (gA, ga,
+    the previous mini-batch's g_p, dγ, dβ_ln)."""
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    ipos = (r + 1).to(tl.float32)
+    s = ns - 1 - si
+    ck = (slot0 + s) * H + i_h
+    A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)
+    a = tl.load(cka + ck * D + c, mask=cm, other=0.0)
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    n, inv, dy, u, e = _errors(kk, vv, A, a, lnw, lnb, cm, D, EPS, PREC)
+    sc = (ck * BT + r[:, None]) * D + c[None, :]
+    dz = tl.load(dzs + sc, mask=cm[None, :], other=0.0)  # the pre-pass's: z's gradient, the readout's part of de
+    de = tl.load(des + sc, mask=cm[None, :], other=0.0)
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dkk = tl.load(dk + hv, mask=m, other=0.0)  # the pre-pass's parts of dk, dη
+    deta = tl.load(dbeta + row * H + i_h, mask=valid, other=0.0)
+    kg = _dot(kk * (1.0 / BT), gA, PREC) + gpo[None, :]
+    dkk -= _dot(e * (eta * (1.0 / BT))[:, None], tl.trans(gA), PREC)
+    if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
+        if s == 0:
+            dzi = dz / ipos[:, None]
+            tl.store(dP0 + st, tl.dot(tl.trans(x), dzi, acc=gA * (1.0 / BT), input_precision=PREC), mask=sm)
+            tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm)
+    if si == 0:  # b·dPout done with: the anchor's gradient starts from dAout's seed
+        gA = tl.load(dAout + st, mask=sm, other=0.0)
+    deta, dkk, ddy, df, glnw, glnb = _through_e(de, deta, dkk, kg, e, eta, n, inv, dy, u, lnw, glnw, glnb, cm, D)
+    gA = tl.dot(tl.trans(x), dz, acc=gA, input_precision=PREC)
+    gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
+    ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
+    A = tl.load(ckA + ck * D * D + (c[:, None] * D + c[None, :]), mask=sm, other=0.0)  # again (L2): not kept live
+    dkk += _dot(df, tl.trans(A), PREC)
+    tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
+    tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
+    tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
+    return gA, ga, ga / BT, glnw, glnb
+
+
+@triton.jit
+def _bwd_carry_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, des, dAout, daout, dPout, dpout,
+                      dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
+                      H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                      EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """`_bwd_kernel`'s reverse pass (same arguments, same results) with the anchor's gradient gA [BD, BD] carried in
+    registers over the mini-batches (util.LAUNCH "ttt_linear_bwd" CARRY 1) instead of accumulated in place in dA0:
+    per mini-batch no dA0 read for G, no read and write of gA (3·D²·4 bytes of L2 traffic, 192 KiB at D 128) and no
+    barriers (`_carry_step`). dA0 is written once, at the end."""
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    c = tl.arange(0, BD)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]
+    bi = i_bh.to(tl.int64) * D + c
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ga = tl.load(daout + bi, mask=cm, other=0.0)  # the anchor bias's gradient (a vector: carried)
+    gpo = tl.load(dpout + bi, mask=cm, other=0.0)
+    glnw = tl.zeros([BD], dtype=tl.float32)
+    glnb = tl.zeros([BD], dtype=tl.float32)
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    gA = tl.load(dPout + st, mask=sm, other=0.0) * BT  # b·dPout: the call's last mini-batch's G is gA / b
+    for si in range(0, ns):
+        gA, ga, gpo, glnw, glnb = _carry_step(q, k, v, beta, ckA, cka, dzs, des, dAout, dk, dv, dbeta, dP0, dp0, gA,
+                                              ga, gpo, glnw, glnb, lnw, lnb, si, ns, slot0, bos, Tn, off, scale, i_h,
+                                              st, bi, H, HQ, D, BD, BT, EPS, PREC, HAS_P)
+    if ns == 0:  # an empty sequence (varlen): the anchor's gradient is dAout's
+        gA = tl.load(dAout + st, mask=sm, other=0.0)
+    tl.store(dA0 + st, gA, mask=sm)
     tl.store(da0 + bi, ga, mask=cm)
     tl.store(dlnw + bi, glnw, mask=cm)
     tl.store(dlnb + bi, glnb, mask=cm)
@@ -514,14 +609,14 @@ def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int,
 
 
 def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T: int, offset: int, cu, plan: _Plan,
-              geo: dict):
+              geo: dict, dq_dtype=torch.float32):
     """`_bwd_read_kernel`: the readout's own gradients of every mini-batch in parallel from the anchors in (ckA, cka)
-    and do [B, T, H, D] (fp32): (dq whole, dk's and dη's readout parts [B, T, H, D] / [B, T, H] — per value head,
-    fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's and dβ_ln's parts [slots, H, D]). Arguments as
-    `_TTTLinear`'s."""
+    and do [B, T, H, D] (fp32, or any float dtype: loaded as fp32): (dq whole — in dq_dtype —, dk's and dη's readout
+    parts [B, T, H, D] / [B, T, H] — per value head, fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's
+    and dβ_ln's parts [slots, H, D]). Arguments as `_TTTLinear`'s."""
     B, H, D = q.shape[0], geo["H"], geo["D"]
     f32 = dict(dtype=torch.float32, device=q.device)
-    dq, dk = (empty_output(B, T, H, D, **f32) for _ in range(2))
+    dq, dk = empty_output(B, T, H, D, dtype=dq_dtype, device=q.device), empty_output(B, T, H, D, **f32)
     dbeta = empty_output(B, T, H, **f32)
     n = max(plan.slots, 1)
     dzs, des = empty_output(n, H, geo["BT"], D, **f32), empty_output(n, H, geo["BT"], D, **f32)
@@ -580,14 +675,18 @@ class _TTTLinear(torch.autograd.Function):
         def grad_in(g, *shape):
             return torch.zeros(*shape, **f32) if g is None else g.float().contiguous()
 
-        do = grad_in(do, B, T, H, D)
+        # DIRECT 1 (util.LAUNCH "ttt_linear_bwd"): do read in its own dtype by the pre-pass (which loads it as fp32),
+        # dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels: no fp32 copies and casts
+        direct = bool(tile("ttt_linear_bwd", "DIRECT"))
+        do = do.contiguous() if direct and do is not None else grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
-        dv = empty_output(B, T, H, D, **f32)
+        dv = empty_output(B, T, H, D, dtype=v.dtype if direct else torch.float32, device=dev)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
         dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
                                                         scale=ctx.scale, T=T, offset=ctx.offset,
-                                                        cu=seq[0] if seq else None, plan=plan, geo=geo)
+                                                        cu=seq[0] if seq else None, plan=plan, geo=geo,
+                                                        dq_dtype=q.dtype if direct and Hq == H else torch.float32)
         if ctx.sliced:  # the value columns over NP programs, one launch a mini-batch
             from .ttt_linear_sliced import sliced_reverse
 
@@ -596,13 +695,17 @@ class _TTTLinear(torch.autograd.Function):
                 offset=ctx.offset, cu=seq[0] if seq else None, first=seq[1] if seq else None, plan=plan,
                 steps=plan.steps, geo=geo, NP=ctx.np)
         else:
-            dA0 = gs[0].clone()  # the anchor's gradient, accumulated in place by the kernel (seeded with dAout's)
+            # CARRY 1 (util.LAUNCH "ttt_linear_bwd"): the anchor's gradient carried in registers, written once
+            carry = bool(tile("ttt_linear_bwd", "CARRY"))
+            # else accumulated in place by the kernel in dA0 (seeded with dAout's)
+            dA0 = empty_output(R, H, D, D, **f32) if carry else gs[0].clone()
             da0 = empty_output(R, H, D, **f32)
             dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
             seq = seq if seq else (dq, dq)
-            _bwd_kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw,
-                                  dlnb, dA0, da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo,
-                                  HAS_P=has_p, **launch("ttt_linear_bwd"))
+            kernel = _bwd_carry_kernel if carry else _bwd_kernel
+            kernel[(R * H,)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, dzs, des, *gs, dk, dv, dbeta, dlnw, dlnb, dA0,
+                             da0, dP0, dp0, *seq, ctx.scale, T, ctx.offset, plan.NS, **geo, HAS_P=has_p,
+                             **launch("ttt_linear_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, D).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, D).sum(3)

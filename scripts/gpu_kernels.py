@@ -370,7 +370,7 @@ SWEEP_ORDER = ("delta_states_bwd", "wy_bwd", "qk_grads", "delta_states_fwd", "ou
                "states_fwd", "output_bwd", "delta_output_bwd", "wy_fwd", "scores", "inverse", "delta_grads",
                "cumsum", "prologue", "delta_fused_fwd", "delta_prepass", "delta_fused_rev", "delta_fused_grads",
                "delta_fused_grads_rows",
-               "delta_fused_rec", "delta_fused_fwd_t", "gated_fused_fwd", "gated_fused_bwd_states",
+               "delta_fused_rec", "delta_fused_fwd_t", "delta_split_states", "delta_split_out", "gated_fused_fwd", "gated_fused_bwd_states",
                "gated_fused_bwd_chunk", "gated_fused_scores", "ttt_linear_fwd", "ttt_linear_readout",
                "ttt_linear_bwd_read", "ttt_linear_bwd", "ttt_linear_sliced", "ttt_linear_sliced_bwd", "ttt_mlp_fwd",
                "ttt_mlp_bwd", "ttt_mlp_sliced",

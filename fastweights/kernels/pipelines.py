@@ -31,7 +31,8 @@ from .triton.common.limits import (
 )
 
 __all__ = ["DeltaPipeline", "GatedPipeline", "delta_pipeline", "gated_pipeline", "gate_kind", "DELTA_PIPELINES",
-           "DELTA_FORWARDS", "GATED_PIPELINES", "FUSED_CHECKED_HEAD_DIMS_CUDA", "LOW_PRECISION_MIN_HEAD_DIM_CUDA", "STAGES"]
+           "DELTA_FORWARDS", "GATED_PIPELINES", "FUSED_CHECKED_HEAD_DIMS_CUDA", "LOW_PRECISION_MIN_HEAD_DIM_CUDA",
+           "STAGES"]
 
 Stage = Literal["staged", "fused"]
 STAGES: tuple[str, ...] = ("staged", "fused")

@@ -232,7 +232,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p; its
             # sliced steps: 4 warps, two CTAs an SM, timed on the H200 in r4s12–13; their parallel kernels: sm_90
             # registers; Titans' sliced sequential kernels: sm_90 registers)
-            warps = 8 if name in ("delta_fused_grads", "delta_split_out", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
+            warps = 8 if name in ("delta_fused_grads", "delta_split_out",
+                                  "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
                                   "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
                                   "ttt_mlp_bwd", "ttt_mlp_sliced_read", "ttt_mlp_sliced_bwd_pre", "titans_sliced",
                                   "titans_sliced_bwd") else 2 if name == "conv_bwd_rows" else 4

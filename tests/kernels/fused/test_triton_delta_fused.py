@@ -262,6 +262,22 @@ def test_kept_states(gate, gen, form, monkeypatch):
     assert sorted(gone) == sorted([B * NT * H * K * V, B * T * H * V, B * H * K * V])
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_split_states_feed_the_fused_backward(gate, gen):
+    """The split forward with the fused backward, the states kept (recompute_states=False: the backward reads the h, U
+    the forward wrote and runs no recompute) and recomputed: every gradient against the float64 recurrence and the
+    two equal to fp32 rounding; varlen with an empty and a length-1 sequence, grouped heads, an initial state."""
+    lengths = [7, 0, 20, 1, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), H=2, Hq=1, K=8, V=8, N=len(lengths))
+    seed = secrets.randbits(31)
+    out = {keep: grads(_triton, x, seed, cu_seqlens=cu, pipeline=DeltaPipeline("split", "fused", not keep))
+           for keep in (False, True)}
+    check(out[True], out[False], F32)
+    want = grads(each_sequence_alone(_recurrent(gate), cu), {key: val.double() for key, val in x.items()}, seed)
+    check(out[True], want, CHUNK_F32_REL)
+
+
 def test_no_grad_keeps_no_inverse(gen, fused, monkeypatch):
     """Without a gradient to compute the pre-pass does not write T (store_T False); with one it does."""
     calls = []

@@ -403,7 +403,7 @@ from fastweights.kernels.triton.delta import chunk_delta_triton
 
 gate, dtype = sys.argv[2], getattr(torch, sys.argv[3])
 BACKWARD = "staged" if gate == "diagonal" else "fused"  # the rule's, for bf16 on the CPU
-PIPE = DeltaPipeline("fused", BACKWARD)
+PIPE = DeltaPipeline(sys.argv[4], BACKWARD)  # the forward: "fused" or "split"
 gen = torch.Generator().manual_seed(0)
 counts = []
 for i in range(20):
@@ -424,16 +424,17 @@ report(counts)
 
 
 @pytest.mark.variants
+@pytest.mark.parametrize("name", FORMS)
 @pytest.mark.parametrize("gate", GATES)
-def test_varlen_packings_compile_once(gate):
+def test_varlen_packings_compile_once(gate, name):
     """20 varlen batches of different packings (numbers of sequences, lengths, T = 1, T a multiple of 16 or
-    not) ask Triton for no compile key after the first batch, forward (fused) and backward. Under the
+    not) ask Triton for no compile key after the first batch, forward (fused or split) and backward. Under the
     interpreter nothing compiles, so this runs in a subprocess without it: a stand-in driver reports an
     sm_90 target, and Triton's `jit_cache_hook` records each launch's compile key (the dict key of
     `kernel.device_caches[device][0]`, from the specialization of every argument) and skips the compile."""
-    out = compile_keys(_KEYS_BODY, gate, "bfloat16")
+    out = compile_keys(_KEYS_BODY, gate, "bfloat16", name)
     counts = out["counts"]
-    assert {"_prepass_kernel", "_fused_fwd_kernel"} <= set(out["kernels"])
+    assert set(LAUNCHED[name, gate]) <= set(out["kernels"])
     assert counts[0] > 0 and counts == [counts[0]] * 20, counts
 
 

@@ -10,8 +10,9 @@ sequential loop (255 registers, 9 % occupancy on the H200).
      writing T only: U_n = T diag(β)(V − diag(Γ) K S_n), S_{n+1} = a S_n + Kᵀ diag(e^{G_last − G}) U_n;
    - else (KDA, K = 256, C = 128): `delta_fused._fused_fwd_kernel` with OUTPUT 0 on the pre-pass's W, U'
      (U_n = U'_n − W_n S_n; no q, Aqk or o in the loop);
-   writing the entering states h [B, NT, H, K, V] (the inputs' dtype for bf16 / fp16, fp32 for fp32), U [B, T, H, V]
-   (v's dtype) and the final state.
+   (the GPU's head-dim limit of the fused forward, K, V ≤ 128, holds only on that second path: at K 128, V 256 the
+   split forward runs where the fused one is refused); writing the entering states h [B, NT, H, K, V] (the inputs'
+   dtype for bf16 / fp16, fp32 for fp32), U [B, T, H, V] (v's dtype) and the final state.
 3. `_output_kernel`, chunk-parallel, grid (chunk slots NT, ⌈V/BV⌉, B·H): per chunk, with Γ = e^{G},
 
        o = diag(scale Γ) Q h_n + (scale Q Kᵀ ⊙ E ⊙ causal) U_n,   E_ij = e^{G_i − G_j}
@@ -128,8 +129,9 @@ def split_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     (raw), β [B, T, H], h0 None or [NS, H, K, V] fp32. Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's
     dtype or None (`store_T`), h [B, NT, H, K, V] and U [B, T, H, V] (always: the output kernel's inputs, the
     backward's if it keeps them), the final state [NS, H, K, V] fp32 or None (`output_final_state`))."""
-    check_head_dims(q, L, "split")
     t_form = supports(g, L)  # the backward's states kernel takes the call: the pre-pass writes T alone
+    if not t_form:  # (the states kernel serves V = 256 at K ≤ 128 — the LM preset's gated DeltaNet — on a GPU too)
+        check_head_dims(q, L, "split")
     chosen, w, u1, Ti, A = prepass(q, k, v, g, beta, scale, L, store_T=store_T, t_form=t_form)
     if t_form:
         _, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=False, store_states=True,

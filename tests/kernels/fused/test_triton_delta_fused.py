@@ -555,8 +555,8 @@ def test_cuda_varlen_no_recompile(gen, fused):
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture_varlen(gen, fused):
-    """A varlen call (fused forward, staged backward) captured in a CUDA graph — no host sync inside — and
+def test_cuda_graph_capture_varlen(gen, form):
+    """A varlen call (fused or split forward, the rule's backward) captured in a CUDA graph — no host sync inside — and
     replayed: bitwise the eager outputs and gradients."""
     lengths = [300, 0, 1, 700, 23]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).cuda()

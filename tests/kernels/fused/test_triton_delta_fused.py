@@ -475,8 +475,8 @@ def test_cuda_realistic(gate, size, dtype, gen, form):
 @pytest.mark.parametrize("gate", ["none", "scalar"])
 def test_cuda_split_value_dim_256(gate, dtype, gen):
     """The split forward at K 128, V 256 (the LM preset's gated DeltaNet: the fused forward refuses V > 128 on a GPU,
-    the split one's states kernel takes it) with the rule's backward (fused for bf16), grouped varlen with an empty and a length-1
-    sequence, against the fp32 torch chunk form."""
+    the split one's states kernel takes it) with the rule's backward (fused for bf16), grouped varlen with an empty
+    and a length-1 sequence, against the fp32 torch chunk form."""
     lengths = [1000, 0, 1, 2047, 63]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
     x = _inputs(gate, gen, T=sum(lengths), H=8, Hq=4, K=128, V=256, N=len(lengths), dtype=dtype)

@@ -17,6 +17,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines ttt_linear_sliced --head-dims 64 128   # TTT-Linear sliced, NP 2/4/8
     python3 scripts/sm90_report.py --pipelines omega --head-dims 64 128   # OmegaNet's feature kernels
     python3 scripts/sm90_report.py --pipelines prepass --gates none scalar --head-dims 64 128   # pre-pass INV forms
+    python3 scripts/sm90_report.py --pipelines split --dtypes bfloat16   # the split forward's kernels (every gate)
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -105,6 +106,33 @@ def _delta_workload(head_dims, dtypes, gates):
                                                   pipeline=pipeline)
                         (o.float().sum() + S.float().sum()).backward()
     util.LAUNCH["delta_prepass"]["WU"] = 1
+
+
+def _split_workload(head_dims, dtypes, gates):
+    """The delta class's split forward alone (`DeltaPipeline(forward="split")`, delta_split.py: the pre-pass, the states
+    pass, the chunk-parallel output kernel), chunk 64, T stored as for training, per gate (none / scalar: the
+    backward's states kernel; diagonal: the sequential kernel with OUTPUT 0), a padded batch (H = H_q = 4) and varlen
+    with grouped heads (H = 4, H_q = 2)."""
+    import torch
+
+    from fastweights.kernels.pipelines import DeltaPipeline
+    from fastweights.kernels.triton.delta import chunk_delta_triton
+
+    gen = torch.Generator().manual_seed(0)
+    for D in head_dims:
+        for gate in gates:
+            for dtype in [getattr(torch, d) for d in dtypes]:
+                for varlen in (False, True):
+                    B, T, H, Hq = (1, 200, 4, 2) if varlen else (2, 200, 4, 4)
+                    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32) if varlen else None
+                    q, k = (torch.randn(B, T, Hq, D, generator=gen).to(dtype).requires_grad_(True) for _ in range(2))
+                    v = torch.randn(B, T, H, D, generator=gen).to(dtype).requires_grad_(True)
+                    g = None if gate == "none" else -torch.rand(B, T, H, *((D,) if gate == "diagonal" else ()),
+                                                                generator=gen)
+                    beta = torch.rand(B, T, H, generator=gen)
+                    S0 = torch.randn(3 if varlen else B, H, D, D, generator=gen)
+                    chunk_delta_triton(q, k, v, g=g, beta=beta, scale=0.1, initial_state=S0, output_final_state=True,
+                                       chunk_size=64, cu_seqlens=cu, pipeline=DeltaPipeline("split", "staged"))
 
 
 def _prepass_workload(head_dims, dtypes, gates):
@@ -437,7 +465,7 @@ def _omega_workload(head_dims, dtypes, gates):
         omega_mod.feature_vjp_kernel(fm, x, torch.randn(2, n, KP, generator=gen))
 
 
-WORKLOADS = {"delta": _delta_workload, "prepass": _prepass_workload, "gated": _gated_workload,
+WORKLOADS = {"delta": _delta_workload, "prepass": _prepass_workload, "split": _split_workload, "gated": _gated_workload,
              "memories": _memories_workload,
              "titans_sliced": _titans_sliced_workload, "ttt_linear_sliced": _ttt_linear_sliced_workload,
              "conv": _conv_workload, "rope": _rope_workload,
@@ -497,7 +525,7 @@ def main():
                             "H", "HQ", "STORE_STATES", "NPART", "HAS_BETA", "WRITE_O", "D", "F", "BF", "BK", "HAS_P",
                             "DK", "DV", "HAS_A", "SAVE", "DW_ACC", "BT", "BC", "NBLK", "HALF", "BR", "HAS_POS",
                             "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R", "STEPS", "HAS_C", "BM", "BN",
-                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS", "VS", "INV")})
+                            "NP", "TPS", "PRO", "PART", "RT", "DO_D", "DO_C", "ROWSUMS", "VS", "INV", "A_IN")})
             rows.append(info)
         return kernel
 
@@ -513,7 +541,7 @@ def main():
                                                  "WRITE_O", "BT", "BC", "NBLK", "DW_ACC", "HALF", "BR", "HAS_POS",
                                                  "HAS_PERIOD", "SIGN", "PREC", "STREAM", "NSEG", "XDT", "R",
                                                  "STEPS", "HAS_C", "BM", "BN", "NP", "TPS", "PRO", "PART", "RT",
-                                                 "DO_D", "DO_C", "ROWSUMS", "VS", "INV")
+                                                 "DO_D", "DO_C", "ROWSUMS", "VS", "INV", "A_IN")
                         if k in c)
         print(f"{r['kernel']:28s} {desc:60s} warps {r['warps']} stages {r['stages']}: {r['registers']} regs, "
               f"spill {r['spill_stores']}/{r['spill_loads']} B, smem {r['smem'] // 1024} KB"

@@ -31,10 +31,15 @@ from .triton.common.limits import (
 )
 
 __all__ = ["DeltaPipeline", "GatedPipeline", "delta_pipeline", "gated_pipeline", "gate_kind", "DELTA_PIPELINES",
-           "GATED_PIPELINES", "FUSED_CHECKED_HEAD_DIMS_CUDA", "LOW_PRECISION_MIN_HEAD_DIM_CUDA", "STAGES"]
+           "DELTA_FORWARDS", "GATED_PIPELINES", "FUSED_CHECKED_HEAD_DIMS_CUDA", "LOW_PRECISION_MIN_HEAD_DIM_CUDA",
+           "STAGES"]
 
 Stage = Literal["staged", "fused"]
 STAGES: tuple[str, ...] = ("staged", "fused")
+#: The delta class's forwards: the stages, and "split" (delta_split.py: the fused forward's pre-pass, a states-only
+#: sequential pass, a chunk-parallel output kernel; never picked by the rule until a GPU times it — issue 32)
+DeltaForward = Literal["staged", "fused", "split"]
+DELTA_FORWARDS: tuple[str, ...] = STAGES + ("split",)
 GateKind = Literal["none", "scalar", "diagonal"]
 
 #: The head dims (K, V) at which the delta class's fused kernels run on a GPU: the specializations a GPU has checked
@@ -59,30 +64,32 @@ LOW_PRECISION_MIN_HEAD_DIM_CUDA = 64
 _LOW = (torch.bfloat16, torch.float16)
 
 
-def _stage(name: str, value) -> None:
-    if value not in STAGES:
-        raise ValueError(f"{name} must be one of {list(STAGES)}, got {value!r}")
+def _stage(name: str, value, allowed: tuple[str, ...] = STAGES) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class DeltaPipeline:
     """The delta class's Triton pipeline for one call (kernels/triton/delta.py).
 
-    forward:  "staged" (cumsum → scores → inverse → WY → state pass → outputs, one kernel each) or "fused"
-              (delta_fused.py: a chunk-parallel pre-pass and one sequential kernel, the state in registers)
+    forward:  "staged" (cumsum → scores → inverse → WY → state pass → outputs, one kernel each), "fused"
+              (delta_fused.py: a chunk-parallel pre-pass and one sequential kernel, the state in registers) or
+              "split" (delta_split.py: the pre-pass, a sequential pass writing the states h and U alone, a
+              chunk-parallel output kernel; the calls "fused" takes; off unless asked for)
     backward: "staged" (the stage kernels' backward) or "fused" (delta_fused_bwd.py: three kernels)
     recompute_states: the backward recomputes the forward's state pass (h, U, S_T) instead of the forward keeping
               them (−(K·V/C + V)·H elements per token of saved memory; bitwise the same gradients)
     fp32:     bf16 / fp16 inputs run the kernels on fp32 copies (the output cast back), with a warning
               (`LOW_PRECISION_MIN_HEAD_DIM_CUDA`); `forward` and `backward` then are the fp32 call's"""
 
-    forward: Stage = "staged"
+    forward: DeltaForward = "staged"
     backward: Stage = "staged"
     recompute_states: bool = True
     fp32: bool = False
 
     def __post_init__(self):
-        _stage("forward", self.forward)
+        _stage("forward", self.forward, DELTA_FORWARDS)
         _stage("backward", self.backward)
 
     @property
@@ -126,7 +133,8 @@ class GatedPipeline:
 
 #: The named pipelines of each row, as `dispatch.rows(pipelines=True)` lists them (the rule picks among these; the
 #: recompute and fp32 flags are shown beside a name when set).
-DELTA_PIPELINES = tuple(DeltaPipeline(f, b).name for f in STAGES for b in STAGES) + (DeltaPipeline(fp32=True).name,)
+DELTA_PIPELINES = tuple(DeltaPipeline(f, b).name for f in DELTA_FORWARDS for b in STAGES) + (
+    DeltaPipeline(fp32=True).name,)
 GATED_PIPELINES = tuple(GatedPipeline(p).name for p in STAGES)
 
 

@@ -147,7 +147,8 @@ def delta_bf16_agrees(gate, gen, *, T=33, chunk_size=16) -> None:
 
 def force_delta_pipeline(monkeypatch, *, forward=None, backward=None, recompute_states=None):
     """For the test: `chunk_delta_triton`'s default pipeline (what it runs when called without `pipeline=`, as these
-    tests call it) is the rule's (`kernels.pipelines.delta_pipeline`) with `forward` / `backward` set to "fused"
+    tests call it) is the rule's (`kernels.pipelines.delta_pipeline`) with `forward` / `backward` set to "fused" (the
+    forward also "split")
     where the call's kernels take it (no probe key, the decay first or none; the backward also no diagonal decay,
     K ≤ 128, C ≤ 64) and "staged" elsewhere, and `recompute_states` set (None: the rule's)."""
     from fastweights.kernels.pipelines import DeltaPipeline
@@ -161,7 +162,7 @@ def force_delta_pipeline(monkeypatch, *, forward=None, backward=None, recompute_
                     C=C)
         takes = not probe and (decay_first or gate == "none")
         bwd_takes = takes and gate != "diagonal" and K <= DELTA_FUSED_BWD_MAX_K and C <= DELTA_FUSED_BWD_MAX_C
-        fwd = base.forward if forward is None else ("fused" if forward == "fused" and takes else "staged")
+        fwd = base.forward if forward is None else (forward if forward in ("fused", "split") and takes else "staged")
         bwd = base.backward if backward is None else ("fused" if backward == "fused" and bwd_takes else "staged")
         keep = base.recompute_states if recompute_states is None else recompute_states
         return DeltaPipeline(fwd, bwd, keep, base.fp32)

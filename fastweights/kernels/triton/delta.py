@@ -37,6 +37,10 @@ Backward:
         sum pass runs (−0.8 GB of fp32 traffic at B=4, T=4096, H=16, K=128)
     dg = reverse cumsum(dG) + strict reverse cumsum(dR) + ∂L/∂G_last
 
+With the pipeline's forward "split" (`delta_split.split_forward`, the calls "fused" takes): the fused forward's
+pre-pass, a sequential pass writing h, U and the final state alone, and a chunk-parallel output kernel o = diag(scale
+Γ) Q h + Aqk U; h and U are then kept for the backward where `recompute_states` is False.
+
 With the pipeline's backward "fused" (no or a scalar decay, decay first, no probe: delta_fused_bwd.py, three kernels):
 
     h, U = delta_fused_bwd.recompute_states(k, v, g, β, T, S_0)   U = T diag(β)(V − Γ K S_n); (not if kept)
@@ -65,6 +69,7 @@ from .args import check_chunk_args, no_tokens
 from .fused.delta_fused import fused_forward
 from .fused.delta_fused_bwd import fused_backward, recompute_states
 from .fused.delta_fused_bwd import supports as fused_bwd_supports
+from .fused.delta_split import split_forward
 from .layer.conv import conv_recompute, conv_source
 from .layer.prologue import l2_recompute, l2_source
 from .stages.cumsum import chunk_cumsum
@@ -95,12 +100,16 @@ class ChunkDeltaTriton(torch.autograd.Function):
         excl = g is not None and not decay_first
         ctx.recompute = pipeline.recompute_states
         ctx.fused_bwd = pipeline.backward == "fused"
-        if pipeline.forward == "fused":
+        if pipeline.forward in ("fused", "split"):
             # T only where a gradient will be asked for; h, U (and S_T, for the staged backward's ∂L/∂G_last) only
-            # where the backward keeps them
-            o, Ti, h, u, ht = fused_forward(
-                q, k, v, g, beta, h0, scale, L, store_T=any(ctx.needs_input_grad), store_states=not ctx.recompute,
-                output_final_state=output_final_state or (not ctx.recompute and g is not None and not ctx.fused_bwd))
+            # where the backward keeps them (the split forward writes h and U anyway: kept at no extra cost)
+            need_final = output_final_state or (not ctx.recompute and g is not None and not ctx.fused_bwd)
+            if pipeline.forward == "fused":
+                o, Ti, h, u, ht = fused_forward(q, k, v, g, beta, h0, scale, L, store_T=any(ctx.needs_input_grad),
+                                                store_states=not ctx.recompute, output_final_state=need_final)
+            else:
+                o, Ti, h, u, ht = split_forward(q, k, v, g, beta, h0, scale, L, store_T=any(ctx.needs_input_grad),
+                                                output_final_state=need_final)
         else:
             r = k if p is None else p  # the read key
             G, R = _cumsums(g, L, excl)
@@ -168,8 +177,8 @@ class ChunkDeltaTriton(torch.autograd.Function):
 def _check_pipeline(pipeline: DeltaPipeline, p, g, decay_first: bool, L) -> None:
     """A fused forward or backward asked for a call its kernels do not take: one error naming the argument."""
     takes = p is None and (decay_first or g is None)
-    if pipeline.forward == "fused" and not takes:
-        raise InputError("pipeline.forward='fused' takes the decay first (or none) and no probe key p; "
+    if pipeline.forward in ("fused", "split") and not takes:
+        raise InputError(f"pipeline.forward='{pipeline.forward}' takes the decay first (or none) and no probe key p; "
                          "pass DeltaPipeline(forward='staged', ...) for this call")
     if pipeline.backward == "fused" and not (takes and fused_bwd_supports(g, L)):
         raise InputError(f"pipeline.backward='fused' takes the decay first (or none), no probe key, no or a scalar "

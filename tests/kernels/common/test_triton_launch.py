@@ -68,6 +68,11 @@ def _delta_fused(x, **kw):
     return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
 
 
+def _delta_split(x, **kw):
+    """The split forward and the staged backward."""
+    return delta_triton(x, pipeline=DeltaPipeline("split", "staged"), **kw)
+
+
 def _delta_fused_bwd(x, *, t_form=False, **kw):
     """The fused forward (its T-form variant with `t_form`: the pre-pass writes only T) and the fused backward."""
     old = util.LAUNCH["delta_prepass"]["WU"]
@@ -114,6 +119,9 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
         out.append((f"delta {gate}", _delta, delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
         out.append((f"delta fused {gate}", _delta_fused, delta_inputs(gate, gen, T=T, K=K, V=V),
                     dict(chunk_size=chunk_size)))
+        if gate == "scalar":  # the split forward (its states pass and output kernel), the staged backward
+            out.append((f"delta split {gate}", _delta_split, delta_inputs(gate, gen, T=T, K=K, V=V),
+                        dict(chunk_size=chunk_size)))
         if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
             out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
                         delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
@@ -224,7 +232,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             # (Titans' loop kernels: ptxas's register allocation at 4 warps, util.LAUNCH; TTT-MLP's: timed, §1p; its
             # sliced steps: 4 warps, two CTAs an SM, timed on the H200 in r4s12–13; their parallel kernels: sm_90
             # registers; Titans' sliced sequential kernels: sm_90 registers)
-            warps = 8 if name in ("delta_fused_grads", "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
+            warps = 8 if name in ("delta_fused_grads", "delta_split_out",
+                                  "ttt_linear_fwd", "ttt_linear_bwd", "titans_fwd",
                                   "titans_bwd", "titans_single_fwd", "titans_single_bwd", "ttt_mlp_fwd",
                                   "ttt_mlp_bwd", "ttt_mlp_sliced_read", "ttt_mlp_sliced_bwd_pre", "titans_sliced",
                                   "titans_sliced_bwd") else 2 if name == "conv_bwd_rows" else 4
@@ -238,7 +247,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
             assert kw["num_warps"] == warps and kw.get("num_stages") == stages, name
             if "BV" in kw and name in ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd",
                                        "output_fwd", "delta_fused_fwd", "delta_fused_rec", "delta_fused_rev",
-                                       "delta_fused_fwd_t", "delta_fused_grads", "delta_fused_grads_rows"):
+                                       "delta_fused_fwd_t", "delta_fused_grads", "delta_fused_grads_rows",
+                                       "delta_split_states", "delta_split_out"):
                 assert kw["BV"] == 16, name  # min(64, V = 16)
     assert {kw["BC"] for _, kw in calls["qk_grads"]} == {16}  # min(32 or 16, C = 16)
 
@@ -274,7 +284,7 @@ def test_override_reaches_only_its_launch(gen, table, calls):
 
 
 STATE_PASSES = ("delta_states_fwd", "delta_states_bwd", "states_fwd", "states_bwd", "delta_fused_fwd",
-                "delta_fused_rec", "delta_fused_rev", "delta_fused_fwd_t")
+                "delta_fused_rec", "delta_fused_rev", "delta_fused_fwd_t", "delta_split_states")
 #: The fused gated-linear pipeline's warps (util.LAUNCH): its forward 8 with the diagonal decay (WARPS_DIAG), its
 #: chunk kernel 8 (a whole chunk's dq, dk accumulators).
 GATED_FUSED_WARPS = {"gated_fused_fwd": {4, 8}, "gated_fused_bwd_states": {4}, "gated_fused_bwd_chunk": {8},

@@ -1,5 +1,6 @@
 """The delta class's fused forward (fastweights/kernels/triton/fused/delta_fused.py, selected by
-`DeltaPipeline(forward="fused")`) against its torch twins (fastweights/chunkwise/delta.py, common.py), the
+`DeltaPipeline(forward="fused")`) and its split forward (fused/delta_split.py, `DeltaPipeline(forward="split")`: the
+tests taking the `form` fixture run both) against its torch twins (fastweights/chunkwise/delta.py, common.py), the
 staged forward and the float64 recurrence; the backward is the staged one, fed by the fused forward.
 
 Marked `triton`: on a machine without CUDA they run on CPU tensors under TRITON_INTERPRET=1 at tiny
@@ -21,13 +22,14 @@ from fastweights.kernels.triton import delta as delta_mod
 from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.common.layout import make_layout
 from fastweights.kernels.triton.delta import chunk_delta_triton
-from fastweights.kernels.triton.fused import delta_fused
+from fastweights.kernels.triton.fused import delta_fused, delta_fused_bwd, delta_split
 from fastweights.kernels.triton.fused.delta_fused import (
     FUSED_MAX_HEAD_DIM_CUDA,
     fused_forward,
     fused_programs,
     value_block,
 )
+from fastweights.kernels.triton.fused.delta_split import split_forward
 from tests.kernels.helpers import (
     DEV,
     check,
@@ -53,12 +55,32 @@ def fused(monkeypatch):
     force_delta_pipeline(monkeypatch, forward="fused")
 
 
+#: The fused forwards: one kernel walks the chunks and writes o ("fused"), or the states alone and a chunk-parallel
+#: kernel o ("split")
+FORMS = ["fused", "split"]
+
+
+@pytest.fixture(params=FORMS)
+def form(request, monkeypatch):
+    """Each fused forward in turn for the test's calls (as `fused`); its name."""
+    force_delta_pipeline(monkeypatch, forward=request.param)
+    return request.param
+
+
+#: The kernels each form launches, by gate ("none", "scalar": the backward's states kernel; "diagonal": the sequential
+#: kernel with OUTPUT 0)
+LAUNCHED = {("fused", gate): ["_prepass_kernel", "_fused_fwd_kernel"] for gate in GATES} | {
+    ("split", gate): ["_prepass_kernel", "_fused_fwd_kernel" if gate == "diagonal" else "_states_kernel",
+                      "_output_kernel"] for gate in GATES}
+
+
 @pytest.fixture
 def launched(monkeypatch):
-    """The names of the fused kernels launched (their `run` spied)."""
+    """The names of the fused forwards' kernels launched (their `run` spied)."""
     seen = []
-    for name in ("_prepass_kernel", "_fused_fwd_kernel"):
-        kernel = getattr(delta_fused, name)
+    for mod, name in ((delta_fused, "_prepass_kernel"), (delta_fused, "_fused_fwd_kernel"),
+                      (delta_fused_bwd, "_states_kernel"), (delta_split, "_output_kernel")):
+        kernel = getattr(mod, name)
 
         def spy(*args, _run=kernel.run, _name=name, **kw):
             seen.append(_name)
@@ -82,14 +104,25 @@ def test_kernels_match_twins(gate, C, gen):
     fused_forward_matches_twins(gate, gen, C)
 
 
-def fused_forward_matches_twins(gate, gen, C) -> None:
-    """`test_kernels_match_twins`' check on the fused forward as the launch table now says (the inverse-form tests
-    run it under each LAUNCH["delta_prepass"]["INV"])."""
+@pytest.mark.parametrize("gate, C", [(gate, C) for gate in GATES for C in (16, 64, 128)
+                                     if gate != "diagonal" or C == 16])
+def test_split_kernels_match_twins(gate, C, gen):
+    """`test_kernels_match_twins` on the split forward: its states pass (the backward's states kernel at C ≤ 64 with
+    no or a scalar decay; the sequential kernel with OUTPUT 0 for KDA and C 128) and its output kernel."""
+    fused_forward_matches_twins(gate, gen, C, form="split")
+
+
+def fused_forward_matches_twins(gate, gen, C, form="fused") -> None:
+    """`test_kernels_match_twins`' check on the fused forward (or the split one: `form`) as the launch table now says
+    (the inverse-form tests run it under each LAUNCH["delta_prepass"]["INV"])."""
     s = _Stages(gate, gen, C, staged=False)
     t = s.twins()
     d, L, lay = s.d, s.L, s.lay
-    o, Ti, h, u, ht = fused_forward(d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L,
-                                    output_final_state=True, store_states=True, store_T=True)
+    args = (d["q"], d["k"], d["v"], d.get("g"), d["beta"], d["S0"], 0.4, L)
+    if form == "fused":
+        o, Ti, h, u, ht = fused_forward(*args, output_final_state=True, store_states=True, store_T=True)
+    else:
+        o, Ti, h, u, ht = split_forward(*args, output_final_state=True, store_T=True)
     assert rel(Ti, lay.from_chunks(t["T"])) < F32
     assert rel(h[0, s.used].transpose(0, 1), t["entering"][0]) < F32
     assert rel(ht, t["final"]) < F32
@@ -117,18 +150,19 @@ def test_inverse_is_exact_for_strong_coupling(gen):
 # ---------------------------------------------------------------------------- the whole vs the recurrence
 @pytest.mark.parametrize("T", [1, 63, 64, 65])
 @pytest.mark.parametrize("gate", GATES)
-def test_matches_recurrence(gate, T, gen, fused, launched):
+def test_matches_recurrence(gate, T, gen, form, launched):
     """Outputs, final state and every gradient (q, k, v, g, β, S0) in fp32 against the float64 recurrence,
-    T around a multiple of the chunk (16), a single token in two batch rows; the fused kernels ran."""
+    T around a multiple of the chunk (16), a single token in two batch rows; the form's kernels ran (the backward:
+    staged, the rule's for fp32)."""
     x = _inputs(gate, gen, B=2 if T == 1 else 1, T=T, K=8, V=8)
     seed = secrets.randbits(31)
     want = grads(_recurrent(gate), {key: val.double() for key, val in x.items()}, seed)
     check(grads(_triton, x, seed), want, CHUNK_F32_REL, f"T={T}")
-    assert launched == ["_prepass_kernel", "_fused_fwd_kernel"]
+    assert launched == LAUNCHED[form, gate]
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_chunk_64_grouped(gate, gen, fused):
+def test_chunk_64_grouped(gate, gen, form):
     """The GPU's chunk 64 (four blocks in the inverse), T = 130, grouped heads H_q = 1 | H = 2."""
     x = _inputs(gate, gen, T=130, H=2, Hq=1, K=8, V=8)
     seed = secrets.randbits(31)
@@ -137,7 +171,7 @@ def test_chunk_64_grouped(gate, gen, fused):
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_varlen(gate, gen, fused):
+def test_varlen(gate, gen, form):
     """Packed sequences (an empty and a length-1 one among them) equal each sequence alone (the recurrence):
     outputs, each final state, every gradient."""
     lengths = [7, 0, 20, 1, 9]
@@ -149,7 +183,7 @@ def test_varlen(gate, gen, fused):
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_chained_states(gate, gen, fused):
+def test_chained_states(gate, gen, form):
     """[0, t) then [t, T) from the carried state equals one run (t not on a chunk boundary)."""
     d = to_dev(_inputs(gate, gen, B=2, T=37, K=8, V=8))
     kw = dict(scale=0.4, output_final_state=True, chunk_size=16)
@@ -167,7 +201,7 @@ def test_chained_states(gate, gen, fused):
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_bf16_inputs(gate, gen, fused):
+def test_bf16_inputs(gate, gen, form):
     """bf16 q, k, v, β, g, S0: o and every gradient in bf16, within TRITON_DELTA_LOW_REL of the fp32 torch
     chunk form on the same rounded values (the interpreter emulates the bf16 products: util.mm)."""
     delta_bf16_agrees(gate, gen)
@@ -175,14 +209,15 @@ def test_bf16_inputs(gate, gen, fused):
 
 @pytest.mark.parametrize("gate", GATES)
 def test_fused_equals_staged(gate, gen, monkeypatch):
-    """The fused and the staged forward agree to fp32 rounding (outputs, final states, gradients), with
+    """The fused and the split forward agree with the staged one to fp32 rounding (outputs, final states), with
     β = None and no initial state."""
     d = to_dev(_inputs(gate, gen, B=2, T=50, H=2, K=8, V=8))
     out = {}
-    for fwd in ("staged", "fused"):
+    for fwd in ("staged", *FORMS):
         out[fwd] = chunk_delta_triton(d["q"], d["k"], d["v"], g=d.get("g"), scale=None, output_final_state=True,
                                       chunk_size=16, pipeline=DeltaPipeline(fwd, "staged"))
-    assert rel(out["fused"][0], out["staged"][0]) < F32 and rel(out["fused"][1], out["staged"][1]) < F32
+    for fwd in FORMS:
+        assert rel(out[fwd][0], out["staged"][0]) < F32 and rel(out[fwd][1], out["staged"][1]) < F32, fwd
 
 
 @pytest.mark.parametrize("gate", ["none", "scalar"])
@@ -205,15 +240,16 @@ def _staged(x, **kw):
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_kept_states(gate, gen, fused, monkeypatch):
-    """recompute_states=False: the fused forward writes h, U and S_T for the backward, which reuses them
+def test_kept_states(gate, gen, form, monkeypatch):
+    """recompute_states=False: the fused forward writes h, U and S_T for the backward (the split one writes h and U
+    anyway), which reuses them
     (three more tensors kept, of h's, U's and S_T's sizes) — gradients equal to recomputing them to fp32
     rounding (the staged recompute rounds differently from the fused kernels)."""
     x = _inputs(gate, gen, B=2, T=37, K=8, V=8)
     seed = secrets.randbits(31)
     out = {}
     for recompute in (True, False):
-        force_delta_pipeline(monkeypatch, forward="fused", recompute_states=recompute)
+        force_delta_pipeline(monkeypatch, forward=form, recompute_states=recompute)
         kept = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, kept=kept: kept.append(t) or t, lambda t: t):
             out[recompute] = grads(_triton, x, seed)
@@ -224,6 +260,22 @@ def test_kept_states(gate, gen, fused, monkeypatch):
     for n in out[True, "kept"]:
         gone.remove(n)
     assert sorted(gone) == sorted([B * NT * H * K * V, B * T * H * V, B * H * K * V])
+
+
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_split_states_feed_the_fused_backward(gate, gen):
+    """The split forward with the fused backward, the states kept (recompute_states=False: the backward reads the h, U
+    the forward wrote and runs no recompute) and recomputed: every gradient against the float64 recurrence and the
+    two equal to fp32 rounding; varlen with an empty and a length-1 sequence, grouped heads, an initial state."""
+    lengths = [7, 0, 20, 1, 9]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), H=2, Hq=1, K=8, V=8, N=len(lengths))
+    seed = secrets.randbits(31)
+    out = {keep: grads(_triton, x, seed, cu_seqlens=cu, pipeline=DeltaPipeline("split", "fused", not keep))
+           for keep in (False, True)}
+    check(out[True], out[False], F32)
+    want = grads(each_sequence_alone(_recurrent(gate), cu), {key: val.double() for key, val in x.items()}, seed)
+    check(out[True], want, CHUNK_F32_REL)
 
 
 def test_no_grad_keeps_no_inverse(gen, fused, monkeypatch):
@@ -351,7 +403,7 @@ from fastweights.kernels.triton.delta import chunk_delta_triton
 
 gate, dtype = sys.argv[2], getattr(torch, sys.argv[3])
 BACKWARD = "staged" if gate == "diagonal" else "fused"  # the rule's, for bf16 on the CPU
-PIPE = DeltaPipeline("fused", BACKWARD)
+PIPE = DeltaPipeline(sys.argv[4], BACKWARD)  # the forward: "fused" or "split"
 gen = torch.Generator().manual_seed(0)
 counts = []
 for i in range(20):
@@ -372,16 +424,17 @@ report(counts)
 
 
 @pytest.mark.variants
+@pytest.mark.parametrize("name", FORMS)
 @pytest.mark.parametrize("gate", GATES)
-def test_varlen_packings_compile_once(gate):
+def test_varlen_packings_compile_once(gate, name):
     """20 varlen batches of different packings (numbers of sequences, lengths, T = 1, T a multiple of 16 or
-    not) ask Triton for no compile key after the first batch, forward (fused) and backward. Under the
+    not) ask Triton for no compile key after the first batch, forward (fused or split) and backward. Under the
     interpreter nothing compiles, so this runs in a subprocess without it: a stand-in driver reports an
     sm_90 target, and Triton's `jit_cache_hook` records each launch's compile key (the dict key of
     `kernel.device_caches[device][0]`, from the specialization of every argument) and skips the compile."""
-    out = compile_keys(_KEYS_BODY, gate, "bfloat16")
+    out = compile_keys(_KEYS_BODY, gate, "bfloat16", name)
     counts = out["counts"]
-    assert {"_prepass_kernel", "_fused_fwd_kernel"} <= set(out["kernels"])
+    assert set(LAUNCHED[name, gate]) <= set(out["kernels"])
     assert counts[0] > 0 and counts == [counts[0]] * 20, counts
 
 
@@ -403,9 +456,9 @@ def _torch_run(xd, *, chunk_size=64, cu_seqlens=None):
 @pytest.mark.parametrize("size", CUDA_SIZES, ids=lambda s: "B{}-T{}-H{}-Hq{}-D{}".format(*s))
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.cuda_big
-def test_cuda_realistic(gate, size, dtype, gen, fused):
-    """On the GPU (Hopper + Triton 3.6: where miscompiles hide), the fused forward and the staged backward
-    against the fp32 torch chunk form: outputs, final states, every gradient."""
+def test_cuda_realistic(gate, size, dtype, gen, form):
+    """On the GPU (Hopper + Triton 3.6: where miscompiles hide), each fused forward (fused, split) and the rule's
+    backward against the fp32 torch chunk form: outputs, final states, every gradient."""
     B, T, H, Hq, D = size
     x = _inputs(gate, gen, B=B, T=T, H=H, Hq=Hq, K=D, V=D, dtype=dtype)
     seed = secrets.randbits(31)
@@ -415,6 +468,23 @@ def test_cuda_realistic(gate, size, dtype, gen, fused):
         return
     tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_DELTA_LOW_REL[dtype]
     check(grads(_triton, x, seed, chunk_size=64), grads(_torch_run, to_dev(x), seed), tol, f"{size} {dtype}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_cuda_split_value_dim_256(gate, dtype, gen):
+    """The split forward at K 128, V 256 (the LM preset's gated DeltaNet: the fused forward refuses V > 128 on a GPU,
+    the split one's states kernel takes it) with the rule's backward (fused for bf16), grouped varlen with an empty
+    and a length-1 sequence, against the fp32 torch chunk form."""
+    lengths = [1000, 0, 1, 2047, 63]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    x = _inputs(gate, gen, T=sum(lengths), H=8, Hq=4, K=128, V=256, N=len(lengths), dtype=dtype)
+    seed = secrets.randbits(31)
+    tol = CHUNK_LONG_F32_REL if dtype == torch.float32 else TRITON_DELTA_LOW_REL[dtype]
+    pipe = DeltaPipeline("split", "fused" if dtype == torch.bfloat16 else "staged")  # the rule's backward
+    check(grads(_triton, x, seed, chunk_size=64, cu_seqlens=cu, pipeline=pipe),
+          grads(lambda d: _torch_run(d, cu_seqlens=cu.to(DEV)), to_dev(x), seed), tol, f"V=256 {dtype}")
 
 
 @pytest.mark.cuda
@@ -436,7 +506,7 @@ def test_cuda_numeric_launch_options_bf16(gate, size, site, key, raw, gen, fused
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("gate", GATES)
-def test_cuda_grouped_varlen(gate, gen, fused):
+def test_cuda_grouped_varlen(gate, gen, form):
     """Varlen with an empty and a length-1 sequence, 16 value heads over 4 q/k heads, fp32."""
     lengths = [1000, 0, 1, 2047, 64, 63, 900]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
@@ -486,8 +556,8 @@ def test_cuda_varlen_no_recompile(gen, fused):
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture_varlen(gen, fused):
-    """A varlen call (fused forward, staged backward) captured in a CUDA graph — no host sync inside — and
+def test_cuda_graph_capture_varlen(gen, form):
+    """A varlen call (fused or split forward, the rule's backward) captured in a CUDA graph — no host sync inside — and
     replayed: bitwise the eager outputs and gradients."""
     lengths = [300, 0, 1, 700, 23]
     cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).cuda()

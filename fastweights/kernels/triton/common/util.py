@@ -145,6 +145,11 @@ LAUNCH: dict[str, dict] = {
     # 1.267 / 3.316 → 1.162 / 3.118
     "delta_fused_fwd": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132, RAW_QK=1),
     "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
+    # the split forward (delta_split.py; issue 32, untimed): its states pass (delta_fused_bwd._states_kernel, h and U
+    # only; BV, PROGRAMS as delta_fused_fwd's) and its chunk-parallel output kernel (BV: one V block at V ≤ 128, so
+    # Q Kᵀ is formed once a chunk; BK the K tile of its loop)
+    "delta_split_states": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
+    "delta_split_out": dict(num_warps=8, num_stages=2, BV=128, BK=64),  # delta_split._output_kernel
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
     # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see
     # gated_fused.value_block), WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A
@@ -305,6 +310,7 @@ KERNEL_FN = {
     "states_bwd": "stages.states._states_bwd_kernel", "qk_grads": "stages.qk_grads._qk_grads_kernel",
     "wy_bwd": "stages.delta_wy._wy_bwd_kernel", "delta_grads": "stages.delta_grads._sum_kernel",
     "delta_fused_fwd_t": "fused.delta_fused_bwd._states_kernel",
+    "delta_split_states": "fused.delta_fused_bwd._states_kernel", "delta_split_out": "fused.delta_split._output_kernel",
     "delta_fused_rec": "fused.delta_fused_bwd._states_kernel",
     "delta_fused_rev": "fused.delta_fused_bwd._reverse_kernel",
     "delta_fused_grads": "fused.delta_fused_bwd._grads_kernel",

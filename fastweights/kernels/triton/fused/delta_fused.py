@@ -248,7 +248,9 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
                       HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, GATE: tl.constexpr, A_IN: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      DT: tl.constexpr, IEEE: tl.constexpr, RAW_QK: tl.constexpr):
+                      DT: tl.constexpr, IEEE: tl.constexpr, RAW_QK: tl.constexpr, OUTPUT: tl.constexpr):
+    # OUTPUT 0: the states alone (h, U, the final state; no q, no Aqk, no o) — the split forward's sequential pass
+    # where delta_fused_bwd._states_kernel does not take the call (delta_split.py)
     i_v, i_sh = tl.program_id(0), tl.program_id(1)
     i_s, i_h = i_sh // H, i_sh % H
     i_hq = i_h // (H // HQ)
@@ -273,26 +275,32 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         m_kt = m_kk[:, None] & m_t[None, :]
         m_tv = m_t[:, None] & m_vv[None, :]
         if RAW_QK:  # q, kᵀ as stored (the glue passes 0 for the diagonal gate): scale, decays on the other sides
-            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
+            if OUTPUT:
+                b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0)  # [BK, C]
         else:
-            b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0).to(tl.float32)
-            b_q = b_q * scale  # [C, BK]
+            if OUTPUT:
+                b_q = tl.load(q + (rows[:, None] * HQ + i_hq) * K + kk[None, :], mask=m_tk, other=0.0).to(tl.float32)
+                b_q = b_q * scale  # [C, BK]
             b_kt = tl.load(k + (rows[None, :] * HQ + i_hq) * K + kk[:, None], mask=m_kt, other=0.0).to(tl.float32)
         if RAW_QK:
             qf = tl.zeros([C], dtype=tl.float32) + scale  # o's row factor scale·e^{G}
             kf = tl.where(m_t, 1.0, 0.0)  # U's row factor e^{G_last − G} before Kᵀ U
-            if A_IN:
+            if not OUTPUT:
+                pass
+            elif A_IN:
                 b_A = tl.load(A + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)
             else:
                 b_A = mm(b_q, b_kt, DT, IEEE) * scale  # scale Q Kᵀ  [C, C]
             if GATE == 1:
                 G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
                 G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
-                if not A_IN:
+                if OUTPUT and not A_IN:
                     b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
                 qf = qf * tl.exp(G)
                 kf = tl.exp(tl.where(m_t, G_last - G, 0.0))
+        elif not OUTPUT:
+            pass
         elif A_IN:
             b_A = tl.load(A + (rows[:, None] * H + i_h) * C + oc[None, :], mask=m_t[:, None], other=0.0)  # [C, C]
         else:
@@ -303,30 +311,33 @@ def _fused_fwd_kernel(q, k, g, w, u1, A, h0, o, h, ht, u, cu, offsets, scale, T,
         elif GATE == 1:
             G = tl.cumsum(tl.load(g + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)  # [C]
             G_last = tl.sum(tl.where(oc == last, G, 0.0), axis=0)
-            if not A_IN:
-                b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
-            b_q = b_q * tl.exp(G)[:, None]
+            if OUTPUT:
+                if not A_IN:
+                    b_A = b_A * tl.exp(tl.where(causal, G[:, None] - G[None, :], 0.0))
+                b_q = b_q * tl.exp(G)[:, None]
             b_kt = b_kt * tl.exp(tl.where(m_t, G_last - G, 0.0))[None, :]
         elif GATE == 2:
-            G = tl.cumsum(tl.load(g + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m_tk, other=0.0)
-                          .to(tl.float32), axis=0)  # [C, BK]
+            if OUTPUT:
+                G = tl.cumsum(tl.load(g + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m_tk, other=0.0)
+                              .to(tl.float32), axis=0)  # [C, BK]
+                b_q = b_q * tl.exp(G)
             Gt = tl.cumsum(tl.load(g + (rows[None, :] * H + i_h) * K + kk[:, None], mask=m_kt, other=0.0)
                            .to(tl.float32), axis=1)  # [BK, C]
             G_last = tl.sum(tl.where(oc[None, :] == last, Gt, 0.0), axis=1)  # [BK]
-            b_q = b_q * tl.exp(G)
             b_kt = b_kt * tl.exp(tl.where(m_kt, G_last[:, None] - Gt, 0.0))
-        if not A_IN:
+        if OUTPUT and not A_IN:
             b_A = tl.where(causal, b_A, 0.0)
         b_w = tl.load(w + (rows[:, None] * H + i_h) * K + kk[None, :], mask=m_tk, other=0.0)  # [C, BK]
         off_u = (rows[:, None] * H + i_h) * V + vv[None, :]
         b_u = tl.load(u1 + off_u, mask=m_tv, other=0.0).to(tl.float32) - mm(b_w, S, DT, IEEE)  # [C, BV]
         if STORE_STATES:
             tl.store(u + off_u, b_u.to(u.dtype.element_ty), mask=m_tv)
-        if RAW_QK:
-            b_o = qf[:, None] * mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
-        else:
-            b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
-        tl.store(o + off_u, b_o.to(o.dtype.element_ty), mask=m_tv)
+        if OUTPUT:
+            if RAW_QK:
+                b_o = qf[:, None] * mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
+            else:
+                b_o = mm(b_q, S, DT, IEEE) + mm(b_A, b_u, DT, IEEE)
+            tl.store(o + off_u, b_o.to(o.dtype.element_ty), mask=m_tv)
         if GATE == 1:
             S = S * tl.exp(G_last)
         elif GATE == 2:
@@ -366,13 +377,15 @@ def fused_programs(L: Layout) -> dict:
 FUSED_MAX_HEAD_DIM_CUDA = DELTA_FUSED_MAX_HEAD_DIM_CUDA
 
 
-def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
+def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool, t_form: bool = False):
     """The fused forward's first kernel alone (`_prepass_kernel`, with the variants the launch table picks:
     `kernels.variants.delta_fused_forward`), for `fused_forward` and for timing it alone
     (scripts/gpu_prepass_inverse.py). Inputs as `fused_forward`'s. Returns (the DeltaFusedForward that ran, W
     [B, T, H, K] and U' [B, T, H, V] in k's / v's dtype (the T form: both are T, unwritten placeholders), T
     [B, T, H, C] in q's dtype or None (written where `store_T` or the T form), Aqk [B, T, H, C] fp32 or None
-    (written with Aqk from the pre-pass; for the diagonal decay, from the scores kernel))."""
+    (written with Aqk from the pre-pass; for the diagonal decay, from the scores kernel)). t_form: T only (no W, U',
+    Aqk) whatever the launch table says — the split forward's pre-pass where delta_fused_bwd's states kernel takes the
+    call (`supports`)."""
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)
@@ -382,9 +395,9 @@ def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
     # U = T X in the sequential loop (delta_fused_bwd._states_kernel), the pre-pass writing T only; Aqk from the
     # pre-pass; raw k, v and q, k; the inverse's precision
     chosen = delta_fused_forward(("none", "scalar", "diagonal")[gate], L.K, L.C, q.dtype, table())
-    assert not chosen.t_form or supports(g, L)  # the T form only where its state kernel takes the call
-    t_form = chosen.t_form
-    aqk_in_prepass = chosen.aqk_in_prepass
+    t_form = chosen.t_form or t_form
+    assert not t_form or supports(g, L)  # the T form only where its state kernel takes the call
+    aqk_in_prepass = chosen.aqk_in_prepass and not t_form
     if aqk_in_prepass:
         A = empty_output(L.B, L.T, L.H, L.C, dtype=torch.float32, device=dev)
     if gate == 2:  # KDA: P and Aqk from the 16-row-block scores kernel (the per-channel decay)
@@ -405,7 +418,7 @@ def prepass(q, k, v, g, beta, scale: float, L: Layout, *, store_T: bool):
         BK=BK, BV=min(64, pow2(L.V)), BC=BC,
         NB=L.C // BC, LOG_NB=(L.C // BC).bit_length() - 1, GATE=gate, P_IN=P is not None, STORE_T=Ti is not None,
         STORE_A=aqk_in_prepass, STORE_WU=not t_form, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
-        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv),
+        PREC="ieee" if IEEE == 1 else chosen.inverse, RAW_KV=int(chosen.raw_kv and not t_form),
         INV=INVERSE_CODES[chosen.inverse_form], LOG_C=L.C.bit_length() - 1, **launch("delta_prepass"))
     del P
     return chosen, w, u1, Ti, A
@@ -420,32 +433,48 @@ def fused_forward(q, k, v, g, beta, h0, scale: float, L: Layout, *, output_final
     Returns (o [B, T, H, V] in v's dtype, T [B, T, H, C] in q's dtype or None (`store_T`), h [B, NT, H, K, V]
     (the staged pass's stored dtype) and U [B, T, H, V] or None, None (`store_states`), the final state
     [NS, H, K, V] fp32 or None (`output_final_state`))."""
+    check_head_dims(q, L, "fused")
+    chosen, w, u1, Ti, A = prepass(q, k, v, g, beta, scale, L, store_T=store_T)
+    if chosen.t_form:
+        o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
+                                     output_final_state=output_final_state, name="delta_fused_fwd_t")
+        return o, (Ti if store_T else None), h, u, ht
+    o, h, u, ht = sequential(q, k, v, g, w, u1, A, h0, scale, L, output=True, store_states=store_states,
+                             output_final_state=output_final_state, raw_qk=chosen.raw_qk)
+    return o, Ti, h, u, ht
+
+
+def check_head_dims(q, L: Layout, form: str) -> None:
+    """The GPU's head-dim limit of `_fused_fwd_kernel` (FUSED_MAX_HEAD_DIM_CUDA), for the forward `form` ("fused" or
+    "split", whose states pass runs that kernel beyond delta_fused_bwd's scope): InputError beyond it."""
     if q.is_cuda and max(L.K, L.V) > FUSED_MAX_HEAD_DIM_CUDA:
-        raise InputError(f"the fused delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
+        raise InputError(f"the {form} delta forward takes K, V ≤ {FUSED_MAX_HEAD_DIM_CUDA} on a GPU, got K={L.K}, "
                          f"V={L.V} (an illegal memory access at K = V = 256 in bf16 on the H100, Triton 3.6, "
                          "2026-11-25, not found yet): pass pipeline=DeltaPipeline(forward='staged', ...) for these "
                          "head dims")
-    chosen, w, u1, Ti, A = prepass(q, k, v, g, beta, scale, L, store_T=store_T)
+
+
+def sequential(q, k, v, g, w, u1, A, h0, scale: float, L: Layout, *, output: bool, store_states: bool,
+               output_final_state: bool, raw_qk: bool):
+    """`_fused_fwd_kernel` on the pre-pass's W, U' (and Aqk or None): (o [B, T, H, V] in v's dtype or None (`output`),
+    h [B, NT, H, K, V] in q's dtype and U [B, T, H, V] in v's dtype or None, None (`store_states`), the final state
+    [NS, H, K, V] fp32 or None). output=False: the states alone (OUTPUT 0: no q, Aqk or o in the loop)."""
     dev = q.device
     gate = 0 if g is None else (2 if g.dim() == 4 else 1)
     DT, IEEE = dot_dtype(q.dtype)
     cu, _, _, offsets = varlen_args(L, dev)
-    t_form = chosen.t_form
-    if t_form:
-        o, h, u, ht = states_forward(q, k, v, g, beta, Ti, h0, scale, L, output=True, store_states=store_states,
-                                     output_final_state=output_final_state, name="delta_fused_fwd_t")
-        return o, (Ti if store_T else None), h, u, ht
     BV = value_block(L)
-    o = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev)
+    o = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev) if output else None
     h = empty_output(L.B, L.NT, L.H, L.K, L.V, dtype=q.dtype, device=dev) if store_states else None
     u = empty_output(L.B, L.T, L.H, L.V, dtype=v.dtype, device=dev) if store_states else None
     ht = empty_output(L.NS, L.H, L.K, L.V, dtype=torch.float32, device=dev) if output_final_state else None
+    anyt = next(t for t in (o, h, ht) if t is not None)  # a placeholder for the pointers not used
     _fused_fwd_kernel[(triton.cdiv(L.V, BV), L.NS * L.H)](
-        q, k, g if g is not None else q, w, u1, A if A is not None else w, h0 if h0 is not None else w, o,
-        h if h is not None else o, ht if ht is not None else o, u if u is not None else o, cu, offsets, scale,
-        L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C, BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None,
-        HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_STATES=store_states, IS_VARLEN=L.varlen,
-        DT=DT, IEEE=IEEE, RAW_QK=chosen.raw_qk,
-        **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
-    return o, Ti, h, u, ht
+        q, k, g if g is not None else q, w, u1, A if A is not None else w, h0 if h0 is not None else w,
+        o if o is not None else anyt, h if h is not None else anyt, ht if ht is not None else anyt,
+        u if u is not None else anyt, cu, offsets, scale, L.T, L.NT, H=L.H, HQ=L.Hq, K=L.K, V=L.V, C=L.C,
+        BK=pow2(L.K), BV=BV, GATE=gate, A_IN=A is not None and output, HAS_H0=h0 is not None,
+        STORE_FINAL=output_final_state, STORE_STATES=store_states, IS_VARLEN=L.varlen, DT=DT, IEEE=IEEE,
+        RAW_QK=raw_qk, OUTPUT=output, **state_pass_launch("delta_fused_fwd", q.dtype, L.K))
+    return o, h, u, ht
 

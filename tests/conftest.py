@@ -22,8 +22,10 @@ import os
 os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
 
 import inspect  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -59,19 +61,44 @@ def _one_big_cuda_test_at_a_time(request):
     long-sequence ones) hold one of `big_cuda_slots()` locks per GPU, so xdist workers sharing one card run at most
     that many at once: at `-n 8` on an 80 GB H100 three of them at once ran out of memory (2026-11-27, d5caabe),
     while alone or at `-n 4` on a 139 GB H200 they pass. One slot on the H200 made tests/kernels outlast a 600 s
-    call (13 tests in 379 s, r4s6 call 2): they queue for the lock. The other cuda tests run beside them."""
-    if request.node.get_closest_marker("cuda_big") is None or not torch.cuda.is_available():
+    call (13 tests in 379 s, r4s6 call 2): they queue for the lock. The other cuda tests run beside them.
+    With FASTWEIGHTS_CUDA_LOG set (a file), every cuda test appends a JSON line: its node id, the seconds it waited
+    for a slot and ran, and its process's peak allocated and reserved GiB — what sizes the slots."""
+    log = os.environ.get("FASTWEIGHTS_CUDA_LOG")
+    cuda = request.node.get_closest_marker("cuda") is not None and torch.cuda.is_available()
+    if not cuda:
         yield
         return
-    gpu = torch.cuda.current_device()
-    prefix = os.path.join(tempfile.gettempdir(), f"fastweights-cuda-big-{gpu}.lock")
-    with one_of_slots(prefix, big_cuda_slots(torch.cuda.get_device_properties(gpu).total_memory)):
+    big = request.node.get_closest_marker("cuda_big") is not None
+    asked = started = time.perf_counter()
+    if log:
+        torch.cuda.reset_peak_memory_stats()
+    if not big:
         yield
+    else:
+        gpu = torch.cuda.current_device()
+        prefix = os.path.join(tempfile.gettempdir(), f"fastweights-cuda-big-{gpu}.lock")
+        with one_of_slots(prefix, big_cuda_slots(torch.cuda.get_device_properties(gpu).total_memory)):
+            started = time.perf_counter()
+            yield
+    if log:
+        line = {"test": request.node.nodeid, "big": big, "waited_s": round(started - asked, 2),
+                "ran_s": round(time.perf_counter() - started, 2),
+                "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3)}
+        with open(log, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
-def big_cuda_slots(total_memory: int) -> int:
+def big_cuda_slots(total_memory: int, override: str | None = None) -> int:
     """How many `cuda_big` tests share a GPU of `total_memory` bytes: one per 45 GiB (an 80 GB H100: 1; a 141 GB
-    H200: 3), at least one."""
+    H200: 3), at least one; `override` (FASTWEIGHTS_CUDA_BIG_SLOTS, read when None) a count ≥ 1 instead, for a run
+    whose logged peaks (FASTWEIGHTS_CUDA_LOG) show the card holds more."""
+    override = os.environ.get("FASTWEIGHTS_CUDA_BIG_SLOTS") if override is None else override
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"FASTWEIGHTS_CUDA_BIG_SLOTS must be a count ≥ 1, got {override!r}")
+        return int(override)
     return max(1, total_memory // (45 * 2**30))
 
 

@@ -33,10 +33,16 @@ def test_slots_let_n_processes_in_and_block_the_next_until_one_is_released(tmp_p
 
 
 def test_big_cuda_slots_follow_the_card_memory():
-    """One cuda_big test at a time on an 80 GB H100 (three at once ran out of memory), three on a 141 GB H200."""
+    """One cuda_big test at a time on an 80 GB H100 (three at once ran out of memory), three on a 141 GB H200; the
+    override's count where given, a bad one refused by name."""
     from tests.conftest import big_cuda_slots
 
-    assert big_cuda_slots(79 * 2**30) == 1 and big_cuda_slots(139 * 2**30) == 3 and big_cuda_slots(8 * 2**30) == 1
+    assert big_cuda_slots(79 * 2**30, "") == 1 and big_cuda_slots(139 * 2**30, "") == 3
+    assert big_cuda_slots(8 * 2**30, "") == 1
+    assert big_cuda_slots(139 * 2**30, "5") == 5  # FASTWEIGHTS_CUDA_BIG_SLOTS: a run sized by its logged peaks
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ValueError, match="FASTWEIGHTS_CUDA_BIG_SLOTS"):
+            big_cuda_slots(139 * 2**30, bad)
 
 
 @pytest.mark.parametrize("module,name", [("tests.kernels.test_triton_delta", "test_cuda_realistic"),

@@ -24,6 +24,12 @@ terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; 
 Backward (`_bwd_kernel`): the mini-batches in reverse, from the gradients of each segment's end state and ō (the
 chain of `titans.py`'s module doc), kept in place ([R·H, ·]).
 
+What the forward keeps for it beside the start states: util.LAUNCH "titans_single_bwd" KEEP (0 by default, untimed):
+1 also e, h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a mini-batch ((3V + b)·4 bytes a token), and the backward skips its
+passes A and B below (54DF + 10bF dot FLOPs a token); 2 also the read's Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (20F
+bytes a token), which pass C reads instead of recomputing the read and pass D reads for Z (44DF + 8bF). The dependency
+chain (which products read the carried gradients): docs/kernel_notes.md "Titans' single backward".
+
 Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
 (per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start
 state's gradients written over the end's), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the

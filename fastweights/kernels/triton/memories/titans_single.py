@@ -436,8 +436,8 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
     ckm = ck < DK
     cvm = cv < DV
     r = tl.arange(0, BT)
-    zr = r[:, None] * F  # + fc[None, :]: a [BT, F] array's rows
-    zs = i_bh * (BT * F) + zr  # the scratch's
+    zs = i_bh * (BT * F) + r[:, None] * F  # + fc[None, :]: the scratch rows
+    zr = r[:, None] * F  # + fc[None, :]: kt's rows (KEEP 2)
     # kv, ks, kt: what the forward kept (`_fwd_kernel`; KEEP ≥ 1: no pass A or B; KEEP 2: no read recomputed)
     for si in range(0, ns):
         tl.debug_barrier()  # the previous (later) mini-batch's gradient stores before this one's loads
@@ -451,14 +451,16 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
         x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK, DV,
                                                        BDK, BDV, BT)
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
-        S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
-        X1 = C * S1
         if KEEP >= 1:  # e and the read's sums as the forward formed them
             e, P2, Q2, S2 = _kept_rows(kv, ks, slot, BT, DV, BDV)
+            S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
+            X1 = C * S1
         else:
             # pass A: e at the anchor
             e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, s, ck, ckm, cv, cvm, DK, DV, F, BT, BDV, BF,
                         PREC, HAS_A)
+            S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
+            X1 = C * S1
             # pass B: the read's sums over the hidden dim, h W2_s, h M2_s, h Hdᵀ
             P2 = tl.zeros([BT, BDV], dtype=tl.float32)
             Q2 = tl.zeros([BT, BDV], dtype=tl.float32)

@@ -4,6 +4,8 @@ compiled, checked and timed beside gated DeltaNet and fla's `chunk_ttt_linear` (
 
     python3 scripts/gpu_memories.py --out runs/memories                       # every phase
     python3 scripts/gpu_memories.py --phases check time --variants ieee:4 tf32x3:8
+    python3 scripts/gpu_memories.py --models titans --shapes small --phases check time --check-dtype bfloat16 \
+        --check-dims 64 --variants ieee:8 ieee:8:titans_single_bwd.KEEP=1 ieee:8:titans_single_bwd.KEEP=2
 
 Phases, in order (each writes its own file under --out, so a killed call keeps what it did):
   warm     fla's `chunk_ttt_linear` once per shape, one process per shape in parallel (fla autotunes for minutes on its
@@ -43,10 +45,19 @@ SITES = {"ttt_linear": ("ttt_linear_fwd", "ttt_linear_bwd"), "ttt_mlp": ("ttt_ml
          "titans": ("titans_fwd", "titans_bwd", "titans_single_fwd", "titans_single_bwd")}
 
 
-def _variant(text: str) -> tuple[str, int]:
-    """"precision:warps" → (precision, warps)."""
-    prec, _, warps = text.partition(":")
-    return prec, int(warps or 4)
+def _variant(text: str) -> tuple[str, int, dict, str]:
+    """"precision:warps[:site.KEY=value…]" → (precision, warps, {site: {KEY: value}}, text): the launch-table keys
+    after the warps (colon-separated, integers) hold around the variant's rows too, e.g.
+    "ieee:8:titans_single_bwd.KEEP=2" (util.LAUNCH "titans_single_bwd" KEEP 2)."""
+    prec, warps, *keys = text.split(":")
+    table: dict = {}
+    for item in keys:
+        name, _, value = item.partition("=")
+        site, _, key = name.partition(".")
+        if not site or not key or not value:
+            raise SystemExit(f"a variant's launch key must read site.KEY=value, got {item!r} in {text!r}")
+        table.setdefault(site, {})[key] = int(value)
+    return prec, int(warps or 4), table, text
 
 
 def _apply(variant):
@@ -56,11 +67,14 @@ def _apply(variant):
     from fastweights.kernels import rows
     from fastweights.kernels.triton.common.util import LAUNCH, load_launch
 
-    prec, warps = variant
+    prec, warps, keys, _ = variant
 
     @contextlib.contextmanager
     def ctx():
-        old = load_launch({s: {"num_warps": warps} for pair in SITES.values() for s in pair})
+        sites = {s: {"num_warps": warps} for pair in SITES.values() for s in pair}
+        for site, cfg in keys.items():
+            sites[site] = {**sites.get(site, {}), **cfg}
+        old = load_launch(sites)
         try:
             with rows.pinned("generic", precision=prec):
                 yield
@@ -215,14 +229,14 @@ def _rounded(inp, dtype, like):
     return out
 
 
-def phase_check(variants, out, dtype_name="float32", T=75):
-    """Per D, model and variant: the Triton row against the torch row in float64 on the same inputs (q, k, v
-    rounded to `dtype_name` for both; the kernels get them in that dtype, the other tensors fp32), B 2, T, H 2."""
+def phase_check(variants, out, dtype_name="float32", T=75, dims=(64, 128)):
+    """Per D (of `dims`), model and variant: the Triton row against the torch row in float64 on the same inputs (q, k,
+    v rounded to `dtype_name` for both; the kernels get them in that dtype, the other tensors fp32), B 2, T, H 2."""
     import torch
 
     dtype = getattr(torch, dtype_name)
     results = []
-    for D in (64, 128):
+    for D in dims:
         for model in MODELS:
             ref_in = _rounded(_inputs(model, 2, T, 2, D, torch.float64, "cuda", seed=D), dtype, torch.float64)
             ref = _run(model, ref_in, "torch")
@@ -234,9 +248,9 @@ def phase_check(variants, out, dtype_name="float32", T=75):
                     errs = {"o": _rel(got[0], ref[0]),
                             "state": max((_rel(a, b) for a, b in zip(got[1], ref[1])), default=0.0),
                             "grads": max(_rel(a, b) for a, b in zip(got[2], ref[2]))}
-                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=f"{variant[0]}:{variant[1]}", **errs)
+                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=variant[3], **errs)
                 except Exception as e:  # a variant that fails is a result
-                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=f"{variant[0]}:{variant[1]}",
+                    row = dict(model=model, D=D, T=T, dtype=dtype_name, variant=variant[3],
                                error=str(e)[:300])
                 results.append(row)
                 print("check", json.dumps(row), flush=True)  # after each row: a killed call keeps it
@@ -280,7 +294,7 @@ def phase_time(variants, out, repeats):
             for variant in variants:
                 # the pin and the launch table are process state: the variant holds around the whole row
                 with _apply(variant):
-                    record(shape, model, f"{variant[0]}:{variant[1]}", ours(model))
+                    record(shape, model, variant[3], ours(model))
 
 
 def main():
@@ -296,11 +310,13 @@ def main():
                     help="the peak phase's models")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--variants", nargs="+", default=["ieee:4", "ieee:8", "tf32x3:4", "tf32x3:8", "tf32:8"],
-                    help="precision:num_warps of the TTT kernels")
+                    help="precision:num_warps[:site.KEY=value…] of the loop kernels (the launch-table keys after "
+                    "the warps hold around the variant's rows: e.g. ieee:8:titans_single_bwd.KEEP=2)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the check phase's q, k, v dtype (the float64 reference takes the same rounded values)")
     ap.add_argument("--check-len", type=int, default=75, help="the check phase's sequence length T")
+    ap.add_argument("--check-dims", nargs="+", type=int, default=[64, 128], help="the check phase's head dims")
     ap.add_argument("--launch", metavar="PATH", help="a launch table (JSON, util.load_launch) applied first, e.g. "
                     '{"titans_bwd": {"READ_TERMS": 1}} (a variant still sets the sequential sites\' warps)')
     ap.add_argument("--compile-one", metavar="VARIANT", help=argparse.SUPPRESS)
@@ -329,7 +345,7 @@ def main():
         elif phase == "compile":
             phase_compile(a.variants, a.out, a.launch)
         elif phase == "check":
-            phase_check(variants, a.out, a.check_dtype, a.check_len)
+            phase_check(variants, a.out, a.check_dtype, a.check_len, tuple(a.check_dims))
         else:
             phase_time(variants, a.out, a.repeats)
 

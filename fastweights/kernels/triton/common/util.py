@@ -244,7 +244,11 @@ LAUNCH: dict[str, dict] = {
     # the split one. H200, bf16 (r4s9): at B 64, T 512, H 2, D 64 single 17.6 ms fwd + bwd, split 19.0; at B 4,
     # T 4096, H 16, D 128 single 722, split 540
     "titans_single_fwd": dict(num_warps=8, num_stages=1, MAX_DIM=64),  # memories.titans_single._fwd_kernel
-    "titans_single_bwd": dict(num_warps=8, num_stages=1),  # memories.titans_single._bwd_kernel
+    # KEEP (r4s15, untimed, so 0): what the single forward keeps for its backward beside the start states — 1: e,
+    # h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a mini-batch (the backward drops its passes A and B: 70DF + 14bF →
+    # 54DF + 10bF dot FLOPs a token); 2: also Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (5·b·F·4 B a mini-batch; pass C
+    # reads them instead of recomputing the read, pass D reads Z: 44DF + 8bF)
+    "titans_single_bwd": dict(num_warps=8, num_stages=1, KEEP=0),  # memories.titans_single._bwd_kernel
     # the split pipeline (16 warps for the reverse pass: 365 → 605 ms at D 128; TILE 4096 there: 562 ms)
     "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)
     "titans_readout": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._readout_kernel (parallel)

@@ -24,6 +24,12 @@ terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; 
 Backward (`_bwd_kernel`): the mini-batches in reverse, from the gradients of each segment's end state and ō (the
 chain of `titans.py`'s module doc), kept in place ([R·H, ·]).
 
+What the forward keeps for it beside the start states: util.LAUNCH "titans_single_bwd" KEEP (0 by default, untimed):
+1 also e, h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a mini-batch ((3V + b)·4 bytes a token), and the backward skips its
+passes A and B below (54DF + 10bF dot FLOPs a token); 2 also the read's Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (20F
+bytes a token), which pass C reads instead of recomputing the read and pass D reads for Z (44DF + 8bF). The dependency
+chain (which products read the carried gradients): docs/kernel_notes.md "Titans' single backward".
+
 Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
 (per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start
 state's gradients written over the end's), pass D (per tile: the f̄ terms, Ū into the start weights' gradient or the
@@ -68,7 +74,7 @@ import triton.language as tl
 from ... import empty_output
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TITANS_PRECISION
-from ..common.util import launch
+from ..common.util import launch, tile
 from .ttt import _sequence
 
 Tensor = torch.Tensor
@@ -216,17 +222,46 @@ def _state_tiles(W1, W2, M1, M2, i_w, o1, o2, m1, m2, DK: tl.constexpr, DV: tl.c
 
 
 @triton.jit
-def _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
-    """One hidden tile of the anchor's side and the read's first layer: (Z, Hd, σ'(Z), e U2ᵀ, dz, X W1_s, X M1_s,
-    h, σ'(z1)), each [BT, BF]."""
+def _tile_z(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
+    """One hidden tile of the anchor's side and the read's first layer before its GELU: (Z, Hd, σ'(Z), e U2ᵀ, dz,
+    X W1_s, X M1_s, z1), each [BT, BF]."""
     Z = tl.dot(kk, U1, input_precision=PREC)
     Hd, dg = _gelu(Z)
     g1 = tl.dot(e, tl.trans(U2), input_precision=PREC)
     dz = g1 * dg
     P1 = tl.dot(x, w1, input_precision=PREC)
     Q1 = tl.dot(x, mm1, input_precision=PREC)
-    h, dh = _gelu(At[:, None] * P1 + ct[:, None] * Q1 + tl.dot(X1, dz, input_precision=PREC))
+    z1 = At[:, None] * P1 + ct[:, None] * Q1 + tl.dot(X1, dz, input_precision=PREC)
+    return Z, Hd, dg, g1, dz, P1, Q1, z1
+
+
+@triton.jit
+def _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC: tl.constexpr):
+    """One hidden tile of the anchor's side and the read's first layer: (Z, Hd, σ'(Z), e U2ᵀ, dz, X W1_s, X M1_s,
+    h, σ'(z1)), each [BT, BF]."""
+    Z, Hd, dg, g1, dz, P1, Q1, z1 = _tile_z(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+    h, dh = _gelu(z1)
     return Z, Hd, dg, g1, dz, P1, Q1, h, dh
+
+
+@triton.jit
+def _kept_rows(kv, ks, slot, BT: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
+    """What the forward kept of mini-batch slot `slot` (KEEP ≥ 1): e, h W2_s, h M2_s [BT, BDV] (0 in the padded
+    columns) and h Hdᵀ [BT, BT]."""
+    r = tl.arange(0, BT)
+    cv = tl.arange(0, BDV)
+    pv = (slot * 3 * BT + r[:, None]) * DV + cv[None, :]
+    mv = (cv < DV)[None, :]
+    S2 = tl.load(ks + (slot * BT + r[:, None]) * BT + r[None, :])
+    return tl.load(kv + pv, mask=mv, other=0.0), tl.load(kv + pv + BT * DV, mask=mv, other=0.0), \
+        tl.load(kv + pv + 2 * BT * DV, mask=mv, other=0.0), S2
+
+
+@triton.jit
+def _kept_tile(kt, slot, zr, fc, fm, F: tl.constexpr, BT: tl.constexpr, J: tl.constexpr):
+    """Array J of the forward's kept [BT, F] tiles of mini-batch slot `slot` (KEEP 2; J: 0 Z, 1 e U2ᵀ, 2 z1,
+    3 X W1_s, 4 X M1_s) at hidden tile fc [BF] (zr: r[:, None] · F)."""
+    return tl.load(kt + (slot * 5 + J) * (BT * F) + zr + fc[None, :], mask=fm[None, :], other=0.0)
 
 
 @triton.jit
@@ -245,12 +280,14 @@ def _pass_f(kk, vv, mv, A1_0, A2_0, i_a, W1, W2, i_w, s, ck, ckm, cv, cvm, DK: t
 
 @triton.jit(do_not_specialize=["NS"])
 def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1, W2, M1, M2, A1o, A2o,
-                sw1, sw2, sm1, sm2, cu, slots, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
+                sw1, sw2, sm1, sm2, kv, ks, kt, cu, slots, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr,
                 DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                 BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr, SAVE: tl.constexpr,
-                IS_VARLEN: tl.constexpr):
+                IS_VARLEN: tl.constexpr, KEEP: tl.constexpr = 0):
     # W1, W2, M1, M2 [R·H, ·]: the final state's outputs, the running state (filled with the initial one first);
-    # with SAVE, sw1, sw2, sm1, sm2 [slots·H, ·]: every mini-batch's start state, for the backward
+    # with SAVE, sw1, sw2, sm1, sm2 [slots·H, ·]: every mini-batch's start state, for the backward; with SAVE and
+    # KEEP ≥ 1 also kv [slots·H, 3, BT, V] (e, h W2_s, h M2_s) and ks [slots·H, BT, BT] (h Hdᵀ), with KEEP 2 kt
+    # [slots·H, 5, BT, F] (Z, e U2ᵀ, z1, X W1_s, X M1_s): what the backward reads instead of recomputing
     i_bh = tl.program_id(0).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H  # i_b: the sequence (batch row, or cu_seqlens's)
     bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
@@ -285,6 +322,12 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
         eC = e * C_L[:, None]
         eM = e * Cm_L[:, None]
         slot = (slot0 + s) * H + i_h
+        r = tl.arange(0, BT)
+        pv = (slot * 3 * BT + r[:, None]) * DV + cv[None, :]  # kv's rows (KEEP ≥ 1)
+        zr = r[:, None] * F  # + fc[None, :]: kt's rows (KEEP 2)
+        if SAVE:
+            if KEEP >= 1:
+                tl.store(kv + pv, e, mask=cvm[None, :])
         # pass 2: per hidden tile, dz, the read's first layer, o's accumulators, and the tile's end state
         for f0 in range(0, F, BF):
             fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
@@ -301,7 +344,16 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
                 if s == 0:  # the carried anchor (a branch, as `_anchor`'s)
                     U1 = tl.load(A1_0 + p1, mask=m1, other=0.0)
                     U2 = tl.load(A2_0 + p2, mask=m2, other=0.0)
-            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+            Z, Hd, dg, g1, dz, P1, Q1, z1 = _tile_z(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+            h, dh = _gelu(z1)
+            if SAVE:
+                if KEEP >= 2:
+                    kp = kt + slot * 5 * (BT * F) + zr + fc[None, :]
+                    tl.store(kp, Z, mask=fm[None, :])
+                    tl.store(kp + BT * F, g1, mask=fm[None, :])
+                    tl.store(kp + 2 * BT * F, z1, mask=fm[None, :])
+                    tl.store(kp + 3 * BT * F, P1, mask=fm[None, :])
+                    tl.store(kp + 4 * BT * F, Q1, mask=fm[None, :])
             zW += tl.dot(h, w2, input_precision=PREC)
             zM += tl.dot(h, mm2, input_precision=PREC)
             S2 += tl.dot(h, tl.trans(Hd), input_precision=PREC)
@@ -316,6 +368,11 @@ def _fwd_kernel(q, k, v, g, beta, nu, W1_0, W2_0, M1_0, M2_0, A1_0, A2_0, o, W1,
             tl.store(M2 + p2, N_L * mm2 + tl.dot(HT, eM, input_precision=PREC), mask=m2)
         out = At[:, None] * zW + ct[:, None] * zM + tl.dot(C * S2, e, input_precision=PREC)
         tl.store(o + (row[:, None] * H + i_h) * DV + cv[None, :], out.to(o.dtype.element_ty), mask=mv)
+        if SAVE:
+            if KEEP >= 1:
+                tl.store(kv + pv + BT * DV, zW, mask=cvm[None, :])
+                tl.store(kv + pv + 2 * BT * DV, zM, mask=cvm[None, :])
+                tl.store(ks + (slot * BT + r[:, None]) * BT + r[None, :], S2)
 
 
 @triton.jit
@@ -363,10 +420,10 @@ def _coefficients_back(lg, eta, nn, valid, dAt, dct, dC, dA_L, dN_L, dc_L, dC_L,
 
 @triton.jit(do_not_specialize=["NS"])
 def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, GW2, GM1, GM2, GA1, GA2,
-                dq, dk, dv, dg_ptr, dbeta, dnu, dZs, cu, slots, scale, T, off, NS, H: tl.constexpr,
+                dq, dk, dv, dg_ptr, dbeta, dnu, dZs, kv, ks, kt, cu, slots, scale, T, off, NS, H: tl.constexpr,
                 HQ: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, F: tl.constexpr, BDK: tl.constexpr,
                 BDV: tl.constexpr, BF: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, HAS_A: tl.constexpr,
-                IS_VARLEN: tl.constexpr):
+                IS_VARLEN: tl.constexpr, KEEP: tl.constexpr = 0):
     # GW1, GW2, GM1, GM2 [R·H, ·]: seeded with the final state's gradients, rewritten in place mini-batch by
     # mini-batch (in reverse) to the gradients of each one's start state: at the end, the initial state's. GA1, GA2:
     # seeded with the final anchor's gradient; the last mini-batch moves it to its start weights' unless its anchor is
@@ -380,6 +437,8 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
     cvm = cv < DV
     r = tl.arange(0, BT)
     zs = i_bh * (BT * F) + r[:, None] * F  # + fc[None, :]: the scratch rows
+    zr = r[:, None] * F  # + fc[None, :]: kt's rows (KEEP 2)
+    # kv, ks, kt: what the forward kept (`_fwd_kernel`; KEEP ≥ 1: no pass A or B; KEEP 2: no read recomputed)
     for si in range(0, ns):
         tl.debug_barrier()  # the previous (later) mini-batch's gradient stores before this one's loads
         s = ns - 1 - si
@@ -392,23 +451,28 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
         x, kk, vv, lg, eta, nn, row, valid, mv = _rows(q, k, v, g, beta, nu, bos, i_h, s, Tn, off, scale, H, HQ, DK, DV,
                                                        BDK, BDV, BT)
         At, ct, C, A_L, N_L, c_L, C_L, Cm_L = _coefficients(lg, eta, nn, valid, BT, PREC)
-        # pass A: e at the anchor
-        e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, s, ck, ckm, cv, cvm, DK, DV, F, BT, BDV, BF,
-                    PREC, HAS_A)
-        S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
-        X1 = C * S1
-        # pass B: the read's sums over the hidden dim, h W2_s, h M2_s, h Hdᵀ
-        P2 = tl.zeros([BT, BDV], dtype=tl.float32)
-        Q2 = tl.zeros([BT, BDV], dtype=tl.float32)
-        S2 = tl.zeros([BT, BT], dtype=tl.float32)
-        for f0 in range(0, F, BF):
-            fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
-            w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
-            U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
-            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
-            P2 += tl.dot(h, w2, input_precision=PREC)
-            Q2 += tl.dot(h, mm2, input_precision=PREC)
-            S2 += tl.dot(h, tl.trans(Hd), input_precision=PREC)
+        if KEEP >= 1:  # e and the read's sums as the forward formed them
+            e, P2, Q2, S2 = _kept_rows(kv, ks, slot, BT, DV, BDV)
+            S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
+            X1 = C * S1
+        else:
+            # pass A: e at the anchor
+            e = _pass_f(kk, vv, mv, A1_0, A2_0, i_bh, sw1, sw2, slot, s, ck, ckm, cv, cvm, DK, DV, F, BT, BDV, BF,
+                        PREC, HAS_A)
+            S1 = tl.dot(x, tl.trans(kk), input_precision=PREC)
+            X1 = C * S1
+            # pass B: the read's sums over the hidden dim, h W2_s, h M2_s, h Hdᵀ
+            P2 = tl.zeros([BT, BDV], dtype=tl.float32)
+            Q2 = tl.zeros([BT, BDV], dtype=tl.float32)
+            S2 = tl.zeros([BT, BT], dtype=tl.float32)
+            for f0 in range(0, F, BF):
+                fc, fm, o1, o2, m1, m2 = _hidden(f0, ck, ckm, cv, cvm, DK, DV, F, BF)
+                w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
+                U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
+                Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+                P2 += tl.dot(h, w2, input_precision=PREC)
+                Q2 += tl.dot(h, mm2, input_precision=PREC)
+                S2 += tl.dot(h, tl.trans(Hd), input_precision=PREC)
         # o = A ⊙ P2 + c ⊙ Q2 + (C ∘ S2) e
         dO = tl.load(do + (row[:, None] * H + i_h) * DV + cv[None, :], mask=mv, other=0.0).to(tl.float32)
         dAt = tl.sum(dO * P2, axis=1)
@@ -440,7 +504,16 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
             w1, mm1, w2, mm2 = _state_tiles(sw1, sw2, sm1, sm2, slot, o1, o2, m1, m2, DK, DV, F)
             U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
             gw1, gm1, gw2, gm2 = _state_tiles(GW1, GW2, GM1, GM2, i_bh, o1, o2, m1, m2, DK, DV, F)
-            Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
+            if KEEP >= 2:  # the read's tile as the forward formed it (U1 unused here: its load is dead)
+                Z = _kept_tile(kt, slot, zr, fc, fm, F, BT, 0)
+                g1 = _kept_tile(kt, slot, zr, fc, fm, F, BT, 1)
+                P1 = _kept_tile(kt, slot, zr, fc, fm, F, BT, 3)
+                Q1 = _kept_tile(kt, slot, zr, fc, fm, F, BT, 4)
+                Hd, dg = _gelu(Z)
+                dz = g1 * dg
+                h, dh = _gelu(_kept_tile(kt, slot, zr, fc, fm, F, BT, 2))
+            else:
+                Z, Hd, dg, g1, dz, P1, Q1, h, dh = _tile_read(x, kk, e, X1, At, ct, U1, U2, w1, mm1, PREC)
             # the read's second layer through h, and Hd's uses but f's
             dz1 = (tl.dot(Ado, tl.trans(w2), input_precision=PREC) + tl.dot(cdo, tl.trans(mm2), input_precision=PREC)
                    + tl.dot(dS2, Hd, input_precision=PREC)) * dh
@@ -500,7 +573,10 @@ def _bwd_kernel(q, k, v, g, beta, nu, A1_0, A2_0, sw1, sw2, sm1, sm2, do, GW1, G
             p1 = i_bh * (DK * F) + o1
             p2 = i_bh * (F * DV) + o2
             U1, U2 = _anchor(A1_0, A2_0, i_bh, sw1, sw2, slot, s, o1, o2, m1, m2, DK, DV, F, HAS_A)
-            Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
+            if KEEP >= 2:
+                Hd, dg = _gelu(_kept_tile(kt, slot, zr, fc, fm, F, BT, 0))
+            else:
+                Hd, dg = _gelu(tl.dot(kk, U1, input_precision=PREC))
             dZ = tl.load(dZs + zs + fc[None, :], mask=fm[None, :], other=0.0) \
                 + tl.dot(df, tl.trans(U2), input_precision=PREC) * dg
             dU1 = tl.dot(tl.trans(kk), dZ, input_precision=PREC)
@@ -541,19 +617,28 @@ class _Titans(torch.autograd.Function):
         outs = [empty_output(*t.shape, **f32) for t in (W1, W2, M1, M2, A1, A2)]
         n = max(plan.slots, 1)
         slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)] if save else [o] * 4
+        # util.LAUNCH "titans_single_bwd" KEEP: what the forward keeps for the backward beside the start states
+        keep = tile("titans_single_bwd", "KEEP") if save else 0
+        BT, DV, F = geo["BT"], geo["DV"], A1.shape[-1]
+        kept = [empty_output(n, H, 3, BT, DV, **f32) if keep >= 1 else o,  # e, h W2_s, h M2_s
+                empty_output(n, H, BT, BT, **f32) if keep >= 1 else o,  # h Hdᵀ
+                empty_output(n, H, 5, BT, F, **f32) if keep >= 2 else o]  # Z, e U2ᵀ, z1, X W1_s, X M1_s
         seq = (cu if cu is not None else o, plan.first if plan.first is not None else o)
-        _fwd_kernel[(R * H,)](q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, o, *outs, *slots, *seq, scale, T, offset,
-                              plan.NS, **geo, HAS_A=offset > 0, SAVE=save, IS_VARLEN=cu is not None,
+        _fwd_kernel[(R * H,)](q, k, v, g, beta, nu, W1, W2, M1, M2, A1, A2, o, *outs, *slots, *kept, *seq, scale, T,
+                              offset, plan.NS, **geo, HAS_A=offset > 0, SAVE=save, IS_VARLEN=cu is not None, KEEP=keep,
                               **launch("titans_single_fwd"))
         if save:
-            ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, *(t for t in seq if t is not o))
+            ctx.save_for_backward(q, k, v, g, beta, nu, A1, A2, *slots, *(t for t in kept if t is not o),
+                                  *(t for t in seq if t is not o))
         ctx.geo, ctx.scale, ctx.offset, ctx.plan, ctx.varlen = geo, scale, offset, plan, cu is not None
+        ctx.keep = keep
         return (o, *outs)
 
     @staticmethod
     def backward(ctx, do, *gouts):
         q, k, v, g, beta, nu, A1, A2, *rest = ctx.saved_tensors
-        slots, seq = rest[:4], rest[4:]
+        nk = (0, 2, 3)[ctx.keep]
+        slots, kept, seq = rest[:4], rest[4:4 + nk], rest[4 + nk:]
         B, T, Hq, K = q.shape
         H, V = v.shape[2:]
         R = ctx.plan.R
@@ -570,9 +655,10 @@ class _Titans(torch.autograd.Function):
         dg, dbeta, dnu = (empty_output(B, T, H, **f32) for _ in range(3))
         dZs = torch.empty(R * H, ctx.geo["BT"], A1.shape[-1], **f32)  # each program's [b, F] scratch
         seq = seq if seq else (dq, dq)
-        _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, do, *G, dq, dk, dv, dg, dbeta, dnu, dZs, *seq,
-                              ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo, HAS_A=ctx.offset > 0,
-                              IS_VARLEN=ctx.varlen, **launch("titans_single_bwd"))
+        kept = [*kept, *[dq] * (3 - len(kept))]
+        _bwd_kernel[(R * H,)](q, k, v, g, beta, nu, A1, A2, *slots, do, *G, dq, dk, dv, dg, dbeta, dnu, dZs, *kept,
+                              *seq, ctx.scale, T, ctx.offset, ctx.plan.NS, **ctx.geo, HAS_A=ctx.offset > 0,
+                              IS_VARLEN=ctx.varlen, KEEP=ctx.keep, **launch("titans_single_bwd"))
         if Hq != H:  # grouped heads: the value heads of one q/k head summed
             dq = dq.view(B, T, Hq, H // Hq, K).sum(3)
             dk = dk.view(B, T, Hq, H // Hq, K).sum(3)

@@ -60,7 +60,9 @@ from .variants import (
     gated_fused_forward,
     live_launch,
     titans_backward,
+    titans_single_backward,
     ttt_linear,
+    ttt_linear_backward,
     ttt_mlp,
 )
 from .variants import titans as titans_variant
@@ -531,7 +533,8 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     pipeline, its sequential passes (`variants.titans`, the same rule) and its backward (READ_TERMS)."""
     kernels = None if recipe is None else _ttt_kernels(recipe)
     if kernels == "TTT-Linear":
-        return (ttt_linear(sequences, heads, _launch(launch)).variant,)
+        table = _launch(launch)
+        return (ttt_linear(sequences, heads, table).variant, ttt_linear_backward(table).variant)
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
@@ -540,7 +543,7 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     table = _launch(launch)
     if titans_pipeline(max(dims), max(dims), table) == "split":
         return (titans_variant(sequences, heads, table).variant, titans_backward(table).variant)
-    return ()
+    return (titans_single_backward(table).variant,)
 
 
 def short_conv_variants(recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
@@ -562,12 +565,12 @@ def gated_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
 
 
 def generic_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
-    """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-Linear's and TTT-MLP's kernels, Titans' split
-    backward."""
-    sites = ["TTT-Linear"] if pipeline is not None and pipeline.startswith("TTT-Linear") else []
+    """As `delta_chunk_alternatives` for `generic_chunk_variants`: TTT-Linear's and TTT-MLP's kernels and TTT-Linear's
+    backward, Titans' split passes and backward or its single backward."""
+    sites = ["TTT-Linear", "TTT-Linear backward"] if pipeline is not None and pipeline.startswith("TTT-Linear") else []
     sites += ["TTT-MLP"] if pipeline is not None and pipeline.startswith("TTT-MLP") else []
-    sites += ["Titans", "Titans backward"] if pipeline is not None and pipeline.startswith("Titans") \
-        and "split" in pipeline else []
+    titans = pipeline is not None and pipeline.startswith("Titans")
+    sites += (["Titans", "Titans backward"] if "split" in pipeline else ["Titans single backward"]) if titans else []
     return _alternatives(sites)
 
 

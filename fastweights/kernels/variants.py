@@ -29,7 +29,8 @@ from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 __all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant",
            "TitansVariant", "titans", "DeltaFusedForward", "DeltaFusedBackward", "GatedFusedForward", "TitansBackward",
            "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_fused_backward", "gated_fused_forward",
-           "titans_backward", "live_launch", "alternatives", "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS"]
+           "titans_backward", "titans_single_backward", "ttt_linear_backward", "live_launch", "alternatives",
+           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -347,6 +348,52 @@ def titans_backward(launch: Launch) -> TitansBackward:
     return TitansBackward(read_terms=bool(launch["titans_bwd"]["READ_TERMS"]))
 
 
+#: Titans' single backward by LAUNCH["titans_single_bwd"]["KEEP"]: what its forward keeps for it.
+SINGLE_KEEPS = {0: "recomputes e and the read", 1: "e and the read's sums kept", 2: "e and the read kept"}
+
+
+@dataclass(frozen=True)
+class TitansSingleBackward:
+    """Titans' single pipeline's backward (`titans_single._TitansSingle`): keep (KEEP 0: the backward recomputes e and
+    the read a mini-batch; 1: the forward keeps e and the read's sums; 2: those and the read's [b, F] tiles)."""
+
+    keep: int
+
+    @property
+    def variant(self) -> Variant:
+        return Variant("Titans single backward", SINGLE_KEEPS[self.keep])
+
+
+def titans_single_backward(launch: Launch) -> TitansSingleBackward:
+    """Titans' single backward under launch["titans_single_bwd"]["KEEP"] (ValueError for a KEEP not in
+    SINGLE_KEEPS)."""
+    keep = int(launch["titans_single_bwd"]["KEEP"])
+    if keep not in SINGLE_KEEPS:
+        raise ValueError(f'LAUNCH["titans_single_bwd"]["KEEP"] must be one of {sorted(SINGLE_KEEPS)}, got {keep}')
+    return TitansSingleBackward(keep)
+
+
+@dataclass(frozen=True)
+class TTTLinearBackward:
+    """TTT-Linear's one-program reverse pass (`ttt._TTTLinear.backward`): carry (CARRY 1: the anchor's gradient carried
+    in registers, `_bwd_carry_kernel`; 0: accumulated in memory, `_bwd_kernel`), direct (DIRECT 1: do, dq and dv in the
+    inputs' dtypes in the kernels; 0: fp32 copies and casts in the glue)."""
+
+    carry: bool
+    direct: bool
+
+    @property
+    def variant(self) -> Variant:
+        choice = "anchor gradient in registers" if self.carry else "anchor gradient in memory"
+        return Variant("TTT-Linear backward", choice + ("; dtypes in the kernels" if self.direct else ""))
+
+
+def ttt_linear_backward(launch: Launch) -> TTTLinearBackward:
+    """TTT-Linear's reverse pass under launch["ttt_linear_bwd"] (CARRY, DIRECT)."""
+    cfg = launch["ttt_linear_bwd"]
+    return TTTLinearBackward(carry=bool(cfg["CARRY"]), direct=bool(cfg["DIRECT"]))
+
+
 #: The alternatives of each launch-table variant (`dispatch.rows(variants=True)`): site -> (choices, the LAUNCH keys).
 ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "conv backward": (("rows (RUN n)", "block", "block (dw accumulated)", "two kernels", "two kernels (dpre fp32)"),
@@ -368,6 +415,9 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
     "Titans": (("one program", "sliced NP n", "sliced NP n forward, one-program backward"),
                "titans_sliced ON, MAX_BH, NP, BWD"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
+    "Titans single backward": (tuple(SINGLE_KEEPS.values()), "titans_single_bwd KEEP"),
+    "TTT-Linear backward": (("anchor gradient in registers", "anchor gradient in memory", "+ dtypes in the kernels"),
+                            "ttt_linear_bwd CARRY, DIRECT"),
 }
 
 

@@ -47,7 +47,10 @@ def test_the_names_follow_the_launch_table():
     assert fw.pipeline("ttt_mlp", **ttt) == ("triton", "TTT-MLP kernels (tf32)", (
         "TTT-MLP: sliced NP 8 where sequences × heads ≤ 64, else one program",))
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=bf16, head_dim=64) == ("triton", "TTT-MLP kernels (tf32)")
-    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: one program",)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == (
+        "TTT-Linear: one program", "TTT-Linear backward: anchor gradient in registers; dtypes in the kernels")
+    assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=64, variants=True)[2] == (
+        "Titans single backward: e and the read kept",)
     conv = dict(device="cuda", dtype=bf16)
     assert fw.layer_op_pipeline("conv", **conv, conv_width=4) == ("triton", ("conv backward: rows (RUN 128)",))
     assert fw.layer_op_pipeline("conv", **conv, conv_width=8) == ("triton", ("conv backward: block",))
@@ -146,11 +149,13 @@ def test_rows_list_the_alternatives():
     assert by[("gated_linear", "chunk", "triton", "fused")][0].startswith("gated fused forward: scores per value block")
     assert [a.split(":")[0] for a in by[("generic", "chunk", "triton", "TTT-MLP kernels (tf32)")]] == ["TTT-MLP"]
     assert [a.split(":")[0] for a in by[("generic", "chunk", "triton", "TTT-Linear kernels (tf32)")]] == [
-        "TTT-Linear"]
+        "TTT-Linear", "TTT-Linear backward"]
+    assert [a.split(":")[0] for a in by[("generic", "chunk", "triton", "Titans kernels (ieee)")]] == [
+        "Titans single backward"]
     plain = dispatch.rows(variants=True)
     assert [r[:3] for r in plain] == dispatch.rows()
     assert {a.split(":")[0] for r in plain if r[:3] == ("generic", "chunk", "triton") for a in r[3]} == {
-        "TTT-Linear", "TTT-MLP", "Titans", "Titans backward"}
+        "TTT-Linear", "TTT-Linear backward", "TTT-MLP", "Titans", "Titans backward", "Titans single backward"}
 
 
 def _spied(monkeypatch, kernels: dict) -> list[str]:
@@ -284,3 +289,20 @@ def test_the_fused_gated_pipeline_names_the_flags_it_launches_with(monkeypatch, 
         fw.chunk("mamba2", **x, chunk_size=16)
     assert ("scores kernel" in name) == bool(seen["scores"]), name
     assert ("β prefetched" in name) == bool(seen["fwd"][0]["PREFETCH"]), name
+
+
+def test_the_deep_memories_backward_variants_follow_the_table():
+    """Titans' single backward by KEEP (0 recomputes, 1 the sums kept, 2 the read kept; another refused) and
+    TTT-Linear's reverse pass by CARRY and DIRECT: the names the rows give, from the table they are handed."""
+    table = {**util.LAUNCH, "titans_single_bwd": {**util.LAUNCH["titans_single_bwd"], "KEEP": 0},
+             "ttt_linear_bwd": {**util.LAUNCH["ttt_linear_bwd"], "CARRY": 0, "DIRECT": 0}}
+    assert str(V.titans_single_backward(table).variant) == "Titans single backward: recomputes e and the read"
+    assert str(V.ttt_linear_backward(table).variant) == "TTT-Linear backward: anchor gradient in memory"
+    assert [V.titans_single_backward({"titans_single_bwd": {"KEEP": k}}).keep for k in (0, 1, 2)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="KEEP"):
+        V.titans_single_backward({"titans_single_bwd": {"KEEP": 3}})
+    got = fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=64, variants=True, launch=table)[2]
+    assert got == ("Titans single backward: recomputes e and the read",)
+    got = fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=128, variants=True, launch=table,
+                      batch_size=4, num_heads=16)[2]
+    assert got == ("TTT-Linear: one program", "TTT-Linear backward: anchor gradient in memory")

@@ -155,13 +155,14 @@ def _memories(gen):
     beta = torch.rand(B, T, H, generator=gen).to(DEV).requires_grad_(True)
     lnw, lnb = torch.ones(H, D, device=DEV), torch.zeros(H, D, device=DEV)
     lin = (torch.randn(B, H, D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
-    old = util.LAUNCH["ttt_linear_sliced"]["ON"]
-    try:  # TTT-Linear's one-program sequential passes (ON 0), then its sliced ones (memories/ttt_linear_sliced.py)
-        for on in (0, 1):
-            util.LAUNCH["ttt_linear_sliced"]["ON"] = on
+    old = util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"]
+    try:  # TTT-Linear's one-program sequential passes (ON 0; the reverse pass `_bwd_kernel` at CARRY 0, the default
+        # `_bwd_carry_kernel` at 1), then its sliced ones (memories/ttt_linear_sliced.py)
+        for on, carry in ((0, 0), (0, 1), (1, 1)):
+            util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"] = on, carry
             ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=lin)[0].sum().backward()
     finally:
-        util.LAUNCH["ttt_linear_sliced"]["ON"] = old
+        util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"] = old
     mlp = (torch.randn(B, H, D, 4 * D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, 4 * D, device=DEV),
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
     old = util.LAUNCH["ttt_mlp_sliced"]["ON"]

@@ -38,11 +38,12 @@ pytestmark = pytest.mark.triton
 def one_program(monkeypatch, request):
     """These tests hold the split pipeline's one-program kernels (`_state_kernel`, `_bwd_kernel`): the launch table's
     auto rule would give their small grids to the sliced kernels (tests/kernels/memories/test_triton_titans_sliced.py
-    holds those). A test of the pipeline "single kept" runs with util.LAUNCH "titans_single_bwd" KEEP 2 (`KEPT`)."""
+    holds those). A test of the pipeline "single recomputed" runs with util.LAUNCH "titans_single_bwd" KEEP 0
+    (`RECOMPUTED`; the default, KEEP 2, is the pipeline "single")."""
     monkeypatch.setitem(LAUNCH["titans_sliced"], "ON", 0)
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("pipeline") == KEPT:
-        monkeypatch.setitem(LAUNCH["titans_single_bwd"], "KEEP", 2)
+    if callspec is not None and callspec.params.get("pipeline") == RECOMPUTED:
+        monkeypatch.setitem(LAUNCH["titans_single_bwd"], "KEEP", 0)
 
 SCALE = 0.7
 STATE = ("W1", "W2")
@@ -86,15 +87,15 @@ def _kernel(x, offset, b=16, tile=32, cu_seqlens=None, pipeline=None):
     st = _state({n: val.float() for n, val in x.items()}, offset)
     return titans_triton(x["q"], x["k"], x["v"], *(x[n].float() for n in ("g", "beta", "nu")), scale=SCALE,
                          minibatch=b, tile=tile, cu_seqlens=cu_seqlens,
-                         pipeline="single" if pipeline == KEPT else pipeline, **st)
+                         pipeline="single" if pipeline == RECOMPUTED else pipeline, **st)
 
 
-#: The single pipeline with util.LAUNCH "titans_single_bwd" KEEP 2: its forward keeps e, the read's sums and its
-#: [b, F] tiles for the backward, which reads them instead of recomputing (the fixture `one_program` sets it)
-KEPT = "single kept"
+#: The single pipeline with util.LAUNCH "titans_single_bwd" KEEP 0: its backward recomputes what the default (KEEP 2)
+#: has its forward keep — e, the read's sums and its [b, F] tiles (the fixture `one_program` sets it)
+RECOMPUTED = "single recomputed"
 #: Both of Titans' kernel pipelines: one sequential program per (sequence, head) each way, and the split one; and the
-#: single one's KEEP variant
-PIPELINES = ("single", "split", KEPT)
+#: single one's KEEP 0 variant
+PIPELINES = ("single", "split", RECOMPUTED)
 
 
 def _twin(x, offset, b=16):
@@ -180,8 +181,8 @@ def test_the_split_with_the_read_terms_in_the_pre_pass(monkeypatch, gen, T, offs
 @pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (23, 5, 2)])
 def test_the_single_backward_from_the_forward_s_sums(monkeypatch, gen, T, offset, Hq):
     """The single pipeline's KEEP 1 (util.LAUNCH "titans_single_bwd": the forward keeps e and the read's sums, the
-    backward skips its passes A and B) against the float64 twin and the default's (KEEP 0) result; KEEP 2 is the
-    pipeline "single kept" of the other tests."""
+    backward skips its passes A and B) against the float64 twin and the default's (KEEP 2) result; KEEP 0 is the
+    pipeline "single recomputed" of the other tests."""
     x = _inputs(gen, T=T, Hq=Hq)
     seed = _seed(gen)
     base = _run(lambda leaves, off: _kernel(leaves, off, pipeline="single"), _fp32(x), offset, seed)

@@ -443,11 +443,13 @@ def test_last_counts_is_a_number_when_every_sequence_ends_alike():
 
 
 
-@pytest.fixture(params=[(1, 0), (0, 1), (1, 1)], ids=["carry", "direct", "carry-direct"])
+@pytest.fixture(params=[(0, 0), (1, 0), (0, 1)], ids=["in-memory", "carry", "direct"])
 def bwd_variant(request, monkeypatch):
-    """The backward's launch-table variants (util.LAUNCH "ttt_linear_bwd"): CARRY 1 — the reverse pass with the
-    anchor's gradient carried in registers (`_bwd_carry_kernel`); DIRECT 1 — do read, dq and dv written in the inputs'
-    dtypes by the kernels. Yields (CARRY, the reverse-pass kernels that ran)."""
+    """The backward's launch-table variants other than the default (util.LAUNCH "ttt_linear_bwd" CARRY 1, DIRECT 1
+    since r4s15, which every other test runs): CARRY 0 — the reverse pass accumulating the anchor's gradient in memory
+    (`_bwd_kernel`; 1: carried in registers, `_bwd_carry_kernel`); DIRECT 0 — do cast to fp32, dq and dv cast back by
+    the glue (1: read and written in the inputs' dtypes by the kernels). Yields (CARRY, the reverse-pass kernels that
+    ran)."""
     from fastweights.kernels.triton.memories import ttt as ttt_mod
 
     carry, direct = request.param
@@ -486,16 +488,17 @@ def test_the_backward_variants_chained_varlen_padded_and_bf16(bwd_variant, gen, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("offset", [0, 5])
 def test_the_backward_variants_equal_the_default(gen, monkeypatch, offset, dtype):
-    """CARRY 1 with DIRECT 1 gives the default's outputs and gradients bitwise under the interpreter: the same
-    products in the same order, the 1/b of G folded into k and η e (exact: b is a power of two). With bf16 inputs dq
-    and dv are rounded to bf16 in the kernels instead of by the glue: to nearest on the GPU, as torch does (equal
-    there), by truncation under the interpreter — one bf16 ulp apart at most (BF16_CAST_REL)."""
+    """CARRY 1 with DIRECT 1 (the default) gives CARRY 0 with DIRECT 0's outputs and gradients bitwise under the
+    interpreter: the same products in the same order, the 1/b of G folded into k and η e (exact: b is a power of two).
+    With bf16 inputs dq and dv are rounded to bf16 in the kernels instead of by the glue: to nearest on the GPU, as
+    torch does (equal there), by truncation under the interpreter — one bf16 ulp apart at most (BF16_CAST_REL)."""
+    assert (LAUNCH["ttt_linear_bwd"]["CARRY"], LAUNCH["ttt_linear_bwd"]["DIRECT"]) == (1, 1)
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = int(torch.randint(0, 2**31, (), generator=gen))
-    want = _run(_kernel, x, offset, seed, dtype=dtype)
-    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", 1)
-    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "DIRECT", 1)
     got = _run(_kernel, x, offset, seed, dtype=dtype)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", 0)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "DIRECT", 0)
+    want = _run(_kernel, x, offset, seed, dtype=dtype)
     for a, b in zip(got[0], want[0]):
         assert torch.equal(a, b)
     for name in want[2]:

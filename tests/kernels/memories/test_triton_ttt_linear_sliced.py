@@ -52,6 +52,7 @@ def steps(monkeypatch):
     monkeypatch.setattr(sliced._chain_kernel, "run", lambda *a, **kw: seen.chain.append(a[-7]) or chain(*a, **kw))
     monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
     monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: pytest.fail("the one-program reverse pass ran"))
+    monkeypatch.setattr(mod._bwd_carry_kernel, "run", lambda *a, **kw: pytest.fail("the one-program reverse pass ran"))
     return seen
 
 
@@ -101,20 +102,25 @@ def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
         V.ttt_linear(1, 1, LAUNCH)
 
 
+#: TTT-Linear's reverse-pass variant under the default table (CARRY 1, DIRECT 1)
+BACKWARD = "TTT-Linear backward: anchor gradient in registers; dtypes in the kernels"
+
+
 def test_the_pipeline_names_the_variant(monkeypatch):
     """`fw.pipeline(..., variants=True)` of TTT-Linear on the Triton row names the default's rule (the one-program
     passes above MAX_BH; below it conditional on a CUDA graph's capture, which the query does not know), and under
     ON 2 the sliced passes' rule: conditional without the call's sequences × heads, else what it picks."""
     ttt = dict(device="cuda", dtype=torch.bfloat16, head_dim=128, variants=True)
-    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: one program",)
+    bwd = BACKWARD  # the reverse pass's variant after the passes' (`variants.ttt_linear_backward`)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: one program", bwd)
     assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=8)[2] == (
-        "TTT-Linear: sliced NP 4 where sequences × heads ≤ 32 in a CUDA graph, else one program",)
+        "TTT-Linear: sliced NP 4 where sequences × heads ≤ 32 in a CUDA graph, else one program", bwd)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 64)
     assert fw.pipeline("ttt_linear", **ttt) == ("triton", "TTT-Linear kernels (tf32)", (
-        "TTT-Linear: sliced NP 4 where sequences × heads ≤ 64, else one program",))
-    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: sliced NP 4",)
-    assert fw.pipeline("ttt_linear", **ttt, batch_size=64, num_heads=2)[2] == ("TTT-Linear: one program",)
+        "TTT-Linear: sliced NP 4 where sequences × heads ≤ 64, else one program", bwd))
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == ("TTT-Linear: sliced NP 4", bwd)
+    assert fw.pipeline("ttt_linear", **ttt, batch_size=64, num_heads=2)[2] == ("TTT-Linear: one program", bwd)
 
 
 def test_the_default_runs_what_the_rule_picks(monkeypatch, gen):
@@ -124,7 +130,7 @@ def test_the_default_runs_what_the_rule_picks(monkeypatch, gen):
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     ran = []
     for kern, name in ((sliced._step_kernel, "sliced"), (sliced._chain_kernel, "sliced_bwd"),
-                       (mod._state_kernel, "one"), (mod._bwd_kernel, "one_bwd")):
+                       (mod._state_kernel, "one"), (mod._bwd_carry_kernel, "one_bwd")):
         monkeypatch.setattr(kern, "run", (lambda real, n: lambda *a, **kw: ran.append(n) or real(*a, **kw))(
             kern.run, name))
     for B, want in ((1, {"sliced", "sliced_bwd"}), (3, {"one", "one_bwd"})):
@@ -168,8 +174,8 @@ def test_sliced_passes_equal_the_one_program_passes(monkeypatch, gen, bwd):
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "NP", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "BWD", bwd)
     ran = []
-    real = mod._bwd_kernel.run
-    monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    real = mod._bwd_carry_kernel.run  # (the one-program reverse pass: CARRY 1, the default)
+    monkeypatch.setattr(mod._bwd_carry_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
     monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
     _agree(_run(_kernel, x, 5, seed), want, CHUNK_F32_REL)
     assert ran == ([] if bwd else [1])
@@ -309,7 +315,7 @@ def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
 
     FakeCuda(monkeypatch, kernels=True).install()
     ran = _spied(monkeypatch, {"sliced": sliced._step_kernel, "sliced backward": sliced._chain_kernel,
-                               "one program": mod._state_kernel, "one-program backward": mod._bwd_kernel})
+                               "one program": mod._state_kernel, "one-program backward": mod._bwd_carry_kernel})
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     torch.manual_seed(0)
@@ -320,10 +326,10 @@ def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
         y, _ = layer(torch.randn(B, 5, 32, generator=gen))
         y.sum().backward()
         assert set(ran) == want, (B, ran)
-        assert layer.variants["chunk"] == (name,)
-        assert f"[{name}]" in repr(layer)
+        assert layer.variants["chunk"] == (name, BACKWARD)
+        assert name in repr(layer) and BACKWARD in repr(layer)
         assert fw.pipeline("ttt_linear", device="cuda", dtype=torch.float32, head_dim=16, variants=True,
-                           batch_size=B, num_heads=2)[2] == (name,)
+                           batch_size=B, num_heads=2)[2] == (name, BACKWARD)
 
 
 @pytest.mark.cuda

@@ -194,10 +194,11 @@ LAUNCH: dict[str, dict] = {
     # TTT-Linear's backward: the parallel pre-pass (the readout's own gradients; BK as the readout's) and the reverse
     # sequential pass (CARRY 1: `_bwd_carry_kernel`, the anchor's gradient carried in registers instead of read and
     # written in place in dA0 each mini-batch; DIRECT 1: do read, dq and dv written in the inputs' dtypes by the
-    # kernels, no fp32 copies and casts in the glue; both opt-in, untimed — docs/kernel_notes.md "TTT-Linear's
+    # kernels, no fp32 copies and casts in the glue; both the default since r4s15 call 3 — H200, bf16, B 4, T 4096,
+    # H 16, D 128 fwd+bwd 9.45 ms (both 0) → 8.58 (CARRY) → 8.55 (both); docs/kernel_notes.md "TTT-Linear's
     # backward")
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
-    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=0, DIRECT=0),  # memories.ttt._bwd_kernel (…carry…)
+    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1),  # memories.ttt._bwd_kernel (…carry…)
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
     # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 on
@@ -244,11 +245,13 @@ LAUNCH: dict[str, dict] = {
     # the split one. H200, bf16 (r4s9): at B 64, T 512, H 2, D 64 single 17.6 ms fwd + bwd, split 19.0; at B 4,
     # T 4096, H 16, D 128 single 722, split 540
     "titans_single_fwd": dict(num_warps=8, num_stages=1, MAX_DIM=64),  # memories.titans_single._fwd_kernel
-    # KEEP (r4s15, untimed, so 0): what the single forward keeps for its backward beside the start states — 1: e,
+    # KEEP (r4s15; 2 the default since call 3: H200, bf16, B 64, T 512, H 2, D 64 fwd+bwd KEEP 0 18.11 ms, 1 15.32,
+    # 2 14.59 — gated DeltaNet 2.99 in the same process: 4.88×; 320 MiB more kept at that shape, the start states'
+    # 1 GiB beside it): what the single forward keeps for its backward beside the start states — 1: e,
     # h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a mini-batch (the backward drops its passes A and B: 70DF + 14bF →
     # 54DF + 10bF dot FLOPs a token); 2: also Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (5·b·F·4 B a mini-batch; pass C
     # reads them instead of recomputing the read, pass D reads Z: 44DF + 8bF)
-    "titans_single_bwd": dict(num_warps=8, num_stages=1, KEEP=0),  # memories.titans_single._bwd_kernel
+    "titans_single_bwd": dict(num_warps=8, num_stages=1, KEEP=2),  # memories.titans_single._bwd_kernel
     # the split pipeline (16 warps for the reverse pass: 365 → 605 ms at D 128; TILE 4096 there: 562 ms)
     "titans_fwd": dict(num_warps=8, num_stages=1, TILE=2048),  # memories.titans._state_kernel (state in place)
     "titans_readout": dict(num_warps=4, num_stages=2, TILE=2048),  # memories.titans._readout_kernel (parallel)

@@ -24,11 +24,12 @@ terms and h Hdᵀ, and rewrites the tile's W1, M1, W2, M2 to the segment's end; 
 Backward (`_bwd_kernel`): the mini-batches in reverse, from the gradients of each segment's end state and ō (the
 chain of `titans.py`'s module doc), kept in place ([R·H, ·]).
 
-What the forward keeps for it beside the start states: util.LAUNCH "titans_single_bwd" KEEP (0 by default, untimed):
-1 also e, h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a mini-batch ((3V + b)·4 bytes a token), and the backward skips its
-passes A and B below (54DF + 10bF dot FLOPs a token); 2 also the read's Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (20F
-bytes a token), which pass C reads instead of recomputing the read and pass D reads for Z (44DF + 8bF). The dependency
-chain (which products read the carried gradients): docs/kernel_notes.md "Titans' single backward".
+What the forward keeps for it beside the start states: util.LAUNCH "titans_single_bwd" KEEP (2 by default since r4s15:
+fwd+bwd 18.11 → 14.59 ms at B 64, T 512, H 2, D 64, bf16, H200): 1 also e, h W2_s, h M2_s [b, V] and h Hdᵀ [b, b] a
+mini-batch ((3V + b)·4 bytes a token), and the backward skips its passes A and B below (54DF + 10bF dot FLOPs a token);
+2 also the read's Z, e U2ᵀ, z1, X W1_s, X M1_s [b, F] (20F bytes a token), which pass C reads instead of recomputing the
+read and pass D reads for Z (44DF + 8bF). The dependency chain (which products read the carried gradients):
+docs/kernel_notes.md "Titans' single backward".
 
 Per mini-batch: pass A (e at the anchor), pass B (the read's sums over the hidden dim: h W2_s, h M2_s, h Hdᵀ), pass C
 (per hidden tile: everything above but f's side of the anchor; ∂/∂Z but its f̄ term to a [b, F] scratch; the start
@@ -72,9 +73,10 @@ import triton
 import triton.language as tl
 
 from ... import empty_output
+from ...variants import titans_single_backward
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import TITANS_PRECISION
-from ..common.util import launch, tile
+from ..common.util import launch, table
 from .ttt import _sequence
 
 Tensor = torch.Tensor
@@ -618,7 +620,8 @@ class _Titans(torch.autograd.Function):
         n = max(plan.slots, 1)
         slots = [empty_output(n, *t.shape[1:], **f32) for t in (W1, W2, M1, M2)] if save else [o] * 4
         # util.LAUNCH "titans_single_bwd" KEEP: what the forward keeps for the backward beside the start states
-        keep = tile("titans_single_bwd", "KEEP") if save else 0
+        # (`kernels.variants.titans_single_backward`: the branch that names it)
+        keep = titans_single_backward(table()).keep if save else 0
         BT, DV, F = geo["BT"], geo["DV"], A1.shape[-1]
         kept = [empty_output(n, H, 3, BT, DV, **f32) if keep >= 1 else o,  # e, h W2_s, h M2_s
                 empty_output(n, H, BT, BT, **f32) if keep >= 1 else o,  # h Hdᵀ

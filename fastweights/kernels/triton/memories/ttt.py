@@ -59,11 +59,12 @@ Backward, two launches likewise:
    P_0's own gradient when the call continues a mini-batch (HAS_P). The anchor's gradient gA [D, D] is accumulated in
    place in dA0 (seeded by the glue with dAout's), the bias's ga carried in registers. Per mini-batch 12bD² dot FLOPs
    on the sequential path (k A, k G, (η e) Gᵀ, df Aᵀ, xᵀ dz, kᵀ df); the single reverse kernel before it also
-   recomputed the readout there: 16bD² + 12b²D. util.LAUNCH "ttt_linear_bwd" CARRY 1 (opt-in, untimed) runs
-   `_bwd_carry_kernel` instead: the same products in the same order with gA carried in registers (G = gA / b, the
-   1/b folded into k and η e), dA0 written once at the end — per mini-batch 3·D²·4 bytes less L2 traffic (G's read,
-   gA's read and write: 192 KiB at D 128) and no barriers. DIRECT 1 (opt-in, untimed): do passed in its own dtype,
-   dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the glue's fp32 copy and casts gone.
+   recomputed the readout there: 16bD² + 12b²D. util.LAUNCH "ttt_linear_bwd" CARRY 1 (the default since r4s15: fwd+bwd
+   9.45 → 8.58 ms at the LM shape, H200) runs `_bwd_carry_kernel` instead: the same products in the same order with gA
+   carried in registers (G = gA / b, the 1/b folded into k and η e), dA0 written once at the end — per mini-batch 3·D²·4
+   bytes less L2 traffic (G's read, gA's read and write: 192 KiB at D 128) and no barriers. DIRECT 1 (the default with
+   CARRY): do passed in its own dtype, dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the
+   glue's fp32 copy and casts gone.
 
 The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
 are written per value head and summed over the group by the glue.
@@ -94,6 +95,7 @@ import triton.language as tl
 from ....inputs import InputError
 from ... import empty_output
 from ...variants import ttt_linear as ttt_linear_variant
+from ...variants import ttt_linear_backward as ttt_linear_backward_variant
 from ..common import interpreter  # noqa: F401  (the interpreter's shims, applied before any kernel runs)
 from ..common.limits import MAX_TTT_DIM, TTT_LINEAR_PRECISION, TTT_MINIBATCHES, loop_precision
 from ..common.util import capturing, check_precision, launch, pow2, table, tile
@@ -677,7 +679,8 @@ class _TTTLinear(torch.autograd.Function):
 
         # DIRECT 1 (util.LAUNCH "ttt_linear_bwd"): do read in its own dtype by the pre-pass (which loads it as fp32),
         # dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels: no fp32 copies and casts
-        direct = bool(tile("ttt_linear_bwd", "DIRECT"))
+        backward = ttt_linear_backward_variant(table())  # `kernels.variants.ttt_linear_backward`: the branch naming it
+        direct = backward.direct
         do = do.contiguous() if direct and do is not None else grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]
         dv = empty_output(B, T, H, D, dtype=v.dtype if direct else torch.float32, device=dev)
@@ -696,7 +699,7 @@ class _TTTLinear(torch.autograd.Function):
                 steps=plan.steps, geo=geo, NP=ctx.np)
         else:
             # CARRY 1 (util.LAUNCH "ttt_linear_bwd"): the anchor's gradient carried in registers, written once
-            carry = bool(tile("ttt_linear_bwd", "CARRY"))
+            carry = backward.carry
             # else accumulated in place by the kernel in dA0 (seeded with dAout's)
             dA0 = empty_output(R, H, D, D, **f32) if carry else gs[0].clone()
             da0 = empty_output(R, H, D, **f32)

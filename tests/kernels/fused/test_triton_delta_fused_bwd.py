@@ -397,7 +397,7 @@ def test_varlen_packings_compile_once(gate):
     Triton for no compile key after the first batch; the fused backward's kernels are among those keyed."""
     body = _KEYS_BODY.replace('BACKWARD = "staged" if gate == "diagonal" else "fused"', 'BACKWARD = "fused"')
     assert body != _KEYS_BODY
-    out = compile_keys(body, gate, "bfloat16")
+    out = compile_keys(body, gate, "bfloat16", "fused")
     counts = out["counts"]
     assert set(KERNELS) <= set(out["kernels"])
     assert counts[0] > 0 and counts == [counts[0]] * 20, counts

@@ -57,6 +57,7 @@ from .variants import (
     conv_backward,
     delta_fused_backward,
     delta_fused_forward,
+    delta_split_forward,
     gated_fused_forward,
     live_launch,
     titans_backward,
@@ -502,17 +503,19 @@ def _launch(launch):
 
 def delta_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequences=None, heads=None) -> tuple:
     """The launch-table variants (`kernels.variants.Variant`) a `delta_chunk` call with `target` runs in `chosen`, its
-    pipeline (a DeltaPipeline; None: unknown → none named): the fused forward's (`variants.delta_fused_forward`, on
-    q's dtype — fp32 where the pipeline runs fp32 copies) and the fused backward's; `launch`: the table (None: the
+    pipeline (a DeltaPipeline; None: unknown → none named): the fused or split forward's
+    (`variants.delta_fused_forward`, `delta_split_forward`, on q's dtype — fp32 where the pipeline runs fp32 copies)
+    and the fused backward's; `launch`: the table (None: the
     kernels' now). The staged stages have no variant."""
     if not isinstance(chosen, DeltaPipeline):
         return ()
-    launch = _launch(launch) if "fused" in (chosen.forward, chosen.backward) else None
+    launch = _launch(launch) if {"fused", "split"} & {chosen.forward, chosen.backward} else None
     out = []
-    if chosen.forward == "fused":
+    if chosen.forward in ("fused", "split"):
         dtype = torch.float32 if chosen.fp32 else target.dtype
-        out.append(delta_fused_forward(_gate_kind(recipe), target.head_k_dim, target.chunk_size, dtype,
-                                       launch).variant)
+        forward = delta_fused_forward if chosen.forward == "fused" else delta_split_forward
+        got = forward(_gate_kind(recipe), target.head_k_dim, target.chunk_size, dtype, launch)
+        out.append(got.variant if chosen.forward == "fused" else got)
     if chosen.backward == "fused":
         out.append(delta_fused_backward(launch, target.chunk_size).variant)
     return tuple(out)
@@ -534,7 +537,8 @@ def generic_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, seque
     kernels = None if recipe is None else _ttt_kernels(recipe)
     if kernels == "TTT-Linear":
         table = _launch(launch)
-        return (ttt_linear(sequences, heads, table).variant, ttt_linear_backward(table).variant)
+        passes = ttt_linear(sequences, heads, table)
+        return (passes.variant, ttt_linear_backward(table, passes.sliced and passes.backward == "sliced").variant)
     if kernels == "TTT-MLP":
         return (ttt_mlp(sequences, heads, _launch(launch)).variant,)
     dims = [d for d in (target.head_k_dim, target.head_v_dim) if d is not None]
@@ -555,6 +559,7 @@ def delta_chunk_alternatives(pipeline: str | None) -> tuple[str, ...]:
     """The alternatives of the variants `delta_chunk_variants` may name in the pipeline named `pipeline`
     (`kernels.variants.alternatives`; `dispatch.rows(variants=True)`): the fused forward's and backward's."""
     return _alternatives([site for part, site in (("fused forward", "delta fused forward"),
+                                                  ("split forward", "delta split forward"),
                                                   ("fused backward", "delta fused backward"))
                           if pipeline is not None and part in pipeline])
 

@@ -28,7 +28,8 @@ from .triton.common.limits import DELTA_FUSED_BWD_MAX_C, DELTA_FUSED_BWD_MAX_K
 
 __all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_linear", "TTTMLPVariant",
            "TitansVariant", "titans", "DeltaFusedForward", "DeltaFusedBackward", "GatedFusedForward", "TitansBackward",
-           "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_fused_backward", "gated_fused_forward",
+           "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_split_forward", "delta_fused_backward",
+           "gated_fused_forward",
            "titans_backward", "titans_single_backward", "ttt_linear_backward", "live_launch", "alternatives",
            "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS"]
 
@@ -270,6 +271,27 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
                              inverse_form=INVERSE_FORMS[form])
 
 
+def delta_split_forward(gate: str, K: int | None, C: int | None, dtype: torch.dtype | None,
+                        launch: Launch) -> Variant:
+    """The split forward's variant (`delta_split.split_forward`) for the same facts as `delta_fused_forward`: the
+    pre-pass writes T alone and the backward's states kernel carries the states where it takes the call (no or a
+    scalar decay, K ≤ DELTA_FUSED_BWD_MAX_K, C ≤ DELTA_FUSED_BWD_MAX_C; K or C None: taken), else the fused forward's
+    pre-pass (its Aqk and raw k, v choices) feeds the sequential kernel without outputs; then the inverse's precision
+    and form as the fused forward's. (The output kernel reads q, k as stored: RAW_QK has no say.)"""
+    fused = delta_fused_forward(gate, K, C, dtype, launch)
+    serves = gate != "diagonal" and (K is None or K <= DELTA_FUSED_BWD_MAX_K) \
+        and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
+    parts = ["T form, states kernel" if serves else "W, U' pre-pass, states by the sequential kernel"]
+    if not serves and fused.aqk_in_prepass:
+        parts.append("Aqk from the pre-pass")
+    if not serves and fused.raw_kv:
+        parts.append("raw k, v")
+    if fused.inverse is not None and fused.inverse != "ieee":
+        parts.append(f"inverse {fused.inverse}")
+    parts.append(f"inverse by {fused.inverse_form}")
+    return Variant("split forward", "; ".join(parts))
+
+
 @dataclass(frozen=True)
 class DeltaFusedBackward:
     """The delta class's fused backward (`delta_fused_bwd`): aqk_kept (delta_fused_rev AQK 1: the states recompute
@@ -381,17 +403,20 @@ class TTTLinearBackward:
 
     carry: bool
     direct: bool
+    sliced: bool = False
 
     @property
     def variant(self) -> Variant:
-        choice = "anchor gradient in registers" if self.carry else "anchor gradient in memory"
+        choice = ("sliced reverse pass" if self.sliced else
+                  "anchor gradient in registers" if self.carry else "anchor gradient in memory")
         return Variant("TTT-Linear backward", choice + ("; dtypes in the kernels" if self.direct else ""))
 
 
-def ttt_linear_backward(launch: Launch) -> TTTLinearBackward:
-    """TTT-Linear's reverse pass under launch["ttt_linear_bwd"] (CARRY, DIRECT)."""
+def ttt_linear_backward(launch: Launch, sliced: bool = False) -> TTTLinearBackward:
+    """TTT-Linear's backward under launch["ttt_linear_bwd"] (CARRY, DIRECT); `sliced`: the call's reverse pass is the
+    sliced one (`ttt_linear(...)` sliced both ways), where CARRY has no say and only DIRECT is named."""
     cfg = launch["ttt_linear_bwd"]
-    return TTTLinearBackward(carry=bool(cfg["CARRY"]), direct=bool(cfg["DIRECT"]))
+    return TTTLinearBackward(carry=bool(cfg["CARRY"]) and not sliced, direct=bool(cfg["DIRECT"]), sliced=sliced)
 
 
 #: The alternatives of each launch-table variant (`dispatch.rows(variants=True)`): site -> (choices, the LAUNCH keys).
@@ -406,6 +431,10 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
                              "+ inverse tf32 / tf32x3", "+ inverse by batched recursion",
                              "+ inverse by substitution", "+ inverse by recursion"),
                             "delta_prepass WU, AQK, RAW_KV, INV_TF32, INV; delta_fused_fwd RAW_QK"),
+    "delta split forward": (("T form, states kernel", "W, U' pre-pass, states by the sequential kernel",
+                             "+ Aqk from the pre-pass", "+ raw k, v", "+ inverse tf32 / tf32x3",
+                             "+ inverse by batched recursion", "+ inverse by substitution", "+ inverse by recursion"),
+                            "delta_prepass AQK, RAW_KV, INV_TF32, INV"),
     "delta fused backward": (("Aqk per value block", "Aqk from the recompute",
                               "+ gradient kernel's rowsums from dq, dk",
                               "+ gradient kernel's rows over programs (BR n)"),
@@ -416,7 +445,8 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
                "titans_sliced ON, MAX_BH, NP, BWD"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
     "Titans single backward": (tuple(SINGLE_KEEPS.values()), "titans_single_bwd KEEP"),
-    "TTT-Linear backward": (("anchor gradient in registers", "anchor gradient in memory", "+ dtypes in the kernels"),
+    "TTT-Linear backward": (("anchor gradient in registers", "anchor gradient in memory", "sliced reverse pass",
+                             "+ dtypes in the kernels"),
                             "ttt_linear_bwd CARRY, DIRECT"),
 }
 

@@ -306,3 +306,24 @@ def test_the_deep_memories_backward_variants_follow_the_table():
     got = fw.pipeline("ttt_linear", device="cuda", dtype=torch.bfloat16, head_dim=128, variants=True, launch=table,
                       batch_size=4, num_heads=16)[2]
     assert got == ("TTT-Linear: one program", "TTT-Linear backward: anchor gradient in memory")
+
+
+def test_the_split_forward_names_its_states_pass():
+    """The split forward's variant (`variants.delta_split_forward`, what `rows.delta_chunk_variants` lists for a
+    pinned DeltaPipeline("split", ...)): the T form with the backward's states kernel exactly where the split forward
+    launches that kernel (tests/kernels/fused/test_triton_delta_fused.LAUNCHED), else the sequential kernel on W, U';
+    the inverse's precision and form as the fused forward's."""
+    from fastweights import zoo
+    from fastweights.dispatch import Target
+    from fastweights.kernels.pipelines import DeltaPipeline
+    from fastweights.kernels.rows import delta_chunk_variants
+    from tests.kernels.fused.test_triton_delta_fused import LAUNCHED
+
+    for gate in ("none", "scalar", "diagonal"):
+        name = str(V.delta_split_forward(gate, 128, 64, torch.bfloat16, util.LAUNCH))
+        assert name.startswith("split forward: ") and name.endswith("; inverse tf32x3; inverse by batched recursion")
+        assert ("T form, states kernel" in name) == ("_states_kernel" in LAUNCHED["split", gate]), (gate, name)
+    assert "W, U' pre-pass" in str(V.delta_split_forward("scalar", 256, 64, torch.bfloat16, util.LAUNCH))
+    target = Target(device_type="cuda", dtype=torch.bfloat16, head_k_dim=128, head_v_dim=128, chunk_size=64)
+    got = delta_chunk_variants(zoo.get("gated_deltanet"), target, DeltaPipeline("split", "fused"))
+    assert [str(v).split(":")[0] for v in got] == ["split forward", "fused backward"], got

@@ -679,7 +679,7 @@ class _TTTLinear(torch.autograd.Function):
 
         # DIRECT 1 (util.LAUNCH "ttt_linear_bwd"): do read in its own dtype by the pre-pass (which loads it as fp32),
         # dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels: no fp32 copies and casts
-        backward = ttt_linear_backward_variant(table())  # `kernels.variants.ttt_linear_backward`: the branch naming it
+        backward = ttt_linear_backward_variant(table(), ctx.sliced)  # (`variants.ttt_linear_backward` names it)
         direct = backward.direct
         do = do.contiguous() if direct and do is not None else grad_in(do, B, T, H, D)
         gs = [grad_in(dA, R, H, D, D), grad_in(da, R, H, D), grad_in(dP, R, H, D, D), grad_in(dp, R, H, D)]

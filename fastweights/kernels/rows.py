@@ -511,11 +511,12 @@ def delta_chunk_variants(recipe: Recipe, target, chosen, launch=None, *, sequenc
         return ()
     launch = _launch(launch) if {"fused", "split"} & {chosen.forward, chosen.backward} else None
     out = []
-    if chosen.forward in ("fused", "split"):
-        dtype = torch.float32 if chosen.fp32 else target.dtype
-        forward = delta_fused_forward if chosen.forward == "fused" else delta_split_forward
-        got = forward(_gate_kind(recipe), target.head_k_dim, target.chunk_size, dtype, launch)
-        out.append(got.variant if chosen.forward == "fused" else got)
+    facts = (_gate_kind(recipe), target.head_k_dim, target.chunk_size,
+             torch.float32 if chosen.fp32 else target.dtype, launch)
+    if chosen.forward == "fused":
+        out.append(delta_fused_forward(*facts).variant)
+    elif chosen.forward == "split":
+        out.append(delta_split_forward(*facts))
     if chosen.backward == "fused":
         out.append(delta_fused_backward(launch, target.chunk_size).variant)
     return tuple(out)

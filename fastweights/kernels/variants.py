@@ -213,6 +213,13 @@ def _low(dtype: torch.dtype | None) -> bool | None:
 INVERSE_FORMS = {0: "substitution", 1: "recursion", 2: "batched recursion"}
 
 
+def _states_kernel_takes(gate: str, K: int | None, C: int | None) -> bool:
+    """Whether the fused backward's states kernel (`delta_fused_bwd.supports`) takes a call: no or a scalar decay,
+    K ≤ DELTA_FUSED_BWD_MAX_K, C ≤ DELTA_FUSED_BWD_MAX_C (K or C None: taken) — where the pre-pass may write T alone."""
+    return gate != "diagonal" and (K is None or K <= DELTA_FUSED_BWD_MAX_K) \
+        and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
+
+
 @dataclass(frozen=True)
 class DeltaFusedForward:
     """The delta class's fused forward (`delta_fused.fused_forward`): t_form (WU 0: the pre-pass writes T only and the
@@ -257,7 +264,7 @@ def delta_fused_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
     dtype."""
     pre = launch["delta_prepass"]
     plain = gate != "diagonal"
-    serves = plain and (K is None or K <= DELTA_FUSED_BWD_MAX_K) and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
+    serves = _states_kernel_takes(gate, K, C)
     t_form = not pre["WU"] and serves
     direct = plain and not t_form
     low, tf32 = _low(dtype), bool(pre["INV_TF32"])  # (read for every call, as the glue always has: fp32 keeps ieee)
@@ -279,8 +286,7 @@ def delta_split_forward(gate: str, K: int | None, C: int | None, dtype: torch.dt
     pre-pass (its Aqk and raw k, v choices) feeds the sequential kernel without outputs; then the inverse's precision
     and form as the fused forward's. (The output kernel reads q, k as stored: RAW_QK has no say.)"""
     fused = delta_fused_forward(gate, K, C, dtype, launch)
-    serves = gate != "diagonal" and (K is None or K <= DELTA_FUSED_BWD_MAX_K) \
-        and (C is None or C <= DELTA_FUSED_BWD_MAX_C)
+    serves = _states_kernel_takes(gate, K, C)
     parts = ["T form, states kernel" if serves else "W, U' pre-pass, states by the sequential kernel"]
     if not serves and fused.aqk_in_prepass:
         parts.append("Aqk from the pre-pass")

@@ -37,6 +37,7 @@ apply: every head dim asked for compiles.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -517,6 +518,10 @@ def main():
             seen.add(key)
             info = _ptxas_v(kernel.asm["ptx"], a.arch)
             module = self.fn.__module__.rsplit(".", 1)[-1]
+            if os.environ.get("SM90_PTX_DIR"):  # each compile's PTX kept, named by kernel and a digest of its key
+                digest = hashlib.sha1(json.dumps(key[2:]).encode()).hexdigest()[:10]
+                with open(os.path.join(os.environ["SM90_PTX_DIR"], f"{module}.{self.__name__}.{digest}.ptx"), "w") as f:
+                    f.write(kernel.asm["ptx"])
             info.update(kernel=f"{module}.{self.__name__}", warps=kernel.metadata.num_warps,
                         stages=kernel.metadata.num_stages,
                         smem=kernel.metadata.shared,

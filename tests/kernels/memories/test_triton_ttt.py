@@ -27,7 +27,7 @@ from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
 from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import ttt_linear_torch
-from tests.tolerances import BF16_CAST_REL, CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
+from tests.tolerances import BF16_CAST_REL, CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
 
@@ -516,6 +516,28 @@ def test_the_backward_variants_equal_the_default(gen, monkeypatch, offset, dtype
             assert rel(got[2][name], want[2][name]) <= BF16_CAST_REL, name
         else:
             assert torch.equal(got[2][name], want[2][name]), name
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_chain_only_backward_equals_the_default(gen, monkeypatch, offset):
+    """POST 1 (the chain-only reverse pass and dk's two other products after it) against the default reverse pass,
+    fp32 inputs: the forward untouched and every gradient but dk bitwise (at D 16 the pre-pass forms f = k A + a in
+    one BK block, as the reverse pass's one product), dk within fp32 roundings (its terms added in another order);
+    POST 2 stores b·G in the inputs' dtype, fp32 here: bitwise POST 1."""
+    assert LAUNCH["ttt_linear_bwd"]["POST"] == 0
+    x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    want = _run(_kernel, x, offset, seed)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 1)
+    got = _run(_kernel, x, offset, seed)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 2)
+    got2 = _run(_kernel, x, offset, seed)
+    for a, b, c in zip(got[0], want[0], got2[0]):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert set(got[2]) == set(want[2])
+    for name in want[2]:
+        assert rel(got[2][name], want[2][name]) < F32 if name == "k" else torch.equal(got[2][name], want[2][name]), name
+        assert torch.equal(got[2][name], got2[2][name]), name
 
 
 @pytest.mark.cuda

@@ -33,7 +33,7 @@ registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carry
 read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both (the
 default since r4s15); post — the chain-only reverse pass with dk's two other products in a parallel post-pass
 (util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in the inputs' dtype
-(POST 2).
+(POST 2), postgs2 — that at 2 stages.
 Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
 `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
@@ -133,7 +133,11 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        # stored in the inputs' dtype (POST 2: bf16 at the lm shape, half the bytes)
                        "post": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 1}},
                        "postg": {"ttt_linear_sliced": {"ON": 0},
-                                 "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2}}}
+                                 "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2}},
+                       # postg with the chain's loop software-pipelined (its loads independent of the carry; sm_90
+                       # spills 440–620 B at 2 stages against 88–580 at 1)
+                       "postgs2": {"ttt_linear_sliced": {"ON": 0},
+                                   "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2, "num_stages": 2}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 

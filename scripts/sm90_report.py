@@ -18,6 +18,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines omega --head-dims 64 128   # OmegaNet's feature kernels
     python3 scripts/sm90_report.py --pipelines prepass --gates none scalar --head-dims 64 128   # pre-pass INV forms
     python3 scripts/sm90_report.py --pipelines split --dtypes bfloat16   # the split forward's kernels (every gate)
+    SM90_PTX_DIR=/tmp/ptx python3 scripts/sm90_report.py ...   # + each compile's PTX: <module>.<kernel>.<digest>.ptx
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)

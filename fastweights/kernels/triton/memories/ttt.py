@@ -66,6 +66,15 @@ Backward, two launches likewise:
    CARRY): do passed in its own dtype, dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the
    glue's fp32 copy and casts gone.
 
+util.LAUNCH "ttt_linear_bwd" POST 1 (opt-in, default 0: docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
+splits the reverse pass by what the chain needs: the pre-pass also stores each mini-batch's f = k A + a
+(`_bwd_read_f_kernel`, [slots, H, b, D] fp32), the reverse pass `_bwd_chain_kernel` reads it instead of the anchor and
+does per mini-batch only k G, xᵀ dz, kᵀ df (3 products, 2 of them on the chain; `_carry_step`'s 6) with gA carried in
+registers, storing each mini-batch's b·G [D, D] (fp32; POST 2: the inputs' dtype) and df [b, D] (fp32), and the
+parallel `_bwd_post_kernel`, grid (anchor slots, H), adds dk's other two terms −(η e) Gᵀ + df Aᵀ (e from the stored f,
+A from the anchors, in [b, BK] column blocks of dk). 4 launches instead of 2; + (D² + 2bD)·4 bytes a mini-batch of
+scratch (1.25 GiB at B 4, T 4096, H 16, D 128; POST 2 with bf16 inputs 0.75 GiB).
+
 The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
 are written per value head and summed over the group by the glue.
 
@@ -783,10 +792,12 @@ def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T:
 class _TTTLinear(torch.autograd.Function):
     """Forward: `_state_kernel` (or, where `kernels.variants.ttt_linear` slices it,
     `ttt_linear_sliced.sliced_state_pass`: the same anchors), then `_readout_kernel`; backward: `_bwd_read_kernel`, then
-    `_bwd_kernel` (or `ttt_linear_sliced.sliced_reverse`). q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb
-    [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of the R sequences),
-    then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None), the `_Plan` and tl.dot's precision.
-    Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last mini-batch, fp32)."""
+    `_bwd_carry_kernel` or `_bwd_kernel` (CARRY), or with POST `_bwd_read_f_kernel`, `_bwd_chain_kernel`,
+    `_bwd_post_kernel` (`kernels.variants.ttt_linear_backward`; or `ttt_linear_sliced.sliced_reverse`). q, k
+    [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32:
+    the anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1]
+    on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
+    each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):

@@ -32,7 +32,7 @@ launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse p
 registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages; direct — do
 read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both (the
 default since r4s15); post — the chain-only reverse pass with dk's two other products in a parallel post-pass
-(util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in the inputs' dtype
+(util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in bf16 for bf16 inputs
 (POST 2), postgs2 — that at 2 stages.
 Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
 `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
@@ -130,7 +130,7 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        # POST 1: the chain-only reverse pass (`ttt._bwd_chain_kernel`: k G, xᵀ dz, kᵀ df a mini-batch,
                        # no anchor read; f from the pre-pass, `_bwd_read_f_kernel`), dk's −(η e) Gᵀ and df Aᵀ after
                        # in parallel (`_bwd_post_kernel`) from each mini-batch's stored b·G (fp32) and df; postg: b·G
-                       # stored in the inputs' dtype (POST 2: bf16 at the lm shape, half the bytes)
+                       # stored in bf16 for bf16 inputs (POST 2: half the bytes)
                        "post": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 1}},
                        "postg": {"ttt_linear_sliced": {"ON": 0},
                                  "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2}},

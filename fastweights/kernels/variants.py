@@ -375,9 +375,10 @@ def titans_single_backward(launch: Launch) -> TitansSingleBackward:
 
 #: TTT-Linear's reverse pass by util.LAUNCH["ttt_linear_bwd"]["POST"]: 0 all six products of a mini-batch in the
 #: sequential program; 1 the chain's three there, dk's other two after in a parallel post-pass, each mini-batch's b·G
-#: stored in fp32; 2 the same with b·G stored in the inputs' dtype (bf16 inputs: half the bytes).
-TTT_LINEAR_POSTS = {0: "", 1: "chain only, dk's products after (G fp32)", 2: "chain only, dk's products after (G in "
-                    "the inputs' dtype)"}
+#: stored in fp32; 2 the same with b·G stored in bf16 where the inputs are bf16 (half the bytes; fp32 otherwise: an
+#: fp16 G could underflow).
+TTT_LINEAR_POSTS = {0: "", 1: "chain only, dk's products after (G fp32)",
+                    2: "chain only, dk's products after (G bf16 with bf16 inputs)"}
 
 
 @dataclass(frozen=True)

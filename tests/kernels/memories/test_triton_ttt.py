@@ -451,8 +451,8 @@ def bwd_variant(request, monkeypatch):
     memory (`_bwd_kernel`; 1: carried in registers, `_bwd_carry_kernel`); DIRECT 0 — do cast to fp32, dq and dv cast
     back by the glue (1: read and written in the inputs' dtypes by the kernels); POST 1 — the pre-pass storing
     f = k A + a (`_bwd_read_f_kernel`), the chain-only reverse pass (`_bwd_chain_kernel`) storing each mini-batch's
-    b·G (fp32) and df, dk's other products in parallel after (`_bwd_post_kernel`); POST 2 — b·G stored in the inputs'
-    dtype. Yields (the kernels that must run, the backward kernels that ran)."""
+    b·G (fp32) and df, dk's other products in parallel after (`_bwd_post_kernel`); POST 2 — b·G stored in bf16 for
+    bf16 inputs. Yields (the kernels that must run, the backward kernels that ran)."""
     from fastweights.kernels.triton.memories import ttt as ttt_mod
 
     carry, direct, post = request.param
@@ -523,7 +523,7 @@ def test_the_chain_only_backward_equals_the_default(gen, monkeypatch, offset):
     """POST 1 (the chain-only reverse pass and dk's two other products after it) against the default reverse pass,
     fp32 inputs: the forward untouched and every gradient but dk bitwise (at D 16 the pre-pass forms f = k A + a in
     one BK block, as the reverse pass's one product), dk within fp32 roundings (its terms added in another order);
-    POST 2 stores b·G in the inputs' dtype, fp32 here: bitwise POST 1."""
+    POST 2 stores b·G in bf16 for bf16 inputs only: with these, bitwise POST 1."""
     assert LAUNCH["ttt_linear_bwd"]["POST"] == 0
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = int(torch.randint(0, 2**31, (), generator=gen))

@@ -199,7 +199,7 @@ LAUNCH: dict[str, dict] = {
     # backward"). POST 1: the chain-only reverse pass (`_bwd_chain_kernel`: per mini-batch k G, xᵀ dz, kᵀ df — 3
     # products, not 6 — and no anchor read; f = k A + a from the pre-pass, `_bwd_read_f_kernel`), each mini-batch's b·G
     # (fp32) and df stored for `_bwd_post_kernel` (grid (slots, H), BK its column block), which adds dk's −(η e) Gᵀ
-    # and df Aᵀ in parallel; POST 2 the same with b·G in the inputs' dtype. 0 (default) until timed on a GPU
+    # and df Aᵀ in parallel; POST 2 the same with b·G in bf16 for bf16 inputs. 0 (default) until timed on a GPU
     # (docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
     "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1, POST=0),  # memories.ttt._bwd_kernel (…)

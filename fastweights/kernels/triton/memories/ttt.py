@@ -70,7 +70,7 @@ util.LAUNCH "ttt_linear_bwd" POST 1 (opt-in, default 0: docs/kernel_notes.md "TT
 splits the reverse pass by what the chain needs: the pre-pass also stores each mini-batch's f = k A + a
 (`_bwd_read_f_kernel`, [slots, H, b, D] fp32), the reverse pass `_bwd_chain_kernel` reads it instead of the anchor and
 does per mini-batch only k G, xᵀ dz, kᵀ df (3 products, 2 of them on the chain; `_carry_step`'s 6) with gA carried in
-registers, storing each mini-batch's b·G [D, D] (fp32; POST 2: the inputs' dtype) and df [b, D] (fp32), and the
+registers, storing each mini-batch's b·G [D, D] (fp32; POST 2: bf16 with bf16 inputs) and df [b, D] (fp32), and the
 parallel `_bwd_post_kernel`, grid (anchor slots, H), adds dk's other two terms −(η e) Gᵀ + df Aᵀ (e from the stored f,
 A from the anchors, in [b, BK] column blocks of dk). 4 launches instead of 2; + (D² + 2bD)·4 bytes a mini-batch of
 scratch (1.25 GiB at B 4, T 4096, H 16, D 128; POST 2 with bf16 inputs 0.75 GiB).
@@ -864,7 +864,9 @@ class _TTTLinear(torch.autograd.Function):
         elif post:  # the chain-only reverse pass, then dk's deferred products in parallel
             dA0, da0 = empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)
             dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
-            gsc = empty_output(n, H, D, D, dtype=torch.float32 if backward.post == 1 else q.dtype, device=dev)
+            # b·G of every mini-batch: fp32, or bf16 under POST 2 with bf16 inputs (an fp16 one could underflow)
+            g_dtype = torch.bfloat16 if backward.post == 2 and q.dtype == torch.bfloat16 else torch.float32
+            gsc = empty_output(n, H, D, D, dtype=g_dtype, device=dev)
             dfs = empty_output(n, H, geo["BT"], D, **f32)
             cu_first = seq if seq else (dq, dq)
             _bwd_chain_kernel[(R * H,)](q, k, v, beta, lnw, lnb, fks, dzs, des, gsc, dfs, *gs, dk, dv, dbeta, dlnw,

@@ -25,23 +25,29 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODELS_4K = ("gated_deltanet", "deltanet", "kda", "gla", "mamba2", "retnet", "comba", "deltaproduct")
-# (impl, model, B, T, H, HV): the rows of the two speed tables (BENCHMARKS.md §1f)
-CASES = ([(impl, m, 4, 4096, 16, None) for m in MODELS_4K for impl in ("fastweights", "fla")]
-         + [("flashqla", "gated_deltanet", 4, 4096, 16, None)]
-         + [(impl, "gated_deltanet", 1, 32768, 16, 32) for impl in ("fastweights", "fla", "flashqla")])
+DEEP = ("ttt_linear", "ttt_mlp", "titans", "mesanet")  # issue 36's memories with kernels (OmegaNet, ATLAS: torch)
+# (impl, model, B, T, H, HV, D, form): the rows of the op tables (BENCHMARKS.md §1f) and of issue 36's (§1w); the
+# peers first (their compiles take minutes), our deep memories last (only compiles, no autotune)
+CASES = ([(impl, m, 4, 4096, 16, None, 128, "chunk_triton") for m in MODELS_4K for impl in ("fla", "fastweights")]
+         + [("flashqla", "gated_deltanet", 4, 4096, 16, None, 128, "chunk_triton")]
+         + [(impl, "gated_deltanet", 1, 32768, 16, 32, 128, "chunk_triton") for impl in ("fla", "flashqla",
+                                                                                       "fastweights")]
+         + [("fla", "ttt_linear", B, T, H, None, D, "chunk") for B, T, H, D in ((64, 512, 2, 64), (4, 4096, 16, 128))]
+         + [("fastweights", m, B, T, H, None, D, "chunk") for m in DEEP
+            for B, T, H, D in ((64, 512, 2, 64), (4, 4096, 16, 128))])
 
 WORKER = r"""
 import sys, torch
 sys.path.insert(0, {root!r})
 from fastweights.bench import speed
-impl, model, B, T, H, HV = {case!r}
+impl, model, B, T, H, HV, D, form = {case!r}
 dev, dt = torch.device("cuda"), torch.bfloat16
 if impl == "fastweights":
-    run, tensors = speed.fastweights_case(model, "chunk_triton", B, T, H, 128, dt, dev, 64, HV)
+    run, tensors = speed.fastweights_case(model, form, B, T, H, D, dt, dev, 64, HV)
 elif impl == "fla":
-    run, tensors = speed.fla_case(model, B, T, H, 128, dt, dev, HV)
+    run, tensors = speed.fla_case(model, B, T, H, D, dt, dev, HV)
 else:
-    run, tensors = speed.flashqla_case(model, B, T, H, 128, dt, dev, HV)
+    run, tensors = speed.flashqla_case(model, B, T, H, D, dt, dev, HV)
 fwd, fwdbwd = speed.fwd_bwd(run, tensors)
 fwd()
 fwdbwd()
@@ -82,6 +88,8 @@ def main() -> None:
     workers = args.workers if args.mode == "compile" else 1
 
     def job(case):
+        if args.mode == "tune" and case[0] == "fastweights":  # our launch configs are pinned: nothing to tune
+            return case, "skipped (pinned)", 0.0
         if left() <= 0:
             return case, "not started (deadline)", 0.0
         return run_case(case, left())

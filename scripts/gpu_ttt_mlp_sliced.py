@@ -30,7 +30,10 @@ TTT-Linear (`--memory ttt_linear`, TTT_LINEAR_VARIANTS; `memories/ttt_linear_sli
 with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync, np4w8sync — each pass one persistent
 launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse pass with the anchor's gradient carried in
 registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages; direct — do
-read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both.
+read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both (the
+default since r4s15); post — the chain-only reverse pass with dk's two other products in a parallel post-pass
+(util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in bf16 for bf16 inputs
+(POST 2), postgs2 — that at 2 stages.
 Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
 `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
@@ -123,7 +126,18 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                        "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}},
                        # DIRECT 1: the backward's glue without the fp32 copy of do and the casts of dq, dv
                        "direct": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"DIRECT": 1}},
-                       "carrydirect": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}}}
+                       "carrydirect": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}},
+                       # POST 1: the chain-only reverse pass (`ttt._bwd_chain_kernel`: k G, xᵀ dz, kᵀ df a mini-batch,
+                       # no anchor read; f from the pre-pass, `_bwd_read_f_kernel`), dk's −(η e) Gᵀ and df Aᵀ after
+                       # in parallel (`_bwd_post_kernel`) from each mini-batch's stored b·G (fp32) and df; postg: b·G
+                       # stored in bf16 for bf16 inputs (POST 2: half the bytes)
+                       "post": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 1}},
+                       "postg": {"ttt_linear_sliced": {"ON": 0},
+                                 "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2}},
+                       # postg with the chain's loop software-pipelined (its loads independent of the carry; sm_90
+                       # spills 440–620 B at 2 stages against 88–580 at 1)
+                       "postgs2": {"ttt_linear_sliced": {"ON": 0},
+                                   "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 2, "num_stages": 2}}}
 #: The memory the phases run (`--memory`): its model name in the zoo and its variants' table.
 MEMORY = {"name": "ttt_mlp", "variants": VARIANTS}
 

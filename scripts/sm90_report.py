@@ -18,6 +18,7 @@ fails here too.
     python3 scripts/sm90_report.py --pipelines omega --head-dims 64 128   # OmegaNet's feature kernels
     python3 scripts/sm90_report.py --pipelines prepass --gates none scalar --head-dims 64 128   # pre-pass INV forms
     python3 scripts/sm90_report.py --pipelines split --dtypes bfloat16   # the split forward's kernels (every gate)
+    SM90_PTX_DIR=/tmp/ptx python3 scripts/sm90_report.py ...   # + each compile's PTX: <module>.<kernel>.<digest>.ptx
 
 Run it with the Triton the GPU runs (3.6: `PYTHONPATH=/path/to/triton-3.6 python3 scripts/sm90_report.py`): the
 register counts come from its bundled ptxas, and Triton 3.9 writes PTX 9.4, which the ptxas it bundles (8.8)
@@ -37,6 +38,7 @@ apply: every head dim asked for compiles.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -517,6 +519,10 @@ def main():
             seen.add(key)
             info = _ptxas_v(kernel.asm["ptx"], a.arch)
             module = self.fn.__module__.rsplit(".", 1)[-1]
+            if os.environ.get("SM90_PTX_DIR"):  # each compile's PTX kept, named by kernel and a digest of its key
+                digest = hashlib.sha1(json.dumps(key[2:]).encode()).hexdigest()[:10]
+                with open(os.path.join(os.environ["SM90_PTX_DIR"], f"{module}.{self.__name__}.{digest}.ptx"), "w") as f:
+                    f.write(kernel.asm["ptx"])
             info.update(kernel=f"{module}.{self.__name__}", warps=kernel.metadata.num_warps,
                         stages=kernel.metadata.num_stages,
                         smem=kernel.metadata.shared,

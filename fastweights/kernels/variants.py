@@ -31,7 +31,7 @@ __all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_
            "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_split_forward", "delta_fused_backward",
            "gated_fused_forward",
            "titans_backward", "titans_single_backward", "ttt_linear_backward", "live_launch", "alternatives",
-           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS"]
+           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS", "TTT_LINEAR_POSTS"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -401,28 +401,48 @@ def titans_single_backward(launch: Launch) -> TitansSingleBackward:
     return TitansSingleBackward(keep)
 
 
+#: TTT-Linear's reverse pass by util.LAUNCH["ttt_linear_bwd"]["POST"]: 0 all six products of a mini-batch in the
+#: sequential program; 1 the chain's three there, dk's other two after in a parallel post-pass, each mini-batch's b·G
+#: stored in fp32; 2 the same with b·G stored in bf16 where the inputs are bf16 (half the bytes; fp32 otherwise: an
+#: fp16 G could underflow).
+TTT_LINEAR_POSTS = {0: "", 1: "chain only, dk's products after (G fp32)",
+                    2: "chain only, dk's products after (G bf16 with bf16 inputs)"}
+
+
 @dataclass(frozen=True)
 class TTTLinearBackward:
     """TTT-Linear's one-program reverse pass (`ttt._TTTLinear.backward`): carry (CARRY 1: the anchor's gradient carried
     in registers, `_bwd_carry_kernel`; 0: accumulated in memory, `_bwd_kernel`), direct (DIRECT 1: do, dq and dv in the
-    inputs' dtypes in the kernels; 0: fp32 copies and casts in the glue)."""
+    inputs' dtypes in the kernels; 0: fp32 copies and casts in the glue), post (POST, TTT_LINEAR_POSTS: ≥ 1 the
+    pre-pass storing f = k A + a, `_bwd_read_f_kernel`, the chain-only reverse pass `_bwd_chain_kernel` — the
+    gradient carried in registers whatever CARRY says — and `_bwd_post_kernel`; 0: neither)."""
 
     carry: bool
     direct: bool
     sliced: bool = False
+    post: int = 0
 
     @property
     def variant(self) -> Variant:
-        choice = ("sliced reverse pass" if self.sliced else
-                  "anchor gradient in registers" if self.carry else "anchor gradient in memory")
+        if self.sliced:
+            choice = "sliced reverse pass"
+        elif self.post:
+            choice = TTT_LINEAR_POSTS[self.post]
+        else:
+            choice = "anchor gradient in registers" if self.carry else "anchor gradient in memory"
         return Variant("TTT-Linear backward", choice + ("; dtypes in the kernels" if self.direct else ""))
 
 
 def ttt_linear_backward(launch: Launch, sliced: bool = False) -> TTTLinearBackward:
-    """TTT-Linear's backward under launch["ttt_linear_bwd"] (CARRY, DIRECT); `sliced`: the call's reverse pass is the
-    sliced one (`ttt_linear(...)` sliced both ways), where CARRY has no say and only DIRECT is named."""
+    """TTT-Linear's backward under launch["ttt_linear_bwd"] (CARRY, DIRECT, POST; ValueError for a POST not in
+    TTT_LINEAR_POSTS); `sliced`: the call's reverse pass is the sliced one (`ttt_linear(...)` sliced both ways), where
+    CARRY and POST have no say and only DIRECT is named."""
     cfg = launch["ttt_linear_bwd"]
-    return TTTLinearBackward(carry=bool(cfg["CARRY"]) and not sliced, direct=bool(cfg["DIRECT"]), sliced=sliced)
+    post = int(cfg.get("POST", 0))
+    if post not in TTT_LINEAR_POSTS:
+        raise ValueError(f'LAUNCH["ttt_linear_bwd"]["POST"] must be one of {sorted(TTT_LINEAR_POSTS)}, got {post}')
+    return TTTLinearBackward(carry=bool(cfg["CARRY"]) and not sliced and not post, direct=bool(cfg["DIRECT"]),
+                             sliced=sliced, post=0 if sliced else post)
 
 
 #: The alternatives of each launch-table variant (`dispatch.rows(variants=True)`): site -> (choices, the LAUNCH keys).
@@ -451,9 +471,9 @@ ALTERNATIVES: dict[str, tuple[tuple[str, ...], str]] = {
                "titans_sliced ON, MAX_BH, NP, BWD"),
     "Titans backward": (("read terms in the reverse pass", "read terms from the pre-pass"), "titans_bwd READ_TERMS"),
     "Titans single backward": (tuple(SINGLE_KEEPS.values()), "titans_single_bwd KEEP"),
-    "TTT-Linear backward": (("anchor gradient in registers", "anchor gradient in memory", "sliced reverse pass",
-                             "+ dtypes in the kernels"),
-                            "ttt_linear_bwd CARRY, DIRECT"),
+    "TTT-Linear backward": (("anchor gradient in registers", "anchor gradient in memory",
+                             *(TTT_LINEAR_POSTS[p] for p in sorted(TTT_LINEAR_POSTS) if p), "sliced reverse pass",
+                             "+ dtypes in the kernels"), "ttt_linear_bwd CARRY, DIRECT, POST"),
 }
 
 

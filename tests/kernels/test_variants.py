@@ -293,12 +293,19 @@ def test_the_fused_gated_pipeline_names_the_flags_it_launches_with(monkeypatch, 
 
 def test_the_deep_memories_backward_variants_follow_the_table():
     """Titans' single backward by KEEP (0 recomputes, 1 the sums kept, 2 the read kept; another refused) and
-    TTT-Linear's reverse pass by CARRY and DIRECT: the names the rows give, from the table they are handed."""
+    TTT-Linear's reverse pass by CARRY, DIRECT and POST (another refused): the names the rows give, from the table they
+    are handed."""
     table = {**util.LAUNCH, "titans_single_bwd": {**util.LAUNCH["titans_single_bwd"], "KEEP": 0},
              "ttt_linear_bwd": {**util.LAUNCH["ttt_linear_bwd"], "CARRY": 0, "DIRECT": 0}}
     assert str(V.titans_single_backward(table).variant) == "Titans single backward: recomputes e and the read"
     assert str(V.ttt_linear_backward(table).variant) == "TTT-Linear backward: anchor gradient in memory"
     assert [V.titans_single_backward({"titans_single_bwd": {"KEEP": k}}).keep for k in (0, 1, 2)] == [0, 1, 2]
+    post = {"ttt_linear_bwd": {"CARRY": 0, "DIRECT": 1, "POST": 1}}  # POST ≥ 1 carries gA whatever CARRY says
+    assert str(V.ttt_linear_backward(post).variant) == (
+        "TTT-Linear backward: chain only, dk's products after (G fp32); dtypes in the kernels")
+    assert V.ttt_linear_backward({"ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}}).post == 0  # a table without POST
+    with pytest.raises(ValueError, match="POST"):
+        V.ttt_linear_backward({"ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 3}})
     with pytest.raises(ValueError, match="KEEP"):
         V.titans_single_backward({"titans_single_bwd": {"KEEP": 3}})
     got = fw.pipeline("titans", device="cuda", dtype=torch.bfloat16, head_dim=64, variants=True, launch=table)[2]

@@ -155,14 +155,16 @@ def _memories(gen):
     beta = torch.rand(B, T, H, generator=gen).to(DEV).requires_grad_(True)
     lnw, lnb = torch.ones(H, D, device=DEV), torch.zeros(H, D, device=DEV)
     lin = (torch.randn(B, H, D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
-    old = util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"]
+    bwd = util.LAUNCH["ttt_linear_bwd"]
+    old = util.LAUNCH["ttt_linear_sliced"]["ON"], bwd["CARRY"], bwd["POST"]
     try:  # TTT-Linear's one-program sequential passes (ON 0; the reverse pass `_bwd_kernel` at CARRY 0, the default
-        # `_bwd_carry_kernel` at 1), then its sliced ones (memories/ttt_linear_sliced.py)
-        for on, carry in ((0, 0), (0, 1), (1, 1)):
-            util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"] = on, carry
+        # `_bwd_carry_kernel` at 1, the chain-only `_bwd_chain_kernel` and `_bwd_post_kernel` at POST 1), then its
+        # sliced ones (memories/ttt_linear_sliced.py)
+        for on, carry, post in ((0, 0, 0), (0, 1, 0), (0, 1, 1), (1, 1, 0)):
+            util.LAUNCH["ttt_linear_sliced"]["ON"], bwd["CARRY"], bwd["POST"] = on, carry, post
             ttt_linear_triton(q, k, v, beta, lnw, lnb, scale=0.25, weights=lin)[0].sum().backward()
     finally:
-        util.LAUNCH["ttt_linear_sliced"]["ON"], util.LAUNCH["ttt_linear_bwd"]["CARRY"] = old
+        util.LAUNCH["ttt_linear_sliced"]["ON"], bwd["CARRY"], bwd["POST"] = old
     mlp = (torch.randn(B, H, D, 4 * D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, 4 * D, device=DEV),
            torch.randn(B, H, 4 * D, D, generator=gen).to(DEV) * 0.1, torch.zeros(B, H, 1, D, device=DEV))
     old = util.LAUNCH["ttt_mlp_sliced"]["ON"]
@@ -239,7 +241,8 @@ def test_default_table_covers_every_launch_site(gen, table, calls, monkeypatch):
                                   "ttt_mlp_bwd", "ttt_mlp_sliced_read", "ttt_mlp_sliced_bwd_pre", "titans_sliced",
                                   "titans_sliced_bwd") else 2 if name == "conv_bwd_rows" else 4
             # (the TTT loops: a scratch; TTT-Linear's and Titans' parallel kernels pipeline their loads: timed, H200)
-            parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "titans_readout", "titans_bwd_read")
+            parallel = name in ("ttt_linear_readout", "ttt_linear_bwd_read", "ttt_linear_bwd_post", "titans_readout",
+                                "titans_bwd_read")
             stages = 1 if name in STATE_PASSES or name.startswith(("ttt_", "titans_")) and not parallel else 2
             if name == "delta_fused_grads_rows":  # (1 stage: its V loops are two tiles long; sm_90 registers)
                 stages = 1

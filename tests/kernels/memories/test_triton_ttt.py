@@ -27,7 +27,7 @@ from tests.fake_cuda import FakeCuda
 from tests.kernels.helpers import DEV, rel
 from tests.kernels.memories.layers import layer_on_kernels_equals_torch, row_call
 from tests.kernels.memories.twins import ttt_linear_torch
-from tests.tolerances import BF16_CAST_REL, CHUNK_F32_REL, CHUNK_LONG_F32_REL, TTT_LAYER_F32_REL, TTT_LOW_REL
+from tests.tolerances import BF16_CAST_REL, CHUNK_F32_REL, CHUNK_LONG_F32_REL, F32, TTT_LAYER_F32_REL, TTT_LOW_REL
 
 pytestmark = pytest.mark.triton
 
@@ -443,27 +443,36 @@ def test_last_counts_is_a_number_when_every_sequence_ends_alike():
 
 
 
-@pytest.fixture(params=[(0, 0), (1, 0), (0, 1)], ids=["in-memory", "carry", "direct"])
+@pytest.fixture(params=[(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 1), (1, 1, 2)],
+                ids=["in-memory", "carry", "direct", "post", "post-g-dtype"])
 def bwd_variant(request, monkeypatch):
-    """The backward's launch-table variants other than the default (util.LAUNCH "ttt_linear_bwd" CARRY 1, DIRECT 1
-    since r4s15, which every other test runs): CARRY 0 — the reverse pass accumulating the anchor's gradient in memory
-    (`_bwd_kernel`; 1: carried in registers, `_bwd_carry_kernel`); DIRECT 0 — do cast to fp32, dq and dv cast back by
-    the glue (1: read and written in the inputs' dtypes by the kernels). Yields (CARRY, the reverse-pass kernels that
-    ran)."""
+    """The backward's launch-table variants other than the default (util.LAUNCH "ttt_linear_bwd" CARRY 1, DIRECT 1,
+    POST 0 since r4s15, which every other test runs): CARRY 0 — the reverse pass accumulating the anchor's gradient in
+    memory (`_bwd_kernel`; 1: carried in registers, `_bwd_carry_kernel`); DIRECT 0 — do cast to fp32, dq and dv cast
+    back by the glue (1: read and written in the inputs' dtypes by the kernels); POST 1 — the pre-pass storing
+    f = k A + a (`_bwd_read_f_kernel`), the chain-only reverse pass (`_bwd_chain_kernel`) storing each mini-batch's
+    b·G (fp32) and df, dk's other products in parallel after (`_bwd_post_kernel`); POST 2 — b·G stored in bf16 for
+    bf16 inputs. Yields (the kernels that must run, the backward kernels that ran)."""
     from fastweights.kernels.triton.memories import ttt as ttt_mod
 
-    carry, direct = request.param
+    carry, direct, post = request.param
     monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "CARRY", carry)
     monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "DIRECT", direct)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", post)
     ran = []
-    for kern in (ttt_mod._bwd_kernel, ttt_mod._bwd_carry_kernel):
+    for kern in (ttt_mod._bwd_kernel, ttt_mod._bwd_carry_kernel, ttt_mod._bwd_chain_kernel, ttt_mod._bwd_post_kernel,
+                 ttt_mod._bwd_read_kernel, ttt_mod._bwd_read_f_kernel):
         monkeypatch.setattr(kern, "run", lambda *a, _r=kern.run, _n=kern.__name__, **kw: ran.append(_n) or _r(*a, **kw))
-    return carry, ran
+    if post:
+        want = {"_bwd_read_f_kernel", "_bwd_chain_kernel", "_bwd_post_kernel"}
+    else:
+        want = {"_bwd_read_kernel", "_bwd_carry_kernel" if carry else "_bwd_kernel"}
+    return want, ran
 
 
 def _ran_only(bwd_variant):
-    carry, ran = bwd_variant
-    assert ran and set(ran) == {"_bwd_carry_kernel" if carry else "_bwd_kernel"}
+    want, ran = bwd_variant
+    assert ran and set(ran) == want
 
 
 @pytest.mark.parametrize("T, offset, Hq", [(37, 0, 1), (41, 5, 2), (3, 9, 1), (11, 5, 1)])
@@ -507,6 +516,28 @@ def test_the_backward_variants_equal_the_default(gen, monkeypatch, offset, dtype
             assert rel(got[2][name], want[2][name]) <= BF16_CAST_REL, name
         else:
             assert torch.equal(got[2][name], want[2][name]), name
+
+
+@pytest.mark.parametrize("offset", [0, 5])
+def test_the_chain_only_backward_equals_the_default(gen, monkeypatch, offset):
+    """POST 1 (the chain-only reverse pass and dk's two other products after it) against the default reverse pass,
+    fp32 inputs: the forward untouched and every gradient but dk bitwise (at D 16 the pre-pass forms f = k A + a in
+    one BK block, as the reverse pass's one product), dk within fp32 roundings (its terms added in another order);
+    POST 2 stores b·G in bf16 for bf16 inputs only: with these, bitwise POST 1."""
+    assert LAUNCH["ttt_linear_bwd"]["POST"] == 0
+    x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    want = _run(_kernel, x, offset, seed)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 1)
+    got = _run(_kernel, x, offset, seed)
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 2)
+    got2 = _run(_kernel, x, offset, seed)
+    for a, b, c in zip(got[0], want[0], got2[0]):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert set(got[2]) == set(want[2])
+    for name in want[2]:
+        assert rel(got[2][name], want[2][name]) < F32 if name == "k" else torch.equal(got[2][name], want[2][name]), name
+        assert torch.equal(got[2][name], got2[2][name]), name
 
 
 @pytest.mark.cuda

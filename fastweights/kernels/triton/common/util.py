@@ -196,9 +196,14 @@ LAUNCH: dict[str, dict] = {
     # written in place in dA0 each mini-batch; DIRECT 1: do read, dq and dv written in the inputs' dtypes by the
     # kernels, no fp32 copies and casts in the glue; both the default since r4s15 call 3 — H200, bf16, B 4, T 4096,
     # H 16, D 128 fwd+bwd 9.45 ms (both 0) → 8.58 (CARRY) → 8.55 (both); docs/kernel_notes.md "TTT-Linear's
-    # backward")
+    # backward"). POST 1: the chain-only reverse pass (`_bwd_chain_kernel`: per mini-batch k G, xᵀ dz, kᵀ df — 3
+    # products, not 6 — and no anchor read; f = k A + a from the pre-pass, `_bwd_read_f_kernel`), each mini-batch's b·G
+    # (fp32) and df stored for `_bwd_post_kernel` (grid (slots, H), BK its column block), which adds dk's −(η e) Gᵀ
+    # and df Aᵀ in parallel; POST 2 the same with b·G in bf16 for bf16 inputs. 0 (default) until timed on a GPU
+    # (docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
-    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1),  # memories.ttt._bwd_kernel (…carry…)
+    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1, POST=0),  # memories.ttt._bwd_kernel (…)
+    "ttt_linear_bwd_post": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_post_kernel (POST ≥ 1)
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer
     # (memories/ttt_linear_sliced.py; the parallel readout and pre-pass unchanged). ON 0 off, 1 on, 2 on
@@ -328,6 +333,7 @@ KERNEL_FN = {
     "gated_fused_scores": "fused.gated_fused._scores_kernel",
     "ttt_linear_fwd": "memories.ttt._state_kernel", "ttt_linear_readout": "memories.ttt._readout_kernel",
     "ttt_linear_bwd_read": "memories.ttt._bwd_read_kernel", "ttt_linear_bwd": "memories.ttt._bwd_kernel",
+    "ttt_linear_bwd_post": "memories.ttt._bwd_post_kernel",
     "ttt_linear_sliced": "memories.ttt_linear_sliced._step_kernel",
     "ttt_linear_sliced_bwd": "memories.ttt_linear_sliced._chain_kernel",
     "ttt_mlp_fwd": "memories.ttt_mlp._fwd_kernel", "ttt_mlp_bwd": "memories.ttt_mlp._bwd_kernel",

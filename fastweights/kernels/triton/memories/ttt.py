@@ -66,6 +66,15 @@ Backward, two launches likewise:
    CARRY): do passed in its own dtype, dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the
    glue's fp32 copy and casts gone.
 
+util.LAUNCH "ttt_linear_bwd" POST 1 (opt-in, default 0: docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
+splits the reverse pass by what the chain needs: the pre-pass also stores each mini-batch's f = k A + a
+(`_bwd_read_f_kernel`, [slots, H, b, D] fp32), the reverse pass `_bwd_chain_kernel` reads it instead of the anchor and
+does per mini-batch only k G, xᵀ dz, kᵀ df (3 products, 2 of them on the chain; `_carry_step`'s 6) with gA carried in
+registers, storing each mini-batch's b·G [D, D] (fp32; POST 2: bf16 with bf16 inputs) and df [b, D] (fp32), and the
+parallel `_bwd_post_kernel`, grid (anchor slots, H), adds dk's other two terms −(η e) Gᵀ + df Aᵀ (e from the stored f,
+A from the anchors, in [b, BK] column blocks of dk). 4 launches instead of 2; + (D² + 2bD)·4 bytes a mini-batch of
+scratch (1.25 GiB at B 4, T 4096, H 16, D 128; POST 2 with bf16 inputs 0.75 GiB).
+
 The per-(b, h) sums of dγ, dβ_ln (and the pre-pass's per-slot ones) are summed by the glue; dq, dk of grouped heads
 are written per value head and summed over the group by the glue.
 
@@ -229,7 +238,8 @@ def _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h, bos, Tn, 
           HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
           EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
     """Mini-batch s (anchor slot i_slot) of value head i_h read from its stored anchor (A, a): e recomputed (f = k A
-    + a), z in the dual form. Returns (x, k [BT, BD], η [BT], rows, validity, mask, e, S, M, LN(z) [BT, BD], 1/σ(z)).
+    + a), z in the dual form. Returns (x, k [BT, BD], η [BT], rows, validity, mask, e, S, M, LN(z) [BT, BD], 1/σ(z),
+    f = k A + a [BT, BD]).
     A is read in [BK, BD] row blocks, each used by both x A and k A (no [BD, BD] tile in registers)."""
     c = tl.arange(0, BD)
     r = tl.arange(0, BT)
@@ -253,7 +263,8 @@ def _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h, bos, Tn, 
         Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=jm[:, None] & cm[None, :], other=0.0)
         xa = tl.dot(xj, Aj, acc=xa, input_precision=PREC)
         ka = tl.dot(kj, Aj, acc=ka, input_precision=PREC)
-    n, inv, dy, u, e = _errors_at(ka + a[None, :], kk, vv, lnw, lnb, cm, D, EPS)
+    f = ka + a[None, :]
+    n, inv, dy, u, e = _errors_at(f, kk, vv, lnw, lnb, cm, D, EPS)
     S = _dot(x, tl.trans(kk), PREC) + 1.0
     M = tl.where(tri, S * eta[None, :] / ipos[:, None], 0.0)
     z = xa + a[None, :] - _dot(M, e, PREC)
@@ -270,7 +281,7 @@ def _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h, bos, Tn, 
                 xp = tl.dot(xj * scale, Pj, acc=xp, input_precision=PREC)
             z += xp / ipos[:, None]
     nz, invz = _ln(z, cm, D, EPS)
-    return x, kk, eta, row, valid, m, e, S, M, nz, invz
+    return x, kk, eta, row, valid, m, e, S, M, nz, invz, f
 
 
 @triton.jit
@@ -287,9 +298,9 @@ def _readout_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, o, cu, sl
     cm = c < D
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
-                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
-                                                         HAS_P)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz, f = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot,
+                                                            i_b, i_h, bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK,
+                                                            EPS, PREC, HAS_P)
     out = x + lnw[None, :] * nz + lnb[None, :]
     tl.store(o + (row[:, None] * H + i_h) * D + c[None, :], out.to(o.dtype.element_ty), mask=m)
 
@@ -302,7 +313,29 @@ def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, 
     """The backward's parallel pre-pass, grid (anchor slots, H): the readout's own gradients of one mini-batch of one
     value head from its stored anchor (`_read` recomputed) — dq whole (x enters nothing else), the readout's parts of
     dk (dSᵀ x) and dη, the per-slot partials of dγ, dβ_ln, and for the reverse pass dz and the readout's part of de
-    (−Mᵀ dz), [BT, D] each into the scratches dzs, des (fp32, slot-major like the anchors)."""
+    (−Mᵀ dz), [BT, D] each into the scratches dzs, des (fp32, slot-major like the anchors). `_bwd_read_body`."""
+    _bwd_read_body(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb, dzs, cu,
+                   slots, seq_of, scale, T, off, NS, H, HQ, D, BD, BT, BK, EPS, PREC, IS_VARLEN, HAS_P, False)
+
+
+@triton.jit
+def _bwd_read_f_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb,
+                       fs, cu, slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                       BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr):
+    """`_bwd_read_kernel` that also stores each mini-batch's f = k A + a [BT, D] (fp32, slot-major: the scratch fs),
+    which it forms anyway, for the chain-only reverse pass (`_bwd_chain_kernel`, util.LAUNCH "ttt_linear_bwd" POST):
+    that pass then neither reads the anchor nor forms k A."""
+    _bwd_read_body(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb, fs, cu,
+                   slots, seq_of, scale, T, off, NS, H, HQ, D, BD, BT, BK, EPS, PREC, IS_VARLEN, HAS_P, True)
+
+
+@triton.jit
+def _bwd_read_body(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des, glnw, glnb, fs, cu,
+                   slots, seq_of, scale, T, off, NS, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                   BD: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr,
+                   IS_VARLEN: tl.constexpr, HAS_P: tl.constexpr, STORE_F: tl.constexpr):
+    """The pre-pass's body (`_bwd_read_kernel`; STORE_F: f = k A + a into fs too, `_bwd_read_f_kernel`)."""
     i_slot = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
@@ -313,9 +346,9 @@ def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, 
     tri = r[:, None] >= r[None, :]
     lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
     lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
-    x, kk, eta, row, valid, m, e, S, M, nz, invz = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot, i_b, i_h,
-                                                         bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK, EPS, PREC,
-                                                         HAS_P)
+    x, kk, eta, row, valid, m, e, S, M, nz, invz, f = _read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, i_slot,
+                                                            i_b, i_h, bos, Tn, s, scale, off, H, HQ, D, BD, BT, BK,
+                                                            EPS, PREC, HAS_P)
     ck = i_slot.to(tl.int64) * H + i_h
     # o = x + γ ⊙ LN(z) + β_ln
     hv = (row[:, None] * H + i_h) * D + c[None, :]
@@ -331,6 +364,8 @@ def _bwd_read_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, do, dq, 
     sc = (ck * BT + r[:, None]) * D + c[None, :]
     tl.store(dzs + sc, dz, mask=cm[None, :])
     tl.store(des + sc, -_dot(tl.trans(M), dz, PREC), mask=cm[None, :])
+    if STORE_F:
+        tl.store(fs + sc, f, mask=cm[None, :])
     # dx = dO + dz Aᵀ + dS k (+ (dz / i) P_0ᵀ in a continued call's first mini-batch), in [BT, BK] column blocks
     i_hq = i_h // (H // HQ)
     sh = i_b.to(tl.int64) * H + i_h
@@ -532,6 +567,122 @@ def _bwd_carry_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, P0, p0, ckA, cka, dzs, de
     tl.store(dlnb + bi, glnb, mask=cm)
 
 
+@triton.jit
+def _chain_step(q, k, v, beta, fs, dzs, des, dAout, dk, dv, dbeta, dP0, dp0, gs, dfs, gA, ga, gpo, glnw, glnb, lnw, lnb,
+                si, ns, slot0, bos, Tn, off, scale, i_h, st, bi, H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                BD: tl.constexpr, BT: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr):
+    """Mini-batch s = ns − 1 − si of `_bwd_chain_kernel`: `_carry_step` with only what cannot wait — f read from the
+    pre-pass (no anchor, no k A), e and LayerNorm's rows from it, k G (G = gA / b) into de, LayerNorm's backward to
+    df, gA += xᵀ dz + kᵀ df — and the two products into dk that nothing later needs, −(η e) Gᵀ and df Aᵀ, left to
+    `_bwd_post_kernel`: this mini-batch's gA (b·G) [BD, BD] stored into gs (in gs's dtype) before it moves on, and df
+    [BT, BD] into dfs (fp32). dk gets the pre-pass's part + ddy here (the post-pass adds the rest). Returns as
+    `_carry_step`."""
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    ipos = (r + 1).to(tl.float32)
+    s = ns - 1 - si
+    ck = (slot0 + s) * H + i_h
+    x, kk, vv, eta, row, valid, m = _rows(q, k, v, beta, bos, i_h, s, Tn, off, scale, H, HQ, D, BD, BT)
+    sc = (ck * BT + r[:, None]) * D + c[None, :]
+    f = tl.load(fs + sc, mask=cm[None, :], other=0.0)  # the pre-pass's f = k A + a
+    n, inv, dy, u, e = _errors_at(f, kk, vv, lnw, lnb, cm, D, EPS)
+    dz = tl.load(dzs + sc, mask=cm[None, :], other=0.0)  # the pre-pass's: z's gradient, the readout's part of de
+    de = tl.load(des + sc, mask=cm[None, :], other=0.0)
+    hv = (row[:, None] * H + i_h) * D + c[None, :]
+    dkk = tl.load(dk + hv, mask=m, other=0.0)  # the pre-pass's parts of dk, dη
+    deta = tl.load(dbeta + row * H + i_h, mask=valid, other=0.0)
+    tl.store(gs + ck * D * D + (c[:, None] * D + c[None, :]), gA.to(gs.dtype.element_ty), mask=sm)  # b·G
+    kg = _dot(kk * (1.0 / BT), gA, PREC) + gpo[None, :]
+    if HAS_P:  # the carried sums' gradient: the first mini-batch's end sums' (and its read's)
+        if s == 0:
+            dzi = dz / ipos[:, None]
+            tl.store(dP0 + st, tl.dot(tl.trans(x), dzi, acc=gA * (1.0 / BT), input_precision=PREC), mask=sm)
+            tl.store(dp0 + bi, gpo + tl.sum(dzi, axis=0), mask=cm)
+    if si == 0:  # b·dPout done with: the anchor's gradient starts from dAout's seed
+        gA = tl.load(dAout + st, mask=sm, other=0.0)
+    deta, dkk, ddy, df, glnw, glnb = _through_e(de, deta, dkk, kg, e, eta, n, inv, dy, u, lnw, glnw, glnb, cm, D)
+    gA = tl.dot(tl.trans(x), dz, acc=gA, input_precision=PREC)
+    gA = tl.dot(tl.trans(kk), df, acc=gA, input_precision=PREC)
+    ga += tl.sum(dz, axis=0) + tl.sum(df, axis=0)
+    tl.store(dfs + sc, df, mask=cm[None, :])
+    tl.store(dk + hv, dkk.to(dk.dtype.element_ty), mask=m)
+    tl.store(dv + hv, (-ddy).to(dv.dtype.element_ty), mask=m)
+    tl.store(dbeta + row * H + i_h, deta.to(dbeta.dtype.element_ty), mask=valid)
+    return gA, ga, ga / BT, glnw, glnb
+
+
+@triton.jit
+def _bwd_chain_kernel(q, k, v, beta, lnw_ptr, lnb_ptr, fs, dzs, des, gs, dfs, dAout, daout, dPout, dpout,
+                      dk, dv, dbeta, dlnw, dlnb, dA0, da0, dP0, dp0, cu, slots, scale, T, off, NS,
+                      H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                      EPS: tl.constexpr, PREC: tl.constexpr, HAS_P: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The chain-only reverse pass (util.LAUNCH "ttt_linear_bwd" POST ≥ 1), grid (R·H,), after `_bwd_read_f_kernel`:
+    `_bwd_carry_kernel` with per mini-batch 3 products (k G, xᵀ dz, kᵀ df) instead of 6 and no anchor read
+    (`_chain_step`); each mini-batch's b·G and df stored for `_bwd_post_kernel`."""
+    i_bh = tl.program_id(0)
+    i_b, i_h = i_bh // H, i_bh % H
+    c = tl.arange(0, BD)
+    cm = c < D
+    sm = cm[:, None] & cm[None, :]
+    st = (i_bh.to(tl.int64) * D + c[:, None]) * D + c[None, :]
+    bi = i_bh.to(tl.int64) * D + c
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    ga = tl.load(daout + bi, mask=cm, other=0.0)
+    gpo = tl.load(dpout + bi, mask=cm, other=0.0)
+    glnw = tl.zeros([BD], dtype=tl.float32)
+    glnb = tl.zeros([BD], dtype=tl.float32)
+    bos, Tn, ns, slot0 = _sequence(i_b, T, off, NS, cu, slots, BT, IS_VARLEN)
+    gA = tl.load(dPout + st, mask=sm, other=0.0) * BT  # b·dPout: the call's last mini-batch's G is gA / b
+    for si in range(0, ns):
+        gA, ga, gpo, glnw, glnb = _chain_step(q, k, v, beta, fs, dzs, des, dAout, dk, dv, dbeta, dP0, dp0, gs, dfs,
+                                              gA, ga, gpo, glnw, glnb, lnw, lnb, si, ns, slot0, bos, Tn, off, scale,
+                                              i_h, st, bi, H, HQ, D, BD, BT, EPS, PREC, HAS_P)
+    if ns == 0:  # an empty sequence (varlen): the anchor's gradient is dAout's
+        gA = tl.load(dAout + st, mask=sm, other=0.0)
+    tl.store(dA0 + st, gA, mask=sm)
+    tl.store(da0 + bi, ga, mask=cm)
+    tl.store(dlnw + bi, glnw, mask=cm)
+    tl.store(dlnb + bi, glnb, mask=cm)
+
+
+@triton.jit
+def _bwd_post_kernel(k, v, beta, lnw_ptr, lnb_ptr, ckA, fs, gs, dfs, dk, cu, slots, seq_of, T, off, NS,
+                     H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, EPS: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The chain's deferred products, grid (anchor slots, H), after `_bwd_chain_kernel`: per mini-batch and value head
+    dk += −(η e / b) (b·G)ᵀ + df Aᵀ (e from the stored f; b·G, df the chain's; A the stored anchor), in [BT, BK]
+    column blocks of dk (rows [BK, BD] of b·G and of A: no [BD, BD] tile in registers)."""
+    i_slot = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b, bos, Tn, s = _slot(i_slot, T, off, NS, cu, slots, seq_of, BT, IS_VARLEN)
+    c = tl.arange(0, BD)
+    r = tl.arange(0, BT)
+    cm = c < D
+    lnw = tl.load(lnw_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    lnb = tl.load(lnb_ptr + i_h * D + c, mask=cm, other=0.0).to(tl.float32)
+    kk, vv, eta, row, valid, m, qk_off = _tokens(k, v, beta, bos, i_h, s, Tn, off, H, HQ, D, BD, BT)
+    ck = i_slot.to(tl.int64) * H + i_h
+    sc = (ck * BT + r[:, None]) * D + c[None, :]
+    f = tl.load(fs + sc, mask=cm[None, :], other=0.0)
+    n, inv, dy, u, e = _errors_at(f, kk, vv, lnw, lnb, cm, D, EPS)
+    ee = e * (eta * (1.0 / BT))[:, None]  # the 1/b of G folded in, as `_carry_step` does
+    df = tl.load(dfs + sc, mask=cm[None, :], other=0.0)
+    for j0 in range(0, BD, BK):
+        j = j0 + tl.arange(0, BK)
+        jm = j < D
+        mj = valid[:, None] & jm[None, :]
+        tm = jm[:, None] & cm[None, :]
+        Gj = tl.load(gs + ck * D * D + j[:, None] * D + c[None, :], mask=tm, other=0.0).to(tl.float32)
+        Aj = tl.load(ckA + ck * D * D + j[:, None] * D + c[None, :], mask=tm, other=0.0)
+        hj = (row[:, None] * H + i_h) * D + j[None, :]
+        dkj = tl.load(dk + hj, mask=mj, other=0.0) - _dot(ee, tl.trans(Gj), PREC)
+        dkj = tl.dot(df, tl.trans(Aj), acc=dkj, input_precision=PREC)
+        tl.store(dk + hj, dkj, mask=mj)
+
+
 class _Plan(NamedTuple):
     """Where the mini-batches of a call lie: R sequences (B, or N with cu_seqlens), NS mini-batches per
     sequence without varlen (the kernels compute each sequence's own from cu with it), `slots` anchor slots in
@@ -611,11 +762,12 @@ def _readout(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, *, scale: float, T: int,
 
 
 def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T: int, offset: int, cu, plan: _Plan,
-              geo: dict, dq_dtype=torch.float32):
+              geo: dict, dq_dtype=torch.float32, fs=None):
     """`_bwd_read_kernel`: the readout's own gradients of every mini-batch in parallel from the anchors in (ckA, cka)
     and do [B, T, H, D] (fp32, or any float dtype: loaded as fp32): (dq whole — in dq_dtype —, dk's and dη's readout
     parts [B, T, H, D] / [B, T, H] — per value head, fp32 —, dz and the readout's part of de [slots, H, b, D], dγ's
-    and dβ_ln's parts [slots, H, D]). Arguments as `_TTTLinear`'s."""
+    and dβ_ln's parts [slots, H, D]). Arguments as `_TTTLinear`'s; fs (fp32 [≥ slots, H, b, D], or None): where
+    `_bwd_read_f_kernel` stores each mini-batch's f = k A + a besides."""
     B, H, D = q.shape[0], geo["H"], geo["D"]
     f32 = dict(dtype=torch.float32, device=q.device)
     dq, dk = empty_output(B, T, H, D, dtype=dq_dtype, device=q.device), empty_output(B, T, H, D, **f32)
@@ -626,19 +778,26 @@ def _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, *, scale: float, T:
     if plan.slots:
         seq = (cu, plan.first, plan.seq_of) if cu is not None else (dq, dq, dq)
         BK = min(tile("ttt_linear_bwd_read", "BK"), geo["BD"])
-        _bwd_read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des,
-                                          glnw, glnb, *seq, scale, T, offset, plan.NS, **geo, BK=BK,
-                                          HAS_P=offset > 0, **launch("ttt_linear_bwd_read"))
+        if fs is None:
+            _bwd_read_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs, des,
+                                              glnw, glnb, *seq, scale, T, offset, plan.NS, **geo, BK=BK,
+                                              HAS_P=offset > 0, **launch("ttt_linear_bwd_read"))
+        else:
+            _bwd_read_f_kernel[(plan.slots, H)](q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do, dq, dk, dbeta, dzs,
+                                                des, glnw, glnb, fs, *seq, scale, T, offset, plan.NS, **geo, BK=BK,
+                                                HAS_P=offset > 0, **launch("ttt_linear_bwd_read"))
     return dq, dk, dbeta, dzs, des, glnw[:plan.slots], glnb[:plan.slots]
 
 
 class _TTTLinear(torch.autograd.Function):
     """Forward: `_state_kernel` (or, where `kernels.variants.ttt_linear` slices it,
     `ttt_linear_sliced.sliced_state_pass`: the same anchors), then `_readout_kernel`; backward: `_bwd_read_kernel`, then
-    `_bwd_kernel` (or `ttt_linear_sliced.sliced_reverse`). q, k [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb
-    [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32: the anchor and the carried sums of each of the R sequences),
-    then scale, offset, the mini-batch b, cu (int32 [N+1] on the device, or None), the `_Plan` and tl.dot's precision.
-    Returns (o [B, T, H, D] in v's dtype, A, a, P, p of each sequence's last mini-batch, fp32)."""
+    `_bwd_carry_kernel` or `_bwd_kernel` (CARRY), or with POST `_bwd_read_f_kernel`, `_bwd_chain_kernel`,
+    `_bwd_post_kernel` (`kernels.variants.ttt_linear_backward`; or `ttt_linear_sliced.sliced_reverse`). q, k
+    [B, T, H_q, D], v [B, T, H, D], beta [B, T, H], lnw, lnb [H, D], A0, P0 [R, H, D, D] and a0, p0 [R, H, D] (fp32:
+    the anchor and the carried sums of each of the R sequences), then scale, offset, the mini-batch b, cu (int32 [N+1]
+    on the device, or None), the `_Plan` and tl.dot's precision. Returns (o [B, T, H, D] in v's dtype, A, a, P, p of
+    each sequence's last mini-batch, fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, lnw, lnb, A0, a0, P0, p0, scale, offset, b, cu, plan, precision):
@@ -686,10 +845,15 @@ class _TTTLinear(torch.autograd.Function):
         dv = empty_output(B, T, H, D, dtype=v.dtype if direct else torch.float32, device=dev)
         dlnw, dlnb = empty_output(R, H, D, **f32), empty_output(R, H, D, **f32)
         has_p = ctx.offset > 0  # else P0 = 0 is no input of the state: no gradient
+        # POST ≥ 1 (the one-program reverse pass only): the pre-pass stores f = k A + a for the chain-only reverse pass
+        post = backward.post and not ctx.sliced
+        n = max(plan.slots, 1)
+        fks = empty_output(n, H, geo["BT"], D, **f32) if post else None  # f = k A + a (not the sliced pass's fs)
         dq, dk, dbeta, dzs, des, glnw, glnb = _bwd_read(q, k, v, beta, lnw, lnb, P0, p0, ckA, cka, do,
                                                         scale=ctx.scale, T=T, offset=ctx.offset,
                                                         cu=seq[0] if seq else None, plan=plan, geo=geo,
-                                                        dq_dtype=q.dtype if direct and Hq == H else torch.float32)
+                                                        dq_dtype=q.dtype if direct and Hq == H else torch.float32,
+                                                        fs=fks)
         if ctx.sliced:  # the value columns over NP programs, one launch a mini-batch
             from .ttt_linear_sliced import sliced_reverse
 
@@ -697,6 +861,22 @@ class _TTTLinear(torch.autograd.Function):
                 q, k, v, beta, lnw, lnb, P0, ckA, fs, st, dzs, des, dk, dbeta, gs, scale=ctx.scale, T=T,
                 offset=ctx.offset, cu=seq[0] if seq else None, first=seq[1] if seq else None, plan=plan,
                 steps=plan.steps, geo=geo, NP=ctx.np)
+        elif post:  # the chain-only reverse pass, then dk's deferred products in parallel
+            dA0, da0 = empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)
+            dP0, dp0 = (empty_output(R, H, D, D, **f32), empty_output(R, H, D, **f32)) if has_p else (dA0, da0)
+            # b·G of every mini-batch: fp32, or bf16 under POST 2 with bf16 inputs (an fp16 one could underflow)
+            g_dtype = torch.bfloat16 if backward.post == 2 and q.dtype == torch.bfloat16 else torch.float32
+            gsc = empty_output(n, H, D, D, dtype=g_dtype, device=dev)
+            dfs = empty_output(n, H, geo["BT"], D, **f32)
+            cu_first = seq if seq else (dq, dq)
+            _bwd_chain_kernel[(R * H,)](q, k, v, beta, lnw, lnb, fks, dzs, des, gsc, dfs, *gs, dk, dv, dbeta, dlnw,
+                                        dlnb, dA0, da0, dP0, dp0, *cu_first, ctx.scale, T, ctx.offset, plan.NS, **geo,
+                                        HAS_P=has_p, **launch("ttt_linear_bwd"))
+            if plan.slots:
+                slots = (seq[0], plan.first, plan.seq_of) if seq else (dq, dq, dq)
+                BK = min(tile("ttt_linear_bwd_post", "BK"), geo["BD"])
+                _bwd_post_kernel[(plan.slots, H)](k, v, beta, lnw, lnb, ckA, fks, gsc, dfs, dk, *slots, T, ctx.offset,
+                                                  plan.NS, **geo, BK=BK, **launch("ttt_linear_bwd_post"))
         else:
             # CARRY 1 (util.LAUNCH "ttt_linear_bwd"): the anchor's gradient carried in registers, written once
             carry = backward.carry

@@ -1,0 +1,1 @@
+STAGE=ops OUT=$OUT bash scripts/gpu_sitting.sh

@@ -1,0 +1,1 @@
+STAGE=lm OUT=$OUT bash scripts/gpu_sitting.sh

@@ -31,9 +31,9 @@ with the one-program reverse pass (BWD 0); np2sync, np4sync, np8sync, np2w8sync,
 launch (SYNC 1) instead of one a mini-batch; carry — the one-program reverse pass with the anchor's gradient carried in
 registers (util.LAUNCH "ttt_linear_bwd" CARRY 1, `ttt._bwd_carry_kernel`), carrys2 — that at 2 stages; direct — do
 read, dq and dv written in the inputs' dtypes by the kernels (DIRECT 1: three casts fewer); carrydirect — both (the
-default since r4s15); post — the chain-only reverse pass with dk's two other products in a parallel post-pass
-(util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in bf16 for bf16 inputs
-(POST 2), postgs2 — that at 2 stages.
+default in r4s15; each pins POST 0); post — the chain-only reverse pass with dk's two other products in a parallel
+post-pass (util.LAUNCH "ttt_linear_bwd" POST 1: each mini-batch's b·G stored in fp32), postg — b·G stored in bf16 for
+bf16 inputs (POST 2, the default since r4s16), postgs2 — that at 2 stages.
 Shapes lm (B 4, T 4096, H 16, D 128: issue 36's fla comparison) and small; the time phase adds fla's
 `chunk_ttt_linear` (bench.speed's fla case, same process, after ours) where fla imports.
 
@@ -118,15 +118,18 @@ TTT_LINEAR_VARIANTS = {"off": {"ttt_linear_sliced": {"ON": 0}},
                                      "ttt_linear_sliced_bwd": {"num_warps": 8}},
                        "np4w8sync": {"ttt_linear_sliced": {"ON": 1, "NP": 4, "SYNC": 1, "num_warps": 8},
                                      "ttt_linear_sliced_bwd": {"num_warps": 8}},
-                       # the one-program reverse pass with the anchor's gradient carried in registers (CARRY 1, no
+                       # (carry, carrys2, direct, carrydirect pin POST 0, the default before r4s16) the one-program
+                       # reverse pass with the anchor's gradient carried in registers (CARRY 1, no
                        # dA0 round trip or barrier a mini-batch); carrys2: its loop software-pipelined (2 stages: the
                        # next mini-batch's anchor and rows prefetched — only CARRY makes that safe, the in-place dA0
                        # read-after-write keeps the default at 1)
-                       "carry": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1}},
-                       "carrys2": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "num_stages": 2}},
+                       "carry": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "POST": 0}},
+                       "carrys2": {"ttt_linear_sliced": {"ON": 0},
+                                   "ttt_linear_bwd": {"CARRY": 1, "POST": 0, "num_stages": 2}},
                        # DIRECT 1: the backward's glue without the fp32 copy of do and the casts of dq, dv
-                       "direct": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"DIRECT": 1}},
-                       "carrydirect": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1}},
+                       "direct": {"ttt_linear_sliced": {"ON": 0}, "ttt_linear_bwd": {"DIRECT": 1, "POST": 0}},
+                       "carrydirect": {"ttt_linear_sliced": {"ON": 0},
+                                       "ttt_linear_bwd": {"CARRY": 1, "DIRECT": 1, "POST": 0}},
                        # POST 1: the chain-only reverse pass (`ttt._bwd_chain_kernel`: k G, xᵀ dz, kᵀ df a mini-batch,
                        # no anchor read; f from the pre-pass, `_bwd_read_f_kernel`), dk's −(η e) Gᵀ and df Aᵀ after
                        # in parallel (`_bwd_post_kernel`) from each mini-batch's stored b·G (fp32) and df; postg: b·G

@@ -48,7 +48,8 @@ def test_the_names_follow_the_launch_table():
         "TTT-MLP: sliced NP 8 where sequences × heads ≤ 64, else one program",))
     assert fw.pipeline("ttt_mlp", device="cuda", dtype=bf16, head_dim=64) == ("triton", "TTT-MLP kernels (tf32)")
     assert fw.pipeline("ttt_linear", **ttt, batch_size=4, num_heads=16)[2] == (
-        "TTT-Linear: one program", "TTT-Linear backward: anchor gradient in registers; dtypes in the kernels")
+        "TTT-Linear: one program",
+        "TTT-Linear backward: chain only, dk's products after (G bf16 with bf16 inputs); dtypes in the kernels")
     assert fw.pipeline("titans", device="cuda", dtype=bf16, head_dim=64, variants=True)[2] == (
         "Titans single backward: e and the read kept",)
     conv = dict(device="cuda", dtype=bf16)
@@ -296,7 +297,7 @@ def test_the_deep_memories_backward_variants_follow_the_table():
     TTT-Linear's reverse pass by CARRY, DIRECT and POST (another refused): the names the rows give, from the table they
     are handed."""
     table = {**util.LAUNCH, "titans_single_bwd": {**util.LAUNCH["titans_single_bwd"], "KEEP": 0},
-             "ttt_linear_bwd": {**util.LAUNCH["ttt_linear_bwd"], "CARRY": 0, "DIRECT": 0}}
+             "ttt_linear_bwd": {**util.LAUNCH["ttt_linear_bwd"], "CARRY": 0, "DIRECT": 0, "POST": 0}}
     assert str(V.titans_single_backward(table).variant) == "Titans single backward: recomputes e and the read"
     assert str(V.ttt_linear_backward(table).variant) == "TTT-Linear backward: anchor gradient in memory"
     assert [V.titans_single_backward({"titans_single_bwd": {"KEEP": k}}).keep for k in (0, 1, 2)] == [0, 1, 2]

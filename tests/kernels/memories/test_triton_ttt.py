@@ -520,13 +520,14 @@ def test_the_backward_variants_equal_the_default(gen, monkeypatch, offset, dtype
 
 @pytest.mark.parametrize("offset", [0, 5])
 def test_the_chain_only_backward_equals_the_default(gen, monkeypatch, offset):
-    """POST 1 (the chain-only reverse pass and dk's two other products after it) against the default reverse pass,
+    """POST 1 (the chain-only reverse pass and dk's two other products after it) against POST 0's reverse pass,
     fp32 inputs: the forward untouched and every gradient but dk bitwise (at D 16 the pre-pass forms f = k A + a in
     one BK block, as the reverse pass's one product), dk within fp32 roundings (its terms added in another order);
-    POST 2 stores b·G in bf16 for bf16 inputs only: with these, bitwise POST 1."""
-    assert LAUNCH["ttt_linear_bwd"]["POST"] == 0
+    POST 2 (the default) stores b·G in bf16 for bf16 inputs only: with these, bitwise POST 1."""
+    assert LAUNCH["ttt_linear_bwd"]["POST"] == 2
     x = _fp32(_inputs(gen, B=2, T=41, Hq=1))
     seed = int(torch.randint(0, 2**31, (), generator=gen))
+    monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 0)
     want = _run(_kernel, x, offset, seed)
     monkeypatch.setitem(LAUNCH["ttt_linear_bwd"], "POST", 1)
     got = _run(_kernel, x, offset, seed)

@@ -53,6 +53,7 @@ def steps(monkeypatch):
     monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
     monkeypatch.setattr(mod._bwd_kernel, "run", lambda *a, **kw: pytest.fail("the one-program reverse pass ran"))
     monkeypatch.setattr(mod._bwd_carry_kernel, "run", lambda *a, **kw: pytest.fail("the one-program reverse pass ran"))
+    monkeypatch.setattr(mod._bwd_chain_kernel, "run", lambda *a, **kw: pytest.fail("the one-program reverse pass ran"))
     return seen
 
 
@@ -102,8 +103,8 @@ def test_the_rule_that_picks_the_sliced_kernels(monkeypatch):
         V.ttt_linear(1, 1, LAUNCH)
 
 
-#: TTT-Linear's reverse-pass variant under the default table (CARRY 1, DIRECT 1)
-BACKWARD = "TTT-Linear backward: anchor gradient in registers; dtypes in the kernels"
+#: TTT-Linear's reverse-pass variant under the default table (POST 2, DIRECT 1)
+BACKWARD = "TTT-Linear backward: chain only, dk's products after (G bf16 with bf16 inputs); dtypes in the kernels"
 
 
 def test_the_pipeline_names_the_variant(monkeypatch):
@@ -131,7 +132,7 @@ def test_the_default_runs_what_the_rule_picks(monkeypatch, gen):
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     ran = []
     for kern, name in ((sliced._step_kernel, "sliced"), (sliced._chain_kernel, "sliced_bwd"),
-                       (mod._state_kernel, "one"), (mod._bwd_carry_kernel, "one_bwd")):
+                       (mod._state_kernel, "one"), (mod._bwd_chain_kernel, "one_bwd")):
         monkeypatch.setattr(kern, "run", (lambda real, n: lambda *a, **kw: ran.append(n) or real(*a, **kw))(
             kern.run, name))
     for B, want in ((1, {"sliced", "sliced_bwd"}), (3, {"one", "one_bwd"})):
@@ -175,8 +176,8 @@ def test_sliced_passes_equal_the_one_program_passes(monkeypatch, gen, bwd):
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "NP", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "BWD", bwd)
     ran = []
-    real = mod._bwd_carry_kernel.run  # (the one-program reverse pass: CARRY 1, the default)
-    monkeypatch.setattr(mod._bwd_carry_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    real = mod._bwd_chain_kernel.run  # (the one-program reverse pass: POST 2, the default)
+    monkeypatch.setattr(mod._bwd_chain_kernel, "run", lambda *a, **kw: ran.append(1) or real(*a, **kw))
     monkeypatch.setattr(mod._state_kernel, "run", lambda *a, **kw: pytest.fail("the one-program state pass ran"))
     _agree(_run(_kernel, x, 5, seed), want, CHUNK_F32_REL)
     assert ran == ([] if bwd else [1])
@@ -316,7 +317,7 @@ def test_the_ttt_linear_row_names_the_passes_that_ran(monkeypatch, gen):
 
     FakeCuda(monkeypatch, kernels=True).install()
     ran = _spied(monkeypatch, {"sliced": sliced._step_kernel, "sliced backward": sliced._chain_kernel,
-                               "one program": mod._state_kernel, "one-program backward": mod._bwd_carry_kernel})
+                               "one program": mod._state_kernel, "one-program backward": mod._bwd_chain_kernel})
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "ON", 2)
     monkeypatch.setitem(LAUNCH["ttt_linear_sliced"], "MAX_BH", 2)
     torch.manual_seed(0)

@@ -199,10 +199,13 @@ LAUNCH: dict[str, dict] = {
     # backward"). POST 1: the chain-only reverse pass (`_bwd_chain_kernel`: per mini-batch k G, xᵀ dz, kᵀ df — 3
     # products, not 6 — and no anchor read; f = k A + a from the pre-pass, `_bwd_read_f_kernel`), each mini-batch's b·G
     # (fp32) and df stored for `_bwd_post_kernel` (grid (slots, H), BK its column block), which adds dk's −(η e) Gᵀ
-    # and df Aᵀ in parallel; POST 2 the same with b·G in bf16 for bf16 inputs. 0 (default) until timed on a GPU
-    # (docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
+    # and df Aᵀ in parallel; POST 2 the same with b·G in bf16 for bf16 inputs — the default since r4s16 call 5 (H200,
+    # bf16, B 4, T 4096, H 16, D 128 fwd+bwd 8.19 ms (POST 0) → 7.76 (1) → 7.44 (2), every variant within the
+    # default's errors of float64; + 0.75 GiB of transient scratch at that shape, 1.25 with fp32 inputs). The sliced
+    # reverse pass (a CUDA graph's, B·H ≤ MAX_BH) takes no POST (docs/kernel_notes.md "TTT-Linear's chunk-parallel
+    # backward", BENCHMARKS §1z)
     "ttt_linear_bwd_read": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_read_kernel
-    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1, POST=0),  # memories.ttt._bwd_kernel (…)
+    "ttt_linear_bwd": dict(num_warps=8, num_stages=1, CARRY=1, DIRECT=1, POST=2),  # memories.ttt._bwd_kernel (…)
     "ttt_linear_bwd_post": dict(num_warps=4, num_stages=2, BK=32),  # memories.ttt._bwd_post_kernel (POST ≥ 1)
     # TTT-Linear's sequential passes with the value columns of W [K, V] sliced over NP programs a (sequence, head),
     # one launch a mini-batch each way, the LayerNorm's per-row sums over V exchanged through a small buffer

@@ -66,7 +66,8 @@ Backward, two launches likewise:
    CARRY): do passed in its own dtype, dq (ungrouped heads) and dv written in the inputs' dtypes by the kernels — the
    glue's fp32 copy and casts gone.
 
-util.LAUNCH "ttt_linear_bwd" POST 1 (opt-in, default 0: docs/kernel_notes.md "TTT-Linear's chunk-parallel backward")
+util.LAUNCH "ttt_linear_bwd" POST 1 / 2 (2 the default since r4s16: fwd+bwd 8.19 → 7.44 ms at the LM shape, H200;
+docs/kernel_notes.md "TTT-Linear's chunk-parallel backward"; POST 0 runs the carry kernel above)
 splits the reverse pass by what the chain needs: the pre-pass also stores each mini-batch's f = k A + a
 (`_bwd_read_f_kernel`, [slots, H, b, D] fp32), the reverse pass `_bwd_chain_kernel` reads it instead of the anchor and
 does per mini-batch only k G, xᵀ dz, kᵀ df (3 products, 2 of them on the chain; `_carry_step`'s 6) with gA carried in

@@ -35,7 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu-125m": dict(model=dict(d_model=768, n_layers=12, num_heads=6, head_dim=128, head_v_dim=128,
                                 mixer="gated_deltanet"),
                      seq_len=2048, batch_size=64, grad_accum=8, steps=20000, lr=3e-3, warmup=0.02, val_every=500,
-                     save_every=1000, dtype="bfloat16", device="cuda"),
+                     save_every=1000, dtype="bfloat16", device="cuda", cuda_graph="auto"),
 }
 
 

@@ -43,6 +43,13 @@ fresh optimizer and schedule, its own `out` — from those weights, with the che
 config (model fields that differ from it are refused, and so is a tokenizer with more ids than
 the model embeds).
 
+CUDA graphs (`cuda_graph`): True, False or "auto" (the gpu-125m preset's), decided once in `train` before any check
+reads it (`config.resolve_cuda_graph`: "auto" is on for one CUDA process without grad_checkpoint or context
+parallelism, off elsewhere, never an error; True keeps its refusals); the run uses that bool throughout, prints the
+decision before its first step, and its config.json and checkpoint keep the value asked for ("auto" stays "auto":
+a resume decides again, e.g. under another world size; a resume keeping the checkpoint's grad_checkpoint turns
+"auto" off). The returned summary's "cuda_graph" says whether the steps were graphed.
+
 Before any work: the device is usable, `out` is a writable directory (not a file) and its disk
 holds a checkpoint; `out` is not empty, not the current directory, not a directory holding something
 other than an earlier run (a saved model, a repository), and does not overlap `init_from`
@@ -57,7 +64,7 @@ Outputs in `out`: checkpoint.pt, model/ (`LM.save_pretrained` + the tokenizer: l
 tokens, tokens_per_s, tokens_per_s_steady, mfu, samples: [first, end)}, validation records {step,
 val_loss, val_ppl}), loss.png (train and validation loss against step). tokens_per_s is the running
 average since the process started (the first steps' compiles included); tokens_per_s_steady the rate
-over the last ≤ 50 steps after this process's first `steady_skip(cfg)` (two; with --cuda-graph also the graph's
+over the last ≤ 50 steps after this process's first `steady_skip(cfg)` (two; graphed also the graph's
 eager warm-up steps and its capture: the figure is the replayed steps'; None before then), and mfu the model FLOPs
 utilisation at that rate (None on the CPU, an unlisted GPU, or a mixer without a FLOP count):
 `training.throughput`. The plain progress line shows both figures.

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from fastweights.cli import build_parser
 from fastweights.pretrain import ConfigFileError, PretrainConfig, loop, train
@@ -108,8 +109,6 @@ def test_auto_on_a_cpu_trains_eagerly_and_says_so(tmp_path, capsys):
     assert summary["cuda_graph"] is False
     assert f"cuda graph: off (auto: {NOT_CUDA})" in capsys.readouterr().out.splitlines()
     assert json.loads((tmp_path / "run" / "config.json").read_text())["cuda_graph"] == "auto"
-    import torch
-
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["config"]["cuda_graph"] == "auto"
 
 
@@ -209,3 +208,38 @@ def test_a_bad_value_names_the_field(bad, tmp_path, capsys):
     assert cli_main(["train", "--config", str(f), "--data", str(corpus(tmp_path)), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: cuda_graph must be true, false or "auto", got '), err
+
+
+def test_auto_graphed_run_stopped_and_resumed_equals_the_eager_run(tmp_path, cpu_as_cuda, monkeypatch):
+    """The preset's features under "auto" (on): packed documents, validation and checkpoints between replays, a stop
+    mid-run and a resume that captures again — the losses, validation losses and weights of one uninterrupted eager
+    run (the CPU runs the graph's body: the bookkeeping, not the capture; tests/cuda/test_train.py's twin captures)."""
+    from fastweights.models import LM
+    from fastweights.training.control import Interrupted
+    from fastweights.training.graphed import WARMUP
+    from tests.tolerances import GRAPH_RUN_F32_ATOL, GRAPH_RUN_F32_RTOL, GRAPH_RUN_LOSS_REL
+
+    steps, stop = 2 * WARMUP + 6, WARMUP + 3
+    kw = dict(steps=steps, grad_accum=2, val_every=3, save_every=4)
+    assert train(cfg_of(tmp_path, "eager", cuda_graph=False, **kw))["cuda_graph"] is False
+    calls = [0]
+
+    def stop_at():  # (the boundary of step `stop`: saved there, Interrupted)
+        calls[0] += 1
+        return calls[0] > stop
+
+    requested = loop.stop_requested
+    monkeypatch.setattr(loop, "stop_requested", stop_at)
+    with pytest.raises(Interrupted):
+        train(cfg_of(tmp_path, "graph", cuda_graph="auto", **kw))
+    monkeypatch.setattr(loop, "stop_requested", requested)
+    assert torch.load(tmp_path / "graph" / "checkpoint.pt", weights_only=False)["step"] == stop
+    assert train(cfg_of(tmp_path, "graph", cuda_graph="auto", **kw))["cuda_graph"] is True
+    assert len(cpu_as_cuda) == 2
+    a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=GRAPH_RUN_F32_RTOL, atol=GRAPH_RUN_F32_ATOL, msg=k)
+    for key in ("loss", "val_loss"):
+        la, lb = ([(r["step"], r[key]) for r in log(tmp_path / run) if key in r] for run in ("eager", "graph"))
+        assert [s for s, _ in la] == [s for s, _ in lb] and len(la) >= (4 if key == "val_loss" else steps)
+        assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=GRAPH_RUN_LOSS_REL), key

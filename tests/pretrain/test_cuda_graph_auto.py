@@ -243,3 +243,28 @@ def test_auto_graphed_run_stopped_and_resumed_equals_the_eager_run(tmp_path, cpu
         la, lb = ([(r["step"], r[key]) for r in log(tmp_path / run) if key in r] for run in ("eager", "graph"))
         assert [s for s, _ in la] == [s for s, _ in lb] and len(la) >= (4 if key == "val_loss" else steps)
         assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=GRAPH_RUN_LOSS_REL), key
+
+
+@pytest.mark.parametrize("argv, rc, says", [
+    ([], 0, f"cuda graph: off (auto: {NOT_CUDA})"),
+    (["--no-cuda-graph"], 0, None),
+    (["--cuda-graph"], 2, "error: --cuda-graph replays CUDA work: it needs --device cuda, got 'cpu'"),
+])
+def test_the_preset_on_a_cpu_from_the_command_line(argv, rc, says, tmp_path, capsys):
+    """`fastweights train --preset gpu-125m --device cpu` (shrunk): "auto" trains eagerly and says so; --no-cuda-graph
+    says nothing; --cuda-graph is refused in one line, as before."""
+    from fastweights.cli import main as cli_main
+
+    small = ["--model", "d_model=16", "--model", "n_layers=1", "--model", "num_heads=2", "--model", "head_dim=8",
+             "--model", "head_v_dim=8", "--steps", "1", "--batch-size", "2", "--grad-accum", "1", "--seq-len", "16",
+             "--dtype", "float32", "--progress", "plain", "--threads", "1"]
+    assert cli_main(["train", "--preset", "gpu-125m", "--device", "cpu", "--data", str(corpus(tmp_path)),
+                     "--out", str(tmp_path / "r"), *small, *argv]) == rc
+    cap = capsys.readouterr()
+    if rc:
+        assert cap.err.strip() == says
+        return
+    headers = [ln for ln in cap.out.splitlines() if ln.startswith("cuda graph:")]
+    assert headers == ([says] if says else [])
+    assert json.loads(cap.out.splitlines()[-1])["cuda_graph"] is False
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["cuda_graph"] == ("auto" if says else False)

@@ -47,7 +47,9 @@ dp)
   P=(--preset gpu-125m --steps "$STEPS")
   # the preset's global batch (64 × 2048) on every layout; its micro-batch (8 sequences) kept by accumulating
   # 8 / N micro-batches on N GPUs; one run at a time (two runs side by side perturbed each other's times).
-  run gpu1 0 1 "${P[@]}" --grad-accum 8 & run ddp2 2,3 2 "${P[@]}" --grad-accum 4 --parallel ddp; wait
+  # gpu1 --no-cuda-graph: the preset graphs one process's steps by default (cuda_graph "auto") and runs DDP/FSDP
+  # eagerly, so the 1-GPU baseline is kept eager — the scaling figures compare like with like, as before.
+  run gpu1 0 1 "${P[@]}" --grad-accum 8 --no-cuda-graph & run ddp2 2,3 2 "${P[@]}" --grad-accum 4 --parallel ddp; wait
   run fsdp2 0,1 2 "${P[@]}" --grad-accum 4 --parallel fsdp
   if [ "$G" -ge 4 ]; then
     run ddp4 0,1,2,3 4 "${P[@]}" --grad-accum 2 --parallel ddp

@@ -71,9 +71,11 @@ def add_cli(sub) -> None:
     t.add_argument("--documents", default=None, metavar="{separate,joined}",
                    help="separate (default): every layer restarts at each document of a packed window; joined: the "
                         "window is one sequence, reading across end-of-text tokens (no varlen path)")
-    t.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None,
+    t.add_argument("--cuda-graph", dest="cuda_graph", action=argparse.BooleanOptionalAction, default=None,
                    help="replay each optimizer step from one CUDA graph (the step without the host's launch time; "
-                        "one CUDA process, no --grad-checkpoint)")
+                        "one CUDA process, no --grad-checkpoint); --no-cuda-graph: always eager. Neither: the "
+                        "preset's or --config's cuda_graph (gpu-125m: \"auto\", graphed where it can be: one CUDA "
+                        "process, no --grad-checkpoint or --context-parallel; the run's log says which)")
     for name, typ, help_ in _FLAGS:
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
     t.set_defaults(fn=cli_main)

@@ -7,7 +7,10 @@ Presets (`preset`, the model and the batch):
             README and docs);
   * "gpu-125m": gated DeltaNet, d_model 768, 12 layers, 6 heads (head_dim = head_v_dim = 128),
             T = 2048, 64 sequences per step in 8 micro-batches, bf16 autocast, lr 3e-3 with 2%
-            warm-up, 20k steps (GPT-2-small-sized: ≈131M parameters with a 50k vocabulary).
+            warm-up, 20k steps (GPT-2-small-sized: ≈131M parameters with a 50k vocabulary);
+            cuda_graph "auto": each step replayed from a CUDA graph where it can be (one CUDA process, no
+            grad_checkpoint, no context parallelism: `resolve_cuda_graph`), eager elsewhere
+            (--no-cuda-graph: always eager).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PretrainConfig", "PRESETS", "load_config_file", "ConfigFileError"]
+__all__ = ["PretrainConfig", "PRESETS", "load_config_file", "ConfigFileError", "resolve_cuda_graph"]
 
 
 class ConfigFileError(ValueError):
@@ -32,7 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu-125m": dict(model=dict(d_model=768, n_layers=12, num_heads=6, head_dim=128, head_v_dim=128,
                                 mixer="gated_deltanet"),
                      seq_len=2048, batch_size=64, grad_accum=8, steps=20000, lr=3e-3, warmup=0.02, val_every=500,
-                     save_every=1000, dtype="bfloat16", device="cuda"),
+                     save_every=1000, dtype="bfloat16", device="cuda", cuda_graph="auto"),
 }
 
 
@@ -66,12 +69,17 @@ class PretrainConfig:
                  restarting after each end-of-text token: the varlen path); "joined": the window is one sequence,
                  tokens read across the end-of-text token (GPT-2's practice; no position_ids, no varlen path).
                  Either way the token after an end-of-text input is not supervised.
-    cuda_graph:  each optimizer step (its micro-batches, clipping, AdamW) replayed from one CUDA graph
-                 (`fastweights.training.GraphedLMStep`): the same maths without the host's launch time, which is
-                 half of an eager gated DeltaNet step at the gpu-125m shape. Needs a CUDA device, one process
-                 and no grad_checkpoint. With documents "separate" each micro-batch's documents are packed into
-                 a fixed number of varlen sequences (the most any micro-batch of the training windows holds:
-                 `Windows.max_documents`), so the graph replays them without reading a boundary on the host.
+    cuda_graph:  True, False or "auto". True: each optimizer step (its micro-batches, clipping, AdamW) replayed
+                 from one CUDA graph (`fastweights.training.GraphedLMStep`): the same maths without the host's
+                 launch time, which is half of an eager gated DeltaNet step at the gpu-125m shape. Needs a CUDA
+                 device, one process and no grad_checkpoint (each refused otherwise). With documents "separate"
+                 each micro-batch's documents are packed into a fixed number of varlen sequences (the most any
+                 micro-batch of the training windows holds: `Windows.max_documents`), so the graph replays them
+                 without reading a boundary on the host. "auto" (the gpu-125m preset's): True where those needs
+                 hold, else False, never an error (`resolve_cuda_graph`, decided when the run starts and printed
+                 in its log header). The run directory's config.json and checkpoint keep the value asked for
+                 ("auto" stays "auto"), so a resume re-decides (e.g. under another world size); a checkpoint
+                 resumes with or without the graph either way (its optimizer state is saved in the eager form).
     """
 
     data: list[str] = field(default_factory=list)
@@ -105,7 +113,7 @@ class PretrainConfig:
     init_from: str | None = None
     text_key: str = "text"
     documents: str = "separate"
-    cuda_graph: bool = False
+    cuda_graph: bool | str = False
 
     def __post_init__(self):
         if isinstance(self.data, (str, Path)):
@@ -162,9 +170,9 @@ class PretrainConfig:
                                   f"got {self.text_key!r}")
         if self.documents not in ("separate", "joined"):
             raise ConfigFileError(f"documents={self.documents!r} is not one of ['separate', 'joined']")
-        if not isinstance(self.cuda_graph, bool):
-            raise ConfigFileError(f"cuda_graph must be true or false, got {self.cuda_graph!r}")
-        if self.cuda_graph:
+        if not (isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto"):
+            raise ConfigFileError(f'cuda_graph must be true, false or "auto", got {self.cuda_graph!r}')
+        if self.cuda_graph is True:
             why = ("no grad_checkpoint (not captured); leave out --grad-checkpoint" if self.grad_checkpoint else
                    "one process per sequence; leave out --context-parallel" if self.context_parallel > 1 else None)
             if why:
@@ -207,6 +215,31 @@ class PretrainConfig:
                 else:
                     merged[k] = v
         return cls(**merged, model=model)
+
+
+def resolve_cuda_graph(cfg: PretrainConfig, world_size: int) -> tuple[bool, str]:
+    """(whether the run of `cfg` replays its steps from a CUDA graph, why, in words for the log header) with
+    `world_size` processes. True and False are kept as asked (True's needs are refused elsewhere, as before:
+    `PretrainConfig`, `pretrain.loop`); "auto" is on only for a CUDA device, one process, no grad_checkpoint and
+    context_parallel 1, else off — never an error. Pure: reads only cfg.cuda_graph, device, grad_checkpoint and
+    context_parallel (grad_checkpoint None counts as off)."""
+    if cfg.cuda_graph is True:
+        return True, "on (asked for: cuda_graph true / --cuda-graph)"
+    if cfg.cuda_graph != "auto":
+        return False, "off (not asked for: --cuda-graph turns it on)"
+    why = []
+    kind = str(cfg.device).split(":", 1)[0]
+    if kind != "cuda":
+        why.append(f"device {cfg.device} is not CUDA")
+    if world_size > 1:
+        why.append(f"{world_size} processes under torchrun — DDP/FSDP hooks cannot be captured")
+    if cfg.grad_checkpoint:
+        why.append("grad_checkpoint recomputes blocks in backward, which is not captured")
+    if cfg.context_parallel > 1:
+        why.append(f"context_parallel {cfg.context_parallel} splits each sequence over processes")
+    if why:
+        return False, f"off (auto: {'; '.join(why)})"
+    return True, "on (auto: one CUDA process; --no-cuda-graph turns it off)"
 
 
 def load_config_file(path) -> dict[str, Any]:

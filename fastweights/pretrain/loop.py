@@ -43,6 +43,13 @@ fresh optimizer and schedule, its own `out` — from those weights, with the che
 config (model fields that differ from it are refused, and so is a tokenizer with more ids than
 the model embeds).
 
+CUDA graphs (`cuda_graph`): True, False or "auto" (the gpu-125m preset's), decided once in `train` before any check
+reads it (`config.resolve_cuda_graph`: "auto" is on for one CUDA process without grad_checkpoint or context
+parallelism, off elsewhere, never an error; True keeps its refusals); the run uses that bool throughout, prints the
+decision before its first step, and its config.json and checkpoint keep the value asked for ("auto" stays "auto":
+a resume decides again, e.g. under another world size; a resume keeping the checkpoint's grad_checkpoint turns
+"auto" off). The returned summary's "cuda_graph" says whether the steps were graphed.
+
 Before any work: the device is usable, `out` is a writable directory (not a file) and its disk
 holds a checkpoint; `out` is not empty, not the current directory, not a directory holding something
 other than an earlier run (a saved model, a repository), and does not overlap `init_from`
@@ -57,7 +64,7 @@ Outputs in `out`: checkpoint.pt, model/ (`LM.save_pretrained` + the tokenizer: l
 tokens, tokens_per_s, tokens_per_s_steady, mfu, samples: [first, end)}, validation records {step,
 val_loss, val_ppl}), loss.png (train and validation loss against step). tokens_per_s is the running
 average since the process started (the first steps' compiles included); tokens_per_s_steady the rate
-over the last ≤ 50 steps after this process's first `steady_skip(cfg)` (two; with --cuda-graph also the graph's
+over the last ≤ 50 steps after this process's first `steady_skip(cfg)` (two; graphed also the graph's
 eager warm-up steps and its capture: the figure is the replayed steps'; None before then), and mfu the model FLOPs
 utilisation at that rate (None on the CPU, an unlisted GPU, or a mixer without a FLOP count):
 `training.throughput`. The plain progress line shows both figures.
@@ -84,11 +91,11 @@ from ..training import loop as training_loop
 from ..training import step as training_step
 from ..training.checkpoint import atomic_save, rng_state, set_rng_state
 from ..training.control import Interrupted, resume_hint, stop_on_signals, stop_requested
-from ..training.distributed import Layout, all_reduce_sum, dist_info, process_group, rank_layout
+from ..training.distributed import Layout, all_reduce_sum, dist_info, launch_world_size, process_group, rank_layout
 from ..training.loop import wrap
 from ..training.progress import make_progress
 from ..training.throughput import StepClock, mfu, model_flops_per_token, peak_flops
-from .config import ConfigFileError, PretrainConfig
+from .config import ConfigFileError, PretrainConfig, resolve_cuda_graph
 from .data import (
     IGNORE_INDEX,
     DataError,
@@ -129,8 +136,11 @@ def lr_factor(cfg: PretrainConfig, step: int) -> float:
 def steady_skip(cfg: PretrainConfig) -> int:
     """The first steps of a process the steady tokens/s leaves out: 2 (the compiles and autotuning), and with
     cuda_graph the graph's WARMUP eager steps and the step that captures it (its rate is neither the eager nor the
-    replayed one: counting them read 228k for a step that replays at 311k, r4s9 call 1)."""
-    if not cfg.cuda_graph:
+    replayed one: counting them read 228k for a step that replays at 311k, r4s9 call 1). cfg as the run uses it:
+    cuda_graph True or False ("auto" resolved by `resolve_cuda_graph`; ValueError otherwise)."""
+    if cfg.cuda_graph == "auto":
+        raise ValueError('steady_skip needs cuda_graph resolved to True or False (resolve_cuda_graph), got "auto"')
+    if cfg.cuda_graph is not True:
         return 2
     from ..training.graphed import WARMUP
 
@@ -329,7 +339,7 @@ def _check_device(cfg: PretrainConfig) -> None:
 
 def _check_graph(cfg: PretrainConfig) -> None:
     """--cuda-graph captures CUDA work: a CUDA device (the config checked its other needs)."""
-    if cfg.cuda_graph and torch.device(cfg.device).type != "cuda":
+    if cfg.cuda_graph is True and torch.device(cfg.device).type != "cuda":
         raise ConfigFileError(f"--cuda-graph replays CUDA work: it needs --device cuda, got {cfg.device!r}")
 
 
@@ -338,7 +348,7 @@ def _check_parallel(cfg: PretrainConfig) -> None:
     nothing to shard over, and running unsharded instead would be a silent change of what was asked.
     --context-parallel N needs a world that N divides, and a sequence of at least N tokens."""
     R = dist_info().world_size
-    if cfg.cuda_graph and R > 1:
+    if cfg.cuda_graph is True and R > 1:
         raise ConfigFileError(f"--cuda-graph runs one process (DDP's and FSDP's hooks communicate inside the step, "
                               f"which the graph cannot capture); this run has {R}: leave out --cuda-graph or torchrun")
     if cfg.parallel == "fsdp" and R <= 1:
@@ -383,13 +393,25 @@ def train(cfg: PretrainConfig, *, progress=None, fresh: bool = False) -> dict:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     _check_device(cfg)
+    asked = cfg.cuda_graph  # (True, False or "auto": what config.json and the checkpoint keep)
+    graphed, why = resolve_cuda_graph(cfg, launch_world_size())
+    cfg = dataclasses.replace(cfg, cuda_graph=graphed)  # (from here on a bool: every check and use reads this)
     _check_graph(cfg)
     # (every rank raises these at one point: the group started here is still destroyed at exit after them)
     with process_group(cfg.device, together=(Interrupted, ConfigFileError, DataError, OutputError)):
-        return _train_in_group(cfg, progress, fresh)
+        return _train_in_group(cfg, progress, fresh, _Graph(asked, why))
 
 
-def _train_in_group(cfg: PretrainConfig, progress, fresh: bool) -> dict:
+@dataclasses.dataclass(frozen=True)
+class _Graph:
+    """What the run was asked for (cuda_graph True, False or "auto": kept in config.json and the checkpoint, so a
+    resume re-decides) and why it runs as it does (`resolve_cuda_graph`'s words, printed in the log header)."""
+
+    asked: bool | str
+    why: str
+
+
+def _train_in_group(cfg: PretrainConfig, progress, fresh: bool, plan: _Graph) -> dict:
     _check_parallel(cfg)  # (after the group starts: dist_info() is 0/1 until it runs)
     info = dist_info()
     device = torch.device(cfg.device)
@@ -404,10 +426,10 @@ def _train_in_group(cfg: PretrainConfig, progress, fresh: bool) -> dict:
             err = e
     _together(err, device, ConfigFileError)
     with stop_on_signals((signal.SIGINT, signal.SIGTERM), repeats="ignore" if info.world_size > 1 else "interrupt"):
-        return _train(cfg, out, device, make_progress(cfg.progress if progress is None else progress), fresh)
+        return _train(cfg, out, device, make_progress(cfg.progress if progress is None else progress), fresh, plan)
 
 
-def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bool) -> dict:
+def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bool, plan: _Graph) -> dict:
     info = dist_info()
     R = info.world_size
     layout = rank_layout(cfg.context_parallel)
@@ -490,16 +512,24 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
         else:
             prog.log(f"resuming {out} at step {start}")
         if cfg.grad_checkpoint is None:  # (a resume keeps the run's setting unless told otherwise)
-            cfg = dataclasses.replace(cfg, grad_checkpoint=bool(theirs.get("grad_checkpoint")))
+            kept = bool(theirs.get("grad_checkpoint"))
+            if kept and plan.asked == "auto" and cfg.cuda_graph:  # (decided again with the kept setting: off)
+                plan = _Graph(plan.asked, "off (auto: the run being resumed uses grad_checkpoint, kept unless "
+                                          "--no-grad-checkpoint, and its recomputation in backward is not captured)")
+                cfg = dataclasses.replace(cfg, cuda_graph=False)
+            cfg = dataclasses.replace(cfg, grad_checkpoint=kept)
     cfg = dataclasses.replace(cfg, grad_checkpoint=bool(cfg.grad_checkpoint))
+    if info.is_main and (plan.asked is not False or cfg.cuda_graph):
+        prog.log(f"cuda graph: {plan.why}")
     base.set_gradient_checkpointing(cfg.grad_checkpoint)
+    stored = {**cfg.to_dict(), "cuda_graph": plan.asked}  # (config.json's and the checkpoint's: as asked)
     history = [] if fresh else _read_log(log_path, start)
     saved = {"checkpoint": start if start else None, "model": start if start else None}
     err = None
     if info.is_main:
         try:  # drop what a killed run logged after its checkpoint
             write_text(log_path, "".join(json.dumps(r) + "\n" for r in history))
-            write_text(out / "config.json", json.dumps(cfg.to_dict(), indent=2))
+            write_text(out / "config.json", json.dumps(stored, indent=2))
         except OSError as e:
             err = OutputError(f"--out {out}: cannot write {LOG} or config.json ({e.strerror or e}) before "
                               f"training; {_kept(ckpt_path, saved)}")
@@ -531,7 +561,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
             what, now = CHECKPOINT, dict(saved)
             try:
                 atomic_save({"step": step, "model": msd, "optim": osd, "sched": sched.state_dict(),
-                             "config": cfg.to_dict(), "lm_config": lm_config.to_dict(), "rng": rng_state(),
+                             "config": stored, "lm_config": lm_config.to_dict(), "rng": rng_state(),
                              "data_key": key}, ckpt_path)
                 now["checkpoint"], what = step, MODEL_DIR + "/"
                 lm = LM(lm_config)
@@ -630,7 +660,7 @@ def _train(cfg: PretrainConfig, out: Path, device: torch.device, prog, fresh: bo
     return {"out": str(out), "steps": cfg.steps, "loss": last.get("loss"), "val_loss": val.get("val_loss"),
             "val_ppl": val.get("val_ppl"), "tokens_per_s": last.get("tokens_per_s"),
             "tokens_per_s_steady": last.get("tokens_per_s_steady"), "mfu": last.get("mfu"),
-            "parameters": base.num_parameters()}
+            "parameters": base.num_parameters(), "cuda_graph": cfg.cuda_graph}
 
 
 class _GraphStep:

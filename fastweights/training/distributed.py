@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "dist_info", "init_distributed", "is_distributed", "barrier", "all_reduce_sum", "Layout",
-           "rank_layout", "destroy_distributed", "process_group"]
+__all__ = ["DistInfo", "dist_info", "launch_world_size", "init_distributed", "is_distributed", "barrier",
+           "all_reduce_sum", "Layout", "rank_layout", "destroy_distributed", "process_group"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,12 @@ def dist_info() -> DistInfo:
     if is_distributed():
         return DistInfo(dist.get_rank(), dist.get_world_size(), _env_info().local_rank)
     return DistInfo()
+
+
+def launch_world_size() -> int:
+    """The number of processes of this run: the running group's, else torchrun's WORLD_SIZE (known before
+    `init_distributed` starts the group), else 1."""
+    return dist_info().world_size if is_distributed() else _env_info().world_size
 
 
 def init_distributed(device: str = "cpu") -> DistInfo:

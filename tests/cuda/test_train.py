@@ -128,3 +128,64 @@ def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, mon
     assert len(la) == 8 and la == pytest.approx(lb, rel=GRAPH_RUN_LOSS_REL if dtype == "float32"
                                                  else GRAPH_RUN_CUDA_BF16_REL)
     assert train(cfg("graph", steps=10))["steps"] == 10  # resumed eagerly from the graph run's checkpoint
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_auto_graph_with_packed_documents_validation_and_a_resume_equals_the_eager_run(dtype, tmp_path, monkeypatch):
+    """cuda_graph "auto" (the gpu-125m preset's) on one GPU: on, with the preset's features — packed documents
+    (--documents separate: max_documents varlen sequences), validation and checkpoints between replays, a stop at a
+    step boundary and a resume that captures again — against one uninterrupted eager run: its losses, validation
+    losses and weights (tolerances as the joined test above)."""
+    from fastweights.models import LM
+    from fastweights.pretrain import PretrainConfig, loop, train
+    from fastweights.training import graphed
+    from fastweights.training.control import Interrupted
+    from tests.tolerances import (
+        GRAPH_RUN_CUDA_BF16_REL,
+        GRAPH_RUN_CUDA_F32_ATOL,
+        GRAPH_RUN_F32_RTOL,
+        GRAPH_RUN_LOSS_REL,
+    )
+
+    captured = []
+    capture = graphed.GraphedLMStep._capture
+
+    def spy(self):
+        captured.append(self.max_documents)
+        return capture(self)
+
+    monkeypatch.setattr(graphed.GraphedLMStep, "_capture", spy)
+    steps, stop = 2 * graphed.WARMUP + 6, graphed.WARMUP + 3
+
+    def cfg(out, **kw):
+        return PretrainConfig.build({"data": [str(ROOT / "README.md"), str(ROOT / "docs")], "out": str(tmp_path / out),
+                                     "steps": steps, "batch_size": 8, "grad_accum": 2, "seq_len": 256,
+                                     "save_every": 4, "val_every": 3, "val_fraction": 0.02, "progress": "none",
+                                     "device": "cuda", "dtype": dtype, "model": {"d_model": 64, "n_layers": 2,
+                                                                                 "num_heads": 2, "head_dim": 32}, **kw})
+
+    assert train(cfg("eager", cuda_graph=False))["cuda_graph"] is False
+    calls = [0]
+
+    def stop_at():
+        calls[0] += 1
+        return calls[0] > stop
+
+    requested = loop.stop_requested
+    monkeypatch.setattr(loop, "stop_requested", stop_at)
+    with pytest.raises(Interrupted):
+        train(cfg("graph", cuda_graph="auto"))
+    monkeypatch.setattr(loop, "stop_requested", requested)
+    assert torch.load(tmp_path / "graph" / "checkpoint.pt", weights_only=False)["step"] == stop
+    assert train(cfg("graph", cuda_graph="auto"))["cuda_graph"] is True
+    assert len(captured) == 2 and all(n is not None and n > 1 for n in captured), captured
+    a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
+    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_CUDA_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+    rel = GRAPH_RUN_LOSS_REL if dtype == "float32" else GRAPH_RUN_CUDA_BF16_REL
+    for key in ("loss", "val_loss"):
+        la, lb = ([(r["step"], r[key]) for r in map(json.loads, (tmp_path / run / "log.jsonl").read_text().splitlines())
+                   if key in r] for run in ("eager", "graph"))
+        assert [s for s, _ in la] == [s for s, _ in lb] and len(la) >= (4 if key == "val_loss" else steps)
+        assert [v for _, v in la] == pytest.approx([v for _, v in lb], rel=rel), key

@@ -85,29 +85,41 @@ def test_a_stop_on_cuda_saves_at_one_step_on_every_rank_and_resumes(world, tmp_p
     _check_resumes(cmd, tmp_path, env, stopped)
 
 
+def _spy_captures(monkeypatch, what) -> list:
+    """Every `GraphedLMStep` capture of the test recorded as what(step), in the returned list."""
+    from fastweights.training import graphed
+
+    captured, capture = [], graphed.GraphedLMStep._capture
+
+    def spy(self):
+        captured.append(what(self))
+        return capture(self)
+
+    monkeypatch.setattr(graphed.GraphedLMStep, "_capture", spy)
+    return captured
+
+
+def _same_weights(run_a: Path, run_b: Path, dtype: str) -> None:
+    """The two runs' saved models (run/model) hold the same weights: fp32 to the reduction order, bf16 to its
+    rounding (the graphed-train tolerances)."""
+    from fastweights.models import LM
+    from tests.tolerances import GRAPH_RUN_CUDA_BF16_REL, GRAPH_RUN_CUDA_F32_ATOL, GRAPH_RUN_F32_RTOL
+
+    a, b = LM.from_pretrained(run_a / "model"), LM.from_pretrained(run_b / "model")
+    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_CUDA_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
+    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, monkeypatch):
     """`fastweights train --cuda-graph --documents joined` on CUDA: the step is captured once (after WARMUP eager
     steps) and replayed; losses and weights equal the eager run's (fp32: to the reduction order; bf16: both runs
     round the same products, the graph's autocast keeps no cast cache); its checkpoint resumes without the graph."""
-    from fastweights.models import LM
     from fastweights.pretrain import PretrainConfig, train
-    from fastweights.training import graphed
-    from tests.tolerances import (
-        GRAPH_RUN_CUDA_BF16_REL,
-        GRAPH_RUN_CUDA_F32_ATOL,
-        GRAPH_RUN_F32_RTOL,
-        GRAPH_RUN_LOSS_REL,
-    )
+    from tests.tolerances import GRAPH_RUN_CUDA_BF16_REL, GRAPH_RUN_LOSS_REL
 
-    captured = []
-    capture = graphed.GraphedLMStep._capture
-
-    def spy(self):
-        captured.append(1)
-        return capture(self)
-
-    monkeypatch.setattr(graphed.GraphedLMStep, "_capture", spy)
+    captured = _spy_captures(monkeypatch, lambda step: 1)
 
     def cfg(out, **kw):
         return PretrainConfig.build({"data": [str(ROOT / "README.md")], "out": str(tmp_path / out), "steps": 8,
@@ -119,10 +131,7 @@ def test_cuda_graph_train_captures_and_equals_the_eager_run(dtype, tmp_path, mon
     train(cfg("eager"))
     train(cfg("graph", cuda_graph=True))
     assert captured == [1]
-    a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
-    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_CUDA_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
-    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+    _same_weights(tmp_path / "eager", tmp_path / "graph", dtype)
     la, lb = ([json.loads(x)["loss"] for x in (tmp_path / run / "log.jsonl").read_text().splitlines()
                if "loss" in json.loads(x)] for run in ("eager", "graph"))
     assert len(la) == 8 and la == pytest.approx(lb, rel=GRAPH_RUN_LOSS_REL if dtype == "float32"
@@ -136,25 +145,12 @@ def test_auto_graph_with_packed_documents_validation_and_a_resume_equals_the_eag
     (--documents separate: max_documents varlen sequences), validation and checkpoints between replays, a stop at a
     step boundary and a resume that captures again — against one uninterrupted eager run: its losses, validation
     losses and weights (tolerances as the joined test above)."""
-    from fastweights.models import LM
     from fastweights.pretrain import PretrainConfig, loop, train
     from fastweights.training import graphed
     from fastweights.training.control import Interrupted
-    from tests.tolerances import (
-        GRAPH_RUN_CUDA_BF16_REL,
-        GRAPH_RUN_CUDA_F32_ATOL,
-        GRAPH_RUN_F32_RTOL,
-        GRAPH_RUN_LOSS_REL,
-    )
+    from tests.tolerances import GRAPH_RUN_CUDA_BF16_REL, GRAPH_RUN_LOSS_REL
 
-    captured = []
-    capture = graphed.GraphedLMStep._capture
-
-    def spy(self):
-        captured.append(self.max_documents)
-        return capture(self)
-
-    monkeypatch.setattr(graphed.GraphedLMStep, "_capture", spy)
+    captured = _spy_captures(monkeypatch, lambda step: step.max_documents)
     steps, stop = 2 * graphed.WARMUP + 6, graphed.WARMUP + 3
 
     def cfg(out, **kw):
@@ -179,10 +175,7 @@ def test_auto_graph_with_packed_documents_validation_and_a_resume_equals_the_eag
     assert torch.load(tmp_path / "graph" / "checkpoint.pt", weights_only=False)["step"] == stop
     assert train(cfg("graph", cuda_graph="auto"))["cuda_graph"] is True
     assert len(captured) == 2 and all(n is not None and n > 1 for n in captured), captured
-    a, b = LM.from_pretrained(tmp_path / "eager" / "model"), LM.from_pretrained(tmp_path / "graph" / "model")
-    rtol, atol = (GRAPH_RUN_F32_RTOL, GRAPH_RUN_CUDA_F32_ATOL) if dtype == "float32" else (GRAPH_RUN_CUDA_BF16_REL,) * 2
-    for (k, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        torch.testing.assert_close(x, y, rtol=rtol, atol=atol, msg=lambda m, k=k: f"{k}: {m}")
+    _same_weights(tmp_path / "eager", tmp_path / "graph", dtype)
     rel = GRAPH_RUN_LOSS_REL if dtype == "float32" else GRAPH_RUN_CUDA_BF16_REL
     for key in ("loss", "val_loss"):
         la, lb = ([(r["step"], r[key]) for r in map(json.loads, (tmp_path / run / "log.jsonl").read_text().splitlines())

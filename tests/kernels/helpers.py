@@ -23,14 +23,21 @@ def to_dev(x: dict) -> dict:
     return {key: val.to(DEV) for key, val in x.items()}
 
 
+def projection(outs, seed):
+    """Σ ⟨out, R⟩ over `outs` in turn, in float64, each R standard normal from `seed` (drawn on the CPU: the same
+    projection whatever the device): the scalar loss whose gradients the kernel tests compare. Prints the seed, as
+    the `gen` fixture prints the inputs' (tests/kernels/conftest.py), so a failure's captured output holds both and
+    the case can be replayed."""
+    print(f"projection seed={seed}")
+    g = torch.Generator().manual_seed(seed)
+    return sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum() for o in outs)
+
+
 def grads(fn, x, seed, **kw):
-    """(o, S_T, {input: gradient}) of a random projection of o and S_T (drawn from `seed`, float64)."""
+    """(o, S_T, {input: gradient}) of a random projection of o and S_T (`projection`, from `seed`)."""
     leaves = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
     o, S = fn(leaves, **kw)
-    g = torch.Generator().manual_seed(seed)  # (drawn on the CPU: the same projection whatever the device)
-    loss = (o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum()
-    loss = loss + (S.double() * torch.randn(S.shape, generator=g, dtype=torch.float64).to(S.device)).sum()
-    gs = torch.autograd.grad(loss, list(leaves.values()))
+    gs = torch.autograd.grad(projection((o, S), seed), list(leaves.values()))
     return o.detach(), S.detach(), dict(zip(leaves, gs))
 
 

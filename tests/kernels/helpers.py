@@ -10,42 +10,55 @@ from tests.tolerances import LOG_DECAY_GRAD_F32_REL
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rel(a, b) -> float:
-    """max |a − b| / max |b|, in float64 on a's device (b moved there): the subtraction, |·|, max and the quotient
-    round alike on any device, so the CPU's and the GPU's numbers are the same; on the GPU the GiB-sized realistic
-    tests' comparisons skip two host copies and a single-threaded pass each."""
+def rel(a, b, of=None) -> float:
+    """max |a − b| / max |b| (or / max |`of`|), in float64 on a's device (b moved there): the subtraction, |·|, max
+    and the quotient round alike on any device, so the CPU's and the GPU's numbers are the same; on the GPU the
+    GiB-sized realistic tests' comparisons skip two host copies and a single-threaded pass each."""
     a = a.double()
     b = b.to(a.device).double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    of = b if of is None else of.to(a.device).double()
+    return ((a - b).abs().max() / of.abs().max().clamp_min(1e-30)).item()
 
 
 def to_dev(x: dict) -> dict:
     return {key: val.to(DEV) for key, val in x.items()}
 
 
+def projection(outs, seed):
+    """Σ ⟨out, R⟩ over `outs` in turn, in float64, each R standard normal from `seed` (drawn on the CPU: the same
+    projection whatever the device): the scalar loss whose gradients the kernel tests compare. Prints the seed, as
+    the `gen` fixture prints the inputs' (tests/kernels/conftest.py), so a failure's captured output holds both and
+    the case can be replayed."""
+    print(f"projection seed={seed}")
+    g = torch.Generator().manual_seed(seed)
+    return sum((o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum() for o in outs)
+
+
 def grads(fn, x, seed, **kw):
-    """(o, S_T, {input: gradient}) of a random projection of o and S_T (drawn from `seed`, float64)."""
+    """(o, S_T, {input: gradient}) of a random projection of o and S_T (`projection`, from `seed`)."""
     leaves = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
     o, S = fn(leaves, **kw)
-    g = torch.Generator().manual_seed(seed)  # (drawn on the CPU: the same projection whatever the device)
-    loss = (o.double() * torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device)).sum()
-    loss = loss + (S.double() * torch.randn(S.shape, generator=g, dtype=torch.float64).to(S.device)).sum()
-    gs = torch.autograd.grad(loss, list(leaves.values()))
+    gs = torch.autograd.grad(projection((o, S), seed), list(leaves.values()))
     return o.detach(), S.detach(), dict(zip(leaves, gs))
 
 
-def check(got, want, tol, what=""):
+def check(got, want, tol, what="", *, scales=None):
     """Outputs, final states and every gradient of `grads` results within `tol` of each other; the log-decay's
     gradient dg within max(`tol`, LOG_DECAY_GRAD_F32_REL) (it sums the others' products over the head dims, and
-    they cancel: in fp32 its rounding is above the others')."""
+    they cancel: in fp32 its rounding is above the others'). `scales` {input: a tensor of its gradient's shape}: that
+    gradient's largest error relative to the largest of the scale (the size of its summands, e.g.
+    `delta_summand_scales`) instead of to its own largest entry — for a gradient that is a short sum whose terms can
+    cancel (dβ at T = 1: one token's two terms), where rounding is relative to the terms, not to what is left."""
     o1, s1, g1 = got
     o2, s2, g2 = want
+    scales = scales or {}
     assert rel(o1, o2) < tol, f"o {what}"
     assert rel(s1, s2) < tol, f"final state {what}"
-    assert set(g1) == set(g2)
+    assert set(g1) == set(g2) and set(scales) <= set(g2)
     for name in g2:
         t = max(tol, LOG_DECAY_GRAD_F32_REL) if name == "g" else tol
-        assert rel(g1[name], g2[name]) < t, f"d{name} {what}: {rel(g1[name], g2[name]):.3g} ≥ {t:g}"
+        err = rel(g1[name], g2[name], scales.get(name))
+        assert err < t, f"d{name} {what}: {err:.3g} ≥ {t:g}" + (" (of its summands' scale)" if name in scales else "")
 
 
 def each_sequence_alone(rec, cu):
@@ -259,3 +272,33 @@ def spy_launches(monkeypatch, module, names) -> list[str]:
 
         monkeypatch.setattr(kernel, "run", spy)
     return seen
+
+
+def delta_summand_scales(x, seed, want, *, scale=0.4) -> dict:
+    """`check`'s `scales` for the delta rule against its recurrence: {"beta": the size of dβ's summands [B, T, H]},
+    float64. dβ_t = (v_t − S'ᵀk_t) · (dS_tᵀ k_t), S' = diag(e^{g_t}) S_{t−1} and dS_t the loss's gradient at S_t
+    (`projection` of o and S_T from `seed`); its size here is Σ_v (|v_t| + |S'ᵀk_t|) |dS_tᵀ k_t|, the two terms
+    before they cancel (the kernels sum them apart: Σ V ⊙ Y − Γ rowsum(K ⊙ Z)). A kernel's fp32 rounding of dβ_t is
+    a few ulps of this, not of |dβ_t|: at T = 1 a token's two terms may cancel to far below both, and with B = 2
+    nothing else sets max |dβ|. The delta rule with no, a scalar or a diagonal decay, decay first, H_q = H, no varlen
+    (`delta_inputs`' x, `delta_triton`'s scale); its own dβ is held to `want`'s (the reference's `grads`) in
+    float64, so the scale is of the same maths."""
+    from tests.tolerances import CHUNK_F64
+
+    xd = {key: val.detach().double().cpu().requires_grad_(key == "beta") for key, val in x.items()}
+    q, k, v, beta = xd["q"], xd["k"], xd["v"], xd["beta"]
+    S, states, outs = xd["S0"], [], []
+    for t in range(q.shape[1]):
+        if "g" in xd:  # a scalar decay [B, H] or a diagonal one [B, H, K]
+            a = xd["g"][:, t].exp()
+            S = S * (a[..., None, None] if a.dim() == 2 else a[..., None])
+        pred = torch.einsum("bhk,bhkv->bhv", k[:, t], S)
+        S = S + beta[:, t, :, None, None] * k[:, t, :, :, None] * (v[:, t] - pred)[:, :, None, :]
+        S.retain_grad()
+        states.append((pred.detach(), S))
+        outs.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    projection((torch.stack(outs, 1), S), seed).backward()
+    assert rel(beta.grad, want[2]["beta"]) < CHUNK_F64, "delta_summand_scales' recurrence is not the reference's"
+    terms = [((v[:, t].abs() + pred.abs()) * torch.einsum("bhk,bhkv->bhv", k[:, t], St.grad).abs()).sum(-1)
+             for t, (pred, St) in enumerate(states)]
+    return {"beta": torch.stack(terms, 1).detach()}

@@ -21,7 +21,7 @@ from fastweights.kernels.triton.common import util
 from fastweights.kernels.triton.layer import conv as conv_k
 from fastweights.kernels.triton.layer.conv import short_conv
 from fastweights.layers.conv import ShortConv
-from tests.kernels.helpers import DEV, rel
+from tests.kernels.helpers import DEV, projection, rel
 from tests.tolerances import CONV_F32_REL, CONV_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -52,11 +52,6 @@ def _inputs(gen, *, B=2, T=65, C=20, W=4, dtype=torch.float32, tail=True, pos=Tr
     return x
 
 
-def _loss(outs, seed):
-    g = torch.Generator().manual_seed(seed)
-    return sum((o.double().cpu() * torch.randn(o.shape, generator=g, dtype=torch.float64)).sum() for o in outs)
-
-
 def _compare(x, tol, activation="silu", view=None, one_pass=True):
     """The kernel against the float64 twin; `view` (x's leaf -> the kernel's x, e.g. a slice of a wider
     tensor built around x) changes only how x reaches the kernel; `one_pass`: the kernel's one_pass_backward."""
@@ -69,7 +64,7 @@ def _compare(x, tol, activation="silu", view=None, one_pass=True):
     y, nt = short_conv(xin, leaves["weight"], leaves.get("bias"), leaves.get("tail"), pos, activation,
                        one_pass_backward=one_pass)
     assert y.dtype == nt.dtype == x["x"].dtype and y.shape == x["x"].shape
-    got = torch.autograd.grad(_loss((y, nt), seed), [leaves[n] for n in names])
+    got = torch.autograd.grad(projection((y, nt), seed), [leaves[n] for n in names])
     for n, gr in zip(names, got):
         assert gr.dtype == x[n].dtype and gr.shape == x[n].shape, n
     # the torch twin in float64 on the rounded values
@@ -84,7 +79,7 @@ def _compare(x, tol, activation="silu", view=None, one_pass=True):
             conv.conv.bias.copy_(ref["bias"])
     y_r, nt_r = conv(ref["x"], ref.get("tail"), pos)  # fp64: the torch row (the Triton one takes no fp64)
     params = {"weight": conv.conv.weight, "bias": conv.conv.bias}
-    want = torch.autograd.grad(_loss((y_r, nt_r), seed), [params.get(n, ref.get(n)) for n in names])
+    want = torch.autograd.grad(projection((y_r, nt_r), seed), [params.get(n, ref.get(n)) for n in names])
     assert rel(y, y_r) < tol and (nt_r.numel() == 0 or rel(nt, nt_r) < tol)
     for n, a, b in zip(names, got, want):
         if b.numel():

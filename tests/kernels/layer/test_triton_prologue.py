@@ -21,7 +21,7 @@ from fastweights.inputs import InputError
 from fastweights.kernels.triton.layer.prologue import delta_prologue
 from fastweights.layers.gates import BetaGate, MambaDecay
 from fastweights.layers.norm import l2norm
-from tests.kernels.helpers import DEV, rel
+from tests.kernels.helpers import DEV, projection, rel
 from tests.tolerances import PROLOGUE_F32_REL, PROLOGUE_LOW_REL
 
 pytestmark = pytest.mark.triton
@@ -84,7 +84,7 @@ def _grads_ref(x, seed, **kw):
     leaves = {n: v.to(DEV).double().requires_grad_(True) for n, v in x.items()}
     out = _reference(leaves, **kw)
     params = out.pop("_params", None)
-    loss = _loss(out, seed)
+    loss = projection(out.values(), seed)
     wrt = [leaves[n] for n in ("q", "k", "b", "a") if n in leaves]
     if params is not None:
         wrt += [p for n, p in zip(("A_log", "dt_bias"), params) if n in leaves]
@@ -109,16 +109,10 @@ def _grads_kernel(x, seed, *, gate, l2=True, beta_max=1.0, chunk_size=None, cu=N
     for n in ("q", "k"):
         if n in out:
             assert out[n].dtype == x[n].dtype and out[n].shape == x[n].shape
-    gs = torch.autograd.grad(_loss(out, seed), list(leaves.values()))
+    gs = torch.autograd.grad(projection(out.values(), seed), list(leaves.values()))
     for n, gr in zip(leaves, gs):
         assert gr.dtype == x[n].dtype and gr.shape == x[n].shape, n
     return {n: v.detach() for n, v in out.items()}, dict(zip(leaves, gs))
-
-
-def _loss(out, seed):
-    g = torch.Generator().manual_seed(seed)
-    return sum((v.double().cpu() * torch.randn(v.shape, generator=g, dtype=torch.float64)).sum()
-               for v in out.values())
 
 
 def _compare(x, tol, **kw):

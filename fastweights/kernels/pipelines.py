@@ -144,7 +144,7 @@ def gate_kind(g) -> GateKind:
 
 
 def delta_pipeline(*, gate: GateKind, probe: bool, decay_first: bool, device_type: str, dtype: torch.dtype,
-                   K: int, V: int, C: int) -> DeltaPipeline:
+                   K: int, V: int, C: int, split: bool = False) -> DeltaPipeline:
     """The pipeline a delta-class call runs (the rule; a pure function of the facts):
 
     - bf16 / fp16 on a GPU with K or V < LOW_PRECISION_MIN_HEAD_DIM_CUDA: fp32 copies (then the fp32 call's stages);
@@ -153,19 +153,20 @@ def delta_pipeline(*, gate: GateKind, probe: bool, decay_first: bool, device_typ
       FUSED_CHECKED_HEAD_DIMS_CUDA with K, V ≤ DELTA_FUSED_MAX_HEAD_DIM_CUDA;
     - the fused backward: no probe key, the decay first (or none), no or a scalar decay, K ≤ DELTA_FUSED_BWD_MAX_K,
       C ≤ DELTA_FUSED_BWD_MAX_C, bf16 / fp16 and, on a GPU, (K, V) in FUSED_CHECKED_HEAD_DIMS_CUDA;
-    - the backward recomputes the states.
+    - the backward recomputes the states;
+    - split: the split forward where the fused one would run (util.LAUNCH["delta_split_out"]["ON"], opt-in).
 
     gate: "none" | "scalar" | "diagonal" (constant retention is a scalar decay); probe: a probe key p (Comba);
     device_type "cuda" | "cpu" | …; dtype: q's; K, V: head dims; C: the chunk size."""
     if device_type == "cuda" and dtype in _LOW and min(K, V) < LOW_PRECISION_MIN_HEAD_DIM_CUDA:
         inner = delta_pipeline(gate=gate, probe=probe, decay_first=decay_first, device_type=device_type,
-                               dtype=torch.float32, K=K, V=V, C=C)
+                               dtype=torch.float32, K=K, V=V, C=C, split=split)
         return DeltaPipeline(inner.forward, inner.backward, inner.recompute_states, fp32=True)
     fusable = (not probe and (decay_first or gate == "none") and gate in ("none", "scalar")
                and dtype != torch.float32 and (device_type != "cuda" or (K, V) in FUSED_CHECKED_HEAD_DIMS_CUDA))
     forward = fusable and (device_type != "cuda" or max(K, V) <= DELTA_FUSED_MAX_HEAD_DIM_CUDA)
     backward = fusable and K <= DELTA_FUSED_BWD_MAX_K and C <= DELTA_FUSED_BWD_MAX_C
-    return DeltaPipeline("fused" if forward else "staged", "fused" if backward else "staged")
+    return DeltaPipeline(("split" if split else "fused") if forward else "staged", "fused" if backward else "staged")
 
 
 def gated_pipeline(*, gate: GateKind, device_type: str, dtype: torch.dtype, K: int, V: int) -> GatedPipeline:

@@ -60,6 +60,7 @@ from .variants import (
     delta_split_forward,
     gated_fused_forward,
     live_launch,
+    split_forward_on,
     titans_backward,
     titans_single_backward,
     ttt_linear,
@@ -474,14 +475,16 @@ def _gate_kind(recipe: Recipe) -> str:
 
 def delta_chunk_pipeline(recipe: Recipe, target) -> DeltaPipeline | None:
     """The pipeline `delta_chunk` runs for a call with `target` (`kernels.pipelines.delta_pipeline` on the recipe's
-    gate kind, probe key and decay order and the Target's device, dtype, head dims and chunk size); None when the
-    Target leaves the dtype, a head dim or the chunk size unknown."""
+    gate kind, probe key and decay order and the Target's device, dtype, head dims and chunk size; the split forward
+    where the kernels' launch table now switches it on, util.LAUNCH["delta_split_out"]["ON"]); None when the Target
+    leaves the dtype, a head dim or the chunk size unknown."""
     t = target
     if None in (t.dtype, t.head_k_dim, t.head_v_dim, t.chunk_size):
         return None
     return delta_pipeline(gate=_gate_kind(recipe), probe=bool(recipe.objective.probe),
                           decay_first=recipe.retention.decay_first, device_type=t.device_type, dtype=t.dtype,
-                          K=t.head_k_dim, V=t.head_v_dim, C=t.chunk_size)
+                          K=t.head_k_dim, V=t.head_v_dim, C=t.chunk_size,
+                          split=split_forward_on())
 
 
 def gated_chunk_pipeline(recipe: Recipe, target) -> GatedPipeline | None:

@@ -31,7 +31,8 @@ __all__ = ["Variant", "ConvBackward", "SlicedVariant", "TTTLinearVariant", "ttt_
            "conv_backward", "ttt_mlp", "delta_fused_forward", "delta_split_forward", "delta_fused_backward",
            "gated_fused_forward",
            "titans_backward", "titans_single_backward", "ttt_linear_backward", "live_launch", "alternatives",
-           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS", "TTT_LINEAR_POSTS"]
+           "ALTERNATIVES", "CONV_ROWS_MAX_WIDTH", "INVERSE_FORMS", "SINGLE_KEEPS", "TTT_LINEAR_POSTS",
+           "split_forward_on"]
 
 Launch = Mapping[str, Mapping[str, int]]
 
@@ -52,6 +53,13 @@ class Variant:
 
 
 _UTIL = "fastweights.kernels.triton.common.util"
+
+
+def split_forward_on() -> bool:
+    """Whether the kernels' launch table now switches the split forward on (util.LAUNCH["delta_split_out"]["ON"]);
+    False while the kernels' util module is not loaded (no kernel ran and no table was loaded: the default, 0)."""
+    util = sys.modules.get(_UTIL)
+    return util is not None and bool(util.LAUNCH["delta_split_out"].get("ON", 0))
 
 
 def live_launch() -> Launch:

@@ -174,9 +174,9 @@ def force_delta_pipeline(monkeypatch, *, forward=None, backward=None, recompute_
 
     rule = delta_mod.delta_pipeline
 
-    def forced(*, gate, probe, decay_first, device_type, dtype, K, V, C):
+    def forced(*, gate, probe, decay_first, device_type, dtype, K, V, C, split=False):
         base = rule(gate=gate, probe=probe, decay_first=decay_first, device_type=device_type, dtype=dtype, K=K, V=V,
-                    C=C)
+                    C=C, split=split)
         takes = not probe and (decay_first or gate == "none")
         bwd_takes = takes and gate != "diagonal" and K <= DELTA_FUSED_BWD_MAX_K and C <= DELTA_FUSED_BWD_MAX_C
         fwd = base.forward if forward is None else (forward if forward in ("fused", "split") and takes else "staged")

@@ -66,6 +66,30 @@ def test_delta_choice_pinned(facts, want):
     assert got.name in DELTA_PIPELINES
 
 
+@pytest.mark.parametrize("facts,want", DELTA, ids=[str(i) for i in range(len(DELTA))])
+def test_the_split_switch_replaces_the_fused_forward_only(facts, want):
+    """split=True (util.LAUNCH["delta_split_out"]["ON"] 1): the split forward exactly where the rule runs the fused
+    one; the backward, the fp32 copies and every staged choice unchanged."""
+    device, dtype, K, V, C, gate, probe, decay_first = facts
+    got = delta_pipeline(gate=gate, probe=probe, decay_first=decay_first, device_type=device, dtype=dtype, K=K, V=V,
+                         C=C, split=True)
+    forward, backward, fp32 = want
+    assert (got.forward, got.backward, got.fp32) == ("split" if forward == "fused" else forward, backward, fp32)
+    assert got.name in DELTA_PIPELINES
+
+
+def test_the_row_names_the_split_forward_the_launch_table_switches_on(monkeypatch):
+    """The delta row's pipeline (what `fw.pipeline` and the kernels' glue run) follows util.LAUNCH["delta_split_out"]
+    ["ON"] as the kernels now read it."""
+    from fastweights.kernels.triton.common import util
+
+    target = dispatch.Target("cuda", bf16, 128, 128, 64)
+    recipe = fw.zoo.get("gated_deltanet")
+    assert rows.delta_chunk_pipeline(recipe, target) == DeltaPipeline("fused", "fused")
+    monkeypatch.setitem(util.LAUNCH["delta_split_out"], "ON", 1)
+    assert rows.delta_chunk_pipeline(recipe, target) == DeltaPipeline("split", "fused")
+
+
 @pytest.mark.parametrize("facts,want", GATED)
 def test_gated_choice_pinned(facts, want):
     device, dtype, K, V, gate = facts

@@ -63,6 +63,11 @@ def _delta(x, **kw):
     return delta_triton(x, pipeline=DeltaPipeline("staged", "staged"), **kw)
 
 
+def _delta_rule(x, **kw):
+    """No pipeline argument: what the glue's rule picks (it reads util.LAUNCH["delta_split_out"]["ON"])."""
+    return delta_triton(x, **kw)
+
+
 def _delta_fused(x, **kw):
     """The fused forward and the staged backward."""
     return delta_triton(x, pipeline=DeltaPipeline("fused", "staged"), **kw)
@@ -125,7 +130,7 @@ def _pipelines(gen, *, K=16, V=16, T=20, chunk_size=16):
         if gate != "diagonal":  # the fused backward (no/scalar decay), after the T-form forward for the scalar gate
             out.append((f"delta fused bwd {gate}", partial(_delta_fused_bwd, t_form=gate == "scalar"),
                         delta_inputs(gate, gen, T=T, K=K, V=V), dict(chunk_size=chunk_size)))
-    out.append(("comba", _delta, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),
+    out.append(("comba", _delta_rule, delta_inputs("scalar", gen, T=T, K=K, V=V, probe=True),  # the rule: staged
                 dict(chunk_size=chunk_size, decay_first=False)))
     for gate in ("scalar", "diagonal"):
         x = delta_inputs(gate, gen, T=T, K=K, V=V)

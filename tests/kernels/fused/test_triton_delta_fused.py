@@ -235,6 +235,25 @@ def test_deltaproduct_runs_fused_and_comba_staged(gate, gen, fused, launched):
     assert launched == []
 
 
+@pytest.mark.parametrize("gate", ["none", "scalar"])
+def test_the_launch_switch_runs_the_split_forward(gate, gen, monkeypatch, launched):
+    """util.LAUNCH["delta_split_out"]["ON"] 1 with no pipeline argument: the glue's rule runs the split forward
+    (its output kernel launched) where it runs the fused one — bitwise the call pinned to DeltaPipeline("split",
+    "fused"): outputs, final state, every gradient; ON 0 (the default) runs the fused forward."""
+    x = _inputs(gate, gen, B=2, T=37, H=2, K=16, V=16, dtype=torch.bfloat16)
+    seed = secrets.randbits(31)
+    monkeypatch.setitem(util.LAUNCH["delta_split_out"], "ON", 1)
+    got = grads(_triton, x, seed)
+    assert "_output_kernel" in launched, launched
+    want = grads(_triton, x, seed, pipeline=DeltaPipeline("split", "fused"))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[2].keys() == want[2].keys() and all(torch.equal(got[2][k], want[2][k]) for k in want[2])
+    monkeypatch.setitem(util.LAUNCH["delta_split_out"], "ON", 0)
+    launched.clear()
+    _triton(x)
+    assert launched == ["_prepass_kernel", "_fused_fwd_kernel"], launched
+
+
 def _staged(x, **kw):
     """The staged pipeline on fp32 inputs (what the rule picks for them)."""
     return _triton(x, pipeline=DeltaPipeline("staged", "staged"), **kw)

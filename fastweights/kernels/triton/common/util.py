@@ -147,9 +147,11 @@ LAUNCH: dict[str, dict] = {
     "delta_fused_fwd_t": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
     # the split forward (delta_split.py; issue 32, untimed): its states pass (delta_fused_bwd._states_kernel, h and U
     # only; BV, PROGRAMS as delta_fused_fwd's) and its chunk-parallel output kernel (BV: one V block at V ≤ 128, so
-    # Q Kᵀ is formed once a chunk; BK the K tile of its loop)
+    # Q Kᵀ is formed once a chunk; BK the K tile of its loop). ON 1: the split forward wherever the rule would run the
+    # fused one (`pipelines.delta_pipeline(split=True)`, read by delta.py's and rows.py's callers): the switch that lets
+    # an LM (`fastweights bench train --launch`) run it; 0 (default): only a `DeltaPipeline(forward="split")` asks
     "delta_split_states": dict(num_warps=4, num_stages=2, BV=64, PROGRAMS=132),
-    "delta_split_out": dict(num_warps=8, num_stages=2, BV=128, BK=64),  # delta_split._output_kernel
+    "delta_split_out": dict(num_warps=8, num_stages=2, BV=128, BK=64, ON=0),  # delta_split._output_kernel
     # the gated-linear class's fused pipeline (gated_fused.py): BV / PROGRAMS of both sequential kernels as for
     # delta_fused_fwd but halving only down to MIN_BV (32: BV 16 is the regime of the H100's faults, see
     # gated_fused.value_block), WARPS_DIAG the forward's warps with the diagonal decay (GLA), AQK 1: the scores A

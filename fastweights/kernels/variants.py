@@ -56,10 +56,11 @@ _UTIL = "fastweights.kernels.triton.common.util"
 
 
 def split_forward_on() -> bool:
-    """Whether the kernels' launch table now switches the split forward on (util.LAUNCH["delta_split_out"]["ON"]);
-    False while the kernels' util module is not loaded (no kernel ran and no table was loaded: the default, 0)."""
+    """Whether the kernels' launch table now switches the split forward on (util.LAUNCH["delta_split_out"]["ON"], read
+    through `util.table()`); False while the kernels' util module is not loaded (no kernel ran and no table was
+    loaded: the default, 0). The one read of the switch: the kernels' glue (delta.py) and the row's pipeline."""
     util = sys.modules.get(_UTIL)
-    return util is not None and bool(util.LAUNCH["delta_split_out"].get("ON", 0))
+    return util is not None and bool(util.table()["delta_split_out"]["ON"])
 
 
 def live_launch() -> Launch:

@@ -65,8 +65,8 @@ import torch
 from ...chunkwise.delta import interleave_micro_steps
 from ...inputs import InputError, check_tensor
 from ..pipelines import LOW_PRECISION_MIN_HEAD_DIM_CUDA, DeltaPipeline, delta_pipeline, gate_kind
+from ..variants import split_forward_on
 from .args import check_chunk_args, no_tokens
-from .common.util import table
 from .fused.delta_fused import fused_forward
 from .fused.delta_fused_bwd import fused_backward, recompute_states
 from .fused.delta_fused_bwd import supports as fused_bwd_supports
@@ -223,7 +223,7 @@ def chunk_delta_triton(q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = No
     if pipeline is None:
         pipeline = delta_pipeline(gate=gate_kind(g), probe=p is not None, decay_first=decay_first,
                                   device_type=q.device.type, dtype=q.dtype, K=L.K, V=L.V, C=L.C,
-                                  split=bool(table()["delta_split_out"]["ON"]))
+                                  split=split_forward_on())
     if not isinstance(pipeline, DeltaPipeline):
         raise InputError(f"pipeline must be a kernels.pipelines.DeltaPipeline or None, got {pipeline!r}")
     if pipeline.fp32 and q.dtype != torch.float32:

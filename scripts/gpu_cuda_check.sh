@@ -60,7 +60,7 @@ print("failures by kind:", sum(kinds.values()))
 for k, n in kinds.most_common(12):
     print(f"  {n:4d}  {k}")
 PY
-if tail -1 "$OUT/cuda_big.log" "$OUT/cuda_n$N.log" | grep -q " failed"; then  # the summary lines
+if tail -qn 1 "$OUT/cuda_big.log" "$OUT/cuda_n$N.log" | grep -q " failed"; then  # the summary lines
   timeout 240 python3 -m pytest -m cuda --lf -n 1 -q -rf -p no:randomly > "$OUT/cuda_lf.log" 2>&1
   echo "== the failed tests alone (--lf -n 1): exit $?"; tail -15 "$OUT/cuda_lf.log"
 fi

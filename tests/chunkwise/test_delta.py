@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
 from fastweights.chunkwise import chunk_delta
+from tests.chunkwise.helpers import assert_varlen_equals_each_sequence_alone
 from tests.tolerances import CHUNK_F32_REL, CHUNK_F64, CHUNK_LOW_REL, UNIT_LOWER_INVERSE_F64
 
 CHUNKS = [16, 32, 64]
@@ -165,29 +166,8 @@ def test_varlen_equals_each_sequence_alone(name, C, gen):
     x["S0"] = 0.3 * torch.randn(len(lengths), 2, 8, 5, generator=gen, dtype=torch.float64)
     o, S, grads = _with_grads("chunk", case, x, chunk_size=C, cu_seqlens=cu)
     assert o.shape == x["q"].shape[:3] + (5,) and S.shape == x["S0"].shape
-    xs = {key: val.detach().clone().requires_grad_(True) for key, val in x.items()}
-    outs, finals = [], []
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        part = {key: val[:, a:b] for key, val in xs.items() if key != "S0"}
-        part["S0"] = xs["S0"][i:i + 1]
-        oi, si = _run("chunk", case, part, chunk_size=C)
-        outs.append(oi)
-        finals.append(si)
-    o_sep, S_sep = torch.cat(outs, 1), torch.cat(finals, 0)
-    gw = torch.Generator().manual_seed(0)
-    loss = (o_sep * torch.randn(o_sep.shape, generator=gw, dtype=torch.float64)).sum()
-    loss = loss + (S_sep * torch.randn(S_sep.shape, generator=gw, dtype=torch.float64)).sum()
-    sep_grads = dict(zip(xs, torch.autograd.grad(loss, list(xs.values()))))
-    assert _abs(o, o_sep) < CHUNK_F64 and _abs(S, S_sep) < CHUNK_F64
-    assert torch.equal(S[1], x["S0"][1])  # the empty sequence keeps its state
-    for key in grads:
-        assert _abs(grads[key], sep_grads[key]) < CHUNK_F64, key
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        if b > a:
-            part = {key: val[:, a:b] for key, val in x.items() if key != "S0"}
-            part["S0"] = x["S0"][i:i + 1]
-            oi, si = _run("recurrent", case, part)
-            assert _abs(o[:, a:b], oi) < CHUNK_F64 and _abs(S[i:i + 1], si) < CHUNK_F64
+    assert_varlen_equals_each_sequence_alone(lambda form, part, **kw: _run(form, case, part, **kw), x, cu, C, o, S,
+                                             grads)
 
 
 @pytest.mark.parametrize("name", MAIN)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import fastweights as fw
 from fastweights import Memory, Objective, Optimizer, Recipe, Retention
 from fastweights.chunkwise import chunk_gated
+from tests.chunkwise.helpers import assert_varlen_equals_each_sequence_alone
 from tests.tolerances import (
     CHUNK_F32_REL,
     CHUNK_F64,
@@ -136,31 +137,8 @@ def test_varlen_equals_each_sequence_alone(gate, C, gen):
     x["S0"] = 0.3 * torch.randn(len(lengths), 2, 8, 5, generator=gen, dtype=torch.float64)
     o, S, grads = _with_grads("chunk", gate, x, chunk_size=C, cu_seqlens=cu)
     assert o.shape == x["v"].shape and S.shape == x["S0"].shape
-    # the same sequences run one by one, in one graph, and the same loss
-    xs = _leaves(x)
-    outs, finals = [], []
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        part = {key: val[:, a:b] for key, val in xs.items() if key != "S0"}
-        part["S0"] = xs["S0"][i:i + 1]
-        oi, si = _run("chunk", gate, part, chunk_size=C)
-        outs.append(oi)
-        finals.append(si)
-    o_sep, S_sep = torch.cat(outs, 1), torch.cat(finals, 0)
-    gw = torch.Generator().manual_seed(0)
-    loss = (o_sep * torch.randn(o_sep.shape, generator=gw, dtype=torch.float64)).sum()
-    loss = loss + (S_sep * torch.randn(S_sep.shape, generator=gw, dtype=torch.float64)).sum()
-    sep_grads = dict(zip(xs, torch.autograd.grad(loss, list(xs.values()))))
-    assert _abs(o, o_sep) < CHUNK_F64 and _abs(S, S_sep) < CHUNK_F64
-    assert torch.equal(S[1], x["S0"][1])  # the empty sequence keeps its state
-    for name in grads:
-        assert _abs(grads[name], sep_grads[name]) < CHUNK_F64, name
-    # and each sequence against the recurrence
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        if b > a:
-            part = {key: val[:, a:b] for key, val in x.items() if key != "S0"}
-            part["S0"] = x["S0"][i:i + 1]
-            oi, si = _run("recurrent", gate, part)
-            assert _abs(o[:, a:b], oi) < CHUNK_F64 and _abs(S[i:i + 1], si) < CHUNK_F64
+    assert_varlen_equals_each_sequence_alone(lambda form, part, **kw: _run(form, gate, part, **kw), x, cu, C, o, S,
+                                             grads)
 
 
 @pytest.mark.parametrize("gate", GATES)

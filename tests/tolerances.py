@@ -239,6 +239,12 @@ TRITON_DELTA_LOW_REL = {torch.bfloat16: 6e-2}
 # the per-head sums of dA_log / d dt_bias over B·T·K_a terms in fp32. Measured under the interpreter
 # (T = 65, 16 draws over both gates): ≤ 4.2e-7.
 PROLOGUE_F32_REL = 1e-5
+# dA_log and d dt_bias of the same, relative to the size of their summands (Σ |dg·g|, Σ |da| over B·T(·K_a); the
+# test's `_summand_scales`), not to their own largest entry: the terms have random signs, |g| reaches e^{A_log}·25,
+# and what is left after they cancel was up to 536× below their size — CI once drew dA_log at 1.05e-5 of itself
+# (3.9e-8 of its summands). Measured under the interpreter (T = 37 and 65, 1,600 draws over both gates): ≤ 1.7e-7;
+# bound with 6× room. A token's term left out is ≥ 1/(B·T·K_a) of the size, far above it.
+PROLOGUE_SUM_F32_REL = 1e-6
 # the same with bf16/fp16 q, k, b, a: q̂, k̂ and the gradients of q, k, b, a are rounded to the input
 # dtype, and so is the incoming gradient of q̂, k̂ (bf16: 2⁻⁸ ≈ 3.9e-3 relative per rounding to nearest;
 # Triton 3.6's interpreter converts fp32 → bf16 by truncation, up to 2⁻⁷). Measured under the

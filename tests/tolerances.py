@@ -243,7 +243,7 @@ PROLOGUE_F32_REL = 1e-5
 # test's `_summand_scales`), not to their own largest entry: the terms have random signs, |g| reaches e^{A_log}·25,
 # and what is left after they cancel was up to 536× below their size — CI once drew dA_log at 1.05e-5 of itself
 # (3.9e-8 of its summands). Measured under the interpreter (T = 37 and 65, 1,600 draws over both gates): ≤ 1.7e-7;
-# bound with 6× room. A token's term left out is ≥ 1/(B·T·K_a) of the size, far above it.
+# with bf16 / fp16 inputs (the sums stay fp32; T = 37, 600 draws): ≤ 2.2e-7; bound with ≈ 5× room. A token's term left out is ≥ 1/(B·T·K_a) of the size, far above it.
 PROLOGUE_SUM_F32_REL = 1e-6
 # the same with bf16/fp16 q, k, b, a: q̂, k̂ and the gradients of q, k, b, a are rounded to the input
 # dtype, and so is the incoming gradient of q̂, k̂ (bf16: 2⁻⁸ ≈ 3.9e-3 relative per rounding to nearest;
@@ -439,3 +439,25 @@ FLOOR_T_SCALING_REL = 0.025
 # round to nearest (≤ 2⁻⁹ of an element apart: equal on the GPU), Triton 3.6's interpreter truncates (one ulp, ≤ 2⁻⁷
 # of an element). TTT-Linear's DIRECT backward (dq, dv cast in the kernels) against the glue's casts.
 BF16_CAST_REL = 2 ** -7
+
+
+# ---------------------------------------------------------------- a margin census (not a CI setting)
+# FASTWEIGHTS_TOL_MARGIN=m divides every fp32 and low-precision tolerance above (a float, or a dict of floats, named
+# with F32, LOW, BF16 or _REL but not F64) by m: a run under it fails each test whose error reached 1/m of its bound
+# on the draw it made — the tests with little room, where a fresh random draw is likeliest to fail CI one day
+# (`docs/results/flake_hunt_r4s18/`). The bounds that are not upper bounds of an error (ratios, slacks, ranges) are
+# named otherwise and stay as they are.
+def _margin_census(m: float) -> None:
+    import re
+
+    for name, value in list(globals().items()):
+        if not re.search(r"F32|LOW|BF16|_REL", name) or "F64" in name:
+            continue
+        if isinstance(value, float):
+            globals()[name] = value / m
+        elif isinstance(value, dict) and all(isinstance(v, float) for v in value.values()):
+            globals()[name] = {k: v / m for k, v in value.items()}
+
+
+if __import__("os").environ.get("FASTWEIGHTS_TOL_MARGIN"):
+    _margin_census(float(__import__("os").environ["FASTWEIGHTS_TOL_MARGIN"]))

@@ -232,7 +232,8 @@ TRITON_LOW_REL = {torch.bfloat16: 4e-2, torch.float16: 4e-3}
 # bf16 inputs into the Triton delta-class chunk kernels, relative to the fp32 torch chunk form on
 # the same rounded values (outputs, states, every gradient): as TRITON_LOW_REL, plus the per-chunk
 # inverse T rounded to bf16 as a tensor-core operand and W, U', U stored in bf16. Measured under the
-# interpreter (T = 40, K = V = 16, 12 draws over the three gates): ≤ 2.7e-2; bound with about 2.2× room.
+# interpreter (T = 40, K = V = 16, 12 draws over the three gates): ≤ 2.7e-2; bound with about 2.2× room. r4s18, 600
+# draws of `delta_bf16_agrees` (T 33 chunk 16 and T 45 chunk 32, the three gates): ≤ 3.2e-2 (dk), 1.9× room.
 TRITON_DELTA_LOW_REL = {torch.bfloat16: 6e-2}
 # the Triton delta prologue (fused L2 norm, β, Mamba-style gate, its chunk cumsum) with fp32
 # inputs vs float64, relative, outputs and every gradient: a few fp32 roundings per element, and
@@ -321,8 +322,14 @@ CONVERT_LAYER_F32_REL = 1e-5
 # a tiny Qwen3-Next model's logits with its linear-attention layers swapped for converted fastweights
 # layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks (MoE routing,
 # attention). Measured over seeds 0–59 on transformers 5.17.0 and 5.24.0 alike (2026-11-25): median 2.9e-6,
-# 90th percentile 9.1e-6, max 1.88e-5 — 4 of 60 over the 1e-5 it had (CI, seed 5661331957293657937: 1.29e-5)
-CONVERT_MODEL_F32_REL = 5e-5
+# 90th percentile 9.1e-6, max 1.88e-5 — 4 of 60 over the 1e-5 it had (CI, seed 5661331957293657937: 1.29e-5).
+# r4s18, seeds 0–1,999 on transformers 5.24.0: median 4.3e-6, 90th percentile 1.1e-5, max 1.53e-4 (seed 1175), the
+# 5e-5 this had exceeded by at least 5 of them (≥ 0.25 % of runs; a margin census drew 2.7e-5). The error is the fp32 rounding of
+# the swapped layers carried through three more blocks, and its tail is long; bound with ≈ 3× room over 2,000 seeds.
+# What the model test catches is the wiring: one swapped layer's output projection × 1.01 or its A_log + 0.05 moved
+# the logits by 3.0e-2 and 3.2e-2, two layers traded by 1.55 (seed 3); the
+# layers' own rounding is held to CONVERT_LAYER_F32_REL by the layer tests.
+CONVERT_MODEL_F32_REL = 5e-4
 # a whole transformers Mamba2ForCausalLM converted to a fastweights LM (or back), float64 weights, relative:
 # transformers' Mamba2 computes its RMSNorms and its scan in fp32 and returns fp32 logits whatever the
 # model's dtype, so there is no float64 reference; fp32 rounding through 2 blocks, measured ≤ 2.8e-7 over

@@ -27,7 +27,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 def _run_torchrun(cmd: list[str], what: str) -> None:
     """Run a torchrun command; a failure prints its exit status and its streams whole, not cut by the assertion's
     repr (a rank once died with SIGABRT, "terminate called without an active exception", in a loaded run of the
-    suite, r4s18; 120 runs under load did not repeat it, and the cut message did not say where it died)."""
+    suite, r4s18; 200 runs under load did not repeat it, and the cut message did not say where it died)."""
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "Address already in use" in proc.stderr:  # pragma: no cover - port race
         pytest.skip("torchrun could not bind a port")

@@ -1,5 +1,8 @@
 """Every numerical tolerance of the test suite, in one place."""
 
+import os
+import re
+
 import torch
 
 EXACT_F64 = 1e-10  # two exact forms of one recurrence, float64
@@ -244,7 +247,8 @@ PROLOGUE_F32_REL = 1e-5
 # test's `_summand_scales`), not to their own largest entry: the terms have random signs, |g| reaches e^{A_log}·25,
 # and what is left after they cancel was up to 536× below their size — CI once drew dA_log at 1.05e-5 of itself
 # (3.9e-8 of its summands). Measured under the interpreter (T = 37 and 65, 1,600 draws over both gates): ≤ 1.7e-7;
-# with bf16 / fp16 inputs (the sums stay fp32; T = 37, 600 draws): ≤ 2.2e-7; bound with ≈ 5× room. A token's term left out is ≥ 1/(B·T·K_a) of the size, far above it.
+# with bf16 / fp16 inputs (the sums stay fp32; T = 37, 600 draws): ≤ 2.2e-7; bound with ≈ 5× room. A token's term
+# left out is ≥ 1/(B·T·K_a) of the size, far above it.
 PROLOGUE_SUM_F32_REL = 1e-6
 # the same with bf16/fp16 q, k, b, a: q̂, k̂ and the gradients of q, k, b, a are rounded to the input
 # dtype, and so is the incoming gradient of q̂, k̂ (bf16: 2⁻⁸ ≈ 3.9e-3 relative per rounding to nearest;
@@ -323,12 +327,12 @@ CONVERT_LAYER_F32_REL = 1e-5
 # layers vs the model itself, fp32, relative: the layer's rounding passes through the later blocks (MoE routing,
 # attention). Measured over seeds 0–59 on transformers 5.17.0 and 5.24.0 alike (2026-11-25): median 2.9e-6,
 # 90th percentile 9.1e-6, max 1.88e-5 — 4 of 60 over the 1e-5 it had (CI, seed 5661331957293657937: 1.29e-5).
-# r4s18, seeds 0–1,999 on transformers 5.24.0: median 4.3e-6, 90th percentile 1.1e-5, max 1.53e-4 (seed 1175), the
-# 5e-5 this had exceeded by at least 5 of them (≥ 0.25 % of runs; a margin census drew 2.7e-5). The error is the fp32 rounding of
-# the swapped layers carried through three more blocks, and its tail is long; bound with ≈ 3× room over 2,000 seeds.
-# What the model test catches is the wiring: one swapped layer's output projection × 1.01 or its A_log + 0.05 moved
-# the logits by 3.0e-2 and 3.2e-2, two layers traded by 1.55 (seed 3); the
-# layers' own rounding is held to CONVERT_LAYER_F32_REL by the layer tests.
+# r4s18, seeds 0–1,999 on transformers 5.24.0: median 4.3e-6, 90th percentile 1.1e-5, max 1.53e-4 (seed 1175); the
+# 5e-5 this had was exceeded by at least 5 of them (≥ 0.25 % of runs; a margin census drew 2.7e-5). The error is the
+# fp32 rounding of the swapped layers carried through three more blocks, with a long tail; bound with ≈ 3× room over
+# 2,000 seeds. What the model test catches is the wiring: one swapped layer's output projection × 1.01 or its
+# A_log + 0.05 moved the logits by 3.0e-2 and 3.2e-2, two layers traded by 1.55 (seed 3); the layers' own rounding is
+# held to CONVERT_LAYER_F32_REL by the layer tests.
 CONVERT_MODEL_F32_REL = 5e-4
 # a whole transformers Mamba2ForCausalLM converted to a fastweights LM (or back), float64 weights, relative:
 # transformers' Mamba2 computes its RMSNorms and its scan in fp32 and returns fp32 logits whatever the
@@ -449,14 +453,12 @@ BF16_CAST_REL = 2 ** -7
 
 
 # ---------------------------------------------------------------- a margin census (not a CI setting)
-# FASTWEIGHTS_TOL_MARGIN=m divides every fp32 and low-precision tolerance above (a float, or a dict of floats, named
-# with F32, LOW, BF16 or _REL but not F64) by m: a run under it fails each test whose error reached 1/m of its bound
-# on the draw it made — the tests with little room, where a fresh random draw is likeliest to fail CI one day
-# (`docs/results/flake_hunt_r4s18/`). The bounds that are not upper bounds of an error (ratios, slacks, ranges) are
-# named otherwise and stay as they are.
+# FASTWEIGHTS_TOL_MARGIN=m divides every tolerance above named with F32, LOW, BF16 or _REL but not F64 (a float, or a
+# dict of floats) by m: a run under it fails each test whose error reached 1/m of its bound on the draw it made — the
+# tests with little room, where a fresh random draw is likeliest to fail CI one day (`docs/results/flake_hunt_r4s18/`).
+# A few constants so named are not upper bounds of an error (FLOOR_T_SCALING_REL, a ratio of costs; the Mesa TF32
+# ratios MESA_CG_TF32_*; GREEDY_TIE_REL, what counts as a tie): their tests' failures under the census say nothing.
 def _margin_census(m: float) -> None:
-    import re
-
     for name, value in list(globals().items()):
         if not re.search(r"F32|LOW|BF16|_REL", name) or "F64" in name:
             continue
@@ -466,5 +468,5 @@ def _margin_census(m: float) -> None:
             globals()[name] = {k: v / m for k, v in value.items()}
 
 
-if __import__("os").environ.get("FASTWEIGHTS_TOL_MARGIN"):
-    _margin_census(float(__import__("os").environ["FASTWEIGHTS_TOL_MARGIN"]))
+if os.environ.get("FASTWEIGHTS_TOL_MARGIN"):
+    _margin_census(float(os.environ["FASTWEIGHTS_TOL_MARGIN"]))
